@@ -1,0 +1,153 @@
+"""Causal self-attention: the textbook heads, the batched module with its explicit and fused paths, masks."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import ModelConfig
+from model.kv_cache import KVCache
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks. A boolean mask is True where a query may attend to a key.
+# ---------------------------------------------------------------------------------------------
+def valid_key_mask(valid_lens: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """(B,) real-token counts -> (B, n_keys) mask of the real keys.
+
+    Prompts are left-padded, so a row's real tokens are its last valid_lens[b] positions.
+    """
+    slots = torch.arange(n_keys, device=valid_lens.device)
+    return slots[None, :] >= (n_keys - valid_lens)[:, None]
+
+
+def masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last axis of (B, ..., n_keys) scores, giving zero weight to padding keys.
+
+    Rows with no valid key at all come out as zeros instead of NaN.
+    """
+    keep = valid_key_mask(valid_lens, scores.size(-1))
+    keep = keep.view(keep.size(0), *([1] * (scores.dim() - 2)), keep.size(1))
+    weights = F.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+    return weights.nan_to_num(0.0)
+
+
+def attention_mask(valid_lens: torch.Tensor | None, n_queries: int, n_keys: int, device: torch.device) -> torch.Tensor:
+    """Causal (and, with valid_lens, padding-aware) mask for queries in the last n_queries key slots.
+
+    Shape (B or 1, 1, n_queries, n_keys). A padding query may always see itself, so that no row is
+    empty (an all-masked row would turn into NaN and spread through the weighted sum).
+    """
+    query_slots = torch.arange(n_keys - n_queries, n_keys, device=device)[:, None]
+    key_slots = torch.arange(n_keys, device=device)[None, :]
+    mask = key_slots <= query_slots  # (n_queries, n_keys): the tril, shifted for cached keys
+    if valid_lens is None:
+        return mask[None, None]
+    real_keys = valid_key_mask(valid_lens, n_keys)[:, None, :]  # (B, 1, n_keys)
+    mask = mask[None] & (real_keys | (key_slots == query_slots)[None])
+    return mask[:, None]  # (B, 1, n_queries, n_keys)
+
+
+# ---------------------------------------------------------------------------------------------
+# The textbook form: one head at a time, heads run side by side and concatenated.
+# ---------------------------------------------------------------------------------------------
+class Head(nn.Module):
+    """One head of causal self-attention, written exactly as the formula reads."""
+
+    def __init__(self, n_embd: int, head_size: int, block_size: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.query = nn.Linear(n_embd, head_size, bias=bias)
+        self.key = nn.Linear(n_embd, head_size, bias=bias)
+        self.value = nn.Linear(n_embd, head_size, bias=bias)
+        self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.size(1)
+        q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, head_size) each
+        scores = q @ k.transpose(-2, -1) / math.sqrt(k.size(-1))  # (B, T, T): scaled BEFORE the softmax
+        scores = scores.masked_fill(self.tril[:T, :T] == 0, float("-inf"))  # no peeking at the future
+        weights = F.softmax(scores, dim=-1)  # each row: how much this position takes from each earlier one
+        weights = self.dropout(weights)
+        return weights @ v  # (B, T, head_size): a weighted sum of values
+
+
+class MultiHeadAttention(nn.Module):
+    """Several heads in parallel; their outputs are concatenated and projected back to n_embd."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.heads = nn.ModuleList(
+            Head(config.n_embd, config.head_size, config.block_size, config.dropout, config.bias)
+            for _ in range(config.n_head)
+        )
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.cat([head(x) for head in self.heads], dim=-1)  # (B, T, n_embd)
+        return self.dropout(self.proj(out))
+
+
+# ---------------------------------------------------------------------------------------------
+# The batched form the model trains with: all heads in one tensor, two interchangeable paths.
+# ---------------------------------------------------------------------------------------------
+class CausalSelfAttention(nn.Module):
+    """All heads at once: one fused qkv projection and (B, n_head, T, head_size) tensors.
+
+    path "explicit" spells out q·kᵀ/√d, mask, softmax, weighted sum (and can return the weights);
+    path "sdpa" calls torch's fused scaled_dot_product_attention (flash / memory-efficient kernels).
+    """
+
+    def __init__(self, config: ModelConfig, path: str = "sdpa"):
+        super().__init__()
+        self.n_head, self.head_size = config.n_head, config.head_size
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        self.path = path
+        tril = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
+        self.register_buffer("tril", tril, persistent=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, n_embd) -> (output (B, T, n_embd), weights (B, n_head, T, T_keys) or None).
+
+        mask: None means plain causal over x; otherwise a boolean attention_mask() over all keys.
+        cache: keys/values of earlier positions are read from it and this call's are appended.
+        """
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, n_head, T, head_size)
+        k = k.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, n_head, T, head_size)
+        v = v.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, n_head, T, head_size)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, n_head, T_keys, head_size)
+
+        # Without a mask: plain causal when queries and keys are the same positions; a single new
+        # query after cached keys may see them all. (SDPA's is_causal aligns its triangle to the
+        # top-left corner, which would be wrong once queries and keys differ in length.)
+        causal = mask is None and k.size(2) == T
+        weights = None
+        if self.path == "explicit" or need_weights:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)  # (B, n_head, T, T_keys)
+            keep = self.tril[:T, :T] if causal else mask
+            if keep is not None:
+                scores = scores.masked_fill(~keep, float("-inf"))  # future (and padding) keys get zero weight
+            weights = F.softmax(scores, dim=-1)
+            y = self.attn_dropout(weights) @ v  # (B, n_head, T, head_size)
+        else:
+            dropout_p = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, n_embd): heads side by side again
+        return self.resid_dropout(self.c_proj(y)), weights

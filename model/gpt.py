@@ -1,0 +1,128 @@
+"""GPT: token + position embeddings, a stack of pre-LayerNorm transformer blocks, a vocabulary head."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.attention import CausalSelfAttention, attention_mask
+from model.config import ModelConfig
+from model.kv_cache import KVCache
+
+
+class MLP(nn.Module):
+    """The feed-forward half of a block: Linear -> GELU -> Linear, four times wider inside."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """x + attention(norm(x)), then x + mlp(norm(x)): tokens talk to each other, then each thinks alone."""
+
+    def __init__(self, config: ModelConfig, path: str):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config, path)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, mask=None, cache=None, layer=0, need_weights=False):
+        attn_out, weights = self.attn(self.ln_1(x), mask, cache, layer, need_weights)
+        x = x + attn_out
+        x = x + self.mlp(self.ln_2(x))
+        return x, weights
+
+
+class GPT(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        path = "sdpa" if config.attention == "auto" else config.attention
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)  # learned position embedding
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, path) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.wte.weight
+        self.apply(self._init_weights)
+        # GPT-2: residual projections start smaller, so the residual stream's variance does not grow with depth.
+        for name, param in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; by convention without the position table (the token table is shared with the head)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+    def set_attention_path(self, path: str) -> None:
+        for block in self.blocks:
+            block.attn.path = path
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        valid_lens: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        all_logits: bool = False,
+        attention_weights: list | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) token ids -> (logits, loss).
+
+        With targets: logits (B, T, vocab) and the mean cross-entropy. Without: only the last position's
+        logits (B, 1, vocab) unless all_logits. valid_lens (B,) marks left-padded rows: each row's real
+        tokens are its last valid_lens[b] (cache included), and it computes exactly what it would alone.
+        attention_weights: a list that receives each layer's (B, n_head, T, T_keys) weights.
+        """
+        B, T = idx.shape
+        start = cache.length if cache is not None else 0
+        n_keys = start + T
+        slots = torch.arange(start, n_keys, device=idx.device)
+        if valid_lens is None:
+            positions = slots[None, :]  # (1, T)
+            # Fresh causal pass, or one new query after cached keys: the attention needs no mask.
+            mask = None if start == 0 or T == 1 else attention_mask(None, T, n_keys, idx.device)
+        else:
+            pad = n_keys - valid_lens  # (B,)
+            positions = (slots[None, :] - pad[:, None]).clamp(min=0)  # (B, T): each row counts from its first real token
+            mask = attention_mask(valid_lens, T, n_keys, idx.device)
+        if n_keys > self.config.block_size:
+            raise ValueError(f"sequence of {n_keys} tokens is longer than block_size {self.config.block_size}")
+
+        x = self.drop(self.wte(idx) + self.wpe(positions))  # (B, T, n_embd)
+        need_weights = attention_weights is not None
+        for layer, block in enumerate(self.blocks):
+            x, weights = block(x, mask, cache, layer, need_weights)
+            if need_weights:
+                attention_weights.append(weights)
+        if cache is not None:
+            cache.advance(T)
+        x = self.ln_f(x)
+
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            return logits, loss
+        if not all_logits:
+            x = x[:, -1:, :]  # generation needs only the next-token distribution
+        return self.lm_head(x), None

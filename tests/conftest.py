@@ -1,0 +1,23 @@
+"""Shared test helpers: the repository on sys.path, the shared corpus location, small models."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+sys.path.insert(0, str(ROOT))
+
+torch.set_num_threads(1)  # small matrices: one thread is faster and repeatable on 2-core machines
+
+
+@pytest.fixture
+def small_text() -> str:
+    """A few kilobytes of real text (Tiny Shakespeare when present, else a generated stand-in)."""
+    if SHARED_TEXT.exists():
+        return SHARED_TEXT.read_text(encoding="utf-8")[:20000]
+    words = ["the", "king", "queen", "shall", "speak", "of", "love", "and", "war", "ROMEO:", "JULIET:"]
+    gen = torch.Generator().manual_seed(0)
+    picks = torch.randint(0, len(words), (4000,), generator=gen).tolist()
+    return " ".join(words[i] + ("\n" if i % 7 == 0 else "") for i in picks)

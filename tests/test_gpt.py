@@ -1,0 +1,110 @@
+"""The decoder: config checks, initialisation, causality end to end, learning, optimizer groups."""
+import math
+
+import pytest
+import torch
+
+from model import GPT, ModelConfig
+from model.optim import configure_optimizer
+
+TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (dict(n_embd=30, n_head=4), ["n_embd (30)", "n_head (4)"]),
+    (dict(n_layer=0), ["n_layer", "0"]),
+    (dict(dropout=1.5), ["dropout", "1.5"]),
+    (dict(attention="fast"), ["attention", "'fast'"]),
+])
+def test_config_errors_name_the_field_and_value(overrides, words):
+    with pytest.raises(ValueError) as err:
+        ModelConfig(**{**TINY, **overrides})
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_initial_loss_is_near_uniform_and_init_follows_gpt2():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=65, block_size=32, n_layer=4, n_head=4, n_embd=64)
+    model = GPT(cfg)
+    idx, targets = torch.randint(0, 65, (2, 8, 32))
+    _, loss = model(idx, targets)
+    assert loss.item() == pytest.approx(math.log(65), abs=0.1)
+    assert model.lm_head.weight is model.wte.weight
+    assert model.blocks[0].mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    proj_std = model.blocks[0].mlp.c_proj.weight.std().item()
+    assert proj_std == pytest.approx(0.02 / math.sqrt(2 * 4), rel=0.1)
+
+
+def test_parameter_counts():
+    cfg = ModelConfig(**TINY)
+    model = GPT(cfg)
+    C, V, T, L = cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.n_layer
+    per_block = (2 * 2 * C) + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
+    expected_total = V * C + T * C + L * per_block + 2 * C
+    assert model.num_params(non_embedding=False) == expected_total
+    assert model.num_params() == expected_total - T * C
+    untied = GPT(ModelConfig(**TINY, tie_weights=False))
+    assert untied.num_params(non_embedding=False) == expected_total + V * C
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "explicit"])
+def test_model_is_causal(attention):
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**TINY, attention=attention)).eval()
+    idx = torch.randint(0, 13, (2, 12))
+    base, _ = model(idx, all_logits=True)
+    for t in range(12):
+        changed = idx.clone()
+        changed[:, t] = (changed[:, t] + 1) % 13
+        logits, _ = model(changed, all_logits=True)
+        torch.testing.assert_close(logits[:, :t], base[:, :t], rtol=0, atol=1e-6)
+
+
+def test_paths_agree_inside_the_model():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**TINY)).eval()
+    idx = torch.randint(0, 13, (3, 16))
+    fast, _ = model(idx, idx)
+    model.set_attention_path("explicit")
+    slow, _ = model(idx, idx)
+    torch.testing.assert_close(slow, fast, rtol=1e-5, atol=1e-5)
+
+
+def test_without_targets_only_the_last_position_is_computed():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**TINY)).eval()
+    idx = torch.randint(0, 13, (2, 9))
+    last, loss = model(idx)
+    full, _ = model(idx, all_logits=True)
+    assert loss is None and last.shape == (2, 1, 13)
+    torch.testing.assert_close(last, full[:, -1:])
+
+
+def test_longer_than_block_size_is_refused():
+    model = GPT(ModelConfig(**TINY))
+    with pytest.raises(ValueError, match="block_size 16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_tiny_model_overfits_one_batch():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    idx = torch.randint(0, 13, (4, 17))
+    x, y = idx[:, :-1], idx[:, 1:]
+    opt = configure_optimizer(model, 3e-3, 0.0, (0.9, 0.99), "cpu")
+    for _ in range(300):
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1
+
+
+def test_weight_decay_only_on_matrices():
+    model = GPT(ModelConfig(**TINY))
+    opt = configure_optimizer(model, 1e-3, 0.1, (0.9, 0.95), "cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
