@@ -1,0 +1,117 @@
+"""Finding the text: a file, a folder of text files, or a named corpus (shakespeare, pystdlib)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import sysconfig
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from errors import UserError
+
+SHAKESPEARE_URL = os.environ.get(
+    "CHARGPT_SHAKESPEARE_URL",
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+)
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+NAMED = ("shakespeare", "pystdlib")
+
+
+@dataclass
+class Corpus:
+    """What will be read: files in order, joined by a newline. name is what the run records."""
+
+    name: str
+    files: list[Path]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "chargpt"
+
+
+def is_binary(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return b"\0" in f.read(8192)
+
+
+def resolve(spec: str, cache_dir: Path, say=print) -> Corpus:
+    """Turn a --data value into a Corpus, downloading or building a named one on first use."""
+    if spec == "shakespeare":
+        try:
+            return Corpus("shakespeare", [download_shakespeare(cache_dir)])
+        except OSError as err:
+            say(f"note: could not download Tiny Shakespeare ({err}); using the offline corpus "
+                f"'pystdlib' instead. Use --data FILE to choose your own text.")
+            spec = "pystdlib"
+    if spec == "pystdlib":
+        return Corpus("pystdlib", [build_pystdlib(cache_dir)])
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file()
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        text_files = [p for p in files if not is_binary(p)]
+        if not text_files:
+            raise UserError(f"--data {spec}: the folder holds no text files; point --data at a folder with .txt files")
+        if len(text_files) < len(files):
+            say(f"note: skipped {len(files) - len(text_files)} binary file(s) in {spec}")
+        return Corpus(str(path), text_files)
+    if path.is_file():
+        return Corpus(str(path), [path])
+    raise UserError(f"--data {spec}: no such file or folder; give a text file, a folder of text files, "
+                    f"or one of: {', '.join(NAMED)}")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
+    """Tiny Shakespeare, fetched once into the cache and checked against its known sha256."""
+    target = cache_dir / "tinyshakespeare.txt"
+    if target.exists() and sha256_of(target) == SHAKESPEARE_SHA256:
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.part-{os.getpid()}")
+    try:
+        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=timeout) as response, open(partial, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc="Tiny Shakespeare", leave=False) as bar:
+                for block in iter(lambda: response.read(1 << 16), b""):
+                    out.write(block)
+                    bar.update(len(block))
+        if sha256_of(partial) != SHAKESPEARE_SHA256:
+            raise OSError("the download's checksum does not match")  # never use a damaged copy
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def build_pystdlib(cache_dir: Path) -> Path:
+    """The running Python's standard-library sources (tests excluded), sorted: text that needs no network."""
+    version = ".".join(map(str, sys.version_info[:3]))
+    target = cache_dir / f"pystdlib-{version}.txt"
+    if target.exists():
+        return target
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
+    files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.part-{os.getpid()}")
+    try:
+        with open(partial, "w", encoding="utf-8", newline="") as out:
+            for i, path in enumerate(files):
+                out.write(("\n" if i else "") + path.read_text(encoding="utf-8", errors="replace"))
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target

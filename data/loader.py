@@ -1,0 +1,65 @@
+"""Batches: random (B, T) windows of token ids from the prepared files, and every validation window in order."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from data.prepare import Prepared
+from errors import UserError
+
+
+class Batches:
+    """x (B, T) int64 token ids and y, the same windows shifted by one character, on the training device.
+
+    Windows are drawn with a torch.Generator, so a seed fixes them and state_dict() lets a resumed run
+    continue the same stream. Under DDP, pass each rank its own seed offset to draw different windows.
+    """
+
+    def __init__(self, prepared: Prepared, block_size: int, batch_size: int, device: torch.device | str,
+                 seed: int = 0):
+        self.block_size, self.batch_size = block_size, batch_size
+        self.device = torch.device(device)
+        dtype = np.dtype(prepared.meta["dtype"])
+        self.data = {}
+        for split in ("train", "val"):
+            n = prepared.meta[f"n_{split}"]
+            if n < block_size + 1:
+                raise UserError(
+                    f"the {split} split has {n} characters, fewer than block_size + 1 = {block_size + 1}; "
+                    f"use a longer corpus, a smaller --block_size or a different --val_fraction")
+            self.data[split] = np.memmap(prepared.path(split), dtype=dtype, mode="r", shape=(n,))
+        self.generator = torch.Generator().manual_seed(seed)
+        self._steps = np.arange(block_size + 1)
+
+    def _to_device(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.from_numpy(windows.astype(np.int64))  # (B, T+1)
+        if self.device.type == "cuda":
+            tokens = tokens.pin_memory().to(self.device, non_blocking=True)
+        elif self.device.type != "cpu":
+            tokens = tokens.to(self.device)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def get_batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        data = self.data[split]
+        starts = torch.randint(len(data) - self.block_size, (self.batch_size,), generator=self.generator)
+        windows = data[starts.numpy()[:, None] + self._steps]  # (B, T+1)
+        return self._to_device(windows)
+
+    def val_windows(self, batch_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Every non-overlapping block_size window of the validation split, in order, batch by batch."""
+        data, T = self.data["val"], self.block_size
+        starts = np.arange(0, len(data) - T, T)  # each window needs T inputs and the character after them
+        step = batch_size or self.batch_size
+        for i in range(0, len(starts), step):
+            yield self._to_device(data[starts[i:i + step, None] + self._steps])
+
+    def num_val_windows(self) -> int:
+        return len(range(0, len(self.data["val"]) - self.block_size, self.block_size))
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])

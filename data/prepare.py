@@ -1,0 +1,130 @@
+"""Preparing a corpus: stream it once for its characters, once more to write train.bin / val.bin token files."""
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from data.corpus import Corpus
+from data.tokenizer import CharTokenizer
+from errors import UserError
+
+FORMAT = 1
+CHUNK_BYTES = 1 << 22  # 4 MiB at a time keeps memory bounded whatever the corpus size
+
+
+@dataclass
+class Prepared:
+    dir: Path
+    meta: dict
+    tokenizer: CharTokenizer
+    reused: bool = False  # True when the cache was already up to date
+    seconds: float = 0.0
+
+    def path(self, split: str) -> Path:
+        return self.dir / f"{split}.bin"
+
+
+def read_text(corpus: Corpus, encoding: str, errors: str) -> Iterator[str]:
+    """The corpus as a stream of text chunks: files joined by a newline, decoded incrementally."""
+    for i, path in enumerate(corpus.files):
+        if i:
+            yield "\n"
+        decoder = codecs.getincrementaldecoder(encoding)(errors=errors)
+        offset = 0  # bytes of this file handed to the decoder so far
+        with open(path, "rb") as f:
+            while True:
+                block = f.read(CHUNK_BYTES)
+                try:
+                    text = decoder.decode(block, final=not block)
+                except UnicodeDecodeError as err:
+                    pending = len(err.object) - len(block)  # bytes the decoder held back from the last block
+                    raise UserError(
+                        f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
+                        f"pass --encoding (e.g. latin-1) or --encoding_errors replace") from None
+                if "\0" in text:
+                    raise UserError(f"{path} looks like a binary file (it contains NUL bytes); --data needs text")
+                offset += len(block)
+                if text:
+                    yield text
+                if not block:
+                    break
+
+
+def corpus_key(corpus: Corpus, encoding: str, errors: str, val_fraction: float) -> tuple[str, str]:
+    """(sha256 of the bytes read, cache folder name: that hash plus the settings that change the tokens)."""
+    digest = hashlib.sha256()
+    for i, path in enumerate(corpus.files):
+        digest.update(f"\0file{i}\0".encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest(), f"{digest.hexdigest()[:20]}-{encoding}-{errors}-val{val_fraction}"
+
+
+def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
+            encoding: str = "utf-8", errors: str = "strict") -> Prepared:
+    """Write (or reuse) the token files of a corpus. Returns where they are and what they hold."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise UserError(f"--encoding {encoding}: unknown text encoding; try utf-8 or latin-1") from None
+    if errors not in ("strict", "replace", "ignore"):
+        raise UserError(f"--encoding_errors {errors}: must be strict, replace or ignore")
+    start = time.perf_counter()
+    sha256, key = corpus_key(corpus, encoding, errors, val_fraction)
+    final = cache_dir / "prepared" / key
+    if (final / "meta.json").exists():
+        meta = json.loads((final / "meta.json").read_text(encoding="utf-8"))
+        return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
+
+    # Pass 1: which characters occur, and how many there are.
+    seen = np.zeros(0x110000, dtype=bool)
+    n_chars = 0
+    for text in read_text(corpus, encoding, errors):
+        codepoints = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        seen[codepoints] = True
+        n_chars += len(text)
+    if n_chars == 0:
+        raise UserError(f"--data {corpus.name}: the corpus is empty; give it some text")
+    tokenizer = CharTokenizer("".join(map(chr, np.flatnonzero(seen))))
+    n_train = int(n_chars * (1 - val_fraction))
+
+    # Pass 2: encode and write, the first n_train characters to train.bin and the rest to val.bin.
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f"{key}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        written = 0
+        with open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:
+            for text in read_text(corpus, encoding, errors):
+                cut = max(0, min(len(text), n_train - written))
+                if cut:
+                    tokenizer.encode_array(text[:cut]).tofile(train)
+                if cut < len(text):
+                    tokenizer.encode_array(text[cut:]).tofile(val)
+                written += len(text)
+        meta = {
+            "format": FORMAT, "source": corpus.name, "files": len(corpus.files), "sha256": sha256,
+            "encoding": encoding, "encoding_errors": errors, "vocab": tokenizer.chars,
+            "vocab_size": tokenizer.vocab_size, "dtype": tokenizer.dtype.name, "n_chars": n_chars,
+            "val_fraction": val_fraction, "n_train": n_train, "n_val": n_chars - n_train,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+        os.replace(tmp, final)  # all at once: an interrupted prepare never leaves a cache that looks done
+    except OSError:
+        if not (final / "meta.json").exists():
+            raise
+        # another process finished the same cache first; theirs is identical
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Prepared(final, meta, tokenizer, reused=False, seconds=time.perf_counter() - start)

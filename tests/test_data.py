@@ -1,0 +1,208 @@
+"""Data: tokenizer round-trips, preparation and its cache, batches, named corpora, and bad input."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import data.corpus as corpus_module
+from conftest import ROOT, SHARED_TEXT
+from data import Batches, CharTokenizer, prepare, resolve
+from data.tokenizer import token_dtype
+from errors import UserError
+
+
+def prepared_from(text: str, tmp_path: Path, name="corpus.txt", **kwargs):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return prepare(resolve(str(path), tmp_path / "cache"), tmp_path / "cache", **kwargs)
+
+
+# --- tokenizer -------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["First Citizen:\nBefore we proceed any further, hear me speak.",
+                                  "ROMEO 说：你好，世界！Hello, 世界 — ça va? 🙂"])
+def test_tokenizer_round_trip(text):
+    tok = CharTokenizer("".join(sorted(set(text))))
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert tok.encode_array(text).tolist() == ids
+    assert CharTokenizer.from_json(tok.to_json()).chars == tok.chars
+
+
+def test_token_dtype_is_the_smallest_that_fits():
+    assert token_dtype(65) == np.uint8 and token_dtype(256) == np.uint8
+    assert token_dtype(257) == np.uint16 and token_dtype(65536) == np.uint16
+    assert token_dtype(65537) == np.uint32
+
+
+def test_large_unicode_vocabulary_is_stored_as_uint16(tmp_path):
+    text = "".join(chr(0x4E00 + i) for i in range(600)) * 3 + "abc\n"
+    prepared = prepared_from(text, tmp_path)
+    assert prepared.meta["vocab_size"] == 604 and prepared.meta["dtype"] == "uint16"
+    tokens = np.concatenate([np.fromfile(prepared.path(s), dtype=np.uint16) for s in ("train", "val")])
+    assert prepared.tokenizer.decode(tokens) == text
+
+
+# --- preparation ------------------------------------------------------------------------------
+def test_prepare_splits_and_round_trips_real_text(tmp_path, small_text):
+    if SHARED_TEXT.exists():  # the well-known figures of Tiny Shakespeare
+        prepared = prepare(resolve(str(SHARED_TEXT), tmp_path), tmp_path)
+        text = SHARED_TEXT.read_text(encoding="utf-8")
+        assert (prepared.meta["vocab_size"], prepared.meta["n_train"], prepared.meta["n_val"]) == (65, 1003854, 111540)
+    else:
+        text = small_text
+        prepared = prepared_from(text, tmp_path)
+        assert prepared.meta["n_train"] == int(len(text) * 0.9)
+    train = np.fromfile(prepared.path("train"), dtype=np.uint8)
+    val = np.fromfile(prepared.path("val"), dtype=np.uint8)
+    assert prepared.tokenizer.decode(train) + prepared.tokenizer.decode(val) == text
+    assert len(val) == len(text) - int(len(text) * 0.9)
+
+
+def test_cache_is_reused_and_invalidated(tmp_path):
+    first = prepared_from("hello world\n" * 50, tmp_path)
+    again = prepared_from("hello world\n" * 50, tmp_path)
+    assert not first.reused and again.reused and again.dir == first.dir
+    changed = prepared_from("hello there\n" * 50, tmp_path)
+    assert not changed.reused and changed.dir != first.dir
+    other_split = prepared_from("hello world\n" * 50, tmp_path, val_fraction=0.2)
+    assert not other_split.reused and other_split.meta["n_val"] == 120
+
+
+def test_interrupted_prepare_leaves_no_cache_that_is_trusted(tmp_path, monkeypatch):
+    def crash(self, text):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(CharTokenizer, "encode_array", crash)
+    with pytest.raises(KeyboardInterrupt):
+        prepared_from("some text\n" * 30, tmp_path)
+    assert list((tmp_path / "cache" / "prepared").iterdir()) == []  # the temp folder was cleaned up
+    monkeypatch.undo()
+    prepared = prepared_from("some text\n" * 30, tmp_path)
+    assert not prepared.reused and prepared.meta["n_chars"] == 300
+
+
+def test_folder_of_files_is_joined_in_sorted_order(tmp_path):
+    folder = tmp_path / "texts"
+    (folder / "b").mkdir(parents=True)
+    (folder / "b" / "2.txt").write_text("second")
+    (folder / "a.txt").write_text("first")
+    (folder / "c.bin").write_bytes(b"\x00\x01binary")
+    (folder / ".hidden.txt").write_text("hidden")
+    corpus = resolve(str(folder), tmp_path / "cache", say=lambda msg: None)
+    assert [p.name for p in corpus.files] == ["a.txt", "2.txt"]
+    prepared = prepare(corpus, tmp_path / "cache", val_fraction=0.5)
+    tokens = np.concatenate([np.fromfile(prepared.path(s), dtype=np.uint8) for s in ("train", "val")])
+    assert prepared.tokenizer.decode(tokens) == "first\nsecond"
+
+
+# --- batches -------------------------------------------------------------------------------------
+def test_batches_shapes_targets_and_determinism(tmp_path, small_text):
+    prepared = prepared_from(small_text, tmp_path)
+    batches = Batches(prepared, block_size=32, batch_size=5, device="cpu", seed=7)
+    x, y = batches.get_batch("train")
+    assert x.shape == y.shape == (5, 32) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    for row_x, row_y in zip(x, y):  # each window is real text followed by its next character
+        window = prepared.tokenizer.decode(row_x) + prepared.tokenizer.decode(row_y[-1:])
+        assert window in small_text
+    same = Batches(prepared, block_size=32, batch_size=5, device="cpu", seed=7).get_batch("train")
+    other = Batches(prepared, block_size=32, batch_size=5, device="cpu", seed=8).get_batch("train")
+    assert torch.equal(same[0], x) and not torch.equal(other[0], x)
+
+
+def test_batch_stream_resumes_from_its_state(tmp_path, small_text):
+    batches = Batches(prepared_from(small_text, tmp_path), 16, 4, "cpu", seed=3)
+    batches.get_batch("train")
+    state = batches.state_dict()
+    expected = [batches.get_batch(s)[0] for s in ("train", "val", "train")]
+    fresh = Batches(prepared_from(small_text, tmp_path), 16, 4, "cpu", seed=99)
+    fresh.load_state_dict(state)
+    assert all(torch.equal(fresh.get_batch(s)[0], e) for s, e in zip(("train", "val", "train"), expected))
+
+
+def test_val_windows_cover_the_split_without_overlap(tmp_path, small_text):
+    prepared = prepared_from(small_text, tmp_path)
+    batches = Batches(prepared, block_size=50, batch_size=4, device="cpu")
+    xs, ys = zip(*batches.val_windows(batch_size=7))
+    x, y = torch.cat(xs), torch.cat(ys)
+    val = np.fromfile(prepared.path("val"), dtype=np.uint8)
+    n = (len(val) - 1) // 50
+    assert len(x) == n == batches.num_val_windows()
+    assert torch.equal(x.flatten(), torch.from_numpy(val[: n * 50].astype(np.int64)))
+    assert torch.equal(y.flatten(), torch.from_numpy(val[1: n * 50 + 1].astype(np.int64)))
+
+
+# --- named corpora -----------------------------------------------------------------------------
+def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkeypatch):
+    notes = []
+    bad = tmp_path / "bad.txt"
+    bad.write_text("not shakespeare")
+    monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", bad.as_uri())
+    corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append)
+    assert corpus.name == "pystdlib" and "checksum" in notes[0] and "--data FILE" in notes[0]
+    assert not (tmp_path / "cache" / "tinyshakespeare.txt").exists()  # a bad download is never kept
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [corpus.files[0].name]
+    if SHARED_TEXT.exists():
+        monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", SHARED_TEXT.as_uri())
+        corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append)
+        assert corpus.name == "shakespeare" and corpus.files[0].read_bytes() == SHARED_TEXT.read_bytes()
+
+
+def test_pystdlib_corpus_is_deterministic(tmp_path):
+    first = resolve("pystdlib", tmp_path / "one").files[0]
+    second = resolve("pystdlib", tmp_path / "two").files[0]
+    assert first.read_bytes() == second.read_bytes() and first.stat().st_size > 1_000_000
+
+
+# --- bad input: one line, exit code 2, nothing prepared is damaged --------------------------------
+def run_prepare(*args, cache):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare.py"), "--cache_dir", str(cache), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def bad_inputs(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "latin1.txt").write_bytes("caf".encode() + "é au lait".encode("latin-1"))
+    (tmp_path / "nul.txt").write_bytes(b"text\x00more")
+    (tmp_path / "binaries").mkdir()
+    (tmp_path / "binaries" / "x.bin").write_bytes(b"\x00" * 10)
+    return {
+        "missing.txt": "no such file or folder",
+        "empty.txt": "empty",
+        "latin1.txt": "byte 3 cannot be decoded",
+        "nul.txt": "NUL",
+        "binaries": "no text files",
+    }
+
+
+def test_bad_inputs_give_one_line_and_exit_2(tmp_path):
+    cache = tmp_path / "cache"
+    good = tmp_path / "good.txt"
+    good.write_text("a perfectly good corpus\n" * 20)
+    assert run_prepare("--data", str(good), cache=cache).returncode == 0
+    before = {p: p.read_bytes() for p in cache.rglob("*") if p.is_file()}
+    for name, words in bad_inputs(tmp_path).items():
+        result = run_prepare("--data", str(tmp_path / name), cache=cache)
+        assert result.returncode == 2, (name, result.stderr)
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+        assert words in result.stderr and result.stderr.startswith("error: ")
+    after = {p: p.read_bytes() for p in cache.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_undecodable_text_can_be_read_with_another_encoding_or_replaced(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("café au lait, ".encode("latin-1") * 10)
+    as_latin1 = prepare(resolve(str(path), tmp_path), tmp_path, encoding="latin-1")
+    assert "é" in as_latin1.tokenizer.chars
+    replaced = prepare(resolve(str(path), tmp_path), tmp_path, errors="replace")
+    assert "\ufffd" in replaced.tokenizer.chars
+
+
+def test_a_split_shorter_than_a_block_is_refused(tmp_path):
+    prepared = prepared_from("x" * 200, tmp_path)  # 180 train / 20 val characters
+    with pytest.raises(UserError, match="val split has 20 characters, fewer than block_size \\+ 1 = 33"):
+        Batches(prepared, block_size=32, batch_size=2, device="cpu")
