@@ -1,0 +1,124 @@
+"""From the command line to a TrainConfig: a preset from configs/ (or any .toml file), then --field overrides."""
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import tomllib
+from dataclasses import MISSING
+from pathlib import Path
+
+from configs.schema import FIELDS, TrainConfig
+from errors import UserError
+
+PRESET_DIR = Path(__file__).resolve().parent
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+parse_bool.__name__ = "bool"  # argparse names the expected type after the function
+
+
+def suggest(name: str, candidates) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def unknown_option(option: str) -> UserError:
+    name = option.split("=", 1)[0]
+    hint = suggest(name, [f"--{n}" for n in FIELDS] + ["--config"])
+    return UserError(f"unknown option {name}{hint or '; see python train.py --help'}")
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage and exit; we want one line
+        match = re.match(r"argument (--\w+): invalid (\w+) value: (.*)", message)
+        if match:
+            option, kind, value = match.groups()
+            kind = {"int": "an integer", "float": "a number", "bool": "true or false"}.get(kind, kind)
+            raise UserError(f"{option}: expected {kind}, got {value}")
+        raise UserError(message)
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="train.py", allow_abbrev=False,
+        description="Train a character-level GPT. Settings come from --config (a preset name or .toml file), "
+                    "then from --field value / --field=value overrides.",
+        epilog=f"presets: {', '.join(presets())}",
+    )
+    parser.add_argument("--config", default=argparse.SUPPRESS,
+                        help="preset name in configs/ or path to a .toml file (default: shakespeare_char "
+                             "with CUDA, shakespeare_char_cpu without)")
+    for name, f in FIELDS.items():
+        if name == "config_name":
+            continue
+        kind = parse_bool if f.type in ("bool", bool) else {"int": int, "float": float}.get(f.type, str)
+        extra = {"nargs": "?", "const": True} if kind is parse_bool else {}  # a bare --resume means true
+        parser.add_argument(f"--{name}", type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
+                            help=f"{f.metadata['help']} (default: {f.default})", **extra)
+    return parser
+
+
+def read_preset(spec: str) -> tuple[str, dict]:
+    path = Path(spec)
+    if not path.suffix and not path.exists():
+        path = PRESET_DIR / f"{spec}.toml"
+    if not path.is_file():
+        raise UserError(f"--config {spec}: no such preset or file{suggest(spec, presets())}; "
+                        f"presets: {', '.join(presets())}")
+    try:
+        values = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"--config {spec}: not valid TOML ({err})") from None
+    for key, value in values.items():
+        if key not in FIELDS:
+            raise UserError(f"{path}: unknown field {key}{suggest(key, FIELDS)}")
+        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}[FIELDS[key].type]
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise UserError(f"{path}: {key} = {value!r} should be of type {FIELDS[key].type}")
+    return path.stem, values
+
+
+def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConfig, str, set[str]]:
+    """Returns the config, a line saying which preset was used and why, and the fields the user set
+    (on the command line, or in a --config file named on it): a resumed run applies only those."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise unknown_option(next((u for u in unknown if u.startswith("-")), unknown[0]))
+    overrides = vars(args)
+    explicit = set(overrides) - {"config"}
+    if "config" in overrides:
+        name, values = read_preset(overrides.pop("config"))
+        note = f"config: {name}"
+        explicit |= set(values)
+    else:
+        name = "shakespeare_char" if cuda_available else "shakespeare_char_cpu"
+        _, values = read_preset(name)
+        note = f"config: {name} (no --config given; CUDA is {'available' if cuda_available else 'not available'})"
+    values = {"config_name": name, **values, **overrides}
+    try:
+        return TrainConfig(**values), note, explicit
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def config_from_dict(values: dict) -> TrainConfig:
+    """Rebuild a config saved in a checkpoint, ignoring fields this version no longer has."""
+    known = {k: v for k, v in values.items() if k in FIELDS}
+    missing = [n for n, f in FIELDS.items() if n not in known and f.default is MISSING]
+    if missing:
+        raise UserError(f"the checkpoint's run config lacks {', '.join(missing)}")
+    return TrainConfig(**known)

@@ -1,0 +1,93 @@
+"""TrainConfig: every setting of a training run, with its type, default and meaning, checked when built."""
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, field, fields
+
+from model.config import ATTENTION_IMPLS, ModelConfig
+
+
+def setting(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    # data
+    data: str = setting("shakespeare", "text file, folder of text files, or a named corpus: shakespeare | pystdlib")
+    cache_dir: str = setting("", "where downloads and token files are cached (empty: ~/.cache/chargpt)")
+    val_fraction: float = setting(0.1, "the last fraction of the text used for validation")
+    encoding: str = setting("utf-8", "text encoding of the corpus files")
+    encoding_errors: str = setting("strict", "undecodable bytes: strict (stop) | replace | ignore")
+    # model
+    block_size: int = setting(256, "context length in characters")
+    n_layer: int = setting(6, "number of transformer blocks")
+    n_head: int = setting(6, "attention heads per block")
+    n_embd: int = setting(384, "width of the residual stream")
+    dropout: float = setting(0.2, "dropout probability (0 to turn off)")
+    bias: bool = setting(True, "biases in Linear and LayerNorm layers")
+    tie_weights: bool = setting(True, "share the token embedding with the output head")
+    attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower)")
+    # optimisation
+    batch_size: int = setting(64, "sequences per micro-batch")
+    grad_accum_steps: int = setting(1, "micro-batches summed into one optimizer step")
+    max_iters: int = setting(5000, "optimizer steps to train for")
+    learning_rate: float = setting(1e-3, "peak learning rate")
+    min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay")
+    warmup_iters: int = setting(100, "steps of linear warm-up from 0 to learning_rate")
+    lr_decay_iters: int = setting(0, "step at which the cosine decay reaches min_lr (0: max_iters)")
+    weight_decay: float = setting(0.1, "AdamW weight decay, applied to weight matrices only")
+    beta1: float = setting(0.9, "AdamW beta1")
+    beta2: float = setting(0.99, "AdamW beta2")
+    grad_clip: float = setting(1.0, "clip the gradient norm to this (0 to turn off)")
+    # evaluation and logging
+    eval_interval: int = setting(250, "evaluate (and checkpoint) every this many steps")
+    eval_iters: int = setting(200, "random batches per split in each evaluation")
+    log_interval: int = setting(10, "update the progress bar and train/* scalars every this many steps")
+    sample_chars: int = setting(200, "characters of generated text logged to TensorBoard at each evaluation (0: none)")
+    full_val: bool = setting(True, "at the end, compute the exact loss over every validation window")
+    # run
+    out_dir: str = setting("", "output folder for checkpoints, TensorBoard events and summary.json (empty: out/<config>)")
+    resume: bool = setting(False, "continue the run in out_dir from its ckpt_last.pt")
+    overwrite: bool = setting(False, "replace a different run already in out_dir")
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
+    dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 (auto: bfloat16 or float16 on CUDA, float32 elsewhere)")
+    compile: str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
+    num_threads: int = setting(0, "CPU threads for PyTorch (0: automatic)")
+    seed: int = setting(1337, "random seed for initialisation and batches")
+    config_name: str = setting("custom", "name of the preset this run started from (set by --config)")
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"--{name} {getattr(self, name)!r}: {rule}")
+
+        for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval"):
+            check(getattr(self, name) >= 1, name, "must be at least 1")
+        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "sample_chars", "num_threads"):
+            check(getattr(self, name) >= 0, name, "must not be negative")
+        check(0 < self.val_fraction < 1, "val_fraction", "must be between 0 and 1, e.g. 0.1")
+        check(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-3")
+        check(0 <= self.min_lr <= self.learning_rate, "min_lr", "must be between 0 and learning_rate")
+        check(0 <= self.beta1 < 1, "beta1", "must be in [0, 1)")
+        check(0 <= self.beta2 < 1, "beta2", "must be in [0, 1)")
+        check(self.grad_clip >= 0, "grad_clip", "must not be negative (0 turns clipping off)")
+        check(self.weight_decay >= 0, "weight_decay", "must not be negative")
+        check(self.encoding_errors in ("strict", "replace", "ignore"), "encoding_errors", "must be strict, replace or ignore")
+        check(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", "must be auto, float32, bfloat16 or float16")
+        check(self.compile in ("auto", "true", "false"), "compile", "must be auto, true or false")
+        check(self.attention in ATTENTION_IMPLS, "attention", f"must be one of {', '.join(ATTENTION_IMPLS)}")
+        check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "device",
+              "must be auto, cpu, cuda, cuda:N or mps")
+        self.model_config(vocab_size=1)  # the model's own checks (n_embd divisible by n_head, ...)
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        shared = {f.name for f in fields(ModelConfig)} - {"vocab_size"}
+        return ModelConfig(vocab_size=vocab_size, **{name: getattr(self, name) for name in shared})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+ARCHITECTURE_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "vocab_size")
+FIELDS = {f.name: f for f in fields(TrainConfig)}
+assert all(f.default is not MISSING for f in FIELDS.values())

@@ -1,0 +1,141 @@
+"""Training end to end: outputs, TensorBoard tags, exact resume, the command line and its errors."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import train
+from configs import load_config
+from configs.schema import FIELDS
+from errors import UserError, run_cli
+from training import checkpoint
+
+
+@pytest.fixture
+def corpus(tmp_path, small_text):
+    path = tmp_path / "corpus.txt"
+    path.write_text(small_text, encoding="utf-8")
+    return path
+
+
+def run(corpus, out_dir, *extra):
+    argv = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(corpus.parent / "cache"),
+            "--out_dir", str(out_dir), *extra]
+    cfg, _, explicit = load_config(argv, cuda_available=False)
+    return train.train(cfg, explicit, say=lambda msg: None)
+
+
+def test_debug_run_end_to_end(corpus, tmp_path):
+    out = tmp_path / "run"
+    result = run(corpus, out, "--max_iters", "60", "--eval_interval", "30")
+    history = result["history"]
+    assert history[-1][1] < history[0][1] - 0.3  # the loss fell
+    for name in ("ckpt_last.pt", "ckpt_best.pt"):
+        state = checkpoint.load(out / name)  # weights_only=True inside
+        assert not any(key.startswith("_orig_mod.") for key in state["model"])
+        assert set(state) >= {"optimizer", "rng", "run_config", "model_config", "vocab", "best_val_loss"}
+    assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 60
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["iterations"] == 60 and summary["tokens_seen"] == 60 * 8 * 32
+    assert summary["best_val_loss"] <= summary["val_loss"]
+    assert summary["full_val_bits_per_char"] == pytest.approx(summary["full_val_loss"] / math.log(2))
+    assert 0 < summary["full_val_loss"] < math.log(checkpoint.load(out / "ckpt_last.pt")["model_config"]["vocab_size"])
+    events = EventAccumulator(str(out))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert scalars >= {"train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_sec", "perf/mfu"}
+    assert {"config/text_summary", "samples/text_summary"} <= set(events.Tags()["tensors"])
+    assert [e.step for e in events.Scalars("val/loss")] == [0, 30, 60]
+    hparams = EventAccumulator(str(out / "hparams"))
+    hparams.Reload()
+    assert hparams.Scalars("hparam/full_val_loss")[0].value == pytest.approx(summary["full_val_loss"])
+
+
+def test_resume_gives_bit_identical_losses(corpus, tmp_path):
+    common = ("--dropout", "0.1", "--lr_decay_iters", "30", "--log_interval", "1", "--eval_interval", "10")
+    whole = run(corpus, tmp_path / "whole", "--max_iters", "30", *common)
+    run(corpus, tmp_path / "parts", "--max_iters", "20", *common)
+    resumed = run(corpus, tmp_path / "parts", "--max_iters", "30", "--resume", *common)
+    tail = [loss for it, loss in whole["history"] if it > 20]
+    assert [loss for _, loss in resumed["history"]] == tail and len(tail) == 10
+    a = checkpoint.load(tmp_path / "whole" / "ckpt_last.pt")["model"]
+    b = checkpoint.load(tmp_path / "parts" / "ckpt_last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus, tmp_path):
+    run(corpus, tmp_path / "r", "--max_iters", "4")
+    with pytest.raises(UserError, match="n_embd was 32 in this run and cannot change to 64"):
+        run(corpus, tmp_path / "r", "--resume", "--n_embd", "64")
+    result = run(corpus, tmp_path / "r", "--resume", "--max_iters", "6", "--learning_rate", "1e-3")
+    assert result["iterations"] == 6
+
+
+def test_out_dir_with_another_run_needs_resume_or_overwrite(corpus, tmp_path):
+    run(corpus, tmp_path / "r", "--max_iters", "2")
+    before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
+    with pytest.raises(UserError, match="already holds a run; pass --resume .* --overwrite"):
+        run(corpus, tmp_path / "r", "--max_iters", "2")
+    assert (tmp_path / "r" / "ckpt_last.pt").read_bytes() == before
+    assert run(corpus, tmp_path / "r", "--max_iters", "3", "--overwrite")["iterations"] == 3
+    with pytest.raises(UserError, match="no .*ckpt_last.pt to continue"):
+        run(corpus, tmp_path / "empty", "--resume")
+
+
+def test_learning_rate_schedule():
+    cfg, _, _ = load_config(["--config", "debug", "--max_iters", "100", "--warmup_iters", "10",
+                             "--learning_rate", "1e-3", "--min_lr", "1e-4"], False)
+    assert train.get_lr(0, cfg) == pytest.approx(1e-3 / 11)
+    assert train.get_lr(9, cfg) == pytest.approx(1e-3 * 10 / 11)
+    assert train.get_lr(10, cfg) == pytest.approx(1e-3)
+    assert train.get_lr(55, cfg) == pytest.approx(1e-4 + 0.5 * 9e-4)
+    assert train.get_lr(100, cfg) == pytest.approx(1e-4)
+
+
+# --- the command line -----------------------------------------------------------------------------
+def test_overrides_both_spellings_and_presets():
+    cfg, note, explicit = load_config(["--config", "debug", "--max_iters=7", "--batch_size", "3", "--bias", "false",
+                                       "--resume"], False)
+    assert (cfg.max_iters, cfg.batch_size, cfg.bias, cfg.resume, cfg.n_layer) == (7, 3, False, True, 2)
+    assert note == "config: debug" and {"max_iters", "batch_size", "n_layer"} <= explicit
+
+
+def test_default_preset_follows_the_device():
+    cpu_cfg, cpu_note, _ = load_config([], cuda_available=False)
+    gpu_cfg, gpu_note, _ = load_config([], cuda_available=True)
+    assert cpu_cfg.config_name == "shakespeare_char_cpu" and "CUDA is not available" in cpu_note
+    assert (gpu_cfg.config_name, gpu_cfg.n_layer, gpu_cfg.n_embd, gpu_cfg.block_size) == ("shakespeare_char", 6, 384, 256)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lerning_rate", "1"], "unknown option --lerning_rate; did you mean --learning_rate?"),
+    (["--max_iters", "ten"], "--max_iters: expected an integer, got 'ten'"),
+    (["--config", "shakespear"], "did you mean shakespeare_char"),
+    (["--n_embd", "100"], "n_embd (100) must be divisible by n_head (6)"),
+    (["--dtype", "fp8"], "--dtype 'fp8': must be auto"),
+])
+def test_bad_command_lines_are_one_line_errors(argv, message, capsys):
+    assert run_cli(train.main, argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("error: ")
+
+
+def test_help_lists_every_field_with_default(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for name, f in FIELDS.items():
+        if name != "config_name":
+            assert f"--{name}" in text and " ".join(f.metadata["help"].split()) in text
+    assert "(default: 0.001)" in text
+
+
+def test_bad_preset_file_names_the_field(tmp_path):
+    bad = tmp_path / "mine.toml"
+    bad.write_text("n_layers = 3\n")
+    with pytest.raises(UserError, match="unknown field n_layers; did you mean n_layer"):
+        load_config(["--config", str(bad)], False)

@@ -1,0 +1,296 @@
+"""train.py: train a character-level GPT. Reads top to bottom: config, data, model, the loop, the summary."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from configs import TrainConfig, load_config
+from configs.loader import config_from_dict
+from configs.schema import ARCHITECTURE_FIELDS
+from data import Batches, CharTokenizer, default_cache_dir, prepare, resolve
+from errors import UserError, run_cli
+from model import GPT
+from model.generate import generate
+from model.optim import configure_optimizer
+from training import checkpoint, runtime
+from training.perf import flops_per_token, measure_peak_flops
+
+
+def get_lr(it: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to learning_rate, then a cosine decay to min_lr at lr_decay_iters (default: max_iters)."""
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    if it >= decay_iters:
+        return cfg.min_lr
+    progress = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+
+
+@torch.inference_mode()
+def evaluate(model, batches: Batches, rt: runtime.Runtime, eval_iters: int) -> dict[str, float]:
+    """Mean loss over eval_iters random batches of each split (a quick estimate)."""
+    model.eval()
+    out = {}
+    for split in ("train", "val"):
+        total = torch.zeros((), device=rt.device)
+        for _ in range(eval_iters):
+            x, y = batches.get_batch(split)
+            with rt.autocast():
+                total += model(x, y)[1].float()
+        out[split] = total.item() / eval_iters
+    model.train()
+    return out
+
+
+@torch.inference_mode()
+def full_validation_loss(model, batches: Batches, rt: runtime.Runtime) -> float:
+    """The exact mean loss over every non-overlapping validation window."""
+    model.eval()
+    total = torch.zeros((), device=rt.device, dtype=torch.float64)
+    count = 0
+    for x, y in batches.val_windows():
+        with rt.autocast():
+            loss = model(x, y)[1]
+        total += loss.double() * y.numel()
+        count += y.numel()
+    model.train()
+    return total.item() / count
+
+
+def train_step(model, optimizer, scaler, batches: Batches, rt: runtime.Runtime, cfg: TrainConfig,
+               lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step over grad_accum_steps micro-batches. Returns (loss, grad norm) without syncing."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss_sum = torch.zeros((), device=rt.device)
+    for _ in range(cfg.grad_accum_steps):
+        x, y = batches.get_batch("train")
+        with rt.autocast():
+            loss = model(x, y)[1] / cfg.grad_accum_steps
+        scaler.scale(loss).backward()
+        loss_sum += loss.detach().float()
+    scaler.unscale_(optimizer)
+    if cfg.grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    else:
+        grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
+
+
+def prepare_out_dir(cfg: TrainConfig) -> Path:
+    """Refuse to mix two runs in one folder; --overwrite clears the old run's files first."""
+    out_dir = Path(cfg.out_dir)
+    old_files = [p for pattern in ("ckpt_*.pt", "summary.json", "events.out.tfevents.*") for p in out_dir.glob(pattern)]
+    if old_files and not cfg.resume:
+        if not cfg.overwrite:
+            raise UserError(f"{out_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+                            f"or choose another --out_dir")
+        for path in old_files:
+            path.unlink()
+        shutil.rmtree(out_dir / "hparams", ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
+def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say) -> TrainConfig:
+    """The saved run's config, with only the fields the user set now; architecture changes are refused."""
+    old = config_from_dict(saved)
+    values = old.to_dict()
+    for name in sorted(explicit):
+        new_value = getattr(cfg, name)
+        if new_value == values.get(name):
+            continue
+        if name in ARCHITECTURE_FIELDS:
+            raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
+                            f"start a new run in another --out_dir to change the architecture")
+        if name not in ("resume", "overwrite"):
+            say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
+        values[name] = new_value
+    return TrainConfig(**{**values, "resume": True})
+
+
+class StopRequest:
+    """Ctrl-C or SIGTERM asks the loop to stop at the next step boundary (a second Ctrl-C stops at once)."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) -> dict:
+    # ---- where the run lives, and what it continues ------------------------------------------------
+    cfg.out_dir = cfg.out_dir or f"out/{cfg.config_name}"
+    resumed = None
+    if cfg.resume:
+        last = Path(cfg.out_dir) / "ckpt_last.pt"
+        if not last.exists():
+            raise UserError(f"--resume: there is no {last} to continue; drop --resume to start a new run")
+        resumed = checkpoint.load(last)
+        cfg = resume_config(cfg, explicit | {"resume"}, resumed["run_config"], say)
+    out_dir = prepare_out_dir(cfg)
+    rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads)
+    torch.manual_seed(cfg.seed)
+
+    # ---- data --------------------------------------------------------------------------------------
+    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    corpus = resolve(cfg.data, cache_dir, say=say)
+    prepared = prepare(corpus, cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors)
+    tokenizer = prepared.tokenizer
+    if resumed is not None and resumed["vocab"] != tokenizer.chars:
+        raise UserError(f"--resume: the corpus {corpus.name} has a different vocabulary from the checkpoint's; "
+                        f"resume with the same --data")
+    batches = Batches(prepared, cfg.block_size, cfg.batch_size, rt.device, seed=cfg.seed)
+    data_info = {k: prepared.meta[k] for k in ("source", "sha256", "n_chars", "n_train", "n_val", "vocab_size")}
+
+    # ---- model and optimizer -----------------------------------------------------------------------
+    model_cfg = cfg.model_config(tokenizer.vocab_size)
+    model = GPT(model_cfg).to(rt.device)
+    optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2), rt.device_type)
+    scaler = rt.grad_scaler()
+    start_iter, best_val = 0, float("inf")
+    if resumed is not None:
+        model.load_state_dict(resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        if resumed.get("scaler"):
+            scaler.load_state_dict(resumed["scaler"])
+        start_iter, best_val = resumed["iter"], resumed["best_val_loss"]
+        torch.set_rng_state(resumed["rng"]["torch"])
+        batches.load_state_dict(resumed["rng"]["batches"])
+        if rt.device_type == "cuda" and resumed["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(resumed["rng"]["cuda"].cpu())
+    step_model = model
+    if cfg.compile == "true" or (cfg.compile == "auto" and rt.device_type == "cuda"):
+        step_model = torch.compile(model)
+    tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum_steps
+    flops_token = flops_per_token(model.num_params(non_embedding=False), model_cfg)
+    peak_flops = measure_peak_flops(rt.device, rt.dtype)
+
+    # ---- logging -----------------------------------------------------------------------------------
+    writer = SummaryWriter(log_dir=str(out_dir))
+    if resumed is None:
+        writer.add_text("config", "```\n" + json.dumps(cfg.to_dict(), indent=1) + "\n```", 0)
+    say(f"{corpus.name}: {prepared.meta['n_chars']:,} characters, vocabulary {tokenizer.vocab_size}; "
+        f"model {model.num_params() / 1e6:.2f}M parameters ({model.num_params(False) / 1e6:.2f}M with position table); "
+        f"{rt.describe()}; {tokens_per_iter:,} tokens per step")
+    say(f"watch it: tensorboard --logdir {out_dir}")
+    sample_gen = torch.Generator(device=rt.device)
+    prompt = [tokenizer.stoi.get("\n", 0)]
+
+    def save(it: int, name: str) -> None:
+        state = {
+            "model": model.state_dict(), "model_config": model_cfg.to_dict(), "run_config": cfg.to_dict(),
+            "vocab": tokenizer.chars, "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict() if scaler.is_enabled() else None, "iter": it, "best_val_loss": best_val,
+            "data": data_info, "rng": {"torch": torch.get_rng_state(), "batches": batches.state_dict(),
+                                       "cuda": torch.cuda.get_rng_state() if rt.device_type == "cuda" else None},
+        }
+        checkpoint.save(state, out_dir / name)
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    it, losses, last_val, history = start_iter, {}, float("nan"), []
+    bar = tqdm(total=cfg.max_iters, initial=start_iter, dynamic_ncols=True, mininterval=0.5, desc="train")
+    clock, clock_it, started = time.perf_counter(), it, time.perf_counter()
+    with StopRequest() as stop:
+        while True:
+            if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and not (resumed is not None and it == start_iter):
+                losses = evaluate(step_model, batches, rt, cfg.eval_iters)
+                last_val = losses["val"]
+                writer.add_scalar("train/loss_eval", losses["train"], it)
+                writer.add_scalar("val/loss", losses["val"], it)
+                if cfg.sample_chars:
+                    sample_gen.manual_seed(cfg.seed)
+                    with rt.autocast():
+                        text = generate(model, [prompt], cfg.sample_chars, generator=sample_gen)[0]
+                    writer.add_text("samples", "```\n" + tokenizer.decode(text) + "\n```", it)
+                if losses["val"] < best_val:
+                    best_val = losses["val"]
+                    save(it, "ckpt_best.pt")
+                save(it, "ckpt_last.pt")
+                bar.set_postfix_str(f"train {losses['train']:.4f} val {losses['val']:.4f}", refresh=False)
+            if it >= cfg.max_iters or stop.requested:
+                break
+            lr = get_lr(it, cfg)
+            loss, grad_norm = train_step(step_model, optimizer, scaler, batches, rt, cfg, lr)
+            it += 1
+            bar.update(1)
+            if it % cfg.log_interval == 0 or it == cfg.max_iters:
+                loss_value, norm_value = loss.item(), grad_norm.item()  # the only host syncs of the loop
+                now = time.perf_counter()
+                tokens_per_sec = tokens_per_iter * (it - clock_it) / (now - clock)
+                clock, clock_it = now, it
+                history.append((it, loss_value))
+                for tag, value in (("train/loss", loss_value), ("train/lr", lr), ("train/grad_norm", norm_value),
+                                   ("perf/tokens_per_sec", tokens_per_sec),
+                                   ("perf/mfu", flops_token * tokens_per_sec / peak_flops)):
+                    writer.add_scalar(tag, value, it)
+                bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s val {last_val:.4f}",
+                                    refresh=False)
+        if stop.requested and it < cfg.max_iters:
+            save(it, "ckpt_last.pt")
+    bar.close()
+    wall = time.perf_counter() - started
+    if stop.requested and it < cfg.max_iters:
+        writer.close()
+        say(f"stopped at step {it}; saved {out_dir / 'ckpt_last.pt'}. Continue with: "
+            f"python train.py --out_dir {out_dir} --resume")
+        return {"stopped": True, "iterations": it, "history": history}
+
+    # ---- the summary -------------------------------------------------------------------------------
+    summary = {
+        "config": cfg.config_name, "corpus": data_info["source"], "iterations": it,
+        "train_loss": losses.get("train"), "val_loss": losses.get("val"), "best_val_loss": best_val,
+        "tokens_seen": it * tokens_per_iter, "wall_seconds": wall,
+        "tokens_per_sec": (it - start_iter) * tokens_per_iter / wall if wall > 0 else None, "device": rt.describe(),
+    }
+    if cfg.full_val:
+        summary["full_val_loss"] = full_validation_loss(step_model, batches, rt)
+        summary["full_val_bits_per_char"] = summary["full_val_loss"] / math.log(2)
+        writer.add_scalar("val/full_loss", summary["full_val_loss"], it)
+    hparams = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
+    metrics = {f"hparam/{k}": summary[k] for k in ("best_val_loss", "full_val_loss") if summary.get(k) is not None}
+    writer.add_hparams(hparams, metrics, run_name="hparams")
+    writer.close()
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    full = f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)" \
+        if cfg.full_val else ""
+    say(f"done: {it} steps in {wall:.1f} s, val {summary['val_loss']:.4f} (best {best_val:.4f}){full}")
+    say(f"sample it: python scripts/sample.py --out_dir {out_dir}")
+    return {**summary, "history": history}
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, note, explicit = load_config(argv, torch.cuda.is_available())
+    print(note)
+    result = train(cfg, explicit)
+    return 130 if result.get("stopped") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,70 @@
+"""Runtime: the device, the compute dtype, the autocast context and the gradient scaler of a run."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    dtype: torch.dtype  # what matrix products run in (autocast); weights and optimizer stay float32
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """float16 needs loss scaling so small gradients do not underflow; bfloat16 and float32 do not."""
+        return torch.amp.GradScaler(self.device_type, enabled=self.dtype == torch.float16)
+
+    def describe(self) -> str:
+        name = torch.cuda.get_device_name(self.device) if self.device_type == "cuda" else self.device_type
+        return f"{name}, {str(self.dtype).removeprefix('torch.')}"
+
+
+def pick_device(spec: str) -> torch.device:
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {spec}: CUDA is not available on this machine (or this PyTorch is a CPU build); "
+                        f"use --device cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"--device {spec}: Apple MPS is not available here; use --device cpu")
+    return device
+
+
+def pick_dtype(spec: str, device: torch.device) -> torch.dtype:
+    if spec == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if spec == "float16" and device.type == "cpu":
+        raise UserError("--dtype float16: not supported for training on CPU; use float32 or bfloat16")
+    return DTYPES[spec]
+
+
+def setup(device_spec: str, dtype_spec: str, num_threads: int = 0) -> Runtime:
+    device = pick_device(device_spec)
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
+        torch.backends.cudnn.allow_tf32 = True
+    return Runtime(device, pick_dtype(dtype_spec, device))
