@@ -35,9 +35,11 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "unsupported content"
-        raise UserError(f"{path} was refused: it holds more than tensors and plain data ({first[:120]}); "
-                        f"only load checkpoints you trust, written by this trainer") from None
+        if "Weights only load failed" in str(err) and "GLOBAL" in str(err):  # it names code to run
+            raise UserError(f"{path} was refused: it asks to run code or build objects beyond tensors and plain "
+                            f"data, which a checkpoint of this trainer never does") from None
+        raise UserError(f"{path} is not a readable checkpoint (UnpicklingError); it may be truncated or "
+                        f"not a checkpoint at all") from None
     except Exception as err:  # truncated zip, random bytes, wrong file type
         raise UserError(f"{path} is not a readable checkpoint ({type(err).__name__}); it may be truncated or "
                         f"not a checkpoint at all") from None
@@ -48,3 +50,25 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
         raise UserError(f"{path} has checkpoint format {state['format']}, this version reads format {FORMAT}; "
                         f"use the version of this trainer that wrote it")
     return state
+
+
+def load_model(path: Path, device: torch.device | str = "cpu"):
+    """A checkpoint's model (in eval mode) and tokenizer, with a one-line error for any inconsistency."""
+    from data.tokenizer import CharTokenizer
+    from model import GPT, ModelConfig
+
+    state = load(path, device)
+    try:
+        config = ModelConfig(**state["model_config"])
+        tokenizer = CharTokenizer(state["vocab"])
+    except (TypeError, ValueError) as err:
+        raise UserError(f"{path} has an inconsistent model config or vocabulary ({err})") from None
+    if tokenizer.vocab_size != config.vocab_size:
+        raise UserError(f"{path} is inconsistent: its vocabulary has {tokenizer.vocab_size} characters "
+                        f"but its model expects {config.vocab_size}")
+    model = GPT(config)
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, TypeError, AttributeError) as err:
+        raise UserError(f"{path}: the weights do not fit the model config ({str(err).splitlines()[0][:150]})") from None
+    return model.to(device).eval(), tokenizer, state

@@ -1,0 +1,127 @@
+"""python scripts/sample.py --out_dir DIR [--prompt TEXT]: generate text from a trained checkpoint."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from errors import UserError, run_cli  # noqa: E402
+from model.generate import generate  # noqa: E402
+from training import runtime  # noqa: E402
+from training.checkpoint import load_model  # noqa: E402
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UserError(message)
+
+
+def build_parser() -> Parser:
+    p = Parser(description="Generate text from a checkpoint written by train.py.")
+    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best.pt, else ckpt_last.pt")
+    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
+    p.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
+    p.add_argument("--prompt_file", default="", help="read the prompt from this file")
+    p.add_argument("--prompts_per_line", action="store_true", help="with --prompt_file: one prompt per line, batched")
+    p.add_argument("--max_new_tokens", type=int, default=500, help="characters to generate per sample")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; below 1 = safer, above 1 = wilder")
+    p.add_argument("--top_k", type=int, default=None, help="sample only among the k likeliest characters")
+    p.add_argument("--top_p", type=float, default=None, help="sample from the smallest set with this much probability")
+    p.add_argument("--num_samples", type=int, default=1, help="samples per prompt")
+    p.add_argument("--seed", type=int, default=1337, help="same seed and settings give the same text")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--stream", default=None, action=argparse.BooleanOptionalAction,
+                   help="print characters as they come (default: on when writing to a terminal)")
+    p.add_argument("--unknown", choices=("error", "skip"), default="error",
+                   help="prompt characters outside the vocabulary: stop with an error, or skip them")
+    p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (slow; for checks)")
+    return p
+
+
+def check_settings(args: argparse.Namespace) -> None:
+    if args.temperature < 0:
+        raise UserError(f"--temperature {args.temperature}: must be 0 (greedy) or positive")
+    if args.top_k is not None and args.top_k < 1:
+        raise UserError(f"--top_k {args.top_k}: must be at least 1")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise UserError(f"--top_p {args.top_p}: must be in (0, 1], e.g. 0.9")
+    if args.max_new_tokens < 1 or args.num_samples < 1:
+        raise UserError("--max_new_tokens and --num_samples must be at least 1")
+    if args.prompt is not None and args.prompt_file:
+        raise UserError("give --prompt or --prompt_file, not both")
+
+
+def find_checkpoint(args: argparse.Namespace) -> Path:
+    if args.ckpt:
+        return Path(args.ckpt)
+    if not args.out_dir:
+        raise UserError("say which model to sample: --out_dir DIR (a training run's folder) or --ckpt FILE")
+    out_dir = Path(args.out_dir)
+    for name in ("ckpt_best.pt", "ckpt_last.pt"):
+        if (out_dir / name).exists():
+            return out_dir / name
+    raise UserError(f"{out_dir} holds no ckpt_best.pt or ckpt_last.pt; train first: python train.py --out_dir {out_dir}")
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    if args.prompt_file:
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise UserError(f"--prompt_file {args.prompt_file}: cannot be read as UTF-8 text ({err})") from None
+        return [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
+    return [args.prompt if args.prompt is not None else "\n"]
+
+
+def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]]:
+    missing = list(dict.fromkeys(ch for p in prompts for ch in tokenizer.unknown(p)))
+    if missing and policy == "error":
+        shown = " ".join(repr(ch) for ch in missing[:20]) + (" ..." if len(missing) > 20 else "")
+        raise UserError(f"the prompt has {len(missing)} character(s) the model never saw: {shown}; "
+                        f"pass --unknown skip to drop them")
+    if missing:
+        print(f"warning: skipped {len(missing)} character(s) the model never saw", file=sys.stderr)
+    encoded = [[tokenizer.stoi[ch] for ch in p if ch in tokenizer.stoi] for p in prompts]
+    if any(not e for e in encoded):
+        raise UserError("a prompt is empty once unknown characters are skipped; give a prompt the model knows")
+    return encoded
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    check_settings(args)
+    rt = runtime.setup(args.device, args.dtype)
+    model, tokenizer, _ = load_model(find_checkpoint(args), rt.device)
+    prompts = read_prompts(args)
+    rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
+    texts = [tokenizer.decode(r) for r in rows]
+    stream = sys.stdout.isatty() if args.stream is None else args.stream
+    generator = torch.Generator(device=rt.device).manual_seed(args.seed)
+    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
+                    use_cache=not args.no_cache)
+    with rt.autocast():
+        if stream:  # one row at a time, each character printed as it is drawn
+            for i, (row, text) in enumerate(zip(rows, texts)):
+                print(("\n---\n" if i else "") + text, end="", flush=True)
+
+                def show(ids: torch.Tensor) -> None:
+                    print(tokenizer.decode(ids.tolist()), end="", flush=True)
+
+                generate(model, [row], args.max_new_tokens, on_token=show, **settings)
+            print()
+        else:  # every row in one batch (prompts of different lengths are left-padded and masked)
+            new = generate(model, rows, args.max_new_tokens, **settings)
+            print("\n---\n".join(text + tokenizer.decode(n) for text, n in zip(texts, new)))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(run_cli(main))
+    except BrokenPipeError:  # e.g. piped into head
+        sys.exit(0)

@@ -1,0 +1,156 @@
+"""Sampling: the KV cache changes nothing but speed, batching changes nothing per row, bad input is refused."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+from conftest import ROOT
+from configs import load_config
+from model import GPT, ModelConfig
+from model.generate import generate, logits_to_probs
+from model.kv_cache import KVCache
+from training.checkpoint import load_model
+
+CFG = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=2, n_embd=16)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = GPT(CFG).eval()
+    for p in m.parameters():  # sharper than the initialisation, so greedy decoding is not trivially constant
+        p.data.normal_(0, 0.3)
+    return m
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, small_text_module):
+    tmp = tmp_path_factory.mktemp("sample")
+    corpus = tmp / "corpus.txt"
+    corpus.write_text(small_text_module, encoding="utf-8")
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp / "cache"),
+                                    "--out_dir", str(tmp / "run"), "--max_iters", "200", "--eval_interval", "100"], False)
+    train.train(cfg, explicit, say=lambda m: None)
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def small_text_module():
+    from conftest import SHARED_TEXT
+    return SHARED_TEXT.read_text(encoding="utf-8")[:20000] if SHARED_TEXT.exists() else "to be or not to be\n" * 800
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "explicit"])
+def test_cached_logits_equal_a_full_forward(model, attention):
+    model.set_attention_path(attention)
+    idx = torch.randint(0, 17, (3, 20), generator=torch.Generator().manual_seed(1))
+    valid_lens = torch.tensor([20, 13, 6])
+    full, _ = model(idx, valid_lens=valid_lens, all_logits=True)
+    cache = KVCache(2, 3, 2, 24, 8)
+    prefill, _ = model(idx[:, :9], valid_lens=valid_lens - 11, cache=cache, all_logits=True)
+    steps = [model(idx[:, t:t + 1], valid_lens=valid_lens - 19 + t, cache=cache)[0] for t in range(9, 20)]
+    torch.testing.assert_close(torch.cat([prefill, *steps], dim=1)[:, -6:], full[:, -6:], rtol=1e-5, atol=1e-5)
+    for b, n in enumerate(valid_lens.tolist()):  # and each row equals that row alone, unpadded
+        alone, _ = model(idx[b:b + 1, 20 - n:], all_logits=True)
+        torch.testing.assert_close(full[b:b + 1, 20 - n:], alone, rtol=1e-5, atol=1e-5)
+    model.set_attention_path("sdpa")
+
+
+def test_cached_decoding_equals_full_recompute_past_block_size(run_dir):
+    trained, tokenizer, _ = load_model(run_dir / "ckpt_last.pt")  # block_size 32
+    prompts = [tokenizer.encode("The"), tokenizer.encode("First Citizen:\nBefore we proceed any")]
+    cached = generate(trained, prompts, 100, temperature=0)
+    uncached = generate(trained, prompts, 100, temperature=0, use_cache=False)
+    assert cached == uncached and all(len(row) == 100 for row in cached)
+    assert len(set(cached[0])) > 3  # a real text, not one repeated character
+    seeded = [generate(trained, prompts, 100, temperature=1.0, generator=torch.Generator().manual_seed(0),
+                       use_cache=use_cache) for use_cache in (True, False)]
+    assert seeded[0] == seeded[1]
+
+
+def test_each_row_of_a_padded_batch_equals_generating_it_alone(model):
+    prompts = [[4], [1, 2, 3, 4, 5, 6, 7], [9, 9, 2, 0], list(range(16)) * 2]
+    batched = generate(model, prompts, 40, temperature=0)
+    assert batched == [generate(model, [p], 40, temperature=0)[0] for p in prompts]
+
+
+def test_same_seed_same_text_and_another_seed_another(model):
+    def draw(seed):
+        return generate(model, [[1, 2]], 50, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(seed))
+    assert draw(5) == draw(5) and draw(5) != draw(6)
+
+
+def test_top_k_and_top_p_keep_the_right_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.05, 0.2, 0.25]]))
+    assert logits_to_probs(logits, top_k=2).nonzero()[:, 1].tolist() == [0, 3]
+    probs = logits_to_probs(logits, top_p=0.7)  # 0.5 + 0.25 reaches 0.7: keep those two, renormalised
+    torch.testing.assert_close(probs, torch.tensor([[0.5 / 0.75, 0.0, 0.0, 0.25 / 0.75]]))
+    torch.testing.assert_close(logits_to_probs(logits, temperature=1.0), torch.tensor([[0.5, 0.05, 0.2, 0.25]]))
+    assert logits_to_probs(logits, top_p=0.1).nonzero()[:, 1].tolist() == [0]  # the top token always stays
+
+
+# --- the command line ------------------------------------------------------------------------------
+def sample(*args):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "sample.py"), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_is_deterministic_and_streaming_prints_the_same_text(run_dir):
+    common = ("--out_dir", str(run_dir), "--prompt", "The", "--max_new_tokens", "40", "--seed", "3")
+    plain = sample(*common, "--no-stream")
+    streamed = sample(*common, "--stream")
+    assert plain.returncode == 0 and plain.stdout.startswith("The") and len(plain.stdout) == 3 + 40 + 1
+    assert streamed.stdout == plain.stdout and sample(*common).stdout == plain.stdout
+    greedy = [sample(*common, "--temperature", "0").stdout for _ in range(2)]
+    assert greedy[0] == greedy[1]
+
+
+def test_cli_batches_prompts_per_line(run_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The\nCitizen:\nI\n")
+    out = sample("--out_dir", str(run_dir), "--prompt_file", str(prompts), "--prompts_per_line",
+                 "--max_new_tokens", "20", "--temperature", "0").stdout
+    parts = out.rstrip("\n").split("\n---\n")
+    assert [p[:len(q)] for p, q in zip(parts, ["The", "Citizen:", "I"])] == ["The", "Citizen:", "I"]
+    alone = sample("--out_dir", str(run_dir), "--prompt", "Citizen:", "--max_new_tokens", "20", "--temperature", "0")
+    assert alone.stdout.rstrip("\n") == parts[1]
+
+
+def test_unknown_prompt_characters(run_dir):
+    refused = sample("--out_dir", str(run_dir), "--prompt", "The™ ✓")
+    assert refused.returncode == 2 and "'™' '✓'" in refused.stderr and "--unknown skip" in refused.stderr
+    skipped = sample("--out_dir", str(run_dir), "--prompt", "The™", "--unknown", "skip", "--max_new_tokens", "5")
+    assert skipped.returncode == 0 and skipped.stdout.startswith("The") and "skipped 1" in skipped.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--top_p", "1.5"], "--top_p 1.5: must be in (0, 1]"),
+    (["--top_p", "0"], "--top_p 0.0: must be in (0, 1]"),
+    (["--temperature", "-1"], "--temperature -1.0: must be 0"),
+    (["--top_k", "0"], "--top_k 0: must be at least 1"),
+])
+def test_invalid_settings(run_dir, args, message):
+    result = sample("--out_dir", str(run_dir), *args)
+    assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_bad_checkpoints_are_one_line_errors(run_dir, tmp_path):
+    good = (run_dir / "ckpt_last.pt").read_bytes()
+    cases = {"missing.pt": None, "random.pt": bytes(range(256)) * 40, "truncated.pt": good[: len(good) // 2]}
+    future = tmp_path / "future.pt"
+    state = torch.load(run_dir / "ckpt_last.pt", weights_only=True)
+    torch.save({**state, "format": 99}, future)
+    inconsistent = tmp_path / "inconsistent.pt"
+    torch.save({**state, "vocab": state["vocab"][:-1]}, inconsistent)
+    for name, content in cases.items():
+        if content is not None:
+            (tmp_path / name).write_bytes(content)
+    expected = {"missing.pt": "no checkpoint at", "random.pt": "not a readable checkpoint",
+                "truncated.pt": "not a readable checkpoint", "future.pt": "format 99",
+                "inconsistent.pt": "inconsistent"}
+    for name, message in expected.items():
+        result = sample("--ckpt", str(tmp_path / name))
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, name
+        assert result.stderr.count("\n") == 1
