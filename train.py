@@ -23,6 +23,7 @@ from model.generate import generate
 from model.optim import configure_optimizer
 from training import checkpoint, runtime
 from training.perf import flops_per_token, measure_peak_flops
+from training.pictures import attention_figure, attention_weights
 
 
 def get_lr(it: int, cfg: TrainConfig) -> float:
@@ -68,8 +69,11 @@ def full_validation_loss(model, batches: Batches, rt: runtime.Runtime) -> float:
 
 
 def train_step(model, optimizer, scaler, batches: Batches, rt: runtime.Runtime, cfg: TrainConfig,
-               lr: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step over grad_accum_steps micro-batches. Returns (loss, grad norm) without syncing."""
+               lr: float) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """One optimizer step over grad_accum_steps micro-batches: (loss, grad norm, whether the step was taken).
+
+    A step whose gradients are not finite is skipped, so NaN never reaches the weights (with float16 the
+    gradient scaler does this itself, and lowers its scale)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     loss_sum = torch.zeros((), device=rt.device)
@@ -80,19 +84,25 @@ def train_step(model, optimizer, scaler, batches: Batches, rt: runtime.Runtime, 
         scaler.scale(loss).backward()
         loss_sum += loss.detach().float()
     scaler.unscale_(optimizer)
-    if cfg.grad_clip > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")  # inf: measure the norm, clip nothing
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if scaler.is_enabled():  # float16: the scaler finds inf/NaN itself, skips such a step and lowers its scale
+        scaler.step(optimizer)
+        scaler.update()
+        taken = True
     else:
-        grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
-    scaler.step(optimizer)
-    scaler.update()
+        taken = bool(torch.isfinite(grad_norm))  # one host sync per step (free on CPU)
+        if taken:
+            optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss_sum, grad_norm
+    return loss_sum, grad_norm, taken
 
 
 def prepare_out_dir(cfg: TrainConfig) -> Path:
     """Refuse to mix two runs in one folder; --overwrite clears the old run's files first."""
     out_dir = Path(cfg.out_dir)
+    for stale in out_dir.glob("*.tmp-*"):  # a checkpoint write cut short by a crash; the previous file is intact
+        stale.unlink()
     old_files = [p for pattern in ("ckpt_*.pt", "summary.json", "events.out.tfevents.*") for p in out_dir.glob(pattern)]
     if old_files and not cfg.resume:
         if not cfg.overwrite:
@@ -202,6 +212,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
     say(f"watch it: tensorboard --logdir {out_dir}")
     sample_gen = torch.Generator(device=rt.device)
     prompt = [tokenizer.stoi.get("\n", 0)]
+    probe = [int(t) for t in batches.data["val"][: min(cfg.block_size, 48)]]  # a fixed text for attention maps
 
     def save(it: int, name: str) -> None:
         state = {
@@ -214,8 +225,9 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
         checkpoint.save(state, out_dir / name)
 
     # ---- the loop ----------------------------------------------------------------------------------
-    it, losses, last_val, history = start_iter, {}, float("nan"), []
-    bar = tqdm(total=cfg.max_iters, initial=start_iter, dynamic_ncols=True, mininterval=0.5, desc="train")
+    it, losses, last_val, history, nonfinite = start_iter, {}, float("nan"), [], 0
+    bar = tqdm(total=cfg.max_iters, initial=start_iter, dynamic_ncols=True, desc="train",
+               mininterval=0.5 if sys.stderr.isatty() else 30)  # a log file gets a line every 30 s, not every step
     clock, clock_it, started = time.perf_counter(), it, time.perf_counter()
     with StopRequest() as stop:
         while True:
@@ -229,6 +241,10 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
                     with rt.autocast():
                         text = generate(model, [prompt], cfg.sample_chars, generator=sample_gen)[0]
                     writer.add_text("samples", "```\n" + tokenizer.decode(text) + "\n```", it)
+                if cfg.log_attention:
+                    for layer, weights in enumerate(attention_weights(model, probe)):
+                        figure = attention_figure(weights, tokenizer.decode(probe), layer)
+                        writer.add_figure(f"attention/layer_{layer}", figure, it)
                 if losses["val"] < best_val:
                     best_val = losses["val"]
                     save(it, "ckpt_best.pt")
@@ -237,7 +253,14 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
             if it >= cfg.max_iters or stop.requested:
                 break
             lr = get_lr(it, cfg)
-            loss, grad_norm = train_step(step_model, optimizer, scaler, batches, rt, cfg, lr)
+            loss, grad_norm, stepped = train_step(step_model, optimizer, scaler, batches, rt, cfg, lr)
+            nonfinite = 0 if stepped else nonfinite + 1
+            if nonfinite >= cfg.max_nonfinite_steps:
+                bar.close()
+                writer.close()
+                raise UserError(f"stopped at step {it}: {nonfinite} steps in a row had a non-finite loss or gradient; "
+                                f"the last good checkpoint is {out_dir / 'ckpt_last.pt'}; try a lower --learning_rate "
+                                f"or --dtype float32, then --resume")
             it += 1
             bar.update(1)
             if it % cfg.log_interval == 0 or it == cfg.max_iters:
@@ -247,7 +270,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
                 clock, clock_it = now, it
                 history.append((it, loss_value))
                 for tag, value in (("train/loss", loss_value), ("train/lr", lr), ("train/grad_norm", norm_value),
-                                   ("perf/tokens_per_sec", tokens_per_sec),
+                                   ("perf/tokens_per_sec", tokens_per_sec), ("perf/tokens_seen", it * tokens_per_iter),
                                    ("perf/mfu", flops_token * tokens_per_sec / peak_flops)):
                     writer.add_scalar(tag, value, it)
                 bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s val {last_val:.4f}",

@@ -39,11 +39,13 @@ class TrainConfig:
     beta1: float = setting(0.9, "AdamW beta1")
     beta2: float = setting(0.99, "AdamW beta2")
     grad_clip: float = setting(1.0, "clip the gradient norm to this (0 to turn off)")
+    max_nonfinite_steps: int = setting(5, "stop after this many consecutive steps with a NaN/inf loss or gradient")
     # evaluation and logging
     eval_interval: int = setting(250, "evaluate (and checkpoint) every this many steps")
     eval_iters: int = setting(200, "random batches per split in each evaluation")
     log_interval: int = setting(10, "update the progress bar and train/* scalars every this many steps")
     sample_chars: int = setting(200, "characters of generated text logged to TensorBoard at each evaluation (0: none)")
+    log_attention: bool = setting(True, "log each layer's attention heatmap for a fixed validation text at each evaluation")
     full_val: bool = setting(True, "at the end, compute the exact loss over every validation window")
     # run
     out_dir: str = setting("", "output folder for checkpoints, TensorBoard events and summary.json (empty: out/<config>)")
@@ -61,7 +63,7 @@ class TrainConfig:
             if not ok:
                 raise ValueError(f"--{name} {getattr(self, name)!r}: {rule}")
 
-        for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval"):
+        for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "max_nonfinite_steps"):
             check(getattr(self, name) >= 1, name, "must be at least 1")
         for name in ("max_iters", "warmup_iters", "lr_decay_iters", "sample_chars", "num_threads"):
             check(getattr(self, name) >= 0, name, "must not be negative")

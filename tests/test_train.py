@@ -114,7 +114,7 @@ def test_default_preset_follows_the_device():
     (["--lerning_rate", "1"], "unknown option --lerning_rate; did you mean --learning_rate?"),
     (["--max_iters", "ten"], "--max_iters: expected an integer, got 'ten'"),
     (["--config", "shakespear"], "did you mean shakespeare_char"),
-    (["--n_embd", "100"], "n_embd (100) must be divisible by n_head (6)"),
+    (["--config", "debug", "--n_embd", "33"], "n_embd (33) must be divisible by n_head (2)"),
     (["--dtype", "fp8"], "--dtype 'fp8': must be auto"),
 ])
 def test_bad_command_lines_are_one_line_errors(argv, message, capsys):

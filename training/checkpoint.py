@@ -15,6 +15,10 @@ REQUIRED = ("format", "model", "model_config", "run_config", "vocab", "iter")
 
 def save(state: dict, path: Path) -> None:
     """Write to a temporary name, flush it to disk, then rename over the old file: never half a checkpoint."""
+    weights = state.get("model", {})
+    if not all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point()):
+        raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf); the previous "
+                        f"checkpoint is kept")
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:

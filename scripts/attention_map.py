@@ -1,0 +1,60 @@
+"""python scripts/attention_map.py --out_dir DIR --text "ROMEO: ..." --png FILE: draw a trained model's attention."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from errors import UserError, run_cli  # noqa: E402
+from training.checkpoint import load_model  # noqa: E402
+from training.pictures import attention_figure, attention_weights  # noqa: E402
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UserError(message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(description="Render the attention weights of a trained model for a text, one panel per head.")
+    p.add_argument("--out_dir", default="", help="a run folder (uses ckpt_best.pt, else ckpt_last.pt)")
+    p.add_argument("--ckpt", default="", help="a checkpoint file instead of --out_dir")
+    p.add_argument("--text", required=True, help="the text to look at (at most block_size characters)")
+    p.add_argument("--png", required=True, help="where to write the picture")
+    p.add_argument("--layer", type=int, default=None, help="which layer (default: the last)")
+    p.add_argument("--head", type=int, default=None, help="only this head (default: all heads)")
+    args = p.parse_args(argv)
+    if args.ckpt:
+        path = Path(args.ckpt)
+    elif args.out_dir:
+        found = [Path(args.out_dir) / n for n in ("ckpt_best.pt", "ckpt_last.pt") if (Path(args.out_dir) / n).exists()]
+        if not found:
+            raise UserError(f"{args.out_dir} holds no checkpoint; pass a training run's --out_dir or --ckpt FILE")
+        path = found[0]
+    else:
+        raise UserError("say which model: --out_dir DIR or --ckpt FILE")
+    model, tokenizer, _ = load_model(path)
+    cfg = model.config
+    missing = tokenizer.unknown(args.text)
+    if missing:
+        raise UserError(f"the text has characters the model never saw: {' '.join(map(repr, missing))}; remove them")
+    if not 0 < len(args.text) <= cfg.block_size:
+        raise UserError(f"--text has {len(args.text)} characters; give 1 to {cfg.block_size} (the model's block_size)")
+    layer = cfg.n_layer - 1 if args.layer is None else args.layer
+    if not 0 <= layer < cfg.n_layer:
+        raise UserError(f"--layer {layer}: the model has layers 0 to {cfg.n_layer - 1}")
+    if args.head is not None and not 0 <= args.head < cfg.n_head:
+        raise UserError(f"--head {args.head}: the model has heads 0 to {cfg.n_head - 1}")
+    weights = attention_weights(model, tokenizer.encode(args.text))[layer]
+    heads = None if args.head is None else [args.head]
+    figure = attention_figure(weights, args.text, layer, heads)
+    figure.savefig(args.png)
+    print(f"wrote {args.png}: layer {layer}, {'head ' + str(args.head) if heads else f'{cfg.n_head} heads'}, "
+          f"{len(args.text)} characters")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

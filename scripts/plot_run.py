@@ -1,0 +1,76 @@
+"""python scripts/plot_run.py --out_dir DIR [DIR ...] --png FILE: loss curves and learning rate from TensorBoard events."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from errors import UserError, run_cli  # noqa: E402
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UserError(message)
+
+
+def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series of a run, as (step, value) pairs."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not any(out_dir.glob("events.out.tfevents.*")):
+        raise UserError(f"{out_dir} holds no TensorBoard events; pass the --out_dir of a training run")
+    events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # 0: keep every point
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(description="Plot train/val loss against tokens seen, and the learning rate, for one or more runs.")
+    p.add_argument("--out_dir", nargs="+", required=True, help="one or more run folders to compare")
+    p.add_argument("--png", required=True, help="where to write the picture")
+    args = p.parse_args(argv)
+    from matplotlib.ticker import ScalarFormatter
+
+    from training.pictures import plt
+
+    fig, (loss_ax, lr_ax) = plt.subplots(1, 2, figsize=(11, 4), dpi=100, gridspec_kw={"width_ratios": [2, 1]})
+    for i, out_dir in enumerate(map(Path, args.out_dir)):
+        scalars = read_scalars(out_dir)
+        seen = dict(scalars.get("perf/tokens_seen", []))
+        per_step = next((tokens / step for step, tokens in seen.items() if step), None)
+        if per_step is None:  # a run without the tokens_seen scalar: plot against steps instead
+            per_step, x_label = 1.0, "step"
+        else:
+            x_label = "tokens seen"
+        color = f"C{i}"
+        name = out_dir.name
+        for tag, style, what in (("train/loss", "-", "train"), ("val/loss", "o--", "val")):
+            points = scalars.get(tag, [])
+            points = [(s, v) for s, v in points if s > 0]  # step 0 has no place on a log axis
+            if points:
+                loss_ax.plot([s * per_step for s, _ in points], [v for _, v in points], style, color=color,
+                             alpha=0.6 if what == "train" else 1.0, markersize=4, label=f"{name} {what}")
+        lr = scalars.get("train/lr", [])
+        lr_ax.plot([s for s, _ in lr], [v for _, v in lr], color=color, label=name)
+    loss_ax.set_xscale("log")
+    loss_ax.set_yscale("log")
+    loss_ax.yaxis.set_major_formatter(ScalarFormatter())
+    loss_ax.yaxis.set_minor_formatter(ScalarFormatter())
+    loss_ax.set_xlabel(x_label)
+    loss_ax.set_ylabel("cross-entropy (nats per character)")
+    loss_ax.set_title("loss")
+    loss_ax.grid(True, which="both", alpha=0.3)
+    loss_ax.legend(fontsize=8)
+    lr_ax.set_xlabel("step")
+    lr_ax.set_title("learning rate")
+    lr_ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(args.png)
+    print(f"wrote {args.png} ({len(args.out_dir)} run{'s' if len(args.out_dir) > 1 else ''})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

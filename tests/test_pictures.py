@@ -1,0 +1,85 @@
+"""Pictures: attention heatmaps in TensorBoard, the attention_map and plot_run scripts, the walkthrough."""
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import train
+from conftest import ROOT
+from configs import load_config
+from training.pictures import figure_size
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pictures")
+    corpus = tmp / "corpus.txt"
+    corpus.write_text("ROMEO: but soft, what light through yonder window breaks?\n" * 60, encoding="utf-8")
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp / "cache"),
+                                    "--out_dir", str(tmp / "run"), "--max_iters", "20", "--eval_interval", "10"], False)
+    train.train(cfg, explicit, say=lambda m: None)
+    return tmp / "run"
+
+
+def run_script(name, *args):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_tensorboard_holds_attention_images_per_layer(run_dir):
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0})
+    events.Reload()
+    assert {"attention/layer_0", "attention/layer_1"} <= set(events.Tags()["images"])
+    images = events.Images("attention/layer_0")
+    assert [i.step for i in images] == [0, 10, 20]
+    assert (images[0].width, images[0].height) == figure_size(2)
+
+
+def test_attention_map_writes_a_png_of_the_expected_size(run_dir, tmp_path):
+    png = tmp_path / "attention.png"
+    result = run_script("attention_map.py", "--out_dir", str(run_dir), "--text", "ROMEO: but soft", "--png", str(png),
+                        "--layer", "0")
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert Image.open(png).size == figure_size(2)
+    one = tmp_path / "one.png"
+    assert run_script("attention_map.py", "--out_dir", str(run_dir), "--text", "ROMEO", "--png", str(one),
+                      "--head", "1").returncode == 0
+    assert Image.open(one).size == figure_size(1)
+    bad = run_script("attention_map.py", "--out_dir", str(run_dir), "--text", "ROMEO", "--png", str(one), "--layer", "7")
+    assert bad.returncode == 2 and "layers 0 to 1" in bad.stderr
+
+
+def test_plot_run_writes_a_png_comparing_runs(run_dir, tmp_path):
+    png = tmp_path / "curves.png"
+    result = run_script("plot_run.py", "--out_dir", str(run_dir), str(run_dir), "--png", str(png))
+    assert result.returncode == 0, result.stderr
+    assert Image.open(png).size == (1100, 400)
+    missing = run_script("plot_run.py", "--out_dir", str(tmp_path), "--png", str(png))
+    assert missing.returncode == 2 and "no TensorBoard events" in missing.stderr
+
+
+def test_walkthrough_prints_what_the_formula_gives():
+    out = run_script("attention_walkthrough.py").stdout
+    sections = dict(re.findall(r"^(\S[^\n]*):\n((?:  \[.*\]\n)+)", out, flags=re.M))
+
+    def matrix(prefix):
+        text = next(v for k, v in sections.items() if k.startswith(prefix))
+        return np.array([[float(v) for v in row.strip(" []").split()] for row in text.strip().splitlines()])
+
+    x = np.array([[1, 0, 1, 0], [0, 2, 0, 1], [1, 1, 1, 1]], dtype=float)
+    wq = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0], [0, 0, 1, 1]], dtype=float)
+    wk = np.array([[0, 1, 0, 1], [1, 0, 1, 0], [1, 0, 0, 1], [0, 1, 1, 0]], dtype=float)
+    wv = np.array([[1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 3, 0], [1, 1, 1, 1]], dtype=float)
+    q, k, v = x @ wq, x @ wk, x @ wv
+    scaled = q @ k.T / 2.0
+    masked = np.where(np.tril(np.ones((3, 3))) == 1, scaled, -np.inf)
+    weights = np.exp(masked - masked.max(1, keepdims=True))
+    weights /= weights.sum(1, keepdims=True)
+    for prefix, expected in [("x ", x), ("q ", q), ("k ", k), ("v ", v), ("scores", q @ k.T), ("scaled", scaled),
+                             ("masked", masked), ("weights", weights), ("output", weights @ v)]:
+        np.testing.assert_allclose(matrix(prefix), expected, atol=1e-4)

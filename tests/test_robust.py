@@ -1,0 +1,175 @@
+"""Robustness: kill -9, Ctrl-C and SIGTERM, NaN, a full disk, hostile checkpoints and random input."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+from conftest import ROOT
+from configs import load_config
+from data import prepare, resolve
+from errors import UserError
+from model.gpt import GPT
+from training import checkpoint
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import sample as sample_cli  # noqa: E402
+
+
+@pytest.fixture
+def corpus(tmp_path, small_text):
+    path = tmp_path / "corpus.txt"
+    path.write_text(small_text, encoding="utf-8")
+    return path
+
+
+def train_argv(corpus, out_dir, *extra):
+    return [sys.executable, str(ROOT / "train.py"), "--config", "debug", "--data", str(corpus),
+            "--cache_dir", str(corpus.parent / "cache"), "--out_dir", str(out_dir), *extra]
+
+
+def wait_for(path, timeout=60):
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 130)])
+def test_interrupt_saves_and_explains_how_to_resume(corpus, tmp_path, sig, code):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_argv(corpus, out, "--max_iters", "100000", "--eval_interval", "50"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(out / "ckpt_last.pt")
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stderr
+    assert "--resume" in stdout and "Traceback" not in stderr + stdout
+    state = checkpoint.load(out / "ckpt_last.pt")
+    assert 0 < state["iter"] < 100000
+    assert any(out.glob("events.out.tfevents.*"))
+    done = subprocess.run(train_argv(corpus, out, "--resume", "--max_iters", str(state["iter"] + 5)),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert checkpoint.load(out / "ckpt_last.pt")["iter"] == state["iter"] + 5
+
+
+def test_kill_9_at_any_moment_never_loses_the_last_checkpoint(corpus, tmp_path):
+    out = tmp_path / "run"
+    target = 150
+    rng = random.Random(0)
+    for attempt in range(4):
+        resume = ["--resume"] if (out / "ckpt_last.pt").exists() else ["--overwrite"]
+        proc = subprocess.Popen(train_argv(corpus, out, "--max_iters", str(target), "--eval_interval", "1", *resume),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(out / "ckpt_last.pt")
+        time.sleep(rng.uniform(0.05, 0.6))  # checkpoints are written every step: this lands in or near a write
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        state = checkpoint.load(out / "ckpt_last.pt")  # always loads: never a half-written file
+        assert state["iter"] <= target
+    done = subprocess.run(train_argv(corpus, out, "--max_iters", str(target), "--eval_interval", "50", "--resume"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    final = checkpoint.load(out / "ckpt_last.pt")
+    assert final["iter"] == target and not list(out.glob("*.tmp-*"))
+
+
+def test_nan_steps_are_skipped_then_the_run_stops_keeping_good_weights(corpus, tmp_path, monkeypatch):
+    forward = GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None, **kwargs):
+        logits, loss = forward(self, idx, targets, **kwargs)
+        if targets is not None and torch.is_grad_enabled():
+            calls["n"] += 1
+            if calls["n"] in (3,) or calls["n"] >= 12:  # one stray NaN, later a run of them
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
+                                    "--out_dir", str(tmp_path / "run"), "--eval_interval", "5",
+                                    "--max_nonfinite_steps", "3"], False)
+    with pytest.raises(UserError, match="3 steps in a row had a non-finite loss"):
+        train.train(cfg, explicit, say=lambda m: None)
+    state = checkpoint.load(tmp_path / "run" / "ckpt_last.pt")
+    assert state["iter"] == 10  # the last evaluation before the NaNs began at step 11
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    good = {"model": {"w": torch.ones(3)}, "model_config": {}, "run_config": {}, "vocab": "ab", "iter": 1}
+    checkpoint.save(good, path)
+    before = path.read_bytes()
+
+    def disk_full(obj, f):
+        f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(UserError, match="No space left on device.*previous checkpoint is untouched"):
+        checkpoint.save({**good, "iter": 2}, path)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.pt"]
+    monkeypatch.undo()
+    with pytest.raises(UserError, match="not finite"):
+        checkpoint.save({**good, "model": {"w": torch.tensor([float("nan")])}}, path)
+    assert path.read_bytes() == before
+
+
+def test_a_malicious_checkpoint_never_runs_code(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": 1, "model": Exploit()}, evil)
+    with pytest.raises(UserError, match="refused: it asks to run code"):
+        checkpoint.load(evil)
+    assert not marker.exists()
+
+
+def test_fuzzed_corpora_either_prepare_or_fail_cleanly(tmp_path):
+    rng = random.Random(1234)
+    for case in range(40):
+        path = tmp_path / f"fuzz{case}.txt"
+        kind = case % 4
+        if kind == 0:
+            path.write_bytes(bytes(rng.randrange(256) for _ in range(rng.randrange(0, 3000))))
+        elif kind == 1:
+            path.write_text("".join(chr(rng.choice([rng.randrange(32, 0xD800), rng.randrange(0xE000, 0x110000)]))
+                                    for _ in range(rng.randrange(1, 2000))), encoding="utf-8")
+        elif kind == 2:
+            path.write_text("x" * rng.randrange(100_000, 2_000_000), encoding="utf-8")  # one huge line
+        else:
+            path.write_bytes(rng.choice([b"", b"\n", b"\xff\xfe", b"a\x00b", "é".encode("latin-1")]))
+        try:
+            prepared = prepare(resolve(str(path), tmp_path / "cache"), tmp_path / "cache")
+        except UserError as err:
+            assert "\n" not in str(err)
+        else:
+            assert prepared.meta["n_train"] + prepared.meta["n_val"] == prepared.meta["n_chars"] > 0
+
+
+def test_fuzzed_prompts_either_encode_or_fail_cleanly():
+    from data import CharTokenizer
+    tokenizer = CharTokenizer("\n !,.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+    rng = random.Random(99)
+    for _ in range(200):
+        prompt = "".join(chr(rng.randrange(1, 0x3000)) for _ in range(rng.randrange(0, 40)))
+        for policy in ("error", "skip"):
+            try:
+                encoded = sample_cli.encode_prompts([prompt], tokenizer, policy)
+            except UserError as err:
+                assert "\n" not in str(err)
+            else:
+                assert tokenizer.decode(encoded[0]) == "".join(c for c in prompt if c in tokenizer.stoi)

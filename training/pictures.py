@@ -1,0 +1,58 @@
+"""Pictures: attention heatmaps (one panel per head) and loss curves, drawn with matplotlib."""
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no window: works on servers and in tests
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+PANEL_INCHES, DPI = 3.6, 100
+
+
+def label(ch: str) -> str:
+    return {"\n": "\\n", " ": "␣", "\t": "\\t"}.get(ch, ch)
+
+
+def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[int] | None = None):
+    """weights (n_head, T, T) of one layer -> a figure with one heatmap per head, characters on both axes."""
+    heads = list(range(weights.size(0))) if heads is None else heads
+    cols = min(len(heads), 4)
+    rows = math.ceil(len(heads) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * PANEL_INCHES + 0.8, rows * PANEL_INCHES), dpi=DPI,
+                             squeeze=False, layout="constrained")
+    labels = [label(ch) for ch in text]
+    step = math.ceil(len(labels) / 20)  # at most 20 tick labels per axis, so they never overlap
+    image = None
+    for ax in axes.flat[len(heads):]:
+        ax.axis("off")
+    for ax, head in zip(axes.flat, heads):
+        image = ax.imshow(weights[head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_title(f"layer {layer} head {head}", fontsize=9)
+        ticks = list(range(0, len(labels), step))
+        ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily="monospace")
+        ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily="monospace")
+        ax.set_xlabel("key (attended to)", fontsize=7)
+        ax.set_ylabel("query", fontsize=7)
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, aspect=30, label="attention weight")
+    return fig
+
+
+def figure_size(n_heads: int) -> tuple[int, int]:
+    """(width, height) in pixels of attention_figure for this many heads."""
+    cols = min(n_heads, 4)
+    rows = math.ceil(n_heads / cols)
+    return round((cols * PANEL_INCHES + 0.8) * DPI), round(rows * PANEL_INCHES * DPI)
+
+
+@torch.inference_mode()
+def attention_weights(model, ids: list[int]) -> list[torch.Tensor]:
+    """Each layer's (n_head, T, T) attention weights for one text, from the explicit attention path."""
+    was_training = model.training
+    model.eval()
+    weights: list[torch.Tensor] = []
+    model(torch.tensor([ids], device=model.wte.weight.device), all_logits=True, attention_weights=weights)
+    model.train(was_training)
+    return [w[0] for w in weights]
