@@ -1,6 +1,7 @@
 """train.py: train a character-level GPT. Reads top to bottom: config, data, model, the loop, the summary."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -21,7 +23,7 @@ from errors import UserError, run_cli
 from model import GPT
 from model.generate import generate
 from model.optim import configure_optimizer
-from training import checkpoint, runtime
+from training import checkpoint, distributed, runtime
 from training.perf import flops_per_token, measure_peak_flops
 from training.pictures import attention_figure, attention_weights
 
@@ -38,8 +40,9 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
 
 
 @torch.inference_mode()
-def evaluate(model, batches: Batches, rt: runtime.Runtime, eval_iters: int) -> dict[str, float]:
-    """Mean loss over eval_iters random batches of each split (a quick estimate)."""
+def evaluate(model, batches: Batches, rt: runtime.Runtime, eval_iters: int,
+             d: distributed.Dist = distributed.Dist()) -> dict[str, float]:
+    """Mean loss over eval_iters random batches of each split (a quick estimate), averaged over ranks."""
     model.eval()
     out = {}
     for split in ("train", "val"):
@@ -48,24 +51,24 @@ def evaluate(model, batches: Batches, rt: runtime.Runtime, eval_iters: int) -> d
             x, y = batches.get_batch(split)
             with rt.autocast():
                 total += model(x, y)[1].float()
-        out[split] = total.item() / eval_iters
+        out[split] = d.mean(total).item() / eval_iters
     model.train()
     return out
 
 
 @torch.inference_mode()
-def full_validation_loss(model, batches: Batches, rt: runtime.Runtime) -> float:
-    """The exact mean loss over every non-overlapping validation window."""
+def full_validation_loss(model, batches: Batches, rt: runtime.Runtime,
+                         d: distributed.Dist = distributed.Dist()) -> float:
+    """The exact mean loss over every non-overlapping validation window (shared out among the ranks)."""
     model.eval()
-    total = torch.zeros((), device=rt.device, dtype=torch.float64)
-    count = 0
+    total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # (sum of losses, number of characters)
     for x, y in batches.val_windows():
         with rt.autocast():
             loss = model(x, y)[1]
-        total += loss.double() * y.numel()
-        count += y.numel()
+        total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=rt.device)])
     model.train()
-    return total.item() / count
+    total = d.sum(total)
+    return (total[0] / total[1]).item()
 
 
 def train_step(model, optimizer, scaler, batches: Batches, rt: runtime.Runtime, cfg: TrainConfig,
@@ -77,11 +80,14 @@ def train_step(model, optimizer, scaler, batches: Batches, rt: runtime.Runtime, 
     for group in optimizer.param_groups:
         group["lr"] = lr
     loss_sum = torch.zeros((), device=rt.device)
-    for _ in range(cfg.grad_accum_steps):
+    for micro in range(cfg.grad_accum_steps):
         x, y = batches.get_batch("train")
-        with rt.autocast():
-            loss = model(x, y)[1] / cfg.grad_accum_steps
-        scaler.scale(loss).backward()
+        # Under DDP, gradients are averaged across ranks once, on the last micro-batch, not on every one.
+        last = micro == cfg.grad_accum_steps - 1
+        with (model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()):
+            with rt.autocast():
+                loss = model(x, y)[1] / cfg.grad_accum_steps
+            scaler.scale(loss).backward()
         loss_sum += loss.detach().float()
     scaler.unscale_(optimizer)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")  # inf: measure the norm, clip nothing
@@ -98,9 +104,11 @@ def train_step(model, optimizer, scaler, batches: Batches, rt: runtime.Runtime, 
     return loss_sum, grad_norm, taken
 
 
-def prepare_out_dir(cfg: TrainConfig) -> Path:
-    """Refuse to mix two runs in one folder; --overwrite clears the old run's files first."""
+def prepare_out_dir(cfg: TrainConfig, is_main: bool = True) -> Path:
+    """Refuse to mix two runs in one folder; --overwrite clears the old run's files first (rank 0 only)."""
     out_dir = Path(cfg.out_dir)
+    if not is_main:
+        return out_dir
     for stale in out_dir.glob("*.tmp-*"):  # a checkpoint write cut short by a crash; the previous file is intact
         stale.unlink()
     old_files = [p for pattern in ("ckpt_*.pt", "summary.json", "events.out.tfevents.*") for p in out_dir.glob(pattern)]
@@ -155,7 +163,10 @@ class StopRequest:
 
 
 def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) -> dict:
-    # ---- where the run lives, and what it continues ------------------------------------------------
+    # ---- which process this is (torchrun starts one per GPU), where the run lives, what it continues
+    d = distributed.from_environment()
+    main_rank = d.is_main
+    say = say if main_rank else (lambda message: None)  # rank 0 speaks for the job
     cfg.out_dir = cfg.out_dir or f"out/{cfg.config_name}"
     resumed = None
     if cfg.resume:
@@ -164,24 +175,31 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
             raise UserError(f"--resume: there is no {last} to continue; drop --resume to start a new run")
         resumed = checkpoint.load(last)
         cfg = resume_config(cfg, explicit | {"resume"}, resumed["run_config"], say)
-    out_dir = prepare_out_dir(cfg)
-    rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads)
+    rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
+    distributed.init(d, rt.device_type)
+    out_dir = prepare_out_dir(cfg, main_rank)
     torch.manual_seed(cfg.seed)
 
-    # ---- data --------------------------------------------------------------------------------------
+    # ---- data (rank 0 downloads and prepares first; the others then find it in the cache) -----------
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    if not main_rank:
+        d.barrier()
     corpus = resolve(cfg.data, cache_dir, say=say)
     prepared = prepare(corpus, cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors)
+    if main_rank:
+        d.barrier()
     tokenizer = prepared.tokenizer
     if resumed is not None and resumed["vocab"] != tokenizer.chars:
         raise UserError(f"--resume: the corpus {corpus.name} has a different vocabulary from the checkpoint's; "
                         f"resume with the same --data")
-    batches = Batches(prepared, cfg.block_size, cfg.batch_size, rt.device, seed=cfg.seed)
+    batches = Batches(prepared, cfg.block_size, cfg.batch_size, rt.device, cfg.seed, d.rank, d.world_size)
     data_info = {k: prepared.meta[k] for k in ("source", "sha256", "n_chars", "n_train", "n_val", "vocab_size")}
 
     # ---- model and optimizer -----------------------------------------------------------------------
     model_cfg = cfg.model_config(tokenizer.vocab_size)
-    model = GPT(model_cfg).to(rt.device)
+    model = GPT(model_cfg).to(rt.device)  # the same seed gives every rank the same initial weights
+    if d.enabled:
+        torch.manual_seed(cfg.seed + d.rank)  # but different dropout masks
     optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2), rt.device_type)
     scaler = rt.grad_scaler()
     start_iter, best_val = 0, float("inf")
@@ -191,24 +209,29 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
         if resumed.get("scaler"):
             scaler.load_state_dict(resumed["scaler"])
         start_iter, best_val = resumed["iter"], resumed["best_val_loss"]
-        torch.set_rng_state(resumed["rng"]["torch"])
-        batches.load_state_dict(resumed["rng"]["batches"])
-        if rt.device_type == "cuda" and resumed["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(resumed["rng"]["cuda"].cpu())
-    step_model = model
+        batches.load_state_dict(resumed["rng"]["batches"])  # the same stream, whatever the number of ranks
+        if not d.enabled:
+            torch.set_rng_state(resumed["rng"]["torch"])
+            if rt.device_type == "cuda" and resumed["rng"].get("cuda") is not None:
+                torch.cuda.set_rng_state(resumed["rng"]["cuda"].cpu())
+    eval_model = model
     if cfg.compile == "true" or (cfg.compile == "auto" and rt.device_type == "cuda"):
-        step_model = torch.compile(model)
-    tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum_steps
+        eval_model = torch.compile(model)
+    step_model = DDP(eval_model, device_ids=[d.local_rank] if rt.device_type == "cuda" else None) if d.enabled \
+        else eval_model
+    tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum_steps * d.world_size
     flops_token = flops_per_token(model.num_params(non_embedding=False), model_cfg)
     peak_flops = measure_peak_flops(rt.device, rt.dtype)
 
     # ---- logging -----------------------------------------------------------------------------------
-    writer = SummaryWriter(log_dir=str(out_dir))
-    if resumed is None:
+    writer = SummaryWriter(log_dir=str(out_dir)) if main_rank else None
+    if resumed is None and main_rank:
         writer.add_text("config", "```\n" + json.dumps(cfg.to_dict(), indent=1) + "\n```", 0)
     say(f"{corpus.name}: {prepared.meta['n_chars']:,} characters, vocabulary {tokenizer.vocab_size}; "
         f"model {model.num_params() / 1e6:.2f}M parameters ({model.num_params(False) / 1e6:.2f}M with position table); "
-        f"{rt.describe()}; {tokens_per_iter:,} tokens per step")
+        f"{rt.describe()}")
+    say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
+        f"process{'es' if d.enabled else ''} = {tokens_per_iter:,} tokens per step")
     say(f"watch it: tensorboard --logdir {out_dir}")
     sample_gen = torch.Generator(device=rt.device)
     prompt = [tokenizer.stoi.get("\n", 0)]
@@ -224,40 +247,46 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
         }
         checkpoint.save(state, out_dir / name)
 
+    def log_evaluation(it: int, losses: dict, improved: bool) -> None:
+        """Rank 0: the losses, a generated sample and attention maps to TensorBoard, then the checkpoints."""
+        writer.add_scalar("train/loss_eval", losses["train"], it)
+        writer.add_scalar("val/loss", losses["val"], it)
+        if cfg.sample_chars:
+            sample_gen.manual_seed(cfg.seed)
+            with rt.autocast():
+                text = generate(model, [prompt], cfg.sample_chars, generator=sample_gen)[0]
+            writer.add_text("samples", "```\n" + tokenizer.decode(text) + "\n```", it)
+        if cfg.log_attention:
+            for layer, weights in enumerate(attention_weights(model, probe)):
+                writer.add_figure(f"attention/layer_{layer}", attention_figure(weights, tokenizer.decode(probe), layer), it)
+        if improved:
+            save(it, "ckpt_best.pt")
+        save(it, "ckpt_last.pt")
+
     # ---- the loop ----------------------------------------------------------------------------------
     it, losses, last_val, history, nonfinite = start_iter, {}, float("nan"), [], 0
-    bar = tqdm(total=cfg.max_iters, initial=start_iter, dynamic_ncols=True, desc="train",
+    bar = tqdm(total=cfg.max_iters, initial=start_iter, dynamic_ncols=True, desc="train", disable=not main_rank,
                mininterval=0.5 if sys.stderr.isatty() else 30)  # a log file gets a line every 30 s, not every step
     clock, clock_it, started = time.perf_counter(), it, time.perf_counter()
     with StopRequest() as stop:
         while True:
             if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and not (resumed is not None and it == start_iter):
-                losses = evaluate(step_model, batches, rt, cfg.eval_iters)
-                last_val = losses["val"]
-                writer.add_scalar("train/loss_eval", losses["train"], it)
-                writer.add_scalar("val/loss", losses["val"], it)
-                if cfg.sample_chars:
-                    sample_gen.manual_seed(cfg.seed)
-                    with rt.autocast():
-                        text = generate(model, [prompt], cfg.sample_chars, generator=sample_gen)[0]
-                    writer.add_text("samples", "```\n" + tokenizer.decode(text) + "\n```", it)
-                if cfg.log_attention:
-                    for layer, weights in enumerate(attention_weights(model, probe)):
-                        figure = attention_figure(weights, tokenizer.decode(probe), layer)
-                        writer.add_figure(f"attention/layer_{layer}", figure, it)
-                if losses["val"] < best_val:
-                    best_val = losses["val"]
-                    save(it, "ckpt_best.pt")
-                save(it, "ckpt_last.pt")
+                losses = evaluate(eval_model, batches, rt, cfg.eval_iters, d)
+                last_val, improved = losses["val"], losses["val"] < best_val
+                best_val = min(best_val, losses["val"])
+                if main_rank:
+                    log_evaluation(it, losses, improved)
                 bar.set_postfix_str(f"train {losses['train']:.4f} val {losses['val']:.4f}", refresh=False)
-            if it >= cfg.max_iters or stop.requested:
+            stopping = d.any(stop.requested, rt.device)  # every rank stops at the same step, or the others hang
+            if it >= cfg.max_iters or stopping:
                 break
             lr = get_lr(it, cfg)
             loss, grad_norm, stepped = train_step(step_model, optimizer, scaler, batches, rt, cfg, lr)
             nonfinite = 0 if stepped else nonfinite + 1
             if nonfinite >= cfg.max_nonfinite_steps:
                 bar.close()
-                writer.close()
+                if writer:
+                    writer.close()
                 raise UserError(f"stopped at step {it}: {nonfinite} steps in a row had a non-finite loss or gradient; "
                                 f"the last good checkpoint is {out_dir / 'ckpt_last.pt'}; try a lower --learning_rate "
                                 f"or --dtype float32, then --resume")
@@ -269,18 +298,19 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
                 tokens_per_sec = tokens_per_iter * (it - clock_it) / (now - clock)
                 clock, clock_it = now, it
                 history.append((it, loss_value))
-                for tag, value in (("train/loss", loss_value), ("train/lr", lr), ("train/grad_norm", norm_value),
-                                   ("perf/tokens_per_sec", tokens_per_sec), ("perf/tokens_seen", it * tokens_per_iter),
-                                   ("perf/mfu", flops_token * tokens_per_sec / peak_flops)):
-                    writer.add_scalar(tag, value, it)
+                if main_rank:
+                    for tag, value in (("train/loss", loss_value), ("train/lr", lr), ("train/grad_norm", norm_value),
+                                       ("perf/tokens_per_sec", tokens_per_sec), ("perf/tokens_seen", it * tokens_per_iter),
+                                       ("perf/mfu", flops_token * tokens_per_sec / peak_flops)):
+                        writer.add_scalar(tag, value, it)
                 bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s val {last_val:.4f}",
                                     refresh=False)
-        if stop.requested and it < cfg.max_iters:
-            save(it, "ckpt_last.pt")
     bar.close()
     wall = time.perf_counter() - started
-    if stop.requested and it < cfg.max_iters:
-        writer.close()
+    if stopping and it < cfg.max_iters:
+        if main_rank:
+            save(it, "ckpt_last.pt")
+            writer.close()
         say(f"stopped at step {it}; saved {out_dir / 'ckpt_last.pt'}. Continue with: "
             f"python train.py --out_dir {out_dir} --resume")
         return {"stopped": True, "iterations": it, "history": history}
@@ -291,10 +321,14 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
         "train_loss": losses.get("train"), "val_loss": losses.get("val"), "best_val_loss": best_val,
         "tokens_seen": it * tokens_per_iter, "wall_seconds": wall,
         "tokens_per_sec": (it - start_iter) * tokens_per_iter / wall if wall > 0 else None, "device": rt.describe(),
+        "processes": d.world_size,
     }
     if cfg.full_val:
-        summary["full_val_loss"] = full_validation_loss(step_model, batches, rt)
+        summary["full_val_loss"] = full_validation_loss(eval_model, batches, rt, d)
         summary["full_val_bits_per_char"] = summary["full_val_loss"] / math.log(2)
+    if not main_rank:
+        return {**summary, "history": history}
+    if cfg.full_val:
         writer.add_scalar("val/full_loss", summary["full_val_loss"], it)
     hparams = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
     metrics = {f"hparam/{k}": summary[k] for k in ("best_val_loss", "full_val_loss") if summary.get(k) is not None}
@@ -310,8 +344,12 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
 
 def main(argv: list[str] | None = None) -> int:
     cfg, note, explicit = load_config(argv, torch.cuda.is_available())
-    print(note)
-    result = train(cfg, explicit)
+    if distributed.from_environment().is_main:
+        print(note)
+    try:
+        result = train(cfg, explicit)
+    finally:
+        distributed.shutdown()  # also on errors and Ctrl-C, so torchrun's other ranks are released
     return 130 if result.get("stopped") else 0
 
 

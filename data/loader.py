@@ -14,12 +14,15 @@ class Batches:
     """x (B, T) int64 token ids and y, the same windows shifted by one character, on the training device.
 
     Windows are drawn with a torch.Generator, so a seed fixes them and state_dict() lets a resumed run
-    continue the same stream. Under DDP, pass each rank its own seed offset to draw different windows.
+    continue the same stream. Under DDP every rank draws the same global batch of batch_size * world_size
+    windows and keeps its own slice: the ranks see different windows, the union is exactly what one process
+    with the whole global batch would see, and the stream resumes with any number of processes.
     """
 
     def __init__(self, prepared: Prepared, block_size: int, batch_size: int, device: torch.device | str,
-                 seed: int = 0):
+                 seed: int = 0, rank: int = 0, world_size: int = 1):
         self.block_size, self.batch_size = block_size, batch_size
+        self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
         dtype = np.dtype(prepared.meta["dtype"])
         self.data = {}
@@ -43,14 +46,16 @@ class Batches:
 
     def get_batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         data = self.data[split]
-        starts = torch.randint(len(data) - self.block_size, (self.batch_size,), generator=self.generator)
-        windows = data[starts.numpy()[:, None] + self._steps]  # (B, T+1)
+        starts = torch.randint(len(data) - self.block_size, (self.batch_size * self.world_size,), generator=self.generator)
+        mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        windows = data[mine.numpy()[:, None] + self._steps]  # (B, T+1)
         return self._to_device(windows)
 
     def val_windows(self, batch_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Every non-overlapping block_size window of the validation split, in order, batch by batch."""
+        """Every non-overlapping block_size window of the validation split, in order, batch by batch
+        (under DDP, this rank's share: every world_size-th window)."""
         data, T = self.data["val"], self.block_size
-        starts = np.arange(0, len(data) - T, T)  # each window needs T inputs and the character after them
+        starts = np.arange(0, len(data) - T, T)[self.rank::self.world_size]  # a window needs T inputs and one more
         step = batch_size or self.batch_size
         for i in range(0, len(starts), step):
             yield self._to_device(data[starts[i:i + step, None] + self._steps])

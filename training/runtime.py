@@ -60,8 +60,10 @@ def pick_dtype(spec: str, device: torch.device) -> torch.dtype:
     return DTYPES[spec]
 
 
-def setup(device_spec: str, dtype_spec: str, num_threads: int = 0) -> Runtime:
+def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: int = 0) -> Runtime:
     device = pick_device(device_spec)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)  # under torchrun: one GPU per process on this node
     if num_threads:
         torch.set_num_threads(num_threads)
     if device.type == "cuda":

@@ -1,0 +1,65 @@
+"""Data-parallel training: torchrun with 2 CPU processes (gloo) matches one process on the same global batch."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+from training import checkpoint
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from conftest import SHARED_TEXT
+    tmp = tmp_path_factory.mktemp("ddp")
+    text = SHARED_TEXT.read_text(encoding="utf-8")[:30000] if SHARED_TEXT.exists() else "to be or not to be\n" * 1500
+    (tmp / "corpus.txt").write_text(text, encoding="utf-8")
+    return tmp / "corpus.txt"
+
+
+def launch(corpus, out_dir, *extra, processes=2):
+    args = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(corpus.parent / "cache"),
+            "--out_dir", str(out_dir), "--dropout", "0", "--eval_interval", "4", "--log_interval", "1", *extra]
+    if processes == 1:
+        command = [sys.executable, str(ROOT / "train.py"), *args]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+                   str(ROOT / "train.py"), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT)
+
+
+def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path):
+    ddp = launch(corpus, tmp_path / "ddp", "--max_iters", "8", "--batch_size", "4", "--grad_accum_steps", "2")
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    assert "global batch: 4 sequences x 2 accumulation steps x 2 processes = 512 tokens per step" in ddp.stdout
+    single = launch(corpus, tmp_path / "one", "--max_iters", "8", "--batch_size", "8", "--grad_accum_steps", "2",
+                    processes=1)
+    assert single.returncode == 0, single.stderr[-2000:]
+    a = checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")["model"]
+    b = checkpoint.load(tmp_path / "one" / "ckpt_last.pt")["model"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-5)
+    # exactly one set of outputs, written by rank 0
+    assert len(list((tmp_path / "ddp").glob("events.out.tfevents.*"))) == 1
+    assert ddp.stdout.count("done: 8 steps") == 1
+    summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["tokens_seen"] == 8 * 512
+    single_summary = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert summary["full_val_loss"] == pytest.approx(single_summary["full_val_loss"], rel=1e-5)
+    state = checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")
+    assert state["best_val_loss"] < 3.9  # the loss fell from about ln(vocab) = 4.06
+
+    # resume the two-process run with one process
+    resumed = launch(corpus, tmp_path / "ddp", "--resume", "--max_iters", "10", processes=1)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")["iter"] == 10
+
+
+def test_an_error_ends_the_whole_job_with_its_message(tmp_path):
+    result = launch(tmp_path / "missing.txt", tmp_path / "run", "--max_iters", "4")
+    assert result.returncode != 0
+    assert "no such file or folder" in result.stderr

@@ -1,0 +1,67 @@
+"""Data-parallel training under torchrun: who this process is, the process group, and averaging across ranks."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        """The average of a tensor over all ranks (itself when running alone)."""
+        if self.enabled:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            value /= self.world_size
+        return value
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        return value
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """True on every rank when it is true on any: ranks must agree to stop, or the others hang."""
+        if not self.enabled:
+            return flag
+        return bool(self.sum(torch.tensor(float(flag), device=device)).item() > 0)
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+def from_environment() -> Dist:
+    """Read torchrun's RANK / LOCAL_RANK / WORLD_SIZE; a plain `python train.py` is rank 0 of 1."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return Dist()
+    return Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+
+
+def init(d: Dist, device_type: str) -> None:
+    """Join the process group: NCCL between GPUs, Gloo on CPUs."""
+    if d.enabled and not dist.is_initialized():
+        if device_type == "cuda":
+            torch.cuda.set_device(d.local_rank)
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
