@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from model.config import ATTENTION_IMPLS, ModelConfig
+from model.config import ATTENTION_IMPLS, POSITIONS, ModelConfig
 
 
 def setting(default, help: str):
@@ -27,6 +27,7 @@ class TrainConfig:
     bias: bool = setting(True, "biases in Linear and LayerNorm layers")
     tie_weights: bool = setting(True, "share the token embedding with the output head")
     attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower)")
+    position: str = setting("learned", "position information: learned (a table) | rope (rotary embeddings)")
     # optimisation
     batch_size: int = setting(64, "sequences per micro-batch")
     grad_accum_steps: int = setting(1, "micro-batches summed into one optimizer step")
@@ -78,6 +79,7 @@ class TrainConfig:
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", "must be auto, float32, bfloat16 or float16")
         check(self.compile in ("auto", "true", "false"), "compile", "must be auto, true or false")
         check(self.attention in ATTENTION_IMPLS, "attention", f"must be one of {', '.join(ATTENTION_IMPLS)}")
+        check(self.position in POSITIONS, "position", f"must be one of {', '.join(POSITIONS)}")
         check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "device",
               "must be auto, cpu, cuda, cuda:N or mps")
         self.model_config(vocab_size=1)  # the model's own checks (n_embd divisible by n_head, ...)

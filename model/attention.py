@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from model.config import ModelConfig
 from model.kv_cache import KVCache
+from model.rope import apply_rope
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,17 +121,20 @@ class CausalSelfAttention(nn.Module):
         cache: KVCache | None = None,
         layer: int = 0,
         need_weights: bool = False,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, n_embd) -> (output (B, T, n_embd), weights (B, n_head, T, T_keys) or None).
 
         mask: None means plain causal over x; otherwise a boolean attention_mask() over all keys.
         cache: keys/values of earlier positions are read from it and this call's are appended.
+        rope: (cos, sin) at each token's position, when the model uses rotary position embeddings.
         """
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, n_head, T, head_size)
-        k = k.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, n_head, T, head_size)
-        v = v.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, n_head, T, head_size)
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_size).unbind(dim=2)  # (B, T, n_head, head_size)
+        if rope is not None:  # rotary positions: turn q and k by their positions' angles
+            cos, sin = (table.view(table.size(0), T, 1, self.head_size) for table in rope)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, n_head, T, head_size) each
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, n_head, T_keys, head_size)
 

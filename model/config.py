@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-ATTENTION_IMPLS = ("auto", "sdpa", "explicit", "heads")
+ATTENTION_IMPLS = ("auto", "sdpa", "explicit")
+POSITIONS = ("learned", "rope")
 
 
 @dataclass
@@ -16,7 +17,8 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm layers
     tie_weights: bool = True  # the output head shares its weights with the token embedding
-    attention: str = "auto"  # auto | sdpa | explicit | heads (see model/attention.py)
+    attention: str = "auto"  # auto | sdpa | explicit (see model/attention.py)
+    position: str = "learned"  # learned: a position embedding table; rope: rotary embeddings on q and k
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -30,6 +32,10 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.position not in POSITIONS:
+            raise ValueError(f"position must be one of {', '.join(POSITIONS)}, got {self.position!r}")
+        if self.position == "rope" and self.head_size % 2:
+            raise ValueError(f"rope needs an even head_size; n_embd / n_head = {self.head_size}")
         if self.attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention!r}")
 

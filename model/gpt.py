@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from model.attention import CausalSelfAttention, attention_mask
 from model.config import ModelConfig
 from model.kv_cache import KVCache
+from model.rope import rope_tables
 
 
 class MLP(nn.Module):
@@ -36,8 +37,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask=None, cache=None, layer=0, need_weights=False):
-        attn_out, weights = self.attn(self.ln_1(x), mask, cache, layer, need_weights)
+    def forward(self, x, mask=None, cache=None, layer=0, need_weights=False, rope=None):
+        attn_out, weights = self.attn(self.ln_1(x), mask, cache, layer, need_weights, rope)
         x = x + attn_out
         x = x + self.mlp(self.ln_2(x))
         return x, weights
@@ -49,7 +50,12 @@ class GPT(nn.Module):
         self.config = config
         path = "sdpa" if config.attention == "auto" else config.attention
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
-        self.wpe = nn.Embedding(config.block_size, config.n_embd)  # learned position embedding
+        # Where each token is: a learned table added to the token embedding, or rotations of q and k (RoPE).
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
+        if config.position == "rope":
+            cos, sin = rope_tables(config.block_size, config.head_size)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, path) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -72,7 +78,7 @@ class GPT(nn.Module):
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; by convention without the position table (the token table is shared with the head)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if non_embedding else n
+        return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
     def set_attention_path(self, path: str) -> None:
         for block in self.blocks:
@@ -109,10 +115,16 @@ class GPT(nn.Module):
         if n_keys > self.config.block_size:
             raise ValueError(f"sequence of {n_keys} tokens is longer than block_size {self.config.block_size}")
 
-        x = self.drop(self.wte(idx) + self.wpe(positions))  # (B, T, n_embd)
+        x = self.wte(idx)  # (B, T, n_embd)
+        rope = None
+        if self.wpe is not None:
+            x = x + self.wpe(positions)
+        else:
+            rope = (self.rope_cos[positions], self.rope_sin[positions])  # (B or 1, T, head_size) each
+        x = self.drop(x)
         need_weights = attention_weights is not None
         for layer, block in enumerate(self.blocks):
-            x, weights = block(x, mask, cache, layer, need_weights)
+            x, weights = block(x, mask, cache, layer, need_weights, rope)
             if need_weights:
                 attention_weights.append(weights)
         if cache is not None:

@@ -49,9 +49,10 @@ def test_parameter_counts():
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "explicit"])
-def test_model_is_causal(attention):
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_model_is_causal(attention, position):
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**TINY, attention=attention)).eval()
+    model = GPT(ModelConfig(**TINY, attention=attention, position=position)).eval()
     idx = torch.randint(0, 13, (2, 12))
     base, _ = model(idx, all_logits=True)
     for t in range(12):
@@ -61,9 +62,10 @@ def test_model_is_causal(attention):
         torch.testing.assert_close(logits[:, :t], base[:, :t], rtol=0, atol=1e-6)
 
 
-def test_paths_agree_inside_the_model():
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_paths_agree_inside_the_model(position):
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**TINY)).eval()
+    model = GPT(ModelConfig(**TINY, position=position)).eval()
     idx = torch.randint(0, 13, (3, 16))
     fast, _ = model(idx, idx)
     model.set_attention_path("explicit")
@@ -108,3 +110,19 @@ def test_weight_decay_only_on_matrices():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_rope_rotates_without_stretching_and_scores_depend_only_on_distance():
+    from model.rope import apply_rope, rope_tables
+    cos, sin = rope_tables(32, 8)
+    q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+
+    def at(x, pos):  # x placed at one position: (1, 1, 1, 8)
+        return apply_rope(x, cos[pos].double(), sin[pos].double())
+
+    assert torch.allclose(at(q, 5).norm(), q.norm())
+    score = (at(q, 7) * at(k, 3)).sum()  # distance 4
+    assert torch.allclose(score, (at(q, 20) * at(k, 16)).sum())  # distance 4 again, elsewhere
+    assert torch.allclose(at(q, 0).flatten(), q)  # position 0 is not rotated
+    model = GPT(ModelConfig(**TINY, position="rope"))
+    assert model.wpe is None and model.num_params() == model.num_params(non_embedding=False)

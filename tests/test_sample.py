@@ -16,10 +16,10 @@ from training.checkpoint import load_model
 CFG = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=2, n_embd=16)
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["learned", "rope"])
+def model(request):
     torch.manual_seed(0)
-    m = GPT(CFG).eval()
+    m = GPT(ModelConfig(**{**CFG.to_dict(), "position": request.param})).eval()
     for p in m.parameters():  # sharper than the initialisation, so greedy decoding is not trivially constant
         p.data.normal_(0, 0.3)
     return m
