@@ -18,7 +18,7 @@ from tqdm import tqdm
 from configs import TrainConfig, load_config
 from configs.loader import config_from_dict
 from configs.schema import ARCHITECTURE_FIELDS
-from data import Batches, CharTokenizer, default_cache_dir, prepare, resolve
+from data import Batches, default_cache_dir, prepare, resolve
 from errors import UserError, run_cli
 from model import GPT
 from model.generate import generate

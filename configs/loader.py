@@ -9,7 +9,7 @@ from dataclasses import MISSING
 from pathlib import Path
 
 from configs.schema import FIELDS, TrainConfig
-from errors import UserError
+from errors import ArgumentParser, UserError
 
 PRESET_DIR = Path(__file__).resolve().parent
 
@@ -41,8 +41,8 @@ def unknown_option(option: str) -> UserError:
     return UserError(f"unknown option {name}{hint or '; see python train.py --help'}")
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse would print usage and exit; we want one line
+class Parser(ArgumentParser):
+    def error(self, message: str):  # name the option and what it expects
         match = re.match(r"argument (--\w+): invalid (\w+) value: (.*)", message)
         if match:
             option, kind, value = match.groups()

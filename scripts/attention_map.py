@@ -1,24 +1,18 @@
 """python scripts/attention_map.py --out_dir DIR --text "ROMEO: ..." --png FILE: draw a trained model's attention."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 from training.pictures import attention_figure, attention_weights  # noqa: E402
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UserError(message)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(description="Render the attention weights of a trained model for a text, one panel per head.")
+    p = ArgumentParser(description="Render the attention weights of a trained model for a text, one panel per head.")
     p.add_argument("--out_dir", default="", help="a run folder (uses ckpt_best.pt, else ckpt_last.pt)")
     p.add_argument("--ckpt", default="", help="a checkpoint file instead of --out_dir")
     p.add_argument("--text", required=True, help="the text to look at (at most block_size characters)")

@@ -1,18 +1,12 @@
 """python scripts/plot_run.py --out_dir DIR [DIR ...] --png FILE: loss curves and learning rate from TensorBoard events."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import UserError, run_cli  # noqa: E402
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UserError(message)
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 
 
 def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -27,7 +21,7 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(description="Plot train/val loss against tokens seen, and the learning rate, for one or more runs.")
+    p = ArgumentParser(description="Plot train/val loss against tokens seen, and the learning rate, for one or more runs.")
     p.add_argument("--out_dir", nargs="+", required=True, help="one or more run folders to compare")
     p.add_argument("--png", required=True, help="where to write the picture")
     args = p.parse_args(argv)

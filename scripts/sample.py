@@ -9,19 +9,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from errors import UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 from model.generate import generate  # noqa: E402
 from training import runtime  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UserError(message)
-
-
-def build_parser() -> Parser:
-    p = Parser(description="Generate text from a checkpoint written by train.py.")
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(description="Generate text from a checkpoint written by train.py.")
     p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best.pt, else ckpt_last.pt")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--prompt", default=None, help="text to continue (default: a newline)")

@@ -21,3 +21,11 @@ def small_text() -> str:
     gen = torch.Generator().manual_seed(0)
     picks = torch.randint(0, len(words), (4000,), generator=gen).tolist()
     return " ".join(words[i] + ("\n" if i % 7 == 0 else "") for i in picks)
+
+
+@pytest.fixture
+def corpus(tmp_path, small_text):
+    """small_text written to a file, with the cache folder beside it."""
+    path = tmp_path / "corpus.txt"
+    path.write_text(small_text, encoding="utf-8")
+    return path

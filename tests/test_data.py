@@ -1,5 +1,4 @@
 """Data: tokenizer round-trips, preparation and its cache, batches, named corpora, and bad input."""
-import os
 import subprocess
 import sys
 from pathlib import Path

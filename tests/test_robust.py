@@ -21,13 +21,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import sample as sample_cli  # noqa: E402
 
 
-@pytest.fixture
-def corpus(tmp_path, small_text):
-    path = tmp_path / "corpus.txt"
-    path.write_text(small_text, encoding="utf-8")
-    return path
-
-
 def train_argv(corpus, out_dir, *extra):
     return [sys.executable, str(ROOT / "train.py"), "--config", "debug", "--data", str(corpus),
             "--cache_dir", str(corpus.parent / "cache"), "--out_dir", str(out_dir), *extra]

@@ -1,7 +1,6 @@
 """Training end to end: outputs, TensorBoard tags, exact resume, the command line and its errors."""
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,13 +11,6 @@ from configs import load_config
 from configs.schema import FIELDS
 from errors import UserError, run_cli
 from training import checkpoint
-
-
-@pytest.fixture
-def corpus(tmp_path, small_text):
-    path = tmp_path / "corpus.txt"
-    path.write_text(small_text, encoding="utf-8")
-    return path
 
 
 def run(corpus, out_dir, *extra):
