@@ -84,7 +84,7 @@ def train_step(model, optimizer, scaler, batches: Batches, rt: runtime.Runtime, 
         x, y = batches.get_batch("train")
         # Under DDP, gradients are averaged across ranks once, on the last micro-batch, not on every one.
         last = micro == cfg.grad_accum_steps - 1
-        with (model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()):
+        with (model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()):
             with rt.autocast():
                 loss = model(x, y)[1] / cfg.grad_accum_steps
             scaler.scale(loss).backward()
@@ -214,11 +214,9 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
             torch.set_rng_state(resumed["rng"]["torch"])
             if rt.device_type == "cuda" and resumed["rng"].get("cuda") is not None:
                 torch.cuda.set_rng_state(resumed["rng"]["cuda"].cpu())
-    eval_model = model
+    step_model = DDP(model, device_ids=[d.local_rank] if rt.device_type == "cuda" else None) if d.enabled else model
     if cfg.compile == "true" or (cfg.compile == "auto" and rt.device_type == "cuda"):
-        eval_model = torch.compile(model)
-    step_model = DDP(eval_model, device_ids=[d.local_rank] if rt.device_type == "cuda" else None) if d.enabled \
-        else eval_model
+        step_model = runtime.CompileFallback(step_model, say)
     tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum_steps * d.world_size
     flops_token = flops_per_token(model.num_params(non_embedding=False), model_cfg)
     peak_flops = measure_peak_flops(rt.device, rt.dtype)
@@ -227,9 +225,9 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
     writer = SummaryWriter(log_dir=str(out_dir)) if main_rank else None
     if resumed is None and main_rank:
         writer.add_text("config", "```\n" + json.dumps(cfg.to_dict(), indent=1) + "\n```", 0)
+    with_table = f" ({model.num_params(False) / 1e6:.2f}M with the position table)" if model.wpe is not None else ""
     say(f"{corpus.name}: {prepared.meta['n_chars']:,} characters, vocabulary {tokenizer.vocab_size}; "
-        f"model {model.num_params() / 1e6:.2f}M parameters ({model.num_params(False) / 1e6:.2f}M with position table); "
-        f"{rt.describe()}")
+        f"model {model.num_params() / 1e6:.2f}M parameters{with_table}; {rt.describe()}")
     say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
         f"process{'es' if d.enabled else ''} = {tokens_per_iter:,} tokens per step")
     say(f"watch it: tensorboard --logdir {out_dir}")
@@ -271,7 +269,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
     with StopRequest() as stop:
         while True:
             if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and not (resumed is not None and it == start_iter):
-                losses = evaluate(eval_model, batches, rt, cfg.eval_iters, d)
+                losses = evaluate(step_model, batches, rt, cfg.eval_iters, d)
                 last_val, improved = losses["val"], losses["val"] < best_val
                 best_val = min(best_val, losses["val"])
                 if main_rank:
@@ -324,7 +322,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
         "processes": d.world_size,
     }
     if cfg.full_val:
-        summary["full_val_loss"] = full_validation_loss(eval_model, batches, rt, d)
+        summary["full_val_loss"] = full_validation_loss(step_model, batches, rt, d)
         summary["full_val_bits_per_char"] = summary["full_val_loss"] / math.log(2)
     if not main_rank:
         return {**summary, "history": history}

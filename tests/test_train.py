@@ -131,3 +131,18 @@ def test_bad_preset_file_names_the_field(tmp_path):
     bad.write_text("n_layers = 3\n")
     with pytest.raises(UserError, match="unknown field n_layers; did you mean n_layer"):
         load_config(["--config", str(bad)], False)
+
+
+def test_a_failing_torch_compile_falls_back_to_eager_with_a_warning(corpus, tmp_path, monkeypatch):
+    def broken_compile(module, **kwargs):
+        def call(*args, **kw):
+            raise RuntimeError("inductor exploded\nmore detail")
+        return call
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    messages = []
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
+                                    "--out_dir", str(tmp_path / "run"), "--compile", "true", "--max_iters", "6"], False)
+    result = train.train(cfg, explicit, say=messages.append)
+    assert result["iterations"] == 6
+    warnings = [m for m in messages if m.startswith("warning: torch.compile failed")]
+    assert len(warnings) == 1 and "RuntimeError: inductor exploded" in warnings[0]

@@ -70,3 +70,29 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
         torch.backends.cudnn.allow_tf32 = True
     return Runtime(device, pick_dtype(dtype_spec, device))
+
+
+class CompileFallback:
+    """torch.compile(module), falling back to the module itself, with a warning, if compilation fails.
+
+    Compilation happens on first use, so failures show up there: the failed call is repeated without
+    compilation and the run goes on. Everything else (train(), eval(), no_sync(), ...) reaches the module.
+    """
+
+    def __init__(self, module: torch.nn.Module, say=print):
+        self.module, self.say = module, say
+        self.compiled = torch.compile(module)
+
+    def __call__(self, *args, **kwargs):
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except Exception as err:  # an inductor or driver problem must not end the run
+                first_line = (str(err).strip().splitlines() or [""])[0][:160]
+                self.say(f"warning: torch.compile failed ({type(err).__name__}: {first_line}); "
+                         f"continuing without it (--compile false skips the attempt)")
+                self.compiled = None
+        return self.module(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.module, name)

@@ -1,0 +1,33 @@
+"""The README's commands: every train.py line parses, every script it names exists, every preset it lists loads."""
+import re
+import shlex
+
+from conftest import ROOT
+from configs import load_config
+from configs.loader import presets
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+COMMANDS = [line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+            for line in block.splitlines() if line.strip()]
+
+
+def test_every_train_command_in_the_readme_parses():
+    train_lines = [c for c in COMMANDS if "train.py" in c]
+    assert len(train_lines) >= 6
+    for line in train_lines:
+        words = shlex.split(line)
+        argv = words[words.index("train.py") + 1:]
+        if "--help" in argv:
+            continue
+        cfg, _, _ = load_config(argv, cuda_available=False)  # raises UserError on any unknown or bad field
+        assert cfg.max_iters > 0
+
+
+def test_every_script_the_readme_names_exists_and_every_preset_is_listed():
+    for line in COMMANDS:
+        for path in re.findall(r"scripts/\w+\.py", line):
+            assert (ROOT / path).is_file(), line
+    for name in presets():
+        assert f"`{name}`" in README, name
+    for image in re.findall(r"\]\((docs/[^)]+\.png)\)", README):
+        assert (ROOT / image).is_file(), image
