@@ -144,12 +144,15 @@ def test_bad_checkpoints_are_one_line_errors(run_dir, tmp_path):
     torch.save({**state, "format": 99}, future)
     inconsistent = tmp_path / "inconsistent.pt"
     torch.save({**state, "vocab": state["vocab"][:-1]}, inconsistent)
+    torch.save({k: v for k, v in state.items() if k != "vocab"}, tmp_path / "no_vocab.pt")
+    torch.save({**state, "model_config": {**state["model_config"], "n_head": 5}}, tmp_path / "bad_config.pt")
     for name, content in cases.items():
         if content is not None:
             (tmp_path / name).write_bytes(content)
     expected = {"missing.pt": "no checkpoint at", "random.pt": "not a readable checkpoint",
                 "truncated.pt": "not a readable checkpoint", "future.pt": "format 99",
-                "inconsistent.pt": "inconsistent"}
+                "inconsistent.pt": "inconsistent", "no_vocab.pt": "missing vocab",
+                "bad_config.pt": "inconsistent model config"}
     for name, message in expected.items():
         result = sample("--ckpt", str(tmp_path / name))
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, name
