@@ -56,7 +56,7 @@ def pick_dtype(spec: str, device: torch.device) -> torch.dtype:
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32
     if spec == "float16" and device.type == "cpu":
-        raise UserError("--dtype float16: not supported for training on CPU; use float32 or bfloat16")
+        raise UserError("--dtype float16: not supported on CPU; use float32 or bfloat16")
     return DTYPES[spec]
 
 
