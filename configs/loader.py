@@ -5,7 +5,6 @@ import argparse
 import difflib
 import re
 import tomllib
-from dataclasses import MISSING
 from pathlib import Path
 
 from configs.schema import FIELDS, TrainConfig
@@ -117,8 +116,4 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
 
 def config_from_dict(values: dict) -> TrainConfig:
     """Rebuild a config saved in a checkpoint, ignoring fields this version no longer has."""
-    known = {k: v for k, v in values.items() if k in FIELDS}
-    missing = [n for n, f in FIELDS.items() if n not in known and f.default is MISSING]
-    if missing:
-        raise UserError(f"the checkpoint's run config lacks {', '.join(missing)}")
-    return TrainConfig(**known)
+    return TrainConfig(**{k: v for k, v in values.items() if k in FIELDS})  # missing fields take their defaults

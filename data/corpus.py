@@ -66,11 +66,16 @@ def resolve(spec: str, cache_dir: Path, say=print) -> Corpus:
                     f"or one of: {', '.join(NAMED)}")
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
+def hash_file(digest, path: Path) -> None:
+    """Feed a file into a hashlib digest, 1 MiB at a time."""
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    hash_file(digest, path)
     return digest.hexdigest()
 
 

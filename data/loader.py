@@ -54,14 +54,18 @@ class Batches:
     def val_windows(self, batch_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Every non-overlapping block_size window of the validation split, in order, batch by batch
         (under DDP, this rank's share: every world_size-th window)."""
-        data, T = self.data["val"], self.block_size
-        starts = np.arange(0, len(data) - T, T)[self.rank::self.world_size]  # a window needs T inputs and one more
+        starts = self._val_starts()
         step = batch_size or self.batch_size
         for i in range(0, len(starts), step):
-            yield self._to_device(data[starts[i:i + step, None] + self._steps])
+            yield self._to_device(self.data["val"][starts[i:i + step, None] + self._steps])
+
+    def _val_starts(self) -> np.ndarray:
+        T = self.block_size  # a window needs T inputs and the character after them
+        return np.arange(0, len(self.data["val"]) - T, T)[self.rank::self.world_size]
 
     def num_val_windows(self) -> int:
-        return len(range(0, len(self.data["val"]) - self.block_size, self.block_size))
+        """How many windows val_windows() yields on this rank."""
+        return len(self._val_starts())
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from data.corpus import Corpus
+from data.corpus import Corpus, hash_file
 from data.tokenizer import CharTokenizer
 from errors import UserError
 
@@ -64,9 +64,7 @@ def corpus_key(corpus: Corpus, encoding: str, errors: str, val_fraction: float) 
     digest = hashlib.sha256()
     for i, path in enumerate(corpus.files):
         digest.update(f"\0file{i}\0".encode())
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        hash_file(digest, path)
     return digest.hexdigest(), f"{digest.hexdigest()[:20]}-{encoding}-{errors}-val{val_fraction}"
 
 

@@ -35,8 +35,7 @@ def bench_training(cfg, rt, iters: int, warmup: int) -> dict:
     model = GPT(model_cfg).to(rt.device)
     optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2), rt.device_type)
     scaler = rt.grad_scaler()
-    step_model = torch.compile(model) if cfg.compile == "true" or (cfg.compile == "auto" and rt.device_type == "cuda") \
-        else model
+    step_model = runtime.maybe_compile(model, cfg.compile, rt.device_type)
     for _ in range(warmup):  # compilation, allocator and cache warm-up
         train.train_step(step_model, optimizer, scaler, batches, rt, cfg, cfg.learning_rate)
     sync(rt.device)
@@ -53,16 +52,17 @@ def bench_training(cfg, rt, iters: int, warmup: int) -> dict:
 
 def bench_sampling(model: GPT, rt, new_tokens: int) -> dict:
     model.eval()
-    out = {}
+    out, texts = {}, {}
     for name, use_cache in (("cached", True), ("uncached", False)):
         with rt.autocast():
             generate(model, [[0]], 8, temperature=0, use_cache=use_cache)  # warm-up
             sync(rt.device)
             start = time.perf_counter()
-            generate(model, [[0]], new_tokens, temperature=0, use_cache=use_cache)
+            texts[name] = generate(model, [[0]], new_tokens, temperature=0, use_cache=use_cache)
             sync(rt.device)
         out[f"sample_chars_per_sec_{name}"] = new_tokens / (time.perf_counter() - start)
     out["sample_cache_speedup"] = out["sample_chars_per_sec_cached"] / out["sample_chars_per_sec_uncached"]
+    out["sample_same_tokens"] = texts["cached"] == texts["uncached"]
     return out
 
 

@@ -22,6 +22,7 @@ def test_bench_reports_every_figure(tmp_path, small_text):
     assert result.returncode == 0, result.stderr
     figures = json.loads(out.read_text())
     assert all(figures[name] > 0 for name in FIGURES)
+    assert figures["sample_same_tokens"] is True  # the cache changes speed, never the text
     # the debug model: 2 layers, 32 wide, block 32, its vocabulary from the corpus
     n_params = figures["params"]
     assert figures["flops_per_token"] == 6 * n_params + 12 * 2 * 32 * 32

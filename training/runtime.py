@@ -72,6 +72,13 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
     return Runtime(device, pick_dtype(dtype_spec, device))
 
 
+def maybe_compile(module, setting: str, device_type: str, say=print):
+    """compile = true, or auto on CUDA: the module wrapped in CompileFallback; otherwise the module itself."""
+    if setting == "true" or (setting == "auto" and device_type == "cuda"):
+        return CompileFallback(module, say)
+    return module
+
+
 class CompileFallback:
     """torch.compile(module), falling back to the module itself, with a warning, if compilation fails.
 
