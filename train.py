@@ -131,9 +131,10 @@ def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say) -> Tra
         new_value = getattr(cfg, name)
         if new_value == values.get(name):
             continue
-        if name in ARCHITECTURE_FIELDS:
+        if name in ARCHITECTURE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
+            what = "the optimizer" if name == "optimizer" else "the architecture"
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
-                            f"start a new run in another --out_dir to change the architecture")
+                            f"start a new run in another --out_dir to change {what}")
         if name not in ("resume", "overwrite"):
             say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
         values[name] = new_value
@@ -200,7 +201,8 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
     model = GPT(model_cfg).to(rt.device)  # the same seed gives every rank the same initial weights
     if d.enabled:
         torch.manual_seed(cfg.seed + d.rank)  # but different dropout masks
-    optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2), rt.device_type)
+    optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2),
+                                    rt.device_type, cfg.optimizer)
     scaler = rt.grad_scaler()
     start_iter, best_val = 0, float("inf")
     if resumed is not None:
@@ -231,6 +233,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
         f"process{'es' if d.enabled else ''} = {tokens_per_iter:,} tokens per step")
     say(f"watch it: tensorboard --logdir {out_dir}")
     sample_gen = torch.Generator(device=rt.device)
+    sample_rt = runtime.Runtime(rt.device, runtime.pick_dtype(cfg.dtype, rt.device, sampling=True))  # as sample.py
     prompt = [tokenizer.stoi.get("\n", 0)]
     probe = [int(t) for t in batches.data["val"][: min(cfg.block_size, 48)]]  # a fixed text for attention maps
 
@@ -250,7 +253,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
         writer.add_scalar("val/loss", losses["val"], it)
         if cfg.sample_chars:
             sample_gen.manual_seed(cfg.seed)
-            with rt.autocast():
+            with sample_rt.autocast():
                 text = generate(model, [prompt], cfg.sample_chars, generator=sample_gen)[0]
             writer.add_text("samples", "```\n" + tokenizer.decode(text) + "\n```", it)
         if cfg.log_attention:

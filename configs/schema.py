@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from model.config import ATTENTION_IMPLS, POSITIONS, ModelConfig
+from model.config import ACTIVATIONS, ATTENTION_IMPLS, POSITIONS, ModelConfig
+from model.optim import OPTIMIZERS
 
 
 def setting(default, help: str):
@@ -28,10 +29,12 @@ class TrainConfig:
     tie_weights: bool = setting(True, "share the token embedding with the output head")
     attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower)")
     position: str = setting("learned", "position information: learned (a table) | rope (rotary embeddings)")
+    activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared, cheaper)")
     # optimisation
     batch_size: int = setting(64, "sequences per micro-batch")
     grad_accum_steps: int = setting(1, "micro-batches summed into one optimizer step")
     max_iters: int = setting(5000, "optimizer steps to train for")
+    optimizer: str = setting("adamw", "adamw | muon (Muon for the blocks' weight matrices, AdamW for the rest)")
     learning_rate: float = setting(1e-3, "peak learning rate")
     min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay")
     warmup_iters: int = setting(100, "steps of linear warm-up from 0 to learning_rate")
@@ -53,7 +56,8 @@ class TrainConfig:
     resume: bool = setting(False, "continue the run in out_dir from its ckpt_last.pt")
     overwrite: bool = setting(False, "replace a different run already in out_dir")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
-    dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 (auto: bfloat16 or float16 on CUDA, float32 elsewhere)")
+    dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 for matrix products (auto: bfloat16 on CUDA, float16 "
+                                    "on GPUs without it, bfloat16 on CPUs with bfloat16 units, float32 otherwise)")
     compile: str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
     num_threads: int = setting(0, "CPU threads for PyTorch (0: automatic)")
     seed: int = setting(1337, "random seed for initialisation and batches")
@@ -80,6 +84,8 @@ class TrainConfig:
         check(self.compile in ("auto", "true", "false"), "compile", "must be auto, true or false")
         check(self.attention in ATTENTION_IMPLS, "attention", f"must be one of {', '.join(ATTENTION_IMPLS)}")
         check(self.position in POSITIONS, "position", f"must be one of {', '.join(POSITIONS)}")
+        check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}")
+        check(self.activation in ACTIVATIONS, "activation", f"must be one of {', '.join(ACTIVATIONS)}")
         check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "device",
               "must be auto, cpu, cuda, cuda:N or mps")
         self.model_config(vocab_size=1)  # the model's own checks (n_embd divisible by n_head, ...)

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass
 
 ATTENTION_IMPLS = ("auto", "sdpa", "explicit")
 POSITIONS = ("learned", "rope")
+ACTIVATIONS = ("gelu", "relu2")
 
 
 @dataclass
@@ -19,6 +20,7 @@ class ModelConfig:
     tie_weights: bool = True  # the output head shares its weights with the token embedding
     attention: str = "auto"  # auto | sdpa | explicit (see model/attention.py)
     position: str = "learned"  # learned: a position embedding table; rope: rotary embeddings on q and k
+    activation: str = "gelu"  # the feed-forward nonlinearity: gelu, or relu2 (relu(x) squared)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -36,6 +38,8 @@ class ModelConfig:
             raise ValueError(f"position must be one of {', '.join(POSITIONS)}, got {self.position!r}")
         if self.position == "rope" and self.head_size % 2:
             raise ValueError(f"rope needs an even head_size; n_embd / n_head = {self.head_size}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention!r}")
 

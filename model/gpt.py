@@ -13,18 +13,25 @@ from model.kv_cache import KVCache
 from model.rope import rope_tables
 
 
+class ReLUSquared(nn.Module):
+    """relu(x)²: as expressive a nonlinearity as GELU for these models, and cheaper to compute."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x).square()
+
+
 class MLP(nn.Module):
-    """The feed-forward half of a block: Linear -> GELU -> Linear, four times wider inside."""
+    """The feed-forward half of a block: Linear -> GELU (or ReLU²) -> Linear, four times wider inside."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()
+        self.act = nn.GELU() if config.activation == "gelu" else ReLUSquared()
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 class Block(nn.Module):

@@ -33,7 +33,8 @@ def bench_training(cfg, rt, iters: int, warmup: int) -> dict:
     torch.manual_seed(cfg.seed)
     model_cfg = cfg.model_config(prepared.tokenizer.vocab_size)
     model = GPT(model_cfg).to(rt.device)
-    optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2), rt.device_type)
+    optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2),
+                                    rt.device_type, cfg.optimizer)
     scaler = rt.grad_scaler()
     step_model = runtime.maybe_compile(model, cfg.compile, rt.device_type)
     for _ in range(warmup):  # compilation, allocator and cache warm-up
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     figures["achieved_flops"] = figures["flops_per_token"] * figures["tokens_per_sec"]
     figures["peak_flops"] = measure_peak_flops(rt.device, rt.dtype)
     figures["mfu"] = figures["achieved_flops"] / figures["peak_flops"]
-    figures.update(bench_sampling(model, rt, args.sample_tokens))
+    sample_rt = runtime.Runtime(rt.device, runtime.pick_dtype(cfg.dtype, rt.device, sampling=True))  # as sample.py
+    figures.update(bench_sampling(model, sample_rt, args.sample_tokens))
     figures["prepare_mb_per_sec"] = bench_prepare(args.prepare_mb)
 
     print(note)

@@ -90,7 +90,7 @@ def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_settings(args)
-    rt = runtime.setup(args.device, args.dtype)
+    rt = runtime.setup(args.device, args.dtype, sampling=True)
     model, tokenizer, _ = load_model(find_checkpoint(args), rt.device)
     prompts = read_prompts(args)
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.attention import CausalSelfAttention, MultiHeadAttention, attention_mask, masked_softmax
+from model.attention import CausalSelfAttention, MultiHeadAttention, attention_mask, fused_attention, masked_softmax
 from model.config import ModelConfig
 
 CFG = ModelConfig(vocab_size=11, block_size=16, n_layer=1, n_head=4, n_embd=32)
@@ -154,3 +154,23 @@ def test_attention_mask_is_causal_and_hides_padding_but_never_empties_a_row():
     expected[:, :2] = False
     expected[0, 0] = expected[1, 1] = True  # padding queries see only themselves
     assert torch.equal(mask[1], expected)
+
+
+def test_fused_attention_under_cpu_bfloat16_autocast_is_the_textbook_formula():
+    """On CPU the fused kernel runs in float32 inside bfloat16 autocast (its bfloat16 backward is slow there);
+    output and gradients still equal q·kᵀ/√d, tril mask, softmax, weighted sum, up to bfloat16 rounding."""
+    torch.manual_seed(0)
+    B, H, T, D = 2, 4, 12, 8
+    q, k, v = (torch.randn(B, H, T, D).bfloat16().requires_grad_(True) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fused_attention(q, k, v, None, 0.0, True)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    scores = (q64 @ k64.transpose(-2, -1) / math.sqrt(D)).masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)),
+                                                                       float("-inf"))
+    reference = F.softmax(scores, dim=-1) @ v64
+    reference.sum().backward()
+    torch.testing.assert_close(y.double(), reference, rtol=1e-2, atol=1e-2)
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)

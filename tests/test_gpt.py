@@ -126,3 +126,45 @@ def test_rope_rotates_without_stretching_and_scores_depend_only_on_distance():
     assert torch.allclose(at(q, 0).flatten(), q)  # position 0 is not rotated
     model = GPT(ModelConfig(**TINY, position="rope"))
     assert model.wpe is None and model.num_params() == model.num_params(non_embedding=False)
+
+
+def test_relu_squared_is_relu_then_square_with_gradient_two_relu():
+    model = GPT(ModelConfig(**{**TINY, "activation": "relu2"}))
+    act = model.blocks[0].mlp.act
+    x = torch.linspace(-3, 3, 61, requires_grad=True)
+    y = act(x)
+    y.sum().backward()
+    expected = [max(v, 0.0) ** 2 for v in x.tolist()]
+    torch.testing.assert_close(y, torch.tensor(expected))
+    torch.testing.assert_close(x.grad, torch.tensor([2 * max(v, 0.0) for v in x.tolist()]))
+    with pytest.raises(ValueError, match="activation must be one of gelu, relu2, got 'swish'"):
+        ModelConfig(**{**TINY, "activation": "swish"})
+
+
+def test_muon_takes_the_block_matrices_and_adamw_everything_else():
+    model = GPT(ModelConfig(**TINY))
+    opt = configure_optimizer(model, 1e-3, 0.1, (0.9, 0.95), "cpu", kind="muon")
+    names = {id(p): name for name, p in model.named_parameters()}
+    muon = {names[id(p)] for group in opt.muon.param_groups for p in group["params"]}
+    adamw = {names[id(p)] for group in opt.adamw.param_groups for p in group["params"]}
+    assert muon == {name for name, p in model.named_parameters() if name.startswith("blocks.") and p.dim() == 2}
+    assert muon.isdisjoint(adamw) and muon | adamw == set(names.values())
+    assert "wte.weight" in adamw  # the embedding (shared with the head) is not a hidden matrix
+    assert len(opt.param_groups) == 3  # the schedule sets every group's learning rate
+
+
+def test_a_muon_step_is_orthogonal_and_sized_like_adamw():
+    """One step from rest moves a hidden matrix by lr * 0.2 * sqrt(max(rows, cols)) times a near-orthogonal
+    matrix (5 Newton-Schulz steps leave its singular values between about 0.7 and 1.2): AdamW's update size."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**TINY))
+    lr = 1e-2
+    opt = configure_optimizer(model, lr, 0.0, (0.9, 0.95), "cpu", kind="muon")
+    weight = model.blocks[0].mlp.c_fc.weight  # (4 * n_embd, n_embd)
+    before = weight.detach().clone()
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)  # a well-conditioned gradient, so 5 Newton-Schulz steps reach every direction
+    opt.step()
+    step = (before - weight.detach()) / (lr * 0.2 * max(weight.shape) ** 0.5)
+    singular = torch.linalg.svdvals(step.double())
+    assert singular.min() > 0.6 and singular.max() < 1.25, singular

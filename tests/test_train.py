@@ -10,7 +10,7 @@ import train
 from configs import load_config
 from configs.schema import FIELDS
 from errors import UserError, run_cli
-from training import checkpoint
+from training import checkpoint, runtime
 
 
 def run(corpus, out_dir, *extra):
@@ -46,8 +46,10 @@ def test_debug_run_end_to_end(corpus, tmp_path):
     assert hparams.Scalars("hparam/full_val_loss")[0].value == pytest.approx(summary["full_val_loss"])
 
 
-def test_resume_gives_bit_identical_losses(corpus, tmp_path):
-    common = ("--dropout", "0.1", "--lr_decay_iters", "30", "--log_interval", "1", "--eval_interval", "10")
+@pytest.mark.parametrize("optimizer, dtype", [("adamw", "float32"), ("muon", "bfloat16")])
+def test_resume_gives_bit_identical_losses(corpus, tmp_path, optimizer, dtype):
+    common = ("--dropout", "0.1", "--lr_decay_iters", "30", "--log_interval", "1", "--eval_interval", "10",
+              "--optimizer", optimizer, "--dtype", dtype)
     whole = run(corpus, tmp_path / "whole", "--max_iters", "30", *common)
     run(corpus, tmp_path / "parts", "--max_iters", "20", *common)
     resumed = run(corpus, tmp_path / "parts", "--max_iters", "30", "--resume", *common)
@@ -62,6 +64,8 @@ def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus
     run(corpus, tmp_path / "r", "--max_iters", "4")
     with pytest.raises(UserError, match="n_embd was 32 in this run and cannot change to 64"):
         run(corpus, tmp_path / "r", "--resume", "--n_embd", "64")
+    with pytest.raises(UserError, match="optimizer was 'adamw' in this run and cannot change to 'muon'"):
+        run(corpus, tmp_path / "r", "--resume", "--optimizer", "muon")
     result = run(corpus, tmp_path / "r", "--resume", "--max_iters", "6", "--learning_rate", "1e-3")
     assert result["iterations"] == 6
 
@@ -146,3 +150,14 @@ def test_a_failing_torch_compile_falls_back_to_eager_with_a_warning(corpus, tmp_
     assert result["iterations"] == 6
     warnings = [m for m in messages if m.startswith("warning: torch.compile failed")]
     assert len(warnings) == 1 and "RuntimeError: inductor exploded" in warnings[0]
+
+
+@pytest.mark.parametrize("has_units", [True, False])
+def test_auto_dtype_on_cpu_is_bfloat16_only_with_bfloat16_units_and_never_for_sampling(monkeypatch, has_units):
+    monkeypatch.setattr(runtime, "cpu_has_bfloat16_units", lambda: has_units)
+    cpu = torch.device("cpu")
+    assert runtime.pick_dtype("auto", cpu) == (torch.bfloat16 if has_units else torch.float32)
+    assert runtime.pick_dtype("auto", cpu, sampling=True) == torch.float32
+    assert runtime.pick_dtype("bfloat16", cpu, sampling=True) == torch.bfloat16  # asked for by name: given
+    with pytest.raises(UserError, match="float16: not supported on CPU"):
+        runtime.pick_dtype("float16", cpu)

@@ -50,17 +50,33 @@ def pick_device(spec: str) -> torch.device:
     return device
 
 
-def pick_dtype(spec: str, device: torch.device) -> torch.dtype:
+def cpu_has_bfloat16_units() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX); elsewhere torch emulates it.
+
+    On a 2-core AMD Zen 4 with AVX512-BF16, bfloat16 products of training-sized matrices (768x128 @ 128x384)
+    measured about twice as fast as float32 (278 vs 151 GFLOP/s)."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own probes (used by inductor)
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def pick_dtype(spec: str, device: torch.device, sampling: bool = False) -> torch.dtype:
+    """auto: bfloat16 (float16 on older GPUs) on CUDA; bfloat16 on CPUs with bfloat16 units; float32 otherwise.
+
+    Sampling on CPU stays float32: there autocast converts every weight to bfloat16 again for each new token, and
+    200 characters from the 2x160 model took 0.21 s in bfloat16 vs 0.12 s in float32 (2-core Zen 4)."""
     if spec == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "cpu" and cpu_has_bfloat16_units() and not sampling:
+            return torch.bfloat16
         return torch.float32
     if spec == "float16" and device.type == "cpu":
         raise UserError("--dtype float16: not supported on CPU; use float32 or bfloat16")
     return DTYPES[spec]
 
 
-def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: int = 0) -> Runtime:
+def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: int = 0,
+          sampling: bool = False) -> Runtime:
     device = pick_device(device_spec)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank)  # under torchrun: one GPU per process on this node
@@ -69,7 +85,7 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
         torch.backends.cudnn.allow_tf32 = True
-    return Runtime(device, pick_dtype(dtype_spec, device))
+    return Runtime(device, pick_dtype(dtype_spec, device, sampling))
 
 
 def maybe_compile(module, setting: str, device_type: str, say=print):
