@@ -10,6 +10,9 @@ from data.prepare import Prepared
 from errors import UserError
 
 
+RESIDENT_MAX_BYTES = 1 << 30  # corpora up to 128M characters are kept on the GPU
+
+
 class Batches:
     """x (B, T) int64 token ids and y, the same windows shifted by one character, on the training device.
 
@@ -20,7 +23,7 @@ class Batches:
     """
 
     def __init__(self, prepared: Prepared, block_size: int, batch_size: int, device: torch.device | str,
-                 seed: int = 0, rank: int = 0, world_size: int = 1):
+                 seed: int = 0, rank: int = 0, world_size: int = 1, resident: bool | None = None):
         self.block_size, self.batch_size = block_size, batch_size
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
@@ -35,6 +38,15 @@ class Batches:
             self.data[split] = np.memmap(prepared.path(split), dtype=dtype, mode="r", shape=(n,))
         self.generator = torch.Generator().manual_seed(seed)
         self._steps = np.arange(block_size + 1)
+        # On CUDA a corpus that fits is copied to the GPU once, and each batch is gathered there: no pinned
+        # host copy and no transfer per step. Elsewhere (or for corpora over RESIDENT_MAX_BYTES) windows are
+        # read from the memory-mapped files.
+        size = sum(len(d) for d in self.data.values()) * 8  # held as int64
+        if resident is None:
+            resident = self.device.type == "cuda" and size <= RESIDENT_MAX_BYTES
+        self.resident = {split: torch.from_numpy(d.astype(np.int64)).to(self.device) for split, d in self.data.items()} \
+            if resident else None
+        self._steps_t = torch.arange(block_size + 1, device=self.device)
 
     def _to_device(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.from_numpy(windows.astype(np.int64))  # (B, T+1)
@@ -48,6 +60,9 @@ class Batches:
         data = self.data[split]
         starts = torch.randint(len(data) - self.block_size, (self.batch_size * self.world_size,), generator=self.generator)
         mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        if self.resident is not None:
+            tokens = self.resident[split][mine.to(self.device)[:, None] + self._steps_t]  # (B, T+1), gathered in place
+            return tokens[:, :-1], tokens[:, 1:]
         windows = data[mine.numpy()[:, None] + self._steps]  # (B, T+1)
         return self._to_device(windows)
 

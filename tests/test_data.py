@@ -122,6 +122,18 @@ def test_batch_stream_resumes_from_its_state(tmp_path, small_text):
     assert all(torch.equal(fresh.get_batch(s)[0], e) for s, e in zip(("train", "val", "train"), expected))
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_batches_gathered_from_a_resident_copy_equal_those_read_from_disk(tmp_path, small_text, rank):
+    """The GPU path (the corpus copied to the device once, windows gathered there) gives the same stream."""
+    prepared = prepared_from(small_text, tmp_path)
+    from_disk = Batches(prepared, 16, 4, "cpu", seed=5, rank=rank, world_size=2, resident=False)
+    resident = Batches(prepared, 16, 4, "cpu", seed=5, rank=rank, world_size=2, resident=True)
+    assert from_disk.resident is None and resident.resident is not None
+    for split in ("train", "val", "train"):
+        for a, b in zip(from_disk.get_batch(split), resident.get_batch(split)):
+            assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b)
+
+
 def test_val_windows_cover_the_split_without_overlap(tmp_path, small_text):
     prepared = prepared_from(small_text, tmp_path)
     batches = Batches(prepared, block_size=50, batch_size=4, device="cpu")
