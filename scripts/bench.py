@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads)
     if args.iters < 1 or args.sample_tokens < 1 or args.prepare_mb < 1:
         raise UserError("--iters, --sample_tokens and --prepare_mb must be at least 1")
-    figures = {"config": cfg.config_name, "device": rt.describe(), "threads": torch.get_num_threads()}
+    figures = {"config": cfg.config_name, "device": rt.describe(), "threads": torch.get_num_threads(),
+               "optimizer": cfg.optimizer}
     trained = bench_training(cfg, rt, args.iters, args.warmup)
     model = trained.pop("model")
     figures.update(trained)
@@ -97,12 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     figures["mfu"] = figures["achieved_flops"] / figures["peak_flops"]
     sample_rt = runtime.Runtime(rt.device, runtime.pick_dtype(cfg.dtype, rt.device, sampling=True))  # as sample.py
     figures.update(bench_sampling(model, sample_rt, args.sample_tokens))
+    figures["sample_dtype"] = str(sample_rt.dtype).removeprefix("torch.")
     figures["prepare_mb_per_sec"] = bench_prepare(args.prepare_mb)
 
     print(note)
     rows = [("device", figures["device"] + f" ({figures['threads']} threads)"),
             ("model", f"{figures['params'] / 1e6:.2f}M parameters, {cfg.n_layer}x{cfg.n_head}x{cfg.n_embd}, "
-                      f"block {cfg.block_size}, batch {cfg.batch_size}"),
+                      f"block {cfg.block_size}, batch {cfg.batch_size}, {cfg.optimizer}"),
             ("train step", f"{figures['ms_per_iter']:.1f} ms/iter, {figures['tokens_per_sec']:,.0f} tokens/s"),
             ("model FLOPs", f"{figures['flops_per_token'] / 1e6:.2f} MFLOP/token -> "
                             f"{figures['achieved_flops'] / 1e9:.1f} GFLOP/s"),
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             ("MFU", f"{figures['mfu'] * 100:.1f}%"),
             ("sampling", f"{figures['sample_chars_per_sec_cached']:,.0f} chars/s with KV cache, "
                          f"{figures['sample_chars_per_sec_uncached']:,.0f} without "
-                         f"({figures['sample_cache_speedup']:.1f}x)"),
+                         f"({figures['sample_cache_speedup']:.1f}x), {figures['sample_dtype']}"),
             ("data prepare", f"{figures['prepare_mb_per_sec']:.1f} MB/s")]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

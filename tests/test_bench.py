@@ -30,3 +30,4 @@ def test_bench_reports_every_figure(tmp_path, small_text):
     assert figures["tokens_per_sec"] == pytest.approx(figures["tokens_per_iter"] / figures["ms_per_iter"] * 1000)
     assert figures["mfu"] == pytest.approx(figures["achieved_flops"] / figures["peak_flops"])
     assert "MFU" in result.stdout and "tokens/s" in result.stdout
+    assert figures["device"] == "cpu, float32" and figures["optimizer"] == "adamw" and figures["sample_dtype"] == "float32"

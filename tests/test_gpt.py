@@ -168,3 +168,27 @@ def test_a_muon_step_is_orthogonal_and_sized_like_adamw():
     step = (before - weight.detach()) / (lr * 0.2 * max(weight.shape) ** 0.5)
     singular = torch.linalg.svdvals(step.double())
     assert singular.min() > 0.6 and singular.max() < 1.25, singular
+
+
+def test_muon_and_adamw_step_through_a_gradient_scaler_like_one_optimizer():
+    """float16 training (CUDA) scales the loss; unscaling and stepping both optimizers must give the plain step."""
+    def one_step(scale: float | None):
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(**TINY))
+        opt = configure_optimizer(model, 1e-2, 0.1, (0.9, 0.95), "cpu", kind="muon")
+        x = torch.randint(0, TINY["vocab_size"], (4, TINY["block_size"]))
+        loss = model(x, x)[1]
+        if scale is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        return model.state_dict()
+
+    plain, scaled = one_step(None), one_step(2.0 ** 10)
+    for name in plain:  # a power-of-two scale unscales exactly
+        torch.testing.assert_close(scaled[name], plain[name], rtol=0, atol=0)
