@@ -233,7 +233,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
         f"process{'es' if d.enabled else ''} = {tokens_per_iter:,} tokens per step")
     say(f"watch it: tensorboard --logdir {out_dir}")
     sample_gen = torch.Generator(device=rt.device)
-    sample_rt = runtime.Runtime(rt.device, runtime.pick_dtype(cfg.dtype, rt.device, sampling=True))  # as sample.py
+    sample_rt = runtime.for_sampling(rt, cfg.dtype)
     prompt = [tokenizer.stoi.get("\n", 0)]
     probe = [int(t) for t in batches.data["val"][: min(cfg.block_size, 48)]]  # a fixed text for attention maps
 

@@ -29,7 +29,7 @@ class TrainConfig:
     tie_weights: bool = setting(True, "share the token embedding with the output head")
     attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower)")
     position: str = setting("learned", "position information: learned (a table) | rope (rotary embeddings)")
-    activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared, cheaper)")
+    activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared)")
     # optimisation
     batch_size: int = setting(64, "sequences per micro-batch")
     grad_accum_steps: int = setting(1, "micro-batches summed into one optimizer step")

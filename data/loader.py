@@ -41,11 +41,12 @@ class Batches:
         # On CUDA a corpus that fits is copied to the GPU once, and each batch is gathered there: no pinned
         # host copy and no transfer per step. Elsewhere (or for corpora over RESIDENT_MAX_BYTES) windows are
         # read from the memory-mapped files.
-        size = sum(len(d) for d in self.data.values()) * 8  # held as int64
         if resident is None:
+            size = sum(len(d) for d in self.data.values()) * 8  # held as int64
             resident = self.device.type == "cuda" and size <= RESIDENT_MAX_BYTES
-        self.resident = {split: torch.from_numpy(d.astype(np.int64)).to(self.device) for split, d in self.data.items()} \
-            if resident else None
+        self.resident = None
+        if resident:
+            self.resident = {split: torch.from_numpy(d.astype(np.int64)).to(self.device) for split, d in self.data.items()}
         self._steps_t = torch.arange(block_size + 1, device=self.device)
 
     def _to_device(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,9 +20,9 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
     fused = device_type in ("cuda", "cpu")
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]  # a tied weight is listed once
     hidden = [p for name, p in named if kind == "muon" and name.startswith("blocks.") and p.dim() == 2]
-    rest = [(name, p) for name, p in named if not any(p is h for h in hidden)]
-    decay = [p for _, p in rest if p.dim() >= 2]
-    no_decay = [p for _, p in rest if p.dim() < 2]
+    rest = [p for _, p in named if all(p is not h for h in hidden)]
+    decay = [p for p in rest if p.dim() >= 2]
+    no_decay = [p for p in rest if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     adamw = torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
     if kind == "adamw":

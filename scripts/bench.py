@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["achieved_flops"] = figures["flops_per_token"] * figures["tokens_per_sec"]
     figures["peak_flops"] = measure_peak_flops(rt.device, rt.dtype)
     figures["mfu"] = figures["achieved_flops"] / figures["peak_flops"]
-    sample_rt = runtime.Runtime(rt.device, runtime.pick_dtype(cfg.dtype, rt.device, sampling=True))  # as sample.py
+    sample_rt = runtime.for_sampling(rt, cfg.dtype)
     figures.update(bench_sampling(model, sample_rt, args.sample_tokens))
     figures["sample_dtype"] = str(sample_rt.dtype).removeprefix("torch.")
     figures["prepare_mb_per_sec"] = bench_prepare(args.prepare_mb)

@@ -75,6 +75,11 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False) -> torch
     return DTYPES[spec]
 
 
+def for_sampling(rt: Runtime, dtype_spec: str) -> Runtime:
+    """The runtime scripts/sample.py would use on rt's device for this --dtype (float32 on CPU for auto)."""
+    return Runtime(rt.device, pick_dtype(dtype_spec, rt.device, sampling=True))
+
+
 def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: int = 0,
           sampling: bool = False) -> Runtime:
     device = pick_device(device_spec)
