@@ -264,7 +264,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
         save(it, "ckpt_last.pt")
 
     # ---- the loop ----------------------------------------------------------------------------------
-    it, losses, last_val, history, nonfinite = start_iter, {}, float("nan"), [], 0
+    it, losses, last_val, history, nonfinite, stopping = start_iter, {}, float("nan"), [], 0, False
     bar = tqdm(total=cfg.max_iters, initial=start_iter, dynamic_ncols=True, desc="train", disable=not main_rank,
                mininterval=0.5 if sys.stderr.isatty() else 30)  # a log file gets a line every 30 s, not every step
     clock, clock_it, started = time.perf_counter(), it, time.perf_counter()
@@ -277,7 +277,10 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
                 if main_rank:
                     log_evaluation(it, losses, improved)
                 bar.set_postfix_str(f"train {losses['train']:.4f} val {losses['val']:.4f}", refresh=False)
-            stopping = d.any(stop.requested, rt.device)  # every rank stops at the same step, or the others hang
+            # Every rank must stop at the same step, or the others hang. Under DDP asking them is a collective
+            # (a host sync), so it is done every log_interval steps, where the loop syncs anyway.
+            if not d.enabled or it % cfg.log_interval == 0:
+                stopping = d.any(stop.requested, rt.device)
             if it >= cfg.max_iters or stopping:
                 break
             lr = get_lr(it, cfg)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from model.config import ACTIVATIONS, ATTENTION_IMPLS, POSITIONS, ModelConfig
+from model.config import ModelConfig
 from model.optim import OPTIMIZERS
 
 
@@ -82,13 +82,10 @@ class TrainConfig:
         check(self.encoding_errors in ("strict", "replace", "ignore"), "encoding_errors", "must be strict, replace or ignore")
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", "must be auto, float32, bfloat16 or float16")
         check(self.compile in ("auto", "true", "false"), "compile", "must be auto, true or false")
-        check(self.attention in ATTENTION_IMPLS, "attention", f"must be one of {', '.join(ATTENTION_IMPLS)}")
-        check(self.position in POSITIONS, "position", f"must be one of {', '.join(POSITIONS)}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}")
-        check(self.activation in ACTIVATIONS, "activation", f"must be one of {', '.join(ACTIVATIONS)}")
         check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "device",
               "must be auto, cpu, cuda, cuda:N or mps")
-        self.model_config(vocab_size=1)  # the model's own checks (n_embd divisible by n_head, ...)
+        self.model_config(vocab_size=1)  # the model's own checks (attention, position, activation, n_embd % n_head)
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         shared = {f.name for f in fields(ModelConfig)} - {"vocab_size"}

@@ -47,7 +47,7 @@ class Batches:
         self.resident = None
         if resident:
             self.resident = {split: torch.from_numpy(d.astype(np.int64)).to(self.device) for split, d in self.data.items()}
-        self._steps_t = torch.arange(block_size + 1, device=self.device)
+            self._steps_t = torch.arange(block_size + 1, device=self.device)
 
     def _to_device(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.from_numpy(windows.astype(np.int64))  # (B, T+1)

@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from data.corpus import Corpus, hash_file
-from data.tokenizer import CharTokenizer
+from data.tokenizer import CharTokenizer, codepoints
 from errors import UserError
 
 FORMAT = 1
@@ -88,8 +88,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
     seen = np.zeros(0x110000, dtype=bool)
     n_chars = 0
     for text in read_text(corpus, encoding, errors):
-        codepoints = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
-        seen[codepoints] = True
+        seen[codepoints(text)] = True
         n_chars += len(text)
     if n_chars == 0:
         raise UserError(f"--data {corpus.name}: the corpus is empty; give it some text")

@@ -7,6 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from training import checkpoint  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 from training.pictures import attention_figure, attention_weights  # noqa: E402
 
@@ -20,16 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer", type=int, default=None, help="which layer (default: the last)")
     p.add_argument("--head", type=int, default=None, help="only this head (default: all heads)")
     args = p.parse_args(argv)
-    if args.ckpt:
-        path = Path(args.ckpt)
-    elif args.out_dir:
-        found = [Path(args.out_dir) / n for n in ("ckpt_best.pt", "ckpt_last.pt") if (Path(args.out_dir) / n).exists()]
-        if not found:
-            raise UserError(f"{args.out_dir} holds no checkpoint; pass a training run's --out_dir or --ckpt FILE")
-        path = found[0]
-    else:
-        raise UserError("say which model: --out_dir DIR or --ckpt FILE")
-    model, tokenizer, _ = load_model(path)
+    model, tokenizer, _ = load_model(checkpoint.find(args.out_dir, args.ckpt))
     cfg = model.config
     missing = tokenizer.unknown(args.text)
     if missing:

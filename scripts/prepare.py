@@ -1,18 +1,17 @@
 """python scripts/prepare.py --data FILE|FOLDER|shakespeare|pystdlib: tokenize a corpus into the cache and summarise it."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data import default_cache_dir, prepare, resolve  # noqa: E402
-from errors import UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split(":", 1)[1].strip())
+    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     parser.add_argument("--data", default="shakespeare", help="a text file, a folder of text files, shakespeare or pystdlib")
     parser.add_argument("--cache_dir", default=str(default_cache_dir()), help="where downloads and token files go")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="the last fraction of the text kept for validation")

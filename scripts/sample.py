@@ -12,6 +12,7 @@ import torch  # noqa: E402
 from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 from model.generate import generate  # noqa: E402
 from training import runtime  # noqa: E402
+from training import checkpoint  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 
 
@@ -51,18 +52,6 @@ def check_settings(args: argparse.Namespace) -> None:
         raise UserError("give --prompt or --prompt_file, not both")
 
 
-def find_checkpoint(args: argparse.Namespace) -> Path:
-    if args.ckpt:
-        return Path(args.ckpt)
-    if not args.out_dir:
-        raise UserError("say which model to sample: --out_dir DIR (a training run's folder) or --ckpt FILE")
-    out_dir = Path(args.out_dir)
-    for name in ("ckpt_best.pt", "ckpt_last.pt"):
-        if (out_dir / name).exists():
-            return out_dir / name
-    raise UserError(f"{out_dir} holds no ckpt_best.pt or ckpt_last.pt; train first: python train.py --out_dir {out_dir}")
-
-
 def read_prompts(args: argparse.Namespace) -> list[str]:
     if args.prompt_file:
         try:
@@ -91,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_settings(args)
     rt = runtime.setup(args.device, args.dtype, sampling=True)
-    model, tokenizer, _ = load_model(find_checkpoint(args), rt.device)
+    model, tokenizer, _ = load_model(checkpoint.find(args.out_dir, args.ckpt), rt.device)
     prompts = read_prompts(args)
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]

@@ -32,6 +32,18 @@ def save(state: dict, path: Path) -> None:
                         f"the previous checkpoint is untouched; free some disk space or choose another --out_dir") from None
 
 
+def find(out_dir: str, ckpt: str) -> Path:
+    """The checkpoint a script should read: --ckpt FILE, else the run folder's ckpt_best.pt, else ckpt_last.pt."""
+    if ckpt:
+        return Path(ckpt)
+    if not out_dir:
+        raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE")
+    for name in ("ckpt_best.pt", "ckpt_last.pt"):
+        if (Path(out_dir) / name).exists():
+            return Path(out_dir) / name
+    raise UserError(f"{out_dir} holds no ckpt_best.pt or ckpt_last.pt; train first: python train.py --out_dir {out_dir}")
+
+
 def load(path: Path, device: torch.device | str = "cpu") -> dict:
     """Read a checkpoint with weights_only=True (tensors and plain data only) and check that it is complete."""
     if not path.is_file():
@@ -47,8 +59,8 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
     except Exception as err:  # truncated zip, random bytes, wrong file type
         raise UserError(f"{path} is not a readable checkpoint ({type(err).__name__}); it may be truncated or "
                         f"not a checkpoint at all") from None
-    if not isinstance(state, dict) or any(key not in state for key in REQUIRED):
-        missing = [k for k in REQUIRED if not isinstance(state, dict) or k not in state]
+    missing = [k for k in REQUIRED if not isinstance(state, dict) or k not in state]
+    if missing:
         raise UserError(f"{path} is not a complete checkpoint (missing {', '.join(missing)})")
     if state["format"] != FORMAT:
         raise UserError(f"{path} has checkpoint format {state['format']}, this version reads format {FORMAT}; "

@@ -24,11 +24,7 @@ class Dist:
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         """The average of a tensor over all ranks (itself when running alone)."""
-        if self.enabled:
-            value = value.clone()
-            dist.all_reduce(value, op=dist.ReduceOp.SUM)
-            value /= self.world_size
-        return value
+        return self.sum(value) / self.world_size
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         if self.enabled:
