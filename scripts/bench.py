@@ -1,8 +1,12 @@
-"""python scripts/bench.py [--config NAME] [--device D] [--json FILE]: training, sampling and data speed, with MFU."""
+"""python scripts/bench.py [--config NAME] [--device D] [--json FILE]: training, sampling and data speed, with MFU.
+
+--compare FIELD=A,B times training under each value in turn, round after round, in one process: on a shared, noisy
+machine the ratio of two settings measured that way is far steadier than two figures taken minutes apart."""
 from __future__ import annotations
 
-import argparse
+import itertools
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -14,8 +18,9 @@ import torch  # noqa: E402
 
 import train  # noqa: E402
 from configs import load_config  # noqa: E402
+from configs.schema import FIELDS  # noqa: E402
 from data import Batches, default_cache_dir, prepare, resolve  # noqa: E402
-from errors import UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 from model import GPT  # noqa: E402
 from model.generate import generate  # noqa: E402
 from model.optim import configure_optimizer  # noqa: E402
@@ -26,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prepare import make_corpus  # noqa: E402
 
 
-def bench_training(cfg, rt, iters: int, warmup: int) -> dict:
+def build_training(cfg, rt, say=print) -> dict:
+    """The real loader, model, optimizer and train_step of a run with this config: step() takes one training step."""
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-    prepared = prepare(resolve(cfg.data, cache_dir), cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors)
+    prepared = prepare(resolve(cfg.data, cache_dir, say=say), cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors)
     batches = Batches(prepared, cfg.block_size, cfg.batch_size, rt.device, cfg.seed)  # the real loader
     torch.manual_seed(cfg.seed)
     model_cfg = cfg.model_config(prepared.tokenizer.vocab_size)
@@ -37,18 +43,28 @@ def bench_training(cfg, rt, iters: int, warmup: int) -> dict:
                                     rt.device_type, cfg.optimizer)
     scaler = rt.grad_scaler()
     step_model = runtime.maybe_compile(model, cfg.compile, rt.device_type)
-    for _ in range(warmup):  # compilation, allocator and cache warm-up
-        train.train_step(step_model, optimizer, scaler, batches, rt, cfg, cfg.learning_rate)
-    sync(rt.device)
+    n_params = model.num_params(non_embedding=False)
+    return {"model": model, "params": n_params, "flops_per_token": flops_per_token(n_params, model_cfg),
+            "tokens_per_iter": cfg.batch_size * cfg.block_size * cfg.grad_accum_steps,
+            "step": lambda: train.train_step(step_model, optimizer, scaler, batches, rt, cfg, cfg.learning_rate)}
+
+
+def time_steps(step, iters: int, device: torch.device) -> float:
+    """Seconds per training step, over iters steps."""
+    sync(device)
     start = time.perf_counter()
     for _ in range(iters):
-        train.train_step(step_model, optimizer, scaler, batches, rt, cfg, cfg.learning_rate)
-    sync(rt.device)
-    seconds = (time.perf_counter() - start) / iters
-    tokens = cfg.batch_size * cfg.block_size * cfg.grad_accum_steps
-    n_params = model.num_params(non_embedding=False)
-    return {"model": model, "params": n_params, "ms_per_iter": seconds * 1000, "tokens_per_iter": tokens,
-            "tokens_per_sec": tokens / seconds, "flops_per_token": flops_per_token(n_params, model_cfg)}
+        step()
+    sync(device)
+    return (time.perf_counter() - start) / iters
+
+
+def bench_training(cfg, rt, iters: int, warmup: int) -> dict:
+    run = build_training(cfg, rt)
+    for _ in range(warmup):  # compilation, allocator and cache warm-up
+        run["step"]()
+    seconds = time_steps(run.pop("step"), iters, rt.device)
+    return {**run, "ms_per_iter": seconds * 1000, "tokens_per_sec": run["tokens_per_iter"] / seconds}
 
 
 def bench_sampling(model: GPT, rt, new_tokens: int) -> dict:
@@ -76,18 +92,94 @@ def bench_prepare(megabytes: int) -> float:
         return corpus.stat().st_size / 1e6 / (time.perf_counter() - start)
 
 
+def parse_compare(specs: list[str]) -> list[dict[str, str]]:
+    """["dtype=float32,bfloat16", "compile=false,true"] -> every combination, as {field: value} dicts."""
+    axes = []
+    for spec in specs:
+        field, _, values = spec.partition("=")
+        if field not in FIELDS or field == "config_name" or not values or not all(values.split(",")):
+            raise UserError(f"--compare {spec}: expected FIELD=VALUE,VALUE with a train.py field, "
+                            f"e.g. --compare dtype=float32,bfloat16")
+        axes.append([(field, value) for value in values.split(",")])
+    variants = [dict(combination) for combination in itertools.product(*axes)]
+    if len(variants) < 2:
+        raise UserError("--compare: give at least two values to compare, e.g. --compare dtype=float32,bfloat16")
+    return variants
+
+
+def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters: int, warmup: int) -> list[dict]:
+    """Each variant's training step, timed in turn for iters steps, rounds times: medians and ratios to the first."""
+    default_threads = torch.get_num_threads()
+    runs, peaks = [], {}
+    for variant in variants:
+        argv = rest + [part for field, value in variant.items() for part in (f"--{field}", value)]
+        cfg, _, _ = load_config(argv, torch.cuda.is_available())
+        rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads)
+        run = build_training(cfg, rt, say=print if not runs else lambda message: None)  # say the corpus once
+        run.update(variant=variant, rt=rt, threads=cfg.num_threads or default_threads, seconds=[])
+        torch.set_num_threads(run["threads"])
+        for _ in range(warmup):
+            run["step"]()
+        runs.append(run)
+    for _ in range(rounds):
+        for run in runs:
+            torch.set_num_threads(run["threads"])  # a variant may set num_threads; the others keep the default
+            run["seconds"].append(time_steps(run["step"], iters, run["rt"].device))
+    torch.set_num_threads(default_threads)
+    results = []
+    for run in runs:
+        rt, seconds = run["rt"], statistics.median(run["seconds"])
+        key = (str(rt.device), rt.dtype)
+        peaks[key] = peaks.get(key) or measure_peak_flops(rt.device, rt.dtype)
+        figures = {"variant": run["variant"], "device": rt.describe(), "threads": run["threads"],
+                   "params": run["params"], "tokens_per_iter": run["tokens_per_iter"],
+                   "ms_per_iter": seconds * 1000, "ms_per_iter_rounds": [t * 1000 for t in run["seconds"]],
+                   "tokens_per_sec": run["tokens_per_iter"] / seconds, "flops_per_token": run["flops_per_token"],
+                   "peak_flops": peaks[key]}
+        figures["achieved_flops"] = figures["flops_per_token"] * figures["tokens_per_sec"]
+        figures["mfu"] = figures["achieved_flops"] / figures["peak_flops"]
+        figures["time_vs_first"] = figures["ms_per_iter"] / (results[0]["ms_per_iter"] if results else figures["ms_per_iter"])
+        results.append(figures)
+    return results
+
+
+def print_comparison(results: list[dict], rounds: int, iters: int) -> None:
+    print(f"{len(results)} variants, each timed for {iters} steps in turn, {rounds} rounds (medians; min-max of the rounds)")
+    names = [" ".join(f"{k}={v}" for k, v in r["variant"].items()) for r in results]
+    width = max(len(name) for name in names + ["variant"])
+    print(f"{'variant':<{width}}  {'ms/iter':>8}  {'min-max':>13}  {'tokens/s':>9}  {'MFU':>6}  time vs first")
+    for name, r in zip(names, results):
+        spread = f"{min(r['ms_per_iter_rounds']):.1f}-{max(r['ms_per_iter_rounds']):.1f}"
+        print(f"{name:<{width}}  {r['ms_per_iter']:8.1f}  {spread:>13}  {r['tokens_per_sec']:9,.0f}  "
+              f"{r['mfu'] * 100:5.1f}%  {r['time_vs_first']:.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Benchmark a config on this device (any train.py --field works too).")
+    parser = ArgumentParser(description="Benchmark a config on this device (any train.py --field works too).")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
-    parser.add_argument("--iters", type=int, default=20, help="timed training steps")
+    parser.add_argument("--iters", type=int, default=20, help="timed training steps (per round with --compare)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed training steps first")
     parser.add_argument("--sample_tokens", type=int, default=500, help="characters generated per sampling measurement")
     parser.add_argument("--prepare_mb", type=int, default=50, help="size of the generated corpus for the prepare speed")
+    parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
+                        help="time training under each value of a train.py field, in turn, round after round "
+                             "(repeat for more fields: every combination); training only")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of --compare")
     args, rest = parser.parse_known_args(argv)
+    if min(args.iters, args.sample_tokens, args.prepare_mb, args.rounds) < 1 or args.warmup < 0:
+        raise UserError("--iters, --sample_tokens, --prepare_mb and --rounds must be at least 1, --warmup at least 0")
+    if args.compare:
+        variants = parse_compare(args.compare)
+        cfg, note, _ = load_config(rest, torch.cuda.is_available())  # the shared settings, checked once
+        results = compare(rest, variants, args.rounds, args.iters, args.warmup)
+        print(note)
+        print_comparison(results, args.rounds, args.iters)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"config": cfg.config_name, "rounds": args.rounds,
+                                                   "iters": args.iters, "variants": results}, indent=1) + "\n")
+        return 0
     cfg, note, _ = load_config(rest, torch.cuda.is_available())
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads)
-    if args.iters < 1 or args.sample_tokens < 1 or args.prepare_mb < 1:
-        raise UserError("--iters, --sample_tokens and --prepare_mb must be at least 1")
     figures = {"config": cfg.config_name, "device": rt.describe(), "threads": torch.get_num_threads(),
                "optimizer": cfg.optimizer}
     trained = bench_training(cfg, rt, args.iters, args.warmup)

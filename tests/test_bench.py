@@ -31,3 +31,34 @@ def test_bench_reports_every_figure(tmp_path, small_text):
     assert figures["mfu"] == pytest.approx(figures["achieved_flops"] / figures["peak_flops"])
     assert "MFU" in result.stdout and "tokens/s" in result.stdout
     assert figures["device"] == "cpu, float32" and figures["optimizer"] == "adamw" and figures["sample_dtype"] == "float32"
+
+
+def test_bench_compare_times_each_variant_in_turn(tmp_path, small_text):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(small_text, encoding="utf-8")
+    out = tmp_path / "compare.json"
+    command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--config", "debug", "--data", str(corpus),
+               "--cache_dir", str(tmp_path / "cache"), "--iters", "2", "--warmup", "1", "--rounds", "3"]
+    result = subprocess.run(command + ["--compare", "batch_size=4,8", "--compare", "n_embd=32,64", "--json", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    variants = report["variants"]
+    assert [v["variant"] for v in variants] == [{"batch_size": b, "n_embd": e} for b in ("4", "8") for e in ("32", "64")]
+    for v in variants:
+        assert v["tokens_per_iter"] == int(v["variant"]["batch_size"]) * 32  # the override reached the run
+        assert len(v["ms_per_iter_rounds"]) == 3
+        assert v["ms_per_iter"] == pytest.approx(sorted(v["ms_per_iter_rounds"])[1])  # the median round
+        assert v["tokens_per_sec"] == pytest.approx(v["tokens_per_iter"] / v["ms_per_iter"] * 1000)
+        assert v["mfu"] == pytest.approx(v["flops_per_token"] * v["tokens_per_sec"] / v["peak_flops"])
+        assert v["time_vs_first"] == pytest.approx(v["ms_per_iter"] / variants[0]["ms_per_iter"])
+    assert variants[1]["params"] > variants[0]["params"]  # n_embd 64 is the bigger model
+    assert result.stdout.count("batch_size=") == 4 and "time vs first" in result.stdout
+
+
+@pytest.mark.parametrize("spec", ["dtype", "colour=red,blue", "dtype=float32", "dtype=float32,"])
+def test_bench_compare_rejects_a_bad_spec(tmp_path, spec):
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--config", "debug", "--compare", spec],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --compare") and len(result.stderr.strip().splitlines()) == 1
