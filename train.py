@@ -22,7 +22,7 @@ from data import Batches, default_cache_dir, prepare, resolve
 from errors import UserError, run_cli
 from model import GPT
 from model.generate import generate
-from model.optim import configure_optimizer
+from model.optim import configure_optimizer, step_if_finite
 from training import checkpoint, distributed, runtime
 from training.perf import flops_per_token, measure_peak_flops
 from training.pictures import attention_figure, attention_weights
@@ -72,8 +72,9 @@ def full_validation_loss(model, batches: Batches, rt: runtime.Runtime,
 
 
 def train_step(model, optimizer, scaler, batches: Batches, rt: runtime.Runtime, cfg: TrainConfig,
-               lr: float) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """One optimizer step over grad_accum_steps micro-batches: (loss, grad norm, whether the step was taken).
+               lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer step over grad_accum_steps micro-batches: (loss, grad norm, whether the gradients were finite),
+    all three on the device, so that the step itself never waits for it.
 
     A step whose gradients are not finite is skipped, so NaN never reaches the weights (with float16 the
     gradient scaler does this itself, and lowers its scale)."""
@@ -95,13 +96,12 @@ def train_step(model, optimizer, scaler, batches: Batches, rt: runtime.Runtime, 
     if scaler.is_enabled():  # float16: the scaler finds inf/NaN itself, skips such a step and lowers its scale
         scaler.step(optimizer)
         scaler.update()
-        taken = True
+        finite = torch.ones((), dtype=torch.bool, device=rt.device)
     else:
-        taken = bool(torch.isfinite(grad_norm))  # one host sync per step (free on CPU)
-        if taken:
-            optimizer.step()
+        finite = torch.isfinite(grad_norm)
+        step_if_finite(optimizer, finite)
     optimizer.zero_grad(set_to_none=True)
-    return loss_sum, grad_norm, taken
+    return loss_sum, grad_norm, finite
 
 
 def prepare_out_dir(cfg: TrainConfig, is_main: bool = True) -> Path:
@@ -264,7 +264,11 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
         save(it, "ckpt_last.pt")
 
     # ---- the loop ----------------------------------------------------------------------------------
-    it, losses, last_val, history, nonfinite, stopping = start_iter, {}, float("nan"), [], 0, False
+    it, losses, last_val, history, stopping = start_iter, {}, float("nan"), [], False
+    # Skipped (non-finite) steps are counted on the device and read where the loop syncs anyway: the longest run of
+    # them since the last look, and the run still going on.
+    streak = torch.zeros((), dtype=torch.long, device=rt.device)
+    longest = torch.zeros((), dtype=torch.long, device=rt.device)
     bar = tqdm(total=cfg.max_iters, initial=start_iter, dynamic_ncols=True, desc="train", disable=not main_rank,
                mininterval=0.5 if sys.stderr.isatty() else 30)  # a log file gets a line every 30 s, not every step
     clock, clock_it, started = time.perf_counter(), it, time.perf_counter()
@@ -284,19 +288,23 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
             if it >= cfg.max_iters or stopping:
                 break
             lr = get_lr(it, cfg)
-            loss, grad_norm, stepped = train_step(step_model, optimizer, scaler, batches, rt, cfg, lr)
-            nonfinite = 0 if stepped else nonfinite + 1
-            if nonfinite >= cfg.max_nonfinite_steps:
-                bar.close()
-                if writer:
-                    writer.close()
-                raise UserError(f"stopped at step {it}: {nonfinite} steps in a row had a non-finite loss or gradient; "
-                                f"the last good checkpoint is {out_dir / 'ckpt_last.pt'}; try a lower --learning_rate "
-                                f"or --dtype float32, then --resume")
+            loss, grad_norm, finite = train_step(step_model, optimizer, scaler, batches, rt, cfg, lr)
+            streak = (streak + 1) * ~finite
+            longest = torch.maximum(longest, streak)
             it += 1
             bar.update(1)
             if it % cfg.log_interval == 0 or it == cfg.max_iters:
-                loss_value, norm_value = loss.item(), grad_norm.item()  # the only host syncs of the loop
+                # the only host sync of the loop (and the evaluations'): one read for all three numbers
+                loss_value, norm_value, skipped = torch.stack([loss.float(), grad_norm.float(), longest.float()]).tolist()
+                if skipped >= cfg.max_nonfinite_steps:
+                    bar.close()
+                    if writer:
+                        writer.close()
+                    raise UserError(f"stopped at step {it}: {cfg.max_nonfinite_steps} steps in a row had a non-finite "
+                                    f"loss or gradient (they were skipped); the last good checkpoint is "
+                                    f"{out_dir / 'ckpt_last.pt'}; try a lower --learning_rate or --dtype float32, "
+                                    f"then --resume")
+                longest = streak
                 now = time.perf_counter()
                 tokens_per_sec = tokens_per_iter * (it - clock_it) / (now - clock)
                 clock, clock_it = now, it

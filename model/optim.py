@@ -31,6 +31,23 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
     return MuonAndAdamW(muon, adamw)
 
 
+def step_if_finite(optimizer, finite: torch.Tensor) -> None:
+    """optimizer.step(), or nothing at all when the 0-d bool tensor finite is False: weights, moments and step counts
+    stay exactly as they were.
+
+    Fused AdamW takes the flag as a tensor (as torch.amp.GradScaler hands it over) and skips inside its kernel, so the
+    host never waits for the device. torch.optim.Muon has no such input: with Muon the host reads the flag, one sync
+    per step (free on a CPU; on a GPU the host stops queueing work until the step is done)."""
+    if isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused"):
+        optimizer.found_inf = (~finite).float()
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    elif bool(finite):
+        optimizer.step()
+
+
 class MuonAndAdamW:
     """Two optimizers stepped as one: what train.py needs of an optimizer (param_groups for the learning-rate
     schedule, step, zero_grad, state_dict / load_state_dict for checkpoints)."""

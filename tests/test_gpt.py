@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.optim import configure_optimizer
+from model.optim import configure_optimizer, step_if_finite
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
@@ -192,3 +192,50 @@ def test_muon_and_adamw_step_through_a_gradient_scaler_like_one_optimizer():
     plain, scaled = one_step(None), one_step(2.0 ** 10)
     for name in plain:  # a power-of-two scale unscales exactly
         torch.testing.assert_close(scaled[name], plain[name], rtol=0, atol=0)
+
+
+def _snapshot(model, opt) -> list[torch.Tensor]:
+    """Every weight and every tensor of optimizer state (moments, momentum buffers, step counts), copied."""
+    state = opt.state_dict()
+    inner = [state] if "state" in state else list(state.values())  # AdamW, or Muon + AdamW
+    tensors = [t for s in inner for per_param in s["state"].values() for t in per_param.values()]
+    return [t.detach().clone() for t in list(model.parameters()) + tensors]
+
+
+@pytest.mark.parametrize("kind", ["adamw", "muon"])
+def test_a_step_with_non_finite_gradients_changes_nothing_and_the_next_step_is_exact(kind, monkeypatch):
+    """A skipped step leaves weights and optimizer state bit-identical, and the run then goes on exactly as one that
+    never saw the bad gradients. Fused AdamW decides on the device: the host never reads the flag."""
+    torch.manual_seed(0)
+    shapes = [p.shape for p in GPT(ModelConfig(**TINY)).parameters()]
+    good = [[torch.randn(shape) for shape in shapes] for _ in range(3)]
+    bad = [g.clone() for g in good[0]]
+    bad[5].view(-1)[0] = float("nan")
+
+    def host_read(self, *args):
+        raise AssertionError("the step read a tensor on the host")
+
+    def run(grads):
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(**TINY))
+        opt = configure_optimizer(model, 1e-2, 0.1, (0.9, 0.95), "cpu", kind=kind)
+        for step_grads in grads:
+            for p, g in zip(model.parameters(), step_grads, strict=True):
+                p.grad = g.clone()
+            finite = torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+            before = _snapshot(model, opt)
+            with monkeypatch.context() as patch:
+                if kind == "adamw":  # reading the flag on the host would fail here
+                    for name in ("__bool__", "item", "tolist"):
+                        patch.setattr(torch.Tensor, name, host_read)
+                step_if_finite(opt, finite)
+            if step_grads is bad:
+                for a, b in zip(before, _snapshot(model, opt), strict=True):
+                    assert torch.equal(a, b)
+        return _snapshot(model, opt)
+
+    with_skip = run([good[0], bad, good[1], good[2]])
+    without = run([good[0], good[1], good[2]])
+    assert len(with_skip) == len(without)
+    for a, b in zip(with_skip, without, strict=True):
+        assert torch.equal(a, b)
