@@ -49,12 +49,15 @@ class Batches:
             self.resident = {split: torch.from_numpy(d.astype(np.int64)).to(self.device) for split, d in self.data.items()}
             self._steps_t = torch.arange(block_size + 1, device=self.device)
 
-    def _to_device(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = torch.from_numpy(windows.astype(np.int64))  # (B, T+1)
+    def _send(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the training device. To CUDA it goes from pinned memory without waiting: a plain .to()
+        from ordinary memory would make the host wait until the GPU has finished all the work queued before it."""
         if self.device.type == "cuda":
-            tokens = tokens.pin_memory().to(self.device, non_blocking=True)
-        elif self.device.type != "cpu":
-            tokens = tokens.to(self.device)
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.to(self.device)
+
+    def _to_device(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = self._send(torch.from_numpy(windows.astype(np.int64)))  # (B, T+1)
         return tokens[:, :-1], tokens[:, 1:]
 
     def get_batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +65,7 @@ class Batches:
         starts = torch.randint(len(data) - self.block_size, (self.batch_size * self.world_size,), generator=self.generator)
         mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         if self.resident is not None:
-            tokens = self.resident[split][mine.to(self.device)[:, None] + self._steps_t]  # (B, T+1), gathered in place
+            tokens = self.resident[split][self._send(mine)[:, None] + self._steps_t]  # (B, T+1), gathered in place
             return tokens[:, :-1], tokens[:, 1:]
         windows = data[mine.numpy()[:, None] + self._steps]  # (B, T+1)
         return self._to_device(windows)
