@@ -217,7 +217,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write) ->
             if rt.device_type == "cuda" and resumed["rng"].get("cuda") is not None:
                 torch.cuda.set_rng_state(resumed["rng"]["cuda"].cpu())
     step_model = DDP(model, device_ids=[d.local_rank] if rt.device_type == "cuda" else None) if d.enabled else model
-    step_model = runtime.maybe_compile(step_model, cfg.compile, rt.device_type, say)
+    step_model = runtime.maybe_compile(step_model, cfg.compile, rt.device_type, say, cfg.compile_mode)
     tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.grad_accum_steps * d.world_size
     flops_token = flops_per_token(model.num_params(non_embedding=False), model_cfg)
     peak_flops = measure_peak_flops(rt.device, rt.dtype)

@@ -5,6 +5,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from model.config import ModelConfig
 from model.optim import OPTIMIZERS
+from training.runtime import COMPILE_MODES
 
 
 def setting(default, help: str):
@@ -59,6 +60,8 @@ class TrainConfig:
     dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 for matrix products (auto: bfloat16 on CUDA, float16 "
                                     "on GPUs without it, bfloat16 on CPUs with bfloat16 units, float32 otherwise)")
     compile: str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
+    compile_mode: str = setting("default", "torch.compile mode: default | reduce-overhead (CUDA graphs) | max-autotune | "
+                                           "max-autotune-no-cudagraphs")
     num_threads: int = setting(0, "CPU threads for PyTorch (0: automatic)")
     seed: int = setting(1337, "random seed for initialisation and batches")
     config_name: str = setting("custom", "name of the preset this run started from (set by --config)")
@@ -82,6 +85,7 @@ class TrainConfig:
         check(self.encoding_errors in ("strict", "replace", "ignore"), "encoding_errors", "must be strict, replace or ignore")
         check(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", "must be auto, float32, bfloat16 or float16")
         check(self.compile in ("auto", "true", "false"), "compile", "must be auto, true or false")
+        check(self.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {', '.join(COMPILE_MODES)}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}")
         check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "device",
               "must be auto, cpu, cuda, cuda:N or mps")

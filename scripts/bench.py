@@ -42,7 +42,7 @@ def build_training(cfg, rt, say=print) -> dict:
     optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2),
                                     rt.device_type, cfg.optimizer)
     scaler = rt.grad_scaler()
-    step_model = runtime.maybe_compile(model, cfg.compile, rt.device_type)
+    step_model = runtime.maybe_compile(model, cfg.compile, rt.device_type, mode=cfg.compile_mode)
     n_params = model.num_params(non_embedding=False)
     return {"model": model, "params": n_params, "flops_per_token": flops_per_token(n_params, model_cfg),
             "tokens_per_iter": cfg.batch_size * cfg.block_size * cfg.grad_accum_steps,

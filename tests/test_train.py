@@ -152,6 +152,23 @@ def test_a_failing_torch_compile_falls_back_to_eager_with_a_warning(corpus, tmp_
     assert len(warnings) == 1 and "RuntimeError: inductor exploded" in warnings[0]
 
 
+def test_compile_mode_reaches_torch_compile_and_a_bad_one_is_refused(corpus, tmp_path, monkeypatch):
+    modes = []
+
+    def recording_compile(module, **kwargs):
+        modes.append(kwargs.get("mode"))
+        return module
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    argv = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"), "--compile", "true",
+            "--max_iters", "2", "--full_val", "false"]
+    for i, mode in enumerate(("max-autotune", "default")):
+        cfg, _, explicit = load_config(argv + ["--out_dir", str(tmp_path / f"run{i}"), "--compile_mode", mode], False)
+        train.train(cfg, explicit, say=lambda m: None)
+    assert modes == ["max-autotune", None]  # default: torch.compile's own default
+    with pytest.raises(UserError, match="--compile_mode 'fast': must be one of default, reduce-overhead"):
+        load_config(argv + ["--compile_mode", "fast"], False)
+
+
 @pytest.mark.parametrize("has_units", [True, False])
 def test_auto_dtype_on_cpu_is_bfloat16_only_with_bfloat16_units_and_never_for_sampling(monkeypatch, has_units):
     monkeypatch.setattr(runtime, "cpu_has_bfloat16_units", lambda: has_units)

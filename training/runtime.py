@@ -93,10 +93,16 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
     return Runtime(device, pick_dtype(dtype_spec, device, sampling))
 
 
-def maybe_compile(module, setting: str, device_type: str, say=print):
-    """compile = true, or auto on CUDA: the module wrapped in CompileFallback; otherwise the module itself."""
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def maybe_compile(module, setting: str, device_type: str, say=print, mode: str = "default"):
+    """compile = true, or auto on CUDA: the module wrapped in CompileFallback; otherwise the module itself.
+
+    mode is torch.compile's: reduce-overhead replays CUDA graphs (for small models, where launching kernels costs
+    more than running them), max-autotune also tries more kernels. Neither has been timed on a GPU here yet."""
     if setting == "true" or (setting == "auto" and device_type == "cuda"):
-        return CompileFallback(module, say)
+        return CompileFallback(module, say, mode)
     return module
 
 
@@ -107,9 +113,9 @@ class CompileFallback:
     compilation and the run goes on. Everything else (train(), eval(), no_sync(), ...) reaches the module.
     """
 
-    def __init__(self, module: torch.nn.Module, say=print):
+    def __init__(self, module: torch.nn.Module, say=print, mode: str = "default"):
         self.module, self.say = module, say
-        self.compiled = torch.compile(module)
+        self.compiled = torch.compile(module, mode=None if mode == "default" else mode)
 
     def __call__(self, *args, **kwargs):
         if self.compiled is not None:
