@@ -1,8 +1,6 @@
 """CharTokenizer: one token per character; the vocabulary is the sorted set of the corpus's characters."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from errors import UserError
@@ -57,10 +55,3 @@ class CharTokenizer:
 
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)
-
-    def to_json(self) -> str:
-        return json.dumps({"chars": self.chars}, ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, text: str) -> "CharTokenizer":
-        return cls(json.loads(text)["chars"])
