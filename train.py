@@ -142,10 +142,15 @@ def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say) -> Tra
 
 
 class StopRequest:
-    """Ctrl-C or SIGTERM asks the loop to stop at the next step boundary (a second Ctrl-C stops at once)."""
+    """Ctrl-C or SIGTERM asks the loop to stop at the next step boundary; another one, a second or more later, stops
+    at once. (Under torchrun a Ctrl-C reaches each process twice, from the terminal and forwarded by torchrun, within
+    milliseconds: that must still be one request, or the ranks would stop without saving.)"""
+
+    GRACE_SECONDS = 1.0
 
     def __init__(self):
         self.requested = False
+        self.first_at = 0.0
         self.previous = {}
 
     def __enter__(self):
@@ -155,8 +160,10 @@ class StopRequest:
 
     def handle(self, signum, frame):
         if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
+            if time.monotonic() - self.first_at >= self.GRACE_SECONDS:
+                raise KeyboardInterrupt
+            return
+        self.requested, self.first_at = True, time.monotonic()
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():

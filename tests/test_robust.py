@@ -166,3 +166,22 @@ def test_fuzzed_prompts_either_encode_or_fail_cleanly():
                 assert "\n" not in str(err)
             else:
                 assert tokenizer.decode(encoded[0]) == "".join(c for c in prompt if c in tokenizer.stoi)
+
+
+def test_a_doubled_signal_is_one_stop_request_and_a_later_one_stops_at_once(monkeypatch):
+    """Under torchrun a Ctrl-C arrives twice within milliseconds (terminal + torchrun's forwarding): still one request
+    to stop at the step boundary. Another signal after the grace time interrupts at once."""
+    monkeypatch.setattr(train.StopRequest, "GRACE_SECONDS", 0.5)
+    with train.StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the handler runs in this thread between bytecodes
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert stop.requested
+        time.sleep(0.5)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are given back
