@@ -239,3 +239,52 @@ def test_a_step_with_non_finite_gradients_changes_nothing_and_the_next_step_is_e
     assert len(with_skip) == len(without)
     for a, b in zip(with_skip, without, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_our_muon_in_bfloat16_is_torch_muon_bit_for_bit(nesterov):
+    """model.optim.Muon only adds a choice of Newton-Schulz dtype; in bfloat16 it must be torch.optim.Muon exactly."""
+    def run(cls, **extra):
+        torch.manual_seed(0)
+        weights = [torch.nn.Parameter(torch.randn(shape)) for shape in ((48, 16), (16, 64), (32, 32))]
+        opt = cls(weights, lr=0.02, weight_decay=0.1, nesterov=nesterov, adjust_lr_fn="match_rms_adamw", **extra)
+        for _ in range(3):
+            for w in weights:
+                w.grad = torch.randn_like(w)
+            opt.step()
+        return weights + [opt.state[w]["momentum_buffer"] for w in weights]
+
+    from model.optim import Muon
+    for ours, theirs in zip(run(Muon, ns_dtype=torch.bfloat16), run(torch.optim.Muon), strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_newton_schulz_in_float32_matches_the_same_iteration_in_float64():
+    """The float32 path (CPUs without bfloat16 units) against the polynomial written out in float64."""
+    from model.optim import orthogonalize
+    torch.manual_seed(0)
+    coefficients = (3.4445, -4.7750, 2.0315)
+    for shape in ((64, 16), (16, 64)):
+        g = torch.randn(shape)
+        x = g.double().T if shape[0] > shape[1] else g.double()
+        x = x / x.norm()
+        for _ in range(5):
+            a, b, c = coefficients
+            x = a * x + (b * (x @ x.T) + c * (x @ x.T) @ (x @ x.T)) @ x
+        expected = x.T if shape[0] > shape[1] else x
+        before = g.clone()
+        got = orthogonalize(g, coefficients, 5, 1e-7, torch.float32)
+        assert got.dtype == torch.float32 and got.shape == g.shape
+        torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
+        assert torch.equal(g, before)  # the input is left alone (float32 to float32 must still copy)
+        singular = torch.linalg.svdvals(expected)
+        assert singular.min() > 0.5 and singular.max() < 1.3  # near-orthogonal, as Muon intends
+
+
+@pytest.mark.parametrize("has_units, expected", [(True, torch.bfloat16), (False, torch.float32)])
+def test_muon_runs_newton_schulz_in_float32_only_on_cpus_without_bfloat16_units(monkeypatch, has_units, expected):
+    import model.optim as optim
+    monkeypatch.setattr(optim, "cpu_has_bfloat16_units", lambda: has_units)
+    opt = configure_optimizer(GPT(ModelConfig(**TINY)), 1e-2, 0.1, (0.9, 0.95), "cpu", kind="muon")
+    assert opt.muon.ns_dtype == expected
+    assert optim.newton_schulz_dtype("cuda") == torch.bfloat16
