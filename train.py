@@ -99,7 +99,7 @@ def train_step(model, optimizer, scaler, batches: Batches, rt: runtime.Runtime, 
         finite = torch.ones((), dtype=torch.bool, device=rt.device)
     else:
         finite = torch.isfinite(grad_norm)
-        step_if_finite(optimizer, finite)
+        step_if_finite(optimizer, finite, on_device=rt.device_type != "cpu")  # a CPU reads the flag for free
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm, finite
 

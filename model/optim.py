@@ -54,19 +54,31 @@ class Muon(torch.optim.Muon):
         self.ns_dtype = ns_dtype  # not a group setting: a checkpoint resumed on another machine takes that machine's
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, finite: torch.Tensor | None = None) -> None:
+        """One Muon step. With finite (a 0-d bool tensor) the step is taken or not on the device, without the host
+        reading the flag: when it is False every weight and momentum buffer keeps its value exactly. (That costs a
+        few copies, so a CPU, where reading the flag is free, steps without it.)"""
         for group in self.param_groups:
             params, grads, buffers = [], [], []
             self._init_group(group, params, grads, buffers)
-            lr, momentum = group["lr"], group["momentum"]
+            lr, momentum, decay = group["lr"], group["momentum"], 1 - group["lr"] * group["weight_decay"]
             for param, grad, buffer in zip(params, grads, buffers):
-                buffer.lerp_(grad, 1 - momentum)  # momentum: an exponential average of gradients
-                update = grad.lerp(buffer, momentum) if group["nesterov"] else buffer
-                update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
                 scale = 0.2 * math.sqrt(max(param.shape)) if group["adjust_lr_fn"] == "match_rms_adamw" \
                     else math.sqrt(max(1, param.size(0) / param.size(1)))
-                param.mul_(1 - lr * group["weight_decay"])
-                param.add_(update, alpha=-lr * scale)
+                if finite is None:
+                    buffer.lerp_(grad, 1 - momentum)  # momentum: an exponential average of gradients
+                    param.mul_(decay).add_(self._direction(group, grad, buffer), alpha=-lr * scale)
+                    continue
+                grad = torch.where(finite, grad, 0.0)  # no NaN into the arithmetic; the result is dropped anyway
+                new_buffer = buffer.lerp(grad, 1 - momentum)
+                new_param = torch.add(param * decay, self._direction(group, grad, new_buffer), alpha=-lr * scale)
+                buffer.copy_(torch.where(finite, new_buffer, buffer))
+                param.copy_(torch.where(finite, new_param, param))
+
+    def _direction(self, group: dict, grad: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+        """The momentum (Nesterov: looked one step ahead), orthogonalised."""
+        update = grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
+        return orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
 
 
 def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
@@ -84,20 +96,24 @@ def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float]
     return x.T if tall else x
 
 
-def step_if_finite(optimizer, finite: torch.Tensor) -> None:
+def step_if_finite(optimizer, finite: torch.Tensor, on_device: bool = True) -> None:
     """optimizer.step(), or nothing at all when the 0-d bool tensor finite is False: weights, moments and step counts
-    stay exactly as they were.
-
-    Fused AdamW takes the flag as a tensor (as torch.amp.GradScaler hands it over) and skips inside its kernel, so the
-    host never waits for the device. torch.optim.Muon has no such input: with Muon the host reads the flag, one sync
-    per step (free on a CPU; on a GPU the host stops queueing work until the step is done)."""
-    if isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused"):
+    stay exactly as they were. on_device: the host never reads the flag, so a GPU never waits for it (fused AdamW
+    skips inside its kernel, given the flag as torch.amp.GradScaler hands it over; Muon selects on the device).
+    Without on_device, Muon lets the host read it, which on a CPU is free and saves Muon's extra copies."""
+    if isinstance(optimizer, MuonAndAdamW):
+        if on_device:
+            optimizer.muon.step(finite)
+        elif bool(finite):
+            optimizer.muon.step()
+        step_if_finite(optimizer.adamw, finite, on_device)
+    elif isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused"):
         optimizer.found_inf = (~finite).float()
         try:
             optimizer.step()
         finally:
             del optimizer.found_inf
-    elif bool(finite):
+    elif bool(finite):  # any other optimizer: the host decides (one sync per step on a GPU)
         optimizer.step()
 
 
