@@ -1,10 +1,9 @@
 """The optimizer factory: AdamW with weight decay on matrices only, or Muon for the hidden matrices plus AdamW."""
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
+from torch.optim._muon import _adjust_lr
 
 from training.runtime import cpu_has_bfloat16_units
 
@@ -38,8 +37,8 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
 
 def newton_schulz_dtype(device_type: str) -> torch.dtype:
     """bfloat16, as torch.optim.Muon does, except on a CPU without bfloat16 units: there PyTorch emulates bfloat16
-    products, and with the matrix units capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2 on a Zen 4) a Muon step of the 2x160
-    model took 515 ms in bfloat16 against 23 ms in float32."""
+    products. With a Zen 4's kernels capped at AVX2 (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+    MKL_ENABLE_INSTRUCTIONS=AVX2) a Muon step of the 2x160 model took 515 ms in bfloat16 against 23 ms in float32."""
     if device_type == "cpu" and not cpu_has_bfloat16_units():
         return torch.float32
     return torch.bfloat16
@@ -63,15 +62,14 @@ class Muon(torch.optim.Muon):
             self._init_group(group, params, grads, buffers)
             lr, momentum, decay = group["lr"], group["momentum"], 1 - group["lr"] * group["weight_decay"]
             for param, grad, buffer in zip(params, grads, buffers):
-                scale = 0.2 * math.sqrt(max(param.shape)) if group["adjust_lr_fn"] == "match_rms_adamw" \
-                    else math.sqrt(max(1, param.size(0) / param.size(1)))
+                step_size = _adjust_lr(lr, group["adjust_lr_fn"], param.shape)  # torch.optim.Muon's own scaling
                 if finite is None:
                     buffer.lerp_(grad, 1 - momentum)  # momentum: an exponential average of gradients
-                    param.mul_(decay).add_(self._direction(group, grad, buffer), alpha=-lr * scale)
+                    param.mul_(decay).add_(self._direction(group, grad, buffer), alpha=-step_size)
                     continue
                 grad = torch.where(finite, grad, 0.0)  # no NaN into the arithmetic; the result is dropped anyway
                 new_buffer = buffer.lerp(grad, 1 - momentum)
-                new_param = torch.add(param * decay, self._direction(group, grad, new_buffer), alpha=-lr * scale)
+                new_param = torch.add(param * decay, self._direction(group, grad, new_buffer), alpha=-step_size)
                 buffer.copy_(torch.where(finite, new_buffer, buffer))
                 param.copy_(torch.where(finite, new_param, param))
 

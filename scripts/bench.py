@@ -59,12 +59,17 @@ def time_steps(step, iters: int, device: torch.device) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def bench_training(cfg, rt, iters: int, warmup: int) -> dict:
-    run = build_training(cfg, rt)
-    for _ in range(warmup):  # compilation, allocator and cache warm-up
+def warm_up(run: dict, steps: int) -> None:
+    for _ in range(steps):  # compilation, allocator and cache warm-up
         run["step"]()
-    seconds = time_steps(run.pop("step"), iters, rt.device)
-    return {**run, "ms_per_iter": seconds * 1000, "tokens_per_sec": run["tokens_per_iter"] / seconds}
+
+
+def speed(run: dict, seconds: float, peak_flops: float) -> dict:
+    """ms/iter, tokens/s, achieved FLOP/s and MFU of a training step that took this many seconds."""
+    tokens_per_sec = run["tokens_per_iter"] / seconds
+    achieved = run["flops_per_token"] * tokens_per_sec
+    return {"ms_per_iter": seconds * 1000, "tokens_per_sec": tokens_per_sec, "achieved_flops": achieved,
+            "peak_flops": peak_flops, "mfu": achieved / peak_flops}
 
 
 def bench_sampling(model: GPT, rt, new_tokens: int) -> dict:
@@ -118,8 +123,7 @@ def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters:
         run = build_training(cfg, rt, say=print if not runs else lambda message: None)  # say the corpus once
         run.update(variant=variant, rt=rt, threads=cfg.num_threads or default_threads, seconds=[])
         torch.set_num_threads(run["threads"])
-        for _ in range(warmup):
-            run["step"]()
+        warm_up(run, warmup)
         runs.append(run)
     for _ in range(rounds):
         for run in runs:
@@ -133,11 +137,8 @@ def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters:
         peaks[key] = peaks.get(key) or measure_peak_flops(rt.device, rt.dtype)
         figures = {"variant": run["variant"], "device": rt.describe(), "threads": run["threads"],
                    "params": run["params"], "tokens_per_iter": run["tokens_per_iter"],
-                   "ms_per_iter": seconds * 1000, "ms_per_iter_rounds": [t * 1000 for t in run["seconds"]],
-                   "tokens_per_sec": run["tokens_per_iter"] / seconds, "flops_per_token": run["flops_per_token"],
-                   "peak_flops": peaks[key]}
-        figures["achieved_flops"] = figures["flops_per_token"] * figures["tokens_per_sec"]
-        figures["mfu"] = figures["achieved_flops"] / figures["peak_flops"]
+                   "flops_per_token": run["flops_per_token"], **speed(run, seconds, peaks[key]),
+                   "ms_per_iter_rounds": [t * 1000 for t in run["seconds"]]}
         figures["time_vs_first"] = figures["ms_per_iter"] / (results[0]["ms_per_iter"] if results else figures["ms_per_iter"])
         results.append(figures)
     return results
@@ -182,12 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads)
     figures = {"config": cfg.config_name, "device": rt.describe(), "threads": torch.get_num_threads(),
                "optimizer": cfg.optimizer}
-    trained = bench_training(cfg, rt, args.iters, args.warmup)
-    model = trained.pop("model")
-    figures.update(trained)
-    figures["achieved_flops"] = figures["flops_per_token"] * figures["tokens_per_sec"]
-    figures["peak_flops"] = measure_peak_flops(rt.device, rt.dtype)
-    figures["mfu"] = figures["achieved_flops"] / figures["peak_flops"]
+    run = build_training(cfg, rt)
+    warm_up(run, args.warmup)
+    seconds = time_steps(run.pop("step"), args.iters, rt.device)
+    model = run.pop("model")
+    figures.update(run)
+    figures.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype)))
     sample_rt = runtime.for_sampling(rt, cfg.dtype)
     figures.update(bench_sampling(model, sample_rt, args.sample_tokens))
     figures["sample_dtype"] = str(sample_rt.dtype).removeprefix("torch.")
