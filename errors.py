@@ -2,12 +2,22 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Callable
 
 
 class UserError(Exception):
     """The message names the problem and the fix; no traceback is shown for it."""
+
+
+class QuietExit(UserError):
+    """A UserError another process of the same job reports (under torchrun, rank 0): exit 2 without a word."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Stop at once (a second Ctrl-C, or one before anything is worth saving); the message says what is left on
+    disk. The command exits with 130. A KeyboardInterrupt, so no `except Exception` on the way swallows it."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -17,10 +27,32 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run a command-line main(); a UserError becomes 'error: ...' on stderr and exit code 2."""
+    """Run a command-line main(): a UserError becomes 'error: ...' on stderr and exit code 2; Ctrl-C or SIGTERM
+    becomes one line and exit code 130 (clean-up in `finally` blocks runs first); an OSError that no check foresaw
+    (a full disk, a permission) becomes one line naming the file."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM is treated as Ctrl-C
     try:
         return main(argv) or 0
+    except QuietExit:
+        return 2
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Interrupted as err:
+        print(f"\n{err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except OSError as err:
+        where = f" {err.filename}" if err.filename else ""
+        print(f"error: could not read or write{where} ({err.strerror or err}); check the path, its permissions and "
+              f"the free disk space", file=sys.stderr)
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)

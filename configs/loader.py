@@ -81,13 +81,24 @@ def read_preset(spec: str) -> tuple[str, dict]:
         values = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"--config {spec}: not valid TOML ({err})") from None
-    for key, value in values.items():
+    for key in values:
         if key not in FIELDS:
             raise UserError(f"{path}: unknown field {key}{suggest(key, FIELDS)}")
+    return path.stem, checked_types(values, str(path))
+
+
+def checked_types(values: dict, where: str) -> dict:
+    """Each value of the type its field has (a TOML true is no number), or a one-line error naming the field.
+    compile is auto | true | false, so a TOML boolean is taken for it too."""
+    values = dict(values)
+    for key, value in values.items():
+        if key == "compile" and isinstance(value, bool):
+            values[key] = str(value).lower()
+            continue
         expected = {"int": int, "float": (int, float), "bool": bool, "str": str}[FIELDS[key].type]
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise UserError(f"{path}: {key} = {value!r} should be of type {FIELDS[key].type}")
-    return path.stem, values
+        if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
+            raise UserError(f"{where}: {key} = {value!r} should be of type {FIELDS[key].type}")
+    return values
 
 
 def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConfig, str, set[str]]:
@@ -114,6 +125,11 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
         raise UserError(str(err)) from None
 
 
-def config_from_dict(values: dict) -> TrainConfig:
-    """Rebuild a config saved in a checkpoint, ignoring fields this version no longer has."""
-    return TrainConfig(**{k: v for k, v in values.items() if k in FIELDS})  # missing fields take their defaults
+def config_from_dict(values: dict, where: str) -> TrainConfig:
+    """Rebuild a config saved in a checkpoint, ignoring fields this version no longer has (missing fields take their
+    defaults); wrong types or values are a one-line error naming the checkpoint."""
+    known = checked_types({k: v for k, v in values.items() if k in FIELDS}, where)
+    try:
+        return TrainConfig(**known)
+    except ValueError as err:
+        raise UserError(f"{where}: its saved config is invalid ({err})") from None

@@ -1,11 +1,15 @@
 """TrainConfig: every setting of a training run, with its type, default and meaning, checked when built."""
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from model.config import ModelConfig
-from model.optim import OPTIMIZERS
-from training.runtime import COMPILE_MODES
+from training.optim import OPTIMIZERS
+from training.runtime import COMPILE_MODES, valid_device
+
+
+SEED_MAX = 2**62  # seeds go to torch.manual_seed (64 bits), with the rank added under torchrun
 
 
 def setting(default, help: str):
@@ -71,6 +75,9 @@ class TrainConfig:
             if not ok:
                 raise ValueError(f"--{name} {getattr(self, name)!r}: {rule}")
 
+        for f in fields(self):
+            if f.type in ("float", float):
+                check(math.isfinite(getattr(self, f.name)), f.name, "must be a finite number")
         for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "max_nonfinite_steps"):
             check(getattr(self, name) >= 1, name, "must be at least 1")
         for name in ("max_iters", "warmup_iters", "lr_decay_iters", "sample_chars", "num_threads"):
@@ -87,8 +94,8 @@ class TrainConfig:
         check(self.compile in ("auto", "true", "false"), "compile", "must be auto, true or false")
         check(self.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {', '.join(COMPILE_MODES)}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}")
-        check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps"), "device",
-              "must be auto, cpu, cuda, cuda:N or mps")
+        check(valid_device(self.device), "device", "must be auto, cpu, cuda, cuda:N or mps")
+        check(0 <= self.seed <= SEED_MAX, "seed", f"must be a whole number from 0 to {SEED_MAX} (2^62)")
         self.model_config(vocab_size=1)  # the model's own checks (attention, position, activation, n_embd % n_head)
 
     def model_config(self, vocab_size: int) -> ModelConfig:

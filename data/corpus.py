@@ -49,12 +49,19 @@ def resolve(spec: str, cache_dir: Path, say=print) -> Corpus:
                 f"'pystdlib' instead. Use --data FILE to choose your own text.")
             spec = "pystdlib"
     if spec == "pystdlib":
-        return Corpus("pystdlib", [build_pystdlib(cache_dir)])
+        try:
+            return Corpus("pystdlib", [build_pystdlib(cache_dir)])
+        except OSError as err:
+            raise UserError(f"could not write the pystdlib corpus into {cache_dir} ({err.strerror or err}); free some "
+                            f"disk space or choose another --cache_dir") from None
     path = Path(spec).expanduser()
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file()
                        and not any(part.startswith(".") for part in p.relative_to(path).parts))
-        text_files = [p for p in files if not is_binary(p)]
+        try:
+            text_files = [p for p in files if not is_binary(p)]
+        except OSError as err:
+            raise UserError(f"--data: {err.filename} cannot be read ({err.strerror}); check its permissions") from None
         if not text_files:
             raise UserError(f"--data {spec}: the folder holds no text files; point --data at a folder with .txt files")
         if len(text_files) < len(files):

@@ -64,25 +64,96 @@ def corpus_key(corpus: Corpus, encoding: str, errors: str, val_fraction: float) 
     digest = hashlib.sha256()
     for i, path in enumerate(corpus.files):
         digest.update(f"\0file{i}\0".encode())
-        hash_file(digest, path)
+        try:
+            hash_file(digest, path)
+        except OSError as err:
+            raise UserError(f"--data: {path} cannot be read ({err.strerror or err}); check it and its permissions") from None
     return digest.hexdigest(), f"{digest.hexdigest()[:20]}-{encoding}-{errors}-val{val_fraction}"
 
 
-def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
-            encoding: str = "utf-8", errors: str = "strict") -> Prepared:
-    """Write (or reuse) the token files of a corpus. Returns where they are and what they hold."""
+def check_encoding(encoding: str, errors: str) -> None:
     try:
-        codecs.lookup(encoding)
+        "a".encode(encoding)  # codecs.lookup alone would accept rot13 or base64, which are not text encodings
     except LookupError:
-        raise UserError(f"--encoding {encoding}: unknown text encoding; try utf-8 or latin-1") from None
+        raise UserError(f"--encoding {encoding}: not a text encoding; try utf-8 or latin-1") from None
     if errors not in ("strict", "replace", "ignore"):
         raise UserError(f"--encoding_errors {errors}: must be strict, replace or ignore")
+
+
+def damage(entry: Path) -> str | None:
+    """Why a cache entry cannot be trusted, or None: what is cheap to check (the metadata, the files' sizes, every
+    id below the vocabulary size) is checked each time an entry is opened."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+        tokenizer = CharTokenizer(meta["vocab"])
+        dtype = np.dtype(meta["dtype"])
+        if meta["format"] != FORMAT or dtype != tokenizer.dtype or meta["vocab_size"] != tokenizer.vocab_size:
+            return "its metadata does not match its vocabulary"
+        for split in ("train", "val"):
+            path = entry / f"{split}.bin"
+            n = meta[f"n_{split}"]
+            if not isinstance(n, int) or not path.is_file() or path.stat().st_size != n * dtype.itemsize:
+                return f"{split}.bin is missing or has the wrong size"
+            if n and int(np.memmap(path, dtype=dtype, mode="r").max()) >= tokenizer.vocab_size:
+                return f"{split}.bin holds ids beyond the vocabulary"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{type(err).__name__}: {str(err)[:80]}"
+    return None
+
+
+def remove_stale(folder: Path) -> None:
+    """Temporary folders of preparations whose process no longer runs (killed, or the machine went down)."""
+    for tmp in folder.glob("*.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
+            encoding: str = "utf-8", errors: str = "strict", say=print) -> Prepared:
+    """Write (or reuse) the token files of a corpus. Returns where they are and what they hold."""
+    check_encoding(encoding, errors)
     start = time.perf_counter()
     sha256, key = corpus_key(corpus, encoding, errors, val_fraction)
     final = cache_dir / "prepared" / key
-    if (final / "meta.json").exists():
-        meta = json.loads((final / "meta.json").read_text(encoding="utf-8"))
-        return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
+    if final.exists():
+        why = damage(final)
+        if why is None:
+            meta = json.loads((final / "meta.json").read_text(encoding="utf-8"))
+            return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
+        say(f"note: the cached token files in {final} are damaged ({why}); preparing them again")
+        discard(final)
+    try:
+        return build(corpus, final, key, sha256, val_fraction, encoding, errors, start)
+    except OSError as err:
+        if err.filename and Path(err.filename) in corpus.files:
+            raise UserError(f"--data: {err.filename} cannot be read ({err.strerror})") from None
+        raise UserError(f"could not write the token cache in {final.parent} ({err.strerror or err}); free some disk "
+                        f"space or choose another --cache_dir") from None
+
+
+def discard(entry: Path) -> None:
+    """Take a damaged entry out of the way at once (a rename), then delete it."""
+    trash = entry.with_name(f"{entry.name}.damaged-{os.getpid()}")
+    try:
+        os.replace(entry, trash)
+    except OSError:
+        return  # another process took it away first
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: float, encoding: str, errors: str,
+          start: float) -> Prepared:
 
     # Pass 1: which characters occur, and how many there are.
     seen = np.zeros(0x110000, dtype=bool)
@@ -97,6 +168,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
 
     # Pass 2: encode and write, the first n_train characters to train.bin and the rest to val.bin.
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(final.parent)
     tmp = final.with_name(f"{key}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -122,6 +194,6 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
         if not (final / "meta.json").exists():
             raise
         # another process finished the same cache first; theirs is identical
-    finally:
+    finally:  # also on Ctrl-C or SIGTERM (both raise here): no temporary folder is left behind
         shutil.rmtree(tmp, ignore_errors=True)
     return Prepared(final, meta, tokenizer, reused=False, seconds=time.perf_counter() - start)

@@ -36,6 +36,14 @@ class CharTokenizer:
     def dtype(self) -> np.dtype:
         return token_dtype(self.vocab_size)
 
+    def default_prompt(self, first_char: str | None = None) -> str:
+        """What to start a sample from when the user gives nothing: a newline where the text has lines, else the
+        character the training text starts with (a one-line text, Chinese say, may have no newline at all)."""
+        for candidate in ("\n", first_char):
+            if candidate and candidate in self.stoi:
+                return candidate
+        return self.chars[0]
+
     def unknown(self, text: str) -> list[str]:
         """The characters of text that are not in the vocabulary, each once, in order of appearance."""
         return list(dict.fromkeys(ch for ch in text if ch not in self.stoi))

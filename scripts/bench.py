@@ -19,34 +19,27 @@ import torch  # noqa: E402
 import train  # noqa: E402
 from configs import load_config  # noqa: E402
 from configs.schema import FIELDS  # noqa: E402
-from data import Batches, default_cache_dir, prepare, resolve  # noqa: E402
+from data import prepare, resolve  # noqa: E402
 from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 from model import GPT  # noqa: E402
 from model.generate import generate  # noqa: E402
-from model.optim import configure_optimizer  # noqa: E402
 from training import runtime  # noqa: E402
-from training.perf import flops_per_token, measure_peak_flops, sync  # noqa: E402
+from training.build import build_run  # noqa: E402
+from training.files import check_output_file  # noqa: E402
+from training.perf import measure_peak_flops, sync  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prepare import make_corpus  # noqa: E402
 
 
 def build_training(cfg, rt, say=print) -> dict:
-    """The real loader, model, optimizer and train_step of a run with this config: step() takes one training step."""
-    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-    prepared = prepare(resolve(cfg.data, cache_dir, say=say), cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors)
-    batches = Batches(prepared, cfg.block_size, cfg.batch_size, rt.device, cfg.seed)  # the real loader
-    torch.manual_seed(cfg.seed)
-    model_cfg = cfg.model_config(prepared.tokenizer.vocab_size)
-    model = GPT(model_cfg).to(rt.device)
-    optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2),
-                                    rt.device_type, cfg.optimizer)
-    scaler = rt.grad_scaler()
-    step_model = runtime.maybe_compile(model, cfg.compile, rt.device_type, mode=cfg.compile_mode)
-    n_params = model.num_params(non_embedding=False)
-    return {"model": model, "params": n_params, "flops_per_token": flops_per_token(n_params, model_cfg),
-            "tokens_per_iter": cfg.batch_size * cfg.block_size * cfg.grad_accum_steps,
-            "step": lambda: train.train_step(step_model, optimizer, scaler, batches, rt, cfg, cfg.learning_rate)}
+    """The real loader, model, optimizer and train_step of a run with this config (train.py's build_run): step() takes
+    one training step."""
+    run, _ = build_run(cfg, rt, train.prepare_data(cfg, say), say=say)
+    return {"model": run.model, "params": run.model.num_params(non_embedding=False),
+            "flops_per_token": run.flops_per_token, "tokens_per_iter": run.tokens_per_iter,
+            "step": lambda: train.train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
+                                             cfg.learning_rate)}
 
 
 def time_steps(step, iters: int, device: torch.device) -> float:
@@ -169,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if min(args.iters, args.sample_tokens, args.prepare_mb, args.rounds) < 1 or args.warmup < 0:
         raise UserError("--iters, --sample_tokens, --prepare_mb and --rounds must be at least 1, --warmup at least 0")
+    if args.json:
+        check_output_file(args.json, "--json")  # before the benchmark runs, not after
     if args.compare:
         variants = parse_compare(args.compare)
         cfg, note, _ = load_config(rest, torch.cuda.is_available())  # the shared settings, checked once

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
-from model.optim import configure_optimizer, step_if_finite
+from training.optim import configure_optimizer
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
@@ -229,7 +229,7 @@ def test_a_step_with_non_finite_gradients_changes_nothing_and_the_next_step_is_e
                 if on_device:  # reading the flag on the host would fail here
                     for name in ("__bool__", "item", "tolist"):
                         patch.setattr(torch.Tensor, name, host_read)
-                step_if_finite(opt, finite, on_device)
+                opt.step_if_finite(finite, on_device)
             if step_grads is bad:
                 for a, b in zip(before, _snapshot(model, opt), strict=True):
                     assert torch.equal(a, b)
@@ -245,7 +245,7 @@ def test_a_step_with_non_finite_gradients_changes_nothing_and_the_next_step_is_e
 
 @pytest.mark.parametrize("nesterov", [True, False])
 def test_our_muon_in_bfloat16_is_torch_muon_bit_for_bit(nesterov):
-    """model.optim.Muon only adds a choice of Newton-Schulz dtype; in bfloat16 it must be torch.optim.Muon exactly."""
+    """training.optim.Muon only adds a choice of Newton-Schulz dtype; in bfloat16 it must be torch.optim.Muon exactly."""
     def run(cls, **extra):
         torch.manual_seed(0)
         weights = [torch.nn.Parameter(torch.randn(shape)) for shape in ((48, 16), (16, 64), (32, 32))]
@@ -256,14 +256,14 @@ def test_our_muon_in_bfloat16_is_torch_muon_bit_for_bit(nesterov):
             opt.step()
         return weights + [opt.state[w]["momentum_buffer"] for w in weights]
 
-    from model.optim import Muon
+    from training.optim import Muon
     for ours, theirs in zip(run(Muon, ns_dtype=torch.bfloat16), run(torch.optim.Muon), strict=True):
         assert torch.equal(ours, theirs)
 
 
 def test_newton_schulz_in_float32_matches_the_same_iteration_in_float64():
     """The float32 path (CPUs without bfloat16 units) against the polynomial written out in float64."""
-    from model.optim import orthogonalize
+    from training.optim import orthogonalize
     torch.manual_seed(0)
     coefficients = (3.4445, -4.7750, 2.0315)
     for shape in ((64, 16), (16, 64)):
@@ -285,7 +285,7 @@ def test_newton_schulz_in_float32_matches_the_same_iteration_in_float64():
 
 @pytest.mark.parametrize("has_units, expected", [(True, torch.bfloat16), (False, torch.float32)])
 def test_muon_runs_newton_schulz_in_float32_only_on_cpus_without_bfloat16_units(monkeypatch, has_units, expected):
-    import model.optim as optim
+    import training.optim as optim
     monkeypatch.setattr(optim, "cpu_has_bfloat16_units", lambda: has_units)
     opt = configure_optimizer(GPT(ModelConfig(**TINY)), 1e-2, 0.1, (0.9, 0.95), "cpu", kind="muon")
     assert opt.muon.ns_dtype == expected

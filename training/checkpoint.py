@@ -1,35 +1,34 @@
 """Checkpoints: self-describing files written atomically and read without unpickling code."""
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 
 import torch
 
 from errors import UserError
+from training.files import write_atomic
 
 FORMAT = 1
-REQUIRED = ("format", "model", "model_config", "run_config", "vocab", "iter")
+# What every checkpoint holds (enough to sample from it), and the types they must have.
+REQUIRED = {"format": int, "model": dict, "model_config": dict, "run_config": dict, "vocab": str, "iter": int}
+# What --resume needs besides: the optimizer's state, the random streams, the best loss so far.
+RESUMABLE = {"optimizer": dict, "rng": dict, "best_val_loss": (int, float)}
+
+
+def non_finite(weights: dict) -> str | None:
+    """The name of the first floating-point tensor holding NaN or inf, if any."""
+    return next((name for name, t in weights.items()
+                 if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()), None)
 
 
 def save(state: dict, path: Path) -> None:
     """Write to a temporary name, flush it to disk, then rename over the old file: never half a checkpoint."""
-    weights = state.get("model", {})
-    if not all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point()):
-        raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf); the previous "
+    bad = non_finite(state.get("model", {}))
+    if bad:
+        raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}); the previous "
                         f"checkpoint is kept")
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"could not write checkpoint {path} ({err.strerror or err}); "
-                        f"the previous checkpoint is untouched; free some disk space or choose another --out_dir") from None
+    write_atomic(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint")
 
 
 def find(out_dir: str, ckpt: str) -> Path:
@@ -59,13 +58,41 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
     except Exception as err:  # truncated zip, random bytes, wrong file type
         raise UserError(f"{path} is not a readable checkpoint ({type(err).__name__}); it may be truncated or "
                         f"not a checkpoint at all") from None
-    missing = [k for k in REQUIRED if not isinstance(state, dict) or k not in state]
-    if missing:
-        raise UserError(f"{path} is not a complete checkpoint (missing {', '.join(missing)})")
+    check_fields(state, REQUIRED, path)
     if state["format"] != FORMAT:
         raise UserError(f"{path} has checkpoint format {state['format']}, this version reads format {FORMAT}; "
                         f"use the version of this trainer that wrote it")
+    if state["iter"] < 0:
+        raise UserError(f"{path} is damaged: its step is {state['iter']}")
+    bad = non_finite(state["model"])
+    if bad:
+        raise UserError(f"{path} holds weights that are not finite (NaN or inf in {bad}); it cannot be used: "
+                        f"take another checkpoint (ckpt_best.pt or ckpt_last.pt) or train again")
     return state
+
+
+def check_fields(state, fields: dict, path: Path) -> None:
+    """Every field present and of its type (bool is not taken for a number), or a one-line error naming them."""
+    if not isinstance(state, dict):
+        raise UserError(f"{path} is not a checkpoint of this trainer (it holds a {type(state).__name__})")
+    missing = [k for k in fields if k not in state]
+    if missing:
+        raise UserError(f"{path} is not a complete checkpoint (missing {', '.join(missing)})")
+    wrong = [k for k, kind in fields.items()
+             if not isinstance(state[k], kind) or (isinstance(state[k], bool) and kind is not bool)]
+    if wrong:
+        raise UserError(f"{path} is damaged: {', '.join(f'{k} is a {type(state[k]).__name__}' for k in wrong)}")
+
+
+def check_resumable(state: dict, path: Path) -> None:
+    """What --resume needs beyond what sampling needs, checked before any of it is used."""
+    check_fields(state, RESUMABLE, path)
+    rng = state["rng"]
+    batches = rng.get("batches")
+    if not (isinstance(rng.get("torch"), torch.Tensor) and isinstance(batches, dict)
+            and isinstance(batches.get("generator"), torch.Tensor)):
+        raise UserError(f"{path} is damaged: its random-number states are missing or malformed, so it cannot be "
+                        f"resumed exactly; sample from it, or start a new run")
 
 
 def load_model(path: Path, device: torch.device | str = "cpu"):

@@ -1,11 +1,14 @@
 """Data-parallel training under torchrun: who this process is, the process group, and averaging across ranks."""
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from errors import QuietExit, UserError
 
 
 @dataclass
@@ -41,6 +44,25 @@ class Dist:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+    @contextlib.contextmanager
+    def together(self):
+        """A stage that any rank may fail with a UserError: at its end every rank learns whether one did, so that
+        rank 0 prints that one line and the others leave quietly, instead of their peers' broken connections."""
+        error = None
+        try:
+            yield
+        except UserError as err:
+            if not self.enabled:
+                raise
+            error = str(err)
+        if not self.enabled:
+            return
+        errors: list = [None] * self.world_size
+        dist.all_gather_object(errors, error)
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise UserError(first) if self.is_main else QuietExit(first)
 
 
 def from_environment() -> Dist:

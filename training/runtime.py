@@ -34,7 +34,19 @@ class Runtime:
         return f"{name}, {str(self.dtype).removeprefix('torch.')}"
 
 
+def valid_device(spec: str) -> bool:
+    """auto, cpu, cuda, cuda:N or mps (whether this machine has it is pick_device's question)."""
+    if spec == "auto":
+        return True
+    try:
+        return torch.device(spec).type in ("cpu", "cuda", "mps")
+    except (RuntimeError, ValueError):
+        return False
+
+
 def pick_device(spec: str) -> torch.device:
+    if not valid_device(spec):
+        raise UserError(f"--device {spec}: must be auto, cpu, cuda, cuda:N or mps")
     if spec == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -48,6 +60,12 @@ def pick_device(spec: str) -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise UserError(f"--device {spec}: Apple MPS is not available here; use --device cpu")
     return device
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError when RAM runs out."""
+    text = str(err)
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text
 
 
 def cpu_has_bfloat16_units() -> bool:
@@ -70,6 +88,8 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False) -> torch
         if device.type == "cpu" and cpu_has_bfloat16_units() and not sampling:
             return torch.bfloat16
         return torch.float32
+    if spec not in DTYPES:
+        raise UserError(f"--dtype {spec}: must be auto, {', '.join(DTYPES)}")
     if spec == "float16" and device.type == "cpu":
         raise UserError("--dtype float16: not supported on CPU; use float32 or bfloat16")
     return DTYPES[spec]

@@ -1,4 +1,5 @@
-"""The optimizer factory: AdamW with weight decay on matrices only, or Muon for the hidden matrices plus AdamW."""
+"""The optimizers: AdamW with weight decay on matrices only, or Muon for the hidden matrices plus AdamW; each steps
+only when the gradients are finite."""
 from __future__ import annotations
 
 import torch
@@ -27,7 +28,7 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
     decay = [p for p in rest if p.dim() >= 2]
     no_decay = [p for p in rest if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    adamw = torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+    adamw = AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
     if kind == "adamw":
         return adamw
     muon = Muon(hidden, lr=learning_rate, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw",
@@ -94,25 +95,21 @@ def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float]
     return x.T if tall else x
 
 
-def step_if_finite(optimizer, finite: torch.Tensor, on_device: bool = True) -> None:
-    """optimizer.step(), or nothing at all when the 0-d bool tensor finite is False: weights, moments and step counts
-    stay exactly as they were. on_device: the host never reads the flag, so a GPU never waits for it (fused AdamW
-    skips inside its kernel, given the flag as torch.amp.GradScaler hands it over; Muon selects on the device).
-    Without on_device, Muon lets the host read it, which on a CPU is free and saves Muon's extra copies."""
-    if isinstance(optimizer, MuonAndAdamW):
-        if on_device:
-            optimizer.muon.step(finite)
+class AdamW(torch.optim.AdamW):
+    """torch.optim.AdamW (same state, same checkpoints) with a step that is skipped when the gradients are not finite."""
+
+    def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
+        """step(), or nothing at all when the 0-d bool tensor finite is False: weights, moments and step counts stay
+        exactly as they were. The fused kernel skips by itself, given the flag as torch.amp.GradScaler hands it over,
+        so the host never reads it and a GPU never waits; the unfused one lets the host decide."""
+        if self.defaults.get("fused"):
+            self.found_inf = (~finite).float()
+            try:
+                self.step()
+            finally:
+                del self.found_inf
         elif bool(finite):
-            optimizer.muon.step()
-        step_if_finite(optimizer.adamw, finite, on_device)
-    elif isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused"):
-        optimizer.found_inf = (~finite).float()
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.found_inf
-    elif bool(finite):  # any other optimizer: the host decides (one sync per step on a GPU)
-        optimizer.step()
+            self.step()
 
 
 class MuonAndAdamW:
@@ -129,6 +126,15 @@ class MuonAndAdamW:
     def step(self) -> None:
         self.muon.step()
         self.adamw.step()
+
+    def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
+        """Both steps, or neither when the gradients are not finite. on_device: the host never reads the flag (Muon
+        selects the old values on the device); without it the host reads it, free on a CPU, and Muon saves copies."""
+        if on_device:
+            self.muon.step(finite)
+        elif bool(finite):
+            self.muon.step()
+        self.adamw.step_if_finite(finite, on_device)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.muon.zero_grad(set_to_none=set_to_none)

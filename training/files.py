@@ -1,0 +1,57 @@
+"""Files a run writes: whole or not at all (temporary name, fsync, rename), and output paths checked before work."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from errors import UserError
+
+
+def disk_error(err: BaseException) -> str:
+    """The reason in a few words: 'No space left on device', 'Permission denied', 'File too large', ..."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    return text[:160]  # torch.save's RuntimeError ('[enforce fail at inline_container.cc] ... file write failed')
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str) -> None:
+    """Call write(file) on a temporary file beside path, flush it to disk, then rename it over path.
+
+    A full disk, a signal or a crash leaves the previous file exactly as it was and no temporary file behind."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+        tmp.unlink(missing_ok=True)
+        kept = f"the previous {what} is untouched" if path.exists() else "nothing was written"
+        raise UserError(f"could not write {what} {path} ({disk_error(err)}); {kept}; "
+                        f"free some disk space or choose another folder") from None
+    except BaseException:  # an interrupt: the old file stays, the half-written one goes
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str, what: str) -> None:
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")), what)
+
+
+def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """A file the command will write at its end: its folder must exist and it must not be a folder, checked first,
+    so a long computation never ends in a traceback."""
+    target = Path(path)
+    if suffixes and target.suffix.lower() not in suffixes:
+        raise UserError(f"{option} {path}: the file name must end in one of {', '.join(suffixes)}")
+    if target.is_dir():
+        raise UserError(f"{option} {path} is a folder; give a file name")
+    folder = target.parent
+    if not folder.is_dir():
+        raise UserError(f"{option} {path}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{option} {path}: the folder {folder} is not writable; choose another place")
+    return target

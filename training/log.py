@@ -1,0 +1,77 @@
+"""The run's voice: messages, the progress bar and TensorBoard events, all from rank 0 only (silent elsewhere)."""
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+from tqdm import tqdm
+
+from errors import UserError
+from training.files import disk_error
+
+
+class Log:
+    def __init__(self, out_dir: Path, active: bool = True, say=tqdm.write):
+        self.out_dir, self.active, self._say = out_dir, active, say
+        self._writer = None  # opened on first use: a run that writes nothing leaves no event file
+
+    def say(self, message: str) -> None:
+        if self.active:
+            self._say(message)
+
+    def progress(self, total: int, initial: int) -> tqdm:
+        return tqdm(total=total, initial=initial, dynamic_ncols=True, desc="train", disable=not self.active,
+                    mininterval=0.5 if sys.stderr.isatty() else 30)  # a log file gets a line every 30 s, not every step
+
+    # ---- TensorBoard ----------------------------------------------------------------------------------------
+    def _write(self, method: str, *args, **kwargs) -> None:
+        if not self.active:
+            return
+        try:
+            if self._writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+                _quiet_writer_threads()
+                self._writer = SummaryWriter(log_dir=str(self.out_dir))
+            getattr(self._writer, method)(*args, **kwargs)
+        except (OSError, RuntimeError) as err:
+            self._writer = None  # its file is broken; close() must not try again
+            raise UserError(f"could not write TensorBoard events in {self.out_dir} ({disk_error(err)}); the "
+                            f"checkpoints are intact; free some disk space, then continue with --resume") from None
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for tag, value in values.items():
+            self._write("add_scalar", tag, value, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        self._write("add_text", tag, "```\n" + text + "\n```", step)
+
+    def figure(self, tag: str, figure, step: int) -> None:
+        self._write("add_figure", tag, figure, step)
+
+    def hparams(self, hparams: dict, metrics: dict) -> None:
+        self._write("add_hparams", hparams, metrics, run_name="hparams")
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._write("flush")
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._write("close")
+            self._writer = None
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard's writer thread prints a traceback when a write fails, then hands the error to the main thread,
+    which reports it in one line: leave the printing to the main thread."""
+    default = threading.excepthook
+    if getattr(default, "quiet_for_oserror", False):
+        return
+
+    def hook(args):
+        if not issubclass(args.exc_type, OSError):
+            default(args)
+
+    hook.quiet_for_oserror = True
+    threading.excepthook = hook
