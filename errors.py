@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 from typing import Callable
@@ -25,6 +26,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UserError(message)
+
+
+def space_or_place(err: BaseException, option: str) -> str:
+    """The fix for a failed write: free disk space when the disk is full (or we cannot tell), else another place."""
+    if isinstance(err, OSError) and err.errno is not None and err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"choose another {option}"
+    return f"free some disk space or choose another {option}"
 
 
 def _interrupt(signum, frame):

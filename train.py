@@ -364,14 +364,13 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
             log.say(opened)
             return {"finished": True}
         run, progress, source = opened
-        try:
-            return train_opened(run, progress, source, run_dir, log, stop, d, started)
-        except (RuntimeError, torch.OutOfMemoryError) as err:
-            if not runtime.is_out_of_memory(err):
-                raise
-            raise UserError(f"out of memory training {run.model.num_params() / 1e6:.1f}M parameters with batch_size "
-                            f"{run.cfg.batch_size} x block_size {run.cfg.block_size} on {run.rt.describe()}; lower "
-                            f"--batch_size (or --block_size, --n_embd); {stop.saved}") from None
+        return train_opened(run, progress, source, run_dir, log, stop, d, started)
+    except (RuntimeError, torch.OutOfMemoryError) as err:
+        if not runtime.is_out_of_memory(err):
+            raise
+        raise UserError(f"out of memory for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
+                        f"{cfg.batch_size} x block_size {cfg.block_size}; lower --batch_size (or --block_size, "
+                        f"--n_embd, --n_layer); {stop.saved}") from None
     finally:
         with contextlib.suppress(UserError):
             log.close()

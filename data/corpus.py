@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from errors import UserError
+from errors import UserError, space_or_place
 
 SHAKESPEARE_URL = os.environ.get(
     "CHARGPT_SHAKESPEARE_URL",
@@ -52,8 +52,8 @@ def resolve(spec: str, cache_dir: Path, say=print) -> Corpus:
         try:
             return Corpus("pystdlib", [build_pystdlib(cache_dir)])
         except OSError as err:
-            raise UserError(f"could not write the pystdlib corpus into {cache_dir} ({err.strerror or err}); free some "
-                            f"disk space or choose another --cache_dir") from None
+            raise UserError(f"could not write the pystdlib corpus into {cache_dir} ({err.strerror or err}); "
+                            f"{space_or_place(err, '--cache_dir')}") from None
     path = Path(spec).expanduser()
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file()

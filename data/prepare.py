@@ -15,7 +15,7 @@ import numpy as np
 
 from data.corpus import Corpus, hash_file
 from data.tokenizer import CharTokenizer, codepoints
-from errors import UserError
+from errors import UserError, space_or_place
 
 FORMAT = 1
 CHUNK_BYTES = 1 << 22  # 4 MiB at a time keeps memory bounded whatever the corpus size
@@ -50,6 +50,9 @@ def read_text(corpus: Corpus, encoding: str, errors: str) -> Iterator[str]:
                     raise UserError(
                         f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
                         f"pass --encoding (e.g. latin-1) or --encoding_errors replace") from None
+                except UnicodeError as err:  # e.g. utf-16 without a byte-order mark
+                    raise UserError(f"{path} is not valid {encoding} ({err}); pass the file's own --encoding, "
+                                    f"e.g. utf-8") from None
                 if "\0" in text:
                     raise UserError(f"{path} looks like a binary file (it contains NUL bytes); --data needs text")
                 offset += len(block)
@@ -126,6 +129,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
     start = time.perf_counter()
     sha256, key = corpus_key(corpus, encoding, errors, val_fraction)
     final = cache_dir / "prepared" / key
+    remove_stale(final.parent)
     if final.exists():
         why = damage(final)
         if why is None:
@@ -138,8 +142,8 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
     except OSError as err:
         if err.filename and Path(err.filename) in corpus.files:
             raise UserError(f"--data: {err.filename} cannot be read ({err.strerror})") from None
-        raise UserError(f"could not write the token cache in {final.parent} ({err.strerror or err}); free some disk "
-                        f"space or choose another --cache_dir") from None
+        raise UserError(f"could not write the token cache in {final.parent} ({err.strerror or err}); "
+                        f"{space_or_place(err, '--cache_dir')}") from None
 
 
 def discard(entry: Path) -> None:
@@ -168,7 +172,6 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: floa
 
     # Pass 2: encode and write, the first n_train characters to train.bin and the rest to val.bin.
     final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(final.parent)
     tmp = final.with_name(f"{key}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -177,10 +180,11 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: floa
         with open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:
             for text in read_text(corpus, encoding, errors):
                 cut = max(0, min(len(text), n_train - written))
+                # write(tobytes()) rather than tofile(): a Ctrl-C inside tofile surfaces as a TypeError
                 if cut:
-                    tokenizer.encode_array(text[:cut]).tofile(train)
+                    train.write(tokenizer.encode_array(text[:cut]).tobytes())
                 if cut < len(text):
-                    tokenizer.encode_array(text[cut:]).tofile(val)
+                    val.write(tokenizer.encode_array(text[cut:]).tobytes())
                 written += len(text)
         meta = {
             "format": FORMAT, "source": corpus.name, "files": len(corpus.files), "sha256": sha256,

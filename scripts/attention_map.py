@@ -7,9 +7,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from training.files import check_output_file  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.pictures import attention_figure, attention_weights  # noqa: E402
+from training.pictures import attention_figure, attention_weights, picture_formats  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer", type=int, default=None, help="which layer (default: the last)")
     p.add_argument("--head", type=int, default=None, help="only this head (default: all heads)")
     args = p.parse_args(argv)
+    check_output_file(args.png, "--png", picture_formats())
     model, tokenizer, _ = load_model(checkpoint.find(args.out_dir, args.ckpt))
     cfg = model.config
     missing = tokenizer.unknown(args.text)

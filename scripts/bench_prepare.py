@@ -1,7 +1,6 @@
 """python scripts/bench_prepare.py [--mb 200]: data-preparation throughput (MB/s) and peak memory on a generated corpus."""
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -9,6 +8,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from errors import ArgumentParser, run_cli  # noqa: E402
+from training.files import check_output_file  # noqa: E402
 CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
@@ -40,10 +43,14 @@ def make_corpus(path: Path, megabytes: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split(":", 1)[1].strip())
+    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     parser.add_argument("--mb", type=int, default=200, help="size of the generated corpus in MB")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
+    if args.mb < 1:
+        parser.error(f"--mb {args.mb}: must be at least 1")
+    if args.json:
+        check_output_file(args.json, "--json")
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
         make_corpus(corpus, args.mb)
@@ -62,4 +69,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -7,17 +7,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from training.files import check_output_file  # noqa: E402
+from training.pictures import picture_formats  # noqa: E402
 
 
 def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar series of a run, as (step, value) pairs."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    if not out_dir.is_dir():
+        raise UserError(f"--out_dir {out_dir}: no such folder; pass the --out_dir of a training run")
     if not any(out_dir.glob("events.out.tfevents.*")):
         raise UserError(f"{out_dir} holds no TensorBoard events; pass the --out_dir of a training run")
     events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # 0: keep every point
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    if not any(scalars.get(tag) for tag in ("train/loss", "val/loss")):
+        raise UserError(f"{out_dir} holds no losses yet (the run stopped before its first log); nothing to plot")
+    return scalars
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out_dir", nargs="+", required=True, help="one or more run folders to compare")
     p.add_argument("--png", required=True, help="where to write the picture")
     args = p.parse_args(argv)
+    check_output_file(args.png, "--png", picture_formats())
     from matplotlib.ticker import ScalarFormatter
 
     from training.pictures import plt

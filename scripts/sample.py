@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -20,7 +21,8 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(description="Generate text from a checkpoint written by train.py.")
     p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best.pt, else ckpt_last.pt")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
-    p.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
+    p.add_argument("--prompt", default=None, help="text to continue (default: a newline, or the first character of "
+                                                   "the training text when it has no newlines)")
     p.add_argument("--prompt_file", default="", help="read the prompt from this file")
     p.add_argument("--prompts_per_line", action="store_true", help="with --prompt_file: one prompt per line, batched")
     p.add_argument("--max_new_tokens", type=int, default=500, help="characters to generate per sample")
@@ -40,7 +42,7 @@ def build_parser() -> ArgumentParser:
 
 
 def check_settings(args: argparse.Namespace) -> None:
-    if args.temperature < 0:
+    if not math.isfinite(args.temperature) or args.temperature < 0:
         raise UserError(f"--temperature {args.temperature}: must be 0 (greedy) or positive")
     if args.top_k is not None and args.top_k < 1:
         raise UserError(f"--top_k {args.top_k}: must be at least 1")
@@ -50,16 +52,22 @@ def check_settings(args: argparse.Namespace) -> None:
         raise UserError("--max_new_tokens and --num_samples must be at least 1")
     if args.prompt is not None and args.prompt_file:
         raise UserError("give --prompt or --prompt_file, not both")
+    if not 0 <= args.seed < 2**64:
+        raise UserError(f"--seed {args.seed}: must be a whole number from 0 to 2^64 - 1")
 
 
-def read_prompts(args: argparse.Namespace) -> list[str]:
+def read_prompts(args: argparse.Namespace) -> list[str] | None:
+    """The prompts given (None: none given, so the model's default prompt), read before any model is loaded."""
     if args.prompt_file:
         try:
             text = Path(args.prompt_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise UserError(f"--prompt_file {args.prompt_file}: cannot be read as UTF-8 text ({err})") from None
-        return [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
-    return [args.prompt if args.prompt is not None else "\n"]
+        prompts = [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
+        if not any(prompts):
+            raise UserError(f"--prompt_file {args.prompt_file} is empty; put the prompt{'s, one per line,' if args.prompts_per_line else ''} in it")
+        return prompts
+    return None if args.prompt is None else [args.prompt]
 
 
 def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]]:
@@ -80,8 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_settings(args)
     rt = runtime.setup(args.device, args.dtype, sampling=True)
-    model, tokenizer, _ = load_model(checkpoint.find(args.out_dir, args.ckpt), rt.device)
     prompts = read_prompts(args)
+    path = checkpoint.find(args.out_dir, args.ckpt)
+    model, tokenizer, state = load_model(path, rt.device)
+    data = state.get("data") if isinstance(state.get("data"), dict) else {}
+    val = state.get("best_val_loss")
+    loss = f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else ""
+    print(f"{path}: step {state['iter']}{loss}, trained on {data.get('source', 'an unrecorded corpus')}",
+          file=sys.stderr)  # stdout stays the text
+    prompts = prompts or [tokenizer.default_prompt(data.get("first_char"))]
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]
     stream = sys.stdout.isatty() if args.stream is None else args.stream

@@ -63,3 +63,9 @@ def test_an_error_ends_the_whole_job_with_its_message(tmp_path):
     result = launch(tmp_path / "missing.txt", tmp_path / "run", "--max_iters", "4")
     assert result.returncode != 0
     assert "no such file or folder" in result.stderr
+    # one line from rank 0, before anything of torchrun's own report, and no rank's traceback or broken connection
+    ours = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and "no such file or folder" in ours[0]
+    assert result.stderr.index(ours[0]) < result.stderr.find("Traceback") if "Traceback" in result.stderr else True
+    assert "Connection closed" not in result.stderr and "gloo" not in result.stderr.lower()
+    assert result.stderr.count("exitcode  : 2") == 2  # both ranks ended with the user-error code

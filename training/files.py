@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from errors import UserError
+from errors import UserError, space_or_place
 
 
 def disk_error(err: BaseException) -> str:
@@ -31,7 +31,7 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str) -> No
         tmp.unlink(missing_ok=True)
         kept = f"the previous {what} is untouched" if path.exists() else "nothing was written"
         raise UserError(f"could not write {what} {path} ({disk_error(err)}); {kept}; "
-                        f"free some disk space or choose another folder") from None
+                        f"{space_or_place(err, '--out_dir')}") from None
     except BaseException:  # an interrupt: the old file stays, the half-written one goes
         tmp.unlink(missing_ok=True)
         raise

@@ -12,6 +12,12 @@ import torch  # noqa: E402
 PANEL_INCHES, DPI = 3.6, 100
 
 
+def picture_formats() -> tuple[str, ...]:
+    """The file endings matplotlib can write (.png, .svg, .pdf, ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    return tuple(f".{ext}" for ext in FigureCanvasBase.get_supported_filetypes())
+
+
 def label(ch: str) -> str:
     return {"\n": "\\n", " ": "␣", "\t": "\\t"}.get(ch, ch)
 

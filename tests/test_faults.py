@@ -1,0 +1,268 @@
+"""Faults and bad input are one line and exit 2, with nothing lost: a full disk, unwritable places, damaged caches
+and checkpoints, out of memory, and every command-line value that used to end in a traceback."""
+import errno
+import json
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+from conftest import ROOT
+from configs import load_config
+from data import prepare, resolve
+from errors import run_cli
+from training import checkpoint
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import attention_map  # noqa: E402
+import bench  # noqa: E402
+import bench_prepare  # noqa: E402
+import plot_run  # noqa: E402
+import sample as sample_cli  # noqa: E402
+
+
+def one_line_error(capsys, main, *args, words=""):
+    code = run_cli(main, list(args))
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert words in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A finished debug run on a small corpus, its corpus and cache beside it (copy before changing)."""
+    from conftest import SHARED_TEXT
+    tmp = tmp_path_factory.mktemp("faults")
+    text = SHARED_TEXT.read_text(encoding="utf-8")[:30000] if SHARED_TEXT.exists() else "to be or not to be\n" * 1500
+    (tmp / "corpus.txt").write_text(text, encoding="utf-8")
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(tmp / "corpus.txt"), "--cache_dir",
+                                    str(tmp / "cache"), "--out_dir", str(tmp / "run"), "--max_iters", "10"], False)
+    train.train(cfg, explicit, say=lambda m: None)
+    return tmp / "run"
+
+
+def train_args(run, out_dir, *extra):
+    return ["--config", "debug", "--data", str(run.parent / "corpus.txt"), "--cache_dir", str(run.parent / "cache"),
+            "--out_dir", str(out_dir), *extra]
+
+
+def limited_file_size(limit):
+    def apply():  # in the child: writes past `limit` bytes fail with EFBIG, as a full disk fails them with ENOSPC
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_full_disk_while_checkpointing_or_preparing_is_one_line_and_loses_nothing(run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    before = (out / "ckpt_last.pt").read_bytes()
+    limit = len(before) // 2  # an event file fits, a checkpoint does not
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *train_args(run, out, "--resume", "--max_iters",
+                             "30")], capture_output=True, text=True, timeout=120, preexec_fn=limited_file_size(limit))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "could not write checkpoint" in result.stderr and "previous checkpoint is untouched" in result.stderr
+    assert (out / "ckpt_last.pt").read_bytes() == before and not list(out.glob("*.tmp-*"))
+
+    big = tmp_path / "big.txt"
+    big.write_text("some text to prepare\n" * 20000)
+    cache = tmp_path / "cache"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare.py"), "--data", str(big), "--cache_dir",
+                             str(cache)], capture_output=True, text=True, timeout=60, preexec_fn=limited_file_size(100_000))
+    assert result.returncode == 2 and result.stderr.startswith("error: could not write the token cache")
+    assert result.stderr.count("\n") == 1 and not [p for p in (cache / "prepared").iterdir()]
+
+
+def test_failed_writes_of_events_or_summary_keep_the_checkpoints(run, tmp_path, monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+    from training import files
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    cfg, _, explicit = load_config(train_args(run, out, "--resume", "--max_iters", "20"), False)
+    with monkeypatch.context() as patch:
+        patch.setattr(SummaryWriter, "add_scalar", no_space)
+        with pytest.raises(train.UserError, match="could not write TensorBoard events .*No space left on device"):
+            train.train(cfg, explicit, say=lambda m: None)
+    assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 10
+    summary = (out / "summary.json").read_bytes()
+    with monkeypatch.context() as patch:
+        patch.setattr(files.os, "fsync", no_space)  # every atomic write fails: checkpoints and summary alike
+        cfg, _, explicit = load_config(train_args(run, out, "--resume", "--max_iters", "20"), False)
+        with pytest.raises(train.UserError, match="No space left on device.*previous checkpoint is untouched"):
+            train.train(cfg, explicit, say=lambda m: None)
+    assert (out / "summary.json").read_bytes() == summary and not list(out.glob("*.tmp-*"))
+
+    def torch_save_fails(obj, f):  # what torch.save raises on a full disk: a RuntimeError, not an OSError
+        f.write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file")
+    before = (out / "ckpt_last.pt").read_bytes()
+    monkeypatch.setattr(torch, "save", torch_save_fails)
+    with pytest.raises(train.UserError, match="could not write checkpoint .*PytorchStreamWriter failed"):
+        checkpoint.save(checkpoint.load(out / "ckpt_last.pt"), out / "ckpt_last.pt")
+    assert (out / "ckpt_last.pt").read_bytes() == before and not list(out.glob("*.tmp-*"))
+
+
+def test_unwritable_or_wrong_places_are_refused_before_anything_runs(run, tmp_path, capsys, monkeypatch):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    one_line_error(capsys, train.main, *train_args(run, a_file), words="is a file, not a folder")
+    one_line_error(capsys, train.main, *train_args(run, tmp_path / "r", "--cache_dir", str(a_file)),
+                   words="--cache_dir")
+    corpus_dir = tmp_path / "texts"
+    corpus_dir.mkdir()
+    shutil.copy(run.parent / "corpus.txt", corpus_dir)
+    one_line_error(capsys, train.main, "--config", "debug", "--data", str(corpus_dir), "--out_dir",
+                   str(corpus_dir / "run"), words="inside the --data folder")
+    assert not (corpus_dir / "run").exists()
+    real_open = train.RunDir.claim.__globals__["os"].open
+
+    def read_only(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+    with monkeypatch.context() as patch:
+        patch.setattr(train.RunDir.claim.__globals__["os"], "open", read_only)
+        one_line_error(capsys, train.main, *train_args(run, tmp_path / "ro"), words="Read-only file system")
+    unreadable = tmp_path / "secret.txt"
+    unreadable.write_text("text")
+    real_builtin_open = open
+
+    def denied(path, *args, **kwargs):
+        if str(path) == str(unreadable):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_builtin_open(path, *args, **kwargs)
+    monkeypatch.setattr("builtins.open", denied)
+    one_line_error(capsys, train.main, "--config", "debug", "--data", str(unreadable), "--out_dir",
+                   str(tmp_path / "r2"), "--cache_dir", str(tmp_path / "c2"), words="Permission denied")
+
+
+def test_damaged_cache_entries_are_rebuilt_identically(run, tmp_path):
+    corpus = resolve(str(run.parent / "corpus.txt"), tmp_path)
+    fresh = prepare(corpus, tmp_path / "cache")
+    files = {name: (fresh.dir / name).read_bytes() for name in ("meta.json", "train.bin", "val.bin")}
+    meta = json.loads(files["meta.json"])
+    damages = {
+        "empty meta": lambda d: (d / "meta.json").write_text(""),
+        "garbage meta": lambda d: (d / "meta.json").write_text("{not json"),
+        "meta without vocab": lambda d: (d / "meta.json").write_text(json.dumps({k: v for k, v in meta.items()
+                                                                                 if k != "vocab"})),
+        "truncated train.bin": lambda d: (d / "train.bin").write_bytes(files["train.bin"][:100]),
+        "missing val.bin": lambda d: (d / "val.bin").unlink(),
+        "ids beyond the vocabulary": lambda d: (d / "train.bin").write_bytes(b"\xff" + files["train.bin"][1:]),
+    }
+    for what, damage in damages.items():
+        damage(fresh.dir)
+        notes = []
+        again = prepare(corpus, tmp_path / "cache", say=notes.append)
+        assert not again.reused and len(notes) == 1 and "damaged" in notes[0], what
+        assert {name: (again.dir / name).read_bytes() for name in files} == files, what
+        assert prepare(corpus, tmp_path / "cache").reused  # and it stays repaired
+
+
+def test_damaged_checkpoints_are_refused_by_name(run, tmp_path, capsys):
+    state = torch.load(run / "ckpt_last.pt", weights_only=True)
+    nan_weights = {**state["model"], "wte.weight": torch.full_like(state["model"]["wte.weight"], float("nan"))}
+    cases = {  # what --resume needs; what both need
+        "no_optimizer": ({k: v for k, v in state.items() if k != "optimizer"}, "missing optimizer", True),
+        "no_rng": ({k: v for k, v in state.items() if k != "rng"}, "missing rng", True),
+        "no_best": ({k: v for k, v in state.items() if k != "best_val_loss"}, "missing best_val_loss", True),
+        "bad_rng": ({**state, "rng": {"torch": 1}}, "random-number states", True),
+        "config_type": ({**state, "run_config": {**state["run_config"], "learning_rate": "fast"}},
+                        "learning_rate = 'fast' should be of type float", True),
+        "config_value": ({**state, "run_config": {**state["run_config"], "batch_size": -1}}, "--batch_size -1", True),
+        "iter_float": ({**state, "iter": 3.5}, "iter is a float", False),
+        "nan": ({**state, "model": nan_weights}, "not finite (NaN or inf in wte.weight)", False),
+    }
+    for name, (damaged, words, resume_only) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        torch.save(damaged, folder / "ckpt_last.pt")
+        one_line_error(capsys, train.main, "--out_dir", str(folder), "--resume", "--max_iters", "20", words=words)
+        if resume_only:
+            assert run_cli(sample_cli.main, ["--out_dir", str(folder), "--max_new_tokens", "5"]) == 0
+        else:
+            one_line_error(capsys, sample_cli.main, "--out_dir", str(folder), words=words)
+        capsys.readouterr()
+
+
+def test_out_of_memory_names_the_sizes_and_the_flag(run, tmp_path, capsys):
+    one_line_error(capsys, train.main, *train_args(run, tmp_path / "r", "--n_embd", str(2**17), "--n_head", "2"),
+                   words="out of memory for a model of n_layer 2 x n_embd 131072 with batch_size 8")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--device", "cpu:abc"], "--device 'cpu:abc': must be auto, cpu"),
+    (["--seed", str(2**70)], "--seed"),
+    (["--encoding", "rot13"], "--encoding rot13: not a text encoding"),
+    (["--encoding", "base64"], "not a text encoding"),
+    (["--encoding", "utf-16"], "is not valid utf-16"),
+    (["--learning_rate", "inf"], "--learning_rate inf: must be a finite number"),
+])
+def test_bad_training_values_are_one_line(run, tmp_path, capsys, args, words):
+    one_line_error(capsys, train.main, *train_args(run, tmp_path / "r", *args), words=words)
+
+
+def test_toml_values_of_the_wrong_type_and_compile_as_a_boolean(run, tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("learning_rate = true\n")
+    one_line_error(capsys, train.main, "--config", str(bad), words="learning_rate = True should be of type float")
+    good = tmp_path / "good.toml"
+    good.write_text("compile = false\nblock_size = 16\nn_layer = 1\nn_head = 1\nn_embd = 16\nmax_iters = 2\n"
+                    "eval_iters = 1\ndevice = \"cpu\"\n")
+    cfg, _, _ = load_config(["--config", str(good)], False)
+    assert cfg.compile == "false"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--device", "foo"], "--device foo: must be auto"),
+    (["--dtype", "foo"], "--dtype foo: must be auto"),
+    (["--temperature", "nan"], "--temperature nan"),
+    (["--seed", str(2**70)], "--seed"),
+])
+def test_bad_sampling_values_are_one_line(run, capsys, args, words):
+    one_line_error(capsys, sample_cli.main, "--out_dir", str(run), *args, words=words)
+
+
+def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    err = one_line_error(capsys, sample_cli.main, "--out_dir", str(run), "--prompt_file", str(empty),
+                         "--prompts_per_line", words="is empty")
+    for main, args in ((attention_map.main, ["--out_dir", str(run), "--text", "ab"]),
+                       (plot_run.main, ["--out_dir", str(run)])):
+        one_line_error(capsys, main, *args, "--png", str(tmp_path / "x.xyz"), words="must end in one of")
+        one_line_error(capsys, main, *args, "--png", str(tmp_path / "missing" / "x.png"), words="does not exist")
+    one_line_error(capsys, plot_run.main, "--out_dir", str(tmp_path / "nowhere"), "--png", str(tmp_path / "a.png"),
+                   words="no such folder")
+    from torch.utils.tensorboard import SummaryWriter
+    with SummaryWriter(str(tmp_path / "no_scalars")) as writer:
+        writer.add_text("config", "x", 0)
+    one_line_error(capsys, plot_run.main, "--out_dir", str(tmp_path / "no_scalars"), "--png", str(tmp_path / "b.png"),
+                   words="holds no losses yet")
+    assert not (tmp_path / "b.png").exists()
+    one_line_error(capsys, bench.main, "--config", "debug", "--json", str(tmp_path / "missing_dir" / "x.json"),
+                   words="missing_dir does not exist")
+    one_line_error(capsys, bench_prepare.main, "--mb", "0", words="--mb 0: must be at least 1")
+    assert "Traceback" not in err
+
+
+def test_the_default_sample_works_on_a_corpus_without_newlines(tmp_path, capsys):
+    corpus = tmp_path / "one_line.txt"
+    corpus.write_text("春眠不觉晓处处闻啼鸟夜来风雨声花落知多少" * 80, encoding="utf-8")
+    code = run_cli(train.main, ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
+                                "--out_dir", str(tmp_path / "run"), "--max_iters", "4", "--block_size", "16"])
+    assert code == 0
+    capsys.readouterr()
+    assert run_cli(sample_cli.main, ["--out_dir", str(tmp_path / "run"), "--max_new_tokens", "10"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("春") and len(out.strip()) == 11  # the prompt (the text's first character) and 10 more
+    assert "step 4" in err and "one_line.txt" in err  # what was loaded, on stderr

@@ -1,0 +1,268 @@
+"""The run folder's lifecycle through the command line: one owner, nothing destroyed early, a way forward from every
+state, and Ctrl-C or SIGTERM at every stage."""
+import json
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+from conftest import ROOT
+from configs import load_config
+from errors import run_cli
+from training import checkpoint
+
+
+def argv(corpus, out_dir, *extra):
+    return ["--config", "debug", "--data", str(corpus), "--cache_dir", str(corpus.parent / "cache"),
+            "--out_dir", str(out_dir), *extra]
+
+
+LAUNCHED = []
+
+
+def launch(corpus, out_dir, *extra):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv(corpus, out_dir, *extra)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    LAUNCHED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test():
+    yield
+    while LAUNCHED:  # a test that failed midway must not leave a training running
+        proc = LAUNCHED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def wait_for(condition, timeout=60):
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def snapshot(folder):
+    """Every file of a run folder and its bytes (the owner's .lock record aside)."""
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def cli(capsys, *args):
+    code = run_cli(train.main, list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from conftest import SHARED_TEXT
+    tmp = tmp_path_factory.mktemp("life")
+    text = SHARED_TEXT.read_text(encoding="utf-8")[:30000] if SHARED_TEXT.exists() else "to be or not to be\n" * 1500
+    (tmp / "corpus.txt").write_text(text, encoding="utf-8")
+    return tmp / "corpus.txt"
+
+
+@pytest.fixture(scope="module")
+def finished(corpus, tmp_path_factory):
+    """A finished 20-step debug run, to copy (never to change)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    cfg, _, explicit = load_config(argv(corpus, out, "--max_iters", "20", "--eval_interval", "10"), False)
+    train.train(cfg, explicit, say=lambda m: None)
+    return out
+
+
+def copy_of(finished, tmp_path):
+    shutil.copytree(finished, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_second_process_is_refused_at_once_and_the_running_one_loses_nothing(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    proc = launch(corpus, out, "--max_iters", "100000", "--eval_interval", "1")  # a checkpoint write every step
+    wait_for(lambda: (out / "ckpt_last.pt").exists())
+    for extra in ([], ["--resume"], ["--overwrite"]):
+        code, _, err = cli(capsys, *argv(corpus, out, *extra))
+        assert code == 2 and f"is in use by process {proc.pid}" in err and err.count("\n") == 1, err
+    assert proc.poll() is None  # still training
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in stderr and "could not write" not in stderr, stderr
+    assert "stopping: finishing step" in stderr and "stopped at step" in stdout
+    assert checkpoint.load(out / "ckpt_last.pt")["iter"] > 0 and not list(out.glob("*.tmp-*"))
+
+
+def test_overwrite_checks_everything_before_touching_the_old_run(corpus, finished, tmp_path, capsys):
+    out = copy_of(finished, tmp_path)
+    before = snapshot(out)
+    (tmp_path / "short.txt").write_text("too short")
+    for data in (tmp_path / "typo.txt", tmp_path / "short.txt"):
+        code, _, err = cli(capsys, "--config", "debug", "--data", str(data), "--out_dir", str(out), "--overwrite",
+                           "--cache_dir", str(tmp_path / "cache"))
+        assert code == 2 and err.count("\n") == 1
+        assert snapshot(out) == before
+
+
+def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, capsys):
+    out = copy_of(finished, tmp_path)
+    before = snapshot(out)
+    proc = launch(corpus, out, "--overwrite", "--eval_iters", "1000000")  # its step-0 evaluation never ends
+    wait_for(lambda: (out / ".replaced").is_dir())
+    proc.kill()
+    proc.wait()
+    assert not (out / "ckpt_last.pt").exists()  # the old run waits in .replaced/
+    code, out_text, err = cli(capsys, "--out_dir", str(out), "--resume", "--cache_dir", str(corpus.parent / "cache"))
+    assert code == 0 and "restored the run that --overwrite was replacing" in out_text + err
+    assert "finished at step 20" in out_text
+    assert snapshot(out) == before and not (out / ".replaced").exists()
+
+
+def test_resume_of_a_finished_run_changes_no_byte(finished, tmp_path, capsys):
+    out = copy_of(finished, tmp_path)
+    before = snapshot(out)
+    for extra in ([], ["--max_iters", "5"]):
+        code, text, err = cli(capsys, "--out_dir", str(out), "--resume", *extra)
+        assert code == 0 and "Traceback" not in err
+        assert "finished at step 20" in text and "--resume --max_iters 40" in text
+        assert snapshot(out) == before
+
+
+def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys):
+    best_only = copy_of(finished, tmp_path)
+    (best_only / "ckpt_last.pt").unlink()
+    code, _, err = cli(capsys, *argv(corpus, best_only))
+    assert code == 2 and "--resume continues from ckpt_best.pt" in err
+    code, text, _ = cli(capsys, *argv(corpus, best_only, "--resume", "--max_iters", "24"))
+    assert code == 0 and "resuming" in text and "ckpt_best.pt" in text
+    assert checkpoint.load(best_only / "ckpt_last.pt")["iter"] == 24
+
+    logs_only = tmp_path / "logs_only"
+    logs_only.mkdir()
+    for events in finished.glob("events.out.tfevents.*"):
+        shutil.copy(events, logs_only)
+    code, _, new_err = cli(capsys, *argv(corpus, logs_only))
+    code2, _, resume_err = cli(capsys, *argv(corpus, logs_only, "--resume"))
+    assert code == code2 == 2 and "--overwrite" in new_err and "--overwrite" in resume_err  # no circle
+    code, _, _ = cli(capsys, *argv(corpus, logs_only, "--overwrite", "--max_iters", "2"))
+    assert code == 0 and checkpoint.load(logs_only / "ckpt_last.pt")["iter"] == 2
+
+    code, _, err = cli(capsys, *argv(corpus, tmp_path / "nothing", "--resume"))
+    assert code == 2 and "drop --resume" in err and not (tmp_path / "nothing").exists()
+
+
+def test_an_evaluation_stopped_midway_resumes_exactly(corpus, tmp_path, monkeypatch):
+    common = ("--dropout", "0.1", "--log_interval", "1", "--eval_interval", "10", "--eval_iters", "3")
+    whole = train.train(*load_config(argv(corpus, tmp_path / "whole", "--max_iters", "30", *common), False)[::2],
+                        say=lambda m: None)
+    asks = {"n": 0}
+
+    def stop_in_the_step_20_evaluation(stop, d, device, batch):
+        asks["n"] += 1
+        return asks["n"] == 2 * 6 + 4  # evaluations at steps 0 and 10 ask 6 times each; stop in the third
+    monkeypatch.setattr(train, "asked_to_stop", stop_in_the_step_20_evaluation)
+    cfg, _, explicit = load_config(argv(corpus, tmp_path / "parts", "--max_iters", "30", *common), False)
+    stopped = train.train(cfg, explicit, say=lambda m: None)
+    assert stopped["stopped"] and checkpoint.load(tmp_path / "parts" / "ckpt_last.pt")["eval_done"] is False
+    monkeypatch.undo()
+    cfg, _, explicit = load_config(argv(corpus, tmp_path / "parts", "--resume", "--max_iters", "30", *common), False)
+    resumed = train.train(cfg, explicit, say=lambda m: None)
+    assert stopped["history"] + resumed["history"] == whole["history"]
+    assert resumed["full_val_loss"] == whole["full_val_loss"] and resumed["val_loss"] == whole["val_loss"]
+
+
+def test_a_stop_in_the_final_validation_is_finished_by_resume(corpus, tmp_path, monkeypatch):
+    cfg, _, explicit = load_config(argv(corpus, tmp_path / "run", "--max_iters", "10"), False)
+    real = train.full_validation_loss
+
+    def stopped_midway(model, batches, rt, d, stop):
+        stop.requested = True  # as a Ctrl-C during it would
+        return real(model, batches, rt, d, stop)
+    monkeypatch.setattr(train, "full_validation_loss", stopped_midway)
+    assert train.train(cfg, explicit, say=lambda m: None)["stopped"]
+    assert not (tmp_path / "run" / "summary.json").exists()
+    monkeypatch.undo()
+    messages = []
+    cfg, _, explicit = load_config(["--out_dir", str(tmp_path / "run"), "--resume"], False)
+    summary = train.train(cfg, explicit, say=messages.append)
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["iterations"] == 10 and saved["val_loss"] == summary["val_loss"] is not None
+    assert saved["full_val_loss"] > 0 and len(list((tmp_path / "run" / "hparams").iterdir())) == 1
+    assert any(m.startswith("done: 10 steps") for m in messages)
+
+
+def test_ctrl_c_in_a_long_evaluation_then_again_in_a_long_step(corpus, tmp_path):
+    out = tmp_path / "run"
+    proc = launch(corpus, out, "--eval_iters", "1000000")  # the step-0 evaluation would take hours
+    wait_for(lambda: any(out.glob("events.*")))  # written just before the loop starts
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "Traceback" not in stderr and "stopped at step 0" in stdout
+    assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 0
+
+    slow = tmp_path / "slow"  # steps of a few seconds: the second Ctrl-C comes in the middle of one
+    proc = launch(corpus, slow, "--n_layer", "4", "--n_embd", "256", "--n_head", "4", "--block_size", "256",
+                  "--batch_size", "64", "--eval_iters", "1", "--sample_chars", "0", "--log_attention", "false")
+    wait_for(lambda: (slow / "ckpt_last.pt").exists())
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.3)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    assert "stopped at once; the last checkpoint" in stderr
+    assert checkpoint.load(slow / "ckpt_last.pt")["iter"] == 0 and not list(slow.glob("*.tmp-*"))
+
+
+def test_sigterm_while_preparing_removes_its_temporary_folder(tmp_path):
+    corpus = tmp_path / "big.txt"
+    corpus.write_text(("the quick brown fox jumps over the lazy dog; 東京 café\n" * 700_000), encoding="utf-8")
+    prepared = tmp_path / "cache" / "prepared"
+    proc = launch(corpus, tmp_path / "run")
+    wait_for(lambda: any(prepared.glob("*.tmp-*")))
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "stopped before training began" in stderr and "Traceback" not in stderr
+    assert not list(prepared.glob("*.tmp-*"))
+    # one left by a process that no longer exists is removed by the next preparation
+    stale = prepared / "0123456789abcdef0123-utf-8-strict-val0.1.tmp-999999999"
+    stale.mkdir(parents=True)
+    (stale / "train.bin").write_bytes(b"\0" * 100)
+    from data import prepare, resolve
+    small = tmp_path / "small.txt"
+    small.write_text("hello world\n" * 100)
+    prepare(resolve(str(small), tmp_path / "cache"), tmp_path / "cache")
+    assert not stale.exists()
+
+
+def test_printed_commands_paste_back_with_spaces_in_the_path(corpus, tmp_path, capsys):
+    out = tmp_path / "my runs" / "first try"
+    code, text, _ = cli(capsys, *argv(corpus, out, "--max_iters", "4"))
+    assert code == 0
+    sample_line = next(line for line in text.splitlines() if line.startswith("sample it:"))
+    assert shlex.split(sample_line.split(":", 1)[1])[-1] == str(out)
+    code, text, _ = cli(capsys, "--out_dir", str(out), "--resume", "--max_iters", "6")
+    first = text.splitlines()[0]
+    assert code == 0 and "saved config" in first and "no --config given" not in first
+
+
+def test_samples_in_tensorboard_are_drawn_without_dropout(corpus, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from model.generate import generate
+    out = tmp_path / "run"
+    cfg, _, explicit = load_config(argv(corpus, out, "--dropout", "0.5", "--max_iters", "10", "--eval_interval", "10",
+                                        "--sample_chars", "30", "--full_val", "false"), False)
+    train.train(cfg, explicit, say=lambda m: None)
+    model, tokenizer, state = checkpoint.load_model(out / "ckpt_last.pt")  # eval mode: no dropout
+    prompt = tokenizer.encode(tokenizer.default_prompt(state["data"]["first_char"]))
+    expected = tokenizer.decode(generate(model, [prompt], 30, generator=torch.Generator().manual_seed(cfg.seed))[0])
+    events = EventAccumulator(str(out))
+    events.Reload()
+    logged = [e for e in events.Tensors("samples/text_summary") if e.step == 10][0]
+    assert logged.tensor_proto.string_val[0].decode() == "```\n" + expected + "\n```"
