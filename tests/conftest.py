@@ -29,3 +29,11 @@ def corpus(tmp_path, small_text):
     path = tmp_path / "corpus.txt"
     path.write_text(small_text, encoding="utf-8")
     return path
+
+
+def module_corpus(tmp_path_factory, name: str) -> Path:
+    """30,000 characters of real text (or a stand-in) in a fresh folder, for the runs a test module shares."""
+    tmp = tmp_path_factory.mktemp(name)
+    text = SHARED_TEXT.read_text(encoding="utf-8")[:30000] if SHARED_TEXT.exists() else "to be or not to be\n" * 1500
+    (tmp / "corpus.txt").write_text(text, encoding="utf-8")
+    return tmp / "corpus.txt"

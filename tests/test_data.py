@@ -1,7 +1,9 @@
 """Data: tokenizer round-trips, preparation and its cache, batches, named corpora, and bad input."""
-import subprocess
+import contextlib
+import io
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import data.corpus as corpus_module
 from conftest import ROOT, SHARED_TEXT
 from data import Batches, CharTokenizer, prepare, resolve
 from data.tokenizer import token_dtype
-from errors import UserError
+from errors import UserError, run_cli
 
 
 def prepared_from(text: str, tmp_path: Path, name="corpus.txt", **kwargs):
@@ -169,8 +171,13 @@ def test_pystdlib_corpus_is_deterministic(tmp_path):
 
 # --- bad input: one line, exit code 2, nothing prepared is damaged --------------------------------
 def run_prepare(*args, cache):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare.py"), "--cache_dir", str(cache), *args],
-                          capture_output=True, text=True, timeout=60)
+    """scripts/prepare.py run in this process: exit code and output."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import prepare as prepare_cli
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli(prepare_cli.main, ["--cache_dir", str(cache), *args])
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def bad_inputs(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT
+from conftest import ROOT, module_corpus
 from configs import load_config
 from data import prepare, resolve
 from errors import run_cli
@@ -37,10 +37,7 @@ def one_line_error(capsys, main, *args, words=""):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A finished debug run on a small corpus, its corpus and cache beside it (copy before changing)."""
-    from conftest import SHARED_TEXT
-    tmp = tmp_path_factory.mktemp("faults")
-    text = SHARED_TEXT.read_text(encoding="utf-8")[:30000] if SHARED_TEXT.exists() else "to be or not to be\n" * 1500
-    (tmp / "corpus.txt").write_text(text, encoding="utf-8")
+    tmp = module_corpus(tmp_path_factory, "faults").parent
     cfg, _, explicit = load_config(["--config", "debug", "--data", str(tmp / "corpus.txt"), "--cache_dir",
                                     str(tmp / "cache"), "--out_dir", str(tmp / "run"), "--max_iters", "10"], False)
     train.train(cfg, explicit, say=lambda m: None)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT
+from conftest import ROOT, module_corpus
 from configs import load_config
 from errors import run_cli
 from training import checkpoint
@@ -63,11 +63,7 @@ def cli(capsys, *args):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from conftest import SHARED_TEXT
-    tmp = tmp_path_factory.mktemp("life")
-    text = SHARED_TEXT.read_text(encoding="utf-8")[:30000] if SHARED_TEXT.exists() else "to be or not to be\n" * 1500
-    (tmp / "corpus.txt").write_text(text, encoding="utf-8")
-    return tmp / "corpus.txt"
+    return module_corpus(tmp_path_factory, "life")
 
 
 @pytest.fixture(scope="module")

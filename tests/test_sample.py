@@ -1,6 +1,8 @@
 """Sampling: the KV cache changes nothing but speed, batching changes nothing per row, bad input is refused."""
-import subprocess
+import contextlib
+import io
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +13,11 @@ from configs import load_config
 from model import GPT, ModelConfig
 from model.generate import generate, logits_to_probs
 from model.kv_cache import KVCache
+from errors import run_cli
 from training.checkpoint import load_model
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import sample as sample_cli  # noqa: E402
 
 CFG = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=2, n_embd=16)
 
@@ -93,8 +99,11 @@ def test_top_k_and_top_p_keep_the_right_tokens():
 
 # --- the command line ------------------------------------------------------------------------------
 def sample(*args):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "sample.py"), *args],
-                          capture_output=True, text=True, timeout=120)
+    """scripts/sample.py run in this process (no interpreter and torch start-up per call): exit code and output."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli(sample_cli.main, list(args))
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_cli_is_deterministic_and_streaming_prints_the_same_text(run_dir):
