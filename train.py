@@ -244,6 +244,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
     """Train to max_iters, evaluating and checkpointing every eval_interval steps. Returns the (step, loss) history
     and whether a stop request ended it early (then ckpt_last.pt holds that step)."""
     cfg, rt = run.cfg, run.rt
+    stop.saving = True  # from here a Ctrl-C stops at a step boundary and saves
     peak_flops = measure_peak_flops(rt.device, rt.dtype)
     history, stopping, last_val = [], False, progress.last_eval.get("val", float("nan"))
     # Skipped (non-finite) steps are counted on the device and read where the loop syncs anyway: the longest run of
@@ -258,7 +259,6 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
         sync(rt.device)
         progress.train_seconds += time.perf_counter() - stretch
 
-    stop.saving = True
     with log.progress(cfg.max_iters, progress.it) as bar:
         while True:
             it = stop.step = progress.it

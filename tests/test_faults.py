@@ -263,3 +263,15 @@ def test_the_default_sample_works_on_a_corpus_without_newlines(tmp_path, capsys)
     out, err = capsys.readouterr()
     assert out.startswith("春") and len(out.strip()) == 11  # the prompt (the text's first character) and 10 more
     assert "step 4" in err and "one_line.txt" in err  # what was loaded, on stderr
+
+
+def test_ctrl_c_in_sample_py_is_one_line_and_exit_130(run):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "sample.py"), "--out_dir", str(run), "--stream",
+                             "--max_new_tokens", "1000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.read(20)  # it is generating
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in stderr and stderr.strip().endswith("interrupted")

@@ -203,7 +203,7 @@ def test_ctrl_c_in_a_long_evaluation_then_again_in_a_long_step(corpus, tmp_path)
     assert proc.returncode == 130 and "Traceback" not in stderr and "stopped at step 0" in stdout
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 0
 
-    slow = tmp_path / "slow"  # steps of a few seconds: the second Ctrl-C comes in the middle of one
+    slow = tmp_path / "slow"  # steps of about 3 s on a 2-core CPU: the second Ctrl-C comes in the middle of one
     proc = launch(corpus, slow, "--n_layer", "4", "--n_embd", "256", "--n_head", "4", "--block_size", "256",
                   "--batch_size", "64", "--eval_iters", "1", "--sample_chars", "0", "--log_attention", "false")
     wait_for(lambda: (slow / "ckpt_last.pt").exists())
