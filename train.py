@@ -1,5 +1,5 @@
-"""train.py: train a character-level GPT. Reads top to bottom: the step, the evaluations, opening the run, the loop,
-the finish."""
+"""train.py: train a character-level GPT. Reads top to bottom: the step, the evaluations, the loop, the finish, and
+train() tying them to opening the run (training/opening.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -14,16 +14,14 @@ import torch
 from tqdm import tqdm
 
 from configs import TrainConfig, load_config
-from configs.loader import config_from_dict
-from configs.schema import ARCHITECTURE_FIELDS
-from data import Prepared, default_cache_dir, prepare, resolve
 from errors import UserError, run_cli
 from model.generate import generate
 from training import checkpoint, distributed, runtime
-from training.build import Progress, Run, build_run, capture
+from training.build import Progress, Run, capture
 from training.distributed import Dist
 from training.files import write_text_atomic
 from training.log import Log
+from training.opening import open_run
 from training.perf import measure_peak_flops, sync
 from training.pictures import attention_figure, attention_weights
 from training.run_dir import RunDir
@@ -122,96 +120,6 @@ def full_validation_loss(model, batches, rt: runtime.Runtime, d: Dist = Dist(),
         model.train()
     total = d.sum(total)
     return (total[0] / total[1]).item()
-
-
-# ---- opening the run: every check that can fail comes before anything in the folder changes -------------------
-def check_paths(cfg: TrainConfig) -> None:
-    data = Path(cfg.data).expanduser()
-    for option, value in (("--cache_dir", cfg.cache_dir), ("--out_dir", cfg.out_dir)):
-        path = Path(value).expanduser()
-        if value and path.exists() and not path.is_dir():
-            raise UserError(f"{option} {value} is a file, not a folder; choose another {option}")
-        if value and data.is_dir() and path.resolve().is_relative_to(data.resolve()):
-            raise UserError(f"{option} {value} is inside the --data folder {cfg.data}: the run would train on its own "
-                            f"files; choose an {option} outside it")
-
-
-def prepare_data(cfg: TrainConfig, say) -> Prepared:
-    cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
-    corpus = resolve(cfg.data, cache_dir, say=say)
-    return prepare(corpus, cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors, say=say)
-
-
-def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say, where: Path) -> TrainConfig:
-    """The saved run's config, with only the fields the user set now; architecture changes are refused."""
-    old = config_from_dict(saved, str(where))
-    values = old.to_dict()
-    for name in sorted(explicit - {"resume", "overwrite"}):
-        new_value = getattr(cfg, name)
-        if new_value == values.get(name):
-            continue
-        if name in ARCHITECTURE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
-            what = "the optimizer" if name == "optimizer" else "the architecture"
-            raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
-                            f"start a new run in another --out_dir to change {what}")
-        say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
-        values[name] = new_value
-    return TrainConfig(**{**values, "resume": True, "overwrite": False})
-
-
-def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
-    """For --resume of a run that has nothing left to do: where it finished and how to train further."""
-    summary_path = run_dir.path / "summary.json"
-    if state["iter"] < cfg.max_iters or not summary_path.is_file():
-        return None
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-        loss = f", full validation {summary['full_val_loss']:.4f}" if "full_val_loss" in summary else ""
-    except (OSError, ValueError, TypeError, KeyError):
-        return None  # a damaged summary is written again by finishing the run
-    where = shlex.quote(str(run_dir.path))
-    return (f"{run_dir.path} finished at step {state['iter']}{loss}; nothing to do. To train further: "
-            f"python train.py --out_dir {where} --resume --max_iters {max(state['iter'], cfg.max_iters) * 2}")
-
-
-def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop: StopRequest):
-    """Own the folder, read the checkpoint to resume, prepare the data and build the run; or, for a finished run,
-    the line that says so. Under torchrun rank 0 goes first, and a failure anywhere is one line from rank 0."""
-    resumed, source = None, None
-    with d.together():
-        if d.is_main:
-            check_paths(cfg)
-            run_dir.claim(log.say, cfg.resume)
-            if not cfg.resume:
-                run_dir.check_new_run(cfg.overwrite)
-    with d.together():
-        if cfg.resume:
-            if cfg.overwrite:
-                raise UserError("--resume continues the run in --out_dir and --overwrite replaces it: give one")
-            source = run_dir.resume_from()
-            resumed = checkpoint.load(source)
-            checkpoint.check_resumable(resumed, source)
-            stop.saved = f"{source} (step {resumed['iter']}) is untouched"
-            cfg = resume_config(cfg, explicit, resumed["run_config"], log.say, source)
-            done = finished_run(run_dir, resumed, cfg)
-            if done:
-                return done
-        prepared = prepare_data(cfg, log.say) if d.is_main else None
-    with d.together():
-        if not d.is_main:
-            prepared = prepare_data(cfg, log.say)  # rank 0 prepared it: found in the cache
-        if resumed is not None and resumed["vocab"] != prepared.tokenizer.chars:
-            raise UserError(f"--resume: the corpus {prepared.meta['source']} has a different vocabulary from the "
-                            f"checkpoint's; resume with the same --data")
-        rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
-        try:
-            run, progress = build_run(cfg, rt, prepared, d, log.say, resumed)
-        except (RuntimeError, KeyError, ValueError, TypeError) as err:
-            if resumed is None or runtime.is_out_of_memory(err):
-                raise
-            raise UserError(f"{source} does not fit this model or optimizer ({str(err).splitlines()[0][:150]}); "
-                            f"it is damaged or from another version") from None
-    return run, progress, source
 
 
 # ---- the loop ----------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from model.generate import generate  # noqa: E402
 from training import runtime  # noqa: E402
 from training.build import build_run  # noqa: E402
 from training.files import check_output_file  # noqa: E402
+from training.opening import prepare_data  # noqa: E402
 from training.perf import measure_peak_flops, sync  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,7 +36,7 @@ from bench_prepare import make_corpus  # noqa: E402
 def build_training(cfg, rt, say=print) -> dict:
     """The real loader, model, optimizer and train_step of a run with this config (train.py's build_run): step() takes
     one training step."""
-    run, _ = build_run(cfg, rt, train.prepare_data(cfg, say), say=say)
+    run, _ = build_run(cfg, rt, prepare_data(cfg, say), say=say)
     return {"model": run.model, "params": run.model.num_params(non_embedding=False),
             "flops_per_token": run.flops_per_token, "tokens_per_iter": run.tokens_per_iter,
             "step": lambda: train.train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
