@@ -1,6 +1,7 @@
 """The README's commands: every train.py line parses, every script it names exists, every preset it lists loads."""
 import re
 import shlex
+import subprocess
 
 from conftest import ROOT
 from configs import load_config
@@ -31,3 +32,11 @@ def test_every_script_the_readme_names_exists_and_every_preset_is_listed():
         assert f"`{name}`" in README, name
     for image in re.findall(r"\]\((docs/[^)]+\.png)\)", README):
         assert (ROOT / image).is_file(), image
+
+
+def test_the_pictures_the_readme_draws_are_not_added_to_git():
+    pictures = [word for line in COMMANDS for word in re.findall(r"--png (\S+)", line)]
+    assert pictures
+    for path in pictures:
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, capture_output=True)
+        assert ignored.returncode == 0, f"{path} would show up in git status"
