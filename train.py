@@ -22,7 +22,7 @@ from training.distributed import Dist
 from training.files import write_text_atomic
 from training.log import Log
 from training.opening import open_run
-from training.perf import measure_peak_flops, sync
+from training.perf import measure_peak_flops, model_matmul_shape, sync
 from training.pictures import attention_figure, attention_weights
 from training.run_dir import RunDir
 from training.stop import StopRequest
@@ -153,7 +153,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
     and whether a stop request ended it early (then ckpt_last.pt holds that step)."""
     cfg, rt = run.cfg, run.rt
     stop.saving = True  # from here a Ctrl-C stops at a step boundary and saves
-    peak_flops = measure_peak_flops(rt.device, rt.dtype)
+    peak_flops = measure_peak_flops(rt.device, rt.dtype, [model_matmul_shape(cfg.batch_size, run.model_cfg)])
     history, stopping, last_val = [], False, progress.last_eval.get("val", float("nan"))
     # Skipped (non-finite) steps are counted on the device and read where the loop syncs anyway: the longest run of
     # them since the last look, and the run still going on.
@@ -187,6 +187,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
                         save(run, progress, run_dir, stop, "ckpt_best.pt")
                     save(run, progress, run_dir, stop, "ckpt_last.pt")
                 bar.set_postfix_str(f"train {losses['train']:.4f} val {losses['val']:.4f}", refresh=False)
+                log.line(f"step {it}: evaluation: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
                 stretch = time.perf_counter()
             # Every rank must stop at the same step, or the others hang. Under DDP asking them is a collective
             # (a host sync), so it is done every log_interval steps, where the loop syncs anyway.
@@ -211,13 +212,17 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
                                     f"then --resume")
                 longest = streak
                 seconds = progress.train_seconds + time.perf_counter() - stretch
-                tokens_per_sec = run.tokens_per_iter * (progress.it - logged[0]) / max(seconds - logged[1], 1e-9)
+                step_seconds = max(seconds - logged[1], 1e-9) / (progress.it - logged[0])
+                tokens_per_sec = run.tokens_per_iter / step_seconds
+                mfu = min(1.0, run.flops_per_token * tokens_per_sec / peak_flops)  # a peak measured low never gives >100%
                 logged = (progress.it, seconds)
                 history.append((progress.it, loss_value))
                 log.scalars(progress.it, {
                     "train/loss": loss_value, "train/lr": lr, "train/grad_norm": norm_value,
                     "perf/tokens_per_sec": tokens_per_sec, "perf/tokens_seen": progress.it * run.tokens_per_iter,
-                    "perf/mfu": run.flops_per_token * tokens_per_sec / peak_flops})
+                    "perf/mfu": mfu})
+                log.line(f"step {progress.it}/{cfg.max_iters}: loss {loss_value:.4f}, {step_seconds * 1000:.1f} ms/step, "
+                         f"{tokens_per_sec:,.0f} tokens/s, mfu {mfu * 100:.1f}%")
                 bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s val {last_val:.4f}",
                                     refresh=False)
     if stopping and d.is_main:

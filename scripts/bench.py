@@ -27,7 +27,7 @@ from training import runtime  # noqa: E402
 from training.build import build_run  # noqa: E402
 from training.files import check_output_file  # noqa: E402
 from training.opening import prepare_data  # noqa: E402
-from training.perf import measure_peak_flops, sync  # noqa: E402
+from training.perf import measure_peak_flops, model_matmul_shape, sync  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prepare import make_corpus  # noqa: E402
@@ -38,6 +38,7 @@ def build_training(cfg, rt, say=print) -> dict:
     one training step."""
     run, _ = build_run(cfg, rt, prepare_data(cfg, say), say=say)
     return {"model": run.model, "params": run.model.num_params(non_embedding=False),
+            "matmul_shape": model_matmul_shape(cfg.batch_size, run.model_cfg),
             "flops_per_token": run.flops_per_token, "tokens_per_iter": run.tokens_per_iter,
             "step": lambda: train.train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
                                              cfg.learning_rate)}
@@ -62,6 +63,7 @@ def speed(run: dict, seconds: float, peak_flops: float) -> dict:
     """ms/iter, tokens/s, achieved FLOP/s and MFU of a training step that took this many seconds."""
     tokens_per_sec = run["tokens_per_iter"] / seconds
     achieved = run["flops_per_token"] * tokens_per_sec
+    peak_flops = max(peak_flops, achieved)  # the step itself ran faster than the ceiling measured: it is the ceiling
     return {"ms_per_iter": seconds * 1000, "tokens_per_sec": tokens_per_sec, "achieved_flops": achieved,
             "peak_flops": peak_flops, "mfu": achieved / peak_flops}
 
@@ -127,8 +129,8 @@ def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters:
     results = []
     for run in runs:
         rt, seconds = run["rt"], statistics.median(run["seconds"])
-        key = (str(rt.device), rt.dtype)
-        peaks[key] = peaks.get(key) or measure_peak_flops(rt.device, rt.dtype)
+        key = (str(rt.device), rt.dtype, run["matmul_shape"])
+        peaks[key] = peaks.get(key) or measure_peak_flops(rt.device, rt.dtype, [run["matmul_shape"]])
         figures = {"variant": run["variant"], "device": rt.describe(), "threads": run["threads"],
                    "params": run["params"], "tokens_per_iter": run["tokens_per_iter"],
                    "flops_per_token": run["flops_per_token"], **speed(run, seconds, peaks[key]),
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time_steps(run.pop("step"), args.iters, rt.device)
     model = run.pop("model")
     figures.update(run)
-    figures.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype)))
+    figures.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype, [run.pop("matmul_shape")])))
     sample_rt = runtime.for_sampling(rt, cfg.dtype)
     figures.update(bench_sampling(model, sample_rt, args.sample_tokens))
     figures["sample_dtype"] = str(sample_rt.dtype).removeprefix("torch.")

@@ -65,3 +65,12 @@ def test_bench_compare_rejects_a_bad_spec(tmp_path, spec, capsys):
     stderr = capsys.readouterr().err
     assert returncode == 2
     assert stderr.startswith("error: --compare") and len(stderr.strip().splitlines()) == 1
+
+
+def test_mfu_never_passes_100_percent_when_the_peak_was_measured_low():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench
+    run = {"tokens_per_iter": 1000, "flops_per_token": 1e6}
+    figures = bench.speed(run, seconds=0.01, peak_flops=1e9)  # achieved 1e11 FLOP/s against a "peak" of 1e9
+    assert figures["mfu"] == 1.0 and figures["peak_flops"] == figures["achieved_flops"] == pytest.approx(1e11)
+    assert bench.speed(run, seconds=0.01, peak_flops=4e11)["mfu"] == pytest.approx(0.25)  # an honest peak: as it was

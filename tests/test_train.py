@@ -178,3 +178,25 @@ def test_auto_dtype_on_cpu_is_bfloat16_only_with_bfloat16_units_and_never_for_sa
     assert runtime.pick_dtype("bfloat16", cpu, sampling=True) == torch.bfloat16  # asked for by name: given
     with pytest.raises(UserError, match="float16: not supported on CPU"):
         runtime.pick_dtype("float16", cpu)
+
+
+def test_a_log_file_gets_a_line_per_log_interval_and_mfu_never_passes_100(corpus, tmp_path, monkeypatch):
+    import re
+    import sys
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)  # output to a file, not a terminal
+    monkeypatch.setattr(train, "measure_peak_flops", lambda *args: 1.0)  # a peak measured far too low
+    messages = []
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
+                                    "--out_dir", str(tmp_path / "run"), "--max_iters", "20", "--log_interval", "5",
+                                    "--eval_interval", "10"], False)
+    train.train(cfg, explicit, say=messages.append)
+    pattern = r"step (\d+)/20: loss \d+\.\d{4}, [\d.]+ ms/step, [\d,]+ tokens/s, mfu ([\d.]+)%"
+    steps = [re.fullmatch(pattern, m) for m in messages if re.fullmatch(pattern, m)]
+    assert [int(m.group(1)) for m in steps] == [5, 10, 15, 20]
+    assert all(float(m.group(2)) == 100.0 for m in steps)  # capped: the ratio can never pass 1
+    evaluations = [m for m in messages if ": evaluation: train loss " in m]
+    assert [m.split(":")[0] for m in evaluations] == ["step 0", "step 10", "step 20"]
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert max(e.value for e in events.Scalars("perf/mfu")) == 1.0

@@ -14,15 +14,21 @@ from training.files import disk_error
 class Log:
     def __init__(self, out_dir: Path, active: bool = True, say=tqdm.write):
         self.out_dir, self.active, self._say = out_dir, active, say
+        self.plain = not sys.stderr.isatty()  # a log file: a line per log interval instead of a progress bar
         self._writer = None  # opened on first use: a run that writes nothing leaves no event file
 
     def say(self, message: str) -> None:
         if self.active:
             self._say(message)
 
+    def line(self, message: str) -> None:
+        """A line for someone reading a log file (where a progress bar's updates run together); a terminal has the bar."""
+        if self.plain:
+            self.say(message)
+
     def progress(self, total: int, initial: int) -> tqdm:
-        return tqdm(total=total, initial=initial, dynamic_ncols=True, desc="train", disable=not self.active,
-                    mininterval=0.5 if sys.stderr.isatty() else 30)  # a log file gets a line every 30 s, not every step
+        return tqdm(total=total, initial=initial, dynamic_ncols=True, desc="train", mininterval=0.5,
+                    disable=not self.active or self.plain)
 
     # ---- TensorBoard ----------------------------------------------------------------------------------------
     def _write(self, method: str, *args, **kwargs) -> None:

@@ -20,21 +20,34 @@ def sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def measure_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None = None, seconds: float = 0.3) -> float:
-    """FLOP/s of a large square matmul in the training dtype on this device: the honest ceiling for MFU."""
-    size = size or (8192 if device.type == "cuda" else 1024)
+def model_matmul_shape(batch_size: int, cfg: ModelConfig) -> tuple[int, int, int]:
+    """(m, k, n) of the model's largest matrix product: the feed-forward's first layer over a micro-batch."""
+    return batch_size * cfg.block_size, cfg.n_embd, 4 * cfg.n_embd
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]] = (),
+                       seconds: float = 0.1, trials: int = 3) -> float:
+    """The best FLOP/s of matrix products in the training dtype on this device: a large square one and the given
+    (m, k, n) shapes (the model's own), each the best of several short trials, so that a busy moment on a shared machine
+    does not lower the ceiling (a ceiling measured low once gave an MFU of 187%)."""
+    size = 8192 if device.type == "cuda" else 1024
     gen = torch.Generator(device=device).manual_seed(0)  # leaves the global RNG (dropout, resume) untouched
-    a = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
-    b = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
-    for _ in range(2):
-        a @ b  # warm-up
-    sync(device)
-    reps, start = 0, time.perf_counter()
-    while True:
-        a @ b
-        reps += 1
-        if reps % 4 == 0:
+    best = 0.0
+    for m, k, n in [(size, size, size), *shapes]:
+        a = torch.randn(m, k, device=device, dtype=dtype, generator=gen)
+        b = torch.randn(k, n, device=device, dtype=dtype, generator=gen)
+        for _ in range(2):
+            a @ b  # warm-up
+        for _ in range(trials):
             sync(device)
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds:
-                return 2 * size**3 * reps / elapsed
+            reps, start = 0, time.perf_counter()
+            while True:
+                a @ b
+                reps += 1
+                if reps % 4 == 0:
+                    sync(device)
+                    elapsed = time.perf_counter() - start
+                    if elapsed >= seconds:
+                        break
+            best = max(best, 2 * m * k * n * reps / elapsed)
+    return best
