@@ -50,11 +50,14 @@ class Parser(ArgumentParser):
         raise UserError(message)
 
 
-def build_parser() -> Parser:
+def build_parser(preset: str = "", values: dict | None = None, why: str = "") -> Parser:
+    """The command line; --help shows each field's value under the preset this command would use (and which)."""
+    values = values or {}
+    chosen = f" The defaults below are what this command would use: preset {preset}{why}." if preset else ""
     parser = Parser(
         prog="train.py", allow_abbrev=False,
         description="Train a character-level GPT. Settings come from --config (a preset name or .toml file), "
-                    "then from --field value / --field=value overrides.",
+                    "then from --field value / --field=value overrides." + chosen,
         epilog=f"presets: {', '.join(presets())}",
     )
     parser.add_argument("--config", default=argparse.SUPPRESS,
@@ -65,8 +68,9 @@ def build_parser() -> Parser:
             continue
         kind = parse_bool if f.type in ("bool", bool) else {"int": int, "float": float}.get(f.type, str)
         extra = {"nargs": "?", "const": True} if kind is parse_bool else {}  # a bare --resume means true
+        here = f"; here {values[name]}, from {preset}" if name in values and values[name] != f.default else ""
         parser.add_argument(f"--{name}", type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
-                            help=f"{f.metadata['help']} (default: {f.default})", **extra)
+                            help=f"{f.metadata['help']}{here} (default: {f.default})", **extra)
     return parser
 
 
@@ -104,20 +108,24 @@ def checked_types(values: dict, where: str) -> dict:
 def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConfig, str, set[str]]:
     """Returns the config, a line saying which preset was used and why, and the fields the user set
     (on the command line, or in a --config file named on it): a resumed run applies only those."""
-    parser = build_parser()
+    first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # which preset, before anything else
+    first.add_argument("--config")
+    given = first.parse_known_args(argv)[0].config
+    if given:
+        name, values = read_preset(given)
+        why, note = "", f"config: {name}"
+    else:
+        name = "shakespeare_char" if cuda_available else "shakespeare_char_cpu"
+        _, values = read_preset(name)
+        why = f" (no --config given; CUDA is {'available' if cuda_available else 'not available'})"
+        note = f"config: {name}{why}"
+    parser = build_parser(name, values, why)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         raise unknown_option(next((u for u in unknown if u.startswith("-")), unknown[0]))
     overrides = vars(args)
-    explicit = set(overrides) - {"config"}
-    if "config" in overrides:
-        name, values = read_preset(overrides.pop("config"))
-        note = f"config: {name}"
-        explicit |= set(values)
-    else:
-        name = "shakespeare_char" if cuda_available else "shakespeare_char_cpu"
-        _, values = read_preset(name)
-        note = f"config: {name} (no --config given; CUDA is {'available' if cuda_available else 'not available'})"
+    overrides.pop("config", None)
+    explicit = set(overrides) | (set(values) if given else set())
     values = {"config_name": name, **values, **overrides}
     try:
         return TrainConfig(**values), note, explicit

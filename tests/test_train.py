@@ -200,3 +200,17 @@ def test_a_log_file_gets_a_line_per_log_interval_and_mfu_never_passes_100(corpus
     events = EventAccumulator(str(tmp_path / "run"))
     events.Reload()
     assert max(e.value for e in events.Scalars("perf/mfu")) == 1.0
+
+
+@pytest.mark.parametrize("argv, preset, n_layer, max_iters", [
+    ([], "shakespeare_char_cpu", 2, 300),  # no CUDA here: the CPU preset is what would run
+    (["--config", "shakespeare_char_cpu_long"], "shakespeare_char_cpu_long", 4, 1800),
+])
+def test_help_shows_the_values_this_command_would_use(argv, preset, n_layer, max_iters, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        train.main(argv + ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"preset {preset}" in text
+    assert f"number of transformer blocks; here {n_layer}, from {preset} (default: 6)" in text
+    assert f"optimizer steps to train for; here {max_iters}, from {preset} (default: 5000)" in text
