@@ -14,14 +14,14 @@ import torch
 from tqdm import tqdm
 
 from configs import TrainConfig, load_config
-from errors import UserError, run_cli
+from errors import QuietExit, UserError, run_cli
 from model.generate import generate
 from training import checkpoint, distributed, runtime
 from training.build import Progress, Run, capture
 from training.distributed import Dist
 from training.files import write_text_atomic
 from training.log import Log
-from training.opening import open_run
+from training.opening import choose_corpus, open_run
 from training.perf import measure_peak_flops, model_matmul_shape, sync
 from training.pictures import attention_figure, attention_weights
 from training.run_dir import RunDir
@@ -263,15 +263,17 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
     stop = stop or StopRequest(speak=False)  # in-process callers (tests) get a request nobody makes
     started = time.perf_counter()
     d = distributed.from_environment()
-    cfg.out_dir = cfg.out_dir or f"out/{cfg.config_name}"
+    speak = say if d.is_main else (lambda message: None)
+    if cfg.resume:
+        note = f"config: the saved config of {cfg.out_dir or 'the run'}, with what this command line sets"
+    if note:
+        speak(note)
+    if not cfg.resume or not cfg.out_dir:
+        cfg = choose_corpus(cfg, speak)  # names the default run folder after the preset and the corpus
     run_dir = RunDir(Path(cfg.out_dir))
     log = Log(run_dir.path, d.is_main, say)
     distributed.init(d, runtime.pick_device(cfg.device).type)
     try:
-        if cfg.resume:
-            note = f"config: the saved config of {cfg.out_dir}, with what this command line sets"
-        if note:
-            log.say(note)
         opened = open_run(cfg, explicit, d, run_dir, log, stop)
         if isinstance(opened, str):
             log.say(opened)
@@ -306,7 +308,7 @@ def train_opened(run: Run, progress: Progress, source: Path | None, run_dir: Run
             f"{run.tokenizer.vocab_size}; model {params / 1e6:.2f}M parameters{with_table}; {run.rt.describe()}")
     log.say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
             f"process{'es' if d.enabled else ''} = {run.tokens_per_iter:,} tokens per step")
-    log.say(f"watch it: tensorboard --logdir {where}")
+    log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}")
     history, stopped = train_loop(run, progress, run_dir, log, stop, d)
     if stopped:
         log.say(f"stopped at step {progress.it}; saved {run_dir.path / 'ckpt_last.pt'}. Continue with: "
@@ -332,6 +334,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg, note, explicit = load_config(argv, torch.cuda.is_available())
         try:
             result = train(cfg, explicit, stop=stop, note=note)
+        except UserError as err:
+            if d.is_main:
+                raise
+            # Every rank meets the same mistake: rank 0 alone says it, and the others leave a moment later, or
+            # torchrun would stop rank 0 as soon as one of them exits, perhaps before it has said anything.
+            time.sleep(1.0)
+            raise QuietExit(str(err)) from None
         finally:
             distributed.shutdown()  # also on errors and Ctrl-C, so torchrun's other ranks are released
     return 130 if result.get("stopped") else 0

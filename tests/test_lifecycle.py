@@ -262,3 +262,28 @@ def test_samples_in_tensorboard_are_drawn_without_dropout(corpus, tmp_path):
     events.Reload()
     logged = [e for e in events.Tensors("samples/text_summary") if e.step == 10][0]
     assert logged.tensor_proto.string_val[0].decode() == "```\n" + expected + "\n```"
+
+
+def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(corpus, tmp_path, capsys, monkeypatch):
+    import data.corpus as corpus_module
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    monkeypatch.chdir(tmp_path)
+    quick = ("--config", "debug", "--cache_dir", str(corpus.parent / "cache"), "--max_iters", "2", "--eval_iters", "1",
+             "--full_val", "false")
+    shutil.copy(corpus, tmp_path / "my_corpus.txt")
+    (tmp_path / "my_notes").mkdir()
+    shutil.copy(corpus, tmp_path / "my_notes" / "a.txt")
+    for data, folder in (("my_corpus.txt", "debug-my_corpus"), ("my_notes", "debug-my_notes")):
+        code, text, _ = cli(capsys, *quick, "--data", data)  # after one run, the README's next commands are not refused
+        assert code == 0 and f"run folder: out/{folder};" in text and (tmp_path / "out" / folder / "ckpt_last.pt").exists()
+    bad = tmp_path / "not_shakespeare.txt"
+    bad.write_text("not shakespeare")
+    monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", bad.as_uri())  # offline, in effect
+    code, text, _ = cli(capsys, *quick)
+    out = tmp_path / "out" / "debug-pystdlib"
+    assert code == 0 and "using the offline corpus 'pystdlib'" in text and "run folder: out/debug-pystdlib;" in text
+    assert checkpoint.load(out / "ckpt_last.pt")["run_config"]["data"] == "pystdlib"
+    events = EventAccumulator(str(out))
+    events.Reload()
+    config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert '"data": "pystdlib"' in config

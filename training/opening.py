@@ -3,6 +3,7 @@ the checkpoint to resume is read and checked, the data prepared and the run buil
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from configs import TrainConfig
 from configs.loader import config_from_dict
 from configs.schema import ARCHITECTURE_FIELDS
 from data import Prepared, default_cache_dir, prepare, resolve
+from data.corpus import NAMED
 from errors import UserError
 from training import checkpoint, runtime
 from training.build import build_run
@@ -30,8 +32,27 @@ def check_paths(cfg: TrainConfig) -> None:
                             f"files; choose an {option} outside it")
 
 
+def cache_dir_of(cfg: TrainConfig) -> Path:
+    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
+
+
+def choose_corpus(cfg: TrainConfig, say) -> TrainConfig:
+    """Find the corpus now (downloading a named one), so that the run is named and recorded after the text it
+    really trains on: offline, "shakespeare" falls back to "pystdlib", and the config then says pystdlib (a resume
+    later, online, must not switch to Shakespeare). Without --out_dir the run goes to out/<preset>-<corpus>."""
+    corpus = resolve(cfg.data, cache_dir_of(cfg), say=say)
+    if cfg.data in NAMED and corpus.name != cfg.data:
+        cfg.data = corpus.name
+    if not cfg.out_dir:
+        path = Path(corpus.name)
+        label = corpus.name if corpus.name in NAMED else (path.stem if path.is_file() else path.name)
+        label = re.sub(r"[^\w.-]+", "_", label)[:40] or "corpus"  # letters of any script, digits, . _ -
+        cfg.out_dir = f"out/{cfg.config_name}-{label}"
+    return cfg
+
+
 def prepare_data(cfg: TrainConfig, say) -> Prepared:
-    cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
+    cache_dir = cache_dir_of(cfg)
     corpus = resolve(cfg.data, cache_dir, say=say)
     return prepare(corpus, cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors, say=say)
 
