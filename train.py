@@ -84,7 +84,7 @@ def asked_to_stop(stop: StopRequest | None, d: Dist, device: torch.device, batch
 
 @torch.inference_mode()
 def evaluate(model, batches, rt: runtime.Runtime, eval_iters: int, d: Dist = Dist(),
-             stop: StopRequest | None = None) -> dict[str, float] | None:
+             stop: StopRequest | None = None, progress=None) -> dict[str, float] | None:
     """Mean loss over eval_iters random batches of each split (a quick estimate), averaged over ranks."""
     model.eval()
     out = {}
@@ -97,6 +97,8 @@ def evaluate(model, batches, rt: runtime.Runtime, eval_iters: int, d: Dist = Dis
                 x, y = batches.get_batch(split)
                 with rt.autocast():
                     total += model(x, y)[1].float()
+                if progress is not None:
+                    progress.update(1)
             out[split] = d.mean(total).item() / eval_iters
     finally:
         model.train()
@@ -105,7 +107,7 @@ def evaluate(model, batches, rt: runtime.Runtime, eval_iters: int, d: Dist = Dis
 
 @torch.inference_mode()
 def full_validation_loss(model, batches, rt: runtime.Runtime, d: Dist = Dist(),
-                         stop: StopRequest | None = None) -> float | None:
+                         stop: StopRequest | None = None, progress=None) -> float | None:
     """The exact mean loss over every non-overlapping validation window (shared out among the ranks)."""
     model.eval()
     total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # (sum of losses, number of characters)
@@ -116,13 +118,56 @@ def full_validation_loss(model, batches, rt: runtime.Runtime, d: Dist = Dist(),
             with rt.autocast():
                 loss = model(x, y)[1]
             total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=rt.device)])
+            if progress is not None:
+                progress.update(1)
     finally:
         model.train()
     total = d.sum(total)
     return (total[0] / total[1]).item()
 
 
-# ---- the loop ----------------------------------------------------------------------------------------------------
+# ---- the loop --------------------------------------------------------------------------------------------------------
+SLOW_RUN_SECONDS = 600  # on a CPU, a run expected to take longer than this says so before it starts
+GPU_PRESETS = ("shakespeare_char", "shakespeare_char_fast")
+
+
+def expected_seconds(run: Run, progress: Progress) -> tuple[float, float]:
+    """(seconds per training step, seconds for the rest of the run) on this device, from one timed forward and
+    backward pass on the first validation batch. In eval mode, so no dropout mask is drawn: the run's random streams
+    and weights stay exactly as they were."""
+    cfg, rt = run.cfg, run.rt
+    x, y = next(run.batches.val_windows())
+    run.model.eval()
+    for _ in range(2):  # the first pass warms up
+        start = time.perf_counter()
+        with rt.autocast():
+            loss = run.model(x, y)[1]
+        loss.backward()
+        sync(rt.device)
+        pass_seconds = time.perf_counter() - start
+    run.model.zero_grad(set_to_none=True)
+    run.model.train()
+    step = pass_seconds * cfg.grad_accum_steps * cfg.batch_size / x.size(0)  # the timed batch may be smaller
+    steps_left = cfg.max_iters - progress.it
+    evaluations = steps_left // cfg.eval_interval + 1
+    forward = step / 3 / cfg.grad_accum_steps  # a forward pass of one batch is about a third of a training step
+    windows = run.batches.num_val_windows() / run.batches.batch_size if cfg.full_val else 0
+    return step, steps_left * step + (evaluations * 2 * cfg.eval_iters + windows) * forward
+
+
+def warn_if_slow(run: Run, progress: Progress, log: Log) -> None:
+    """A run that will take long on a CPU says so at once, with the figure and a preset made for a CPU."""
+    if run.rt.device_type != "cpu" or progress.it >= run.cfg.max_iters:
+        return
+    step, total = expected_seconds(run, progress)
+    if total < SLOW_RUN_SECONDS:
+        return
+    name = run.cfg.config_name
+    made_for = f"{name} is made for a GPU; " if name in GPU_PRESETS else ""
+    about = f"{total / 3600:.1f} h" if total >= 3600 else f"{total / 60:.0f} min"
+    log.say(f"note: {made_for}on this CPU this run would take about {about} ({step * 1000:.0f} ms per step "
+            f"x {run.cfg.max_iters - progress.it} steps, plus evaluations); for a run of a minute or two use "
+            f"--config shakespeare_char_cpu, or lower --max_iters and --eval_iters")
 def save(run: Run, progress: Progress, run_dir: RunDir, stop: StopRequest, name: str) -> None:
     checkpoint.save(capture(run, progress), run_dir.path / name)
     if name == "ckpt_last.pt":
@@ -153,8 +198,11 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
     and whether a stop request ended it early (then ckpt_last.pt holds that step)."""
     cfg, rt = run.cfg, run.rt
     stop.saving = True  # from here a Ctrl-C stops at a step boundary and saves
+    if d.is_main:
+        warn_if_slow(run, progress, log)
     peak_flops = measure_peak_flops(rt.device, rt.dtype, [model_matmul_shape(cfg.batch_size, run.model_cfg)])
-    history, stopping, last_val = [], False, progress.last_eval.get("val", float("nan"))
+    history, stopping = [], False
+    last_val = f"val {progress.last_eval['val']:.4f} (saved)" if progress.last_eval else "val -"
     # Skipped (non-finite) steps are counted on the device and read where the loop syncs anyway: the longest run of
     # them since the last look, and the run still going on.
     streak = torch.zeros((), dtype=torch.long, device=rt.device)
@@ -173,14 +221,15 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
             if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and not progress.eval_done:
                 stop_clock()
                 before = run.batches.state_dict()
-                losses = evaluate(run.step_model, run.batches, rt, cfg.eval_iters, d, stop)
+                with log.task(f"evaluating at step {it}", 2 * cfg.eval_iters) as progress_bar:
+                    losses = evaluate(run.step_model, run.batches, rt, cfg.eval_iters, d, stop, progress_bar)
                 if losses is None:  # stopped during it: save the state from before it, so resuming does it again
                     run.batches.load_state_dict(before)
                     stopping = True
                     break
                 improved = losses["val"] < progress.best_val
                 progress.best_val, progress.last_eval, progress.eval_done = min(progress.best_val, losses["val"]), losses, True
-                last_val = losses["val"]
+                last_val = f"val {losses['val']:.4f} @{it}"  # the bar says which step the figure is from
                 if d.is_main:
                     record_evaluation(run, progress, log, losses, improved)
                     if improved:
@@ -223,7 +272,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
                     "perf/mfu": mfu})
                 log.line(f"step {progress.it}/{cfg.max_iters}: loss {loss_value:.4f}, {step_seconds * 1000:.1f} ms/step, "
                          f"{tokens_per_sec:,.0f} tokens/s, mfu {mfu * 100:.1f}%")
-                bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s val {last_val:.4f}",
+                bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s {last_val}",
                                     refresh=False)
     if stopping and d.is_main:
         save(run, progress, run_dir, stop, "ckpt_last.pt")
@@ -242,7 +291,9 @@ def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRe
         "device": run.rt.describe(), "processes": d.world_size,
     }
     if cfg.full_val:
-        loss = full_validation_loss(run.step_model, run.batches, run.rt, d, stop)
+        windows = -(-run.batches.num_val_windows() // run.batches.batch_size)  # batches, rounded up
+        with log.task("full validation", windows) as progress_bar:
+            loss = full_validation_loss(run.step_model, run.batches, run.rt, d, stop, progress_bar)
         if loss is None:
             return {**summary, "stopped": True}
         summary["full_val_loss"], summary["full_val_bits_per_char"] = loss, loss / math.log(2)

@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
                       n_embd=args.n_embd)
     rt = runtime.setup(args.device, "float32")
     model = GPT(cfg).to(rt.device)  # random weights: speed does not depend on what the model learned
+    print(f"generating {args.new_tokens} characters twice with a {args.n_layer}x{args.n_head}x{args.n_embd} model on "
+          f"{rt.describe()}, with and without the KV cache (the uncached pass can take a minute or more on a CPU) ...",
+          flush=True)
     figures = {"model": f"{args.n_layer}x{args.n_head}x{args.n_embd}, block {args.block_size}",
                "device": rt.describe(), "threads": torch.get_num_threads(), "new_tokens": args.new_tokens,
                **bench_sampling(model, rt, args.new_tokens)}

@@ -177,9 +177,9 @@ def test_a_stop_in_the_final_validation_is_finished_by_resume(corpus, tmp_path, 
     cfg, _, explicit = load_config(argv(corpus, tmp_path / "run", "--max_iters", "10"), False)
     real = train.full_validation_loss
 
-    def stopped_midway(model, batches, rt, d, stop):
+    def stopped_midway(model, batches, rt, d, stop, progress=None):
         stop.requested = True  # as a Ctrl-C during it would
-        return real(model, batches, rt, d, stop)
+        return real(model, batches, rt, d, stop, progress)
     monkeypatch.setattr(train, "full_validation_loss", stopped_midway)
     assert train.train(cfg, explicit, say=lambda m: None)["stopped"]
     assert not (tmp_path / "run" / "summary.json").exists()

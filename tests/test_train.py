@@ -214,3 +214,37 @@ def test_help_shows_the_values_this_command_would_use(argv, preset, n_layer, max
     assert f"preset {preset}" in text
     assert f"number of transformer blocks; here {n_layer}, from {preset} (default: 6)" in text
     assert f"optimizer steps to train for; here {max_iters}, from {preset} (default: 5000)" in text
+
+
+def test_a_slow_run_on_a_cpu_says_so_first_and_the_estimate_changes_nothing(corpus, tmp_path, monkeypatch):
+    common = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"), "--max_iters", "20",
+              "--log_interval", "1", "--dropout", "0.1", "--eval_interval", "10"]
+    quiet = train.train(*load_config(common + ["--out_dir", str(tmp_path / "a")], False)[::2], say=lambda m: None)
+    monkeypatch.setattr(train, "SLOW_RUN_SECONDS", 0.0)  # every run counts as slow: the estimate runs and is said
+    messages = []
+    said = train.train(*load_config(common + ["--out_dir", str(tmp_path / "b")], False)[::2], say=messages.append)
+    notes = [m for m in messages if m.startswith("note: on this CPU this run would take about")]
+    assert len(notes) == 1 and "ms per step x 20 steps" in notes[0] and "--config shakespeare_char_cpu" in notes[0]
+    assert messages.index(notes[0]) < next(i for i, m in enumerate(messages) if ": evaluation: " in m)  # before step 0
+    assert said["history"] == quiet["history"] and said["full_val_loss"] == quiet["full_val_loss"]
+
+
+def test_every_evaluation_and_the_full_validation_report_progress(corpus, tmp_path, monkeypatch):
+    from training.log import Log, PlainProgress
+    tasks = []
+
+    class Recorder(PlainProgress):
+        def __init__(self, say, what, total):
+            super().__init__(say, what, total, every=0.0)  # a line at every batch
+            tasks.append(self)
+    monkeypatch.setattr(Log, "task", lambda self, what, total: Recorder(self.say, what, total))
+    messages = []
+    result = train.train(*load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
+                                       "--out_dir", str(tmp_path / "r"), "--max_iters", "10", "--eval_interval", "10",
+                                       "--eval_iters", "3"], False)[::2], say=messages.append)
+    n_val = checkpoint.load(tmp_path / "r" / "ckpt_last.pt")["data"]["n_val"]
+    windows = -(-len(range(0, n_val - 32, 32)) // 8)  # non-overlapping windows of block 32, in batches of 8
+    assert result["iterations"] == 10
+    assert [(t.what, t.total, t.done) for t in tasks] == [("evaluating at step 0", 6, 6), ("evaluating at step 10", 6, 6),
+                                                          ("full validation", windows, windows)]
+    assert any(m.startswith("full validation: 1/") and m.endswith("min left") for m in messages)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 
 from tqdm import tqdm
@@ -25,6 +26,13 @@ class Log:
         """A line for someone reading a log file (where a progress bar's updates run together); a terminal has the bar."""
         if self.plain:
             self.say(message)
+
+    def task(self, what: str, total: int):
+        """Progress of an evaluation: in a terminal a bar with a time estimate that appears only when it lasts more
+        than 2 s; in a log file a line every 30 s."""
+        if self.plain and self.active:
+            return PlainProgress(self.say, what, total)
+        return tqdm(total=total, desc=what, leave=False, delay=2, dynamic_ncols=True, disable=not self.active)
 
     def progress(self, total: int, initial: int) -> tqdm:
         return tqdm(total=total, initial=initial, dynamic_ncols=True, desc="train", mininterval=0.5,
@@ -66,6 +74,32 @@ class Log:
         if self._writer is not None:
             self._write("close")
             self._writer = None
+
+
+class PlainProgress:
+    """A line every `every` seconds: what, how far, and about how long is left."""
+
+    def __init__(self, say, what: str, total: int, every: float = 30.0):
+        self.say, self.what, self.total, self.every = say, what, total, every
+        self.done, self.start = 0, time.perf_counter()
+        self.last = self.start
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if now - self.last >= self.every and self.done < self.total:
+            self.last = now
+            left = (now - self.start) / self.done * (self.total - self.done)
+            self.say(f"{self.what}: {self.done}/{self.total} batches, about {left / 60:.1f} min left")
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _quiet_writer_threads() -> None:
