@@ -20,6 +20,7 @@ from training import checkpoint, distributed, runtime
 from training.build import Progress, Run, capture
 from training.distributed import Dist
 from training.files import write_text_atomic
+from training.fonts import missing_note
 from training.log import Log
 from training.opening import choose_corpus, open_run
 from training.perf import measure_peak_flops, model_matmul_shape, sync
@@ -175,6 +176,11 @@ def save(run: Run, progress: Progress, run_dir: RunDir, stop: StopRequest, name:
         stop.saved = f"the last checkpoint, {run_dir.path / name} (step {progress.it}), is intact"
 
 
+def attention_probe(run: Run) -> list[int]:
+    """The fixed text whose attention is pictured at every evaluation: the start of the validation split."""
+    return [int(t) for t in run.batches.data["val"][: min(run.cfg.block_size, 48)]]
+
+
 def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, improved: bool) -> None:
     """Rank 0: the losses, a generated sample and attention maps to TensorBoard."""
     cfg, it = run.cfg, progress.it
@@ -188,7 +194,7 @@ def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, impr
         run.model.train()
         log.text("samples", run.tokenizer.decode(text), it)
     if cfg.log_attention:
-        probe = [int(t) for t in run.batches.data["val"][: min(cfg.block_size, 48)]]  # a fixed text
+        probe = attention_probe(run)
         for layer, weights in enumerate(attention_weights(run.model, probe)):
             log.figure(f"attention/layer_{layer}", attention_figure(weights, run.tokenizer.decode(probe), layer), it)
 
@@ -200,6 +206,8 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
     stop.saving = True  # from here a Ctrl-C stops at a step boundary and saves
     if d.is_main:
         warn_if_slow(run, progress, log)
+        if cfg.log_attention and (note := missing_note(run.tokenizer.decode(attention_probe(run)))):
+            log.say(note)
     peak_flops = measure_peak_flops(rt.device, rt.dtype, [model_matmul_shape(cfg.batch_size, run.model_cfg)])
     history, stopping = [], False
     last_val = f"val {progress.last_eval['val']:.4f} (saved)" if progress.last_eval else "val -"

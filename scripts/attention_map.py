@@ -10,6 +10,7 @@ from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 from training.files import check_output_file  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
+from training.fonts import missing_note  # noqa: E402
 from training.pictures import attention_figure, attention_weights, picture_formats  # noqa: E402
 
 
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--head {args.head}: the model has heads 0 to {cfg.n_head - 1}")
     weights = attention_weights(model, tokenizer.encode(args.text))[layer]
     heads = None if args.head is None else [args.head]
+    note = missing_note(args.text)
+    if note:
+        print(note, file=sys.stderr)
     figure = attention_figure(weights, args.text, layer, heads)
     figure.savefig(args.png)
     print(f"wrote {args.png}: layer {layer}, {'head ' + str(args.head) if heads else f'{cfg.n_head} heads'}, "

@@ -83,3 +83,27 @@ def test_walkthrough_prints_what_the_formula_gives():
     for prefix, expected in [("x ", x), ("q ", q), ("k ", k), ("v ", v), ("scores", q @ k.T), ("scaled", scaled),
                              ("masked", masked), ("weights", weights), ("output", weights @ v)]:
         np.testing.assert_allclose(matrix(prefix), expected, atol=1e-4)
+
+
+def test_characters_are_drawn_by_an_installed_font_or_labelled_by_code_point_without_warnings():
+    import shutil
+    import subprocess
+    import warnings
+
+    import torch
+    from training.fonts import missing_note, tick_labels
+    from training.pictures import attention_figure
+    text = "ab 花落知"
+    shown, families, missing = tick_labels(list(text))
+    assert shown[:3] == ["a", "b", " "] and families[0] == "DejaVu Sans Mono"
+    for ch, label in zip(text[3:], shown[3:]):
+        assert label == (f"{ord(ch):x}" if ch in missing else ch)
+        if shutil.which("fc-list"):  # fontconfig's own answer: does any installed font have this character?
+            listed = subprocess.run(["fc-list", f":charset={ord(ch):x}", "family"], capture_output=True, text=True)
+            assert (ch not in missing) == bool(listed.stdout.strip()), ch
+    note = missing_note(text)
+    assert (note is None) == (not missing) and (note is None or "fonts-noto-cjk" in note)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "Glyph ... missing from font(s)" would fail here
+        figure = attention_figure(torch.rand(2, 6, 6).softmax(-1), text, 0)
+        figure.canvas.draw()

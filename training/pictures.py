@@ -9,6 +9,8 @@ matplotlib.use("Agg")  # files only, no window: works on servers and in tests
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from training.fonts import tick_labels  # noqa: E402
+
 PANEL_INCHES, DPI = 3.6, 100
 
 
@@ -33,7 +35,7 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
     # matplotlib's constrained layout drew the same picture but took 2/3 of the drawing time (0.5 of 0.8 s).
     fig.subplots_adjust(left=0.45 / width, right=1 - 1.05 / width, bottom=0.5 / height, top=1 - 0.3 / height,
                         wspace=0.2, hspace=0.25)
-    labels = [label(ch) for ch in text]
+    labels, families, _ = tick_labels([label(ch) for ch in text])  # characters no font draws: their code points
     step = math.ceil(len(labels) / 20)  # at most 20 tick labels per axis, so they never overlap
     image = None
     for ax in axes.flat[len(heads):]:
@@ -42,8 +44,8 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
         image = ax.imshow(weights[head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
         ax.set_title(f"layer {layer} head {head}", fontsize=9)
         ticks = list(range(0, len(labels), step))
-        ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily="monospace")
-        ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily="monospace")
+        ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)
+        ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)
         ax.set_xlabel("key (attended to)", fontsize=7)
         ax.set_ylabel("query", fontsize=7)
     bar = fig.add_axes((1 - 0.75 / width, 0.15, 0.12 / width, 0.7))
