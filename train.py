@@ -288,6 +288,8 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
 
 
 # ---- the finish: the exact validation loss, TensorBoard's hparams, summary.json -------------------------------
+HPARAMS = ("n_layer", "n_head", "n_embd", "block_size", "learning_rate", "optimizer", "max_iters")
+
 def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRequest, d: Dist, wall: float) -> dict:
     cfg = run.cfg
     summary = {
@@ -305,11 +307,12 @@ def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRe
         if loss is None:
             return {**summary, "stopped": True}
         summary["full_val_loss"], summary["full_val_bits_per_char"] = loss, loss / math.log(2)
-        log.scalars(progress.it, {"val/full_loss": loss})
     if d.is_main:
-        run_dir.clear_logs("hparams")  # a finish that was interrupted may have begun it
-        hparams = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
-        log.hparams(hparams, {f"hparam/{k}": summary[k] for k in ("best_val_loss", "full_val_loss") if k in summary})
+        # The HParams table sorts its columns by name: only the settings that matter, so the figures stay in view;
+        # the figures are the val/ scalars, so the Scalars tab has no group of single dots of its own.
+        metrics = {"val/full_loss": summary.get("full_val_loss"), "val/best_loss": summary["best_val_loss"]}
+        log.hparams({name: getattr(cfg, name) for name in HPARAMS},
+                    {tag: value for tag, value in metrics.items() if value is not None}, progress.it)
         log.close()
         write_text_atomic(run_dir.path / "summary.json", json.dumps(summary, indent=1) + "\n", "summary")
     return summary
@@ -361,13 +364,15 @@ def train_opened(run: Run, progress: Progress, source: Path | None, run_dir: Run
         log.say(f"--overwrite: the run in {run_dir.path} is kept aside until this one saves its first checkpoint")
     if source is None:
         log.text("config", json.dumps(cfg.to_dict(), indent=1), 0)
+    log.layout()
     params = run.model.num_params()
     with_table = f" ({run.model.num_params(False) / 1e6:.2f}M with the position table)" if run.model.wpe is not None else ""
     log.say(f"{run.prepared.meta['source']}: {run.prepared.meta['n_chars']:,} characters, vocabulary "
             f"{run.tokenizer.vocab_size}; model {params / 1e6:.2f}M parameters{with_table}; {run.rt.describe()}")
     log.say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
             f"process{'es' if d.enabled else ''} = {run.tokens_per_iter:,} tokens per step")
-    log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}")
+    log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open "
+            f"http://localhost:6006/#custom_scalars (train and validation loss on one chart)")
     history, stopped = train_loop(run, progress, run_dir, log, stop, d)
     if stopped:
         log.say(f"stopped at step {progress.it}; saved {run_dir.path / 'ckpt_last.pt'}. Continue with: "

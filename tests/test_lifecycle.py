@@ -189,7 +189,10 @@ def test_a_stop_in_the_final_validation_is_finished_by_resume(corpus, tmp_path, 
     summary = train.train(cfg, explicit, say=messages.append)
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["iterations"] == 10 and saved["val_loss"] == summary["val_loss"] is not None
-    assert saved["full_val_loss"] > 0 and len(list((tmp_path / "run" / "hparams").iterdir())) == 1
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert saved["full_val_loss"] > 0 and [e.step for e in events.Scalars("val/full_loss")] == [10]
     assert any(m.startswith("done: 10 steps") for m in messages)
 
 

@@ -41,9 +41,19 @@ def test_debug_run_end_to_end(corpus, tmp_path):
     assert scalars >= {"train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_sec", "perf/mfu"}
     assert {"config/text_summary", "samples/text_summary"} <= set(events.Tags()["tensors"])
     assert [e.step for e in events.Scalars("val/loss")] == [0, 30, 60]
-    hparams = EventAccumulator(str(out / "hparams"))
-    hparams.Reload()
-    assert hparams.Scalars("hparam/full_val_loss")[0].value == pytest.approx(summary["full_val_loss"])
+    # the final figures live in the run itself (one entry per run in TensorBoard's list), at the final step
+    final = events.Scalars("val/full_loss")
+    assert final[0].value == pytest.approx(summary["full_val_loss"]) and [e.step for e in final] == [60]
+    assert not (out / "hparams").exists()
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    layout = layout_pb2.Layout.FromString(events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    loss_chart = layout.category[0].chart[0].multiline
+    assert layout.category[0].title == "loss" and list(loss_chart.tag) == ["train/loss", "val/loss", "val/full_loss"]
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    content = events.SummaryMetadata("_hparams_/experiment").plugin_data.content
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
+    assert [h.name for h in experiment.hparam_infos][:3] == ["n_layer", "n_head", "n_embd"]
+    assert [m.name.tag for m in experiment.metric_infos] == ["val/full_loss", "val/best_loss"]
 
 
 @pytest.mark.parametrize("optimizer, dtype", [("adamw", "float32"), ("muon", "bfloat16")])

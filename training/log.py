@@ -40,6 +40,9 @@ class Log:
 
     # ---- TensorBoard ----------------------------------------------------------------------------------------
     def _write(self, method: str, *args, **kwargs) -> None:
+        self._with_writer(lambda writer: getattr(writer, method)(*args, **kwargs))
+
+    def _with_writer(self, write) -> None:
         if not self.active:
             return
         try:
@@ -47,7 +50,7 @@ class Log:
                 from torch.utils.tensorboard import SummaryWriter
                 _quiet_writer_threads()
                 self._writer = SummaryWriter(log_dir=str(self.out_dir))
-            getattr(self._writer, method)(*args, **kwargs)
+            write(self._writer)
         except (OSError, RuntimeError) as err:
             self._writer = None  # its file is broken; close() must not try again
             raise UserError(f"could not write TensorBoard events in {self.out_dir} ({disk_error(err)}); the "
@@ -63,8 +66,25 @@ class Log:
     def figure(self, tag: str, figure, step: int) -> None:
         self._write("add_figure", tag, figure, step)
 
-    def hparams(self, hparams: dict, metrics: dict) -> None:
-        self._write("add_hparams", hparams, metrics, run_name="hparams")
+    def layout(self) -> None:
+        """TensorBoard's Custom Scalars tab: train and validation loss on one chart, then the speed."""
+        self._write("add_custom_scalars", {
+            "loss": {"train and validation loss (nats per character)":
+                     ["Multiline", ["train/loss", "val/loss", "val/full_loss"]]},
+            "speed": {"tokens per second": ["Multiline", ["perf/tokens_per_sec"]],
+                      "model FLOPs utilisation": ["Multiline", ["perf/mfu"]]}})
+
+    def hparams(self, hparams: dict, metrics: dict, step: int) -> None:
+        """The run's settings and final figures for the HParams tab, in the run's own event file (torch's add_hparams
+        would make a second run named after a subfolder), the figures at the final step (not as dots at step 0)."""
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        def write(writer) -> None:
+            for summary in hparams_summaries(hparams, metrics):
+                writer.file_writer.add_summary(summary, step)
+            for tag, value in metrics.items():
+                writer.add_scalar(tag, value, step)
+        self._with_writer(write)
 
     def flush(self) -> None:
         if self._writer is not None:

@@ -134,9 +134,6 @@ class RunDir:
         """The new run has its first checkpoint: the old run goes for good."""
         shutil.rmtree(self.path / ASIDE, ignore_errors=True)
 
-    def clear_logs(self, *names: str) -> None:
-        self._remove([self.path / name for name in names])
-
     @staticmethod
     def _remove(paths: list[Path]) -> None:
         for path in paths:
