@@ -7,7 +7,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from configs.schema import FIELDS, TrainConfig
+from configs.schema import FIELDS, TYPES, TrainConfig
 from errors import ArgumentParser, UserError
 
 PRESET_DIR = Path(__file__).resolve().parent
@@ -66,7 +66,7 @@ def build_parser(preset: str = "", values: dict | None = None, why: str = "") ->
     for name, f in FIELDS.items():
         if name == "config_name":
             continue
-        kind = parse_bool if f.type in ("bool", bool) else {"int": int, "float": float}.get(f.type, str)
+        kind = parse_bool if TYPES[name] is bool else TYPES[name]
         extra = {"nargs": "?", "const": True} if kind is parse_bool else {}  # a bare --resume means true
         here = f"; here {values[name]}, from {preset}" if name in values and values[name] != f.default else ""
         parser.add_argument(f"--{name}", type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
@@ -99,9 +99,10 @@ def checked_types(values: dict, where: str) -> dict:
         if key == "compile" and isinstance(value, bool):
             values[key] = str(value).lower()
             continue
-        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}[FIELDS[key].type]
-        if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
-            raise UserError(f"{where}: {key} = {value!r} should be of type {FIELDS[key].type}")
+        kind = TYPES[key]
+        expected = (int, float) if kind is float else kind  # a TOML 2 is a fine float
+        if not isinstance(value, expected) or (kind is not bool and isinstance(value, bool)):
+            raise UserError(f"{where}: {key} = {value!r} should be of type {kind.__name__}")
     return values
 
 
@@ -133,9 +134,12 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
         raise UserError(str(err)) from None
 
 
-def config_from_dict(values: dict, where: str) -> TrainConfig:
-    """Rebuild a config saved in a checkpoint, ignoring fields this version no longer has (missing fields take their
-    defaults); wrong types or values are a one-line error naming the checkpoint."""
+def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
+    """Rebuild a config saved in a checkpoint: fields this version no longer has are ignored, and said so; missing
+    fields take their defaults; wrong types or values are a one-line error naming the checkpoint."""
+    ignored = sorted(k for k in values if k not in FIELDS)
+    if ignored:
+        say(f"note: {where} has settings this version does not know, ignored: {', '.join(ignored)}")
     known = checked_types({k: v for k, v in values.items() if k in FIELDS}, where)
     try:
         return TrainConfig(**known)

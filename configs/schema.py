@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from model.config import ModelConfig
@@ -75,9 +76,9 @@ class TrainConfig:
             if not ok:
                 raise ValueError(f"--{name} {getattr(self, name)!r}: {rule}")
 
-        for f in fields(self):
-            if f.type in ("float", float):
-                check(math.isfinite(getattr(self, f.name)), f.name, "must be a finite number")
+        for name, kind in TYPES.items():
+            if kind is float:
+                check(math.isfinite(getattr(self, name)), name, "must be a finite number")
         for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "max_nonfinite_steps"):
             check(getattr(self, name) >= 1, name, "must be at least 1")
         for name in ("max_iters", "warmup_iters", "lr_decay_iters", "sample_chars", "num_threads"):
@@ -108,4 +109,5 @@ class TrainConfig:
 
 ARCHITECTURE_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "vocab_size")
 FIELDS = {f.name: f for f in fields(TrainConfig)}
+TYPES: dict[str, type] = typing.get_type_hints(TrainConfig)  # the real types (the annotations are strings here)
 assert all(f.default is not MISSING for f in FIELDS.values())

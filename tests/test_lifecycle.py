@@ -290,3 +290,12 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     events.Reload()
     config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert '"data": "pystdlib"' in config
+
+
+def test_saved_settings_this_version_does_not_know_are_named(finished, tmp_path, capsys):
+    out = copy_of(finished, tmp_path)
+    state = torch.load(out / "ckpt_last.pt", weights_only=True)
+    torch.save({**state, "run_config": {**state["run_config"], "warmup_ratio": 0.1, "old_flag": True}},
+               out / "ckpt_last.pt")
+    code, text, _ = cli(capsys, "--out_dir", str(out), "--resume")
+    assert code == 0 and "does not know, ignored: old_flag, warmup_ratio" in text and "finished at step 20" in text

@@ -59,7 +59,7 @@ def prepare_data(cfg: TrainConfig, say) -> Prepared:
 
 def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say, where: Path) -> TrainConfig:
     """The saved run's config, with only the fields the user set now; architecture changes are refused."""
-    old = config_from_dict(saved, str(where))
+    old = config_from_dict(saved, str(where), say)
     values = old.to_dict()
     for name in sorted(explicit - {"resume", "overwrite"}):
         new_value = getattr(cfg, name)
