@@ -23,7 +23,7 @@ from training.files import write_text_atomic
 from training.fonts import missing_note
 from training.log import Log
 from training.opening import choose_corpus, open_run
-from training.perf import measure_peak_flops, model_matmul_shape, sync
+from training.perf import measure_peak_flops, model_matmul_shape, sync, utilisation
 from training.pictures import attention_figure, attention_weights
 from training.run_dir import RunDir
 from training.stop import StopRequest
@@ -169,6 +169,8 @@ def warn_if_slow(run: Run, progress: Progress, log: Log) -> None:
     log.say(f"note: {made_for}on this CPU this run would take about {about} ({step * 1000:.0f} ms per step "
             f"x {run.cfg.max_iters - progress.it} steps, plus evaluations); for a run of a minute or two use "
             f"--config shakespeare_char_cpu, or lower --max_iters and --eval_iters")
+
+
 def save(run: Run, progress: Progress, run_dir: RunDir, stop: StopRequest, name: str) -> None:
     checkpoint.save(capture(run, progress), run_dir.path / name)
     if name == "ckpt_last.pt":
@@ -271,7 +273,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
                 seconds = progress.train_seconds + time.perf_counter() - stretch
                 step_seconds = max(seconds - logged[1], 1e-9) / (progress.it - logged[0])
                 tokens_per_sec = run.tokens_per_iter / step_seconds
-                mfu = min(1.0, run.flops_per_token * tokens_per_sec / peak_flops)  # a peak measured low never gives >100%
+                mfu = utilisation(run.flops_per_token * tokens_per_sec, peak_flops)
                 logged = (progress.it, seconds)
                 history.append((progress.it, loss_value))
                 log.scalars(progress.it, {
@@ -289,6 +291,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
 
 # ---- the finish: the exact validation loss, TensorBoard's hparams, summary.json -------------------------------
 HPARAMS = ("n_layer", "n_head", "n_embd", "block_size", "learning_rate", "optimizer", "max_iters")
+
 
 def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRequest, d: Dist, wall: float) -> dict:
     cfg = run.cfg
@@ -330,13 +333,14 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
         note = f"config: the saved config of {cfg.out_dir or 'the run'}, with what this command line sets"
     if note:
         speak(note)
+    corpus = None
     if not cfg.resume or not cfg.out_dir:
-        cfg = choose_corpus(cfg, speak)  # names the default run folder after the preset and the corpus
+        cfg, corpus = choose_corpus(cfg, speak)  # names the default run folder after the preset and the corpus
     run_dir = RunDir(Path(cfg.out_dir))
     log = Log(run_dir.path, d.is_main, say)
     distributed.init(d, runtime.pick_device(cfg.device).type)
     try:
-        opened = open_run(cfg, explicit, d, run_dir, log, stop)
+        opened = open_run(cfg, explicit, d, run_dir, log, stop, None if cfg.resume else corpus)
         if isinstance(opened, str):
             log.say(opened)
             return {"finished": True}

@@ -27,7 +27,7 @@ from training import runtime  # noqa: E402
 from training.build import build_run  # noqa: E402
 from training.files import check_output_file  # noqa: E402
 from training.opening import prepare_data  # noqa: E402
-from training.perf import measure_peak_flops, model_matmul_shape, sync  # noqa: E402
+from training.perf import measure_peak_flops, model_matmul_shape, sync, utilisation  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prepare import make_corpus  # noqa: E402
@@ -65,7 +65,7 @@ def speed(run: dict, seconds: float, peak_flops: float) -> dict:
     achieved = run["flops_per_token"] * tokens_per_sec
     peak_flops = max(peak_flops, achieved)  # the step itself ran faster than the ceiling measured: it is the ceiling
     return {"ms_per_iter": seconds * 1000, "tokens_per_sec": tokens_per_sec, "achieved_flops": achieved,
-            "peak_flops": peak_flops, "mfu": achieved / peak_flops}
+            "peak_flops": peak_flops, "mfu": utilisation(achieved, peak_flops)}
 
 
 def bench_sampling(model: GPT, rt, new_tokens: int) -> dict:

@@ -86,10 +86,6 @@ class Log:
                 writer.add_scalar(tag, value, step)
         self._with_writer(write)
 
-    def flush(self) -> None:
-        if self._writer is not None:
-            self._write("flush")
-
     def close(self) -> None:
         if self._writer is not None:
             self._write("close")

@@ -10,7 +10,7 @@ from pathlib import Path
 from configs import TrainConfig
 from configs.loader import config_from_dict
 from configs.schema import ARCHITECTURE_FIELDS
-from data import Prepared, default_cache_dir, prepare, resolve
+from data import Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
 from errors import UserError
 from training import checkpoint, runtime
@@ -36,7 +36,7 @@ def cache_dir_of(cfg: TrainConfig) -> Path:
     return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
 
 
-def choose_corpus(cfg: TrainConfig, say) -> TrainConfig:
+def choose_corpus(cfg: TrainConfig, say) -> tuple[TrainConfig, Corpus]:
     """Find the corpus now (downloading a named one), so that the run is named and recorded after the text it
     really trains on: offline, "shakespeare" falls back to "pystdlib", and the config then says pystdlib (a resume
     later, online, must not switch to Shakespeare). Without --out_dir the run goes to out/<preset>-<corpus>."""
@@ -48,12 +48,13 @@ def choose_corpus(cfg: TrainConfig, say) -> TrainConfig:
         label = corpus.name if corpus.name in NAMED else (path.stem if path.is_file() else path.name)
         label = re.sub(r"[^\w.-]+", "_", label)[:40] or "corpus"  # letters of any script, digits, . _ -
         cfg.out_dir = f"out/{cfg.config_name}-{label}"
-    return cfg
+    return cfg, corpus
 
 
-def prepare_data(cfg: TrainConfig, say) -> Prepared:
+def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None) -> Prepared:
+    """The token files of the run's corpus (found here unless choose_corpus already found it)."""
     cache_dir = cache_dir_of(cfg)
-    corpus = resolve(cfg.data, cache_dir, say=say)
+    corpus = corpus or resolve(cfg.data, cache_dir, say=say)
     return prepare(corpus, cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors, say=say)
 
 
@@ -89,7 +90,8 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
             f"python train.py --out_dir {where} --resume --max_iters {max(state['iter'], cfg.max_iters) * 2}")
 
 
-def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop: StopRequest):
+def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop: StopRequest,
+             corpus: Corpus | None = None):
     """Own the folder, read the checkpoint to resume, prepare the data and build the run; or, for a finished run,
     the line that says so. Under torchrun rank 0 goes first, and a failure anywhere is one line from rank 0."""
     resumed, source = None, None
@@ -111,7 +113,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             done = finished_run(run_dir, resumed, cfg)
             if done:
                 return done
-        prepared = prepare_data(cfg, log.say) if d.is_main else None
+        prepared = prepare_data(cfg, log.say, corpus) if d.is_main else None
     with d.together():
         if not d.is_main:
             prepared = prepare_data(cfg, log.say)  # rank 0 prepared it: found in the cache

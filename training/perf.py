@@ -13,6 +13,12 @@ def flops_per_token(n_params: int, cfg: ModelConfig) -> float:
     return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
+def utilisation(achieved_flops: float, peak_flops: float) -> float:
+    """MFU: achieved over peak FLOP/s, at most 1 (a step faster than the measured peak means the peak was measured
+    low on a busy machine, not that the step beat the hardware)."""
+    return min(1.0, achieved_flops / peak_flops)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -14,7 +14,7 @@ class StopRequest:
     acknowledged at once on stderr. Another one, a second or more later, stops at once. Under torchrun a Ctrl-C reaches
     each process twice within milliseconds (from the terminal and forwarded by torchrun): that is still one request.
 
-    Without `install()` (tests calling train() in-process) it is a flag nobody sets."""
+    Outside a `with` block (tests calling train() in-process) it is a flag nobody sets."""
 
     GRACE_SECONDS = 1.0
 
@@ -27,21 +27,15 @@ class StopRequest:
         self.first_at = 0.0
         self.previous: dict = {}
 
-    def install(self) -> "StopRequest":
+    def __enter__(self) -> "StopRequest":
         for sig in (signal.SIGINT, signal.SIGTERM):
             self.previous[sig] = signal.signal(sig, self.handle)
         return self
 
-    def uninstall(self) -> None:
+    def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous = {}
-
-    def __enter__(self) -> "StopRequest":
-        return self.install()
-
-    def __exit__(self, *exc) -> None:
-        self.uninstall()
 
     def say(self, text: str) -> None:
         if self.speak:
