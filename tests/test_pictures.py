@@ -94,8 +94,9 @@ def test_characters_are_drawn_by_an_installed_font_or_labelled_by_code_point_wit
     from training.fonts import missing_note, tick_labels
     from training.pictures import attention_figure
     text = "ab 花落知"
-    shown, families, missing = tick_labels(list(text))
-    assert shown[:3] == ["a", "b", " "] and families[0] == "DejaVu Sans Mono"
+    shown, families, missing = tick_labels(text)
+    assert shown[:3] == ["a", "b", "␣"] and families[0] == "DejaVu Sans Mono"
+    assert missing_note("to be,\n\tor not") is None  # a newline or a tab is written \n, \t: no font is missing
     for ch, label in zip(text[3:], shown[3:]):
         assert label == (f"{ord(ch):x}" if ch in missing else ch)
         if shutil.which("fc-list"):  # fontconfig's own answer: does any installed font have this character?

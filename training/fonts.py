@@ -48,26 +48,31 @@ def font_for(ch: str) -> str | None:
     return found
 
 
-def tick_labels(labels: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """(labels to draw, font families in fallback order, characters no installed font draws). A character without a
-    font is shown as its code point (花 -> 82b1), so the axis stays legible and matplotlib warns about no glyph."""
+def label(ch: str) -> str:
+    """How a character is written on an axis: a newline, a space or a tab made visible."""
+    return {"\n": "\\n", " ": "␣", "\t": "\\t"}.get(ch, ch)
+
+
+def tick_labels(text: str) -> tuple[list[str], list[str], list[str]]:
+    """(a label per character, font families in fallback order, characters no installed font draws). A character
+    without a font is shown as its code point (花 -> 82b1), so the axis stays legible and matplotlib does not warn."""
     families, missing, shown = [BASE], [], []
-    for label in labels:
+    for written in map(label, text):
         drawable = True
-        for ch in label:
+        for ch in written:
             name = font_for(ch)
             if name is None:
                 drawable = False
                 missing.append(ch)
             elif name not in families:
                 families.append(name)
-        shown.append(label if drawable else "".join(f"{ord(ch):x}" for ch in label))
+        shown.append(written if drawable else "".join(f"{ord(ch):x}" for ch in written))
     return shown, families, list(dict.fromkeys(missing))
 
 
 def missing_note(text: str) -> str | None:
     """One line for the user when some characters of text cannot be drawn on this machine."""
-    missing = tick_labels(list(text))[2]
+    missing = tick_labels(text)[2]
     if not missing:
         return None
     return (f"note: no installed font draws {''.join(missing[:10])}{'...' if len(missing) > 10 else ''}; the "
