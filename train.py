@@ -186,7 +186,7 @@ def attention_probe(run: Run) -> list[int]:
 def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, improved: bool) -> None:
     """Rank 0: the losses, a generated sample and attention maps to TensorBoard."""
     cfg, it = run.cfg, progress.it
-    log.scalars(it, {"train/loss_eval": losses["train"], "val/loss": losses["val"]})
+    log.scalars(it, {"loss/train_eval": losses["train"], "loss/val": losses["val"]})
     if cfg.sample_chars:
         prompt = run.tokenizer.encode(run.tokenizer.default_prompt(run.data_info["first_char"]))
         generator = torch.Generator(device=run.rt.device).manual_seed(cfg.seed)
@@ -277,7 +277,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
                 logged = (progress.it, seconds)
                 history.append((progress.it, loss_value))
                 log.scalars(progress.it, {
-                    "train/loss": loss_value, "train/lr": lr, "train/grad_norm": norm_value,
+                    "loss/train": loss_value, "optim/lr": lr, "optim/grad_norm": norm_value,
                     "perf/tokens_per_sec": tokens_per_sec, "perf/tokens_seen": progress.it * run.tokens_per_iter,
                     "perf/mfu": mfu})
                 log.line(f"step {progress.it}/{cfg.max_iters}: loss {loss_value:.4f}, {step_seconds * 1000:.1f} ms/step, "
@@ -290,7 +290,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
 
 
 # ---- the finish: the exact validation loss, TensorBoard's hparams, summary.json -------------------------------
-HPARAMS = ("n_layer", "n_head", "n_embd", "block_size", "learning_rate", "optimizer", "max_iters")
+HPARAMS = ("learning_rate", "max_iters", "n_embd", "n_layer", "optimizer")
 
 
 def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRequest, d: Dist, wall: float) -> dict:
@@ -311,9 +311,10 @@ def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRe
             return {**summary, "stopped": True}
         summary["full_val_loss"], summary["full_val_bits_per_char"] = loss, loss / math.log(2)
     if d.is_main:
-        # The HParams table sorts its columns by name: only the settings that matter, so the figures stay in view;
-        # the figures are the val/ scalars, so the Scalars tab has no group of single dots of its own.
-        metrics = {"val/full_loss": summary.get("full_val_loss"), "val/best_loss": summary["best_val_loss"]}
+        # TensorBoard's HParams table sorts the settings by name and shows the first five: these five, so the
+        # model's shape, learning rate, optimizer and steps are all in view, then the figures. The figures are
+        # summary/ scalars at the final step, so their single dots come last in the Scalars tab, after loss.
+        metrics = {"summary/full_val_loss": summary.get("full_val_loss"), "summary/best_val_loss": summary["best_val_loss"]}
         log.hparams({name: getattr(cfg, name) for name in HPARAMS},
                     {tag: value for tag, value in metrics.items() if value is not None}, progress.it)
         log.close()

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import re
 import tomllib
 from pathlib import Path
 
-from configs.schema import FIELDS, TYPES, TrainConfig
+from configs.schema import ARCHITECTURE_FIELDS, FIELDS, TYPES, TrainConfig
 from errors import ArgumentParser, UserError
 
 PRESET_DIR = Path(__file__).resolve().parent
@@ -26,7 +25,19 @@ def parse_bool(text: str) -> bool:
     raise ValueError(text)
 
 
-parse_bool.__name__ = "bool"  # argparse names the expected type after the function
+PARSERS = {bool: parse_bool, int: int, float: float, str: str}
+EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+
+
+def parse_value(name: str, text) -> object:
+    """One command-line value as its field's type, or a one-line error naming the option and what it expects."""
+    kind = TYPES[name]
+    if not isinstance(text, str):  # a bare --resume is already True
+        return text
+    try:
+        return PARSERS[kind](text)
+    except ValueError:
+        raise UserError(f"--{name}: expected {EXPECTED[kind]}, got {text!r}") from None
 
 
 def suggest(name: str, candidates) -> str:
@@ -41,12 +52,7 @@ def unknown_option(option: str) -> UserError:
 
 
 class Parser(ArgumentParser):
-    def error(self, message: str):  # name the option and what it expects
-        match = re.match(r"argument (--\w+): invalid (\w+) value: (.*)", message)
-        if match:
-            option, kind, value = match.groups()
-            kind = {"int": "an integer", "float": "a number", "bool": "true or false"}.get(kind, kind)
-            raise UserError(f"{option}: expected {kind}, got {value}")
+    def error(self, message: str):  # e.g. "argument --n_layer: expected one argument", as one line, exit 2
         raise UserError(message)
 
 
@@ -63,14 +69,17 @@ def build_parser(preset: str = "", values: dict | None = None, why: str = "") ->
     parser.add_argument("--config", default=argparse.SUPPRESS,
                         help="preset name in configs/ or path to a .toml file (default: shakespeare_char "
                              "with CUDA, shakespeare_char_cpu without)")
+    groups = {"model": parser.add_argument_group("model (model/config.py)"),
+              "run": parser.add_argument_group("data, optimisation, evaluation and the run (configs/schema.py)")}
     for name, f in FIELDS.items():
         if name == "config_name":
             continue
-        kind = parse_bool if TYPES[name] is bool else TYPES[name]
-        extra = {"nargs": "?", "const": True} if kind is parse_bool else {}  # a bare --resume means true
+        kind = TYPES[name]
+        extra = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --resume means true
         here = f"; here {values[name]}, from {preset}" if name in values and values[name] != f.default else ""
-        parser.add_argument(f"--{name}", type=kind, default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
-                            help=f"{f.metadata['help']}{here} (default: {f.default})", **extra)
+        group = groups["model" if name in ARCHITECTURE_FIELDS else "run"]
+        group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
+                           help=f"{f.metadata['help']}{here} (default: {f.default})", **extra)
     return parser
 
 
@@ -124,8 +133,7 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         raise unknown_option(next((u for u in unknown if u.startswith("-")), unknown[0]))
-    overrides = vars(args)
-    overrides.pop("config", None)
+    overrides = {name: parse_value(name, text) for name, text in vars(args).items() if name != "config"}
     explicit = set(overrides) | (set(values) if given else set())
     values = {"config_name": name, **values, **overrides}
     try:

@@ -1,11 +1,12 @@
-"""TrainConfig: every setting of a training run, with its type, default and meaning, checked when built."""
+"""TrainConfig: every setting of a training run, with its type, default and meaning, checked when built.
+The model's settings are not repeated here: TrainConfig takes them, defaults and checks included, from Architecture."""
 from __future__ import annotations
 
 import math
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
-from model.config import ModelConfig
+from model.config import Architecture, ModelConfig, setting
 from training.optim import OPTIMIZERS
 from training.runtime import COMPILE_MODES, valid_device
 
@@ -13,29 +14,14 @@ from training.runtime import COMPILE_MODES, valid_device
 SEED_MAX = 2**62  # seeds go to torch.manual_seed (64 bits), with the rank added under torchrun
 
 
-def setting(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
-class TrainConfig:
+class TrainConfig(Architecture):  # the model's fields (block_size .. activation) come first, from Architecture
     # data
     data: str = setting("shakespeare", "text file, folder of text files, or a named corpus: shakespeare | pystdlib")
     cache_dir: str = setting("", "where downloads and token files are cached (empty: ~/.cache/chargpt)")
     val_fraction: float = setting(0.1, "the last fraction of the text used for validation")
     encoding: str = setting("utf-8", "text encoding of the corpus files")
     encoding_errors: str = setting("strict", "undecodable bytes: strict (stop) | replace | ignore")
-    # model
-    block_size: int = setting(256, "context length in characters")
-    n_layer: int = setting(6, "number of transformer blocks")
-    n_head: int = setting(6, "attention heads per block")
-    n_embd: int = setting(384, "width of the residual stream")
-    dropout: float = setting(0.2, "dropout probability (0 to turn off)")
-    bias: bool = setting(True, "biases in Linear and LayerNorm layers")
-    tie_weights: bool = setting(True, "share the token embedding with the output head")
-    attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower)")
-    position: str = setting("learned", "position information: learned (a table) | rope (rotary embeddings)")
-    activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared)")
     # optimisation
     batch_size: int = setting(64, "sequences per micro-batch")
     grad_accum_steps: int = setting(1, "micro-batches summed into one optimizer step")
@@ -53,7 +39,7 @@ class TrainConfig:
     # evaluation and logging
     eval_interval: int = setting(250, "evaluate (and checkpoint) every this many steps")
     eval_iters: int = setting(200, "random batches per split in each evaluation")
-    log_interval: int = setting(10, "update the progress bar and train/* scalars every this many steps")
+    log_interval: int = setting(10, "update the progress bar and the loss/train, optim/* and perf/* scalars every this many steps")
     sample_chars: int = setting(200, "characters of generated text logged to TensorBoard at each evaluation (0: none)")
     log_attention: bool = setting(True, "log each layer's attention heatmap for a fixed validation text at each evaluation")
     full_val: bool = setting(True, "at the end, compute the exact loss over every validation window")
@@ -72,6 +58,8 @@ class TrainConfig:
     config_name: str = setting("custom", "name of the preset this run started from (set by --config)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the model's own checks (n_embd % n_head, attention, position, activation, ...)
+
         def check(ok: bool, name: str, rule: str) -> None:
             if not ok:
                 raise ValueError(f"--{name} {getattr(self, name)!r}: {rule}")
@@ -97,17 +85,15 @@ class TrainConfig:
         check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}")
         check(valid_device(self.device), "device", "must be auto, cpu, cuda, cuda:N or mps")
         check(0 <= self.seed <= SEED_MAX, "seed", f"must be a whole number from 0 to {SEED_MAX} (2^62)")
-        self.model_config(vocab_size=1)  # the model's own checks (attention, position, activation, n_embd % n_head)
 
     def model_config(self, vocab_size: int) -> ModelConfig:
-        shared = {f.name for f in fields(ModelConfig)} - {"vocab_size"}
-        return ModelConfig(vocab_size=vocab_size, **{name: getattr(self, name) for name in shared})
+        return ModelConfig(vocab_size=vocab_size, **{name: getattr(self, name) for name in ARCHITECTURE_FIELDS})
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-ARCHITECTURE_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "vocab_size")
+ARCHITECTURE_FIELDS = tuple(f.name for f in fields(Architecture))
 FIELDS = {f.name: f for f in fields(TrainConfig)}
 TYPES: dict[str, type] = typing.get_type_hints(TrainConfig)  # the real types (the annotations are strings here)
 assert all(f.default is not MISSING for f in FIELDS.values())

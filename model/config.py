@@ -1,29 +1,35 @@
-"""ModelConfig: the shape of the decoder, validated when it is built."""
+"""The decoder's settings: Architecture (its shape, also a section of every training run's settings) and
+ModelConfig (the shape plus the vocabulary size, which comes from the data); each value is checked once, here."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 ATTENTION_IMPLS = ("auto", "sdpa", "explicit")
 POSITIONS = ("learned", "rope")
 ACTIVATIONS = ("gelu", "relu2")
 
 
+def setting(default, help: str):
+    """A dataclass field with the sentence that train.py --help shows for it."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
-class ModelConfig:
-    vocab_size: int = 65
-    block_size: int = 256  # the longest context the model sees (size of the position table)
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
-    dropout: float = 0.0
-    bias: bool = True  # biases in Linear and LayerNorm layers
-    tie_weights: bool = True  # the output head shares its weights with the token embedding
-    attention: str = "auto"  # auto | sdpa | explicit (see model/attention.py)
-    position: str = "learned"  # learned: a position embedding table; rope: rotary embeddings on q and k
-    activation: str = "gelu"  # the feed-forward nonlinearity: gelu, or relu2 (relu(x) squared)
+class Architecture:
+    block_size: int = setting(256, "context length in characters (the size of the position table)")
+    n_layer: int = setting(6, "number of transformer blocks")
+    n_head: int = setting(6, "attention heads per block")
+    n_embd: int = setting(384, "width of the residual stream")
+    dropout: float = setting(0.0, "dropout probability while training (0 to turn off)")
+    bias: bool = setting(True, "biases in Linear and LayerNorm layers")
+    tie_weights: bool = setting(True, "share the token embedding with the output head")
+    attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower); "
+                                     "see model/attention.py")
+    position: str = setting("learned", "position information: learned (a table) | rope (rotary embeddings on q and k)")
+    activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared)")
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        for name in ("block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -46,6 +52,16 @@ class ModelConfig:
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
+
+
+@dataclass
+class ModelConfig(Architecture):
+    vocab_size: int = 65  # set from the data's tokenizer
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool) or self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive integer, got {self.vocab_size!r}")
+        super().__post_init__()
 
     def to_dict(self) -> dict:
         return asdict(self)

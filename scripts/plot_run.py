@@ -11,6 +11,9 @@ from training.files import check_output_file  # noqa: E402
 from training.pictures import picture_formats  # noqa: E402
 
 
+RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "optim/lr"}  # the tags of older runs
+
+
 def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar series of a run, as (step, value) pairs."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -21,8 +24,8 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
         raise UserError(f"{out_dir} holds no TensorBoard events; pass the --out_dir of a training run")
     events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # 0: keep every point
     events.Reload()
-    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    if not any(scalars.get(tag) for tag in ("train/loss", "val/loss")):
+    scalars = {RENAMED.get(tag, tag): [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    if not any(scalars.get(tag) for tag in ("loss/train", "loss/val")):
         raise UserError(f"{out_dir} holds no losses yet (the run stopped before its first log); nothing to plot")
     return scalars
 
@@ -48,13 +51,13 @@ def main(argv: list[str] | None = None) -> int:
             x_label = "tokens seen"
         color = f"C{i}"
         name = out_dir.name
-        for tag, style, what in (("train/loss", "-", "train"), ("val/loss", "o--", "val")):
+        for tag, style, what in (("loss/train", "-", "train"), ("loss/val", "o--", "val")):
             points = scalars.get(tag, [])
             points = [(s, v) for s, v in points if s > 0]  # step 0 has no place on a log axis
             if points:
                 loss_ax.plot([s * per_step for s, _ in points], [v for _, v in points], style, color=color,
                              alpha=0.6 if what == "train" else 1.0, markersize=4, label=f"{name} {what}")
-        lr = scalars.get("train/lr", [])
+        lr = scalars.get("optim/lr", [])
         lr_ax.plot([s for s, _ in lr], [v for _, v in lr], color=color, label=name)
     loss_ax.set_xscale("log")
     loss_ax.set_yscale("log")

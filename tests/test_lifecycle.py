@@ -192,7 +192,7 @@ def test_a_stop_in_the_final_validation_is_finished_by_resume(corpus, tmp_path, 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(tmp_path / "run"))
     events.Reload()
-    assert saved["full_val_loss"] > 0 and [e.step for e in events.Scalars("val/full_loss")] == [10]
+    assert saved["full_val_loss"] > 0 and [e.step for e in events.Scalars("summary/full_val_loss")] == [10]
     assert any(m.startswith("done: 10 steps") for m in messages)
 
 

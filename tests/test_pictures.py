@@ -63,6 +63,23 @@ def test_plot_run_writes_a_png_comparing_runs(run_dir, tmp_path):
     assert missing.returncode == 2 and "no TensorBoard events" in missing.stderr
 
 
+def test_plot_run_reads_the_loss_tags_of_older_runs(run_dir, tmp_path):
+    """Runs made before the loss/ group was named (train/loss, val/loss, train/lr) still plot, point for point."""
+    from torch.utils.tensorboard import SummaryWriter
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import plot_run
+
+    now = plot_run.read_scalars(run_dir)
+    old_dir = tmp_path / "old_run"
+    with SummaryWriter(str(old_dir)) as writer:
+        for old, new in plot_run.RENAMED.items():
+            for step, value in now[new]:
+                writer.add_scalar(old, value, step)
+    then = plot_run.read_scalars(old_dir)
+    assert set(then) == set(plot_run.RENAMED.values())
+    assert all(then[tag] == now[tag] for tag in then)  # float32 in both files, so exactly equal
+
+
 def test_walkthrough_prints_what_the_formula_gives():
     out = run_script("attention_walkthrough.py").stdout
     sections = dict(re.findall(r"^(\S[^\n]*):\n((?:  \[.*\]\n)+)", out, flags=re.M))

@@ -1,6 +1,7 @@
 """Training end to end: outputs, TensorBoard tags, exact resume, the command line and its errors."""
 import json
 import math
+from dataclasses import fields
 
 import pytest
 import torch
@@ -8,8 +9,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import train
 from configs import load_config
-from configs.schema import FIELDS
+from configs.schema import ARCHITECTURE_FIELDS, FIELDS, TrainConfig
 from errors import UserError, run_cli
+from model.config import ModelConfig
 from training import checkpoint, runtime
 
 
@@ -38,22 +40,24 @@ def test_debug_run_end_to_end(corpus, tmp_path):
     events = EventAccumulator(str(out))
     events.Reload()
     scalars = set(events.Tags()["scalars"])
-    assert scalars >= {"train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_sec", "perf/mfu"}
+    assert scalars >= {"loss/train", "loss/val", "optim/lr", "optim/grad_norm", "perf/tokens_per_sec", "perf/mfu"}
+    assert sorted(tag.split("/")[0] for tag in scalars)[0] == "loss"  # the Scalars tab sorts groups by name
     assert {"config/text_summary", "samples/text_summary"} <= set(events.Tags()["tensors"])
-    assert [e.step for e in events.Scalars("val/loss")] == [0, 30, 60]
+    assert [e.step for e in events.Scalars("loss/val")] == [0, 30, 60]
     # the final figures live in the run itself (one entry per run in TensorBoard's list), at the final step
-    final = events.Scalars("val/full_loss")
+    final = events.Scalars("summary/full_val_loss")
     assert final[0].value == pytest.approx(summary["full_val_loss"]) and [e.step for e in final] == [60]
     assert not (out / "hparams").exists()
     from tensorboard.plugins.custom_scalar import layout_pb2
     layout = layout_pb2.Layout.FromString(events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
     loss_chart = layout.category[0].chart[0].multiline
-    assert layout.category[0].title == "loss" and list(loss_chart.tag) == ["train/loss", "val/loss", "val/full_loss"]
+    assert layout.category[0].title == "loss" and list(loss_chart.tag) == ["loss/train", "loss/val", "summary/full_val_loss"]
     from tensorboard.plugins.hparams import plugin_data_pb2
     content = events.SummaryMetadata("_hparams_/experiment").plugin_data.content
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
-    assert [h.name for h in experiment.hparam_infos][:3] == ["n_layer", "n_head", "n_embd"]
-    assert [m.name.tag for m in experiment.metric_infos] == ["val/full_loss", "val/best_loss"]
+    names = [h.name for h in experiment.hparam_infos]  # TensorBoard shows the first five by name
+    assert len(names) <= 5 and {"n_layer", "n_embd", "learning_rate", "optimizer", "max_iters"} <= set(names)
+    assert [m.name.tag for m in experiment.metric_infos] == ["summary/full_val_loss", "summary/best_val_loss"]
 
 
 @pytest.mark.parametrize("optimizer, dtype", [("adamw", "float32"), ("muon", "bfloat16")])
@@ -119,6 +123,10 @@ def test_default_preset_follows_the_device():
 @pytest.mark.parametrize("argv, message", [
     (["--lerning_rate", "1"], "unknown option --lerning_rate; did you mean --learning_rate?"),
     (["--max_iters", "ten"], "--max_iters: expected an integer, got 'ten'"),
+    (["--dropout", "lots"], "--dropout: expected a number, got 'lots'"),
+    (["--bias", "maybe"], "--bias: expected true or false, got 'maybe'"),
+    (["--n_layer"], "argument --n_layer: expected one argument"),
+    (["--config", "debug", "--dropout", "1"], "dropout must be in [0, 1), got 1.0"),
     (["--config", "shakespear"], "did you mean shakespeare_char"),
     (["--config", "debug", "--n_embd", "33"], "n_embd (33) must be divisible by n_head (2)"),
     (["--dtype", "fp8"], "--dtype 'fp8': must be auto"),
@@ -138,6 +146,22 @@ def test_help_lists_every_field_with_default(capsys):
         if name != "config_name":
             assert f"--{name}" in text and " ".join(f.metadata["help"].split()) in text
     assert "(default: 0.001)" in text
+
+
+def test_the_model_settings_have_one_source(tmp_path):
+    """TrainConfig's model fields are ModelConfig's: the same defaults, the same checks, in the same words."""
+    assert TrainConfig().model_config(vocab_size=65) == ModelConfig()
+    assert [f.name for f in fields(ModelConfig) if f.name != "vocab_size"] == list(ARCHITECTURE_FIELDS)
+    for bad in (dict(n_embd=33, n_head=2), dict(dropout=1.5), dict(position="sinusoid"), dict(n_layer=0)):
+        with pytest.raises(ValueError) as from_model:
+            ModelConfig(**bad)
+        with pytest.raises(ValueError) as from_training:
+            TrainConfig(**bad)
+        assert str(from_model.value) == str(from_training.value)
+    preset = tmp_path / "bare.toml"  # a preset that leaves the model alone gets the model's defaults
+    preset.write_text("max_iters = 3\n")
+    cfg, _, _ = load_config(["--config", str(preset)], False)
+    assert cfg.model_config(65) == ModelConfig()
 
 
 def test_bad_preset_file_names_the_field(tmp_path):

@@ -70,7 +70,7 @@ class Log:
         """TensorBoard's Custom Scalars tab: train and validation loss on one chart, then the speed."""
         self._write("add_custom_scalars", {
             "loss": {"train and validation loss (nats per character)":
-                     ["Multiline", ["train/loss", "val/loss", "val/full_loss"]]},
+                     ["Multiline", ["loss/train", "loss/val", "summary/full_val_loss"]]},
             "speed": {"tokens per second": ["Multiline", ["perf/tokens_per_sec"]],
                       "model FLOPs utilisation": ["Multiline", ["perf/mfu"]]}})
 
