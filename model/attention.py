@@ -15,22 +15,35 @@ from model.rope import apply_rope
 # ---------------------------------------------------------------------------------------------
 # Masks. A boolean mask is True where a query may attend to a key.
 # ---------------------------------------------------------------------------------------------
-def valid_key_mask(valid_lens: torch.Tensor, n_keys: int) -> torch.Tensor:
-    """(B,) real-token counts -> (B, n_keys) mask of the real keys.
+PADDING_SIDES = ("left", "right")
 
-    Prompts are left-padded, so a row's real tokens are its last valid_lens[b] positions.
+
+def valid_key_mask(valid_lens: torch.Tensor, n_keys: int, padding: str) -> torch.Tensor:
+    """Real-token counts (any shape, e.g. (B,) or (B, n_queries)) -> a mask of shape valid_lens.shape + (n_keys,)
+    that is True on the real keys.
+
+    padding="right": a row's real tokens are its first valid_lens positions (the tutorials' and d2l's convention).
+    padding="left": its last valid_lens positions (this project's sampler, which left-pads prompts so that every
+    row's next token is in the same, last, column).
     """
+    if padding not in PADDING_SIDES:
+        raise ValueError(f"padding must be one of {', '.join(PADDING_SIDES)}, got {padding!r}")
     slots = torch.arange(n_keys, device=valid_lens.device)
-    return slots[None, :] >= (n_keys - valid_lens)[:, None]
+    lens = valid_lens[..., None]
+    return slots < lens if padding == "right" else slots >= n_keys - lens
 
 
-def masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor) -> torch.Tensor:
+def masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor | None, *, padding: str) -> torch.Tensor:
     """Softmax over the last axis of (B, ..., n_keys) scores, giving zero weight to padding keys.
 
-    Rows with no valid key at all come out as zeros instead of NaN.
+    valid_lens: None (no padding), (B,) one length per row, or (B, n_queries) one per query. Rows with no valid
+    key at all come out as zeros instead of NaN.
     """
-    keep = valid_key_mask(valid_lens, scores.size(-1))
-    keep = keep.view(keep.size(0), *([1] * (scores.dim() - 2)), keep.size(1))
+    if valid_lens is None:
+        return F.softmax(scores, dim=-1)
+    keep = valid_key_mask(valid_lens, scores.size(-1), padding)
+    while keep.dim() < scores.dim():  # (B, K) or (B, Q, K): broadcast over the axes between batch and queries
+        keep = keep.unsqueeze(1)
     weights = F.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
     return weights.nan_to_num(0.0)
 
@@ -46,7 +59,7 @@ def attention_mask(valid_lens: torch.Tensor | None, n_queries: int, n_keys: int,
     mask = key_slots <= query_slots  # (n_queries, n_keys): the tril, shifted for cached keys
     if valid_lens is None:
         return mask[None, None]
-    real_keys = valid_key_mask(valid_lens, n_keys)[:, None, :]  # (B, 1, n_keys)
+    real_keys = valid_key_mask(valid_lens, n_keys, padding="left")[:, None, :]  # (B, 1, n_keys)
     mask = mask[None] & (real_keys | (key_slots == query_slots)[None])
     return mask[:, None]  # (B, 1, n_queries, n_keys)
 

@@ -1,4 +1,5 @@
-"""python scripts/attention_walkthrough.py: one attention head, step by step, on three 4-dimensional inputs."""
+"""python scripts/attention_walkthrough.py: one head of causal self-attention, step by step, on tutorial 004's three
+tokens and weights (python scripts/tutorials.py 004 computes that blog's own, unmasked, example)."""
 from __future__ import annotations
 
 import math
@@ -11,17 +12,17 @@ import torch  # noqa: E402
 
 from model.attention import Head  # noqa: E402
 
-# Three tokens, each a 4-dimensional vector, and small integer weights: every number can be checked by hand.
+# Tutorial 004's example: three tokens of 4 numbers, small integer weights (4 x 3), so every step can be checked by hand.
 X = [[1.0, 0.0, 1.0, 0.0],
-     [0.0, 2.0, 0.0, 1.0],
+     [0.0, 2.0, 0.0, 2.0],
      [1.0, 1.0, 1.0, 1.0]]
-W_QUERY = [[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0], [0, 0, 1, 1]]
-W_KEY = [[0, 1, 0, 1], [1, 0, 1, 0], [1, 0, 0, 1], [0, 1, 1, 0]]
-W_VALUE = [[1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 3, 0], [1, 1, 1, 1]]
+W_QUERY = [[1, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 1]]
+W_KEY = [[0, 0, 1], [1, 1, 0], [0, 1, 0], [1, 1, 0]]
+W_VALUE = [[0, 2, 0], [0, 3, 0], [1, 0, 3], [1, 1, 0]]
 
 
 def build_head() -> Head:
-    head = Head(n_embd=4, head_size=4, block_size=3, bias=False)
+    head = Head(n_embd=4, head_size=3, block_size=3, bias=False)
     with torch.no_grad():  # nn.Linear computes x @ W.T, so the weights go in transposed: q = x @ W_QUERY
         head.query.weight.copy_(torch.tensor(W_QUERY, dtype=torch.float32).T)
         head.key.weight.copy_(torch.tensor(W_KEY, dtype=torch.float32).T)
@@ -41,8 +42,8 @@ def walkthrough() -> list[tuple[str, torch.Tensor]]:
     weights = torch.softmax(masked, dim=-1)
     out = weights @ v
     assert torch.allclose(out, head(x[None])[0])  # the step-by-step numbers are what the module computes
-    return [("x (3 tokens x 4 dims)", x), ("q = x @ W_query", q), ("k = x @ W_key", k), ("v = x @ W_value", v),
-            ("scores = q @ k^T", scores), ("scaled = scores / sqrt(head_size=4)", scaled),
+    return [("x (3 tokens x 4 numbers)", x), ("q = x @ W_query", q), ("k = x @ W_key", k), ("v = x @ W_value", v),
+            ("scores = q @ k^T", scores), ("scaled = scores / sqrt(head_size=3)", scaled),
             ("causal mask (tril: 1 = may look)", mask), ("masked scores (future = -inf)", masked),
             ("weights = softmax(masked, over each row)", weights), ("output = weights @ v", out)]
 

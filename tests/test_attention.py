@@ -133,7 +133,7 @@ def test_sharp_softmax_is_nearly_one_hot_with_a_vanishing_jacobian():
 def test_masked_softmax_zeroes_padding_and_rows_sum_to_one():
     scores = torch.randn(3, 2, 4, 6)
     valid_lens = torch.tensor([6, 3, 1])
-    weights = masked_softmax(scores, valid_lens)
+    weights = masked_softmax(scores, valid_lens, padding="left")
     for b, n in enumerate(valid_lens.tolist()):
         assert torch.all(weights[b, ..., : 6 - n] == 0)  # left padding: the first 6-n keys are padding
         assert torch.all(weights[b, ..., 6 - n:] > 0)
@@ -142,7 +142,7 @@ def test_masked_softmax_zeroes_padding_and_rows_sum_to_one():
 
 
 def test_masked_softmax_gives_zeros_not_nan_for_an_empty_row():
-    weights = masked_softmax(torch.randn(2, 4), torch.tensor([0, 4]))
+    weights = masked_softmax(torch.randn(2, 4), torch.tensor([0, 4]), padding="right")
     assert torch.all(weights[0] == 0) and not torch.isnan(weights).any()
 
 

@@ -88,12 +88,13 @@ def test_walkthrough_prints_what_the_formula_gives():
         text = next(v for k, v in sections.items() if k.startswith(prefix))
         return np.array([[float(v) for v in row.strip(" []").split()] for row in text.strip().splitlines()])
 
-    x = np.array([[1, 0, 1, 0], [0, 2, 0, 1], [1, 1, 1, 1]], dtype=float)
-    wq = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0], [0, 0, 1, 1]], dtype=float)
-    wk = np.array([[0, 1, 0, 1], [1, 0, 1, 0], [1, 0, 0, 1], [0, 1, 1, 0]], dtype=float)
-    wv = np.array([[1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 3, 0], [1, 1, 1, 1]], dtype=float)
+    x = np.array([[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]], dtype=float)  # tutorial 004's tokens and weights
+    wq = np.array([[1, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 1]], dtype=float)
+    wk = np.array([[0, 0, 1], [1, 1, 0], [0, 1, 0], [1, 1, 0]], dtype=float)
+    wv = np.array([[0, 2, 0], [0, 3, 0], [1, 0, 3], [1, 1, 0]], dtype=float)
     q, k, v = x @ wq, x @ wk, x @ wv
-    scaled = q @ k.T / 2.0
+    assert (q[0] @ k.T).tolist() == [2, 4, 4]  # the blog's scores for token 1
+    scaled = q @ k.T / np.sqrt(3)
     masked = np.where(np.tril(np.ones((3, 3))) == 1, scaled, -np.inf)
     weights = np.exp(masked - masked.max(1, keepdims=True))
     weights /= weights.sum(1, keepdims=True)

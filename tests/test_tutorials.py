@@ -1,0 +1,149 @@
+"""The tutorials' worked examples (scripts/tutorials.py) against the numbers the tutorials print, to 4 decimals."""
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import ROOT
+from model.attention import masked_softmax
+from model.scoring import additive_scores, attend, dot_product_scores
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import tutorials  # noqa: E402
+
+
+def steps(number: str) -> dict:
+    return {name: value for name, _, value in tutorials.TUTORIALS[number][1]()}
+
+
+def printed(value) -> list[str]:
+    return [f"{v:.4f}" for v in torch.as_tensor(value).detach().flatten().tolist()]
+
+
+def assert_prints(value, expected) -> None:
+    assert printed(value) == [f"{v:.4f}" for v in np.asarray(expected, dtype=float).flatten()]
+
+
+# The figures as tutorial 001 prints them.
+EMBEDDING = [[0.3374, -0.1778, -0.3035], [0.1794, 1.8951, 0.4954], [0.2692, -0.0770, -1.0205],
+             [-0.2196, -0.3792, 0.7671], [-0.5880, 0.3486, 0.6603], [-1.1925, 0.6984, -1.4097]]
+CONTEXT = [[-0.1564, 0.1028, -0.0763, -0.0764], [0.5313, 1.3607, 0.7891, 1.3110], [-0.3542, -0.1234, -0.2626, -0.3706],
+           [0.0071, 0.3345, 0.0969, 0.1998], [0.1008, 0.4780, 0.2021, 0.3674], [-0.5296, -0.2799, -0.4107, -0.6006]]
+MULTI_HEAD = [[-0.0185, 0.0170, 0.1999, -0.0860], [0.4003, 1.7137, 1.3981, 1.0497], [-0.1103, -0.1609, 0.0079, -0.2416],
+              [0.0668, 0.3534, 0.2322, 0.1008], [0.1180, 0.6949, 0.3157, 0.2807], [-0.1827, -0.2060, -0.2393, -0.3167]]
+CROSS = [[0.4231, 0.8665, 0.6503, 1.0042], [0.4874, 0.9718, 0.7359, 1.1353], [0.4054, 0.8359, 0.6258, 0.9667],
+         [0.4357, 0.8886, 0.6678, 1.0311], [0.4429, 0.9006, 0.6775, 1.0460], [0.3860, 0.8021, 0.5985, 0.9250]]
+RENORMALISED = [[1, 0, 0, 0, 0, 0], [0.0532, 0.9468, 0, 0, 0, 0], [0.3862, 0.1214, 0.4924, 0, 0, 0],
+                [0.2232, 0.3242, 0.2078, 0.2449, 0, 0], [0.1536, 0.3145, 0.1325, 0.1849, 0.2145, 0],
+                [0.1973, 0.0247, 0.3102, 0.1132, 0.0751, 0.2794]]
+
+
+def test_001_life_is_short_eat_dessert_first():
+    s = steps("001")
+    assert s["vocabulary"].tolist() == [0, 4, 5, 2, 1, 3]
+    assert_prints(s["embedding"], EMBEDDING)
+    assert_prints(s["W_q"], [[0.2961, 0.5166], [0.2517, 0.6886], [0.0740, 0.8665]])
+    assert_prints(s["W_v"], [[0.0756, 0.1966, 0.3164, 0.4017], [0.1186, 0.8274, 0.3821, 0.6605],
+                             [0.8536, 0.5932, 0.6367, 0.9826]])
+    assert_prints(s["q_2"], [0.5667, 1.8269])
+    assert_prints(s["omega_24"], 1.2903)
+    assert_prints(s["omega_2"], [-0.6004, 3.4707, -1.5023, 0.4991, 1.2903, -1.3374])
+    assert_prints(s["alpha_2"], [0.0386, 0.6870, 0.0204, 0.0840, 0.1470, 0.0229])
+    assert_prints(s["z_2"], [0.5313, 1.3607, 0.7891, 1.3110])
+    assert_prints(s["Z"], CONTEXT)
+    assert_prints(s["multi_head"], MULTI_HEAD)
+    assert_prints(s["cross"], CROSS)
+    assert_prints(s["renormalised"], RENORMALISED)
+    assert_prints(s["causal"], RENORMALISED)  # masking before the softmax = masking after it and renormalising
+
+
+def test_002_valid_lengths_padding_on_the_right_and_the_two_scoring_functions():
+    s = steps("002")
+    assert s["sequence_mask"].tolist() == [[True, False, False, False], [True, True, False, False],
+                                           [True, True, True, False]]
+    scores = s["scores"]
+    for name, lens in (("per_row", [[2, 2], [3, 3]]), ("per_query", [[1, 3], [2, 4]])):
+        for b in range(2):
+            for q in range(2):  # a reference written out row by row: softmax over the first n keys, zeros after
+                n = lens[b][q]
+                expected = torch.cat([F.softmax(scores[b, q, :n], dim=0), torch.zeros(4 - n)])
+                torch.testing.assert_close(s[name][b, q], expected)
+    assert s["per_query"][0, 0].tolist() == [1.0, 0.0, 0.0, 0.0]  # the tutorial's 1.0000 for a valid length of 1
+    for b, n in enumerate([2, 3]):  # the sampler's convention: the LAST n keys are real
+        torch.testing.assert_close(s["left"][b, :, 4 - n:], F.softmax(scores[b, :, 4 - n:], dim=-1))
+        assert torch.all(s["left"][b, :, :4 - n] == 0)
+    assert_prints(s["additive"], [[[2, 3, 4, 5]], [[10, 11, 12, 13]]])  # the tutorial's printed output
+    assert_prints(s["dot_product"], [[[2, 3, 4, 5]], [[10, 11, 12, 13]]])
+
+
+def test_masked_softmax_padding_side_must_be_named():
+    with pytest.raises(TypeError):
+        masked_softmax(torch.zeros(2, 3), torch.tensor([1, 2]))  # noqa: the keyword is required
+    with pytest.raises(ValueError, match="padding must be one of left, right"):
+        masked_softmax(torch.zeros(2, 3), torch.tensor([1, 2]), padding="top")
+
+
+def test_additive_scores_match_a_loop_over_every_query_key_pair():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 3, 5), torch.randn(2, 4, 7)
+    w_q, w_k, w_v = torch.randn(5, 6), torch.randn(7, 6), torch.randn(6)
+    expected = torch.tensor([[[float(w_v @ torch.tanh(q[b, i] @ w_q + k[b, j] @ w_k)) for j in range(4)]
+                              for i in range(3)] for b in range(2)])
+    torch.testing.assert_close(additive_scores(q, k, w_q, w_k, w_v), expected)
+
+
+def test_attend_handles_values_wider_than_keys_and_cross_lengths():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2), torch.randn(5, 2), torch.randn(5, 7)
+    out, weights = attend(dot_product_scores(q, k), v)
+    expected = np.exp(q.numpy() @ k.numpy().T / math.sqrt(2))
+    expected /= expected.sum(1, keepdims=True)
+    np.testing.assert_allclose(weights.numpy(), expected, rtol=1e-5)
+    np.testing.assert_allclose(out.numpy(), expected @ v.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_003_softmax_of_a_a_2a_and_the_gradient_the_scale_keeps():
+    s = steps("003")
+    assert s["y3"].tolist() == pytest.approx([0.5761168847658291, 0.9999092083843412, 1.0], abs=1e-15)
+    scaled, unscaled = s["gradient_norms"].tolist()
+    assert unscaled < scaled / 100  # without 1/√d most rows are nearly one-hot, and almost no gradient gets through
+    assert s["peak"][1] > 0.9 > 0.5 > s["peak"][0]
+    assert s["score_std"][1] / s["score_std"][0] == pytest.approx(math.sqrt(512))
+
+
+def test_004_the_blog_example_without_its_rounding():
+    s = steps("004")
+    assert s["scores_1"].tolist() == [2.0, 4.0, 4.0]
+    assert_prints(s["blog_output_1"], [2.0, 7.0, 1.5])
+    assert_prints(s["weights_1"], [0.0634, 0.4683, 0.4683])
+    assert_prints(s["output_1"], [1.9366, 6.6831, 1.5951])
+    weights = np.exp(np.array([2.0, 4.0, 4.0]) / math.sqrt(3))
+    weights /= weights.sum()
+    np.testing.assert_allclose(s["scaled_output_1"].numpy(), weights @ s["values"].numpy(), rtol=1e-6)
+    assert_prints(s["all_outputs"][0], s["scaled_output_1"])
+
+
+def test_000_averaging_three_ways_and_the_scale_in_the_wrong_place():
+    s = steps("000")
+    assert s["averaging_gap"].max() < 1e-6
+    torch.testing.assert_close(s["averaging"], s["softmax_average"])
+    assert s["head_gap"] < 1e-6  # this project's Head scales before the softmax
+    assert s["scale_gap"] > 0.1  # 000's "out = wei @ v * head_size**-0.5" is a different result
+    assert s["sharpest"][1] > s["sharpest"][0]
+    var_q, var_k, var_raw, var_scaled = s["variance"].tolist()
+    assert var_raw == pytest.approx(16, rel=0.1) and var_scaled == pytest.approx(1, rel=0.1)
+
+
+def test_the_script_prints_the_tutorials_numbers_and_refuses_an_unknown_one():
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "tutorials.py"), "001", "004"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "  [  0.5313    1.3607    0.7891    1.3110 ]" in done.stdout
+    assert "  [  1.9366    6.6831    1.5951 ]" in done.stdout and "tutorial 002" not in done.stdout
+    wrong = subprocess.run([sys.executable, str(ROOT / "scripts" / "tutorials.py"), "009"], capture_output=True,
+                           text=True, timeout=120)
+    assert wrong.returncode == 2 and wrong.stderr.strip() == "error: no tutorial 009; choose from 000, 001, 002, 003, 004"
