@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from model.config import ModelConfig
-from model.kv_cache import KVCache
+from model.kv_cache import LayerCache
 from model.rope import apply_rope
 
 
@@ -136,23 +138,18 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
         self.path = path
+        self.record: list[torch.Tensor] | None = None  # set by recording_attention()
         tril = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
         self.register_buffer("tril", tril, persistent=False)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        need_weights: bool = False,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, n_embd) -> (output (B, T, n_embd), weights (B, n_head, T, T_keys) or None).
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x (B, T, n_embd) -> (B, T, n_embd).
 
         mask: None means plain causal over x; otherwise a boolean attention_mask() over all keys.
         cache: keys/values of earlier positions are read from it and this call's are appended.
         rope: (cos, sin) at each token's position, when the model uses rotary position embeddings.
+        Inside recording_attention(), the weights (B, n_head, T, T_keys) are appended to its list.
         """
         B, T, C = x.shape
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_size).unbind(dim=2)  # (B, T, n_head, head_size)
@@ -161,22 +158,38 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, n_head, T, head_size) each
         if cache is not None:
-            k, v = cache.update(layer, k, v)  # (B, n_head, T_keys, head_size)
+            k, v = cache.append(k, v)  # (B, n_head, T_keys, head_size)
 
         # Without a mask: plain causal when queries and keys are the same positions; a single new
         # query after cached keys may see them all. (SDPA's is_causal aligns its triangle to the
         # top-left corner, which would be wrong once queries and keys differ in length.)
         causal = mask is None and k.size(2) == T
-        weights = None
-        if self.path == "explicit" or need_weights:
+        if self.path == "explicit" or self.record is not None:
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)  # (B, n_head, T, T_keys)
             keep = self.tril[:T, :T] if causal else mask
             if keep is not None:
                 scores = scores.masked_fill(~keep, float("-inf"))  # future (and padding) keys get zero weight
             weights = F.softmax(scores, dim=-1)
+            if self.record is not None:
+                self.record.append(weights)
             y = self.attn_dropout(weights) @ v  # (B, n_head, T, head_size)
         else:
             dropout_p = self.dropout if self.training else 0.0
             y = fused_attention(q, k, v, mask, dropout_p, causal)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, n_embd): heads side by side again
-        return self.resid_dropout(self.c_proj(y)), weights
+        return self.resid_dropout(self.c_proj(y))
+
+
+@contextmanager
+def recording_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """with recording_attention(model) as weights: model(idx) -> weights holds each layer's attention weights,
+    (B, n_head, T, T_keys), in layer order (computed by the explicit path while recording)."""
+    weights: list[torch.Tensor] = []
+    layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+    for layer in layers:
+        layer.record = weights
+    try:
+        yield weights
+    finally:
+        for layer in layers:
+            layer.record = None

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from model.gpt import GPT
-from model.kv_cache import KVCache
+from model.kv_cache import Decoding
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -69,21 +69,20 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
     tokens = [list(p) for p in prompts]
     starts = [window_start(0, len(p), block_size) for p in prompts]
     new: list[list[int]] = [[] for _ in prompts]
-    cache = None
+    state = Decoding()
     if use_cache:
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.wte.weight.dtype
         cfg = model.config
-        cache = KVCache(cfg.n_layer, len(prompts), cfg.n_head, block_size, cfg.head_size, device, dtype)
+        state = Decoding.cached(cfg.n_layer, len(prompts), cfg.n_head, block_size, cfg.head_size, device, dtype)
 
-    def read_windows() -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the model over every row's whole window (a prefill when caching); last logits and valid_lens."""
-        idx, valid_lens = left_pad([t[s:] for t, s in zip(tokens, starts)], device)
-        if cache is not None:
-            cache.reset()
-        logits, _ = model(idx, valid_lens=valid_lens, cache=cache)
-        return logits[:, -1], valid_lens
+    def read_windows() -> torch.Tensor:
+        """Run the model over every row's whole window (a prefill when caching); the last logits."""
+        idx, state.valid_lens = left_pad([t[s:] for t, s in zip(tokens, starts)], device)
+        state.reset()
+        logits, _ = model(idx, decoding=state)
+        return logits[:, -1]
 
-    logits, valid_lens = read_windows()
+    logits = read_windows()
     for step in range(max_new_tokens):
         next_ids = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
         if on_token is not None:
@@ -98,11 +97,11 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
             start = window_start(starts[row], len(tokens[row]), block_size)
             moved |= start != starts[row]
             starts[row] = start
-        if cache is None or moved:
-            logits, valid_lens = read_windows()
+        if state.caches is None or moved:
+            logits = read_windows()
         else:  # one new token per row, attending to the cached keys and values
-            if valid_lens is not None:
-                valid_lens = valid_lens + 1
-            logits, _ = model(next_ids[:, None], valid_lens=valid_lens, cache=cache)
+            if state.valid_lens is not None:
+                state.valid_lens = state.valid_lens + 1
+            logits, _ = model(next_ids[:, None], decoding=state)
             logits = logits[:, -1]
     return new

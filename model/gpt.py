@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from model.attention import CausalSelfAttention, attention_mask
 from model.config import ModelConfig
-from model.kv_cache import KVCache
+from model.kv_cache import Decoding
 from model.rope import rope_tables
 
 
@@ -45,11 +45,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask=None, cache=None, layer=0, need_weights=False, rope=None):
-        attn_out, weights = self.attn(self.ln_1(x), mask, cache, layer, need_weights, rope)
-        x = x + attn_out
+    def forward(self, x: torch.Tensor, mask=None, cache=None, rope=None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask, cache, rope)
         x = x + self.mlp(self.ln_2(x))
-        return x, weights
+        return x
 
 
 class GPT(nn.Module):
@@ -92,37 +91,18 @@ class GPT(nn.Module):
         for block in self.blocks:
             block.attn.path = path
 
-    def forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None = None,
-        valid_lens: torch.Tensor | None = None,
-        cache: KVCache | None = None,
-        all_logits: bool = False,
-        attention_weights: list | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                decoding: Decoding | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits, loss).
 
-        With targets: logits (B, T, vocab) and the mean cross-entropy. Without: only the last position's
-        logits (B, 1, vocab) unless all_logits. valid_lens (B,) marks left-padded rows: each row's real
-        tokens are its last valid_lens[b] (cache included), and it computes exactly what it would alone.
-        attention_weights: a list that receives each layer's (B, n_head, T, T_keys) weights.
+        Training and evaluation: forward(idx, targets) gives logits (B, T, vocab) and the mean cross-entropy.
+        Without targets: logits (B, T, vocab) and None.
+        Sampling: forward(idx, decoding=state) gives only the next-token logits (B, 1, vocab); the state's caches
+        hold the keys and values of earlier calls, and its valid_lens mark left-padded rows, each of which then
+        computes exactly what it would alone.
         """
-        B, T = idx.shape
-        start = cache.length if cache is not None else 0
-        n_keys = start + T
-        slots = torch.arange(start, n_keys, device=idx.device)
-        if valid_lens is None:
-            positions = slots[None, :]  # (1, T)
-            # Fresh causal pass, or one new query after cached keys: the attention needs no mask.
-            mask = None if start == 0 or T == 1 else attention_mask(None, T, n_keys, idx.device)
-        else:
-            pad = n_keys - valid_lens  # (B,)
-            positions = (slots[None, :] - pad[:, None]).clamp(min=0)  # (B, T): each row counts from its first real token
-            mask = attention_mask(valid_lens, T, n_keys, idx.device)
-        if n_keys > self.config.block_size:
-            raise ValueError(f"sequence of {n_keys} tokens is longer than block_size {self.config.block_size}")
-
+        T = idx.size(1)
+        positions, mask = self.positions_and_mask(T, decoding, idx.device)
         x = self.wte(idx)  # (B, T, n_embd)
         rope = None
         if self.wpe is not None:
@@ -130,19 +110,32 @@ class GPT(nn.Module):
         else:
             rope = (self.rope_cos[positions], self.rope_sin[positions])  # (B or 1, T, head_size) each
         x = self.drop(x)
-        need_weights = attention_weights is not None
-        for layer, block in enumerate(self.blocks):
-            x, weights = block(x, mask, cache, layer, need_weights, rope)
-            if need_weights:
-                attention_weights.append(weights)
-        if cache is not None:
-            cache.advance(T)
+        caches = decoding.caches if decoding is not None and decoding.caches else [None] * len(self.blocks)
+        for block, cache in zip(self.blocks, caches):
+            x = block(x, mask, cache, rope)
         x = self.ln_f(x)
 
         if targets is not None:
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             return logits, loss
-        if not all_logits:
-            x = x[:, -1:, :]  # generation needs only the next-token distribution
+        if decoding is not None:
+            x = x[:, -1:, :]  # sampling needs only the next-token distribution
         return self.lm_head(x), None
+
+    def positions_and_mask(self, T: int, decoding: Decoding | None, device: torch.device
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each token's position, (1, T) or (B, T), and the attention mask (None: plain causal)."""
+        start = decoding.start if decoding is not None else 0
+        n_keys = start + T
+        if n_keys > self.config.block_size:
+            raise ValueError(f"sequence of {n_keys} tokens is longer than block_size {self.config.block_size}")
+        slots = torch.arange(start, n_keys, device=device)
+        valid_lens = decoding.valid_lens if decoding is not None else None
+        if valid_lens is None:
+            # A fresh causal pass, or one new query after cached keys, needs no mask.
+            mask = None if start == 0 or T == 1 else attention_mask(None, T, n_keys, device)
+            return slots[None, :], mask
+        pad = n_keys - valid_lens  # (B,)
+        positions = (slots[None, :] - pad[:, None]).clamp(min=0)  # each row counts from its first real token
+        return positions, attention_mask(valid_lens, T, n_keys, device)

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.attention import CausalSelfAttention, MultiHeadAttention, attention_mask, fused_attention, masked_softmax
+from model.attention import (CausalSelfAttention, MultiHeadAttention, attention_mask, fused_attention, masked_softmax,
+                             recording_attention)
 from model.config import ModelConfig
 
 CFG = ModelConfig(vocab_size=11, block_size=16, n_layer=1, n_head=4, n_embd=32)
@@ -35,7 +36,7 @@ def make_forms():
     explicit = CausalSelfAttention(CFG, path="explicit")
     explicit.load_state_dict(fused.state_dict())
     heads = heads_sharing_weights(fused)
-    return {"sdpa": lambda x: fused(x)[0], "explicit": lambda x: explicit(x)[0], "heads": heads}, (fused, explicit, heads)
+    return {"sdpa": fused, "explicit": explicit, "heads": heads}, (fused, explicit, heads)
 
 
 def test_three_forms_agree_on_outputs_and_gradients():
@@ -73,7 +74,9 @@ def test_changing_a_token_never_changes_earlier_outputs(form):
 
 def test_explicit_path_returns_causal_rows_that_sum_to_one():
     _, (fused, _, _) = make_forms()
-    _, weights = fused(torch.randn(2, 7, CFG.n_embd), need_weights=True)
+    with recording_attention(fused) as recorded:
+        fused(torch.randn(2, 7, CFG.n_embd))
+    weights, = recorded
     assert weights.shape == (2, CFG.n_head, 7, 7)
     assert torch.all(weights.triu(diagonal=1) == 0)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, CFG.n_head, 7))

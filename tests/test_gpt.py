@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from model import GPT, ModelConfig
+from model.attention import recording_attention
+from model.kv_cache import Decoding
 from training.optim import configure_optimizer
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
@@ -54,11 +56,11 @@ def test_model_is_causal(attention, position):
     torch.manual_seed(0)
     model = GPT(ModelConfig(**TINY, attention=attention, position=position)).eval()
     idx = torch.randint(0, 13, (2, 12))
-    base, _ = model(idx, all_logits=True)
+    base, _ = model(idx)
     for t in range(12):
         changed = idx.clone()
         changed[:, t] = (changed[:, t] + 1) % 13
-        logits, _ = model(changed, all_logits=True)
+        logits, _ = model(changed)
         torch.testing.assert_close(logits[:, :t], base[:, :t], rtol=0, atol=1e-6)
 
 
@@ -73,14 +75,31 @@ def test_paths_agree_inside_the_model(position):
     torch.testing.assert_close(slow, fast, rtol=1e-5, atol=1e-5)
 
 
-def test_without_targets_only_the_last_position_is_computed():
+def test_without_targets_every_position_and_when_decoding_only_the_next():
     torch.manual_seed(0)
     model = GPT(ModelConfig(**TINY)).eval()
     idx = torch.randint(0, 13, (2, 9))
-    last, loss = model(idx)
-    full, _ = model(idx, all_logits=True)
-    assert loss is None and last.shape == (2, 1, 13)
-    torch.testing.assert_close(last, full[:, -1:])
+    full, loss = model(idx)
+    nxt, _ = model(idx, decoding=Decoding())
+    with_targets, _ = model(idx, idx)
+    assert loss is None and full.shape == (2, 9, 13) and nxt.shape == (2, 1, 13)
+    torch.testing.assert_close(nxt, full[:, -1:])
+    torch.testing.assert_close(with_targets, full)
+
+
+def test_recording_attention_gives_each_layers_causal_weights_and_stops_after():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**TINY)).eval()
+    idx = torch.randint(0, 13, (2, 7))
+    plain, _ = model(idx)
+    with recording_attention(model) as weights:
+        recorded, _ = model(idx)
+    assert len(weights) == TINY["n_layer"] and weights[0].shape == (2, TINY["n_head"], 7, 7)
+    assert all(torch.all(w.triu(diagonal=1) == 0) for w in weights)
+    torch.testing.assert_close(weights[0].sum(-1), torch.ones(2, TINY["n_head"], 7))
+    torch.testing.assert_close(recorded, plain, rtol=1e-5, atol=1e-5)  # recording changes nothing it returns
+    model(idx)
+    assert len(weights) == TINY["n_layer"]  # nothing recorded outside the with block
 
 
 def test_longer_than_block_size_is_refused():

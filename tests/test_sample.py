@@ -12,7 +12,7 @@ from conftest import ROOT
 from configs import load_config
 from model import GPT, ModelConfig
 from model.generate import generate, logits_to_probs
-from model.kv_cache import KVCache
+from model.kv_cache import Decoding
 from errors import run_cli
 from training.checkpoint import load_model
 
@@ -53,14 +53,19 @@ def test_cached_logits_equal_a_full_forward(model, attention):
     model.set_attention_path(attention)
     idx = torch.randint(0, 17, (3, 20), generator=torch.Generator().manual_seed(1))
     valid_lens = torch.tensor([20, 13, 6])
-    full, _ = model(idx, valid_lens=valid_lens, all_logits=True)
-    cache = KVCache(2, 3, 2, 24, 8)
-    prefill, _ = model(idx[:, :9], valid_lens=valid_lens - 11, cache=cache, all_logits=True)
-    steps = [model(idx[:, t:t + 1], valid_lens=valid_lens - 19 + t, cache=cache)[0] for t in range(9, 20)]
-    torch.testing.assert_close(torch.cat([prefill, *steps], dim=1)[:, -6:], full[:, -6:], rtol=1e-5, atol=1e-5)
-    for b, n in enumerate(valid_lens.tolist()):  # and each row equals that row alone, unpadded
-        alone, _ = model(idx[b:b + 1, 20 - n:], all_logits=True)
-        torch.testing.assert_close(full[b:b + 1, 20 - n:], alone, rtol=1e-5, atol=1e-5)
+    state = Decoding.cached(2, 3, 2, 24, 8)
+    state.valid_lens = valid_lens - 11  # the first 9 columns hold 9, 2 and no real tokens... of 20, 13, 6
+    cached = [model(idx[:, :9], decoding=state)[0]]
+    for t in range(9, 20):
+        state.valid_lens = valid_lens - 19 + t
+        cached.append(model(idx[:, t:t + 1], decoding=state)[0])
+    for t in range(14, 20):  # once every row has a real token: cached = the whole window read again = the row alone
+        lens = valid_lens - 19 + t
+        window, _ = model(idx[:, :t + 1], decoding=Decoding(valid_lens=lens))
+        torch.testing.assert_close(cached[t - 8], window, rtol=1e-5, atol=1e-5)
+        for b, n in enumerate(lens.tolist()):
+            alone, _ = model(idx[b:b + 1, t + 1 - n:t + 1])
+            torch.testing.assert_close(window[b], alone[0, -1:], rtol=1e-5, atol=1e-5)
     model.set_attention_path("sdpa")
 
 

@@ -9,6 +9,7 @@ matplotlib.use("Agg")  # files only, no window: works on servers and in tests
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from model.attention import recording_attention  # noqa: E402
 from training.fonts import tick_labels  # noqa: E402
 
 PANEL_INCHES, DPI = 3.6, 100
@@ -61,7 +62,7 @@ def attention_weights(model, ids: list[int]) -> list[torch.Tensor]:
     """Each layer's (n_head, T, T) attention weights for one text, from the explicit attention path."""
     was_training = model.training
     model.eval()
-    weights: list[torch.Tensor] = []
-    model(torch.tensor([ids], device=model.wte.weight.device), all_logits=True, attention_weights=weights)
+    with recording_attention(model) as weights:
+        model(torch.tensor([ids], device=model.wte.weight.device))
     model.train(was_training)
     return [w[0] for w in weights]
