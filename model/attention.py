@@ -110,29 +110,39 @@ class MultiHeadAttention(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # The batched form the model trains with: all heads in one tensor, two interchangeable paths.
 # ---------------------------------------------------------------------------------------------
-def fused_attention(q, k, v, mask, dropout_p: float, causal: bool) -> torch.Tensor:
+def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float | None = None) -> torch.Tensor:
     """torch's scaled_dot_product_attention. On CPU it runs in float32 even under bfloat16 autocast: there the
     kernel's bfloat16 backward measured 5x slower than its float32 one (torch 2.13, AMD Zen 4), while the
     attention products are a small share of the work at these sizes. The projections around it stay bfloat16."""
     if q.device.type == "cpu" and q.dtype != torch.float32:
         with torch.autocast("cpu", enabled=False):
             y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
-                                               dropout_p=dropout_p, is_causal=causal)
+                                               dropout_p=dropout_p, is_causal=causal, scale=scale)
         return y.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=scale)
 
 
 class CausalSelfAttention(nn.Module):
-    """All heads at once: one fused qkv projection and (B, n_head, T, head_size) tensors.
+    """All heads at once: one fused projection for q, k and v, and (B, n_head, T, head_size) tensors.
 
-    path "explicit" spells out q·kᵀ/√d, mask, softmax, weighted sum (and can return the weights);
+    path "explicit" spells out q·kᵀ/√d, mask, softmax, weighted sum (and can record the weights);
     path "sdpa" calls torch's fused scaled_dot_product_attention (flash / memory-efficient kernels).
+
+    The forms the tutorials teach, chosen by the config (each changes only projections() or scores()):
+    attention_score scaled_dot (the default), dot (no 1/√d), additive (w·tanh(q + k), explicit path only),
+    uniform (q = k = 0, so every visible key weighs the same: a plain average of the past);
+    shared_qk (one projection gives both q and k); attention_values false (v is the input itself, head by head).
     """
 
     def __init__(self, config: ModelConfig, path: str = "sdpa"):
         super().__init__()
         self.n_head, self.head_size = config.n_head, config.head_size
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.score, self.shared_qk, self.own_values = config.attention_score, config.shared_qk, config.attention_values
+        learned_qk = 0 if self.score == "uniform" else 1 if self.shared_qk else 2
+        parts = learned_qk + (1 if self.own_values else 0)  # how many n_embd-wide projections c_attn makes
+        self.c_attn = nn.Linear(config.n_embd, parts * config.n_embd, bias=config.bias) if parts else None
+        if self.score == "additive":  # w: one vector per head that reads a score off tanh(q + k)
+            self.w_score = nn.Parameter(torch.randn(config.n_head, config.head_size) / math.sqrt(config.head_size))
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -152,7 +162,7 @@ class CausalSelfAttention(nn.Module):
         Inside recording_attention(), the weights (B, n_head, T, T_keys) are appended to its list.
         """
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_size).unbind(dim=2)  # (B, T, n_head, head_size)
+        q, k, v = self.projections(x)  # (B, T, n_head, head_size) each
         if rope is not None:  # rotary positions: turn q and k by their positions' angles
             cos, sin = (table.view(table.size(0), T, 1, self.head_size) for table in rope)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -164,8 +174,8 @@ class CausalSelfAttention(nn.Module):
         # query after cached keys may see them all. (SDPA's is_causal aligns its triangle to the
         # top-left corner, which would be wrong once queries and keys differ in length.)
         causal = mask is None and k.size(2) == T
-        if self.path == "explicit" or self.record is not None:
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)  # (B, n_head, T, T_keys)
+        if self.path == "explicit" or self.record is not None or self.score == "additive":
+            scores = self.scores(q, k)  # (B, n_head, T, T_keys)
             keep = self.tril[:T, :T] if causal else mask
             if keep is not None:
                 scores = scores.masked_fill(~keep, float("-inf"))  # future (and padding) keys get zero weight
@@ -175,9 +185,29 @@ class CausalSelfAttention(nn.Module):
             y = self.attn_dropout(weights) @ v  # (B, n_head, T, head_size)
         else:
             dropout_p = self.dropout if self.training else 0.0
-            y = fused_attention(q, k, v, mask, dropout_p, causal)
+            y = fused_attention(q, k, v, mask, dropout_p, causal, scale=1.0 if self.score == "dot" else None)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, n_embd): heads side by side again
         return self.resid_dropout(self.c_proj(y))
+
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, n_embd) -> q, k, v, each (B, T, n_head, head_size), as the chosen form makes them."""
+        B, T, C = x.shape
+        made = list(self.c_attn(x).split(C, dim=-1)) if self.c_attn is not None else []
+        v = made.pop() if self.own_values else x  # without values, each head mixes its own slice of x
+        if self.score == "uniform":
+            q = k = torch.zeros_like(v)  # equal scores everywhere: softmax gives every visible key the same weight
+        else:
+            q = made[0]
+            k = q if self.shared_qk else made[1]
+        return tuple(t.view(B, T, self.n_head, self.head_size) for t in (q, k, v))
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """(B, n_head, T, head_size) queries and (B, n_head, T_keys, head_size) keys -> (B, n_head, T, T_keys)."""
+        if self.score == "additive":  # every query-key pair: w_h · tanh(q_i + k_j), head by head
+            return torch.einsum("bhqkd,hd->bhqk", torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3)), self.w_score)
+        if self.score == "dot":
+            return q @ k.transpose(-2, -1)
+        return q @ k.transpose(-2, -1) / math.sqrt(self.head_size)  # scaled BEFORE the softmax
 
 
 @contextmanager

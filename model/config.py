@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 ATTENTION_IMPLS = ("auto", "sdpa", "explicit")
-POSITIONS = ("learned", "rope")
+ATTENTION_SCORES = ("scaled_dot", "dot", "additive", "uniform")
+POSITIONS = ("learned", "rope", "none")
 ACTIVATIONS = ("gelu", "relu2")
 
 
@@ -25,7 +26,14 @@ class Architecture:
     tie_weights: bool = setting(True, "share the token embedding with the output head")
     attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower); "
                                      "see model/attention.py")
-    position: str = setting("learned", "position information: learned (a table) | rope (rotary embeddings on q and k)")
+    attention_score: str = setting("scaled_dot", "how a query scores a key: scaled_dot (q·k/√head_size) | dot (q·k, "
+                                                 "unscaled) | additive (w·tanh(q + k)) | uniform (no scores: every "
+                                                 "earlier token weighs the same)")
+    shared_qk: bool = setting(False, "queries and keys from one projection (Q = K)")
+    attention_values: bool = setting(True, "a value projection (false: keys and queries only; each head mixes its "
+                                           "own slice of the input)")
+    position: str = setting("learned", "position information: learned (a table) | rope (rotary embeddings on q and "
+                                       "k) | none")
     activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared)")
 
     def __post_init__(self) -> None:
@@ -48,6 +56,14 @@ class Architecture:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention!r}")
+        if self.attention_score not in ATTENTION_SCORES:
+            raise ValueError(f"attention_score must be one of {', '.join(ATTENTION_SCORES)}, "
+                             f"got {self.attention_score!r}")
+        if self.attention_score == "additive" and self.attention == "sdpa":
+            raise ValueError("attention_score additive has no fused kernel; use attention auto or explicit")
+        if self.attention_score == "uniform" and self.position == "rope":
+            raise ValueError("attention_score uniform has no queries or keys for rope to turn; "
+                             "use position learned or none")
 
     @property
     def head_size(self) -> int:

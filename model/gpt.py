@@ -55,9 +55,12 @@ class GPT(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        path = "sdpa" if config.attention == "auto" else config.attention
+        path = config.attention
+        if path == "auto":  # the fused kernel wherever the form allows it
+            path = "explicit" if config.attention_score == "additive" else "sdpa"
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
-        # Where each token is: a learned table added to the token embedding, or rotations of q and k (RoPE).
+        # Where each token is: a learned table added to the token embedding, rotations of q and k (RoPE), or nothing
+        # (then only the causal mask tells positions apart).
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
         if config.position == "rope":
             cos, sin = rope_tables(config.block_size, config.head_size)
@@ -105,9 +108,9 @@ class GPT(nn.Module):
         positions, mask = self.positions_and_mask(T, decoding, idx.device)
         x = self.wte(idx)  # (B, T, n_embd)
         rope = None
-        if self.wpe is not None:
+        if self.config.position == "learned":
             x = x + self.wpe(positions)
-        else:
+        elif self.config.position == "rope":
             rope = (self.rope_cos[positions], self.rope_sin[positions])  # (B or 1, T, head_size) each
         x = self.drop(x)
         caches = decoding.caches if decoding is not None and decoding.caches else [None] * len(self.blocks)

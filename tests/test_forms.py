@@ -1,0 +1,158 @@
+"""Every attention form the tutorials teach, in the real model: causal, learns, resumes exactly, samples the same
+with and without the KV cache, and equals its closed form or its plain loop."""
+import io
+
+import pytest
+import torch
+
+from configs import load_config
+from errors import UserError
+from model import GPT, ModelConfig
+from model.attention import CausalSelfAttention, recording_attention
+from model.generate import generate
+from training.optim import configure_optimizer
+
+TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
+FORMS = {
+    "scaled_dot": {},
+    "dot": dict(attention_score="dot"),
+    "additive": dict(attention_score="additive"),
+    "uniform": dict(attention_score="uniform", position="learned"),
+    "shared_qk": dict(shared_qk=True),
+    "no_values": dict(attention_values=False),
+    "no_positions": dict(position="none"),
+}
+
+
+def model_of(form: str, seed: int = 0, **extra) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(ModelConfig(**TINY, **FORMS[form], **extra))
+
+
+def batch(seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, 13, (4, 16), generator=gen)
+    return idx, torch.roll(idx, -1, dims=1)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_each_form_is_causal(form):
+    model = model_of(form).eval()
+    idx = batch()[0][:2, :12]
+    base, _ = model(idx)
+    for t in range(12):
+        changed = idx.clone()
+        changed[:, t] = (changed[:, t] + 1) % 13
+        logits, _ = model(changed)
+        torch.testing.assert_close(logits[:, :t], base[:, :t], rtol=0, atol=1e-6)
+
+
+def train_steps(model, optimizer, steps: int) -> list[float]:
+    x, y = batch()
+    losses = []
+    for _ in range(steps):
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_each_form_learns_and_resumes_exactly(form):
+    model = model_of(form)
+    optimizer = configure_optimizer(model, 1e-2, 0.0, (0.9, 0.99), "cpu")
+    losses = train_steps(model, optimizer, 30)
+    assert losses[-1] < losses[0] - 0.5, losses  # a fixed batch: every form can fit some of it
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, saved)
+    straight = train_steps(model, optimizer, 3)
+    saved.seek(0)
+    state = torch.load(saved, weights_only=True)
+    resumed = model_of(form, seed=99)  # other initial weights: everything must come from the checkpoint
+    resumed.load_state_dict(state["model"])
+    resumed_optimizer = configure_optimizer(resumed, 1e-2, 0.0, (0.9, 0.99), "cpu")
+    resumed_optimizer.load_state_dict(state["optimizer"])
+    assert train_steps(resumed, resumed_optimizer, 3) == straight
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_each_form_samples_the_same_with_and_without_the_cache(form):
+    model = model_of(form).eval()
+    prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]  # different lengths: left padding and valid lengths too
+    texts = [generate(model, prompts, 30, generator=torch.Generator().manual_seed(5), use_cache=use_cache)
+             for use_cache in (True, False)]
+    assert texts[0] == texts[1]
+
+
+@pytest.mark.parametrize("form", [f for f in FORMS if f != "additive"])
+def test_the_fused_kernel_computes_each_form_it_is_used_for(form):
+    model = model_of(form).eval()
+    idx, targets = batch()
+    fused, _ = model(idx, targets)
+    model.set_attention_path("explicit")
+    explicit, _ = model(idx, targets)
+    torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-5)
+
+
+def attention_layer(form: str) -> CausalSelfAttention:
+    torch.manual_seed(0)
+    layer = CausalSelfAttention(ModelConfig(**TINY, **FORMS[form]), path="explicit").eval()
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    return layer
+
+
+def test_additive_scores_equal_a_loop_over_every_query_key_pair_and_head():
+    layer = attention_layer("additive")
+    q, k = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 7, 8)
+    loop = torch.tensor([[[[float(layer.w_score[h].detach() @ torch.tanh(q[b, h, i] + k[b, h, j])) for j in range(7)]
+                           for i in range(5)] for h in range(2)] for b in range(2)])
+    torch.testing.assert_close(layer.scores(q, k), loop)
+
+
+def test_uniform_attention_is_the_running_mean_of_the_values():
+    layer = attention_layer("uniform")
+    x = torch.randn(2, 6, 16)
+    v = layer.c_attn(x)  # uniform learns no q or k: c_attn makes only the values
+    assert layer.c_attn.out_features == 16
+    running_mean = v.cumsum(1) / torch.arange(1, 7).view(1, 6, 1)
+    torch.testing.assert_close(layer(x), layer.c_proj(running_mean))
+
+
+def test_shared_qk_makes_one_projection_for_queries_and_keys():
+    layer = attention_layer("shared_qk")
+    assert layer.c_attn.out_features == 2 * 16
+    q, k, _ = layer.projections(torch.randn(2, 5, 16))
+    assert torch.equal(q, k)
+    with recording_attention(layer) as weights:
+        layer(torch.randn(1, 5, 16))
+    assert torch.equal(weights[0].diagonal(dim1=-2, dim2=-1)[..., 0], torch.ones(1, 2))  # row 0 sees only itself
+
+
+def test_without_values_each_head_mixes_its_own_slice_of_the_input():
+    layer = attention_layer("no_values")
+    assert layer.c_attn.out_features == 2 * 16
+    x = torch.randn(2, 5, 16)
+    with recording_attention(layer) as recorded:
+        out = layer(x)
+    heads = x.view(2, 5, 2, 8).transpose(1, 2)  # (B, n_head, T, head_size): the input, head by head
+    mixed = (recorded[0] @ heads).transpose(1, 2).reshape(2, 5, 16)
+    torch.testing.assert_close(out, layer.c_proj(mixed))
+
+
+def test_unscaled_dot_product_is_the_scaled_one_with_queries_times_sqrt_head_size():
+    scaled, unscaled = attention_layer("scaled_dot"), attention_layer("dot")
+    q, k = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    torch.testing.assert_close(unscaled.scores(q, k), scaled.scores(q * 8 ** 0.5, k))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--attention_score", "additive", "--attention", "sdpa"], "additive has no fused kernel"),
+    (["--attention_score", "uniform", "--position", "rope"], "no queries or keys for rope"),
+    (["--attention_score", "cosine"], "attention_score must be one of scaled_dot, dot, additive, uniform"),
+])
+def test_impossible_forms_are_refused_in_one_line(argv, message):
+    with pytest.raises(UserError, match=message):
+        load_config(["--config", "debug", *argv], False)
