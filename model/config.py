@@ -18,7 +18,7 @@ def setting(default, help: str):
 @dataclass
 class Architecture:
     block_size: int = setting(256, "context length in characters (the size of the position table)")
-    n_layer: int = setting(6, "number of transformer blocks")
+    n_layer: int = setting(6, "number of transformer blocks (0: none, a bigram model)")
     n_head: int = setting(6, "attention heads per block")
     n_embd: int = setting(384, "width of the residual stream")
     dropout: float = setting(0.0, "dropout probability while training (0 to turn off)")
@@ -35,12 +35,16 @@ class Architecture:
     position: str = setting("learned", "position information: learned (a table) | rope (rotary embeddings on q and "
                                        "k) | none")
     activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared)")
+    mlp: bool = setting(True, "each block's feed-forward network (false: attention only)")
+    residual: bool = setting(True, "residual connections and the blocks' LayerNorms (false: each block's output "
+                                   "replaces its input)")
 
     def __post_init__(self) -> None:
         for name in ("block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            value, least = getattr(self, name), 0 if name == "n_layer" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                rule = "a whole number, 0 or more" if least == 0 else "a positive integer"
+                raise ValueError(f"{name} must be {rule}, got {value!r}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "

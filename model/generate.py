@@ -70,7 +70,7 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
     starts = [window_start(0, len(p), block_size) for p in prompts]
     new: list[list[int]] = [[] for _ in prompts]
     state = Decoding()
-    if use_cache:
+    if use_cache and model.config.n_layer > 0:  # no blocks, nothing to cache
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.wte.weight.dtype
         cfg = model.config
         state = Decoding.cached(cfg.n_layer, len(prompts), cfg.n_head, block_size, cfg.head_size, device, dtype)

@@ -36,18 +36,27 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x + attention(norm(x)), then x + mlp(norm(x)): tokens talk to each other, then each thinks alone."""
+    """x + attention(norm(x)), then x + mlp(norm(x)): tokens talk to each other, then each thinks alone.
+
+    For the ladder of scripts/ladder.py a block can lose its feed-forward half (mlp false), and its residual
+    connections with their LayerNorms (residual false: x = attention(x), then x = mlp(x))."""
 
     def __init__(self, config: ModelConfig, path: str):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.residual = config.residual
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias) if config.residual else nn.Identity()
         self.attn = CausalSelfAttention(config, path)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        if config.mlp:
+            self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias) if config.residual else nn.Identity()
+        self.mlp = MLP(config) if config.mlp else None
 
     def forward(self, x: torch.Tensor, mask=None, cache=None, rope=None) -> torch.Tensor:
+        if not self.residual:
+            x = self.attn(x, mask, cache, rope)
+            return self.mlp(x) if self.mlp is not None else x
         x = x + self.attn(self.ln_1(x), mask, cache, rope)
-        x = x + self.mlp(self.ln_2(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.ln_2(x))
         return x
 
 

@@ -14,7 +14,7 @@ TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
 @pytest.mark.parametrize("overrides, words", [
     (dict(n_embd=30, n_head=4), ["n_embd (30)", "n_head (4)"]),
-    (dict(n_layer=0), ["n_layer", "0"]),
+    (dict(n_layer=-1), ["n_layer", "-1"]),
     (dict(dropout=1.5), ["dropout", "1.5"]),
     (dict(attention="fast"), ["attention", "'fast'"]),
 ])

@@ -152,7 +152,7 @@ def test_the_model_settings_have_one_source(tmp_path):
     """TrainConfig's model fields are ModelConfig's: the same defaults, the same checks, in the same words."""
     assert TrainConfig().model_config(vocab_size=65) == ModelConfig()
     assert [f.name for f in fields(ModelConfig) if f.name != "vocab_size"] == list(ARCHITECTURE_FIELDS)
-    for bad in (dict(n_embd=33, n_head=2), dict(dropout=1.5), dict(position="sinusoid"), dict(n_layer=0)):
+    for bad in (dict(n_embd=33, n_head=2), dict(dropout=1.5), dict(position="sinusoid"), dict(n_layer=-1)):
         with pytest.raises(ValueError) as from_model:
             ModelConfig(**bad)
         with pytest.raises(ValueError) as from_training:
@@ -246,7 +246,7 @@ def test_help_shows_the_values_this_command_would_use(argv, preset, n_layer, max
         train.main(argv + ["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"preset {preset}" in text
-    assert f"number of transformer blocks; here {n_layer}, from {preset} (default: 6)" in text
+    assert f"number of transformer blocks (0: none, a bigram model); here {n_layer}, from {preset} (default: 6)" in text
     assert f"optimizer steps to train for; here {max_iters}, from {preset} (default: 5000)" in text
 
 

@@ -29,7 +29,7 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
     no_decay = [p for p in rest if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     adamw = AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
-    if kind == "adamw":
+    if kind == "adamw" or not hidden:  # no blocks (n_layer 0): nothing for Muon
         return adamw
     muon = Muon(hidden, lr=learning_rate, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw",
                 ns_dtype=newton_schulz_dtype(device_type))
