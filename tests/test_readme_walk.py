@@ -37,6 +37,8 @@ def shortened(words: list[str]) -> list[str]:
         return words + extra
     if script == "scripts/bench_sample.py":
         return words + ["--new_tokens", "20", "--n_layer", "2", "--n_head", "2", "--n_embd", "64"]
+    if script == "scripts/ladder.py":
+        return words + ["--max_iters", "2", "--rungs", "bigram,default"]
     if script == "scripts/bench_prepare.py":
         return words[:words.index("--mb")] + ["--mb", "2"]
     return words

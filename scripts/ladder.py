@@ -1,0 +1,158 @@
+"""python scripts/ladder.py --data FILE --out_dir DIR: what each part of attention buys, measured. Trains a ladder of
+models on one corpus with one budget (the same steps, data order and seed), from a bigram table to the full model
+and then its variants, and writes a table, DIR/ladder.json and DIR/ladder.png; each rung is a TensorBoard run."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import train  # noqa: E402
+from configs import load_config  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from model import GPT, ModelConfig  # noqa: E402
+from training import checkpoint  # noqa: E402
+from training.files import write_atomic, write_text_atomic  # noqa: E402
+from training.stop import StopRequest  # noqa: E402
+
+# Rungs 2-5 take blocks apart: learned positions (so the plain average has something to work with), no
+# feed-forward network, no residual connections or LayerNorm; each later rung puts one part back.
+TAKEN_APART = {"n_layer": "1", "position": "learned", "mlp": "false", "residual": "false"}
+RUNGS = [
+    ("bigram", "each character predicts the next from itself alone: a table of odds",
+     {"n_layer": "0", "position": "none", "tie_weights": "false"}),
+    ("average", "+ the past, as a plain average of every earlier character (no learned attention)",
+     {**TAKEN_APART, "attention_score": "uniform", "n_head": "1"}),
+    ("one_head", "+ learned attention: one head's queries and keys choose whom to average",
+     {**TAKEN_APART, "n_head": "1"}),
+    ("heads", "+ several smaller heads, each free to look for something else", TAKEN_APART),
+    ("feed_forward", "+ a feed-forward network: each position works on what it gathered",
+     {**TAKEN_APART, "mlp": "true"}),
+    ("full_block", "+ residual connections and LayerNorm: the full transformer block",
+     {"n_layer": "1", "position": "learned"}),
+    ("default", "the preset itself (rotary positions instead of a position table)", {}),
+    ("unscaled", "the default without the 1/sqrt(head_size) scale", {"attention_score": "dot"}),
+    ("additive", "the default with additive scores, w·tanh(q + k)", {"attention_score": "additive"}),
+    ("shared_qk", "the default with queries and keys from one projection (Q = K)", {"shared_qk": "true"}),
+    ("no_values", "the default with keys and queries only (no value projection)", {"attention_values": "false"}),
+    ("no_positions", "the default without any position information", {"position": "none"}),
+]
+QUIET = {"sample_chars": "0", "log_attention": "false"}  # the ladder compares losses: no samples or pictures
+NOT_THE_RUN = {"out_dir", "resume", "overwrite"}  # settings that do not change what a rung computes
+
+
+def rung_config(args, index: int, name: str, overrides: dict):
+    argv = ["--config", args.config, "--data", args.data, "--out_dir", str(Path(args.out_dir) / f"{index:02d}-{name}")]
+    if args.cache_dir:
+        argv += ["--cache_dir", args.cache_dir]
+    if args.max_iters is not None:
+        argv += ["--max_iters", str(args.max_iters)]
+    for key, value in {**QUIET, **overrides}.items():
+        argv += [f"--{key}", value]
+    return load_config(argv, torch.cuda.is_available())
+
+
+def state_of(cfg) -> str:
+    """new | finished | unfinished | different (a run of other settings is in the folder)."""
+    folder = Path(cfg.out_dir)
+    ckpt = folder / "ckpt_last.pt"
+    if not ckpt.exists():
+        return "new"
+    saved = checkpoint.load(ckpt)["run_config"]
+    wanted = cfg.to_dict()
+    if any(saved.get(key) != wanted[key] for key in wanted if key not in NOT_THE_RUN | {"data"}):
+        return "different"
+    return "finished" if (folder / "summary.json").exists() else "unfinished"
+
+
+def parameters(cfg) -> int:
+    saved = checkpoint.load(Path(cfg.out_dir) / "ckpt_last.pt")
+    return GPT(ModelConfig(**saved["model_config"])).num_params(non_embedding=False)
+
+
+def draw(rows: list[dict], path: Path) -> None:
+    from training.pictures import plt
+
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2), dpi=100)
+    names = [f"{i + 1}. {row['name']}" for i, row in enumerate(rows)]
+    losses = [row["full_val_loss"] for row in rows]
+    parts = {name for name, _, _ in RUNGS[:7]}  # the rungs that build the model up; the rest are its variants
+    ax.barh(names, losses, color=["C0" if row["name"] in parts else "C1" for row in rows])
+    for y, loss in enumerate(losses):
+        ax.text(loss, y, f" {loss:.3f}", va="center", fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlim(min(losses) * 0.9, max(losses) * 1.08)
+    ax.set_xlabel("full-validation loss (nats per character; lower is better)")
+    ax.set_title("each rung adds one part (blue); variants of the default (orange)")
+    fig.tight_layout()
+    write_atomic(path, lambda f: fig.savefig(f, format="png"), "the ladder picture")
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
+    parser.add_argument("--data", default="shakespeare", help="text file, folder, or named corpus (as train.py)")
+    parser.add_argument("--out_dir", default="out/ladder", help="the ladder's folder: one run folder per rung")
+    parser.add_argument("--config", default="shakespeare_char_cpu", help="the preset every rung starts from")
+    parser.add_argument("--max_iters", type=int, help="training steps per rung (default: the preset's)")
+    parser.add_argument("--cache_dir", default="", help="as train.py --cache_dir")
+    parser.add_argument("--rungs", help=f"a comma-separated subset of: {', '.join(name for name, _, _ in RUNGS)}")
+    args = parser.parse_args(argv)
+    chosen = RUNGS
+    if args.rungs:
+        names = [n.strip() for n in args.rungs.split(",")]
+        unknown = [n for n in names if n not in {name for name, _, _ in RUNGS}]
+        if unknown:
+            raise UserError(f"--rungs: no rung {unknown[0]}; choose from {', '.join(name for name, _, _ in RUNGS)}")
+        chosen = [rung for rung in RUNGS if rung[0] in names]
+    out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out_dir {out} is a file; choose a folder")
+    out.mkdir(parents=True, exist_ok=True)
+
+    def quiet(message: str) -> None:  # the rung's own notes and warnings; the ladder says the rest
+        if message.startswith(("note", "warning")):
+            print(f"  {message}", file=sys.stderr)
+
+    rows = []
+    with StopRequest(speak=True) as stop:
+        for index, (name, what, overrides) in enumerate(chosen, start=1):
+            cfg, _, explicit = rung_config(args, RUNGS.index((name, what, overrides)) + 1, name, overrides)
+            state = state_of(cfg)
+            print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
+            if state == "finished":
+                print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
+            else:
+                if state == "different":
+                    print(f"  {cfg.out_dir} holds a run with other settings: training it again", file=sys.stderr)
+                cfg.resume, cfg.overwrite = state == "unfinished", state == "different"
+                started = time.perf_counter()
+                result = train.train(cfg, explicit, say=quiet, stop=stop)
+                if result.get("stopped"):
+                    print(f"stopped during rung {name}; run the same command again to go on (finished rungs are "
+                          f"reused, this one resumes)", file=sys.stderr)
+                    return 130
+                print(f"  {time.perf_counter() - started:.1f} s", file=sys.stderr)
+            summary = json.loads((Path(cfg.out_dir) / "summary.json").read_text(encoding="utf-8"))
+            rows.append({"name": name, "what": what, "settings": overrides, "parameters": parameters(cfg),
+                         "full_val_loss": summary["full_val_loss"], "bits_per_char": summary["full_val_loss"] / math.log(2),
+                         "train_seconds": summary["train_seconds"], "steps": summary["iterations"],
+                         "corpus": summary["corpus"], "out_dir": cfg.out_dir})
+    print(f"\n{'rung':<16}{'parameters':>12}{'full-val loss':>15}{'bits/char':>11}{'seconds':>9}")
+    for row in rows:
+        print(f"{row['name']:<16}{row['parameters']:>12,}{row['full_val_loss']:>15.4f}{row['bits_per_char']:>11.3f}"
+              f"{row['train_seconds']:>9.1f}")
+    write_text_atomic(out / "ladder.json", json.dumps(rows, indent=1) + "\n", "the ladder table")
+    draw(rows, out / "ladder.png")
+    print(f"\nwrote {out / 'ladder.json'} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
