@@ -58,17 +58,21 @@ def rung_config(args, index: int, name: str, overrides: dict):
     return load_config(argv, torch.cuda.is_available())
 
 
-def state_of(cfg) -> str:
-    """new | finished | unfinished | different (a run of other settings is in the folder)."""
+def state_of(cfg) -> tuple[str, str]:
+    """(new | finished | unfinished | different | damaged, why): different means a run of other settings is in the
+    folder; damaged, that its checkpoint cannot be read. A rung costs minutes, so both are simply trained again."""
     folder = Path(cfg.out_dir)
     ckpt = folder / "ckpt_last.pt"
     if not ckpt.exists():
-        return "new"
-    saved = checkpoint.load(ckpt)["run_config"]
+        return "new", ""
+    try:
+        saved = checkpoint.load(ckpt)["run_config"]
+    except UserError as err:
+        return "damaged", str(err)
     wanted = cfg.to_dict()
     if any(saved.get(key) != wanted[key] for key in wanted if key not in NOT_THE_RUN | {"data"}):
-        return "different"
-    return "finished" if (folder / "summary.json").exists() else "unfinished"
+        return "different", f"{cfg.out_dir} holds a run with other settings"
+    return ("finished" if (folder / "summary.json").exists() else "unfinished"), ""
 
 
 def parameters(cfg) -> int:
@@ -124,14 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     with StopRequest(speak=True) as stop:
         for index, (name, what, overrides) in enumerate(chosen, start=1):
             cfg, _, explicit = rung_config(args, RUNGS.index((name, what, overrides)) + 1, name, overrides)
-            state = state_of(cfg)
+            state, why = state_of(cfg)
             print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
             if state == "finished":
                 print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
             else:
-                if state == "different":
-                    print(f"  {cfg.out_dir} holds a run with other settings: training it again", file=sys.stderr)
-                cfg.resume, cfg.overwrite = state == "unfinished", state == "different"
+                if why:
+                    print(f"  {why}: training this rung again", file=sys.stderr)
+                cfg.resume, cfg.overwrite = state == "unfinished", state in ("different", "damaged")
                 started = time.perf_counter()
                 result = train.train(cfg, explicit, say=quiet, stop=stop)
                 if result.get("stopped"):

@@ -43,7 +43,16 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
 
     longer = ladder(*common[:-1], "8")  # another budget: the rungs are trained again, not reused
     assert longer.returncode == 0 and "reused" not in longer.stderr, longer.stderr
-    assert all(row["steps"] == 8 for row in json.loads((out / "ladder.json").read_text(encoding="utf-8")))
+    rows = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
+    assert all(row["steps"] == 8 for row in rows)
+
+    damaged = next(out.glob("01-bigram/ckpt_last.pt"))
+    damaged.write_bytes(damaged.read_bytes()[:100])  # cut short
+    healed = ladder(*common[:-3], "bigram", "--max_iters", "8")
+    assert healed.returncode == 0 and "not a readable checkpoint" in healed.stderr, healed.stderr
+    again = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
+    figures = [{k: v for k, v in row.items() if k != "train_seconds"} for row in (again[0], rows[0])]
+    assert figures[0] == figures[1]  # trained again to exactly the same loss
 
 
 def test_an_unknown_rung_is_one_line(tmp_path):
