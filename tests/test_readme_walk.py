@@ -70,6 +70,9 @@ def tensorboard_runs(words: list[str], repo, env) -> str:
         server.wait(timeout=30)
 
 
+pytestmark = pytest.mark.readme_walk  # about a minute: .ci/run runs it on its own (see pytest.ini)
+
+
 @pytest.fixture
 def fresh_clone(tmp_path):
     """The repository's files (committed or not, but not ignored) in a new git repository, plus a user's texts."""
