@@ -47,6 +47,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     out_dir: str = setting("", "output folder for checkpoints, TensorBoard events and summary.json (empty: out/<config>)")
     resume: bool = setting(False, "continue the run in out_dir from its ckpt_last.pt")
     overwrite: bool = setting(False, "replace a different run already in out_dir")
+    init_from: str = setting("", "fine-tune: start a new run from a trained model (a run folder or checkpoint); its "
+                                 "architecture is kept and the vocabulary grows by the new text's unseen characters")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
     dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 for matrix products (auto: bfloat16 on CUDA, float16 "
                                     "on GPUs without it, bfloat16 on CPUs with bfloat16 units, float32 otherwise)")
@@ -94,6 +96,7 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
 
 
 ARCHITECTURE_FIELDS = tuple(f.name for f in fields(Architecture))
+SHAPE_FIELDS = tuple(name for name in ARCHITECTURE_FIELDS if name not in ("dropout", "attention"))  # fixed by weights
 FIELDS = {f.name: f for f in fields(TrainConfig)}
 TYPES: dict[str, type] = typing.get_type_hints(TrainConfig)  # the real types (the annotations are strings here)
 assert all(f.default is not MISSING for f in FIELDS.values())

@@ -123,11 +123,16 @@ def process_alive(pid: int) -> bool:
 
 
 def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
-            encoding: str = "utf-8", errors: str = "strict", say=print) -> Prepared:
-    """Write (or reuse) the token files of a corpus. Returns where they are and what they hold."""
+            encoding: str = "utf-8", errors: str = "strict", say=print, base_vocab: str = "") -> Prepared:
+    """Write (or reuse) the token files of a corpus. Returns where they are and what they hold.
+
+    base_vocab (fine-tuning): the vocabulary starts with these characters, in this order, so a trained model's ids
+    keep their meaning; the corpus's other characters follow."""
     check_encoding(encoding, errors)
     start = time.perf_counter()
     sha256, key = corpus_key(corpus, encoding, errors, val_fraction)
+    if base_vocab:
+        key += "-base" + hashlib.sha256(base_vocab.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     final = cache_dir / "prepared" / key
     remove_stale(final.parent)
     if final.exists():
@@ -138,7 +143,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
         say(f"note: the cached token files in {final} are damaged ({why}); preparing them again")
         discard(final)
     try:
-        return build(corpus, final, key, sha256, val_fraction, encoding, errors, start)
+        return build(corpus, final, key, sha256, val_fraction, encoding, errors, start, base_vocab)
     except OSError as err:
         if err.filename and Path(err.filename) in corpus.files:
             raise UserError(f"--data: {err.filename} cannot be read ({err.strerror})") from None
@@ -157,7 +162,7 @@ def discard(entry: Path) -> None:
 
 
 def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: float, encoding: str, errors: str,
-          start: float) -> Prepared:
+          start: float, base_vocab: str = "") -> Prepared:
 
     # Pass 1: which characters occur, and how many there are.
     seen = np.zeros(0x110000, dtype=bool)
@@ -167,7 +172,8 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: floa
         n_chars += len(text)
     if n_chars == 0:
         raise UserError(f"--data {corpus.name}: the corpus is empty; give it some text")
-    tokenizer = CharTokenizer("".join(map(chr, np.flatnonzero(seen))))
+    new = "".join(ch for ch in map(chr, np.flatnonzero(seen)) if ch not in set(base_vocab))
+    tokenizer = CharTokenizer(base_vocab + new)
     n_train = int(n_chars * (1 - val_fraction))
 
     # Pass 2: encode and write, the first n_train characters to train.bin and the rest to val.bin.
@@ -191,6 +197,7 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: floa
             "encoding": encoding, "encoding_errors": errors, "vocab": tokenizer.chars,
             "vocab_size": tokenizer.vocab_size, "dtype": tokenizer.dtype.name, "n_chars": n_chars,
             "val_fraction": val_fraction, "n_train": n_train, "n_val": n_chars - n_train,
+            "base_vocab_size": len(base_vocab),
         }
         (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
         os.replace(tmp, final)  # all at once: an interrupted prepare never leaves a cache that looks done

@@ -35,7 +35,7 @@ def test_every_script_the_readme_names_exists_and_every_preset_is_listed():
 
 
 def test_the_pictures_the_readme_draws_are_not_added_to_git():
-    pictures = [word for line in COMMANDS for word in re.findall(r"--png (\S+)", line)]
+    pictures = [word for line in COMMANDS for word in re.findall(r"--(?:png|html) (\S+)", line)]
     assert pictures
     for path in pictures:
         ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, capture_output=True)

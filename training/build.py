@@ -52,13 +52,15 @@ class Progress:
 
 
 def build_run(cfg: TrainConfig, rt: runtime.Runtime, prepared: Prepared, d: Dist = Dist(), say=print,
-              resumed: dict | None = None) -> tuple[Run, Progress]:
+              resumed: dict | None = None, init: dict | None = None) -> tuple[Run, Progress]:
     """The real loader, model, optimizer and gradient scaler of a run with this config; from a checkpoint's state
     when resuming. The global random stream is used exactly as it always was, so a seed gives the same run."""
     batches = Batches(prepared, cfg.block_size, cfg.batch_size, rt.device, cfg.seed, d.rank, d.world_size)
     torch.manual_seed(cfg.seed)
     model_cfg = cfg.model_config(prepared.tokenizer.vocab_size)
     model = GPT(model_cfg).to(rt.device)  # the same seed gives every rank the same initial weights
+    if init is not None:
+        graft(model, init["model"])
     if d.enabled:
         torch.manual_seed(cfg.seed + d.rank)  # but different dropout masks
     optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2),
@@ -70,6 +72,22 @@ def build_run(cfg: TrainConfig, rt: runtime.Runtime, prepared: Prepared, d: Dist
     step_model = DDP(model, device_ids=[d.local_rank] if rt.device_type == "cuda" else None) if d.enabled else model
     run.step_model = runtime.maybe_compile(step_model, cfg.compile, rt.device_type, say, cfg.compile_mode)
     return run, progress
+
+
+def graft(model: GPT, weights: dict) -> None:
+    """A trained model's weights into a model with the same architecture and the same or a longer vocabulary (a
+    fine-tuning run): the trained rows of the token embedding (and of an untied output head) are copied, and each
+    new character's row starts as the mean of the trained rows, an average character, rather than noise."""
+    own = model.state_dict()
+    weights = dict(weights)
+    for name in ("wte.weight", "lm_head.weight"):
+        trained, wanted = weights.get(name), own[name]
+        if trained is not None and trained.size(0) < wanted.size(0):
+            grown = torch.empty_like(wanted)
+            grown[:trained.size(0)] = trained
+            grown[trained.size(0):] = trained.float().mean(0).to(trained.dtype)
+            weights[name] = grown
+    model.load_state_dict(weights)
 
 
 def capture(run: Run, progress: Progress) -> dict:

@@ -31,16 +31,16 @@ def save(state: dict, path: Path) -> None:
     write_atomic(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint")
 
 
-def find(out_dir: str, ckpt: str) -> Path:
-    """The checkpoint a script should read: --ckpt FILE, else the run folder's ckpt_best.pt, else ckpt_last.pt."""
+def find(out_dir: str, ckpt: str, names: tuple[str, ...] = ("ckpt_best.pt", "ckpt_last.pt")) -> Path:
+    """The checkpoint a script should read: --ckpt FILE, else the first of names in the run folder."""
     if ckpt:
         return Path(ckpt)
     if not out_dir:
         raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE")
-    for name in ("ckpt_best.pt", "ckpt_last.pt"):
+    for name in names:
         if (Path(out_dir) / name).exists():
             return Path(out_dir) / name
-    raise UserError(f"{out_dir} holds no ckpt_best.pt or ckpt_last.pt; train first: python train.py --out_dir {out_dir}")
+    raise UserError(f"{out_dir} holds no {' or '.join(names)}; train first: python train.py --out_dir {out_dir}")
 
 
 def load(path: Path, device: torch.device | str = "cpu") -> dict:

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from configs import TrainConfig
 from configs.loader import config_from_dict
-from configs.schema import ARCHITECTURE_FIELDS
+from configs.schema import ARCHITECTURE_FIELDS, SHAPE_FIELDS
 from data import Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
 from errors import UserError
+from model.config import ModelConfig
 from training import checkpoint, runtime
 from training.build import build_run
 from training.distributed import Dist
@@ -48,14 +49,31 @@ def choose_corpus(cfg: TrainConfig, say) -> tuple[TrainConfig, Corpus]:
         label = corpus.name if corpus.name in NAMED else (path.stem if path.is_file() else path.name)
         label = re.sub(r"[^\w.-]+", "_", label)[:40] or "corpus"  # letters of any script, digits, . _ -
         cfg.out_dir = f"out/{cfg.config_name}-{label}"
+        if cfg.init_from:  # a fine-tuned model is named after the one it starts from: out/<that run>+<corpus>
+            start = Path(cfg.init_from)
+            cfg.out_dir = f"out/{(start if start.is_dir() else start.parent).resolve().name}+{label}"
     return cfg, corpus
 
 
-def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None) -> Prepared:
+def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab: str = "") -> Prepared:
     """The token files of the run's corpus (found here unless choose_corpus already found it)."""
     cache_dir = cache_dir_of(cfg)
     corpus = corpus or resolve(cfg.data, cache_dir, say=say)
-    return prepare(corpus, cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors, say=say)
+    return prepare(corpus, cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors, say=say,
+                   base_vocab=base_vocab)
+
+
+def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path) -> TrainConfig:
+    """A fine-tuning run's config: the trained model's architecture, whatever the preset says; a shape given
+    explicitly that differs is refused (the weights would not fit)."""
+    saved = {**ModelConfig().to_dict(), **state["model_config"]}  # older checkpoints: the forms added since
+    values = cfg.to_dict()
+    for name in SHAPE_FIELDS:
+        if name in explicit and values[name] != saved[name]:
+            raise UserError(f"--{name} {values[name]!r} does not fit the model in {where} ({name} {saved[name]!r}); "
+                            f"leave it out: --init_from keeps that model's architecture")
+        values[name] = saved[name]
+    return TrainConfig(**values)
 
 
 def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say, where: Path) -> TrainConfig:
@@ -94,7 +112,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
              corpus: Corpus | None = None):
     """Own the folder, read the checkpoint to resume, prepare the data and build the run; or, for a finished run,
     the line that says so. Under torchrun rank 0 goes first, and a failure anywhere is one line from rank 0."""
-    resumed, source = None, None
+    resumed, source, init = None, None, None
     with d.together():
         if d.is_main:
             check_paths(cfg)
@@ -113,16 +131,28 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             done = finished_run(run_dir, resumed, cfg)
             if done:
                 return done
-        prepared = prepare_data(cfg, log.say, corpus) if d.is_main else None
+        elif cfg.init_from:
+            start = Path(cfg.init_from)
+            start = checkpoint.find(str(start), "") if start.is_dir() else start
+            init = checkpoint.load(start)
+            cfg = init_config(cfg, explicit, init, start)
+        # A fine-tuned run's vocabulary begins with its first model's, so that the old ids keep their meaning.
+        base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
+        prepared = prepare_data(cfg, log.say, corpus, base_vocab) if d.is_main else None
+        if init is not None and d.is_main:
+            new = prepared.tokenizer.chars[len(init["vocab"]):]
+            shown = "".join(f" {ch!r}" for ch in new[:12]) + (" ..." if len(new) > 12 else "")
+            log.say(f"fine-tuning {start} (step {init['iter']}), with its architecture; vocabulary: its "
+                    f"{len(init['vocab'])} characters + {len(new)} new{':' + shown if new else ''}")
     with d.together():
         if not d.is_main:
-            prepared = prepare_data(cfg, log.say)  # rank 0 prepared it: found in the cache
+            prepared = prepare_data(cfg, log.say, base_vocab=base_vocab)  # rank 0 prepared it: found in the cache
         if resumed is not None and resumed["vocab"] != prepared.tokenizer.chars:
             raise UserError(f"--resume: the corpus {prepared.meta['source']} has a different vocabulary from the "
                             f"checkpoint's; resume with the same --data")
         rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
         try:
-            run, progress = build_run(cfg, rt, prepared, d, log.say, resumed)
+            run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init)
         except (RuntimeError, KeyError, ValueError, TypeError) as err:
             if resumed is None or runtime.is_out_of_memory(err):
                 raise

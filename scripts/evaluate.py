@@ -1,0 +1,102 @@
+"""python scripts/evaluate.py --out_dir RUN --data FILE: a trained model's loss (nats per character) and bits per
+character on any text, every character scored once with the context that --stride gives it."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from data import resolve  # noqa: E402
+from data.corpus import default_cache_dir  # noqa: E402
+from data.prepare import read_text  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from training import checkpoint, runtime  # noqa: E402
+from training.evaluation import score, windows  # noqa: E402
+from training.files import check_output_file, write_text_atomic  # noqa: E402
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
+    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_last.pt (the model training ended with)")
+    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir), e.g. RUN/ckpt_best.pt")
+    p.add_argument("--data", required=True, help="text file, folder of text files, or a named corpus (as train.py)")
+    p.add_argument("--split", choices=("all", "val"), default="all",
+                   help="all the text, or only its last part that training would hold out for validation")
+    p.add_argument("--stride", type=int, default=0,
+                   help="characters between window starts (default and at most: block_size, windows side by side; "
+                        "smaller: each character gets at least block_size - stride of context, a lower figure)")
+    p.add_argument("--unknown", choices=("error", "skip"), default="error",
+                   help="characters the model never saw: stop with an error, or skip (and count) them")
+    p.add_argument("--json", default="", help="also write the figures to this JSON file")
+    p.add_argument("--batch_size", type=int, default=0, help="windows per batch (default: the run's batch_size)")
+    p.add_argument("--cache_dir", default="", help="where named corpora are downloaded (as train.py)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    p.add_argument("--dtype", default="", help="auto | float32 | bfloat16 (default: the run's own, as in training)")
+    return p
+
+
+def read_corpus(spec: str, cache_dir: str, encoding: str, errors: str) -> tuple[str, str]:
+    corpus = resolve(spec, Path(cache_dir) if cache_dir else default_cache_dir(),
+                     say=lambda message: print(message, file=sys.stderr))
+    text = "".join(read_text(corpus, encoding, errors))
+    return text, corpus.name
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.json:
+        check_output_file(args.json, "--json", (".json",))
+    path = checkpoint.find(args.out_dir, args.ckpt, ("ckpt_last.pt", "ckpt_best.pt"))
+    state = checkpoint.load(path)
+    run = state["run_config"]
+    rt = runtime.setup(args.device, args.dtype or run.get("dtype", "auto"))
+    model, tokenizer, _ = checkpoint.load_model(path, rt.device)
+    block_size = model.config.block_size
+    stride = args.stride or block_size
+    if not 1 <= stride <= block_size:
+        raise UserError(f"--stride {args.stride}: must be between 1 and the model's block_size, {block_size}")
+    batch_size = args.batch_size or run.get("batch_size", 16)
+    if batch_size < 1:
+        raise UserError(f"--batch_size {args.batch_size}: must be at least 1")
+
+    text, name = read_corpus(args.data, args.cache_dir, run.get("encoding", "utf-8"), run.get("encoding_errors", "strict"))
+    if args.split == "val":  # the same cut as training's: the last val_fraction of the characters
+        text = text[int(len(text) * (1 - run.get("val_fraction", 0.1))):]
+    unknown = tokenizer.unknown(text)
+    counts = {ch: text.count(ch) for ch in dict.fromkeys(unknown)}
+    if counts and args.unknown == "error":
+        shown = " ".join(repr(ch) for ch in list(counts)[:20]) + (" ..." if len(counts) > 20 else "")
+        raise UserError(f"--data {args.data}: {sum(counts.values())} characters the model never saw ({len(counts)} "
+                        f"different: {shown}); pass --unknown skip to leave them out")
+    known = "".join(ch for ch in text if ch in tokenizer.stoi) if counts else text
+    if len(known) < 2:
+        raise UserError(f"--data {args.data}: no text to score{' once unknown characters are left out' if counts else ''}"
+                        f"; give at least two characters the model knows")
+    ids = torch.tensor(tokenizer.encode(known), dtype=torch.long)
+
+    print(f"{path}: step {state['iter']}, block_size {block_size}; scoring {len(ids) - 1:,} characters of {name} "
+          f"({args.split}), stride {stride}", file=sys.stderr)
+    total_windows = len(windows(len(ids), block_size, stride))
+    with tqdm(total=total_windows, desc="evaluate", unit="window", delay=2, dynamic_ncols=True) as bar:
+        nats, scored = score(model, ids, block_size, stride, batch_size, rt.autocast, bar)
+    loss = nats / scored
+    figures = {"loss": loss, "bits_per_char": loss / math.log(2), "perplexity": math.exp(loss), "characters": scored,
+               "unknown": sum(counts.values()), "unknown_distinct": len(counts), "stride": stride,
+               "block_size": block_size, "split": args.split, "data": name, "checkpoint": str(path),
+               "step": state["iter"]}
+    skipped = f"; {figures['unknown']:,} unknown characters left out" if counts else ""
+    print(f"loss {loss:.4f} nats per character, {figures['bits_per_char']:.3f} bits per character, perplexity "
+          f"{figures['perplexity']:.2f}, over {scored:,} characters{skipped}")
+    if args.json:
+        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,97 @@
+"""scripts/evaluate.py: every character scored once, the run's own full validation reproduced, more context never
+worse, unknown characters counted exactly, bad inputs one line."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import train
+from conftest import ROOT, SHARED_TEXT
+from configs import load_config
+from training.evaluation import windows
+
+
+@pytest.mark.parametrize("n_ids, block_size, stride", [(2, 4, 4), (10, 4, 4), (11, 4, 2), (50, 8, 3), (9, 8, 1)])
+def test_windows_score_every_character_but_the_first_exactly_once(n_ids, block_size, stride):
+    scored = []
+    for w in windows(n_ids, block_size, stride):
+        assert 0 < w.end - w.begin <= block_size and w.end <= n_ids - 1
+        targets = range(max(w.first_scored, w.begin + 1), w.end + 1)
+        scored += targets
+        if w.begin > 0:  # after the first window, each scored character sees at least block_size - stride before it
+            assert all(t - w.begin >= block_size - stride for t in targets)
+    assert scored == list(range(1, n_ids))
+
+
+def corpus_with_a_whole_number_of_windows(folder, block_size=32):
+    """Text whose validation split is k * block_size + 1 characters, so full validation leaves no tail unscored."""
+    text = SHARED_TEXT.read_text(encoding="utf-8") if SHARED_TEXT.exists() else "to be or not to be\n" * 3000
+    n = 30000
+    while (n - int(n * 0.9)) % block_size != 1:
+        n += 1
+    path = folder / "corpus.txt"
+    path.write_text(text[:n], encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("evaluate")
+    corpus = corpus_with_a_whole_number_of_windows(tmp)
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp / "cache"),
+                                    "--out_dir", str(tmp / "run"), "--max_iters", "60"], False)
+    summary = train.train(cfg, explicit, say=lambda m: None)
+    return tmp, corpus, summary
+
+
+def evaluate(*args):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def figures(tmp, *args):
+    out = tmp / "figures.json"
+    done = evaluate("--out_dir", str(tmp / "run"), "--json", str(out), *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+def test_the_validation_split_side_by_side_is_the_runs_full_validation(run):
+    tmp, corpus, summary = run
+    val = figures(tmp, "--data", str(corpus), "--split", "val")
+    assert val["stride"] == 32 and val["unknown"] == 0
+    assert val["loss"] == pytest.approx(summary["full_val_loss"], rel=1e-6)
+    closer = figures(tmp, "--data", str(corpus), "--split", "val", "--stride", "8")  # more context per character
+    assert closer["characters"] == val["characters"] and closer["loss"] <= val["loss"]
+    whole = figures(tmp, "--data", str(corpus))
+    assert whole["characters"] == len(corpus.read_text(encoding="utf-8")) - 1
+
+
+def test_unknown_characters_are_counted_exactly(run):
+    tmp, corpus, _ = run
+    text = corpus.read_text(encoding="utf-8")[:3000]
+    mixed = tmp / "mixed.txt"
+    mixed.write_text("§" + text[:1000] + "ЖЖ§" + text[1000:] + "§Ж§§", encoding="utf-8")  # 5 x §, 3 x Ж
+    refused = evaluate("--out_dir", str(tmp / "run"), "--data", str(mixed))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "8 characters the model never saw (2 different: '§' 'Ж')" in refused.stderr
+    skipped = figures(tmp, "--data", str(mixed), "--unknown", "skip")
+    assert (skipped["unknown"], skipped["unknown_distinct"], skipped["characters"]) == (8, 2, len(text) - 1)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda tmp: ["--data", str(tmp / "empty.txt")], "no text to score"),
+    (lambda tmp: ["--data", str(tmp / "missing.txt")], "missing.txt"),
+    (lambda tmp: ["--data", str(tmp / "corpus.txt"), "--stride", "33"], "--stride 33: must be between 1"),
+])
+def test_bad_inputs_are_one_line(run, make, words):
+    tmp = run[0]
+    (tmp / "empty.txt").write_text("", encoding="utf-8")
+    done = evaluate("--out_dir", str(tmp / "run"), *make(tmp))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+
+
+def test_a_folder_that_is_not_a_run_is_one_line(tmp_path):
+    done = evaluate("--out_dir", str(tmp_path), "--data", "x.txt")
+    assert done.returncode == 2 and "holds no ckpt_last.pt or ckpt_best.pt" in done.stderr

@@ -1,0 +1,84 @@
+"""train.py --init_from: a new run from a trained model's weights on new text, the vocabulary grown so that old ids
+keep their meaning; better than the same steps from scratch; resumable; conflicting shapes refused in one line."""
+import pytest
+import torch
+
+import train
+from conftest import SHARED_TEXT
+from configs import load_config
+from errors import UserError
+from model.generate import generate
+from training import checkpoint
+
+
+def texts():
+    text = SHARED_TEXT.read_text(encoding="utf-8") if SHARED_TEXT.exists() else "to be or not to be, that is\n" * 9000
+    first = text[:40000]
+    second = text[200000:230000].replace("e", "é").replace("th", "þ") + "\n{Zürich ~ Ærø}\n"  # new characters
+    return first, second
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("finetune")
+    first, second = texts()
+    (tmp / "first.txt").write_text(first, encoding="utf-8")
+    (tmp / "second.txt").write_text(second, encoding="utf-8")
+    run(tmp, "first.txt", "base", "--max_iters", "150")
+    return tmp
+
+
+def run(tmp, data, out, *extra):
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(tmp / data), "--cache_dir", str(tmp / "cache"),
+                                    "--out_dir", str(tmp / out), "--eval_interval", "10", *extra], False)
+    return train.train(cfg, explicit, say=lambda m: None)
+
+
+def test_fine_tuning_keeps_the_old_ids_and_beats_the_same_steps_from_scratch(base):
+    old = checkpoint.load(base / "base" / "ckpt_best.pt")
+    tuned = run(base, "second.txt", "tuned", "--init_from", str(base / "base"), "--max_iters", "30")
+    scratch = run(base, "second.txt", "scratch", "--max_iters", "30")
+    assert tuned["full_val_loss"] < scratch["full_val_loss"] - 0.1, (tuned["full_val_loss"], scratch["full_val_loss"])
+    new = checkpoint.load(base / "tuned" / "ckpt_last.pt")
+    added = set("éþ{}~ÆøüZ") - set(old["vocab"])
+    assert new["vocab"].startswith(old["vocab"]) and added <= set(new["vocab"][len(old["vocab"]):])
+    assert new["run_config"]["init_from"] == str(base / "base") and new["iter"] == 30  # a new run from step 0
+    model, tokenizer, _ = checkpoint.load_model(base / "tuned" / "ckpt_last.pt")
+    prompt = tokenizer.encode("ROMEO: Zürich þé")  # old and new characters together
+    out = generate(model, [prompt], 40, generator=torch.Generator().manual_seed(0))
+    assert len(out[0]) == 40
+
+
+def test_the_trained_rows_are_copied_and_new_rows_start_as_their_mean(base):
+    from data import prepare, resolve
+    from training.build import build_run
+    from training import runtime
+    old = checkpoint.load(base / "base" / "ckpt_best.pt")
+    cfg, _, _ = load_config(["--config", "debug", "--data", str(base / "second.txt"), "--out_dir", str(base / "x")],
+                            False)
+    prepared = prepare(resolve(cfg.data, base / "cache"), base / "cache", base_vocab=old["vocab"])
+    run_, _ = build_run(cfg, runtime.setup("cpu", "float32"), prepared, init=old)
+    rows = run_.model.wte.weight.detach()
+    n = len(old["vocab"])
+    assert torch.equal(rows[:n], old["model"]["wte.weight"])
+    assert torch.allclose(rows[n:], old["model"]["wte.weight"].mean(0).expand(rows.size(0) - n, -1))
+    assert prepared.tokenizer.chars[:n] == old["vocab"]
+
+
+def test_a_fine_tuned_run_resumes_exactly(base):
+    schedule = ["--lr_decay_iters", "20"]  # the same learning-rate schedule for the run stopped at 10
+    straight = run(base, "second.txt", "straight", "--init_from", str(base / "base"), "--max_iters", "20", *schedule)
+    run(base, "second.txt", "halves", "--init_from", str(base / "base"), "--max_iters", "10", *schedule)
+    resumed = run(base, "second.txt", "halves", "--resume", "--max_iters", "20")
+    assert resumed["full_val_loss"] == straight["full_val_loss"]
+    assert [loss for _, loss in resumed["history"]] == [loss for step, loss in straight["history"] if step > 10]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--n_layer", "3"], "--n_layer 3 does not fit the model in"),
+    (["--init_from", "/nowhere/run"], "/nowhere/run"),
+])
+def test_conflicts_and_missing_models_are_one_line(base, extra, words):
+    argv = ["--init_from", str(base / "base"), *extra] if extra[0] != "--init_from" else extra
+    with pytest.raises(UserError, match=words):
+        run(base, "second.txt", "refused", *argv, "--max_iters", "5")
