@@ -1,7 +1,6 @@
 """scripts/evaluate.py: every character scored once, the run's own full validation reproduced, more context never
 worse, unknown characters counted exactly, bad inputs one line."""
 import json
-import subprocess
 import sys
 
 import pytest
@@ -9,7 +8,11 @@ import pytest
 import train
 from conftest import ROOT, SHARED_TEXT
 from configs import load_config
+from errors import run_cli
 from training.evaluation import windows
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import evaluate as evaluate_cli  # noqa: E402
 
 
 @pytest.mark.parametrize("n_ids, block_size, stride", [(2, 4, 4), (10, 4, 4), (11, 4, 2), (50, 8, 3), (9, 8, 1)])
@@ -45,19 +48,33 @@ def run(tmp_path_factory):
     return tmp, corpus, summary
 
 
-def evaluate(*args):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args], capture_output=True,
-                          text=True, timeout=300)
+class Done:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def figures(tmp, *args):
-    out = tmp / "figures.json"
-    done = evaluate("--out_dir", str(tmp / "run"), "--json", str(out), *args)
-    assert done.returncode == 0, done.stderr
-    return json.loads(out.read_text(encoding="utf-8"))
+@pytest.fixture
+def evaluate(capsys):
+    """scripts/evaluate.py in this process (its main() through run_cli, as the command runs it)."""
+    def call(*args):
+        capsys.readouterr()
+        code = run_cli(evaluate_cli.main, list(args))
+        out = capsys.readouterr()
+        return Done(code, out.out, out.err)
+    return call
 
 
-def test_the_validation_split_side_by_side_is_the_runs_full_validation(run):
+@pytest.fixture
+def figures(evaluate):
+    def call(tmp, *args):
+        out = tmp / "figures.json"
+        done = evaluate("--out_dir", str(tmp / "run"), "--json", str(out), *args)
+        assert done.returncode == 0, done.stderr
+        return json.loads(out.read_text(encoding="utf-8"))
+    return call
+
+
+def test_the_validation_split_side_by_side_is_the_runs_full_validation(run, figures):
     tmp, corpus, summary = run
     val = figures(tmp, "--data", str(corpus), "--split", "val")
     assert val["stride"] == 32 and val["unknown"] == 0
@@ -68,7 +85,7 @@ def test_the_validation_split_side_by_side_is_the_runs_full_validation(run):
     assert whole["characters"] == len(corpus.read_text(encoding="utf-8")) - 1
 
 
-def test_unknown_characters_are_counted_exactly(run):
+def test_unknown_characters_are_counted_exactly(run, evaluate, figures):
     tmp, corpus, _ = run
     text = corpus.read_text(encoding="utf-8")[:3000]
     mixed = tmp / "mixed.txt"
@@ -85,13 +102,13 @@ def test_unknown_characters_are_counted_exactly(run):
     (lambda tmp: ["--data", str(tmp / "missing.txt")], "missing.txt"),
     (lambda tmp: ["--data", str(tmp / "corpus.txt"), "--stride", "33"], "--stride 33: must be between 1"),
 ])
-def test_bad_inputs_are_one_line(run, make, words):
+def test_bad_inputs_are_one_line(run, make, words, evaluate):
     tmp = run[0]
     (tmp / "empty.txt").write_text("", encoding="utf-8")
     done = evaluate("--out_dir", str(tmp / "run"), *make(tmp))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
 
 
-def test_a_folder_that_is_not_a_run_is_one_line(tmp_path):
+def test_a_folder_that_is_not_a_run_is_one_line(tmp_path, evaluate):
     done = evaluate("--out_dir", str(tmp_path), "--data", "x.txt")
     assert done.returncode == 2 and "holds no ckpt_last.pt or ckpt_best.pt" in done.stderr

@@ -30,7 +30,8 @@ def base(tmp_path_factory):
 
 def run(tmp, data, out, *extra):
     cfg, _, explicit = load_config(["--config", "debug", "--data", str(tmp / data), "--cache_dir", str(tmp / "cache"),
-                                    "--out_dir", str(tmp / out), "--eval_interval", "10", *extra], False)
+                                    "--out_dir", str(tmp / out), "--eval_interval", "10", "--sample_chars", "0",
+                                    "--log_attention", "false", *extra], False)
     return train.train(cfg, explicit, say=lambda m: None)
 
 
