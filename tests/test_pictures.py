@@ -20,7 +20,8 @@ def run_dir(tmp_path_factory):
     corpus = tmp / "corpus.txt"
     corpus.write_text("ROMEO: but soft, what light through yonder window breaks?\n" * 60, encoding="utf-8")
     cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp / "cache"),
-                                    "--out_dir", str(tmp / "run"), "--max_iters", "20", "--eval_interval", "10"], False)
+                                    "--out_dir", str(tmp / "run"), "--max_iters", "20", "--eval_interval", "10",
+                                    "--log_attention", "true"], False)
     train.train(cfg, explicit, say=lambda m: None)
     return tmp / "run"
 

@@ -24,7 +24,7 @@ def run(corpus, out_dir, *extra):
 
 def test_debug_run_end_to_end(corpus, tmp_path):
     out = tmp_path / "run"
-    result = run(corpus, out, "--max_iters", "60", "--eval_interval", "30")
+    result = run(corpus, out, "--max_iters", "60", "--eval_interval", "30", "--sample_chars", "40")
     history = result["history"]
     assert history[-1][1] < history[0][1] - 0.3  # the loss fell
     for name in ("ckpt_last.pt", "ckpt_best.pt"):
