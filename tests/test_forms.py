@@ -21,6 +21,7 @@ FORMS = {
     "shared_qk": dict(shared_qk=True),
     "no_values": dict(attention_values=False),
     "no_positions": dict(position="none"),
+    "rope": dict(position="rope"),
     "bigram": dict(n_layer=0, position="none", tie_weights=False),  # the ladder's first rung: no blocks at all
     "no_mlp": dict(mlp=False),
     "no_residual": dict(residual=False, mlp=False),
@@ -39,9 +40,12 @@ def batch(seed: int = 1):
     return idx, torch.roll(idx, -1, dims=1)
 
 
+@pytest.mark.parametrize("path", ["sdpa", "explicit"])
 @pytest.mark.parametrize("form", FORMS)
-def test_each_form_is_causal(form):
+def test_each_form_is_causal_on_each_path(form, path):
     model = model_of(form).eval()
+    if form != "additive":  # additive has the explicit path only
+        model.set_attention_path(path)
     idx = batch()[0][:2, :12]
     base, _ = model(idx)
     for t in range(12):
