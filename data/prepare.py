@@ -172,7 +172,8 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: floa
         n_chars += len(text)
     if n_chars == 0:
         raise UserError(f"--data {corpus.name}: the corpus is empty; give it some text")
-    new = "".join(ch for ch in map(chr, np.flatnonzero(seen)) if ch not in set(base_vocab))
+    known = set(base_vocab)
+    new = "".join(ch for ch in map(chr, np.flatnonzero(seen)) if ch not in known)
     tokenizer = CharTokenizer(base_vocab + new)
     n_train = int(n_chars * (1 - val_fraction))
 

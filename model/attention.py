@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from model.config import ModelConfig
 from model.kv_cache import LayerCache
 from model.rope import apply_rope
+from model.scoring import additive_scores, dot_product_scores
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,11 +204,9 @@ class CausalSelfAttention(nn.Module):
 
     def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """(B, n_head, T, head_size) queries and (B, n_head, T_keys, head_size) keys -> (B, n_head, T, T_keys)."""
-        if self.score == "additive":  # every query-key pair: w_h · tanh(q_i + k_j), head by head
-            return torch.einsum("bhqkd,hd->bhqk", torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3)), self.w_score)
-        if self.score == "dot":
-            return q @ k.transpose(-2, -1)
-        return q @ k.transpose(-2, -1) / math.sqrt(self.head_size)  # scaled BEFORE the softmax
+        if self.score == "additive":  # every query-key pair: w_h · tanh(q_i + k_j), one w per head
+            return additive_scores(q, k, self.w_score)
+        return dot_product_scores(q, k, scaled=self.score != "dot")  # scaled BEFORE the softmax
 
 
 @contextmanager

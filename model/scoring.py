@@ -1,6 +1,6 @@
 """Attention as the tutorials write it, for any number of queries and keys and values of any width: the two
 scoring functions (dot-product, scaled by 1/√d_k or not, and additive) and attend(), which turns scores into
-weights and the weights into a weighted sum of values."""
+weights and the weights into a weighted sum of values. The model's attention scores with the same functions."""
 from __future__ import annotations
 
 import math
@@ -16,15 +16,14 @@ def dot_product_scores(q: torch.Tensor, k: torch.Tensor, scaled: bool = True) ->
     return scores / math.sqrt(k.size(-1)) if scaled else scores
 
 
-def additive_scores(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
-                    w_v: torch.Tensor) -> torch.Tensor:
-    """Additive attention (Bahdanau): score(q, k) = w_vᵀ · tanh(q W_q + k W_k).
+def additive_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Additive attention (Bahdanau): score(q, k) = wᵀ · tanh(q + k), for queries and keys already brought to the
+    same h hidden units (W_q q and W_k k, whatever widths q and k started with).
 
-    q (..., T_q, d_q) and k (..., T_k, d_k) may have different widths: W_q (d_q, h) and W_k (d_k, h) bring both to
-    h hidden units, w_v (h,) reads one number off each pair. Returns scores (..., T_q, T_k).
+    q (..., T_q, h), k (..., T_k, h), w (h,) or one per leading index, e.g. (n_head, h). Returns (..., T_q, T_k).
     """
-    hidden = (q @ w_q).unsqueeze(-2) + (k @ w_k).unsqueeze(-3)  # (..., T_q, 1, h) + (..., 1, T_k, h): every pair
-    return torch.tanh(hidden) @ w_v
+    hidden = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3))  # (..., T_q, T_k, h): every query-key pair
+    return torch.einsum("...qkh,...h->...qk", hidden, w)
 
 
 def attend(scores: torch.Tensor, values: torch.Tensor, keep: torch.Tensor | None = None

@@ -53,10 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         check_output_file(args.json, "--json", (".json",))
     path = checkpoint.find(args.out_dir, args.ckpt, ("ckpt_last.pt", "ckpt_best.pt"))
-    state = checkpoint.load(path)
+    model, tokenizer, state = checkpoint.load_model(path, runtime.pick_device(args.device))
     run = state["run_config"]
-    rt = runtime.setup(args.device, args.dtype or run.get("dtype", "auto"))
-    model, tokenizer, _ = checkpoint.load_model(path, rt.device)
+    rt = runtime.setup(args.device, args.dtype or run.get("dtype", "auto"))  # the run's own precision by default
     block_size = model.config.block_size
     stride = args.stride or block_size
     if not 1 <= stride <= block_size:
@@ -82,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{path}: step {state['iter']}, block_size {block_size}; scoring {len(ids) - 1:,} characters of {name} "
           f"({args.split}), stride {stride}", file=sys.stderr)
-    total_windows = len(windows(len(ids), block_size, stride))
-    with tqdm(total=total_windows, desc="evaluate", unit="window", delay=2, dynamic_ncols=True) as bar:
-        nats, scored = score(model, ids, block_size, stride, batch_size, rt.autocast, bar)
+    todo = windows(len(ids), block_size, stride)
+    with tqdm(total=len(todo), desc="evaluate", unit="window", delay=2, dynamic_ncols=True) as bar:
+        nats, scored = score(model, ids, todo, batch_size, rt.autocast, bar)
     loss = nats / scored
     figures = {"loss": loss, "bits_per_char": loss / math.log(2), "perplexity": math.exp(loss), "characters": scored,
                "unknown": sum(counts.values()), "unknown_distinct": len(counts), "stride": stride,

@@ -84,7 +84,7 @@ def draw(rows: list[dict], path: Path) -> None:
     from training.pictures import plt
 
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2), dpi=100)
-    names = [f"{i + 1}. {row['name']}" for i, row in enumerate(rows)]
+    names = [f"{row['rung']}. {row['name']}" for row in rows]
     losses = [row["full_val_loss"] for row in rows]
     parts = {name for name, _, _ in RUNGS[:7]}  # the rungs that build the model up; the rest are its variants
     ax.barh(names, losses, color=["C0" if row["name"] in parts else "C1" for row in rows])
@@ -108,13 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache_dir", default="", help="as train.py --cache_dir")
     parser.add_argument("--rungs", help=f"a comma-separated subset of: {', '.join(name for name, _, _ in RUNGS)}")
     args = parser.parse_args(argv)
-    chosen = RUNGS
+    chosen = [(number, *rung) for number, rung in enumerate(RUNGS, start=1)]  # (rung number, name, what, settings)
     if args.rungs:
         names = [n.strip() for n in args.rungs.split(",")]
         unknown = [n for n in names if n not in {name for name, _, _ in RUNGS}]
         if unknown:
             raise UserError(f"--rungs: no rung {unknown[0]}; choose from {', '.join(name for name, _, _ in RUNGS)}")
-        chosen = [rung for rung in RUNGS if rung[0] in names]
+        chosen = [rung for rung in chosen if rung[1] in names]
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file; choose a folder")
@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     with StopRequest(speak=True) as stop:
-        for index, (name, what, overrides) in enumerate(chosen, start=1):
-            cfg, _, explicit = rung_config(args, RUNGS.index((name, what, overrides)) + 1, name, overrides)
+        for index, (number, name, what, overrides) in enumerate(chosen, start=1):
+            cfg, _, explicit = rung_config(args, number, name, overrides)
             state, why = state_of(cfg)
             print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
             if state == "finished":
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                     return 130
                 print(f"  {time.perf_counter() - started:.1f} s", file=sys.stderr)
             summary = json.loads((Path(cfg.out_dir) / "summary.json").read_text(encoding="utf-8"))
-            rows.append({"name": name, "what": what, "settings": overrides, "parameters": parameters(cfg),
+            rows.append({"rung": number, "name": name, "what": what, "settings": overrides, "parameters": parameters(cfg),
                          "full_val_loss": summary["full_val_loss"], "bits_per_char": summary["full_val_loss"] / math.log(2),
                          "train_seconds": summary["train_seconds"], "steps": summary["iterations"],
                          "corpus": summary["corpus"], "out_dir": cfg.out_dir})

@@ -135,7 +135,7 @@ def tutorial_002() -> list[Step]:
     valid_lens = torch.tensor([2, 6])
     w_q, w_k, w_v = torch.randn(20, 8) / math.sqrt(20), torch.randn(2, 8) / math.sqrt(2), torch.randn(8)
     keep = valid_key_mask(valid_lens, 10, padding="right")[:, None, :]  # (2, 1, 10)
-    additive, additive_weights = attend(additive_scores(queries, keys, w_q, w_k, w_v), values, keep)
+    additive, additive_weights = attend(additive_scores(queries @ w_q, keys @ w_k, w_v), values, keep)
     dot_queries = torch.normal(0, 1, (2, 1, 2))  # the dot product needs queries as wide as the keys
     dot, _ = attend(dot_product_scores(dot_queries, keys), values, keep)
     return [

@@ -37,3 +37,13 @@ def module_corpus(tmp_path_factory, name: str) -> Path:
     text = SHARED_TEXT.read_text(encoding="utf-8")[:30000] if SHARED_TEXT.exists() else "to be or not to be\n" * 1500
     (tmp / "corpus.txt").write_text(text, encoding="utf-8")
     return tmp / "corpus.txt"
+
+
+def train_debug(corpus: Path, out_dir: Path, *extra: str) -> dict:
+    """A quiet run of the debug preset on corpus into out_dir (its token cache beside out_dir); its summary."""
+    import train
+    from configs import load_config
+
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir",
+                                    str(out_dir.parent / "cache"), "--out_dir", str(out_dir), *extra], False)
+    return train.train(cfg, explicit, say=lambda message: None)

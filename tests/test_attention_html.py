@@ -8,9 +8,7 @@ import sys
 
 import pytest
 
-import train
-from conftest import ROOT
-from configs import load_config
+from conftest import ROOT, train_debug
 from errors import run_cli
 from training import checkpoint
 
@@ -25,9 +23,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("page")
     corpus = tmp / "corpus.txt"
     corpus.write_text("ROMEO: but soft, what light through yonder window breaks?\n" * 80, encoding="utf-8")
-    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp / "cache"),
-                                    "--out_dir", str(tmp / "run"), "--max_iters", "20"], False)
-    train.train(cfg, explicit, say=lambda m: None)
+    train_debug(corpus, tmp / "run", "--max_iters", "20")
     return tmp
 
 
@@ -69,6 +65,12 @@ def test_the_page_references_nothing_outside_itself(page):
     done = make_page(run, "--text", "</script><b>x", "--html", str(hostile), "--unknown", "skip")
     assert done.returncode == 0, done.stderr
     assert "</script><b>" not in hostile.read_text(encoding="utf-8")
+    # The model above knows none of < / > b, so the page is written directly with such a text as its data.
+    text = "</script><b>x"
+    weights = [[[[1.0 / (q + 1)] * (q + 1) for q in range(len(text))]]]
+    hostile.write_text(attention_html.page(text, weights, "t", "a"), encoding="utf-8")
+    assert "</script><b>" not in hostile.read_text(encoding="utf-8")
+    assert embedded(hostile.read_text(encoding="utf-8"))["text"] == text  # the text survives as data
 
 
 def dom(page, fragment: str = "") -> str:

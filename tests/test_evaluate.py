@@ -5,9 +5,7 @@ import sys
 
 import pytest
 
-import train
-from conftest import ROOT, SHARED_TEXT
-from configs import load_config
+from conftest import ROOT, SHARED_TEXT, train_debug
 from errors import run_cli
 from training.evaluation import windows
 
@@ -42,9 +40,7 @@ def corpus_with_a_whole_number_of_windows(folder, block_size=32):
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("evaluate")
     corpus = corpus_with_a_whole_number_of_windows(tmp)
-    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp / "cache"),
-                                    "--out_dir", str(tmp / "run"), "--max_iters", "60"], False)
-    summary = train.train(cfg, explicit, say=lambda m: None)
+    summary = train_debug(corpus, tmp / "run", "--max_iters", "60")
     return tmp, corpus, summary
 
 

@@ -3,8 +3,7 @@ keep their meaning; better than the same steps from scratch; resumable; conflict
 import pytest
 import torch
 
-import train
-from conftest import SHARED_TEXT
+from conftest import SHARED_TEXT, train_debug
 from configs import load_config
 from errors import UserError
 from model.generate import generate
@@ -29,10 +28,7 @@ def base(tmp_path_factory):
 
 
 def run(tmp, data, out, *extra):
-    cfg, _, explicit = load_config(["--config", "debug", "--data", str(tmp / data), "--cache_dir", str(tmp / "cache"),
-                                    "--out_dir", str(tmp / out), "--eval_interval", "10", "--sample_chars", "0",
-                                    "--log_attention", "false", *extra], False)
-    return train.train(cfg, explicit, say=lambda m: None)
+    return train_debug(tmp / data, tmp / out, "--eval_interval", "10", *extra)
 
 
 def test_fine_tuning_keeps_the_old_ids_and_beats_the_same_steps_from_scratch(base):
@@ -76,7 +72,7 @@ def test_a_fine_tuned_run_resumes_exactly(base):
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["--n_layer", "3"], "--n_layer 3 does not fit the model in"),
+    (["--n_layer", "3"], r"n_layer 3 \(set on the command line or by --config\) does not fit the model in"),
     (["--init_from", "/nowhere/run"], "/nowhere/run"),
 ])
 def test_conflicts_and_missing_models_are_one_line(base, extra, words):

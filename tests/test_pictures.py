@@ -8,9 +8,7 @@ import pytest
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import train
-from conftest import ROOT
-from configs import load_config
+from conftest import ROOT, train_debug
 from training.pictures import figure_size
 
 
@@ -19,10 +17,7 @@ def run_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pictures")
     corpus = tmp / "corpus.txt"
     corpus.write_text("ROMEO: but soft, what light through yonder window breaks?\n" * 60, encoding="utf-8")
-    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp / "cache"),
-                                    "--out_dir", str(tmp / "run"), "--max_iters", "20", "--eval_interval", "10",
-                                    "--log_attention", "true"], False)
-    train.train(cfg, explicit, say=lambda m: None)
+    train_debug(corpus, tmp / "run", "--max_iters", "20", "--eval_interval", "10", "--log_attention", "true")
     return tmp / "run"
 
 

@@ -93,7 +93,7 @@ def test_additive_scores_match_a_loop_over_every_query_key_pair():
     w_q, w_k, w_v = torch.randn(5, 6), torch.randn(7, 6), torch.randn(6)
     expected = torch.tensor([[[float(w_v @ torch.tanh(q[b, i] @ w_q + k[b, j] @ w_k)) for j in range(4)]
                               for i in range(3)] for b in range(2)])
-    torch.testing.assert_close(additive_scores(q, k, w_q, w_k, w_v), expected)
+    torch.testing.assert_close(additive_scores(q @ w_q, k @ w_k, w_v), expected)
 
 
 def test_attend_handles_values_wider_than_keys_and_cross_lengths():

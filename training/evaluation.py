@@ -33,13 +33,11 @@ def windows(n_ids: int, block_size: int, stride: int) -> list[Window]:
 
 
 @torch.inference_mode()
-def score(model, ids: torch.Tensor, block_size: int, stride: int, batch_size: int, autocast, progress=None
-          ) -> tuple[float, int]:
-    """(sum of the cross-entropy over every scored character in nats, number of characters scored)."""
+def score(model, ids: torch.Tensor, todo: list[Window], batch_size: int, autocast, progress=None) -> tuple[float, int]:
+    """(sum of the cross-entropy over every character the windows score, in nats; how many characters that is)."""
     model.eval()
     device = next(model.parameters()).device
     total, count = torch.zeros((), dtype=torch.float64, device=device), 0
-    todo = windows(len(ids), block_size, stride)
     for i in range(0, len(todo), batch_size):
         group = todo[i:i + batch_size]
         by_length: dict[int, list[Window]] = {}
@@ -51,8 +49,9 @@ def score(model, ids: torch.Tensor, block_size: int, stride: int, batch_size: in
             with autocast():
                 logits, _ = model(x)
             losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none")
-            target_index = torch.tensor([[w.begin + 1 + j for j in range(length)] for w in same], device=device)
-            keep = target_index >= torch.tensor([[w.first_scored] for w in same], device=device)
+            begin = torch.tensor([w.begin for w in same], device=device)[:, None]
+            first = torch.tensor([w.first_scored for w in same], device=device)[:, None]
+            keep = begin + 1 + torch.arange(length, device=device) >= first  # (windows, length): targets not yet scored
             total += losses.view(len(same), length)[keep].double().sum()
             count += int(keep.sum())
         if progress is not None:

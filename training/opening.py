@@ -70,8 +70,9 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path) 
     values = cfg.to_dict()
     for name in SHAPE_FIELDS:
         if name in explicit and values[name] != saved[name]:
-            raise UserError(f"--{name} {values[name]!r} does not fit the model in {where} ({name} {saved[name]!r}); "
-                            f"leave it out: --init_from keeps that model's architecture")
+            raise UserError(f"{name} {values[name]!r} (set on the command line or by --config) does not fit the "
+                            f"model in {where} ({name} {saved[name]!r}); leave it out, or choose a --config without "
+                            f"it: --init_from keeps that model's architecture")
         values[name] = saved[name]
     return TrainConfig(**values)
 
