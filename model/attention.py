@@ -115,11 +115,13 @@ def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float 
     """torch's scaled_dot_product_attention. On CPU it runs in float32 even under bfloat16 autocast: there the
     kernel's bfloat16 backward measured 5x slower than its float32 one (torch 2.13, AMD Zen 4), while the
     attention products are a small share of the work at these sizes. The projections around it stay bfloat16."""
-    if q.device.type == "cpu" and q.dtype != torch.float32:
+    if q.device.type == "cpu" and (torch.is_autocast_enabled("cpu") or v.dtype != torch.float32):
+        # Under autocast the kernel would take bfloat16 even from float32 inputs (rotary positions make q and k
+        # float32 while v stays bfloat16): that cost the rope model a third more time per step.
         with torch.autocast("cpu", enabled=False):
             y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                dropout_p=dropout_p, is_causal=causal, scale=scale)
-        return y.to(q.dtype)
+        return y.to(v.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=scale)
 
 
@@ -133,12 +135,14 @@ class CausalSelfAttention(nn.Module):
     attention_score scaled_dot (the default), dot (no 1/√d), additive (w·tanh(q + k), explicit path only),
     uniform (q = k = 0, so every visible key weighs the same: a plain average of the past);
     shared_qk (one projection gives both q and k); attention_values false (v is the input itself, head by head).
+    qk_norm scales every query and key to the same root-mean-square before they meet (not a tutorial form).
     """
 
     def __init__(self, config: ModelConfig, path: str = "sdpa"):
         super().__init__()
         self.n_head, self.head_size = config.n_head, config.head_size
         self.score, self.shared_qk, self.own_values = config.attention_score, config.shared_qk, config.attention_values
+        self.qk_norm = config.qk_norm
         learned_qk = 0 if self.score == "uniform" else 1 if self.shared_qk else 2
         parts = learned_qk + (1 if self.own_values else 0)  # how many n_embd-wide projections c_attn makes
         self.c_attn = nn.Linear(config.n_embd, parts * config.n_embd, bias=config.bias) if parts else None
@@ -164,6 +168,8 @@ class CausalSelfAttention(nn.Module):
         """
         B, T, C = x.shape
         q, k, v = self.projections(x)  # (B, T, n_head, head_size) each
+        if self.qk_norm:  # every query and key to the same length: scores depend on direction only
+            q, k = F.rms_norm(q, (self.head_size,)), F.rms_norm(k, (self.head_size,))
         if rope is not None:  # rotary positions: turn q and k by their positions' angles
             cos, sin = (table.view(table.size(0), T, 1, self.head_size) for table in rope)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
