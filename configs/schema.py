@@ -11,6 +11,7 @@ from training.optim import OPTIMIZERS
 from training.runtime import COMPILE_MODES, valid_device
 
 
+LR_SCHEDULES = ("cosine", "wsd")
 SEED_MAX = 2**62  # seeds go to torch.manual_seed (64 bits), with the rank added under torchrun
 
 
@@ -30,7 +31,10 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     learning_rate: float = setting(1e-3, "peak learning rate")
     min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay")
     warmup_iters: int = setting(100, "steps of linear warm-up from 0 to learning_rate")
-    lr_decay_iters: int = setting(0, "step at which the cosine decay reaches min_lr (0: max_iters)")
+    lr_schedule: str = setting("cosine", "after the warm-up: cosine (a cosine decay to min_lr) | wsd (warm-up, "
+                                         "stable, decay: hold learning_rate, then fall in a straight line to min_lr)")
+    warmdown_fraction: float = setting(0.3, "wsd: the share of the steps after the warm-up spent falling to min_lr")
+    lr_decay_iters: int = setting(0, "step at which the decay reaches min_lr (0: max_iters)")
     weight_decay: float = setting(0.1, "AdamW weight decay, applied to weight matrices only")
     beta1: float = setting(0.9, "AdamW beta1")
     beta2: float = setting(0.99, "AdamW beta2")
@@ -76,6 +80,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
         check(0 < self.val_fraction < 1, "val_fraction", "must be between 0 and 1, e.g. 0.1")
         check(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-3")
         check(0 <= self.min_lr <= self.learning_rate, "min_lr", "must be between 0 and learning_rate")
+        check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}")
+        check(0 < self.warmdown_fraction <= 1, "warmdown_fraction", "must be in (0, 1], e.g. 0.3")
         check(0 <= self.beta1 < 1, "beta1", "must be in [0, 1)")
         check(0 <= self.beta2 < 1, "beta2", "must be in [0, 1)")
         check(self.grad_clip >= 0, "grad_clip", "must not be negative (0 turns clipping off)")

@@ -35,6 +35,7 @@ class Architecture:
     position: str = setting("learned", "position information: learned (a table) | rope (rotary embeddings on q and "
                                        "k) | none")
     activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared)")
+    qk_norm: bool = setting(False, "RMS-normalise each head's queries and keys before scoring (QK-norm)")
     mlp: bool = setting(True, "each block's feed-forward network (false: attention only)")
     residual: bool = setting(True, "residual connections and the blocks' LayerNorms (false: each block's output "
                                    "replaces its input)")
@@ -65,6 +66,8 @@ class Architecture:
                              f"got {self.attention_score!r}")
         if self.attention_score == "additive" and self.attention == "sdpa":
             raise ValueError("attention_score additive has no fused kernel; use attention auto or explicit")
+        if self.attention_score == "uniform" and self.qk_norm:
+            raise ValueError("attention_score uniform has no queries or keys for qk_norm to normalise")
         if self.attention_score == "uniform" and self.position == "rope":
             raise ValueError("attention_score uniform has no queries or keys for rope to turn; "
                              "use position learned or none")

@@ -22,6 +22,7 @@ FORMS = {
     "no_values": dict(attention_values=False),
     "no_positions": dict(position="none"),
     "rope": dict(position="rope"),
+    "qk_norm": dict(qk_norm=True),
     "bigram": dict(n_layer=0, position="none", tie_weights=False),  # the ladder's first rung: no blocks at all
     "no_mlp": dict(mlp=False),
     "no_residual": dict(residual=False, mlp=False),
@@ -176,3 +177,15 @@ def test_unscaled_dot_product_is_the_scaled_one_with_queries_times_sqrt_head_siz
 def test_impossible_forms_are_refused_in_one_line(argv, message):
     with pytest.raises(UserError, match=message):
         load_config(["--config", "debug", *argv], False)
+
+
+def test_qk_norm_scores_unit_rms_queries_and_keys():
+    layer = attention_layer("qk_norm")
+    x = torch.randn(2, 6, 16)
+    q, k, v = (t.view(2, 6, 2, 8).transpose(1, 2) for t in layer.c_attn(x).split(16, dim=-1))
+    q, k = (t / t.pow(2).mean(-1, keepdim=True).add(torch.finfo(t.dtype).eps).sqrt() for t in (q, k))
+    scores = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+    with recording_attention(layer) as weights:
+        y = layer(x)
+    torch.testing.assert_close(weights[0], scores.softmax(-1))
+    torch.testing.assert_close(y, layer.c_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 6, 16)))

@@ -103,6 +103,13 @@ def test_learning_rate_schedule():
     assert train.get_lr(10, cfg) == pytest.approx(1e-3)
     assert train.get_lr(55, cfg) == pytest.approx(1e-4 + 0.5 * 9e-4)
     assert train.get_lr(100, cfg) == pytest.approx(1e-4)
+    # wsd: flat after the warm-up until the last 40% of the 90 steps after it, then a straight line to min_lr
+    wsd, _, _ = load_config(["--config", "debug", "--max_iters", "100", "--warmup_iters", "10", "--learning_rate",
+                             "1e-3", "--min_lr", "1e-4", "--lr_schedule", "wsd", "--warmdown_fraction", "0.4"], False)
+    assert [train.get_lr(it, wsd) for it in (10, 40, 64)] == [1e-3] * 3
+    for it in (70, 82, 91, 99):
+        assert train.get_lr(it, wsd) == pytest.approx(1e-3 - (it - 64) / 36 * 9e-4)
+    assert train.get_lr(100, wsd) == pytest.approx(1e-4)
 
 
 # --- the command line -----------------------------------------------------------------------------
