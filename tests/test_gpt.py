@@ -253,7 +253,8 @@ def test_our_muon_in_bfloat16_is_torch_muon_bit_for_bit(nesterov):
     """training.optim.Muon only adds a choice of Newton-Schulz dtype; in bfloat16 it must be torch.optim.Muon exactly."""
     def run(cls, **extra):
         torch.manual_seed(0)
-        weights = [torch.nn.Parameter(torch.randn(shape)) for shape in ((48, 16), (16, 64), (32, 32))]
+        shapes = ((48, 16), (16, 64), (32, 32), (48, 16), (16, 64), (48, 16))  # ours stacks the same-shaped ones
+        weights = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
         opt = cls(weights, lr=0.02, weight_decay=0.1, nesterov=nesterov, adjust_lr_fn="match_rms_adamw", **extra)
         for _ in range(3):
             for w in weights:

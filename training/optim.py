@@ -57,42 +57,58 @@ class Muon(torch.optim.Muon):
     def step(self, finite: torch.Tensor | None = None) -> None:
         """One Muon step. With finite (a 0-d bool tensor) the step is taken or not on the device, without the host
         reading the flag: when it is False every weight and momentum buffer keeps its value exactly. (That costs a
-        few copies, so a CPU, where reading the flag is free, steps without it.)"""
+        few copies, so a CPU, where reading the flag is free, steps without it.)
+
+        Matrices of one shape are orthogonalised together, as one stack: the same arithmetic as one at a time (the
+        tests check it bit for bit against torch.optim.Muon) in a quarter of the calls for a 4-layer model."""
         for group in self.param_groups:
             params, grads, buffers = [], [], []
             self._init_group(group, params, grads, buffers)
             lr, momentum, decay = group["lr"], group["momentum"], 1 - group["lr"] * group["weight_decay"]
-            for param, grad, buffer in zip(params, grads, buffers):
-                step_size = _adjust_lr(lr, group["adjust_lr_fn"], param.shape)  # torch.optim.Muon's own scaling
-                if finite is None:
-                    buffer.lerp_(grad, 1 - momentum)  # momentum: an exponential average of gradients
-                    param.mul_(decay).add_(self._direction(group, grad, buffer), alpha=-step_size)
-                    continue
-                grad = torch.where(finite, grad, 0.0)  # no NaN into the arithmetic; the result is dropped anyway
-                new_buffer = buffer.lerp(grad, 1 - momentum)
-                new_param = torch.add(param * decay, self._direction(group, grad, new_buffer), alpha=-step_size)
-                buffer.copy_(torch.where(finite, new_buffer, buffer))
-                param.copy_(torch.where(finite, new_param, param))
+            shapes: dict[torch.Size, list[int]] = {}
+            for i, param in enumerate(params):
+                shapes.setdefault(param.shape, []).append(i)
+            for shape, members in shapes.items():
+                step_size = _adjust_lr(lr, group["adjust_lr_fn"], shape)  # torch.optim.Muon's own scaling
+                grads_ = [grads[i] for i in members]
+                if finite is not None:  # no NaN into the arithmetic; the result is dropped anyway
+                    grads_ = [torch.where(finite, grad, 0.0) for grad in grads_]
+                new_buffers = [buffers[i].lerp(grad, 1 - momentum) for i, grad in zip(members, grads_)]  # momentum
+                directions = self._directions(group, grads_, new_buffers).unbind()
+                for i, new_buffer, direction in zip(members, new_buffers, directions):
+                    param, buffer = params[i], buffers[i]
+                    if finite is None:
+                        buffer.copy_(new_buffer)
+                        param.mul_(decay).add_(direction, alpha=-step_size)
+                        continue
+                    new_param = torch.add(param * decay, direction, alpha=-step_size)
+                    buffer.copy_(torch.where(finite, new_buffer, buffer))
+                    param.copy_(torch.where(finite, new_param, param))
 
-    def _direction(self, group: dict, grad: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
-        """The momentum (Nesterov: looked one step ahead), orthogonalised."""
-        update = grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
-        return orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+    def _directions(self, group: dict, grads: list[torch.Tensor], buffers: list[torch.Tensor]) -> torch.Tensor:
+        """The momenta (Nesterov: looked one step ahead) of same-shaped matrices, stacked and orthogonalised."""
+        if group["nesterov"]:
+            updates = [grad.lerp(buffer, group["momentum"]) for grad, buffer in zip(grads, buffers)]
+        else:
+            updates = buffers
+        return orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"],
+                             self.ns_dtype)
 
 
 def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
                   dtype: torch.dtype) -> torch.Tensor:
-    """Newton-Schulz iterations that push every singular value of the matrix towards 1 (about U·Vᵀ of its SVD)."""
+    """Newton-Schulz iterations that push every singular value of the matrix towards 1 (about U·Vᵀ of its SVD).
+    matrix: (rows, columns), or a stack of them (n, rows, columns), each orthogonalised on its own."""
     a, b, c = coefficients
-    x = matrix.to(dtype, copy=True)  # never the caller's tensor: it is divided in place below
-    tall = matrix.size(0) > matrix.size(1)
+    x = matrix.to(dtype, copy=True).reshape(-1, *matrix.shape[-2:])  # a private (n, rows, columns) copy
+    tall = matrix.size(-2) > matrix.size(-1)
     if tall:
-        x = x.T  # iterate on the wide orientation: the Gram matrix x·xᵀ is the smaller one
-    x.div_(x.norm().clamp(min=eps))  # spectral norm at most 1
+        x = x.mT  # iterate on the wide orientation: the Gram matrix x·xᵀ is the smaller one
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm at most 1
     for _ in range(steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a·x + (b·G + c·G²)·x
-    return x.T if tall else x
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a·x + (b·G + c·G²)·x
+    return (x.mT if tall else x).reshape(matrix.shape)
 
 
 class AdamW(torch.optim.AdamW):
