@@ -88,7 +88,8 @@ def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say, where:
         if name in ARCHITECTURE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
             what = "the optimizer" if name == "optimizer" else "the architecture"
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
-                            f"start a new run in another --out_dir to change {what}")
+                            f"leave --{name} (and any --config that sets it) out, as --resume keeps the run's own "
+                            f"settings, or start a new run in another --out_dir to change {what}")
         say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
         values[name] = new_value
     return TrainConfig(**{**values, "resume": True, "overwrite": False})
