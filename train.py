@@ -39,7 +39,7 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
         return cfg.min_lr
     progress = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
     if cfg.lr_schedule == "wsd":
-        fall = min(1.0, max(0.0, (progress - (1 - cfg.warmdown_fraction)) / cfg.warmdown_fraction))
+        fall = max(0.0, (progress - (1 - cfg.warmdown_fraction)) / cfg.warmdown_fraction)  # progress < 1 here
         return cfg.learning_rate - fall * (cfg.learning_rate - cfg.min_lr)
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 

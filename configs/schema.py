@@ -29,7 +29,7 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     max_iters: int = setting(5000, "optimizer steps to train for")
     optimizer: str = setting("adamw", "adamw | muon (Muon for the blocks' weight matrices, AdamW for the rest)")
     learning_rate: float = setting(1e-3, "peak learning rate")
-    min_lr: float = setting(1e-4, "learning rate at the end of the cosine decay")
+    min_lr: float = setting(1e-4, "learning rate at the end of the decay")
     warmup_iters: int = setting(100, "steps of linear warm-up from 0 to learning_rate")
     lr_schedule: str = setting("cosine", "after the warm-up: cosine (a cosine decay to min_lr) | wsd (warm-up, "
                                          "stable, decay: hold learning_rate, then fall in a straight line to min_lr)")

@@ -65,20 +65,22 @@ class Muon(torch.optim.Muon):
             params, grads, buffers = [], [], []
             self._init_group(group, params, grads, buffers)
             lr, momentum, decay = group["lr"], group["momentum"], 1 - group["lr"] * group["weight_decay"]
-            shapes: dict[torch.Size, list[int]] = {}
-            for i, param in enumerate(params):
-                shapes.setdefault(param.shape, []).append(i)
-            for shape, members in shapes.items():
+            stacks: dict[torch.Size, list[tuple]] = {}
+            for trio in zip(params, grads, buffers):
+                stacks.setdefault(trio[0].shape, []).append(trio)
+            for shape, stack in stacks.items():
                 step_size = _adjust_lr(lr, group["adjust_lr_fn"], shape)  # torch.optim.Muon's own scaling
-                grads_ = [grads[i] for i in members]
-                if finite is not None:  # no NaN into the arithmetic; the result is dropped anyway
-                    grads_ = [torch.where(finite, grad, 0.0) for grad in grads_]
-                new_buffers = [buffers[i].lerp(grad, 1 - momentum) for i, grad in zip(members, grads_)]  # momentum
+                params_, grads_, buffers_ = map(list, zip(*stack))
+                if finite is None:
+                    for buffer, grad in zip(buffers_, grads_):
+                        buffer.lerp_(grad, 1 - momentum)  # momentum: an exponential average of gradients
+                    new_buffers = buffers_
+                else:
+                    grads_ = [torch.where(finite, grad, 0.0) for grad in grads_]  # no NaN into the arithmetic
+                    new_buffers = [buffer.lerp(grad, 1 - momentum) for buffer, grad in zip(buffers_, grads_)]
                 directions = self._directions(group, grads_, new_buffers).unbind()
-                for i, new_buffer, direction in zip(members, new_buffers, directions):
-                    param, buffer = params[i], buffers[i]
+                for param, buffer, new_buffer, direction in zip(params_, buffers_, new_buffers, directions):
                     if finite is None:
-                        buffer.copy_(new_buffer)
                         param.mul_(decay).add_(direction, alpha=-step_size)
                         continue
                     new_param = torch.add(param * decay, direction, alpha=-step_size)
@@ -100,7 +102,7 @@ def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float]
     """Newton-Schulz iterations that push every singular value of the matrix towards 1 (about U·Vᵀ of its SVD).
     matrix: (rows, columns), or a stack of them (n, rows, columns), each orthogonalised on its own."""
     a, b, c = coefficients
-    x = matrix.to(dtype, copy=True).reshape(-1, *matrix.shape[-2:])  # a private (n, rows, columns) copy
+    x = matrix.to(dtype).reshape(-1, *matrix.shape[-2:])  # (n, rows, columns); nothing below writes into it
     tall = matrix.size(-2) > matrix.size(-1)
     if tall:
         x = x.mT  # iterate on the wide orientation: the Gram matrix x·xᵀ is the smaller one
