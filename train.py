@@ -395,8 +395,10 @@ def train_opened(run: Run, progress: Progress, source: Path | None, run_dir: Run
     full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
             if "full_val_loss" in summary else "")
     val = f", val {summary['val_loss']:.4f}" if summary["val_loss"] is not None else ""
+    # Training time counts every session of a resumed run; the wall clock only this process's.
+    wall = "in this session" if run.cfg.resume else "in all"
     log.say(f"done: {progress.it} steps, {summary['train_seconds']:.1f} s of training ({summary['wall_seconds']:.1f} s "
-            f"in all){val} (best {summary['best_val_loss']:.4f}){full}")
+            f"{wall}){val} (best {summary['best_val_loss']:.4f}){full}")
     log.say(f"sample it: python scripts/sample.py --out_dir {where}")
     return {**summary, "history": history}
 

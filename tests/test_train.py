@@ -15,11 +15,11 @@ from model.config import ModelConfig
 from training import checkpoint, runtime
 
 
-def run(corpus, out_dir, *extra):
+def run(corpus, out_dir, *extra, say=lambda msg: None):
     argv = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(corpus.parent / "cache"),
             "--out_dir", str(out_dir), *extra]
     cfg, _, explicit = load_config(argv, cuda_available=False)
-    return train.train(cfg, explicit, say=lambda msg: None)
+    return train.train(cfg, explicit, say=say)
 
 
 def test_debug_run_end_to_end(corpus, tmp_path):
@@ -81,8 +81,11 @@ def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus
         run(corpus, tmp_path / "r", "--resume", "--n_embd", "64")
     with pytest.raises(UserError, match="optimizer was 'adamw' in this run and cannot change to 'muon'"):
         run(corpus, tmp_path / "r", "--resume", "--optimizer", "muon")
-    result = run(corpus, tmp_path / "r", "--resume", "--max_iters", "6", "--learning_rate", "1e-3")
+    said = []
+    result = run(corpus, tmp_path / "r", "--resume", "--max_iters", "6", "--learning_rate", "1e-3", say=said.append)
     assert result["iterations"] == 6
+    # the training seconds cover both sessions, the wall clock only this one: the done line says which
+    assert any(line.startswith("done: 6 steps") and " s in this session)" in line for line in said), said
 
 
 def test_out_dir_with_another_run_needs_resume_or_overwrite(corpus, tmp_path):
