@@ -51,20 +51,21 @@ def masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor | None, *, pad
     return weights.nan_to_num(0.0)
 
 
-def attention_mask(valid_lens: torch.Tensor | None, n_queries: int, n_keys: int, device: torch.device) -> torch.Tensor:
-    """Causal (and, with valid_lens, padding-aware) mask for queries in the last n_queries key slots.
+def attention_mask(slots: torch.Tensor, n_keys: int, pad: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal (and, with pad, padding-aware) mask of queries at slots (T,) over the keys at slots 0..n_keys-1.
 
-    Shape (B or 1, 1, n_queries, n_keys). A padding query may always see itself, so that no row is
-    empty (an all-masked row would turn into NaN and spread through the weighted sum).
+    Shape (B or 1, 1, T, n_keys): a query sees its own slot and every earlier one (the tril, read off by slot, so a
+    fixed-size cache needs no other bookkeeping); with pad (B,), not the first pad[b] slots of row b, which are
+    padding. A padding query may always see itself, so that no row is empty (an all-masked row would turn into NaN
+    and spread through the weighted sum).
     """
-    query_slots = torch.arange(n_keys - n_queries, n_keys, device=device)[:, None]
-    key_slots = torch.arange(n_keys, device=device)[None, :]
-    mask = key_slots <= query_slots  # (n_queries, n_keys): the tril, shifted for cached keys
-    if valid_lens is None:
+    key_slots = torch.arange(n_keys, device=slots.device)
+    mask = key_slots[None, :] <= slots[:, None]  # (T, n_keys)
+    if pad is None:
         return mask[None, None]
-    real_keys = valid_key_mask(valid_lens, n_keys, padding="left")[:, None, :]  # (B, 1, n_keys)
-    mask = mask[None] & (real_keys | (key_slots == query_slots)[None])
-    return mask[:, None]  # (B, 1, n_queries, n_keys)
+    real_keys = key_slots[None, :] >= pad[:, None]  # (B, n_keys)
+    mask = mask[None] & (real_keys[:, None, :] | (key_slots[None, :] == slots[:, None])[None])
+    return mask[:, None]  # (B, 1, T, n_keys)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,11 +159,11 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("tril", tril, persistent=False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                slots: torch.Tensor | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x (B, T, n_embd) -> (B, T, n_embd).
 
         mask: None means plain causal over x; otherwise a boolean attention_mask() over all keys.
-        cache: keys/values of earlier positions are read from it and this call's are appended.
+        cache: this call's keys/values are written into it at slots (T,), and attention reads all of its slots.
         rope: (cos, sin) at each token's position, when the model uses rotary position embeddings.
         Inside recording_attention(), the weights (B, n_head, T, T_keys) are appended to its list.
         """
@@ -175,12 +176,8 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, n_head, T, head_size) each
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, n_head, T_keys, head_size)
-
-        # Without a mask: plain causal when queries and keys are the same positions; a single new
-        # query after cached keys may see them all. (SDPA's is_causal aligns its triangle to the
-        # top-left corner, which would be wrong once queries and keys differ in length.)
-        causal = mask is None and k.size(2) == T
+            k, v = cache.write(slots, k, v)  # (B, n_head, capacity, head_size)
+        causal = mask is None  # no mask: queries and keys are the same T positions (never with a cache)
         if self.path == "explicit" or self.record is not None or self.score == "additive":
             scores = self.scores(q, k)  # (B, n_head, T, T_keys)
             keep = self.tril[:T, :T] if causal else mask

@@ -1,4 +1,5 @@
-"""Sampling as small functions: logits -> probabilities -> next token -> the generate loop (with a KV cache)."""
+"""Sampling as small functions: logits -> probabilities -> next token -> the generate loop (a fixed-size KV cache, the
+tokens kept on the device, an optionally compiled decoding step)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -8,6 +9,8 @@ import torch.nn.functional as F
 
 from model.gpt import GPT
 from model.kv_cache import Decoding
+
+DecodeStep = Callable[[GPT, torch.Tensor, Decoding], torch.Tensor]
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -27,13 +30,23 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
     return probs
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, vocab) probabilities -> (B,) token ids, one draw per row, without leaving the device.
+
+    The exponential race: give every token an Exp(1) waiting time divided by its probability, and take the first to
+    arrive; token i wins with probability p_i. torch.multinomial draws one sample the same way, from the same random
+    numbers (on a CPU the two agree token for token), but first checks the probabilities on the host, which on a GPU
+    makes every character wait for the device."""
+    waits = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / waits).argmax(dim=-1)
+
+
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """(B, vocab) logits -> (B,) next token ids; temperature 0 means greedy (argmax)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = logits_to_probs(logits, temperature, top_k, top_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return draw(logits_to_probs(logits, temperature, top_k, top_p), generator)
 
 
 def window_start(start: int, length: int, block_size: int) -> int:
@@ -46,62 +59,110 @@ def window_start(start: int, length: int, block_size: int) -> int:
     return start if length - start <= block_size else length - block_size // 2
 
 
-def left_pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token lists -> (B, L) ids padded on the left with 0, and valid_lens (None when no row is padded)."""
+def left_pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """Token lists -> (B, L) ids padded on the left with 0, and each row's number of padding slots."""
     longest = max(len(r) for r in rows)
     idx = torch.tensor([[0] * (longest - len(r)) + r for r in rows], dtype=torch.long, device=device)
-    lens = torch.tensor([len(r) for r in rows], device=device)
-    return idx, (None if all(len(r) == longest for r in rows) else lens)
+    return idx, [longest - len(r) for r in rows]
+
+
+def one_token_step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
+    """The decoding step: (B, 1) new tokens at slot state.input_pos -> (B, vocab) next-token logits. Every call has
+    the same shapes, so a compiled copy of it is compiled once (and on CUDA replayed as a CUDA graph)."""
+    return model(ids, decoding=state)[0][:, -1]
+
+
+def compiled_step(device_type: str, backend: str | Callable = "inductor") -> DecodeStep:
+    """one_token_step through torch.compile: the whole model in one graph, for fixed shapes; with CUDA graphs on CUDA
+    (mode reduce-overhead), so a step is one launch instead of a hundred."""
+    mode = "reduce-overhead" if device_type == "cuda" and backend == "inductor" else None
+    return torch.compile(one_token_step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+
+
+class Chunks:
+    """Hands the new tokens to a callback in chunks, copied off the device without waiting for it: a chunk's copy
+    is started when its last token is drawn and read a chunk later, by when the device has long finished it."""
+
+    def __init__(self, buffer: torch.Tensor, first: int, on_tokens: Callable[[torch.Tensor], None] | None, size: int):
+        self.buffer, self.done, self.on_tokens, self.size = buffer, first, on_tokens, size
+        self.pending: list[tuple[torch.Tensor, object]] = []
+
+    def drawn(self, end: int, last: bool = False) -> None:
+        """The tokens up to column end are drawn (their kernels queued)."""
+        if self.on_tokens is None or (end - self.done < self.size and not last):
+            return
+        chunk = self.buffer[:, self.done:end]
+        if chunk.device.type == "cuda":
+            host = torch.empty(chunk.shape, dtype=chunk.dtype, pin_memory=True)
+            host.copy_(chunk, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self.pending.append((host, event))
+        else:
+            self.pending.append((chunk.clone(), None))
+        self.done = end
+        while self.pending and (last or len(self.pending) > 1 or self.pending[0][1] is None):
+            host, event = self.pending.pop(0)
+            if event is not None:
+                event.synchronize()
+            self.on_tokens(host)
 
 
 @torch.inference_mode()
 def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             use_cache: bool = True, on_token: Callable[[torch.Tensor], None] | None = None) -> list[list[int]]:
-    """Continue each prompt by max_new_tokens tokens; prompts may differ in length (they are batched).
+             use_cache: bool = True, on_tokens: Callable[[torch.Tensor], None] | None = None,
+             step: DecodeStep = one_token_step, chunk: int = 0) -> list[list[int]]:
+    """Continue each prompt by max_new_tokens tokens; prompts may differ in length (they are batched, left-padded).
 
-    Returns the new tokens of each row. on_token receives each step's (B,) tokens as they are drawn.
+    Returns the new tokens of each row. on_tokens receives (B, n) tensors of new tokens, in order, on the host:
+    every token as it is drawn on a CPU, chunk (default 16) at a time on a GPU. step is the decoding step
+    (compiled_step() for a compiled one). Between windows nothing is read back from the device: the tokens stay
+    there, positions and masks are tensors, and the token is chosen on the device.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    block_size = model.config.block_size
-    device = model.wte.weight.device
-    tokens = [list(p) for p in prompts]
-    starts = [window_start(0, len(p), block_size) for p in prompts]
-    new: list[list[int]] = [[] for _ in prompts]
+    cfg, device = model.config, model.wte.weight.device
+    lengths = [len(p) for p in prompts]  # every row's token count is known without reading a token back
+    starts = [window_start(0, n, cfg.block_size) for n in lengths]
+    longest = max(lengths)
+    # Every row's tokens, left-padded so that all rows end in the same column: (B, longest + max_new_tokens).
+    buffer = torch.zeros(len(prompts), longest + max_new_tokens, dtype=torch.long, device=device)
+    buffer[:, :longest] = left_pad(prompts, device)[0]
     state = Decoding()
-    if use_cache and model.config.n_layer > 0:  # no blocks, nothing to cache
+    if use_cache and cfg.n_layer > 0:  # no blocks, nothing to cache
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.wte.weight.dtype
-        cfg = model.config
-        state = Decoding.cached(cfg.n_layer, len(prompts), cfg.n_head, block_size, cfg.head_size, device, dtype)
+        state = Decoding.cached(cfg.n_layer, len(prompts), cfg.n_head, cfg.block_size, cfg.head_size, device, dtype)
+    slot = torch.zeros(1, dtype=torch.long, device=device)  # the decoding step's slot in the caches
 
-    def read_windows() -> torch.Tensor:
-        """Run the model over every row's whole window (a prefill when caching); the last logits."""
-        idx, state.valid_lens = left_pad([t[s:] for t, s in zip(tokens, starts)], device)
-        state.reset()
-        logits, _ = model(idx, decoding=state)
-        return logits[:, -1]
+    def read_windows(end: int) -> torch.Tensor:
+        """Run the model over every row's whole window, which ends at column end (a prefill when caching)."""
+        first = [end - (n - s) for n, s in zip(lengths, starts)]  # the column where each row's window begins
+        left = min(first)
+        pad = [f - left for f in first]
+        state.pad = torch.tensor(pad, device=device) if any(pad) else None
+        width = end - left
+        if state.caches:
+            state.input_pos = torch.arange(width, device=device)
+            slot.fill_(width)
+        return model(buffer[:, left:end], decoding=state)[0][:, -1]
 
-    logits = read_windows()
-    for step in range(max_new_tokens):
-        next_ids = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
-        if on_token is not None:
-            on_token(next_ids)
-        for row, token in enumerate(next_ids.tolist()):
-            tokens[row].append(token)
-            new[row].append(token)
-        if step == max_new_tokens - 1:
+    chunks = Chunks(buffer, longest, on_tokens, chunk or (16 if device.type == "cuda" else 1))
+    logits = read_windows(longest)
+    for i in range(max_new_tokens):
+        column = longest + i
+        next_ids = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), on the device
+        buffer[:, column] = next_ids
+        chunks.drawn(column + 1, last=i == max_new_tokens - 1)
+        if i == max_new_tokens - 1:
             break
-        moved = False
-        for row in range(len(tokens)):
-            start = window_start(starts[row], len(tokens[row]), block_size)
-            moved |= start != starts[row]
-            starts[row] = start
-        if state.caches is None or moved:
-            logits = read_windows()
-        else:  # one new token per row, attending to the cached keys and values
-            if state.valid_lens is not None:
-                state.valid_lens = state.valid_lens + 1
-            logits, _ = model(next_ids[:, None], decoding=state)
-            logits = logits[:, -1]
-    return new
+        lengths = [n + 1 for n in lengths]
+        moved = [window_start(s, n, cfg.block_size) for s, n in zip(starts, lengths)]
+        if not state.caches or moved != starts:
+            starts = moved
+            logits = read_windows(column + 1)
+        else:  # one new token per row, written at the next slot of the caches
+            state.input_pos = slot
+            logits = step(model, buffer[:, column:column + 1], state)
+            slot += 1
+    return buffer[:, longest:].tolist()

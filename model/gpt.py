@@ -50,11 +50,11 @@ class Block(nn.Module):
             self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias) if config.residual else nn.Identity()
         self.mlp = MLP(config) if config.mlp else None
 
-    def forward(self, x: torch.Tensor, mask=None, cache=None, rope=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask=None, cache=None, slots=None, rope=None) -> torch.Tensor:
         if not self.residual:
-            x = self.attn(x, mask, cache, rope)
+            x = self.attn(x, mask, cache, slots, rope)
             return self.mlp(x) if self.mlp is not None else x
-        x = x + self.attn(self.ln_1(x), mask, cache, rope)
+        x = x + self.attn(self.ln_1(x), mask, cache, slots, rope)
         if self.mlp is not None:
             x = x + self.mlp(self.ln_2(x))
         return x
@@ -109,9 +109,9 @@ class GPT(nn.Module):
 
         Training and evaluation: forward(idx, targets) gives logits (B, T, vocab) and the mean cross-entropy.
         Without targets: logits (B, T, vocab) and None.
-        Sampling: forward(idx, decoding=state) gives only the next-token logits (B, 1, vocab); the state's caches
-        hold the keys and values of earlier calls, and its valid_lens mark left-padded rows, each of which then
-        computes exactly what it would alone.
+        Sampling: forward(idx, decoding=state) gives only the next-token logits (B, 1, vocab). With caches, this
+        call's keys and values are written at the slots state.input_pos and attention reads every slot up to each
+        token's own; state.pad marks left-padded rows, each of which then computes exactly what it would alone.
         """
         T = idx.size(1)
         positions, mask = self.positions_and_mask(T, decoding, idx.device)
@@ -123,8 +123,9 @@ class GPT(nn.Module):
             rope = (self.rope_cos[positions], self.rope_sin[positions])  # (B or 1, T, head_size) each
         x = self.drop(x)
         caches = decoding.caches if decoding is not None and decoding.caches else [None] * len(self.blocks)
+        slots = decoding.input_pos if decoding is not None else None
         for block, cache in zip(self.blocks, caches):
-            x = block(x, mask, cache, rope)
+            x = block(x, mask, cache, slots, rope)
         x = self.ln_f(x)
 
         if targets is not None:
@@ -137,17 +138,24 @@ class GPT(nn.Module):
 
     def positions_and_mask(self, T: int, decoding: Decoding | None, device: torch.device
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Each token's position, (1, T) or (B, T), and the attention mask (None: plain causal)."""
-        start = decoding.start if decoding is not None else 0
-        n_keys = start + T
-        if n_keys > self.config.block_size:
-            raise ValueError(f"sequence of {n_keys} tokens is longer than block_size {self.config.block_size}")
-        slots = torch.arange(start, n_keys, device=device)
-        valid_lens = decoding.valid_lens if decoding is not None else None
-        if valid_lens is None:
-            # A fresh causal pass, or one new query after cached keys, needs no mask.
-            mask = None if start == 0 or T == 1 else attention_mask(None, T, n_keys, device)
-            return slots[None, :], mask
-        pad = n_keys - valid_lens  # (B,)
-        positions = (slots[None, :] - pad[:, None]).clamp(min=0)  # each row counts from its first real token
-        return positions, attention_mask(valid_lens, T, n_keys, device)
+        """Each token's position, (1, T) or (B, T), and the attention mask over the keys (None: plain causal).
+
+        Without caches the keys are this call's T tokens, at slots 0..T-1; with caches they are every slot of the
+        cache, and the slots of this call's tokens are decoding.input_pos (tensors: no host sync, fixed shapes)."""
+        cached = decoding is not None and bool(decoding.caches)
+        pad = decoding.pad if decoding is not None else None
+        if not cached:
+            if T > self.config.block_size:
+                raise ValueError(f"sequence of {T} tokens is longer than block_size {self.config.block_size}")
+            slots = torch.arange(T, device=device)
+            if pad is None:
+                return slots[None, :], None
+            n_keys = T
+        else:
+            slots, n_keys = decoding.input_pos, decoding.caches[0].capacity
+            if n_keys > self.config.block_size:
+                raise ValueError(f"a cache of {n_keys} slots is longer than block_size {self.config.block_size}")
+        if pad is None:
+            return slots[None, :], attention_mask(slots, n_keys)
+        positions = (slots[None, :] - pad[:, None]).clamp(min=0)  # (B, T): each row counts from its first real token
+        return positions, attention_mask(slots, n_keys, pad)

@@ -1,5 +1,5 @@
-"""The decoding state GPT.forward takes while sampling: a key/value cache per layer, so each token is computed once,
-and the valid lengths of left-padded rows, from which the model derives positions and the attention mask."""
+"""The decoding state GPT.forward takes while sampling: a key/value cache of fixed size per layer, written at the
+slots of the tokens being read, and the left padding of each row, from which the model derives positions and masks."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,26 +8,29 @@ import torch
 
 
 class LayerCache:
-    """One layer's keys and values of the positions seen so far: (B, n_head, capacity, head_size), filled left to
-    right. The layer's attention appends to it; nothing else has to move it on."""
+    """One layer's keys and values: (B, n_head, capacity, head_size), allocated once. A call writes its keys and values
+    at its tokens' slots and attends over the whole capacity, with a mask that hides the slots not yet reached; so
+    every decoding step has the same shapes (a GPU kernel is planned once, a compiled step never recompiles)."""
 
     def __init__(self, batch_size: int, n_head: int, capacity: int, head_size: int,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         shape = (batch_size, n_head, capacity, head_size)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.capacity = capacity
-        self.length = 0  # slots filled so far
+        if self.keys.device.type == "cuda":  # a CUDA graph may replay a step that writes these: the same address always
+            # (guard=False: a new cache, from the next generate() call, re-records the graph instead of recompiling)
+            torch._dynamo.mark_static_address(self.keys, guard=False)
+            torch._dynamo.mark_static_address(self.values, guard=False)
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this call's (B, n_head, T, head_size) keys and values; return every key and value so far."""
-        end = self.length + k.size(2)
-        if end > self.capacity:
-            raise ValueError(f"KV cache holds {self.capacity} positions; cannot grow to {end}")
-        self.keys[:, :, self.length:end] = k
-        self.values[:, :, self.length:end] = v
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+    @property
+    def capacity(self) -> int:
+        return self.keys.size(2)
+
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this call's (B, n_head, T, head_size) keys and values at slots (T,); return all capacity slots."""
+        self.keys.index_copy_(2, slots, k.to(self.keys.dtype))
+        self.values.index_copy_(2, slots, v.to(self.values.dtype))
+        return self.keys, self.values
 
 
 @dataclass
@@ -35,24 +38,17 @@ class Decoding:
     """What sampling passes to GPT.forward (keyword decoding=).
 
     caches: one LayerCache per layer, or None to read the whole window at every step.
-    valid_lens: (B,) real tokens per row when prompts of different lengths are left-padded (the cache included),
-    or None when no row is padded.
+    input_pos: (T,) the slots of this call's tokens in the caches, on the device (with caches; a prefill reads slots
+    0..T-1, a decoding step one slot). Positions and the mask are derived from it, never from a Python counter.
+    pad: (B,) how many slots on the left of each row are padding (prompts of different lengths), or None when no
+    row is padded. A padded row then computes exactly what it would alone.
     """
 
     caches: list[LayerCache] | None = None
-    valid_lens: torch.Tensor | None = None
+    input_pos: torch.Tensor | None = None
+    pad: torch.Tensor | None = None
 
     @classmethod
     def cached(cls, n_layer: int, batch_size: int, n_head: int, capacity: int, head_size: int,
                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> "Decoding":
         return cls([LayerCache(batch_size, n_head, capacity, head_size, device, dtype) for _ in range(n_layer)])
-
-    @property
-    def start(self) -> int:
-        """The position of this call's first token: how many the caches hold already."""
-        return self.caches[0].length if self.caches else 0
-
-    def reset(self) -> None:
-        """Empty the caches (before reading a window again from its start)."""
-        for cache in self.caches or ():
-            cache.length = 0

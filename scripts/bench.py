@@ -21,8 +21,6 @@ from configs import load_config  # noqa: E402
 from configs.schema import FIELDS  # noqa: E402
 from data import prepare, resolve  # noqa: E402
 from errors import ArgumentParser, UserError, run_cli  # noqa: E402
-from model import GPT  # noqa: E402
-from model.generate import generate  # noqa: E402
 from training import runtime  # noqa: E402
 from training.build import build_run  # noqa: E402
 from training.files import check_output_file  # noqa: E402
@@ -31,6 +29,7 @@ from training.perf import measure_peak_flops, model_matmul_shape, sync, utilisat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prepare import make_corpus  # noqa: E402
+from bench_sample import bench_sampling  # noqa: E402
 
 
 def build_training(cfg, rt, say=print) -> dict:
@@ -66,22 +65,6 @@ def speed(run: dict, seconds: float, peak_flops: float) -> dict:
     peak_flops = max(peak_flops, achieved)  # the step itself ran faster than the ceiling measured: it is the ceiling
     return {"ms_per_iter": seconds * 1000, "tokens_per_sec": tokens_per_sec, "achieved_flops": achieved,
             "peak_flops": peak_flops, "mfu": utilisation(achieved, peak_flops)}
-
-
-def bench_sampling(model: GPT, rt, new_tokens: int) -> dict:
-    model.eval()
-    out, texts = {}, {}
-    for name, use_cache in (("cached", True), ("uncached", False)):
-        with rt.autocast():
-            generate(model, [[0]], 8, temperature=0, use_cache=use_cache)  # warm-up
-            sync(rt.device)
-            start = time.perf_counter()
-            texts[name] = generate(model, [[0]], new_tokens, temperature=0, use_cache=use_cache)
-            sync(rt.device)
-        out[f"sample_chars_per_sec_{name}"] = new_tokens / (time.perf_counter() - start)
-    out["sample_cache_speedup"] = out["sample_chars_per_sec_cached"] / out["sample_chars_per_sec_uncached"]
-    out["sample_same_tokens"] = texts["cached"] == texts["uncached"]
-    return out
 
 
 def bench_prepare(megabytes: int) -> float:
@@ -188,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     figures.update(run)
     figures.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype, [run.pop("matmul_shape")])))
     sample_rt = runtime.for_sampling(rt, cfg.dtype)
-    figures.update(bench_sampling(model, sample_rt, args.sample_tokens))
+    figures.update(bench_sampling(model, sample_rt, args.sample_tokens, compile=rt.device_type == "cuda"))
     figures["sample_dtype"] = str(sample_rt.dtype).removeprefix("torch.")
     figures["prepare_mb_per_sec"] = bench_prepare(args.prepare_mb)
 
@@ -203,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             ("MFU", f"{figures['mfu'] * 100:.1f}%"),
             ("sampling", f"{figures['sample_chars_per_sec_cached']:,.0f} chars/s with KV cache, "
                          f"{figures['sample_chars_per_sec_uncached']:,.0f} without "
-                         f"({figures['sample_cache_speedup']:.1f}x), {figures['sample_dtype']}"),
+                         f"({figures['sample_cache_speedup']:.1f}x), {figures['sample_chars_per_sec_batch8_cached']:,.0f} "
+                         f"for 8 rows" + (f", {figures['sample_chars_per_sec_compiled']:,.0f} compiled"
+                                          if "sample_chars_per_sec_compiled" in figures else "") +
+                         f", {figures['sample_dtype']}"),
             ("data prepare", f"{figures['prepare_mb_per_sec']:.1f} MB/s")]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

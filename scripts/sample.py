@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from errors import ArgumentParser, UserError, run_cli  # noqa: E402
-from model.generate import generate  # noqa: E402
+from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 from training import runtime  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
@@ -38,6 +38,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
                    help="prompt characters outside the vocabulary: stop with an error, or skip them")
     p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (slow; for checks)")
+    p.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
+                   help="torch.compile the one-token decoding step (with CUDA graphs on CUDA); it costs a compilation "
+                        "up front (default: off)")
     return p
 
 
@@ -101,17 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     texts = [tokenizer.decode(r) for r in rows]
     stream = sys.stdout.isatty() if args.stream is None else args.stream
     generator = torch.Generator(device=rt.device).manual_seed(args.seed)
+    step = compiled_step(rt.device_type) if args.compile else one_token_step
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
-                    use_cache=not args.no_cache)
+                    use_cache=not args.no_cache, step=step)
     with rt.autocast():
         if stream:  # one row at a time, each character printed as it is drawn
             for i, (row, text) in enumerate(zip(rows, texts)):
                 print(("\n---\n" if i else "") + text, end="", flush=True)
 
-                def show(ids: torch.Tensor) -> None:
-                    print(tokenizer.decode(ids.tolist()), end="", flush=True)
+                def show(ids: torch.Tensor) -> None:  # (1, n): the next n characters of the row
+                    print(tokenizer.decode(ids[0].tolist()), end="", flush=True)
 
-                generate(model, [row], args.max_new_tokens, on_token=show, **settings)
+                generate(model, [row], args.max_new_tokens, on_tokens=show, **settings)
             print()
         else:  # every row in one batch (prompts of different lengths are left-padded and masked)
             new = generate(model, rows, args.max_new_tokens, **settings)

@@ -1,4 +1,5 @@
 """Shared test helpers: the repository on sys.path, the shared corpus location, small models."""
+import contextlib
 import sys
 from pathlib import Path
 
@@ -47,3 +48,32 @@ def train_debug(corpus: Path, out_dir: Path, *extra: str) -> dict:
     cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir",
                                     str(out_dir.parent / "cache"), "--out_dir", str(out_dir), *extra], False)
     return train.train(cfg, explicit, say=lambda message: None)
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """with host_reads() as reads: ... -> reads lists every value read from a tensor into Python (item, tolist,
+    bool, int, float, numpy), which on a GPU is a wait for the device."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    @contextlib.contextmanager
+    def watch():
+        reads: list[str] = []
+
+        class Scalars(TorchDispatchMode):  # item(), bool(), int(), float(): aten.item (inference mode) or below it
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
+                    reads.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        with monkeypatch.context() as patch:
+            for name in ("tolist", "numpy"):  # these read the memory directly on a CPU
+                original = getattr(torch.Tensor, name)
+
+                def read(self, *args, _name=name, _original=original, **kwargs):
+                    reads.append(_name)
+                    return _original(self, *args, **kwargs)
+                patch.setattr(torch.Tensor, name, read)
+            with Scalars():
+                yield reads
+    return watch

@@ -150,13 +150,23 @@ def test_masked_softmax_gives_zeros_not_nan_for_an_empty_row():
 
 
 def test_attention_mask_is_causal_and_hides_padding_but_never_empties_a_row():
-    mask = attention_mask(torch.tensor([4, 2]), 4, 4, torch.device("cpu"))[:, 0]
+    mask = attention_mask(torch.arange(4), 4, torch.tensor([0, 2]))[:, 0]
     tril = torch.tril(torch.ones(4, 4, dtype=torch.bool))
     assert torch.equal(mask[0], tril)
     expected = tril.clone()
     expected[:, :2] = False
     expected[0, 0] = expected[1, 1] = True  # padding queries see only themselves
     assert torch.equal(mask[1], expected)
+    assert torch.equal(attention_mask(torch.arange(4), 4)[0, 0], tril)
+
+
+def test_attention_mask_of_one_slot_is_that_row_of_the_tril_over_a_whole_cache():
+    """A decoding step's query at slot s over a fixed cache of 6 slots sees slots 0..s (and not the padding)."""
+    tril = torch.tril(torch.ones(6, 6, dtype=torch.bool))
+    for s in range(6):
+        assert torch.equal(attention_mask(torch.tensor([s]), 6)[0, 0], tril[s:s + 1])
+        padded = attention_mask(torch.tensor([s]), 6, torch.tensor([2]))[0, 0, 0]
+        assert padded.tolist() == [2 <= j <= s or j == s for j in range(6)]
 
 
 def test_fused_attention_under_cpu_bfloat16_autocast_is_the_textbook_formula():

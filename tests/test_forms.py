@@ -9,7 +9,7 @@ from configs import load_config
 from errors import UserError
 from model import GPT, ModelConfig
 from model.attention import CausalSelfAttention, recording_attention
-from model.generate import generate
+from model.generate import compiled_step, generate
 from training.optim import configure_optimizer
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
@@ -87,12 +87,23 @@ def test_each_form_learns_and_resumes_exactly(form):
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_each_form_samples_the_same_with_and_without_the_cache(form):
+def test_each_form_samples_the_same_with_and_without_the_cache_and_compiled_once(form):
+    """Uncached (every window read whole), cached, and cached with the decoding step captured by torch.compile: the
+    same tokens, past the window's slide at block_size 16; the compiled step is traced once for all of them."""
     model = model_of(form).eval()
-    prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]  # different lengths: left padding and valid lengths too
-    texts = [generate(model, prompts, 30, generator=torch.Generator().manual_seed(5), use_cache=use_cache)
-             for use_cache in (True, False)]
-    assert texts[0] == texts[1]
+    prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]  # different lengths: left padding too
+    traced = []
+
+    def counting(graph, inputs):  # dynamo's capture without inductor's code generation, which costs seconds
+        traced.append(graph)
+        return graph.forward
+
+    torch.compiler.reset()  # dynamo keeps a few compiled versions per function: each test's model is a new one
+    step = compiled_step("cpu", counting)
+    texts = [generate(model, prompts, 30, generator=torch.Generator().manual_seed(5), use_cache=use_cache, **extra)
+             for use_cache, extra in ((True, {}), (False, {}), (True, {"step": step}))]
+    assert texts[0] == texts[1] == texts[2]
+    assert len(traced) == (1 if TINY["n_layer"] * FORMS[form].get("n_layer", 1) else 0)
 
 
 @pytest.mark.parametrize("form", [f for f in FORMS if f != "additive"])

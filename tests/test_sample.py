@@ -11,7 +11,7 @@ import train
 from conftest import ROOT
 from configs import load_config
 from model import GPT, ModelConfig
-from model.generate import generate, logits_to_probs
+from model.generate import draw, generate, logits_to_probs
 from model.kv_cache import Decoding
 from errors import run_cli
 from training.checkpoint import load_model
@@ -50,23 +50,53 @@ def small_text_module():
 
 @pytest.mark.parametrize("attention", ["sdpa", "explicit"])
 def test_cached_logits_equal_a_full_forward(model, attention):
+    """A prefill of 9 columns, then one token at a time at its slot of a fixed 24-slot cache: each step's logits equal
+    reading the whole (left-padded) window again, and each row's equal reading that row alone."""
     model.set_attention_path(attention)
     idx = torch.randint(0, 17, (3, 20), generator=torch.Generator().manual_seed(1))
-    valid_lens = torch.tensor([20, 13, 6])
+    pad = torch.tensor([0, 7, 14])  # rows of 20, 13 and 6 real tokens; the third has none in the prefill
     state = Decoding.cached(2, 3, 2, 24, 8)
-    state.valid_lens = valid_lens - 11  # the first 9 columns hold 9, 2 and no real tokens... of 20, 13, 6
+    state.pad, state.input_pos = pad, torch.arange(9)
     cached = [model(idx[:, :9], decoding=state)[0]]
     for t in range(9, 20):
-        state.valid_lens = valid_lens - 19 + t
+        state.input_pos = torch.tensor([t])
         cached.append(model(idx[:, t:t + 1], decoding=state)[0])
     for t in range(14, 20):  # once every row has a real token: cached = the whole window read again = the row alone
-        lens = valid_lens - 19 + t
-        window, _ = model(idx[:, :t + 1], decoding=Decoding(valid_lens=lens))
+        window, _ = model(idx[:, :t + 1], decoding=Decoding(pad=pad))
         torch.testing.assert_close(cached[t - 8], window, rtol=1e-5, atol=1e-5)
-        for b, n in enumerate(lens.tolist()):
-            alone, _ = model(idx[b:b + 1, t + 1 - n:t + 1])
+        for b, first in enumerate(pad.tolist()):
+            alone, _ = model(idx[b:b + 1, first:t + 1])
             torch.testing.assert_close(window[b], alone[0, -1:], rtol=1e-5, atol=1e-5)
     model.set_attention_path("sdpa")
+
+
+def test_the_device_draw_is_torch_multinomial_token_for_token():
+    """draw() (the exponential race, no host sync) picks what torch.multinomial picks from the same random stream."""
+    probs = logits_to_probs(torch.randn(5, 40, generator=torch.Generator().manual_seed(0)) * 3, top_k=30)
+    for seed in range(100):
+        ours = draw(probs, torch.Generator().manual_seed(seed))
+        torchs = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
+        assert torch.equal(ours, torchs)
+
+
+def test_the_token_loop_reads_nothing_back_from_the_device(model, host_reads):
+    """Nothing in the per-token loop waits for the device: one read at the end, however many tokens and windows."""
+    counts = []
+    for new_tokens in (3, 60):  # 60 slides the 24-token window four times
+        with host_reads() as reads:
+            generate(model, [[1, 2, 3], [4]], new_tokens, temperature=0.9, top_k=8, top_p=0.9,
+                     generator=torch.Generator().manual_seed(0))
+        counts.append(len(reads))
+    assert counts == [1, 1]
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_streamed_chunks_are_the_returned_tokens_in_order(model, chunk):
+    got = []
+    new = generate(model, [[1, 2, 3], [4]], 30, generator=torch.Generator().manual_seed(2), chunk=chunk,
+                   on_tokens=lambda ids: got.append(ids.clone()))
+    assert [c.size(1) for c in got] == [chunk] * (30 // chunk) + ([30 % chunk] if 30 % chunk else [])
+    assert torch.cat(got, dim=1).tolist() == new
 
 
 def test_cached_decoding_equals_full_recompute_past_block_size(run_dir):
@@ -106,8 +136,9 @@ def test_top_k_and_top_p_keep_the_right_tokens():
 def sample(*args):
     """scripts/sample.py run in this process (no interpreter and torch start-up per call): exit code and output."""
     out, err = io.StringIO(), io.StringIO()
+    device = [] if "--device" in args else ["--device", "cpu"]  # the checkpoints here were trained on a CPU
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = run_cli(sample_cli.main, list(args))
+        code = run_cli(sample_cli.main, [*args, *device])
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
