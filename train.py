@@ -175,6 +175,11 @@ def warn_if_slow(run: Run, progress: Progress, log: Log) -> None:
             f"--config shakespeare_char_cpu, or lower --max_iters and --eval_iters")
 
 
+def plateaued(progress: Progress, cfg: TrainConfig) -> bool:
+    """--patience: the last cfg.patience evaluations in a row did not beat the best validation loss."""
+    return cfg.patience > 0 and progress.evals_since_best >= cfg.patience
+
+
 def save(run: Run, progress: Progress, run_dir: RunDir, stop: StopRequest, name: str) -> None:
     checkpoint.save(capture(run, progress), run_dir.path / name)
     if name == "ckpt_last.pt":
@@ -243,6 +248,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
                     break
                 improved = losses["val"] < progress.best_val
                 progress.best_val, progress.last_eval, progress.eval_done = min(progress.best_val, losses["val"]), losses, True
+                progress.evals_since_best = 0 if improved else progress.evals_since_best + 1
                 last_val = f"val {losses['val']:.4f} @{it}"  # the bar says which step the figure is from
                 if d.is_main:
                     record_evaluation(run, progress, log, losses, improved)
@@ -256,7 +262,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
             # (a host sync), so it is done every log_interval steps, where the loop syncs anyway.
             if not d.enabled or it % cfg.log_interval == 0:
                 stopping = d.any(stop.requested, rt.device)
-            if it >= cfg.max_iters or stopping:
+            if it >= cfg.max_iters or stopping or plateaued(progress, cfg):
                 stop_clock()
                 break
             lr = get_lr(it, cfg)
@@ -297,10 +303,29 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
 HPARAMS = ("learning_rate", "max_iters", "n_embd", "n_layer", "optimizer")
 
 
+def hand_over_best(run: Run, progress: Progress, run_dir: RunDir, log: Log, d: Dist) -> tuple[int, str]:
+    """Put the weights of ckpt_best.pt, the lowest validation loss the run measured, into the model: the run's model,
+    which the full validation measures and the scripts use. (step, file) of the model handed over."""
+    d.barrier()  # rank 0 wrote the file; every rank reads it
+    path = run_dir.path / "ckpt_best.pt"
+    if not path.is_file():  # no evaluation gave a finite loss
+        return progress.it, "ckpt_last.pt"
+    try:
+        state = checkpoint.load(path, run.rt.device)
+        run.model.load_state_dict(state["model"])
+    except (UserError, RuntimeError) as err:
+        log.say(f"warning: {path} cannot be read back ({err}); the run hands over its last model instead")
+        return progress.it, "ckpt_last.pt"
+    return state["iter"], "ckpt_best.pt"
+
+
 def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRequest, d: Dist, wall: float) -> dict:
     cfg = run.cfg
+    model_step, model_file = hand_over_best(run, progress, run_dir, log, d)
     summary = {
         "config": cfg.config_name, "corpus": run.data_info["source"], "iterations": progress.it,
+        "model_step": model_step, "model_checkpoint": model_file,
+        "stopped_early": progress.it < cfg.max_iters,
         "train_loss": progress.last_eval.get("train"), "val_loss": progress.last_eval.get("val"),
         "best_val_loss": progress.best_val, "tokens_seen": progress.it * run.tokens_per_iter,
         "train_seconds": progress.train_seconds, "wall_seconds": wall,
@@ -309,7 +334,7 @@ def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRe
     }
     if cfg.full_val:
         windows = -(-run.batches.num_val_windows() // run.batches.batch_size)  # batches, rounded up
-        with log.task("full validation", windows) as progress_bar:
+        with log.task(f"full validation of step {model_step}'s model", windows) as progress_bar:
             loss = full_validation_loss(run.step_model, run.batches, run.rt, d, stop, progress_bar)
         if loss is None:
             return {**summary, "stopped": True}
@@ -318,7 +343,8 @@ def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRe
         # TensorBoard's HParams table sorts the settings by name and shows the first five: these five, so the
         # model's shape, learning rate, optimizer and steps are all in view, then the figures. The figures are
         # summary/ scalars at the final step, so their single dots come last in the Scalars tab, after loss.
-        metrics = {"summary/full_val_loss": summary.get("full_val_loss"), "summary/best_val_loss": summary["best_val_loss"]}
+        metrics = {"summary/full_val_loss": summary.get("full_val_loss"), "summary/best_val_loss": summary["best_val_loss"],
+                   "summary/last_val_loss": summary["val_loss"]}
         log.hparams({name: getattr(cfg, name) for name in HPARAMS},
                     {tag: value for tag, value in metrics.items() if value is not None}, progress.it)
         log.close()
@@ -392,15 +418,32 @@ def train_opened(run: Run, progress: Progress, source: Path | None, run_dir: Run
         log.say(f"stopped during the final validation; step {progress.it} is saved in {run_dir.path / 'ckpt_last.pt'}. "
                 f"Finish it with: python train.py --out_dir {where} --resume")
         return {**summary, "history": history}
-    full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
-            if "full_val_loss" in summary else "")
-    val = f", val {summary['val_loss']:.4f}" if summary["val_loss"] is not None else ""
-    # Training time counts every session of a resumed run; the wall clock only this process's.
-    wall = "in this session" if run.cfg.resume else "in all"
-    log.say(f"done: {progress.it} steps, {summary['train_seconds']:.1f} s of training ({summary['wall_seconds']:.1f} s "
-            f"{wall}){val} (best {summary['best_val_loss']:.4f}){full}")
+    for line in done_lines(summary, run.cfg, progress):
+        log.say(line)
     log.say(f"sample it: python scripts/sample.py --out_dir {where}")
     return {**summary, "history": history}
+
+
+def done_lines(summary: dict, cfg: TrainConfig, progress: Progress) -> list[str]:
+    """What a finished run says: its steps and time, which step's model it hands over and that model's figures, and
+    the last step's validation estimate beside it."""
+    it, step = summary["iterations"], summary["model_step"]
+    # Training time counts every session of a resumed run; the wall clock only this process's.
+    wall = "in this session" if cfg.resume else "in all"
+    lines = [f"done: {it} steps, {summary['train_seconds']:.1f} s of training ({summary['wall_seconds']:.1f} s {wall})"]
+    if summary["stopped_early"]:
+        lines[0] += (f"; stopped early: {progress.evals_since_best} evaluations in a row did not beat step {step}'s "
+                     f"validation loss (--patience {cfg.patience}; --patience 0 trains on to --max_iters {cfg.max_iters})")
+    full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
+            if "full_val_loss" in summary else "")
+    best = f"val {summary['best_val_loss']:.4f}" if math.isfinite(summary["best_val_loss"]) else "no finite val"
+    last = summary["val_loss"]
+    if step == it:
+        lines.append(f"the run's model: step {step}, the last ({summary['model_checkpoint']}): {best}{full}")
+    else:
+        lines.append(f"the run's model: step {step}, its best ({summary['model_checkpoint']}): {best}{full}; "
+                     f"the last step's val {last:.4f} (ckpt_last.pt, kept for --resume)" if last is not None else "")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,7 +46,9 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     log_interval: int = setting(10, "update the progress bar and the loss/train, optim/* and perf/* scalars every this many steps")
     sample_chars: int = setting(200, "characters of generated text logged to TensorBoard at each evaluation (0: none)")
     log_attention: bool = setting(True, "log each layer's attention heatmap for a fixed validation text at each evaluation")
-    full_val: bool = setting(True, "at the end, compute the exact loss over every validation window")
+    full_val: bool = setting(True, "at the end, compute the run's model's exact loss over every validation window")
+    patience: int = setting(5, "stop early once this many evaluations in a row have not beaten the best validation "
+                               "loss (0: never; train to max_iters). Either way the run hands over its best model")
     # run
     out_dir: str = setting("", "output folder for checkpoints, TensorBoard events and summary.json (empty: out/<config>)")
     resume: bool = setting(False, "continue the run in out_dir from its ckpt_last.pt")
@@ -75,7 +77,7 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
                 check(math.isfinite(getattr(self, name)), name, "must be a finite number")
         for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "max_nonfinite_steps"):
             check(getattr(self, name) >= 1, name, "must be at least 1")
-        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "sample_chars", "num_threads"):
+        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "sample_chars", "num_threads", "patience"):
             check(getattr(self, name) >= 0, name, "must not be negative")
         check(0 < self.val_fraction < 1, "val_fraction", "must be between 0 and 1, e.g. 0.1")
         check(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-3")

@@ -23,8 +23,8 @@ from training.files import check_output_file, write_text_atomic  # noqa: E402
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_last.pt (the model training ended with)")
-    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir), e.g. RUN/ckpt_best.pt")
+    p.add_argument("--out_dir", default="", help="a run folder: uses its model, ckpt_best.pt (else ckpt_last.pt)")
+    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir), e.g. RUN/ckpt_last.pt")
     p.add_argument("--data", required=True, help="text file, folder of text files, or a named corpus (as train.py)")
     p.add_argument("--split", choices=("all", "val"), default="all",
                    help="all the text, or only its last part that training would hold out for validation")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.json:
         check_output_file(args.json, "--json", (".json",))
-    path = checkpoint.find(args.out_dir, args.ckpt, ("ckpt_last.pt", "ckpt_best.pt"))
+    path = checkpoint.find(args.out_dir, args.ckpt)
     model, tokenizer, state = checkpoint.load_model(path, runtime.pick_device(args.device))
     run = state["run_config"]
     rt = runtime.setup(args.device, args.dtype or run.get("dtype", "auto"))  # the run's own precision by default

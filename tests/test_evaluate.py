@@ -64,7 +64,7 @@ def evaluate(capsys):
 def figures(evaluate):
     def call(tmp, *args):
         out = tmp / "figures.json"
-        done = evaluate("--out_dir", str(tmp / "run"), "--json", str(out), *args)
+        done = evaluate("--out_dir", str(tmp / "run"), "--json", str(out), "--device", "cpu", *args)  # as trained
         assert done.returncode == 0, done.stderr
         return json.loads(out.read_text(encoding="utf-8"))
     return call
@@ -107,4 +107,4 @@ def test_bad_inputs_are_one_line(run, make, words, evaluate):
 
 def test_a_folder_that_is_not_a_run_is_one_line(tmp_path, evaluate):
     done = evaluate("--out_dir", str(tmp_path), "--data", "x.txt")
-    assert done.returncode == 2 and "holds no ckpt_last.pt or ckpt_best.pt" in done.stderr
+    assert done.returncode == 2 and "holds no ckpt_best.pt or ckpt_last.pt" in done.stderr

@@ -57,18 +57,20 @@ def test_debug_run_end_to_end(corpus, tmp_path):
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
     names = [h.name for h in experiment.hparam_infos]  # TensorBoard shows the first five by name
     assert len(names) <= 5 and {"n_layer", "n_embd", "learning_rate", "optimizer", "max_iters"} <= set(names)
-    assert [m.name.tag for m in experiment.metric_infos] == ["summary/full_val_loss", "summary/best_val_loss"]
+    assert [m.name.tag for m in experiment.metric_infos] == ["summary/full_val_loss", "summary/best_val_loss",
+                                                            "summary/last_val_loss"]
 
 
-@pytest.mark.parametrize("optimizer, dtype", [("adamw", "float32"), ("muon", "bfloat16")])
-def test_resume_gives_bit_identical_losses(corpus, tmp_path, optimizer, dtype):
-    common = ("--dropout", "0.1", "--lr_decay_iters", "30", "--log_interval", "1", "--eval_interval", "10",
-              "--optimizer", optimizer, "--dtype", dtype)
-    whole = run(corpus, tmp_path / "whole", "--max_iters", "30", *common)
-    run(corpus, tmp_path / "parts", "--max_iters", "20", *common)
-    resumed = run(corpus, tmp_path / "parts", "--max_iters", "30", "--resume", *common)
-    tail = [loss for it, loss in whole["history"] if it > 20]
-    assert [loss for _, loss in resumed["history"]] == tail and len(tail) == 10
+# bfloat16 runs fewer steps: on a CPU without bfloat16 units (AVX2 only) its matrix products are emulated, ~20x slower
+@pytest.mark.parametrize("optimizer, dtype, total, split", [("adamw", "float32", 30, 20), ("muon", "bfloat16", 12, 8)])
+def test_resume_gives_bit_identical_losses(corpus, tmp_path, optimizer, dtype, total, split):
+    common = ("--dropout", "0.1", "--lr_decay_iters", str(total), "--log_interval", "1",
+              "--eval_interval", str(total - split), "--optimizer", optimizer, "--dtype", dtype)
+    whole = run(corpus, tmp_path / "whole", "--max_iters", str(total), *common)
+    run(corpus, tmp_path / "parts", "--max_iters", str(split), *common)
+    resumed = run(corpus, tmp_path / "parts", "--max_iters", str(total), "--resume", *common)
+    tail = [loss for it, loss in whole["history"] if it > split]
+    assert [loss for _, loss in resumed["history"]] == tail and len(tail) == total - split
     a = checkpoint.load(tmp_path / "whole" / "ckpt_last.pt")["model"]
     b = checkpoint.load(tmp_path / "parts" / "ckpt_last.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -293,5 +295,5 @@ def test_every_evaluation_and_the_full_validation_report_progress(corpus, tmp_pa
     windows = -(-len(range(0, n_val - 32, 32)) // 8)  # non-overlapping windows of block 32, in batches of 8
     assert result["iterations"] == 10
     assert [(t.what, t.total, t.done) for t in tasks] == [("evaluating at step 0", 6, 6), ("evaluating at step 10", 6, 6),
-                                                          ("full validation", windows, windows)]
-    assert any(m.startswith("full validation: 1/") and m.endswith("min left") for m in messages)
+                                                          ("full validation of step 10's model", windows, windows)]
+    assert any(m.startswith("full validation of step 10's model: 1/") and m.endswith("min left") for m in messages)

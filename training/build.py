@@ -42,13 +42,14 @@ class Run:
 @dataclass
 class Progress:
     """Where a run is: the step, the best validation loss, seconds spent in training steps (evaluations, samples,
-    pictures and checkpoint writes excluded), whether the evaluation due at this step has been done, and the losses
-    the last evaluation measured."""
+    pictures and checkpoint writes excluded), whether the evaluation due at this step has been done, the losses
+    the last evaluation measured, and how many evaluations in a row have not beaten the best (for --patience)."""
     it: int = 0
     best_val: float = math.inf
     train_seconds: float = 0.0
     eval_done: bool = False
     last_eval: dict = field(default_factory=dict)
+    evals_since_best: int = 0
 
 
 def build_run(cfg: TrainConfig, rt: runtime.Runtime, prepared: Prepared, d: Dist = Dist(), say=print,
@@ -98,7 +99,8 @@ def capture(run: Run, progress: Progress) -> dict:
         "vocab": run.tokenizer.chars, "optimizer": run.optimizer.state_dict(),
         "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
         "iter": progress.it, "best_val_loss": progress.best_val, "train_seconds": progress.train_seconds,
-        "eval_done": progress.eval_done, "last_eval": progress.last_eval, "data": run.data_info,
+        "eval_done": progress.eval_done, "last_eval": progress.last_eval, "evals_since_best": progress.evals_since_best,
+        "data": run.data_info,
         "rng": {"torch": torch.get_rng_state(), "batches": run.batches.state_dict(),
                 "cuda": torch.cuda.get_rng_state() if run.rt.device_type == "cuda" else None},
     }
@@ -116,4 +118,4 @@ def restore(run: Run, state: dict, d: Dist = Dist()) -> Progress:
             torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
     # Checkpoints from before these fields existed: the evaluation at their step was done (they were saved after it).
     return Progress(state["iter"], state["best_val_loss"], state.get("train_seconds", 0.0), state.get("eval_done", True),
-                    state.get("last_eval", {}))
+                    state.get("last_eval", {}), state.get("evals_since_best", 0))

@@ -32,7 +32,8 @@ def save(state: dict, path: Path) -> None:
 
 
 def find(out_dir: str, ckpt: str, names: tuple[str, ...] = ("ckpt_best.pt", "ckpt_last.pt")) -> Path:
-    """The checkpoint a script should read: --ckpt FILE, else the first of names in the run folder."""
+    """The checkpoint a script should read: --ckpt FILE, else the first of names in the run folder (by default the
+    run's model, ckpt_best.pt: the lowest validation loss it measured; ckpt_last.pt only where there is none)."""
     if ckpt:
         return Path(ckpt)
     if not out_dir:

@@ -98,15 +98,22 @@ def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say, where:
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
     """For --resume of a run that has nothing left to do: where it finished and how to train further."""
     summary_path = run_dir.path / "summary.json"
-    if state["iter"] < cfg.max_iters or not summary_path.is_file():
+    since_best = state.get("evals_since_best", 0)
+    plateaued = cfg.patience > 0 and isinstance(since_best, int) and since_best >= cfg.patience
+    if (state["iter"] < cfg.max_iters and not plateaued) or not summary_path.is_file():
         return None
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         loss = f", full validation {summary['full_val_loss']:.4f}" if "full_val_loss" in summary else ""
+        model = f" (its model: step {summary['model_step']}, {summary['model_checkpoint']})" if "model_step" in summary else ""
     except (OSError, ValueError, TypeError, KeyError):
         return None  # a damaged summary is written again by finishing the run
     where = shlex.quote(str(run_dir.path))
-    return (f"{run_dir.path} finished at step {state['iter']}{loss}; nothing to do. To train further: "
+    if state["iter"] < cfg.max_iters:
+        return (f"{run_dir.path} stopped early at step {state['iter']}{model}{loss}: {since_best} evaluations in a row "
+                f"did not improve on its best; nothing to do. To train on anyway: python train.py --out_dir {where} "
+                f"--resume --patience 0")
+    return (f"{run_dir.path} finished at step {state['iter']}{model}{loss}; nothing to do. To train further: "
             f"python train.py --out_dir {where} --resume --max_iters {max(state['iter'], cfg.max_iters) * 2}")
 
 

@@ -1,0 +1,76 @@
+"""A run ends on the model it reports: its best checkpoint, fully validated, named in the done line and summary.json,
+used by the scripts; --patience stops a run that no longer improves, and resuming it has nothing left to do."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import train_debug
+from training import checkpoint
+from training.checkpoint import load_model
+
+
+@pytest.fixture
+def overfitting_corpus(tmp_path):
+    """Training text that alternates a and b strictly; validation text that doubles them (aabb...). The model first
+    learns that a and b are common (validation improves), then that they alternate (validation gets worse)."""
+    train = ("ab" * 20 + "xy") * 60
+    path = tmp_path / "corpus.txt"
+    path.write_text(train + "aabb" * (len(train) // 36), encoding="utf-8")  # 90% / 10%
+    return path
+
+
+def full_validation(ckpt, text: str) -> float:
+    """The mean cross-entropy over every non-overlapping block_size window of the last 10% of text, by hand."""
+    model, tokenizer, _ = load_model(ckpt)
+    val = torch.tensor(tokenizer.encode(text[int(len(text) * 0.9):]))
+    T = model.config.block_size
+    starts = range(0, len(val) - T, T)
+    x = torch.stack([val[s:s + T] for s in starts])
+    y = torch.stack([val[s + 1:s + T + 1] for s in starts])
+    with torch.no_grad():
+        logits, _ = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).item()
+
+
+def test_an_overfit_run_hands_over_its_best_model_and_says_which(overfitting_corpus, tmp_path):
+    said = []
+    out = tmp_path / "run"
+    import train
+    from configs import load_config
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(overfitting_corpus), "--cache_dir",
+                                    str(tmp_path / "cache"), "--out_dir", str(out), "--max_iters", "40",
+                                    "--eval_interval", "5", "--patience", "0"], False)
+    summary = train.train(cfg, explicit, say=said.append)
+    best, last = checkpoint.load(out / "ckpt_best.pt"), checkpoint.load(out / "ckpt_last.pt")
+    assert summary["iterations"] == last["iter"] == 40 and not summary["stopped_early"]
+    assert summary["model_step"] == best["iter"] < 40 and summary["model_checkpoint"] == "ckpt_best.pt"
+    assert summary["best_val_loss"] == best["best_val_loss"] < summary["val_loss"]  # the last step measured worse
+    text = overfitting_corpus.read_text(encoding="utf-8")
+    by_hand = {name: full_validation(out / name, text) for name in ("ckpt_best.pt", "ckpt_last.pt")}
+    assert summary["full_val_loss"] == pytest.approx(by_hand["ckpt_best.pt"], rel=1e-5)
+    assert by_hand["ckpt_best.pt"] < by_hand["ckpt_last.pt"]  # the two models differ, and the better one is handed over
+    assert checkpoint.find(str(out), "") == out / "ckpt_best.pt"  # what sample.py, evaluate.py and the pictures read
+    line = next(line for line in said if line.startswith("the run's model:"))
+    assert f"step {best['iter']}, its best (ckpt_best.pt)" in line and f"{summary['full_val_loss']:.4f}" in line
+    assert f"the last step's val {summary['val_loss']:.4f}" in line
+    assert json.loads((out / "summary.json").read_text())["model_step"] == best["iter"]
+
+
+def folder_bytes(folder):
+    """Every file but the lock (which names its latest owner)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def test_patience_stops_the_run_and_resuming_it_has_nothing_to_do(overfitting_corpus, tmp_path):
+    out = tmp_path / "run"
+    summary = train_debug(overfitting_corpus, out, "--max_iters", "200", "--eval_interval", "5", "--patience", "3")
+    assert summary["stopped_early"] and summary["iterations"] == summary["model_step"] + 3 * 5 < 200
+    assert checkpoint.load(out / "ckpt_last.pt")["iter"] == summary["iterations"]
+    before = folder_bytes(out)
+    assert train_debug(overfitting_corpus, out, "--resume") == {"finished": True}
+    assert folder_bytes(out) == before  # nothing touched
+    more = train_debug(overfitting_corpus, out, "--resume", "--patience", "0", "--max_iters",
+                       str(summary["iterations"] + 5))
+    assert more["iterations"] == summary["iterations"] + 5 and not more["stopped_early"]
