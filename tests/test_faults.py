@@ -1,5 +1,6 @@
 """Faults and bad input are one line and exit 2, with nothing lost: a full disk, unwritable places, damaged caches
 and checkpoints, out of memory, and every command-line value that used to end in a traceback."""
+import contextlib
 import errno
 import json
 import resource
@@ -7,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,9 +193,24 @@ def test_damaged_checkpoints_are_refused_by_name(run, tmp_path, capsys):
         capsys.readouterr()
 
 
+@contextlib.contextmanager
+def address_space_of(extra_bytes: int):
+    """This process may map only extra_bytes more memory: an allocation past that fails at once, as on a machine that
+    has no more, whatever this machine has (where memory is overcommitted, a huge one would otherwise succeed and the
+    process be killed later, when it touches the pages)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + extra_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def test_out_of_memory_names_the_sizes_and_the_flag(run, tmp_path, capsys):
-    one_line_error(capsys, train.main, *train_args(run, tmp_path / "r", "--n_embd", str(2**17), "--n_head", "2"),
-                   words="out of memory for a model of n_layer 2 x n_embd 131072 with batch_size 8")
+    with address_space_of(4 * 2**30):  # each of the model's 2**17-wide matrices needs over 64 GiB
+        one_line_error(capsys, train.main, *train_args(run, tmp_path / "r", "--n_embd", str(2**17), "--n_head", "2"),
+                       words="out of memory for a model of n_layer 2 x n_embd 131072 with batch_size 8")
 
 
 @pytest.mark.parametrize("args, words", [

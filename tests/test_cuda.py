@@ -1,0 +1,74 @@
+"""What only a GPU can check (skipped without CUDA): bfloat16 and float16 training with the scaler, torch.compile,
+batches gathered from the GPU-resident corpus, and sampling with fixed shapes, no host sync and a compiled step."""
+import pytest
+import torch
+
+from conftest import train_debug
+from data import Batches
+from model import GPT, ModelConfig
+from model.generate import compiled_step, generate
+from training import checkpoint
+from training.opening import prepare_data
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mixed_precision_training_learns_and_resumes_exactly(corpus, tmp_path, dtype):
+    common = ("--device", "cuda", "--dtype", dtype, "--log_interval", "1", "--eval_interval", "10")
+    whole = train_debug(corpus, tmp_path / "whole", "--max_iters", "20", *common)
+    train_debug(corpus, tmp_path / "parts", "--max_iters", "10", *common)
+    resumed = train_debug(corpus, tmp_path / "parts", "--max_iters", "20", "--resume", *common)
+    assert whole["history"][-1][1] < whole["history"][0][1]
+    assert [loss for _, loss in resumed["history"]] == [loss for it, loss in whole["history"] if it > 10]
+    state = checkpoint.load(tmp_path / "whole" / "ckpt_last.pt")
+    assert (state["scaler"] is not None) == (dtype == "float16")  # float16 scales its loss, bfloat16 needs not
+
+
+def test_a_compiled_run_matches_an_eager_one(corpus, tmp_path):
+    common = ("--device", "cuda", "--dtype", "float32", "--max_iters", "10", "--log_interval", "1")
+    eager = train_debug(corpus, tmp_path / "eager", "--compile", "false", *common)
+    compiled = train_debug(corpus, tmp_path / "compiled", "--compile", "true", *common)
+    for (_, a), (_, b) in zip(eager["history"], compiled["history"], strict=True):
+        assert a == pytest.approx(b, rel=1e-3)
+
+
+def test_batches_from_the_resident_corpus_equal_those_read_from_disk(corpus, tmp_path):
+    from configs import load_config
+    cfg, _, _ = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c")], False)
+    prepared = prepare_data(cfg, lambda message: None)
+    on_gpu = Batches(prepared, 16, 4, "cuda", seed=5, resident=True)
+    from_disk = Batches(prepared, 16, 4, "cuda", seed=5, resident=False)
+    assert on_gpu.resident is not None
+    for split in ("train", "val"):
+        for a, b in zip(on_gpu.get_batch(split), from_disk.get_batch(split)):
+            assert torch.equal(a, b) and a.device.type == "cuda"
+
+
+@pytest.fixture
+def sharp_model():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=2, n_embd=16, position="rope"))
+    for p in model.parameters():  # sharper than the initialisation, so greedy decoding is not trivially constant
+        p.data.normal_(0, 0.3)
+    return model.cuda().eval()
+
+
+def test_sampling_on_the_gpu_equals_the_cpu_and_reads_back_once(sharp_model, host_reads, monkeypatch):
+    prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # float32 products as the CPU does them
+    with host_reads() as reads:
+        on_gpu = generate(sharp_model, prompts, 60, temperature=0)
+    assert len(reads) == 1  # the tokens, once, at the end
+    assert on_gpu == generate(sharp_model, prompts, 60, temperature=0, use_cache=False)
+    assert on_gpu == generate(sharp_model.cpu(), prompts, 60, temperature=0)
+
+
+def test_the_compiled_decoding_step_is_compiled_once_and_agrees(sharp_model, monkeypatch):
+    torch.compiler.reset()
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # 60 tokens, window slides, two calls: one
+    prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
+    step = compiled_step("cuda")  # inductor with CUDA graphs
+    eager = generate(sharp_model, prompts, 60, temperature=0)
+    compiled = [generate(sharp_model, prompts, 60, temperature=0, step=step) for _ in range(2)]
+    assert compiled[0] == compiled[1] == eager
