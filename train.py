@@ -24,6 +24,7 @@ from training.fonts import missing_note
 from training.log import Log
 from training.opening import choose_corpus, open_run
 from training.perf import measure_peak_flops, model_matmul_shape, sync, utilisation
+from training.phases import Phases, seconds_since_process_start
 from training.pictures import attention_figure, attention_weights
 from training.run_dir import RunDir
 from training.stop import StopRequest
@@ -181,7 +182,8 @@ def plateaued(progress: Progress, cfg: TrainConfig) -> bool:
 
 
 def save(run: Run, progress: Progress, run_dir: RunDir, stop: StopRequest, name: str) -> None:
-    checkpoint.save(capture(run, progress), run_dir.path / name)
+    with run.phases.timing("checkpoints"):
+        checkpoint.save(capture(run, progress), run_dir.path / name)
     if name == "ckpt_last.pt":
         run_dir.discard_aside()  # a run being replaced (--overwrite) goes once its replacement has a checkpoint
         stop.saved = f"the last checkpoint, {run_dir.path / name} (step {progress.it}), is intact"
@@ -194,6 +196,11 @@ def attention_probe(run: Run) -> list[int]:
 
 def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, improved: bool) -> None:
     """Rank 0: the losses, a generated sample and attention maps to TensorBoard."""
+    with run.phases.timing("samples and pictures"):
+        record_samples_and_pictures(run, progress, log, losses)
+
+
+def record_samples_and_pictures(run: Run, progress: Progress, log: Log, losses: dict) -> None:
     cfg, it = run.cfg, progress.it
     log.scalars(it, {"loss/train_eval": losses["train"], "loss/val": losses["val"]})
     if cfg.sample_chars:
@@ -215,11 +222,12 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
     and whether a stop request ended it early (then ckpt_last.pt holds that step)."""
     cfg, rt = run.cfg, run.rt
     stop.saving = True  # from here a Ctrl-C stops at a step boundary and saves
-    if d.is_main:
-        warn_if_slow(run, progress, log)
-        if cfg.log_attention and (note := missing_note(run.tokenizer.decode(attention_probe(run)))):
-            log.say(note)
-    peak_flops = measure_peak_flops(rt.device, rt.dtype, [model_matmul_shape(cfg.batch_size, run.model_cfg)])
+    with run.phases.timing("opening"):
+        if d.is_main:
+            warn_if_slow(run, progress, log)
+            if cfg.log_attention and (note := missing_note(run.tokenizer.decode(attention_probe(run)))):
+                log.say(note)
+        peak_flops = measure_peak_flops(rt.device, rt.dtype, [model_matmul_shape(cfg.batch_size, run.model_cfg)])
     history, stopping = [], False
     last_val = f"val {progress.last_eval['val']:.4f} (saved)" if progress.last_eval else "val -"
     # Skipped (non-finite) steps are counted on the device and read where the loop syncs anyway: the longest run of
@@ -229,6 +237,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
     # The clock runs only during training steps: evaluations, samples, pictures and checkpoints are not training.
     stretch = time.perf_counter()
     logged = (progress.it, progress.train_seconds)
+    trained_before, first_step = progress.train_seconds, progress.it + 1
 
     def stop_clock() -> None:
         sync(rt.device)
@@ -240,7 +249,8 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
             if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and not progress.eval_done:
                 stop_clock()
                 before = run.batches.state_dict()
-                with log.task(f"evaluating at step {it}", 2 * cfg.eval_iters) as progress_bar:
+                with log.task(f"evaluating at step {it}", 2 * cfg.eval_iters) as progress_bar, \
+                        run.phases.timing("evaluations"):
                     losses = evaluate(run.step_model, run.batches, rt, cfg.eval_iters, d, stop, progress_bar)
                 if losses is None:  # stopped during it: save the state from before it, so resuming does it again
                     run.batches.load_state_dict(before)
@@ -270,6 +280,9 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
             streak = (streak + 1) * ~finite
             longest = torch.maximum(longest, streak)
             progress.it, progress.eval_done = it + 1, False
+            if progress.it == first_step:  # the first step compiles the model: timed on its own (one wait for it)
+                sync(rt.device)
+                run.phases.first_step = time.perf_counter() - stretch
             bar.update(1)
             if progress.it % cfg.log_interval == 0 or progress.it == cfg.max_iters:
                 # the only host sync of the loop (and the evaluations'): one read for all three numbers
@@ -294,6 +307,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
                          f"{tokens_per_sec:,.0f} tokens/s, mfu {mfu * 100:.1f}%")
                 bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s {last_val}",
                                     refresh=False)
+    run.phases.seconds["training steps"] = progress.train_seconds - trained_before
     if stopping and d.is_main:
         save(run, progress, run_dir, stop, "ckpt_last.pt")
     return history, stopping
@@ -334,7 +348,8 @@ def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRe
     }
     if cfg.full_val:
         windows = -(-run.batches.num_val_windows() // run.batches.batch_size)  # batches, rounded up
-        with log.task(f"full validation of step {model_step}'s model", windows) as progress_bar:
+        with log.task(f"full validation of step {model_step}'s model", windows) as progress_bar, \
+                run.phases.timing("full validation"):
             loss = full_validation_loss(run.step_model, run.batches, run.rt, d, stop, progress_bar)
         if loss is None:
             return {**summary, "stopped": True}
@@ -348,16 +363,18 @@ def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRe
         log.hparams({name: getattr(cfg, name) for name in HPARAMS},
                     {tag: value for tag, value in metrics.items() if value is not None}, progress.it)
         log.close()
+        summary["seconds"] = run.phases.report()
         write_text_atomic(run_dir.path / "summary.json", json.dumps(summary, indent=1) + "\n", "summary")
     return summary
 
 
 def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, stop: StopRequest | None = None,
-          note: str = "") -> dict:
+          note: str = "", start_up: float | None = None) -> dict:
     """Train (or continue, or finish) the run in cfg.out_dir. Returns its summary and loss history, with "stopped"
     when a stop request ended it early and "finished" when there was nothing left to do."""
     stop = stop or StopRequest(speak=False)  # in-process callers (tests) get a request nobody makes
-    started = time.perf_counter()
+    phases = Phases(start_up)  # start_up: the seconds before train() (the interpreter, the imports), when known
+    started = phases.started
     d = distributed.from_environment()
     speak = say if d.is_main else (lambda message: None)
     if cfg.resume:
@@ -376,6 +393,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
             log.say(opened)
             return {"finished": True}
         run, progress, source = opened
+        run.phases = phases
         return train_opened(run, progress, source, run_dir, log, stop, d, started)
     except (RuntimeError, torch.OutOfMemoryError) as err:
         if not runtime.is_out_of_memory(err):
@@ -408,6 +426,7 @@ def train_opened(run: Run, progress: Progress, source: Path | None, run_dir: Run
             f"process{'es' if d.enabled else ''} = {run.tokens_per_iter:,} tokens per step")
     log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open "
             f"http://localhost:6006/#custom_scalars (train and validation loss on one chart)")
+    run.phases.seconds["opening"] += time.perf_counter() - started
     history, stopped = train_loop(run, progress, run_dir, log, stop, d)
     if stopped:
         log.say(f"stopped at step {progress.it}; saved {run_dir.path / 'ckpt_last.pt'}. Continue with: "
@@ -420,6 +439,8 @@ def train_opened(run: Run, progress: Progress, source: Path | None, run_dir: Run
         return {**summary, "history": history}
     for line in done_lines(summary, run.cfg, progress):
         log.say(line)
+    if "seconds" in summary:
+        log.say(run.phases.line(summary["seconds"]))
     log.say(f"sample it: python scripts/sample.py --out_dir {where}")
     return {**summary, "history": history}
 
@@ -447,11 +468,12 @@ def done_lines(summary: dict, cfg: TrainConfig, progress: Progress) -> list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
+    start_up = seconds_since_process_start()
     d = distributed.from_environment()
     with StopRequest(speak=d.is_main) as stop:  # Ctrl-C is handled from the first line to the last
         cfg, note, explicit = load_config(argv, torch.cuda.is_available())
         try:
-            result = train(cfg, explicit, stop=stop, note=note)
+            result = train(cfg, explicit, stop=stop, note=note, start_up=start_up)
         except UserError as err:
             if d.is_main:
                 raise

@@ -14,6 +14,7 @@ from training import runtime
 from training.distributed import Dist
 from training.optim import configure_optimizer
 from training.perf import flops_per_token
+from training.phases import Phases
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Run:
     scaler: torch.amp.GradScaler
     tokens_per_iter: int
     flops_per_token: float
+    phases: Phases = field(default_factory=Phases)  # where this process's time goes (train() gives its own)
 
     @property
     def data_info(self) -> dict:
