@@ -134,7 +134,7 @@ def full_validation_loss(model, batches, rt: runtime.Runtime, d: Dist = Dist(),
 
 # ---- the loop --------------------------------------------------------------------------------------------------------
 SLOW_RUN_SECONDS = 600  # on a CPU, a run expected to take longer than this says so before it starts
-GPU_PRESETS = ("shakespeare_char", "shakespeare_char_fast")
+GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
 
 
 def expected_seconds(run: Run, progress: Progress) -> tuple[float, float]:

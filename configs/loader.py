@@ -67,7 +67,7 @@ def build_parser(preset: str = "", values: dict | None = None, why: str = "") ->
         epilog=f"presets: {', '.join(presets())}",
     )
     parser.add_argument("--config", default=argparse.SUPPRESS,
-                        help="preset name in configs/ or path to a .toml file (default: shakespeare_char "
+                        help="preset name in configs/ or path to a .toml file (default: shakespeare_char_gpu "
                              "with CUDA, shakespeare_char_cpu without)")
     groups = {"model": parser.add_argument_group("model (model/config.py)"),
               "run": parser.add_argument_group("data, optimisation, evaluation and the run (configs/schema.py)")}
@@ -125,7 +125,7 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
         name, values = read_preset(given)
         why, note = "", f"config: {name}"
     else:
-        name = "shakespeare_char" if cuda_available else "shakespeare_char_cpu"
+        name = "shakespeare_char_gpu" if cuda_available else "shakespeare_char_cpu"
         _, values = read_preset(name)
         why = f" (no --config given; CUDA is {'available' if cuda_available else 'not available'})"
         note = f"config: {name}{why}"

@@ -139,7 +139,9 @@ def test_default_preset_follows_the_device():
     cpu_cfg, cpu_note, _ = load_config([], cuda_available=False)
     gpu_cfg, gpu_note, _ = load_config([], cuda_available=True)
     assert cpu_cfg.config_name == "shakespeare_char_cpu" and "CUDA is not available" in cpu_note
-    assert (gpu_cfg.config_name, gpu_cfg.n_layer, gpu_cfg.n_embd, gpu_cfg.block_size) == ("shakespeare_char", 6, 384, 256)
+    assert (gpu_cfg.config_name, gpu_cfg.n_layer, gpu_cfg.n_embd, gpu_cfg.block_size) == ("shakespeare_char_gpu", 6, 384,
+                                                                                          256)
+    assert "CUDA is available" in gpu_note
 
 
 @pytest.mark.parametrize("argv, message", [
