@@ -1,5 +1,7 @@
-"""Shared test helpers: the repository on sys.path, the shared corpus location, small models."""
+"""Shared test helpers: the repository on sys.path, a made-up play as the corpus, the Tiny Shakespeare location (for the
+few checks of its published figures, skipped without it), quiet debug runs, a watch on host reads."""
 import contextlib
+import random
 import sys
 from pathlib import Path
 
@@ -13,15 +15,34 @@ sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)  # small matrices: one thread is faster and repeatable on 2-core machines
 
 
+SPEAKERS = ("First Citizen", "Second Citizen", "ROMEO", "JULIET", "MENENIUS", "KING HENRY", "QUEEN MARGARET", "All")
+WORDS = ("the king queen shall speak of love and war before we proceed any further hear me you are all resolved rather "
+         "to die than famish what light through yonder window breaks but soft i say my lord good night sweet prince "
+         "come away be or not that is question thou art thy heart doth fair well now no yet so this gentle friends "
+         "citizens hath said o").split()
+
+
+def play_text(n_chars: int, seed: int = 0) -> str:
+    """n_chars of a made-up play, the same every time: speeches by named speakers, each of one to three lines from a
+    stock of 80 (so a line's start tells its end: more context helps, as in real text), capitals and punctuation.
+    The suite's corpus, so that it needs no file from outside the repository."""
+    pick = random.Random(seed)
+    stock = []
+    for _ in range(80):
+        line = " ".join(pick.choice(WORDS) for _ in range(pick.randint(4, 9)))
+        stock.append(line[0].upper() + line[1:] + pick.choice(".,!?;:"))
+    parts, size = [], 0
+    while size < n_chars:
+        lines = [pick.choice(stock) for _ in range(pick.randint(1, 3))]
+        parts.append(f"{pick.choice(SPEAKERS)}:\n" + "\n".join(lines) + "\n\n")
+        size += len(parts[-1])
+    return "".join(parts)[:n_chars]
+
+
 @pytest.fixture
 def small_text() -> str:
-    """A few kilobytes of real text (Tiny Shakespeare when present, else a generated stand-in)."""
-    if SHARED_TEXT.exists():
-        return SHARED_TEXT.read_text(encoding="utf-8")[:20000]
-    words = ["the", "king", "queen", "shall", "speak", "of", "love", "and", "war", "ROMEO:", "JULIET:"]
-    gen = torch.Generator().manual_seed(0)
-    picks = torch.randint(0, len(words), (4000,), generator=gen).tolist()
-    return " ".join(words[i] + ("\n" if i % 7 == 0 else "") for i in picks)
+    """20,000 characters of the made-up play."""
+    return play_text(20000)
 
 
 @pytest.fixture
@@ -33,10 +54,9 @@ def corpus(tmp_path, small_text):
 
 
 def module_corpus(tmp_path_factory, name: str) -> Path:
-    """30,000 characters of real text (or a stand-in) in a fresh folder, for the runs a test module shares."""
+    """30,000 characters of the made-up play in a fresh folder, for the runs a test module shares."""
     tmp = tmp_path_factory.mktemp(name)
-    text = SHARED_TEXT.read_text(encoding="utf-8")[:30000] if SHARED_TEXT.exists() else "to be or not to be\n" * 1500
-    (tmp / "corpus.txt").write_text(text, encoding="utf-8")
+    (tmp / "corpus.txt").write_text(play_text(30000), encoding="utf-8")
     return tmp / "corpus.txt"
 
 

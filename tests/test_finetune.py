@@ -3,7 +3,7 @@ keep their meaning; better than the same steps from scratch; resumable; conflict
 import pytest
 import torch
 
-from conftest import SHARED_TEXT, train_debug
+from conftest import play_text, train_debug
 from configs import load_config
 from errors import UserError
 from model.generate import generate
@@ -11,7 +11,7 @@ from training import checkpoint
 
 
 def texts():
-    text = SHARED_TEXT.read_text(encoding="utf-8") if SHARED_TEXT.exists() else "to be or not to be, that is\n" * 9000
+    text = play_text(230000)
     first = text[:40000]
     second = text[200000:230000].replace("e", "é").replace("th", "þ") + "\n{Zürich ~ Ærø}\n"  # new characters
     return first, second

@@ -44,8 +44,8 @@ def run_dir(tmp_path_factory, small_text_module):
 
 @pytest.fixture(scope="module")
 def small_text_module():
-    from conftest import SHARED_TEXT
-    return SHARED_TEXT.read_text(encoding="utf-8")[:20000] if SHARED_TEXT.exists() else "to be or not to be\n" * 800
+    from conftest import play_text
+    return play_text(20000)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "explicit"])
@@ -157,10 +157,10 @@ def test_cli_batches_prompts_per_line(run_dir, tmp_path):
     prompts.write_text("The\nCitizen:\nI\n")
     out = sample("--out_dir", str(run_dir), "--prompt_file", str(prompts), "--prompts_per_line",
                  "--max_new_tokens", "20", "--temperature", "0").stdout
-    parts = out.rstrip("\n").split("\n---\n")
+    parts = out.removesuffix("\n").split("\n---\n")  # the samples, then print's newline
     assert [p[:len(q)] for p, q in zip(parts, ["The", "Citizen:", "I"])] == ["The", "Citizen:", "I"]
     alone = sample("--out_dir", str(run_dir), "--prompt", "Citizen:", "--max_new_tokens", "20", "--temperature", "0")
-    assert alone.stdout.rstrip("\n") == parts[1]
+    assert alone.stdout.removesuffix("\n") == parts[1] and len(parts[1]) == len("Citizen:") + 20
 
 
 def test_unknown_prompt_characters(run_dir):
