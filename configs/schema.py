@@ -6,9 +6,8 @@ import math
 import typing
 from dataclasses import MISSING, asdict, dataclass, fields
 
+from configs.choices import COMPILE_MODES, DTYPE_NAMES, OPTIMIZERS, valid_device
 from model.config import Architecture, ModelConfig, setting
-from training.optim import OPTIMIZERS
-from training.runtime import COMPILE_MODES, valid_device
 
 
 LR_SCHEDULES = ("cosine", "wsd")
@@ -89,7 +88,7 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
         check(self.grad_clip >= 0, "grad_clip", "must not be negative (0 turns clipping off)")
         check(self.weight_decay >= 0, "weight_decay", "must not be negative")
         check(self.encoding_errors in ("strict", "replace", "ignore"), "encoding_errors", "must be strict, replace or ignore")
-        check(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", "must be auto, float32, bfloat16 or float16")
+        check(self.dtype in ("auto", *DTYPE_NAMES), "dtype", f"must be auto, {', '.join(DTYPE_NAMES)}")
         check(self.compile in ("auto", "true", "false"), "compile", "must be auto, true or false")
         check(self.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {', '.join(COMPILE_MODES)}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}")

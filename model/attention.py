@@ -1,4 +1,6 @@
-"""Causal self-attention: the textbook heads, the batched module with its explicit and fused paths, masks."""
+"""The model's causal self-attention: all heads batched, an explicit path (q·kᵀ/√d, mask, softmax, weighted sum) and
+the fused kernel's, the causal mask by slot, and recording of the weights. The one-head-at-a-time textbook form the
+tutorials run is in model/textbook.py, and the tests prove the two compute the same."""
 from __future__ import annotations
 
 import math
@@ -16,41 +18,8 @@ from model.scoring import additive_scores, dot_product_scores
 
 
 # ---------------------------------------------------------------------------------------------
-# Masks. A boolean mask is True where a query may attend to a key.
+# The mask. A boolean mask is True where a query may attend to a key.
 # ---------------------------------------------------------------------------------------------
-PADDING_SIDES = ("left", "right")
-
-
-def valid_key_mask(valid_lens: torch.Tensor, n_keys: int, padding: str) -> torch.Tensor:
-    """Real-token counts (any shape, e.g. (B,) or (B, n_queries)) -> a mask of shape valid_lens.shape + (n_keys,)
-    that is True on the real keys.
-
-    padding="right": a row's real tokens are its first valid_lens positions (the tutorials' and d2l's convention).
-    padding="left": its last valid_lens positions (this project's sampler, which left-pads prompts so that every
-    row's next token is in the same, last, column).
-    """
-    if padding not in PADDING_SIDES:
-        raise ValueError(f"padding must be one of {', '.join(PADDING_SIDES)}, got {padding!r}")
-    slots = torch.arange(n_keys, device=valid_lens.device)
-    lens = valid_lens[..., None]
-    return slots < lens if padding == "right" else slots >= n_keys - lens
-
-
-def masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor | None, *, padding: str) -> torch.Tensor:
-    """Softmax over the last axis of (B, ..., n_keys) scores, giving zero weight to padding keys.
-
-    valid_lens: None (no padding), (B,) one length per row, or (B, n_queries) one per query. Rows with no valid
-    key at all come out as zeros instead of NaN.
-    """
-    if valid_lens is None:
-        return F.softmax(scores, dim=-1)
-    keep = valid_key_mask(valid_lens, scores.size(-1), padding)
-    while keep.dim() < scores.dim():  # (B, K) or (B, Q, K): broadcast over the axes between batch and queries
-        keep = keep.unsqueeze(1)
-    weights = F.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
-    return weights.nan_to_num(0.0)
-
-
 def attention_mask(slots: torch.Tensor, n_keys: int, pad: torch.Tensor | None = None) -> torch.Tensor:
     """Causal (and, with pad, padding-aware) mask of queries at slots (T,) over the keys at slots 0..n_keys-1.
 
@@ -66,47 +35,6 @@ def attention_mask(slots: torch.Tensor, n_keys: int, pad: torch.Tensor | None = 
     real_keys = key_slots[None, :] >= pad[:, None]  # (B, n_keys)
     mask = mask[None] & (real_keys[:, None, :] | (key_slots[None, :] == slots[:, None])[None])
     return mask[:, None]  # (B, 1, T, n_keys)
-
-
-# ---------------------------------------------------------------------------------------------
-# The textbook form: one head at a time, heads run side by side and concatenated.
-# ---------------------------------------------------------------------------------------------
-class Head(nn.Module):
-    """One head of causal self-attention, written exactly as the formula reads."""
-
-    def __init__(self, n_embd: int, head_size: int, block_size: int, dropout: float = 0.0, bias: bool = True):
-        super().__init__()
-        self.query = nn.Linear(n_embd, head_size, bias=bias)
-        self.key = nn.Linear(n_embd, head_size, bias=bias)
-        self.value = nn.Linear(n_embd, head_size, bias=bias)
-        self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)), persistent=False)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        T = x.size(1)
-        q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, head_size) each
-        scores = q @ k.transpose(-2, -1) / math.sqrt(k.size(-1))  # (B, T, T): scaled BEFORE the softmax
-        scores = scores.masked_fill(self.tril[:T, :T] == 0, float("-inf"))  # no peeking at the future
-        weights = F.softmax(scores, dim=-1)  # each row: how much this position takes from each earlier one
-        weights = self.dropout(weights)
-        return weights @ v  # (B, T, head_size): a weighted sum of values
-
-
-class MultiHeadAttention(nn.Module):
-    """Several heads in parallel; their outputs are concatenated and projected back to n_embd."""
-
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.heads = nn.ModuleList(
-            Head(config.n_embd, config.head_size, config.block_size, config.dropout, config.bias)
-            for _ in range(config.n_head)
-        )
-        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.cat([head(x) for head in self.heads], dim=-1)  # (B, T, n_embd)
-        return self.dropout(self.proj(out))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,6 +82,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
         self.path = path
+        # The form, decided once: whether scores are divided by √d (all but "dot"), and whether the fused kernel can
+        # compute them (all but "additive", whose scores are no dot product: that form always takes the explicit path).
+        self.scaled, self.fusable = self.score != "dot", self.score != "additive"
         self.record: list[torch.Tensor] | None = None  # set by recording_attention()
         tril = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
         self.register_buffer("tril", tril, persistent=False)
@@ -178,7 +109,7 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.write(slots, k, v)  # (B, n_head, capacity, head_size)
         causal = mask is None  # no mask: queries and keys are the same T positions (never with a cache)
-        if self.path == "explicit" or self.record is not None or self.score == "additive":
+        if self.path == "explicit" or self.record is not None or not self.fusable:
             scores = self.scores(q, k)  # (B, n_head, T, T_keys)
             keep = self.tril[:T, :T] if causal else mask
             if keep is not None:
@@ -189,7 +120,7 @@ class CausalSelfAttention(nn.Module):
             y = self.attn_dropout(weights) @ v  # (B, n_head, T, head_size)
         else:
             dropout_p = self.dropout if self.training else 0.0
-            y = fused_attention(q, k, v, mask, dropout_p, causal, scale=1.0 if self.score == "dot" else None)
+            y = fused_attention(q, k, v, mask, dropout_p, causal, scale=None if self.scaled else 1.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, n_embd): heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
@@ -207,9 +138,9 @@ class CausalSelfAttention(nn.Module):
 
     def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """(B, n_head, T, head_size) queries and (B, n_head, T_keys, head_size) keys -> (B, n_head, T, T_keys)."""
-        if self.score == "additive":  # every query-key pair: w_h · tanh(q_i + k_j), one w per head
+        if not self.fusable:  # additive: every query-key pair, w_h · tanh(q_i + k_j), one w per head
             return additive_scores(q, k, self.w_score)
-        return dot_product_scores(q, k, scaled=self.score != "dot")  # scaled BEFORE the softmax
+        return dot_product_scores(q, k, scaled=self.scaled)  # scaled BEFORE the softmax
 
 
 @contextmanager

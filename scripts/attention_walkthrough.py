@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from model.attention import Head  # noqa: E402
+from model.textbook import Head  # noqa: E402
 
 # Tutorial 004's example: three tokens of 4 numbers, small integer weights (4 x 3), so every step can be checked by hand.
 X = [[1.0, 0.0, 1.0, 0.0],

@@ -62,7 +62,7 @@ def state_of(cfg) -> tuple[str, str]:
     """(new | finished | unfinished | different | damaged, why): different means a run of other settings is in the
     folder; damaged, that its checkpoint cannot be read. A rung costs minutes, so both are simply trained again."""
     folder = Path(cfg.out_dir)
-    ckpt = folder / "ckpt_last.pt"
+    ckpt = folder / checkpoint.LAST
     if not ckpt.exists():
         return "new", ""
     try:
@@ -76,7 +76,7 @@ def state_of(cfg) -> tuple[str, str]:
 
 
 def parameters(cfg) -> int:
-    saved = checkpoint.load(Path(cfg.out_dir) / "ckpt_last.pt")
+    saved = checkpoint.load(Path(cfg.out_dir) / checkpoint.LAST)
     return GPT(ModelConfig(**saved["model_config"])).num_params(non_embedding=False)
 
 

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from errors import ArgumentParser, UserError, run_cli  # noqa: E402
-from model.attention import Head, masked_softmax, valid_key_mask  # noqa: E402
+from model.textbook import Head, masked_softmax, valid_key_mask  # noqa: E402
 from model.scoring import additive_scores, attend, dot_product_scores  # noqa: E402
 
 # A step: a short name (the tests look steps up by it), the formula or sentence it illustrates, and its value.

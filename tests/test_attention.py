@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.attention import (CausalSelfAttention, MultiHeadAttention, attention_mask, fused_attention, masked_softmax,
-                             recording_attention)
+from model.attention import CausalSelfAttention, attention_mask, fused_attention, recording_attention
+from model.textbook import MultiHeadAttention, masked_softmax
 from model.config import ModelConfig
 
 CFG = ModelConfig(vocab_size=11, block_size=16, n_layer=1, n_head=4, n_embd=32)

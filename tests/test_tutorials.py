@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import ROOT
-from model.attention import masked_softmax
+from model.textbook import masked_softmax
 from model.scoring import additive_scores, attend, dot_product_scores
 
 sys.path.insert(0, str(ROOT / "scripts"))

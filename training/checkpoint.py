@@ -10,6 +10,7 @@ from errors import UserError
 from training.files import write_atomic
 
 FORMAT = 1
+BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
 # What every checkpoint holds (enough to sample from it), and the types they must have.
 REQUIRED = {"format": int, "model": dict, "model_config": dict, "run_config": dict, "vocab": str, "iter": int}
 # What --resume needs besides: the optimizer's state, the random streams, the best loss so far.
@@ -31,7 +32,7 @@ def save(state: dict, path: Path) -> None:
     write_atomic(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint")
 
 
-def find(out_dir: str, ckpt: str, names: tuple[str, ...] = ("ckpt_best.pt", "ckpt_last.pt")) -> Path:
+def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path:
     """The checkpoint a script should read: --ckpt FILE, else the first of names in the run folder (by default the
     run's model, ckpt_best.pt: the lowest validation loss it measured; ckpt_last.pt only where there is none)."""
     if ckpt:

@@ -8,7 +8,6 @@ from torch.optim._muon import _adjust_lr
 
 from training.runtime import cpu_has_bfloat16_units
 
-OPTIMIZERS = ("adamw", "muon")
 
 
 def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,

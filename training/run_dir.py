@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 from errors import UserError
+from training.checkpoint import BEST, LAST
 from training.files import disk_error
 
 LOCK, ASIDE = ".lock", ".replaced"
-CHECKPOINTS = ("ckpt_last.pt", "ckpt_best.pt")
+CHECKPOINTS = (LAST, BEST)
 LOGS = ("summary.json", "events.out.tfevents.*", "hparams")
 
 
@@ -100,7 +101,7 @@ class RunDir:
         if self.logs():
             raise UserError(f"--resume: {self.path} holds only the logs of a run that stopped before its first "
                             f"checkpoint, so there is nothing to continue; start it again with --overwrite")
-        raise UserError(f"--resume: there is no {self.path / 'ckpt_last.pt'} to continue (no run there); drop --resume "
+        raise UserError(f"--resume: there is no {self.path / LAST} to continue (no run there); drop --resume "
                         f"to start a new run")
 
     def check_new_run(self, overwrite: bool) -> None:
@@ -108,7 +109,7 @@ class RunDir:
         if overwrite:
             return
         where = shlex.quote(str(self.path))
-        if (self.path / "ckpt_last.pt").is_file():
+        if (self.path / LAST).is_file():
             raise UserError(f"{self.path} already holds a run; pass --resume to continue it (python train.py "
                             f"--out_dir {where} --resume), --overwrite to replace it, or choose another --out_dir")
         if self.checkpoints():

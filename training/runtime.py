@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
+from configs.choices import DTYPE_NAMES, valid_device
 from errors import UserError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 @dataclass
@@ -32,16 +33,6 @@ class Runtime:
     def describe(self) -> str:
         name = torch.cuda.get_device_name(self.device) if self.device_type == "cuda" else self.device_type
         return f"{name}, {str(self.dtype).removeprefix('torch.')}"
-
-
-def valid_device(spec: str) -> bool:
-    """auto, cpu, cuda, cuda:N or mps (whether this machine has it is pick_device's question)."""
-    if spec == "auto":
-        return True
-    try:
-        return torch.device(spec).type in ("cpu", "cuda", "mps")
-    except (RuntimeError, ValueError):
-        return False
 
 
 def pick_device(spec: str) -> torch.device:
@@ -111,9 +102,6 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
         torch.backends.cudnn.allow_tf32 = True
     return Runtime(device, pick_dtype(dtype_spec, device, sampling))
-
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def maybe_compile(module, setting: str, device_type: str, say=print, mode: str = "default"):

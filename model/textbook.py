@@ -1,0 +1,89 @@
+"""The textbook form of attention the tutorials teach: one head written exactly as the formula reads, several heads side
+by side and concatenated, and the softmax of padded rows (right- or left-padded). tests/test_attention.py proves them
+equal to the model's batched attention in model/attention.py."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import ModelConfig
+
+
+# ---------------------------------------------------------------------------------------------
+# Padding. A boolean mask is True where a query may attend to a key.
+# ---------------------------------------------------------------------------------------------
+PADDING_SIDES = ("left", "right")
+
+
+def valid_key_mask(valid_lens: torch.Tensor, n_keys: int, padding: str) -> torch.Tensor:
+    """Real-token counts (any shape, e.g. (B,) or (B, n_queries)) -> a mask of shape valid_lens.shape + (n_keys,)
+    that is True on the real keys.
+
+    padding="right": a row's real tokens are its first valid_lens positions (the tutorials' and d2l's convention).
+    padding="left": its last valid_lens positions (this project's sampler, which left-pads prompts so that every
+    row's next token is in the same, last, column).
+    """
+    if padding not in PADDING_SIDES:
+        raise ValueError(f"padding must be one of {', '.join(PADDING_SIDES)}, got {padding!r}")
+    slots = torch.arange(n_keys, device=valid_lens.device)
+    lens = valid_lens[..., None]
+    return slots < lens if padding == "right" else slots >= n_keys - lens
+
+
+def masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor | None, *, padding: str) -> torch.Tensor:
+    """Softmax over the last axis of (B, ..., n_keys) scores, giving zero weight to padding keys.
+
+    valid_lens: None (no padding), (B,) one length per row, or (B, n_queries) one per query. Rows with no valid
+    key at all come out as zeros instead of NaN.
+    """
+    if valid_lens is None:
+        return F.softmax(scores, dim=-1)
+    keep = valid_key_mask(valid_lens, scores.size(-1), padding)
+    while keep.dim() < scores.dim():  # (B, K) or (B, Q, K): broadcast over the axes between batch and queries
+        keep = keep.unsqueeze(1)
+    weights = F.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+    return weights.nan_to_num(0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The textbook form: one head at a time, heads run side by side and concatenated.
+# ---------------------------------------------------------------------------------------------
+class Head(nn.Module):
+    """One head of causal self-attention, written exactly as the formula reads."""
+
+    def __init__(self, n_embd: int, head_size: int, block_size: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.query = nn.Linear(n_embd, head_size, bias=bias)
+        self.key = nn.Linear(n_embd, head_size, bias=bias)
+        self.value = nn.Linear(n_embd, head_size, bias=bias)
+        self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.size(1)
+        q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, head_size) each
+        scores = q @ k.transpose(-2, -1) / math.sqrt(k.size(-1))  # (B, T, T): scaled BEFORE the softmax
+        scores = scores.masked_fill(self.tril[:T, :T] == 0, float("-inf"))  # no peeking at the future
+        weights = F.softmax(scores, dim=-1)  # each row: how much this position takes from each earlier one
+        weights = self.dropout(weights)
+        return weights @ v  # (B, T, head_size): a weighted sum of values
+
+
+class MultiHeadAttention(nn.Module):
+    """Several heads in parallel; their outputs are concatenated and projected back to n_embd."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.heads = nn.ModuleList(
+            Head(config.n_embd, config.head_size, config.block_size, config.dropout, config.bias)
+            for _ in range(config.n_head)
+        )
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.cat([head(x) for head in self.heads], dim=-1)  # (B, T, n_embd)
+        return self.dropout(self.proj(out))
