@@ -184,7 +184,7 @@ def plateaued(progress: Progress, cfg: TrainConfig) -> bool:
 def save(run: Run, progress: Progress, run_dir: RunDir, stop: StopRequest, name: str) -> None:
     with run.phases.timing("checkpoints"):
         checkpoint.save(capture(run, progress), run_dir.path / name)
-    if name == "ckpt_last.pt":
+    if name == checkpoint.LAST:
         run_dir.discard_aside()  # a run being replaced (--overwrite) goes once its replacement has a checkpoint
         stop.saved = f"the last checkpoint, {run_dir.path / name} (step {progress.it}), is intact"
 
@@ -263,8 +263,8 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
                 if d.is_main:
                     record_evaluation(run, progress, log, losses, improved)
                     if improved:
-                        save(run, progress, run_dir, stop, "ckpt_best.pt")
-                    save(run, progress, run_dir, stop, "ckpt_last.pt")
+                        save(run, progress, run_dir, stop, checkpoint.BEST)
+                    save(run, progress, run_dir, stop, checkpoint.LAST)
                 bar.set_postfix_str(f"train {losses['train']:.4f} val {losses['val']:.4f}", refresh=False)
                 log.line(f"step {it}: evaluation: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
                 stretch = time.perf_counter()
@@ -290,7 +290,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
                 if skipped >= cfg.max_nonfinite_steps:
                     raise UserError(f"stopped at step {progress.it}: {cfg.max_nonfinite_steps} steps in a row had a "
                                     f"non-finite loss or gradient (they were skipped); the last good checkpoint is "
-                                    f"{run_dir.path / 'ckpt_last.pt'}; try a lower --learning_rate or --dtype float32, "
+                                    f"{run_dir.path / checkpoint.LAST}; try a lower --learning_rate or --dtype float32, "
                                     f"then --resume")
                 longest = streak
                 seconds = progress.train_seconds + time.perf_counter() - stretch
@@ -309,7 +309,7 @@ def train_loop(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: St
                                     refresh=False)
     run.phases.seconds["training steps"] = progress.train_seconds - trained_before
     if stopping and d.is_main:
-        save(run, progress, run_dir, stop, "ckpt_last.pt")
+        save(run, progress, run_dir, stop, checkpoint.LAST)
     return history, stopping
 
 
@@ -321,16 +321,16 @@ def hand_over_best(run: Run, progress: Progress, run_dir: RunDir, log: Log, d: D
     """Put the weights of ckpt_best.pt, the lowest validation loss the run measured, into the model: the run's model,
     which the full validation measures and the scripts use. (step, file) of the model handed over."""
     d.barrier()  # rank 0 wrote the file; every rank reads it
-    path = run_dir.path / "ckpt_best.pt"
+    path = run_dir.path / checkpoint.BEST
     if not path.is_file():  # no evaluation gave a finite loss
-        return progress.it, "ckpt_last.pt"
+        return progress.it, checkpoint.LAST
     try:
         state = checkpoint.load(path, run.rt.device)
         run.model.load_state_dict(state["model"])
     except (UserError, RuntimeError) as err:
         log.say(f"warning: {path} cannot be read back ({err}); the run hands over its last model instead")
-        return progress.it, "ckpt_last.pt"
-    return state["iter"], "ckpt_best.pt"
+        return progress.it, checkpoint.LAST
+    return state["iter"], checkpoint.BEST
 
 
 def finish(run: Run, progress: Progress, run_dir: RunDir, log: Log, stop: StopRequest, d: Dist, wall: float) -> dict:
@@ -429,12 +429,12 @@ def train_opened(run: Run, progress: Progress, source: Path | None, run_dir: Run
     run.phases.seconds["opening"] += time.perf_counter() - started
     history, stopped = train_loop(run, progress, run_dir, log, stop, d)
     if stopped:
-        log.say(f"stopped at step {progress.it}; saved {run_dir.path / 'ckpt_last.pt'}. Continue with: "
+        log.say(f"stopped at step {progress.it}; saved {run_dir.path / checkpoint.LAST}. Continue with: "
                 f"python train.py --out_dir {where} --resume")
         return {"stopped": True, "iterations": progress.it, "history": history}
     summary = finish(run, progress, run_dir, log, stop, d, time.perf_counter() - started)
     if summary.get("stopped"):
-        log.say(f"stopped during the final validation; step {progress.it} is saved in {run_dir.path / 'ckpt_last.pt'}. "
+        log.say(f"stopped during the final validation; step {progress.it} is saved in {run_dir.path / checkpoint.LAST}. "
                 f"Finish it with: python train.py --out_dir {where} --resume")
         return {**summary, "history": history}
     for line in done_lines(summary, run.cfg, progress):
