@@ -16,7 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import train  # noqa: E402
 from configs import load_config  # noqa: E402
 from configs.schema import FIELDS  # noqa: E402
 from data import prepare, resolve  # noqa: E402
@@ -26,6 +25,7 @@ from training.build import build_run  # noqa: E402
 from training.files import check_output_file  # noqa: E402
 from training.opening import prepare_data  # noqa: E402
 from training.perf import measure_peak_flops, model_matmul_shape, sync, utilisation  # noqa: E402
+from training.step import train_step  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prepare import make_corpus  # noqa: E402
@@ -33,13 +33,13 @@ from bench_sample import bench_sampling  # noqa: E402
 
 
 def build_training(cfg, rt, say=print) -> dict:
-    """The real loader, model, optimizer and train_step of a run with this config (train.py's build_run): step() takes
+    """The real loader, model, optimizer and train_step of a run with this config (training.build_run): step() takes
     one training step."""
     run, _ = build_run(cfg, rt, prepare_data(cfg, say), say=say)
     return {"model": run.model, "params": run.model.num_params(non_embedding=False),
             "matmul_shape": model_matmul_shape(cfg.batch_size, run.model_cfg),
             "flops_per_token": run.flops_per_token, "tokens_per_iter": run.tokens_per_iter,
-            "step": lambda: train.train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
+            "step": lambda: train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
                                              cfg.learning_rate)}
 
 

@@ -15,7 +15,8 @@ import train
 from conftest import ROOT, module_corpus
 from configs import load_config
 from errors import run_cli
-from training import checkpoint
+from training import checkpoint, evaluation
+from training import finish as finishing
 
 
 def argv(corpus, out_dir, *extra):
@@ -162,7 +163,7 @@ def test_an_evaluation_stopped_midway_resumes_exactly(corpus, tmp_path, monkeypa
     def stop_in_the_step_20_evaluation(stop, d, device, batch):
         asks["n"] += 1
         return asks["n"] == 2 * 6 + 4  # evaluations at steps 0 and 10 ask 6 times each; stop in the third
-    monkeypatch.setattr(train, "asked_to_stop", stop_in_the_step_20_evaluation)
+    monkeypatch.setattr(evaluation, "asked_to_stop", stop_in_the_step_20_evaluation)
     cfg, _, explicit = load_config(argv(corpus, tmp_path / "parts", "--max_iters", "30", *common), False)
     stopped = train.train(cfg, explicit, say=lambda m: None)
     assert stopped["stopped"] and checkpoint.load(tmp_path / "parts" / "ckpt_last.pt")["eval_done"] is False
@@ -175,12 +176,12 @@ def test_an_evaluation_stopped_midway_resumes_exactly(corpus, tmp_path, monkeypa
 
 def test_a_stop_in_the_final_validation_is_finished_by_resume(corpus, tmp_path, monkeypatch):
     cfg, _, explicit = load_config(argv(corpus, tmp_path / "run", "--max_iters", "10"), False)
-    real = train.full_validation_loss
+    real = finishing.full_validation_loss
 
     def stopped_midway(model, batches, rt, d, stop, progress=None):
         stop.requested = True  # as a Ctrl-C during it would
         return real(model, batches, rt, d, stop, progress)
-    monkeypatch.setattr(train, "full_validation_loss", stopped_midway)
+    monkeypatch.setattr(finishing, "full_validation_loss", stopped_midway)
     assert train.train(cfg, explicit, say=lambda m: None)["stopped"]
     assert not (tmp_path / "run" / "summary.json").exists()
     monkeypatch.undo()

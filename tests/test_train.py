@@ -12,7 +12,8 @@ from configs import load_config
 from configs.schema import ARCHITECTURE_FIELDS, FIELDS, TrainConfig
 from errors import UserError, run_cli
 from model.config import ModelConfig
-from training import checkpoint, runtime
+from training import checkpoint, estimate, runtime
+from training.schedule import get_lr
 
 
 def run(corpus, out_dir, *extra, say=lambda msg: None):
@@ -113,18 +114,18 @@ def test_out_dir_with_another_run_needs_resume_or_overwrite(corpus, tmp_path):
 def test_learning_rate_schedule():
     cfg, _, _ = load_config(["--config", "debug", "--max_iters", "100", "--warmup_iters", "10",
                              "--learning_rate", "1e-3", "--min_lr", "1e-4"], False)
-    assert train.get_lr(0, cfg) == pytest.approx(1e-3 / 11)
-    assert train.get_lr(9, cfg) == pytest.approx(1e-3 * 10 / 11)
-    assert train.get_lr(10, cfg) == pytest.approx(1e-3)
-    assert train.get_lr(55, cfg) == pytest.approx(1e-4 + 0.5 * 9e-4)
-    assert train.get_lr(100, cfg) == pytest.approx(1e-4)
+    assert get_lr(0, cfg) == pytest.approx(1e-3 / 11)
+    assert get_lr(9, cfg) == pytest.approx(1e-3 * 10 / 11)
+    assert get_lr(10, cfg) == pytest.approx(1e-3)
+    assert get_lr(55, cfg) == pytest.approx(1e-4 + 0.5 * 9e-4)
+    assert get_lr(100, cfg) == pytest.approx(1e-4)
     # wsd: flat after the warm-up until the last 40% of the 90 steps after it, then a straight line to min_lr
     wsd, _, _ = load_config(["--config", "debug", "--max_iters", "100", "--warmup_iters", "10", "--learning_rate",
                              "1e-3", "--min_lr", "1e-4", "--lr_schedule", "wsd", "--warmdown_fraction", "0.4"], False)
-    assert [train.get_lr(it, wsd) for it in (10, 40, 64)] == [1e-3] * 3
+    assert [get_lr(it, wsd) for it in (10, 40, 64)] == [1e-3] * 3
     for it in (70, 82, 91, 99):
-        assert train.get_lr(it, wsd) == pytest.approx(1e-3 - (it - 64) / 36 * 9e-4)
-    assert train.get_lr(100, wsd) == pytest.approx(1e-4)
+        assert get_lr(it, wsd) == pytest.approx(1e-3 - (it - 64) / 36 * 9e-4)
+    assert get_lr(100, wsd) == pytest.approx(1e-4)
 
 
 # --- the command line -----------------------------------------------------------------------------
@@ -278,9 +279,9 @@ def test_a_slow_run_on_a_cpu_says_so_first_and_the_estimate_changes_nothing(corp
     common = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"), "--max_iters", "20",
               "--log_interval", "1", "--dropout", "0.1", "--eval_interval", "10"]
     with monkeypatch.context() as patch:
-        patch.setattr(train, "expected_seconds", lambda run, progress: (0.0, 0.0))  # no timed pass at all
+        patch.setattr(estimate, "expected_seconds", lambda run, progress: (0.0, 0.0))  # no timed pass at all
         quiet = train.train(*load_config(common + ["--out_dir", str(tmp_path / "a")], False)[::2], say=lambda m: None)
-    monkeypatch.setattr(train, "SLOW_RUN_SECONDS", 0.0)  # every run counts as slow: the estimate runs and is said
+    monkeypatch.setattr(estimate, "SLOW_RUN_SECONDS", 0.0)  # every run counts as slow: the estimate runs and is said
     messages = []
     said = train.train(*load_config(common + ["--out_dir", str(tmp_path / "b")], False)[::2], say=messages.append)
     notes = [m for m in messages if m.startswith("note: on this CPU this run would take about")]

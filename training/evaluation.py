@@ -1,11 +1,69 @@
-"""Scoring a text with a trained model: every character once, by sliding windows of at most block_size characters
-whose stride sets how much context each scored character has (scripts/evaluate.py)."""
+"""Measuring a model's loss: a run's quick estimate (random batches of each split) and its full validation (every
+non-overlapping validation window), both stoppable between batches; and scoring any text, every character once, by
+sliding windows whose stride sets how much context each scored character has (scripts/evaluate.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from training import runtime
+from training.distributed import Dist
+from training.stop import StopRequest
+
+
+def asked_to_stop(stop: StopRequest | None, d: Dist, device: torch.device, batch: int) -> bool:
+    """Between evaluation batches; under DDP the ranks agree every 10 batches (a collective), so all stop together."""
+    if stop is None:
+        return False
+    if not d.enabled:
+        return stop.requested
+    return batch % 10 == 0 and d.any(stop.requested, device)
+
+
+@torch.inference_mode()
+def evaluate(model, batches, rt: runtime.Runtime, eval_iters: int, d: Dist = Dist(),
+             stop: StopRequest | None = None, progress=None) -> dict[str, float] | None:
+    """Mean loss over eval_iters random batches of each split (a quick estimate), averaged over ranks."""
+    model.eval()
+    out = {}
+    try:
+        for split in ("train", "val"):
+            total = torch.zeros((), device=rt.device)
+            for batch in range(eval_iters):
+                if asked_to_stop(stop, d, rt.device, batch):
+                    return None
+                x, y = batches.get_batch(split)
+                with rt.autocast():
+                    total += model(x, y)[1].float()
+                if progress is not None:
+                    progress.update(1)
+            out[split] = d.mean(total).item() / eval_iters
+    finally:
+        model.train()
+    return out
+
+
+@torch.inference_mode()
+def full_validation_loss(model, batches, rt: runtime.Runtime, d: Dist = Dist(),
+                         stop: StopRequest | None = None, progress=None) -> float | None:
+    """The exact mean loss over every non-overlapping validation window (shared out among the ranks)."""
+    model.eval()
+    total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # (sum of losses, number of characters)
+    try:
+        for batch, (x, y) in enumerate(batches.val_windows()):
+            if asked_to_stop(stop, d, rt.device, batch):
+                return None
+            with rt.autocast():
+                loss = model(x, y)[1]
+            total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=rt.device)])
+            if progress is not None:
+                progress.update(1)
+    finally:
+        model.train()
+    total = d.sum(total)
+    return (total[0] / total[1]).item()
 
 
 @dataclass

@@ -1,0 +1,51 @@
+"""On a CPU, how long a run will take, from one timed forward and backward pass, and a note before a long one starts."""
+from __future__ import annotations
+
+import time
+
+from training.build import Progress, Run
+from training.log import Log
+from training.perf import sync
+
+
+SLOW_RUN_SECONDS = 600  # on a CPU, a run expected to take longer than this says so before it starts
+GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
+
+
+def expected_seconds(run: Run, progress: Progress) -> tuple[float, float]:
+    """(seconds per training step, seconds for the rest of the run) on this device, from one timed forward and
+    backward pass on the first validation batch. In eval mode, so no dropout mask is drawn: the run's random streams
+    and weights stay exactly as they were."""
+    cfg, rt = run.cfg, run.rt
+    x, y = next(run.batches.val_windows())
+    run.model.eval()
+    for _ in range(2):  # the first pass warms up
+        start = time.perf_counter()
+        with rt.autocast():
+            loss = run.model(x, y)[1]
+        loss.backward()
+        sync(rt.device)
+        pass_seconds = time.perf_counter() - start
+    run.model.zero_grad(set_to_none=True)
+    run.model.train()
+    step = pass_seconds * cfg.grad_accum_steps * cfg.batch_size / x.size(0)  # the timed batch may be smaller
+    steps_left = cfg.max_iters - progress.it
+    evaluations = steps_left // cfg.eval_interval + 1
+    forward = step / 3 / cfg.grad_accum_steps  # a forward pass of one batch is about a third of a training step
+    windows = run.batches.num_val_windows() / run.batches.batch_size if cfg.full_val else 0
+    return step, steps_left * step + (evaluations * 2 * cfg.eval_iters + windows) * forward
+
+
+def warn_if_slow(run: Run, progress: Progress, log: Log) -> None:
+    """A run that will take long on a CPU says so at once, with the figure and a preset made for a CPU."""
+    if run.rt.device_type != "cpu" or progress.it >= run.cfg.max_iters:
+        return
+    step, total = expected_seconds(run, progress)
+    if total < SLOW_RUN_SECONDS:
+        return
+    name = run.cfg.config_name
+    made_for = f"{name} is made for a GPU; " if name in GPU_PRESETS else ""
+    about = f"{total / 3600:.1f} h" if total >= 3600 else f"{total / 60:.0f} min"
+    log.say(f"note: {made_for}on this CPU this run would take about {about} ({step * 1000:.0f} ms per step "
+            f"x {run.cfg.max_iters - progress.it} steps, plus evaluations); for a run of a minute or two use "
+            f"--config shakespeare_char_cpu, or lower --max_iters and --eval_iters")

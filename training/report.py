@@ -1,0 +1,84 @@
+"""What a run tells its user: what it trains at the start, the losses, a sample and attention pictures at each
+evaluation (to TensorBoard), and at the end which step's model it hands over, with its figures."""
+from __future__ import annotations
+
+import math
+import shlex
+
+import torch
+
+from configs import TrainConfig
+from model.generate import generate
+from training import checkpoint, runtime
+from training.build import Progress, Run
+from training.distributed import Dist
+from training.log import Log
+from training.pictures import attention_figure, attention_weights
+from training.run_dir import RunDir
+
+
+def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
+    """The corpus, the model, the device, the global batch, and where to watch the run."""
+    cfg, where = run.cfg, shlex.quote(str(run_dir.path))
+    params = run.model.num_params()
+    with_table = f" ({run.model.num_params(False) / 1e6:.2f}M with the position table)" if run.model.wpe is not None else ""
+    log.say(f"{run.prepared.meta['source']}: {run.prepared.meta['n_chars']:,} characters, vocabulary "
+            f"{run.tokenizer.vocab_size}; model {params / 1e6:.2f}M parameters{with_table}; {run.rt.describe()}")
+    log.say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
+            f"process{'es' if d.enabled else ''} = {run.tokens_per_iter:,} tokens per step")
+    log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open "
+            f"http://localhost:6006/#custom_scalars (train and validation loss on one chart)")
+
+
+def attention_probe(run: Run) -> list[int]:
+    """The fixed text whose attention is pictured at every evaluation: the start of the validation split."""
+    return [int(t) for t in run.batches.data["val"][: min(run.cfg.block_size, 48)]]
+
+
+def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict) -> None:
+    """Rank 0: the losses, a generated sample and attention maps to TensorBoard."""
+    cfg, it = run.cfg, progress.it
+    log.scalars(it, {"loss/train_eval": losses["train"], "loss/val": losses["val"]})
+    with run.phases.timing("samples and pictures"):
+        if cfg.sample_chars:
+            prompt = run.tokenizer.encode(run.tokenizer.default_prompt(run.data_info["first_char"]))
+            generator = torch.Generator(device=run.rt.device).manual_seed(cfg.seed)
+            run.model.eval()  # no dropout while sampling
+            with runtime.for_sampling(run.rt, cfg.dtype).autocast():
+                text = generate(run.model, [prompt], cfg.sample_chars, generator=generator)[0]
+            run.model.train()
+            log.text("samples", run.tokenizer.decode(text), it)
+        if cfg.log_attention:
+            probe = attention_probe(run)
+            for layer, weights in enumerate(attention_weights(run.model, probe)):
+                log.figure(f"attention/layer_{layer}", attention_figure(weights, run.tokenizer.decode(probe), layer), it)
+
+
+def step_line(it: int, cfg: TrainConfig, loss: float, step_seconds: float, tokens_per_sec: float, mfu: float) -> str:
+    return (f"step {it}/{cfg.max_iters}: loss {loss:.4f}, {step_seconds * 1000:.1f} ms/step, {tokens_per_sec:,.0f} "
+            f"tokens/s, mfu {mfu * 100:.1f}%")
+
+
+def too_many_nonfinite(it: int, cfg: TrainConfig, run_dir: RunDir) -> str:
+    return (f"stopped at step {it}: {cfg.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (they "
+            f"were skipped); the last good checkpoint is {run_dir.path / checkpoint.LAST}; try a lower "
+            f"--learning_rate or --dtype float32, then --resume")
+
+
+def done_lines(summary: dict, cfg: TrainConfig, progress: Progress) -> list[str]:
+    """What a finished run says: its steps and time, which step's model it hands over and that model's figures, and
+    the last step's validation estimate beside it."""
+    it, step = summary["iterations"], summary["model_step"]
+    # Training time counts every session of a resumed run; the wall clock only this process's.
+    wall = "in this session" if cfg.resume else "in all"
+    lines = [f"done: {it} steps, {summary['train_seconds']:.1f} s of training ({summary['wall_seconds']:.1f} s {wall})"]
+    if summary["stopped_early"]:
+        lines[0] += (f"; stopped early: {progress.evals_since_best} evaluations in a row did not beat step {step}'s "
+                     f"validation loss (--patience {cfg.patience}; --patience 0 trains on to --max_iters {cfg.max_iters})")
+    full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
+            if "full_val_loss" in summary else "")
+    best = f"val {summary['best_val_loss']:.4f}" if math.isfinite(summary["best_val_loss"]) else "no finite val"
+    model = f"the run's model: step {step}, {'the last' if step == it else 'its best'} ({summary['model_checkpoint']}): {best}{full}"
+    if step != it and summary["val_loss"] is not None:
+        model += f"; the last step's val {summary['val_loss']:.4f} ({checkpoint.LAST}, kept for --resume)"
+    return [*lines, model]

@@ -1,0 +1,84 @@
+"""A training run in this process, as one object: the run (model, data, optimizer), where it is (progress), its
+folder, its log, the stop request and the ranks; and what the loop asks of them besides a step: save, evaluate and
+record, decide to stop early, hand over the best model."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from configs import TrainConfig
+from errors import UserError
+from training import checkpoint
+from training.build import Progress, Run, capture
+from training.distributed import Dist
+from training.evaluation import evaluate
+from training.log import Log
+from training.report import record_evaluation
+from training.run_dir import RunDir
+from training.stop import StopRequest
+
+
+@dataclass
+class Session:
+    run: Run
+    progress: Progress
+    run_dir: RunDir
+    log: Log
+    stop: StopRequest
+    d: Dist
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.run.cfg
+
+    def save(self, name: str) -> None:
+        """A checkpoint of this moment (rank 0's work), written atomically."""
+        with self.run.phases.timing("checkpoints"):
+            checkpoint.save(capture(self.run, self.progress), self.run_dir.path / name)
+        if name == checkpoint.LAST:
+            self.run_dir.discard_aside()  # a run being replaced (--overwrite) goes once its replacement has one
+            self.stop.saved = f"the last checkpoint, {self.run_dir.path / name} (step {self.progress.it}), is intact"
+
+    def evaluation_due(self) -> bool:
+        it = self.progress.it
+        return (it % self.cfg.eval_interval == 0 or it == self.cfg.max_iters) and not self.progress.eval_done
+
+    def evaluate(self) -> dict[str, float] | None:
+        """The quick estimate of both splits at this step; then (rank 0) the sample, the pictures and the checkpoints.
+        None when a stop request came during it: the batches' random state is put back, so resuming does it again."""
+        run, progress, cfg = self.run, self.progress, self.cfg
+        before = run.batches.state_dict()
+        with self.log.task(f"evaluating at step {progress.it}", 2 * cfg.eval_iters) as progress_bar, \
+                run.phases.timing("evaluations"):
+            losses = evaluate(run.step_model, run.batches, run.rt, cfg.eval_iters, self.d, self.stop, progress_bar)
+        if losses is None:
+            run.batches.load_state_dict(before)
+            return None
+        improved = losses["val"] < progress.best_val
+        progress.best_val, progress.last_eval, progress.eval_done = min(progress.best_val, losses["val"]), losses, True
+        progress.evals_since_best = 0 if improved else progress.evals_since_best + 1
+        if self.d.is_main:
+            record_evaluation(run, progress, self.log, losses)
+            if improved:
+                self.save(checkpoint.BEST)
+            self.save(checkpoint.LAST)
+        self.log.line(f"step {progress.it}: evaluation: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        return losses
+
+    def plateaued(self) -> bool:
+        """--patience: the last cfg.patience evaluations in a row did not beat the best validation loss."""
+        return self.cfg.patience > 0 and self.progress.evals_since_best >= self.cfg.patience
+
+    def hand_over_best(self) -> tuple[int, str]:
+        """Put the weights of ckpt_best.pt, the lowest validation loss the run measured, into the model: the run's
+        model, which the full validation measures and the scripts use. (step, file) of the model handed over."""
+        self.d.barrier()  # rank 0 wrote the file; every rank reads it
+        path = self.run_dir.path / checkpoint.BEST
+        if not path.is_file():  # no evaluation gave a finite loss
+            return self.progress.it, checkpoint.LAST
+        try:
+            state = checkpoint.load(path, self.run.rt.device)
+            self.run.model.load_state_dict(state["model"])
+        except (UserError, RuntimeError) as err:
+            self.log.say(f"warning: {path} cannot be read back ({err}); the run hands over its last model instead")
+            return self.progress.it, checkpoint.LAST
+        return state["iter"], checkpoint.BEST
