@@ -179,6 +179,7 @@ def test_damaged_checkpoints_are_refused_by_name(run, tmp_path, capsys):
                         "learning_rate = 'fast' should be of type float", True),
         "config_value": ({**state, "run_config": {**state["run_config"], "batch_size": -1}}, "--batch_size -1", True),
         "iter_float": ({**state, "iter": 3.5}, "iter is a float", False),
+        "later_type": ({**state, "evals_since_best": "three"}, "evals_since_best is a str", True),
         "nan": ({**state, "model": nan_weights}, "not finite (NaN or inf in wte.weight)", False),
     }
     for name, (damaged, words, resume_only) in cases.items():

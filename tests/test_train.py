@@ -31,7 +31,8 @@ def test_debug_run_end_to_end(corpus, tmp_path):
     for name in ("ckpt_last.pt", "ckpt_best.pt"):
         state = checkpoint.load(out / name)  # weights_only=True inside
         assert not any(key.startswith("_orig_mod.") for key in state["model"])
-        assert set(state) >= {"optimizer", "rng", "run_config", "model_config", "vocab", "best_val_loss"}
+        assert set(state) == set(checkpoint.CONTENTS)  # a checkpoint holds what the contract says, no more, no less
+        assert all(checkpoint.of_type(state[key], kind) for key, (kind, _) in checkpoint.CONTENTS.items())
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 60
     summary = json.loads((out / "summary.json").read_text())
     assert summary["iterations"] == 60 and summary["tokens_seen"] == 60 * 8 * 32

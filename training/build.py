@@ -94,8 +94,8 @@ def graft(model: GPT, weights: dict) -> None:
 
 
 def capture(run: Run, progress: Progress) -> dict:
-    """Everything a checkpoint holds: weights, configs, vocabulary, optimizer, step, random streams. restore() is its
-    inverse; together they are the one place that knows the keys."""
+    """Everything a checkpoint holds (training.checkpoint.CONTENTS, with the format added when it is saved): weights,
+    configs, vocabulary, optimizer, step, random streams. restore() is its inverse."""
     return {
         "model": run.model.state_dict(), "model_config": run.model_cfg.to_dict(), "run_config": run.cfg.to_dict(),
         "vocab": run.tokenizer.chars, "optimizer": run.optimizer.state_dict(),

@@ -11,10 +11,19 @@ from training.files import write_atomic
 
 FORMAT = 1
 BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
-# What every checkpoint holds (enough to sample from it), and the types they must have.
-REQUIRED = {"format": int, "model": dict, "model_config": dict, "run_config": dict, "vocab": str, "iter": int}
-# What --resume needs besides: the optimizer's state, the random streams, the best loss so far.
-RESUMABLE = {"optimizer": dict, "rng": dict, "best_val_loss": (int, float)}
+# Everything a checkpoint holds, defined once: key -> (the types it may have, who needs it). "sample": every reader
+# (enough to sample from it); "resume": what --resume needs besides; "later": added since, read with a default when an
+# older checkpoint lacks it. training.build.capture() writes exactly these keys (tested), restore() reads them.
+CONTENTS = {
+    "format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
+    "run_config": (dict, "sample"), "vocab": (str, "sample"), "iter": (int, "sample"),
+    "optimizer": (dict, "resume"), "rng": (dict, "resume"), "best_val_loss": ((int, float), "resume"),
+    "scaler": ((dict, type(None)), "later"), "train_seconds": ((int, float), "later"), "eval_done": (bool, "later"),
+    "last_eval": (dict, "later"), "evals_since_best": (int, "later"), "data": (dict, "later"),
+}
+REQUIRED = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "sample"}
+RESUMABLE = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "resume"}
+LATER = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "later"}
 
 
 def non_finite(weights: dict) -> str | None:
@@ -80,15 +89,21 @@ def check_fields(state, fields: dict, path: Path) -> None:
     missing = [k for k in fields if k not in state]
     if missing:
         raise UserError(f"{path} is not a complete checkpoint (missing {', '.join(missing)})")
-    wrong = [k for k, kind in fields.items()
-             if not isinstance(state[k], kind) or (isinstance(state[k], bool) and kind is not bool)]
+    wrong = [k for k in fields if not of_type(state[k], fields[k])]
     if wrong:
         raise UserError(f"{path} is damaged: {', '.join(f'{k} is a {type(state[k]).__name__}' for k in wrong)}")
 
 
+def of_type(value, kind) -> bool:
+    """isinstance, except that a bool is not taken for a number."""
+    return isinstance(value, kind) and (not isinstance(value, bool) or kind is bool)
+
+
 def check_resumable(state: dict, path: Path) -> None:
-    """What --resume needs beyond what sampling needs, checked before any of it is used."""
+    """What --resume needs beyond what sampling needs, checked before any of it is used (the later additions only
+    where present: an older checkpoint resumes with their defaults)."""
     check_fields(state, RESUMABLE, path)
+    check_fields(state, {key: kind for key, kind in LATER.items() if key in state}, path)
     rng = state["rng"]
     batches = rng.get("batches")
     if not (isinstance(rng.get("torch"), torch.Tensor) and isinstance(batches, dict)
