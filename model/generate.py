@@ -2,6 +2,7 @@
 tokens kept on the device, an optionally compiled decoding step)."""
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import torch
@@ -72,11 +73,26 @@ def one_token_step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tens
     return model(ids, decoding=state)[0][:, -1]
 
 
-def compiled_step(device_type: str, backend: str | Callable = "inductor") -> DecodeStep:
+def compiled_step(device_type: str, backend: str | Callable = "inductor",
+                  warn: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> DecodeStep:
     """one_token_step through torch.compile: the whole model in one graph, for fixed shapes; with CUDA graphs on CUDA
-    (mode reduce-overhead), so a step is one launch instead of a hundred."""
+    (mode reduce-overhead), so a step is one launch instead of a hundred. If compiling fails (no C++ compiler, a
+    driver problem), it warns once and decodes uncompiled: the same text, only slower."""
     mode = "reduce-overhead" if device_type == "cuda" and backend == "inductor" else None
-    return torch.compile(one_token_step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+    compiled: DecodeStep | None = torch.compile(one_token_step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+
+    def step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
+        nonlocal compiled
+        if compiled is not None:
+            try:
+                return compiled(model, ids, state)
+            except Exception as err:  # the step writes only this slot of the caches: running it again is harmless
+                first_line = (str(err).strip().splitlines() or [""])[0][:160]
+                warn(f"warning: compiling the decoding step failed ({type(err).__name__}: {first_line}); "
+                     f"sampling without it (leave out --compile)")
+                compiled = None
+        return one_token_step(model, ids, state)
+    return step
 
 
 class Chunks:

@@ -11,7 +11,7 @@ import train
 from conftest import ROOT
 from configs import load_config
 from model import GPT, ModelConfig
-from model.generate import draw, generate, logits_to_probs
+from model.generate import compiled_step, draw, generate, logits_to_probs
 from model.kv_cache import Decoding
 from errors import run_cli
 from training.checkpoint import load_model
@@ -202,3 +202,14 @@ def test_bad_checkpoints_are_one_line_errors(run_dir, tmp_path):
         result = sample("--ckpt", str(tmp_path / name))
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, name
         assert result.stderr.count("\n") == 1
+
+
+def test_a_decoding_step_that_fails_to_compile_warns_once_and_gives_the_same_text(model):
+    torch.compiler.reset()
+
+    def broken(graph, inputs):  # as a machine without a C++ compiler would fail
+        raise RuntimeError("no compiler")
+    said = []
+    text = generate(model, [[1, 2]], 40, temperature=0, step=compiled_step("cpu", broken, said.append))
+    assert text == generate(model, [[1, 2]], 40, temperature=0)
+    assert len(said) == 1 and said[0].startswith("warning: compiling the decoding step failed")
