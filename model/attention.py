@@ -108,7 +108,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, n_head, T, head_size) each
         if cache is not None:
             k, v = cache.write(slots, k, v)  # (B, n_head, capacity, head_size)
-        causal = mask is None  # no mask: queries and keys are the same T positions (never with a cache)
+        # No mask: plain causal when queries and keys are the same positions; a single new query after cached keys may
+        # see them all. (SDPA's is_causal aligns its triangle to the top-left corner, wrong once the lengths differ.)
+        causal = mask is None and k.size(2) == T
         if self.path == "explicit" or self.record is not None or not self.fusable:
             scores = self.scores(q, k)  # (B, n_head, T, T_keys)
             keep = self.tril[:T, :T] if causal else mask

@@ -150,6 +150,14 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.wte.weight.dtype
         state = Decoding.cached(cfg.n_layer, len(prompts), cfg.n_head, cfg.block_size, cfg.head_size, device, dtype)
     slot = torch.zeros(1, dtype=torch.long, device=device)  # the decoding step's slot in the caches
+    # Eager on a CPU, attention reads only the slots in use (shapes may change there at no cost); on a GPU, or with a
+    # compiled step, every step reads the whole cache: the same shapes every time.
+    trim = device.type == "cpu" and step is one_token_step
+    in_use = 0  # slots filled, known here without reading the device (only used when trimming)
+
+    def use(n: int) -> None:
+        for cache in state.caches or ():
+            cache.in_use = n
 
     def read_windows(end: int) -> torch.Tensor:
         """Run the model over every row's whole window, which ends at column end (a prefill when caching)."""
@@ -157,10 +165,13 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
         left = min(first)
         pad = [f - left for f in first]
         state.pad = torch.tensor(pad, device=device) if any(pad) else None
+        nonlocal in_use
         width = end - left
         if state.caches:
             state.input_pos = torch.arange(width, device=device)
             slot.fill_(width)
+            in_use = width
+            use(in_use if trim else None)
         return model(buffer[:, left:end], decoding=state)[0][:, -1]
 
     chunks = Chunks(buffer, longest, on_tokens, chunk or (16 if device.type == "cuda" else 1))
@@ -179,6 +190,9 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
             logits = read_windows(column + 1)
         else:  # one new token per row, written at the next slot of the caches
             state.input_pos = slot
+            in_use += 1
+            if trim:
+                use(in_use)
             logits = step(model, buffer[:, column:column + 1], state)
             slot += 1
     return buffer[:, longest:].tolist()

@@ -152,10 +152,13 @@ class GPT(nn.Module):
                 return slots[None, :], None
             n_keys = T
         else:
-            slots, n_keys = decoding.input_pos, decoding.caches[0].capacity
-            if n_keys > self.config.block_size:
-                raise ValueError(f"a cache of {n_keys} slots is longer than block_size {self.config.block_size}")
+            slots, n_keys = decoding.input_pos, decoding.caches[0].n_keys
+            if decoding.caches[0].capacity > self.config.block_size:
+                raise ValueError(f"a cache of {decoding.caches[0].capacity} slots is longer than block_size "
+                                 f"{self.config.block_size}")
         if pad is None:
+            if cached and T == 1 and n_keys < decoding.caches[0].capacity:  # one query after the slots in use
+                return slots[None, :], None  # sees them all: no mask needed (on a CPU, where slots are trimmed)
             return slots[None, :], attention_mask(slots, n_keys)
         positions = (slots[None, :] - pad[:, None]).clamp(min=0)  # (B, T): each row counts from its first real token
         return positions, attention_mask(slots, n_keys, pad)

@@ -17,6 +17,10 @@ class LayerCache:
         shape = (batch_size, n_head, capacity, head_size)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
+        # On a CPU, where a new shape costs nothing, attention may read only the slots in use (None: all of them, the
+        # fixed shapes a GPU and a compiled step need). Reading 256 slots instead of the ~190 in use made sampling the
+        # 6x6x384 model 12% slower on a 2-core CPU.
+        self.in_use: int | None = None
         if self.keys.device.type == "cuda":  # a CUDA graph may replay a step that writes these: the same address always
             # (guard=False: a new cache, from the next generate() call, re-records the graph instead of recompiling)
             torch._dynamo.mark_static_address(self.keys, guard=False)
@@ -26,11 +30,22 @@ class LayerCache:
     def capacity(self) -> int:
         return self.keys.size(2)
 
+    @property
+    def n_keys(self) -> int:
+        """How many slots attention reads: all of them, or those in use."""
+        return self.capacity if self.in_use is None else self.in_use
+
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this call's (B, n_head, T, head_size) keys and values at slots (T,); return all capacity slots."""
-        self.keys.index_copy_(2, slots, k.to(self.keys.dtype))
-        self.values.index_copy_(2, slots, v.to(self.values.dtype))
-        return self.keys, self.values
+        """Store this call's (B, n_head, T, head_size) keys and values at slots (T,); return the n_keys first slots.
+        (With in_use, this call's slots are the last T of them, and a plain slice writes them: cheaper on a CPU.)"""
+        if self.in_use is None:
+            self.keys.index_copy_(2, slots, k.to(self.keys.dtype))
+            self.values.index_copy_(2, slots, v.to(self.values.dtype))
+            return self.keys, self.values
+        first = self.in_use - k.size(2)
+        self.keys[:, :, first:self.in_use] = k
+        self.values[:, :, first:self.in_use] = v
+        return self.keys[:, :, :self.in_use], self.values[:, :, :self.in_use]
 
 
 @dataclass
