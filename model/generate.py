@@ -193,6 +193,6 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
             in_use += 1
             if trim:
                 use(in_use)
-            logits = step(model, buffer[:, column:column + 1], state)
+            logits = step(model, next_ids[:, None], state)  # a (B, 1) tensor of its own: the same strides every call
             slot += 1
     return buffer[:, longest:].tolist()

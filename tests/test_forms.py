@@ -103,6 +103,8 @@ def test_each_form_samples_the_same_with_and_without_the_cache_and_compiled_once
     texts = [generate(model, prompts, 30, generator=torch.Generator().manual_seed(5), use_cache=use_cache, **extra)
              for use_cache, extra in ((True, {}), (False, {}), (True, {"step": step}))]
     assert texts[0] == texts[1] == texts[2]
+    shorter = generate(model, prompts, 20, generator=torch.Generator().manual_seed(5), step=step)  # another call
+    assert shorter == [row[:20] for row in texts[0]]
     assert len(traced) == (1 if TINY["n_layer"] * FORMS[form].get("n_layer", 1) else 0)
 
 
