@@ -60,11 +60,10 @@ def window_start(start: int, length: int, block_size: int) -> int:
     return start if length - start <= block_size else length - block_size // 2
 
 
-def left_pad(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, list[int]]:
-    """Token lists -> (B, L) ids padded on the left with 0, and each row's number of padding slots."""
+def left_pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Token lists -> (B, L) ids padded on the left with 0."""
     longest = max(len(r) for r in rows)
-    idx = torch.tensor([[0] * (longest - len(r)) + r for r in rows], dtype=torch.long, device=device)
-    return idx, [longest - len(r) for r in rows]
+    return torch.tensor([[0] * (longest - len(r)) + r for r in rows], dtype=torch.long, device=device)
 
 
 def one_token_step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
@@ -144,16 +143,16 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
     longest = max(lengths)
     # Every row's tokens, left-padded so that all rows end in the same column: (B, longest + max_new_tokens).
     buffer = torch.zeros(len(prompts), longest + max_new_tokens, dtype=torch.long, device=device)
-    buffer[:, :longest] = left_pad(prompts, device)[0]
+    buffer[:, :longest] = left_pad(prompts, device)
     state = Decoding()
     if use_cache and cfg.n_layer > 0:  # no blocks, nothing to cache
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.wte.weight.dtype
         state = Decoding.cached(cfg.n_layer, len(prompts), cfg.n_head, cfg.block_size, cfg.head_size, device, dtype)
-    slot = torch.zeros(1, dtype=torch.long, device=device)  # the decoding step's slot in the caches
+    in_use = 0  # slots of the caches filled so far: known here without reading the device
+    slot = torch.zeros(1, dtype=torch.long, device=device)  # the decoding step's slot, in_use - 1, on the device
     # Eager on a CPU, attention reads only the slots in use (shapes may change there at no cost); on a GPU, or with a
     # compiled step, every step reads the whole cache: the same shapes every time.
     trim = device.type == "cpu" and step is one_token_step
-    in_use = 0  # slots filled, known here without reading the device (only used when trimming)
 
     def use(n: int) -> None:
         for cache in state.caches or ():
@@ -169,7 +168,6 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
         width = end - left
         if state.caches:
             state.input_pos = torch.arange(width, device=device)
-            slot.fill_(width)
             in_use = width
             use(in_use if trim else None)
         return model(buffer[:, left:end], decoding=state)[0][:, -1]
@@ -189,10 +187,9 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
             starts = moved
             logits = read_windows(column + 1)
         else:  # one new token per row, written at the next slot of the caches
-            state.input_pos = slot
             in_use += 1
+            state.input_pos = slot.fill_(in_use - 1)  # in place: the same tensor every step (a CUDA graph's input)
             if trim:
                 use(in_use)
             logits = step(model, next_ids[:, None], state)  # a (B, 1) tensor of its own: the same strides every call
-            slot += 1
     return buffer[:, longest:].tolist()

@@ -157,8 +157,8 @@ class GPT(nn.Module):
                 raise ValueError(f"a cache of {decoding.caches[0].capacity} slots is longer than block_size "
                                  f"{self.config.block_size}")
         if pad is None:
-            if cached and T == 1 and n_keys < decoding.caches[0].capacity:  # one query after the slots in use
-                return slots[None, :], None  # sees them all: no mask needed (on a CPU, where slots are trimmed)
+            if cached and T == 1 and decoding.caches[0].in_use is not None:  # one query after the slots in use
+                return slots[None, :], None  # sees them all: no mask needed (eager on a CPU, where slots are trimmed)
             return slots[None, :], attention_mask(slots, n_keys)
         positions = (slots[None, :] - pad[:, None]).clamp(min=0)  # (B, T): each row counts from its first real token
         return positions, attention_mask(slots, n_keys, pad)

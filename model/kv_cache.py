@@ -10,7 +10,8 @@ import torch
 class LayerCache:
     """One layer's keys and values: (B, n_head, capacity, head_size), allocated once. A call writes its keys and values
     at its tokens' slots and attends over the whole capacity, with a mask that hides the slots not yet reached; so
-    every decoding step has the same shapes (a GPU kernel is planned once, a compiled step never recompiles)."""
+    every decoding step has the same shapes (a GPU kernel is planned once, a compiled step never recompiles). Eager on
+    a CPU, in_use trims attention to the slots filled so far instead."""
 
     def __init__(self, batch_size: int, n_head: int, capacity: int, head_size: int,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
@@ -54,7 +55,7 @@ class Decoding:
 
     caches: one LayerCache per layer, or None to read the whole window at every step.
     input_pos: (T,) the slots of this call's tokens in the caches, on the device (with caches; a prefill reads slots
-    0..T-1, a decoding step one slot). Positions and the mask are derived from it, never from a Python counter.
+    0..T-1, a decoding step one slot). Positions and the mask are derived from it, on the device.
     pad: (B,) how many slots on the left of each row are padding (prompts of different lengths), or None when no
     row is padded. A padded row then computes exactly what it would alone.
     """

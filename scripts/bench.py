@@ -40,7 +40,7 @@ def build_training(cfg, rt, say=print) -> dict:
             "matmul_shape": model_matmul_shape(cfg.batch_size, run.model_cfg),
             "flops_per_token": run.flops_per_token, "tokens_per_iter": run.tokens_per_iter,
             "step": lambda: train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
-                                             cfg.learning_rate)}
+                                       cfg.learning_rate)}
 
 
 def time_steps(step, iters: int, device: torch.device) -> float:

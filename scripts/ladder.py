@@ -44,6 +44,7 @@ RUNGS = [
     ("no_positions", "the default without any position information", {"position": "none"}),
 ]
 QUIET = {"sample_chars": "0", "log_attention": "false"}  # the ladder compares losses: no samples or pictures
+ONE_BUDGET = {"patience": "0"}  # every rung trains all its steps (each still hands over its best model)
 NOT_THE_RUN = {"out_dir", "resume", "overwrite"}  # settings that do not change what a rung computes
 
 
@@ -53,7 +54,7 @@ def rung_config(args, index: int, name: str, overrides: dict):
         argv += ["--cache_dir", args.cache_dir]
     if args.max_iters is not None:
         argv += ["--max_iters", str(args.max_iters)]
-    for key, value in {**QUIET, **overrides}.items():
+    for key, value in {**QUIET, **ONE_BUDGET, **overrides}.items():
         argv += [f"--{key}", value]
     return load_config(argv, torch.cuda.is_available())
 

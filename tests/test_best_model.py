@@ -74,3 +74,22 @@ def test_patience_stops_the_run_and_resuming_it_has_nothing_to_do(overfitting_co
     more = train_debug(overfitting_corpus, out, "--resume", "--patience", "0", "--max_iters",
                        str(summary["iterations"] + 5))
     assert more["iterations"] == summary["iterations"] + 5 and not more["stopped_early"]
+
+
+def test_a_damaged_best_checkpoint_hands_over_the_last_model_and_says_so(overfitting_corpus, tmp_path):
+    out = tmp_path / "run"
+    train_debug(overfitting_corpus, out, "--max_iters", "30", "--eval_interval", "5", "--patience", "0")
+    damaged = (out / "ckpt_best.pt").read_bytes()[:1000]  # cut short
+    (out / "ckpt_best.pt").write_bytes(damaged)
+    said = []
+    import train
+    from configs import load_config
+    cfg, _, explicit = load_config(["--out_dir", str(out), "--resume", "--max_iters", "40"], False)
+    summary = train.train(cfg, explicit, say=said.append)  # validation only rises from here: no new best
+    assert summary["model_checkpoint"] == "ckpt_last.pt" and summary["model_step"] == summary["iterations"] == 40
+    text = overfitting_corpus.read_text(encoding="utf-8")
+    assert summary["full_val_loss"] == pytest.approx(full_validation(out / "ckpt_last.pt", text), rel=1e-5)
+    assert any(line.startswith("warning: ") and "ckpt_best.pt is not a readable checkpoint" in line for line in said)
+    line = next(line for line in said if line.startswith("the run's model:"))
+    assert f"its last (ckpt_last.pt; no readable ckpt_best.pt): val {summary['val_loss']:.4f}" in line
+    assert (out / "ckpt_best.pt").read_bytes() == damaged  # the user's file is left as it was

@@ -54,6 +54,11 @@ class Progress:
     evals_since_best: int = 0
 
 
+def plateaued(evals_since_best: int, patience: int) -> bool:
+    """--patience: the last `patience` evaluations in a row did not beat the best validation loss (0: never)."""
+    return patience > 0 and evals_since_best >= patience
+
+
 def build_run(cfg: TrainConfig, rt: runtime.Runtime, prepared: Prepared, d: Dist = Dist(), say=print,
               resumed: dict | None = None, init: dict | None = None) -> tuple[Run, Progress]:
     """The real loader, model, optimizer and gradient scaler of a run with this config; from a checkpoint's state

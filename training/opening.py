@@ -15,7 +15,7 @@ from data.corpus import NAMED
 from errors import UserError
 from model.config import ModelConfig
 from training import checkpoint, runtime
-from training.build import build_run
+from training.build import build_run, plateaued
 from training.distributed import Dist
 from training.log import Log
 from training.run_dir import RunDir
@@ -98,9 +98,8 @@ def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say, where:
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
     """For --resume of a run that has nothing left to do: where it finished and how to train further."""
     summary_path = run_dir.path / "summary.json"
-    since_best = state.get("evals_since_best", 0)
-    plateaued = cfg.patience > 0 and isinstance(since_best, int) and since_best >= cfg.patience
-    if (state["iter"] < cfg.max_iters and not plateaued) or not summary_path.is_file():
+    since_best = state.get("evals_since_best", 0)  # its type was checked with the rest (check_resumable)
+    if (state["iter"] < cfg.max_iters and not plateaued(since_best, cfg.patience)) or not summary_path.is_file():
         return None
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))

@@ -77,8 +77,14 @@ def done_lines(summary: dict, cfg: TrainConfig, progress: Progress) -> list[str]
                      f"validation loss (--patience {cfg.patience}; --patience 0 trains on to --max_iters {cfg.max_iters})")
     full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
             if "full_val_loss" in summary else "")
+    last = summary["val_loss"]
+    if summary["model_checkpoint"] == checkpoint.LAST:  # no (readable) best checkpoint: the last model, its figures
+        val = f"val {last:.4f}" if last is not None else "no val"
+        return [*lines, f"the run's model: step {step}, its last ({checkpoint.LAST}; no readable {checkpoint.BEST}): "
+                        f"{val}{full}"]
     best = f"val {summary['best_val_loss']:.4f}" if math.isfinite(summary["best_val_loss"]) else "no finite val"
-    model = f"the run's model: step {step}, {'the last' if step == it else 'its best'} ({summary['model_checkpoint']}): {best}{full}"
-    if step != it and summary["val_loss"] is not None:
-        model += f"; the last step's val {summary['val_loss']:.4f} ({checkpoint.LAST}, kept for --resume)"
+    which = "its last and best" if step == it else "its best"
+    model = f"the run's model: step {step}, {which} ({checkpoint.BEST}): {best}{full}"
+    if step != it and last is not None:
+        model += f"; the last step's val {last:.4f} ({checkpoint.LAST}, kept for --resume)"
     return [*lines, model]

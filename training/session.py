@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from configs import TrainConfig
 from errors import UserError
 from training import checkpoint
-from training.build import Progress, Run, capture
+from training.build import Progress, Run, capture, plateaued
 from training.distributed import Dist
 from training.evaluation import evaluate
 from training.log import Log
@@ -65,8 +65,7 @@ class Session:
         return losses
 
     def plateaued(self) -> bool:
-        """--patience: the last cfg.patience evaluations in a row did not beat the best validation loss."""
-        return self.cfg.patience > 0 and self.progress.evals_since_best >= self.cfg.patience
+        return plateaued(self.progress.evals_since_best, self.cfg.patience)
 
     def hand_over_best(self) -> tuple[int, str]:
         """Put the weights of ckpt_best.pt, the lowest validation loss the run measured, into the model: the run's
@@ -78,7 +77,8 @@ class Session:
         try:
             state = checkpoint.load(path, self.run.rt.device)
             self.run.model.load_state_dict(state["model"])
-        except (UserError, RuntimeError) as err:
-            self.log.say(f"warning: {path} cannot be read back ({err}); the run hands over its last model instead")
+        except (UserError, RuntimeError) as err:  # a UserError names the file; a RuntimeError (weights) does not
+            what = str(err).splitlines()[0][:200] if isinstance(err, UserError) else f"{path}: {str(err).splitlines()[0][:150]}"
+            self.log.say(f"warning: {what}; the run hands over its last model instead")
             return self.progress.it, checkpoint.LAST
         return state["iter"], checkpoint.BEST
