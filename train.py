@@ -23,12 +23,13 @@ from training.fonts import missing_note
 from training.log import Log
 from training.nonfinite import NonFiniteWatch
 from training.opening import choose_corpus, open_run
-from training.perf import measure_peak_flops, model_matmul_shape, utilisation
+from training.perf import measure_peak_flops, model_matmul_shape
 from training.phases import Phases, seconds_since_process_start
-from training.report import attention_probe, done_lines, say_what_runs, step_line, too_many_nonfinite
+from training.report import attention_probe, done_lines, say_what_runs, too_many_nonfinite
 from training.run_dir import RunDir
 from training.schedule import get_lr
 from training.session import Session
+from training.step_log import StepLog
 from training.step import train_step
 from training.stop import StopRequest
 
@@ -40,10 +41,9 @@ def train_loop(s: Session) -> tuple[list, bool]:
     run, progress, cfg, rt = s.run, s.progress, s.cfg, s.run.rt
     s.stop.saving = True  # from here a Ctrl-C stops at a step boundary and saves
     peak_flops = before_the_first_step(s)
-    history, stopping = [], False
-    last_val = f"val {progress.last_eval['val']:.4f} (saved)" if progress.last_eval else "val -"
-    clock, watch = TrainClock(progress, rt.device, run.phases), NonFiniteWatch(rt.device)
+    clock, watch, stopping = TrainClock(progress, rt.device, run.phases), NonFiniteWatch(rt.device), False
     with s.log.progress(cfg.max_iters, progress.it) as bar:
+        steps = StepLog(s, bar, clock, watch, peak_flops)
         while True:
             it = s.stop.step = progress.it
             if s.evaluation_due():
@@ -52,8 +52,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
                 if losses is None:  # a stop request came during it
                     stopping = True
                     break
-                last_val = f"val {losses['val']:.4f} @{it}"  # the bar says which step the figure is from
-                bar.set_postfix_str(f"train {losses['train']:.4f} val {losses['val']:.4f}", refresh=False)
+                steps.evaluated(it, losses)
                 clock.start()
             # Every rank must stop at the same step, or the others hang. Under DDP asking them is a collective
             # (a host sync), so it is done every log_interval steps, where the loop syncs anyway.
@@ -68,27 +67,11 @@ def train_loop(s: Session) -> tuple[list, bool]:
             progress.it, progress.eval_done = it + 1, False
             clock.stepped()
             bar.update(1)
-            if progress.it % cfg.log_interval == 0 or progress.it == cfg.max_iters:
-                # the only host sync of the loop (and the evaluations'): one read for all three numbers
-                loss_value, norm_value, skipped = torch.stack([loss.float(), grad_norm.float(),
-                                                               watch.longest.float()]).tolist()
-                if skipped >= cfg.max_nonfinite_steps:
-                    raise UserError(too_many_nonfinite(progress.it, cfg, s.run_dir))
-                watch.looked()
-                step_seconds = clock.step_seconds()
-                tokens_per_sec = run.tokens_per_iter / step_seconds
-                mfu = utilisation(run.flops_per_token * tokens_per_sec, peak_flops)
-                history.append((progress.it, loss_value))
-                s.log.scalars(progress.it, {
-                    "loss/train": loss_value, "optim/lr": lr, "optim/grad_norm": norm_value,
-                    "perf/tokens_per_sec": tokens_per_sec, "perf/tokens_seen": progress.it * run.tokens_per_iter,
-                    "perf/mfu": mfu})
-                s.log.line(step_line(progress.it, cfg, loss_value, step_seconds, tokens_per_sec, mfu))
-                bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s {last_val}",
-                                    refresh=False)
+            if steps.due() and steps.write(lr, loss, grad_norm) >= cfg.max_nonfinite_steps:
+                raise UserError(too_many_nonfinite(progress.it, cfg, s.run_dir))
     if stopping and s.d.is_main:
         s.save(checkpoint.LAST)
-    return history, stopping
+    return steps.history, stopping
 
 
 def before_the_first_step(s: Session) -> float:

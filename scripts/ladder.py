@@ -1,10 +1,15 @@
 """python scripts/ladder.py --data FILE --out_dir DIR: what each part of attention buys, measured. Trains a ladder of
 models on one corpus with one budget (the same steps, data order and seed), from a bigram table to the full model
-and then its variants, and writes a table, DIR/ladder.json and DIR/ladder.png; each rung is a TensorBoard run."""
+and then its variants, and writes a table, DIR/ladder.json and DIR/ladder.png; each rung is a TensorBoard run, trained
+by its own `python train.py` command (printed, so any rung can be run again by hand)."""
 from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,13 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import train  # noqa: E402
 from configs import load_config  # noqa: E402
-from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, QuietExit, UserError, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.files import write_atomic, write_text_atomic  # noqa: E402
-from training.stop import StopRequest  # noqa: E402
+
+TRAIN = Path(__file__).resolve().parents[1] / "train.py"
 
 # Rungs 2-5 take blocks apart: learned positions (so the plain average has something to work with), no
 # feed-forward network, no residual connections or LayerNorm; each later rung puts one part back.
@@ -48,7 +53,8 @@ ONE_BUDGET = {"patience": "0"}  # every rung trains all its steps (each still ha
 NOT_THE_RUN = {"out_dir", "resume", "overwrite"}  # settings that do not change what a rung computes
 
 
-def rung_config(args, index: int, name: str, overrides: dict):
+def rung_argv(args, index: int, name: str, overrides: dict) -> list[str]:
+    """The rung's train.py command line (without the program)."""
     argv = ["--config", args.config, "--data", args.data, "--out_dir", str(Path(args.out_dir) / f"{index:02d}-{name}")]
     if args.cache_dir:
         argv += ["--cache_dir", args.cache_dir]
@@ -56,7 +62,25 @@ def rung_config(args, index: int, name: str, overrides: dict):
         argv += ["--max_iters", str(args.max_iters)]
     for key, value in {**QUIET, **ONE_BUDGET, **overrides}.items():
         argv += [f"--{key}", value]
-    return load_config(argv, torch.cuda.is_available())
+    return argv
+
+
+def train_rung(argv: list[str]) -> int:
+    """Run `python train.py argv` and wait for it: its progress bar and errors reach the terminal, of its other output
+    only notes and warnings. A Ctrl-C reaches it from the terminal (it finishes its step and saves); a signal sent to
+    the ladder alone is passed on to it. Its exit code."""
+    child = subprocess.Popen([sys.executable, str(TRAIN), *argv], stdout=subprocess.PIPE, text=True, encoding="utf-8",
+                             errors="replace")
+    passed_on = {sig: signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+                 for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for line in child.stdout:  # the rung's own notes and warnings; the ladder says the rest
+            if line.startswith(("note", "warning")):
+                print(f"  {line.rstrip()}", file=sys.stderr)
+        return child.wait()
+    finally:
+        for sig, handler in passed_on.items():
+            signal.signal(sig, handler)
 
 
 def state_of(cfg) -> tuple[str, str]:
@@ -121,34 +145,36 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--out_dir {out} is a file; choose a folder")
     out.mkdir(parents=True, exist_ok=True)
 
-    def quiet(message: str) -> None:  # the rung's own notes and warnings; the ladder says the rest
-        if message.startswith(("note", "warning")):
-            print(f"  {message}", file=sys.stderr)
-
     rows = []
-    with StopRequest(speak=True) as stop:
-        for index, (number, name, what, overrides) in enumerate(chosen, start=1):
-            cfg, _, explicit = rung_config(args, number, name, overrides)
-            state, why = state_of(cfg)
-            print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
-            if state == "finished":
-                print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
-            else:
-                if why:
-                    print(f"  {why}: training this rung again", file=sys.stderr)
-                cfg.resume, cfg.overwrite = state == "unfinished", state in ("different", "damaged")
-                started = time.perf_counter()
-                result = train.train(cfg, explicit, say=quiet, stop=stop)
-                if result.get("stopped"):
-                    print(f"stopped during rung {name}; run the same command again to go on (finished rungs are "
-                          f"reused, this one resumes)", file=sys.stderr)
-                    return 130
-                print(f"  {time.perf_counter() - started:.1f} s", file=sys.stderr)
-            summary = json.loads((Path(cfg.out_dir) / "summary.json").read_text(encoding="utf-8"))
-            rows.append({"rung": number, "name": name, "what": what, "settings": overrides, "parameters": parameters(cfg),
-                         "full_val_loss": summary["full_val_loss"], "bits_per_char": summary["full_val_loss"] / math.log(2),
-                         "train_seconds": summary["train_seconds"], "steps": summary["iterations"],
-                         "corpus": summary["corpus"], "out_dir": cfg.out_dir})
+    for index, (number, name, what, overrides) in enumerate(chosen, start=1):
+        argv = rung_argv(args, number, name, overrides)
+        cfg = load_config(argv, torch.cuda.is_available())[0]
+        state, why = state_of(cfg)
+        command = shlex.join(["python", os.path.relpath(TRAIN), *argv])
+        print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
+        if state == "finished":
+            print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
+        else:
+            if why:
+                print(f"  {why}: training this rung again", file=sys.stderr)
+            how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])  # go on, start, or start again
+            print(f"  {shlex.join([*shlex.split(command), *how])}", file=sys.stderr)
+            started = time.perf_counter()
+            code = train_rung(argv + how)
+            if code == 130:
+                print(f"stopped during rung {name}; run the same command again to go on (finished rungs are "
+                      f"reused, this one resumes)", file=sys.stderr)
+                return 130
+            if code == 2:
+                raise QuietExit(f"rung {name} failed")  # train.py has said why, in one line
+            if code != 0:
+                raise UserError(f"rung {name}: train.py ended with exit code {code}; its command is above")
+            print(f"  {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        summary = json.loads((Path(cfg.out_dir) / "summary.json").read_text(encoding="utf-8"))
+        rows.append({"rung": number, "name": name, "what": what, "settings": overrides, "parameters": parameters(cfg),
+                     "full_val_loss": summary["full_val_loss"], "bits_per_char": summary["full_val_loss"] / math.log(2),
+                     "train_seconds": summary["train_seconds"], "steps": summary["iterations"],
+                     "corpus": summary["corpus"], "out_dir": cfg.out_dir, "command": command})
     print(f"\n{'rung':<16}{'parameters':>12}{'full-val loss':>15}{'bits/char':>11}{'seconds':>9}")
     for row in rows:
         print(f"{row['name']:<16}{row['parameters']:>12,}{row['full_val_loss']:>15.4f}{row['bits_per_char']:>11.3f}"

@@ -1,12 +1,18 @@
 """scripts/ladder.py: the rungs train with one budget, the table, ladder.json and ladder.png are written, finished
-rungs are reused byte for byte, changed settings retrain, and a Chinese corpus works as well as an English one."""
+rungs are reused byte for byte, changed settings retrain, each rung's train.py command is printed, and a Chinese
+corpus works as well as an English one."""
 import json
+import shlex
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 from PIL import Image
 
 from conftest import ROOT
+from configs import load_config
+from training import checkpoint
 
 SENTENCES = ["注意力让每个字回头看前面的字。", "查询和键的点积决定权重。", "值按权重相加，得到新的表示。",
              "缩放让梯度不会消失。", "掩码挡住未来，只看过去。"]
@@ -33,26 +39,34 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
         assert f"{row['full_val_loss']:.4f}" in first.stdout  # the printed table
         assert any((ROOT / row["out_dir"]).glob("events.out.tfevents.*"))  # each rung is its own TensorBoard run
     assert Image.open(out / "ladder.png").format == "PNG"
-    checkpoints = {path: path.read_bytes() for path in out.glob("*/ckpt_last.pt")}
-    assert len(checkpoints) == 2
+    kept = (out / "03-one_head" / "ckpt_last.pt").read_bytes()
 
-    again = ladder(*common)
-    assert again.returncode == 0 and again.stderr.count("reused") == 2, again.stderr
-    assert {path: path.read_bytes() for path in out.glob("*/ckpt_last.pt")} == checkpoints
-    assert json.loads((out / "ladder.json").read_text(encoding="utf-8")) == rows
-
-    longer = ladder(*common[:-1], "8")  # another budget: the rungs are trained again, not reused
-    assert longer.returncode == 0 and "reused" not in longer.stderr, longer.stderr
-    rows = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
-    assert all(row["steps"] == 8 for row in rows)
-
-    damaged = next(out.glob("01-bigram/ckpt_last.pt"))
+    damaged = out / "01-bigram" / "ckpt_last.pt"
     damaged.write_bytes(damaged.read_bytes()[:100])  # cut short
-    healed = ladder(*common[:-3], "bigram", "--max_iters", "8")
-    assert healed.returncode == 0 and "not a readable checkpoint" in healed.stderr, healed.stderr
-    again = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
-    figures = [{k: v for k, v in row.items() if k != "train_seconds"} for row in (again[0], rows[0])]
+    again = ladder(*common)  # the finished rung is reused, byte for byte; the damaged one is trained again
+    assert again.returncode == 0 and again.stderr.count("reused") == 1, again.stderr
+    assert "not a readable checkpoint" in again.stderr, again.stderr
+    assert (out / "03-one_head" / "ckpt_last.pt").read_bytes() == kept
+    healed = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
+    figures = [[{k: v for k, v in row.items() if k != "train_seconds"} for row in table] for table in (healed, rows)]
     assert figures[0] == figures[1]  # trained again to exactly the same loss
+
+    # a rung's command, printed and in ladder.json, is train.py's own, with the settings the rung trained with
+    words = shlex.split(healed[0]["command"])
+    assert Path(words[1]).resolve() == ROOT / "train.py" and healed[0]["command"] in again.stderr
+    saved = checkpoint.load(damaged)["run_config"]
+    wanted = load_config(words[2:], False)[0].to_dict()
+    assert {k: v for k, v in saved.items() if k not in ("resume", "overwrite")} == \
+        {k: v for k, v in wanted.items() if k not in ("resume", "overwrite")}
+
+    # another budget is another run: the ladder trains the rung again instead of reusing it
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import ladder as script
+    one_head = next(settings for name, _, settings in script.RUNGS if name == "one_head")
+    for steps, state in ((8, ("different", f"{out / '03-one_head'} holds a run with other settings")), (6, ("finished", ""))):
+        args = SimpleNamespace(config="debug", data=str(corpus), out_dir=str(out), max_iters=steps,
+                               cache_dir=str(tmp_path / "cache"))
+        assert script.state_of(load_config(script.rung_argv(args, 3, "one_head", one_head), False)[0]) == state
 
 
 def test_an_unknown_rung_is_one_line(tmp_path):

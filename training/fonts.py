@@ -4,15 +4,18 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from matplotlib import font_manager
-from matplotlib.ft2font import FT2Font
-
 BASE = "DejaVu Sans Mono"  # matplotlib's own monospaced font: Latin, Greek, Cyrillic, no Chinese
 INSTALL_HINT = "install a font that has them (Debian/Ubuntu: apt-get install fonts-noto-cjk) and run again"
 
 
+def _manager():
+    from matplotlib import font_manager  # imported on first use: a run that draws no picture never loads matplotlib
+    return font_manager
+
+
 @lru_cache(maxsize=None)
 def _charmap(path: str) -> frozenset[int]:
+    from matplotlib.ft2font import FT2Font
     try:
         return frozenset(FT2Font(path).get_charmap())
     except (OSError, RuntimeError, ValueError):  # a font file matplotlib cannot read
@@ -23,7 +26,7 @@ def _charmap(path: str) -> frozenset[int]:
 def _fonts() -> tuple[tuple[str, str], ...]:
     """(family name, file) of every installed font, matplotlib's own monospaced font first. matplotlib's "Last
     Resort" font maps every code point to a placeholder box: it draws nothing legible, so it does not count."""
-    entries = {(f.name, f.fname) for f in font_manager.fontManager.ttflist if not f.name.startswith("Last Resort")}
+    entries = {(f.name, f.fname) for f in _manager().fontManager.ttflist if not f.name.startswith("Last Resort")}
     return tuple(sorted(entries, key=lambda e: (e[0] != BASE, e)))
 
 
@@ -32,7 +35,7 @@ def _system_font_files() -> tuple[str, ...]:
     """Font files on this machine that matplotlib's cached font list may not know yet (installed since it was made)."""
     known = {path for _, path in _fonts()}
     regular_first = lambda path: ("Regular" not in Path(path).name, path)  # noqa: E731
-    return tuple(sorted(set(font_manager.findSystemFonts()) - known, key=regular_first))
+    return tuple(sorted(set(_manager().findSystemFonts()) - known, key=regular_first))
 
 
 @lru_cache(maxsize=None)
@@ -43,8 +46,8 @@ def font_for(ch: str) -> str | None:
     if found is None:
         path = next((path for path in _system_font_files() if ord(ch) in _charmap(path)), None)
         if path is not None:
-            font_manager.fontManager.addfont(path)
-            found = font_manager.FontProperties(fname=path).get_name()
+            _manager().fontManager.addfont(path)
+            found = _manager().FontProperties(fname=path).get_name()
     return found
 
 

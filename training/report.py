@@ -13,7 +13,6 @@ from training import checkpoint, runtime
 from training.build import Progress, Run
 from training.distributed import Dist
 from training.log import Log
-from training.pictures import attention_figure, attention_weights
 from training.run_dir import RunDir
 
 
@@ -49,6 +48,7 @@ def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict) -> N
             run.model.train()
             log.text("samples", run.tokenizer.decode(text), it)
         if cfg.log_attention:
+            from training.pictures import attention_figure, attention_weights  # matplotlib: only for runs that draw
             probe = attention_probe(run)
             for layer, weights in enumerate(attention_weights(run.model, probe)):
                 log.figure(f"attention/layer_{layer}", attention_figure(weights, run.tokenizer.decode(probe), layer), it)
