@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from configs import TrainConfig, load_config
-from errors import QuietExit, UserError, run_cli
+from errors import UserError, run_cli
 from training import checkpoint, distributed, runtime
 from training.clock import TrainClock
 from training.estimate import warn_if_slow
@@ -164,10 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         except UserError as err:
             if d.is_main:
                 raise
-            # Every rank meets the same mistake: rank 0 alone says it, and the others leave a moment later, or
-            # torchrun would stop rank 0 as soon as one of them exits, perhaps before it has said anything.
-            time.sleep(1.0)
-            raise QuietExit(str(err)) from None
+            distributed.leave_to_rank_zero(d, err)
         finally:
             distributed.shutdown()  # also on errors and Ctrl-C, so torchrun's other ranks are released
     return 130 if result.get("stopped") else 0

@@ -17,14 +17,14 @@ def corpus(tmp_path_factory):
     return module_corpus(tmp_path_factory, "ddp")
 
 
-def launch(corpus, out_dir, *extra, processes=2):
+def launch(corpus, out_dir, *extra, processes=2, program=ROOT / "train.py"):
     args = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(corpus.parent / "cache"),
             "--out_dir", str(out_dir), "--dropout", "0", "--eval_interval", "4", "--log_interval", "1", *extra]
     if processes == 1:
-        command = [sys.executable, str(ROOT / "train.py"), *args]
+        command = [sys.executable, str(program), *args]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-                   str(ROOT / "train.py"), *args]
+                   str(program), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT)
 
 
@@ -56,7 +56,12 @@ def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path):
 
 
 def test_an_error_ends_the_whole_job_with_its_message(tmp_path):
-    result = launch(tmp_path / "missing.txt", tmp_path / "run", "--max_iters", "4")
+    # rank 0 comes to the mistake 2 s after rank 1 (on a GPU machine starting the driver can do that): still its line
+    late = tmp_path / "rank_0_late.py"
+    late.write_text(f"import os, runpy, sys, time\nif os.environ['RANK'] == '0':\n    time.sleep(2)\n"
+                    f"sys.argv[0], sys.path[0] = {str(ROOT / 'train.py')!r}, {str(ROOT)!r}\n"
+                    f"runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    result = launch(tmp_path / "missing.txt", tmp_path / "run", "--max_iters", "4", program=late)
     assert result.returncode != 0
     assert "no such file or folder" in result.stderr
     # one line from rank 0, before anything of torchrun's own report, and no rank's traceback or broken connection
@@ -65,3 +70,4 @@ def test_an_error_ends_the_whole_job_with_its_message(tmp_path):
     assert "Traceback" not in result.stderr.split(ours[0])[0]  # nothing of anyone's before it
     assert "Connection closed" not in result.stderr and "gloo" not in result.stderr.lower()
     assert "exitcode  : 2" in result.stderr  # rank 0 ended with the user-error code (torchrun may stop rank 1 first)
+    assert "stopped" not in result.stderr  # rank 1, ended by torchrun, says nothing

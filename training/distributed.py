@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import time
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +65,26 @@ class Dist:
         first = next((e for e in errors if e is not None), None)
         if first is not None:
             raise UserError(first) if self.is_main else QuietExit(first)
+
+
+RANK_ZERO_WAIT = 30.0  # seconds a rank waits for rank 0 to say a mistake and leave
+
+
+def leave_to_rank_zero(d: Dist, err: UserError) -> None:
+    """A mistake under torchrun, on a rank other than 0: rank 0 says it. Every rank usually meets the same one, so
+    this one waits, silent, for torchrun to end it once rank 0 has spoken and left (had it left first, torchrun could
+    stop rank 0 before it spoke: one rank can reach a mistake seconds before another, e.g. while a GPU driver starts).
+    A mistake rank 0 has not met (it has not left after RANK_ZERO_WAIT seconds) is said by this rank."""
+
+    def ended(signum, frame):
+        raise QuietExit(str(err))  # torchrun ends this rank (SIGTERM), or a Ctrl-C: rank 0 has said it
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, ended)
+    time.sleep(RANK_ZERO_WAIT)
+    if isinstance(err, QuietExit):  # distributed.together() told every rank: rank 0 has it
+        raise err
+    raise UserError(f"rank {d.rank}: {err}") from None
 
 
 def from_environment() -> Dist:
