@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from errors import ArgumentParser, run_cli  # noqa: E402
 from model.textbook import Head  # noqa: E402
 
 # Tutorial 004's example: three tokens of 4 numbers, small integer weights (4 x 3), so every step can be checked by hand.
@@ -54,7 +55,8 @@ def show(name: str, tensor: torch.Tensor) -> str:
     return "\n".join([f"{name}:", *rows])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ArgumentParser(description=__doc__.split(":", 1)[1].strip()).parse_args(argv)  # no options; --help says what it does
     print("One head of causal self-attention, step by step.\n")
     for name, tensor in walkthrough():
         print(show(name, tensor) + "\n")
@@ -64,4 +66,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -1,7 +1,12 @@
 """Shared test helpers: the repository on sys.path, a made-up play as the corpus, the Tiny Shakespeare location (for the
-few checks of its published figures, skipped without it), quiet debug runs, a watch on host reads."""
+few checks of its published figures, skipped without it), the README's commands, quiet debug runs, a watch on
+host reads."""
 import contextlib
+import importlib
+import io
 import random
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +16,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "scripts"))  # the scripts' main() functions, run in this process by run_script()
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The README's shell commands in order, one a line, comments cut off (read by its checks and its walk).
+README_COMMANDS = [line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+                   for line in block.splitlines() if line.strip()]
 
 torch.set_num_threads(1)  # small matrices: one thread is faster and repeatable on 2-core machines
 
@@ -68,6 +78,24 @@ def train_debug(corpus: Path, out_dir: Path, *extra: str) -> dict:
     cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir",
                                     str(out_dir.parent / "cache"), "--out_dir", str(out_dir), *extra], False)
     return train.train(cfg, explicit, say=lambda message: None)
+
+
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    """A script's main() through run_cli, as its command runs it, in this process (a new interpreter would spend
+    seconds importing torch again): its exit code and what it printed."""
+    from errors import run_cli
+
+    main = importlib.import_module(name.removesuffix(".py")).main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli(main, list(args))
+    return subprocess.CompletedProcess([name, *args], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def script():
+    """script("plot_run.py", *args) -> run_script's CompletedProcess."""
+    return run_script
 
 
 @pytest.fixture

@@ -4,16 +4,14 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, train_debug
+from conftest import run_script, train_debug
 from errors import run_cli
 from training import checkpoint
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import attention_html  # noqa: E402
+import attention_html
 
 TEXT = "ROMEO: but soft,\nwhat light"
 
@@ -28,8 +26,7 @@ def run(tmp_path_factory):
 
 
 def make_page(run, *args):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "attention_html.py"), "--out_dir", str(run / "run"),
-                           *args], capture_output=True, text=True, timeout=120)
+    return run_script("attention_html.py", "--out_dir", str(run / "run"), *args)
 
 
 def embedded(html: str) -> dict:

@@ -1,24 +1,19 @@
 """The benchmark harness runs end to end on the debug config and reports every figure, consistently."""
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
 
 FIGURES = ("ms_per_iter", "tokens_per_sec", "flops_per_token", "achieved_flops", "peak_flops", "mfu",
            "sample_chars_per_sec_cached", "sample_chars_per_sec_uncached", "sample_cache_speedup", "prepare_mb_per_sec")
 
 
-def test_bench_reports_every_figure(tmp_path, small_text):
+def test_bench_reports_every_figure(tmp_path, small_text, script):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_text, encoding="utf-8")
     out = tmp_path / "bench.json"
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--config", "debug",
-                             "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"), "--iters", "3",
-                             "--warmup", "1", "--sample_tokens", "20", "--prepare_mb", "1", "--json", str(out)],
-                            capture_output=True, text=True, timeout=120)
+    result = script("bench.py", "--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"),
+                    "--iters", "3", "--warmup", "1", "--sample_tokens", "20", "--prepare_mb", "1", "--json", str(out))
     assert result.returncode == 0, result.stderr
     figures = json.loads(out.read_text())
     assert all(figures[name] > 0 for name in FIGURES)
@@ -33,14 +28,13 @@ def test_bench_reports_every_figure(tmp_path, small_text):
     assert figures["device"] == "cpu, float32" and figures["optimizer"] == "adamw" and figures["sample_dtype"] == "float32"
 
 
-def test_bench_compare_times_each_variant_in_turn(tmp_path, small_text):
+def test_bench_compare_times_each_variant_in_turn(tmp_path, small_text, script):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_text, encoding="utf-8")
     out = tmp_path / "compare.json"
-    command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--config", "debug", "--data", str(corpus),
-               "--cache_dir", str(tmp_path / "cache"), "--iters", "2", "--warmup", "1", "--rounds", "3"]
-    result = subprocess.run(command + ["--compare", "batch_size=4,8", "--compare", "n_embd=32,64", "--json", str(out)],
-                            capture_output=True, text=True, timeout=120)
+    result = script("bench.py", "--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"),
+                    "--iters", "2", "--warmup", "1", "--rounds", "3", "--compare", "batch_size=4,8", "--compare",
+                    "n_embd=32,64", "--json", str(out))
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     variants = report["variants"]
@@ -58,7 +52,6 @@ def test_bench_compare_times_each_variant_in_turn(tmp_path, small_text):
 
 @pytest.mark.parametrize("spec", ["dtype", "colour=red,blue", "dtype=float32", "dtype=float32,"])
 def test_bench_compare_rejects_a_bad_spec(tmp_path, spec, capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
     import bench
     from errors import run_cli
     returncode = run_cli(bench.main, ["--config", "debug", "--compare", spec])  # in-process: no torch start-up each
@@ -68,7 +61,6 @@ def test_bench_compare_rejects_a_bad_spec(tmp_path, spec, capsys):
 
 
 def test_mfu_never_passes_100_percent_when_the_peak_was_measured_low():
-    sys.path.insert(0, str(ROOT / "scripts"))
     import bench
     run = {"tokens_per_iter": 1000, "flops_per_token": 1e6}
     figures = bench.speed(run, seconds=0.01, peak_flops=1e9)  # achieved 1e11 FLOP/s against a "peak" of 1e9

@@ -1,7 +1,6 @@
 """Data: tokenizer round-trips, preparation and its cache, batches, named corpora, and bad input."""
 import contextlib
 import io
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 import data.corpus as corpus_module
-from conftest import ROOT, SHARED_TEXT
+from conftest import SHARED_TEXT
 from data import Batches, CharTokenizer, prepare, resolve
 from data.tokenizer import token_dtype
 from errors import UserError, run_cli
@@ -172,7 +171,6 @@ def test_pystdlib_corpus_is_deterministic(tmp_path):
 # --- bad input: one line, exit code 2, nothing prepared is damaged --------------------------------
 def run_prepare(*args, cache):
     """scripts/prepare.py run in this process: exit code and output."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     import prepare as prepare_cli
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

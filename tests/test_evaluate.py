@@ -1,16 +1,12 @@
 """scripts/evaluate.py: every character scored once, the run's own full validation reproduced, more context never
 worse, unknown characters counted exactly, bad inputs one line."""
 import json
-import sys
 
 import pytest
 
-from conftest import ROOT, play_text, train_debug
-from errors import run_cli
+from conftest import play_text, train_debug
 from training.evaluation import windows
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import evaluate as evaluate_cli  # noqa: E402
 
 
 @pytest.mark.parametrize("n_ids, block_size, stride", [(2, 4, 4), (10, 4, 4), (11, 4, 2), (50, 8, 3), (9, 8, 1)])
@@ -44,20 +40,10 @@ def run(tmp_path_factory):
     return tmp, corpus, summary
 
 
-class Done:
-    def __init__(self, returncode, stdout, stderr):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
 @pytest.fixture
-def evaluate(capsys):
+def evaluate(script):
     """scripts/evaluate.py in this process (its main() through run_cli, as the command runs it)."""
-    def call(*args):
-        capsys.readouterr()
-        code = run_cli(evaluate_cli.main, list(args))
-        out = capsys.readouterr()
-        return Done(code, out.out, out.err)
-    return call
+    return lambda *args: script("evaluate.py", *args)
 
 
 @pytest.fixture

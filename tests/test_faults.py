@@ -20,12 +20,11 @@ from data import prepare, resolve
 from errors import run_cli
 from training import checkpoint
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import attention_map  # noqa: E402
-import bench  # noqa: E402
-import bench_prepare  # noqa: E402
-import plot_run  # noqa: E402
-import sample as sample_cli  # noqa: E402
+import attention_map
+import bench
+import bench_prepare
+import plot_run
+import sample as sample_cli
 
 
 def one_line_error(capsys, main, *args, words=""):

@@ -60,7 +60,6 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
         {k: v for k, v in wanted.items() if k not in ("resume", "overwrite")}
 
     # another budget is another run: the ladder trains the rung again instead of reusing it
-    sys.path.insert(0, str(ROOT / "scripts"))
     import ladder as script
     one_head = next(settings for name, _, settings in script.RUNGS if name == "one_head")
     for steps, state in ((8, ("different", f"{out / '03-one_head'} holds a run with other settings")), (6, ("finished", ""))):

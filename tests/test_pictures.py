@@ -1,14 +1,12 @@
 """Pictures: attention heatmaps in TensorBoard, the attention_map and plot_run scripts, the walkthrough."""
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT, train_debug
+from conftest import train_debug
 from training.pictures import figure_size
 
 
@@ -21,11 +19,6 @@ def run_dir(tmp_path_factory):
     return tmp / "run"
 
 
-def run_script(name, *args):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
-                          timeout=120)
-
-
 def test_tensorboard_holds_attention_images_per_layer(run_dir):
     events = EventAccumulator(str(run_dir), size_guidance={"images": 0})
     events.Reload()
@@ -35,34 +28,33 @@ def test_tensorboard_holds_attention_images_per_layer(run_dir):
     assert (images[0].width, images[0].height) == figure_size(2)
 
 
-def test_attention_map_writes_a_png_of_the_expected_size(run_dir, tmp_path):
+def test_attention_map_writes_a_png_of_the_expected_size(run_dir, tmp_path, script):
     png = tmp_path / "attention.png"
-    result = run_script("attention_map.py", "--out_dir", str(run_dir), "--text", "ROMEO: but soft", "--png", str(png),
+    result = script("attention_map.py", "--out_dir", str(run_dir), "--text", "ROMEO: but soft", "--png", str(png),
                         "--layer", "0")
     assert result.returncode == 0, result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert Image.open(png).size == figure_size(2)
     one = tmp_path / "one.png"
-    assert run_script("attention_map.py", "--out_dir", str(run_dir), "--text", "ROMEO", "--png", str(one),
+    assert script("attention_map.py", "--out_dir", str(run_dir), "--text", "ROMEO", "--png", str(one),
                       "--head", "1").returncode == 0
     assert Image.open(one).size == figure_size(1)
-    bad = run_script("attention_map.py", "--out_dir", str(run_dir), "--text", "ROMEO", "--png", str(one), "--layer", "7")
+    bad = script("attention_map.py", "--out_dir", str(run_dir), "--text", "ROMEO", "--png", str(one), "--layer", "7")
     assert bad.returncode == 2 and "layers 0 to 1" in bad.stderr
 
 
-def test_plot_run_writes_a_png_comparing_runs(run_dir, tmp_path):
+def test_plot_run_writes_a_png_comparing_runs(run_dir, tmp_path, script):
     png = tmp_path / "curves.png"
-    result = run_script("plot_run.py", "--out_dir", str(run_dir), str(run_dir), "--png", str(png))
+    result = script("plot_run.py", "--out_dir", str(run_dir), str(run_dir), "--png", str(png))
     assert result.returncode == 0, result.stderr
     assert Image.open(png).size == (1100, 400)
-    missing = run_script("plot_run.py", "--out_dir", str(tmp_path), "--png", str(png))
+    missing = script("plot_run.py", "--out_dir", str(tmp_path), "--png", str(png))
     assert missing.returncode == 2 and "no TensorBoard events" in missing.stderr
 
 
 def test_plot_run_reads_the_loss_tags_of_older_runs(run_dir, tmp_path):
     """Runs made before the loss/ group was named (train/loss, val/loss, train/lr) still plot, point for point."""
     from torch.utils.tensorboard import SummaryWriter
-    sys.path.insert(0, str(ROOT / "scripts"))
     import plot_run
 
     now = plot_run.read_scalars(run_dir)
@@ -76,8 +68,8 @@ def test_plot_run_reads_the_loss_tags_of_older_runs(run_dir, tmp_path):
     assert all(then[tag] == now[tag] for tag in then)  # float32 in both files, so exactly equal
 
 
-def test_walkthrough_prints_what_the_formula_gives():
-    out = run_script("attention_walkthrough.py").stdout
+def test_walkthrough_prints_what_the_formula_gives(script):
+    out = script("attention_walkthrough.py").stdout
     sections = dict(re.findall(r"^(\S[^\n]*):\n((?:  \[.*\]\n)+)", out, flags=re.M))
 
     def matrix(prefix):

@@ -3,13 +3,9 @@ import re
 import shlex
 import subprocess
 
-from conftest import ROOT
+from conftest import README, README_COMMANDS as COMMANDS, ROOT
 from configs import load_config
 from configs.loader import presets
-
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-COMMANDS = [line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S)
-            for line in block.splitlines() if line.strip()]
 
 
 def test_every_train_command_in_the_readme_parses():

@@ -11,8 +11,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, SHARED_TEXT
-from test_readme import COMMANDS
+from conftest import README_COMMANDS, ROOT, SHARED_TEXT
 
 # What each kind of command gets appended (or replaced) to run in seconds; the order and the rest are the README's.
 SHORT_TRAINING = ["--max_iters", "4", "--eval_interval", "4", "--eval_iters", "2"]
@@ -77,8 +76,13 @@ pytestmark = pytest.mark.readme_walk  # about a minute: .ci/run runs it on its o
 def fresh_clone(tmp_path):
     """The repository's files (committed or not, but not ignored) in a new git repository, plus a user's texts."""
     repo = tmp_path / "chargpt"
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
-                            check=True).stdout.decode().split("\0")
+    # Which files: git's answer in a checkout; in a plain copy, that of an empty repository over the copy's files,
+    # which reads the same .gitignore
+    where = [] if (ROOT / ".git").exists() else ["--git-dir", str(tmp_path / "lister"), "--work-tree", str(ROOT)]
+    if where:
+        subprocess.run(["git", "init", "-q", "--bare", str(tmp_path / "lister")], check=True)
+    listed = subprocess.run(["git", *where, "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
     for name in filter(None, listed):
         if (ROOT / name).is_file():
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +106,7 @@ def test_the_readme_runs_in_order_from_a_fresh_clone(fresh_clone, tmp_path):
     else:  # offline: the README says the quick start trains on pystdlib and where its folder is
         env["CHARGPT_SHAKESPEARE_URL"] = "http://127.0.0.1:9/unreachable"
         corpus = "pystdlib"
-    commands = [c for c in COMMANDS if c]
+    commands = [c for c in README_COMMANDS if c]
     ran = []
     for command in commands:
         if any(command.startswith(prefix) for prefix in SKIPPED):

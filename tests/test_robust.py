@@ -16,9 +16,7 @@ from data import prepare, resolve
 from errors import UserError
 from model.gpt import GPT
 from training import checkpoint
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import sample as sample_cli  # noqa: E402
+import sample as sample_cli
 
 
 def train_argv(corpus, out_dir, *extra):

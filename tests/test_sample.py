@@ -1,23 +1,19 @@
 """Sampling: the KV cache changes nothing but speed, batching changes nothing per row, bad input is refused."""
 import contextlib
 import io
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import train
-from conftest import ROOT
 from configs import load_config
 from model import GPT, ModelConfig
 from model.generate import compiled_step, draw, generate, logits_to_probs
 from model.kv_cache import Decoding
 from errors import run_cli
 from training.checkpoint import load_model
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import sample as sample_cli  # noqa: E402
+import sample as sample_cli
 
 CFG = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=2, n_embd=16)
 

@@ -1,19 +1,14 @@
 """The tutorials' worked examples (scripts/tutorials.py) against the numbers the tutorials print, to 4 decimals."""
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT
 from model.textbook import masked_softmax
 from model.scoring import additive_scores, attend, dot_product_scores
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import tutorials  # noqa: E402
+import tutorials
 
 
 def steps(number: str) -> dict:
@@ -138,12 +133,10 @@ def test_000_averaging_three_ways_and_the_scale_in_the_wrong_place():
     assert var_raw == pytest.approx(16, rel=0.1) and var_scaled == pytest.approx(1, rel=0.1)
 
 
-def test_the_script_prints_the_tutorials_numbers_and_refuses_an_unknown_one():
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "tutorials.py"), "001", "004"], capture_output=True,
-                          text=True, timeout=120)
+def test_the_script_prints_the_tutorials_numbers_and_refuses_an_unknown_one(script):
+    done = script("tutorials.py", "001", "004")
     assert done.returncode == 0, done.stderr
     assert "  [  0.5313    1.3607    0.7891    1.3110 ]" in done.stdout
     assert "  [  1.9366    6.6831    1.5951 ]" in done.stdout and "tutorial 002" not in done.stdout
-    wrong = subprocess.run([sys.executable, str(ROOT / "scripts" / "tutorials.py"), "009"], capture_output=True,
-                           text=True, timeout=120)
+    wrong = script("tutorials.py", "009")
     assert wrong.returncode == 2 and wrong.stderr.strip() == "error: no tutorial 009; choose from 000, 001, 002, 003, 004"
