@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = rung_argv(args, number, name, overrides)
         cfg = load_config(argv, torch.cuda.is_available())[0]
         state, why = state_of(cfg)
-        command = shlex.join(["python", os.path.relpath(TRAIN), *argv])
+        program = ["python", os.path.relpath(TRAIN)]  # as a user would type it, from where the ladder runs
         print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
         if state == "finished":
             print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             if why:
                 print(f"  {why}: training this rung again", file=sys.stderr)
             how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])  # go on, start, or start again
-            print(f"  {shlex.join([*shlex.split(command), *how])}", file=sys.stderr)
+            print(f"  {shlex.join([*program, *argv, *how])}", file=sys.stderr)
             started = time.perf_counter()
             code = train_rung(argv + how)
             if code == 130:
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"rung": number, "name": name, "what": what, "settings": overrides, "parameters": parameters(cfg),
                      "full_val_loss": summary["full_val_loss"], "bits_per_char": summary["full_val_loss"] / math.log(2),
                      "train_seconds": summary["train_seconds"], "steps": summary["iterations"],
-                     "corpus": summary["corpus"], "out_dir": cfg.out_dir, "command": command})
+                     "corpus": summary["corpus"], "out_dir": cfg.out_dir, "command": shlex.join([*program, *argv])})
     print(f"\n{'rung':<16}{'parameters':>12}{'full-val loss':>15}{'bits/char':>11}{'seconds':>9}")
     for row in rows:
         print(f"{row['name']:<16}{row['parameters']:>12,}{row['full_val_loss']:>15.4f}{row['bits_per_char']:>11.3f}"
