@@ -66,3 +66,26 @@ def test_mfu_never_passes_100_percent_when_the_peak_was_measured_low():
     figures = bench.speed(run, seconds=0.01, peak_flops=1e9)  # achieved 1e11 FLOP/s against a "peak" of 1e9
     assert figures["mfu"] == 1.0 and figures["peak_flops"] == figures["achieved_flops"] == pytest.approx(1e11)
     assert bench.speed(run, seconds=0.01, peak_flops=4e11)["mfu"] == pytest.approx(0.25)  # an honest peak: as it was
+
+
+def test_bench_run_times_the_whole_command_and_reports_the_runs_own_figures(tmp_path, small_text, script):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(small_text, encoding="utf-8")
+    out, figures = tmp_path / "runs", tmp_path / "runs.json"
+    done = script("bench_run.py", "--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"),
+                  "--max_iters", "6", "--out_dir", str(out), "--json", str(figures))
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(figures.read_text(encoding="utf-8"))["variants"]
+    [run] = row["runs"]
+    summary = json.loads((out / "01-r1" / "summary.json").read_text(encoding="utf-8"))
+    assert (run["full_val_loss"], run["train_seconds"], run["model_step"]) == \
+        (summary["full_val_loss"], summary["train_seconds"], summary["model_step"])
+    assert run["phases"] == summary["seconds"] and run["whole_seconds"] >= summary["seconds"]["opening"]
+    assert f"{summary['full_val_loss']:.4f}" in done.stdout and "step 6" in (out / "01-r1.log").read_text()
+
+    refused = script("bench_run.py", "--config", "debug", "--out_dir", str(tmp_path / "x"), "--resume")
+    assert refused.returncode == 2 and "leave --out_dir, --resume and --overwrite out" in refused.stderr
+    failed = script("bench_run.py", "--config", "debug", "--data", str(tmp_path / "missing.txt"), "--out_dir", str(out))
+    said = failed.stderr.strip().splitlines()[-1]  # after the progress line, one line: the run's own error, its log
+    assert failed.returncode == 2 and said.startswith("error: python train.py --config debug --data"), failed.stderr
+    assert "no such file or folder" in said and said.endswith("01-r1.log)")
