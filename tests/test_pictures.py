@@ -3,6 +3,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -114,3 +115,20 @@ def test_characters_are_drawn_by_an_installed_font_or_labelled_by_code_point_wit
         warnings.simplefilter("error")  # matplotlib's "Glyph ... missing from font(s)" would fail here
         figure = attention_figure(torch.rand(2, 6, 6).softmax(-1), text, 0)
         figure.canvas.draw()
+
+
+def test_the_runs_attention_pictures_have_the_pixels_of_the_whole_figure():
+    """AttentionPictures draws a figure's characters and colour bar once and only the heatmaps again: the same pixels
+    as drawing the whole figure, at the first picture and at later ones."""
+    from training.pictures import AttentionPictures, attention_figure, plt
+
+    text = "ROMEO: but soft, what light"
+    pick = torch.Generator().manual_seed(0)
+    pictures = AttentionPictures(text)
+    for _ in range(3):
+        weights = torch.rand(4, len(text), len(text), generator=pick).tril()
+        weights /= weights.sum(-1, keepdim=True)
+        whole = attention_figure(weights, text, 1)
+        whole.canvas.draw()
+        assert np.array_equal(pictures.render(weights, 1), np.asarray(whole.canvas.buffer_rgba())[..., :3])
+        plt.close(whole)

@@ -63,8 +63,9 @@ class Log:
     def text(self, tag: str, text: str, step: int) -> None:
         self._write("add_text", tag, "```\n" + text + "\n```", step)
 
-    def figure(self, tag: str, figure, step: int) -> None:
-        self._write("add_figure", tag, figure, step)
+    def image(self, tag: str, picture, step: int) -> None:
+        """picture: a (height, width, 3) uint8 array."""
+        self._write("add_image", tag, picture, step, dataformats="HWC")
 
     def layout(self) -> None:
         """TensorBoard's Custom Scalars tab: train and validation loss on one chart, then the speed."""

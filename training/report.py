@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +15,9 @@ from training.build import Progress, Run
 from training.distributed import Dist
 from training.log import Log
 from training.run_dir import RunDir
+
+if TYPE_CHECKING:
+    from training.pictures import AttentionPictures  # matplotlib: imported only by runs that draw
 
 
 def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
@@ -34,8 +38,8 @@ def attention_probe(run: Run) -> list[int]:
     return [int(t) for t in run.batches.data["val"][: min(run.cfg.block_size, 48)]]
 
 
-def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict) -> None:
-    """Rank 0: the losses, a generated sample and attention maps to TensorBoard."""
+def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, pictures: AttentionPictures | None) -> None:
+    """Rank 0: the losses, a generated sample and attention maps (drawn by pictures) to TensorBoard."""
     cfg, it = run.cfg, progress.it
     log.scalars(it, {"loss/train_eval": losses["train"], "loss/val": losses["val"]})
     with run.phases.timing("samples and pictures"):
@@ -47,11 +51,10 @@ def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict) -> N
                 text = generate(run.model, [prompt], cfg.sample_chars, generator=generator)[0]
             run.model.train()
             log.text("samples", run.tokenizer.decode(text), it)
-        if cfg.log_attention:
-            from training.pictures import attention_figure, attention_weights  # matplotlib: only for runs that draw
-            probe = attention_probe(run)
-            for layer, weights in enumerate(attention_weights(run.model, probe)):
-                log.figure(f"attention/layer_{layer}", attention_figure(weights, run.tokenizer.decode(probe), layer), it)
+        if pictures is not None:
+            from training.pictures import attention_weights
+            for layer, weights in enumerate(attention_weights(run.model, attention_probe(run))):
+                log.image(f"attention/layer_{layer}", pictures.render(weights, layer), it)
 
 
 def step_line(it: int, cfg: TrainConfig, loss: float, step_seconds: float, tokens_per_sec: float, mfu: float) -> str:

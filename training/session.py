@@ -12,7 +12,7 @@ from training.build import Progress, Run, capture, plateaued
 from training.distributed import Dist
 from training.evaluation import evaluate
 from training.log import Log
-from training.report import record_evaluation
+from training.report import attention_probe, record_evaluation
 from training.run_dir import RunDir
 from training.stop import StopRequest
 
@@ -25,6 +25,7 @@ class Session:
     log: Log
     stop: StopRequest
     d: Dist
+    pictures: object = None  # training.pictures.AttentionPictures, made at the first evaluation that draws
 
     @property
     def cfg(self) -> TrainConfig:
@@ -57,12 +58,21 @@ class Session:
         progress.best_val, progress.last_eval, progress.eval_done = min(progress.best_val, losses["val"]), losses, True
         progress.evals_since_best = 0 if improved else progress.evals_since_best + 1
         if self.d.is_main:
-            record_evaluation(run, progress, self.log, losses)
+            record_evaluation(run, progress, self.log, losses, self.attention_pictures())
             if improved:
                 self.save(checkpoint.BEST)
             self.save(checkpoint.LAST)
         self.log.line(f"step {progress.it}: evaluation: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         return losses
+
+    def attention_pictures(self):
+        """The run's attention pictures (laid out at the first evaluation, redrawn at each), or None without them."""
+        if not self.cfg.log_attention:
+            return None
+        if self.pictures is None:
+            from training.pictures import AttentionPictures  # matplotlib: only for runs that draw
+            self.pictures = AttentionPictures(self.run.tokenizer.decode(attention_probe(self.run)))
+        return self.pictures
 
     def plateaued(self) -> bool:
         return plateaued(self.progress.evals_since_best, self.cfg.patience)
