@@ -9,7 +9,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import parse_compare  # noqa: E402
-from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, Interrupted, UserError, run_cli  # noqa: E402
+from train_command import run_train  # noqa: E402
 from training.files import check_output_file, write_text_atomic  # noqa: E402
 
-TRAIN = Path(__file__).resolve().parents[1] / "train.py"
 
 
 def variant_name(variant: dict[str, str]) -> str:
@@ -35,11 +34,12 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
     if cold_cache:  # an empty compiler cache for this run alone: inductor's, and triton's kernels inside it
         env["TORCHINDUCTOR_CACHE_DIR"] = str(folder.with_name(folder.name + ".compile_cache"))
     log = folder.with_name(folder.name + ".log")
-    command = [sys.executable, str(TRAIN), *argv, "--out_dir", str(folder), "--overwrite"]
     started = time.perf_counter()
     with open(log, "w", encoding="utf-8") as out:
-        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+        code = run_train([*argv, "--out_dir", str(folder), "--overwrite"], output=out, env=env)
     whole = time.perf_counter() - started
+    if code == 130:  # the run was stopped (and saved what it had): so is the benchmark
+        raise Interrupted(f"stopped; the run in {folder} saved its last step (its output: {log})")
     if code != 0:
         last = (log.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["(no output)"])[-1]
         raise UserError(f"{shlex.join(['python', 'train.py', *argv])}: {last.removeprefix('error: ')[:300]} "

@@ -8,8 +8,6 @@ import json
 import math
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +22,9 @@ from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.files import write_atomic, write_text_atomic  # noqa: E402
 
-TRAIN = Path(__file__).resolve().parents[1] / "train.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_command import TRAIN, run_train  # noqa: E402
+
 
 # Rungs 2-5 take blocks apart: learned positions (so the plain average has something to work with), no
 # feed-forward network, no residual connections or LayerNorm; each later rung puts one part back.
@@ -65,22 +65,11 @@ def rung_argv(args, index: int, name: str, overrides: dict) -> list[str]:
     return argv
 
 
-def train_rung(argv: list[str]) -> int:
-    """Run `python train.py argv` and wait for it: its progress bar and errors reach the terminal, of its other output
-    only notes and warnings. A Ctrl-C reaches it from the terminal (it finishes its step and saves); a signal sent to
-    the ladder alone is passed on to it. Its exit code."""
-    child = subprocess.Popen([sys.executable, str(TRAIN), *argv], stdout=subprocess.PIPE, text=True, encoding="utf-8",
-                             errors="replace")
-    passed_on = {sig: signal.signal(sig, lambda signum, frame: child.send_signal(signum))
-                 for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for line in child.stdout:  # the rung's own notes and warnings; the ladder says the rest
-            if line.startswith(("note", "warning")):
-                print(f"  {line.rstrip()}", file=sys.stderr)
-        return child.wait()
-    finally:
-        for sig, handler in passed_on.items():
-            signal.signal(sig, handler)
+def notes_and_warnings(line: str) -> None:
+    """Of a rung's own output only its notes and warnings are shown (with its progress bar and errors); the ladder
+    says the rest."""
+    if line.startswith(("note", "warning")):
+        print(f"  {line}", file=sys.stderr)
 
 
 def state_of(cfg) -> tuple[str, str]:
@@ -160,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])  # go on, start, or start again
             print(f"  {shlex.join([*program, *argv, *how])}", file=sys.stderr)
             started = time.perf_counter()
-            code = train_rung(argv + how)
+            code = run_train(argv + how, each_line=notes_and_warnings)
             if code == 130:
                 print(f"stopped during rung {name}; run the same command again to go on (finished rungs are "
                       f"reused, this one resumes)", file=sys.stderr)

@@ -1,0 +1,34 @@
+"""`python train.py ...` run by another command (the ladder, bench_run.py) as a child process: a Ctrl-C reaches it
+from the terminal and it finishes its step and saves; a signal sent to the parent alone is passed on to it; the
+parent waits for it either way (instead of killing it in the middle of a checkpoint) and gets its exit code."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, TextIO
+
+TRAIN = Path(__file__).resolve().parents[1] / "train.py"
+
+
+def run_train(argv: list[str], output: TextIO | None = None, each_line: Callable[[str], None] | None = None,
+              env: dict | None = None) -> int:
+    """Run train.py with argv and wait for it. Its output: into output (stdout and stderr), or its stdout line by line
+    to each_line (stderr, with the progress bar and errors, to the terminal), or all to the terminal."""
+    if output is not None:
+        streams = {"stdout": output, "stderr": subprocess.STDOUT}
+    else:
+        streams = {"stdout": subprocess.PIPE if each_line else None}
+    child = subprocess.Popen([sys.executable, str(TRAIN), *argv], text=True, encoding="utf-8", errors="replace",
+                             env=env, **streams)
+    passed_on = {sig: signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+                 for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if each_line is not None and output is None:
+            for line in child.stdout:
+                each_line(line.rstrip("\n"))
+        return child.wait()
+    finally:
+        for sig, handler in passed_on.items():
+            signal.signal(sig, handler)
