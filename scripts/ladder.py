@@ -53,13 +53,15 @@ ONE_BUDGET = {"patience": "0"}  # every rung trains all its steps (each still ha
 NOT_THE_RUN = {"out_dir", "resume", "overwrite"}  # settings that do not change what a rung computes
 
 
-def rung_argv(args, index: int, name: str, overrides: dict) -> list[str]:
-    """The rung's train.py command line (without the program)."""
+def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = ()) -> list[str]:
+    """The rung's train.py command line (without the program): the ladder's settings, the train.py options passed
+    through (every rung gets them), then the rung's own, which win."""
     argv = ["--config", args.config, "--data", args.data, "--out_dir", str(Path(args.out_dir) / f"{index:02d}-{name}")]
     if args.cache_dir:
         argv += ["--cache_dir", args.cache_dir]
     if args.max_iters is not None:
         argv += ["--max_iters", str(args.max_iters)]
+    argv += passed
     for key, value in {**QUIET, **ONE_BUDGET, **overrides}.items():
         argv += [f"--{key}", value]
     return argv
@@ -114,14 +116,19 @@ def draw(rows: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
+    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip(),
+                            epilog="Any other train.py option (--encoding latin-1, --device cpu, --seed 2, ...) is "
+                                   "passed to every rung; a rung's own settings win over it.")
     parser.add_argument("--data", default="shakespeare", help="text file, folder, or named corpus (as train.py)")
     parser.add_argument("--out_dir", default="out/ladder", help="the ladder's folder: one run folder per rung")
     parser.add_argument("--config", default="shakespeare_char_cpu", help="the preset every rung starts from")
     parser.add_argument("--max_iters", type=int, help="training steps per rung (default: the preset's)")
     parser.add_argument("--cache_dir", default="", help="as train.py --cache_dir")
     parser.add_argument("--rungs", help=f"a comma-separated subset of: {', '.join(name for name, _, _ in RUNGS)}")
-    args = parser.parse_args(argv)
+    args, passed = parser.parse_known_args(argv)  # any other train.py option goes to every rung
+    if any(word.split("=")[0] in ("--resume", "--overwrite") for word in passed):
+        raise UserError("the ladder resumes an unfinished rung and retrains a changed or damaged one by itself: "
+                        "leave --resume and --overwrite out")
     chosen = [(number, *rung) for number, rung in enumerate(RUNGS, start=1)]  # (rung number, name, what, settings)
     if args.rungs:
         names = [n.strip() for n in args.rungs.split(",")]
@@ -136,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for index, (number, name, what, overrides) in enumerate(chosen, start=1):
-        argv = rung_argv(args, number, name, overrides)
+        argv = rung_argv(args, number, name, overrides, passed)
         cfg = load_config(argv, torch.cuda.is_available())[0]
         state, why = state_of(cfg)
         program = ["python", os.path.relpath(TRAIN)]  # as a user would type it, from where the ladder runs

@@ -28,7 +28,7 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
     corpus.write_text("\n".join(SENTENCES[i % 5] + SENTENCES[(i * 3) % 5] for i in range(400)), encoding="utf-8")
     out = tmp_path / "ladder"
     common = ["--data", str(corpus), "--out_dir", str(out), "--cache_dir", str(tmp_path / "cache"),
-              "--rungs", "bigram,one_head", "--max_iters", "6"]
+              "--eval_iters", "3", "--rungs", "bigram,one_head", "--max_iters", "6"]  # eval_iters: train.py's
     first = ladder(*common)
     assert first.returncode == 0, first.stderr
     rows = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
@@ -55,6 +55,7 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
     words = shlex.split(healed[0]["command"])
     assert Path(words[1]).resolve() == ROOT / "train.py" and healed[0]["command"] in again.stderr
     saved = checkpoint.load(damaged)["run_config"]
+    assert saved["eval_iters"] == 3  # an option the ladder does not know reached the rung
     wanted = load_config(words[2:], False)[0].to_dict()
     assert {k: v for k, v in saved.items() if k not in ("resume", "overwrite")} == \
         {k: v for k, v in wanted.items() if k not in ("resume", "overwrite")}
@@ -62,10 +63,12 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
     # another budget is another run: the ladder trains the rung again instead of reusing it
     import ladder as script
     one_head = next(settings for name, _, settings in script.RUNGS if name == "one_head")
-    for steps, state in ((8, ("different", f"{out / '03-one_head'} holds a run with other settings")), (6, ("finished", ""))):
+    different = ("different", f"{out / '03-one_head'} holds a run with other settings")
+    for steps, state in ((8, different), (6, ("finished", ""))):
         args = SimpleNamespace(config="debug", data=str(corpus), out_dir=str(out), max_iters=steps,
                                cache_dir=str(tmp_path / "cache"))
-        assert script.state_of(load_config(script.rung_argv(args, 3, "one_head", one_head), False)[0]) == state
+        argv = script.rung_argv(args, 3, "one_head", one_head, ["--eval_iters", "3"])
+        assert script.state_of(load_config(argv, False)[0]) == state
 
 
 def test_an_unknown_rung_is_one_line(tmp_path):
