@@ -25,7 +25,8 @@ from training.nonfinite import NonFiniteWatch
 from training.opening import choose_corpus, open_run
 from training.perf import measure_peak_flops, model_matmul_shape
 from training.phases import Phases, seconds_since_process_start
-from training.report import attention_probe, done_lines, say_what_runs, too_many_nonfinite
+from training.report import (attention_probe, done_lines, out_of_memory, say_what_runs, stopped_line,
+                             too_many_nonfinite)
 from training.run_dir import RunDir
 from training.schedule import get_lr
 from training.session import Session
@@ -115,9 +116,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
     except (RuntimeError, torch.OutOfMemoryError) as err:
         if not runtime.is_out_of_memory(err):
             raise
-        raise UserError(f"out of memory for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
-                        f"{cfg.batch_size} x block_size {cfg.block_size}; lower --batch_size (or --block_size, "
-                        f"--n_embd, --n_layer); {stop.saved}") from None
+        raise UserError(out_of_memory(cfg, stop.saved)) from None
     finally:
         with contextlib.suppress(UserError):
             log.close()
@@ -138,13 +137,11 @@ def train_opened(s: Session, source: Path | None, started: float) -> dict:
     run.phases.seconds["opening"] += time.perf_counter() - started
     history, stopped = train_loop(s)
     if stopped:
-        log.say(f"stopped at step {progress.it}; saved {run_dir.path / checkpoint.LAST}. Continue with: "
-                f"python train.py --out_dir {where} --resume")
+        log.say(stopped_line(progress.it, run_dir, in_final_validation=False))
         return {"stopped": True, "iterations": progress.it, "history": history}
     summary = finish(s, time.perf_counter() - started)
     if summary.get("stopped"):
-        log.say(f"stopped during the final validation; step {progress.it} is saved in {run_dir.path / checkpoint.LAST}. "
-                f"Finish it with: python train.py --out_dir {where} --resume")
+        log.say(stopped_line(progress.it, run_dir, in_final_validation=True))
         return {**summary, "history": history}
     for line in done_lines(summary, s.cfg, progress):
         log.say(line)

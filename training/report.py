@@ -68,6 +68,22 @@ def too_many_nonfinite(it: int, cfg: TrainConfig, run_dir: RunDir) -> str:
             f"--learning_rate or --dtype float32, then --resume")
 
 
+def out_of_memory(cfg: TrainConfig, saved: str) -> str:
+    return (f"out of memory for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
+            f"{cfg.batch_size} x block_size {cfg.block_size}; lower --batch_size (or --block_size, --n_embd, "
+            f"--n_layer); {saved}")
+
+
+def stopped_line(it: int, run_dir: RunDir, in_final_validation: bool) -> str:
+    """What a run stopped by a request says: where its step is saved and the command that goes on."""
+    where = shlex.quote(str(run_dir.path))
+    if in_final_validation:
+        return (f"stopped during the final validation; step {it} is saved in {run_dir.path / checkpoint.LAST}. "
+                f"Finish it with: python train.py --out_dir {where} --resume")
+    return (f"stopped at step {it}; saved {run_dir.path / checkpoint.LAST}. Continue with: "
+            f"python train.py --out_dir {where} --resume")
+
+
 def done_lines(summary: dict, cfg: TrainConfig, progress: Progress) -> list[str]:
     """What a finished run says: its steps and time, which step's model it hands over and that model's figures, and
     the last step's validation estimate beside it."""
