@@ -198,6 +198,9 @@ def address_space_of(extra_bytes: int):
     """This process may map only extra_bytes more memory: an allocation past that fails at once, as on a machine that
     has no more, whatever this machine has (where memory is overcommitted, a huge one would otherwise succeed and the
     process be killed later, when it touches the pages)."""
+    # A GPU's driver reserves a large address space when it starts: start it first (train.main asks whether CUDA is
+    # there), so that the limit counts it as already mapped instead of failing the driver's start.
+    torch.cuda.is_available()
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     mapped = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
     resource.setrlimit(resource.RLIMIT_AS, (mapped + extra_bytes, hard))
