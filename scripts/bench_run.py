@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -20,6 +21,7 @@ from bench import parse_compare  # noqa: E402
 from errors import ArgumentParser, Interrupted, UserError, run_cli  # noqa: E402
 from train_command import run_train  # noqa: E402
 from training.files import check_output_file, write_text_atomic  # noqa: E402
+from training.run_dir import RunDir  # noqa: E402
 
 
 
@@ -32,7 +34,9 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
     goes to folder.log."""
     env = dict(os.environ)
     if cold_cache:  # an empty compiler cache for this run alone: inductor's, and triton's kernels inside it
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(folder.with_name(folder.name + ".compile_cache"))
+        cache = folder.with_name(folder.name + ".compile_cache")
+        shutil.rmtree(cache, ignore_errors=True)  # left by an earlier bench_run in the same --out_dir
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     log = folder.with_name(folder.name + ".log")
     started = time.perf_counter()
     with open(log, "w", encoding="utf-8") as out:
@@ -50,6 +54,22 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
             "first_step_seconds": summary.get("first_step_seconds"), "full_val_loss": summary.get("full_val_loss"),
             "model_step": summary["model_step"], "iterations": summary["iterations"],
             "stopped_early": summary["stopped_early"], "device": summary["device"], "phases": seconds, "log": str(log)}
+
+
+def run_all(rest: list[str], variants: list[dict[str, str]], out: Path, repeat: int, cold_cache: bool) -> dict:
+    """Every variant once per round, in turn: {variant name: its runs' figures}."""
+    runs = {variant_name(v): [] for v in variants}
+    for round_ in range(1, repeat + 1):
+        for number, variant in enumerate(variants, start=1):
+            name = variant_name(variant)
+            extra = [part for field, value in variant.items() for part in (f"--{field}", value)]
+            print(f"[round {round_}/{repeat}] {name}", file=sys.stderr, flush=True)
+            r = run_once(rest + extra, out / f"{number:02d}-r{round_}", cold_cache)
+            runs[name].append(r)
+            loss = ("" if r["full_val_loss"] is None else
+                    f", full validation {r['full_val_loss']:.4f} (step {r['model_step']})")
+            print(f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training{loss}", file=sys.stderr)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,20 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         check_output_file(args.json, "--json")
     variants = parse_compare(args.compare) if args.compare else [{}]
     out = Path(args.out_dir)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out_dir {out} is a file; choose a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    runs = {variant_name(v): [] for v in variants}
-    for round_ in range(1, args.repeat + 1):
-        for number, variant in enumerate(variants, start=1):
-            name = variant_name(variant)
-            extra = [part for field, value in variant.items() for part in (f"--{field}", value)]
-            print(f"[round {round_}/{args.repeat}] {name}", file=sys.stderr, flush=True)
-            runs[name].append(run_once(rest + extra, out / f"{number:02d}-r{round_}", args.cold_compile_cache))
-            r = runs[name][-1]
-            print(f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training, full validation "
-                  f"{r['full_val_loss']:.4f} (step {r['model_step']})" if r["full_val_loss"] is not None else
-                  f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training", file=sys.stderr)
+    owner = RunDir(out).claim(say=lambda message: None)  # one bench_run per folder: the runs' logs lie side by side
+    try:
+        runs = run_all(rest, variants, out, args.repeat, args.cold_compile_cache)
+    finally:
+        owner.release()
     rows = [{"variant": name, "whole_seconds": statistics.median(r["whole_seconds"] for r in done),
              "train_seconds": statistics.median(r["train_seconds"] for r in done), "runs": done}
             for name, done in runs.items()]

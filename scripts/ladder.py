@@ -76,7 +76,8 @@ def notes_and_warnings(line: str) -> None:
 
 def state_of(cfg) -> tuple[str, str]:
     """(new | finished | unfinished | different | damaged, why): different means a run of other settings is in the
-    folder; damaged, that its checkpoint cannot be read. A rung costs minutes, so both are simply trained again."""
+    folder; damaged, that its checkpoint or summary cannot be read. A rung costs minutes, so both are simply trained
+    again."""
     folder = Path(cfg.out_dir)
     ckpt = folder / checkpoint.LAST
     if not ckpt.exists():
@@ -88,7 +89,20 @@ def state_of(cfg) -> tuple[str, str]:
     wanted = cfg.to_dict()
     if any(saved.get(key) != wanted[key] for key in wanted if key not in NOT_THE_RUN | {"data"}):
         return "different", f"{cfg.out_dir} holds a run with other settings"
-    return ("finished" if (folder / "summary.json").exists() else "unfinished"), ""
+    if not (folder / "summary.json").exists():
+        return "unfinished", ""
+    if summary_of(folder) is None:
+        return "damaged", f"{folder / 'summary.json'} cannot be read"
+    return "finished", ""
+
+
+def summary_of(folder: Path) -> dict | None:
+    """A finished rung's summary.json, or None where it is not a readable one."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and "full_val_loss" in summary else None
 
 
 def parameters(cfg) -> int:
@@ -145,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     for index, (number, name, what, overrides) in enumerate(chosen, start=1):
         argv = rung_argv(args, number, name, overrides, passed)
         cfg = load_config(argv, torch.cuda.is_available())[0]
+        if not cfg.full_val:
+            raise UserError("the ladder compares the rungs' full-validation losses: leave out --full_val false")
         state, why = state_of(cfg)
         program = ["python", os.path.relpath(TRAIN)]  # as a user would type it, from where the ladder runs
         print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
@@ -166,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             if code != 0:
                 raise UserError(f"rung {name}: train.py ended with exit code {code}; its command is above")
             print(f"  {time.perf_counter() - started:.1f} s", file=sys.stderr)
-        summary = json.loads((Path(cfg.out_dir) / "summary.json").read_text(encoding="utf-8"))
+        summary = summary_of(Path(cfg.out_dir))
+        if summary is None:
+            raise UserError(f"rung {name}: {Path(cfg.out_dir) / 'summary.json'} cannot be read after training; "
+                            f"run the same command again")
         rows.append({"rung": number, "name": name, "what": what, "settings": overrides, "parameters": parameters(cfg),
                      "full_val_loss": summary["full_val_loss"], "bits_per_char": summary["full_val_loss"] / math.log(2),
                      "train_seconds": summary["train_seconds"], "steps": summary["iterations"],

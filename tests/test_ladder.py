@@ -69,6 +69,9 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
                                cache_dir=str(tmp_path / "cache"))
         argv = script.rung_argv(args, 3, "one_head", one_head, ["--eval_iters", "3"])
         assert script.state_of(load_config(argv, False)[0]) == state
+    summary = out / "03-one_head" / "summary.json"
+    summary.write_text(summary.read_text(encoding="utf-8")[:40], encoding="utf-8")  # cut short: trained again
+    assert script.state_of(load_config(argv, False)[0]) == ("damaged", f"{summary} cannot be read")
 
 
 def test_an_unknown_rung_is_one_line(tmp_path):

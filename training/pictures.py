@@ -56,7 +56,7 @@ class AttentionPictures:
     """A run's attention pictures of its fixed probe text, one per layer, as (height, width, 3) arrays. Each figure is
     laid out and drawn once without its heatmaps and frames (the characters, titles and colour bar: nearly all of
     the drawing time); every picture then draws only the heatmaps and their frames onto that background. The same
-    pixels as drawing the whole figure (tested), in about 1/20 of the time."""
+    pixels as drawing the whole figure (tested); a picture after the first took 26 ms here, against about 0.5 s."""
 
     def __init__(self, text: str):
         self.text = text
@@ -69,22 +69,26 @@ class AttentionPictures:
             plt.close(fig)  # out of pyplot's list of open figures (it warns past 20) ...
             FigureCanvasAgg(fig)  # ... and onto a canvas of its own
             heatmaps = [ax for ax in fig.axes if ax.images]  # one per head, in order (the colour bar has none)
-            for ax in heatmaps:
-                for artist in (ax.images[0], *ax.spines.values()):
-                    artist.set_visible(False)
+            redrawn = [artist for ax in heatmaps for artist in redrawn_parts(ax)]
+            for artist in redrawn:
+                artist.set_visible(False)
             fig.canvas.draw()
             background = fig.canvas.copy_from_bbox(fig.bbox)
-            for ax in heatmaps:
-                for artist in (ax.images[0], *ax.spines.values()):
-                    artist.set_visible(True)
+            for artist in redrawn:
+                artist.set_visible(True)
             self.layers[layer] = (fig, heatmaps, background)
         fig, heatmaps, background = self.layers[layer]
         fig.canvas.restore_region(background)
         for ax, head in zip(heatmaps, weights):
             ax.images[0].set_data(head.float().cpu().numpy())
-            for artist in (ax.images[0], *ax.spines.values()):  # in the order a whole drawing puts them
+            for artist in redrawn_parts(ax):
                 ax.draw_artist(artist)
         return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+
+
+def redrawn_parts(ax) -> tuple:
+    """What a picture draws again on a heatmap's axes: the heatmap, then its frame over it, as a whole drawing does."""
+    return ax.images[0], *ax.spines.values()
 
 
 def figure_size(n_heads: int) -> tuple[int, int]:

@@ -4,6 +4,7 @@ record, decide to stop early, hand over the best model."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from configs import TrainConfig
 from errors import UserError
@@ -16,6 +17,9 @@ from training.report import attention_probe, record_evaluation
 from training.run_dir import RunDir
 from training.stop import StopRequest
 
+if TYPE_CHECKING:
+    from training.pictures import AttentionPictures  # matplotlib: imported only by runs that draw
+
 
 @dataclass
 class Session:
@@ -25,7 +29,7 @@ class Session:
     log: Log
     stop: StopRequest
     d: Dist
-    pictures: object = None  # training.pictures.AttentionPictures, made at the first evaluation that draws
+    pictures: AttentionPictures | None = None  # made at the first evaluation that draws
 
     @property
     def cfg(self) -> TrainConfig:
@@ -65,7 +69,7 @@ class Session:
         self.log.line(f"step {progress.it}: evaluation: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         return losses
 
-    def attention_pictures(self):
+    def attention_pictures(self) -> AttentionPictures | None:
         """The run's attention pictures (laid out at the first evaluation, redrawn at each), or None without them."""
         if not self.cfg.log_attention:
             return None

@@ -28,7 +28,8 @@ class StepLog:
         self.bar.set_postfix_str(f"train {losses['train']:.4f} val {losses['val']:.4f}", refresh=False)
 
     def write(self, lr: float, loss: torch.Tensor, grad_norm: torch.Tensor) -> int:
-        """Log this step; the longest run of skipped (non-finite) steps since the last log line, which the loop judges."""
+        """Log this step. Returns the longest run of skipped (non-finite) steps since the last log line: the loop
+        judges it."""
         s, it = self.s, self.s.progress.it
         # the only host sync of the loop (and the evaluations'): one read for all three numbers
         loss_value, norm_value, skipped = torch.stack([loss.float(), grad_norm.float(),
