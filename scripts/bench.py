@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     figures.update(run)
     figures.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype, [run.pop("matmul_shape")])))
     sample_rt = runtime.for_sampling(rt, cfg.dtype)
-    figures.update(bench_sampling(model, sample_rt, args.sample_tokens, compile=rt.device_type == "cuda"))
+    figures.update(bench_sampling(model, rt.device_type, [sample_rt.dtype], args.sample_tokens,
+                                  compile=rt.device_type == "cuda"))
     figures["sample_dtype"] = str(sample_rt.dtype).removeprefix("torch.")
     figures["prepare_mb_per_sec"] = bench_prepare(args.prepare_mb)
 

@@ -1,62 +1,98 @@
 """python scripts/bench_sample.py: characters/s of generation (6x6x384, block 256): one stream and a batch, with and
-without the KV cache, eager and with a compiled decoding step, timed in turn, round after round, in one process."""
+without the KV cache, eager and with a compiled decoding step, in one or more weight dtypes, timed in turn, round after
+round, in one process."""
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from errors import UserError  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 from training import runtime  # noqa: E402
 from training.perf import sync  # noqa: E402
 
 
-def variants_of(batch: int, compile: bool) -> list[tuple[str, int, bool, bool]]:
-    """(name, rows, cached, compiled) of each measurement; the whole-window recompute only for one stream (it is slow)."""
-    out = [("cached", 1, True, False), ("uncached", 1, False, False), (f"batch{batch}_cached", batch, True, False)]
-    if compile:
-        out += [("compiled", 1, True, True), (f"batch{batch}_compiled", batch, True, True)]
+class Variant(NamedTuple):
+    name: str  # the figures' key: sample_chars_per_sec_<name>
+    rows: int
+    cached: bool
+    compiled: bool
+    dtype: torch.dtype  # of the weights
+
+
+def variants_of(batch: int, compile: bool, dtypes: list[torch.dtype]) -> list[Variant]:
+    """Each measurement; the whole-window recompute only for one stream in the first dtype (it is slow). With more
+    than one dtype, every name ends in its dtype (cached_bfloat16)."""
+    out = []
+    for dtype in dtypes:
+        tag = "" if len(dtypes) == 1 else "_" + dtype_name(dtype)
+        out += [Variant("cached" + tag, 1, True, False, dtype)]
+        if dtype == dtypes[0]:
+            out += [Variant("uncached" + tag, 1, False, False, dtype)]
+        out += [Variant(f"batch{batch}_cached{tag}", batch, True, False, dtype)]
+        if compile:
+            out += [Variant("compiled" + tag, 1, True, True, dtype),
+                    Variant(f"batch{batch}_compiled{tag}", batch, True, True, dtype)]
     return out
 
 
-def bench_sampling(model: GPT, rt: runtime.Runtime, new_tokens: int, batch: int = 8, compile: bool = False,
-                   rounds: int = 1, say=lambda message: None) -> dict:
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def bench_sampling(model: GPT, device_type: str, dtypes: list[torch.dtype], new_tokens: int, batch: int = 8,
+                   compile: bool = False, rounds: int = 1, say=lambda message: None) -> dict:
     """sample_chars_per_sec_<variant> (characters of all rows per second, the median of the rounds), the cache's
-    speed-up for one stream, and whether every variant drew the same tokens (greedy) for the first row."""
+    speed-up for one stream, and whether every variant of a dtype drew the same tokens (greedy) for the first row.
+    Each dtype samples as scripts/sample.py does: a copy of the model with its weights cast to it, no autocast."""
     model.eval()
-    steps = {False: one_token_step}
+    models = {dtype: runtime.weights_for_sampling(copy.deepcopy(model), dtype) for dtype in dtypes}
+    steps = {(dtype, False): one_token_step for dtype in dtypes}
     if compile:
-        steps[True] = compiled_step(rt.device_type)
-    variants = variants_of(batch, compile)
-    seconds = {name: [] for name, *_ in variants}
+        steps.update({(dtype, True): compiled_step(device_type) for dtype in dtypes})
+    variants = variants_of(batch, compile, dtypes)
+    seconds = {v.name: [] for v in variants}
     texts = {}
-    with rt.autocast():
-        for name, rows, cached, compiled in variants:  # warm-up: compilation, allocator, kernels' plans
+
+    def run(v: Variant, n: int) -> list[int]:
+        return generate(models[v.dtype], [[0]] * v.rows, n, temperature=0, use_cache=v.cached,
+                        step=steps[v.dtype, v.compiled])[0]
+
+    for v in variants:  # warm-up: compilation, allocator, kernels' plans
+        start = time.perf_counter()
+        run(v, 8)
+        sync(model.wte.weight.device)
+        if v.compiled:
+            say(f"  compiled the decoding step for {v.rows} row(s), {dtype_name(v.dtype)}, in "
+                f"{time.perf_counter() - start:.1f} s")
+    for _ in range(rounds):
+        for v in variants:
+            sync(model.wte.weight.device)
             start = time.perf_counter()
-            generate(model, [[0]] * rows, 8, temperature=0, use_cache=cached, step=steps[compiled])
-            sync(rt.device)
-            if compiled:
-                say(f"  compiled the decoding step for {rows} row(s) in {time.perf_counter() - start:.1f} s")
-        for _ in range(rounds):
-            for name, rows, cached, compiled in variants:
-                sync(rt.device)
-                start = time.perf_counter()
-                texts[name] = generate(model, [[0]] * rows, new_tokens, temperature=0, use_cache=cached,
-                                       step=steps[compiled])[0]
-                sync(rt.device)
-                seconds[name].append(time.perf_counter() - start)
-    out = {f"sample_chars_per_sec_{name}": rows * new_tokens / statistics.median(seconds[name])
-           for name, rows, *_ in variants}
-    out["sample_cache_speedup"] = out["sample_chars_per_sec_cached"] / out["sample_chars_per_sec_uncached"]
-    out["sample_same_tokens"] = all(text == texts["cached"] for text in texts.values())
+            texts[v.name] = (v.dtype, run(v, new_tokens))
+            sync(model.wte.weight.device)
+            seconds[v.name].append(time.perf_counter() - start)
+    out = {f"sample_chars_per_sec_{v.name}": v.rows * new_tokens / statistics.median(seconds[v.name])
+           for v in variants}
+    first, uncached = variants[0], variants[1]
+    out["sample_cache_speedup"] = out[f"sample_chars_per_sec_{first.name}"] / out[f"sample_chars_per_sec_{uncached.name}"]
+    for v in variants:  # each dtype's one-stream cached speed against the first dtype's
+        if v.rows == 1 and v.cached and not v.compiled and v.dtype != first.dtype:
+            out[f"sample_speedup_{dtype_name(v.dtype)}"] = out[f"sample_chars_per_sec_{v.name}"] / \
+                out[f"sample_chars_per_sec_{first.name}"]
+    out["sample_same_tokens"] = all(text == texts[next(w.name for w in variants if w.dtype == dtype)][1]
+                                    for dtype, text in texts.values())
     return out
 
 
@@ -73,30 +109,42 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time a compiled decoding step (default: on CUDA only; on a CPU compiling takes "
                              "about half a minute)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto (autocast)")
+    parser.add_argument("--dtype", default="float32",
+                        help="the weights' dtype, as sample.py --dtype: float32 | bfloat16 | float16 | auto, or "
+                             "several to compare in turn, e.g. float32,bfloat16")
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=65, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                       n_embd=args.n_embd)
-    rt = runtime.setup(args.device, args.dtype, sampling=True)
-    compile = rt.device_type == "cuda" if args.compile is None else args.compile
-    model = GPT(cfg).to(rt.device)  # random weights: speed does not depend on what the model learned
+    try:
+        device = runtime.pick_device(args.device)
+        dtypes = list(dict.fromkeys(runtime.pick_dtype(spec, device, sampling=True) for spec in args.dtype.split(",")))
+    except UserError as err:
+        parser.error(str(err))
+    compile = device.type == "cuda" if args.compile is None else args.compile
+    model = GPT(cfg).to(device)  # random weights: speed does not depend on what the model learned
+    variants = variants_of(args.batch, compile, dtypes)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     print(f"generating {args.new_tokens} characters with a {args.n_layer}x{args.n_head}x{args.n_embd} model on "
-          f"{rt.describe()}: {', '.join(name for name, *_ in variants_of(args.batch, compile))}, {args.rounds} "
-          f"round(s) in turn (the uncached pass can take a minute or more on a CPU) ...", flush=True)
-    figures = {"model": f"{args.n_layer}x{args.n_head}x{args.n_embd}, block {args.block_size}",
-               "device": rt.describe(), "threads": torch.get_num_threads(), "new_tokens": args.new_tokens,
-               "rounds": args.rounds, **bench_sampling(model, rt, args.new_tokens, args.batch, compile, args.rounds,
-                                                       say=print)}
-    print(f"{figures['model']} on {figures['device']} ({figures['threads']} threads), {args.new_tokens} new characters "
-          f"per row, medians of {args.rounds} round(s):")
-    for name, rows, cached, compiled in variants_of(args.batch, compile):
-        what = f"{rows} row{'s' if rows > 1 else ''}, {'KV cache' if cached else 'full recompute'}" + \
-               (", compiled step" if compiled else "")
-        print(f"  {what:<36} {figures[f'sample_chars_per_sec_{name}']:9.1f} chars/s")
-    print(f"  cache speed-up (1 row)               {figures['sample_cache_speedup']:9.1f}x   "
-          f"(same tokens everywhere: {figures['sample_same_tokens']})")
+          f"{where}: {', '.join(v.name for v in variants)}, {args.rounds} round(s) in turn (the uncached pass can "
+          f"take a minute or more on a CPU) ...", flush=True)
+    figures = {"model": f"{args.n_layer}x{args.n_head}x{args.n_embd}, block {args.block_size}", "device": where,
+               "dtypes": [dtype_name(d) for d in dtypes], "threads": torch.get_num_threads(),
+               "new_tokens": args.new_tokens, "rounds": args.rounds,
+               **bench_sampling(model, device.type, dtypes, args.new_tokens, args.batch, compile, args.rounds,
+                                say=print)}
+    print(f"{figures['model']} on {where} ({figures['threads']} threads), {args.new_tokens} new characters per row, "
+          f"medians of {args.rounds} round(s):")
+    for v in variants:
+        what = f"{v.rows} row{'s' if v.rows > 1 else ''}, {'KV cache' if v.cached else 'full recompute'}" + \
+               (", compiled step" if v.compiled else "") + f", {dtype_name(v.dtype)}"
+        print(f"  {what:<46} {figures[f'sample_chars_per_sec_{v.name}']:9.1f} chars/s")
+    print(f"  {'cache speed-up (1 row, ' + dtype_name(dtypes[0]) + ')':<46} {figures['sample_cache_speedup']:9.1f}x")
+    for dtype in dtypes[1:]:
+        print(f"  {dtype_name(dtype) + ' against ' + dtype_name(dtypes[0]) + ' (1 row, KV cache)':<46} "
+              f"{figures['sample_speedup_' + dtype_name(dtype)]:9.2f}x")
+    print(f"  every variant of a dtype drew the same tokens: {figures['sample_same_tokens']}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
     return 0

@@ -32,7 +32,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--num_samples", type=int, default=1, help="samples per prompt")
     p.add_argument("--seed", type=int, default=1337, help="same seed and settings give the same text")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16: the weights are cast to it "
+                                                  "once (auto: bfloat16 on CUDA, float32 on a CPU)")
     p.add_argument("--stream", default=None, action=argparse.BooleanOptionalAction,
                    help="print characters as they come (default: on when writing to a terminal)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = read_prompts(args)
     path = checkpoint.find(args.out_dir, args.ckpt)
     model, tokenizer, state = load_model(path, rt.device)
+    model = runtime.weights_for_sampling(model, rt.dtype)  # bfloat16/float16: cast once, no autocast
     data = state.get("data") if isinstance(state.get("data"), dict) else {}
     val = state.get("best_val_loss")
     loss = f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else ""
@@ -107,19 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     step = compiled_step(rt.device_type) if args.compile else one_token_step
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
                     use_cache=not args.no_cache, step=step)
-    with rt.autocast():
-        if stream:  # one row at a time, each character printed as it is drawn
-            for i, (row, text) in enumerate(zip(rows, texts)):
-                print(("\n---\n" if i else "") + text, end="", flush=True)
+    if stream:  # one row at a time, each character printed as it is drawn
+        for i, (row, text) in enumerate(zip(rows, texts)):
+            print(("\n---\n" if i else "") + text, end="", flush=True)
 
-                def show(ids: torch.Tensor) -> None:  # (1, n): the next n characters of the row
-                    print(tokenizer.decode(ids[0].tolist()), end="", flush=True)
+            def show(ids: torch.Tensor) -> None:  # (1, n): the next n characters of the row
+                print(tokenizer.decode(ids[0].tolist()), end="", flush=True)
 
-                generate(model, [row], args.max_new_tokens, on_tokens=show, **settings)
-            print()
-        else:  # every row in one batch (prompts of different lengths are left-padded and masked)
-            new = generate(model, rows, args.max_new_tokens, **settings)
-            print("\n---\n".join(text + tokenizer.decode(n) for text, n in zip(texts, new)))
+            generate(model, [row], args.max_new_tokens, on_tokens=show, **settings)
+        print()
+    else:  # every row in one batch (prompts of different lengths are left-padded and masked)
+        new = generate(model, rows, args.max_new_tokens, **settings)
+        print("\n---\n".join(text + tokenizer.decode(n) for text, n in zip(texts, new)))
     return 0
 
 

@@ -72,3 +72,19 @@ def test_the_compiled_decoding_step_is_compiled_once_and_agrees(sharp_model, mon
     eager = generate(sharp_model, prompts, 60, temperature=0)
     compiled = [generate(sharp_model, prompts, 60, temperature=0, step=step) for _ in range(2)]
     assert compiled[0] == compiled[1] == eager
+
+
+def test_sampling_with_bfloat16_weights_reads_back_once_and_compiles_once(sharp_model, host_reads, monkeypatch):
+    """sample.py's CUDA default: the weights cast to bfloat16 once, no autocast; the token loop still reads nothing
+    back, and the compiled step (CUDA graphs) is compiled once and replays the same tokens on a second call."""
+    from training.runtime import weights_for_sampling
+    model = weights_for_sampling(sharp_model, torch.bfloat16)
+    torch.compiler.reset()
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
+    with host_reads() as reads:
+        eager = generate(model, prompts, 60, temperature=0)
+    assert len(reads) == 1 and all(len(row) == 60 for row in eager)
+    step = compiled_step("cuda")
+    compiled = [generate(model, prompts, 60, temperature=0, step=step) for _ in range(2)]
+    assert compiled[0] == compiled[1]

@@ -166,6 +166,45 @@ def test_unknown_prompt_characters(run_dir):
     assert skipped.returncode == 0 and skipped.stdout.startswith("The") and "skipped 1" in skipped.stderr
 
 
+def weight_casts(n_embd: int):
+    """with weight_casts(n) as casts: ... -> casts lists every float32 tensor of a weight matrix's size (n x n or
+    more) converted to another dtype: autocast does it to every weight at every step, a cast model never again."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Casts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[tuple[int, ...]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket in (torch.ops.aten._to_copy, torch.ops.aten.to) and args[0].dtype == torch.float32 \
+                    and out.dtype != torch.float32 and args[0].numel() >= n_embd * n_embd:
+                self.seen.append(tuple(args[0].shape))
+            return out
+    return Casts()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_sampling_in_half_precision_casts_each_weight_once_not_at_every_character(run_dir, dtype):
+    """sample.py --dtype bfloat16|float16 holds the weights in that dtype (cast at load) and decodes without autocast,
+    which would read and cast every float32 weight again for each new character (what the count checks)."""
+    n_embd = load_model(run_dir / "ckpt_last.pt")[0].config.n_embd
+    counts, texts = [], []
+    for new_tokens in (10, 30):
+        with weight_casts(n_embd) as casts:
+            result = sample("--out_dir", str(run_dir), "--dtype", dtype, "--prompt", "The", "--temperature", "0",
+                            "--max_new_tokens", str(new_tokens), "--no-stream")
+        assert result.returncode == 0, result.stderr
+        counts.append(len(casts.seen))
+        texts.append(result.stdout)
+    assert counts[0] == counts[1] > 0  # the load's casts, whatever the length of the text
+    assert len(texts[1]) == 3 + 30 + 1 and texts[1].startswith(texts[0][:-1])  # greedy: the longer text goes on
+    with weight_casts(n_embd) as casts, torch.autocast("cpu", dtype=torch.bfloat16):
+        generate(load_model(run_dir / "ckpt_last.pt")[0], [[1, 2]], 10, temperature=0)
+    assert len(casts.seen) > 10 * counts[0] // 2  # the old way, autocast: weights cast again at each character
+
+
 @pytest.mark.parametrize("args, message", [
     (["--top_p", "1.5"], "--top_p 1.5: must be in (0, 1]"),
     (["--top_p", "0"], "--top_p 0.0: must be in (0, 1]"),
