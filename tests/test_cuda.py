@@ -64,27 +64,29 @@ def test_sampling_on_the_gpu_equals_the_cpu_and_reads_back_once(sharp_model, hos
     assert on_gpu == generate(sharp_model.cpu(), prompts, 60, temperature=0)
 
 
-def test_the_compiled_decoding_step_is_compiled_once_and_agrees(sharp_model, monkeypatch):
+def test_the_compiled_decoding_step_is_compiled_once_and_agrees(sharp_model):
     torch.compiler.reset()
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # 60 tokens, window slides, two calls: one
     prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
     step = compiled_step("cuda")  # inductor with CUDA graphs
     eager = generate(sharp_model, prompts, 60, temperature=0)
-    compiled = [generate(sharp_model, prompts, 60, temperature=0, step=step) for _ in range(2)]
+    # 60 tokens, the window slides, two calls: one compilation. (config.patch: undoing a pytest monkeypatch deletes
+    # the setting from dynamo's config, and the next test to set it fails.)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = [generate(sharp_model, prompts, 60, temperature=0, step=step) for _ in range(2)]
     assert compiled[0] == compiled[1] == eager
 
 
-def test_sampling_with_bfloat16_weights_reads_back_once_and_compiles_once(sharp_model, host_reads, monkeypatch):
+def test_sampling_with_bfloat16_weights_reads_back_once_and_compiles_once(sharp_model, host_reads):
     """sample.py's CUDA default: the weights cast to bfloat16 once, no autocast; the token loop still reads nothing
     back, and the compiled step (CUDA graphs) is compiled once and replays the same tokens on a second call."""
     from training.runtime import weights_for_sampling
     model = weights_for_sampling(sharp_model, torch.bfloat16)
     torch.compiler.reset()
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
     with host_reads() as reads:
         eager = generate(model, prompts, 60, temperature=0)
     assert len(reads) == 1 and all(len(row) == 60 for row in eager)
     step = compiled_step("cuda")
-    compiled = [generate(model, prompts, 60, temperature=0, step=step) for _ in range(2)]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = [generate(model, prompts, 60, temperature=0, step=step) for _ in range(2)]
     assert compiled[0] == compiled[1]

@@ -166,6 +166,23 @@ def test_unknown_prompt_characters(run_dir):
     assert skipped.returncode == 0 and skipped.stdout.startswith("The") and "skipped 1" in skipped.stderr
 
 
+@pytest.mark.inductor
+def test_the_cpu_compiled_step_gives_the_eager_text_and_compiles_once(model):
+    """compiled_step("cpu") as shipped (inductor, weights frozen, C++ matrix products): greedy and seeded, batched
+    with left padding and past the window's slide, the same tokens as eager; a second call does not recompile."""
+    torch.compiler.reset()
+    said = []
+    step = compiled_step("cpu", warn=said.append)
+    prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for settings in ({"temperature": 0}, {"generator": torch.Generator().manual_seed(3)}):
+            compiled = generate(model, prompts, 60, step=step, **settings)
+            if "generator" in settings:
+                settings["generator"].manual_seed(3)
+            assert compiled == generate(model, prompts, 60, **settings)
+    assert said == []  # compiled, not fallen back to eager
+
+
 def weight_casts(n_embd: int):
     """with weight_casts(n) as casts: ... -> casts lists every float32 tensor of a weight matrix's size (n x n or
     more) converted to another dtype: autocast does it to every weight at every step, a cast model never again."""
