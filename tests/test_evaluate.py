@@ -60,7 +60,10 @@ def test_the_validation_split_side_by_side_is_the_runs_full_validation(run, figu
     tmp, corpus, summary = run
     val = figures(tmp, "--data", str(corpus), "--split", "val")
     assert val["stride"] == 32 and val["unknown"] == 0
-    assert val["loss"] == pytest.approx(summary["full_val_loss"], rel=1e-6)
+    # The same windows, summed in another order (per character here, per batch mean there): float32 rounding only.
+    # 1e-6 held on this project's 2-core AVX2 CPU; a 16-core machine beside an H100 gave 3.1575176 against
+    # 3.1575216 (1.3e-6), so the tolerance is 1e-5, still far below what a wrong window or split would move.
+    assert val["loss"] == pytest.approx(summary["full_val_loss"], rel=1e-5)
     closer = figures(tmp, "--data", str(corpus), "--split", "val", "--stride", "8")  # more context per character
     # more context per character: the same characters, and no worse beyond a hair (this toy, 60 steps on the made-up
     # play, is no better at a window's late positions than at its early ones: stride 8 measured 0.0002-0.02 higher)
