@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     stream = sys.stdout.isatty() if args.stream is None else args.stream
     generator = torch.Generator(device=rt.device).manual_seed(args.seed)
     step = compiled_step(rt.device_type) if args.compile else one_token_step
+    if args.compile and not args.no_cache:  # else the wait before the first new character would look like a hang
+        print("--compile: the decoding step is compiled before the first new character (on a CPU about 20 s)",
+              file=sys.stderr)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
                     use_cache=not args.no_cache, step=step)
     if stream:  # one row at a time, each character printed as it is drawn
