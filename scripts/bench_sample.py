@@ -86,11 +86,11 @@ def bench_sampling(model: GPT, device_type: str, dtypes: list[torch.dtype], new_
     out = {f"sample_chars_per_sec_{v.name}": v.rows * new_tokens / statistics.median(seconds[v.name])
            for v in variants}
     first, uncached = variants[0], variants[1]
-    out["sample_cache_speedup"] = out[f"sample_chars_per_sec_{first.name}"] / out[f"sample_chars_per_sec_{uncached.name}"]
+    speed = {v.name: out[f"sample_chars_per_sec_{v.name}"] for v in variants}
+    out["sample_cache_speedup"] = speed[first.name] / speed[uncached.name]
     for v in variants:  # each dtype's one-stream cached speed against the first dtype's
         if v.rows == 1 and v.cached and not v.compiled and v.dtype != first.dtype:
-            out[f"sample_speedup_{dtype_name(v.dtype)}"] = out[f"sample_chars_per_sec_{v.name}"] / \
-                out[f"sample_chars_per_sec_{first.name}"]
+            out[f"sample_speedup_{dtype_name(v.dtype)}"] = speed[v.name] / speed[first.name]
     out["sample_same_tokens"] = all(text == texts[next(w.name for w in variants if w.dtype == dtype)][1]
                                     for dtype, text in texts.values())
     return out
