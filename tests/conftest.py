@@ -6,6 +6,7 @@ import importlib
 import io
 import random
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,10 @@ README_COMMANDS = [line.split("#")[0].strip() for block in re.findall(r"```bash\
                    for line in block.splitlines() if line.strip()]
 
 torch.set_num_threads(1)  # small matrices: one thread is faster and repeatable on 2-core machines
+# A suite started in the background of a shell (`python -m pytest &`) inherits Ctrl-C ignored, and so would every
+# command it starts: the tests that press Ctrl-C would then fail. Ctrl-C is given back its usual meaning.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 SPEAKERS = ("First Citizen", "Second Citizen", "ROMEO", "JULIET", "MENENIUS", "KING HENRY", "QUEEN MARGARET", "All")
