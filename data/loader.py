@@ -71,20 +71,36 @@ class Batches:
         return self._to_device(windows)
 
     def val_windows(self, batch_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Every non-overlapping block_size window of the validation split, in order, batch by batch
-        (under DDP, this rank's share: every world_size-th window)."""
+        """Every non-overlapping block_size window of the validation split, in order, batch by batch (under DDP, this
+        rank's share: every world_size-th window). Every batch has the same size: the last is filled up with rows
+        whose targets are -1, which the loss ignores. So a compiled model sees one shape (a smaller last batch would
+        make it compile again), and every rank reads as many batches as the others (they meet batch by batch)."""
         starts = self._val_starts()
         step = batch_size or self.batch_size
-        for i in range(0, len(starts), step):
-            yield self._to_device(self.data["val"][starts[i:i + step, None] + self._steps])
+        for i in range(0, self.num_val_batches(step) * step, step):
+            mine = starts[i:i + step]
+            n_pad = step - len(mine)
+            mine = np.concatenate([mine, np.zeros(n_pad, dtype=mine.dtype)])  # the first window again, as padding
+            x, y = self._to_device(self.data["val"][mine[:, None] + self._steps])
+            if n_pad:  # (y shares its memory with x) a new y, laid out as every other batch's: rows of T + 1
+                padded = y.new_full((step, self.block_size + 1), -1)[:, 1:]
+                padded[:step - n_pad] = y[:step - n_pad]
+                y = padded
+            yield x, y
 
     def _val_starts(self) -> np.ndarray:
         T = self.block_size  # a window needs T inputs and the character after them
         return np.arange(0, len(self.data["val"]) - T, T)[self.rank::self.world_size]
 
     def num_val_windows(self) -> int:
-        """How many windows val_windows() yields on this rank."""
+        """How many windows val_windows() yields on this rank (padding left out)."""
         return len(self._val_starts())
+
+    def num_val_batches(self, batch_size: int | None = None) -> int:
+        """How many batches val_windows() yields: the same on every rank (rank 0 has the most windows)."""
+        T, step = self.block_size, batch_size or self.batch_size
+        most = -(-len(range(0, len(self.data["val"]) - T, T)) // self.world_size)
+        return -(-most // step)
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -134,16 +134,38 @@ def test_batches_gathered_from_a_resident_copy_equal_those_read_from_disk(tmp_pa
             assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b)
 
 
-def test_val_windows_cover_the_split_without_overlap(tmp_path, small_text):
+def test_val_windows_cover_the_split_once_in_batches_of_one_size(tmp_path, small_text):
     prepared = prepared_from(small_text, tmp_path)
     batches = Batches(prepared, block_size=50, batch_size=4, device="cpu")
     xs, ys = zip(*batches.val_windows(batch_size=7))
-    x, y = torch.cat(xs), torch.cat(ys)
     val = np.fromfile(prepared.path("val"), dtype=np.uint8)
     n = (len(val) - 1) // 50
-    assert len(x) == n == batches.num_val_windows()
-    assert torch.equal(x.flatten(), torch.from_numpy(val[: n * 50].astype(np.int64)))
-    assert torch.equal(y.flatten(), torch.from_numpy(val[1: n * 50 + 1].astype(np.int64)))
+    assert n % 7 and n == batches.num_val_windows()  # the last batch is padded
+    assert {tuple(x.shape) for x in xs} == {tuple(y.shape) for y in ys} == {(7, 50)}
+    x, y = torch.cat(xs), torch.cat(ys)
+    assert len(x) == 7 * batches.num_val_batches(7) == 7 * -(-n // 7)
+    assert torch.equal(x[:n].flatten(), torch.from_numpy(val[: n * 50].astype(np.int64)))
+    assert torch.equal(y[:n].flatten(), torch.from_numpy(val[1: n * 50 + 1].astype(np.int64)))
+    assert (y[n:] == -1).all() and (x[n:] >= 0).all()  # padding: targets the loss ignores, inputs it can read
+
+
+def test_every_rank_reads_as_many_validation_batches(tmp_path, small_text):
+    """Under DDP the ranks meet in a collective batch by batch: with one batch more than the others, a rank would wait
+    for them forever. A batch size where the ranks' shares of the windows need different numbers of batches."""
+    prepared = prepared_from(small_text, tmp_path)
+    ranks = [Batches(prepared, block_size=50, batch_size=4, device="cpu", rank=r, world_size=2) for r in range(2)]
+    shares = [b.num_val_windows() for b in ranks]
+    size = next(k for k in range(1, shares[0] + 1) if -(-shares[0] // k) != -(-shares[1] // k))
+    read = [list(b.val_windows(batch_size=size)) for b in ranks]
+    assert len(read[0]) == len(read[1]) == ranks[0].num_val_batches(size) == ranks[1].num_val_batches(size)
+    starts = set()  # the windows' inputs
+    for share, rank in zip(shares, read):  # together, every window once
+        x, y = torch.cat([x for x, _ in rank]), torch.cat([y for _, y in rank])
+        real = x[(y >= 0).all(dim=1)]
+        assert (y[(y < 0).any(dim=1)] == -1).all() and len(real) == share  # a row is a window or padding, not a mix
+        starts |= {tuple(row.tolist()) for row in real}
+    everything = Batches(prepared, block_size=50, batch_size=4, device="cpu")
+    assert starts == {tuple(row.tolist()) for x, y in everything.val_windows() for row in x[(y >= 0).all(dim=1)]}
 
 
 # --- named corpora -----------------------------------------------------------------------------

@@ -32,8 +32,8 @@ def expected_seconds(run: Run, progress: Progress) -> tuple[float, float]:
     steps_left = cfg.max_iters - progress.it
     evaluations = steps_left // cfg.eval_interval + 1
     forward = step / 3 / cfg.grad_accum_steps  # a forward pass of one batch is about a third of a training step
-    windows = run.batches.num_val_windows() / run.batches.batch_size if cfg.full_val else 0
-    return step, steps_left * step + (evaluations * 2 * cfg.eval_iters + windows) * forward
+    val_batches = run.batches.num_val_batches() if cfg.full_val else 0
+    return step, steps_left * step + (evaluations * 2 * cfg.eval_iters + val_batches) * forward
 
 
 def warn_if_slow(run: Run, progress: Progress, log: Log) -> None:

@@ -56,8 +56,9 @@ def full_validation_loss(model, batches, rt: runtime.Runtime, d: Dist = Dist(),
             if asked_to_stop(stop, d, rt.device, batch):
                 return None
             with rt.autocast():
-                loss = model(x, y)[1]
-            total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=rt.device)])
+                loss = model(x, y)[1]  # the mean over the targets that are not -1 (padding rows of the last batch)
+            scored = (y >= 0).sum().double()  # all padding (a rank with fewer windows): its loss is 0/0, counted as 0
+            total += torch.stack([torch.where(scored > 0, loss.double() * scored, 0.0), scored])
             if progress is not None:
                 progress.update(1)
     finally:

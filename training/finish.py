@@ -27,8 +27,7 @@ def finish(s: Session, wall: float) -> dict:
         "device": run.rt.describe(), "processes": s.d.world_size,
     }
     if cfg.full_val:
-        windows = -(-run.batches.num_val_windows() // run.batches.batch_size)  # batches, rounded up
-        with s.log.task(f"full validation of step {model_step}'s model", windows) as progress_bar, \
+        with s.log.task(f"full validation of step {model_step}'s model", run.batches.num_val_batches()) as progress_bar, \
                 run.phases.timing("full validation"):
             loss = full_validation_loss(run.step_model, run.batches, run.rt, s.d, s.stop, progress_bar)
         if loss is None:
