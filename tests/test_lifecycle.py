@@ -207,11 +207,12 @@ def test_ctrl_c_in_a_long_evaluation_then_again_in_a_long_step(corpus, tmp_path)
     assert proc.returncode == 130 and "Traceback" not in stderr and "stopped at step 0" in stdout
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 0
 
-    # Steps of 10 s or more on a 2-core CPU (4 accumulated micro-batches): both Ctrl-Cs land inside step 1, and the
-    # second one ends it at once, so the step's length costs the test nothing.
+    # Steps of 10 s or more on a 2-core CPU (32 accumulated micro-batches): both Ctrl-Cs land inside step 1, and the
+    # second one ends it at once, so the step's length costs the test nothing. Small micro-batches keep what comes
+    # before the step short (the run's time estimate, the step-0 evaluation) and let the second Ctrl-C act sooner.
     slow = tmp_path / "slow"
     proc = launch(corpus, slow, "--n_layer", "4", "--n_embd", "256", "--n_head", "4", "--block_size", "256",
-                  "--batch_size", "64", "--grad_accum_steps", "4", "--eval_iters", "1", "--sample_chars", "0",
+                  "--batch_size", "8", "--grad_accum_steps", "32", "--eval_iters", "1", "--sample_chars", "0",
                   "--log_attention", "false")
     wait_for(lambda: (slow / "ckpt_last.pt").exists())
     time.sleep(0.5)  # past the step boundary, into step 1
