@@ -88,9 +88,10 @@ class Batches:
                 y = padded
             yield x, y
 
-    def _val_starts(self) -> np.ndarray:
+    def _val_starts(self, rank: int | None = None) -> np.ndarray:
+        """Where this rank's windows (or another rank's) begin."""
         T = self.block_size  # a window needs T inputs and the character after them
-        return np.arange(0, len(self.data["val"]) - T, T)[self.rank::self.world_size]
+        return np.arange(0, len(self.data["val"]) - T, T)[self.rank if rank is None else rank::self.world_size]
 
     def num_val_windows(self) -> int:
         """How many windows val_windows() yields on this rank (padding left out)."""
@@ -98,9 +99,7 @@ class Batches:
 
     def num_val_batches(self, batch_size: int | None = None) -> int:
         """How many batches val_windows() yields: the same on every rank (rank 0 has the most windows)."""
-        T, step = self.block_size, batch_size or self.batch_size
-        most = -(-len(range(0, len(self.data["val"]) - T, T)) // self.world_size)
-        return -(-most // step)
+        return -(-len(self._val_starts(rank=0)) // (batch_size or self.batch_size))  # rounded up
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}
