@@ -60,6 +60,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     compile: str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
     compile_mode: str = setting("default", "torch.compile mode: default | reduce-overhead (CUDA graphs) | max-autotune | "
                                            "max-autotune-no-cudagraphs")
+    compile_eval: bool = setting(True, "with compile on: evaluate with the compiled model too (false: evaluations and "
+                                       "full validation run uncompiled, sparing the compilation of a second graph)")
     num_threads: int = setting(0, "CPU threads for PyTorch (0: automatic)")
     seed: int = setting(1337, "random seed for initialisation and batches")
     config_name: str = setting("custom", "name of the preset this run started from (set by --config)")

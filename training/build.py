@@ -32,6 +32,7 @@ class Run:
     tokens_per_iter: int
     flops_per_token: float
     phases: Phases = field(default_factory=Phases)  # where this process's time goes (train() gives its own)
+    eval_model: object = None  # what evaluations call: step_model, or with compile_eval false the model itself
 
     @property
     def data_info(self) -> dict:
@@ -79,6 +80,7 @@ def build_run(cfg: TrainConfig, rt: runtime.Runtime, prepared: Prepared, d: Dist
     progress = restore(run, resumed, d) if resumed is not None else Progress()
     step_model = DDP(model, device_ids=[d.local_rank] if rt.device_type == "cuda" else None) if d.enabled else model
     run.step_model = runtime.maybe_compile(step_model, cfg.compile, rt.device_type, say, cfg.compile_mode)
+    run.eval_model = run.step_model if cfg.compile_eval else step_model
     return run, progress
 
 

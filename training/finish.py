@@ -29,7 +29,7 @@ def finish(s: Session, wall: float) -> dict:
     if cfg.full_val:
         with s.log.task(f"full validation of step {model_step}'s model", run.batches.num_val_batches()) as progress_bar, \
                 run.phases.timing("full validation"):
-            loss = full_validation_loss(run.step_model, run.batches, run.rt, s.d, s.stop, progress_bar)
+            loss = full_validation_loss(run.eval_model, run.batches, run.rt, s.d, s.stop, progress_bar)
         if loss is None:
             return {**summary, "stopped": True}
         summary["full_val_loss"], summary["full_val_bits_per_char"] = loss, loss / math.log(2)

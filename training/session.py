@@ -54,7 +54,7 @@ class Session:
         before = run.batches.state_dict()
         with self.log.task(f"evaluating at step {progress.it}", 2 * cfg.eval_iters) as progress_bar, \
                 run.phases.timing("evaluations"):
-            losses = evaluate(run.step_model, run.batches, run.rt, cfg.eval_iters, self.d, self.stop, progress_bar)
+            losses = evaluate(run.eval_model, run.batches, run.rt, cfg.eval_iters, self.d, self.stop, progress_bar)
         if losses is None:
             run.batches.load_state_dict(before)
             return None
