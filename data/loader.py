@@ -80,7 +80,7 @@ class Batches:
         for i in range(0, self.num_val_batches(step) * step, step):
             mine = starts[i:i + step]
             n_pad = step - len(mine)
-            mine = np.concatenate([mine, np.zeros(n_pad, dtype=mine.dtype)])  # the first window again, as padding
+            mine = np.pad(mine, (0, n_pad))  # padding rows read the first window again
             x, y = self._to_device(self.data["val"][mine[:, None] + self._steps])
             if n_pad:  # (y shares its memory with x) a new y, laid out as every other batch's: rows of T + 1
                 padded = y.new_full((step, self.block_size + 1), -1)[:, 1:]

@@ -166,6 +166,18 @@ def test_fuzzed_prompts_either_encode_or_fail_cleanly():
                 assert tokenizer.decode(encoded[0]) == "".join(c for c in prompt if c in tokenizer.stoi)
 
 
+def test_a_stop_during_the_final_validation_says_what_it_ends(capfd):
+    """Once the steps are over, a Ctrl-C ends the final validation: it says so, not that it will finish a step."""
+    with train.StopRequest() as stop:
+        stop.saving, stop.step = True, 10
+        stop.ending = "ending the final validation; step 10 is saved already"
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+    said = capfd.readouterr().err
+    assert stop.requested and "stopping: ending the final validation; step 10 is saved already" in said
+    assert "finishing step" not in said
+
+
 def test_a_doubled_signal_is_one_stop_request_and_a_later_one_stops_at_once(monkeypatch):
     """Under torchrun a Ctrl-C arrives twice within milliseconds (terminal + torchrun's forwarding): still one request
     to stop at the step boundary. Another signal after the grace time interrupts at once."""

@@ -8,13 +8,15 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
-from test_best_model import full_validation
 from configs import load_config
 from configs.schema import ARCHITECTURE_FIELDS, FIELDS, TrainConfig
+from data import Batches
 from errors import UserError, run_cli
 from model.config import ModelConfig
 from training import checkpoint, estimate, runtime
+from training.opening import prepare_data
 from training.schedule import get_lr
+from test_best_model import full_validation
 
 
 def run(corpus, out_dir, *extra, say=lambda msg: None):
@@ -253,8 +255,6 @@ def test_a_compiled_run_compiles_its_model_once_for_training_and_once_for_evalua
 
 
 def train_batches(cfg):
-    from data import Batches
-    from training.opening import prepare_data
     return Batches(prepare_data(cfg, lambda m: None), cfg.block_size, cfg.batch_size, "cpu")
 
 

@@ -28,7 +28,7 @@ def expected_seconds(run: Run, progress: Progress) -> tuple[float, float]:
         pass_seconds = time.perf_counter() - start
     run.model.zero_grad(set_to_none=True)
     run.model.train()
-    step = pass_seconds * cfg.grad_accum_steps * cfg.batch_size / x.size(0)  # the timed batch may be smaller
+    step = pass_seconds * cfg.grad_accum_steps  # validation batches are full size (the last one padded)
     steps_left = cfg.max_iters - progress.it
     evaluations = steps_left // cfg.eval_interval + 1
     forward = step / 3 / cfg.grad_accum_steps  # a forward pass of one batch is about a third of a training step

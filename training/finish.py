@@ -27,8 +27,9 @@ def finish(s: Session, wall: float) -> dict:
         "device": run.rt.describe(), "processes": s.d.world_size,
     }
     if cfg.full_val:
-        with s.log.task(f"full validation of step {model_step}'s model", run.batches.num_val_batches()) as progress_bar, \
-                run.phases.timing("full validation"):
+        s.stop.ending = f"ending the final validation; step {progress.it} is saved already"
+        task = s.log.task(f"full validation of step {model_step}'s model", run.batches.num_val_batches())
+        with task as progress_bar, run.phases.timing("full validation"):
             loss = full_validation_loss(run.eval_model, run.batches, run.rt, s.d, s.stop, progress_bar)
         if loss is None:
             return {**summary, "stopped": True}

@@ -23,6 +23,7 @@ class StopRequest:
         self.requested = False
         self.saving = False
         self.step: int | None = None  # the step the loop is at, for the acknowledgement
+        self.ending: str | None = None  # what a request ends instead, once the steps are over (the final validation)
         self.saved = "no checkpoint of this run was written"  # what survives a stop at once
         self.first_at = 0.0
         self.previous: dict = {}
@@ -50,4 +51,5 @@ class StopRequest:
         if not self.saving:
             raise Interrupted(f"stopped before training began; {self.saved}")
         where = f"step {self.step}" if self.step is not None else "the next step"
-        self.say(f"stopping: finishing {where}, then saving ckpt_last.pt (press Ctrl-C again to stop at once)")
+        doing = self.ending or f"finishing {where}, then saving ckpt_last.pt"
+        self.say(f"stopping: {doing} (press Ctrl-C again to stop at once)")
