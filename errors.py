@@ -35,6 +35,14 @@ def space_or_place(err: BaseException, option: str) -> str:
     return f"free some disk space or choose another {option}"
 
 
+def in_one_line(err: BaseException) -> str:
+    """'Type: the first line of its message', for a warning that lets the work go on. Dynamo's BackendCompilerFailed
+    says only "backend='inductor' raised:", so the error it carries is named instead."""
+    err = getattr(err, "inner_exception", None) or err
+    first_line = (str(err).strip().splitlines() or [""])[0][:160]
+    return f"{type(err).__name__}: {first_line}"
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 

@@ -7,6 +7,7 @@ import torch
 OPTIMIZERS = ("adamw", "muon")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_SCOPES = ("blocks", "model")
 
 
 def valid_device(spec: str) -> bool:

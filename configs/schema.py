@@ -6,7 +6,7 @@ import math
 import typing
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from configs.choices import COMPILE_MODES, DTYPE_NAMES, OPTIMIZERS, valid_device
+from configs.choices import COMPILE_MODES, COMPILE_SCOPES, DTYPE_NAMES, OPTIMIZERS, valid_device
 from model.config import Architecture, ModelConfig, setting
 
 
@@ -60,6 +60,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     compile: str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
     compile_mode: str = setting("default", "torch.compile mode: default | reduce-overhead (CUDA graphs) | max-autotune | "
                                            "max-autotune-no-cudagraphs")
+    compile_scope: str = setting("blocks", "what torch.compile compiles: blocks (each block; one graph serves every "
+                                           "layer, so it compiles ~3x faster) | model (the whole model as one graph)")
     compile_eval: bool = setting(True, "with compile on: evaluate with the compiled model too (false: evaluations and "
                                        "full validation run uncompiled, sparing the compilation of a second graph)")
     num_threads: int = setting(0, "CPU threads for PyTorch (0: automatic)")
@@ -93,6 +95,7 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
         check(self.dtype in ("auto", *DTYPE_NAMES), "dtype", f"must be auto, {', '.join(DTYPE_NAMES)}")
         check(self.compile in ("auto", "true", "false"), "compile", "must be auto, true or false")
         check(self.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {', '.join(COMPILE_MODES)}")
+        check(self.compile_scope in COMPILE_SCOPES, "compile_scope", f"must be one of {', '.join(COMPILE_SCOPES)}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}")
         check(valid_device(self.device), "device", "must be auto, cpu, cuda, cuda:N or mps")
         check(0 <= self.seed <= SEED_MAX, "seed", f"must be a whole number from 0 to {SEED_MAX} (2^62)")

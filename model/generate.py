@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from errors import in_one_line
 from model.gpt import GPT
 from model.kv_cache import Decoding
 
@@ -102,8 +103,7 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
                         return compiled(model, ids, state)
                 return compiled(model, ids, state)
             except Exception as err:  # the step writes only this slot of the caches: running it again is harmless
-                first_line = (str(err).strip().splitlines() or [""])[0][:160]
-                warn(f"warning: compiling the decoding step failed ({type(err).__name__}: {first_line}); "
+                warn(f"warning: compiling the decoding step failed ({in_one_line(err)}); "
                      f"sampling without it (leave out --compile)")
                 compiled = None
         return one_token_step(model, ids, state)

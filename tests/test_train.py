@@ -200,53 +200,110 @@ def test_bad_preset_file_names_the_field(tmp_path):
         load_config(["--config", str(bad)], False)
 
 
-def test_a_failing_torch_compile_falls_back_to_eager_with_a_warning(corpus, tmp_path, monkeypatch):
-    def broken_compile(module, **kwargs):
-        def call(*args, **kw):
-            raise RuntimeError("inductor exploded\nmore detail")
-        return call
-    monkeypatch.setattr(torch, "compile", broken_compile)
+def compiled_with(monkeypatch, backend) -> list:
+    """torch.compile through the given backend (dynamo's capture, then backend(graph, inputs)); returns the list of
+    every call's keyword arguments."""
+    calls, real_compile = [], torch.compile
+
+    def compile_with_backend(module, **kwargs):
+        calls.append(kwargs)
+        return real_compile(module, backend=backend)
+    monkeypatch.setattr(torch, "compile", compile_with_backend)
+    torch.compiler.reset()
+    return calls
+
+
+def debug_argv(corpus, tmp_path, name, *extra):
+    return ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
+            "--out_dir", str(tmp_path / name), *extra]
+
+
+def train_argv(argv: list[str], say=lambda message: None) -> dict:
+    cfg, _, explicit = load_config(argv, False)
+    return train.train(cfg, explicit, say=say)
+
+
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_a_failing_torch_compile_falls_back_to_eager_with_a_warning(corpus, tmp_path, monkeypatch, scope):
+    def exploding(graph, inputs):  # what inductor does when it cannot build a kernel: it raises at the first call
+        raise RuntimeError("inductor exploded\nmore detail")
+    compiled_with(monkeypatch, exploding)
     messages = []
-    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
-                                    "--out_dir", str(tmp_path / "run"), "--compile", "true", "--max_iters", "6"], False)
-    result = train.train(cfg, explicit, say=messages.append)
-    assert result["iterations"] == 6
+    argv = debug_argv(corpus, tmp_path, "run", "--compile", "true", "--max_iters", "6", "--compile_scope", scope)
+    result = train_argv(argv, say=messages.append)
     warnings = [m for m in messages if m.startswith("warning: torch.compile failed")]
-    assert len(warnings) == 1 and "RuntimeError: inductor exploded" in warnings[0]
+    assert len(warnings) == 1 and "RuntimeError: inductor exploded" in warnings[0], messages
+    plain = train_argv(debug_argv(corpus, tmp_path, "plain", "--max_iters", "6"))
+    assert result["history"] == plain["history"] and result["full_val_loss"] == plain["full_val_loss"]
 
 
-def test_compile_mode_reaches_torch_compile_and_a_bad_one_is_refused(corpus, tmp_path, monkeypatch):
-    modes = []
+def test_torch_compile_that_cannot_start_is_a_warning_too(corpus, tmp_path, monkeypatch):
+    def unsupported(module, **kwargs):  # e.g. a Python that dynamo does not support yet: torch.compile itself raises
+        raise RuntimeError("torch.compile is not supported on this Python")
+    monkeypatch.setattr(torch, "compile", unsupported)
+    messages = []
+    argv = debug_argv(corpus, tmp_path, "run", "--compile", "true", "--max_iters", "2", "--full_val", "false")
+    assert train_argv(argv, say=messages.append)["iterations"] == 2
+    assert [m for m in messages if m.startswith("warning: torch.compile failed")] == \
+        ["warning: torch.compile failed (RuntimeError: torch.compile is not supported on this Python); "
+         "continuing without it (--compile false skips the attempt)"]
+
+
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_a_compiled_run_trains_the_model_it_saves_step_for_step_as_an_uncompiled_one(corpus, tmp_path, monkeypatch,
+                                                                                      scope):
+    """Compiled through dynamo with eager kernels (the same arithmetic), the losses, the saved weights and the full
+    validation equal the uncompiled run's bit for bit: the compiled blocks train the model's own parameters."""
+    calls = compiled_with(monkeypatch, "eager")
+    runs = {}
+    for name, extra in (("plain", ["--compile", "false"]), (scope, ["--compile", "true", "--compile_scope", scope])):
+        cfg, _, explicit = load_config(debug_argv(corpus, tmp_path, name, "--max_iters", "12", "--eval_interval", "6",
+                                                  "--log_interval", "1", *extra), False)
+        runs[name] = train.train(cfg, explicit, say=lambda m: None)
+    assert len(calls) == (2 if scope == "blocks" else 1)  # debug has 2 blocks: one torch.compile each
+    assert runs[scope]["history"] == runs["plain"]["history"] and len(runs["plain"]["history"]) == 12
+    assert runs[scope]["full_val_loss"] == runs["plain"]["full_val_loss"]
+    weights = [checkpoint.load(tmp_path / name / "ckpt_last.pt")["model"] for name in ("plain", scope)]
+    assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_compile_mode_and_scope_reach_torch_compile_and_bad_ones_are_refused(corpus, tmp_path, monkeypatch):
+    calls = []
 
     def recording_compile(module, **kwargs):
-        modes.append(kwargs.get("mode"))
+        calls.append((type(module).__name__, kwargs.get("mode")))
         return module
     monkeypatch.setattr(torch, "compile", recording_compile)
-    argv = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"), "--compile", "true",
-            "--max_iters", "2", "--full_val", "false"]
-    for i, mode in enumerate(("max-autotune", "default")):
-        cfg, _, explicit = load_config(argv + ["--out_dir", str(tmp_path / f"run{i}"), "--compile_mode", mode], False)
-        train.train(cfg, explicit, say=lambda m: None)
-    assert modes == ["max-autotune", None]  # default: torch.compile's own default
+    for mode, scope in (("max-autotune", "blocks"), ("default", "model")):
+        calls.clear()
+        argv = debug_argv(corpus, tmp_path, f"run-{scope}", "--compile", "true", "--max_iters", "2", "--full_val",
+                          "false", "--compile_mode", mode, "--compile_scope", scope)
+        train_argv(argv, say=lambda m: None)
+        want = [("Block", "max-autotune")] * 2 if scope == "blocks" else [("GPT", None)]  # default: torch's own
+        assert calls == want
+    argv = debug_argv(corpus, tmp_path, "bad")
     with pytest.raises(UserError, match="--compile_mode 'fast': must be one of default, reduce-overhead"):
         load_config(argv + ["--compile_mode", "fast"], False)
+    with pytest.raises(UserError, match="--compile_scope 'layers': must be one of blocks, model"):
+        load_config(argv + ["--compile_scope", "layers"], False)
 
 
+@pytest.mark.parametrize("scope", ["blocks", "model"])
 @pytest.mark.parametrize("compile_eval, graphs", [("true", 2), ("false", 1)])
 def test_a_compiled_run_compiles_its_model_once_for_training_and_once_for_evaluation(corpus, tmp_path, monkeypatch,
-                                                                                      compile_eval, graphs):
+                                                                                      compile_eval, graphs, scope):
     """Full validation's last batch is padded to the batch size: a smaller one would compile the model a third time
-    (10-13 s on a 2-core CPU for the debug preset). --compile_eval false evaluates uncompiled: one graph."""
-    traced, real_compile = [], torch.compile
+    (10-13 s on a 2-core CPU for the debug preset). --compile_eval false evaluates uncompiled: one graph. Compiled by
+    blocks, every block runs the one graph compiled for the first."""
+    traced = []
 
     def counting(graph, inputs):  # dynamo's capture without code generation
         traced.append(graph)
         return graph.forward
-    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: real_compile(module, backend=counting))
-    torch.compiler.reset()
-    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
-                                    "--out_dir", str(tmp_path / "run"), "--compile", "true", "--max_iters", "4",
-                                    "--eval_interval", "2", "--compile_eval", compile_eval], False)
+    compiled_with(monkeypatch, counting)
+    cfg, _, explicit = load_config(debug_argv(corpus, tmp_path, "run", "--compile", "true", "--max_iters", "4",
+                                              "--eval_interval", "2", "--compile_eval", compile_eval,
+                                              "--compile_scope", scope), False)
     summary = train.train(cfg, explicit, say=lambda m: None)
     assert train_batches(cfg).num_val_windows() % cfg.batch_size  # the last batch would be smaller
     assert len(traced) == graphs

@@ -11,6 +11,7 @@ from configs import TrainConfig
 from data import Batches, CharTokenizer, Prepared
 from model import GPT, ModelConfig
 from training import runtime
+from training.compiling import step_and_eval_models
 from training.distributed import Dist
 from training.optim import configure_optimizer
 from training.perf import flops_per_token
@@ -26,7 +27,7 @@ class Run:
     batches: Batches
     model_cfg: ModelConfig
     model: GPT  # the module whose weights are saved (never the compiled or DDP wrapper)
-    step_model: object  # what the loop calls: the model, wrapped in DDP and/or torch.compile
+    step_model: object  # what the loop calls: the model, wrapped in DDP and/or compiled (its blocks, or all of it)
     optimizer: object
     scaler: torch.amp.GradScaler
     tokens_per_iter: int
@@ -78,9 +79,10 @@ def build_run(cfg: TrainConfig, rt: runtime.Runtime, prepared: Prepared, d: Dist
               tokens_per_iter=cfg.batch_size * cfg.block_size * cfg.grad_accum_steps * d.world_size,
               flops_per_token=flops_per_token(model.num_params(non_embedding=False), model_cfg))
     progress = restore(run, resumed, d) if resumed is not None else Progress()
-    step_model = DDP(model, device_ids=[d.local_rank] if rt.device_type == "cuda" else None) if d.enabled else model
-    run.step_model = runtime.maybe_compile(step_model, cfg.compile, rt.device_type, say, cfg.compile_mode)
-    run.eval_model = run.step_model if cfg.compile_eval else step_model
+    def wrap(module: torch.nn.Module) -> torch.nn.Module:
+        return DDP(module, device_ids=[d.local_rank] if rt.device_type == "cuda" else None) if d.enabled else module
+    run.step_model, run.eval_model = step_and_eval_models(model, wrap, cfg.compile, rt.device_type, cfg.compile_mode,
+                                                          cfg.compile_scope, cfg.compile_eval, say)
     return run, progress
 
 

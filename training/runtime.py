@@ -115,39 +115,3 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
         torch.backends.cudnn.allow_tf32 = True
     return Runtime(device, pick_dtype(dtype_spec, device, sampling))
-
-
-def maybe_compile(module, setting: str, device_type: str, say=print, mode: str = "default"):
-    """compile = true, or auto on CUDA: the module wrapped in CompileFallback; otherwise the module itself.
-
-    mode is torch.compile's: reduce-overhead replays CUDA graphs (for small models, where launching kernels costs
-    more than running them), max-autotune also tries more kernels. Neither has been timed on a GPU here yet."""
-    if setting == "true" or (setting == "auto" and device_type == "cuda"):
-        return CompileFallback(module, say, mode)
-    return module
-
-
-class CompileFallback:
-    """torch.compile(module), falling back to the module itself, with a warning, if compilation fails.
-
-    Compilation happens on first use, so failures show up there: the failed call is repeated without
-    compilation and the run goes on. Everything else (train(), eval(), no_sync(), ...) reaches the module.
-    """
-
-    def __init__(self, module: torch.nn.Module, say=print, mode: str = "default"):
-        self.module, self.say = module, say
-        self.compiled = torch.compile(module, mode=None if mode == "default" else mode)
-
-    def __call__(self, *args, **kwargs):
-        if self.compiled is not None:
-            try:
-                return self.compiled(*args, **kwargs)
-            except Exception as err:  # an inductor or driver problem must not end the run
-                first_line = (str(err).strip().splitlines() or [""])[0][:160]
-                self.say(f"warning: torch.compile failed ({type(err).__name__}: {first_line}); "
-                         f"continuing without it (--compile false skips the attempt)")
-                self.compiled = None
-        return self.module(*args, **kwargs)
-
-    def __getattr__(self, name: str):
-        return getattr(self.module, name)
