@@ -1,6 +1,7 @@
 """Training end to end: outputs, TensorBoard tags, exact resume, the command line and its errors."""
 import json
 import math
+import time
 from dataclasses import fields
 
 import pytest
@@ -44,13 +45,13 @@ def test_debug_run_end_to_end(corpus, tmp_path):
     assert 0 < summary["full_val_loss"] < math.log(checkpoint.load(out / "ckpt_last.pt")["model_config"]["vocab_size"])
     # where the time went: every phase measured, none negative, together the whole; training is the trained seconds
     seconds = summary["seconds"]
-    assert list(seconds) == ["start-up", "opening", "training steps", "evaluations", "samples and pictures",
+    assert list(seconds) == ["start-up", "opening", "compilation", "training steps", "evaluations", "samples and pictures",
                              "checkpoints", "full validation", "other", "total"]
     assert all(value >= 0 for value in seconds.values()) and seconds["start-up"] == 0  # in-process: no start-up
     assert sum(seconds.values()) - seconds["total"] == pytest.approx(seconds["total"], rel=1e-9)
     assert seconds["training steps"] == summary["train_seconds"]
     assert min(seconds["evaluations"], seconds["samples and pictures"], seconds["checkpoints"],
-               seconds["full validation"]) > 0
+               seconds["full validation"]) > 0 and seconds["compilation"] == 0  # an uncompiled run
     assert seconds["total"] >= summary["wall_seconds"]
     events = EventAccumulator(str(out))
     events.Reload()
@@ -309,6 +310,22 @@ def test_a_compiled_run_compiles_its_model_once_for_training_and_once_for_evalua
     assert len(traced) == graphs
     by_hand = full_validation(tmp_path / "run" / summary["model_checkpoint"], corpus.read_text(encoding="utf-8"))
     assert summary["full_val_loss"] == pytest.approx(by_hand, rel=1e-5)  # the padding rows count for nothing
+
+
+def test_compilation_is_a_phase_of_its_own_and_never_training_time(corpus, tmp_path, monkeypatch):
+    """What torch.compile takes (here a backend that needs 1.5 s per graph: the training graph at the first step,
+    the evaluation graph at the first evaluation) is counted as compilation, not as training steps, evaluations or
+    the training clock behind tokens/s."""
+    def slow(graph, inputs):
+        time.sleep(1.5)
+        return graph.forward
+    compiled_with(monkeypatch, slow)
+    cfg, _, explicit = load_config(debug_argv(corpus, tmp_path, "run", "--compile", "true", "--max_iters", "4",
+                                              "--eval_interval", "4", "--full_val", "false"), False)
+    seconds = train.train(cfg, explicit, say=lambda m: None)["seconds"]
+    assert seconds["compilation"] >= 3.0  # two graphs
+    assert seconds["training steps"] < 1.5 and seconds["evaluations"] < 1.5  # neither holds a graph's 1.5 s
+    assert sum(seconds.values()) - seconds["total"] == pytest.approx(seconds["total"], rel=1e-9)
 
 
 def train_batches(cfg):

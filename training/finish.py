@@ -44,6 +44,6 @@ def finish(s: Session, wall: float) -> dict:
                       {tag: value for tag, value in metrics.items() if value is not None}, progress.it)
         s.log.close()
         summary["seconds"] = run.phases.report()
-        summary["first_step_seconds"] = run.phases.first_step  # this session's first step, compilation included
+        summary["first_step_seconds"] = run.phases.first_step  # this session's first step, compilation not included
         write_text_atomic(s.run_dir.path / "summary.json", json.dumps(summary, indent=1) + "\n", "summary")
     return summary
