@@ -101,7 +101,9 @@ def fresh_clone(tmp_path):
 
 def test_the_readme_runs_in_order_from_a_fresh_clone(fresh_clone, tmp_path):
     repo = fresh_clone
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": ""}
+    # The README's figures and folder names are a CPU's (with CUDA the default preset is another): the walk is a
+    # CPU user's on any machine.
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""}
     if SHARED_TEXT.exists():  # the download, served from the shared copy (same bytes, so the checksum holds)
         env["CHARGPT_SHAKESPEARE_URL"] = SHARED_TEXT.as_uri()
         corpus = "shakespeare"
