@@ -25,10 +25,11 @@ def test_mixed_precision_training_learns_and_resumes_exactly(corpus, tmp_path, d
     assert (state["scaler"] is not None) == (dtype == "float16")  # float16 scales its loss, bfloat16 needs not
 
 
-def test_a_compiled_run_matches_an_eager_one(corpus, tmp_path):
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_a_compiled_run_matches_an_eager_one(corpus, tmp_path, scope):
     common = ("--device", "cuda", "--dtype", "float32", "--max_iters", "10", "--log_interval", "1")
     eager = train_debug(corpus, tmp_path / "eager", "--compile", "false", *common)
-    compiled = train_debug(corpus, tmp_path / "compiled", "--compile", "true", *common)
+    compiled = train_debug(corpus, tmp_path / "compiled", "--compile", "true", "--compile_scope", scope, *common)
     for (_, a), (_, b) in zip(eager["history"], compiled["history"], strict=True):
         assert a == pytest.approx(b, rel=1e-3)
 
