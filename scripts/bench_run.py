@@ -37,6 +37,7 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
         cache = folder.with_name(folder.name + ".compile_cache")
         shutil.rmtree(cache, ignore_errors=True)  # left by an earlier bench_run in the same --out_dir
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+        env["TRITON_CACHE_DIR"] = str(cache / "triton")  # where inductor puts it, unless the user's setting says
     log = folder.with_name(folder.name + ".log")
     started = time.perf_counter()
     with open(log, "w", encoding="utf-8") as out:
