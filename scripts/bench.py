@@ -25,7 +25,7 @@ from training.build import build_run  # noqa: E402
 from training.files import check_output_file  # noqa: E402
 from training.opening import prepare_data  # noqa: E402
 from training.perf import measure_peak_flops, model_matmul_shape, sync, utilisation  # noqa: E402
-from training.step import train_step  # noqa: E402
+from training.step import forward_backward, train_step, update  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prepare import make_corpus  # noqa: E402
@@ -40,7 +40,23 @@ def build_training(cfg, rt, say=print) -> dict:
             "matmul_shape": model_matmul_shape(cfg.batch_size, run.model_cfg),
             "flops_per_token": run.flops_per_token, "tokens_per_iter": run.tokens_per_iter,
             "step": lambda: train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
-                                       cfg.learning_rate)}
+                                       cfg.learning_rate),
+            "forward_backward": lambda: forward_backward(run.step_model, run.scaler, run.batches, rt, cfg),
+            "update": lambda: update(run.step_model, run.optimizer, run.scaler, rt, cfg, cfg.learning_rate)}
+
+
+def time_parts(run: dict, iters: int, device: torch.device) -> tuple[float, float]:
+    """Seconds of a step's two halves, each timed alone (waiting for the device after each): the forward and backward
+    passes, and the update (clipping, the optimizer, clearing the gradients), over iters steps."""
+    halves = [0.0, 0.0]
+    for _ in range(iters):
+        for half, part in enumerate((run["forward_backward"], run["update"])):
+            sync(device)
+            start = time.perf_counter()
+            part()
+            sync(device)
+            halves[half] += time.perf_counter() - start
+    return halves[0] / iters, halves[1] / iters
 
 
 def time_steps(step, iters: int, device: torch.device) -> float:
@@ -167,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     run = build_training(cfg, rt)
     warm_up(run, args.warmup)
     seconds = time_steps(run.pop("step"), args.iters, rt.device)
+    figures["ms_forward_backward"], figures["ms_update"] = (t * 1000 for t in time_parts(run, args.iters, rt.device))
+    del run["forward_backward"], run["update"]
     model = run.pop("model")
     figures.update(run)
     figures.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype, [run.pop("matmul_shape")])))
@@ -181,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             ("model", f"{figures['params'] / 1e6:.2f}M parameters, {cfg.n_layer}x{cfg.n_head}x{cfg.n_embd}, "
                       f"block {cfg.block_size}, batch {cfg.batch_size}, {cfg.optimizer}"),
             ("train step", f"{figures['ms_per_iter']:.1f} ms/iter, {figures['tokens_per_sec']:,.0f} tokens/s"),
+            ("its halves", f"{figures['ms_forward_backward']:.1f} ms forward and backward, {figures['ms_update']:.1f} ms "
+                           f"update ({cfg.optimizer}, clipping included), each timed alone"),
             ("model FLOPs", f"{figures['flops_per_token'] / 1e6:.2f} MFLOP/token -> "
                             f"{figures['achieved_flops'] / 1e9:.1f} GFLOP/s"),
             ("peak (matmul)", f"{figures['peak_flops'] / 1e9:.1f} GFLOP/s in {str(rt.dtype).removeprefix('torch.')}"),

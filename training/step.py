@@ -13,12 +13,14 @@ from training import runtime
 def train_step(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: TrainConfig,
                lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer step over grad_accum_steps micro-batches: (loss, grad norm, whether the gradients were finite),
-    all three on the device, so that the step itself never waits for it.
+    all three on the device, so that the step itself never waits for it."""
+    loss = forward_backward(model, scaler, batches, rt, cfg)
+    grad_norm, finite = update(model, optimizer, scaler, rt, cfg, lr)
+    return loss, grad_norm, finite
 
-    A step whose gradients are not finite is skipped, so NaN never reaches the weights (with float16 the
-    gradient scaler does this itself, and lowers its scale)."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+
+def forward_backward(model, scaler, batches, rt: runtime.Runtime, cfg: TrainConfig) -> torch.Tensor:
+    """The gradients of grad_accum_steps micro-batches, accumulated in .grad; returns their mean loss (on the device)."""
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(cfg.grad_accum_steps):
         x, y = batches.get_batch("train")
@@ -29,6 +31,18 @@ def train_step(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: Trai
                 loss = model(x, y)[1] / cfg.grad_accum_steps
             scaler.scale(loss).backward()
         loss_sum += loss.detach().float()
+    return loss_sum
+
+
+def update(model, optimizer, scaler, rt: runtime.Runtime, cfg: TrainConfig,
+           lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip the gradients and step the optimizer at learning rate lr, then clear the gradients: (grad norm, whether
+    the gradients were finite), on the device.
+
+    A step whose gradients are not finite is skipped, so NaN never reaches the weights (with float16 the
+    gradient scaler does this itself, and lowers its scale)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
     scaler.unscale_(optimizer)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")  # inf: measure the norm, clip nothing
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -40,4 +54,4 @@ def train_step(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: Trai
         finite = torch.isfinite(grad_norm)
         optimizer.step_if_finite(finite, on_device=rt.device_type != "cpu")  # a CPU reads the flag for free
     optimizer.zero_grad(set_to_none=True)
-    return loss_sum, grad_norm, finite
+    return grad_norm, finite
