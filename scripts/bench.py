@@ -45,12 +45,12 @@ def build_training(cfg, rt, say=print) -> dict:
             "update": lambda: update(run.step_model, run.optimizer, run.scaler, rt, cfg, cfg.learning_rate)}
 
 
-def time_parts(run: dict, iters: int, device: torch.device) -> tuple[float, float]:
+def time_parts(parts: tuple, iters: int, device: torch.device) -> tuple[float, float]:
     """Seconds of a step's two halves, each timed alone (waiting for the device after each): the forward and backward
     passes, and the update (clipping, the optimizer, clearing the gradients), over iters steps."""
     halves = [0.0, 0.0]
     for _ in range(iters):
-        for half, part in enumerate((run["forward_backward"], run["update"])):
+        for half, part in enumerate(parts):
             sync(device)
             start = time.perf_counter()
             part()
@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     run = build_training(cfg, rt)
     warm_up(run, args.warmup)
     seconds = time_steps(run.pop("step"), args.iters, rt.device)
-    figures["ms_forward_backward"], figures["ms_update"] = (t * 1000 for t in time_parts(run, args.iters, rt.device))
-    del run["forward_backward"], run["update"]
+    halves = time_parts((run.pop("forward_backward"), run.pop("update")), args.iters, rt.device)
+    figures["ms_forward_backward"], figures["ms_update"] = (half * 1000 for half in halves)
     model = run.pop("model")
     figures.update(run)
     figures.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype, [run.pop("matmul_shape")])))

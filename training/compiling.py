@@ -37,6 +37,10 @@ class BlocksCompiled:
         self.view._modules["blocks"] = self.plain
 
 
+def warn_failed(say, err: BaseException) -> None:
+    say(f"warning: torch.compile failed ({in_one_line(err)}); continuing without it (--compile false skips the attempt)")
+
+
 class CompileFallback:
     """Calls `compiled` and, if it fails, warns once and calls `module` uncompiled from then on (after `uncompile`).
 
@@ -51,14 +55,10 @@ class CompileFallback:
             try:
                 return self.compiled(*args, **kwargs)
             except Exception as err:  # an inductor or driver problem must not end the run
-                self.warn(err)
+                warn_failed(self.say, err)
                 self.compiled = None
                 self.uncompile()
         return self.module(*args, **kwargs)
-
-    def warn(self, err: Exception) -> None:
-        self.say(f"warning: torch.compile failed ({in_one_line(err)}); "
-                 f"continuing without it (--compile false skips the attempt)")
 
     def __getattr__(self, name: str):
         return getattr(self.module, name)
@@ -76,16 +76,17 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
         step_model = wrap(model)
         return step_model, step_model
     mode_arg = None if mode == "default" else mode
-    try:
-        if scope == "model":
-            step_model = wrap(model)
-            compiled = CompileFallback(step_model, torch.compile(step_model, mode=mode_arg), say)
-        else:
-            blocks = BlocksCompiled(model, mode_arg)
-            step_model = wrap(blocks.view)
-            compiled = CompileFallback(step_model, step_model, say, blocks.uncompile)
-    except Exception as err:  # torch.compile itself refused (a Python that dynamo does not support yet, say)
-        CompileFallback(None, None, say).warn(err)
-        step_model = wrap(model)
+    step_model = wrap(model) if scope == "model" else None  # the whole model is compiled with its DDP wrapper
+    try:  # torch.compile may refuse at once (a Python that dynamo does not support yet, say): then only a warning
+        whole = torch.compile(step_model, mode=mode_arg) if scope == "model" else None
+        blocks = BlocksCompiled(model, mode_arg) if scope == "blocks" else None
+    except RuntimeError as err:
+        warn_failed(say, err)
+        step_model = wrap(model) if step_model is None else step_model
         return step_model, step_model
+    if blocks is None:
+        compiled = CompileFallback(step_model, whole, say)
+    else:
+        step_model = wrap(blocks.view)
+        compiled = CompileFallback(step_model, step_model, say, blocks.uncompile)
     return compiled, compiled if compile_eval else model
