@@ -24,7 +24,7 @@ from training import runtime  # noqa: E402
 from training.build import build_run  # noqa: E402
 from training.files import check_output_file  # noqa: E402
 from training.opening import prepare_data  # noqa: E402
-from training.perf import measure_peak_flops, model_matmul_shape, sync, utilisation  # noqa: E402
+from training.perf import CountOperations, measure_peak_flops, model_matmul_shape, sync, utilisation  # noqa: E402
 from training.step import forward_backward, train_step, update  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -183,8 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     run = build_training(cfg, rt)
     warm_up(run, args.warmup)
     seconds = time_steps(run.pop("step"), args.iters, rt.device)
-    halves = time_parts((run.pop("forward_backward"), run.pop("update")), args.iters, rt.device)
+    forward_backward, update = run.pop("forward_backward"), run.pop("update")
+    halves = time_parts((forward_backward, update), args.iters, rt.device)
     figures["ms_forward_backward"], figures["ms_update"] = (half * 1000 for half in halves)
+    forward_backward()
+    with CountOperations() as ops:  # on a GPU, about one kernel launch each
+        update()
+    figures["update_operations"] = ops.count
     model = run.pop("model")
     figures.update(run)
     figures.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype, [run.pop("matmul_shape")])))
@@ -200,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"block {cfg.block_size}, batch {cfg.batch_size}, {cfg.optimizer}"),
             ("train step", f"{figures['ms_per_iter']:.1f} ms/iter, {figures['tokens_per_sec']:,.0f} tokens/s"),
             ("its halves", f"{figures['ms_forward_backward']:.1f} ms forward and backward, {figures['ms_update']:.1f} ms "
-                           f"update ({cfg.optimizer}, clipping included), each timed alone"),
+                           f"update ({cfg.optimizer}, clipping included; {figures['update_operations']} operations), each timed alone"),
             ("model FLOPs", f"{figures['flops_per_token'] / 1e6:.2f} MFLOP/token -> "
                             f"{figures['achieved_flops'] / 1e9:.1f} GFLOP/s"),
             ("peak (matmul)", f"{figures['peak_flops'] / 1e9:.1f} GFLOP/s in {str(rt.dtype).removeprefix('torch.')}"),

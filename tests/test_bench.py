@@ -4,7 +4,7 @@ import json
 import pytest
 
 
-FIGURES = ("ms_per_iter", "ms_forward_backward", "ms_update", "tokens_per_sec", "flops_per_token", "achieved_flops", "peak_flops", "mfu",
+FIGURES = ("ms_per_iter", "ms_forward_backward", "ms_update", "update_operations", "tokens_per_sec", "flops_per_token", "achieved_flops", "peak_flops", "mfu",
            "sample_chars_per_sec_cached", "sample_chars_per_sec_uncached", "sample_cache_speedup", "prepare_mb_per_sec")
 
 

@@ -8,6 +8,7 @@ from model import GPT, ModelConfig
 from model.attention import recording_attention
 from model.kv_cache import Decoding
 from training.optim import configure_optimizer
+from training.perf import CountOperations
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
@@ -265,6 +266,24 @@ def test_our_muon_in_bfloat16_is_torch_muon_bit_for_bit(nesterov):
     from training.optim import Muon
     for ours, theirs in zip(run(Muon, ns_dtype=torch.bfloat16), run(torch.optim.Muon), strict=True):
         assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("on_device", [True, False])
+def test_an_optimizer_step_runs_as_many_operations_for_six_layers_as_for_two(on_device):
+    """Muon updates the matrices of one shape as one stack and AdamW is fused, so a step dispatches the same number of
+    operations (on a GPU, kernel launches) whatever the depth, on both the device path (GPUs) and the host path."""
+    def count(n_layer: int) -> int:
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(**{**TINY, "n_layer": n_layer}))
+        opt = configure_optimizer(model, 1e-2, 0.1, (0.9, 0.95), "cpu", kind="muon")
+        for _ in range(2):  # the first step also creates the optimizer's state
+            for p in model.parameters():
+                p.grad = torch.randn_like(p)
+            with CountOperations() as ops:
+                opt.step_if_finite(torch.tensor(True), on_device)
+        return ops.count
+
+    assert count(6) == count(2) > 0
 
 
 def test_newton_schulz_in_float32_matches_the_same_iteration_in_float64():

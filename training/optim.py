@@ -55,15 +55,16 @@ class Muon(torch.optim.Muon):
     @torch.no_grad()
     def step(self, finite: torch.Tensor | None = None) -> None:
         """One Muon step. With finite (a 0-d bool tensor) the step is taken or not on the device, without the host
-        reading the flag: when it is False every weight and momentum buffer keeps its value exactly. (That costs a
-        few copies, so a CPU, where reading the flag is free, steps without it.)
+        reading the flag: when it is False every weight and momentum buffer keeps its value exactly.
 
-        Matrices of one shape are orthogonalised together, as one stack: the same arithmetic as one at a time (the
-        tests check it bit for bit against torch.optim.Muon) in a quarter of the calls for a 4-layer model."""
+        Matrices of one shape are updated together: the same arithmetic as one at a time (the tests check it bit for
+        bit against torch.optim.Muon), in as many operations for 6 layers as for 2. On a GPU each operation is a
+        kernel launch: for the GPU preset's 6 layers, clipping, Muon, AdamW and clearing the gradients take 144
+        operations, against 336 when Muon updated one matrix at a time."""
         for group in self.param_groups:
             params, grads, buffers = [], [], []
             self._init_group(group, params, grads, buffers)
-            lr, momentum, decay = group["lr"], group["momentum"], 1 - group["lr"] * group["weight_decay"]
+            lr, decay = group["lr"], 1 - group["lr"] * group["weight_decay"]
             stacks: dict[torch.Size, list[tuple]] = {}
             for trio in zip(params, grads, buffers):
                 stacks.setdefault(trio[0].shape, []).append(trio)
@@ -71,29 +72,36 @@ class Muon(torch.optim.Muon):
                 step_size = _adjust_lr(lr, group["adjust_lr_fn"], shape)  # torch.optim.Muon's own scaling
                 params_, grads_, buffers_ = map(list, zip(*stack))
                 if finite is None:
-                    for buffer, grad in zip(buffers_, grads_):
-                        buffer.lerp_(grad, 1 - momentum)  # momentum: an exponential average of gradients
-                    new_buffers = buffers_
+                    self._update_in_place(group, params_, grads_, buffers_, decay, step_size)
                 else:
-                    grads_ = [torch.where(finite, grad, 0.0) for grad in grads_]  # no NaN into the arithmetic
-                    new_buffers = [buffer.lerp(grad, 1 - momentum) for buffer, grad in zip(buffers_, grads_)]
-                directions = self._directions(group, grads_, new_buffers).unbind()
-                for param, buffer, new_buffer, direction in zip(params_, buffers_, new_buffers, directions):
-                    if finite is None:
-                        param.mul_(decay).add_(direction, alpha=-step_size)
-                        continue
-                    new_param = torch.add(param * decay, direction, alpha=-step_size)
-                    buffer.copy_(torch.where(finite, new_buffer, buffer))
-                    param.copy_(torch.where(finite, new_param, param))
+                    self._update_stacked(group, params_, grads_, buffers_, decay, step_size, finite)
 
-    def _directions(self, group: dict, grads: list[torch.Tensor], buffers: list[torch.Tensor]) -> torch.Tensor:
-        """The momenta (Nesterov: looked one step ahead) of same-shaped matrices, stacked and orthogonalised."""
-        if group["nesterov"]:
-            updates = [grad.lerp(buffer, group["momentum"]) for grad, buffer in zip(grads, buffers)]
-        else:
-            updates = buffers
-        return orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"],
-                             self.ns_dtype)
+    def _update_in_place(self, group: dict, params: list, grads: list, buffers: list, decay: float,
+                         step_size: float) -> None:
+        """Same-shaped matrices' step, each weight and buffer updated in place (on a CPU, new tensors the size of a
+        stack cost more than the Python calls that in-place updates take)."""
+        momentum = group["momentum"]
+        torch._foreach_lerp_(buffers, grads, 1 - momentum)  # momentum: an exponential average of gradients
+        updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers  # a step ahead
+        direction = orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"],
+                                  self.ns_dtype)
+        torch._foreach_mul_(params, decay)
+        torch._foreach_add_(params, direction.unbind(), alpha=-step_size)
+
+    def _update_stacked(self, group: dict, params: list, grads: list, buffers: list, decay: float, step_size: float,
+                        finite: torch.Tensor) -> None:
+        """The same step computed on stacks and written back only where finite (0-d bool tensor) is True: a dozen
+        device operations for all the matrices of a shape (on a GPU each is a kernel launch), not one per matrix."""
+        momentum = group["momentum"]
+        grad = torch.where(finite, torch.stack(grads), 0.0)  # no NaN into the arithmetic
+        buffer = torch.stack(buffers)
+        new_buffer = buffer.lerp(grad, 1 - momentum)
+        update = grad.lerp(new_buffer, momentum) if group["nesterov"] else new_buffer
+        direction = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+        param = torch.stack(params)
+        new_param = torch.add(param * decay, direction, alpha=-step_size)
+        torch._foreach_copy_(buffers, torch.where(finite, new_buffer, buffer).unbind())
+        torch._foreach_copy_(params, torch.where(finite, new_param, param).unbind())
 
 
 def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,

@@ -1,9 +1,11 @@
-"""Performance figures: model FLOPs per token, a measured peak matmul rate, and MFU."""
+"""Performance figures: model FLOPs per token, a measured peak matmul rate, MFU, and how many operations a piece of
+code dispatches (on a GPU, outside a compiled graph, each is a kernel launch)."""
 from __future__ import annotations
 
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from model.config import ModelConfig
 
@@ -17,6 +19,22 @@ def utilisation(achieved_flops: float, peak_flops: float) -> float:
     """MFU: achieved over peak FLOP/s, at most 1 (a step faster than the measured peak means the peak was measured
     low on a busy machine, not that the step beat the hardware)."""
     return min(1.0, achieved_flops / peak_flops)
+
+
+class CountOperations(TorchDispatchMode):
+    """Inside `with CountOperations() as ops:`, ops.count is the number of tensor operations run that compute or
+    copy (views of existing tensors and the profiler's markers, which launch nothing, are not counted): in eager
+    PyTorch on a GPU, about one kernel launch each, whose host-side cost a small model's step can be made of."""
+
+    LAUNCH_NOTHING = frozenset({"_unsafe_view", "_record_function_enter_new", "_record_function_exit"})
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not (func.is_view or func.overloadpacket.__name__ in self.LAUNCH_NOTHING)
+        return func(*args, **(kwargs or {}))
 
 
 def sync(device: torch.device) -> None:
