@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from configs import TrainConfig, load_config
-from errors import UserError, run_cli
+from errors import UserError, exit_without_teardown, run_cli
 from training import checkpoint, distributed, runtime
 from training.clock import TrainClock
 from training.estimate import warn_if_slow
@@ -168,4 +167,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_without_teardown(run_cli(main))

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 from training import runtime  # noqa: E402
 from training import checkpoint  # noqa: E402
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(run_cli(main))
+        code = run_cli(main)
     except BrokenPipeError:  # e.g. piped into head
-        sys.exit(0)
+        code = 0
+    exit_without_teardown(code)

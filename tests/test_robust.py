@@ -196,3 +196,28 @@ def test_a_doubled_signal_is_one_stop_request_and_a_later_one_stops_at_once(monk
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.1)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are given back
+
+
+@pytest.mark.parametrize("worker", ["none", "daemon", "not a daemon"])
+def test_an_exit_without_teardown_keeps_the_exit_handlers_the_output_and_running_threads(tmp_path, worker):
+    """train.py and sample.py end through errors.exit_without_teardown: the exit code, output still in Python's
+    buffers, exit handlers and a thread that is not a daemon (it would be cut off) all come through; a daemon thread
+    does not hold the exit up, as with sys.exit."""
+    program = f"""
+import atexit, pathlib, sys, threading, time
+sys.path.insert(0, {str(ROOT)!r})
+from errors import exit_without_teardown
+atexit.register(lambda: pathlib.Path({str(tmp_path / 'handler')!r}).write_text('ran'))
+def work():
+    time.sleep(0.5)
+    pathlib.Path({str(tmp_path / 'thread')!r}).write_text('done')
+if {worker!r} != "none":
+    threading.Thread(target=work, daemon={worker!r} == "daemon").start()
+print("x" * 100_000, end="")  # more than one buffer's worth, and no newline to flush it
+sys.stderr.write("last words")
+exit_without_teardown(3)
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and done.stdout == "x" * 100_000 and done.stderr == "last words"
+    assert (tmp_path / "handler").read_text() == "ran"
+    assert (tmp_path / "thread").exists() == (worker == "not a daemon")
