@@ -53,7 +53,8 @@ def _interrupt(signum, frame):
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run a command-line main(): a UserError becomes 'error: ...' on stderr and exit code 2; Ctrl-C or SIGTERM
     becomes one line and exit code 130 (clean-up in `finally` blocks runs first); an OSError that no check foresaw
-    (a full disk, a permission) becomes one line naming the file."""
+    (a full disk, a permission) becomes one line naming the file; output piped into a reader that has gone ends
+    quietly with 141."""
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM is treated as Ctrl-C
     try:
         return main(argv) or 0
@@ -68,6 +69,10 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output has gone (piped into head, say): end quietly, as shells
+        # expect of a writer whose reader left (status 141, 128 + SIGPIPE), with nothing more sent down the pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as err:
         where = f" {err.filename}" if err.filename else ""
         print(f"error: could not read or write{where} ({err.strerror or err}); check the path, its permissions and "

@@ -128,8 +128,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        code = run_cli(main)
-    except BrokenPipeError:  # e.g. piped into head
-        code = 0
-    exit_without_teardown(code)
+    exit_without_teardown(run_cli(main))

@@ -221,3 +221,22 @@ exit_without_teardown(3)
     assert done.returncode == 3 and done.stdout == "x" * 100_000 and done.stderr == "last words"
     assert (tmp_path / "handler").read_text() == "ran"
     assert (tmp_path / "thread").exists() == (worker == "not a daemon")
+
+
+def test_output_piped_into_a_reader_that_leaves_ends_quietly_with_141():
+    """`python scripts/sample.py ... | head -2`: when the reader closes the pipe, the command ends with the status a
+    shell expects of such a writer (128 + SIGPIPE) and says nothing, instead of 'could not read or write'."""
+    program = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from errors import exit_without_teardown, run_cli
+def main(argv):
+    for i in range(10**7):
+        print("line", i)
+exit_without_teardown(run_cli(main))
+"""
+    writer = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert writer.stdout.readline() == b"line 0\n"
+    writer.stdout.close()  # the reader leaves
+    assert writer.wait(timeout=60) == 141
+    assert writer.stderr.read() == b""
