@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.attention import recording_attention  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.files import check_output_file, write_text_atomic  # noqa: E402
@@ -77,4 +77,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_without_teardown(run_cli(main))

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from errors import ArgumentParser, run_cli  # noqa: E402
+from errors import ArgumentParser, exit_without_teardown, run_cli  # noqa: E402
 from model.textbook import Head  # noqa: E402
 
 # Tutorial 004's example: three tokens of 4 numbers, small integer weights (4 x 3), so every step can be checked by hand.
@@ -66,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_without_teardown(run_cli(main))

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from errors import ArgumentParser, run_cli  # noqa: E402
+from errors import ArgumentParser, exit_without_teardown, run_cli  # noqa: E402
 from training.files import check_output_file  # noqa: E402
 CHILD = """
 import json, resource, sys, time
@@ -69,4 +69,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_without_teardown(run_cli(main))

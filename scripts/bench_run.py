@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import parse_compare  # noqa: E402
-from errors import ArgumentParser, Interrupted, UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, Interrupted, UserError, exit_without_teardown, run_cli  # noqa: E402
 from train_command import run_train  # noqa: E402
 from training.files import check_output_file, write_text_atomic  # noqa: E402
 from training.run_dir import RunDir  # noqa: E402
@@ -115,4 +115,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_without_teardown(run_cli(main))

@@ -15,7 +15,7 @@ from tqdm import tqdm  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import default_cache_dir  # noqa: E402
 from data.prepare import read_text  # noqa: E402
-from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from training import checkpoint, runtime  # noqa: E402
 from training.evaluation import score, windows  # noqa: E402
 from training.files import check_output_file, write_text_atomic  # noqa: E402
@@ -98,4 +98,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_without_teardown(run_cli(main))

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from configs import load_config  # noqa: E402
-from errors import ArgumentParser, QuietExit, UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, QuietExit, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.files import write_atomic, write_text_atomic  # noqa: E402
@@ -201,4 +201,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_without_teardown(run_cli(main))

@@ -7,7 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data import default_cache_dir, prepare, resolve  # noqa: E402
-from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,4 +35,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_without_teardown(run_cli(main))

@@ -200,7 +200,7 @@ def test_a_doubled_signal_is_one_stop_request_and_a_later_one_stops_at_once(monk
 
 @pytest.mark.parametrize("worker", ["none", "daemon", "not a daemon"])
 def test_an_exit_without_teardown_keeps_the_exit_handlers_the_output_and_running_threads(tmp_path, worker):
-    """train.py and sample.py end through errors.exit_without_teardown: the exit code, output still in Python's
+    """Every command ends through errors.exit_without_teardown: the exit code, output still in Python's
     buffers, exit handlers and a thread that is not a daemon (it would be cut off) all come through; a daemon thread
     does not hold the exit up, as with sys.exit."""
     program = f"""
