@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU figures the README reports, measured in one sitting: bash scripts/bench_gpu.sh PART CORPUS LOGDIR
+#
+# PART is one of tests | speed | runs | recipe (each made to end within 10 minutes on one H100), or all. CORPUS is Tiny
+# Shakespeare (or any text); every command and what it printed goes to LOGDIR/PART.log, one file per part.
+#   tests  the whole suite on this machine, then the CUDA-only tests on their own
+#   speed  bench.py on the GPU preset (a step, its halves, the update's operations, sampling), compiled by blocks
+#          against the whole model and against no compilation; bench_sample.py cached, uncached and compiled, in
+#          float32 and bfloat16
+#   runs   the default command with an empty compile cache, then 3 rounds with and without compilation (the first
+#          compiled round fills the cache, so the median is a warm run's); sample.py's whole command for 500 characters
+#          with and without --compile
+#   recipe nanoGPT's recipe (the preset shakespeare_char) once, to set beside nanoGPT's own run on the same card
+# QUICK=1 shrinks every run and round to check the script itself on any machine, a CPU included (figures meaningless).
+set -u -o pipefail
+if [ $# -ne 3 ] || [ ! -f "$2" ]; then
+    echo "usage: bash scripts/bench_gpu.sh tests|speed|runs|recipe|all CORPUS LOGDIR (CORPUS: a text file)" >&2
+    exit 2
+fi
+part=$1 corpus=$(realpath "$2") logs=$(realpath -m "$3")
+mkdir -p "$logs"
+cd "$(dirname "$0")/.." || exit 2
+export PYTHONUNBUFFERED=1
+work=$(mktemp -d)  # run folders: the logs keep what matters
+trap 'rm -rf "$work"' EXIT
+
+if [ "${QUICK:-0}" = 1 ]; then
+    shrink=(--batch_size 2 --max_iters 4 --eval_interval 2 --eval_iters 1 --full_val false)
+    rounds=1 iters=2 tokens=20
+else
+    shrink=() rounds=3 iters=20 tokens=500
+fi
+
+TIMEFORMAT='[%R s whole]'
+run() {  # prints the command, runs it and times it whole; a failure is logged and the part goes on
+    echo "\$ $*"
+    time "$@"
+    echo "[exit $?]"
+    echo
+}
+
+part_tests() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+    run python -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"
+    run python -m pytest -q -x -p no:cacheprovider
+    run python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py
+}
+
+part_speed() {
+    local common=(--data "$corpus" --cache_dir "$work/cache" "${shrink[@]}")
+    run python scripts/bench.py --config shakespeare_char_gpu "${common[@]}" --iters "$iters" --sample_tokens "$tokens"
+    run python scripts/bench.py --config shakespeare_char_gpu "${common[@]}" --iters "$iters" --rounds "$rounds" \
+        --compile true --compare compile_scope=blocks,model
+    run python scripts/bench.py --config shakespeare_char_gpu "${common[@]}" --iters "$iters" --rounds "$rounds" \
+        --compare compile=true,false
+    run python scripts/bench_sample.py --dtype float32,bfloat16 --compile --rounds "$rounds" --new_tokens "$tokens"
+}
+
+part_runs() {
+    local common=(--data "$corpus" --cache_dir "$work/cache" "${shrink[@]}")
+    run python scripts/bench_run.py --out_dir "$work/cold" --cold_compile_cache "${common[@]}"
+    run python scripts/bench_run.py --out_dir "$work/warm" --repeat 3 --compare compile=true,false "${common[@]}"
+    local model
+    model=$(find "$work/warm" -name ckpt_best.pt -print -quit)
+    for compiled in --no-compile --compile; do
+        run python scripts/sample.py --ckpt "$model" --max_new_tokens "$tokens" --no-stream "$compiled"
+    done
+}
+
+part_recipe() {
+    run python scripts/bench_run.py --out_dir "$work/recipe" --config shakespeare_char --data "$corpus" \
+        --cache_dir "$work/cache" "${shrink[@]}"
+}
+
+case "$part" in
+    tests|speed|runs|recipe) "part_$part" 2>&1 | tee "$logs/$part.log" ;;
+    all) for p in tests speed runs recipe; do "part_$p" 2>&1 | tee "$logs/$p.log"; done ;;
+    *) echo "error: the part is tests, speed, runs, recipe or all, not '$part'" >&2; exit 2 ;;
+esac
