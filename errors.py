@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import errno
 import os
 import signal
@@ -71,7 +72,8 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         return 130
     except BrokenPipeError:  # the reader of our output has gone (piped into head, say): end quietly, as shells
         # expect of a writer whose reader left (status 141, 128 + SIGPIPE), with nothing more sent down the pipe
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError, ValueError):  # (an output without a file descriptor has nothing to close)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as err:
         where = f" {err.filename}" if err.filename else ""
