@@ -16,10 +16,11 @@ RESIDENT_MAX_BYTES = 1 << 30  # corpora up to 128M characters are kept on the GP
 class Batches:
     """x (B, T) int64 token ids and y, the same windows shifted by one character, on the training device.
 
-    Windows are drawn with a torch.Generator, so a seed fixes them and state_dict() lets a resumed run
+    Training windows are drawn with a torch.Generator, so a seed fixes them and state_dict() lets a resumed run
     continue the same stream. Under DDP every rank draws the same global batch of batch_size * world_size
     windows and keeps its own slice: the ranks see different windows, the union is exactly what one process
-    with the whole global batch would see, and the stream resumes with any number of processes.
+    with the whole global batch would see, and the stream resumes with any number of processes. Evaluations read
+    fixed_batches(), drawn apart from that stream.
     """
 
     def __init__(self, prepared: Prepared, block_size: int, batch_size: int, device: torch.device | str,
@@ -36,6 +37,7 @@ class Batches:
                     f"the {split} split has {n} characters, fewer than block_size + 1 = {block_size + 1}; "
                     f"use a longer corpus, a smaller --block_size or a different --val_fraction")
             self.data[split] = np.memmap(prepared.path(split), dtype=dtype, mode="r", shape=(n,))
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
         self._steps = np.arange(block_size + 1)
         # On CUDA a corpus that fits is copied to the GPU once, and each batch is gathered there: no pinned
@@ -60,15 +62,26 @@ class Batches:
         tokens = self._send(torch.from_numpy(windows.astype(np.int64)))  # (B, T+1)
         return tokens[:, :-1], tokens[:, 1:]
 
-    def get_batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(self, split: str, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random windows of a split, from the training stream (or from generator)."""
         data = self.data[split]
-        starts = torch.randint(len(data) - self.block_size, (self.batch_size * self.world_size,), generator=self.generator)
+        starts = torch.randint(len(data) - self.block_size, (self.batch_size * self.world_size,),
+                               generator=generator or self.generator)
         mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         if self.resident is not None:
             tokens = self.resident[split][self._send(mine)[:, None] + self._steps_t]  # (B, T+1), gathered in place
             return tokens[:, :-1], tokens[:, 1:]
         windows = data[mine.numpy()[:, None] + self._steps]  # (B, T+1)
         return self._to_device(windows)
+
+    def fixed_batches(self, split: str, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """n batches of random windows of a split, the same at every call: drawn with a generator of their own,
+        seeded by the run's seed and the split. So every evaluation measures its checkpoint on the same windows (two
+        estimates then differ by what the model learned, not by which windows were drawn), and evaluating more or
+        less often never changes the batches training reads."""
+        generator = torch.Generator().manual_seed(self.seed + 1 + ("train", "val").index(split))
+        for _ in range(n):
+            yield self.get_batch(split, generator)
 
     def val_windows(self, batch_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Every non-overlapping block_size window of the validation split, in order, batch by batch (under DDP, this

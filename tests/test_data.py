@@ -122,6 +122,22 @@ def test_batch_stream_resumes_from_its_state(tmp_path, small_text):
     assert all(torch.equal(fresh.get_batch(s)[0], e) for s, e in zip(("train", "val", "train"), expected))
 
 
+def test_fixed_batches_are_the_same_at_every_call_and_leave_the_training_stream_alone(tmp_path, small_text):
+    prepared = prepared_from(small_text, tmp_path)
+    batches = Batches(prepared, 16, 4, "cpu", seed=3)
+    untouched = Batches(prepared, 16, 4, "cpu", seed=3)
+    first = {split: list(batches.fixed_batches(split, 3)) for split in ("train", "val")}
+    assert all(torch.equal(batches.get_batch("train")[0], untouched.get_batch("train")[0]) for _ in range(3))
+    for split, drawn in first.items():
+        again = list(batches.fixed_batches(split, 3))
+        assert len(again) == 3 and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(drawn, again))
+        assert not torch.equal(drawn[0][0], drawn[1][0])  # three different batches, not one three times
+    window = prepared.tokenizer.decode(first["val"][0][0][0])
+    assert window in prepared.tokenizer.decode(torch.from_numpy(batches.data["val"].astype("int64")))
+    other_seed = Batches(prepared, 16, 4, "cpu", seed=4)
+    assert not torch.equal(next(other_seed.fixed_batches("val", 1))[0], first["val"][0][0])
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_batches_gathered_from_a_resident_copy_equal_those_read_from_disk(tmp_path, small_text, rank):
     """The GPU path (the corpus copied to the device once, windows gathered there) gives the same stream."""

@@ -77,10 +77,25 @@ def test_debug_run_end_to_end(corpus, tmp_path):
                                                             "summary/last_val_loss"]
 
 
+def test_how_often_and_on_how_much_a_run_evaluates_never_changes_what_it_trains_on(corpus, tmp_path):
+    """Evaluations read batches of their own (the same at every evaluation) and draw their samples with generators
+    of their own: runs that evaluate at other steps, on more or fewer batches, with or without samples and pictures,
+    train on the same batches with the same dropout to the same weights."""
+    common = ("--max_iters", "12", "--dropout", "0.1", "--log_interval", "1", "--patience", "0")
+    often = run(corpus, tmp_path / "often", *common, "--eval_interval", "3", "--eval_iters", "2",
+                "--sample_chars", "8", "--log_attention", "true")
+    rarely = run(corpus, tmp_path / "rarely", *common, "--eval_interval", "12", "--eval_iters", "5")
+    assert often["history"] == rarely["history"] and len(often["history"]) == 12
+    a, b = (checkpoint.load(tmp_path / name / "ckpt_last.pt")["model"] for name in ("often", "rarely"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("optimizer, dtype, total, split", [("adamw", "float32", 30, 20), ("muon", "bfloat16", 12, 8)])
 def test_resume_gives_bit_identical_losses(corpus, tmp_path, optimizer, dtype, total, split):
+    """A run finished at split, then resumed to total, trains as one run to total. (The first run evaluates at split,
+    where the whole run does not: evaluations leave the training batches alone.)"""
     common = ("--dropout", "0.1", "--lr_decay_iters", str(total), "--log_interval", "1",
-              "--eval_interval", str(total - split), "--optimizer", optimizer, "--dtype", dtype)
+              "--eval_interval", "7", "--optimizer", optimizer, "--dtype", dtype)
     whole = run(corpus, tmp_path / "whole", "--max_iters", str(total), *common)
     run(corpus, tmp_path / "parts", "--max_iters", str(split), *common)
     resumed = run(corpus, tmp_path / "parts", "--max_iters", str(total), "--resume", *common)

@@ -1,4 +1,4 @@
-"""Measuring a model's loss: a run's quick estimate (random batches of each split) and its full validation (every
+"""Measuring a model's loss: a run's quick estimate (fixed random batches of each split) and its full validation (every
 non-overlapping validation window), both stoppable between batches; and scoring any text, every character once, by
 sliding windows whose stride sets how much context each scored character has (scripts/evaluate.py)."""
 from __future__ import annotations
@@ -25,16 +25,16 @@ def asked_to_stop(stop: StopRequest | None, d: Dist, device: torch.device, batch
 @torch.inference_mode()
 def evaluate(model, batches, rt: runtime.Runtime, eval_iters: int, d: Dist = Dist(),
              stop: StopRequest | None = None, progress=None) -> dict[str, float] | None:
-    """Mean loss over eval_iters random batches of each split (a quick estimate), averaged over ranks."""
+    """Mean loss over eval_iters random batches of each split (a quick estimate), averaged over ranks: the same
+    batches at every evaluation of a run (Batches.fixed_batches)."""
     model.eval()
     out = {}
     try:
         for split in ("train", "val"):
             total = torch.zeros((), device=rt.device)
-            for batch in range(eval_iters):
+            for batch, (x, y) in enumerate(batches.fixed_batches(split, eval_iters)):
                 if asked_to_stop(stop, d, rt.device, batch):
                     return None
-                x, y = batches.get_batch(split)
                 with rt.autocast():
                     total += model(x, y)[1].float()
                 if progress is not None:
