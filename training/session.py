@@ -49,14 +49,13 @@ class Session:
 
     def evaluate(self) -> dict[str, float] | None:
         """The quick estimate of both splits at this step; then (rank 0) the sample, the pictures and the checkpoints.
-        None when a stop request came during it: the batches' random state is put back, so resuming does it again."""
+        None when a stop request came during it (resuming does it again: it reads batches of its own, so the training
+        stream is where it was)."""
         run, progress, cfg = self.run, self.progress, self.cfg
-        before = run.batches.state_dict()
         with self.log.task(f"evaluating at step {progress.it}", 2 * cfg.eval_iters) as progress_bar, \
                 run.phases.timing("evaluations"):
             losses = evaluate(run.eval_model, run.batches, run.rt, cfg.eval_iters, self.d, self.stop, progress_bar)
         if losses is None:
-            run.batches.load_state_dict(before)
             return None
         improved = losses["val"] < progress.best_val
         progress.best_val, progress.last_eval, progress.eval_done = min(progress.best_val, losses["val"]), losses, True
