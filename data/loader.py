@@ -110,6 +110,10 @@ class Batches:
         """How many windows val_windows() yields on this rank (padding left out)."""
         return len(self._val_starts())
 
+    def val_fits(self, n_batches: int) -> bool:
+        """Whether every validation window fits in n_batches batches (on each rank)."""
+        return self.num_val_batches() <= n_batches
+
     def num_val_batches(self, batch_size: int | None = None) -> int:
         """How many batches val_windows() yields: the same on every rank (rank 0 has the most windows)."""
         return -(-len(self._val_starts(rank=0)) // (batch_size or self.batch_size))  # rounded up

@@ -429,3 +429,16 @@ def test_every_evaluation_and_the_full_validation_report_progress(corpus, tmp_pa
     assert [(t.what, t.total, t.done) for t in tasks] == [("evaluating at step 0", 6, 6), ("evaluating at step 10", 6, 6),
                                                           ("full validation of step 10's model", windows, windows)]
     assert any(m.startswith("full validation of step 10's model: 1/") and m.endswith("min left") for m in messages)
+
+
+def test_where_the_validation_split_fits_in_an_estimate_it_is_measured_exactly(corpus, tmp_path):
+    """A validation split whose windows all fit in eval_iters batches is read whole at every evaluation, in fewer
+    batches than the estimate: the best evaluation's figure is then exactly the full validation of the model handed
+    over, and choosing the best model compares exact figures."""
+    cfg, _, explicit = load_config(debug_argv(corpus, tmp_path, "run", "--max_iters", "8", "--eval_interval", "4",
+                                              "--eval_iters", "200"), False)
+    batches = train_batches(cfg)
+    assert batches.val_fits(cfg.eval_iters) and batches.num_val_batches() < cfg.eval_iters
+    summary = train.train(cfg, explicit, say=lambda m: None)
+    assert summary["best_val_loss"] == summary["full_val_loss"]
+    assert not train_batches(cfg).val_fits(batches.num_val_batches() - 1)

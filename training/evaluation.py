@@ -26,11 +26,18 @@ def asked_to_stop(stop: StopRequest | None, d: Dist, device: torch.device, batch
 def evaluate(model, batches, rt: runtime.Runtime, eval_iters: int, d: Dist = Dist(),
              stop: StopRequest | None = None, progress=None) -> dict[str, float] | None:
     """Mean loss over eval_iters random batches of each split (a quick estimate), averaged over ranks: the same
-    batches at every evaluation of a run (Batches.fixed_batches)."""
+    batches at every evaluation of a run (Batches.fixed_batches). Where every validation window fits in eval_iters
+    batches (a small corpus, or long batches), the validation figure is exact instead: the full validation, which
+    then reads fewer batches than the estimate would."""
     model.eval()
     out = {}
     try:
         for split in ("train", "val"):
+            if split == "val" and batches.val_fits(eval_iters):
+                out["val"] = full_validation_loss(model, batches, rt, d, stop, progress)
+                if out["val"] is None:
+                    return None
+                continue
             total = torch.zeros((), device=rt.device)
             for batch, (x, y) in enumerate(batches.fixed_batches(split, eval_iters)):
                 if asked_to_stop(stop, d, rt.device, batch):
