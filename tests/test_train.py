@@ -253,12 +253,14 @@ def test_a_failing_torch_compile_falls_back_to_eager_with_a_warning(corpus, tmp_
     assert result["history"] == plain["history"] and result["full_val_loss"] == plain["full_val_loss"]
 
 
-def test_torch_compile_that_cannot_start_is_a_warning_too(corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_torch_compile_that_cannot_start_is_a_warning_too(corpus, tmp_path, monkeypatch, scope):
     def unsupported(module, **kwargs):  # e.g. a Python that dynamo does not support yet: torch.compile itself raises
         raise RuntimeError("torch.compile is not supported on this Python")
     monkeypatch.setattr(torch, "compile", unsupported)
     messages = []
-    argv = debug_argv(corpus, tmp_path, "run", "--compile", "true", "--max_iters", "2", "--full_val", "false")
+    argv = debug_argv(corpus, tmp_path, "run", "--compile", "true", "--max_iters", "2", "--full_val", "false",
+                      "--compile_scope", scope)
     assert train_argv(argv, say=messages.append)["iterations"] == 2
     assert [m for m in messages if m.startswith("warning: torch.compile failed")] == \
         ["warning: torch.compile failed (RuntimeError: torch.compile is not supported on this Python); "

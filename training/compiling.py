@@ -76,17 +76,23 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
         step_model = wrap(model)
         return step_model, step_model
     mode_arg = None if mode == "default" else mode
-    step_model = wrap(model) if scope == "model" else None  # the whole model is compiled with its DDP wrapper
-    try:  # torch.compile may refuse at once (a Python that dynamo does not support yet, say): then only a warning
-        whole = torch.compile(step_model, mode=mode_arg) if scope == "model" else None
-        blocks = BlocksCompiled(model, mode_arg) if scope == "blocks" else None
-    except RuntimeError as err:
-        warn_failed(say, err)
-        step_model = wrap(model) if step_model is None else step_model
-        return step_model, step_model
-    if blocks is None:
+    # torch.compile may refuse at once (a Python that dynamo does not support yet, say): then only a warning. Only
+    # the compiling is inside the try, so that a failure of the DDP wrapping is never called a compile failure.
+    if scope == "model":  # the whole model is compiled with its DDP wrapper
+        step_model = wrap(model)
+        try:
+            whole = torch.compile(step_model, mode=mode_arg)
+        except RuntimeError as err:
+            warn_failed(say, err)
+            return step_model, step_model
         compiled = CompileFallback(step_model, whole, say)
     else:
+        try:
+            blocks = BlocksCompiled(model, mode_arg)
+        except RuntimeError as err:
+            warn_failed(say, err)
+            step_model = wrap(model)
+            return step_model, step_model
         step_model = wrap(blocks.view)
         compiled = CompileFallback(step_model, step_model, say, blocks.uncompile)
     return compiled, compiled if compile_eval else model

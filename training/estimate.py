@@ -32,8 +32,9 @@ def expected_seconds(run: Run, progress: Progress) -> tuple[float, float]:
     steps_left = cfg.max_iters - progress.it
     evaluations = steps_left // cfg.eval_interval + 1
     forward = step / 3 / cfg.grad_accum_steps  # a forward pass of one batch is about a third of a training step
-    val_batches = run.batches.num_val_batches() if cfg.full_val else 0
-    return step, steps_left * step + (evaluations * 2 * cfg.eval_iters + val_batches) * forward
+    val_batches = run.batches.num_val_batches()
+    per_evaluation = cfg.eval_iters + min(cfg.eval_iters, val_batches)  # a split that fits is read whole, once
+    return step, steps_left * step + (evaluations * per_evaluation + (val_batches if cfg.full_val else 0)) * forward
 
 
 def warn_if_slow(run: Run, progress: Progress, log: Log) -> None:
