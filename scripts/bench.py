@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     model = run.pop("model")
     figures.update(run)
     figures.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype, [run.pop("matmul_shape")])))
-    sample_rt = runtime.for_sampling(rt, cfg.dtype)
+    sample_rt = runtime.for_sampling(rt, cfg.dtype, model.num_params(non_embedding=False))
     figures.update(bench_sampling(model, rt.device_type, [sample_rt.dtype], args.sample_tokens,
                                   compile=rt.device_type == "cuda"))
     figures["sample_dtype"] = str(sample_rt.dtype).removeprefix("torch.")

@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ModelConfig(vocab_size=65, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                       n_embd=args.n_embd)
     device = runtime.pick_device(args.device)
-    dtypes = list(dict.fromkeys(runtime.pick_dtype(spec, device, sampling=True) for spec in args.dtype.split(",")))
-    compile = device.type == "cuda" if args.compile is None else args.compile
     model = GPT(cfg).to(device)  # random weights: speed does not depend on what the model learned
+    params = model.num_params(non_embedding=False)
+    dtypes = list(dict.fromkeys(runtime.pick_dtype(spec, device, sampling=True, params=params)
+                                for spec in args.dtype.split(",")))
+    compile = device.type == "cuda" if args.compile is None else args.compile
     variants = variants_of(args.batch, compile, dtypes)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     print(f"generating {args.new_tokens} characters with a {args.n_layer}x{args.n_head}x{args.n_embd} model on "

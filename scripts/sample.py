@@ -33,7 +33,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--seed", type=int, default=1337, help="same seed and settings give the same text")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16: the weights are cast to it "
-                                                  "once (auto: bfloat16 on CUDA, float32 on a CPU)")
+                                                  "once (auto: bfloat16 on CUDA; on a CPU float32, or bfloat16 for a "
+                                                  "model of over 4M parameters where the CPU has bfloat16 units)")
     p.add_argument("--stream", default=None, action=argparse.BooleanOptionalAction,
                    help="print characters as they come (default: on when writing to a terminal)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
@@ -95,12 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     prompts = read_prompts(args)
     path = checkpoint.find(args.out_dir, args.ckpt)
     model, tokenizer, state = load_model(path, rt.device)
+    rt = runtime.for_sampling(rt, args.dtype, model.num_params(non_embedding=False))  # auto on a CPU: by its size
     model = runtime.weights_for_sampling(model, rt.dtype)  # bfloat16/float16: cast once, no autocast
     data = state.get("data") if isinstance(state.get("data"), dict) else {}
     val = state.get("best_val_loss")
     loss = f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else ""
-    print(f"{path}: step {state['iter']}{loss}, trained on {data.get('source', 'an unrecorded corpus')}",
-          file=sys.stderr)  # stdout stays the text
+    print(f"{path}: step {state['iter']}{loss}, trained on {data.get('source', 'an unrecorded corpus')}; sampling on "
+          f"{rt.device_type} in {str(rt.dtype).removeprefix('torch.')}", file=sys.stderr)  # stdout stays the text
     prompts = prompts or [tokenizer.default_prompt(data.get("first_char"))]
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]

@@ -350,11 +350,16 @@ def train_batches(cfg):
 
 
 @pytest.mark.parametrize("has_units", [True, False])
-def test_auto_dtype_on_cpu_is_bfloat16_only_with_bfloat16_units_and_never_for_sampling(monkeypatch, has_units):
+def test_auto_dtype_on_cpu_is_bfloat16_only_with_bfloat16_units_and_for_sampling_only_a_large_model(monkeypatch,
+                                                                                                    has_units):
     monkeypatch.setattr(runtime, "cpu_has_bfloat16_units", lambda: has_units)
     cpu = torch.device("cpu")
     assert runtime.pick_dtype("auto", cpu) == (torch.bfloat16 if has_units else torch.float32)
+    limit = runtime.CPU_BFLOAT16_SAMPLING_PARAMS
     assert runtime.pick_dtype("auto", cpu, sampling=True) == torch.float32
+    assert runtime.pick_dtype("auto", cpu, sampling=True, params=limit) == torch.float32
+    assert runtime.pick_dtype("auto", cpu, sampling=True, params=limit + 1) == (torch.bfloat16 if has_units
+                                                                                else torch.float32)
     assert runtime.pick_dtype("bfloat16", cpu, sampling=True) == torch.bfloat16  # asked for by name: given
     with pytest.raises(UserError, match="float16: not supported on CPU"):
         runtime.pick_dtype("float16", cpu)  # training: CPU autocast has no float16

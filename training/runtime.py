@@ -68,18 +68,28 @@ def cpu_has_bfloat16_units() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
-def pick_dtype(spec: str, device: torch.device, sampling: bool = False) -> torch.dtype:
+# On a CPU with bfloat16 units, auto samples a model this large (float32 weights over 16 MB) in bfloat16. Sampling one
+# character reads every weight once; below this size they stay in the CPU's caches and float32 kernels win. On this
+# project's 2-core AMD EPYC (AVX512-BF16, 32 MB L3), bench_sample.py --dtype float32,bfloat16, 1 row and 8 rows, eager,
+# bfloat16 against float32: 2x4x160 (0.6M parameters) 0.61x/0.76x, 4x4x128 0.63x/0.67x, 6x6x192 (2.7M) 0.73x/0.99x,
+# 4x4x256 (3.2M) 1.02x/1.42x, 4x4x320 (4.9M) 1.25x/1.43x, 8x8x256 (6.3M) 1.02x/1.22x, 4x4x384 (7.1M) 1.75x/1.62x,
+# 6x6x384 (10.7M) 1.47x/1.71x.
+CPU_BFLOAT16_SAMPLING_PARAMS = 4_000_000
+
+
+def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: int = 0) -> torch.dtype:
     """auto: bfloat16 (float16 on older GPUs) on CUDA; bfloat16 on CPUs with bfloat16 units; float32 otherwise.
 
-    Sampling (its weights cast, see weights_for_sampling) stays float32 on a CPU for auto: on a 2-core AMD EPYC
-    without bfloat16 units, bfloat16 weights sampled one stream 1.3x faster but a batch of 8 rows 0.4-0.6x as fast,
-    for the 6x6x384 model and the CPU default's 2x4x160 alike, and float16 one stream 1.4-1.5x for the first and
-    0.9x for the second (scripts/bench_sample.py --dtype float32,bfloat16,float16). Asked for by name, sampling
+    Sampling (its weights cast, see weights_for_sampling) with auto on a CPU: bfloat16 only on a CPU with bfloat16
+    units and for a model of more than CPU_BFLOAT16_SAMPLING_PARAMS parameters (params); float32 otherwise. Without
+    such units, on a 2-core AMD EPYC, bfloat16 weights sampled one stream 1.3x faster but a batch of 8 rows 0.4-0.6x
+    as fast, for the 6x6x384 model and the CPU default's 2x4x160 alike, and float16 one stream 1.4-1.5x for the first
+    and 0.9x for the second (scripts/bench_sample.py --dtype float32,bfloat16,float16). Asked for by name, sampling
     may use float16 on a CPU too: it needs no autocast there."""
     if spec == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device.type == "cpu" and cpu_has_bfloat16_units() and not sampling:
+        if device.type == "cpu" and cpu_has_bfloat16_units() and (not sampling or params > CPU_BFLOAT16_SAMPLING_PARAMS):
             return torch.bfloat16
         return torch.float32
     if spec not in DTYPES:
@@ -89,9 +99,10 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False) -> torch
     return DTYPES[spec]
 
 
-def for_sampling(rt: Runtime, dtype_spec: str) -> Runtime:
-    """The runtime scripts/sample.py would use on rt's device for this --dtype (float32 on CPU for auto)."""
-    return Runtime(rt.device, pick_dtype(dtype_spec, rt.device, sampling=True))
+def for_sampling(rt: Runtime, dtype_spec: str, params: int = 0) -> Runtime:
+    """The runtime scripts/sample.py uses on rt's device for this --dtype and a model of params parameters (auto on
+    a CPU: float32, or bfloat16 for a large model on a CPU with bfloat16 units; see pick_dtype)."""
+    return Runtime(rt.device, pick_dtype(dtype_spec, rt.device, sampling=True, params=params))
 
 
 def weights_for_sampling(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
