@@ -57,6 +57,8 @@ def check_settings(args: argparse.Namespace) -> None:
         raise UserError("--max_new_tokens and --num_samples must be at least 1")
     if args.prompt is not None and args.prompt_file:
         raise UserError("give --prompt or --prompt_file, not both")
+    if args.prompt == "":
+        raise UserError("--prompt is empty; give it at least one character, or leave it out for the default prompt")
     if not 0 <= args.seed < 2**64:
         raise UserError(f"--seed {args.seed}: must be a whole number from 0 to 2^64 - 1")
 
