@@ -86,8 +86,6 @@ class CausalSelfAttention(nn.Module):
         # compute them (all but "additive", whose scores are no dot product: that form always takes the explicit path).
         self.scaled, self.fusable = self.score != "dot", self.score != "additive"
         self.record: list[torch.Tensor] | None = None  # set by recording_attention()
-        tril = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
-        self.register_buffer("tril", tril, persistent=False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None,
                 slots: torch.Tensor | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -113,7 +111,8 @@ class CausalSelfAttention(nn.Module):
         causal = mask is None and k.size(2) == T
         if self.path == "explicit" or self.record is not None or not self.fusable:
             scores = self.scores(q, k)  # (B, n_head, T, T_keys)
-            keep = self.tril[:T, :T] if causal else mask
+            # the tril, made for this T (a stored block_size x block_size one would cost block_size² bytes a layer)
+            keep = attention_mask(torch.arange(T, device=x.device), T) if causal else mask
             if keep is not None:
                 scores = scores.masked_fill(~keep, float("-inf"))  # future (and padding) keys get zero weight
             weights = F.softmax(scores, dim=-1)
