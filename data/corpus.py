@@ -69,6 +69,9 @@ def resolve(spec: str, cache_dir: Path, say=print) -> Corpus:
         return Corpus(str(path), text_files)
     if path.is_file():
         return Corpus(str(path), [path])
+    if path.exists():  # /dev/null, a pipe such as <(zcat corpus.gz), a socket: read more than once, so not usable
+        raise UserError(f"--data {spec}: not a regular file or folder (a device, pipe or socket); save the text to a "
+                        f"file and give that")
     raise UserError(f"--data {spec}: no such file or folder; give a text file, a folder of text files, "
                     f"or one of: {', '.join(NAMED)}")
 

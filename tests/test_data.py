@@ -1,6 +1,7 @@
 """Data: tokenizer round-trips, preparation and its cache, batches, named corpora, and bad input."""
 import contextlib
 import io
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -222,12 +223,14 @@ def bad_inputs(tmp_path):
     (tmp_path / "nul.txt").write_bytes(b"text\x00more")
     (tmp_path / "binaries").mkdir()
     (tmp_path / "binaries" / "x.bin").write_bytes(b"\x00" * 10)
+    os.mkfifo(tmp_path / "pipe")  # what --data <(zcat corpus.gz) hands over
     return {
         "missing.txt": "no such file or folder",
         "empty.txt": "empty",
         "latin1.txt": "byte 3 cannot be decoded",
         "nul.txt": "NUL",
         "binaries": "no text files",
+        "pipe": "not a regular file or folder",
     }
 
 
