@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures the README reports, measured in one sitting: bash scripts/bench_gpu.sh PART CORPUS LOGDIR
 #
-# PART is one of tests | speed | runs | recipe (each made to end within 10 minutes on one H100), or all. CORPUS is Tiny
+# PART is one of tests | speed | runs | recipe | nanogpt (each made to end within 10 minutes on one H100), or all. CORPUS is Tiny
 # Shakespeare (or any text); every command and what it printed goes to LOGDIR/PART.log, one file per part.
 #   tests  the whole suite on this machine, then the CUDA-only tests on their own
 #   speed  bench.py on the GPU preset (a step, its halves, the update's operations, sampling), compiled by blocks
@@ -11,10 +11,13 @@
 #          compiled round fills the cache, so the median is a warm run's); sample.py's whole command for 500 characters
 #          with and without --compile
 #   recipe nanoGPT's recipe (the preset shakespeare_char) once, to set beside nanoGPT's own run on the same card
+#   nanogpt nanoGPT's own run of that recipe, timed whole, its checkpoint then scored as our full validation is
+#          (scripts/score_nanogpt.py); NANOGPT=DIR names a checkout of karpathy/nanoGPT (not part of this project)
 # QUICK=1 shrinks every run and round to check the script itself on any machine, a CPU included (figures meaningless).
 set -u -o pipefail
 if [ $# -ne 3 ] || [ ! -f "$2" ]; then
-    echo "usage: bash scripts/bench_gpu.sh tests|speed|runs|recipe|all CORPUS LOGDIR (CORPUS: a text file)" >&2
+    echo "usage: [NANOGPT=DIR] bash scripts/bench_gpu.sh tests|speed|runs|recipe|nanogpt|all CORPUS LOGDIR" \
+         "(CORPUS: a text file)" >&2
     exit 2
 fi
 part=$1 corpus=$(realpath "$2") logs=$(realpath -m "$3")
@@ -27,8 +30,9 @@ trap 'rm -rf "$work"' EXIT
 if [ "${QUICK:-0}" = 1 ]; then
     shrink=(--batch_size 2 --max_iters 4 --eval_interval 2 --eval_iters 1 --full_val false)
     rounds=1 iters=2 tokens=20
+    nano_shrink=(--batch_size=2 --max_iters=4 --lr_decay_iters=4 --eval_interval=2 --eval_iters=1 --log_interval=1)
 else
-    shrink=() rounds=3 iters=20 tokens=500
+    shrink=() rounds=3 iters=20 tokens=500 nano_shrink=()
 fi
 
 TIMEFORMAT='[%R s whole]'
@@ -72,8 +76,27 @@ part_recipe() {
         --cache_dir "$work/cache" "${shrink[@]}"
 }
 
+part_nanogpt() {
+    local dir data
+    dir=$(realpath "$NANOGPT") data=$(realpath "$NANOGPT")/data/shakespeare_char
+    cp "$corpus" "$data/input.txt"  # its prepare.py would download the text: the machine may be offline
+    # prepare.py imports requests only to download; where it is not installed, an empty stand-in lets it run
+    run env -C "$data" python -c "import runpy, sys, types; sys.modules.setdefault('requests', types.ModuleType(
+'requests')) if __import__('importlib.util').util.find_spec('requests') is None else None; runpy.run_path(
+'prepare.py', run_name='__main__')"
+    local device=()
+    python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || device=(--device=cpu --compile=False)
+    run env -C "$dir" python train.py config/train_shakespeare_char.py --out_dir="$work/nanogpt" "${device[@]}" \
+        "${nano_shrink[@]}"
+    run python scripts/score_nanogpt.py "$dir" "$work/nanogpt/ckpt.pt"
+}
+
 case "$part" in
-    tests|speed|runs|recipe) "part_$part" 2>&1 | tee "$logs/$part.log" ;;
-    all) for p in tests speed runs recipe; do "part_$p" 2>&1 | tee "$logs/$p.log"; done ;;
-    *) echo "error: the part is tests, speed, runs, recipe or all, not '$part'" >&2; exit 2 ;;
+    nanogpt|all) if [ ! -f "${NANOGPT:-}/train.py" ]; then
+        echo "error: set NANOGPT to a checkout of karpathy/nanoGPT (a folder with train.py)" >&2; exit 2; fi ;;
+esac
+case "$part" in
+    tests|speed|runs|recipe|nanogpt) "part_$part" 2>&1 | tee "$logs/$part.log" ;;
+    all) for p in tests speed runs recipe nanogpt; do "part_$p" 2>&1 | tee "$logs/$p.log"; done ;;
+    *) echo "error: the part is tests, speed, runs, recipe, nanogpt or all, not '$part'" >&2; exit 2 ;;
 esac

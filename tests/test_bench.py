@@ -98,3 +98,39 @@ def test_bench_run_times_the_whole_command_and_reports_the_runs_own_figures(tmp_
     said = failed.stderr.strip().splitlines()[-1]  # after the progress line, one line: the run's own error, its log
     assert failed.returncode == 2 and said.startswith("error: python train.py --config debug --data"), failed.stderr
     assert "no such file or folder" in said and said.endswith("01-r1.log)")
+
+
+def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, script):
+    """scripts/score_nanogpt.py, handed a run of ours laid out as nanoGPT's (a model.py with its names, a checkpoint of
+    its keys, val.bin holding the last 10% of the text as its prepare.py writes it), reports that run's own full
+    validation: the same windows, scored the same way."""
+    import numpy as np
+    import torch
+    from conftest import train_debug
+    from training.checkpoint import load_model
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(small_text, encoding="utf-8")
+    summary = train_debug(corpus, tmp_path / "run", "--dtype", "float32", "--max_iters", "30")
+    model, tokenizer, state = load_model(tmp_path / "run" / "ckpt_best.pt")
+    nanogpt = tmp_path / "nanogpt"
+    (nanogpt / "data" / "chars").mkdir(parents=True)
+    (nanogpt / "model.py").write_text("from model import GPT, ModelConfig as GPTConfig\n")  # our GPT, its names
+    torch.save({"model": {f"_orig_mod.{k}": v for k, v in model.state_dict().items()},  # as a compiled model saves
+                "model_args": model.config.to_dict(), "config": {"dataset": "chars"}, "iter_num": state["iter"],
+                "best_val_loss": torch.tensor(state["best_val_loss"])}, nanogpt / "ckpt.pt")
+    val = small_text[int(len(small_text) * 0.9):]
+    np.array(tokenizer.encode(val), dtype=np.uint16).tofile(nanogpt / "data" / "chars" / "val.bin")
+    done = script("score_nanogpt.py", str(nanogpt), str(nanogpt / "ckpt.pt"), "--device", "cpu", "--dtype", "float32",
+                  "--batch_size", "5")
+    assert done.returncode == 0, done.stderr
+    assert f"step {state['iter']}" in done.stdout and "full validation " in done.stdout
+    import score_nanogpt  # the figure to more places than it prints: float32 sums in another order, nothing more
+    from training import runtime
+    rt = runtime.setup("cpu", "float32")
+    scored = score_nanogpt.full_validation(score_nanogpt.load_nanogpt(nanogpt, nanogpt / "ckpt.pt", rt.device)[0],
+                                           np.fromfile(nanogpt / "data" / "chars" / "val.bin", dtype=np.uint16),
+                                           model.config.block_size, 5, rt)
+    assert scored == pytest.approx(summary["full_val_loss"], rel=1e-6)
+    missing = script("score_nanogpt.py", str(tmp_path), str(nanogpt / "ckpt.pt"))
+    assert missing.returncode == 2 and "has no model.py" in missing.stderr

@@ -1,0 +1,85 @@
+"""python scripts/score_nanogpt.py NANOGPT_DIR CKPT: a nanoGPT checkpoint's full validation, measured as ours is.
+
+For the side-by-side with nanoGPT's recipe (scripts/bench_gpu.sh nanogpt). NANOGPT_DIR is a checkout of
+karpathy/nanoGPT (not part of this project; its model.py is imported from there) whose data/shakespeare_char holds
+what its prepare.py wrote; CKPT is the ckpt.pt its train.py saved (the best evaluation's, in its Shakespeare config).
+nanoGPT splits the text and numbers the characters as we do (the first 90% to train, ids by sorted character), so its
+val.bin holds the ids of our validation split. The figure is the mean loss over every non-overlapping block_size
+window of it, the tail shorter than a window left out: what a run of ours reports as its full validation."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from errors import UserError, exit_without_teardown, run_cli  # noqa: E402
+from training import runtime  # noqa: E402
+
+
+def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
+    """nanoGPT's GPT with the checkpoint's weights, in eval mode."""
+    if not (folder / "model.py").is_file():
+        raise UserError(f"{folder} has no model.py; give the folder of a nanoGPT checkout")
+    spec = importlib.util.spec_from_file_location("nanogpt_model", folder / "model.py")  # not our model package
+    nanogpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nanogpt)
+    try:
+        state = torch.load(ckpt, map_location=device, weights_only=True)
+    except (OSError, RuntimeError) as err:
+        raise UserError(f"{ckpt}: cannot be read as a checkpoint ({err})") from None
+    model = nanogpt.GPT(nanogpt.GPTConfig(**state["model_args"]))
+    # a compiled model's state dict names its weights _orig_mod.<name>
+    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in state["model"].items()})
+    return model.to(device).eval(), state
+
+
+def val_starts(n: int, block_size: int) -> np.ndarray:
+    """Where the windows begin: side by side, each with the character after it (as data/loader.py's val_windows)."""
+    return np.arange(0, n - block_size, block_size)
+
+
+@torch.inference_mode()
+def full_validation(model, val: np.ndarray, block_size: int, batch_size: int, rt: runtime.Runtime) -> float:
+    starts = val_starts(len(val), block_size)
+    steps = np.arange(block_size + 1)
+    total, count = 0.0, 0
+    for i in range(0, len(starts), batch_size):
+        rows = torch.from_numpy(val[starts[i:i + batch_size, None] + steps].astype(np.int64)).to(rt.device)
+        with rt.autocast():
+            _, loss = model(rows[:, :-1].contiguous(), rows[:, 1:].contiguous())  # the mean over the targets
+        total += loss.double().item() * rows[:, 1:].numel()
+        count += rows[:, 1:].numel()
+    return total / count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split(":", 1)[1].strip().split("\n")[0])
+    parser.add_argument("nanogpt_dir", type=Path)
+    parser.add_argument("ckpt", type=Path)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto", help="as train.py's: bfloat16 autocast on CUDA, as nanoGPT evaluates")
+    parser.add_argument("--batch_size", type=int, default=64)
+    args = parser.parse_args(argv)
+    rt = runtime.setup(args.device, args.dtype)
+    model, state = load_nanogpt(args.nanogpt_dir, args.ckpt, rt.device)
+    val_path = args.nanogpt_dir / "data" / state["config"]["dataset"] / "val.bin"
+    if not val_path.is_file():
+        raise UserError(f"{val_path} is missing; run nanoGPT's prepare.py in that folder first")
+    val = np.fromfile(val_path, dtype=np.uint16)
+    block_size = state["model_args"]["block_size"]
+    loss = full_validation(model, val, block_size, args.batch_size, rt)
+    windows = len(val_starts(len(val), block_size))
+    print(f"nanoGPT {args.ckpt}: step {state['iter_num']}, its own estimate {float(state['best_val_loss']):.4f}; "
+          f"full validation {loss:.4f} ({windows} windows of {block_size} on {rt.device.type}, "
+          f"{str(rt.dtype).removeprefix('torch.')})")
+    return 0
+
+
+if __name__ == "__main__":
+    exit_without_teardown(run_cli(main))
