@@ -79,7 +79,7 @@ part_recipe() {
 part_nanogpt() {
     local dir data
     dir=$(realpath "$NANOGPT") data=$(realpath "$NANOGPT")/data/shakespeare_char
-    cp "$corpus" "$data/input.txt"  # its prepare.py would download the text: the machine may be offline
+    rm -f "$data/input.txt" && cp "$corpus" "$data/input.txt"  # else its prepare.py downloads it; offline here
     # prepare.py imports requests only to download; where it is not installed, an empty stand-in lets it run
     run env -C "$data" python -c "import runpy, sys, types; sys.modules.setdefault('requests', types.ModuleType(
 'requests')) if __import__('importlib.util').util.find_spec('requests') is None else None; runpy.run_path(
