@@ -2,8 +2,8 @@
 # The GPU figures the README reports, measured in one sitting: bash scripts/bench_gpu.sh PART CORPUS LOGDIR
 #
 # PART is one of tests | speed | runs | recipe | nanogpt (each made to end within 10 minutes on one H100), or all
-# (nanogpt only where NANOGPT is set). CORPUS is Tiny
-# Shakespeare (or any text); every command and what it printed goes to LOGDIR/PART.log, one file per part.
+# (nanogpt only where NANOGPT is set). CORPUS is Tiny Shakespeare (or any text); every command and what it printed
+# goes to LOGDIR/PART.log, one file per part.
 #   tests  the whole suite on this machine, then the CUDA-only tests on their own
 #   speed  bench.py on the GPU preset (a step, its halves, the update's operations, sampling), compiled by blocks
 #          against the whole model and against no compilation; bench_sample.py cached, uncached and compiled, in
