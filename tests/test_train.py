@@ -296,9 +296,18 @@ def test_compile_mode_and_scope_reach_torch_compile_and_bad_ones_are_refused(cor
         calls.clear()
         argv = debug_argv(corpus, tmp_path, f"run-{scope}", "--compile", "true", "--max_iters", "2", "--full_val",
                           "false", "--compile_mode", mode, "--compile_scope", scope)
-        train_argv(argv, say=lambda m: None)
+        messages = []
+        train_argv(argv, say=messages.append)
         want = [("Block", "max-autotune")] * 2 if scope == "blocks" else [("GPT", None)]  # default: torch's own
         assert calls == want
+        # the run says so before it waits for the compilation (and names what it compiles)
+        said = [m for m in messages if m.startswith("torch.compile (")]
+        assert said == [m for m in messages if "torch.compile" in m][:1] and len(said) == 1
+        assert f"scope {scope}" in said[0] and ("mode max-autotune" in said[0]) == (mode == "max-autotune")
+        assert messages.index(said[0]) < next(i for i, m in enumerate(messages) if m.startswith("step 0:"))
+    messages = []
+    train_argv(debug_argv(corpus, tmp_path, "plain", "--max_iters", "2", "--full_val", "false"), say=messages.append)
+    assert not any("torch.compile" in m for m in messages)  # a CPU's auto: not compiled, nothing said
     argv = debug_argv(corpus, tmp_path, "bad")
     with pytest.raises(UserError, match="--compile_mode 'fast': must be one of default, reduce-overhead"):
         load_config(argv + ["--compile_mode", "fast"], False)

@@ -12,6 +12,7 @@ from configs import TrainConfig
 from model.generate import generate
 from training import checkpoint, runtime
 from training.build import Progress, Run
+from training.compiling import compile_wanted
 from training.distributed import Dist
 from training.log import Log
 from training.run_dir import RunDir
@@ -31,6 +32,10 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
             f"process{'es' if d.enabled else ''} = {run.tokens_per_iter:,} tokens per step")
     log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open "
             f"http://localhost:6006/#custom_scalars (train and validation loss on one chart)")
+    if compile_wanted(cfg.compile, run.rt.device_type):  # else the wait before step 0 would look like a hang
+        mode = "" if cfg.compile_mode == "default" else f", mode {cfg.compile_mode}"
+        log.say(f"torch.compile (scope {cfg.compile_scope}{mode}): the first evaluation and the first step wait while "
+                f"it compiles, longest on a machine's first run (its cache serves later ones); --compile false skips it")
 
 
 def attention_probe(run: Run) -> list[int]:
