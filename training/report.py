@@ -52,7 +52,7 @@ def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, pict
             prompt = run.tokenizer.encode(run.tokenizer.default_prompt(run.data_info["first_char"]))
             generator = torch.Generator(device=run.rt.device).manual_seed(cfg.seed)
             run.model.eval()  # no dropout while sampling
-            with runtime.for_sampling(run.rt, cfg.dtype).autocast():  # over float32 weights: a CPU stays float32
+            with runtime.for_sampling(run.rt, cfg.dtype).autocast():  # float32 weights: on a CPU, auto is float32
                 text = generate(run.model, [prompt], cfg.sample_chars, generator=generator)[0]
             run.model.train()
             log.text("samples", run.tokenizer.decode(text), it)

@@ -73,7 +73,7 @@ def cpu_has_bfloat16_units() -> bool:
 # project's 2-core AMD EPYC (AVX512-BF16, 32 MB L3), bench_sample.py --dtype float32,bfloat16, 1 row and 8 rows, eager,
 # bfloat16 against float32: 2x4x160 (0.6M parameters) 0.61x/0.76x, 4x4x128 0.63x/0.67x, 6x6x192 (2.7M) 0.73x/0.99x,
 # 4x4x256 (3.2M) 1.02x/1.42x, 4x4x320 (4.9M) 1.25x/1.43x, 8x8x256 (6.3M) 1.02x/1.22x, 4x4x384 (7.1M) 1.75x/1.62x,
-# 6x6x384 (10.7M) 1.47x/1.71x.
+# 6x6x384 (10.7M) 1.47x/1.71x (4 rows).
 CPU_BFLOAT16_SAMPLING_PARAMS = 4_000_000
 
 
