@@ -100,12 +100,13 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
         speak(note)
     corpus = None
     if not cfg.resume or not cfg.out_dir:
-        cfg, corpus = choose_corpus(cfg, speak)  # names the default run folder after the preset and the corpus
+        with phases.timing("data"):  # a named corpus may be downloaded
+            cfg, corpus = choose_corpus(cfg, speak)  # names the default run folder after the preset and the corpus
     run_dir = RunDir(Path(cfg.out_dir))
     log = Log(run_dir.path, d.is_main, say)
     distributed.init(d, runtime.pick_device(cfg.device).type)
     try:
-        opened = open_run(cfg, explicit, d, run_dir, log, stop, None if cfg.resume else corpus)
+        opened = open_run(cfg, explicit, d, run_dir, log, stop, phases, None if cfg.resume else corpus)
         if isinstance(opened, str):
             log.say(opened)
             return {"finished": True}
@@ -133,7 +134,7 @@ def train_opened(s: Session, source: Path | None, started: float) -> dict:
         log.text("config", json.dumps(s.cfg.to_dict(), indent=1), 0)
     log.layout()
     say_what_runs(run, run_dir, log, s.d)
-    run.phases.seconds["opening"] += time.perf_counter() - started
+    run.phases.seconds["opening"] += time.perf_counter() - started - run.phases.seconds["data"]
     history, stopped = train_loop(s)
     if stopped:
         log.say(stopped_line(progress.it, run_dir, in_final_validation=False))

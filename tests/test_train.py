@@ -45,13 +45,13 @@ def test_debug_run_end_to_end(corpus, tmp_path):
     assert 0 < summary["full_val_loss"] < math.log(checkpoint.load(out / "ckpt_last.pt")["model_config"]["vocab_size"])
     # where the time went: every phase measured, none negative, together the whole; training is the trained seconds
     seconds = summary["seconds"]
-    assert list(seconds) == ["start-up", "opening", "compilation", "training steps", "evaluations", "samples and pictures",
-                             "checkpoints", "full validation", "other", "total"]
+    assert list(seconds) == ["start-up", "data", "opening", "compilation", "training steps", "evaluations",
+                             "samples and pictures", "checkpoints", "full validation", "other", "total"]
     assert all(value >= 0 for value in seconds.values()) and seconds["start-up"] == 0  # in-process: no start-up
     assert sum(seconds.values()) - seconds["total"] == pytest.approx(seconds["total"], rel=1e-9)
     assert seconds["training steps"] == summary["train_seconds"]
-    assert min(seconds["evaluations"], seconds["samples and pictures"], seconds["checkpoints"],
-               seconds["full validation"]) > 0 and seconds["compilation"] == 0  # an uncompiled run
+    assert min(seconds["data"], seconds["opening"], seconds["evaluations"], seconds["samples and pictures"],
+               seconds["checkpoints"], seconds["full validation"]) > 0 and seconds["compilation"] == 0  # uncompiled
     assert seconds["total"] >= summary["wall_seconds"]
     events = EventAccumulator(str(out))
     events.Reload()

@@ -18,6 +18,7 @@ from training import checkpoint, runtime
 from training.build import build_run, plateaued
 from training.distributed import Dist
 from training.log import Log
+from training.phases import Phases
 from training.run_dir import RunDir
 from training.stop import StopRequest
 
@@ -117,9 +118,10 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
 
 
 def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop: StopRequest,
-             corpus: Corpus | None = None):
-    """Own the folder, read the checkpoint to resume, prepare the data and build the run; or, for a finished run,
-    the line that says so. Under torchrun rank 0 goes first, and a failure anywhere is one line from rank 0."""
+             phases: Phases, corpus: Corpus | None = None):
+    """Own the folder, read the checkpoint to resume, prepare the data (timed as phases' "data") and build the run;
+    or, for a finished run, the line that says so. Under torchrun rank 0 goes first, and a failure anywhere is one
+    line from rank 0."""
     resumed, source, init = None, None, None
     with d.together():
         if d.is_main:
@@ -146,7 +148,8 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             cfg = init_config(cfg, explicit, init, start)
         # A fine-tuned run's vocabulary begins with its first model's, so that the old ids keep their meaning.
         base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
-        prepared = prepare_data(cfg, log.say, corpus, base_vocab) if d.is_main else None
+        with phases.timing("data"):
+            prepared = prepare_data(cfg, log.say, corpus, base_vocab) if d.is_main else None
         if init is not None and d.is_main:
             new = prepared.tokenizer.chars[len(init["vocab"]):]
             shown = "".join(f" {ch!r}" for ch in new[:12]) + (" ..." if len(new) > 12 else "")
@@ -154,7 +157,8 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
                     f"{len(init['vocab'])} characters + {len(new)} new{':' + shown if new else ''}")
     with d.together():
         if not d.is_main:
-            prepared = prepare_data(cfg, log.say, base_vocab=base_vocab)  # rank 0 prepared it: found in the cache
+            with phases.timing("data"):
+                prepared = prepare_data(cfg, log.say, base_vocab=base_vocab)  # rank 0 prepared it: in the cache
         if resumed is not None and resumed["vocab"] != prepared.tokenizer.chars:
             raise UserError(f"--resume: the corpus {prepared.meta['source']} has a different vocabulary from the "
                             f"checkpoint's; resume with the same --data")

@@ -1,5 +1,6 @@
-"""Where a run's time goes: seconds for each phase of the whole command (start-up, opening, compilation, training
-steps, evaluations, samples and pictures, checkpoints, full validation), for the closing line and summary.json."""
+"""Where a run's time goes: seconds for each phase of the whole command (start-up, data, opening, compilation,
+training steps, evaluations, samples and pictures, checkpoints, full validation), for the closing line and
+summary.json."""
 from __future__ import annotations
 
 import contextlib
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-PHASES = ("start-up", "opening", "compilation", "training steps", "evaluations", "samples and pictures", "checkpoints",
+PHASES = ("start-up", "data", "opening", "compilation", "training steps", "evaluations", "samples and pictures", "checkpoints",
           "full validation")
 
 
