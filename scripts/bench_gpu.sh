@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures the README reports, measured in one sitting: bash scripts/bench_gpu.sh PART CORPUS LOGDIR
 #
-# PART is one of tests | speed | runs | recipe | nanogpt (each made to end within 10 minutes on one H100), or all
+# PART is one of tests | speed | runs | recipe | tune | nanogpt (each made to end within 10 minutes on one H100), or all
 # (nanogpt only where NANOGPT is set). CORPUS is Tiny Shakespeare (or any text); every command and what it printed
 # goes to LOGDIR/PART.log, one file per part.
 #   tests  the whole suite on this machine, then the CUDA-only tests on their own
@@ -12,12 +12,13 @@
 #          compiled round fills the cache, so the median is a warm run's); sample.py's whole command for 500 characters
 #          with and without --compile
 #   recipe nanoGPT's recipe (the preset shakespeare_char) once, to set beside nanoGPT's own run on the same card
+#   tune   the default preset at 500, 600 and 700 steps, two seeds each (warm cache): how few steps reach <= 1.45
 #   nanogpt nanoGPT's own run of that recipe, timed whole, its checkpoint then scored as our full validation is
 #          (scripts/score_nanogpt.py); NANOGPT=DIR names a checkout of karpathy/nanoGPT (not part of this project)
 # QUICK=1 shrinks every run and round to check the script itself on any machine, a CPU included (figures meaningless).
 set -u -o pipefail
 if [ $# -ne 3 ] || [ ! -f "$2" ]; then
-    echo "usage: [NANOGPT=DIR] bash scripts/bench_gpu.sh tests|speed|runs|recipe|nanogpt|all CORPUS LOGDIR" \
+    echo "usage: [NANOGPT=DIR] bash scripts/bench_gpu.sh tests|speed|runs|recipe|tune|nanogpt|all CORPUS LOGDIR" \
          "(CORPUS: a text file)" >&2
     exit 2
 fi
@@ -77,6 +78,13 @@ part_recipe() {
         --cache_dir "$work/cache" "${shrink[@]}"
 }
 
+part_tune() {
+    local steps=500,600,700
+    [ "${QUICK:-0}" = 1 ] && steps=2,4
+    run python scripts/bench_run.py --out_dir "$work/tune" --data "$corpus" --cache_dir "$work/cache" "${shrink[@]}" \
+        --compare max_iters="$steps" --compare seed=1337,2
+}
+
 part_nanogpt() {
     local dir data
     dir=$(realpath "$NANOGPT") data=$(realpath "$NANOGPT")/data/shakespeare_char
@@ -94,15 +102,15 @@ part_nanogpt() {
 
 parts=("$part")
 if [ "$part" = all ]; then
-    parts=(tests speed runs recipe nanogpt)
-    [ -f "${NANOGPT:-}/train.py" ] || { parts=(tests speed runs recipe); echo "note: NANOGPT not set: no nanogpt part"; }
+    parts=(tests speed runs recipe tune nanogpt)
+    [ -f "${NANOGPT:-}/train.py" ] || { unset 'parts[5]'; echo "note: NANOGPT not set: no nanogpt part"; }
 fi
 for p in "${parts[@]}"; do
     case "$p" in
         nanogpt) if [ ! -f "${NANOGPT:-}/train.py" ]; then
             echo "error: set NANOGPT to a checkout of karpathy/nanoGPT (a folder with train.py)" >&2; exit 2; fi ;;
-        tests|speed|runs|recipe) ;;
-        *) echo "error: the part is tests, speed, runs, recipe, nanogpt or all, not '$p'" >&2; exit 2 ;;
+        tests|speed|runs|recipe|tune) ;;
+        *) echo "error: the part is tests, speed, runs, recipe, tune, nanogpt or all, not '$p'" >&2; exit 2 ;;
     esac
     "part_$p" 2>&1 | tee "$logs/$p.log"
 done
