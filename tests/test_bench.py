@@ -111,7 +111,7 @@ def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, sc
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_text, encoding="utf-8")
-    summary = train_debug(corpus, tmp_path / "run", "--dtype", "float32", "--max_iters", "30")
+    summary = train_debug(corpus, tmp_path / "run", "--max_iters", "30")  # debug: cpu, float32
     model, tokenizer, state = load_model(tmp_path / "run" / "ckpt_best.pt")
     nanogpt = tmp_path / "nanogpt"
     (nanogpt / "data" / "chars").mkdir(parents=True)
