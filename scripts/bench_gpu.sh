@@ -88,12 +88,14 @@ part_tune() {
 
 part_nanogpt() {
     local dir data
-    dir=$(realpath "$NANOGPT") data=$(realpath "$NANOGPT")/data/shakespeare_char
+    dir=$(realpath "$NANOGPT")
+    data=$dir/data/shakespeare_char
     rm -f "$data/input.txt" && cp "$corpus" "$data/input.txt"  # else its prepare.py downloads it; offline here
-    # prepare.py imports requests only to download; where it is not installed, an empty stand-in lets it run
-    run env -C "$data" python -c "import runpy, sys, types; sys.modules.setdefault('requests', types.ModuleType(
-'requests')) if __import__('importlib.util').util.find_spec('requests') is None else None; runpy.run_path(
-'prepare.py', run_name='__main__')"
+    # prepare.py imports requests only to download, which it then does not: a stand-in where it is not installed
+    run env -C "$data" python -c 'import importlib.util, runpy, sys, types
+if importlib.util.find_spec("requests") is None:
+    sys.modules["requests"] = types.ModuleType("requests")
+runpy.run_path("prepare.py", run_name="__main__")'
     local device=()
     python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || device=(--device=cpu --compile=False)
     run env -C "$dir" python train.py config/train_shakespeare_char.py --out_dir="$work/nanogpt" "${device[@]}" \
