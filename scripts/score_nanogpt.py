@@ -31,11 +31,13 @@ def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
     spec.loader.exec_module(nanogpt)
     try:
         state = torch.load(ckpt, map_location=device, weights_only=True)
-    except (OSError, RuntimeError) as err:
-        raise UserError(f"{ckpt}: cannot be read as a checkpoint ({err})") from None
-    model = nanogpt.GPT(nanogpt.GPTConfig(**state["model_args"]))
-    # a compiled model's state dict names its weights _orig_mod.<name>
-    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in state["model"].items()})
+        model = nanogpt.GPT(nanogpt.GPTConfig(**state["model_args"]))
+        # a compiled model's state dict names its weights _orig_mod.<name>
+        model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in state["model"].items()})
+        state["iter_num"], state["best_val_loss"], state["config"]["dataset"]  # what main() reads
+    except Exception as err:  # missing, truncated, refused (it asks to run code) or not in nanoGPT's layout
+        reason = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}" if str(err) else type(err).__name__
+        raise UserError(f"{ckpt} is not a readable nanoGPT checkpoint ({reason})") from None
     return model.to(device).eval(), state
 
 

@@ -134,3 +134,5 @@ def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, sc
     assert scored == pytest.approx(summary["full_val_loss"], rel=1e-6)
     missing = script("score_nanogpt.py", str(tmp_path), str(nanogpt / "ckpt.pt"))
     assert missing.returncode == 2 and "has no model.py" in missing.stderr
+    ours = script("score_nanogpt.py", str(nanogpt), str(tmp_path / "run" / "ckpt_best.pt"))  # not nanoGPT's layout
+    assert ours.returncode == 2 and ours.stderr.count("\n") == 1 and "not a readable nanoGPT checkpoint" in ours.stderr
