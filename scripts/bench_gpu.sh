@@ -4,7 +4,7 @@
 # PART is one of tests | speed | runs | recipe | tune | nanogpt (each made to end within 10 minutes on one H100), or all
 # (nanogpt only where NANOGPT is set). CORPUS is Tiny Shakespeare (or any text); every command and what it printed
 # goes to LOGDIR/PART.log, one file per part.
-#   tests  the whole suite on this machine, then the CUDA-only tests on their own
+#   tests  the whole suite on this machine (every failure, the slowest tests), then the CUDA-only tests alone
 #   speed  bench.py on the GPU preset (a step, its halves, the update's operations, sampling), compiled by blocks
 #          against the whole model and against no compilation; bench_sample.py cached, uncached and compiled, in
 #          float32 and bfloat16
@@ -48,7 +48,8 @@ run() {  # prints the command, runs it and times it whole; a failure is logged a
 part_tests() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
     run python -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"
-    run python -m pytest -q -x -p no:cacheprovider
+    # every failure, not the first only, and the slowest tests; cut off in time for the CUDA tests to run after it
+    run timeout 420 python -m pytest -q -p no:cacheprovider --durations=15
     run python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py
 }
 
