@@ -62,8 +62,8 @@ def full_validation(model, val: np.ndarray, block_size: int, batch_size: int, rt
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split(":", 1)[1].strip().split("\n")[0])
-    parser.add_argument("nanogpt_dir", type=Path)
-    parser.add_argument("ckpt", type=Path)
+    parser.add_argument("nanogpt_dir", type=Path, help="a checkout of karpathy/nanoGPT, its data prepared")
+    parser.add_argument("ckpt", type=Path, help="the ckpt.pt its train.py saved")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="as train.py's: bfloat16 autocast on CUDA, as nanoGPT evaluates")
     parser.add_argument("--batch_size", type=int, default=64)
