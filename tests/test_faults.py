@@ -210,10 +210,31 @@ def address_space_of(extra_bytes: int):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def test_out_of_memory_names_the_sizes_and_the_flag(run, tmp_path, capsys):
+def test_out_of_memory_names_the_sizes_and_the_flag(run, tmp_path, capsys, monkeypatch):
+    from training import estimate
+    monkeypatch.setattr(estimate, "free_memory", lambda: None)  # the allocator's own failure, not the check before it
     with address_space_of(4 * 2**30):  # each of the model's 2**17-wide matrices needs over 64 GiB
         one_line_error(capsys, train.main, *train_args(run, tmp_path / "r", "--n_embd", str(2**17), "--n_head", "2"),
                        words="out of memory for a model of n_layer 2 x n_embd 131072 with batch_size 8")
+
+
+def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, tmp_path, capsys, monkeypatch):
+    """On a CPU the system ends a process that runs out of memory (no error reaches Python): a step whose estimate is
+    over what the machine has free is refused first, in one line that names the sizes and the fix, before the run
+    writes anything, so the same folder serves the corrected command."""
+    from training import estimate
+    out = tmp_path / "r"
+    need = estimate.ACTIVATION_BYTES * 8 * 32 * 32 * 2  # the debug preset: batch 8, block 32, n_embd 32, n_layer 2
+    monkeypatch.setattr(estimate, "free_memory", lambda: need - 1)
+    err = one_line_error(capsys, train.main, *train_args(run, out),
+                         words="needs about 0.0 GiB of memory (batch_size 8 x block_size 32 x n_embd 32 x n_layer 2), "
+                               "more than the 0.0 GiB this machine has free; lower --batch_size")
+    assert "no checkpoint of this run was written" in err and sorted(p.name for p in out.iterdir()) == [".lock"]
+    monkeypatch.setattr(estimate, "free_memory", lambda: need)  # just enough
+    assert run_cli(train.main, train_args(run, out, "--max_iters", "2")) == 0 and (out / "ckpt_best.pt").is_file()
+    cfg = load_config(train_args(run, out), False)[0]
+    monkeypatch.setattr(estimate, "free_memory", lambda: 1)
+    estimate.refuse_if_too_big(cfg, "cuda", "")  # a GPU's allocator raises an error of its own: no estimate there
 
 
 @pytest.mark.parametrize("args, words", [

@@ -17,6 +17,7 @@ from model.config import ModelConfig
 from training import checkpoint, runtime
 from training.build import build_run, plateaued
 from training.distributed import Dist
+from training.estimate import refuse_if_too_big
 from training.log import Log
 from training.phases import Phases
 from training.run_dir import RunDir
@@ -163,6 +164,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             raise UserError(f"--resume: the corpus {prepared.meta['source']} has a different vocabulary from the "
                             f"checkpoint's; resume with the same --data")
         rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
+        refuse_if_too_big(cfg, rt.device_type, stop.saved)  # on a CPU the system would end the process, wordlessly
         try:
             run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init)
         except (RuntimeError, KeyError, ValueError, TypeError) as err:
