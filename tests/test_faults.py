@@ -224,11 +224,13 @@ def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, t
     writes anything, so the same folder serves the corrected command."""
     from training import estimate
     out = tmp_path / "r"
-    need = estimate.ACTIVATION_BYTES * 8 * 32 * 32 * 2  # the debug preset: batch 8, block 32, n_embd 32, n_layer 2
+    # the debug preset: batch 8, block 32, n_embd 32, n_layer 2
+    need = estimate.ACTIVATION_BYTES * 8 * 32 * 32 * 2 + estimate.PARAMETER_BYTES * 12 * 2 * 32 ** 2
     monkeypatch.setattr(estimate, "free_memory", lambda: need - 1)
     err = one_line_error(capsys, train.main, *train_args(run, out),
-                         words="needs about 0.0 GiB of memory (batch_size 8 x block_size 32 x n_embd 32 x n_layer 2), "
-                               "more than the 0.0 GiB this machine has free; lower --batch_size")
+                         words="needs about 0.0 GiB of memory for a model of n_layer 2 x n_embd 32 and a step of "
+                               "batch_size 8 x block_size 32, more than the 0.0 GiB this machine has free; lower "
+                               "--batch_size")
     assert "no checkpoint of this run was written" in err and sorted(p.name for p in out.iterdir()) == [".lock"]
     monkeypatch.setattr(estimate, "free_memory", lambda: need)  # just enough
     assert run_cli(train.main, train_args(run, out, "--max_iters", "2")) == 0 and (out / "ckpt_best.pt").is_file()

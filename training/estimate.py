@@ -21,29 +21,40 @@ GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
 # what a forward and backward added to the peak resident memory (bfloat16 autocast, rotary positions, fused
 # attention) on a 2-core AMD EPYC: 80.3 for 16 x 1024 x 160 x 2, 78.1 for 8 x 256 x 384 x 6, 77.5 for 32 x 256 x 384 x 6.
 ACTIVATION_BYTES = 80
+PARAMETER_BYTES = 16  # a float32 weight, its gradient and two optimizer moments (AdamW; Muon keeps one)
 
 
 def free_memory() -> int | None:
-    """Bytes this machine can still give a process without ending one (Linux: MemAvailable plus free swap); None
-    where the system does not say."""
+    """Bytes this machine can still give a process without ending one (Linux: MemAvailable plus free swap, and no
+    more than a container's own limit allows, cgroup v2); None where the system does not say."""
     try:
         fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        return sum(int(fields[name].split()[0]) * 1024 for name in ("MemAvailable", "SwapFree") if name in fields)
+        free = sum(int(fields[name].split()[0]) * 1024 for name in ("MemAvailable", "SwapFree") if name in fields)
     except (OSError, ValueError):
         return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()  # "max" where there is none
+        if limit != "max":
+            free = min(free, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return free
 
 
 def refuse_if_too_big(cfg: TrainConfig, device_type: str, saved: str) -> None:
-    """On a CPU, a step that needs more memory than the machine has free is refused before it is tried: there the
-    system ends the process when memory runs out (exit 137, "Killed"), and no error reaches Python to name the fix
-    (on a GPU it does: see report.out_of_memory). Every process of the machine needs its own."""
+    """On a CPU, a run whose model and training step need more memory than the machine has free is refused before
+    it is tried: there the system ends the process when memory runs out (exit 137, "Killed"), and no error reaches
+    Python to name the fix (on a GPU it does: see report.out_of_memory). Every process of the machine needs its own.
+    The blocks' weights are 12 x n_layer x n_embd² (the embeddings are left out: small beside them)."""
     free = free_memory()
-    need = ACTIVATION_BYTES * cfg.batch_size * cfg.block_size * cfg.n_embd * max(cfg.n_layer, 1)
+    layers = max(cfg.n_layer, 1)
+    need = (ACTIVATION_BYTES * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
+            + PARAMETER_BYTES * 12 * cfg.n_layer * cfg.n_embd ** 2)
     need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: the processes on this machine
     if device_type == "cpu" and free is not None and need > free:
-        raise UserError(f"one training step of this run needs about {need / 2**30:.1f} GiB of memory (batch_size "
-                        f"{cfg.batch_size} x block_size {cfg.block_size} x n_embd {cfg.n_embd} x n_layer "
-                        f"{cfg.n_layer}), more than the {free / 2**30:.1f} GiB this machine has free; lower "
+        raise UserError(f"this run needs about {need / 2**30:.1f} GiB of memory for a model of n_layer {cfg.n_layer} x "
+                        f"n_embd {cfg.n_embd} and a step of batch_size {cfg.batch_size} x block_size "
+                        f"{cfg.block_size}, more than the {free / 2**30:.1f} GiB this machine has free; lower "
                         f"--batch_size (or --block_size, --n_embd, --n_layer); {saved}")
 
 
