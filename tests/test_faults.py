@@ -17,7 +17,7 @@ import train
 from conftest import ROOT, module_corpus
 from configs import load_config
 from data import prepare, resolve
-from errors import run_cli
+from errors import UserError, run_cli
 from training import checkpoint
 
 import attention_map
@@ -235,6 +235,10 @@ def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, t
     monkeypatch.setattr(estimate, "free_memory", lambda: need)  # just enough
     assert run_cli(train.main, train_args(run, out, "--max_iters", "2")) == 0 and (out / "ckpt_best.pt").is_file()
     cfg = load_config(train_args(run, out), False)[0]
+    monkeypatch.setattr(estimate, "free_memory", lambda: need)
+    explicit = load_config(train_args(run, out, "--attention", "explicit"), False)[0]
+    with pytest.raises(UserError, match="needs about"):  # the explicit path also keeps every layer's weights
+        estimate.refuse_if_too_big(explicit, "cpu", "")
     monkeypatch.setattr(estimate, "free_memory", lambda: 1)
     estimate.refuse_if_too_big(cfg, "cuda", "")  # a GPU's allocator raises an error of its own: no estimate there
 

@@ -21,6 +21,10 @@ GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
 # what a forward and backward added to the peak resident memory (bfloat16 autocast, rotary positions, fused
 # attention) on a 2-core AMD EPYC: 80.3 for 16 x 1024 x 160 x 2, 78.1 for 8 x 256 x 384 x 6, 77.5 for 32 x 256 x 384 x 6.
 ACTIVATION_BYTES = 80
+# The explicit attention path (--attention explicit, and the additive form, which has no fused kernel) also keeps each
+# layer's attention weights, batch_size x n_head x block_size²: 2.8-3.6 bytes each beyond the 80 above, measured the
+# same way (16 x 512 x 160 x 2, 8 x 1024 x 160 x 2, 4 x 1024 x 128 x 4), so 4.
+WEIGHT_BYTES = 4
 PARAMETER_BYTES = 16  # a float32 weight, its gradient and two optimizer moments (AdamW; Muon keeps one)
 
 
@@ -50,6 +54,8 @@ def refuse_if_too_big(cfg: TrainConfig, device_type: str, saved: str) -> None:
     layers = max(cfg.n_layer, 1)
     need = (ACTIVATION_BYTES * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
             + PARAMETER_BYTES * 12 * cfg.n_layer * cfg.n_embd ** 2)
+    if cfg.attention == "explicit" or cfg.attention_score == "additive":
+        need += WEIGHT_BYTES * cfg.batch_size * cfg.n_head * cfg.block_size ** 2 * cfg.n_layer
     need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: the processes on this machine
     if device_type == "cpu" and free is not None and need > free:
         raise UserError(f"this run needs about {need / 2**30:.1f} GiB of memory for a model of n_layer {cfg.n_layer} x "
