@@ -18,7 +18,7 @@ from conftest import ROOT, module_corpus
 from configs import load_config
 from data import prepare, resolve
 from errors import UserError, run_cli
-from training import checkpoint
+from training import checkpoint, runtime
 
 import attention_map
 import bench
@@ -224,8 +224,8 @@ def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, t
     writes anything, so the same folder serves the corrected command."""
     from training import estimate
     out = tmp_path / "r"
-    # the debug preset: batch 8, block 32, n_embd 32, n_layer 2
-    need = estimate.ACTIVATION_BYTES * 8 * 32 * 32 * 2 + estimate.PARAMETER_BYTES * 12 * 2 * 32 ** 2
+    # the debug preset: batch 8, block 32, n_embd 32, n_layer 2, float32
+    need = estimate.ACTIVATION_BYTES[torch.float32] * 8 * 32 * 32 * 2 + estimate.PARAMETER_BYTES * 12 * 2 * 32 ** 2
     monkeypatch.setattr(estimate, "free_memory", lambda: need - 1)
     err = one_line_error(capsys, train.main, *train_args(run, out),
                          words="needs about 0.0 GiB of memory for a model of n_layer 2 x n_embd 32 and a step of "
@@ -237,10 +237,12 @@ def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, t
     cfg = load_config(train_args(run, out), False)[0]
     monkeypatch.setattr(estimate, "free_memory", lambda: need)
     explicit = load_config(train_args(run, out, "--attention", "explicit"), False)[0]
+    cpu = runtime.Runtime(torch.device("cpu"), torch.float32)
     with pytest.raises(UserError, match="needs about"):  # the explicit path also keeps every layer's weights
-        estimate.refuse_if_too_big(explicit, "cpu", "")
+        estimate.refuse_if_too_big(explicit, cpu, "")
     monkeypatch.setattr(estimate, "free_memory", lambda: 1)
-    estimate.refuse_if_too_big(cfg, "cuda", "")  # a GPU's allocator raises an error of its own: no estimate there
+    # a GPU's allocator raises an error of its own, which the run answers: no estimate there
+    estimate.refuse_if_too_big(cfg, runtime.Runtime(torch.device("cuda"), torch.bfloat16), "")
 
 
 @pytest.mark.parametrize("args, words", [

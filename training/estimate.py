@@ -6,9 +6,12 @@ import os
 import time
 from pathlib import Path
 
+import torch
+
 from configs import TrainConfig
 from errors import UserError
 from training.build import Progress, Run
+from training.runtime import Runtime
 from training.log import Log
 from training.perf import sync
 
@@ -18,9 +21,10 @@ GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
 
 
 # The memory one training step's activations take on a CPU, in bytes per batch_size x block_size x n_embd x n_layer:
-# what a forward and backward added to the peak resident memory (bfloat16 autocast, rotary positions, fused
-# attention) on a 2-core AMD EPYC: 80.3 for 16 x 1024 x 160 x 2, 78.1 for 8 x 256 x 384 x 6, 77.5 for 32 x 256 x 384 x 6.
-ACTIVATION_BYTES = 80
+# what a forward and backward added to the peak resident memory (rotary positions, fused attention) on a 2-core AMD
+# EPYC, for 16 x 1024 x 160 x 2, 8 x 256 x 384 x 6 and 32 x 256 x 384 x 6: under bfloat16 autocast 80.3, 78.1 and
+# 77.5; in float32 108.9, 105.7 and 101.4.
+ACTIVATION_BYTES = {torch.bfloat16: 80, torch.float32: 110}
 # The explicit attention path (--attention explicit, and the additive form, which has no fused kernel) also keeps each
 # layer's attention weights, batch_size x n_head x block_size²: 2.8-3.6 bytes each beyond the 80 above, measured the
 # same way (16 x 512 x 160 x 2, 8 x 1024 x 160 x 2, 4 x 1024 x 128 x 4), so 4.
@@ -45,19 +49,19 @@ def free_memory() -> int | None:
     return free
 
 
-def refuse_if_too_big(cfg: TrainConfig, device_type: str, saved: str) -> None:
+def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
     """On a CPU, a run whose model and training step need more memory than the machine has free is refused before
     it is tried: there the system ends the process when memory runs out (exit 137, "Killed"), and no error reaches
     Python to name the fix (on a GPU it does: see report.out_of_memory). Every process of the machine needs its own.
     The blocks' weights are 12 x n_layer x n_embd² (the embeddings are left out: small beside them)."""
     free = free_memory()
     layers = max(cfg.n_layer, 1)
-    need = (ACTIVATION_BYTES * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
+    need = (ACTIVATION_BYTES.get(rt.dtype, 110) * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
             + PARAMETER_BYTES * 12 * cfg.n_layer * cfg.n_embd ** 2)
     if cfg.attention == "explicit" or cfg.attention_score == "additive":
         need += WEIGHT_BYTES * cfg.batch_size * cfg.n_head * cfg.block_size ** 2 * cfg.n_layer
     need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: the processes on this machine
-    if device_type == "cpu" and free is not None and need > free:
+    if rt.device_type == "cpu" and free is not None and need > free:
         raise UserError(f"this run needs about {need / 2**30:.1f} GiB of memory for a model of n_layer {cfg.n_layer} x "
                         f"n_embd {cfg.n_embd} and a step of batch_size {cfg.batch_size} x block_size "
                         f"{cfg.block_size}, more than the {free / 2**30:.1f} GiB this machine has free; lower "

@@ -164,7 +164,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             raise UserError(f"--resume: the corpus {prepared.meta['source']} has a different vocabulary from the "
                             f"checkpoint's; resume with the same --data")
         rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
-        refuse_if_too_big(cfg, rt.device_type, stop.saved)  # on a CPU the system would end the process, wordlessly
+        refuse_if_too_big(cfg, rt, stop.saved)  # on a CPU the system would end the process, wordlessly
         try:
             run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init)
         except (RuntimeError, KeyError, ValueError, TypeError) as err:
