@@ -26,8 +26,8 @@ GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
 # 77.5; in float32 108.9, 105.7 and 101.4.
 ACTIVATION_BYTES = {torch.bfloat16: 80, torch.float32: 110}
 # The explicit attention path (--attention explicit, and the additive form, which has no fused kernel) also keeps each
-# layer's attention weights, batch_size x n_head x block_size²: 2.8-3.6 bytes each beyond the 80 above, measured the
-# same way (16 x 512 x 160 x 2, 8 x 1024 x 160 x 2, 4 x 1024 x 128 x 4), so 4.
+# layer's attention weights, batch_size x n_head x block_size²: 2.8-3.6 bytes each beyond the figures above,
+# measured the same way (16 x 512 x 160 x 2, 8 x 1024 x 160 x 2, 4 x 1024 x 128 x 4), so 4.
 WEIGHT_BYTES = 4
 PARAMETER_BYTES = 16  # a float32 weight, its gradient and two optimizer moments (AdamW; Muon keeps one)
 
