@@ -13,6 +13,12 @@ from errors import UserError
 RESIDENT_MAX_BYTES = 1 << 30  # corpora up to 128M characters are kept on the GPU
 
 
+def val_window_starts(n_ids: int, block_size: int) -> np.ndarray:
+    """Where the full validation's windows begin in a split of n_ids: side by side, each block_size inputs and the
+    character after them (the tail too short for a window is left out)."""
+    return np.arange(0, n_ids - block_size, block_size)
+
+
 class Batches:
     """x (B, T) int64 token ids and y, the same windows shifted by one character, on the training device.
 
@@ -103,8 +109,8 @@ class Batches:
 
     def _val_starts(self, rank: int | None = None) -> np.ndarray:
         """Where this rank's windows (or another rank's) begin."""
-        T = self.block_size  # a window needs T inputs and the character after them
-        return np.arange(0, len(self.data["val"]) - T, T)[self.rank if rank is None else rank::self.world_size]
+        return val_window_starts(len(self.data["val"]), self.block_size)[self.rank if rank is None else
+                                                                         rank::self.world_size]
 
     def num_val_windows(self) -> int:
         """How many windows val_windows() yields on this rank (padding left out)."""

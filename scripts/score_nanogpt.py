@@ -18,14 +18,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from data.loader import val_window_starts  # noqa: E402
 from errors import UserError, exit_without_teardown, run_cli  # noqa: E402
 from training import runtime  # noqa: E402
 
 
 def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
-    """nanoGPT's GPT with the checkpoint's weights, in eval mode."""
+    """nanoGPT's GPT with the checkpoint's weights, in eval mode, and what main() reads of the checkpoint."""
     if not (folder / "model.py").is_file():
         raise UserError(f"{folder} has no model.py; give the folder of a nanoGPT checkout")
+    if not ckpt.is_file():
+        raise UserError(f"no checkpoint at {ckpt}; give the ckpt.pt nanoGPT's train.py saved")
     spec = importlib.util.spec_from_file_location("nanogpt_model", folder / "model.py")  # not our model package
     nanogpt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nanogpt)
@@ -34,21 +37,18 @@ def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
         model = nanogpt.GPT(nanogpt.GPTConfig(**state["model_args"]))
         # a compiled model's state dict names its weights _orig_mod.<name>
         model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in state["model"].items()})
-        state["iter_num"], state["best_val_loss"], state["config"]["dataset"]  # what main() reads
+        facts = {"step": state["iter_num"], "estimate": float(state["best_val_loss"]),
+                 "dataset": state["config"]["dataset"], "block_size": state["model_args"]["block_size"]}
     except Exception as err:  # missing, truncated, refused (it asks to run code) or not in nanoGPT's layout
-        reason = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}" if str(err) else type(err).__name__
-        raise UserError(f"{ckpt} is not a readable nanoGPT checkpoint ({reason})") from None
-    return model.to(device).eval(), state
-
-
-def val_starts(n: int, block_size: int) -> np.ndarray:
-    """Where the windows begin: side by side, each with the character after it (as data/loader.py's val_windows)."""
-    return np.arange(0, n - block_size, block_size)
+        missing = f": no {err}" if isinstance(err, KeyError) else ""  # one of ours, say: no 'model_args'
+        raise UserError(f"{ckpt} is not a readable nanoGPT checkpoint ({type(err).__name__}{missing}); it may be "
+                        f"truncated, not a checkpoint, or not one of nanoGPT's") from None
+    return model.to(device).eval(), facts
 
 
 @torch.inference_mode()
 def full_validation(model, val: np.ndarray, block_size: int, batch_size: int, rt: runtime.Runtime) -> float:
-    starts = val_starts(len(val), block_size)
+    starts = val_window_starts(len(val), block_size)
     steps = np.arange(block_size + 1)
     total, count = 0.0, 0
     for i in range(0, len(starts), batch_size):
@@ -65,19 +65,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("nanogpt_dir", type=Path, help="a checkout of karpathy/nanoGPT, its data prepared")
     parser.add_argument("ckpt", type=Path, help="the ckpt.pt its train.py saved")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto", help="as train.py's: bfloat16 autocast on CUDA, as nanoGPT evaluates")
+    parser.add_argument("--dtype", default="auto",
+                        help="as train.py's: bfloat16 autocast on CUDA, as nanoGPT evaluates")
     parser.add_argument("--batch_size", type=int, default=64)
     args = parser.parse_args(argv)
     rt = runtime.setup(args.device, args.dtype)
-    model, state = load_nanogpt(args.nanogpt_dir, args.ckpt, rt.device)
-    val_path = args.nanogpt_dir / "data" / state["config"]["dataset"] / "val.bin"
+    model, facts = load_nanogpt(args.nanogpt_dir, args.ckpt, rt.device)
+    val_path = args.nanogpt_dir / "data" / facts["dataset"] / "val.bin"
     if not val_path.is_file():
         raise UserError(f"{val_path} is missing; run nanoGPT's prepare.py in that folder first")
     val = np.fromfile(val_path, dtype=np.uint16)
-    block_size = state["model_args"]["block_size"]
+    block_size = facts["block_size"]
     loss = full_validation(model, val, block_size, args.batch_size, rt)
-    windows = len(val_starts(len(val), block_size))
-    print(f"nanoGPT {args.ckpt}: step {state['iter_num']}, its own estimate {float(state['best_val_loss']):.4f}; "
+    windows = len(val_window_starts(len(val), block_size))
+    print(f"nanoGPT {args.ckpt}: step {facts['step']}, its own estimate {facts['estimate']:.4f}; "
           f"full validation {loss:.4f} ({windows} windows of {block_size} on {rt.device.type}, "
           f"{str(rt.dtype).removeprefix('torch.')})")
     return 0

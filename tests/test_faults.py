@@ -228,17 +228,15 @@ def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, t
     need = estimate.ACTIVATION_BYTES[torch.float32] * 8 * 32 * 32 * 2 + estimate.PARAMETER_BYTES * 12 * 2 * 32 ** 2
     monkeypatch.setattr(estimate, "free_memory", lambda: need - 1)
     err = one_line_error(capsys, train.main, *train_args(run, out),
-                         words="needs about 0.0 GiB of memory for a model of n_layer 2 x n_embd 32 and a step of "
-                               "batch_size 8 x block_size 32, more than the 0.0 GiB this machine has free; lower "
-                               "--batch_size")
+                         words="out of memory (it would need about 0.0 GiB; this machine has 0.0 GiB free) for a "
+                               "model of n_layer 2 x n_embd 32 with batch_size 8 x block_size 32; lower --batch_size")
     assert "no checkpoint of this run was written" in err and sorted(p.name for p in out.iterdir()) == [".lock"]
     monkeypatch.setattr(estimate, "free_memory", lambda: need)  # just enough
     assert run_cli(train.main, train_args(run, out, "--max_iters", "2")) == 0 and (out / "ckpt_best.pt").is_file()
     cfg = load_config(train_args(run, out), False)[0]
-    monkeypatch.setattr(estimate, "free_memory", lambda: need)
     explicit = load_config(train_args(run, out, "--attention", "explicit"), False)[0]
     cpu = runtime.Runtime(torch.device("cpu"), torch.float32)
-    with pytest.raises(UserError, match="needs about"):  # the explicit path also keeps every layer's weights
+    with pytest.raises(UserError, match="would need about"):  # the explicit path also keeps every layer's weights
         estimate.refuse_if_too_big(explicit, cpu, "")
     monkeypatch.setattr(estimate, "free_memory", lambda: 1)
     # a GPU's allocator raises an error of its own, which the run answers: no estimate there

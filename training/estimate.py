@@ -14,6 +14,7 @@ from training.build import Progress, Run
 from training.runtime import Runtime
 from training.log import Log
 from training.perf import sync
+from training.report import out_of_memory
 
 
 SLOW_RUN_SECONDS = 600  # on a CPU, a run expected to take longer than this says so before it starts
@@ -54,18 +55,16 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
     it is tried: there the system ends the process when memory runs out (exit 137, "Killed"), and no error reaches
     Python to name the fix (on a GPU it does: see report.out_of_memory). Every process of the machine needs its own.
     The blocks' weights are 12 x n_layer x n_embd² (the embeddings are left out: small beside them)."""
-    free = free_memory()
+    free = free_memory() if rt.device_type == "cpu" else None
     layers = max(cfg.n_layer, 1)
-    need = (ACTIVATION_BYTES.get(rt.dtype, 110) * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
+    need = (ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32]) * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
             + PARAMETER_BYTES * 12 * cfg.n_layer * cfg.n_embd ** 2)
     if cfg.attention == "explicit" or cfg.attention_score == "additive":
         need += WEIGHT_BYTES * cfg.batch_size * cfg.n_head * cfg.block_size ** 2 * cfg.n_layer
     need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: the processes on this machine
-    if rt.device_type == "cpu" and free is not None and need > free:
-        raise UserError(f"this run needs about {need / 2**30:.1f} GiB of memory for a model of n_layer {cfg.n_layer} x "
-                        f"n_embd {cfg.n_embd} and a step of batch_size {cfg.batch_size} x block_size "
-                        f"{cfg.block_size}, more than the {free / 2**30:.1f} GiB this machine has free; lower "
-                        f"--batch_size (or --block_size, --n_embd, --n_layer); {saved}")
+    if free is not None and need > free:
+        figures = f" (it would need about {need / 2**30:.1f} GiB; this machine has {free / 2**30:.1f} GiB free)"
+        raise UserError(out_of_memory(cfg, saved, figures))
 
 
 def expected_seconds(run: Run, progress: Progress) -> tuple[float, float]:

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-PHASES = ("start-up", "data", "opening", "compilation", "training steps", "evaluations", "samples and pictures", "checkpoints",
-          "full validation")
+PHASES = ("start-up", "data", "opening", "compilation", "training steps", "evaluations", "samples and pictures",
+          "checkpoints", "full validation")
 
 
 def seconds_since_process_start() -> float | None:

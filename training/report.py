@@ -34,8 +34,9 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
             f"http://localhost:6006/#custom_scalars (train and validation loss on one chart)")
     if compile_wanted(cfg.compile, run.rt.device_type):  # else the wait before step 0 would look like a hang
         mode = "" if cfg.compile_mode == "default" else f", mode {cfg.compile_mode}"
-        log.say(f"torch.compile (scope {cfg.compile_scope}{mode}): the first evaluation and the first step wait while "
-                f"it compiles, longest on a machine's first run (its cache serves later ones); --compile false skips it")
+        log.say(f"torch.compile (scope {cfg.compile_scope}{mode}): the first evaluation and the first step wait "
+                f"while it compiles, longest on a machine's first run (its cache serves later ones); --compile false "
+                f"skips it")
 
 
 def attention_probe(run: Run) -> list[int]:
@@ -73,8 +74,9 @@ def too_many_nonfinite(it: int, cfg: TrainConfig, run_dir: RunDir) -> str:
             f"--learning_rate or --dtype float32, then --resume")
 
 
-def out_of_memory(cfg: TrainConfig, saved: str) -> str:
-    return (f"out of memory for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
+def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
+    """The one line for a run that ran out of memory (or would: figures then says by how much)."""
+    return (f"out of memory{figures} for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
             f"{cfg.batch_size} x block_size {cfg.block_size}; lower --batch_size (or --block_size, --n_embd, "
             f"--n_layer); {saved}")
 

@@ -89,7 +89,8 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: 
     if spec == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device.type == "cpu" and cpu_has_bfloat16_units() and (not sampling or params > CPU_BFLOAT16_SAMPLING_PARAMS):
+        large = params > CPU_BFLOAT16_SAMPLING_PARAMS  # sampling: see CPU_BFLOAT16_SAMPLING_PARAMS
+        if device.type == "cpu" and cpu_has_bfloat16_units() and (not sampling or large):
             return torch.bfloat16
         return torch.float32
     if spec not in DTYPES:
