@@ -139,6 +139,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
         why = damage(final)
         if why is None:
             meta = json.loads((final / "meta.json").read_text(encoding="utf-8"))
+            meta["source"] = corpus.name  # the cache is keyed by content: the same text under another name is this one
             return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
         say(f"note: the cached token files in {final} are damaged ({why}); preparing them again")
         discard(final)

@@ -72,6 +72,13 @@ def test_cache_is_reused_and_invalidated(tmp_path):
     assert not other_split.reused and other_split.meta["n_val"] == 120
 
 
+def test_a_cached_text_under_another_name_is_reported_by_that_name(tmp_path):
+    first = prepared_from("hello world\n" * 50, tmp_path, name="first.txt")
+    copy = prepared_from("hello world\n" * 50, tmp_path, name="copy.txt")
+    assert copy.reused and copy.dir == first.dir
+    assert (first.meta["source"], copy.meta["source"]) == (str(tmp_path / "first.txt"), str(tmp_path / "copy.txt"))
+
+
 def test_interrupted_prepare_leaves_no_cache_that_is_trusted(tmp_path, monkeypatch):
     def crash(self, text):
         raise KeyboardInterrupt
