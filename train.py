@@ -27,7 +27,7 @@ from training.phases import Phases, seconds_since_process_start
 from training.report import (attention_probe, done_lines, out_of_memory, say_what_runs, stopped_line,
                              too_many_nonfinite)
 from training.run_dir import RunDir
-from training.schedule import get_lr
+from training.schedule import get_lr, warmup_note
 from training.session import Session
 from training.step_log import StepLog
 from training.step import train_step
@@ -80,6 +80,8 @@ def before_the_first_step(s: Session) -> float:
     with run.phases.timing("opening"):
         if s.d.is_main:
             warn_if_slow(run, s.progress, s.log)
+            if note := warmup_note(cfg, s.progress.it):
+                s.log.say(note)
             if cfg.log_attention and (note := missing_note(run.tokenizer.decode(attention_probe(run)))):
                 s.log.say(note)
         return measure_peak_flops(run.rt.device, run.rt.dtype, [model_matmul_shape(cfg.batch_size, run.model_cfg)])

@@ -19,3 +19,13 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
         fall = max(0.0, (progress - (1 - cfg.warmdown_fraction)) / cfg.warmdown_fraction)  # progress < 1 here
         return cfg.learning_rate - fall * (cfg.learning_rate - cfg.min_lr)
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def warmup_note(cfg: TrainConfig, it: int) -> str:
+    """A note when the run ends inside its warm-up: its learning rate only rises and never decays ("" otherwise)."""
+    if not it < cfg.max_iters <= cfg.warmup_iters:
+        return ""
+    last = get_lr(cfg.max_iters - 1, cfg)
+    return (f"note: --warmup_iters {cfg.warmup_iters} is not shorter than --max_iters {cfg.max_iters}, so the learning "
+            f"rate only rises (to {last:.2g} at the last step, of --learning_rate {cfg.learning_rate:g}) and never "
+            f"decays; give a shorter warm-up, e.g. --warmup_iters {max(1, cfg.max_iters // 10)}")
