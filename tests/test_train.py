@@ -118,6 +118,12 @@ def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus
     assert result["iterations"] == 6
     # the training seconds cover both sessions, the wall clock only this one: the done line says which
     assert any(line.startswith("done: 6 steps") and " s in this session)" in line for line in said), said
+    assert not [line for line in said if "checksum" in line]
+    text = corpus.read_text(encoding="utf-8")
+    corpus.write_text(text[len(text) // 2:] + text[: len(text) // 2], encoding="utf-8")  # same characters, new order
+    said = []
+    run(corpus, tmp_path / "r", "--resume", "--max_iters", "8", say=said.append)
+    assert f"note: the text of {corpus} is not the text step 6 was trained on (its checksum differs)" in "".join(said)
 
 
 def test_out_dir_with_another_run_needs_resume_or_overwrite(corpus, tmp_path):
