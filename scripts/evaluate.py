@@ -28,7 +28,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--data", required=True, help="text file, folder of text files, or a named corpus (as train.py)")
     p.add_argument("--split", choices=("all", "val"), default="all",
                    help="all the text, or only its last part that training would hold out for validation")
-    p.add_argument("--stride", type=int, default=0,
+    p.add_argument("--stride", type=int, default=None,
                    help="characters between window starts (default and at most: block_size, windows side by side; "
                         "smaller: each character gets at least block_size - stride of context, a lower figure)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     run = state["run_config"]
     rt = runtime.setup(args.device, args.dtype or run.get("dtype", "auto"))  # the run's own precision by default
     block_size = model.config.block_size
-    stride = args.stride or block_size
+    stride = block_size if args.stride is None else args.stride
     if not 1 <= stride <= block_size:
         raise UserError(f"--stride {args.stride}: must be between 1 and the model's block_size, {block_size}")
     batch_size = args.batch_size or run.get("batch_size", 16)

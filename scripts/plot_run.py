@@ -30,9 +30,19 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
+def run_folders(paths: list[str]) -> list[Path]:
+    """The run folders to plot: each folder given, or, for a folder of runs (out/, a ladder's folder), the runs in it."""
+    folders = []
+    for out_dir in map(Path, paths):
+        runs = [] if any(out_dir.glob("events.out.tfevents.*")) else sorted(
+            d for d in out_dir.glob("*/") if any(d.glob("events.out.tfevents.*")))
+        folders += runs or [out_dir]  # a folder with neither is named by read_scalars
+    return folders
+
+
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description="Plot train/val loss against tokens seen, and the learning rate, for one or more runs.")
-    p.add_argument("--out_dir", nargs="+", required=True, help="one or more run folders to compare")
+    p.add_argument("--out_dir", nargs="+", required=True, help="run folders to compare, or a folder of runs (all of them)")
     p.add_argument("--png", required=True, help="where to write the picture")
     args = p.parse_args(argv)
     check_output_file(args.png, "--png", picture_formats())
@@ -41,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     from training.pictures import plt
 
     fig, (loss_ax, lr_ax) = plt.subplots(1, 2, figsize=(11, 4), dpi=100, gridspec_kw={"width_ratios": [2, 1]})
-    for i, out_dir in enumerate(map(Path, args.out_dir)):
+    folders = run_folders(args.out_dir)
+    for i, out_dir in enumerate(folders):
         scalars = read_scalars(out_dir)
         seen = dict(scalars.get("perf/tokens_seen", []))
         per_step = next((tokens / step for step, tokens in seen.items() if step), None)
@@ -55,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
             points = scalars.get(tag, [])
             points = [(s, v) for s, v in points if s > 0]  # step 0 has no place on a log axis
             if points:
+                style = "o" if len(points) == 1 else style  # a line of one point would not show
                 loss_ax.plot([s * per_step for s, _ in points], [v for _, v in points], style, color=color,
                              alpha=0.6 if what == "train" else 1.0, markersize=4, label=f"{name} {what}")
         lr = scalars.get("optim/lr", [])
-        lr_ax.plot([s for s, _ in lr], [v for _, v in lr], color=color, label=name)
+        lr_ax.plot([s for s, _ in lr], [v for _, v in lr], "o" if len(lr) == 1 else "-", color=color, label=name)
     loss_ax.set_xscale("log")
     loss_ax.set_yscale("log")
     loss_ax.yaxis.set_major_formatter(ScalarFormatter())
@@ -73,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     lr_ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(args.png)
-    print(f"wrote {args.png} ({len(args.out_dir)} run{'s' if len(args.out_dir) > 1 else ''})")
+    print(f"wrote {args.png} ({len(folders)} run{'s' if len(folders) > 1 else ''})")
     return 0
 
 

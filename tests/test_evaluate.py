@@ -88,6 +88,7 @@ def test_unknown_characters_are_counted_exactly(run, evaluate, figures):
     (lambda tmp: ["--data", str(tmp / "empty.txt")], "no text to score"),
     (lambda tmp: ["--data", str(tmp / "missing.txt")], "missing.txt"),
     (lambda tmp: ["--data", str(tmp / "corpus.txt"), "--stride", "33"], "--stride 33: must be between 1"),
+    (lambda tmp: ["--data", str(tmp / "corpus.txt"), "--stride", "0"], "--stride 0: must be between 1"),
 ])
 def test_bad_inputs_are_one_line(run, make, words, evaluate):
     tmp = run[0]

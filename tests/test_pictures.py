@@ -1,5 +1,6 @@
 """Pictures: attention heatmaps in TensorBoard, the attention_map and plot_run scripts, the walkthrough."""
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -45,12 +46,21 @@ def test_attention_map_writes_a_png_of_the_expected_size(run_dir, tmp_path, scri
 
 
 def test_plot_run_writes_a_png_comparing_runs(run_dir, tmp_path, script):
+    import plot_run
+
     png = tmp_path / "curves.png"
     result = script("plot_run.py", "--out_dir", str(run_dir), str(run_dir), "--png", str(png))
     assert result.returncode == 0, result.stderr
     assert Image.open(png).size == (1100, 400)
     missing = script("plot_run.py", "--out_dir", str(tmp_path), "--png", str(png))
     assert missing.returncode == 2 and "no TensorBoard events" in missing.stderr
+    runs = tmp_path / "runs"  # a folder of runs, as out/ or a ladder's folder: every run in it
+    for name in ("b", "a"):
+        shutil.copytree(run_dir, runs / name)
+    (runs / "notes").mkdir()
+    every = script("plot_run.py", "--out_dir", str(runs), "--png", str(png))
+    assert every.returncode == 0 and every.stdout.strip() == f"wrote {png} (2 runs)", every.stderr
+    assert plot_run.run_folders([str(runs), str(run_dir)]) == [runs / "a", runs / "b", run_dir]
 
 
 def test_plot_run_reads_the_loss_tags_of_older_runs(run_dir, tmp_path):
