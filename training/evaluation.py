@@ -110,8 +110,8 @@ def score(model, ids: torch.Tensor, todo: list[Window], batch_size: int, autocas
         for w in group:  # the last window may be shorter: batch windows of one length together
             by_length.setdefault(w.end - w.begin, []).append(w)
         for length, same in by_length.items():
-            x = torch.stack([ids[w.begin:w.end] for w in same]).to(device)
-            y = torch.stack([ids[w.begin + 1:w.end + 1] for w in same]).to(device)
+            x = torch.stack([ids[w.begin:w.end] for w in same]).to(device, torch.long)
+            y = torch.stack([ids[w.begin + 1:w.end + 1] for w in same]).to(device, torch.long)
             with autocast():
                 logits, _ = model(x)
             losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none")
