@@ -198,13 +198,17 @@ def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkey
     bad = tmp_path / "bad.txt"
     bad.write_text("not shakespeare")
     monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", bad.as_uri())
-    corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append)
+    with pytest.raises(UserError, match=r"--data shakespeare: could not download Tiny Shakespeare \(the download's "
+                       r"checksum does not match\); connect to the network, or give a text you have"):
+        resolve("shakespeare", tmp_path / "cache", say=notes.append)  # asked for by name: never another text
+    assert not notes and not (tmp_path / "cache" / "tinyshakespeare.txt").exists()
+    corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True)  # a default: pystdlib
     assert corpus.name == "pystdlib" and "checksum" in notes[0] and "--data FILE" in notes[0]
     assert not (tmp_path / "cache" / "tinyshakespeare.txt").exists()  # a bad download is never kept
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [corpus.files[0].name]
     if SHARED_TEXT.exists():
         monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", SHARED_TEXT.as_uri())
-        corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append)
+        corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True)
         assert corpus.name == "shakespeare" and corpus.files[0].read_bytes() == SHARED_TEXT.read_bytes()
 
 

@@ -97,6 +97,19 @@ def test_bad_inputs_are_one_line(run, make, words, evaluate):
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
 
 
+def test_a_named_text_that_cannot_be_had_is_never_replaced_by_another(run, evaluate, monkeypatch):
+    """Offline, training falls back from Tiny Shakespeare to pystdlib (and says so); scoring must not: its figure
+    would be of another text."""
+    import data.corpus as corpus_module
+
+    monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", "http://127.0.0.1:9/unreachable")
+    cache = run[0] / "empty_cache"
+    done = evaluate("--out_dir", str(run[0] / "run"), "--data", "shakespeare", "--cache_dir", str(cache))
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
+        "error: --data shakespeare: could not download Tiny Shakespeare (") and "pystdlib" not in done.stdout
+    assert not (cache / "tinyshakespeare.txt").exists() and not list(cache.glob("pystdlib*"))
+
+
 def test_a_folder_that_is_not_a_run_is_one_line(tmp_path, evaluate):
     done = evaluate("--out_dir", str(tmp_path), "--data", "x.txt")
     assert done.returncode == 2 and "holds no ckpt_best.pt or ckpt_last.pt" in done.stderr

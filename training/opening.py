@@ -43,7 +43,7 @@ def choose_corpus(cfg: TrainConfig, say) -> tuple[TrainConfig, Corpus]:
     """Find the corpus now (downloading a named one), so that the run is named and recorded after the text it
     really trains on: offline, "shakespeare" falls back to "pystdlib", and the config then says pystdlib (a resume
     later, online, must not switch to Shakespeare). Without --out_dir the run goes to out/<preset>-<corpus>."""
-    corpus = resolve(cfg.data, cache_dir_of(cfg), say=say)
+    corpus = resolve(cfg.data, cache_dir_of(cfg), say=say, fallback=True)
     if cfg.data in NAMED and corpus.name != cfg.data:
         cfg.data = corpus.name
     if not cfg.out_dir:
