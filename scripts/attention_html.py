@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     about = (f"{path}: step {state['iter']}, {cfg.n_layer} layers x {cfg.n_head} heads, "
              f"trained on {state.get('data', {}).get('source', 'an unrecorded corpus')}")
     shown = text if len(text) <= 40 else text[:39] + "\u2026"
-    write_text_atomic(html, page(text, weights, f"Attention on \u201c{shown}\u201d", about), "the page")
+    write_text_atomic(html, page(text, weights, f"Attention on \u201c{shown}\u201d", about), "the page", "--html")
     print(f"wrote {html}: {len(text)} characters, {cfg.n_layer} layers x {cfg.n_head} heads; open it in a browser "
           f"(no network needed)", file=sys.stderr)
     return 0

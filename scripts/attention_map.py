@@ -11,7 +11,7 @@ from training.files import check_output_file  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 from training.fonts import missing_note  # noqa: E402
-from training.pictures import attention_figure, attention_weights, picture_formats  # noqa: E402
+from training.pictures import attention_figure, attention_weights, picture_formats, save_figure  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         print(note, file=sys.stderr)
     figure = attention_figure(weights, args.text, layer, heads)
-    figure.savefig(args.png)
+    save_figure(figure, args.png, "--png")
     print(f"wrote {args.png}: layer {layer}, {'head ' + str(args.head) if heads else f'{cfg.n_head} heads'}, "
           f"{len(args.text)} characters")
     return 0

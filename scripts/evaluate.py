@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loss {loss:.4f} nats per character, {figures['bits_per_char']:.3f} bits per character, perplexity "
           f"{figures['perplexity']:.2f}, over {scored:,} characters{skipped}")
     if args.json:
-        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures")
+        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
     return 0
 
 

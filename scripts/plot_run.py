@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from training.files import check_output_file  # noqa: E402
-from training.pictures import picture_formats  # noqa: E402
+from training.pictures import picture_formats, save_figure  # noqa: E402
 
 
 RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "optim/lr"}  # the tags of older runs
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     lr_ax.set_title("learning rate")
     lr_ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(args.png)
+    save_figure(fig, args.png, "--png")
     print(f"wrote {args.png} ({len(folders)} run{'s' if len(folders) > 1 else ''})")
     return 0
 

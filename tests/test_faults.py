@@ -276,6 +276,30 @@ def test_bad_sampling_values_are_one_line(run, capsys, args, words):
     one_line_error(capsys, sample_cli.main, "--out_dir", str(run), *args, words=words)
 
 
+def test_a_full_disk_keeps_the_old_picture_page_or_figures_and_names_the_flag(run, tmp_path, capsys, monkeypatch):
+    import attention_html
+    import evaluate
+    from training import files
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(files.os, "fsync", no_space)  # the file is written, then the disk is found full
+    corpus = str(run.parent / "corpus.txt")
+    for main, args, flag, name, what in (
+            (plot_run.main, ["--out_dir", str(run)], "--png", "curves.png", "picture"),
+            (attention_map.main, ["--out_dir", str(run), "--text", "ab"], "--png", "map.svg", "picture"),
+            (attention_html.main, ["--out_dir", str(run), "--text", "ab"], "--html", "page.html", "page"),
+            (evaluate.main, ["--out_dir", str(run), "--data", corpus, "--cache_dir", str(run.parent / "cache")],
+             "--json", "figures.json", "figures file")):
+        target = tmp_path / name
+        target.write_bytes(b"the user's own file")
+        code, err = run_cli(main, [*args, flag, str(target)]), capsys.readouterr().err.splitlines()[-1]
+        assert code == 2 and err.startswith("error: could not write the "), err  # evaluate.py says what it scores first
+        assert err.endswith(f"{target} (No space left on device); the previous {what} is untouched; "
+                            f"free some disk space or choose another {flag}"), err
+        assert target.read_bytes() == b"the user's own file" and not list(tmp_path.glob("*.tmp-*"))
+
+
 def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("")

@@ -16,10 +16,11 @@ def disk_error(err: BaseException) -> str:
     return text[:160]  # torch.save's RuntimeError ('[enforce fail at inline_container.cc] ... file write failed')
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str) -> None:
+def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, option: str = "--out_dir") -> None:
     """Call write(file) on a temporary file beside path, flush it to disk, then rename it over path.
 
-    A full disk, a signal or a crash leaves the previous file exactly as it was and no temporary file behind."""
+    A full disk, a signal or a crash leaves the previous file exactly as it was and no temporary file behind. option:
+    the flag that chose the place (named in the fix)."""
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -29,16 +30,16 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str) -> No
         os.replace(tmp, path)
     except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
         tmp.unlink(missing_ok=True)
-        kept = f"the previous {what} is untouched" if path.exists() else "nothing was written"
+        kept = f"the previous {what.removeprefix('the ')} is untouched" if path.exists() else "nothing was written"
         raise UserError(f"could not write {what} {path} ({disk_error(err)}); {kept}; "
-                        f"{space_or_place(err, '--out_dir')}") from None
+                        f"{space_or_place(err, option)}") from None
     except BaseException:  # an interrupt: the old file stays, the half-written one goes
         tmp.unlink(missing_ok=True)
         raise
 
 
-def write_text_atomic(path: Path, text: str, what: str) -> None:
-    write_atomic(path, lambda f: f.write(text.encode("utf-8")), what)
+def write_text_atomic(path: Path, text: str, what: str, option: str = "--out_dir") -> None:
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")), what, option)
 
 
 def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import matplotlib
 
@@ -12,6 +13,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from model.attention import recording_attention  # noqa: E402
+from training.files import write_atomic  # noqa: E402
 from training.fonts import tick_labels  # noqa: E402
 
 PANEL_INCHES, DPI = 3.6, 100
@@ -21,6 +23,12 @@ def picture_formats() -> tuple[str, ...]:
     """The file endings matplotlib can write (.png, .svg, .pdf, ...)."""
     from matplotlib.backend_bases import FigureCanvasBase
     return tuple(f".{ext}" for ext in FigureCanvasBase.get_supported_filetypes())
+
+
+def save_figure(figure, path: str | Path, option: str) -> None:
+    """Write a figure whole or not at all (its format from the file's ending): a full disk leaves the old picture."""
+    path = Path(path)
+    write_atomic(path, lambda f: figure.savefig(f, format=path.suffix[1:].lower()), "the picture", option)
 
 
 def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[int] | None = None):
