@@ -225,6 +225,23 @@ def test_ctrl_c_in_a_long_evaluation_then_again_in_a_long_step(corpus, tmp_path)
     assert checkpoint.load(slow / "ckpt_last.pt")["iter"] == 0 and not list(slow.glob("*.tmp-*"))
 
 
+def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):
+    """`python train.py 2>&1 | tee log`, then Ctrl-C: tee ends too, and the run's next line meets a closed pipe. It
+    saves and ends as for a Ctrl-C, where it had died there with its steps since the last checkpoint unsaved."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv(corpus, out, "--max_iters", "100000",
+                             "--eval_interval", "100000", "--log_interval", "5")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    LAUNCHED.append(proc)
+    while not proc.stdout.readline().startswith("step 10/"):  # the step-0 checkpoint is written, and 10 steps more
+        assert proc.poll() is None
+    proc.stdout.close()  # the reader goes
+    assert proc.wait(timeout=60) == 130
+    saved = checkpoint.load(out / "ckpt_last.pt")["iter"]
+    assert saved > 10 and saved % 5 == 0  # the step of the first line that found the pipe closed
+    assert not list(out.glob("*.tmp-*"))
+
+
 def test_sigterm_while_preparing_removes_its_temporary_folder(tmp_path):
     corpus = tmp_path / "big.txt"
     corpus.write_text(("the quick brown fox jumps over the lazy dog; 東京 café\n" * 700_000), encoding="utf-8")

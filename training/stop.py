@@ -1,11 +1,40 @@
-"""Ctrl-C and SIGTERM for a whole command: abort what has nothing to save, finish a step and save what has."""
+"""Ctrl-C, SIGTERM and a closed output for a whole command: abort what has nothing to save, finish a step and save
+what has."""
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
+from typing import Callable, TextIO
 
 from errors import Interrupted
+
+
+class GuardedOutput:
+    """sys.stdout or sys.stderr, except that a write to a pipe whose reader has gone (`python train.py | tee log`
+    and then Ctrl-C, which ends tee too; or `| head`) sends this and later output to /dev/null and calls gone(),
+    where it would have raised BrokenPipeError in the middle of the run."""
+
+    def __init__(self, stream: TextIO, gone: Callable[[], None]):
+        self._stream, self._gone = stream, gone
+
+    def _guarded(self, method: str, *args):
+        try:
+            return getattr(self._stream, method)(*args)
+        except BrokenPipeError:
+            self._stream = open(os.devnull, "w", encoding="utf-8")
+            self._gone()
+            return None
+
+    def write(self, text: str):
+        return self._guarded("write", text)
+
+    def flush(self) -> None:
+        self._guarded("flush")
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the stream's own
+        return getattr(self._stream, name)
 
 
 class StopRequest:
@@ -14,7 +43,9 @@ class StopRequest:
     acknowledged at once on stderr. Another one, a second or more later, stops at once. Under torchrun a Ctrl-C reaches
     each process twice within milliseconds (from the terminal and forwarded by torchrun): that is still one request.
 
-    Outside a `with` block (tests calling train() in-process) it is a flag nobody sets."""
+    A reader of the output that goes away is a request too (once): the run saves and ends rather than training on
+    unseen, or dying at its next line with its last steps unsaved. Outside a `with` block (tests calling train()
+    in-process) it is a flag nobody sets."""
 
     GRACE_SECONDS = 1.0
 
@@ -27,20 +58,32 @@ class StopRequest:
         self.saved = "no checkpoint of this run was written"  # what survives a stop at once
         self.first_at = 0.0
         self.previous: dict = {}
+        self.streams: tuple = ()  # sys.stdout and sys.stderr as they were before the block
 
     def __enter__(self) -> "StopRequest":
         for sig in (signal.SIGINT, signal.SIGTERM):
             self.previous[sig] = signal.signal(sig, self.handle)
+        self.streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = (GuardedOutput(stream, self.output_gone) for stream in self.streams)
         return self
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous = {}
+        sys.stdout, sys.stderr = self.streams
 
     def say(self, text: str) -> None:
         if self.speak:
-            os.write(2, f"\n{text}\n".encode())  # a signal handler must not go through Python's buffered streams
+            try:
+                os.write(2, f"\n{text}\n".encode())  # a signal handler must not go through Python's buffered streams
+            except OSError:  # no reader left (the pipeline's other end got the Ctrl-C too): the stop goes on unsaid
+                pass
+
+    def output_gone(self) -> None:
+        """The output's reader has gone: the first time, a stop as by Ctrl-C; never a second, "at once" one."""
+        if not self.requested:
+            self.handle(signal.SIGPIPE, None)
 
     def handle(self, signum, frame) -> None:
         if self.requested:
