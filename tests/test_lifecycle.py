@@ -242,6 +242,29 @@ def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):
     assert not list(out.glob("*.tmp-*"))
 
 
+def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, tmp_path):
+    """SIGHUP (an ssh connection that drops) stops the run at a step boundary and saves it, as Ctrl-C does, where it
+    had ended the process at once; under nohup (SIGHUP ignored) it changes nothing."""
+    out = tmp_path / "run"
+    proc = launch(corpus, out, "--max_iters", "100000", "--eval_interval", "100000", "--log_interval", "5")
+    while not proc.stdout.readline().startswith("step 10/"):
+        assert proc.poll() is None
+    proc.send_signal(signal.SIGHUP)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    saved = checkpoint.load(out / "ckpt_last.pt")["iter"]
+    assert saved >= 10 and f"stopped at step {saved}" in stdout
+
+    ignored = subprocess.Popen(["nohup", sys.executable, str(ROOT / "train.py"), *argv(corpus, tmp_path / "nohup",
+                                "--max_iters", "60", "--log_interval", "5")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    LAUNCHED.append(ignored)
+    while not ignored.stdout.readline().startswith("step 10/"):
+        assert ignored.poll() is None
+    ignored.send_signal(signal.SIGHUP)
+    assert ignored.wait(timeout=120) == 0 and checkpoint.load(tmp_path / "nohup" / "ckpt_last.pt")["iter"] == 60
+
+
 def test_sigterm_while_preparing_removes_its_temporary_folder(tmp_path):
     corpus = tmp_path / "big.txt"
     corpus.write_text(("the quick brown fox jumps over the lazy dog; 東京 café\n" * 700_000), encoding="utf-8")

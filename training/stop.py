@@ -1,5 +1,5 @@
-"""Ctrl-C, SIGTERM and a closed output for a whole command: abort what has nothing to save, finish a step and save
-what has."""
+"""Ctrl-C, SIGTERM, SIGHUP and a closed output for a whole command: abort what has nothing to save, finish a step and
+save what has."""
 from __future__ import annotations
 
 import os
@@ -12,9 +12,9 @@ from errors import Interrupted
 
 
 class GuardedOutput:
-    """sys.stdout or sys.stderr, except that a write to a pipe whose reader has gone (`python train.py | tee log`
-    and then Ctrl-C, which ends tee too; or `| head`) sends this and later output to /dev/null and calls gone(),
-    where it would have raised BrokenPipeError in the middle of the run."""
+    """sys.stdout or sys.stderr, except that a write that fails (a pipe whose reader has gone: `python train.py |
+    tee log` and then Ctrl-C, which ends tee too, or `| head`; a terminal that has closed) sends this and later
+    output to /dev/null and calls gone(), where it would have raised an error in the middle of the run."""
 
     def __init__(self, stream: TextIO, gone: Callable[[], None]):
         self._stream, self._gone = stream, gone
@@ -22,7 +22,7 @@ class GuardedOutput:
     def _guarded(self, method: str, *args):
         try:
             return getattr(self._stream, method)(*args)
-        except BrokenPipeError:
+        except OSError:  # EPIPE, EIO (the terminal closed), ...
             self._stream = open(os.devnull, "w", encoding="utf-8")
             self._gone()
             return None
@@ -38,14 +38,15 @@ class GuardedOutput:
 
 
 class StopRequest:
-    """The first Ctrl-C (or SIGTERM) either aborts at once, while nothing is worth saving yet (preparing data, building
-    the model: `saving` is False), or asks the loop to stop at the next step boundary and save (`saving` True). It is
-    acknowledged at once on stderr. Another one, a second or more later, stops at once. Under torchrun a Ctrl-C reaches
-    each process twice within milliseconds (from the terminal and forwarded by torchrun): that is still one request.
+    """The first Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed) either aborts at once, while nothing is worth
+    saving yet (preparing data, building the model: `saving` is False), or asks the loop to stop at the next step
+    boundary and save (`saving` True). It is acknowledged at once on stderr. Another one, a second or more later,
+    stops at once. Under torchrun a Ctrl-C reaches each process twice within milliseconds (from the terminal and
+    forwarded by torchrun): that is still one request.
 
-    A reader of the output that goes away is a request too (once): the run saves and ends rather than training on
-    unseen, or dying at its next line with its last steps unsaved. Outside a `with` block (tests calling train()
-    in-process) it is a flag nobody sets."""
+    An output that can take no more (its reader gone, its terminal closed) is a request too, once: the run saves and
+    ends rather than training on unseen, or dying at its next line with its last steps unsaved. Outside a `with`
+    block (tests calling train() in-process) it is a flag nobody sets."""
 
     GRACE_SECONDS = 1.0
 
@@ -61,7 +62,11 @@ class StopRequest:
         self.streams: tuple = ()  # sys.stdout and sys.stderr as they were before the block
 
     def __enter__(self) -> "StopRequest":
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        signals = [signal.SIGINT, signal.SIGTERM]
+        hangup = getattr(signal, "SIGHUP", None)  # the terminal closed (an ssh connection dropped); POSIX only
+        if hangup is not None and signal.getsignal(hangup) is signal.SIG_DFL:  # under nohup it stays ignored
+            signals.append(hangup)
+        for sig in signals:
             self.previous[sig] = signal.signal(sig, self.handle)
         self.streams = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = (GuardedOutput(stream, self.output_gone) for stream in self.streams)
