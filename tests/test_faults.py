@@ -2,6 +2,7 @@
 and checkpoints, out of memory, and every command-line value that used to end in a traceback."""
 import contextlib
 import errno
+import io
 import json
 import resource
 import shutil
@@ -298,6 +299,15 @@ def test_a_full_disk_keeps_the_old_picture_page_or_figures_and_names_the_flag(ru
         assert err.endswith(f"{target} (No space left on device); the previous {what} is untouched; "
                             f"free some disk space or choose another {flag}"), err
         assert target.read_bytes() == b"the user's own file" and not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_a_terminal_that_cannot_show_a_character_shows_its_code(monkeypatch):
+    """A latin-1 or ASCII terminal and a Chinese sample: the character's code, as stderr shows it, not a traceback."""
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="ascii"))
+    assert run_cli(lambda argv: print("ROMEO \u8bf4: caf\u00e9")) == 0
+    sys.stdout.flush()
+    assert raw.getvalue() == b"ROMEO \\u8bf4: caf\\xe9\n"
 
 
 def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
