@@ -115,6 +115,11 @@ def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, ca
     proc.kill()
     proc.wait()
     assert not (out / "ckpt_last.pt").exists()  # the old run waits in .replaced/
+    import sample  # the scripts say where it waits and how it comes back, where they had said "train first"
+    assert run_cli(sample.main, ["--out_dir", str(out)]) == 2
+    assert (f"error: {out} holds no ckpt_best.pt or ckpt_last.pt: an --overwrite stopped before its first checkpoint, "
+            f"and the run it was replacing waits in {out / '.replaced'}; python train.py --out_dir {out} --resume puts "
+            f"it back and continues it\n") == capsys.readouterr().err
     code, out_text, err = cli(capsys, "--out_dir", str(out), "--resume", "--cache_dir", str(corpus.parent / "cache"))
     assert code == 0 and "restored the run that --overwrite was replacing" in out_text + err
     assert "finished at step 20" in out_text

@@ -11,6 +11,7 @@ from training.files import write_atomic
 
 FORMAT = 1
 BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
+ASIDE = ".replaced"  # where --overwrite keeps the old run until the new one has saved a checkpoint
 # Everything a checkpoint holds, defined once: key -> (the types it may have, who needs it). "sample": every reader
 # (enough to sample from it); "resume": what --resume needs besides; "later": added since, read with a default when an
 # older checkpoint lacks it. training.build.capture() writes exactly these keys (tested), restore() reads them.
@@ -51,6 +52,10 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path
     for name in names:
         if (Path(out_dir) / name).exists():
             return Path(out_dir) / name
+    if any((Path(out_dir) / ASIDE / name).exists() for name in names):  # an --overwrite that stopped before saving
+        raise UserError(f"{out_dir} holds no {' or '.join(names)}: an --overwrite stopped before its first checkpoint, "
+                        f"and the run it was replacing waits in {Path(out_dir) / ASIDE}; python train.py --out_dir "
+                        f"{out_dir} --resume puts it back and continues it")
     raise UserError(f"{out_dir} holds no {' or '.join(names)}; train first: python train.py --out_dir {out_dir}")
 
 
