@@ -57,8 +57,9 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     (a full disk, a permission) becomes one line naming the file; output piped into a reader that has gone ends
     quietly with 141."""
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM is treated as Ctrl-C
-    if callable(getattr(sys.stdout, "reconfigure", None)):  # a terminal whose encoding lacks a character (a latin-1
-        sys.stdout.reconfigure(errors="backslashreplace")  # locale, a Chinese sample) shows its code, as stderr does
+    for stream in (sys.stdout, sys.stderr):  # a terminal whose encoding lacks a character (a latin-1 locale, a Chinese
+        if callable(getattr(stream, "reconfigure", None)):  # sample; a file name that is not UTF-8) shows its code
+            stream.reconfigure(errors="backslashreplace")  # (Python's own stderr does already)
     try:
         return main(argv) or 0
     except QuietExit:

@@ -301,6 +301,29 @@ def test_a_full_disk_keeps_the_old_picture_page_or_figures_and_names_the_flag(ru
         assert target.read_bytes() == b"the user's own file" and not list(tmp_path.glob("*.tmp-*"))
 
 
+def test_paths_that_are_not_utf8_train_and_are_named(run, tmp_path, capsys, monkeypatch):
+    """A corpus whose file name is not UTF-8 (byte 0xff, held by Python as a surrogate) trains, and its name reaches
+    the owner's .lock and the attention page as bytes or escapes; an --out_dir so named, which TensorBoard cannot
+    write to, is one line before anything is made."""
+    import attention_html
+    corpus = tmp_path / "bad\udcffname.txt"
+    shutil.copy(run.parent / "corpus.txt", corpus)
+    out = tmp_path / "run"
+    argv = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"), "--out_dir", str(out),
+            "--max_iters", "4"]  # a cache of its own: the preparation writes the name into meta.json
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])  # the command line the .lock records
+    assert run_cli(train.main, argv) == 0
+    capsys.readouterr()
+    assert b"bad\xffname.txt" in (out / ".lock").read_bytes()
+    page = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--out_dir", str(out), "--text", "ab", "--html", str(page)]) == 0
+    assert "bad\\udcffname.txt" in page.read_text(encoding="utf-8")
+    capsys.readouterr()
+    wrong = tmp_path / "out\udcffdir"
+    one_line_error(capsys, train.main, *train_args(run, wrong), words="out\\udcffdir: the name is not valid UTF-8")
+    assert not wrong.exists()
+
+
 def test_a_terminal_that_cannot_show_a_character_shows_its_code(monkeypatch):
     """A latin-1 or ASCII terminal and a Chinese sample: the character's code, as stderr shows it, not a traceback."""
     raw = io.BytesIO()

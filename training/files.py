@@ -39,7 +39,7 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, optio
 
 
 def write_text_atomic(path: Path, text: str, what: str, option: str = "--out_dir") -> None:
-    write_atomic(path, lambda f: f.write(text.encode("utf-8")), what, option)
+    write_atomic(path, lambda f: f.write(text.encode("utf-8", "backslashreplace")), what, option)  # a non-UTF-8 path
 
 
 def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:

@@ -33,6 +33,11 @@ def check_paths(cfg: TrainConfig) -> None:
         if value and data.is_dir() and path.resolve().is_relative_to(data.resolve()):
             raise UserError(f"{option} {value} is inside the --data folder {cfg.data}: the run would train on its own "
                             f"files; choose an {option} outside it")
+    try:
+        cfg.out_dir.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the file system took, but not UTF-8 (Python holds them as surrogates)
+        raise UserError(f"--out_dir {cfg.out_dir}: the name is not valid UTF-8, which TensorBoard needs for its event "
+                        f"files; choose a name in UTF-8") from None
 
 
 def cache_dir_of(cfg: TrainConfig) -> Path:

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from errors import UserError
-from training.checkpoint import BEST, LAST
+from training.checkpoint import ASIDE, BEST, LAST
 from training.files import disk_error
 
-LOCK, ASIDE = ".lock", ".replaced"
+LOCK = ".lock"
 CHECKPOINTS = (LAST, BEST)
 LOGS = ("summary.json", "events.out.tfevents.*", "hparams")
 
@@ -58,7 +58,8 @@ class RunDir:
                             f"(kill -INT {pid}), or choose another --out_dir") from None
         try:  # who holds it, for the message above; the lock itself is what counts, so a full disk is no error here
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n{command_line()}\n{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+            os.pwrite(fd, f"{os.getpid()}\n{command_line()}\n{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(
+                "utf-8", "surrogateescape"), 0)  # a path in the command that is not UTF-8 goes back as its own bytes
         except OSError:
             pass
         self._lock_fd = fd
