@@ -30,8 +30,10 @@ class Corpus:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "chargpt"
+    """$XDG_CACHE_HOME/chargpt, else ~/.cache/chargpt (a relative XDG_CACHE_HOME is ignored, as its specification
+    asks: it would put a cache in whatever folder the command runs from)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "chargpt"
 
 
 def is_binary(path: Path) -> bool:

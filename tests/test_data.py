@@ -212,6 +212,13 @@ def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkey
         assert corpus.name == "shakespeare" and corpus.files[0].read_bytes() == SHARED_TEXT.read_bytes()
 
 
+def test_the_cache_follows_xdg_cache_home_when_it_is_absolute(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert corpus_module.default_cache_dir() == tmp_path / "chargpt"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # would follow the working folder: ignored
+    assert corpus_module.default_cache_dir() == Path.home() / ".cache" / "chargpt"
+
+
 def test_pystdlib_corpus_is_deterministic(tmp_path):
     first = resolve("pystdlib", tmp_path / "one").files[0]
     second = resolve("pystdlib", tmp_path / "two").files[0]
