@@ -124,6 +124,13 @@ def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus
     said = []
     run(corpus, tmp_path / "r", "--resume", "--max_iters", "8", say=said.append)
     assert f"note: the text of {corpus} is not the text step 6 was trained on (its checksum differs)" in "".join(said)
+    moved = corpus.with_name("moved.txt")
+    corpus.rename(moved)
+    saved_data = ["--out_dir", str(tmp_path / "r"), "--resume", "--max_iters", "10"]  # no --data: the run's own
+    with pytest.raises(UserError, match=f"--resume: the text this run trained on, {corpus}, is no longer there; put "
+                       "it back, or give its new place with --data"):
+        train.train(*load_config(saved_data, False)[::2], say=lambda m: None)
+    assert run(moved, tmp_path / "r", "--resume", "--max_iters", "10")["iterations"] == 10
 
 
 def test_out_dir_with_another_run_needs_resume_or_overwrite(corpus, tmp_path):

@@ -147,6 +147,9 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             done = finished_run(run_dir, resumed, cfg)
             if done:
                 return done
+            if "data" not in explicit and cfg.data not in NAMED and not Path(cfg.data).expanduser().exists():
+                raise UserError(f"--resume: the text this run trained on, {cfg.data}, is no longer there; put it back, "
+                                f"or give its new place with --data (the same text)")
         elif cfg.init_from:
             start = Path(cfg.init_from)
             start = checkpoint.find(str(start), "") if start.is_dir() else start
