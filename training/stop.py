@@ -86,9 +86,9 @@ class StopRequest:
                 pass
 
     def output_gone(self) -> None:
-        """The output's reader has gone: the first time, a stop as by Ctrl-C; never a second, "at once" one."""
+        """The output can take no more: the first time, a stop as by Ctrl-C; never a second, "at once" one."""
         if not self.requested:
-            self.handle(signal.SIGPIPE, None)
+            self.handle(0, None)  # (which signal is not read)
 
     def handle(self, signum, frame) -> None:
         if self.requested:
