@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 from training import runtime  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
+from training.estimate import free_memory  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:
@@ -91,26 +93,13 @@ def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]
     return encoded
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    check_settings(args)
-    rt = runtime.setup(args.device, args.dtype, sampling=True)
-    prompts = read_prompts(args)
-    path = checkpoint.find(args.out_dir, args.ckpt)
-    model, tokenizer, state = load_model(path, rt.device)
-    rt = runtime.for_sampling(rt, args.dtype, model.num_params(non_embedding=False))  # auto on a CPU: by its size
-    model = runtime.weights_for_sampling(model, rt.dtype)  # bfloat16/float16: cast once, no autocast
-    data = state.get("data") if isinstance(state.get("data"), dict) else {}
-    val = state.get("best_val_loss")
-    loss = f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else ""
-    print(f"{path}: step {state['iter']}{loss}, trained on {data.get('source', 'an unrecorded corpus')}; sampling on "
-          f"{rt.device_type} in {str(rt.dtype).removeprefix('torch.')}", file=sys.stderr)  # stdout stays the text
-    prompts = prompts or [tokenizer.default_prompt(data.get("first_char"))]
+def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.device, prompts: list[str]) -> None:
+    """Each prompt continued --num_samples times, to stdout: streamed row by row, or all rows in one batch."""
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]
     stream = sys.stdout.isatty() if args.stream is None else args.stream
-    generator = torch.Generator(device=rt.device).manual_seed(args.seed)
-    step = compiled_step(rt.device_type) if args.compile else one_token_step
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    step = compiled_step(device.type) if args.compile else one_token_step
     if args.compile and not args.no_cache:  # else the wait before the first new character would look like a hang
         print("--compile: the decoding step is compiled before the first new character (on a CPU about 20 s)",
               file=sys.stderr)
@@ -128,6 +117,47 @@ def main(argv: list[str] | None = None) -> int:
     else:  # every row in one batch (prompts of different lengths are left-padded and masked)
         new = generate(model, rows, args.max_new_tokens, **settings)
         print("\n---\n".join(text + tokenizer.decode(n) for text, n in zip(texts, new)))
+
+
+@contextlib.contextmanager
+def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: torch.device):
+    """Samples that do not fit in memory are one line, not a traceback: on a CPU checked first (each row holds its
+    tokens, 8 bytes each, and with the cache each layer's keys and values for block_size positions), where a batch
+    of a billion rows would first have filled the memory with Python lists; anywhere, when an allocation fails."""
+    rows, cfg = len(prompts) * args.num_samples, model.config
+    fits = f"out of memory: {rows:,} sample(s) of {args.max_new_tokens:,} new characters do not fit on {device.type}; " \
+           f"lower --max_new_tokens or --num_samples"
+    per_row = 8 * (max(map(len, prompts)) + args.max_new_tokens)
+    if not args.no_cache:
+        per_row += 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * model.wte.weight.element_size()
+    free = free_memory() if device.type == "cpu" else None
+    if free is not None and rows * per_row > free:
+        raise UserError(fits)
+    try:
+        yield
+    except (MemoryError, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and not runtime.is_out_of_memory(err):
+            raise
+        raise UserError(fits) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    check_settings(args)
+    rt = runtime.setup(args.device, args.dtype, sampling=True)
+    prompts = read_prompts(args)
+    path = checkpoint.find(args.out_dir, args.ckpt)
+    model, tokenizer, state = load_model(path, rt.device)
+    rt = runtime.for_sampling(rt, args.dtype, model.num_params(non_embedding=False))  # auto on a CPU: by its size
+    model = runtime.weights_for_sampling(model, rt.dtype)  # bfloat16/float16: cast once, no autocast
+    data = state.get("data") if isinstance(state.get("data"), dict) else {}
+    val = state.get("best_val_loss")
+    loss = f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else ""
+    print(f"{path}: step {state['iter']}{loss}, trained on {data.get('source', 'an unrecorded corpus')}; sampling on "
+          f"{rt.device_type} in {str(rt.dtype).removeprefix('torch.')}", file=sys.stderr)  # stdout stays the text
+    prompts = prompts or [tokenizer.default_prompt(data.get("first_char"))]
+    with memory_checked(model, prompts, args, rt.device):
+        write_samples(args, model, tokenizer, rt.device, prompts)
     return 0
 
 

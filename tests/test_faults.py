@@ -333,6 +333,19 @@ def test_a_terminal_that_cannot_show_a_character_shows_its_code(monkeypatch):
     assert raw.getvalue() == b"ROMEO \\u8bf4: caf\\xe9\n"
 
 
+def test_samples_that_cannot_fit_in_memory_are_one_line(run, capsys, monkeypatch):
+    for args, words, free in (
+            (["--max_new_tokens", str(10**12)], "1 sample(s) of 1,000,000,000,000 new", sample_cli.free_memory),
+            (["--max_new_tokens", str(10**12)], "1 sample(s) of 1,000,000,000,000 new", lambda: None),  # allocating
+            (["--num_samples", str(10**9), "--max_new_tokens", "3"], "1,000,000,000 sample(s) of 3 new",
+             sample_cli.free_memory)):  # checked before a billion rows fill the memory with Python lists
+        monkeypatch.setattr(sample_cli, "free_memory", free)
+        assert run_cli(sample_cli.main, ["--out_dir", str(run), *args]) == 2
+        err = capsys.readouterr().err.splitlines()[-1]  # after the line that says which model samples
+        assert err == f"error: out of memory: {words} characters do not fit on cpu; lower --max_new_tokens or " \
+                      f"--num_samples", err
+
+
 def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
