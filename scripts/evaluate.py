@@ -83,8 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{path}: step {state['iter']}, block_size {block_size}; scoring {len(ids) - 1:,} characters of {name} "
           f"({args.split}), stride {stride}", file=sys.stderr)
     todo = windows(len(ids), block_size, stride)
-    with tqdm(total=len(todo), desc="evaluate", unit="window", delay=2, dynamic_ncols=True) as bar:
-        nats, scored = score(model, ids, todo, batch_size, rt.autocast, bar)
+    try:
+        with tqdm(total=len(todo), desc="evaluate", unit="window", delay=2, dynamic_ncols=True) as bar:
+            nats, scored = score(model, ids, todo, batch_size, rt.autocast, bar)
+    except RuntimeError as err:  # a batch's logits are batch_size x block_size x the vocabulary's size
+        if not runtime.is_out_of_memory(err):
+            raise
+        raise UserError(f"out of memory: batches of {batch_size:,} windows of {block_size} characters do not fit on "
+                        f"{rt.device_type}; lower --batch_size") from None
     loss = nats / scored
     figures = {"loss": loss, "bits_per_char": loss / math.log(2), "perplexity": math.exp(loss), "characters": scored,
                "unknown": sum(counts.values()), "unknown_distinct": len(counts), "stride": stride,

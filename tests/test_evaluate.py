@@ -3,6 +3,7 @@ worse, unknown characters counted exactly, bad inputs one line."""
 import json
 
 import pytest
+import torch
 
 from conftest import play_text, train_debug
 from training.evaluation import windows
@@ -108,6 +109,17 @@ def test_a_named_text_that_cannot_be_had_is_never_replaced_by_another(run, evalu
     assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
         "error: --data shakespeare: could not download Tiny Shakespeare (") and "pystdlib" not in done.stdout
     assert not (cache / "tinyshakespeare.txt").exists() and not list(cache.glob("pystdlib*"))
+
+
+def test_batches_that_do_not_fit_in_memory_are_one_line(run, evaluate, monkeypatch):
+    import evaluate as script
+
+    def allocates_too_much(*args, **kwargs):  # the allocator's own error, as a batch of too many windows meets it
+        return torch.empty(10**13)
+    monkeypatch.setattr(script, "score", allocates_too_much)
+    done = evaluate("--out_dir", str(run[0] / "run"), "--data", str(run[1]), "--batch_size", "100000")
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
+        "error: out of memory: batches of 100,000 windows of 32 characters do not fit on cpu; lower --batch_size")
 
 
 def test_a_folder_that_is_not_a_run_is_one_line(tmp_path, evaluate):
