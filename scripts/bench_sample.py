@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from errors import ArgumentParser, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 from training import runtime  # noqa: E402
@@ -114,9 +114,14 @@ def main(argv: list[str] | None = None) -> int:
                              "several to compare in turn, e.g. float32,bfloat16")
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
+    if min(args.new_tokens, args.batch, args.rounds) < 1:
+        raise UserError("--new_tokens, --batch and --rounds must be at least 1")
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=65, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                      n_embd=args.n_embd)
+    try:
+        cfg = ModelConfig(vocab_size=65, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+                          n_embd=args.n_embd)
+    except ValueError as err:  # a shape the model refuses (n_embd not divisible by n_head, ...)
+        raise UserError(str(err)) from None
     device = runtime.pick_device(args.device)
     model = GPT(cfg).to(device)  # random weights: speed does not depend on what the model learned
     params = model.num_params(non_embedding=False)

@@ -60,6 +60,15 @@ def test_bench_compare_rejects_a_bad_spec(tmp_path, spec, capsys):
     assert stderr.startswith("error: --compare") and len(stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("args, words", [(["--batch", "0"], "--new_tokens, --batch and --rounds must be at least 1"),
+                                         (["--n_embd", "7"], "n_embd (7) must be divisible by n_head (6)")])
+def test_bench_sample_refuses_bad_settings_in_one_line(args, words, capsys):
+    import bench_sample
+    from errors import run_cli
+    assert run_cli(bench_sample.main, args) == 2
+    assert capsys.readouterr().err.startswith(f"error: {words}")
+
+
 def test_mfu_never_passes_100_percent_when_the_peak_was_measured_low():
     import bench
     run = {"tokens_per_iter": 1000, "flops_per_token": 1e6}
