@@ -93,11 +93,16 @@ def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]
     return encoded
 
 
+def streams(args: argparse.Namespace) -> bool:
+    """Whether the rows are printed as they are drawn, one at a time (else all at once, in one batch)."""
+    return sys.stdout.isatty() if args.stream is None else args.stream
+
+
 def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.device, prompts: list[str]) -> None:
     """Each prompt continued --num_samples times, to stdout: streamed row by row, or all rows in one batch."""
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]
-    stream = sys.stdout.isatty() if args.stream is None else args.stream
+    stream = streams(args)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     step = compiled_step(device.type) if args.compile else one_token_step
     if args.compile and not args.no_cache:  # else the wait before the first new character would look like a hang
@@ -121,9 +126,10 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
 
 @contextlib.contextmanager
 def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: torch.device):
-    """Samples that do not fit in memory are one line, not a traceback: on a CPU checked first (each row holds its
-    tokens, 8 bytes each, and with the cache each layer's keys and values for block_size positions), where a batch
-    of a billion rows would first have filled the memory with Python lists; anywhere, when an allocation fails."""
+    """Samples that do not fit in memory are one line, not a traceback: on a CPU checked first (each row of a batch
+    holds its tokens, 8 bytes each, and with the cache each layer's keys and values for block_size positions; a
+    stream draws one row at a time; every row costs about 64 bytes of Python), where a billion rows would first
+    have filled the memory with Python lists; anywhere, when an allocation fails."""
     rows, cfg = len(prompts) * args.num_samples, model.config
     fits = f"out of memory: {rows:,} sample(s) of {args.max_new_tokens:,} new characters do not fit on {device.type}; " \
            f"lower --max_new_tokens or --num_samples"
@@ -131,7 +137,7 @@ def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: 
     if not args.no_cache:
         per_row += 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * model.wte.weight.element_size()
     free = free_memory() if device.type == "cpu" else None
-    if free is not None and rows * per_row > free:
+    if free is not None and rows * 64 + (1 if streams(args) else rows) * per_row > free:
         raise UserError(fits)
     try:
         yield

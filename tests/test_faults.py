@@ -338,7 +338,9 @@ def test_samples_that_cannot_fit_in_memory_are_one_line(run, capsys, monkeypatch
             (["--max_new_tokens", str(10**12)], "1 sample(s) of 1,000,000,000,000 new", sample_cli.free_memory),
             (["--max_new_tokens", str(10**12)], "1 sample(s) of 1,000,000,000,000 new", lambda: None),  # allocating
             (["--num_samples", str(10**9), "--max_new_tokens", "3"], "1,000,000,000 sample(s) of 3 new",
-             sample_cli.free_memory)):  # checked before a billion rows fill the memory with Python lists
+             sample_cli.free_memory),  # checked before a billion rows fill the memory with Python lists
+            (["--num_samples", str(10**9), "--max_new_tokens", "3", "--stream"], "1,000,000,000 sample(s) of 3 new",
+             sample_cli.free_memory)):  # a row at a time, but the rows themselves do not fit
         monkeypatch.setattr(sample_cli, "free_memory", free)
         assert run_cli(sample_cli.main, ["--out_dir", str(run), *args]) == 2
         err = capsys.readouterr().err.splitlines()[-1]  # after the line that says which model samples
