@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_text_atomic(Path(args.json), json.dumps({"train_options": rest, "repeat": args.repeat,
                                                        "cold_compile_cache": args.cold_compile_cache,
-                                                       "variants": rows}, indent=1) + "\n", "the figures file", "--json")
+                                                       "variants": rows}, indent=1) + "\n",
+                          "the figures file", "--json")
     return 0
 
 

@@ -131,8 +131,8 @@ def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: 
     stream draws one row at a time; every row costs about 64 bytes of Python), where a billion rows would first
     have filled the memory with Python lists; anywhere, when an allocation fails."""
     rows, cfg = len(prompts) * args.num_samples, model.config
-    fits = f"out of memory: {rows:,} sample(s) of {args.max_new_tokens:,} new characters do not fit on {device.type}; " \
-           f"lower --max_new_tokens or --num_samples"
+    fits = (f"out of memory: {rows:,} sample(s) of {args.max_new_tokens:,} new characters do not fit on "
+            f"{device.type}; lower --max_new_tokens or --num_samples")
     per_row = 8 * (max(map(len, prompts)) + args.max_new_tokens)
     if not args.no_cache:
         per_row += 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * model.wte.weight.element_size()

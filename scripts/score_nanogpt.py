@@ -8,7 +8,6 @@ val.bin holds the ids of our validation split. The figure is the mean loss over 
 window of it, the tail shorter than a window left out: what a run of ours reports as its full validation."""
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from data.loader import val_window_starts  # noqa: E402
-from errors import UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from training import runtime  # noqa: E402
 
 
@@ -61,7 +60,7 @@ def full_validation(model, val: np.ndarray, block_size: int, batch_size: int, rt
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split(":", 1)[1].strip().split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip().split("\n")[0])
     parser.add_argument("nanogpt_dir", type=Path, help="a checkout of karpathy/nanoGPT, its data prepared")
     parser.add_argument("ckpt", type=Path, help="the ckpt.pt its train.py saved")
     parser.add_argument("--device", default="auto")

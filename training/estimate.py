@@ -57,7 +57,8 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
     The blocks' weights are 12 x n_layer x n_embd² (the embeddings are left out: small beside them)."""
     free = free_memory() if rt.device_type == "cpu" else None
     layers = max(cfg.n_layer, 1)
-    need = (ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32]) * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
+    activation_bytes = ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32])
+    need = (activation_bytes * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
             + PARAMETER_BYTES * 12 * cfg.n_layer * cfg.n_embd ** 2)
     if cfg.attention == "explicit" or cfg.attention_score == "additive":
         need += WEIGHT_BYTES * cfg.batch_size * cfg.n_head * cfg.block_size ** 2 * cfg.n_layer

@@ -172,9 +172,11 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             raise UserError(f"--resume: the corpus {prepared.meta['source']} has a different vocabulary from the "
                             f"checkpoint's; resume with the same --data")
         trained_on = resumed.get("data") if resumed is not None else None  # the corpus's facts, as the run saved them
-        if d.is_main and isinstance(trained_on, dict) and trained_on.get("sha256") not in (None, prepared.meta["sha256"]):
-            log.say(f"note: the text of {prepared.meta['source']} is not the text step {resumed['iter']} was trained on "
-                    f"(its checksum differs); the run goes on with this text, so it will not match an uninterrupted run")
+        changed = isinstance(trained_on, dict) and trained_on.get("sha256") not in (None, prepared.meta["sha256"])
+        if d.is_main and changed:
+            log.say(f"note: the text of {prepared.meta['source']} is not the text step {resumed['iter']} was trained "
+                    f"on (its checksum differs); the run goes on with this text, so it will not match an uninterrupted "
+                    f"run")
         rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
         refuse_if_too_big(cfg, rt, stop.saved)  # on a CPU the system would end the process, wordlessly
         try:
