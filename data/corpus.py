@@ -5,6 +5,7 @@ import hashlib
 import os
 import sys
 import sysconfig
+import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,13 +98,22 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def new_partial(target: Path) -> Path:
+    """A new, empty file beside target under a name nobody can guess (mkstemp, O_EXCL), to be written and renamed
+    over target: a link planted in a shared cache cannot redirect the download."""
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f"{target.name}.part-")
+    os.close(fd)
+    os.chmod(name, 0o644)
+    return Path(name)
+
+
 def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
     """Tiny Shakespeare, fetched once into the cache and checked against its known sha256."""
     target = cache_dir / "tinyshakespeare.txt"
     if target.exists() and sha256_of(target) == SHAKESPEARE_SHA256:
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.part-{os.getpid()}")
+    partial = new_partial(target)
     try:
         with urllib.request.urlopen(SHAKESPEARE_URL, timeout=timeout) as response, open(partial, "wb") as out:
             total = int(response.headers.get("Content-Length") or 0) or None
@@ -129,7 +139,7 @@ def build_pystdlib(cache_dir: Path) -> Path:
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
     files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
     cache_dir.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.part-{os.getpid()}")
+    partial = new_partial(target)
     try:
         with open(partial, "w", encoding="utf-8", newline="") as out:
             for i, path in enumerate(files):

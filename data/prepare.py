@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,9 +181,10 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: floa
 
     # Pass 2: encode and write, the first n_train characters to train.bin and the rest to val.bin.
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f"{key}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    # A new folder under a name nobody can guess (mkdtemp: O_EXCL-like, mode 0700): a link planted in a shared cache
+    # cannot redirect the writes. The pid ends the name, for remove_stale.
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f"{key}.tmp-", suffix=f"-{os.getpid()}"))
+    os.chmod(tmp, 0o755)
     try:
         written = 0
         with open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:

@@ -22,7 +22,7 @@ from data import prepare, resolve  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from training import runtime  # noqa: E402
 from training.build import build_run  # noqa: E402
-from training.files import check_output_file  # noqa: E402
+from training.files import check_output_file, write_text_atomic  # noqa: E402
 from training.opening import prepare_data  # noqa: E402
 from training.perf import CountOperations, measure_peak_flops, model_matmul_shape, sync, utilisation  # noqa: E402
 from training.step import forward_backward, train_step, update  # noqa: E402
@@ -41,7 +41,7 @@ def build_training(cfg, rt, say=print) -> dict:
             "flops_per_token": run.flops_per_token, "tokens_per_iter": run.tokens_per_iter,
             "step": lambda: train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
                                        cfg.learning_rate),
-            "forward_backward": lambda: forward_backward(run.step_model, run.scaler, run.batches, rt, cfg),
+            "forward_backward": lambda: forward_backward(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg),
             "update": lambda: update(run.step_model, run.optimizer, run.scaler, rt, cfg, cfg.learning_rate)}
 
 
@@ -173,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         print(note)
         print_comparison(results, args.rounds, args.iters)
         if args.json:
-            Path(args.json).write_text(json.dumps({"config": cfg.config_name, "rounds": args.rounds,
-                                                   "iters": args.iters, "variants": results}, indent=1) + "\n")
+            write_text_atomic(Path(args.json), json.dumps({"config": cfg.config_name, "rounds": args.rounds,
+                                                           "iters": args.iters, "variants": results}, indent=1) + "\n",
+                              "the figures file", "--json")
         return 0
     cfg, note, _ = load_config(rest, torch.cuda.is_available())
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads)
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
     return 0
 
 

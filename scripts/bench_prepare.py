@@ -10,8 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from errors import ArgumentParser, exit_without_teardown, run_cli  # noqa: E402
-from training.files import check_output_file  # noqa: E402
+from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+from training.files import check_output_file, write_text_atomic  # noqa: E402
 CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
@@ -56,15 +56,18 @@ def main(argv: list[str] | None = None) -> int:
         make_corpus(corpus, args.mb)
         size_mb = corpus.stat().st_size / 1e6
         code = CHILD.format(root=str(ROOT), corpus=str(corpus), cache=str(Path(tmp) / "cache"))
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-        figures = json.loads(out)
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if child.returncode != 0:  # its own last line says why (a full disk for the cache, say)
+            last = (child.stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
+            raise UserError(f"preparing the {size_mb:.0f} MB corpus failed: {last.removeprefix('error: ')[:300]}")
+        figures = json.loads(child.stdout)
     figures["corpus_mb"] = size_mb
     figures["mb_per_s"] = size_mb / figures["seconds"]
     print(f"corpus {size_mb:.0f} MB, {figures['n_chars']:,} characters, vocabulary {figures['vocab_size']}")
     print(f"prepare {figures['seconds']:.2f} s = {figures['mb_per_s']:.1f} MB/s; peak RSS {figures['peak_rss_mb']:.0f} MB "
           f"({figures['rss_after_imports_mb']:.0f} MB of it before preparing: Python, numpy, torch)")
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1))
+        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
     return 0
 
 

@@ -40,7 +40,9 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
         env["TRITON_CACHE_DIR"] = str(cache / "triton")  # where inductor puts it, unless the user's setting says
     log = folder.with_name(folder.name + ".log")
     started = time.perf_counter()
-    with open(log, "w", encoding="utf-8") as out:
+    # O_NOFOLLOW: a link planted under the log's name is refused (ELOOP), never written through
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(fd, "w", encoding="utf-8") as out:
         code = run_train([*argv, "--out_dir", str(folder), "--overwrite"], output=out, env=env)
     whole = time.perf_counter() - started
     if code == 130:  # the run was stopped (and saved what it had): so is the benchmark

@@ -20,6 +20,7 @@ from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # 
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 from training import runtime  # noqa: E402
+from training.files import write_text_atomic  # noqa: E402
 from training.perf import sync  # noqa: E402
 
 
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{figures['sample_speedup_' + dtype_name(dtype)]:9.2f}x")
     print(f"  every variant of a dtype drew the same tokens: {figures['sample_same_tokens']}")
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1))
+        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
     return 0
 
 

@@ -16,7 +16,7 @@ from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 from training import runtime  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.estimate import free_memory  # noqa: E402
+from training.runtime import free_memory  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:

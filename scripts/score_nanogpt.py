@@ -8,7 +8,9 @@ val.bin holds the ids of our validation split. The figure is the mean loss over 
 window of it, the tail shorter than a window left out: what a run of ours reports as its full validation."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import sys
 from pathlib import Path
 
@@ -33,16 +35,36 @@ def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
     spec.loader.exec_module(nanogpt)
     try:
         state = torch.load(ckpt, map_location=device, weights_only=True)
-        model = nanogpt.GPT(nanogpt.GPTConfig(**state["model_args"]))
         # a compiled model's state dict names its weights _orig_mod.<name>
-        model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in state["model"].items()})
+        weights = {k.removeprefix("_orig_mod."): v for k, v in state["model"].items()}
+        check_shapes(nanogpt, state["model_args"], weights, ckpt)
+        model = nanogpt.GPT(nanogpt.GPTConfig(**state["model_args"]))
+        model.load_state_dict(weights)
         facts = {"step": state["iter_num"], "estimate": float(state["best_val_loss"]),
                  "dataset": state["config"]["dataset"], "block_size": state["model_args"]["block_size"]}
+    except UserError:
+        raise
     except Exception as err:  # missing, truncated, refused (it asks to run code) or not in nanoGPT's layout
         missing = f": no {err}" if isinstance(err, KeyError) else ""  # one of ours, say: no 'model_args'
         raise UserError(f"{ckpt} is not a readable nanoGPT checkpoint ({type(err).__name__}{missing}); it may be "
                         f"truncated, not a checkpoint, or not one of nanoGPT's") from None
     return model.to(device).eval(), facts
+
+
+def check_shapes(nanogpt, model_args: dict, weights: dict, ckpt: Path) -> None:
+    """The model that model_args describe, laid out on the meta device (no memory; its layers no more than the file
+    has tensors, so even that costs no more than the file), must have the saved weights' names and shapes: a config is
+    only words, and one that asks for a far larger model than the file holds would otherwise be allocated first."""
+    n_layer = model_args.get("n_layer")
+    if not isinstance(n_layer, int) or not 0 <= n_layer <= len(weights):
+        raise UserError(f"{ckpt}: its model_args (n_layer {n_layer!r}) do not fit its {len(weights)} weights")
+    with torch.device("meta"), contextlib.redirect_stdout(io.StringIO()):  # (nanoGPT prints the parameter count)
+        wanted = {name: tuple(t.shape) for name, t in nanogpt.GPT(nanogpt.GPTConfig(**model_args)).state_dict().items()}
+    saved = {name: tuple(t.shape) for name, t in weights.items()}
+    if wanted != saved:
+        name = next(n for n in sorted(wanted.keys() | saved.keys()) if wanted.get(n) != saved.get(n))
+        raise UserError(f"{ckpt}: its model_args do not fit its weights ({name}: {wanted.get(name)} by the args, "
+                        f"{saved.get(name)} in the file)")
 
 
 @torch.inference_mode()

@@ -145,6 +145,13 @@ def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, sc
     assert missing.returncode == 2 and "has no model.py" in missing.stderr
     ours = script("score_nanogpt.py", str(nanogpt), str(tmp_path / "run" / "ckpt_best.pt"))  # not nanoGPT's layout
     assert ours.returncode == 2 and ours.stderr.count("\n") == 1 and "not a readable nanoGPT checkpoint" in ours.stderr
+    for args, said in (({"n_layer": 200, "n_embd": 8192}, "(n_layer 200) do not fit its "),  # before anything is built
+                       ({"n_embd": 8192, "n_head": 2}, "do not fit its weights (blocks.0.attn.c_attn.bias: (24576,)")):
+        hostile = torch.load(nanogpt / "ckpt.pt", weights_only=True)
+        hostile["model_args"] = {**hostile["model_args"], **args}
+        torch.save(hostile, tmp_path / "hostile.pt")
+        refused = script("score_nanogpt.py", str(nanogpt), str(tmp_path / "hostile.pt"))
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and said in refused.stderr, refused.stderr
 
 
 def test_the_gpu_sitting_script_parses_and_refuses_what_it_cannot_run(tmp_path, small_text):

@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import pickle
+import typing
 from pathlib import Path
 
 import torch
 
+from configs.loader import checked_types
+from configs.schema import FIELDS
 from errors import UserError
 from training.files import write_atomic
+from training.runtime import free_memory
 
 FORMAT = 1
 BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
-ASIDE = ".replaced"  # where --overwrite keeps the old run until the new one has saved a checkpoint
+ASIDE = ".replaced"  # where --overwrite keeps the old run until the new one has something better (RunDir)
 # Everything a checkpoint holds, defined once: key -> (the types it may have, who needs it). "sample": every reader
 # (enough to sample from it); "resume": what --resume needs besides; "later": added since, read with a default when an
 # older checkpoint lacks it. training.build.capture() writes exactly these keys (tested), restore() reads them.
@@ -49,13 +53,25 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path
         return Path(ckpt)
     if not out_dir:
         raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE")
+    from training.run_dir import holder  # (run_dir reads this module's names)
+
+    folder = Path(out_dir)
+    owner = holder(folder)
+    if (folder / ASIDE).is_dir():  # an --overwrite's old run waits there: the folder's new files are not yet its run
+        if owner:
+            raise UserError(f"{out_dir} is being replaced by an --overwrite run ({owner}) that has not reached its "
+                            f"first evaluation after step 0; until then the run it replaces waits in {folder / ASIDE}: "
+                            f"wait for that evaluation, or stop the new run (Ctrl-C, or kill -INT) to put the old "
+                            f"one back")
+        raise UserError(f"{out_dir}: an --overwrite stopped before its first evaluation after step 0, and the run it "
+                        f"was replacing waits in {folder / ASIDE}; python train.py --out_dir {out_dir} --resume puts it "
+                        f"back and continues it")
     for name in names:
-        if (Path(out_dir) / name).exists():
-            return Path(out_dir) / name
-    if any((Path(out_dir) / ASIDE / name).exists() for name in names):  # an --overwrite that stopped before saving
-        raise UserError(f"{out_dir} holds no {' or '.join(names)}: an --overwrite stopped before its first checkpoint, "
-                        f"and the run it was replacing waits in {Path(out_dir) / ASIDE}; python train.py --out_dir "
-                        f"{out_dir} --resume puts it back and continues it")
+        if (folder / name).exists():
+            return folder / name
+    if owner:
+        raise UserError(f"{out_dir} holds no {' or '.join(names)} yet: {owner} is training there; wait for its first "
+                        f"evaluation, which saves one")
     raise UserError(f"{out_dir} holds no {' or '.join(names)}; train first: python train.py --out_dir {out_dir}")
 
 
@@ -75,6 +91,7 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
         raise UserError(f"{path} is not a readable checkpoint ({type(err).__name__}); it may be truncated or "
                         f"not a checkpoint at all") from None
     check_fields(state, REQUIRED, path)
+    check_fields(state, {key: kind for key, kind in LATER.items() if key in state}, path)  # present: of their type
     if state["format"] != FORMAT:
         raise UserError(f"{path} has checkpoint format {state['format']}, this version reads format {FORMAT}; "
                         f"use the version of this trainer that wrote it")
@@ -84,7 +101,72 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
     if bad:
         raise UserError(f"{path} holds weights that are not finite (NaN or inf in {bad}); it cannot be used: "
                         f"take another checkpoint (ckpt_best.pt or ckpt_last.pt) or train again")
+    # every known field of the run's settings of its type (--resume checks their values too: config_from_dict)
+    checked_types({k: v for k, v in state["run_config"].items() if k in FIELDS}, f"{path} is damaged")
+    check_model(state, path)
     return state
+
+
+def model_config_of(state: dict, path: Path):
+    """The checkpoint's ModelConfig, every field of its own type and consistent with the vocabulary, or one line."""
+    from data.tokenizer import CharTokenizer
+    from model import ModelConfig
+
+    values, types = state["model_config"], typing.get_type_hints(ModelConfig)
+    unknown = [key for key in values if key not in types]
+    wrong = [key for key in values if key in types and not of_type(values[key], float_or(types[key]))]
+    if unknown or wrong:
+        named = [f"{key} is unknown" for key in unknown] + [f"{key} is a {type(values[key]).__name__}" for key in wrong]
+        raise UserError(f"{path} is damaged: in its model config, {', '.join(named[:5])}")
+    try:
+        config = ModelConfig(**values)
+        tokenizer = CharTokenizer(state["vocab"])
+    except ValueError as err:
+        raise UserError(f"{path} has an inconsistent model config or vocabulary ({err})") from None
+    if tokenizer.vocab_size != config.vocab_size:
+        raise UserError(f"{path} is inconsistent: its vocabulary has {tokenizer.vocab_size} characters "
+                        f"but its model expects {config.vocab_size}")
+    return config
+
+
+def float_or(kind: type):
+    return (int, float) if kind is float else kind  # a whole number is a fine float
+
+
+def check_model(state: dict, path: Path) -> None:
+    """The model the config describes, checked against the saved weights before it is built: a config is only words,
+    and one that asks for 200 layers of width 8192 beside a few kilobytes of weights would otherwise allocate hundreds
+    of GB. The model is built on the meta device (shapes, no memory), after its layer count is checked against the
+    saved blocks (so even that costs no more than the file); then every weight's name and shape must match, and
+    what the real model would take beyond the saved weights (its copy of them, the rotary tables, which are not
+    saved) must fit in the free memory."""
+    from model import GPT
+
+    config, weights = model_config_of(state, path), state["model"]
+    if not all(isinstance(name, str) and isinstance(t, torch.Tensor) for name, t in weights.items()):
+        raise UserError(f"{path} is damaged: its model holds entries that are not named tensors")
+    blocks = {name.split(".")[1] for name in weights if name.startswith("blocks.")}
+    if blocks != {str(i) for i in range(config.n_layer)}:
+        raise UserError(f"{path}: the weights do not fit the model config (n_layer {config.n_layer}, but the weights "
+                        f"hold {len(blocks)} blocks)")
+    with torch.device("meta"):
+        skeleton = GPT(config)
+    wanted = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
+    saved = {name: tuple(t.shape) for name, t in weights.items()}
+    if wanted != saved:
+        name = next(n for n in sorted(wanted.keys() | saved.keys()) if wanted.get(n) != saved.get(n))
+        raise UserError(f"{path}: the weights do not fit the model config ({name}: the config gives "
+                        f"{shape_text(wanted.get(name))}, the file holds {shape_text(saved.get(name))})")
+    need = sum(t.numel() * 4 for t in [*skeleton.parameters(), *skeleton.buffers()])  # float32
+    free = free_memory()
+    if free is not None and need > free:
+        raise UserError(f"{path}: its model would need about {need / 2**30:.1f} GiB of memory, more than the "
+                        f"{free / 2**30:.1f} GiB this machine has free (block_size {config.block_size} x n_layer "
+                        f"{config.n_layer} x n_embd {config.n_embd}); use it on a machine with more memory")
+
+
+def shape_text(shape: tuple | None) -> str:
+    return "no such weight" if shape is None else "(" + ", ".join(map(str, shape)) + ")"
 
 
 def check_fields(state, fields: dict, path: Path) -> None:
@@ -105,10 +187,9 @@ def of_type(value, kind) -> bool:
 
 
 def check_resumable(state: dict, path: Path) -> None:
-    """What --resume needs beyond what sampling needs, checked before any of it is used (the later additions only
-    where present: an older checkpoint resumes with their defaults)."""
+    """What --resume needs beyond what sampling needs, checked before any of it is used (load() has checked the
+    later additions where present: an older checkpoint resumes with their defaults)."""
     check_fields(state, RESUMABLE, path)
-    check_fields(state, {key: kind for key, kind in LATER.items() if key in state}, path)
     rng = state["rng"]
     batches = rng.get("batches")
     if not (isinstance(rng.get("torch"), torch.Tensor) and isinstance(batches, dict)
@@ -118,22 +199,12 @@ def check_resumable(state: dict, path: Path) -> None:
 
 
 def load_model(path: Path, device: torch.device | str = "cpu"):
-    """A checkpoint's model (in eval mode) and tokenizer, with a one-line error for any inconsistency."""
+    """A checkpoint's model (in eval mode) and tokenizer, with a one-line error for any inconsistency (load() has
+    checked the config against the weights before anything is built)."""
     from data.tokenizer import CharTokenizer
-    from model import GPT, ModelConfig
+    from model import GPT
 
     state = load(path, device)
-    try:
-        config = ModelConfig(**state["model_config"])
-        tokenizer = CharTokenizer(state["vocab"])
-    except (TypeError, ValueError) as err:
-        raise UserError(f"{path} has an inconsistent model config or vocabulary ({err})") from None
-    if tokenizer.vocab_size != config.vocab_size:
-        raise UserError(f"{path} is inconsistent: its vocabulary has {tokenizer.vocab_size} characters "
-                        f"but its model expects {config.vocab_size}")
-    model = GPT(config)
-    try:
-        model.load_state_dict(state["model"])
-    except (RuntimeError, TypeError, AttributeError) as err:
-        raise UserError(f"{path}: the weights do not fit the model config ({str(err).splitlines()[0][:150]})") from None
-    return model.to(device).eval(), tokenizer, state
+    model = GPT(model_config_of(state, path))
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), CharTokenizer(state["vocab"]), state

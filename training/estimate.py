@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import torch
 
 from configs import TrainConfig
 from errors import UserError
 from training.build import Progress, Run
-from training.runtime import Runtime
+from training.runtime import Runtime, free_memory
 from training.log import Log
 from training.perf import sync
 from training.report import out_of_memory
@@ -31,23 +30,6 @@ ACTIVATION_BYTES = {torch.bfloat16: 80, torch.float32: 110}
 # measured the same way (16 x 512 x 160 x 2, 8 x 1024 x 160 x 2, 4 x 1024 x 128 x 4), so 4.
 WEIGHT_BYTES = 4
 PARAMETER_BYTES = 16  # a float32 weight, its gradient and two optimizer moments (AdamW; Muon keeps one)
-
-
-def free_memory() -> int | None:
-    """Bytes this machine can still give a process without ending one (Linux: MemAvailable plus free swap, and no
-    more than a container's own limit allows, cgroup v2); None where the system does not say."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        free = sum(int(fields[name].split()[0]) * 1024 for name in ("MemAvailable", "SwapFree") if name in fields)
-    except (OSError, ValueError):
-        return None
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()  # "max" where there is none
-        if limit != "max":
-            free = min(free, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    return free
 
 
 def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:

@@ -1,6 +1,7 @@
 """The run's voice: messages, the progress bar and TensorBoard events, all from rank 0 only (silent elsewhere)."""
 from __future__ import annotations
 
+import secrets
 import sys
 import threading
 import time
@@ -49,7 +50,9 @@ class Log:
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
                 _quiet_writer_threads()
-                self._writer = SummaryWriter(log_dir=str(self.out_dir))
+                # The event file's name ends in a random suffix: its usual name (time, host, pid) can be guessed,
+                # and TensorBoard opens it following links; nobody can plant a link under an unguessable one.
+                self._writer = SummaryWriter(log_dir=str(self.out_dir), filename_suffix=f".{secrets.token_hex(8)}")
             write(self._writer)
         except (OSError, RuntimeError) as err:
             self._writer = None  # its file is broken; close() must not try again

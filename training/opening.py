@@ -102,6 +102,18 @@ def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say, where:
     return TrainConfig(**{**values, "resume": True, "overwrite": False})
 
 
+def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
+    """The model --resume builds (from the run's config) is the one the weights were checked against (the
+    checkpoint's model config): a run config that asks for more is refused before it is built."""
+    built = cfg.model_config(len(state["vocab"])).to_dict()
+    saved = {**ModelConfig().to_dict(), **state["model_config"]}  # older checkpoints: the forms added since
+    differ = [name for name in SHAPE_FIELDS if built[name] != saved[name]]
+    if differ:
+        name = differ[0]
+        raise UserError(f"{where} is damaged: its run config and its model config disagree on {name} "
+                        f"({built[name]!r} and {saved[name]!r}); sample from it, or start a new run")
+
+
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
     """For --resume of a run that has nothing left to do: where it finished and how to train further."""
     summary_path = run_dir.path / "summary.json"
@@ -144,6 +156,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             checkpoint.check_resumable(resumed, source)
             stop.saved = f"{source} (step {resumed['iter']}) is untouched"
             cfg = resume_config(cfg, explicit, resumed["run_config"], log.say, source)
+            check_same_model(cfg, resumed, source)
             done = finished_run(run_dir, resumed, cfg)
             if done:
                 return done
@@ -159,6 +172,10 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
         base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
         with phases.timing("data"):
             prepared = prepare_data(cfg, log.say, corpus, base_vocab) if d.is_main else None
+        if d.is_main and prepared.tokenizer.vocab_size == 1:
+            log.say(f"note: {prepared.meta['source']} holds one distinct character, {prepared.tokenizer.chars!r}, so "
+                    f"every next character is certain and the loss falls to 0: there is nothing to learn; give a text "
+                    f"with more than one character")
         if init is not None and d.is_main:
             new = prepared.tokenizer.chars[len(init["vocab"]):]
             shown = "".join(f" {ch!r}" for ch in new[:12]) + (" ..." if len(new) > 12 else "")

@@ -2,14 +2,21 @@
 
 States: empty (a new run starts) -> running (locked by its owner) -> stopped (ckpt_last.pt, resumable) -> finished
 (ckpt_last.pt at max_iters and summary.json). A folder with only ckpt_best.pt can be continued from it; one with only
-the logs of a run that saved no checkpoint can only be replaced. --overwrite sets the old run aside in .replaced/
-until the new run's first checkpoint is written; if the new run dies before that, the next owner puts it back."""
+the logs of a run that saved no checkpoint can only be replaced. --overwrite sets the old run aside in .replaced/ and
+deletes it only once the new run has something better to keep (an evaluation after step 0, or its end); a stop
+before that puts the old run back, and after a crash the folder's next owner does.
+
+A run folder may come from someone else, so nothing in it is trusted to be what its name says: the lock is opened
+without following a link, and a folder holding a link, or a device or pipe, among the entries a run reads or writes is
+refused before anything changes. Every file written into it is written whole under a new name (training.files)."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shlex
 import shutil
+import stat
 import sys
 import time
 from pathlib import Path
@@ -19,13 +26,54 @@ from training.checkpoint import ASIDE, BEST, LAST
 from training.files import disk_error
 
 LOCK = ".lock"
+DISCARDED = ".replaced.discarded"  # .replaced renamed (instantly) before it is deleted, so a crash mid-way is no undo
 CHECKPOINTS = (LAST, BEST)
-LOGS = ("summary.json", "events.out.tfevents.*", "hparams")
+LOGS = ("summary.json", "events.out.tfevents.*")
 
 
 def command_line() -> str:
     """This process's command, as a user could paste it."""
     return " ".join(shlex.quote(part) for part in [Path(sys.executable).name, *sys.argv])
+
+
+def open_lock(path: Path, create: bool) -> int:
+    """The lock file's descriptor, opened without following a link (O_NOFOLLOW) or waiting on a pipe (O_NONBLOCK);
+    anything but a plain file with one name is refused: a link or a second name (a hard link) would let the owner's
+    note overwrite a file outside the folder."""
+    flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserError(planted(path, "a link")) from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise UserError(planted(path, "a hard link to another file" if stat.S_ISREG(info.st_mode) else
+                                "not a plain file"))
+    return fd
+
+
+def planted(path: Path, what: str) -> str:
+    return (f"{path} is {what}, which a run never makes there; a run writes only inside its folder, so it refuses "
+            f"this one: remove {path} (after looking at what it points to), or choose another --out_dir")
+
+
+def holder(folder: Path) -> str | None:
+    """'process PID (its command)' while a process owns the run folder, else None; for readers, who take no lock."""
+    try:
+        fd = open_lock(folder / LOCK, create=False)
+    except (OSError, UserError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        lines = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip().splitlines()
+        return f"process {lines[0] if lines else '?'}" + (f" ({lines[1]})" if len(lines) > 1 else "")
+    finally:
+        os.close(fd)
 
 
 class RunDir:
@@ -43,7 +91,7 @@ class RunDir:
             raise UserError(f"--out_dir {self.path} is a file, not a folder; choose another --out_dir")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_lock(self.path / LOCK, create=True)
         except OSError as err:
             raise UserError(f"--out_dir {self.path} cannot be written ({disk_error(err)}); "
                             f"choose another --out_dir") from None
@@ -56,6 +104,11 @@ class RunDir:
             what = f" ({holder[1]}, since {holder[2]})" if len(holder) >= 3 else ""
             raise UserError(f"{self.path} is in use by process {pid}{what}; wait for it to finish, stop it "
                             f"(kill -INT {pid}), or choose another --out_dir") from None
+        try:
+            self.check_entries()
+        except BaseException:
+            os.close(fd)
+            raise
         try:  # who holds it, for the message above; the lock itself is what counts, so a full disk is no error here
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n{command_line()}\n{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(
@@ -71,21 +124,81 @@ class RunDir:
             os.close(self._lock_fd)  # closing the descriptor releases the lock (so does the process's end)
             self._lock_fd = None
 
+    def check_entries(self) -> None:
+        """Refuse a folder whose entries are not what a run makes: a link anywhere in it or in .replaced/ (the run
+        would write, move or delete through it), a pipe or device, or a folder where the run keeps a file."""
+        for folder in (self.path, self.path / ASIDE):
+            if folder != self.path and not self._real_folder(folder):
+                continue
+            for entry in os.scandir(folder):
+                path = Path(entry.path)
+                if entry.is_symlink():
+                    raise UserError(planted(path, "a link"))
+                if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
+                    raise UserError(planted(path, "not a plain file or folder"))
+                if entry.is_dir(follow_symlinks=False) and (entry.name in CHECKPOINTS + (LOCK, "summary.json")
+                                                            or entry.name.startswith("events.out.tfevents.")):
+                    raise UserError(planted(path, "a folder where the run keeps a file"))
+
+    def _real_folder(self, path: Path) -> bool:
+        """path is a folder itself, not a link to one; anything else there is refused."""
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISDIR(mode):
+            raise UserError(planted(path, "a link" if stat.S_ISLNK(mode) else "not a folder"))
+        return True
+
     def _recover(self, say) -> None:
         for stale in self.path.glob("*.tmp-*"):  # a write cut short; only the owner may remove these
             stale.unlink(missing_ok=True)
+        if self._real_folder(self.path / DISCARDED):  # an old run whose deletion was cut short
+            shutil.rmtree(self.path / DISCARDED, ignore_errors=True)
+        if self.aside_pending():
+            self.put_back()
+            say(f"note: restored the run that --overwrite was replacing in {self.path}: the new run ended before "
+                f"its first evaluation after step 0, so the old run was still the one to keep")
+
+    # ---- replacing a run ------------------------------------------------------------------------------------
+    def set_aside(self) -> bool:
+        """Move the old run's files into .replaced/ (renames: instant, nothing copied). True if there were any."""
+        old = self.checkpoints() + self.logs()
+        if not old:
+            return False
         aside = self.path / ASIDE
-        if not aside.is_dir():
-            return
-        if self.checkpoints():  # the replacement had saved: finish discarding the old run
-            shutil.rmtree(aside, ignore_errors=True)
-            return
-        self._remove(self.logs())  # the replacement's logs, without a checkpoint worth anything
+        aside.mkdir()
+        for path in old:
+            os.replace(path, aside / path.name)
+        return True
+
+    def aside_pending(self) -> bool:
+        """An --overwrite's old run still waits in .replaced/ (its replacement has nothing better to keep yet)."""
+        return self._real_folder(self.path / ASIDE)
+
+    def put_back(self) -> None:
+        """The old run back in the folder, the replacement's checkpoints and logs gone."""
+        aside = self.path / ASIDE
+        self._remove(self.checkpoints() + self.logs())
         for old in aside.iterdir():
             os.replace(old, self.path / old.name)
         aside.rmdir()
-        say(f"note: restored the run that --overwrite was replacing in {self.path}: the new run stopped before "
-            f"it saved a checkpoint")
+
+    def discard_aside(self) -> bool:
+        """The new run has something to keep: the old run goes for good. True if there was one."""
+        if not self.aside_pending():
+            return False
+        os.replace(self.path / ASIDE, self.path / DISCARDED)
+        shutil.rmtree(self.path / DISCARDED, ignore_errors=True)
+        return True
+
+    @staticmethod
+    def _remove(paths: list[Path]) -> None:
+        for path in paths:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
     # ---- state ----------------------------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
@@ -119,27 +232,3 @@ class RunDir:
         if self.logs():
             raise UserError(f"{self.path} holds the logs of a run that stopped before its first checkpoint; "
                             f"--overwrite replaces them, or choose another --out_dir")
-
-    # ---- replacing a run ------------------------------------------------------------------------------------
-    def set_aside(self) -> bool:
-        """Move the old run's files into .replaced/ (renames: instant, nothing copied). True if there were any."""
-        old = self.checkpoints() + self.logs()
-        if not old:
-            return False
-        aside = self.path / ASIDE
-        aside.mkdir()
-        for path in old:
-            os.replace(path, aside / path.name)
-        return True
-
-    def discard_aside(self) -> None:
-        """The new run has its first checkpoint: the old run goes for good."""
-        shutil.rmtree(self.path / ASIDE, ignore_errors=True)
-
-    @staticmethod
-    def _remove(paths: list[Path]) -> None:
-        for path in paths:
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)

@@ -1,8 +1,10 @@
-"""Runtime: the device, the compute dtype, the autocast context and the gradient scaler of a run."""
+"""Runtime: the device, the compute dtype, the autocast context and the gradient scaler of a run; and the memory free
+for it on this machine."""
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -127,3 +129,20 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
         torch.backends.cudnn.allow_tf32 = True
     return Runtime(device, pick_dtype(dtype_spec, device, sampling))
+
+
+def free_memory() -> int | None:
+    """Bytes this machine can still give a process without ending one (Linux: MemAvailable plus free swap, and no
+    more than a container's own limit allows, cgroup v2); None where the system does not say."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        free = sum(int(fields[name].split()[0]) * 1024 for name in ("MemAvailable", "SwapFree") if name in fields)
+    except (OSError, ValueError):
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()  # "max" where there is none
+        if limit != "max":
+            free = min(free, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return free

@@ -1,0 +1,338 @@
+"""Run folders and checkpoints from someone else: a planted link anywhere in a run folder changes nothing outside it
+(discovered from a real run's own listing, for a new run, --resume and --overwrite), a temporary name cannot be
+guessed, and a checkpoint whose config asks for more than its weights hold is refused in one line by every reader
+before anything is built."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+from conftest import ROOT, module_corpus
+from errors import UserError, run_cli
+from training import checkpoint
+from training.files import write_text_atomic
+
+
+def argv(corpus, out_dir, *extra):
+    return ["--config", "debug", "--data", str(corpus), "--cache_dir", str(corpus.parent / "cache"),
+            "--out_dir", str(out_dir), "--max_iters", "4", "--eval_interval", "2", *extra]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return module_corpus(tmp_path_factory, "hostile")
+
+
+@pytest.fixture(scope="module")
+def finished(corpus, tmp_path_factory):
+    """A finished run, and the names it wrote (with .replaced, where an --overwrite keeps the run it replaces)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert run_cli(train.main, argv(corpus, out)) == 0
+    return out
+
+
+def copy_of(folder, where):
+    subprocess.run(["cp", "-a", str(folder), str(where / "run")], check=True)
+    return where / "run"
+
+
+def outside(tmp_path):
+    """A file and a folder outside the run folder that a planted link points to; their bytes, to compare after."""
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"the user's own file")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "notes.txt").write_bytes(b"the user's own notes")
+    return victim, docs
+
+
+def state_of(*paths):
+    return {p: (sorted(os.listdir(p)) if p.is_dir() else p.read_bytes()) for p in paths}
+
+
+def test_a_planted_link_at_any_name_a_run_writes_is_refused_and_touches_nothing_outside(corpus, finished, tmp_path,
+                                                                                       capsys):
+    names = sorted(p.name for p in finished.iterdir()) + [".replaced"]  # the run's own listing
+    assert {".lock", "ckpt_best.pt", "ckpt_last.pt", "summary.json"} <= set(names)
+    assert any(name.startswith("events.out.tfevents.") for name in names)
+    victim, docs = outside(tmp_path)
+    before = state_of(victim, docs)
+    for name in names:
+        for target in (victim, docs):
+            for how in (["--resume"], ["--overwrite"], []):
+                where = tmp_path / f"case-{name}-{target.name}-{len(how) and how[0]}"
+                where.mkdir()
+                out = copy_of(finished, where) if how else where / "run"
+                out.mkdir(exist_ok=True)
+                (out / name).unlink(missing_ok=True)
+                (out / name).symlink_to(target)
+                code = run_cli(train.main, argv(corpus, out, *how))
+                err = capsys.readouterr().err
+                assert code == 2, (name, target, how, err)
+                assert f"error: {out / name} is a link" in err and err.count("\n") == 1, err
+                assert state_of(victim, docs) == before, (name, target, how)
+                assert (out / name).is_symlink()  # the user's folder is left as it was, link included
+
+
+def test_a_hard_linked_lock_or_a_pipe_is_refused(corpus, finished, tmp_path, capsys):
+    victim, _ = outside(tmp_path)
+    out = copy_of(finished, tmp_path)
+    (out / ".lock").unlink()
+    os.link(victim, out / ".lock")  # a second name of a file outside: writing the lock would change it
+    assert run_cli(train.main, argv(corpus, out, "--resume")) == 2
+    assert "is a hard link to another file" in capsys.readouterr().err
+    assert victim.read_bytes() == b"the user's own file"
+    (out / ".lock").unlink()
+    os.mkfifo(out / "ckpt_best.pt.tmp-1")  # a pipe would block whoever opened it
+    assert run_cli(train.main, argv(corpus, out, "--resume")) == 2
+    assert f"{out / 'ckpt_best.pt.tmp-1'} is not a plain file or folder" in capsys.readouterr().err
+
+
+def test_an_atomic_write_never_follows_a_planted_temporary_name(tmp_path):
+    victim, _ = outside(tmp_path)
+    target = tmp_path / "figures.json"
+    planted = tmp_path / f"figures.json.tmp-{os.getpid()}"  # the name a write had used: the folder, the pid
+    planted.symlink_to(victim)
+    write_text_atomic(target, "{}\n", "the figures file", "--json")
+    assert victim.read_bytes() == b"the user's own file"
+    assert target.read_text() == "{}\n" and not target.is_symlink() and planted.is_symlink()
+    assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~current_umask())  # not mkstemp's private 0600
+
+
+def current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_readers_message_during_a_running_overwrite_says_what_is_true(corpus, finished, tmp_path):
+    """While an --overwrite trains towards its first evaluation after step 0, the old run waits in .replaced/: a reader
+    says so and names the process, instead of suggesting a --resume the lock would refuse."""
+    out = copy_of(finished, tmp_path)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"),
+                             *argv(corpus, out, "--overwrite", "--max_iters", "100000", "--eval_interval", "50000")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import time
+        deadline = time.time() + 60
+        while not ((out / ".replaced").is_dir() and (out / "ckpt_last.pt").is_file()):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        with pytest.raises(UserError, match=rf"is being replaced by an --overwrite run \(process {proc.pid} "):
+            checkpoint.find(str(out), "")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# ---- checkpoints from strangers ---------------------------------------------------------------------------------
+def forged(source, where, **changes):
+    """A copy of a real checkpoint with some entries changed (a dict value is merged into the one it replaces)."""
+    state = torch.load(source, weights_only=True)
+    for key, value in changes.items():
+        state[key] = {**state[key], **value} if isinstance(value, dict) and isinstance(state.get(key), dict) else value
+    torch.save(state, where)
+    return where
+
+
+@pytest.fixture(scope="module")
+def rotary(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rotary") / "run"
+    assert run_cli(train.main, argv(corpus, out, "--position", "rope", "--max_iters", "2")) == 0
+    return out / "ckpt_last.pt"
+
+
+def hostile_checkpoints(finished, rotary, tmp_path):
+    """(file, what the one line says) for configs that ask for more than the file holds, and fields of a wrong type."""
+    last = finished / "ckpt_last.pt"
+    vocab = torch.load(last, weights_only=True)["vocab"]
+    return [
+        (forged(last, tmp_path / "deep.pt", model_config={"n_layer": 200, "n_embd": 8192}),
+         "the weights do not fit the model config (n_layer 200, but the weights hold 2 blocks)"),
+        (forged(last, tmp_path / "wide.pt", model_config={"n_embd": 8192, "n_head": 2}),
+         "the weights do not fit the model config (blocks.0.attn.c_attn.bias: the config gives (24576), the file holds (96))"),
+        (forged(rotary, tmp_path / "long.pt", model_config={"block_size": 10**10}),  # rotary tables are not saved
+         "its model would need about"),
+        (forged(last, tmp_path / "word.pt", model_config={"bias": "yes"}), "is damaged: in its model config, bias is a str"),
+        (forged(last, tmp_path / "string.pt", run_config={"batch_size": "16"}),
+         "is damaged: batch_size = '16' should be of type int"),
+        (forged(last, tmp_path / "list.pt", data=["shakespeare"]), "is damaged: data is a list"),
+        (forged(last, tmp_path / "twice.pt", vocab=vocab[:-1] + vocab[0]),
+         "(the vocabulary must not repeat a character)"),
+        (forged(last, tmp_path / "short.pt", vocab=vocab[:-1]),
+         f"its vocabulary has {len(vocab) - 1} characters but its model expects {len(vocab)}"),
+    ]
+
+
+def test_every_reader_refuses_a_hostile_checkpoint_in_one_line_before_building_it(corpus, finished, rotary, tmp_path,
+                                                                                 capsys, monkeypatch):
+    import attention_map
+    import evaluate
+    import sample
+    from model import gpt
+    built = []
+    original = gpt.GPT.__init__
+
+    def recording(self, config):  # every model built for real (not on the meta device) is counted
+        original(self, config)
+        if next(self.parameters()).device.type != "meta":
+            built.append(config)
+    monkeypatch.setattr(gpt.GPT, "__init__", recording)
+    for path, said in hostile_checkpoints(finished, rotary, tmp_path):
+        readers = {
+            "sample.py": lambda: run_cli(sample.main, ["--ckpt", str(path), "--max_new_tokens", "3"]),
+            "evaluate.py": lambda: run_cli(evaluate.main, ["--ckpt", str(path), "--data", str(corpus)]),
+            "attention_map.py": lambda: run_cli(attention_map.main, ["--ckpt", str(path), "--text", "ab", "--png",
+                                                                     str(tmp_path / "a.png")]),
+            "--init_from": lambda: run_cli(train.main, argv(corpus, tmp_path / f"init-{path.stem}", "--init_from",
+                                                            str(path))),
+        }
+        for reader, call in readers.items():
+            assert call() == 2, (reader, path)
+            err = capsys.readouterr().err
+            assert said in err and err.count("\n") == 1 and err.startswith("error: "), (reader, path, err)
+        assert built == [], (path, built)
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_resume_refuses_a_hostile_checkpoint_and_a_run_config_that_asks_for_another_model(corpus, finished, tmp_path,
+                                                                                          capsys):
+    for name, changes, said in (
+            ("deep", {"model_config": {"n_layer": 200, "n_embd": 8192}}, "(n_layer 200, but the weights hold 2"),
+            ("runcfg", {"run_config": {"n_layer": 200, "n_embd": 8192}},
+             "is damaged: its run config and its model config disagree on n_layer (200 and 2)")):
+        (tmp_path / name).mkdir()
+        out = copy_of(finished, tmp_path / name)
+        forged(out / "ckpt_last.pt", out / "ckpt_last.pt", **changes)
+        before = (out / "ckpt_last.pt").read_bytes()
+        assert run_cli(train.main, ["--out_dir", str(out), "--resume", "--max_iters", "8"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+        assert (out / "ckpt_last.pt").read_bytes() == before
+
+
+# ---- one signal is enough; the smaller ones --------------------------------------------------------------------
+def test_one_sigterm_during_a_long_evaluation_sample_stops_the_run_with_its_evaluation_saved(corpus, tmp_path):
+    """A sample of 100,000 characters at each evaluation takes minutes on a CPU: a SIGTERM (timeout, docker stop)
+    inside it ends the sample there, saves the step-0 checkpoints and exits, where it had finished the sample first."""
+    import signal
+    import time
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv(corpus, out, "--sample_chars", "100000")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not any(out.glob("events.*")):  # the sample follows the step-0 evaluation at once
+            assert time.time() < deadline
+            time.sleep(0.05)
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    assert "stopped at step 0" in stdout and checkpoint.load(out / "ckpt_last.pt")["iter"] == 0
+
+
+def test_settings_that_make_one_sample_or_the_threads_unbounded_are_refused(corpus, tmp_path, capsys):
+    for flag, value, said in (("--sample_chars", "100001", "--sample_chars 100001: must be at most 100,000"),
+                              ("--num_threads", "100000", "--num_threads 100000: must be at most 1024")):
+        assert run_cli(train.main, argv(corpus, tmp_path / "run", flag, value)) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_under_torchrun_the_stop_note_names_the_step_where_the_processes_stop(capfd):
+    import signal
+    import time
+    with train.StopRequest() as stop:
+        stop.saving, stop.step, stop.agree_every = True, 56, 10
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+    assert ("stopping: training on to step 60, where the processes stop together, then saving ckpt_last.pt"
+            in capfd.readouterr().err)
+
+
+def test_a_checkpoint_on_a_full_disk_names_the_full_disk(finished, tmp_path, monkeypatch):
+    """torch.save reports a failed write as 'unexpected pos 320512 vs 320404'; the line says what the disk said."""
+    import errno
+    import io
+    from training import files
+
+    class Full(io.BytesIO):
+        def write(self, data):
+            if self.tell() + len(data) > 50_000:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(data)
+
+    def full_disk(fd, mode):
+        os.close(fd)
+        return Full()
+    monkeypatch.setattr(files.os, "fdopen", full_disk)
+    state = torch.load(finished / "ckpt_last.pt", weights_only=True)
+    with pytest.raises(UserError, match=r"could not write checkpoint .*ckpt\.pt \(No space left on device\); "
+                                        r"nothing was written; free some disk space"):
+        checkpoint.save({k: v for k, v in state.items() if k != "format"}, tmp_path / "ckpt.pt")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_text_of_one_character_says_there_is_nothing_to_learn_and_its_plot_is_drawn(tmp_path, capsys, script):
+    one = tmp_path / "one.txt"
+    one.write_text("a" * 3000)
+    out = tmp_path / "$a$ run"  # a folder name matplotlib would take for mathematics
+    assert run_cli(train.main, ["--config", "debug", "--data", str(one), "--cache_dir", str(tmp_path / "cache"),
+                                "--out_dir", str(out), "--max_iters", "4", "--eval_interval", "2"]) == 0
+    said = capsys.readouterr().out
+    assert f"note: {one} holds one distinct character, 'a', so every next character is certain" in said
+    done = script("plot_run.py", "--out_dir", str(out), "--png", str(tmp_path / "loss.png"))
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "warn" not in done.stderr.lower(), done.stderr
+    assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_the_attention_map_of_a_model_without_layers_is_one_line(corpus, tmp_path, script):
+    out = tmp_path / "bigram"
+    assert run_cli(train.main, argv(corpus, out, "--n_layer", "0", "--max_iters", "2")) == 0
+    done = script("attention_map.py", "--out_dir", str(out), "--text", "ab", "--png", str(tmp_path / "a.png"))
+    assert done.returncode == 2 and done.stderr == (
+        f"error: {out / 'ckpt_best.pt'} has no attention layers (n_layer 0); choose a model with blocks\n")
+
+
+def test_bench_prepare_says_why_its_child_failed(monkeypatch, script):
+    import bench_prepare
+    monkeypatch.setattr(bench_prepare, "CHILD", "import sys; print('error: no space left for the cache', "
+                                                "file=sys.stderr); sys.exit(2)  # {root} {corpus} {cache}")
+    done = script("bench_prepare.py", "--mb", "1")
+    assert done.returncode == 2 and done.stderr == (
+        "error: preparing the 1 MB corpus failed: no space left for the cache\n")
+
+
+@pytest.mark.distributed
+def test_a_torchrun_worker_killed_leaves_one_line_from_the_other(corpus, tmp_path):
+    import signal
+    import time
+    out = tmp_path / "ddp"
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(ROOT / "train.py"), *argv(corpus, out, "--max_iters", "100000", "--eval_interval",
+                                                          "100000", "--log_interval", "1")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while not (out / "ckpt_last.pt").exists():
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        time.sleep(1.0)
+        workers = subprocess.run(["pgrep", "-f", f"train.py .*--out_dir {out}"], capture_output=True, text=True)
+        os.kill(max(int(pid) for pid in workers.stdout.split()), signal.SIGKILL)  # the later-started worker
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "[rank0]: Traceback" not in stderr, stderr[-3000:]
+    line = next((line for line in stderr.splitlines() if line.startswith("error: ")), stderr[-3000:])
+    assert line.startswith("error: another process of this run ended unexpectedly (") and "peer" in line, line
+    assert line.endswith("(step 0), is intact; run the same torchrun command with --resume"), line
