@@ -107,23 +107,48 @@ def test_overwrite_checks_everything_before_touching_the_old_run(corpus, finishe
         assert snapshot(out) == before
 
 
-def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, capsys):
+@pytest.mark.parametrize("when", ["during its step-0 evaluation", "after its step-0 checkpoints"])
+def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, capsys, when):
     out = copy_of(finished, tmp_path)
     before = snapshot(out)
-    proc = launch(corpus, out, "--overwrite", "--eval_iters", "1000000")  # its step-0 evaluation never ends
-    wait_for(lambda: (out / ".replaced").is_dir())
+    if when == "during its step-0 evaluation":
+        proc = launch(corpus, out, "--overwrite", "--eval_iters", "1000000")  # its step-0 evaluation never ends
+        wait_for(lambda: (out / ".replaced").is_dir())
+    else:  # the new run has saved its untrained step 0 (best and last) and trains on towards a far evaluation
+        proc = launch(corpus, out, "--overwrite", "--max_iters", "1000000", "--eval_interval", "100000")
+        wait_for(lambda: (out / "ckpt_last.pt").is_file() and (out / ".replaced").is_dir())
     proc.kill()
     proc.wait()
-    assert not (out / "ckpt_last.pt").exists()  # the old run waits in .replaced/
-    import sample  # the scripts say where it waits and how it comes back, where they had said "train first"
+    import sample  # the scripts say where the old run waits and how it comes back
     assert run_cli(sample.main, ["--out_dir", str(out)]) == 2
-    assert (f"error: {out} holds no ckpt_best.pt or ckpt_last.pt: an --overwrite stopped before its first checkpoint, "
-            f"and the run it was replacing waits in {out / '.replaced'}; python train.py --out_dir {out} --resume puts "
-            f"it back and continues it\n") == capsys.readouterr().err
+    assert (f"error: {out}: an --overwrite stopped before its first evaluation after step 0, and the run it was "
+            f"replacing waits in {out / '.replaced'}; python train.py --out_dir {out} --resume puts it back and "
+            f"continues it\n") == capsys.readouterr().err
     code, out_text, err = cli(capsys, "--out_dir", str(out), "--resume", "--cache_dir", str(corpus.parent / "cache"))
     assert code == 0 and "restored the run that --overwrite was replacing" in out_text + err
     assert "finished at step 20" in out_text
     assert snapshot(out) == before and not (out / ".replaced").exists()
+
+
+def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_after_step_0(corpus, finished, tmp_path):
+    """Ctrl-C soon after an --overwrite started (a mistyped command undone) gives the old run back, even once the new
+    run has saved its step 0; the old run is deleted only at the new run's first evaluation after step 0, and says so."""
+    out = copy_of(finished, tmp_path)
+    before = snapshot(out)
+    proc = launch(corpus, out, "--overwrite", "--max_iters", "1000000", "--eval_interval", "100000")
+    wait_for(lambda: (out / "ckpt_last.pt").is_file() and (out / ".replaced").is_dir())
+    proc.send_signal(signal.SIGINT)
+    text, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "stopping: putting back the run that --overwrite is replacing" in err
+    assert f"the run --overwrite was replacing is back in {out}, as it was; this run is discarded" in text
+    assert snapshot(out) == before and not (out / ".replaced").exists()
+
+    proc = launch(corpus, out, "--overwrite", "--max_iters", "4", "--eval_interval", "2")
+    text, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert f"--overwrite: the run this one replaces is deleted now (this run's step 2 is saved in {out})" in text + err
+    assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 4 and not (out / ".replaced").exists()
 
 
 def test_resume_of_a_finished_run_changes_no_byte(finished, tmp_path, capsys):
@@ -202,7 +227,7 @@ def test_a_stop_in_the_final_validation_is_finished_by_resume(corpus, tmp_path, 
     assert any(m.startswith("done: 10 steps") for m in messages)
 
 
-def test_ctrl_c_in_a_long_evaluation_then_again_in_a_long_step(corpus, tmp_path):
+def test_ctrl_c_in_a_long_evaluation_then_in_a_long_step(corpus, tmp_path):
     out = tmp_path / "run"
     proc = launch(corpus, out, "--eval_iters", "1000000")  # the step-0 evaluation would take hours
     wait_for(lambda: any(out.glob("events.*")))  # written just before the loop starts
@@ -212,22 +237,32 @@ def test_ctrl_c_in_a_long_evaluation_then_again_in_a_long_step(corpus, tmp_path)
     assert proc.returncode == 130 and "Traceback" not in stderr and "stopped at step 0" in stdout
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 0
 
-    # Steps of 10 s or more on a 2-core CPU (32 accumulated micro-batches): both Ctrl-Cs land inside step 1, and the
-    # second one ends it at once, so the step's length costs the test nothing. Small micro-batches keep what comes
-    # before the step short (the run's time estimate, the step-0 evaluation) and let the second Ctrl-C act sooner.
+    # A step of a hundred million accumulated micro-batches (hours): one Ctrl-C, between two of them, undoes the step
+    # and saves the state before it, where it had waited for the step to end (only a second Ctrl-C ended it).
     slow = tmp_path / "slow"
-    proc = launch(corpus, slow, "--n_layer", "4", "--n_embd", "256", "--n_head", "4", "--block_size", "256",
-                  "--batch_size", "8", "--grad_accum_steps", "32", "--eval_iters", "1", "--sample_chars", "0",
-                  "--log_attention", "false")
+    proc = launch(corpus, slow, "--grad_accum_steps", "100000000", "--max_iters", "2")
     wait_for(lambda: (slow / "ckpt_last.pt").exists())
-    time.sleep(0.5)  # past the step boundary, into step 1
+    time.sleep(0.5)  # past the step boundary, into step 0's micro-batches
     proc.send_signal(signal.SIGINT)
-    time.sleep(1.3)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr
-    assert "stopped at once; the last checkpoint" in stderr
+    assert "stopped at step 0" in stdout and "stopped at once" not in stderr
     assert checkpoint.load(slow / "ckpt_last.pt")["iter"] == 0 and not list(slow.glob("*.tmp-*"))
+
+    # Nothing of the undone step is left: resumed with 2 micro-batches a step, the run is the one that had 2 from the
+    # start, weight for weight.
+    assert cli_quiet(corpus, slow, "--resume", "--grad_accum_steps", "2", "--max_iters", "2") == 0
+    straight = tmp_path / "straight"
+    assert cli_quiet(corpus, straight, "--grad_accum_steps", "2", "--max_iters", "2") == 0
+    resumed, uninterrupted = (checkpoint.load(folder / "ckpt_last.pt") for folder in (slow, straight))
+    assert resumed["iter"] == uninterrupted["iter"] == 2
+    for name, weight in uninterrupted["model"].items():
+        assert torch.equal(resumed["model"][name], weight), name
+
+
+def cli_quiet(corpus, out, *extra):
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *argv(corpus, out, *extra)], capture_output=True,
+                          text=True, timeout=120).returncode
 
 
 def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):

@@ -15,6 +15,8 @@ HPARAMS = ("learning_rate", "max_iters", "n_embd", "n_layer", "optimizer")
 def finish(s: Session, wall: float) -> dict:
     """The summary of the run: with "stopped" when a stop request came during the full validation."""
     run, progress, cfg = s.run, s.progress, s.cfg
+    if s.d.is_main:
+        s.keep_new_run()  # (a run of max_iters 0 has had no evaluation after step 0)
     model_step, model_file = s.hand_over_best()
     summary = {
         "config": cfg.config_name, "corpus": run.data_info["source"], "iterations": progress.it,

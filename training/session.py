@@ -40,7 +40,6 @@ class Session:
         with self.run.phases.timing("checkpoints"):
             checkpoint.save(capture(self.run, self.progress), self.run_dir.path / name)
         if name == checkpoint.LAST:
-            self.run_dir.discard_aside()  # a run being replaced (--overwrite) goes once its replacement has one
             self.stop.saved = f"the last checkpoint, {self.run_dir.path / name} (step {self.progress.it}), is intact"
 
     def evaluation_due(self) -> bool:
@@ -62,12 +61,22 @@ class Session:
         progress.best_val, progress.last_eval, progress.eval_done = min(progress.best_val, losses["val"]), losses, True
         progress.evals_since_best = 0 if improved else progress.evals_since_best + 1
         if self.d.is_main:
-            record_evaluation(run, progress, self.log, losses, self.attention_pictures())
+            record_evaluation(run, progress, self.log, losses, self.attention_pictures(), self.stop)
             if improved:
                 self.save(checkpoint.BEST)
             self.save(checkpoint.LAST)
+            if progress.it > 0:
+                self.keep_new_run()
         self.log.line(f"step {progress.it}: evaluation: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         return losses
+
+    def keep_new_run(self) -> None:
+        """--overwrite: the new run has something better to keep than its untrained start (an evaluation after step
+        0, or its end), so the run it replaces, kept aside until now, is deleted; said once."""
+        if self.run_dir.discard_aside():
+            self.stop.ending = None  # a stop now saves this run, as usual
+            self.log.say(f"--overwrite: the run this one replaces is deleted now (this run's step {self.progress.it} "
+                         f"is saved in {self.run_dir.path})")
 
     def attention_pictures(self) -> AttentionPictures | None:
         """The run's attention pictures (laid out at the first evaluation, redrawn at each), or None without them."""
