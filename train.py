@@ -30,7 +30,7 @@ from training.run_dir import RunDir
 from training.schedule import get_lr, warmup_note
 from training.session import Session
 from training.step_log import StepLog
-from training.step import train_step
+from training.step import StepAbandoned, train_step
 from training.stop import StopRequest
 
 
@@ -40,6 +40,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
     and whether a stop request ended it early (then ckpt_last.pt holds that step)."""
     run, progress, cfg, rt = s.run, s.progress, s.cfg, s.run.rt
     s.stop.saving = True  # from here a Ctrl-C stops at a step boundary and saves
+    s.stop.agree_every = cfg.log_interval if s.d.enabled else 1
     peak_flops = before_the_first_step(s)
     clock, watch, stopping = TrainClock(progress, rt.device, run.phases), NonFiniteWatch(rt.device), False
     with s.log.progress(cfg.max_iters, progress.it) as bar:
@@ -62,14 +63,20 @@ def train_loop(s: Session) -> tuple[list, bool]:
                 clock.stop()
                 break
             lr = get_lr(it, cfg)
-            loss, grad_norm, finite = train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg, lr)
+            try:  # a stop between the micro-batches of a long step undoes the step (one process only)
+                loss, grad_norm, finite = train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
+                                                     lr, None if s.d.enabled else s.stop)
+            except StepAbandoned:
+                clock.stop()
+                stopping = True
+                break
             watch.update(finite)
             progress.it, progress.eval_done = it + 1, False
             clock.stepped()
             bar.update(1)
             if steps.due() and steps.write(lr, loss, grad_norm) >= cfg.max_nonfinite_steps:
                 raise UserError(too_many_nonfinite(progress.it, cfg, s.run_dir))
-    if stopping and s.d.is_main:
+    if stopping and s.d.is_main and not s.run_dir.aside_pending():  # (an --overwrite stopped early: put_back)
         s.save(checkpoint.LAST)
     return steps.history, stopping
 
@@ -116,6 +123,9 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
         run.phases = phases
         return train_opened(Session(run, progress, run_dir, log, stop, d), source, started)
     except (RuntimeError, torch.OutOfMemoryError) as err:
+        if d.enabled and distributed.peer_lost(err):
+            raise UserError(f"another process of this run ended unexpectedly ({distributed.first_line(err)}); "
+                            f"{stop.saved}; run the same torchrun command with --resume") from None
         if not runtime.is_out_of_memory(err):
             raise
         raise UserError(out_of_memory(cfg, stop.saved)) from None
@@ -130,14 +140,21 @@ def train_opened(s: Session, source: Path | None, started: float) -> dict:
     where = shlex.quote(str(run_dir.path))
     if source is not None:
         log.say(f"resuming {source} at step {progress.it}")
-    elif run_dir.set_aside():  # --overwrite: the old run waits in .replaced/ until this one has a checkpoint
-        log.say(f"--overwrite: the run in {run_dir.path} is kept aside until this one saves its first checkpoint")
+    elif s.d.is_main and run_dir.set_aside():  # --overwrite: the old run waits in .replaced/ (RunDir)
+        log.say(f"--overwrite: the run in {run_dir.path} is kept aside until this one's first evaluation after step 0; "
+                f"a stop before that puts it back")
+        s.stop.ending = "putting back the run that --overwrite is replacing (this run has not saved anything to keep)"
     if source is None:
         log.text("config", json.dumps(s.cfg.to_dict(), indent=1), 0)
     log.layout()
     say_what_runs(run, run_dir, log, s.d)
     run.phases.seconds["opening"] += time.perf_counter() - started - run.phases.seconds["data"]
     history, stopped = train_loop(s)
+    if stopped and s.d.is_main and run_dir.aside_pending():
+        run_dir.put_back()
+        log.say(f"stopped at step {progress.it}, before this run's first evaluation after step 0: the run --overwrite "
+                f"was replacing is back in {run_dir.path}, as it was; this run is discarded")
+        return {"stopped": True, "iterations": progress.it, "history": history}
     if stopped:
         log.say(stopped_line(progress.it, run_dir, in_final_validation=False))
         return {"stopped": True, "iterations": progress.it, "history": history}

@@ -12,6 +12,8 @@ from model.config import Architecture, ModelConfig, setting
 
 LR_SCHEDULES = ("cosine", "wsd")
 SEED_MAX = 2**62  # seeds go to torch.manual_seed (64 bits), with the rank added under torchrun
+MAX_SAMPLE_CHARS = 100_000
+MAX_THREADS = 1024  # more threads than any machine has cores; tens of thousands would each need a stack
 
 
 @dataclass
@@ -82,6 +84,10 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
             check(getattr(self, name) >= 1, name, "must be at least 1")
         for name in ("max_iters", "warmup_iters", "lr_decay_iters", "sample_chars", "num_threads", "patience"):
             check(getattr(self, name) >= 0, name, "must not be negative")
+        check(self.sample_chars <= MAX_SAMPLE_CHARS, "sample_chars", f"must be at most {MAX_SAMPLE_CHARS:,} (a sample "
+              f"is drawn and logged as text at every evaluation)")
+        check(self.num_threads <= MAX_THREADS, "num_threads", f"must be at most {MAX_THREADS} (0: as many as PyTorch "
+              f"finds cores)")
         check(0 < self.val_fraction < 1, "val_fraction", "must be between 0 and 1, e.g. 0.1")
         check(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-3")
         check(0 <= self.min_lr <= self.learning_rate, "min_lr", "must be between 0 and learning_rate")

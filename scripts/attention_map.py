@@ -24,13 +24,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head", type=int, default=None, help="only this head (default: all heads)")
     args = p.parse_args(argv)
     check_output_file(args.png, "--png", picture_formats())
-    model, tokenizer, _ = load_model(checkpoint.find(args.out_dir, args.ckpt))
+    path = checkpoint.find(args.out_dir, args.ckpt)
+    model, tokenizer, _ = load_model(path)
     cfg = model.config
     missing = tokenizer.unknown(args.text)
     if missing:
         raise UserError(f"the text has characters the model never saw: {' '.join(map(repr, missing))}; remove them")
     if not 0 < len(args.text) <= cfg.block_size:
         raise UserError(f"--text has {len(args.text)} characters; give 1 to {cfg.block_size} (the model's block_size)")
+    if cfg.n_layer == 0:
+        raise UserError(f"{path} has no attention layers (n_layer 0); choose a model with blocks")
     layer = cfg.n_layer - 1 if args.layer is None else args.layer
     if not 0 <= layer < cfg.n_layer:
         raise UserError(f"--layer {layer}: the model has layers 0 to {cfg.n_layer - 1}")

@@ -18,6 +18,7 @@ from data.corpus import default_cache_dir  # noqa: E402
 from data.prepare import read_text  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from training import checkpoint, runtime  # noqa: E402
+from training.runtime import free_memory  # noqa: E402
 from training.evaluation import score, windows  # noqa: E402
 from training.files import check_output_file, write_text_atomic  # noqa: E402
 
@@ -47,6 +48,24 @@ def read_corpus(spec: str, cache_dir: str, encoding: str, errors: str) -> tuple[
                      say=lambda message: print(message, file=sys.stderr))
     text = "".join(read_text(corpus, encoding, errors))
     return text, corpus.name
+
+
+MAX_EXP = 709.0  # math.exp overflows a float64 just above it
+# A batch on a CPU: its logits (batch_size x block_size x vocabulary, float32) three times over (the logits, their
+# log-softmax in the cross-entropy, its gradient-free copy), and the blocks' activations, a few per layer.
+LOGIT_COPIES, ACTIVATION_COPIES = 3, 8
+
+
+def check_memory(model, batch_size: int, block_size: int, device: torch.device) -> None:
+    """On a CPU, batches that would need more memory than the machine has free are refused before scoring (there the
+    system ends the process, and no error reaches Python); elsewhere the allocator's own error is caught."""
+    free = free_memory() if device.type == "cpu" else None
+    cfg = model.config
+    need = 4 * batch_size * block_size * (LOGIT_COPIES * cfg.vocab_size + ACTIVATION_COPIES * cfg.n_embd * max(cfg.n_layer, 1))
+    if free is not None and need > free:
+        raise UserError(f"out of memory: batches of {batch_size:,} windows of {block_size} characters would need about "
+                        f"{need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB this machine has free; lower "
+                        f"--batch_size")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{path}: step {state['iter']}, block_size {block_size}; scoring {len(ids) - 1:,} characters of {name} "
           f"({args.split}), stride {stride}", file=sys.stderr)
     todo = windows(len(ids), block_size, stride)
+    check_memory(model, batch_size, block_size, rt.device)
     try:
         with tqdm(total=len(todo), desc="evaluate", unit="window", delay=2, dynamic_ncols=True) as bar:
             nats, scored = score(model, ids, todo, batch_size, rt.autocast, bar)
@@ -92,15 +112,22 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"out of memory: batches of {batch_size:,} windows of {block_size} characters do not fit on "
                         f"{rt.device_type}; lower --batch_size") from None
     loss = nats / scored
-    figures = {"loss": loss, "bits_per_char": loss / math.log(2), "perplexity": math.exp(loss), "characters": scored,
+    if not math.isfinite(loss):
+        raise UserError(f"{path}: the model's loss on this text is not a number ({loss}): its output overflowed "
+                        f"(inf or NaN) somewhere in the {scored:,} characters; its weights are damaged or too large to "
+                        f"compute with; nothing was written")
+    perplexity = math.exp(loss) if loss < MAX_EXP else None  # beyond e^709 a float64 overflows
+    figures = {"loss": loss, "bits_per_char": loss / math.log(2), "perplexity": perplexity, "characters": scored,
                "unknown": sum(counts.values()), "unknown_distinct": len(counts), "stride": stride,
                "block_size": block_size, "split": args.split, "data": name, "checkpoint": str(path),
                "step": state["iter"]}
     skipped = f"; {figures['unknown']:,} unknown characters left out" if counts else ""
+    shown = f"{perplexity:.2f}" if perplexity is not None else f"e^{loss:.0f} (too large for a number)"
     print(f"loss {loss:.4f} nats per character, {figures['bits_per_char']:.3f} bits per character, perplexity "
-          f"{figures['perplexity']:.2f}, over {scored:,} characters{skipped}")
+          f"{shown}, over {scored:,} characters{skipped}")
     if args.json:
-        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
+        write_text_atomic(Path(args.json), json.dumps(figures, indent=1, allow_nan=False) + "\n", "the figures file",
+                          "--json")
     return 0
 
 

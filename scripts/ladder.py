@@ -17,6 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from configs import load_config  # noqa: E402
+from data import resolve  # noqa: E402
+from data.corpus import default_cache_dir  # noqa: E402
+from data.prepare import corpus_key  # noqa: E402
 from errors import ArgumentParser, QuietExit, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
@@ -74,26 +77,39 @@ def notes_and_warnings(line: str) -> None:
         print(f"  {line}", file=sys.stderr)
 
 
-def state_of(cfg) -> tuple[str, str]:
-    """(new | finished | unfinished | different | damaged, why): different means a run of other settings is in the
-    folder; damaged, that its checkpoint or summary cannot be read. A rung costs minutes, so both are simply trained
-    again."""
+def state_of(cfg, text_sha256: str) -> tuple[str, str]:
+    """(new | finished | unfinished | different | damaged, why): different means a run of other settings, or on
+    another text (text_sha256: the corpus's checksum, as prepare records it), is in the folder; damaged, that its
+    checkpoint or summary cannot be read. A rung costs minutes, so both are simply trained again. The --data words
+    are not compared (offline, shakespeare is recorded as the pystdlib it fell back to): the text's checksum is."""
     folder = Path(cfg.out_dir)
     ckpt = folder / checkpoint.LAST
     if not ckpt.exists():
         return "new", ""
     try:
-        saved = checkpoint.load(ckpt)["run_config"]
+        state = checkpoint.load(ckpt)
     except UserError as err:
         return "damaged", str(err)
-    wanted = cfg.to_dict()
+    saved, wanted = state["run_config"], cfg.to_dict()
     if any(saved.get(key) != wanted[key] for key in wanted if key not in NOT_THE_RUN | {"data"}):
         return "different", f"{cfg.out_dir} holds a run with other settings"
+    trained_on = state.get("data") if isinstance(state.get("data"), dict) else {}
+    if trained_on.get("sha256") != text_sha256:
+        return "different", f"{cfg.out_dir} holds a run trained on another text ({trained_on.get('source', '?')})"
     if not (folder / "summary.json").exists():
         return "unfinished", ""
     if summary_of(folder) is None:
         return "damaged", f"{folder / 'summary.json'} cannot be read"
     return "finished", ""
+
+
+def checksum_of(args) -> str:
+    """The sha256 of the text the rungs train on (the one train.py would find for --data, offline fallback
+    included), to tell a rung trained on another text from one to reuse."""
+    cfg = load_config(rung_argv(args, 1, RUNGS[0][0], RUNGS[0][2], []), torch.cuda.is_available())[0]
+    cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
+    corpus = resolve(cfg.data, cache_dir, say=lambda message: None, fallback=True)
+    return corpus_key(corpus, cfg.encoding, cfg.encoding_errors, cfg.val_fraction)[0]
 
 
 def summary_of(folder: Path) -> dict | None:
@@ -154,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file; choose a folder")
     out.mkdir(parents=True, exist_ok=True)
+    text_sha256 = checksum_of(args)
 
     rows = []
     for index, (number, name, what, overrides) in enumerate(chosen, start=1):
@@ -161,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(argv, torch.cuda.is_available())[0]
         if not cfg.full_val:
             raise UserError("the ladder compares the rungs' full-validation losses: leave out --full_val false")
-        state, why = state_of(cfg)
+        state, why = state_of(cfg, text_sha256)
         program = ["python", os.path.relpath(TRAIN)]  # as a user would type it, from where the ladder runs
         print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
         if state == "finished":

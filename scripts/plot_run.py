@@ -1,6 +1,7 @@
 """python scripts/plot_run.py --out_dir DIR [DIR ...] --png FILE: loss curves and learning rate from TensorBoard events."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from training.pictures import plt
 
+    lowest = math.inf
     fig, (loss_ax, lr_ax) = plt.subplots(1, 2, figsize=(11, 4), dpi=100, gridspec_kw={"width_ratios": [2, 1]})
     folders = run_folders(args.out_dir)
     for i, out_dir in enumerate(folders):
@@ -61,20 +63,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             x_label = "tokens seen"
         color = f"C{i}"
-        name = out_dir.name
+        name = out_dir.name.replace("$", r"\$")  # a folder's name is text, not matplotlib's $math$
         for tag, style, what in (("loss/train", "-", "train"), ("loss/val", "o--", "val")):
             points = scalars.get(tag, [])
             points = [(s, v) for s, v in points if s > 0]  # step 0 has no place on a log axis
             if points:
+                lowest = min(lowest, *(v for _, v in points))
                 style = "o" if len(points) == 1 else style  # a line of one point would not show
                 loss_ax.plot([s * per_step for s, _ in points], [v for _, v in points], style, color=color,
                              alpha=0.6 if what == "train" else 1.0, markersize=4, label=f"{name} {what}")
         lr = scalars.get("optim/lr", [])
         lr_ax.plot([s for s, _ in lr], [v for _, v in lr], "o" if len(lr) == 1 else "-", color=color, label=name)
     loss_ax.set_xscale("log")
-    loss_ax.set_yscale("log")
-    loss_ax.yaxis.set_major_formatter(ScalarFormatter())
-    loss_ax.yaxis.set_minor_formatter(ScalarFormatter())
+    if lowest > 0:  # a loss of 0 (a text of one character: nothing to predict) has no place on a log axis
+        loss_ax.set_yscale("log")
+        loss_ax.yaxis.set_major_formatter(ScalarFormatter())
+        loss_ax.yaxis.set_minor_formatter(ScalarFormatter())
     loss_ax.set_xlabel(x_label)
     loss_ax.set_ylabel("cross-entropy (nats per character)")
     loss_ax.set_title("loss")

@@ -10,16 +10,38 @@ from training.evaluation import windows
 
 
 
-@pytest.mark.parametrize("n_ids, block_size, stride", [(2, 4, 4), (10, 4, 4), (11, 4, 2), (50, 8, 3), (9, 8, 1)])
+def one_by_one(n_ids, block_size, stride):
+    """The windows as a loop writes them, one at a time: the reference for the arithmetic ones."""
+    found, begin, scored_to = [], 0, 0
+    while scored_to < n_ids - 1:
+        end = min(begin + block_size, n_ids - 1)
+        found.append((begin, end, scored_to + 1))
+        scored_to, begin = end, begin + stride
+    return found
+
+
+@pytest.mark.parametrize("n_ids, block_size, stride", [(1, 4, 4), (2, 4, 4), (10, 4, 4), (11, 4, 2), (50, 8, 3),
+                                                       (9, 8, 1), (100, 7, 7), (101, 16, 5)])
 def test_windows_score_every_character_but_the_first_exactly_once(n_ids, block_size, stride):
+    todo = windows(n_ids, block_size, stride)
+    for batch_size in (1, 3, 1000):  # read a batch at a time, windows are the same whatever the batch
+        got = [w for first in range(0, len(todo), batch_size)
+               for w in zip(*(t.tolist() for t in todo.batch(first, batch_size)))]
+        assert got == one_by_one(n_ids, block_size, stride)
     scored = []
-    for w in windows(n_ids, block_size, stride):
-        assert 0 < w.end - w.begin <= block_size and w.end <= n_ids - 1
-        targets = range(max(w.first_scored, w.begin + 1), w.end + 1)
+    for begin, end, first_scored in got:
+        assert 0 < end - begin <= block_size and end <= n_ids - 1
+        targets = range(max(first_scored, begin + 1), end + 1)
         scored += targets
-        if w.begin > 0:  # after the first window, each scored character sees at least block_size - stride before it
-            assert all(t - w.begin >= block_size - stride for t in targets)
+        if begin > 0:  # after the first window, each scored character sees at least block_size - stride before it
+            assert all(t - begin >= block_size - stride for t in targets)
     assert scored == list(range(1, n_ids))
+
+
+def test_the_windows_of_a_long_text_at_stride_1_take_no_memory_of_their_own():
+    todo = windows(10**11, 256, 1)  # a hundred billion windows: described, not listed
+    assert len(todo) == 10**11 - 256 and [t.tolist() for t in todo.batch(len(todo) - 1, 5)] == [
+        [10**11 - 257], [10**11 - 1], [10**11 - 1]]
 
 
 def corpus_with_a_whole_number_of_windows(folder, block_size=32):
@@ -125,3 +147,40 @@ def test_batches_that_do_not_fit_in_memory_are_one_line(run, evaluate, monkeypat
 def test_a_folder_that_is_not_a_run_is_one_line(tmp_path, evaluate):
     done = evaluate("--out_dir", str(tmp_path), "--data", "x.txt")
     assert done.returncode == 2 and "holds no ckpt_best.pt or ckpt_last.pt" in done.stderr
+
+
+def scaled(run, where, factor):
+    """A copy of the run's model whose token table (tied to the output head) is multiplied by factor: finite weights
+    whose logits grow past what float32 holds (inf, then NaN) or give a loss beyond e^709."""
+    state = torch.load(run[0] / "run" / "ckpt_best.pt", weights_only=True)
+    state["model"]["wte.weight"] = state["model"]["wte.weight"] * factor
+    state["model"]["lm_head.weight"] = state["model"]["wte.weight"]
+    torch.save(state, where)
+    return where
+
+
+def test_a_model_whose_output_is_not_a_number_is_one_line_and_writes_nothing(run, evaluate, tmp_path):
+    figures = tmp_path / "figures.json"
+    done = evaluate("--ckpt", str(scaled(run, tmp_path / "inf.pt", 1e36)), "--data", str(run[1]), "--json", str(figures))
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
+        f"error: {tmp_path / 'inf.pt'}: the model's loss on this text is not a number (")
+    assert not figures.exists()
+
+
+def test_a_loss_beyond_what_perplexity_can_show_is_still_reported_in_valid_json(run, evaluate, tmp_path):
+    figures = tmp_path / "figures.json"
+    done = evaluate("--ckpt", str(scaled(run, tmp_path / "big.pt", 1000.0)), "--data", str(run[1]), "--json",
+                    str(figures))
+    assert done.returncode == 0, done.stderr
+    saved = json.loads(figures.read_text(encoding="utf-8"))  # strict JSON: no NaN or Infinity in it
+    assert saved["loss"] > 709 and saved["perplexity"] is None
+    assert f"perplexity e^{saved['loss']:.0f} (too large for a number)" in done.stdout
+
+
+def test_batches_too_big_for_the_free_memory_are_refused_before_scoring(run, evaluate, monkeypatch):
+    import evaluate as script
+    monkeypatch.setattr(script, "free_memory", lambda: 2**30)
+    monkeypatch.setattr(script, "score", lambda *args, **kwargs: pytest.fail("scored anyway"))
+    done = evaluate("--out_dir", str(run[0] / "run"), "--data", str(run[1]), "--batch_size", "100000", "--device", "cpu")
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
+        "error: out of memory: batches of 100,000 windows of 32 characters would need about ")

@@ -68,10 +68,17 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
         args = SimpleNamespace(config="debug", data=str(corpus), out_dir=str(out), max_iters=steps,
                                cache_dir=str(tmp_path / "cache"))
         argv = script.rung_argv(args, 3, "one_head", one_head, ["--eval_iters", "3"])
-        assert script.state_of(load_config(argv, False)[0]) == state
+        assert script.state_of(load_config(argv, False)[0], script.checksum_of(args)) == state
+    # the same settings on another text: trained again, where its loss on the old text had been reported as new
+    other = tmp_path / "other.txt"
+    other.write_text("".join(reversed(corpus.read_text(encoding="utf-8"))), encoding="utf-8")
+    elsewhere = SimpleNamespace(**{**vars(args), "data": str(other)})
+    assert script.state_of(load_config(argv, False)[0], script.checksum_of(elsewhere)) == (
+        "different", f"{out / '03-one_head'} holds a run trained on another text ({corpus})")
     summary = out / "03-one_head" / "summary.json"
     summary.write_text(summary.read_text(encoding="utf-8")[:40], encoding="utf-8")  # cut short: trained again
-    assert script.state_of(load_config(argv, False)[0]) == ("damaged", f"{summary} cannot be read")
+    assert script.state_of(load_config(argv, False)[0], script.checksum_of(args)) == (
+        "damaged", f"{summary} cannot be read")
 
 
 def test_an_unknown_rung_is_one_line(tmp_path):

@@ -87,6 +87,19 @@ def leave_to_rank_zero(d: Dist, err: UserError) -> None:
     raise UserError(f"rank {d.rank}: {err}") from None
 
 
+def peer_lost(err: BaseException) -> bool:
+    """The error a collective raises when another process of the job has died (killed, out of memory): gloo says
+    'Connection closed by peer' (a plain RuntimeError), NCCL raises a DistBackendError."""
+    backend_error = getattr(dist, "DistBackendError", ())
+    return isinstance(err, backend_error) or any(words in str(err) for words in ("closed by peer", "reset by peer"))
+
+
+def first_line(err: BaseException) -> str:
+    """The backend's message without its source path: '[.../gloo/transport/tcp/pair.cc:553] Connection closed ...'."""
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return text.split("] ", 1)[-1].split(". ")[0][:160]
+
+
 def from_environment() -> Dist:
     """Read torchrun's RANK / LOCAL_RANK / WORLD_SIZE; a plain `python train.py` is rank 0 of 1."""
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:

@@ -74,52 +74,62 @@ def full_validation_loss(model, batches, rt: runtime.Runtime, d: Dist = Dist(),
     return (total[0] / total[1]).item()
 
 
-@dataclass
-class Window:
-    begin: int  # inputs are ids[begin:end], targets ids[begin + 1:end + 1]
-    end: int
-    first_scored: int  # targets before this index were scored by an earlier window
-
-
-def windows(n_ids: int, block_size: int, stride: int) -> list[Window]:
-    """Windows that score each of ids[1:] exactly once (ids[0] has no context to be predicted from).
+@dataclass(frozen=True)
+class Windows:
+    """Windows that score each of ids[1:] exactly once (ids[0] has no context to be predicted from), computed a batch
+    at a time: window k begins at k x stride and ends block_size later (or at the text's end); its inputs are
+    ids[begin:end], its targets ids[begin + 1:end + 1], and it scores the targets after the previous window's end.
+    Nothing is kept per window, so scoring a text of a billion characters at stride 1 costs no more memory than one.
 
     stride = block_size: windows side by side, as the full validation of a training run; a smaller stride starts a
-    window every stride characters and scores only its last stride targets, each with at least
-    block_size - stride characters of context.
-    """
-    if not 1 <= stride <= block_size:
-        raise ValueError(f"stride must be between 1 and block_size ({block_size}), got {stride}")
-    found, begin, scored_to = [], 0, 0  # targets 1..scored_to are scored
-    while scored_to < n_ids - 1:
-        end = min(begin + block_size, n_ids - 1)
-        found.append(Window(begin, end, scored_to + 1))
-        scored_to, begin = end, begin + stride
-    return found
+    window every stride characters and scores only its last stride targets, each with at least block_size - stride
+    characters of context."""
+    n_ids: int
+    block_size: int
+    stride: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.stride <= self.block_size:
+            raise ValueError(f"stride must be between 1 and block_size ({self.block_size}), got {self.stride}")
+
+    def __len__(self) -> int:
+        if self.n_ids < 2:
+            return 0
+        return max(0, -(-(self.n_ids - 1 - self.block_size) // self.stride)) + 1  # the first to reach the end is last
+
+    def batch(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(begin, end, first scored target) of windows first .. first + count - 1, each an int64 tensor."""
+        k = torch.arange(first, min(first + count, len(self)), dtype=torch.int64)
+        end = (k * self.stride + self.block_size).clamp(max=self.n_ids - 1)
+        before = ((k - 1) * self.stride + self.block_size).clamp(max=self.n_ids - 1)  # the previous window's end
+        return k * self.stride, end, torch.where(k == 0, 1, before + 1)
+
+
+def windows(n_ids: int, block_size: int, stride: int) -> Windows:
+    return Windows(n_ids, block_size, stride)
 
 
 @torch.inference_mode()
-def score(model, ids: torch.Tensor, todo: list[Window], batch_size: int, autocast, progress=None) -> tuple[float, int]:
+def score(model, ids: torch.Tensor, todo: Windows, batch_size: int, autocast, progress=None) -> tuple[float, int]:
     """(sum of the cross-entropy over every character the windows score, in nats; how many characters that is)."""
     model.eval()
     device = next(model.parameters()).device
     total, count = torch.zeros((), dtype=torch.float64, device=device), 0
-    for i in range(0, len(todo), batch_size):
-        group = todo[i:i + batch_size]
-        by_length: dict[int, list[Window]] = {}
-        for w in group:  # the last window may be shorter: batch windows of one length together
-            by_length.setdefault(w.end - w.begin, []).append(w)
-        for length, same in by_length.items():
-            x = torch.stack([ids[w.begin:w.end] for w in same]).to(device, torch.long)
-            y = torch.stack([ids[w.begin + 1:w.end + 1] for w in same]).to(device, torch.long)
+    for first in range(0, len(todo), batch_size):
+        begins, ends, firsts = todo.batch(first, batch_size)
+        lengths = ends - begins
+        for length in lengths.unique().tolist():  # the last window may be shorter: windows of one length together
+            same = lengths == length
+            begin, first_scored = begins[same], firsts[same]
+            offsets = torch.arange(length + 1)
+            tokens = ids[begin[:, None] + offsets].to(device, torch.long)  # (windows, length + 1)
+            x, y = tokens[:, :-1], tokens[:, 1:]
             with autocast():
                 logits, _ = model(x)
             losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none")
-            begin = torch.tensor([w.begin for w in same], device=device)[:, None]
-            first = torch.tensor([w.first_scored for w in same], device=device)[:, None]
-            keep = begin + 1 + torch.arange(length, device=device) >= first  # (windows, length): targets not yet scored
-            total += losses.view(len(same), length)[keep].double().sum()
+            keep = (begin[:, None] + 1 + offsets[:-1] >= first_scored[:, None]).to(device)  # targets not yet scored
+            total += losses.view(len(begin), length)[keep].double().sum()
             count += int(keep.sum())
         if progress is not None:
-            progress.update(len(group))
+            progress.update(len(begins))
     return total.item(), count

@@ -16,6 +16,7 @@ from training.compiling import compile_wanted
 from training.distributed import Dist
 from training.log import Log
 from training.run_dir import RunDir
+from training.stop import StopRequest
 
 if TYPE_CHECKING:
     from training.pictures import AttentionPictures  # matplotlib: imported only by runs that draw
@@ -44,8 +45,15 @@ def attention_probe(run: Run) -> list[int]:
     return [int(t) for t in run.batches.data["val"][: min(run.cfg.block_size, 48)]]
 
 
-def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, pictures: AttentionPictures | None) -> None:
-    """Rank 0: the losses, a generated sample and attention maps (drawn by pictures) to TensorBoard."""
+class SampleStopped(Exception):
+    """A stop request came while the evaluation's sample was drawn."""
+
+
+def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, pictures: AttentionPictures | None,
+                      stop: StopRequest | None = None) -> None:
+    """Rank 0: the losses, a generated sample and attention maps (drawn by pictures) to TensorBoard. A stop request
+    while the sample is drawn ends the sample there (it is not logged); the evaluation's checkpoints are saved as
+    usual."""
     cfg, it = run.cfg, progress.it
     log.scalars(it, {"loss/train_eval": losses["train"], "loss/val": losses["val"]})
     with run.phases.timing("samples and pictures"):
@@ -53,10 +61,18 @@ def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, pict
             prompt = run.tokenizer.encode(run.tokenizer.default_prompt(run.data_info["first_char"]))
             generator = torch.Generator(device=run.rt.device).manual_seed(cfg.seed)
             run.model.eval()  # no dropout while sampling
-            with runtime.for_sampling(run.rt, cfg.dtype).autocast():  # float32 weights: on a CPU, auto is float32
-                text = generate(run.model, [prompt], cfg.sample_chars, generator=generator)[0]
-            run.model.train()
-            log.text("samples", run.tokenizer.decode(text), it)
+            def stop_if_asked(tokens: torch.Tensor) -> None:  # called as the characters are drawn
+                if stop is not None and stop.requested:
+                    raise SampleStopped
+
+            try:
+                with runtime.for_sampling(run.rt, cfg.dtype).autocast():  # float32 weights: on a CPU, auto is float32
+                    text = generate(run.model, [prompt], cfg.sample_chars, generator=generator, on_tokens=stop_if_asked)
+                log.text("samples", run.tokenizer.decode(text[0]), it)
+            except SampleStopped:
+                pass
+            finally:
+                run.model.train()
         if pictures is not None:
             from training.pictures import attention_weights
             for layer, weights in enumerate(attention_weights(run.model, attention_probe(run))):

@@ -8,21 +8,37 @@ import torch
 
 from configs import TrainConfig
 from training import runtime
+from training.stop import StopRequest
 
 
-def train_step(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: TrainConfig,
-               lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class StepAbandoned(Exception):
+    """A stop request came between the micro-batches of a step: the step is undone (no weight changed, the batch and
+    dropout streams back where the step began), so the run saves the state before it and resumes exactly."""
+
+
+def train_step(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: TrainConfig, lr: float,
+               stop: StopRequest | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer step over grad_accum_steps micro-batches: (loss, grad norm, whether the gradients were finite),
-    all three on the device, so that the step itself never waits for it."""
-    loss = forward_backward(model, scaler, batches, rt, cfg)
+    all three on the device, so that the step itself never waits for it. stop (one process only: under DDP the ranks
+    would have to agree): a request between micro-batches abandons the step (StepAbandoned)."""
+    loss = forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
     grad_norm, finite = update(model, optimizer, scaler, rt, cfg, lr)
     return loss, grad_norm, finite
 
 
-def forward_backward(model, scaler, batches, rt: runtime.Runtime, cfg: TrainConfig) -> torch.Tensor:
+def forward_backward(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: TrainConfig,
+                     stop: StopRequest | None = None) -> torch.Tensor:
     """The gradients of grad_accum_steps micro-batches, accumulated in .grad; returns their mean loss (on the device)."""
     loss_sum = torch.zeros((), device=rt.device)
+    # Where the step began (a few KB), so that a stop between micro-batches can undo it: a step of many micro-batches
+    # can take minutes, and a stop must not wait for it.
+    began = (batches.state_dict(), random_states(rt)) if stop is not None and cfg.grad_accum_steps > 1 else None
     for micro in range(cfg.grad_accum_steps):
+        if began is not None and micro > 0 and stop.requested:
+            batches.load_state_dict(began[0])
+            set_random_states(rt, began[1])
+            optimizer.zero_grad(set_to_none=True)
+            raise StepAbandoned
         x, y = batches.get_batch("train")
         # Under DDP, gradients are averaged across ranks once, on the last micro-batch, not on every one.
         last = micro == cfg.grad_accum_steps - 1
@@ -32,6 +48,16 @@ def forward_backward(model, scaler, batches, rt: runtime.Runtime, cfg: TrainConf
             scaler.scale(loss).backward()
         loss_sum += loss.detach().float()
     return loss_sum
+
+
+def random_states(rt: runtime.Runtime) -> tuple:
+    return torch.get_rng_state(), torch.cuda.get_rng_state(rt.device) if rt.device_type == "cuda" else None
+
+
+def set_random_states(rt: runtime.Runtime, states: tuple) -> None:
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state(states[1], rt.device)
 
 
 def update(model, optimizer, scaler, rt: runtime.Runtime, cfg: TrainConfig,

@@ -55,6 +55,7 @@ class StopRequest:
         self.requested = False
         self.saving = False
         self.step: int | None = None  # the step the loop is at, for the acknowledgement
+        self.agree_every = 1  # under torchrun the processes agree to stop every log_interval steps
         self.ending: str | None = None  # what a request ends instead, once the steps are over (the final validation)
         self.saved = "no checkpoint of this run was written"  # what survives a stop at once
         self.first_at = 0.0
@@ -98,6 +99,11 @@ class StopRequest:
         self.requested, self.first_at = True, time.monotonic()
         if not self.saving:
             raise Interrupted(f"stopped before training began; {self.saved}")
-        where = f"step {self.step}" if self.step is not None else "the next step"
-        doing = self.ending or f"finishing {where}, then saving ckpt_last.pt"
+        if self.step is None:
+            doing = "finishing the next step"
+        elif self.agree_every > 1:  # the step at which the processes next ask each other
+            doing = f"training on to step {(self.step // self.agree_every + 1) * self.agree_every}, where the processes stop together"
+        else:
+            doing = f"finishing step {self.step}"
+        doing = self.ending or f"{doing}, then saving ckpt_last.pt"
         self.say(f"stopping: {doing} (press Ctrl-C again to stop at once)")
