@@ -36,6 +36,9 @@ def attention_of(model, ids: list[int]) -> list[list[list[list[float]]]]:
     model.eval()
     with recording_attention(model) as recorded:
         model(torch.tensor([ids], device=next(model.parameters()).device))
+    if not all(torch.isfinite(layer).all() for layer in recorded):
+        raise UserError("the model's attention weights for this text are not numbers (NaN or inf): its numbers "
+                        "overflow; its weights are damaged or too large to compute with")
     return [[[row[:q + 1] for q, row in enumerate(head.tolist())] for head in layer[0].float()] for layer in recorded]
 
 
@@ -65,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(text) > model.config.block_size:
         raise UserError(f"--text has {len(text)} characters; this model reads at most {model.config.block_size} "
                         f"(its block_size); shorten it")
-    weights = attention_of(model, tokenizer.encode(text))
+    try:
+        weights = attention_of(model, tokenizer.encode(text))
+    except UserError as err:
+        raise UserError(f"{path}: {err}") from None
     cfg = model.config
     about = (f"{path}: step {state['iter']}, {cfg.n_layer} layers x {cfg.n_head} heads, "
              f"trained on {state.get('data', {}).get('source', 'an unrecorded corpus')}")

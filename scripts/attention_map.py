@@ -11,7 +11,8 @@ from training.files import check_output_file  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 from training.fonts import missing_note  # noqa: E402
-from training.pictures import attention_figure, attention_weights, picture_formats, save_figure  # noqa: E402
+from training.pictures import (attention_figure, attention_weights, finite_or_refused, picture_formats,  # noqa: E402
+                               save_figure)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--layer {layer}: the model has layers 0 to {cfg.n_layer - 1}")
     if args.head is not None and not 0 <= args.head < cfg.n_head:
         raise UserError(f"--head {args.head}: the model has heads 0 to {cfg.n_head - 1}")
-    weights = attention_weights(model, tokenizer.encode(args.text))[layer]
+    weights = finite_or_refused(attention_weights(model, tokenizer.encode(args.text)), path)[layer]
     heads = None if args.head is None else [args.head]
     note = missing_note(args.text)
     if note:

@@ -336,3 +336,17 @@ def test_a_torchrun_worker_killed_leaves_one_line_from_the_other(corpus, tmp_pat
     line = next((line for line in stderr.splitlines() if line.startswith("error: ")), stderr[-3000:])
     assert line.startswith("error: another process of this run ended unexpectedly (") and "peer" in line, line
     assert line.endswith("(step 0), is intact; run the same torchrun command with --resume"), line
+
+
+def test_attention_of_a_model_whose_numbers_overflow_is_one_line_not_a_blank_picture(finished, tmp_path, script):
+    state = torch.load(finished / "ckpt_best.pt", weights_only=True)
+    for name in [n for n in state["model"] if n.endswith("attn.c_attn.weight")]:  # finite weights, scores past float32
+        state["model"][name] = state["model"][name] * 1e30
+    torch.save(state, tmp_path / "loud.pt")
+    for command in (["attention_map.py", "--png", str(tmp_path / "a.png")],
+                    ["attention_html.py", "--html", str(tmp_path / "a.html")]):
+        done = script(command[0], "--ckpt", str(tmp_path / "loud.pt"), "--text", "ab", *command[1:])
+        assert done.returncode == 2 and done.stderr == (
+            f"error: {tmp_path / 'loud.pt'}: the model's attention weights for this text are not numbers (NaN or inf): "
+            f"its numbers overflow; its weights are damaged or too large to compute with\n"), done.stderr
+    assert not list(tmp_path.glob("a.*"))

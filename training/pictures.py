@@ -12,6 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from errors import UserError  # noqa: E402
 from model.attention import recording_attention  # noqa: E402
 from training.files import write_atomic  # noqa: E402
 from training.fonts import tick_labels  # noqa: E402
@@ -104,6 +105,15 @@ def figure_size(n_heads: int) -> tuple[int, int]:
     cols = min(n_heads, 4)
     rows = math.ceil(n_heads / cols)
     return round((cols * PANEL_INCHES + 0.8) * DPI), round(rows * PANEL_INCHES * DPI)
+
+
+def finite_or_refused(weights: list[torch.Tensor], path) -> list[torch.Tensor]:
+    """A script's attention weights, or one line where the model's numbers overflowed (a blank picture or page
+    otherwise)."""
+    if not all(torch.isfinite(w).all() for w in weights):
+        raise UserError(f"{path}: the model's attention weights for this text are not numbers (NaN or inf): its "
+                        f"numbers overflow; its weights are damaged or too large to compute with")
+    return weights
 
 
 @torch.inference_mode()
