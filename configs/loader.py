@@ -47,7 +47,7 @@ def suggest(name: str, candidates) -> str:
 
 def unknown_option(option: str) -> UserError:
     name = option.split("=", 1)[0]
-    hint = suggest(name, [f"--{n}" for n in FIELDS] + ["--config"])
+    hint = suggest(name, [f"--{n}" for n in FIELDS if n != "config_name"] + ["--config"])  # (set by --config only)
     return UserError(f"unknown option {name}{hint or '; see python train.py --help'}")
 
 

@@ -129,21 +129,32 @@ def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
     return target
 
 
+PYSTDLIB_CHARS = 1_115_394  # as long as Tiny Shakespeare: an offline first run takes as long as an online one
+
+
 def build_pystdlib(cache_dir: Path) -> Path:
-    """The running Python's standard-library sources (tests excluded), sorted: text that needs no network."""
+    """About PYSTDLIB_CHARS characters of the running Python's standard-library sources (tests excluded): text that
+    needs no network. Whole files, in an order set by a hash of their names (so the text mixes the library's corners
+    rather than reading only its first modules alphabetically), the same for the same Python."""
     version = ".".join(map(str, sys.version_info[:3]))
-    target = cache_dir / f"pystdlib-{version}.txt"
+    target = cache_dir / f"pystdlib-{version}-{PYSTDLIB_CHARS}.txt"
     if target.exists():
         return target
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
-    files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+    files = sorted((p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts)),
+                   key=lambda p: hashlib.sha256(p.relative_to(root).as_posix().encode()).hexdigest())
     cache_dir.mkdir(parents=True, exist_ok=True)
     partial = new_partial(target)
     try:
         with open(partial, "w", encoding="utf-8", newline="") as out:
-            for i, path in enumerate(files):
-                out.write(("\n" if i else "") + path.read_text(encoding="utf-8", errors="replace"))
+            written = 0
+            for path in files:
+                if written >= PYSTDLIB_CHARS:
+                    break
+                text = ("\n" if written else "") + path.read_text(encoding="utf-8", errors="replace")
+                out.write(text)
+                written += len(text)
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)

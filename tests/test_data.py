@@ -222,7 +222,9 @@ def test_the_cache_follows_xdg_cache_home_when_it_is_absolute(tmp_path, monkeypa
 def test_pystdlib_corpus_is_deterministic(tmp_path):
     first = resolve("pystdlib", tmp_path / "one").files[0]
     second = resolve("pystdlib", tmp_path / "two").files[0]
-    assert first.read_bytes() == second.read_bytes() and first.stat().st_size > 1_000_000
+    assert first.read_bytes() == second.read_bytes()
+    # as long as Tiny Shakespeare, give or take the last whole file: an offline first run is as quick as an online one
+    assert 1_115_394 <= len(first.read_text(encoding="utf-8")) < 1_115_394 + 300_000
 
 
 # --- bad input: one line, exit code 2, nothing prepared is damaged --------------------------------

@@ -376,6 +376,14 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     events.Reload()
     config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert '"data": "pystdlib"' in config
+    # the folder a command written for the online case names does not exist: the scripts point to the one that does,
+    # where they had said "train first" (which would train again)
+    import sample
+    assert run_cli(sample.main, ["--out_dir", "out/debug-shakespeare"]) == 2
+    assert capsys.readouterr().err == (
+        "error: out/debug-shakespeare holds no ckpt_best.pt or ckpt_last.pt; runs with a model there: "
+        "out/debug-my_corpus, out/debug-my_notes, out/debug-pystdlib; give one of them as --out_dir (or train one "
+        "here: python train.py --out_dir out/debug-shakespeare)\n")
 
 
 def test_saved_settings_this_version_does_not_know_are_named(finished, tmp_path, capsys):

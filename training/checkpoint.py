@@ -72,7 +72,22 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path
     if owner:
         raise UserError(f"{out_dir} holds no {' or '.join(names)} yet: {owner} is training there; wait for its first "
                         f"evaluation, which saves one")
+    others = runs_beside(folder, names)
+    if others:  # offline, out/<preset>-shakespeare was trained as out/<preset>-pystdlib: point there, not to training
+        shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
+        raise UserError(f"{out_dir} holds no {' or '.join(names)}; runs with a model there: {shown}; give one of them "
+                        f"as --out_dir (or train one here: python train.py --out_dir {out_dir})")
     raise UserError(f"{out_dir} holds no {' or '.join(names)}; train first: python train.py --out_dir {out_dir}")
+
+
+def runs_beside(folder: Path, names: tuple[str, ...]) -> list[Path]:
+    """The run folders beside folder (in its parent) that hold a model; those of the same preset first."""
+    try:
+        found = [p for p in folder.parent.iterdir() if p != folder and any((p / name).is_file() for name in names)]
+    except OSError:
+        return []
+    preset = folder.name.split("-", 1)[0]
+    return sorted(found, key=lambda p: (p.name.split("-", 1)[0] != preset, p.name))
 
 
 def load(path: Path, device: torch.device | str = "cpu") -> dict:

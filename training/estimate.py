@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +19,7 @@ from training.report import out_of_memory
 
 SLOW_RUN_SECONDS = 600  # on a CPU, a run expected to take longer than this says so before it starts
 GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
+CPU_PRESET = "shakespeare_char_cpu"  # the preset a slow run on a CPU suggests
 
 
 # The memory one training step's activations take on a CPU, in bytes per batch_size x block_size x n_embd x n_layer:
@@ -50,41 +52,83 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
         raise UserError(out_of_memory(cfg, saved, figures))
 
 
-def expected_seconds(run: Run, progress: Progress) -> tuple[float, float]:
-    """(seconds per training step, seconds for the rest of the run) on this device, from one timed forward and
-    backward pass on the first validation batch. In eval mode, so no dropout mask is drawn: the run's random streams
-    and weights stay exactly as they were."""
-    cfg, rt = run.cfg, run.rt
-    x, y = next(run.batches.val_windows())
+@dataclass
+class Estimate:
+    """Where a CPU run's time would go, in seconds."""
+    step: float  # one training step
+    steps: float  # the steps left
+    evaluations: float  # the evaluations left (estimates of both splits, or the validation split read whole)
+    full_validation: float  # the final one, over every validation window (0 with --full_val false)
+
+    @property
+    def total(self) -> float:
+        return self.steps + self.evaluations + self.full_validation
+
+
+PROBE_SECONDS = 2.0  # a timed pass of one window longer than this: the run is slow enough to say so from it alone
+
+
+def pass_seconds(run: Run, rows: int) -> float:
+    """Seconds of a forward and backward pass over `rows` windows of the first validation batch (the second of two:
+    the first warms up), in eval mode, so that no dropout mask is drawn and the run's random streams stay as they
+    were; with one window only, the warm-up pass is the timed one when it is long already."""
+    rt = run.rt
+    x, y = (t[:rows] for t in next(run.batches.val_windows()))
     run.model.eval()
-    for _ in range(2):  # the first pass warms up
+    for attempt in range(2):
         start = time.perf_counter()
         with rt.autocast():
             loss = run.model(x, y)[1]
         loss.backward()
         sync(rt.device)
-        pass_seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if attempt == 0 and seconds * run.cfg.batch_size > PROBE_SECONDS * 10 and rows == 1:
+            break  # a step of more than ~20 s: the warm-up pass is figure enough
     run.model.zero_grad(set_to_none=True)
     run.model.train()
-    step = pass_seconds * cfg.grad_accum_steps  # validation batches are full size (the last one padded)
+    return seconds
+
+
+def expected_seconds(run: Run, progress: Progress) -> Estimate:
+    """Where the rest of the run's time would go on this device, from a timed pass over one window first (which, for
+    a model that is slow on this machine, is the estimate: the note then comes within seconds, not after a whole
+    step), and otherwise over a whole batch."""
+    cfg = run.cfg
+    one = pass_seconds(run, 1)
+    batch = one * cfg.batch_size if one * cfg.batch_size > PROBE_SECONDS * 10 else pass_seconds(run, cfg.batch_size)
+    step = batch * cfg.grad_accum_steps  # validation batches are full size (the last one padded)
+    forward = batch / 3  # a forward pass of one batch is about a third of a training step's
     steps_left = cfg.max_iters - progress.it
     evaluations = steps_left // cfg.eval_interval + 1
-    forward = step / 3 / cfg.grad_accum_steps  # a forward pass of one batch is about a third of a training step
     val_batches = run.batches.num_val_batches()
     per_evaluation = cfg.eval_iters + min(cfg.eval_iters, val_batches)  # a split that fits is read whole, once
-    return step, steps_left * step + (evaluations * per_evaluation + (val_batches if cfg.full_val else 0)) * forward
+    return Estimate(step, steps_left * step, evaluations * per_evaluation * forward,
+                    val_batches * forward if cfg.full_val else 0.0)
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 else \
+        f"{seconds:.0f} s"
 
 
 def warn_if_slow(run: Run, progress: Progress, log: Log) -> None:
-    """A run that will take long on a CPU says so at once, with the figure and a preset made for a CPU."""
+    """A run that will take long on a CPU says so before its first step: the figure, where the time goes, and the
+    flags that cut its largest parts (a preset made for a CPU only where another preset runs)."""
     if run.rt.device_type != "cpu" or progress.it >= run.cfg.max_iters:
         return
-    step, total = expected_seconds(run, progress)
-    if total < SLOW_RUN_SECONDS:
+    cfg, estimate = run.cfg, expected_seconds(run, progress)
+    if estimate.total < SLOW_RUN_SECONDS:
         return
-    name = run.cfg.config_name
-    made_for = f"{name} is made for a GPU; " if name in GPU_PRESETS else ""
-    about = f"{total / 3600:.1f} h" if total >= 3600 else f"{total / 60:.0f} min"
-    log.say(f"note: {made_for}on this CPU this run would take about {about} ({step * 1000:.0f} ms per step "
-            f"x {run.cfg.max_iters - progress.it} steps, plus evaluations); for a run of a minute or two use "
-            f"--config shakespeare_char_cpu, or lower --max_iters and --eval_iters")
+    steps_left = cfg.max_iters - progress.it
+    parts = [(estimate.steps, f"{steps_left} steps x {duration(estimate.step)}", "a lower --max_iters"),
+             (estimate.evaluations, f"evaluations {duration(estimate.evaluations)}",
+              "a lower --eval_iters or a larger --eval_interval"),
+             (estimate.full_validation, f"the final full validation {duration(estimate.full_validation)}",
+              "--full_val false")]
+    parts = [part for part in parts if part[0] > 0]
+    fixes = [fix for _, _, fix in sorted(parts, key=lambda part: -part[0])[:2]]  # the two largest costs
+    if cfg.config_name != CPU_PRESET:
+        fixes.insert(0, f"--config {CPU_PRESET}")
+    made_for = f"{cfg.config_name} is made for a GPU; " if cfg.config_name in GPU_PRESETS else ""
+    log.say(f"note: {made_for}on this CPU this run would take about {duration(estimate.total)} "
+            f"({', '.join(what for _, what, _ in parts)}); for a shorter one: {'; or '.join(fixes)}")
