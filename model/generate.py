@@ -78,11 +78,10 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
     """one_token_step through torch.compile: the whole model in one graph, for fixed shapes. On CUDA with CUDA graphs
     (mode reduce-overhead), so a step is one launch instead of a hundred. On a CPU with the weights frozen into the
     graph, packed once, and read by matrix products generated for their shapes (inductor's freezing, and max-autotune
-    with its C++ template only, which needs no benchmarking), where eager calls a library routine per product. On a
-    2-core AMD EPYC, 6x6x384, float32: one row 313.6-362.5 characters/s against 130.3-134.4 eager (one thread alone:
-    227-256 against 157-161), four rows 755.2-884.4 against 328.2-351.3; inductor's defaults had given 1.1x. It costs
-    17-21 s of compilation per batch size, in every process (frozen graphs are not cached). If compiling fails (no
-    C++ compiler, a driver problem), it warns once and decodes uncompiled: the same text, only slower."""
+    with its C++ template only, which needs no benchmarking), where eager calls a library routine per product: on a
+    2-core CPU about 2.5x the characters per second of eager decoding (docs/sampling.md has the figures). It costs
+    17-21 s of compilation per batch size there, in every process (frozen graphs are not cached). If compiling fails
+    (no C++ compiler, a driver problem), it warns once and decodes uncompiled: the same text, only slower."""
     settings: dict = {}
     cpu_inductor = backend == "inductor" and device_type != "cuda"
     if backend == "inductor":

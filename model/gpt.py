@@ -142,7 +142,7 @@ class GPT(nn.Module):
 
         Without caches the keys are this call's T tokens, at slots 0..T-1; with caches they are every slot of the
         cache, and the slots of this call's tokens are decoding.input_pos (tensors: no host sync, fixed shapes)."""
-        # len(), not bool(): torch 2.11's dynamo cannot trace bool() of a list (compiling the decoding step failed)
+        # len(), not bool(): dynamo (torch.compile's tracer) cannot trace bool() of a list
         cached = decoding is not None and decoding.caches is not None and len(decoding.caches) > 0
         pad = decoding.pad if decoding is not None else None
         if not cached:
