@@ -21,6 +21,7 @@ from training import checkpoint, runtime  # noqa: E402
 from training.runtime import free_memory  # noqa: E402
 from training.evaluation import score, windows  # noqa: E402
 from training.files import check_output_file, write_text_atomic  # noqa: E402
+from training.log import PlainProgress  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:
@@ -104,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     todo = windows(len(ids), block_size, stride)
     check_memory(model, batch_size, block_size, rt.device)
     try:
-        with tqdm(total=len(todo), desc="evaluate", unit="window", delay=2, dynamic_ncols=True) as bar:
+        # in a terminal a bar; written to a file (where a bar's redraws run together) a line every 30 s
+        bar = tqdm(total=len(todo), desc="evaluate", unit="window", delay=2, dynamic_ncols=True) if \
+            sys.stderr.isatty() else PlainProgress(lambda line: print(line, file=sys.stderr), "evaluate", len(todo),
+                                                   unit="windows")
+        with bar:
             nats, scored = score(model, ids, todo, batch_size, rt.autocast, bar)
     except RuntimeError as err:  # a batch's logits are batch_size x block_size x the vocabulary's size
         if not runtime.is_out_of_memory(err):

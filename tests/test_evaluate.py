@@ -184,3 +184,12 @@ def test_batches_too_big_for_the_free_memory_are_refused_before_scoring(run, eva
     done = evaluate("--out_dir", str(run[0] / "run"), "--data", str(run[1]), "--batch_size", "100000", "--device", "cpu")
     assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
         "error: out of memory: batches of 100,000 windows of 32 characters would need about ")
+
+
+def test_written_to_a_file_its_progress_is_plain_lines(run, evaluate, monkeypatch):
+    """A terminal gets a bar; a log file got hundreds of a bar's redraws run together. Now plain lines there (the
+    output here is not a terminal)."""
+    import evaluate as script
+    monkeypatch.setattr(script, "tqdm", lambda *args, **kwargs: pytest.fail("a progress bar written to a file"))
+    done = evaluate("--out_dir", str(run[0] / "run"), "--data", str(run[1]))
+    assert done.returncode == 0 and "\r" not in done.stderr and "loss " in done.stdout

@@ -76,7 +76,7 @@ class Log:
             "loss": {"train and validation loss (nats per character)":
                      ["Multiline", ["loss/train", "loss/val", "summary/full_val_loss"]]},
             "speed": {"tokens per second": ["Multiline", ["perf/tokens_per_sec"]],
-                      "model FLOPs utilisation": ["Multiline", ["perf/mfu"]]}})
+                      "model FLOPs utilisation (%)": ["Multiline", ["perf/mfu"]]}})
 
     def hparams(self, hparams: dict, metrics: dict, step: int) -> None:
         """The run's settings and final figures for the HParams tab, in the run's own event file (torch's add_hparams
@@ -99,8 +99,8 @@ class Log:
 class PlainProgress:
     """A line every `every` seconds: what, how far, and about how long is left."""
 
-    def __init__(self, say, what: str, total: int, every: float = 30.0):
-        self.say, self.what, self.total, self.every = say, what, total, every
+    def __init__(self, say, what: str, total: int, every: float = 30.0, unit: str = "batches"):
+        self.say, self.what, self.total, self.every, self.unit = say, what, total, every, unit
         self.done, self.start = 0, time.perf_counter()
         self.last = self.start
 
@@ -110,7 +110,7 @@ class PlainProgress:
         if now - self.last >= self.every and self.done < self.total:
             self.last = now
             left = (now - self.start) / self.done * (self.total - self.done)
-            self.say(f"{self.what}: {self.done}/{self.total} batches, about {left / 60:.1f} min left")
+            self.say(f"{self.what}: {self.done}/{self.total} {self.unit}, about {left / 60:.1f} min left")
 
     def close(self) -> None:
         pass

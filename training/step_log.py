@@ -41,7 +41,7 @@ class StepLog:
         self.history.append((it, loss_value))
         s.log.scalars(it, {"loss/train": loss_value, "optim/lr": lr, "optim/grad_norm": norm_value,
                            "perf/tokens_per_sec": tokens_per_sec, "perf/tokens_seen": it * s.run.tokens_per_iter,
-                           "perf/mfu": mfu})
+                           "perf/mfu": mfu * 100})  # a percentage, as the console shows it
         s.log.line(step_line(it, s.cfg, loss_value, step_seconds, tokens_per_sec, mfu))
         self.bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s {self.last_val}",
                                  refresh=False)
