@@ -90,7 +90,9 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: 
     may use float16 on a CPU too: it needs no autocast there."""
     if spec == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            # bfloat16 where the GPU has it (compute capability 8 and up); is_bf16_supported() by default also says
+            # yes where torch only emulates it (V100, T4), which is slow: float16 with the scaler there
+            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
         large = params > CPU_BFLOAT16_SAMPLING_PARAMS  # sampling: see CPU_BFLOAT16_SAMPLING_PARAMS
         if device.type == "cpu" and cpu_has_bfloat16_units() and (not sampling or large):
             return torch.bfloat16
@@ -126,6 +128,9 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
     if num_threads:
         torch.set_num_threads(num_threads)
     if device.type == "cuda":
+        # The process's current device is the run's (cuda:1 asked for in one process, too): what takes no device
+        # argument (the RNG state saved and restored, streams and events, is_bf16_supported) then means this one.
+        torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
         torch.backends.cudnn.allow_tf32 = True
     return Runtime(device, pick_dtype(dtype_spec, device, sampling))

@@ -23,6 +23,8 @@ def train_step(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: Trai
     would have to agree): a request between micro-batches abandons the step (StepAbandoned)."""
     loss = forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
     grad_norm, finite = update(model, optimizer, scaler, rt, cfg, lr)
+    if scaler.is_enabled():  # float16: gradients that overflow are the scaler's own search for a scale (it skips the
+        finite = torch.isfinite(loss)  # step and lowers it); a loss that is not finite is the run going wrong
     return loss, grad_norm, finite
 
 
@@ -75,7 +77,7 @@ def update(model, optimizer, scaler, rt: runtime.Runtime, cfg: TrainConfig,
     if scaler.is_enabled():  # float16: the scaler finds inf/NaN itself, skips such a step and lowers its scale
         scaler.step(optimizer)
         scaler.update()
-        finite = torch.ones((), dtype=torch.bool, device=rt.device)
+        finite = torch.ones((), dtype=torch.bool, device=rt.device)  # (train_step looks at the loss instead)
     else:
         finite = torch.isfinite(grad_norm)
         optimizer.step_if_finite(finite, on_device=rt.device_type != "cpu")  # a CPU reads the flag for free

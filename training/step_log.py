@@ -37,7 +37,8 @@ class StepLog:
         self.watch.looked()
         step_seconds = self.clock.step_seconds()
         tokens_per_sec = s.run.tokens_per_iter / step_seconds
-        mfu = utilisation(s.run.flops_per_token * tokens_per_sec, self.peak_flops)
+        # MFU is each process's share (the peak is one device's): tokens_per_iter counts every process's tokens
+        mfu = utilisation(s.run.flops_per_token * tokens_per_sec / s.d.world_size, self.peak_flops)
         self.history.append((it, loss_value))
         s.log.scalars(it, {"loss/train": loss_value, "optim/lr": lr, "optim/grad_norm": norm_value,
                            "perf/tokens_per_sec": tokens_per_sec, "perf/tokens_seen": it * s.run.tokens_per_iter,
