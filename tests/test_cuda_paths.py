@@ -71,3 +71,23 @@ def test_mfu_under_torchrun_is_each_processs_share_of_its_own_device():
     peak = 300.0 * 2000 / 2 / 0.3  # the FLOP/s at which one process's share is 30%
     StepLog(s, bar, clock, watch, peak).write(1e-3, torch.tensor(2.0), torch.tensor(1.0))
     assert logged["perf/mfu"] == pytest.approx(30.0)
+
+
+def test_compile_fallback_gives_up_compiling_for_a_compiler_failure_only():
+    """A compiler that fails is warned about once and the call repeated uncompiled; running out of memory is the
+    run's own problem (the one-line out-of-memory message), which the fallback had swallowed, turning compilation off
+    and calling it 'torch.compile failed'."""
+    from training.compiling import CompileFallback
+
+    def fails_with(err):
+        def compiled(*args):
+            raise err
+        return compiled
+
+    said = []
+    fallback = CompileFallback(lambda x: x + 1, fails_with(RuntimeError("inductor: C++ compile error")), said.append)
+    assert fallback(1) == 2 and len(said) == 1 and fallback.compiled is None
+    fallback = CompileFallback(lambda x: x + 1, fails_with(torch.OutOfMemoryError("CUDA out of memory")), said.append)
+    with pytest.raises(torch.OutOfMemoryError):
+        fallback(1)
+    assert fallback.compiled is not None and len(said) == 1

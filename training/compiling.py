@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from errors import in_one_line
 from model.gpt import GPT
+from training.runtime import is_out_of_memory
 
 
 def compile_wanted(setting: str, device_type: str) -> bool:
@@ -41,6 +42,9 @@ def warn_failed(say, err: BaseException) -> None:
     say(f"warning: torch.compile failed ({in_one_line(err)}); continuing without it (--compile false skips the attempt)")
 
 
+DEVICE_ERRORS = tuple(getattr(torch, name) for name in ("AcceleratorError",) if hasattr(torch, name))  # CUDA errors
+
+
 class CompileFallback:
     """Calls `compiled` and, if it fails, warns once and calls `module` uncompiled from then on (after `uncompile`).
 
@@ -55,6 +59,8 @@ class CompileFallback:
             try:
                 return self.compiled(*args, **kwargs)
             except Exception as err:  # an inductor or driver problem must not end the run
+                if is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS):  # not the compiler's: the run's own
+                    raise  # (the one-line out-of-memory message; a broken device would fail uncompiled too)
                 warn_failed(self.say, err)
                 self.compiled = None
                 self.uncompile()
