@@ -21,8 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt", default="", help="a checkpoint file instead of --out_dir")
     p.add_argument("--text", required=True, help="the text to look at (at most block_size characters)")
     p.add_argument("--png", required=True, help="where to write the picture")
-    p.add_argument("--layer", type=int, default=None, help="which layer (default: the last)")
-    p.add_argument("--head", type=int, default=None, help="only this head (default: all heads)")
+    p.add_argument("--layer", type=int, default=None, help="which layer, counted from 1 (default: the last)")
+    p.add_argument("--head", type=int, default=None, help="only this head, counted from 1 (default: all heads)")
     args = p.parse_args(argv)
     check_output_file(args.png, "--png", picture_formats())
     path = checkpoint.find(args.out_dir, args.ckpt)
@@ -35,17 +35,18 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--text has {len(args.text)} characters; give 1 to {cfg.block_size} (the model's block_size)")
     if cfg.n_layer == 0:
         raise UserError(f"{path} has no attention layers (n_layer 0); choose a model with blocks")
-    layer = cfg.n_layer - 1 if args.layer is None else args.layer
-    if not 0 <= layer < cfg.n_layer:
-        raise UserError(f"--layer {layer}: the model has layers 0 to {cfg.n_layer - 1}")
-    if args.head is not None and not 0 <= args.head < cfg.n_head:
-        raise UserError(f"--head {args.head}: the model has heads 0 to {cfg.n_head - 1}")
-    weights = finite_or_refused(attention_weights(model, tokenizer.encode(args.text)), path)[layer]
-    heads = None if args.head is None else [args.head]
+    # Layers and heads are counted from 1, as on the attention page, the pictures and in TensorBoard
+    layer = cfg.n_layer if args.layer is None else args.layer
+    if not 1 <= layer <= cfg.n_layer:
+        raise UserError(f"--layer {layer}: the model has layers 1 to {cfg.n_layer}")
+    if args.head is not None and not 1 <= args.head <= cfg.n_head:
+        raise UserError(f"--head {args.head}: the model has heads 1 to {cfg.n_head}")
+    weights = finite_or_refused(attention_weights(model, tokenizer.encode(args.text)), path)[layer - 1]
+    heads = None if args.head is None else [args.head - 1]
     note = missing_note(args.text)
     if note:
         print(note, file=sys.stderr)
-    figure = attention_figure(weights, args.text, layer, heads)
+    figure = attention_figure(weights, args.text, layer - 1, heads)
     save_figure(figure, args.png, "--png")
     print(f"wrote {args.png}: layer {layer}, {'head ' + str(args.head) if heads else f'{cfg.n_head} heads'}, "
           f"{len(args.text)} characters")

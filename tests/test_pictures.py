@@ -24,8 +24,8 @@ def run_dir(tmp_path_factory):
 def test_tensorboard_holds_attention_images_per_layer(run_dir):
     events = EventAccumulator(str(run_dir), size_guidance={"images": 0})
     events.Reload()
-    assert {"attention/layer_0", "attention/layer_1"} <= set(events.Tags()["images"])
-    images = events.Images("attention/layer_0")
+    assert {"attention/layer_1", "attention/layer_2"} == set(events.Tags()["images"])  # counted from 1, as shown
+    images = events.Images("attention/layer_1")
     assert [i.step for i in images] == [0, 10, 20]
     assert (images[0].width, images[0].height) == figure_size(2)
 
@@ -33,7 +33,7 @@ def test_tensorboard_holds_attention_images_per_layer(run_dir):
 def test_attention_map_writes_a_png_of_the_expected_size(run_dir, tmp_path, script):
     png = tmp_path / "attention.png"
     result = script("attention_map.py", "--out_dir", str(run_dir), "--text", "ROMEO: but soft", "--png", str(png),
-                        "--layer", "0")
+                        "--layer", "1")
     assert result.returncode == 0, result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert Image.open(png).size == figure_size(2)
@@ -42,7 +42,7 @@ def test_attention_map_writes_a_png_of_the_expected_size(run_dir, tmp_path, scri
                       "--head", "1").returncode == 0
     assert Image.open(one).size == figure_size(1)
     bad = script("attention_map.py", "--out_dir", str(run_dir), "--text", "ROMEO", "--png", str(one), "--layer", "7")
-    assert bad.returncode == 2 and "layers 0 to 1" in bad.stderr
+    assert bad.returncode == 2 and "layers 1 to 2" in bad.stderr
 
 
 def test_plot_run_writes_a_png_comparing_runs(run_dir, tmp_path, script):

@@ -50,7 +50,7 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
         ax.axis("off")
     for ax, head in zip(axes.flat, heads):
         image = ax.imshow(weights[head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-        ax.set_title(f"layer {layer} head {head}", fontsize=9)
+        ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=9)  # counted from 1, as everywhere a person reads
         ticks = list(range(0, len(labels), step))
         ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)
         ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)

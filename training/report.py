@@ -76,7 +76,7 @@ def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, pict
         if pictures is not None:
             from training.pictures import attention_weights
             for layer, weights in enumerate(attention_weights(run.model, attention_probe(run))):
-                log.image(f"attention/layer_{layer}", pictures.render(weights, layer), it)
+                log.image(f"attention/layer_{layer + 1}", pictures.render(weights, layer), it)  # from 1, as shown
 
 
 def step_line(it: int, cfg: TrainConfig, loss: float, step_seconds: float, tokens_per_sec: float, mfu: float) -> str:
