@@ -19,8 +19,12 @@ SHARED_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "scripts"))  # the scripts' main() functions, run in this process by run_script()
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-# The README's shell commands in order, one a line, comments cut off (read by its checks and its walk).
-README_COMMANDS = [line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+# The guide, then the reference pages it links to, in the order a reader following it would run their commands.
+DOCS = ("docs/training.md", "docs/sampling.md", "docs/attention.md", "docs/speed.md", "docs/code.md")
+PAGES = {"README.md": README, **{page: (ROOT / page).read_text(encoding="utf-8") for page in DOCS}}
+# Their shell commands in order, one a line, comments cut off (read by their checks and their walk).
+README_COMMANDS = [line.split("#")[0].strip() for text in PAGES.values()
+                   for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S)
                    for line in block.splitlines() if line.strip()]
 
 torch.set_num_threads(1)  # small matrices: one thread is faster and repeatable on 2-core machines

@@ -24,8 +24,8 @@ def run_dir(tmp_path_factory):
 def test_tensorboard_holds_attention_images_per_layer(run_dir):
     events = EventAccumulator(str(run_dir), size_guidance={"images": 0})
     events.Reload()
-    assert {"attention/layer_1", "attention/layer_2"} == set(events.Tags()["images"])  # counted from 1, as shown
-    images = events.Images("attention/layer_1")
+    assert {"where_attention_looks/layer_1", "where_attention_looks/layer_2"} == set(events.Tags()["images"])
+    images = events.Images("where_attention_looks/layer_1")
     assert [i.step for i in images] == [0, 10, 20]
     assert (images[0].width, images[0].height) == figure_size(2)
 

@@ -1,9 +1,10 @@
-"""The README's commands: every train.py line parses, every script it names exists, every preset it lists loads."""
+"""The README's and the docs' commands: every train.py line parses, every script they name exists, every preset is
+listed, every link and picture is there, and no stale name (a preset, a folder, a tag the code no longer has)."""
 import re
 import shlex
 import subprocess
 
-from conftest import README, README_COMMANDS as COMMANDS, ROOT
+from conftest import PAGES, README_COMMANDS as COMMANDS, ROOT
 from configs import load_config
 from configs.loader import presets
 
@@ -24,10 +25,26 @@ def test_every_script_the_readme_names_exists_and_every_preset_is_listed():
     for line in COMMANDS:
         for path in re.findall(r"scripts/\w+\.py", line):
             assert (ROOT / path).is_file(), line
+    every_page = "".join(PAGES.values())
     for name in presets():
-        assert f"`{name}`" in README, name
-    for image in re.findall(r"\]\((docs/[^)]+\.png)\)", README):
-        assert (ROOT / image).is_file(), image
+        assert f"`{name}`" in every_page, name
+    for page, text in PAGES.items():  # pictures and links, relative to the page
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+            assert ((ROOT / page).parent / target).exists(), (page, target)
+
+
+def test_no_page_names_what_the_code_does_not_have():
+    """A preset, a run-folder entry or a TensorBoard tag named in backticks must exist: a newcomer found
+    `shakespeare_char_fast` (refused by --config) and `hparams/` (never written)."""
+    code = "".join(p.read_text(encoding="utf-8") for folder in ("training", "scripts", "configs", "data", "model")
+                   for p in (ROOT / folder).rglob("*.py"))
+    every_page = "".join(PAGES.values())
+    for name in set(re.findall(r"`(shakespeare_char\w*|debug)`", every_page)):
+        assert name in presets(), name
+    for tag in set(re.findall(r"`((?:loss|optim|perf|summary|where_attention_looks)/[a-z_]+)", every_page)):
+        assert f'"{tag}' in code or f"'{tag}" in code, tag
+    for entry in set(re.findall(r"`([a-z_]+/)`", every_page)):  # a folder a run writes
+        assert entry.rstrip("/") in code, entry
 
 
 def test_the_pictures_the_readme_draws_are_not_added_to_git(tmp_path):

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from training.pictures import AttentionPictures  # matplotlib: imported only by runs that draw
 
 
+# TensorBoard's Time Series with its smoothing at 0 (a query parameter it reads): a validation loss measured at a few
+# evaluations is otherwise drawn well above its values by the default smoothing of 0.6.
+TENSORBOARD_URL = "http://localhost:6006/?smoothing=0#timeseries"
+
+
 def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
     """The corpus, the model, the device, the global batch, and where to watch the run."""
     cfg, where = run.cfg, shlex.quote(str(run_dir.path))
@@ -32,7 +37,7 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
     log.say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
             f"process{'es' if d.enabled else ''} = {run.tokens_per_iter:,} tokens per step")
     log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open "
-            f"http://localhost:6006/#custom_scalars (train and validation loss on one chart)")
+            f"{TENSORBOARD_URL} (the loss first, drawn unsmoothed)")
     if compile_wanted(cfg.compile, run.rt.device_type):  # else the wait before step 0 would look like a hang
         mode = "" if cfg.compile_mode == "default" else f", mode {cfg.compile_mode}"
         log.say(f"torch.compile (scope {cfg.compile_scope}{mode}): the first evaluation and the first step wait "
@@ -76,7 +81,9 @@ def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, pict
         if pictures is not None:
             from training.pictures import attention_weights
             for layer, weights in enumerate(attention_weights(run.model, attention_probe(run))):
-                log.image(f"attention/layer_{layer + 1}", pictures.render(weights, layer), it)  # from 1, as shown
+                # a group that TensorBoard's Time Series (alphabetical) lists after loss/, optim/, perf/, summary/;
+                # layers counted from 1, as everywhere a person reads them
+                log.image(f"where_attention_looks/layer_{layer + 1}", pictures.render(weights, layer), it)
 
 
 def step_line(it: int, cfg: TrainConfig, loss: float, step_seconds: float, tokens_per_sec: float, mfu: float) -> str:
