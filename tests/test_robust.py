@@ -78,7 +78,7 @@ def test_nan_steps_are_skipped_then_the_run_stops_keeping_good_weights(corpus, t
 
     def poisoned(self, idx, targets=None, **kwargs):
         logits, loss = forward(self, idx, targets, **kwargs)
-        if targets is not None and torch.is_grad_enabled():
+        if targets is not None and torch.is_grad_enabled() and self.training:  # training steps, not the speed probe
             calls["n"] += 1
             if calls["n"] in (3,) or calls["n"] >= 12:  # one stray NaN, later a run of them
                 loss = loss * float("nan")
