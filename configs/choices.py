@@ -6,7 +6,12 @@ import torch
 
 OPTIMIZERS = ("adamw", "muon")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+# torch.compile's modes that replay CUDA graphs. A replay overwrites the previous replay's outputs, and the loop keeps
+# each step's loss on the device until it logs, per-block compilation feeds one block's output to the next graph, and
+# the step-0 evaluation runs under inference_mode before any backward: none of it is measured on a GPU, so training
+# refuses them until one is (the sampler's compiled decoding step uses CUDA graphs by itself, see model/generate.py).
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 COMPILE_SCOPES = ("blocks", "model")
 
 

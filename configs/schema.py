@@ -6,7 +6,7 @@ import math
 import typing
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from configs.choices import COMPILE_MODES, COMPILE_SCOPES, DTYPE_NAMES, OPTIMIZERS, valid_device
+from configs.choices import COMPILE_MODES, COMPILE_SCOPES, CUDA_GRAPH_MODES, DTYPE_NAMES, OPTIMIZERS, valid_device
 from model.config import Architecture, ModelConfig, setting
 
 
@@ -60,8 +60,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 for matrix products (auto: bfloat16 on CUDA, float16 "
                                     "on GPUs without it, bfloat16 on CPUs with bfloat16 units, float32 otherwise)")
     compile: str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
-    compile_mode: str = setting("default", "torch.compile mode: default | reduce-overhead (CUDA graphs) | max-autotune | "
-                                           "max-autotune-no-cudagraphs")
+    compile_mode: str = setting("default", "torch.compile mode: default | max-autotune-no-cudagraphs (searches more "
+                                           "kernels); the CUDA-graph modes are not offered until a GPU measures them")
     compile_scope: str = setting("blocks", "what torch.compile compiles: blocks (each block; one graph serves every "
                                            "layer, so it compiles ~3x faster) | model (the whole model as one graph)")
     compile_eval: bool = setting(True, "with compile on: evaluate with the compiled model too (false: evaluations and "
@@ -100,6 +100,9 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
         check(self.encoding_errors in ("strict", "replace", "ignore"), "encoding_errors", "must be strict, replace or ignore")
         check(self.dtype in ("auto", *DTYPE_NAMES), "dtype", f"must be auto, {', '.join(DTYPE_NAMES)}")
         check(self.compile in ("auto", "true", "false"), "compile", "must be auto, true or false")
+        check(self.compile_mode not in CUDA_GRAPH_MODES, "compile_mode",
+              "replays CUDA graphs, which training does not offer until a GPU has measured it correct (a replay "
+              "overwrites the outputs the loop still holds); use default or max-autotune-no-cudagraphs")
         check(self.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {', '.join(COMPILE_MODES)}")
         check(self.compile_scope in COMPILE_SCOPES, "compile_scope", f"must be one of {', '.join(COMPILE_SCOPES)}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}")

@@ -317,25 +317,28 @@ def test_compile_mode_and_scope_reach_torch_compile_and_bad_ones_are_refused(cor
         calls.append((type(module).__name__, kwargs.get("mode")))
         return module
     monkeypatch.setattr(torch, "compile", recording_compile)
-    for mode, scope in (("max-autotune", "blocks"), ("default", "model")):
+    for mode, scope in (("max-autotune-no-cudagraphs", "blocks"), ("default", "model")):
         calls.clear()
         argv = debug_argv(corpus, tmp_path, f"run-{scope}", "--compile", "true", "--max_iters", "2", "--full_val",
                           "false", "--compile_mode", mode, "--compile_scope", scope)
         messages = []
         train_argv(argv, say=messages.append)
-        want = [("Block", "max-autotune")] * 2 if scope == "blocks" else [("GPT", None)]  # default: torch's own
+        want = [("Block", mode)] * 2 if scope == "blocks" else [("GPT", None)]  # default: torch's own
         assert calls == want
         # the run says so before it waits for the compilation (and names what it compiles)
         said = [m for m in messages if m.startswith("torch.compile (")]
         assert said == [m for m in messages if "torch.compile" in m][:1] and len(said) == 1
-        assert f"scope {scope}" in said[0] and ("mode max-autotune" in said[0]) == (mode == "max-autotune")
+        assert f"scope {scope}" in said[0] and (f"mode {mode}" in said[0]) == (mode != "default")
         assert messages.index(said[0]) < next(i for i, m in enumerate(messages) if m.startswith("step 0:"))
     messages = []
     train_argv(debug_argv(corpus, tmp_path, "plain", "--max_iters", "2", "--full_val", "false"), say=messages.append)
     assert not any("torch.compile" in m for m in messages)  # a CPU's auto: not compiled, nothing said
     argv = debug_argv(corpus, tmp_path, "bad")
-    with pytest.raises(UserError, match="--compile_mode 'fast': must be one of default, reduce-overhead"):
+    with pytest.raises(UserError, match="--compile_mode 'fast': must be one of default, max-autotune-no-cudagraphs"):
         load_config(argv + ["--compile_mode", "fast"], False)
+    for mode in ("reduce-overhead", "max-autotune"):  # CUDA graphs: not offered until a GPU measures them
+        with pytest.raises(UserError, match=f"--compile_mode '{mode}': replays CUDA graphs, which training does not"):
+            load_config(argv + ["--compile_mode", mode, "--compile_scope", "model"], False)
     with pytest.raises(UserError, match="--compile_scope 'layers': must be one of blocks, model"):
         load_config(argv + ["--compile_scope", "layers"], False)
 

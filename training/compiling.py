@@ -76,7 +76,7 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
 
     compile on (--compile true, or auto on CUDA): scope "blocks" compiles each block (one graph for all of them,
     compiled about three times faster than the whole model's), "model" the whole model as one graph. mode is
-    torch.compile's: reduce-overhead replays CUDA graphs, max-autotune also tries more kernels. compile_eval false:
+    torch.compile's (configs.choices.COMPILE_MODES: none that replays CUDA graphs). compile_eval false:
     evaluations call the plain model, so only the training graph is compiled."""
     if not compile_wanted(setting, device_type):
         step_model = wrap(model)
