@@ -24,8 +24,8 @@ from training.nonfinite import NonFiniteWatch
 from training.opening import choose_corpus, open_run
 from training.perf import measure_peak_flops, model_matmul_shape
 from training.phases import Phases, seconds_since_process_start
-from training.report import (attention_probe, done_lines, out_of_memory, say_what_runs, stopped_line,
-                             too_many_nonfinite)
+from training.report import (PAGE_MAX_PARAMETERS, attention_probe, done_lines, out_of_memory, say_what_runs,
+                             stopped_line, too_many_nonfinite)
 from training.run_dir import RunDir
 from training.schedule import get_lr, warmup_note
 from training.session import Session
@@ -167,6 +167,10 @@ def train_opened(s: Session, source: Path | None, started: float) -> dict:
     if "seconds" in summary:
         log.say(run.phases.line(summary["seconds"]))
     log.say(f"sample it: python scripts/sample.py --out_dir {where}")
+    if s.cfg.n_layer and sum(p.numel() for p in run.model.parameters()) <= PAGE_MAX_PARAMETERS:
+        page = shlex.quote(str(run_dir.path / "attention.html"))
+        log.say(f"watch it think: python scripts/attention_html.py --out_dir {where} --html {page}, then open {page} "
+                f"in a browser and type")
     return {**summary, "history": history}
 
 

@@ -1,7 +1,9 @@
-"""python scripts/attention_html.py --out_dir RUN --text "..." --html FILE: one self-contained web page (no network,
-no external files) showing, for each character of your text, which earlier characters each head attends to."""
+"""python scripts/attention_html.py --out_dir RUN --html FILE: your model, live in one self-contained web page (no
+network, no external files): type any text and see, for every character, layer and head, where it looks, each step of
+its attention with the model's own numbers, and the next character at any temperature."""
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from pathlib import Path
@@ -14,50 +16,75 @@ from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # 
 from model.attention import recording_attention  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.files import check_output_file, write_text_atomic  # noqa: E402
+from training.report import PAGE_MAX_PARAMETERS as MAX_PARAMETERS  # noqa: E402
 
-PAGE = Path(__file__).with_name("attention_page.html")  # the page's markup, style and script; the data goes in
+PARTS = Path(__file__).with_name("attention_page")  # page.html, and the scripts it takes in: gpt.js (the model),
+SCRIPTS = ("GPT_JS", "gpt.js"), ("SAMPLING_JS", "sampling.js"), ("PAGE_JS", "page.js")  # sampling.js, page.js
+DEFAULT_TEXT = "ROMEO: But soft, what light through yonder window breaks?"
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best.pt, else ckpt_last.pt")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
-    p.add_argument("--text", required=True, help="the text to look at (at most the model's block_size characters)")
+    p.add_argument("--text", default=None, help="the text the page opens with (at most the model's block_size "
+                                                "characters; the page lets you type another); by default a line of "
+                                                "Romeo and Juliet, less the characters the model never saw")
     p.add_argument("--html", required=True, help="where to write the page (.html)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
-                   help="characters the model never saw: stop with an error, or leave them out")
+                   help="characters of --text the model never saw: stop with an error, or leave them out")
     return p
 
 
 @torch.inference_mode()
 def attention_of(model, ids: list[int]) -> list[list[list[list[float]]]]:
     """weights[layer][head][query] = the query's weights over keys 0..query (the causal half only), from the
-    model's explicit path."""
+    model's explicit path, in PyTorch: what the page computes in the browser."""
     model.eval()
     with recording_attention(model) as recorded:
-        model(torch.tensor([ids], device=next(model.parameters()).device))
-    if not all(torch.isfinite(layer).all() for layer in recorded):
-        raise UserError("the model's attention weights for this text are not numbers (NaN or inf): its numbers "
-                        "overflow; its weights are damaged or too large to compute with")
+        logits, _ = model(torch.tensor([ids], device=next(model.parameters()).device))
+    for what, values in (("attention weights", recorded), ("outputs", [logits])):
+        if not all(torch.isfinite(layer).all() for layer in values):
+            raise UserError(f"the model's {what} for this text are not numbers (NaN or inf): its numbers overflow; "
+                            f"its weights are damaged or too large to compute with")
     return [[[row[:q + 1] for q, row in enumerate(head.tolist())] for head in layer[0].float()] for layer in recorded]
 
 
-def page(text: str, weights, title: str, about: str) -> str:
-    data = {"text": text, "weights": [[[[round(w, 5) for w in row] for row in head] for head in layer]
-                                      for layer in weights], "title": title, "about": about}
+def carried_weights(model) -> tuple[dict[str, list[int]], str]:
+    """Every tensor of the model's state dict (the output head once, when it is the token embedding) as float32 in
+    one block: {name: [start, end]} in numbers, and the block's bytes in base64."""
+    tensors, parts, at = {}, [], 0
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and model.config.tie_weights:
+            continue
+        values = tensor.detach().float().contiguous().view(-1)
+        tensors[name] = [at, at + values.numel()]
+        parts.append(values)
+        at += values.numel()
+    blob = torch.cat(parts).numpy().astype("<f4").tobytes()  # little-endian, as Float32Array reads it everywhere
+    return tensors, base64.b64encode(blob).decode("ascii")
+
+
+def page(model, vocab: str, text: str, title: str, about: str) -> str:
+    """The page's HTML: the parts put together with the model's data."""
+    tensors, weights = carried_weights(model)
+    data = {"title": title, "about": about, "text": text, "vocab": vocab, "config": model.config.to_dict(),
+            "tensors": tensors, "weights": weights}
+    html = (PARTS / "page.html").read_text(encoding="utf-8")
+    for mark, name in SCRIPTS:
+        script = (PARTS / name).read_text(encoding="utf-8")
+        assert "</script" not in script.lower(), name  # a script's text may not end its own element
+        html = html.replace(f"/*{mark}*/", script)
     blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")  # nothing in the data can close the script
-    return PAGE.read_text(encoding="utf-8").replace("/*DATA*/null", blob)
+    return html.replace("/*DATA*/null", blob)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    html = check_output_file(args.html, "--html", (".html", ".htm"))
+def opening_text(args, tokenizer, block_size: int) -> str:
+    """The text the page opens with: --text checked, or the default line less what the model cannot read."""
+    if args.text is None:
+        return "".join(ch for ch in DEFAULT_TEXT if ch in tokenizer.stoi)[:block_size]
     if not args.text:
-        raise UserError("--text is empty; give the text whose attention you want to see")
-    path = checkpoint.find(args.out_dir, args.ckpt)
-    model, tokenizer, state = checkpoint.load_model(path, "cpu")
-    if model.config.n_layer == 0:
-        raise UserError(f"{path} has no attention layers (n_layer 0); choose a model with blocks")
+        raise UserError("--text is empty; give the text to open the page with, or leave --text out")
     unknown = tokenizer.unknown(args.text)
     if unknown and args.unknown == "error":
         raise UserError(f"--text has {len(unknown)} character(s) the model never saw: "
@@ -65,20 +92,38 @@ def main(argv: list[str] | None = None) -> int:
     text = "".join(ch for ch in args.text if ch in tokenizer.stoi)
     if not text:
         raise UserError("--text has no character the model knows")
-    if len(text) > model.config.block_size:
-        raise UserError(f"--text has {len(text)} characters; this model reads at most {model.config.block_size} "
-                        f"(its block_size); shorten it")
+    if len(text) > block_size:
+        raise UserError(f"--text has {len(text)} characters; this model reads at most {block_size} (its "
+                        f"block_size); shorten it")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    html = check_output_file(args.html, "--html", (".html", ".htm"))
+    path = checkpoint.find(args.out_dir, args.ckpt)
+    model, tokenizer, state = checkpoint.load_model(path, "cpu")
+    cfg = model.config
+    if cfg.n_layer == 0:
+        raise UserError(f"{path} has no attention layers (n_layer 0); choose a model with blocks")
+    size = sum(t.numel() for name, t in model.state_dict().items()
+               if not (name == "lm_head.weight" and cfg.tie_weights))
+    if size > MAX_PARAMETERS:
+        raise UserError(f"{path} has {size:,} parameters; the page carries at most {MAX_PARAMETERS:,} parameters "
+                        f"(every weight in float32, {MAX_PARAMETERS * 4 * 4 / 3 / 1e6:.1f} MB of page); choose a "
+                        f"smaller model")
+    text = opening_text(args, tokenizer, cfg.block_size)
     try:
-        weights = attention_of(model, tokenizer.encode(text))
+        attention_of(model, tokenizer.encode(text) or [0])
     except UserError as err:
         raise UserError(f"{path}: {err}") from None
-    cfg = model.config
-    about = (f"{path}: step {state['iter']}, {cfg.n_layer} layers x {cfg.n_head} heads, "
-             f"trained on {state.get('data', {}).get('source', 'an unrecorded corpus')}")
-    shown = text if len(text) <= 40 else text[:39] + "\u2026"
-    write_text_atomic(html, page(text, weights, f"Attention on \u201c{shown}\u201d", about), "the page", "--html")
-    print(f"wrote {html}: {len(text)} characters, {cfg.n_layer} layers x {cfg.n_head} heads; open it in a browser "
-          f"(no network needed)", file=sys.stderr)
+    about = (f"{path}: step {state['iter']}, {cfg.n_layer} layers x {cfg.n_head} heads of {cfg.head_size}, "
+             f"{cfg.n_embd} wide, {size / 1e6:.2f}M parameters, trained on "
+             f"{state.get('data', {}).get('source', 'an unrecorded corpus')}")
+    written = page(model, tokenizer.chars, text, "Your model, thinking", about)
+    write_text_atomic(html, written, "the page", "--html")
+    print(f"wrote {html} ({html.stat().st_size / 1e6:.1f} MB): the model runs in the page; open it in a "
+          f"browser (no network needed) and type", file=sys.stderr)
     return 0
 
 

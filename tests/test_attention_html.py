@@ -1,19 +1,34 @@
-"""scripts/attention_html.py: the page holds the model's own weights, references nothing outside itself, and in a
-real browser shows the text and changes the highlighted weights when a character is hovered."""
+"""scripts/attention_html.py: the page carries the model's weights exactly, references nothing outside itself, and in a
+real browser computes what PyTorch computes: the logits, every step of attention (against model/textbook.py), and the
+next character's probabilities (against model/generate.py), for every architecture option."""
+import base64
 import json
+import math
 import re
 import shutil
 import subprocess
+from urllib.parse import quote
 
+import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
 from conftest import run_script, train_debug
+from data.tokenizer import CharTokenizer
 from errors import run_cli
+from model import GPT
+from model.config import ModelConfig
+from model.generate import generate, logits_to_probs
+from model.rope import apply_rope
+from model.textbook import Head
 from training import checkpoint
 
 import attention_html
 
 TEXT = "ROMEO: but soft,\nwhat light"
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_browser = pytest.mark.skipif(not BROWSER, reason="needs Chromium (Debian/Ubuntu: apt-get install chromium)")
 
 
 @pytest.fixture(scope="module")
@@ -41,41 +56,48 @@ def page(run):
     return run / "page.html"
 
 
-def test_the_page_holds_the_models_own_weights(run, page):
+def test_the_page_carries_every_weight_of_the_model_bit_for_bit(run, page):
     data = embedded(page.read_text(encoding="utf-8"))
     model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
-    expected = attention_html.attention_of(model, tokenizer.encode(TEXT))
-    assert data["text"] == TEXT and len(data["weights"]) == 2 and len(data["weights"][0]) == 2
-    for layer, layer_expected in zip(data["weights"], expected):
-        for head, head_expected in zip(layer, layer_expected):
-            for q, (row, row_expected) in enumerate(zip(head, head_expected)):
-                assert len(row) == q + 1 and row == pytest.approx(row_expected, abs=6e-6)
-                assert sum(row) == pytest.approx(1, abs=1e-4)
+    carried = np.frombuffer(base64.b64decode(data["weights"]), dtype="<f4")
+    weights = model.state_dict()
+    assert set(data["tensors"]) == set(weights) - {"lm_head.weight"}  # tied: the head is the token embedding
+    for name, (start, end) in data["tensors"].items():
+        assert np.array_equal(carried[start:end], weights[name].numpy().ravel()), name
+    assert data["text"] == TEXT and data["vocab"] == tokenizer.chars and data["config"] == model.config.to_dict()
 
 
-def test_the_page_references_nothing_outside_itself(page):
+def test_the_page_references_nothing_outside_itself(run, page):
     html = page.read_text(encoding="utf-8")
-    for outside in ("http:", "https:", "src=", "href=", "@import", "url(", "//cdn", "<link"):
+    for outside in ("http:", "https:", "src=", "href=", "@import", "url(", "//cdn", "<link", "fetch("):
         assert outside not in html, outside
-    hostile = page.parent / "hostile.html"  # user text cannot end the data script or inject markup
-    run = page.parent
-    done = make_page(run, "--text", "</script><b>x", "--html", str(hostile), "--unknown", "skip")
-    assert done.returncode == 0, done.stderr
-    assert "</script><b>" not in hostile.read_text(encoding="utf-8")
-    # The model above knows none of < / > b, so the page is written directly with such a text as its data.
-    text = "</script><b>x"
-    weights = [[[[1.0 / (q + 1)] * (q + 1) for q in range(len(text))]]]
-    hostile.write_text(attention_html.page(text, weights, "t", "a"), encoding="utf-8")
-    assert "</script><b>" not in hostile.read_text(encoding="utf-8")
-    assert embedded(hostile.read_text(encoding="utf-8"))["text"] == text  # the text survives as data
+    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    text = "</script><b>x"  # user text cannot end the data script or inject markup
+    hostile = attention_html.page(model, tokenizer.chars, text, "</script>t", "a")
+    assert "</script><b>" not in hostile and embedded(hostile)["text"] == text
 
 
+# ---------------------------------------------------------------------------------------------
+# In a real browser.
+# ---------------------------------------------------------------------------------------------
 def dom(page, fragment: str = "") -> str:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+    done = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
                            page.as_uri() + fragment], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
+
+
+def numbers(page, **state) -> dict:
+    """What the page computed, opened in the given state (#text=...&layer=...&numbers), as its JSON."""
+    fragment = "#" + "&".join(f"{key}={quote(str(value), safe='')}" for key, value in {**state, "numbers": 1}.items())
+    found = re.search(r'<pre id="numbers">(.*?)</pre>', dom(page, fragment), flags=re.S)
+    assert found, "the page wrote no numbers"
+    return json.loads(found.group(1).replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
+
+
+def exact(values) -> torch.Tensor:
+    """The page's numbers (JavaScript's doubles) as they came."""
+    return torch.tensor(values, dtype=torch.float64)
 
 
 def span_weights(html: str) -> list[tuple[str, float]]:
@@ -83,21 +105,159 @@ def span_weights(html: str) -> list[tuple[str, float]]:
             re.findall(r'<span class="ch[^"]*" data-position="\d+" data-weight="([\d.]+)"[^>]*>(.*?)</span>', html)]
 
 
-@pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")),
-                    reason="needs Chromium (Debian/Ubuntu: apt-get install chromium)")
-def test_in_a_real_browser_the_text_shows_and_a_hover_highlights_that_characters_weights(page):
-    weights = embedded(page.read_text(encoding="utf-8"))["weights"]
+@needs_browser
+def test_in_a_real_browser_the_text_shows_and_a_hover_highlights_that_characters_weights(run, page):
+    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    weights = attention_html.attention_of(model, tokenizer.encode(TEXT))
     still = span_weights(dom(page, "#view=2"))
     shown = "".join(ch for ch, _ in still).replace("&nbsp;", " ").replace("\u00a0", " ").replace("\u21b5", "\n")
-    assert shown == TEXT and all(w == 0 for _, w in still)  # rendered by the page's script, nothing highlighted
+    assert shown == TEXT
     hovered = span_weights(dom(page, "#layer=2&view=2&hover=6"))  # the 6th character, layer 2, head 2
     assert [w for _, w in hovered[:6]] == pytest.approx(weights[1][1][5], abs=1e-5)
     assert all(w == 0 for _, w in hovered[6:]) and any(w > 0 for _, w in hovered)
 
 
+VARIANTS = {  # every architecture option, each in some variant
+    "learned-gelu-bias-tied": {},
+    "rope-qknorm-relu2-nobias-untied": dict(position="rope", qk_norm=True, activation="relu2", bias=False,
+                                            tie_weights=False),
+    "none-additive-noresidual": dict(position="none", attention_score="additive", residual=False),
+    "dot-sharedqk-novalues-nomlp": dict(attention_score="dot", shared_qk=True, attention_values=False, mlp=False),
+    "uniform": dict(attention_score="uniform"),
+}
+
+
+def variant_checkpoint(run, name: str):
+    """The trained debug run's checkpoint with a model of the variant's shape in it, its weights drawn large enough
+    that attention is far from uniform and every nonlinearity is used over its range."""
+    state = checkpoint.load(run / "run" / "ckpt_best.pt")
+    config = ModelConfig(**{**state["model_config"], **VARIANTS[name]})
+    torch.manual_seed(len(name))
+    model = GPT(config)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            param.copy_(torch.randn_like(param) * (0.2 if "ln" not in param_name else 0.3)
+                        + (1.0 if param_name.endswith("ln_1.weight") or param_name.endswith("ln_2.weight")
+                           or param_name == "ln_f.weight" else 0.0))
+    path = run / f"{name}.pt"
+    torch.save({**state, "model": model.state_dict(), "model_config": config.to_dict()}, path)
+    return path, model.eval(), CharTokenizer(state["vocab"])
+
+
+def attention_inputs_and_outputs(model, idx):
+    """Each layer's attention input (the block's normalised x) and output, from hooks on the PyTorch model."""
+    seen = []
+    hooks = [block.attn.register_forward_hook(lambda m, args, out: seen.append((args[0][0], out[0])))
+             for block in model.blocks]
+    try:
+        logits, _ = model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return logits[0], seen
+
+
+@needs_browser
+@pytest.mark.parametrize("name", VARIANTS)
+def test_in_a_real_browser_the_page_computes_what_pytorch_computes(run, tmp_path, name):
+    path, model, tokenizer = variant_checkpoint(run, name)
+    html = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
+    layer, head, query = 2, 2, 9  # counted from 1, as the page counts
+    sampling = dict(temperature=0.7, top_k=5, top_p=0.9)
+    got = numbers(html, text=TEXT, layer=layer, view=head, query=query, **sampling)
+    idx = torch.tensor([tokenizer.encode(TEXT)])
+    with torch.no_grad():
+        logits, seen = attention_inputs_and_outputs(model, idx)
+        weights = attention_html.attention_of(model, idx[0].tolist())
+    assert got["text"] == TEXT
+    torch.testing.assert_close(exact(got["logits"]), logits.double(), atol=1e-4, rtol=0)
+
+    step, (x, out) = got["step"], seen[layer - 1]
+    assert (step["layer"], step["head"], step["query"]) == (layer, head, query)
+    torch.testing.assert_close(exact(step["input"]), x[query - 1].double(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(exact(step["weights"]), torch.tensor(weights[layer - 1][head - 1][query - 1],
+                                                                           dtype=torch.float64), atol=1e-5, rtol=0)
+    torch.testing.assert_close(exact(step["output"]), out[query - 1].double(), atol=1e-5, rtol=0)
+    assert len(step["keys"]) == len(step["raw"]) == query  # the keys up to the query's own: the causal mask
+
+    probs = logits_to_probs(logits[-1:], **sampling)[0]
+    torch.testing.assert_close(exact(got["probs"]), probs.double(), atol=1e-5, rtol=0)
+
+
+@needs_browser
+def test_in_a_real_browser_each_step_equals_the_textbook_head(run, tmp_path):
+    """The step view's query, keys, scores, scaled scores, weights and weighted sum for one head equal model/textbook.py's
+    Head given that head's share of the model's projections."""
+    path, model, tokenizer = variant_checkpoint(run, "learned-gelu-bias-tied")
+    html = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
+    layer, head, query = 1, 2, 14
+    step = numbers(html, layer=layer, view=head, query=query)["step"]
+    with torch.no_grad():
+        _, seen = attention_inputs_and_outputs(model, torch.tensor([tokenizer.encode(TEXT)]))
+        cfg, attn = model.config, model.blocks[layer - 1].attn
+        size, rows = cfg.head_size, slice((head - 1) * cfg.head_size, head * cfg.head_size)
+        textbook = Head(cfg.n_embd, size, cfg.block_size, bias=True)
+        for i, part in enumerate((textbook.query, textbook.key, textbook.value)):
+            part.weight.copy_(attn.c_attn.weight[i * cfg.n_embd:][rows])
+            part.bias.copy_(attn.c_attn.bias[i * cfg.n_embd:][rows])
+        x = seen[layer - 1][0][None]  # (1, T, n_embd)
+        q, k, v = textbook.query(x)[0], textbook.key(x)[0], textbook.value(x)[0]
+        raw = q[query - 1] @ k[:query].T
+        scaled = raw / math.sqrt(size)
+        alpha = F.softmax(scaled, dim=-1)
+        head_out = textbook(x)[0, query - 1]
+    for got, expected in ((step["q"], q[query - 1]), (step["keys"], k[:query]), (step["values"], v[:query]),
+                          (step["raw"], raw), (step["scores"], scaled), (step["weights"], alpha),
+                          (step["out"], head_out)):
+        torch.testing.assert_close(exact(got), expected.double(), atol=1e-5, rtol=0)
+
+
+@needs_browser
+def test_in_a_real_browser_the_rotary_query_is_the_projection_normalised_and_turned(run, tmp_path):
+    path, model, tokenizer = variant_checkpoint(run, "rope-qknorm-relu2-nobias-untied")
+    html = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
+    layer, head, query = 2, 1, 20
+    step = numbers(html, layer=layer, view=head, query=query)["step"]
+    with torch.no_grad():
+        _, seen = attention_inputs_and_outputs(model, torch.tensor([tokenizer.encode(TEXT)]))
+        cfg = model.config
+        q = model.blocks[layer - 1].attn.c_attn(seen[layer - 1][0])[query - 1, :cfg.n_embd]
+        q = F.rms_norm(q[(head - 1) * cfg.head_size:head * cfg.head_size], (cfg.head_size,))
+        q = apply_rope(q, model.rope_cos[query - 1], model.rope_sin[query - 1])
+    torch.testing.assert_close(exact(step["q"]), q.double(), atol=1e-5, rtol=0)
+
+
+@needs_browser
+def test_in_a_real_browser_greedy_appending_is_generate_and_a_seed_repeats_its_draws(run, page):
+    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    greedy = numbers(page, text="ROMEO", temperature=0, append=6)["text"]
+    expected = generate(model, [tokenizer.encode("ROMEO")], 6, temperature=0)[0]
+    assert greedy == "ROMEO" + tokenizer.decode(expected)
+    first = numbers(page, text="ROMEO", seed=7, append=8)["text"]
+    assert numbers(page, text="ROMEO", seed=7, append=8)["text"] == first and len(first) == 13
+    unknown = numbers(page, text="RO\u0436MEO")  # a character never seen is skipped, and named in the note
+    assert unknown["text"] == "ROMEO"
+    note = re.search(r'<p class="note warn" id="input-note">(.*?)</p>', dom(page, "#text=RO%D0%B6MEO")).group(1)
+    assert "never seen in training: \u201c\u0436\u201d" in note
+
+
+@needs_browser
+def test_the_page_benchmark_reports_the_forward_pass_in_the_browser(run, tmp_path):
+    figures = tmp_path / "page.json"
+    done = run_script("bench_page.py", "--out_dir", str(run / "run"), "--chars", "20", "--passes", "3",
+                      "--json", str(figures))
+    assert done.returncode == 0, done.stderr
+    got = json.loads(figures.read_text())
+    assert got["chars"] == 20 and got["passes"] == 3 and got["forward_ms_min"] <= got["forward_ms_median"] > 0
+    assert "ms (median of 3" in done.stdout and done.stderr == ""
+
+
 @pytest.mark.parametrize("args, words", [
     (["--text", "o" * 33], "this model reads at most 32"),
-    (["--text", "ROMEO ж"], "never saw: 'ж'"),
+    (["--text", "ROMEO \u0436"], "never saw: '\u0436'"),
     (["--text", ""], "--text is empty"),
     (["--text", "ROMEO", "--html", "/nonexistent-dir/p.html"], "/nonexistent-dir"),
 ])
@@ -106,3 +266,12 @@ def test_bad_inputs_are_one_line(run, args, words, capsys):
     code = run_cli(attention_html.main, ["--out_dir", str(run / "run"), *args])  # in this process: quicker
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and words in err, err
+
+
+def test_a_model_too_large_to_carry_is_refused_in_one_line_naming_the_limit(run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(attention_html, "MAX_PARAMETERS", 1000)
+    html = tmp_path / "big.html"
+    code = run_cli(attention_html.main, ["--out_dir", str(run / "run"), "--html", str(html)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "at most 1,000 parameters" in err, err
+    assert not html.exists()

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 # TensorBoard's Time Series with its smoothing at 0 (a query parameter it reads): a validation loss measured at a few
 # evaluations is otherwise drawn well above its values by the default smoothing of 0.6.
 TENSORBOARD_URL = "http://localhost:6006/?smoothing=0#timeseries"
+# The largest model scripts/attention_html.py puts into its page: every weight as float32 is 16 MB, about 21 MB of page.
+PAGE_MAX_PARAMETERS = 4_000_000
 
 
 def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:

@@ -1,0 +1,82 @@
+"""python scripts/bench_page.py --out_dir RUN: how live the attention page is: its size, and the milliseconds of one
+forward pass over 64 characters in a real browser (headless Chromium), the median of many, as a learner typing waits."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from urllib.parse import quote
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+from training import checkpoint  # noqa: E402
+from training.files import write_text_atomic  # noqa: E402
+
+import attention_html  # noqa: E402
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpeak, speak."
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
+    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best.pt, else ckpt_last.pt")
+    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
+    p.add_argument("--chars", type=int, default=64, help="characters of text the forward pass reads (at most the "
+                                                         "model's block_size)")
+    p.add_argument("--passes", type=int, default=30, help="forward passes timed (the median is reported)")
+    p.add_argument("--json", default="", help="also write the figures to this file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.chars < 1 or args.passes < 1:
+        raise UserError("--chars and --passes must be positive")
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not browser:
+        raise UserError("this benchmark runs the page in Chromium, which is not installed (Debian/Ubuntu: "
+                        "apt-get install chromium)")
+    path = checkpoint.find(args.out_dir, args.ckpt)
+    model, tokenizer, _ = checkpoint.load_model(path, "cpu")
+    if args.chars > model.config.block_size:
+        raise UserError(f"--chars {args.chars}: this model reads at most {model.config.block_size} characters")
+    known = "".join(ch for ch in TEXT if ch in tokenizer.stoi) or tokenizer.chars
+    text = (known * (args.chars // len(known) + 1))[:args.chars]
+    with tempfile.TemporaryDirectory() as folder:
+        html = Path(folder) / "page.html"
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):  # its "wrote ..." line is not this command's; its error is
+            code = run_cli(attention_html.main, ["--ckpt", str(path), "--html", str(html)])
+        if code:
+            print(said.getvalue(), end="", file=sys.stderr)
+            return code
+        size = html.stat().st_size
+        done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                               f"{html.as_uri()}#text={quote(text, safe='')}&bench={args.passes}"],
+                              capture_output=True, text=True, timeout=600)
+        version = subprocess.run([browser, "--version"], capture_output=True, text=True).stdout.strip()
+    found = re.search(r'<pre id="numbers">(.*?)</pre>', done.stdout, flags=re.S)
+    if done.returncode or not found:
+        raise UserError(f"Chromium did not run the page (exit {done.returncode}): "
+                        f"{done.stderr.strip().splitlines()[-1:] or 'no message'}")
+    times = json.loads(found.group(1).replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))["bench_all_ms"]
+    figures = {"page_mb": round(size / 1e6, 2), "chars": args.chars, "passes": args.passes,
+               "forward_ms_median": round(times[len(times) // 2], 1), "forward_ms_min": round(times[0], 1),
+               "forward_ms_max": round(times[-1], 1), "browser": version, "checkpoint": str(path)}
+    print(f"{path}: page {figures['page_mb']} MB; one forward pass over {args.chars} characters in {version}: "
+          f"{figures['forward_ms_median']} ms (median of {args.passes}; {figures['forward_ms_min']} to "
+          f"{figures['forward_ms_max']} ms)")
+    if args.json:
+        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
+    return 0
+
+
+if __name__ == "__main__":
+    exit_without_teardown(run_cli(main))
