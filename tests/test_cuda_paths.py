@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from training import runtime
+from training.optim import AdamW
 
 
 @pytest.fixture
@@ -44,14 +45,42 @@ def test_with_the_float16_scaler_a_loss_that_is_not_finite_still_counts(monkeypa
             return None, (self.weight * x).sum() * y
 
     model = Model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = AdamW(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", enabled=True)  # the CUDA scaler's logic, on the CPU
     rt = runtime.Runtime(torch.device("cpu"), torch.float32)
     cfg = SimpleNamespace(grad_accum_steps=1, grad_clip=1.0)
     for y, finite in ((1.0, True), (float("nan"), False)):
         batches = SimpleNamespace(get_batch=lambda split: (torch.ones(3), torch.tensor(y)))
         assert bool(train_step(model, optimizer, scaler, batches, rt, cfg, 0.1)[2]) is finite
-    assert torch.isfinite(model.weight).all()  # the scaler skipped the bad step
+    assert torch.isfinite(model.weight).all()  # the bad step was skipped
+    assert scaler.get_scale() == 65536.0 / 2  # and the scaler lowered its scale after it
+
+
+def test_float16_steps_muon_and_adamw_as_one_without_the_host_reading_the_device(host_reads):
+    """With float16 the scaler's own step() would read its overflow flag on the host for any optimizer but fused
+    AdamW (Muon and AdamW together included): a wait for the GPU at every step. The step is skipped on the device
+    instead, and a step under a power-of-two scale is exactly the plain step."""
+    from types import SimpleNamespace
+    from model import GPT, ModelConfig
+    from training.optim import configure_optimizer
+    from training.step import update
+
+    def one_step(scale):
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16))
+        optimizer = configure_optimizer(model, 1e-2, 0.1, (0.9, 0.95), "cuda", kind="muon")
+        scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
+        x = torch.randint(0, 11, (4, 8))
+        scaler.scale(model(x, x)[1]).backward()
+        as_on_a_gpu = SimpleNamespace(device=torch.device("cpu"), device_type="cuda")
+        with host_reads() as reads:
+            update(model, optimizer, scaler, as_on_a_gpu, SimpleNamespace(grad_clip=1.0), 1e-2)
+        return model.state_dict(), reads
+
+    (plain, _), (scaled, reads) = one_step(None), one_step(2.0 ** 10)
+    assert reads == []
+    for name in plain:
+        torch.testing.assert_close(scaled[name], plain[name], rtol=0, atol=0)
 
 
 def test_mfu_under_torchrun_is_each_processs_share_of_its_own_device():
@@ -91,3 +120,16 @@ def test_compile_fallback_gives_up_compiling_for_a_compiler_failure_only():
     with pytest.raises(torch.OutOfMemoryError):
         fallback(1)
     assert fallback.compiled is not None and len(said) == 1
+
+
+def test_the_samplers_host_numbers_reach_a_gpu_without_making_the_host_wait(monkeypatch):
+    """A prefill's padding and the prompts' ids go to a GPU from pinned memory with non_blocking=True: a copy from
+    pageable memory waits for every kernel queued before it, at every window slide of a long sample."""
+    from model.generate import left_pad, on_device
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: calls.append("pinned") or self)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: calls.append((args, kwargs)) or self)
+    gpu = torch.device("cuda", 0)
+    assert on_device([2, 0], gpu).tolist() == [2, 0]
+    assert left_pad([[5], [6, 7]], gpu).tolist() == [[0, 5], [6, 7]]
+    assert calls == ["pinned", ((gpu,), {"non_blocking": True})] * 2

@@ -67,19 +67,18 @@ def update(model, optimizer, scaler, rt: runtime.Runtime, cfg: TrainConfig,
     """Clip the gradients and step the optimizer at learning rate lr, then clear the gradients: (grad norm, whether
     the gradients were finite), on the device.
 
-    A step whose gradients are not finite is skipped, so NaN never reaches the weights (with float16 the
-    gradient scaler does this itself, and lowers its scale)."""
+    A step whose gradients are not finite is skipped, so NaN never reaches the weights. With float16 the gradients
+    are first divided by the loss scale, and the scaler then lowers its scale after such a step (which unscale_
+    recorded) or raises it after a run of good ones; the step itself is skipped here as in every precision, on the
+    device (the scaler's own step() reads its flag on the host for any optimizer but fused AdamW, Muon included)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    scaler.unscale_(optimizer)
+    scaler.unscale_(optimizer)  # (nothing without float16)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")  # inf: measure the norm, clip nothing
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if scaler.is_enabled():  # float16: the scaler finds inf/NaN itself, skips such a step and lowers its scale
-        scaler.step(optimizer)
+    finite = torch.isfinite(grad_norm)  # a gradient that is not finite anywhere makes the norm inf or NaN
+    optimizer.step_if_finite(finite, on_device=rt.device_type != "cpu")  # a CPU reads the flag for free
+    if scaler.is_enabled():
         scaler.update()
-        finite = torch.ones((), dtype=torch.bool, device=rt.device)  # (train_step looks at the loss instead)
-    else:
-        finite = torch.isfinite(grad_norm)
-        optimizer.step_if_finite(finite, on_device=rt.device_type != "cpu")  # a CPU reads the flag for free
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, finite
