@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from errors import in_one_line
 from model.gpt import GPT
-from model.kv_cache import Decoding
+from model.kv_cache import Decoding, LayerCache
 
 DecodeStep = Callable[[GPT, torch.Tensor, Decoding], torch.Tensor]
 
@@ -51,6 +51,20 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return draw(logits_to_probs(logits, temperature, top_k, top_p), generator)
 
 
+def model_caches(model: GPT, batch_size: int, device: torch.device, dtype: torch.dtype) -> list[LayerCache]:
+    """The model's key/value caches for batch_size rows, allocated at the first generate() call of that shape and
+    reused by the next ones (gpt-fast's setup_caches): a GPU allocates them once, and a compiled step's CUDA graph,
+    which reads them at fixed addresses, is recorded once (sample.py --stream calls generate() once per row). What a
+    previous call left in them is never read: attention sees only the slots this call has written (the mask by slot,
+    or the slots in use). One shape is kept per model; another replaces it."""
+    cfg, shape = model.config, (batch_size, device, dtype)
+    if model.decode_caches is None or model.decode_caches[0] != shape:
+        model.decode_caches = None  # the old caches go before the new ones are allocated
+        made = Decoding.cached(cfg.n_layer, batch_size, cfg.n_head, cfg.block_size, cfg.head_size, device, dtype)
+        model.decode_caches = (shape, made.caches)
+    return model.decode_caches[1]
+
+
 def window_start(start: int, length: int, block_size: int) -> int:
     """Where a row's context begins once it has `length` tokens.
 
@@ -61,10 +75,17 @@ def window_start(start: int, length: int, block_size: int) -> int:
     return start if length - start <= block_size else length - block_size // 2
 
 
+def on_device(values: list, device: torch.device) -> torch.Tensor:
+    """Host numbers -> a long tensor on device, without making the host wait: on CUDA the copy is queued from pinned
+    memory (a copy from ordinary, pageable memory waits for every kernel queued before it)."""
+    host = torch.tensor(values, dtype=torch.long)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+
 def left_pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     """Token lists -> (B, L) ids padded on the left with 0."""
     longest = max(len(r) for r in rows)
-    return torch.tensor([[0] * (longest - len(r)) + r for r in rows], dtype=torch.long, device=device)
+    return on_device([[0] * (longest - len(r)) + r for r in rows], device)
 
 
 def one_token_step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
@@ -162,7 +183,7 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
     state = Decoding()
     if use_cache and cfg.n_layer > 0:  # no blocks, nothing to cache
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.wte.weight.dtype
-        state = Decoding.cached(cfg.n_layer, len(prompts), cfg.n_head, cfg.block_size, cfg.head_size, device, dtype)
+        state = Decoding(model_caches(model, len(prompts), device, dtype))
     in_use = 0  # slots of the caches filled so far: known here without reading the device
     slot = torch.zeros(1, dtype=torch.long, device=device)  # the decoding step's slot, in_use - 1, on the device
     # Eager on a CPU, attention reads only the slots in use (shapes may change there at no cost); on a GPU, or with a
@@ -178,7 +199,7 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
         first = [end - (n - s) for n, s in zip(lengths, starts)]  # the column where each row's window begins
         left = min(first)
         pad = [f - left for f in first]
-        state.pad = torch.tensor(pad, device=device) if any(pad) else None
+        state.pad = on_device(pad, device) if any(pad) else None
         nonlocal in_use
         width = end - left
         if state.caches:

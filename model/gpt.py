@@ -76,6 +76,9 @@ class GPT(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(config.dropout)
+        # Sampling's key/value caches, kept between generate() calls of one shape (model/generate.py: model_caches);
+        # not weights, so not in the state dict.
+        self.decode_caches: tuple | None = None
         self.blocks = nn.ModuleList(Block(config, path) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)

@@ -23,7 +23,8 @@ class LayerCache:
         # 6x6x384 model 12% slower on a 2-core CPU.
         self.in_use: int | None = None
         if self.keys.device.type == "cuda":  # a CUDA graph may replay a step that writes these: the same address always
-            # (guard=False: a new cache, from the next generate() call, re-records the graph instead of recompiling)
+            # (guard=False: caches of another shape, which replace these, re-record the graph instead of recompiling;
+            # generate() reuses a model's caches while the shape stays, see model/generate.py's model_caches)
             torch._dynamo.mark_static_address(self.keys, guard=False)
             torch._dynamo.mark_static_address(self.values, guard=False)
 

@@ -1,5 +1,6 @@
 """Sampling: the KV cache changes nothing but speed, batching changes nothing per row, bad input is refused."""
 import contextlib
+import copy
 import io
 from types import SimpleNamespace
 
@@ -9,7 +10,7 @@ import torch
 import train
 from configs import load_config
 from model import GPT, ModelConfig
-from model.generate import compiled_step, draw, generate, logits_to_probs
+from model.generate import compiled_step, draw, generate, logits_to_probs, one_token_step
 from model.kv_cache import Decoding
 from errors import run_cli
 from training.checkpoint import load_model
@@ -111,6 +112,22 @@ def test_each_row_of_a_padded_batch_equals_generating_it_alone(model):
     prompts = [[4], [1, 2, 3, 4, 5, 6, 7], [9, 9, 2, 0], list(range(16)) * 2]
     batched = generate(model, prompts, 40, temperature=0)
     assert batched == [generate(model, [p], 40, temperature=0)[0] for p in prompts]
+
+
+def test_the_caches_are_allocated_once_per_model_and_what_they_held_before_is_never_read(model):
+    def fixed_shapes(m, ids, state):  # any step but the eager one reads the whole cache, as on a GPU
+        return one_token_step(m, ids, state)
+    fresh, prompts = copy.deepcopy(model), [[3, 1], [5, 6, 7, 8, 9]]
+    for step in (one_token_step, fixed_shapes):
+        model.decode_caches = None
+        generate(model, [[9] * 20, list(range(17))], 30, temperature=0, step=step)  # the caches hold another text
+        caches = model.decode_caches[1]
+        again = generate(model, prompts, 30, temperature=0, step=step)
+        assert model.decode_caches[1] is caches and all(c.keys.abs().sum() > 0 for c in caches)  # the same tensors
+        fresh.decode_caches = None
+        assert again == generate(fresh, prompts, 30, temperature=0, step=step)  # as from new caches
+    generate(model, [[1]], 5)  # another batch size: its caches replace the old ones
+    assert model.decode_caches[0][0] == 1 and model.decode_caches[1][0].keys.size(0) == 1
 
 
 def test_same_seed_same_text_and_another_seed_another(model):
