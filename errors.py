@@ -8,6 +8,7 @@ import errno
 import os
 import signal
 import sys
+import textwrap
 import threading
 from typing import Callable, NoReturn
 
@@ -25,8 +26,20 @@ class Interrupted(KeyboardInterrupt):
     disk. The command exits with 130. A KeyboardInterrupt, so no `except Exception` on the way swallows it."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but a line of help never breaks inside a hyphenated word (max-autotune-no-cudagraphs, top-k),
+    so every value a help line names can be copied whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad command line is a UserError (one line, exit 2) instead of usage text."""
+    """argparse, but a bad command line is a UserError (one line, exit 2) instead of usage text, and help lines keep
+    hyphenated words whole."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, formatter_class=kwargs.pop("formatter_class", HelpFormatter), **kwargs)
 
     def error(self, message: str):
         raise UserError(message)

@@ -71,12 +71,13 @@ class Log:
         self._write("add_image", tag, picture, step, dataformats="HWC")
 
     def layout(self) -> None:
-        """TensorBoard's Custom Scalars tab: train and validation loss on one chart, then the speed."""
+        """TensorBoard's Custom Scalars tab: train and validation loss on one chart, then the speed. Its tags are
+        regular expressions, anchored so that each names one series a run (the full validation is its one point in
+        the Scalars tab's summary/ group)."""
         self._write("add_custom_scalars", {
-            "loss": {"train and validation loss (nats per character)":
-                     ["Multiline", ["loss/train", "loss/val", "summary/full_val_loss"]]},
-            "speed": {"tokens per second": ["Multiline", ["perf/tokens_per_sec"]],
-                      "model FLOPs utilisation (%)": ["Multiline", ["perf/mfu"]]}})
+            "loss": {"train and validation loss (nats per character)": ["Multiline", ["^loss/train$", "^loss/val$"]]},
+            "speed": {"tokens per second": ["Multiline", ["^perf/tokens_per_sec$"]],
+                      "model FLOPs utilisation (%)": ["Multiline", ["^perf/mfu$"]]}})
 
     def hparams(self, hparams: dict, metrics: dict, step: int) -> None:
         """The run's settings and final figures for the HParams tab, in the run's own event file (torch's add_hparams

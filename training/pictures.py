@@ -32,11 +32,17 @@ def save_figure(figure, path: str | Path, option: str) -> None:
     write_atomic(path, lambda f: figure.savefig(f, format=path.suffix[1:].lower()), "the picture", option)
 
 
+def grid_of(n_heads: int) -> tuple[int, int]:
+    """(rows, columns) of the heads' panels: near square, so that a picture shown narrow (TensorBoard's cards scale
+    it to their width) keeps its panels large enough to read; at most 3 columns."""
+    cols = n_heads if n_heads <= 2 else 2 if n_heads <= 4 else 3
+    return math.ceil(n_heads / cols), cols
+
+
 def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[int] | None = None):
     """weights (n_head, T, T) of one layer -> a figure with one heatmap per head, characters on both axes."""
     heads = list(range(weights.size(0))) if heads is None else heads
-    cols = min(len(heads), 4)
-    rows = math.ceil(len(heads) / cols)
+    rows, cols = grid_of(len(heads))
     width, height = cols * PANEL_INCHES + 0.8, rows * PANEL_INCHES
     fig, axes = plt.subplots(rows, cols, figsize=(width, height), dpi=DPI, squeeze=False)
     # Fixed margins in inches (room for tick labels, axis labels, titles and the colour bar on the right):
@@ -102,8 +108,7 @@ def redrawn_parts(ax) -> tuple:
 
 def figure_size(n_heads: int) -> tuple[int, int]:
     """(width, height) in pixels of attention_figure for this many heads."""
-    cols = min(n_heads, 4)
-    rows = math.ceil(n_heads / cols)
+    rows, cols = grid_of(n_heads)
     return round((cols * PANEL_INCHES + 0.8) * DPI), round(rows * PANEL_INCHES * DPI)
 
 

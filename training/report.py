@@ -120,9 +120,11 @@ def done_lines(summary: dict, cfg: TrainConfig, progress: Progress) -> list[str]
     """What a finished run says: its steps and time, which step's model it hands over and that model's figures, and
     the last step's validation estimate beside it."""
     it, step = summary["iterations"], summary["model_step"]
-    # Training time counts every session of a resumed run; the wall clock only this process's.
-    wall = "in this session" if cfg.resume else "in all"
-    lines = [f"done: {it} steps, {summary['train_seconds']:.1f} s of training ({summary['wall_seconds']:.1f} s {wall})"]
+    # Training time counts every session of a resumed run; the wall clock only this process's (the next line, where
+    # the time went, is this session's too).
+    train, wall = summary["train_seconds"], summary["wall_seconds"]
+    lines = [f"done: {it} steps, {train:.1f} s of training steps in all its sessions; this session took {wall:.1f} s"
+             if cfg.resume else f"done: {it} steps, {train:.1f} s of training ({wall:.1f} s in all)"]
     if summary["stopped_early"]:
         lines[0] += (f"; stopped early: {progress.evals_since_best} evaluations in a row did not beat step {step}'s "
                      f"validation loss (--patience {cfg.patience}; --patience 0 trains on to --max_iters {cfg.max_iters})")
