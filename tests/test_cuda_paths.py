@@ -122,6 +122,59 @@ def test_compile_fallback_gives_up_compiling_for_a_compiler_failure_only():
     assert fallback.compiled is not None and len(said) == 1
 
 
+def test_a_backward_that_fails_to_compile_falls_back_and_the_step_is_the_uncompiled_one():
+    """AOTAutograd compiles a compiled forward's backward at the first .backward(), outside the fallback's call: a
+    failure there had ended the run. Now compilation is turned off with the warning, and the step is computed again
+    from where it began (same batch, same dropout): exactly the step an uncompiled run takes."""
+    from types import SimpleNamespace
+    from model import GPT, ModelConfig
+    from training.compiling import CompileFallback
+    from training.step import train_step
+
+    class FailsInBackward(torch.autograd.Function):  # a stand-in for inductor failing on the backward graph
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("BackendCompilerFailed: inductor: C++ compile error (stand-in)")
+
+    class Batches:
+        def __init__(self):
+            self.generator = torch.Generator().manual_seed(3)
+
+        def get_batch(self, split):
+            x = torch.randint(0, 11, (4, 8), generator=self.generator)
+            return x, x.roll(-1, 1)
+
+        def state_dict(self):
+            return self.generator.get_state()
+
+        def load_state_dict(self, state):
+            self.generator.set_state(state)
+
+    def one_step(compiled: bool):
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16, dropout=0.2)).train()
+        optimizer = AdamW(model.parameters(), lr=0.1)
+        said, step_model = [], model
+        if compiled:
+            step_model = CompileFallback(model, lambda x, y: (None, FailsInBackward.apply(model(x, y)[1])), said.append)
+        cfg = SimpleNamespace(grad_accum_steps=2, grad_clip=1.0)
+        rt = runtime.Runtime(torch.device("cpu"), torch.float32)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        loss = train_step(step_model, optimizer, scaler, Batches(), rt, cfg, 0.1)[0]
+        return model.state_dict(), loss, said, step_model
+
+    plain, plain_loss, _, _ = one_step(False)
+    fell_back, loss, said, fallback = one_step(True)
+    assert len(said) == 1 and "torch.compile failed (RuntimeError: BackendCompilerFailed" in said[0]
+    assert fallback.compiled is None and torch.equal(loss, plain_loss)
+    for name in plain:
+        assert torch.equal(fell_back[name], plain[name]), name
+
+
 def test_the_samplers_host_numbers_reach_a_gpu_without_making_the_host_wait(monkeypatch):
     """A prefill's padding and the prompts' ids go to a GPU from pinned memory with non_blocking=True: a copy from
     pageable memory waits for every kernel queued before it, at every window slide of a long sample."""

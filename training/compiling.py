@@ -53,17 +53,31 @@ class CompileFallback:
 
     def __init__(self, module, compiled: Callable, say=print, uncompile: Callable[[], None] = lambda: None):
         self.module, self.compiled, self.say, self.uncompile = module, compiled, say, uncompile
+        # The backward of a compiled forward is compiled at its first .backward() (AOTAutograd compiles it lazily),
+        # outside this call: training.step checks that one and calls fall_back() if it fails.
+        self.backward_done = False
+
+    @property
+    def backward_unchecked(self) -> bool:
+        return self.compiled is not None and not self.backward_done
+
+    def fall_back(self, err: Exception) -> bool:
+        """After err from compiled code: turn compilation off, with the warning, if err is the compiler's (True);
+        False if it is the run's own (out of memory, a broken device: uncompiled code would fail too)."""
+        if is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS):
+            return False
+        warn_failed(self.say, err)
+        self.compiled = None
+        self.uncompile()
+        return True
 
     def __call__(self, *args, **kwargs):
         if self.compiled is not None:
             try:
                 return self.compiled(*args, **kwargs)
             except Exception as err:  # an inductor or driver problem must not end the run
-                if is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS):  # not the compiler's: the run's own
-                    raise  # (the one-line out-of-memory message; a broken device would fail uncompiled too)
-                warn_failed(self.say, err)
-                self.compiled = None
-                self.uncompile()
+                if not self.fall_back(err):
+                    raise  # (the one-line out-of-memory message)
         return self.module(*args, **kwargs)
 
     def __getattr__(self, name: str):

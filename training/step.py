@@ -21,7 +21,10 @@ def train_step(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: Trai
     """One optimizer step over grad_accum_steps micro-batches: (loss, grad norm, whether the gradients were finite),
     all three on the device, so that the step itself never waits for it. stop (one process only: under DDP the ranks
     would have to agree): a request between micro-batches abandons the step (StepAbandoned)."""
-    loss = forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
+    if getattr(model, "backward_unchecked", False):  # compiled, and its backward not compiled yet
+        loss = first_compiled_backward(model, optimizer, scaler, batches, rt, cfg, stop)
+    else:
+        loss = forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
     grad_norm, finite = update(model, optimizer, scaler, rt, cfg, lr)
     if scaler.is_enabled():  # float16: gradients that overflow are the scaler's own search for a scale (it skips the
         finite = torch.isfinite(loss)  # step and lowers it); a loss that is not finite is the run going wrong
@@ -50,6 +53,27 @@ def forward_backward(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg
             scaler.scale(loss).backward()
         loss_sum += loss.detach().float()
     return loss_sum
+
+
+def first_compiled_backward(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: TrainConfig,
+                            stop: StopRequest | None) -> torch.Tensor:
+    """forward_backward through a compiled model (training.compiling.CompileFallback) whose backward is compiled at
+    this first .backward(): if compiling it fails, compilation is turned off (with the warning) and the step is
+    computed again, uncompiled, from where it began: the same batches, the same dropout."""
+    began = batches.state_dict(), random_states(rt)
+    try:
+        loss = forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
+    except StepAbandoned:
+        raise
+    except Exception as err:
+        if not model.fall_back(err):
+            raise
+        batches.load_state_dict(began[0])
+        set_random_states(rt, began[1])
+        optimizer.zero_grad(set_to_none=True)
+        return forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
+    model.backward_done = True
+    return loss
 
 
 def random_states(rt: runtime.Runtime) -> tuple:
