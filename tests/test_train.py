@@ -265,6 +265,23 @@ def train_argv(argv: list[str], say=lambda message: None) -> dict:
     return train.train(cfg, explicit, say=say)
 
 
+def test_a_run_compiled_by_inductor_trains_as_the_uncompiled_one_to_rounding(corpus, tmp_path):
+    """The real compiler, as a GPU run uses it (each block compiled, forward and backward; inductor generates C++
+    here where it generates Triton on CUDA): no fallback, and the losses and weights of the uncompiled run to
+    float32 rounding (inductor fuses and reorders the arithmetic)."""
+    messages = []
+    common = ["--dtype", "float32", "--max_iters", "4", "--eval_interval", "4", "--full_val", "false"]
+    compiled = train_argv(debug_argv(corpus, tmp_path, "inductor", "--compile", "true", *common), say=messages.append)
+    assert any(m.startswith("torch.compile (") for m in messages)
+    assert not any("torch.compile failed" in m for m in messages), messages
+    plain = train_argv(debug_argv(corpus, tmp_path, "eager", "--compile", "false", *common))
+    assert [it for it, _ in compiled["history"]] == [it for it, _ in plain["history"]]
+    assert [loss for _, loss in compiled["history"]] == pytest.approx([loss for _, loss in plain["history"]], rel=1e-4)
+    weights = [checkpoint.load(tmp_path / name / "ckpt_last.pt")["model"] for name in ("inductor", "eager")]
+    for name in weights[1]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], rtol=1e-3, atol=1e-4)
+
+
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 def test_a_failing_torch_compile_falls_back_to_eager_with_a_warning(corpus, tmp_path, monkeypatch, scope):
     def exploding(graph, inputs):  # what inductor does when it cannot build a kernel: it raises at the first call
