@@ -315,3 +315,13 @@ def test_muon_runs_newton_schulz_in_float32_only_on_cpus_without_bfloat16_units(
     opt = configure_optimizer(GPT(ModelConfig(**TINY)), 1e-2, 0.1, (0.9, 0.95), "cpu", kind="muon")
     assert opt.muon.ns_dtype == expected
     assert optim.newton_schulz_dtype("cuda") == torch.bfloat16
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "_muon") or not hasattr(torch.optim._muon, "_adjust_lr"),
+                    reason="this torch no longer has Muon's private learning-rate function to compare with")
+@pytest.mark.parametrize("adjust_lr_fn", [None, "original", "match_rms_adamw"])
+@pytest.mark.parametrize("shape", [(640, 160), (160, 640), (160, 160)])
+def test_muons_learning_rate_per_matrix_is_torchs(adjust_lr_fn, shape):
+    from training.optim import muon_step_size
+    assert muon_step_size(0.02, adjust_lr_fn, torch.Size(shape)) == \
+        torch.optim._muon._adjust_lr(0.02, adjust_lr_fn, torch.Size(shape))

@@ -80,7 +80,10 @@ def build_run(cfg: TrainConfig, rt: runtime.Runtime, prepared: Prepared, d: Dist
               flops_per_token=flops_per_token(model.num_params(non_embedding=False), model_cfg))
     progress = restore(run, resumed, d) if resumed is not None else Progress()
     def wrap(module: torch.nn.Module) -> torch.nn.Module:
-        return DDP(module, device_ids=[d.local_rank] if rt.device_type == "cuda" else None) if d.enabled else module
+        # The model's only buffers are the rotary tables, computed alike in every process: nothing for DDP to
+        # broadcast from rank 0 before every forward (its default)
+        return DDP(module, device_ids=[d.local_rank] if rt.device_type == "cuda" else None,
+                   broadcast_buffers=False) if d.enabled else module
     run.step_model, run.eval_model = step_and_eval_models(model, wrap, cfg.compile, rt.device_type, cfg.compile_mode,
                                                           cfg.compile_scope, cfg.compile_eval, say)
     return run, progress

@@ -2,9 +2,10 @@
 only when the gradients are finite."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
-from torch.optim._muon import _adjust_lr
 
 from training.runtime import cpu_has_bfloat16_units
 
@@ -45,8 +46,10 @@ def newton_schulz_dtype(device_type: str) -> torch.dtype:
 
 
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon with a choice of dtype for its Newton-Schulz iterations. In bfloat16 it computes exactly what
-    torch.optim.Muon computes (the tests check it bit for bit); float32 is for CPUs without bfloat16 units."""
+    """torch.optim.Muon with a choice of dtype for its Newton-Schulz iterations. In bfloat16 on a CPU it computes
+    exactly what torch.optim.Muon computes (the tests check it bit for bit); on a GPU its stacked products (one
+    batched product per shape, where torch's takes one matrix at a time) may round differently, unmeasured so far.
+    float32 is for CPUs without bfloat16 units."""
 
     def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
         super().__init__(params, **kwargs)
@@ -62,19 +65,27 @@ class Muon(torch.optim.Muon):
         kernel launch: for the GPU preset's 6 layers, clipping, Muon, AdamW and clearing the gradients take 148
         operations, against 340 when Muon updated one matrix at a time (Newton-Schulz in bfloat16, as on a GPU)."""
         for group in self.param_groups:
-            params, grads, buffers = [], [], []
-            self._init_group(group, params, grads, buffers)
+            params, grads, buffers = self.with_gradients(group)
             lr, decay = group["lr"], 1 - group["lr"] * group["weight_decay"]
             stacks: dict[torch.Size, list[tuple]] = {}
             for trio in zip(params, grads, buffers):
                 stacks.setdefault(trio[0].shape, []).append(trio)
             for shape, stack in stacks.items():
-                step_size = _adjust_lr(lr, group["adjust_lr_fn"], shape)  # torch.optim.Muon's own scaling
+                step_size = muon_step_size(lr, group["adjust_lr_fn"], shape)
                 params_, grads_, buffers_ = map(list, zip(*stack))
                 if finite is None:
                     self._update_in_place(group, params_, grads_, buffers_, decay, step_size)
                 else:
                     self._update_stacked(group, params_, grads_, buffers_, decay, step_size, finite)
+
+    def with_gradients(self, group: dict) -> tuple[list, list, list]:
+        """The group's parameters that have gradients, their gradients and their momentum buffers (made at the first
+        step, under the state key torch.optim.Muon uses, so checkpoints are interchangeable with it)."""
+        params = [p for p in group["params"] if p.grad is not None]
+        for p in params:
+            if "momentum_buffer" not in self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+        return params, [p.grad for p in params], [self.state[p]["momentum_buffer"] for p in params]
 
     def _update_in_place(self, group: dict, params: list, grads: list, buffers: list, decay: float,
                          step_size: float) -> None:
@@ -102,6 +113,18 @@ class Muon(torch.optim.Muon):
         new_param = torch.add(param * decay, direction, alpha=-step_size)
         torch._foreach_copy_(buffers, torch.where(finite, new_buffer, buffer).unbind())
         torch._foreach_copy_(params, torch.where(finite, new_param, param).unbind())
+
+
+def muon_step_size(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """torch.optim.Muon's learning rate for a (rows, columns) matrix, as its documentation gives it: "original"
+    (or None) lr·√max(1, rows/columns), "match_rms_adamw" lr·0.2·√max(rows, columns) (the update size AdamW's would
+    have), anything else lr. Written here: torch's own function is private, free to change between releases."""
+    rows, columns = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return lr * math.sqrt(max(1, rows / columns))
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * (0.2 * math.sqrt(max(rows, columns)))
+    return lr
 
 
 def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
