@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The GPU figures the README reports, measured in one sitting: bash scripts/bench_gpu.sh PART CORPUS LOGDIR
 #
-# PART is one of tests | speed | runs | recipe | tune | nanogpt (each made to end within 10 minutes on one H100), or all
-# (nanogpt only where NANOGPT is set). CORPUS is Tiny Shakespeare (or any text); every command and what it printed
+# PART is one of smoke | tests | speed | runs | recipe | tune | nanogpt (each made to end within 10 minutes on one H100),
+# or all (nanogpt only where NANOGPT is set). CORPUS is Tiny Shakespeare (or any text); every command and what it printed
 # goes to LOGDIR/PART.log, one file per part.
+#   smoke  the first thing to run on a lent GPU, about five minutes: the CUDA tests, then every CUDA-only path once
+#          (the GPU preset compiled by blocks in bfloat16 with Muon, float16 with the scaler, cuda:0 by name, a resume,
+#          sample.py compiled with CUDA graphs, streamed and batched)
 #   tests  the whole suite on this machine (every failure, the slowest tests), then the CUDA-only tests alone
 #   speed  bench.py on the GPU preset (a step, its halves, the update's operations, sampling), compiled by blocks
 #          against the whole model and against no compilation; bench_sample.py cached, uncached and compiled, in
@@ -18,7 +21,7 @@
 # QUICK=1 shrinks every run and round to check the script itself on any machine, a CPU included (figures meaningless).
 set -u -o pipefail
 if [ $# -ne 3 ] || [ ! -f "$2" ]; then
-    echo "usage: [NANOGPT=DIR] bash scripts/bench_gpu.sh tests|speed|runs|recipe|tune|nanogpt|all CORPUS LOGDIR" \
+    echo "usage: [NANOGPT=DIR] bash scripts/bench_gpu.sh smoke|tests|speed|runs|recipe|tune|nanogpt|all CORPUS LOGDIR" \
          "(CORPUS: a text file)" >&2
     exit 2
 fi
@@ -31,10 +34,12 @@ trap 'rm -rf "$work"' EXIT
 
 if [ "${QUICK:-0}" = 1 ]; then
     shrink=(--batch_size 2 --max_iters 4 --eval_interval 2 --eval_iters 1 --full_val false)
+    small=(--n_layer 1 --n_head 2 --n_embd 32 --block_size 32 --compile false) steps=4 more=6 compiled=--no-compile
     rounds=1 iters=2 tokens=20
     nano_shrink=(--batch_size=2 --max_iters=4 --lr_decay_iters=4 --eval_interval=2 --eval_iters=1 --log_interval=1)
 else
     shrink=() rounds=3 iters=20 tokens=500 nano_shrink=()
+    small=() steps=100 more=150 compiled=--compile
 fi
 
 TIMEFORMAT='[%R s whole]'
@@ -43,6 +48,22 @@ run() {  # prints the command, runs it and times it whole; a failure is logged a
     time "$@"
     echo "[exit $?]"
     echo
+}
+
+part_smoke() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+    run python -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"
+    run python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_cuda_paths.py
+    local common=(--config shakespeare_char_gpu --data "$corpus" --cache_dir "$work/cache" --eval_interval 50
+                  --eval_iters 5 "${small[@]}")
+    run python train.py "${common[@]}" --out_dir "$work/bf16" --max_iters "$steps"
+    run python train.py "${common[@]}" --out_dir "$work/bf16" --max_iters "$more" --resume
+    local half=(--dtype float16 --device cuda:0)  # the scaler, on a GPU chosen by index (a CPU has neither)
+    python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || half=()
+    run python train.py "${common[@]}" --out_dir "$work/fp16" --max_iters "$steps" "${half[@]}"
+    run python scripts/sample.py --out_dir "$work/bf16" --max_new_tokens "$tokens" "$compiled"
+    run python scripts/sample.py --out_dir "$work/bf16" --max_new_tokens "$tokens" "$compiled" --stream \
+        --prompt "ROMEO:" --num_samples 2
 }
 
 part_tests() {
@@ -106,15 +127,15 @@ runpy.run_path("prepare.py", run_name="__main__")'
 
 parts=("$part")
 if [ "$part" = all ]; then
-    parts=(tests speed runs recipe tune nanogpt)
-    [ -f "${NANOGPT:-}/train.py" ] || { unset 'parts[5]'; echo "note: NANOGPT not set: no nanogpt part"; }
+    parts=(smoke tests speed runs recipe tune nanogpt)
+    [ -f "${NANOGPT:-}/train.py" ] || { unset 'parts[6]'; echo "note: NANOGPT not set: no nanogpt part"; }
 fi
 for p in "${parts[@]}"; do
     case "$p" in
         nanogpt) if [ ! -f "${NANOGPT:-}/train.py" ]; then
             echo "error: set NANOGPT to a checkout of karpathy/nanoGPT (a folder with train.py)" >&2; exit 2; fi ;;
-        tests|speed|runs|recipe|tune) ;;
-        *) echo "error: the part is tests, speed, runs, recipe, tune, nanogpt or all, not '$p'" >&2; exit 2 ;;
+        smoke|tests|speed|runs|recipe|tune) ;;
+        *) echo "error: the part is smoke, tests, speed, runs, recipe, tune, nanogpt or all, not '$p'" >&2; exit 2 ;;
     esac
     "part_$p" 2>&1 | tee "$logs/$p.log"
 done

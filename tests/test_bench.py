@@ -165,7 +165,7 @@ def test_the_gpu_sitting_script_parses_and_refuses_what_it_cannot_run(tmp_path, 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_text, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "NANOGPT"}
-    for part, words in (("bogus", "the part is tests, speed, runs, recipe, tune, nanogpt or all, not 'bogus'"),
+    for part, words in (("bogus", "the part is smoke, tests, speed, runs, recipe, tune, nanogpt or all, not 'bogus'"),
                         ("nanogpt", "set NANOGPT to a checkout of karpathy/nanoGPT")):
         done = subprocess.run(["bash", str(script), part, str(corpus), str(tmp_path / "logs")], capture_output=True,
                               text=True, env=env, timeout=60)
