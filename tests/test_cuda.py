@@ -13,9 +13,11 @@ from training.opening import prepare_data
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_mixed_precision_training_learns_and_resumes_exactly(corpus, tmp_path, dtype):
-    common = ("--device", "cuda", "--dtype", dtype, "--log_interval", "1", "--eval_interval", "10")
+def test_mixed_precision_training_learns_and_resumes_exactly(corpus, tmp_path, dtype, optimizer):
+    common = ("--device", "cuda:0", "--dtype", dtype, "--log_interval", "1", "--eval_interval", "10",
+              "--optimizer", optimizer)
     whole = train_debug(corpus, tmp_path / "whole", "--max_iters", "20", *common)
     train_debug(corpus, tmp_path / "parts", "--max_iters", "10", *common)
     resumed = train_debug(corpus, tmp_path / "parts", "--max_iters", "20", "--resume", *common)
@@ -91,3 +93,18 @@ def test_sampling_with_bfloat16_weights_reads_back_once_and_compiles_once(sharp_
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled = [generate(model, prompts, 60, temperature=0, step=step) for _ in range(2)]
     assert compiled[0] == compiled[1]
+
+
+def test_the_compiled_step_reuses_the_models_caches_and_the_text_is_a_fresh_caches(sharp_model):
+    """generate() keeps a model's caches between calls of one shape, so the CUDA graph that reads them at fixed
+    addresses is recorded once (sample.py --stream calls it once per row); what a call left there is never read."""
+    torch.compiler.reset()
+    step = compiled_step("cuda")
+    generate(sharp_model, [[9] * 20, list(range(17))], 40, temperature=0, step=step)  # another text in the caches
+    caches = sharp_model.decode_caches[1]
+    prompts = [[1, 2, 3, 4, 5], [6]]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again = generate(sharp_model, prompts, 40, temperature=0, step=step)
+    assert sharp_model.decode_caches[1] is caches
+    sharp_model.decode_caches = None
+    assert again == generate(sharp_model, prompts, 40, temperature=0)
