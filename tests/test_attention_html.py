@@ -185,17 +185,24 @@ def test_in_a_real_browser_the_page_computes_what_pytorch_computes(run, tmp_path
     torch.testing.assert_close(exact(got["probs"]), probs.double(), atol=1e-5, rtol=0)
 
 
+def step_in_the_browser(run, tmp_path, variant: str, layer: int, head: int, query: int):
+    """The step view's numbers for a variant's page on TEXT, the PyTorch model, and its attention inputs/outputs."""
+    path, model, tokenizer = variant_checkpoint(run, variant)
+    html = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
+    step = numbers(html, layer=layer, view=head, query=query)["step"]
+    with torch.no_grad():
+        _, seen = attention_inputs_and_outputs(model, torch.tensor([tokenizer.encode(TEXT)]))
+    return step, model, seen
+
+
 @needs_browser
 def test_in_a_real_browser_each_step_equals_the_textbook_head(run, tmp_path):
     """The step view's query, keys, scores, scaled scores, weights and weighted sum for one head equal model/textbook.py's
     Head given that head's share of the model's projections."""
-    path, model, tokenizer = variant_checkpoint(run, "learned-gelu-bias-tied")
-    html = tmp_path / "page.html"
-    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
     layer, head, query = 1, 2, 14
-    step = numbers(html, layer=layer, view=head, query=query)["step"]
+    step, model, seen = step_in_the_browser(run, tmp_path, "learned-gelu-bias-tied", layer, head, query)
     with torch.no_grad():
-        _, seen = attention_inputs_and_outputs(model, torch.tensor([tokenizer.encode(TEXT)]))
         cfg, attn = model.config, model.blocks[layer - 1].attn
         size, rows = cfg.head_size, slice((head - 1) * cfg.head_size, head * cfg.head_size)
         textbook = Head(cfg.n_embd, size, cfg.block_size, bias=True)
@@ -216,13 +223,9 @@ def test_in_a_real_browser_each_step_equals_the_textbook_head(run, tmp_path):
 
 @needs_browser
 def test_in_a_real_browser_the_rotary_query_is_the_projection_normalised_and_turned(run, tmp_path):
-    path, model, tokenizer = variant_checkpoint(run, "rope-qknorm-relu2-nobias-untied")
-    html = tmp_path / "page.html"
-    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
     layer, head, query = 2, 1, 20
-    step = numbers(html, layer=layer, view=head, query=query)["step"]
+    step, model, seen = step_in_the_browser(run, tmp_path, "rope-qknorm-relu2-nobias-untied", layer, head, query)
     with torch.no_grad():
-        _, seen = attention_inputs_and_outputs(model, torch.tensor([tokenizer.encode(TEXT)]))
         cfg = model.config
         q = model.blocks[layer - 1].attn.c_attn(seen[layer - 1][0])[query - 1, :cfg.n_embd]
         q = F.rms_norm(q[(head - 1) * cfg.head_size:head * cfg.head_size], (cfg.head_size,))
