@@ -14,6 +14,7 @@ import torch  # noqa: E402
 
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.attention import recording_attention  # noqa: E402
+from model.generate import generate  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.files import check_output_file, write_text_atomic  # noqa: E402
 from training.report import PAGE_MAX_PARAMETERS as MAX_PARAMETERS  # noqa: E402
@@ -29,7 +30,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--text", default=None, help="the text the page opens with (at most the model's block_size "
                                                 "characters; the page lets you type another); by default a line of "
-                                                "Romeo and Juliet, less the characters the model never saw")
+                                                "Romeo and Juliet, less the characters the model never saw (or, "
+                                                "where that leaves little, a line the model writes)")
     p.add_argument("--html", required=True, help="where to write the page (.html)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
                    help="characters of --text the model never saw: stop with an error, or leave them out")
@@ -79,10 +81,17 @@ def page(model, vocab: str, text: str, title: str, about: str) -> str:
     return html.replace("/*DATA*/null", blob)
 
 
-def opening_text(args, tokenizer, block_size: int) -> str:
-    """The text the page opens with: --text checked, or the default line less what the model cannot read."""
+def opening_text(args, model, tokenizer, block_size: int) -> str:
+    """The text the page opens with: --text checked; by default a line of Romeo and Juliet less what the model cannot
+    read, or, where that leaves little (a model of Chinese text, say), a line the model writes itself."""
     if args.text is None:
-        return "".join(ch for ch in DEFAULT_TEXT if ch in tokenizer.stoi)[:block_size]
+        text = "".join(ch for ch in DEFAULT_TEXT if ch in tokenizer.stoi)[:block_size]
+        if len(text) >= min(20, block_size):
+            return text
+        prompt = tokenizer.encode(tokenizer.default_prompt())
+        written = generate(model, [prompt], min(40, block_size) - len(prompt), temperature=0.8,
+                           generator=torch.Generator().manual_seed(0))[0]
+        return tokenizer.decode(prompt + written)
     if not args.text:
         raise UserError("--text is empty; give the text to open the page with, or leave --text out")
     unknown = tokenizer.unknown(args.text)
@@ -112,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{path} has {size:,} parameters; the page carries at most {MAX_PARAMETERS:,} parameters "
                         f"(every weight in float32, {MAX_PARAMETERS * 4 * 4 / 3 / 1e6:.1f} MB of page); choose a "
                         f"smaller model")
-    text = opening_text(args, tokenizer, cfg.block_size)
+    text = opening_text(args, model, tokenizer, cfg.block_size)
     try:
         attention_of(model, tokenizer.encode(text) or [0])
     except UserError as err:

@@ -81,9 +81,12 @@ def test_the_page_references_nothing_outside_itself(run, page):
 # In a real browser.
 # ---------------------------------------------------------------------------------------------
 def dom(page, fragment: str = "") -> str:
-    done = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
-                           page.as_uri() + fragment], capture_output=True, text=True, timeout=120)
+    """The page's document after its scripts ran, with no error in its console (Chromium logs the console to
+    stderr with --enable-logging)."""
+    done = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                           "--v=0", "--dump-dom", page.as_uri() + fragment], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "Uncaught" not in done.stderr, [line for line in done.stderr.splitlines() if "CONSOLE" in line]
     return done.stdout
 
 
@@ -256,6 +259,22 @@ def test_the_page_benchmark_reports_the_forward_pass_in_the_browser(run, tmp_pat
     got = json.loads(figures.read_text())
     assert got["chars"] == 20 and got["passes"] == 3 and got["forward_ms_min"] <= got["forward_ms_median"] > 0
     assert "ms (median of 3" in done.stdout and done.stderr == ""
+
+
+@needs_browser
+def test_an_address_that_names_what_the_page_lacks_is_ignored(page):
+    html = dom(page, "#query=99&layer=9&view=x&hover=500")  # a character, layer and head the text and model lack
+    assert re.search(r'<span id="step-title">\u201ct\u201d \(character 27\), layer 1, head 1', html)
+
+
+def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run, tmp_path, monkeypatch):
+    monkeypatch.setattr(attention_html, "DEFAULT_TEXT", "\u0436\u0436\u0436")  # none of it known
+    pages = [tmp_path / "a.html", tmp_path / "b.html"]
+    for html in pages:
+        assert run_cli(attention_html.main, ["--out_dir", str(run / "run"), "--html", str(html)]) == 0
+    texts = [embedded(html.read_text(encoding="utf-8"))["text"] for html in pages]
+    assert texts[0] == texts[1] and len(texts[0]) == 32 and set(texts[0]) <= set("ROMEO: but soft, what light "
+                                                                                  "through yonder window breaks?\n")
 
 
 @pytest.mark.parametrize("args, words", [

@@ -289,13 +289,17 @@ $("append").addEventListener("click", appendSampled);
 
 const wanted = new URLSearchParams(location.hash.slice(1));
 if (wanted.has("text")) $("input").value = wanted.get("text");
-if (wanted.has("layer")) $("layer").value = String(Number(wanted.get("layer")) - 1);
-if (wanted.has("view")) $("view").value = wanted.get("view") === "all" ? "all" : String(Number(wanted.get("view")) - 1);
+function choose(select, value) {  // an option the address names, if the page has it
+  if (Array.from(select.options).some(option => option.value === value)) select.value = value;
+}
+if (wanted.has("layer")) choose($("layer"), String(Number(wanted.get("layer")) - 1));
+if (wanted.has("view")) choose($("view"), wanted.get("view") === "all" ? "all" : String(Number(wanted.get("view")) - 1));
 for (const [key, id] of [["temperature", "temperature"], ["top_k", "top-k"], ["top_p", "top-p"], ["seed", "seed"]]) {
   if (wanted.has(key)) $(id).value = wanted.get(key);
 }
 update();
-if (wanted.has("query")) { state.pinned = Number(wanted.get("query")) - 1; render(); }
+const asked = Number(wanted.get("query")) - 1;  // a character of the text, or none
+if (Number.isInteger(asked) && asked >= 0 && asked < state.text.length) { state.pinned = asked; render(); }
 for (let n = 0; n < Number(wanted.get("append") || 0); n++) appendSampled();
 if (wanted.has("hover")) {
   const span = $("strip").querySelectorAll(".ch")[Number(wanted.get("hover")) - 1];
