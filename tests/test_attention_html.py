@@ -262,6 +262,32 @@ def test_the_page_benchmark_reports_the_forward_pass_in_the_browser(run, tmp_pat
 
 
 @needs_browser
+def test_a_learner_types_clicks_and_appends_and_every_view_follows(run, page):
+    """Driven as a person drives it (keys typed one by one, real mouse clicks): each keystroke recomputes the model,
+    whose logits equal PyTorch's for the text typed so far; a click picks the character the steps explain; the button
+    appends a character the model finds possible."""
+    from browser import Browser
+    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    with Browser() as browser:
+        browser.open(page.as_uri())
+        browser.type("soft, wh", into="#input", replace=True)  # over the opening text
+        assert browser.evaluate("document.querySelectorAll('#strip .ch').length") == 8
+        logits = browser.evaluate("JSON.parse(numbers({})).logits")
+        with torch.no_grad():
+            expected = model(torch.tensor([tokenizer.encode("soft, wh")]))[0][0]
+        torch.testing.assert_close(exact(logits), expected.double(), atol=1e-4, rtol=0)
+        browser.click("#strip .ch:nth-of-type(3)")  # the "f"
+        assert browser.evaluate("document.getElementById('step-title').textContent").startswith(
+            "\u201cf\u201d (character 3), layer 1, head 1")
+        probs = browser.evaluate("JSON.parse(numbers({})).probs")
+        browser.click("#append")
+        text = browser.evaluate("document.getElementById('input').value")
+        assert text[:8] == "soft, wh" and len(text) == 9 and probs[tokenizer.stoi[text[8]]] > 0
+        assert browser.evaluate("document.querySelectorAll('#strip .ch').length") == 9
+        assert browser.errors == []
+
+
+@needs_browser
 def test_an_address_that_names_what_the_page_lacks_is_ignored(page):
     html = dom(page, "#query=99&layer=9&view=x&hover=500")  # a character, layer and head the text and model lack
     assert re.search(r'<span id="step-title">\u201ct\u201d \(character 27\), layer 1, head 1', html)

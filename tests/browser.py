@@ -1,0 +1,104 @@
+"""A headless Chromium driven as a user drives a page: type into it, click, read what it shows. Chrome's DevTools
+protocol over a pipe (--remote-debugging-pipe: JSON messages ended by a NUL byte on file descriptors 3 and 4), so
+nothing listens on a port and nothing beyond the standard library is needed."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+class Browser:
+    """with Browser() as browser: browser.open(url); browser.type("abc"); browser.evaluate("1 + 1")"""
+
+    def __enter__(self) -> "Browser":
+        to_browser, self._write = os.pipe()  # fd 3 in the browser: what it reads
+        self._read, from_browser = os.pipe()  # fd 4 in the browser: what it writes
+        self._profile = tempfile.TemporaryDirectory()
+
+        def descriptors() -> None:  # in the child, before Chromium starts: the pipes as 3 and 4
+            os.dup2(to_browser, 3)
+            os.dup2(from_browser, 4)
+        self._process = subprocess.Popen(
+            [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+             f"--user-data-dir={self._profile.name}", "about:blank"],
+            close_fds=False, preexec_fn=descriptors,  # (subprocess would close 3 and 4 after preexec_fn)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_browser)
+        os.close(from_browser)
+        self._next_id, self._buffer, self.errors = 0, b"", []
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        self.call("Runtime.enable", session=True)
+        self.call("Page.enable", session=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._process.kill()
+        self._process.wait()
+        os.close(self._write)
+        os.close(self._read)
+        self._profile.cleanup()
+
+    def call(self, method: str, session: bool = False, **params) -> dict:
+        """One protocol command, to the browser or (session=True) to the page; its result."""
+        self._next_id += 1
+        message = {"id": self._next_id, "method": method, "params": params}
+        if session:
+            message["sessionId"] = self._session
+        os.write(self._write, json.dumps(message).encode() + b"\0")
+        while True:
+            reply = self._receive()
+            if reply.get("method") == "Runtime.exceptionThrown":  # an uncaught error in the page's script
+                self.errors.append(reply["params"]["exceptionDetails"].get("exception", {}).get("description", ""))
+            if reply.get("id") == self._next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def _receive(self) -> dict:
+        while b"\0" not in self._buffer:
+            chunk = os.read(self._read, 1 << 16)
+            if not chunk:
+                raise RuntimeError("the browser closed its pipe")
+            self._buffer += chunk
+        message, self._buffer = self._buffer.split(b"\0", 1)
+        return json.loads(message)
+
+    def open(self, url: str, timeout: float = 60) -> None:
+        self.call("Page.navigate", session=True, url=url)
+        deadline = time.monotonic() + timeout
+        while self.evaluate("document.readyState") != "complete":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not load in {timeout} s")
+            time.sleep(0.05)
+
+    def evaluate(self, expression: str):
+        """A JavaScript expression's value in the page (JSON-like values)."""
+        result = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(result["exceptionDetails"].get("exception", {}).get("description", expression))
+        return result["result"].get("value")
+
+    def click(self, selector: str) -> None:
+        """A real mouse click (press and release) at the middle of the first element the CSS selector finds."""
+        box = self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
+                            f"e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); "
+                            f"return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
+        for kind in ("mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", session=True, type=kind, x=box[0], y=box[1], button="left",
+                      clickCount=1)
+
+    def type(self, text: str, into: str, replace: bool = False) -> None:
+        """Focus the element (a click) and type text into it, character by character, as a keyboard would;
+        replace: select what it holds first (Ctrl-A), so that the typing replaces it."""
+        self.click(into)
+        if replace:
+            self.evaluate(f"document.querySelector({json.dumps(into)}).select()")
+        for ch in text:
+            self.call("Input.insertText", session=True, text=ch)
