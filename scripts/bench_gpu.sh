@@ -4,9 +4,10 @@
 # PART is one of smoke | tests | speed | runs | recipe | tune | nanogpt (each made to end within 10 minutes on one H100),
 # or all (nanogpt only where NANOGPT is set). CORPUS is Tiny Shakespeare (or any text); every command and what it printed
 # goes to LOGDIR/PART.log, one file per part.
-#   smoke  the first thing to run on a lent GPU, about five minutes: the CUDA tests, then every CUDA-only path once
-#          (the GPU preset compiled by blocks in bfloat16 with Muon, float16 with the scaler, cuda:0 by name, a resume,
-#          sample.py compiled with CUDA graphs, streamed and batched)
+#   smoke  the first thing to run on a lent GPU, about five minutes: every CUDA path once, one PASS or FAIL line each
+#          (the CUDA tests; the GPU preset in bfloat16 and float16, compiled and not, float16 on cuda:0 by name; a
+#          resume; each compile mode and scope offered; torchrun with NCCL, one process; sample.py eager and compiled,
+#          streamed and batched; host syncs per sampled character counted under torch.cuda.set_sync_debug_mode)
 #   tests  the whole suite on this machine (every failure, the slowest tests), then the CUDA-only tests alone
 #   speed  bench.py on the GPU preset (a step, its halves, the update's operations, sampling), compiled by blocks
 #          against the whole model and against no compilation; bench_sample.py cached, uncached and compiled, in
@@ -46,24 +47,89 @@ TIMEFORMAT='[%R s whole]'
 run() {  # prints the command, runs it and times it whole; a failure is logged and the part goes on
     echo "\$ $*"
     time "$@"
-    echo "[exit $?]"
+    local code=$?
+    echo "[exit $code]"
+    echo
+    return $code
+}
+
+verdicts=()
+check() {  # NAME COMMAND...: run() it, then one line PASS NAME or FAIL NAME (exit N), kept for the part's summary
+    local name=$1
+    shift
+    run "$@"
+    local code=$?
+    if [ $code = 0 ]; then verdicts+=("PASS $name"); else verdicts+=("FAIL $name (exit $code)"); fi
+    echo "${verdicts[-1]}"
     echo
 }
+
+# Host syncs of sampling, counted: torch.cuda's sync debug mode warns at every wait of the host for the GPU.
+# python -c "$syncs" CHECKPOINT eager|compiled CHARACTERS
+syncs='import sys, warnings, torch
+from pathlib import Path
+from training import checkpoint
+from model.generate import compiled_step, generate, one_token_step
+path, kind, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model, tokenizer, _ = checkpoint.load_model(path, device)
+step = compiled_step(device) if kind == "compiled" else one_token_step
+generate(model, [[0]], 8, step=step)  # compiled before counting
+if device == "cuda":
+    torch.cuda.set_sync_debug_mode("warn")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    text = generate(model, [tokenizer.encode("ROMEO:")] * 2, n, step=step)
+waits = sum("synchroniz" in str(w.message) for w in caught)
+print(f"{kind}: {waits} host syncs for 2 x {n} characters ({waits / n:.3f} per character)" if device == "cuda"
+      else f"{kind}: {len(text[0])} characters; host syncs are counted on CUDA only")'
 
 part_smoke() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
     run python -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"
-    run python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_cuda_paths.py
+    local gpu=1
+    python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || gpu=0
+    check "tests/test_cuda.py and test_cuda_paths.py" \
+        python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_cuda_paths.py
     local common=(--config shakespeare_char_gpu --data "$corpus" --cache_dir "$work/cache" --eval_interval 50
-                  --eval_iters 5 "${small[@]}")
-    run python train.py "${common[@]}" --out_dir "$work/bf16" --max_iters "$steps"
-    run python train.py "${common[@]}" --out_dir "$work/bf16" --max_iters "$more" --resume
-    local half=(--dtype float16 --device cuda:0)  # the scaler, on a GPU chosen by index (a CPU has neither)
-    python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || half=()
-    run python train.py "${common[@]}" --out_dir "$work/fp16" --max_iters "$steps" "${half[@]}"
-    run python scripts/sample.py --out_dir "$work/bf16" --max_new_tokens "$tokens" "$compiled"
-    run python scripts/sample.py --out_dir "$work/bf16" --max_new_tokens "$tokens" "$compiled" --stream \
-        --prompt "ROMEO:" --num_samples 2
+                  --eval_iters 5 --max_iters "$steps" "${small[@]}")
+    # bfloat16 and float16 (the scaler), compiled and not; float16 on a GPU chosen by its index. A CPU (QUICK=1) has
+    # no float16 training and compiles in the suite: there, the float32 and bfloat16 steps uncompiled.
+    local dtypes=(bfloat16 float16) compiles=(true false)
+    [ $gpu = 1 ] || dtypes=(float32 bfloat16) compiles=(false)
+    for dtype in "${dtypes[@]}"; do
+        for compile in "${compiles[@]}"; do
+            local device=()
+            [ "$dtype" = float16 ] && device=(--device cuda:0)
+            check "train $dtype, compile $compile${device:+ on cuda:0}" python train.py "${common[@]}" --dtype "$dtype" \
+                --compile "$compile" "${device[@]}" --out_dir "$work/$dtype-$compile"
+        done
+    done
+    check "resume (bfloat16)" python train.py "${common[@]}" --dtype bfloat16 --compile "${compiles[0]}" \
+        --out_dir "$work/bfloat16-${compiles[0]}" --max_iters "$more" --resume
+    # every compile mode and scope still offered, on a small shape (max-autotune-no-cudagraphs times kernels)
+    if [ $gpu = 1 ]; then
+        for mode in default max-autotune-no-cudagraphs; do
+            for scope in blocks model; do
+                check "compile mode $mode, scope $scope" python train.py "${common[@]}" --compile true \
+                    --compile_mode "$mode" --compile_scope "$scope" --n_layer 2 --n_embd 128 --n_head 4 \
+                    --block_size 64 --max_iters 20 --out_dir "$work/$mode-$scope"
+            done
+        done
+    fi
+    check "torchrun, one process ($([ $gpu = 1 ] && echo NCCL || echo gloo))" torchrun --standalone \
+        --nproc_per_node 1 train.py "${common[@]}" --out_dir "$work/torchrun"
+    local model=$work/bfloat16-${compiles[0]}
+    check "sample.py eager" python scripts/sample.py --out_dir "$model" --max_new_tokens "$tokens" --no-compile
+    check "sample.py $compiled, streamed, 2 rows" python scripts/sample.py --out_dir "$model" \
+        --max_new_tokens "$tokens" "$compiled" --stream --prompt "ROMEO:" --num_samples 2
+    for kind in eager compiled; do
+        [ $gpu = 1 ] || [ $kind = eager ] || continue  # (the CPU's compiled step is in the suite)
+        check "sampling $kind, host syncs counted" python -c "$syncs" "$model/ckpt_best.pt" $kind "$tokens"
+    done
+    echo "smoke: $(printf '%s\n' "${verdicts[@]}" | grep -c '^PASS') passed," \
+         "$(printf '%s\n' "${verdicts[@]}" | grep -c '^FAIL') failed"
+    printf '%s\n' "${verdicts[@]}"
 }
 
 part_tests() {
