@@ -167,7 +167,7 @@ def train_opened(s: Session, source: Path | None, started: float) -> dict:
     if "seconds" in summary:
         log.say(run.phases.line(summary["seconds"]))
     log.say(f"sample it: python scripts/sample.py --out_dir {where}")
-    if s.cfg.n_layer and sum(p.numel() for p in run.model.parameters()) <= PAGE_MAX_PARAMETERS:
+    if s.cfg.n_layer and run.model.num_params(non_embedding=False) <= PAGE_MAX_PARAMETERS:
         page = shlex.quote(str(run_dir.path / "attention.html"))
         log.say(f"watch it think: python scripts/attention_html.py --out_dir {where} --html {page}, then open {page} "
                 f"in a browser and type")

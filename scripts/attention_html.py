@@ -115,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = model.config
     if cfg.n_layer == 0:
         raise UserError(f"{path} has no attention layers (n_layer 0); choose a model with blocks")
-    size = sum(t.numel() for name, t in model.state_dict().items()
-               if not (name == "lm_head.weight" and cfg.tie_weights))
+    size = model.num_params(non_embedding=False)  # every weight the page carries (a tied head once)
     if size > MAX_PARAMETERS:
         raise UserError(f"{path} has {size:,} parameters; the page carries at most {MAX_PARAMETERS:,} parameters "
                         f"(every weight in float32, {MAX_PARAMETERS * 4 * 4 / 3 / 1e6:.1f} MB of page); choose a "

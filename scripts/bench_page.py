@@ -3,6 +3,7 @@ forward pass over 64 characters in a real browser (headless Chromium), the media
 from __future__ import annotations
 
 import contextlib
+import html as markup
 import io
 import json
 import re
@@ -21,6 +22,8 @@ from training.files import write_text_atomic  # noqa: E402
 
 import attention_html  # noqa: E402
 
+BROWSER_SECONDS = 600
+MAX_PASSES = 1000  # the page runs them all before Chromium writes the page out: minutes for a large model
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpeak, speak."
 
 
@@ -37,8 +40,8 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.chars < 1 or args.passes < 1:
-        raise UserError("--chars and --passes must be positive")
+    if args.chars < 1 or not 1 <= args.passes <= MAX_PASSES:
+        raise UserError(f"--chars must be positive and --passes from 1 to {MAX_PASSES}")
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if not browser:
         raise UserError("this benchmark runs the page in Chromium, which is not installed (Debian/Ubuntu: "
@@ -58,15 +61,19 @@ def main(argv: list[str] | None = None) -> int:
             print(said.getvalue(), end="", file=sys.stderr)
             return code
         size = html.stat().st_size
-        done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
-                               f"{html.as_uri()}#text={quote(text, safe='')}&bench={args.passes}"],
-                              capture_output=True, text=True, timeout=600)
+        try:
+            done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                                   f"{html.as_uri()}#text={quote(text, safe='')}&bench={args.passes}"],
+                                  capture_output=True, text=True, timeout=BROWSER_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise UserError(f"Chromium ran the page for more than {BROWSER_SECONDS} s; ask for fewer --passes or "
+                            f"--chars") from None
         version = subprocess.run([browser, "--version"], capture_output=True, text=True).stdout.strip()
     found = re.search(r'<pre id="numbers">(.*?)</pre>', done.stdout, flags=re.S)
     if done.returncode or not found:
         raise UserError(f"Chromium did not run the page (exit {done.returncode}): "
                         f"{done.stderr.strip().splitlines()[-1:] or 'no message'}")
-    times = json.loads(found.group(1).replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))["bench_all_ms"]
+    times = json.loads(markup.unescape(found.group(1)))["bench_all_ms"]
     figures = {"page_mb": round(size / 1e6, 2), "chars": args.chars, "passes": args.passes,
                "forward_ms_median": round(times[len(times) // 2], 1), "forward_ms_min": round(times[0], 1),
                "forward_ms_max": round(times[-1], 1), "browser": version, "checkpoint": str(path)}

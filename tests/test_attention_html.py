@@ -2,6 +2,7 @@
 real browser computes what PyTorch computes: the logits, every step of attention (against model/textbook.py), and the
 next character's probabilities (against model/generate.py), for every architecture option."""
 import base64
+import html as html_text
 import json
 import math
 import re
@@ -95,7 +96,7 @@ def numbers(page, **state) -> dict:
     fragment = "#" + "&".join(f"{key}={quote(str(value), safe='')}" for key, value in {**state, "numbers": 1}.items())
     found = re.search(r'<pre id="numbers">(.*?)</pre>', dom(page, fragment), flags=re.S)
     assert found, "the page wrote no numbers"
-    return json.loads(found.group(1).replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
+    return json.loads(html_text.unescape(found.group(1)))
 
 
 def exact(values) -> torch.Tensor:

@@ -124,8 +124,8 @@ def test_compile_fallback_gives_up_compiling_for_a_compiler_failure_only():
 
 def test_a_backward_that_fails_to_compile_falls_back_and_the_step_is_the_uncompiled_one():
     """AOTAutograd compiles a compiled forward's backward at the first .backward(), outside the fallback's call: a
-    failure there had ended the run. Now compilation is turned off with the warning, and the step is computed again
-    from where it began (same batch, same dropout): exactly the step an uncompiled run takes."""
+    failure there turns compilation off with the warning, and the step is computed again from where it began (same
+    batch, same dropout): exactly the step an uncompiled run takes, not the end of the run."""
     from types import SimpleNamespace
     from model import GPT, ModelConfig
     from training.compiling import CompileFallback

@@ -53,8 +53,8 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tu
                        seconds: float = 0.03, trials: int = 3) -> float:
     """The best FLOP/s of matrix products in the training dtype on this device: a large square one and the given
     (m, k, n) shapes (the model's own), each the best of several short trials, so that a busy moment on a shared machine
-    does not lower the ceiling (a ceiling measured in a busy moment would give MFUs above 100%). Every run pays for it before its
-    first step: with the CPU default's shapes on a 2-core AMD EPYC, trials of 0.1 s took 0.63-0.64 s and found
+    does not lower the ceiling (a ceiling measured in a busy moment would give MFUs above 100%). Every run pays for it
+    before its first step: with the CPU default's shapes on a 2-core AMD EPYC, trials of 0.1 s took 0.63-0.64 s and found
     399.5-413.2 GFLOP/s, trials of 0.03 s 0.21-0.22 s and 399.2-413.1 (4 rounds in turn)."""
     size = 8192 if device.type == "cuda" else 1024
     gen = torch.Generator(device=device).manual_seed(0)  # leaves the global RNG (dropout, resume) untouched

@@ -26,8 +26,8 @@ def train_step(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: Trai
     else:
         loss = forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
     grad_norm, finite = update(model, optimizer, scaler, rt, cfg, lr)
-    if scaler.is_enabled():  # float16: gradients that overflow are the scaler's own search for a scale (it skips the
-        finite = torch.isfinite(loss)  # step and lowers it); a loss that is not finite is the run going wrong
+    if scaler.is_enabled():  # float16: gradients that overflow are the scaler's search for a scale (the step is
+        finite = torch.isfinite(loss)  # skipped, the scale lowered); a loss that is not finite is the run going wrong
     return loss, grad_norm, finite
 
 
