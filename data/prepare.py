@@ -10,7 +10,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -124,11 +124,14 @@ def process_alive(pid: int) -> bool:
 
 
 def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
-            encoding: str = "utf-8", errors: str = "strict", say=print, base_vocab: str = "") -> Prepared:
+            encoding: str = "utf-8", errors: str = "strict", say=print, base_vocab: str = "",
+            check: Callable[[str, str], None] | None = None) -> Prepared:
     """Write (or reuse) the token files of a corpus. Returns where they are and what they hold.
 
     base_vocab (fine-tuning): the vocabulary starts with these characters, in this order, so a trained model's ids
-    keep their meaning; the corpus's other characters follow."""
+    keep their meaning; the corpus's other characters follow. check(sha256, vocabulary), when given, is called with
+    the text's checksum and vocabulary before any file is written (or a cached entry is used), and may refuse them
+    (--resume checks the text against its checkpoint's record this way, so a refused resume writes nothing)."""
     check_encoding(encoding, errors)
     start = time.perf_counter()
     sha256, key = corpus_key(corpus, encoding, errors, val_fraction)
@@ -140,12 +143,14 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
         why = damage(final)
         if why is None:
             meta = json.loads((final / "meta.json").read_text(encoding="utf-8"))
+            if check is not None:
+                check(sha256, meta["vocab"])
             meta["source"] = corpus.name  # the cache is keyed by content: the same text under another name is this one
             return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
         say(f"note: the cached token files in {final} are damaged ({why}); preparing them again")
         discard(final)
     try:
-        return build(corpus, final, key, sha256, val_fraction, encoding, errors, start, base_vocab)
+        return build(corpus, final, key, sha256, val_fraction, encoding, errors, start, base_vocab, check)
     except OSError as err:
         if err.filename and Path(err.filename) in corpus.files:
             raise UserError(f"--data: {err.filename} cannot be read ({err.strerror})") from None
@@ -164,7 +169,7 @@ def discard(entry: Path) -> None:
 
 
 def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: float, encoding: str, errors: str,
-          start: float, base_vocab: str = "") -> Prepared:
+          start: float, base_vocab: str = "", check: Callable[[str, str], None] | None = None) -> Prepared:
 
     # Pass 1: which characters occur, and how many there are.
     seen = np.zeros(0x110000, dtype=bool)
@@ -178,6 +183,8 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: floa
     new = "".join(ch for ch in map(chr, np.flatnonzero(seen)) if ch not in known)
     tokenizer = CharTokenizer(base_vocab + new)
     n_train = int(n_chars * (1 - val_fraction))
+    if check is not None:
+        check(sha256, tokenizer.chars)
 
     # Pass 2: encode and write, the first n_train characters to train.bin and the rest to val.bin.
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 (discovered from a real run's own listing, for a new run, --resume and --overwrite), a temporary name cannot be
 guessed, and a checkpoint whose config asks for more than its weights hold is refused in one line by every reader
 before anything is built."""
+import json
 import os
 import subprocess
 import sys
@@ -126,6 +127,124 @@ def test_a_readers_message_during_a_running_overwrite_says_what_is_true(corpus, 
     finally:
         proc.kill()
         proc.wait()
+
+
+# ---- a planted .replaced/ (the keep-aside of --overwrite) ------------------------------------------------------
+def files_of(folder):
+    """Every file under folder (hidden ones included) with its bytes, and every folder, to compare after; the run
+    folder's lock by name only (each owner writes its pid there)."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() and p.name != ".lock" else None)
+            for p in sorted(folder.rglob("*"))}
+
+
+def plant(out, files, record=None):
+    aside = out / ".replaced"
+    aside.mkdir()
+    for name, data in files.items():
+        (aside / name).write_bytes(data)
+    if record is not None:
+        (aside / "set_aside.json").write_text(json.dumps({"set_aside": record}))
+    return aside
+
+
+@pytest.mark.parametrize("planted", ["empty", "lock", "forged record over a finished run", "record naming .lock"])
+def test_a_planted_replaced_folder_moves_and_deletes_nothing(corpus, finished, tmp_path, capsys, planted, script):
+    """A .replaced/ that no interrupted --overwrite left (empty; holding a .lock that put back would have moved over
+    the owner's lock; a record that matches its files, beside a finished run; a record naming .lock) is refused in
+    one line by a new run, --resume and --overwrite, every file of the folder kept byte for byte; sample.py reads the
+    finished run as if the folder were not there."""
+    out = copy_of(finished, tmp_path)
+    last = (out / "ckpt_last.pt").read_bytes()
+    if planted == "empty":
+        plant(out, {})
+    elif planted == "lock":
+        plant(out, {".lock": b"0\n"})
+    elif planted == "forged record over a finished run":
+        plant(out, {"ckpt_last.pt": last}, {"ckpt_last.pt": len(last)})
+    else:
+        plant(out, {".lock": b"0\n"}, {".lock": 2})
+    lock_inode = os.stat(out / ".lock").st_ino
+    before = files_of(out)
+    for how in ([], ["--resume"], ["--overwrite"]):
+        assert run_cli(train.main, argv(corpus, out, *how)) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {out}") and err.count("\n") == 1, (how, err)
+        assert "nothing was moved or deleted" in err or "neither is deleted" in err, err
+        assert files_of(out) == before, how
+        assert os.stat(out / ".lock").st_ino == lock_inode  # the lock a second process would meet is the same file
+    if planted != "forged record over a finished run":  # (a record that matches: a reader says what it sees)
+        result = script("sample.py", "--out_dir", str(out), "--max_new_tokens", "5")
+        assert result.returncode == 0, result.stderr
+    assert files_of(out) == before
+
+
+def test_a_record_that_proves_an_interrupted_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, capsys):
+    """The run folder's own record (names and sizes, written before the old run moved) and a replacement that has
+    only an untrained step-0 run: the next owner restores the old run exactly; a record whose sizes do not match is
+    refused, nothing moved."""
+    out = copy_of(finished, tmp_path)
+    before = files_of(out)
+    (tmp_path / "new").mkdir()
+    replacement = tmp_path / "new" / "run"
+    assert run_cli(train.main, argv(corpus, replacement, "--max_iters", "0")) == 0  # step 0 only
+    from training.run_dir import RunDir
+    with_lock = RunDir(out).claim(lambda m: None)
+    assert with_lock.set_aside()
+    with_lock.release()
+    for name in ("ckpt_last.pt", "ckpt_best.pt"):
+        (out / name).write_bytes((replacement / name).read_bytes())
+    record = json.loads((out / ".replaced" / "set_aside.json").read_text())["set_aside"]
+    assert set(record) == {n for n in before if n != ".lock"} and (out / ".replaced" / "summary.json").is_file()
+
+    (tmp_path / "damaged").mkdir()
+    damaged = copy_of(out, tmp_path / "damaged")  # the same, with one size in the record wrong
+    wrong = {**record, "ckpt_last.pt": record["ckpt_last.pt"] + 1}
+    (damaged / ".replaced" / "set_aside.json").write_text(json.dumps({"set_aside": wrong}))
+    kept = files_of(damaged)
+    assert run_cli(train.main, argv(corpus, damaged, "--resume")) == 2
+    assert "nothing was moved or deleted" in capsys.readouterr().err and files_of(damaged) == kept
+
+    assert run_cli(train.main, argv(corpus, out, "--resume")) == 0  # restored, then found finished
+    out_text = capsys.readouterr()
+    assert "restored the run that --overwrite was replacing" in out_text.out + out_text.err
+    assert files_of(out) == before
+
+
+def test_only_a_runs_own_temporary_names_are_cleared_from_its_folder(corpus, finished, tmp_path):
+    """The folder's next owner removes what an interrupted atomic write left (NAME.tmp-XXXXXXXX for the files a run
+    writes) and nothing else whose name holds .tmp-."""
+    out = copy_of(finished, tmp_path)
+    mine = {"notes.tmp-1": b"mine", "data.tmp-old.txt": b"also mine", "ckpt_last.pt.tmp-mine": b"a name of mine"}
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    (out / "ckpt_last.pt.tmp-ab12cd34").write_bytes(b"half a checkpoint")
+    assert run_cli(train.main, argv(corpus, out, "--resume")) == 0
+    assert {name: (out / name).read_bytes() for name in mine} == mine
+    assert not (out / "ckpt_last.pt.tmp-ab12cd34").exists()
+
+
+def test_a_foreign_checkpoint_cannot_make_a_resume_copy_a_file_or_write_outside_the_run(corpus, finished, tmp_path,
+                                                                                         capsys, monkeypatch):
+    """A checkpoint whose run config names another text (a private file) and another cache: --resume refuses in one
+    line before any token file is written, and creates no file anywhere: not in the cache it names, not in the
+    user's cache, not beside the private file."""
+    private = tmp_path / "private"
+    private.mkdir()
+    (private / "secret.txt").write_text("the user's private words, not the run's text\n" * 50)
+    evil_cache = tmp_path / "elsewhere"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    out = copy_of(finished, tmp_path)
+    forged(out / "ckpt_last.pt", out / "ckpt_last.pt",
+           run_config={"data": str(private / "secret.txt"), "cache_dir": str(evil_cache), "max_iters": 8})
+    before = files_of(tmp_path)
+    assert run_cli(train.main, ["--out_dir", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "is not the text it was trained on" in err and err.count("\n") == 1, err
+    assert files_of(tmp_path) == before
+    # the text it trained on, given again, resumes into the user's own cache (the command line's), not the named one
+    assert run_cli(train.main, ["--out_dir", str(out), "--resume", "--data", str(corpus),
+                                "--cache_dir", str(tmp_path / "my-cache")]) == 0
+    assert not evil_cache.exists() and (tmp_path / "my-cache" / "prepared").is_dir()
 
 
 # ---- checkpoints from strangers ---------------------------------------------------------------------------------

@@ -53,11 +53,13 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path
         return Path(ckpt)
     if not out_dir:
         raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE")
-    from training.run_dir import holder  # (run_dir reads this module's names)
+    from training.run_dir import RunDir, holder  # (run_dir reads this module's names)
 
     folder = Path(out_dir)
     owner = holder(folder)
-    if (folder / ASIDE).is_dir():  # an --overwrite's old run waits there: the folder's new files are not yet its run
+    aside = folder / ASIDE
+    if aside.is_dir() and not aside.is_symlink() and RunDir(folder).recorded_aside(aside) is not None:
+        # an --overwrite's old run waits there (its record says so): the folder's new files are not yet its run
         if owner:
             raise UserError(f"{out_dir} is being replaced by an --overwrite run ({owner}) that has not reached its "
                             f"first evaluation after step 0; until then the run it replaces waits in {folder / ASIDE}: "

@@ -62,12 +62,32 @@ def choose_corpus(cfg: TrainConfig, say) -> tuple[TrainConfig, Corpus]:
     return cfg, corpus
 
 
-def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab: str = "") -> Prepared:
+def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab: str = "",
+                 check=None) -> Prepared:
     """The token files of the run's corpus (found here unless choose_corpus already found it)."""
     cache_dir = cache_dir_of(cfg)
     corpus = corpus or resolve(cfg.data, cache_dir, say=say)
     return prepare(corpus, cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors, say=say,
-                   base_vocab=base_vocab)
+                   base_vocab=base_vocab, check=check)
+
+
+def same_text(resumed: dict, source: Path, data_named: bool):
+    """prepare()'s check for --resume, before any token file is written: the text has the checkpoint's vocabulary,
+    and, where the checkpoint named the text itself (no --data now), the checksum its record holds. A run folder or
+    checkpoint may come from someone else: a text it names is only read after it proves to be the one it trained on."""
+    record = resumed.get("data") if isinstance(resumed.get("data"), dict) else {}
+
+    def check(sha256: str, vocab: str) -> None:
+        recorded = record.get("sha256")
+        if not data_named and isinstance(recorded, str) and recorded != sha256:
+            raise UserError(f"--resume: the text {source} names is not the text it was trained on (its checksum "
+                            f"differs from the checkpoint's record), so nothing was prepared; put the original text "
+                            f"back, or give --data to go on with another text")
+        if vocab != resumed["vocab"]:
+            raise UserError(f"--resume: the corpus has a different vocabulary from the checkpoint's "
+                            f"({len(vocab)} characters, {len(resumed['vocab'])} in {source}), so nothing was "
+                            f"prepared; resume with the same --data")
+    return check
 
 
 def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path) -> TrainConfig:
@@ -88,6 +108,9 @@ def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say, where:
     """The saved run's config, with only the fields the user set now; architecture changes are refused."""
     old = config_from_dict(saved, str(where), say)
     values = old.to_dict()
+    # Where a run writes is the user's word, never a checkpoint's: the folder being resumed, and the cache the command
+    # line names (or the default one).
+    values["out_dir"], values["cache_dir"] = cfg.out_dir, cfg.cache_dir
     for name in sorted(explicit - {"resume", "overwrite"}):
         new_value = getattr(cfg, name)
         if new_value == values.get(name):
@@ -170,8 +193,9 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             cfg = init_config(cfg, explicit, init, start)
         # A fine-tuned run's vocabulary begins with its first model's, so that the old ids keep their meaning.
         base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
+        check = same_text(resumed, source, "data" in explicit) if resumed is not None else None
         with phases.timing("data"):
-            prepared = prepare_data(cfg, log.say, corpus, base_vocab) if d.is_main else None
+            prepared = prepare_data(cfg, log.say, corpus, base_vocab, check) if d.is_main else None
         if d.is_main and prepared.tokenizer.vocab_size == 1:
             log.say(f"note: {prepared.meta['source']} holds one distinct character, {prepared.tokenizer.chars!r}, so "
                     f"every next character is certain and the loss falls to 0: there is nothing to learn; give a text "
@@ -184,10 +208,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
     with d.together():
         if not d.is_main:
             with phases.timing("data"):
-                prepared = prepare_data(cfg, log.say, base_vocab=base_vocab)  # rank 0 prepared it: in the cache
-        if resumed is not None and resumed["vocab"] != prepared.tokenizer.chars:
-            raise UserError(f"--resume: the corpus {prepared.meta['source']} has a different vocabulary from the "
-                            f"checkpoint's; resume with the same --data")
+                prepared = prepare_data(cfg, log.say, base_vocab=base_vocab, check=check)  # rank 0's, in the cache
         trained_on = resumed.get("data") if resumed is not None else None  # the corpus's facts, as the run saved them
         changed = isinstance(trained_on, dict) and trained_on.get("sha256") not in (None, prepared.meta["sha256"])
         if d.is_main and changed:

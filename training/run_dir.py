@@ -4,16 +4,23 @@ States: empty (a new run starts) -> running (locked by its owner) -> stopped (ck
 (ckpt_last.pt at max_iters and summary.json). A folder with only ckpt_best.pt can be continued from it; one with only
 the logs of a run that saved no checkpoint can only be replaced. --overwrite sets the old run aside in .replaced/ and
 deletes it only once the new run has something better to keep (an evaluation after step 0, or its end); a stop
-before that puts the old run back, and after a crash the folder's next owner does.
+before that puts the old run back, and after a crash the folder's next owner does. The replacing run writes a record
+into .replaced/ before it moves anything (the names and sizes it sets aside); an old run is put back only when that
+record matches what .replaced/ holds and the folder holds nothing but an untrained replacement (no summary, no
+checkpoint past step 0). Anything else there is one line and exit 2, every file kept: a folder's word alone never
+moves or deletes a file.
 
 A run folder may come from someone else, so nothing in it is trusted to be what its name says: the lock is opened
 without following a link, and a folder holding a link, or a device or pipe, among the entries a run reads or writes is
 refused before anything changes. Every file written into it is written whole under a new name (training.files)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -23,12 +30,16 @@ from pathlib import Path
 
 from errors import UserError
 from training.checkpoint import ASIDE, BEST, LAST
-from training.files import disk_error
+from training.files import disk_error, write_text_atomic
 
 LOCK = ".lock"
 DISCARDED = ".replaced.discarded"  # .replaced renamed (instantly) before it is deleted, so a crash mid-way is no undo
 CHECKPOINTS = (LAST, BEST)
 LOGS = ("summary.json", "events.out.tfevents.*")
+RECORD = "set_aside.json"  # in .replaced/: what the replacing run moved there, written before it moves anything
+# The names of the temporary files a run writes into its folder (training.files.write_atomic: NAME.tmp-XXXXXXXX);
+# only these are removed as leftovers, never another file whose name happens to hold ".tmp-".
+OWN_TEMPORARY = re.compile(r"(ckpt_last\.pt|ckpt_best\.pt|summary\.json|loss\.png)\.tmp-[a-z0-9_]{8}")
 
 
 def command_line() -> str:
@@ -151,10 +162,11 @@ class RunDir:
         return True
 
     def _recover(self, say) -> None:
-        for stale in self.path.glob("*.tmp-*"):  # a write cut short; only the owner may remove these
-            stale.unlink(missing_ok=True)
+        for stale in self.path.iterdir():  # a write cut short; only the owner may remove these, and only its own
+            if OWN_TEMPORARY.fullmatch(stale.name) and stale.is_file() and not stale.is_symlink():
+                stale.unlink(missing_ok=True)
         if self._real_folder(self.path / DISCARDED):  # an old run whose deletion was cut short
-            shutil.rmtree(self.path / DISCARDED, ignore_errors=True)
+            self._delete_recorded(self.path / DISCARDED)
         if self.aside_pending():
             self.put_back()
             say(f"note: restored the run that --overwrite was replacing in {self.path}: the new run ended before "
@@ -162,35 +174,107 @@ class RunDir:
 
     # ---- replacing a run ------------------------------------------------------------------------------------
     def set_aside(self) -> bool:
-        """Move the old run's files into .replaced/ (renames: instant, nothing copied). True if there were any."""
+        """Move the old run's files into .replaced/ (renames: instant, nothing copied), after writing there the
+        record of what moves. True if there were any."""
         old = self.checkpoints() + self.logs()
         if not old:
             return False
         aside = self.path / ASIDE
         aside.mkdir()
+        moved = {path.name: path.stat().st_size for path in old}
+        write_text_atomic(aside / RECORD, json.dumps({"set_aside": moved}, indent=1) + "\n", "the --overwrite record")
         for path in old:
             os.replace(path, aside / path.name)
         return True
 
     def aside_pending(self) -> bool:
-        """An --overwrite's old run still waits in .replaced/ (its replacement has nothing better to keep yet)."""
+        """.replaced/ is there: an --overwrite's old run may wait in it (put_back decides whether it proves so)."""
         return self._real_folder(self.path / ASIDE)
 
+    def recorded_aside(self, folder: Path) -> dict[str, int] | None:
+        """The names and sizes a replacing run moved into folder, when its record is there, well formed, names
+        only a run's own files, and matches what folder holds (each file moved, or not yet moved and still in the run
+        folder, of its recorded size; nothing else in folder); else None."""
+        try:
+            moved = json.loads((folder / RECORD).read_text(encoding="utf-8"))["set_aside"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not (isinstance(moved, dict) and moved and all(
+                isinstance(name, str) and type(size) is int and self._own_name(name) for name, size in moved.items())):
+            return None
+        try:
+            present = {entry.name for entry in os.scandir(folder)} - {RECORD}
+        except OSError:
+            return None
+        if not present <= moved.keys():
+            return None
+        for name, size in moved.items():
+            where = folder / name if name in present else self.path / name
+            if not where.is_file() or where.is_symlink() or where.stat().st_size != size:
+                return None
+        return moved
+
+    @staticmethod
+    def _own_name(name: str) -> bool:
+        return name in CHECKPOINTS + ("summary.json",) or re.fullmatch(r"events\.out\.tfevents\.[\w.-]+", name) is not None
+
     def put_back(self) -> None:
-        """The old run back in the folder, the replacement's checkpoints and logs gone."""
+        """The old run back in the folder and the replacement's checkpoints and logs gone, only where the record
+        proves an --overwrite was cut short before its replacement had anything to keep; else one line."""
         aside = self.path / ASIDE
-        self._remove(self.checkpoints() + self.logs())
-        for old in aside.iterdir():
-            os.replace(old, self.path / old.name)
+        moved = self.recorded_aside(aside)
+        if moved is None:
+            raise UserError(f"{aside} is not a run set aside by --overwrite (it lacks the record such a run writes, "
+                            f"or holds other files), so nothing was moved or deleted; look at what it holds, then "
+                            f"move it out of {self.path} (or remove it) and run the command again")
+        in_aside = {name for name in moved if (aside / name).is_file()}
+        newer = [path for path in self.checkpoints() + self.logs() if path.name not in moved.keys() - in_aside]
+        trained = [path.name for path in newer if path.name == "summary.json" or
+                   (path.name in CHECKPOINTS and self._step_of(path) != 0)]
+        if trained:
+            raise UserError(f"{self.path} holds a run past step 0 ({trained[0]}) beside the run an --overwrite set "
+                            f"aside in {aside}, so neither is deleted; keep the one you want: remove {aside} to keep "
+                            f"the newer run, or move it elsewhere first")
+        self._remove(newer)
+        for name in sorted(in_aside):
+            os.replace(aside / name, self.path / name)
+        (aside / RECORD).unlink()
         aside.rmdir()
 
+    @staticmethod
+    def _step_of(path: Path) -> int | None:
+        """The step of a checkpoint, read without unpickling code; None when it cannot be read."""
+        import torch
+
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            return state["iter"] if isinstance(state, dict) and type(state.get("iter")) is int else None
+        except Exception:  # any damage: not proven to be an untrained replacement
+            return None
+
     def discard_aside(self) -> bool:
-        """The new run has something to keep: the old run goes for good. True if there was one."""
-        if not self.aside_pending():
+        """The new run has something to keep: the old run it set aside goes for good. True if there was one."""
+        if not self.aside_pending() or self.recorded_aside(self.path / ASIDE) is None:
             return False
         os.replace(self.path / ASIDE, self.path / DISCARDED)
-        shutil.rmtree(self.path / DISCARDED, ignore_errors=True)
+        self._delete_recorded(self.path / DISCARDED)
         return True
+
+    def _delete_recorded(self, folder: Path) -> None:
+        """Delete the files folder's record names, then the record, then the folder; a file it does not name (or a
+        folder without a record) stays where it is."""
+        try:
+            moved = json.loads((folder / RECORD).read_text(encoding="utf-8"))["set_aside"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if not isinstance(moved, dict):
+            return
+        for name in moved:
+            if isinstance(name, str) and self._own_name(name):
+                (folder / name).unlink(missing_ok=True)
+        (folder / RECORD).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
     @staticmethod
     def _remove(paths: list[Path]) -> None:
