@@ -26,12 +26,12 @@ if [ $# -ne 3 ] || [ ! -f "$2" ]; then
          "(CORPUS: a text file)" >&2
     exit 2
 fi
-part=$1 corpus=$(realpath "$2") logs=$(realpath -m "$3")
-mkdir -p "$logs"
-cd "$(dirname "$0")/.." || exit 2
-export PYTHONUNBUFFERED=1
-work=$(mktemp -d)  # run folders: the logs keep what matters
-trap 'rm -rf "$work"' EXIT
+part=$1 corpus=$(realpath "$2") logs=${3%/}
+if [ -L "$logs" ]; then  # its logs would land wherever the link points
+    echo "error: the log folder $3 is a symbolic link; name a real folder" >&2
+    exit 2
+fi
+logs=$(realpath -m "$logs")
 
 if [ "${QUICK:-0}" = 1 ]; then
     shrink=(--batch_size 2 --max_iters 4 --eval_interval 2 --eval_iters 1 --full_val false)
@@ -175,10 +175,14 @@ part_tune() {
 }
 
 part_nanogpt() {
-    local dir data
-    dir=$(realpath "$NANOGPT")
+    # A copy of the checkout's code (its Python files, configs and this dataset's prepare.py) in $work: nothing in
+    # the user's checkout is written or removed. Its data folders are left out (OpenWebText's are gigabytes).
+    local dir=$work/nanogpt-checkout data
     data=$dir/data/shakespeare_char
-    rm -f "$data/input.txt" && cp "$corpus" "$data/input.txt"  # else its prepare.py downloads it; offline here
+    run mkdir -p "$data"
+    run cp -r "$NANOGPT"/*.py "$NANOGPT/config" "$dir/"
+    run cp "$NANOGPT/data/shakespeare_char/prepare.py" "$data/"
+    cp "$corpus" "$data/input.txt"  # else its prepare.py downloads it; offline here
     # prepare.py imports requests only to download, which it then does not: a stand-in where it is not installed
     run env -C "$data" python -c 'import importlib.util, runpy, sys, types
 if importlib.util.find_spec("requests") is None:
@@ -196,12 +200,66 @@ if [ "$part" = all ]; then
     parts=(smoke tests speed runs recipe tune nanogpt)
     [ -f "${NANOGPT:-}/train.py" ] || { unset 'parts[6]'; echo "note: NANOGPT not set: no nanogpt part"; }
 fi
-for p in "${parts[@]}"; do
+for p in "${parts[@]}"; do  # every mistake is found before anything runs
     case "$p" in
         nanogpt) if [ ! -f "${NANOGPT:-}/train.py" ]; then
-            echo "error: set NANOGPT to a checkout of karpathy/nanoGPT (a folder with train.py)" >&2; exit 2; fi ;;
+            echo "error: set NANOGPT to a checkout of karpathy/nanoGPT (a folder with train.py)" >&2; exit 2; fi
+            NANOGPT=$(realpath "$NANOGPT") ;;
         smoke|tests|speed|runs|recipe|tune) ;;
         *) echo "error: the part is smoke, tests, speed, runs, recipe, tune, nanogpt or all, not '$p'" >&2; exit 2 ;;
     esac
-    "part_$p" 2>&1 | tee "$logs/$p.log"
+    if [ -L "$logs/$p.log" ]; then
+        echo "error: the log $logs/$p.log is a symbolic link; remove it or name another LOGDIR" >&2
+        exit 2
+    fi
 done
+mkdir -p "$logs" || exit 2
+[ -d "$logs" ] && [ ! -L "$logs" ] || { echo "error: the log folder $logs is not a folder" >&2; exit 2; }
+cd "$(dirname "$0")/.." || exit 2
+export PYTHONUNBUFFERED=1
+work=$(mktemp -d)  # run folders and copies: the logs keep what matters
+trap 'rm -rf "$work"' EXIT
+
+# The log is opened without following a link, its folder too (a link planted after the checks above is refused).
+tee_log() {  # LOGFILE: stdin to stdout and to LOGFILE
+    python -c 'import os, sys
+folder, name = os.path.split(sys.argv[1])
+folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+log = open(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=folder_fd), "wb")
+out = sys.stdout.buffer
+while chunk := os.read(0, 1 << 16):
+    log.write(chunk)
+    log.flush()
+    if out is not None:
+        try:
+            out.write(chunk)
+            out.flush()
+        except BrokenPipeError:  # the reader of stdout has gone: the log is still written
+            out = None' "$1"
+}
+
+# A part runs as a job in its own process group (set -m): SIGTERM or Ctrl-C ends that group, every process the part
+# started, and waits for it, so no step goes on (or says FAIL) after the stop; then the EXIT trap removes $work.
+set -m
+job=
+stop() {  # SIGNAL EXIT_CODE
+    trap '' INT TERM
+    if [ -n "$job" ]; then
+        kill -TERM -- "-$job" 2>/dev/null
+        for _ in $(seq 100); do kill -0 -- "-$job" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL -- "-$job" 2>/dev/null
+        wait 2>/dev/null
+    fi
+    echo "bench_gpu.sh: stopped by $1; the logs so far are in $logs" >&2
+    exit "$2"
+}
+trap 'stop SIGTERM 143' TERM
+trap 'stop Ctrl-C 130' INT
+status=0
+for p in "${parts[@]}"; do
+    "part_$p" 2>&1 | tee_log "$logs/$p.log" &
+    job=$(jobs -p)
+    wait "$!" || status=$?
+    job=
+done
+exit "$status"

@@ -153,23 +153,3 @@ def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, sc
         refused = script("score_nanogpt.py", str(nanogpt), str(tmp_path / "hostile.pt"))
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and said in refused.stderr, refused.stderr
 
-
-def test_the_gpu_sitting_script_parses_and_refuses_what_it_cannot_run(tmp_path, small_text):
-    """scripts/bench_gpu.sh is run on a lent GPU, where a mistake costs minutes of it: bash reads it without a syntax
-    error, and a wrong part or a missing nanoGPT checkout stops it at once with one line and exit 2, before any run."""
-    import os
-    import subprocess
-    from conftest import ROOT
-    script = ROOT / "scripts" / "bench_gpu.sh"
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True).returncode == 0
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(small_text, encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k != "NANOGPT"}
-    for part, words in (("bogus", "the part is smoke, tests, speed, runs, recipe, tune, nanogpt or all, not 'bogus'"),
-                        ("nanogpt", "set NANOGPT to a checkout of karpathy/nanoGPT")):
-        done = subprocess.run(["bash", str(script), part, str(corpus), str(tmp_path / "logs")], capture_output=True,
-                              text=True, env=env, timeout=60)
-        assert done.returncode == 2 and done.stderr.startswith(f"error: {words}")
-        assert done.stderr.count("\n") == 1 and not list((tmp_path / "logs").glob("*.log"))
-    usage = subprocess.run(["bash", str(script), "tests"], capture_output=True, text=True, timeout=60)
-    assert usage.returncode == 2 and usage.stderr.startswith("usage: ")
