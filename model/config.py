@@ -8,6 +8,7 @@ ATTENTION_IMPLS = ("auto", "sdpa", "explicit")
 ATTENTION_SCORES = ("scaled_dot", "dot", "additive", "uniform")
 POSITIONS = ("learned", "rope", "none")
 ACTIVATIONS = ("gelu", "relu2")
+MAX_SIZE = 2**31 - 1  # the largest block_size, n_layer, n_head or n_embd (and vocab_size) a config may give
 
 
 def setting(default, help: str):
@@ -46,6 +47,8 @@ class Architecture:
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 rule = "a whole number, 0 or more" if least == 0 else "a positive integer"
                 raise ValueError(f"{name} must be {rule}, got {value!r}")
+            if value > MAX_SIZE:  # a tensor's sizes are 64-bit; far below that, no machine holds the model anyway
+                raise ValueError(f"{name} must be at most {MAX_SIZE:,}, got {value:,}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
@@ -82,8 +85,9 @@ class ModelConfig(Architecture):
     vocab_size: int = 65  # set from the data's tokenizer
 
     def __post_init__(self) -> None:
-        if not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool) or self.vocab_size < 1:
-            raise ValueError(f"vocab_size must be a positive integer, got {self.vocab_size!r}")
+        size = self.vocab_size
+        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_SIZE:
+            raise ValueError(f"vocab_size must be a positive integer up to {MAX_SIZE:,}, got {self.vocab_size!r}")
         super().__post_init__()
 
     def to_dict(self) -> dict:

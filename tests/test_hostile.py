@@ -273,7 +273,7 @@ def hostile_checkpoints(finished, rotary, tmp_path):
          "the weights do not fit the model config (n_layer 200, but the weights hold 2 blocks)"),
         (forged(last, tmp_path / "wide.pt", model_config={"n_embd": 8192, "n_head": 2}),
          "the weights do not fit the model config (blocks.0.attn.c_attn.bias: the config gives (24576), the file holds (96))"),
-        (forged(rotary, tmp_path / "long.pt", model_config={"block_size": 10**10}),  # rotary tables are not saved
+        (forged(rotary, tmp_path / "long.pt", model_config={"block_size": 10**9}),  # rotary tables are not saved
          "its model would need about"),
         (forged(last, tmp_path / "word.pt", model_config={"bias": "yes"}), "is damaged: in its model config, bias is a str"),
         (forged(last, tmp_path / "string.pt", run_config={"batch_size": "16"}),
@@ -283,6 +283,15 @@ def hostile_checkpoints(finished, rotary, tmp_path):
          "(the vocabulary must not repeat a character)"),
         (forged(last, tmp_path / "short.pt", vocab=vocab[:-1]),
          f"its vocabulary has {len(vocab) - 1} characters but its model expects {len(vocab)}"),
+        (forged(last, tmp_path / "huge.pt", model_config={"n_embd": 2**70}),
+         "(n_embd must be at most 2,147,483,647, got 1,180,591,620,717,411,303,424)"),
+        *[(forged(last, tmp_path / f"{kind}.pt", model={"lm_head.weight": weight}),
+           f"is damaged: its weight lm_head.weight is {said}, where a model holds ordinary floating-point tensors")
+          for kind, weight, said in (
+              ("meta", torch.empty(len(vocab), 32, device="meta"), "a meta tensor (shape without values)"),
+              ("sparse", torch.zeros(len(vocab), 32).to_sparse(), "a torch.sparse_coo tensor"),
+              ("nested", torch.nested.nested_tensor([torch.zeros(len(vocab), 32)]), "a nested tensor"),
+              ("complex", torch.zeros(len(vocab), 32, dtype=torch.complex64), "a torch.complex64 tensor"))],
     ]
 
 
@@ -469,3 +478,15 @@ def test_attention_of_a_model_whose_numbers_overflow_is_one_line_not_a_blank_pic
             f"error: {tmp_path / 'loud.pt'}: the model's attention weights for this text are not numbers (NaN or inf): "
             f"its numbers overflow; its weights are damaged or too large to compute with\n"), done.stderr
     assert not list(tmp_path.glob("a.*"))
+
+
+def test_weights_that_diverged_are_not_written_and_the_line_names_the_cause_and_the_fix(tmp_path):
+    """A learning rate that makes the weights infinite (1e308, say) ends at the next checkpoint with one line naming
+    the divergence and the fix, the previous checkpoint kept byte for byte."""
+    path = tmp_path / "ckpt_last.pt"
+    checkpoint.save({"model": {"w": torch.ones(2)}}, path)
+    before = path.read_bytes()
+    with pytest.raises(UserError, match=r"NaN or inf in w\): training diverged; the previous checkpoint is kept; try a "
+                                        r"lower --learning_rate \(or --dtype float32\), then --resume"):
+        checkpoint.save({"model": {"w": torch.tensor([1.0, float("inf")])}}, path)
+    assert path.read_bytes() == before

@@ -41,8 +41,9 @@ def save(state: dict, path: Path) -> None:
     """Write to a temporary name, flush it to disk, then rename over the old file: never half a checkpoint."""
     bad = non_finite(state.get("model", {}))
     if bad:
-        raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}); the previous "
-                        f"checkpoint is kept")
+        raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}): training "
+                        f"diverged; the previous checkpoint is kept; try a lower --learning_rate (or --dtype float32), "
+                        f"then --resume")
     write_atomic(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint")
 
 
@@ -114,6 +115,7 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
                         f"use the version of this trainer that wrote it")
     if state["iter"] < 0:
         raise UserError(f"{path} is damaged: its step is {state['iter']}")
+    check_tensors(state["model"], path)
     bad = non_finite(state["model"])
     if bad:
         raise UserError(f"{path} holds weights that are not finite (NaN or inf in {bad}); it cannot be used: "
@@ -122,6 +124,24 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
     checked_types({k: v for k, v in state["run_config"].items() if k in FIELDS}, f"{path} is damaged")
     check_model(state, path)
     return state
+
+
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_tensors(weights: dict, path: Path) -> None:
+    """Every entry of the model a named, ordinary tensor of real numbers: the kinds a saved model holds. A meta,
+    sparse or nested tensor, or one of complex or whole numbers, would fail (or silently compute something else)
+    once it met the model."""
+    for name, t in weights.items():
+        if not (isinstance(name, str) and isinstance(t, torch.Tensor)):
+            raise UserError(f"{path} is damaged: its model holds entries that are not named tensors")
+        kind = ("a meta tensor (shape without values)" if t.is_meta else "a nested tensor" if t.is_nested else
+                f"a {t.layout} tensor" if t.layout != torch.strided else
+                f"a {t.dtype} tensor" if t.dtype not in WEIGHT_DTYPES else None)
+        if kind:
+            raise UserError(f"{path} is damaged: its weight {name[:80]} is {kind}, where a model holds ordinary "
+                            f"floating-point tensors; take another checkpoint or train again")
 
 
 def model_config_of(state: dict, path: Path):
@@ -160,14 +180,16 @@ def check_model(state: dict, path: Path) -> None:
     from model import GPT
 
     config, weights = model_config_of(state, path), state["model"]
-    if not all(isinstance(name, str) and isinstance(t, torch.Tensor) for name, t in weights.items()):
-        raise UserError(f"{path} is damaged: its model holds entries that are not named tensors")
     blocks = {name.split(".")[1] for name in weights if name.startswith("blocks.")}
     if blocks != {str(i) for i in range(config.n_layer)}:
         raise UserError(f"{path}: the weights do not fit the model config (n_layer {config.n_layer}, but the weights "
                         f"hold {len(blocks)} blocks)")
-    with torch.device("meta"):
-        skeleton = GPT(config)
+    try:
+        with torch.device("meta"):
+            skeleton = GPT(config)
+    except (OverflowError, RuntimeError, ValueError) as err:  # sizes no tensor can have
+        raise UserError(f"{path}: its model config describes a model that cannot be built "
+                        f"({str(err).splitlines()[0][:120]}); it is damaged") from None
     wanted = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
     saved = {name: tuple(t.shape) for name, t in weights.items()}
     if wanted != saved:
