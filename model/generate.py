@@ -102,7 +102,10 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
     with its C++ template only, which needs no benchmarking), where eager calls a library routine per product: on a
     2-core CPU about 2.5x the characters per second of eager decoding (docs/sampling.md has the figures). It costs
     17-21 s of compilation per batch size there, in every process (frozen graphs are not cached). If compiling fails
-    (no C++ compiler, a driver problem), it warns once and decodes uncompiled: the same text, only slower."""
+    (no C++ compiler, a driver problem), it warns once and decodes uncompiled: the same text, only slower. A
+    recompilation refused by torch._dynamo.config.error_on_recompile is not a compiler's failure but a check's
+    (compiled once per shape): its RecompileError goes through to the caller."""
+    from torch._dynamo.exc import RecompileError
     settings: dict = {}
     cpu_inductor = backend == "inductor" and device_type != "cuda"
     if backend == "inductor":
@@ -122,6 +125,8 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
                     with inductor_config.patch(freezing=True):
                         return compiled(model, ids, state)
                 return compiled(model, ids, state)
+            except RecompileError:
+                raise
             except Exception as err:  # the step writes only this slot of the caches: running it again is harmless
                 warn(f"warning: compiling the decoding step failed ({in_one_line(err)}); "
                      f"sampling without it (leave out --compile)")

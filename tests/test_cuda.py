@@ -29,9 +29,19 @@ def test_mixed_precision_training_learns_and_resumes_exactly(corpus, tmp_path, d
 
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 def test_a_compiled_run_matches_an_eager_one(corpus, tmp_path, scope):
+    """Compiled on the GPU (inductor, Triton), and nothing fell back: a run whose compilation failed trains
+    uncompiled, and would match the eager run exactly."""
+    import train
+    from configs import load_config
     common = ("--device", "cuda", "--dtype", "float32", "--max_iters", "10", "--log_interval", "1")
     eager = train_debug(corpus, tmp_path / "eager", "--compile", "false", *common)
-    compiled = train_debug(corpus, tmp_path / "compiled", "--compile", "true", "--compile_scope", scope, *common)
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"),
+                                    "--out_dir", str(tmp_path / "compiled"), "--compile", "true", "--compile_scope",
+                                    scope, *common], False)
+    messages = []
+    compiled = train.train(cfg, explicit, say=messages.append)
+    assert any(m.startswith("torch.compile (") for m in messages), messages
+    assert not any("torch.compile failed" in m for m in messages), messages
     for (_, a), (_, b) in zip(eager["history"], compiled["history"], strict=True):
         assert a == pytest.approx(b, rel=1e-3)
 
@@ -67,19 +77,41 @@ def test_sampling_on_the_gpu_equals_the_cpu_and_reads_back_once(sharp_model, hos
     assert on_gpu == generate(sharp_model.cpu(), prompts, 60, temperature=0)
 
 
-def test_the_compiled_decoding_step_is_compiled_once_and_agrees(sharp_model):
+@pytest.fixture
+def graphs(monkeypatch):
+    """graphs() -> (CUDA graphs recorded, inductor's cudagraph_skips) since the fixture began: every recording goes
+    through torch.cuda.CUDAGraph.capture_begin (torch.cuda.graph's, which inductor's CUDA graph trees use), and a
+    step that inductor could not put in a graph (a mutated input, a CPU tensor, ...) counts a skip and runs
+    without one."""
+    from torch._dynamo.utils import counters
+    counters.clear()
+    recorded = []
+    begin = torch.cuda.CUDAGraph.capture_begin
+
+    def counted(self, *args, **kwargs):
+        recorded.append(self)
+        return begin(self, *args, **kwargs)
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", counted)
+    return lambda: (len(recorded), counters["inductor"]["cudagraph_skips"])
+
+
+def test_the_compiled_decoding_step_is_compiled_once_and_agrees(sharp_model, graphs):
+    """A padded batch of three rows, the window sliding, two calls: one compilation, one CUDA graph recorded and
+    replayed after, nothing skipped or fallen back, the eager text."""
     torch.compiler.reset()
     prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
-    step = compiled_step("cuda")  # inductor with CUDA graphs
+    said = []
+    step = compiled_step("cuda", warn=said.append)  # inductor with CUDA graphs
     eager = generate(sharp_model, prompts, 60, temperature=0)
-    # 60 tokens, the window slides, two calls: one compilation. (config.patch: undoing a pytest monkeypatch deletes
-    # the setting from dynamo's config, and the next test to set it fails.)
+    # (config.patch: undoing a pytest monkeypatch deletes the setting from dynamo's config, and the next test to set
+    # it fails.)
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled = [generate(sharp_model, prompts, 60, temperature=0, step=step) for _ in range(2)]
+    assert said == [] and graphs() == (1, 0)
     assert compiled[0] == compiled[1] == eager
 
 
-def test_sampling_with_bfloat16_weights_reads_back_once_and_compiles_once(sharp_model, host_reads):
+def test_sampling_with_bfloat16_weights_reads_back_once_and_compiles_once(sharp_model, host_reads, graphs):
     """sample.py's CUDA default: the weights cast to bfloat16 once, no autocast; the token loop still reads nothing
     back, and the compiled step (CUDA graphs) is compiled once and replays the same tokens on a second call."""
     from training.runtime import weights_for_sampling
@@ -89,22 +121,26 @@ def test_sampling_with_bfloat16_weights_reads_back_once_and_compiles_once(sharp_
     with host_reads() as reads:
         eager = generate(model, prompts, 60, temperature=0)
     assert len(reads) == 1 and all(len(row) == 60 for row in eager)
-    step = compiled_step("cuda")
+    said = []
+    step = compiled_step("cuda", warn=said.append)
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled = [generate(model, prompts, 60, temperature=0, step=step) for _ in range(2)]
+    assert said == [] and graphs() == (1, 0)
     assert compiled[0] == compiled[1]
 
 
-def test_the_compiled_step_reuses_the_models_caches_and_the_text_is_a_fresh_caches(sharp_model):
+def test_the_compiled_step_reuses_the_models_caches_and_the_text_is_a_fresh_caches(sharp_model, graphs):
     """generate() keeps a model's caches between calls of one shape, so the CUDA graph that reads them at fixed
     addresses is recorded once (sample.py --stream calls it once per row); what a call left there is never read."""
     torch.compiler.reset()
-    step = compiled_step("cuda")
+    said = []
+    step = compiled_step("cuda", warn=said.append)
     generate(sharp_model, [[9] * 20, list(range(17))], 40, temperature=0, step=step)  # another text in the caches
     caches = sharp_model.decode_caches[1]
     prompts = [[1, 2, 3, 4, 5], [6]]
     with torch._dynamo.config.patch(error_on_recompile=True):
         again = generate(sharp_model, prompts, 40, temperature=0, step=step)
     assert sharp_model.decode_caches[1] is caches
+    assert said == [] and graphs() == (1, 0)  # recorded by the first call, replayed by the second
     sharp_model.decode_caches = None
     assert again == generate(sharp_model, prompts, 40, temperature=0)

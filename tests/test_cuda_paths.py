@@ -186,3 +186,22 @@ def test_the_samplers_host_numbers_reach_a_gpu_without_making_the_host_wait(monk
     assert on_device([2, 0], gpu).tolist() == [2, 0]
     assert left_pad([[5], [6, 7]], gpu).tolist() == [[0, 5], [6, 7]]
     assert calls == ["pinned", ((gpu,), {"non_blocking": True})] * 2
+
+
+def test_a_refused_recompilation_of_the_decoding_step_reaches_the_caller_and_is_no_fallback():
+    """The CUDA tests check that the compiled decoding step compiles once per shape with dynamo's error_on_recompile:
+    its RecompileError must reach them, not be taken for a compiler's failure and decoded eagerly (the eager text,
+    and the test passing, whatever the step did)."""
+    from model import GPT, ModelConfig
+    from model.generate import compiled_step, generate
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=11, block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()
+    torch.compiler.reset()
+    said = []
+    step = compiled_step("cpu", "eager", said.append)  # dynamo's capture without a compiler: the check is dynamo's
+    generate(model, [[1, 2]], 6, temperature=0, step=step)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        generate(model, [[1, 2]], 6, temperature=0, step=step)  # the same shape: no recompilation
+        with pytest.raises(torch._dynamo.exc.RecompileError):
+            generate(model, [[1, 2], [3]], 6, temperature=0, step=step)  # two rows: a new shape, refused
+    assert said == []
