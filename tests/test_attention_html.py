@@ -65,7 +65,8 @@ def test_the_page_carries_every_weight_of_the_model_bit_for_bit(run, page):
     assert set(data["tensors"]) == set(weights) - {"lm_head.weight"}  # tied: the head is the token embedding
     for name, (start, end) in data["tensors"].items():
         assert np.array_equal(carried[start:end], weights[name].numpy().ravel()), name
-    assert data["text"] == TEXT and data["vocab"] == tokenizer.chars and data["config"] == model.config.to_dict()
+    assert data["text"] == TEXT and data["config"] == model.config.to_dict()
+    assert "".join(map(chr, data["vocab"])) == tokenizer.chars  # code points
 
 
 def test_the_page_references_nothing_outside_itself(run, page):
@@ -286,6 +287,41 @@ def test_a_learner_types_clicks_and_appends_and_every_view_follows(run, page):
         assert text[:8] == "soft, wh" and len(text) == 9 and probs[tokenizer.stoi[text[8]]] > 0
         assert browser.evaluate("document.querySelectorAll('#strip .ch').length") == 9
         assert browser.errors == []
+
+
+# A vocabulary beyond the Basic Multilingual Plane: two astral characters, and a lone high and low surrogate (what
+# --encoding unicode_escape reads from "\\ud83d\\ude00") that meet in "ME", where JavaScript would join them into one.
+ASTRAL = str.maketrans({"R": "\U0001f389", "O": "\U0001d4b3", "M": "\ud83d", "E": "\ude00"})
+
+
+@needs_browser
+def test_in_a_real_browser_characters_beyond_the_basic_plane_keep_their_ids(run, tmp_path):
+    """With astral characters and lone surrogates in the vocabulary, the page reads the opening text as the model's
+    own ids, computes PyTorch's logits, and appends greedily exactly the ids generate() appends (none undefined)."""
+    state = checkpoint.load(run / "run" / "ckpt_best.pt")
+    path = tmp_path / "astral.pt"
+    torch.save({**state, "vocab": state["vocab"].translate(ASTRAL)}, path)
+    model, tokenizer, _ = checkpoint.load_model(path)
+    text = TEXT.translate(ASTRAL)
+    html = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", text, "--html", str(html)]) == 0
+    got = numbers(html, temperature=0, append=4)
+    ids = tokenizer.encode(text)
+    appended = generate(model, [ids], 4, temperature=0)[0]
+    assert got["ids"] == ids + appended and "undefined" not in got["text"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + appended]))[0][0]
+    torch.testing.assert_close(exact(got["logits"]), logits.double(), atol=1e-4, rtol=0)
+    typed = numbers(html, text="\U0001f389\U0001d4b3")  # typed astral characters: one id each
+    assert typed["ids"] == tokenizer.encode("\U0001f389\U0001d4b3")
+
+
+@needs_browser
+def test_an_address_asking_for_a_billion_appends_appends_one_window(page):
+    """#append is bounded by the block size: the page finishes, with a window's worth of characters added."""
+    html = dom(page, "#text=ROMEO&temperature=0&append=1000000000")
+    note = re.search(r'<p class="note warn" id="input-note">(.*?)</p>', html).group(1)
+    assert note == "32 of at most 32 characters; the first 5 left out: the model reads at most 32"
 
 
 @needs_browser
