@@ -8,6 +8,8 @@ import math
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 from urllib.parse import quote
 
 import numpy as np
@@ -322,6 +324,23 @@ def test_an_address_asking_for_a_billion_appends_appends_one_window(page):
     html = dom(page, "#text=ROMEO&temperature=0&append=1000000000")
     note = re.search(r'<p class="note warn" id="input-note">(.*?)</p>', html).group(1)
     assert note == "32 of at most 32 characters; the first 5 left out: the model reads at most 32"
+
+
+@needs_browser
+def test_the_browser_keeps_its_pipe_when_the_system_hands_out_fds_3_and_4():
+    """In a process whose fds 3 and 4 are free, os.pipe() returns exactly those (checked), and tests/browser.py's
+    Chromium still answers over its pipe."""
+    script = ("import os, sys\n"
+              "for fd in (3, 4):\n"
+              "    try: os.close(fd)\n"
+              "    except OSError: pass\n"
+              "r, w = os.pipe(); assert (r, w) == (3, 4), (r, w); os.close(r); os.close(w)\n"
+              "sys.path.insert(0, sys.argv[1])\n"
+              "from browser import Browser\n"
+              "with Browser() as browser: print(browser.evaluate('6 * 7'))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], capture_output=True, text=True,
+                          timeout=120, close_fds=True)
+    assert done.returncode == 0 and done.stdout == "42\n", done.stderr[-2000:]
 
 
 @needs_browser
