@@ -84,3 +84,31 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
 def test_an_unknown_rung_is_one_line(tmp_path):
     wrong = ladder("--out_dir", str(tmp_path / "l"), "--rungs", "bigram,trigram")
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "no rung trigram" in wrong.stderr
+
+
+def strict_json(text: str):
+    """JSON as the standard defines it: NaN and Infinity are not part of it (Python's json accepts them)."""
+    def refuse(word):
+        raise ValueError(f"not JSON: {word}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_rung_whose_loss_is_not_a_number_gives_valid_json_and_a_picture(tmp_path, corpus):
+    """A finished rung whose summary holds NaN (a run that diverged): ladder.json stays strict JSON (null for the
+    loss), and the picture is drawn, that rung's bar empty and labelled, instead of a traceback."""
+    out = tmp_path / "ladder"
+    common = ["--data", str(corpus), "--out_dir", str(out), "--cache_dir", str(tmp_path / "cache"),
+              "--eval_iters", "2", "--rungs", "bigram", "--max_iters", "2"]
+    assert ladder(*common).returncode == 0
+    summary_path = out / "01-bigram" / "summary.json"
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    summary["full_val_loss"] = float("nan")
+    summary_path.write_text(json.dumps(summary), encoding="utf-8")  # Python writes the NaN as NaN
+    (out / "ladder.png").unlink()
+    again = ladder(*common)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    assert "reused" in again.stderr  # the NaN summary is a finished rung's result, not a damaged file
+    rows = strict_json((out / "ladder.json").read_text(encoding="utf-8"))
+    assert rows[0]["full_val_loss"] is None and rows[0]["bits_per_char"] is None
+    assert rows[0]["steps"] == 2 and rows[0]["name"] == "bigram"
+    assert Image.open(out / "ladder.png").format == "PNG"
