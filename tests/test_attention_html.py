@@ -5,10 +5,14 @@ import base64
 import html as html_text
 import json
 import math
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -263,6 +267,46 @@ def test_the_page_benchmark_reports_the_forward_pass_in_the_browser(run, tmp_pat
     got = json.loads(figures.read_text())
     assert got["chars"] == 20 and got["passes"] == 3 and got["forward_ms_min"] <= got["forward_ms_median"] > 0
     assert "ms (median of 3" in done.stdout and done.stderr == ""
+
+
+@needs_browser
+def test_the_page_benchmark_stopped_by_sigterm_leaves_no_folder_and_no_chromium(run, tmp_path):
+    """bench_page.py sent SIGTERM while Chromium runs the page: it exits with 130, Chromium and its helpers are gone,
+    and its temporary folder (the page, Chromium's profile and singleton socket) is removed."""
+    state = checkpoint.load(run / "run" / "ckpt_best.pt")
+    config = ModelConfig(**{**state["model_config"], "n_layer": 4, "n_head": 4, "n_embd": 192, "block_size": 64})
+    path = tmp_path / "wide.pt"  # a model whose 1000 forward passes take Chromium a minute or more
+    torch.save({**state, "model": GPT(config).state_dict(), "model_config": config.to_dict()}, path)
+    # A short temporary directory: Chromium aborts where the path of its singleton socket in it is too long for a
+    # Unix socket (108 bytes), as pytest's own tmp_path can be.
+    temp = Path(tempfile.mkdtemp(prefix="bench-", dir="/tmp"))
+    bench = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "scripts" / "bench_page.py"), "--ckpt",
+                              str(path), "--passes", "1000"], env={**os.environ, "TMPDIR": str(temp)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(temp.glob("*/profile/*")) and bench.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(temp.glob("*/profile/*")), "Chromium never started"
+        time.sleep(1)
+        bench.send_signal(signal.SIGTERM)
+        out, err = bench.communicate(timeout=60)
+    finally:
+        bench.kill()
+        left = [entry.name for entry in temp.iterdir() if not entry.name.startswith("torchinductor")]
+        shutil.rmtree(temp)
+    assert bench.returncode == 130 and err.strip() == "interrupted", err
+    assert left == []
+    browsers = [cmdline for cmdline in Path("/proc").glob("[0-9]*/cmdline") if str(temp) in read_quietly(cmdline)]
+    assert browsers == []
+
+
+def read_quietly(path: Path) -> str:
+    """A /proc file's text, or "" for a process that has ended."""
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 @needs_browser
