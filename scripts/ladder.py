@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 from configs import load_config  # noqa: E402
 from data import resolve  # noqa: E402
-from data.corpus import default_cache_dir  # noqa: E402
+from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.prepare import corpus_key  # noqa: E402
 from errors import ArgumentParser, QuietExit, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
@@ -81,7 +81,7 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     """(new | finished | unfinished | different | damaged, why): different means a run of other settings, or on
     another text (text_sha256: the corpus's checksum, as prepare records it), is in the folder; damaged, that its
     checkpoint or summary cannot be read. A rung costs minutes, so both are simply trained again. The --data words
-    are not compared (offline, shakespeare is recorded as the pystdlib it fell back to): the text's checksum is."""
+    are not compared (one text has several names, a path written two ways): the text's checksum is."""
     folder = Path(cfg.out_dir)
     ckpt = folder / checkpoint.LAST
     if not ckpt.exists():
@@ -103,13 +103,15 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     return "finished", ""
 
 
-def checksum_of(args) -> str:
-    """The sha256 of the text the rungs train on (the one train.py would find for --data, offline fallback
-    included), to tell a rung trained on another text from one to reuse."""
+def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:
+    """The --data every rung trains on, decided once, and that text's sha256 (to tell a rung trained on another text
+    from one to reuse). Offline, shakespeare falls back to the offline corpus as train.py's would, and the rungs are
+    given --data pystdlib: their printed commands then name the text they trained on."""
     cfg = load_config(rung_argv(args, 1, RUNGS[0][0], RUNGS[0][2], []), torch.cuda.is_available())[0]
     cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
-    corpus = resolve(cfg.data, cache_dir, say=lambda message: None, fallback=True)
-    return corpus_key(corpus, cfg.encoding, cfg.encoding_errors, cfg.val_fraction)[0]
+    corpus = resolve(cfg.data, cache_dir, say=say, fallback=True)
+    data = corpus.name if cfg.data in NAMED else cfg.data  # a file or folder stays as the user wrote it
+    return data, corpus_key(corpus, cfg.encoding, cfg.encoding_errors, cfg.val_fraction)[0]
 
 
 def summary_of(folder: Path) -> dict | None:
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file; choose a folder")
     out.mkdir(parents=True, exist_ok=True)
-    text_sha256 = checksum_of(args)
+    args.data, text_sha256 = decide_corpus(args, say=lambda message: print(message, file=sys.stderr))
 
     rows = []
     for index, (number, name, what, overrides) in enumerate(chosen, start=1):
