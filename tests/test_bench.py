@@ -153,3 +153,18 @@ def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, sc
         refused = script("score_nanogpt.py", str(nanogpt), str(tmp_path / "hostile.pt"))
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and said in refused.stderr, refused.stderr
 
+
+
+def test_bench_counts_the_hosts_waits_per_training_step_and_fails_above_the_bound(tmp_path, small_text, script):
+    """bench.py --host_syncs MOST counts the values read from the device over --iters steps (on a CPU: with Muon, the
+    step's finite flag, read there for free, once a step; AdamW reads none) and exits 1 above MOST per step."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(small_text, encoding="utf-8")
+    common = ("--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"), "--iters", "3",
+              "--warmup", "1")
+    over = script("bench.py", *common, "--optimizer", "muon", "--host_syncs", "0")
+    assert over.returncode == 1 and "host waits for the device: 3 in 3 training steps (1.00 per step, at most 0" \
+        in over.stdout, over.stdout + over.stderr
+    assert script("bench.py", *common, "--optimizer", "muon", "--host_syncs", "1").returncode == 0
+    none = script("bench.py", *common, "--optimizer", "adamw", "--host_syncs", "0")
+    assert none.returncode == 0 and "host waits for the device: 0 in 3 training steps" in none.stdout
