@@ -4,7 +4,7 @@
 
 const data = JSON.parse(document.getElementById("data").textContent);
 const model = loadModel(data);
-const config = model.config, nLayers = config.n_layer, nHeads = config.n_head, headSize = config.n_embd / nHeads;
+const config = model.config, nLayers = config.n_layer, nHeads = config.n_head, headSize = config.head_size;
 const vocab = data.vocab.map(code => String.fromCodePoint(code)), idOf = new Map(vocab.map((ch, i) => [ch, i]));
 const MAX_APPEND = config.block_size, MAX_BENCH = 1000;  // what the address may ask for: a window, 1000 passes
 const headColors = ["214,39,40", "31,119,180", "44,160,44", "148,103,189", "255,127,14", "23,190,207",
@@ -111,7 +111,7 @@ function renderStrip() {
   const heads = head === null ? [...Array(nHeads).keys()] : [head];
   $("readout").textContent = q === null ? "" : quoted(state.text[q]) + " (character " + (q + 1) + "), layer " +
     (l + 1) + ": " + heads.map(h => {
-      const top = state.result.layers[l].heads[h].weights[q].map((w, key) => [w, key])
+      const top = state.result.layers[l].heads[h].weights[q].slice(0, q + 1).map((w, key) => [w, key])
         .sort((a, b) => b[0] - a[0]).slice(0, 3);
       return "head " + (h + 1) + " looks most at " +
         top.map(([w, key]) => quoted(state.text[key]) + " " + w.toFixed(2)).join(", ");
@@ -149,8 +149,9 @@ function stepValues() {  // the numbers section 3 shows, also what #numbers repo
   const q = query(), l = layer(), h = viewedHead() ?? 0, seen = state.result.layers[l], head = seen.heads[h];
   return { layer: l + 1, head: h + 1, query: q + 1, input: Array.from(seen.input[q]),
            q: Array.from(head.q[q]), keys: head.k.slice(0, q + 1).map(k => Array.from(k)),
-           values: head.v.slice(0, q + 1).map(v => Array.from(v)), raw: head.raw[q], scores: head.scores[q],
-           weights: head.weights[q], out: Array.from(head.out[q]), joined: Array.from(seen.joined[q]),
+           values: head.v.slice(0, q + 1).map(v => Array.from(v)), raw: head.raw[q].slice(0, q + 1),
+           scores: head.scores[q].slice(0, q + 1), weights: head.weights[q].slice(0, q + 1),
+           out: Array.from(head.out[q]), joined: Array.from(seen.joined[q]),
            output: Array.from(seen.output[q]) };
 }
 
