@@ -390,7 +390,21 @@ def test_the_browser_keeps_its_pipe_when_the_system_hands_out_fds_3_and_4():
 @needs_browser
 def test_an_address_that_names_what_the_page_lacks_is_ignored(page):
     html = dom(page, "#query=99&layer=9&view=x&hover=500")  # a character, layer and head the text and model lack
-    assert re.search(r'<span id="step-title">\u201ct\u201d \(character 27\), layer 1, head 1', html)
+    assert re.search(r'<span id="step-title">\u201cf\u201d \(character 14\), layer 1, head 1', html)  # the middle one
+
+
+@needs_browser
+def test_the_page_opens_on_a_middle_character_with_its_keys_and_values(page):
+    """With no character chosen, the page explains the middle one (not the last, whose mask keeps every key): it is
+    marked in the strip, the later ones are greyed as masked, and its 14 keys and values are listed."""
+    html = dom(page)
+    assert re.search(r'<span id="step-title">\u201cf\u201d \(character 14\), layer 1, head 1', html)
+    classes = re.findall(r'<span class="(ch[^"]*)" data-position="(\d+)"', html)
+    assert [position for kind, position in classes if "query" in kind] == ["14"]
+    assert [position for kind, position in classes if "future" in kind] == [str(n) for n in range(15, 28)]
+    listed = re.search(r"<details[^>]*><summary>14 keys and values</summary>(.*?)</details>", html, flags=re.S)
+    names = re.findall(r'<div class="vector"><span>([kv]\d+) = ', listed.group(1))
+    assert names == [f"{kind}{j}" for j in range(1, 15) for kind in "kv"]
 
 
 def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run, tmp_path, monkeypatch):

@@ -56,8 +56,10 @@ function readText() {
   if (state.pinned !== null && state.pinned >= known.length) state.pinned = null;
 }
 
-function query() {  // the chosen character: the one pointed at, else the one clicked, else the last
-  return state.hovered ?? state.pinned ?? (state.text.length ? state.text.length - 1 : null);
+function query() {
+  // The chosen character: the one pointed at, else the one clicked, else the middle one (the last one's mask keeps
+  // every key, so it shows nothing of the mask).
+  return state.hovered ?? state.pinned ?? (state.text.length ? Math.floor((state.text.length - 1) / 2) : null);
 }
 function layer() { return Number($("layer").value); }
 function viewedHead() { return $("view").value === "all" ? null : Number($("view").value); }
@@ -155,6 +157,28 @@ function stepValues() {  // the numbers section 3 shows, also what #numbers repo
            output: Array.from(seen.output[q]) };
 }
 
+function keyFormula() {
+  // How the model computes key j: its projection (W_Q itself when queries and keys share it), then QK-norm and the
+  // rotary turn where the model has them, as for the query.
+  if (config.attention_score === "uniform") return "no keys: every score is 0";
+  let key = "x\u2c7c " + (config.shared_qk ? "W_Q" : "W_K") + (config.bias ? (config.shared_qk ? " + b_Q" : " + b_K")
+    : "");
+  if (config.qk_norm) key = "rms-norm(" + key + ")";
+  if (config.position === "rope") key = "R(j) " + (config.qk_norm ? key : "(" + key + ")");
+  return "k\u2c7c = " + key;
+}
+
+function keysAndValues(v) {  // k_j and v_j for every key the chosen query sees, in a box that folds
+  const box = element("details");
+  box.open = v.keys.length <= 8;
+  box.appendChild(element("summary", v.keys.length + " keys and values"));
+  v.keys.forEach((k, j) => {
+    if (config.attention_score !== "uniform") box.appendChild(vector("k" + (j + 1), k));
+    box.appendChild(vector("v" + (j + 1), v.values[j]));
+  });
+  return box;
+}
+
 function renderSteps() {
   const steps = $("steps");
   steps.replaceChildren();
@@ -207,14 +231,18 @@ function renderSteps() {
     cells.push("\u2212\u221e (future)", "0");
     cells.forEach(text => row.appendChild(element("td", text)));
   }
+  steps.appendChild(step("The keys and values character " + i + " sees",
+    keyFormula() + "; v\u2c7c = " + (config.attention_values ? "x\u2c7c W_V" + (config.bias ? " + b_V" : "") :
+      "head " + v.head + "'s slice of x\u2c7c") + ", for j = 1 to " + i + " (the keys after " + i + " are masked)",
+    keysAndValues(v)));
   const scoring = form === "additive" ? "additive scores: s\u2c7c = w\u00b7tanh(q + k\u2c7c), one w per head" :
     form === "dot" ? "dot-product scores, not scaled (attention_score dot): s\u2c7c = q\u00b7k\u2c7c" :
     form === "uniform" ? "every score is 0" : "scaled dot-product scores: s\u2c7c = q\u00b7k\u2c7c / \u221ad, d = " +
       headSize + ", so their spread does not grow with d";
-  steps.appendChild(step("Scores, the causal mask and the softmax over the keys k\u2c7c = x\u2c7c W_K",
+  steps.appendChild(step("Scores, the causal mask and the softmax over the keys k\u2c7c",
     scoring + "; keys after character " + i + " are masked to \u2212\u221e (weight 0); \u03b1 = softmax(s) = " +
     "exp(s\u2c7c) / \u03a3 exp(s)", table));
-  steps.appendChild(step("The weighted sum of the values v\u2c7c = x\u2c7c W_V",
+  steps.appendChild(step("The weighted sum of the values v\u2c7c",
     "head output = \u03a3\u2c7c \u03b1" + i + "\u2c7c v\u2c7c" + (config.attention_values ? "" :
       " (no value projection: v\u2c7c is head " + v.head + "'s slice of x\u2c7c)"), vector("y" + i, v.out)));
   steps.appendChild(step("All " + nHeads + " heads side by side",
