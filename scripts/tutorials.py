@@ -488,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise UserError(f"no tutorial {unknown[0]}; choose from {', '.join(TUTORIALS)}")
     folder = picture_folder(args.png) if args.png else None
+    print("Tokens, rows and columns are counted from 1 here, as on the attention page and in the walkthrough; a "
+          "tutorial's own\nsubscripts (001's ω_24) are kept as it writes them.\n")
     for number in args.tutorial or TUTORIALS:
         title, steps = TUTORIALS[number]
         print(f"=== tutorial {number}: {title}\n")

@@ -106,7 +106,10 @@ def test_plot_run_reads_the_loss_tags_of_older_runs(run_dir, tmp_path):
 
 
 def test_walkthrough_prints_what_the_formula_gives(script):
+    """Each printed matrix equals the formula computed in numpy; tokens are counted from 1, as the attention page and
+    tutorials.py count them, and the text says so where it counts."""
     out = script("attention_walkthrough.py").stdout
+    assert "Tokens are counted from 1" in out and "tokens 1..t" in out and "0..t" not in out
     sections = dict(re.findall(r"^(\S[^\n]*):\n((?:  \[.*\]\n)+)", out, flags=re.M))
 
     def matrix(prefix):

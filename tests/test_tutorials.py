@@ -170,7 +170,7 @@ def test_003_the_softmax_jacobian_is_printed_whole_and_is_the_closed_form():
 def test_the_text_says_what_to_see_names_the_seed_where_a_tutorial_had_none_and_prints_integers(script):
     """Every printed value is followed by one sentence saying what to see in it; tutorials 000 and 002 (which drew
     random numbers without a seed) say so in one line naming the seed used and the figure that differs, the script's
-    own figure as it prints it; shapes and ids print as integers."""
+    own figure as it prints it; shapes and ids print as integers; the counting convention is said first."""
     done = script("tutorials.py")
     assert done.returncode == 0, done.stderr
     text = done.stdout
@@ -185,6 +185,8 @@ def test_the_text_says_what_to_see_names_the_seed_where_a_tutorial_had_none_and_
     assert "torch.manual_seed(0)" in notes[1] and f"{steps('002')['per_row'][0, 0, 0]:.4f}" != "0.4497"
     assert "  [  4   8  32 ]\n" in text and "4.0000" not in tutorials.show(steps("000")["no_values_shape"])
     assert "  [ 0  4  5  2  1  3 ]\n" in text  # the vocabulary's ids
+    assert text.startswith("Tokens, rows and columns are counted from 1 here, as on the attention page and in the "
+                           "walkthrough")  # one convention, said where it is used
 
 
 DRAWN = {"000": ["averaging", "softmax_average", "kq_weights"],
