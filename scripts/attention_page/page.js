@@ -52,7 +52,7 @@ function readText() {
   $("input-note").textContent = notes.join("; ");
   $("input-note").classList.toggle("warn", unknown.length > 0 || cut > 0);
   state.text = known;
-  state.result = known.length ? forward(model, known.map(ch => idOf.get(ch))) : null;
+  state.result = known.length ? forward(model, known.map(ch => idOf.get(ch)), { scoreFactor: scoreFactor() }) : null;
   if (state.pinned !== null && state.pinned >= known.length) state.pinned = null;
 }
 
@@ -121,7 +121,100 @@ function renderStrip() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 3: one character's attention in one head, step by step.
+// The what-if scale: the factor on every q·k, the model's own unless the reader picks another.
+// ---------------------------------------------------------------------------------------------
+const FACTORS = { sqrt: ["\u00f7\u221a" + headSize, 1 / Math.sqrt(headSize)], 1: ["\u00d71, no scale", 1],
+                  10: ["\u00d710", 10] };
+const OWN_FACTOR = config.attention_score === "scaled_dot" ? "sqrt" : "1";
+const SCALABLE = config.attention_score === "scaled_dot" || config.attention_score === "dot";
+
+function scoreFactor() { return FACTORS[$("scale").value || OWN_FACTOR][1]; }
+function factorName() { return FACTORS[$("scale").value || OWN_FACTOR][0]; }
+function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
+
+// ---------------------------------------------------------------------------------------------
+// Section 3: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
+// ---------------------------------------------------------------------------------------------
+function matrices(l, h) {  // each step's name, formula and T x d or T x T values (-Infinity where masked)
+  const head = state.result.layers[l].heads[h], scaled = config.attention_score !== "additive";
+  const list = [];
+  if (config.attention_score !== "uniform") {
+    list.push({ name: "Q", formula: "Q: one query per character (row), " + headSize + " numbers each" +
+                (config.qk_norm || config.position === "rope" ? ", after QK-norm and rotary turns" : ""),
+                values: head.q, columns: "dims" });
+    list.push({ name: "K", formula: "K: one key per character", values: head.k, columns: "dims" });
+  }
+  list.push({ name: "V", formula: "V: one value per character", values: head.v, columns: "dims" });
+  list.push({ name: "S", formula: config.attention_score === "additive" ? "S = w\u00b7tanh(q\u1d62 + k\u2c7c) for " +
+              "every pair (additive scores)" : "S = Q K\u1d40: S\u1d62\u2c7c = q\u1d62\u00b7k\u2c7c, every query " +
+              "with every key, the future too", values: head.raw, columns: "text" });
+  if (scaled && config.attention_score !== "uniform") {
+    list.push({ name: "scaled", formula: "S " + factorName() + (whatIf() ? " (what-if)" : "") +
+                ": the scores the softmax will see", values: head.raw.map(row => row.map(s => s * scoreFactor())),
+                columns: "text" });
+  }
+  list.push({ name: "masked", formula: "the causal mask: every key after the query set to \u2212\u221e (drawn " +
+              "hatched), so the softmax gives it weight 0", values: head.scores, columns: "text" });
+  list.push({ name: "A", formula: "A = softmax of each row: the attention weights, each row sums to 1",
+              values: head.weights, columns: "text" });
+  list.push({ name: "AV", formula: "A\u00b7V: each character's weighted sum of the values, the head's output",
+              values: head.out, columns: "dims" });
+  return list;
+}
+
+function cellColor(value, largest, weights) {  // weights: white to blue; others: blue (negative) to red (positive)
+  if (weights) return "rgba(31,119,180," + Math.sqrt(value).toFixed(3) + ")";
+  const strength = largest ? Math.min(1, Math.abs(value) / largest) : 0;
+  return (value < 0 ? "rgba(31,119,180," : "rgba(214,39,40,") + strength.toFixed(3) + ")";
+}
+
+function renderMatrix() {
+  const table = $("matrix"), l = layer(), h = viewedHead() ?? 0, list = matrices(l, h);
+  const select = $("matrix-step");
+  if (select.options.length !== list.length) {
+    select.replaceChildren(...list.map((m, i) => new Option((i + 1) + ". " + m.name, String(i))));
+  }
+  const at = Math.min(Number(select.value) || 0, list.length - 1), shownMatrix = list[at];
+  select.value = String(at);
+  $("matrix-formula").textContent = "Layer " + (l + 1) + ", head " + (h + 1) + ": " + shownMatrix.formula;
+  const values = shownMatrix.values, weights = shownMatrix.name === "A", q = query();
+  let largest = 0;
+  for (const row of values) for (const value of row) if (Number.isFinite(value)) largest = Math.max(largest, Math.abs(value));
+  table.replaceChildren();
+  const top = table.insertRow();
+  top.appendChild(element("th"));
+  const width = values[0].length;
+  for (let j = 0; j < width; j++) {
+    top.appendChild(element("th", shownMatrix.columns === "text" ? key(state.text[j]) : String(j + 1)));
+  }
+  values.forEach((row, i) => {
+    const tr = table.insertRow();
+    tr.className = i === q ? "chosen" : "";
+    const label = tr.appendChild(element("th", key(state.text[i]) + " " + (i + 1)));
+    label.title = "character " + (i + 1) + ": click to explain it step by step";
+    Array.from(row).forEach((value, j) => {
+      const cell = tr.insertCell();
+      cell.dataset.value = String(value);
+      if (value === -Infinity) { cell.className = "masked"; } else {
+        cell.style.backgroundColor = cellColor(value, largest, weights);
+      }
+      cell.title = shownMatrix.name + "[" + (i + 1) + "][" + (j + 1) + "] = " + fixed(value);
+    });
+    tr.addEventListener("click", () => {
+      state.pinned = i;
+      render();
+      $("steps-section").scrollIntoView();
+    });
+  });
+}
+
+function pointAtMatrix(event) {  // the number of the cell pointed at, in a line below the matrix
+  const cell = event.target.closest("td");
+  if (cell) $("matrix-readout").textContent = cell.title;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Section 4: one character's attention in one head, step by step.
 // ---------------------------------------------------------------------------------------------
 const SHOWN_VALUES = 8;  // a vector shows its first few numbers until asked for all of them
 
@@ -184,7 +277,7 @@ function renderSteps() {
   steps.replaceChildren();
   const q = query();
   if (q === null) { $("step-title").textContent = "type some text first"; return; }
-  const v = stepValues(), i = q + 1, form = config.attention_score, scaled = form === "scaled_dot";
+  const v = stepValues(), i = q + 1, form = config.attention_score, scaled = form === "scaled_dot" || whatIf();
   $("step-title").textContent = quoted(state.text[q]) + " (character " + i + "), layer " + v.layer + ", head " +
     v.head + (viewedHead() === null ? " (choose a head above to see another)" : "");
   const head = state.result.layers[v.layer - 1].heads[v.head - 1];
@@ -209,7 +302,7 @@ function renderSteps() {
   const table = element("table", undefined, "numbers");
   const scoreName = form === "additive" ? "w\u00b7tanh(q" + i + " + k\u2c7c)" : "q" + i + "\u00b7k\u2c7c";
   const header = ["j", "key", scoreName];
-  if (scaled) header.push("\u00f7 \u221a" + headSize);
+  if (scaled) header.push(factorName() + (whatIf() ? " (what-if)" : ""));
   header.push("mask", "softmax \u03b1" + i + "\u2c7c");
   const top = table.insertRow();
   header.forEach(name => top.appendChild(element("th", name)));
@@ -254,7 +347,7 @@ function renderSteps() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 4: the next character after the whole text.
+// Section 5: the next character after the whole text.
 // ---------------------------------------------------------------------------------------------
 function sampling() {
   return { temperature: Number($("temperature").value), top_k: Math.max(0, Math.floor(Number($("top-k").value))),
@@ -298,7 +391,16 @@ function appendSampled() {
 // N forward passes (at most MAX_BENCH). The line #address-help says the same to the reader.
 // ---------------------------------------------------------------------------------------------
 function render() {
-  if (state.result) { renderStrip(); } else { $("readout").textContent = ""; }
+  $("what-if").hidden = !whatIf();
+  if (whatIf()) {
+    $("what-if").textContent = "What-if: every q·k multiplied by " + factorName() + ", not by the model's own " +
+      FACTORS[OWN_FACTOR][0] + " that it was trained with; every number on the page, the next character too, is " +
+      "what the model would compute so.";
+  }
+  if (state.result) { renderStrip(); renderMatrix(); } else {
+    $("readout").textContent = "";
+    $("matrix").replaceChildren();
+  }
   renderSteps();
   renderNext();
 }
@@ -311,7 +413,10 @@ function update() {
 
 function numbers(extra) {
   const logits = state.result ? state.result.logits.map(row => Array.from(row)) : [];
-  return JSON.stringify({ text: state.text.join(""), ids: state.text.map(ch => idOf.get(ch)), logits, step: state.result ? stepValues() : null,
+  const shownMatrices = state.result ? Object.fromEntries(matrices(layer(), viewedHead() ?? 0).map(m => [m.name,
+    m.values.map(row => Array.from(row, value => (value === -Infinity ? null : value)))])) : null;
+  return JSON.stringify({ text: state.text.join(""), ids: state.text.map(ch => idOf.get(ch)), logits,
+                          matrices: shownMatrices, scale: scoreFactor(), step: state.result ? stepValues() : null,
                           sampling: sampling(), probs: state.result ? nextProbabilities() : null, ...extra });
 }
 
@@ -323,7 +428,21 @@ $("about").textContent = data.about;
 $("append-most").textContent = String(MAX_APPEND);
 $("input").value = data.text;
 $("input").addEventListener("input", update);
-["layer", "view"].forEach(id => $(id).addEventListener("change", render));
+["layer", "view", "matrix-step"].forEach(id => $(id).addEventListener("change", render));
+for (const [value, [name]] of Object.entries(FACTORS)) {
+  $("scale").add(new Option(name + (value === OWN_FACTOR ? " (the model's own)" : " (what-if)"), value));
+}
+$("scale").value = OWN_FACTOR;
+$("scale-control").hidden = !SCALABLE;
+$("scale").addEventListener("change", update);
+$("matrix").addEventListener("mouseover", pointAtMatrix);
+$("matrix-previous").addEventListener("click", () => { moveStep(-1); });
+$("matrix-next").addEventListener("click", () => { moveStep(1); });
+function moveStep(by) {
+  const select = $("matrix-step");
+  select.value = String(Math.max(0, Math.min(select.options.length - 1, Number(select.value) + by)));
+  render();
+}
 ["temperature", "top-k", "top-p"].forEach(id => $(id).addEventListener("input", renderNext));
 $("seed").addEventListener("input", () => { state.random = null; });
 $("append").addEventListener("click", appendSampled);
@@ -335,6 +454,7 @@ function choose(select, value) {  // an option the address names, if the page ha
 }
 if (wanted.has("layer")) choose($("layer"), String(Number(wanted.get("layer")) - 1));
 if (wanted.has("view")) choose($("view"), wanted.get("view") === "all" ? "all" : String(Number(wanted.get("view")) - 1));
+if (wanted.has("scale")) choose($("scale"), wanted.get("scale"));
 for (const [key, id] of [["temperature", "temperature"], ["top_k", "top-k"], ["top_p", "top-p"], ["seed", "seed"]]) {
   if (wanted.has(key)) $(id).value = wanted.get(key);
 }
