@@ -468,6 +468,57 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
 
 
 @needs_browser
+def test_a_learner_sees_every_head_at_once_points_at_a_weight_and_opens_a_head(run, tmp_path):
+    """Every layer x head as a picture of its weights for the whole text: each pixel is its head's colour at
+    PyTorch's weight (within one step of 255), the masked future a dark grey that no weight's colour reaches;
+    pointing at a pixel shows PyTorch's weight, or "masked" in the future; clicking a head opens it in the matrix
+    view at its weights A, equal to PyTorch's within 1e-5."""
+    from browser import Browser
+    path, model, tokenizer = variant_checkpoint(run, "rope-qknorm-relu2-nobias-untied")
+    html = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
+    ids, T = tokenizer.encode(TEXT), len(TEXT)
+    expected = attention_html.attention_of(model, ids)  # [layer][head][query][key <= query]
+    with Browser() as browser:
+        browser.open(html.as_uri())
+        palette = [[int(c) for c in rgb.split(",")] for rgb in browser.evaluate("headColors")]
+        for layer in range(model.config.n_layer):
+            for head in range(model.config.n_head):
+                canvas = f'#heads canvas[data-layer="{layer}"][data-head="{head}"]'
+                pixels = np.array(browser.evaluate(f"(() => {{ const c = document.querySelector('{canvas}'); "
+                                                   f"return Array.from(c.getContext('2d').getImageData(0, 0, "
+                                                   f"c.width, c.height).data); }})()")).reshape(T, T, 4)
+                weights = np.zeros((T, T))
+                for query, row in enumerate(expected[layer][head]):
+                    weights[query, :query + 1] = row
+                colour = np.array(palette[head])
+                wanted = np.rint(255 + (colour - 255) * np.sqrt(weights)[..., None])
+                future = np.triu(np.ones((T, T), dtype=bool), 1)
+                wanted[future] = [85, 85, 85]
+                assert np.abs(pixels[..., :3] - wanted).max() <= 1, (layer, head)
+                grey_reachable = np.abs(np.rint(255 + (colour - 255) * np.sqrt(np.linspace(0, 1, 1001))[:, None])
+                                        - 85).max(axis=1).min()
+                assert grey_reachable > 8  # no weight is drawn near the grey of the mask
+        for query, key in ((5, 2), (20, 20), (3, 9)):  # 1-based: a weight, the diagonal, the future
+            browser.point('#heads canvas[data-layer="1"][data-head="0"]', at=((key - 0.5) / T, (query - 0.5) / T))
+            shown = browser.evaluate("document.getElementById('heads-readout').textContent")
+            value = f"{expected[1][0][query - 1][key - 1]:.4f}" if key <= query else "masked (the future)"
+            assert shown.startswith(f"layer 2, head 1: A[{query}][{key}] = {value}, "), shown
+        browser.click('#heads canvas[data-layer="1"][data-head="1"]')
+        assert browser.evaluate("[document.getElementById('layer').value, document.getElementById('view').value]") \
+            == ["1", "1"]
+        assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
+            "Layer 2, head 2: A = softmax")
+        drawn = browser.evaluate("Array.from(document.querySelectorAll('#matrix tr')).slice(1).map(tr => "
+                                 "Array.from(tr.querySelectorAll('td')).map(td => Number(td.dataset.value)))")
+        with torch.no_grad():
+            _, seen = attention_inputs_and_outputs(model, torch.tensor([ids]))
+            matrices = pytorch_matrices(model, seen[1][0], 2, 2, 1 / math.sqrt(model.config.head_size))
+        torch.testing.assert_close(torch.tensor(drawn, dtype=torch.float64), matrices["A"].double(), atol=1e-5, rtol=0)
+        assert browser.errors == []
+
+
+@needs_browser
 def test_an_address_that_names_what_the_page_lacks_is_ignored(page):
     html = dom(page, "#query=99&layer=9&view=x&hover=500")  # a character, layer and head the text and model lack
     assert re.search(r'<span id="step-title">\u201cf\u201d \(character 14\), layer 1, head 1', html)  # the middle one

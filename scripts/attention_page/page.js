@@ -1,5 +1,6 @@
-// The page's views: the text box, the attention strip and grid, the step-by-step attention of one character and
-// head, and the next character; each recomputed from gpt.js's forward pass whenever the text changes.
+// The page's views: the text box, the attention strip and grid, every head at once, the whole matrices of one head,
+// the step-by-step attention of one character and head, and the next character; each recomputed from gpt.js's
+// forward pass whenever the text changes.
 "use strict";
 
 const data = JSON.parse(document.getElementById("data").textContent);
@@ -121,6 +122,76 @@ function renderStrip() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Section 3: every layer and head at once, each head's weights A as a small picture, one pixel per weight.
+// ---------------------------------------------------------------------------------------------
+const MASKED_RGB = [85, 85, 85];  // the masked future: dark grey, which no weight's colour (white to a hue) reaches
+
+function weightRgb(h, weight) {  // head h's colour laid over white with strength √weight (small weights still show)
+  const strength = Math.sqrt(weight);
+  return headColors[h % headColors.length].split(",").map(c => Math.round(255 + (Number(c) - 255) * strength));
+}
+
+function buildHeads() {  // a row per layer, a column per head, a canvas in each cell
+  const table = $("heads");
+  table.replaceChildren();
+  const top = table.insertRow();
+  top.appendChild(element("th"));
+  for (let h = 0; h < nHeads; h++) top.appendChild(element("th", "head " + (h + 1)));
+  for (let l = 0; l < nLayers; l++) {
+    const row = table.insertRow();
+    row.appendChild(element("th", "layer " + (l + 1)));
+    for (let h = 0; h < nHeads; h++) {
+      const canvas = row.insertCell().appendChild(element("canvas"));
+      canvas.dataset.layer = String(l);
+      canvas.dataset.head = String(h);
+      canvas.title = "layer " + (l + 1) + ", head " + (h + 1) + ": click to open it in the matrices";
+    }
+  }
+}
+
+function renderHeads() {  // each head's T x T weights: row i, column j is A[i][j]; the future dark grey
+  const T = state.text.length;
+  $("heads").querySelectorAll("canvas").forEach(canvas => {
+    canvas.width = canvas.height = Math.max(T, 1);
+    if (!T) return;
+    const l = Number(canvas.dataset.layer), h = Number(canvas.dataset.head);
+    const weights = state.result.layers[l].heads[h].weights, context = canvas.getContext("2d");
+    const picture = context.createImageData(T, T);
+    for (let i = 0; i < T; i++) {
+      for (let j = 0; j < T; j++) {
+        const rgb = j <= i ? weightRgb(h, weights[i][j]) : MASKED_RGB, at = 4 * (i * T + j);
+        picture.data.set([...rgb, 255], at);
+      }
+    }
+    context.putImageData(picture, 0, 0);
+  });
+}
+
+function cellUnder(event) {  // the [query, key] of the pixel under the mouse in one of the heads' pictures
+  const canvas = event.target, T = canvas.width, box = canvas.getBoundingClientRect();
+  const at = (offset, size) => Math.min(T - 1, Math.max(0, Math.floor(offset / size * T)));
+  return [at(event.clientY - box.top, box.height), at(event.clientX - box.left, box.width)];
+}
+
+function pointAtHeads(event) {
+  if (event.target.tagName !== "CANVAS" || !state.result) return;
+  const l = Number(event.target.dataset.layer), h = Number(event.target.dataset.head), [i, j] = cellUnder(event);
+  const weight = state.result.layers[l].heads[h].weights[i][j];
+  $("heads-readout").textContent = "layer " + (l + 1) + ", head " + (h + 1) + ": A[" + (i + 1) + "][" + (j + 1) +
+    "] = " + (j <= i ? weight.toFixed(4) : "masked (the future)") + ", " + quoted(state.text[i]) + " looking at " +
+    quoted(state.text[j]);
+}
+
+function openHead(event) {  // a click on a head's picture: that layer and head in the matrix view, at its weights A
+  if (event.target.tagName !== "CANVAS") return;
+  $("layer").value = event.target.dataset.layer;
+  $("view").value = event.target.dataset.head;
+  $("matrix-step").value = String(matrices(layer(), viewedHead()).findIndex(m => m.name === "A"));
+  render();
+  $("matrix-section").scrollIntoView();
+}
+
+// ---------------------------------------------------------------------------------------------
 // The what-if scale: the factor on every q·k, the model's own unless the reader picks another.
 // ---------------------------------------------------------------------------------------------
 const FACTORS = { sqrt: ["\u00f7\u221a" + headSize, 1 / Math.sqrt(headSize)], 1: ["\u00d71, no scale", 1],
@@ -133,7 +204,7 @@ function factorName() { return FACTORS[$("scale").value || OWN_FACTOR][0]; }
 function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
 
 // ---------------------------------------------------------------------------------------------
-// Section 3: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
+// Section 4: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
 // ---------------------------------------------------------------------------------------------
 function matrices(l, h) {  // each step's name, formula and T x d or T x T values (-Infinity where masked)
   const head = state.result.layers[l].heads[h], scaled = config.attention_score !== "additive";
@@ -214,7 +285,7 @@ function pointAtMatrix(event) {  // the number of the cell pointed at, in a line
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 4: one character's attention in one head, step by step.
+// Section 5: one character's attention in one head, step by step.
 // ---------------------------------------------------------------------------------------------
 const SHOWN_VALUES = 8;  // a vector shows its first few numbers until asked for all of them
 
@@ -240,7 +311,7 @@ function step(title, formula, ...contents) {
   return box;
 }
 
-function stepValues() {  // the numbers section 3 shows, also what #numbers reports
+function stepValues() {  // the numbers section 5 shows, also what #numbers reports
   const q = query(), l = layer(), h = viewedHead() ?? 0, seen = state.result.layers[l], head = seen.heads[h];
   return { layer: l + 1, head: h + 1, query: q + 1, input: Array.from(seen.input[q]),
            q: Array.from(head.q[q]), keys: head.k.slice(0, q + 1).map(k => Array.from(k)),
@@ -347,7 +418,7 @@ function renderSteps() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 5: the next character after the whole text.
+// Section 6: the next character after the whole text.
 // ---------------------------------------------------------------------------------------------
 function sampling() {
   return { temperature: Number($("temperature").value), top_k: Math.max(0, Math.floor(Number($("top-k").value))),
@@ -409,6 +480,7 @@ function update() {
   readText();
   buildStrip();
   render();
+  renderHeads();  // (not in render: pointing at characters changes nothing in it)
 }
 
 function numbers(extra) {
@@ -436,6 +508,9 @@ $("scale").value = OWN_FACTOR;
 $("scale-control").hidden = !SCALABLE;
 $("scale").addEventListener("change", update);
 $("matrix").addEventListener("mouseover", pointAtMatrix);
+buildHeads();
+$("heads").addEventListener("mousemove", pointAtHeads);
+$("heads").addEventListener("click", openHead);
 $("matrix-previous").addEventListener("click", () => { moveStep(-1); });
 $("matrix-next").addEventListener("click", () => { moveStep(1); });
 function moveStep(by) {
