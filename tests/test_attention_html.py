@@ -518,6 +518,77 @@ def test_a_learner_sees_every_head_at_once_points_at_a_weight_and_opens_a_head(r
         assert browser.errors == []
 
 
+def variant_page(run, tmp_path, name: str):
+    """The page of a variant's model (variant_checkpoint) opened on TEXT: its path, the model, the tokenizer."""
+    path, model, tokenizer = variant_checkpoint(run, name)
+    html = tmp_path / f"{name}.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
+    return html, model, tokenizer
+
+
+@needs_browser
+def test_a_learner_sees_what_rotary_positions_do_for_the_character_clicked(run, tmp_path):
+    """Rotary positions explained: after a click on character 5, each pair's frequency and its angle at character 5
+    are model/rope.py's (the angle's cosine is the model's own table entry), and the picture's q·k of q = k = ones
+    equals PyTorch's apply_rope for every distance, from the first character and from the middle alike."""
+    from browser import Browser
+    html, model, _ = variant_page(run, tmp_path, "rope-qknorm-relu2-nobias-untied")
+    head_size, block_size = model.config.head_size, model.config.block_size
+    frequencies = 10000.0 ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
+    with Browser() as browser:
+        browser.open(html.as_uri())
+        browser.click("#strip .ch:nth-of-type(5)")
+        assert "angle at character 5" in browser.evaluate("document.getElementById('rotary').textContent")
+        rows = browser.evaluate("Array.from(document.querySelectorAll('#rotary tr')).slice(1).map(tr => "
+                                "[Number(tr.dataset.frequency), Number(tr.dataset.angle)])")
+        dots = browser.evaluate("Array.from(document.querySelectorAll('#distance-plot circle')).map(c => "
+                                "[Number(c.dataset.from), Number(c.dataset.distance), Number(c.dataset.value)])")
+        assert browser.errors == []
+    got = torch.tensor(rows, dtype=torch.float64)
+    torch.testing.assert_close(got[:, 0], frequencies.double(), atol=0, rtol=1e-6)
+    torch.testing.assert_close(got[:, 1], (4 * frequencies).double(), atol=0, rtol=1e-6)  # position 4: character 5
+    torch.testing.assert_close(got[:, 1].cos(), model.rope_cos[4, :head_size // 2].double(), atol=1e-6, rtol=0)
+    turned = apply_rope(torch.ones(block_size, head_size), model.rope_cos, model.rope_sin)  # q = k = ones, turned
+    middle = block_size // 2
+    assert sorted({start for start, _, _ in dots}) == [1, middle + 1]
+    for start in (1, middle + 1):
+        values = torch.tensor([value for s, _, value in dots if s == start], dtype=torch.float64)
+        assert [d for s, d, _ in dots if s == start] == list(range(block_size - start + 1))
+        expected = turned[start - 1:] @ turned[start - 1]
+        torch.testing.assert_close(values, expected.double(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(values, (turned @ turned[0])[:len(values)].double(), atol=1e-5, rtol=0)
+
+
+@needs_browser
+def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(run, tmp_path):
+    """Learned positions: every pixel of the similarity picture is the colour of PyTorch's cosine similarity of the
+    two position vectors (within one step of 255), and pointing at one shows that similarity; a model without
+    positions says so in a sentence and draws nothing."""
+    from browser import Browser
+    html, model, _ = variant_page(run, tmp_path, "learned-gelu-bias-tied")
+    table = model.wpe.weight.detach()
+    similarity = F.cosine_similarity(table[:, None], table[None], dim=-1).double()  # (block_size, block_size)
+    n = len(table)
+    with Browser() as browser:
+        browser.open(html.as_uri())
+        pixels = np.array(browser.evaluate("(() => { const c = document.getElementById('similarity'); return "
+                                           "Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height)"
+                                           ".data); })()")).reshape(n, n, 4)
+        for s, t in ((3, 7), (10, 10), (30, 2)):  # 1-based
+            browser.point("#similarity", at=((t - 0.5) / n, (s - 0.5) / n))
+            assert browser.evaluate("document.getElementById('positions-readout').textContent") == \
+                f"cos(p{s}, p{t}) = {similarity[s - 1, t - 1].item():.4f}"
+        browser.open(variant_page(run, tmp_path, "none-additive-noresidual")[0].as_uri())
+        about = browser.evaluate("document.getElementById('positions-about').textContent")
+        assert about.startswith("This model has no position information")
+        assert browser.evaluate("document.getElementById('positions').children.length") == 0
+        assert browser.errors == []
+    strength = similarity.abs().clamp(max=1).numpy()[..., None]
+    wanted = np.where(similarity.numpy()[..., None] < 0, np.array([31, 119, 180]), np.array([214, 39, 40]))
+    wanted = np.rint(255 + (wanted - 255) * strength)
+    assert np.abs(pixels[..., :3] - wanted).max() <= 1
+
+
 @needs_browser
 def test_an_address_that_names_what_the_page_lacks_is_ignored(page):
     html = dom(page, "#query=99&layer=9&view=x&hover=500")  # a character, layer and head the text and model lack

@@ -285,7 +285,124 @@ function pointAtMatrix(event) {  // the number of the cell pointed at, in a line
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 5: one character's attention in one head, step by step.
+// Section 5: positions. Rotary: each pair's angle and frequency, and q·k against the distance; learned: how alike
+// the position vectors are; none: a sentence.
+// ---------------------------------------------------------------------------------------------
+function signedRgb(value) {  // red for +1, white for 0, blue for -1
+  const rgb = value < 0 ? [31, 119, 180] : [214, 39, 40], strength = Math.min(1, Math.abs(value));
+  return rgb.map(c => Math.round(255 + (c - 255) * strength));
+}
+
+function positionSimilarities() {  // cos(p_s, p_t) for every pair of the learned position vectors (block_size of them)
+  const table = model.weights.wpe.weight, n = config.block_size, nEmbd = config.n_embd;
+  const rows = Array.from({ length: n }, (_, t) => table.subarray(t * nEmbd, (t + 1) * nEmbd));
+  const norms = rows.map(row => Math.sqrt(dot(row, row)));
+  return rows.map((a, s) => rows.map((b, t) => dot(a, b) / Math.max(norms[s] * norms[t], 1e-12)));
+}
+
+function rotaryDotsByDistance() {
+  // q·k of two fixed vectors q = k = (1, ..., 1), turned as characters at 1 + distance (q) and at `from` (k), for
+  // keys at the first character and at the middle of the window: both lists are the same function of the distance.
+  const ones = new Float64Array(headSize).fill(1), { cos, sin } = model.rope;
+  const turned = cos.map((_, t) => applyRope(ones, cos[t], sin[t]));
+  return [0, Math.floor(config.block_size / 2)].map(from => ({
+    from, values: turned.slice(from).map(q => dot(q, turned[from])) }));
+}
+
+function distancePlot(curves) {  // an SVG line (key at the first character) and dots (key at the middle)
+  const svgNs = "http://www.w3.org/2000/svg", width = 480, height = 160, pad = 28, n = config.block_size;
+  const svg = document.createElementNS(svgNs, "svg");
+  svg.id = "distance-plot";
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  const x = d => pad + (width - 2 * pad) * d / Math.max(1, n - 1), y = v => height / 2 - (height / 2 - 14) * v / headSize;
+  const add = (tag, attributes, text) => {
+    const node = svg.appendChild(document.createElementNS(svgNs, tag));
+    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  };
+  add("line", { x1: pad, x2: width - pad, y1: y(0), y2: y(0), stroke: "#ccc" });
+  add("text", { x: 2, y: y(headSize) + 4 }, String(headSize));
+  add("text", { x: 2, y: y(0) + 4 }, "0");
+  add("text", { x: 2, y: y(-headSize) + 4 }, String(-headSize));
+  add("text", { x: width - pad - 90, y: height - 2 }, "distance \u2192 " + (n - 1));
+  const [line, dots] = curves;
+  add("polyline", { points: line.values.map((v, d) => x(d) + "," + y(v)).join(" "), fill: "none",
+                    stroke: "#1f77b4", "stroke-width": 1.5 });
+  for (const curve of curves) {
+    curve.values.forEach((value, d) => {
+      const dot = add("circle", { cx: x(d), cy: y(value), r: curve === dots ? 2.2 : 1.2,
+                                  fill: curve === dots ? "#d62728" : "#1f77b4" });
+      dot.dataset.from = String(curve.from + 1);
+      dot.dataset.distance = String(d);
+      dot.dataset.value = String(value);
+      dot.appendChild(document.createElementNS(svgNs, "title")).textContent = "key at character " +
+        (curve.from + 1) + ", query " + d + " later: q\u00b7k = " + value.toFixed(4);
+    });
+  }
+  return svg;
+}
+
+function buildPositions() {  // what does not change with the text: the sentences, the picture, the similarities
+  const box = $("positions"), about = $("positions-about");
+  if (config.position === "none") {
+    about.textContent = "This model has no position information (position none): nothing tells it where a " +
+      "character is, except the causal mask, which lets each character see only those before it.";
+    return;
+  }
+  if (config.position === "learned") {
+    about.textContent = "Learned positions: the model adds a vector p\u209c of its own to the t-th character's " +
+      "embedding, one per place in the window (" + config.block_size + " of them). The picture shows how alike " +
+      "they are, cos(p\u209b, p\u209c) for every pair: red alike, blue opposite. A bright band along the diagonal " +
+      "means neighbouring places were learned alike. Point at it for a number.";
+    const similarities = positionSimilarities(), n = similarities.length;
+    const canvas = box.appendChild(element("canvas"));
+    canvas.id = "similarity";
+    canvas.width = canvas.height = n;
+    const context = canvas.getContext("2d"), picture = context.createImageData(n, n);
+    similarities.forEach((row, s) => row.forEach((value, t) => picture.data.set([...signedRgb(value), 255],
+                                                                              4 * (s * n + t))));
+    context.putImageData(picture, 0, 0);
+    canvas.addEventListener("mousemove", event => {
+      const [s, t] = cellUnder(event);
+      $("positions-readout").textContent = "cos(p" + (s + 1) + ", p" + (t + 1) + ") = " +
+        similarities[s][t].toFixed(4);
+    });
+    return;
+  }
+  about.textContent = "Rotary positions: before scoring, the query and key of character t are turned, each pair " +
+    "of their numbers (i and i + " + headSize / 2 + ") by the angle (t \u2212 1)\u00b7\u03b8\u1d62 with " +
+    "\u03b8\u1d62 = 10000^(\u22122i/" + headSize + "), slower for later pairs. A turn keeps lengths, so q\u00b7k " +
+    "depends only on how far apart the two characters are, as the picture shows for q = k = (1, \u2026, 1): " +
+    "the line has the key at the first character, the red dots at character " +
+    (Math.floor(config.block_size / 2) + 1) + ", and both fall on one curve." +
+    (config.attention_score === "additive" ? " (This model scores with w\u00b7tanh(q + k), not q\u00b7k, so its " +
+      "scores are not a function of the distance alone.)" : "");
+  box.appendChild(distancePlot(rotaryDotsByDistance()));
+  const table = box.appendChild(element("table", undefined, "numbers"));
+  table.id = "rotary";
+}
+
+function renderPositions() {  // rotary: each pair's frequency, and its angle at the chosen character
+  const table = $("rotary"), q = query();
+  if (!table) return;
+  table.replaceChildren();
+  const top = table.insertRow(), t = q === null ? 1 : q + 1;
+  ["pair i", "numbers", "\u03b8\u1d62 (radians per character)", "angle at character " + t + " (radians)",
+   "in degrees", "one whole turn every"].forEach(name => top.appendChild(element("th", name)));
+  model.rope.frequencies.forEach((frequency, i) => {
+    const row = table.insertRow(), angle = Math.fround((t - 1) * frequency);
+    row.dataset.frequency = String(frequency);
+    row.dataset.angle = String(angle);
+    [String(i + 1), (i + 1) + " and " + (i + 1 + headSize / 2), frequency.toPrecision(4), angle.toFixed(4),
+     (angle * 180 / Math.PI % 360).toFixed(1) + "\u00b0", (2 * Math.PI / frequency).toFixed(1) + " characters"]
+      .forEach(text => row.appendChild(element("td", text)));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Section 6: one character's attention in one head, step by step.
 // ---------------------------------------------------------------------------------------------
 const SHOWN_VALUES = 8;  // a vector shows its first few numbers until asked for all of them
 
@@ -311,7 +428,7 @@ function step(title, formula, ...contents) {
   return box;
 }
 
-function stepValues() {  // the numbers section 5 shows, also what #numbers reports
+function stepValues() {  // the numbers section 6 shows, also what #numbers reports
   const q = query(), l = layer(), h = viewedHead() ?? 0, seen = state.result.layers[l], head = seen.heads[h];
   return { layer: l + 1, head: h + 1, query: q + 1, input: Array.from(seen.input[q]),
            q: Array.from(head.q[q]), keys: head.k.slice(0, q + 1).map(k => Array.from(k)),
@@ -418,7 +535,7 @@ function renderSteps() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 6: the next character after the whole text.
+// Section 7: the next character after the whole text.
 // ---------------------------------------------------------------------------------------------
 function sampling() {
   return { temperature: Number($("temperature").value), top_k: Math.max(0, Math.floor(Number($("top-k").value))),
@@ -472,6 +589,7 @@ function render() {
     $("readout").textContent = "";
     $("matrix").replaceChildren();
   }
+  renderPositions();
   renderSteps();
   renderNext();
 }
@@ -509,6 +627,7 @@ $("scale-control").hidden = !SCALABLE;
 $("scale").addEventListener("change", update);
 $("matrix").addEventListener("mouseover", pointAtMatrix);
 buildHeads();
+buildPositions();
 $("heads").addEventListener("mousemove", pointAtHeads);
 $("heads").addEventListener("click", openHead);
 $("matrix-previous").addEventListener("click", () => { moveStep(-1); });
