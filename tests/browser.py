@@ -105,6 +105,12 @@ class Browser:
                 raise TimeoutError(f"{url} did not load in {timeout} s")
             time.sleep(0.05)
 
+    def prefer_language(self, language: str) -> None:
+        """The languages the browser says its user reads (navigator.language, Accept-Language) for pages opened
+        after this, as a browser set to that language says them: "zh-CN", say."""
+        user_agent = self.evaluate("navigator.userAgent")
+        self.call("Emulation.setUserAgentOverride", session=True, userAgent=user_agent, acceptLanguage=language)
+
     def evaluate(self, expression: str):
         """A JavaScript expression's value in the page (JSON-like values)."""
         result = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)

@@ -589,6 +589,74 @@ def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(r
     assert np.abs(pixels[..., :3] - wanted).max() <= 1
 
 
+HEADINGS = "Array.from(document.querySelectorAll('h2')).map(h => h.textContent)"
+CHINESE_HEADINGS = ["1. 你的文本", "2. 每个字符看向哪里", "3. 一次看所有注意力头", "4. 完整的矩阵",
+                    "5. 位置：模型如何知道字符在哪里", "6. 逐步计算：", "7. 下一个字符"]
+
+
+@needs_browser
+def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
+    """The English / 中文 switch: every heading, the labels and the matrix steps in the tutorials' terms (查询 Q,
+    注意力权重 A, 掩码), the numbers unchanged (the logits still PyTorch's); switching back gives the English page's
+    headings exactly."""
+    from browser import Browser
+    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    with torch.no_grad():
+        expected = model(torch.tensor([tokenizer.encode(TEXT)]))[0][0]
+    with Browser() as browser:
+        browser.open(page.as_uri())
+        english = browser.evaluate(HEADINGS)
+        assert english[2] == "3. Every head at once" and browser.evaluate("document.documentElement.lang") == "en"
+        browser.choose("#language", "zh")
+        headings = browser.evaluate(HEADINGS)
+        assert [h[:len(c)] for h, c in zip(headings, CHINESE_HEADINGS)] == CHINESE_HEADINGS
+        assert headings[5] == "6. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，头 1（在上面选一个头，看别的头）"
+        steps = browser.evaluate("Array.from(document.getElementById('matrix-step').options).map(o => o.text)")
+        assert steps == ["1. 查询 Q", "2. 键 K", "3. 值 V", "4. 注意力分数 S", "5. 缩放", "6. 掩码", "7. 注意力权重 A",
+                         "8. A\u00b7V"]
+        labels = browser.evaluate("Array.from(document.querySelectorAll('label > span')).map(s => s.textContent)")
+        assert labels[:3] == ["层", "头", "假设每个 q·k 都乘以"]
+        assert browser.evaluate("document.getElementById('view').options[0].text") == "所有头"
+        assert browser.evaluate("document.getElementById('append').textContent") == "追加一个采样的字符"
+        torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), expected.double(),
+                                   atol=1e-4, rtol=0)
+        browser.choose("#language", "en")
+        assert browser.evaluate(HEADINGS) == english
+        assert browser.errors == []
+
+
+@needs_browser
+def test_a_browser_set_to_chinese_opens_the_page_in_chinese(page):
+    """With zh-CN as the browser's language the page opens in Chinese; #lang=en still opens it in English."""
+    from browser import Browser
+    with Browser() as browser:
+        browser.prefer_language("zh-CN")
+        browser.open(page.as_uri())
+        assert browser.evaluate("navigator.language") == "zh-CN"
+        assert browser.evaluate(HEADINGS)[2] == CHINESE_HEADINGS[2]
+        assert browser.evaluate("document.getElementById('language').value") == "zh"
+        browser.open("about:blank")  # (a new fragment alone would not load the page again)
+        browser.open(page.as_uri() + "#lang=en")
+        assert browser.evaluate(HEADINGS)[2] == "3. Every head at once"
+        assert browser.errors == []
+
+
+@needs_browser
+def test_the_page_says_what_to_install_when_the_browser_has_no_font_for_a_character(run, page, tmp_path):
+    """A model whose vocabulary holds characters no font draws (U+0380 and U+0381, which Unicode leaves unassigned)
+    gets one line naming them (in the vocabulary's order) and fonts-noto-cjk; a model of plain ASCII gets none."""
+    state = checkpoint.load(run / "run" / "ckpt_best.pt")
+    path = tmp_path / "unassigned.pt"
+    torch.save({**state, "vocab": state["vocab"].translate(str.maketrans({"R": "\u0380", "O": "\u0381"}))}, path)
+    html = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", "\u0380\u0381ME", "--html", str(html)]) == 0
+    note = re.search(r'<p class="note warn" id="font-note"( hidden="")?>(.*?)</p>', dom(html))
+    assert note.group(1) is None
+    assert note.group(2).startswith("This browser has no font for 2 of the characters here (\u0381 \u0380): ")
+    assert "apt-get install fonts-noto-cjk" in note.group(2)
+    assert re.search(r'<p class="note warn" id="font-note" hidden="">', dom(page))
+
+
 @needs_browser
 def test_an_address_that_names_what_the_page_lacks_is_ignored(page):
     html = dom(page, "#query=99&layer=9&view=x&hover=500")  # a character, layer and head the text and model lack
