@@ -678,6 +678,9 @@ def test_the_page_opens_on_a_middle_character_with_its_keys_and_values(page):
 
 
 def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run, tmp_path, monkeypatch):
+    """Where the validation text cannot be found and the model knows none of the default line, the page opens on a
+    line the model writes, the same each time."""
+    monkeypatch.setattr(attention_html, "validation_start", lambda state: None)
     monkeypatch.setattr(attention_html, "DEFAULT_TEXT", "\u0436\u0436\u0436")  # none of it known
     pages = [tmp_path / "a.html", tmp_path / "b.html"]
     for html in pages:
@@ -685,6 +688,62 @@ def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run
     texts = [embedded(html.read_text(encoding="utf-8"))["text"] for html in pages]
     assert texts[0] == texts[1] and len(texts[0]) == 32 and set(texts[0]) <= set("ROMEO: but soft, what light "
                                                                                   "through yonder window breaks?\n")
+
+
+VALIDATION_LINE = "while counter < limit: counter += 1"
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory):
+    """A debug run on Python-like source whose validation text (the last tenth) holds only VALIDATION_LINE."""
+    tmp = tmp_path_factory.mktemp("source")
+    corpus = tmp / "code.py"
+    corpus.write_text("def add(left, right):\n    return left + right\n" * 40 + (VALIDATION_LINE + "\n") * 8,
+                      encoding="utf-8")
+    train_debug(corpus, tmp / "run", "--max_iters", "2")
+    return tmp
+
+
+def opening_of(checkpoint_path: Path, html: Path) -> str:
+    assert run_cli(attention_html.main, ["--ckpt", str(checkpoint_path), "--html", str(html)]) == 0
+    return embedded(html.read_text(encoding="utf-8"))["text"]
+
+
+def test_the_page_opens_on_a_line_of_the_runs_own_validation_text(source_run, tmp_path):
+    """A model trained on Python source opens on a line of its validation text (cut to its 32-character window), not
+    on Romeo: read from the run's token cache, and from the corpus file alone when the cache is gone; once the
+    corpus file has changed (and no cache is left) on what it opened on before (a line of Romeo, less the unknown)."""
+    state = checkpoint.load(source_run / "run" / "ckpt_best.pt")
+    assert state["data"]["n_train"] > 47 * 40  # (the split falls inside the validation lines)
+    assert opening_of(source_run / "run" / "ckpt_best.pt", tmp_path / "a.html") == VALIDATION_LINE[:32]
+    no_cache = tmp_path / "no-cache.pt"
+    torch.save({**state, "run_config": {**state["run_config"], "cache_dir": str(tmp_path / "empty")}}, no_cache)
+    assert opening_of(no_cache, tmp_path / "b.html") == VALIDATION_LINE[:32]
+    corpus = Path(state["data"]["source"])
+    kept = corpus.read_bytes()
+    try:
+        corpus.write_bytes(kept.replace(b"counter", b"Counter"))
+        text = opening_of(no_cache, tmp_path / "c.html")
+    finally:
+        corpus.write_bytes(kept)
+    known = set(state["vocab"])
+    assert text == "".join(ch for ch in attention_html.DEFAULT_TEXT if ch in known)[:32]
+
+
+@needs_browser
+@pytest.mark.parametrize("name, formula", [
+    ("learned-gelu-bias-tied", "softmax(QK\u1d40/\u221ad) V"),
+    ("dot-sharedqk-novalues-nomlp", "softmax(QK\u1d40) V"),
+    ("none-additive-noresidual", "softmax(w\u00b7tanh(q\u1d62 + k\u2c7c)) V"),
+    ("uniform", "the mean of the past values (every weight 1/i)"),
+])
+def test_each_form_of_attention_heads_its_page_with_its_own_formula(run, tmp_path, name, formula):
+    """The matrices' heading and the step-by-step's formula line name the model's own form of attention."""
+    html = dom(variant_page(run, tmp_path, name)[0])
+    heading = re.search(r'<h2 id="matrix-section">(.*?)</h2>', html).group(1)
+    assert re.sub(r"<[^>]+>", "", heading) == "4. The whole matrices: " + formula
+    assert re.search(r"Attention\(Q, K, V\) = </span><span class=\"form-formula\">" + re.escape(formula) + "</span>",
+                     html)
 
 
 @pytest.mark.parametrize("args, words", [

@@ -670,6 +670,13 @@ function render() {
 // ---------------------------------------------------------------------------------------------
 // The language switch, and a line when this browser has no font for some of the model's characters.
 // ---------------------------------------------------------------------------------------------
+function formFormula() {  // the model's form of attention (its attention_score), as the headings write it
+  return { scaled_dot: "softmax(QK\u1d40/\u221ad) V", dot: "softmax(QK\u1d40) V",
+           additive: "softmax(w\u00b7tanh(q\u1d62 + k\u2c7c)) V",
+           uniform: say("the mean of the past values (every weight 1/i)", "过去的值的平均（每个权重 1/i）") }[
+    config.attention_score];
+}
+
 function applyLanguage(language) {  // every fixed text and every label in English or Chinese (then update())
   state.language = language;
   $("language").value = language;
@@ -681,6 +688,7 @@ function applyLanguage(language) {  // every fixed text and every label in Engli
     else node.innerHTML = node.dataset.en;
   });
   $("title").textContent = say(data.title, "你的模型，正在思考");
+  document.querySelectorAll(".form-formula").forEach(node => { node.textContent = formFormula(); });
   $("view").options[0].text = say("all heads", "所有头");
   for (const option of $("scale").options) {
     option.text = FACTORS[option.value][0] + (option.value === "1" ? say(", no scale", "，不缩放") : "") +
