@@ -93,7 +93,8 @@ def dom(page, fragment: str = "") -> str:
     """The page's document after its scripts ran, with no error in its console (Chromium logs the console to
     stderr with --enable-logging)."""
     done = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                           "--v=0", "--dump-dom", page.as_uri() + fragment], capture_output=True, text=True, timeout=120)
+                           "--v=0", "--dump-dom", page.as_uri() + fragment], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Uncaught" not in done.stderr, [line for line in done.stderr.splitlines() if "CONSOLE" in line]
     return done.stdout
@@ -210,8 +211,8 @@ def step_in_the_browser(run, tmp_path, variant: str, layer: int, head: int, quer
 
 @needs_browser
 def test_in_a_real_browser_each_step_equals_the_textbook_head(run, tmp_path):
-    """The step view's query, keys, scores, scaled scores, weights and weighted sum for one head equal model/textbook.py's
-    Head given that head's share of the model's projections."""
+    """The step view's query, keys, scores, scaled scores, weights and weighted sum for one head equal
+    model/textbook.py's Head given that head's share of the model's projections."""
     layer, head, query = 1, 2, 14
     step, model, seen = step_in_the_browser(run, tmp_path, "learned-gelu-bias-tied", layer, head, query)
     with torch.no_grad():

@@ -138,9 +138,11 @@ function renderStrip() {
 // ---------------------------------------------------------------------------------------------
 const MASKED_RGB = [85, 85, 85];  // the masked future: dark grey, which no weight's colour (white to a hue) reaches
 
+const HEAD_RGB = headColors.map(rgb => rgb.split(",").map(Number));
+
 function weightRgb(h, weight) {  // head h's colour laid over white with strength √weight (small weights still show)
   const strength = Math.sqrt(weight);
-  return headColors[h % headColors.length].split(",").map(c => Math.round(255 + (Number(c) - 255) * strength));
+  return HEAD_RGB[h % HEAD_RGB.length].map(c => Math.round(255 + (c - 255) * strength));
 }
 
 function buildHeads() {  // a row per layer, a column per head, a canvas in each cell
@@ -225,10 +227,11 @@ function matrices(l, h) {  // each step's name, formula and T x d or T x T value
   const head = state.result.layers[l].heads[h], scaled = config.attention_score !== "additive";
   const list = [];
   if (config.attention_score !== "uniform") {
-    const turned = config.qk_norm || config.position === "rope";
+    const after = [config.qk_norm ? "QK-norm" : "", config.position === "rope" ? say("rotary turns", "旋转") : ""]
+      .filter(Boolean).join(say(" and ", " 和 "));  // what the model does to q and k before scoring
     list.push({ name: "Q", label: say("Q", "查询 Q"), formula: say("Q: one query per character (row), " + headSize +
-                " numbers each" + (turned ? ", after QK-norm and rotary turns" : ""), "查询 Q：每个字符（行）一个查询，" +
-                "各 " + headSize + " 个数" + (turned ? "，经过 QK-norm 和旋转之后" : "")),
+                " numbers each" + (after ? ", after " + after : ""), "查询 Q：每个字符（行）一个查询，" +
+                "各 " + headSize + " 个数" + (after ? "，经过 " + after + " 之后" : "")),
                 values: head.q, columns: "dims" });
     list.push({ name: "K", label: say("K", "键 K"), formula: say("K: one key per character", "键 K：每个字符一个键"),
                 values: head.k, columns: "dims" });
