@@ -6,7 +6,7 @@ import difflib
 import tomllib
 from pathlib import Path
 
-from configs.schema import ARCHITECTURE_FIELDS, FIELDS, FIXED, TYPES, TrainConfig
+from configs.schema import FIELDS, FIXED, HELP_GROUPS, TYPES, TrainConfig
 from errors import ArgumentParser, UserError
 
 PRESET_DIR = Path(__file__).resolve().parent
@@ -69,17 +69,14 @@ def build_parser(preset: str = "", values: dict | None = None, why: str = "") ->
     parser.add_argument("--config", default=argparse.SUPPRESS,
                         help="preset name in configs/ or path to a .toml file (default: shakespeare_char_gpu "
                              "with CUDA, shakespeare_char_cpu without)")
-    groups = {"model": parser.add_argument_group("model (model/config.py)"),
-              "run": parser.add_argument_group("data, optimisation, evaluation and the run (configs/schema.py)")}
-    for name, f in FIELDS.items():
-        if name == "config_name":
-            continue
-        kind = TYPES[name]
-        extra = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --resume means true
-        here = f"; here {values[name]}, from {preset}" if name in values and values[name] != f.default else ""
-        group = groups["model" if name in ARCHITECTURE_FIELDS else "run"]
-        group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
-                           help=f"{f.metadata['help']}{here} (default: {f.default})", **extra)
+    for heading, names in HELP_GROUPS.items():
+        group = parser.add_argument_group(heading)
+        for name in names:
+            f, kind = FIELDS[name], TYPES[name]
+            extra = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --resume means true
+            here = f"; here {values[name]}, from {preset}" if name in values and values[name] != f.default else ""
+            group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
+                               help=f"{f.metadata['help']}{here} (default: {f.default})", **extra)
     return parser
 
 

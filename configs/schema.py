@@ -120,5 +120,22 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
 ARCHITECTURE_FIELDS = tuple(f.name for f in fields(Architecture))
 SHAPE_FIELDS = tuple(name for name in ARCHITECTURE_FIELDS if name not in ("dropout", "attention"))  # fixed by weights
 FIELDS = {f.name: f for f in fields(TrainConfig)}
+# train.py --help shows the settings in these groups, in this order: the everyday ones first, the tutorials' attention
+# forms and the benchmarks' knobs apart. Every setting is in exactly one group (checked below).
+HELP_GROUPS = {
+    "everyday settings": ("data", "out_dir", "resume", "overwrite", "init_from", "max_iters", "batch_size",
+                          "block_size", "n_layer", "n_head", "n_embd", "dropout", "learning_rate", "eval_interval",
+                          "patience", "device", "dtype", "seed"),
+    "model": ("bias", "tie_weights", "attention", "position", "activation", "qk_norm"),
+    "optimisation": ("optimizer", "grad_accum_steps", "min_lr", "warmup_iters", "lr_schedule", "warmdown_fraction",
+                     "lr_decay_iters", "weight_decay", "beta2", "grad_clip", "max_nonfinite_steps"),
+    "evaluation and logging": ("eval_iters", "log_interval", "sample_chars", "log_attention", "full_val"),
+    "data details": ("cache_dir", "val_fraction", "encoding", "encoding_errors"),
+    "the tutorials' attention forms (model/scoring.py, docs/attention.md)": ("attention_score", "shared_qk",
+                                                                            "attention_values", "residual", "mlp"),
+    "speed and benchmark knobs (docs/speed.md)": ("compile", "compile_mode", "compile_scope", "compile_eval",
+                                                  "num_threads"),
+}
 TYPES: dict[str, type] = typing.get_type_hints(TrainConfig)  # the real types (the annotations are strings here)
 assert all(f.default is not MISSING for f in FIELDS.values())
+assert sorted(n for group in HELP_GROUPS.values() for n in group) == sorted(set(FIELDS) - {"config_name"})
