@@ -83,22 +83,23 @@ def test_float16_steps_muon_and_adamw_as_one_without_the_host_reading_the_device
 
 
 def test_mfu_under_torchrun_is_each_processs_share_of_its_own_device():
-    """tokens per step count every process's batch, and the peak is one device's: two processes at 30% each had
-    read 60% (nanoGPT counts per GPU too)."""
+    """tokens per step count every process's batch, and the peak is one device's: two processes at 30% each read 30%
+    each (nanoGPT counts per GPU too)."""
     from types import SimpleNamespace
     from training.report import StepLog
 
     logged = {}
-    s = SimpleNamespace(run=SimpleNamespace(tokens_per_iter=2000, flops_per_token=300.0),
-                        progress=SimpleNamespace(it=10, last_eval={}), cfg=SimpleNamespace(log_interval=10, max_iters=20),
-                        d=SimpleNamespace(world_size=2),
-                        log=SimpleNamespace(scalars=lambda it, values: logged.update(values), line=lambda text: None))
-    clock = SimpleNamespace(step_seconds=lambda: 1.0)
+    log = SimpleNamespace(step=lambda it, loss, lr, norm, tokens_per_sec, seen, mfu: logged.update(mfu=mfu * 100),
+                          line=lambda text: None)
+    cfg = SimpleNamespace(log_interval=10, max_iters=20)
+    clock = SimpleNamespace(step_seconds=lambda it: 1.0)
     watch = SimpleNamespace(longest=torch.tensor(0), looked=lambda: None)
     bar = SimpleNamespace(set_postfix_str=lambda *args, **kwargs: None)
     peak = 300.0 * 2000 / 2 / 0.3  # the FLOP/s at which one process's share is 30%
-    StepLog(s, bar, clock, watch, peak).write(1e-3, torch.tensor(2.0), torch.tensor(1.0))
-    assert logged["perf/mfu"] == pytest.approx(30.0)
+    steps = StepLog(log, bar, cfg, tokens_per_iter=2000, flops_per_token=300.0, world_size=2, peak_flops=peak,
+                    last_eval={})
+    steps.write(10, 1e-3, torch.tensor(2.0), torch.tensor(1.0), watch, clock)
+    assert logged["mfu"] == pytest.approx(30.0)
 
 
 def test_compile_fallback_gives_up_compiling_for_a_compiler_failure_only():

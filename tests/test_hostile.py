@@ -276,7 +276,8 @@ def hostile_checkpoints(finished, rotary, tmp_path):
          "the weights do not fit the model config (blocks.0.attn.c_attn.bias: the config gives (24576), the file holds (96))"),
         (forged(rotary, tmp_path / "long.pt", model_config={"block_size": 10**9}),  # rotary tables are not saved
          "its model would need about"),
-        (forged(last, tmp_path / "word.pt", model_config={"bias": "yes"}), "is damaged: in its model config, bias is a str"),
+        (forged(last, tmp_path / "word.pt", model_config={"bias": "yes"}),
+         "is damaged: in its model config: bias = 'yes' should be of type bool"),
         (forged(last, tmp_path / "string.pt", run_config={"batch_size": "16"}),
          "is damaged: batch_size = '16' should be of type int"),
         (forged(last, tmp_path / "list.pt", data=["shakespeare"]), "is damaged: data is a list"),
