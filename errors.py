@@ -27,8 +27,18 @@ class Interrupted(KeyboardInterrupt):
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """argparse's, but a line of help never breaks inside a hyphenated word (max-autotune-no-cudagraphs, top-k),
-    so every value a help line names can be copied whole."""
+    """argparse's, but every option's help ends with the value it takes when left out, "(default: 0.8)", unless
+    it has none or the help already says it; and a line never breaks inside a hyphenated word
+    (max-autotune-no-cudagraphs, top-k), so every value a help line names can be copied whole."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default in (None, False, "", argparse.SUPPRESS) or "default" in text
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)

@@ -45,8 +45,18 @@ def suggest(name: str, candidates) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
+# nanoGPT's train.py flags whose work another script of this project does: the line names that script.
+ELSEWHERE = {
+    "--eval_only": "evaluating a trained model is python scripts/evaluate.py --out_dir RUN (its loss on any text)",
+    "--sample": "sampling is python scripts/sample.py --out_dir RUN",
+    "--start": "a prompt for sampling is python scripts/sample.py --out_dir RUN --prompt TEXT",
+}
+
+
 def unknown_option(option: str) -> UserError:
     name = option.split("=", 1)[0]
+    if name in ELSEWHERE:
+        return UserError(f"unknown option {name}: {ELSEWHERE[name]}")
     hint = suggest(name, [f"--{n}" for n in FIELDS if n != "config_name"] + ["--config"])  # (set by --config only)
     return UserError(f"unknown option {name}{hint or '; see python train.py --help'}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from training.report import PAGE_MAX_PARAMETERS as MAX_PARAMETERS  # noqa: E402
 
 PARTS = Path(__file__).with_name("attention_page")  # page.html, and the scripts it takes in: gpt.js (the model),
 SCRIPTS = ("GPT_JS", "gpt.js"), ("SAMPLING_JS", "sampling.js"), ("PAGE_JS", "page.js")  # sampling.js, page.js
+SURROGATE = re.compile("[\ud800-\udfff]")
 DEFAULT_TEXT = "ROMEO: But soft, what light through yonder window breaks?"
 
 
@@ -70,14 +72,18 @@ def carried_weights(model) -> tuple[dict[str, list[int]], str]:
 def page(model, vocab: str, text: str, title: str, about: str) -> str:
     """The page's HTML: the parts put together with the model's data."""
     tensors, weights = carried_weights(model)
-    data = {"title": title, "about": about, "text": text, "vocab": vocab, "config": model.config.to_dict(),
-            "tensors": tensors, "weights": weights}
+    # The vocabulary as code points: one number per character, so that no character outside the Basic Multilingual
+    # Plane (two UTF-16 units in JavaScript) and no lone surrogate (a vocabulary read with unicode_escape can hold
+    # them) can merge with its neighbour and shift the ids after it.
+    data = {"title": title, "about": about, "text": text, "vocab": [ord(ch) for ch in vocab],
+            "config": model.config.to_dict(), "tensors": tensors, "weights": weights}
     html = (PARTS / "page.html").read_text(encoding="utf-8")
     for mark, name in SCRIPTS:
         script = (PARTS / name).read_text(encoding="utf-8")
         assert "</script" not in script.lower(), name  # a script's text may not end its own element
         html = html.replace(f"/*{mark}*/", script)
     blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")  # nothing in the data can close the script
+    blob = SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", blob)  # a lone surrogate has no UTF-8: escaped
     return html.replace("/*DATA*/null", blob)
 
 

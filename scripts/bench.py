@@ -69,6 +69,37 @@ def time_steps(step, iters: int, device: torch.device) -> float:
     return (time.perf_counter() - start) / iters
 
 
+def count_host_syncs(step, iters: int, device: torch.device) -> int:
+    """How often the host waited for the device over iters training steps: on CUDA every synchronizing call, as
+    torch.cuda.set_sync_debug_mode("warn") reports them; elsewhere every value read from a tensor into Python (item,
+    bool, tolist, ...: what would wait on a GPU), seen below autograd (so count an uncompiled step there)."""
+    import warnings
+    from torch.utils._python_dispatch import TorchDispatchMode
+    reads = []
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
+                reads.append(func)
+            return func(*args, **(kwargs or {}))
+
+    sync(device)
+    if device.type != "cuda":
+        with Reads():
+            for _ in range(iters):
+                step()
+        return len(reads)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(iters):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def warm_up(run: dict, steps: int) -> None:
     for _ in range(steps):  # compilation, allocator and cache warm-up
         run["step"]()
@@ -161,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="time training under each value of a train.py field, in turn, round after round "
                              "(repeat for more fields: every combination); training only")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of --compare")
+    parser.add_argument("--host_syncs", type=float, default=None, metavar="MOST",
+                        help="only count the host's waits for the device over --iters training steps after --warmup "
+                             "(on CUDA under torch.cuda.set_sync_debug_mode): exit 1 when a step waits more than MOST "
+                             "times on average")
     args, rest = parser.parse_known_args(argv)
     if min(args.iters, args.sample_tokens, args.prepare_mb, args.rounds) < 1 or args.warmup < 0:
         raise UserError("--iters, --sample_tokens, --prepare_mb and --rounds must be at least 1, --warmup at least 0")
@@ -179,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfg, note, _ = load_config(rest, torch.cuda.is_available())
     rt = setup(cfg.device, cfg.dtype, cfg.num_threads)
+    if args.host_syncs is not None:
+        run = build_training(cfg, rt)
+        warm_up(run, args.warmup)  # compiled, and every shape seen, before counting
+        waits = count_host_syncs(run["step"], args.iters, rt.device)
+        print(f"host waits for the device: {waits} in {args.iters} training steps ({waits / args.iters:.2f} per step, "
+              f"at most {args.host_syncs:g} allowed), {rt.describe()}")
+        return 0 if waits / args.iters <= args.host_syncs else 1
     figures = {"config": cfg.config_name, "device": rt.describe(), "threads": torch.get_num_threads(),
                "optimizer": cfg.optimizer}
     run = build_training(cfg, rt)

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 from configs import load_config  # noqa: E402
 from data import resolve  # noqa: E402
-from data.corpus import default_cache_dir  # noqa: E402
+from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.prepare import corpus_key  # noqa: E402
 from errors import ArgumentParser, QuietExit, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
@@ -81,7 +81,7 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     """(new | finished | unfinished | different | damaged, why): different means a run of other settings, or on
     another text (text_sha256: the corpus's checksum, as prepare records it), is in the folder; damaged, that its
     checkpoint or summary cannot be read. A rung costs minutes, so both are simply trained again. The --data words
-    are not compared (offline, shakespeare is recorded as the pystdlib it fell back to): the text's checksum is."""
+    are not compared (one text has several names, a path written two ways): the text's checksum is."""
     folder = Path(cfg.out_dir)
     ckpt = folder / LAST
     if not ckpt.exists():
@@ -103,13 +103,15 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     return "finished", ""
 
 
-def checksum_of(args) -> str:
-    """The sha256 of the text the rungs train on (the one train.py would find for --data, offline fallback
-    included), to tell a rung trained on another text from one to reuse."""
+def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:
+    """The --data every rung trains on, decided once, and that text's sha256 (to tell a rung trained on another text
+    from one to reuse). Offline, shakespeare falls back to the offline corpus as train.py's would, and the rungs are
+    given --data pystdlib: their printed commands then name the text they trained on."""
     cfg = load_config(rung_argv(args, 1, RUNGS[0][0], RUNGS[0][2], []), torch.cuda.is_available())[0]
     cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
-    corpus = resolve(cfg.data, cache_dir, say=lambda message: None, fallback=True)
-    return corpus_key(corpus, cfg.encoding, cfg.encoding_errors, cfg.val_fraction)[0]
+    corpus = resolve(cfg.data, cache_dir, say=say, fallback=True)
+    data = corpus.name if cfg.data in NAMED else cfg.data  # a file or folder stays as the user wrote it
+    return data, corpus_key(corpus, cfg.encoding, cfg.encoding_errors, cfg.val_fraction)[0]
 
 
 def summary_of(folder: Path) -> dict | None:
@@ -118,7 +120,15 @@ def summary_of(folder: Path) -> dict | None:
         summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    return summary if isinstance(summary, dict) and "full_val_loss" in summary else None
+    if not isinstance(summary, dict) or any(type(summary.get(key)) not in (int, float)
+                                            for key in ("full_val_loss", "train_seconds", "iterations")):
+        return None
+    return summary  # its loss may be NaN or infinite (a run that diverged): a result, reported as "no loss"
+
+
+def finite_or_none(value: float) -> float | None:
+    """A figure for ladder.json: strict JSON has no NaN or Infinity, so a loss that is not a number is null there."""
+    return value if math.isfinite(value) else None
 
 
 def parameters(cfg) -> int:
@@ -132,12 +142,15 @@ def draw(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2), dpi=100)
     names = [f"{row['rung']}. {row['name']}" for row in rows]
     losses = [row["full_val_loss"] for row in rows]
+    drawn = [loss if loss is not None and math.isfinite(loss) else 0.0 for loss in losses]  # no bar for no loss
     parts = {name for name, _, _ in RUNGS[:7]}  # the rungs that build the model up; the rest are its variants
-    ax.barh(names, losses, color=["C0" if row["name"] in parts else "C1" for row in rows])
-    for y, loss in enumerate(losses):
-        ax.text(loss, y, f" {loss:.3f}", va="center", fontsize=9)
+    ax.barh(names, drawn, color=["C0" if row["name"] in parts else "C1" for row in rows])
+    for y, (loss, length) in enumerate(zip(losses, drawn)):
+        known = loss is not None and math.isfinite(loss)
+        ax.text(length, y, f" {loss:.3f}" if known else " no loss (not a number: the run diverged)", va="center",
+                fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlim(0, max(losses) * 1.12)  # from 0: a bar's length is its loss, so two bars compare by eye
+    ax.set_xlim(0, max(max(drawn), 1.0) * 1.12)  # from 0: a bar's length is its loss, so two bars compare by eye
     ax.set_xlabel("full-validation loss (nats per character; lower is better)")
     ax.set_title("each rung adds one part (blue); variants of the default (orange)")
     fig.tight_layout()
@@ -170,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file; choose a folder")
     out.mkdir(parents=True, exist_ok=True)
-    text_sha256 = checksum_of(args)
+    args.data, text_sha256 = decide_corpus(args, say=lambda message: print(message, file=sys.stderr))
 
     rows = []
     for index, (number, name, what, overrides) in enumerate(chosen, start=1):
@@ -206,12 +219,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"rung": number, "name": name, "what": what, "settings": overrides, "parameters": parameters(cfg),
                      "full_val_loss": summary["full_val_loss"], "bits_per_char": summary["full_val_loss"] / math.log(2),
                      "train_seconds": summary["train_seconds"], "steps": summary["iterations"],
-                     "corpus": summary["corpus"], "out_dir": cfg.out_dir, "command": shlex.join([*program, *argv])})
+                     "corpus": summary.get("corpus", "?"), "out_dir": cfg.out_dir,
+                     "command": shlex.join([*program, *argv])})
     print(f"\n{'rung':<16}{'parameters':>12}{'full-val loss':>15}{'bits/char':>11}{'seconds':>9}")
     for row in rows:
         print(f"{row['name']:<16}{row['parameters']:>12,}{row['full_val_loss']:>15.4f}{row['bits_per_char']:>11.3f}"
               f"{row['train_seconds']:>9.1f}")
-    write_text_atomic(out / "ladder.json", json.dumps(rows, indent=1) + "\n", "the ladder table")
+    table = [{key: finite_or_none(value) if isinstance(value, float) else value for key, value in row.items()}
+             for row in rows]
+    write_text_atomic(out / "ladder.json", json.dumps(table, indent=1, allow_nan=False) + "\n", "the ladder table")
     draw(rows, out / "ladder.png")
     print(f"\nwrote {out / 'ladder.json'} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}", file=sys.stderr)
     return 0

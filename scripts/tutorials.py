@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -15,8 +16,18 @@ from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # 
 from model.textbook import Head, masked_softmax, valid_key_mask  # noqa: E402
 from model.scoring import additive_scores, attend, dot_product_scores  # noqa: E402
 
-# A step: a short name (the tests look steps up by it), the formula or sentence it illustrates, and its value.
-Step = tuple[str, str, object]
+class Step(NamedTuple):
+    """One printed step: a short name (the tests look steps up by it), the formula or sentence it illustrates, its
+    value, and a sentence saying what to see in that value."""
+    name: str
+    formula: str
+    value: object
+    see: str
+
+
+# The tutorial's own printed a (tutorial 000, "softmax is sensitive to scale"): its numbers, so its softmax can be
+# matched although its x cannot.
+TUTORIAL_000_A = [-0.4427, 0.8926, -0.7062, -0.7538, 1.3745, -0.1691, -1.4154, -0.6329]
 
 
 def causal(n: int) -> torch.Tensor:
@@ -33,12 +44,17 @@ def tutorial_000() -> list[Step]:
     averaging = tril / tril.sum(1, keepdim=True)
     by_softmax = F.softmax(torch.zeros(T, T).masked_fill(tril == 0, float("-inf")), dim=-1)
     steps: list[Step] = [
-        ("x", "x: 2 sequences of 8 tokens, 2 numbers each (x[0] shown)", x[0]),
-        ("loop", "mean of x[0..t], one position at a time (x[0] shown)", loop[0]),
-        ("averaging", "the same as a matrix: tril(ones) with each row divided by its sum", averaging),
-        ("softmax_average", "and as softmax(zeros with the future set to -inf): the same matrix", by_softmax),
-        ("averaging_gap", "max |loop - averaging @ x|, max |loop - softmax_average @ x|",
-         torch.tensor([(loop - averaging @ x).abs().max(), (loop - by_softmax @ x).abs().max()])),
+        Step("x", "x: 2 sequences of 8 tokens, 2 numbers each (x[0] shown)", x[0],
+             "random numbers in [0, 1), one row per token: only their shape matters for what follows"),
+        Step("loop", "mean of x[0..t], one position at a time (x[0] shown)", loop[0],
+             "row 1 is x's row 1, row 2 the mean of x's rows 1-2, ..., row 8 the mean of all 8 rows"),
+        Step("averaging", "the same as a matrix: tril(ones) with each row divided by its sum", averaging,
+             "row t holds t equal weights 1/t, then zeros (the future): row 1 is [1, 0, ...], row 8 is all 0.125"),
+        Step("softmax_average", "and as softmax(zeros with the future set to -inf): the same matrix", by_softmax,
+             "the same numbers as the matrix above: equal scores give equal weights, and exp(-inf) gives 0"),
+        Step("averaging_gap", "max |loop - averaging @ x|, max |loop - softmax_average @ x|",
+             torch.tensor([(loop - averaging @ x).abs().max(), (loop - by_softmax @ x).abs().max()]),
+             "both 0 up to float32 rounding (1e-7 or less): the loop, the matrix and the softmax are one average"),
     ]
     # A head that learns whom to average: keys and queries from x; first without values (weights @ x).
     torch.manual_seed(1337)
@@ -47,16 +63,33 @@ def tutorial_000() -> list[Step]:
     w_k, w_q, w_v = (torch.randn(C, head_size) / math.sqrt(C) for _ in range(3))
     k, q, v = x @ w_k, x @ w_q, x @ w_v
     no_values, weights = attend(dot_product_scores(q, k), x, causal(T))
-    steps += [("kq_weights", "softmax(q·kᵀ/√16, future masked): learned weights instead of a plain average "
-                             "(sequence 0)", weights[0]),
-              ("no_values_shape", "without values the output is weights @ x: as wide as x (32)",
-               torch.tensor(no_values.shape))]
+    steps += [Step("kq_weights", "softmax(q·kᵀ/√16, future masked): learned weights instead of a plain average "
+                                 "(sequence 0)", weights[0],
+                   "still zeros above the diagonal and rows summing to 1, but no longer equal: the products of "
+                   "queries and keys choose whom each token averages"),
+              Step("no_values_shape", "without values the output is weights @ x: as wide as x (32)",
+                   torch.tensor(no_values.shape),
+                   "4 sequences, 8 tokens, 32 numbers each: the width of x, not the head size 16, since nothing "
+                   "projected x")]
     # The scale: q·k of unit-variance vectors has variance head_size; dividing by √head_size brings it back to 1.
     torch.manual_seed(1337)
     qn, kn = torch.randn(64, T, head_size), torch.randn(64, T, head_size)
     raw = qn @ kn.transpose(-2, -1)
-    steps.append(("variance", "var(q), var(k), var(q·k), var(q·k/√16): the product's variance is about 16",
-                  torch.stack([qn.var(), kn.var(), raw.var(), (raw / math.sqrt(head_size)).var()])))
+    steps.append(Step("variance", "var(q), var(k), var(q·k), var(q·k/√16): the product's variance is about 16",
+                      torch.stack([qn.var(), kn.var(), raw.var(), (raw / math.sqrt(head_size)).var()]),
+                      "q and k near 1, q·k near 16 (a sum of 16 products of variance 1), and near 1 again after "
+                      "dividing by √16"))
+    # Softmax is sensitive to scale: the tutorial's own a, then the same numbers times 10.
+    a = torch.tensor(TUTORIAL_000_A)
+    steps += [
+        Step("a", "a: the tutorial's 8 printed numbers (its own draw, so its softmax can be matched)", a,
+             "the 5th number, 1.3745, is the largest; the 2nd, 0.8926, comes next"),
+        Step("softmax_a", "softmax(a)", F.softmax(a, dim=-1),
+             "every entry keeps some weight; the largest input takes 0.4110 and the 2nd 0.2538, as in the tutorial"),
+        Step("softmax_10a", "softmax(a * 10): the same order, ten times the spread", F.softmax(a * 10, dim=-1),
+             "now the largest takes 0.9920 and the rest almost nothing: large scores make the softmax one-hot, "
+             "which is what unscaled q·k does at a large head size"),
+    ]
     # 000 scales the output (weights @ v * head_size**-0.5) instead of the scores; that is a different thing.
     right, right_weights = attend(dot_product_scores(q, k, scaled=True), v, causal(T))
     wrong_weights = F.softmax((q @ k.transpose(-2, -1)).masked_fill(~causal(T), float("-inf")), dim=-1)
@@ -66,12 +99,14 @@ def tutorial_000() -> list[Step]:
         for layer, w in ((head.key, w_k), (head.query, w_q), (head.value, w_v)):
             layer.weight.copy_(w.T)
     steps += [
-        ("scale_gap", "max |softmax(q·kᵀ/√d) v - softmax(q·kᵀ) v / √d|: scaling after the softmax is not the same",
-         (right - wrong).abs().max()),
-        ("head_gap", "max |softmax(q·kᵀ/√d) v - this project's Head(x)|: the model scales before the softmax",
-         (right - head(x)).abs().max().detach()),
-        ("sharpest", "largest weight in the last row, scaled before vs not scaled: the unscaled softmax is sharper",
-         torch.stack([right_weights[0, -1].max(), wrong_weights[0, -1].max()])),
+        Step("scale_gap", "max |softmax(q·kᵀ/√d) v - softmax(q·kᵀ) v / √d|: scaling after the softmax is not the "
+                          "same", (right - wrong).abs().max(),
+             "far from 0: the tutorial's last cell (the output times 1/√d) gives other outputs than the formula"),
+        Step("head_gap", "max |softmax(q·kᵀ/√d) v - this project's Head(x)|: the model scales before the softmax",
+             (right - head(x)).abs().max().detach(), "0: this project's Head computes the formula as written"),
+        Step("sharpest", "largest weight in the last row, scaled before vs not scaled: the unscaled softmax is "
+                         "sharper", torch.stack([right_weights[0, -1].max(), wrong_weights[0, -1].max()]),
+             "the second (unscaled) is larger: without 1/√d one key takes more of the row"),
     ]
     return steps
 
@@ -98,24 +133,43 @@ def tutorial_001() -> list[Step]:
     torch.manual_seed(123)  # cross-attention: queries from the sentence, keys and values from 8 other inputs
     wq_c, wk_c, wv_c = torch.rand(3, 2), torch.rand(3, 2), torch.rand(3, 4)
     other = torch.rand(8, 3)
-    cross, _ = attend(dot_product_scores(x @ wq_c, other @ wk_c), other @ wv_c)
+    cross, cross_weights = attend(dot_product_scores(x @ wq_c, other @ wk_c), other @ wv_c)
     masked_simple = weights * causal(6)  # causal masking after the softmax, then renormalised...
     renormalised = masked_simple / masked_simple.sum(1, keepdim=True)
     _, causal_weights = attend(dot_product_scores(q, k), v, causal(6))  # ...equals masking before it
     return [
-        ("vocabulary", "the sorted words, numbered: " + str(vocabulary), ids),
-        ("embedding", "x = Embedding(50000, 3)(ids), seed 123: one row per word", x),
-        ("W_q", "W_q (3 x 2), seed 123", w_q), ("W_k", "W_k (3 x 2)", w_k), ("W_v", "W_v (3 x 4): d_v may differ", w_v),
-        ("q_2", "q_2 = x_2 @ W_q", q[1]), ("keys", "k = x @ W_k", k), ("values", "v = x @ W_v", v),
-        ("omega_24", "ω_24 = q_2 · k_4 (the 2nd word's query, the 5th word's key)", omega_2[4]),
-        ("omega_2", "ω_2 = q_2 @ kᵀ", omega_2),
-        ("alpha_2", "α_2 = softmax(ω_2 / √d_k), d_k = 2", alpha_2),
-        ("z_2", "z_2 = α_2 @ v: the 2nd word's context vector (4 numbers, as wide as v)", alpha_2 @ v),
-        ("Z", "Z = softmax(q kᵀ / √d_k) v for every word at once", z),
-        ("multi_head", "4 heads with d_v = 1, concatenated: [head_1(x) | ... | head_4(x)]", torch.cat(heads, -1)),
-        ("cross", "cross-attention: queries from the 6 words, keys and values from 8 other inputs (6 x 4)", cross),
-        ("renormalised", "weights * tril, each row divided by its sum", renormalised),
-        ("causal", "softmax with the future set to -inf before it: the same", causal_weights),
+        Step("vocabulary", "the sorted words, numbered: " + str(vocabulary), ids,
+             "the sentence's words as ids, in order: 'Life' is 0, 'is' 4, 'short' 5, 'eat' 2, 'dessert' 1, 'first' 3"),
+        Step("embedding", "x = Embedding(50000, 3)(ids), seed 123: one row per word", x,
+             "6 rows of 3 numbers, the tutorial's own (same seed): row 1 is 'Life', row 2 'is'"),
+        Step("W_q", "W_q (3 x 2), seed 123", w_q, "3 rows (the embedding's width) by 2 (d_q): the tutorial's numbers"),
+        Step("W_k", "W_k (3 x 2)", w_k, "as wide as W_q: a query and a key must have the same width to be multiplied"),
+        Step("W_v", "W_v (3 x 4): d_v may differ", w_v,
+             "4 columns: each word's value, and so its output, has 4 numbers"),
+        Step("q_2", "q_2 = x_2 @ W_q", q[1], "the 2nd word's ('is') query: 2 numbers"),
+        Step("keys", "k = x @ W_k", k, "one key per word, row by row: 6 x 2"),
+        Step("values", "v = x @ W_v", v, "one value per word: 6 x 4, what each word hands over once chosen"),
+        Step("omega_24", "ω_24 = q_2 · k_4 (the 2nd word's query, the 5th word's key)", omega_2[4],
+             "'is' against 'dessert'; the tutorial's subscripts mix two counts (its code's keys[4] counts from 0)"),
+        Step("omega_2", "ω_2 = q_2 @ kᵀ", omega_2,
+             "one score per word; the 5th is ω_24 above, and the largest, 3.4707, is 'is' against itself"),
+        Step("alpha_2", "α_2 = softmax(ω_2 / √d_k), d_k = 2", alpha_2,
+             "the same order as ω_2, now summing to 1: 'is' takes 0.6870 of its context from itself"),
+        Step("z_2", "z_2 = α_2 @ v: the 2nd word's context vector (4 numbers, as wide as v)", alpha_2 @ v,
+             "a mix of the 6 rows of v, mostly the 2nd (weight 0.6870)"),
+        Step("Z", "Z = softmax(q kᵀ / √d_k) v for every word at once", z,
+             "row 2 is z_2 above: one matrix product gives every word's context vector"),
+        Step("multi_head", "4 heads with d_v = 1, concatenated: [head_1(x) | ... | head_4(x)]", torch.cat(heads, -1),
+             "one column per head, each from its own W_q, W_k, W_v: the heads sit side by side"),
+        Step("cross_weights", "cross-attention weights: softmax(q kᵀ / √d_k), queries from the 6 words, keys from 8 "
+                              "other inputs", cross_weights,
+             "6 rows by 8 columns: the matrix need not be square; each row (a word) sums to 1 over the other input"),
+        Step("cross", "cross-attention: queries from the 6 words, keys and values from 8 other inputs (6 x 4)", cross,
+             "one row per word of the sentence, although keys and values came from 8 other inputs"),
+        Step("renormalised", "weights * tril, each row divided by its sum", renormalised,
+             "zeros above the diagonal (the future), and each row sums to 1 again"),
+        Step("causal", "softmax with the future set to -inf before it: the same", causal_weights,
+             "the same numbers as above: masking with -inf before the softmax = zeroing after it and renormalising"),
     ]
 
 
@@ -139,25 +193,33 @@ def tutorial_002() -> list[Step]:
     dot_queries = torch.normal(0, 1, (2, 1, 2))  # the dot product needs queries as wide as the keys
     dot, _ = attend(dot_product_scores(dot_queries, keys), values, keep)
     return [
-        ("sequence_mask", "valid lengths [1, 2, 3] over 4 slots, padding on the right: True = a real token", mask),
-        ("scores", "scores: torch.rand(2, 2, 4), seed 0", scores),
-        ("per_row", "masked_softmax(scores, [2, 3], padding='right'): one length per batch row", per_row),
-        ("per_query", "masked_softmax(scores, [[1, 3], [2, 4]], padding='right'): one length per query", per_query),
-        ("left", "masked_softmax(scores, [2, 3], padding='left'): the sampler's convention keeps the LAST keys", left),
-        ("additive_weights", "additive: softmax(w_vᵀ tanh(q W_q + k W_k)) over the valid keys; identical keys, "
-                             "so equal weights", additive_weights[:, 0]),
-        ("additive", "additive attention output: the mean of the first 2, and of the first 6, value rows", additive),
-        ("dot_product", "scaled dot-product on the same keys and values: the same output", dot),
+        Step("sequence_mask", "valid lengths [1, 2, 3] over 4 slots, padding on the right: True = a real token", mask,
+             "row i keeps its first i slots (True) and marks the rest as padding (False)"),
+        Step("scores", "scores: torch.rand(2, 2, 4), seed 0", scores,
+             "2 batches of 2 queries by 4 keys, random: this script's draw, not the tutorial's"),
+        Step("per_row", "masked_softmax(scores, [2, 3], padding='right'): one length per batch row", per_row,
+             "batch 1's rows weigh only keys 1-2, batch 2's only keys 1-3; each row still sums to 1"),
+        Step("per_query", "masked_softmax(scores, [[1, 3], [2, 4]], padding='right'): one length per query",
+             per_query, "each query its own length: the first has a single key, so its weight there is exactly 1"),
+        Step("left", "masked_softmax(scores, [2, 3], padding='left'): the sampler's convention keeps the LAST keys",
+             left, "the same lengths counted from the end: the zeros (padding) come first"),
+        Step("additive_weights", "additive: softmax(w_vᵀ tanh(q W_q + k W_k)) over the valid keys; identical keys, "
+                                 "so equal weights", additive_weights[:, 0],
+             "0.5 on each of the first 2 keys in batch 1, 1/6 on each of the first 6 in batch 2, 0 on the padding"),
+        Step("additive", "additive attention output: the mean of the first 2, and of the first 6, value rows", additive,
+             "[2, 3, 4, 5] and [10, 11, 12, 13], the tutorial's output: equal weights average the valid value rows"),
+        Step("dot_product", "scaled dot-product on the same keys and values: the same output", dot,
+             "the same numbers: identical keys score alike under any scoring function, so only the lengths matter"),
     ]
 
 
 # ---- 003: how the softmax's input shapes its output and its gradient; why divide by √d_k ---------------------------
 def tutorial_003() -> list[Step]:
     a = torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
-    y3 = torch.stack([F.softmax(torch.stack([v, v, 2 * v]), dim=0)[2] for v in a])
-    jacobian_max = torch.stack([
-        torch.autograd.functional.jacobian(lambda s: F.softmax(s, dim=0), torch.stack([v, v, 2 * v])).abs().max()
-        for v in a])
+    inputs = [torch.stack([v, v, 2 * v]) for v in a]
+    y3 = torch.stack([F.softmax(x, dim=0)[2] for x in inputs])
+    jacobians = [torch.autograd.functional.jacobian(lambda s: F.softmax(s, dim=0), x) for x in inputs]
+    closed_form = [torch.diag(y) - torch.outer(y, y) for y in (F.softmax(x, dim=0) for x in inputs)]
     torch.manual_seed(0)
     T, d = 16, 512
     q, k, v = torch.randn(T, d), torch.randn(T, d), torch.randn(T, d)
@@ -172,18 +234,27 @@ def tutorial_003() -> list[Step]:
         return scores.grad[rows].norm(dim=-1).median(), weights.max(-1).values[rows].mean().detach()
 
     (scaled_grad, scaled_peak), (raw_grad, raw_peak) = through_softmax(True), through_softmax(False)
+    seeing = {1: "entries of 0.04 to 0.24: a change in any input moves every output",
+              10: "entries of 1e-4 and less: the gradient has nearly vanished",
+              100: "entries of 1e-44 and 0: no gradient reaches the input at all"}
     return [
-        ("y3", "softmax([a, a, 2a])[2] for a = 1, 10, 100: large inputs put nearly all the weight on the largest",
-         y3),
-        ("jacobian_max", "largest |∂softmax/∂input| for the same inputs: the gradient vanishes as the input grows",
-         jacobian_max),
-        ("score_std", f"std of q·k for random unit-variance q, k of size {d}: scaled by 1/√d, then unscaled",
-         torch.stack([dot_product_scores(q, k).std(), dot_product_scores(q, k, scaled=False).std()])),
-        ("peak", "mean largest attention weight per row (rows 2..16): scaled, then unscaled (1 = one-hot)",
-         torch.stack([scaled_peak, raw_peak])),
-        ("gradient_norms", "median over rows of |∂loss/∂scores|, the gradient that gets through the softmax: "
-                           "scaled, then unscaled",
-         torch.stack([scaled_grad, raw_grad])),
+        Step("y3", "softmax([a, a, 2a])[2] for a = 1, 10, 100: large inputs put nearly all the weight on the largest",
+             y3, "the largest input's share grows from 0.5761 to 0.9999 to 1.0000: the output becomes one-hot"),
+        *(Step(f"jacobian_{int(v)}", f"∂softmax(x)_i/∂x_j for x = [{int(v)}, {int(v)}, {2 * int(v)}] (row i, column j)",
+               jacobian, seeing[int(v)]) for v, jacobian in zip(a.tolist(), jacobians)),
+        Step("jacobian_formula", "max |∂y/∂x - (diag(y) - y yᵀ)| over the three: the tutorial's closed form",
+             torch.stack([(j - c).abs().max() for j, c in zip(jacobians, closed_form)]).max(),
+             "0: autograd's Jacobian is the tutorial's diag(y) - yᵀy, which is 0 wherever y is one-hot"),
+        Step("score_std", f"std of q·k for random unit-variance q, k of size {d}: scaled by 1/√d, then unscaled",
+             torch.stack([dot_product_scores(q, k).std(), dot_product_scores(q, k, scaled=False).std()]),
+             "this script's own experiment (seed 0): about 1 scaled, about √512 = 22.6 unscaled"),
+        Step("peak", "mean largest attention weight per row (rows 2..16): scaled, then unscaled (1 = one-hot)",
+             torch.stack([scaled_peak, raw_peak]),
+             "unscaled, each row puts nearly all its weight on one key, as softmax([a, a, 2a]) did for a large a"),
+        Step("gradient_norms", "median over rows of |∂loss/∂scores|, the gradient that gets through the softmax: "
+                               "scaled, then unscaled",
+             torch.stack([scaled_grad, raw_grad]),
+             "the unscaled gradient is about 2000 times smaller: the one-hot rows' Jacobians are nearly 0"),
     ]
 
 
@@ -199,14 +270,22 @@ def tutorial_004() -> list[Step]:
     weights_1 = F.softmax(scores_1, dim=0)
     scaled_1 = F.softmax(scores_1 / math.sqrt(3), dim=0)
     return [
-        ("keys", "k = x @ W_k", k), ("queries", "q = x @ W_q", q), ("values", "v = x @ W_v", v),
-        ("scores_1", "token 1's scores q_1 · k_j", scores_1),
-        ("blog_output_1", "the blog rounds softmax([2, 4, 4]) to [0, 0.5, 0.5], and gets", rounded @ v),
-        ("weights_1", "softmax([2, 4, 4]) exactly", weights_1),
-        ("output_1", "token 1's output, exactly: weights_1 @ v", weights_1 @ v),
-        ("scaled_weights_1", "with the 1/√d the blog leaves out (d = 3): softmax([2, 4, 4] / √3)", scaled_1),
-        ("scaled_output_1", "and token 1's output then", scaled_1 @ v),
-        ("all_outputs", "every token at once: softmax(q kᵀ / √3) v", attend(dot_product_scores(q, k), v)[0]),
+        Step("keys", "k = x @ W_k", k, "one key per token (3 x 3), integers since x and W_k are"),
+        Step("queries", "q = x @ W_q", q, "one query per token: token 1's is [1, 0, 2]"),
+        Step("values", "v = x @ W_v", v, "one value per token: what the weights will mix"),
+        Step("scores_1", "token 1's scores q_1 · k_j", scores_1,
+             "[2, 4, 4]: token 1's query matches tokens 2 and 3 equally, and better than itself"),
+        Step("blog_output_1", "the blog rounds softmax([2, 4, 4]) to [0, 0.5, 0.5], and gets", rounded @ v,
+             "[2.0, 7.0, 1.5], the blog's figure, from rounded weights"),
+        Step("weights_1", "softmax([2, 4, 4]) exactly", weights_1,
+             "0.0634 is not 0: token 1 still takes a little from itself"),
+        Step("output_1", "token 1's output, exactly: weights_1 @ v", weights_1 @ v,
+             "near the blog's [2.0, 7.0, 1.5] but not equal: its rounding moved every number"),
+        Step("scaled_weights_1", "with the 1/√d the blog leaves out (d = 3): softmax([2, 4, 4] / √3)", scaled_1,
+             "flatter than without the scale: dividing by √3 gives token 1 more of its own value"),
+        Step("scaled_output_1", "and token 1's output then", scaled_1 @ v, "token 1's output as the formula has it"),
+        Step("all_outputs", "every token at once: softmax(q kᵀ / √3) v", attend(dot_product_scores(q, k), v)[0],
+             "row 1 is the scaled output above; rows 2 and 3 are tokens 2 and 3 computed the same way"),
     ]
 
 
@@ -217,9 +296,21 @@ TUTORIALS = {
     "003": ("the softmax's input, its gradient, and why q·k is divided by √d_k", tutorial_003),
     "004": ("the blog's three-token example, without its rounding", tutorial_004),
 }
+# Where a tutorial drew random numbers without a seed, its figures cannot be repeated: one line says so (the tests
+# check the figures named here against the script's own).
+UNSEEDED = {
+    "000": "note: tutorial 000 set no seed, so its x (x[0][0] = 0.0687 there) and what is computed from x cannot be "
+           "matched; this script seeds torch.manual_seed(1337) (x[0][0] = 0.0783 here). What does not depend on the "
+           "draw matches: the three averages agree, var(q·k) is about 16, and softmax(a), softmax(10a) use its a",
+    "002": "note: tutorial 002 drew its scores with torch.rand and no seed, so its masked softmax (0.4497 0.5503 "
+           "there) cannot be matched; this script seeds torch.manual_seed(0). What does not depend on the draw "
+           "matches: zeros past each valid length, 1.0000 for a length of 1, outputs [2, 3, 4, 5], [10, 11, 12, 13]",
+}
 
 
 def show(value) -> str:
+    """A value as the script prints it: 4 decimals (scientific where every entry is below 0.001, so a small
+    gradient does not read as 0), integers as integers, booleans as True/False, -inf as -inf."""
     if not isinstance(value, torch.Tensor):
         return f"  {value}"
     value = value.detach()
@@ -231,8 +322,17 @@ def show(value) -> str:
         return "\n".join(show(part) for part in value)
     if value.dtype == torch.bool:
         return "\n".join("  [" + "  ".join(f"{str(v):>5}" for v in row) + " ]" for row in value.tolist())
-    return "\n".join("  [" + "  ".join(f"{v:8.4f}" if math.isfinite(v) else f"{'-inf':>8}" for v in row) + " ]"
-                     for row in value.tolist())
+    if not value.is_floating_point():  # ids, lengths, shapes
+        width = max(len(str(v)) for v in value.flatten().tolist())
+        return "\n".join("  [ " + "  ".join(f"{v:>{width}d}" for v in row) + " ]" for row in value.tolist())
+    finite = value[value.isfinite()].abs()
+    small = finite.numel() > 0 and 0 < finite.max() < 1e-3
+
+    def number(v: float) -> str:
+        if not math.isfinite(v):
+            return f"{'-inf':>{12 if small else 8}}"
+        return f"{v:12.4e}" if small else f"{v:8.4f}"
+    return "\n".join("  [" + "  ".join(number(v) for v in row) + " ]" for row in value.tolist())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,8 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     for number in args.tutorial or TUTORIALS:
         title, steps = TUTORIALS[number]
         print(f"=== tutorial {number}: {title}\n")
-        for _, formula, value in steps():
-            print(f"{formula}:\n{show(value)}\n")
+        if number in UNSEEDED:
+            print(UNSEEDED[number] + "\n")
+        for step in steps():
+            print(f"{step.formula}:\n{show(step.value)}\n  what to see: {step.see}\n")
     return 0
 
 

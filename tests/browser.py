@@ -3,6 +3,7 @@ protocol over a pipe (--remote-debugging-pipe: JSON messages ended by a NUL byte
 nothing listens on a port and nothing beyond the standard library is needed."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -19,23 +20,39 @@ class Browser:
     def __enter__(self) -> "Browser":
         to_browser, self._write = os.pipe()  # fd 3 in the browser: what it reads
         self._read, from_browser = os.pipe()  # fd 4 in the browser: what it writes
-        self._profile = tempfile.TemporaryDirectory()
-
-        def descriptors() -> None:  # in the child, before Chromium starts: the pipes as 3 and 4
-            os.dup2(to_browser, 3)
-            os.dup2(from_browser, 4)
-        self._process = subprocess.Popen(
-            [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
-             f"--user-data-dir={self._profile.name}", "about:blank"],
-            close_fds=False, preexec_fn=descriptors,  # (subprocess would close 3 and 4 after preexec_fn)
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # The browser's ends moved above 4 first: os.pipe() may return 3 or 4 itself, and dup2(3, 3) changes nothing,
+        # close-on-exec included, so Chromium would start without that end.
+        ends = [fcntl.fcntl(end, fcntl.F_DUPFD_CLOEXEC, 5) for end in (to_browser, from_browser)]
         os.close(to_browser)
         os.close(from_browser)
+        self._profile = tempfile.TemporaryDirectory()
+
+        def descriptors() -> None:  # in the child, before Chromium starts: the pipes as 3 and 4, kept across exec
+            os.dup2(ends[0], 3)
+            os.dup2(ends[1], 4)
+        try:
+            self._process = subprocess.Popen(
+                [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+                 f"--user-data-dir={self._profile.name}", "about:blank"],
+                close_fds=False, preexec_fn=descriptors,  # (subprocess would close 3 and 4 after preexec_fn)
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except BaseException:
+            self._profile.cleanup()
+            os.close(self._write)
+            os.close(self._read)
+            raise
+        finally:
+            for end in ends:
+                os.close(end)
         self._next_id, self._buffer, self.errors = 0, b"", []
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        self.call("Runtime.enable", session=True)
-        self.call("Page.enable", session=True)
+        try:
+            target = self.call("Target.createTarget", url="about:blank")["targetId"]
+            self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+            self.call("Runtime.enable", session=True)
+            self.call("Page.enable", session=True)
+        except BaseException:  # no Chromium and no profile folder left behind by a browser that never answered
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:

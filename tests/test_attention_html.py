@@ -5,9 +5,15 @@ import base64
 import html as html_text
 import json
 import math
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 from urllib.parse import quote
 
 import numpy as np
@@ -65,7 +71,8 @@ def test_the_page_carries_every_weight_of_the_model_bit_for_bit(run, page):
     assert set(data["tensors"]) == set(weights) - {"lm_head.weight"}  # tied: the head is the token embedding
     for name, (start, end) in data["tensors"].items():
         assert np.array_equal(carried[start:end], weights[name].numpy().ravel()), name
-    assert data["text"] == TEXT and data["vocab"] == tokenizer.chars and data["config"] == model.config.to_dict()
+    assert data["text"] == TEXT and data["config"] == model.config.to_dict()
+    assert "".join(map(chr, data["vocab"])) == tokenizer.chars  # code points
 
 
 def test_the_page_references_nothing_outside_itself(run, page):
@@ -263,6 +270,46 @@ def test_the_page_benchmark_reports_the_forward_pass_in_the_browser(run, tmp_pat
 
 
 @needs_browser
+def test_the_page_benchmark_stopped_by_sigterm_leaves_no_folder_and_no_chromium(run, tmp_path):
+    """bench_page.py sent SIGTERM while Chromium runs the page: it exits with 130, Chromium and its helpers are gone,
+    and its temporary folder (the page, Chromium's profile and singleton socket) is removed."""
+    state = checkpoint.load(run / "run" / "ckpt_best.pt")
+    config = ModelConfig(**{**state["model_config"], "n_layer": 4, "n_head": 4, "n_embd": 192, "block_size": 64})
+    path = tmp_path / "wide.pt"  # a model whose 1000 forward passes take Chromium a minute or more
+    torch.save({**state, "model": GPT(config).state_dict(), "model_config": config.to_dict()}, path)
+    # A short temporary directory: Chromium aborts where the path of its singleton socket in it is too long for a
+    # Unix socket (108 bytes), as pytest's own tmp_path can be.
+    temp = Path(tempfile.mkdtemp(prefix="bench-", dir="/tmp"))
+    bench = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "scripts" / "bench_page.py"), "--ckpt",
+                              str(path), "--passes", "1000"], env={**os.environ, "TMPDIR": str(temp)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(temp.glob("*/profile/*")) and bench.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(temp.glob("*/profile/*")), "Chromium never started"
+        time.sleep(1)
+        bench.send_signal(signal.SIGTERM)
+        out, err = bench.communicate(timeout=60)
+    finally:
+        bench.kill()
+        left = [entry.name for entry in temp.iterdir() if not entry.name.startswith("torchinductor")]
+        shutil.rmtree(temp)
+    assert bench.returncode == 130 and err.strip() == "interrupted", err
+    assert left == []
+    browsers = [cmdline for cmdline in Path("/proc").glob("[0-9]*/cmdline") if str(temp) in read_quietly(cmdline)]
+    assert browsers == []
+
+
+def read_quietly(path: Path) -> str:
+    """A /proc file's text, or "" for a process that has ended."""
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@needs_browser
 def test_a_learner_types_clicks_and_appends_and_every_view_follows(run, page):
     """Driven as a person drives it (keys typed one by one, real mouse clicks): each keystroke recomputes the model,
     whose logits equal PyTorch's for the text typed so far; a click picks the character the steps explain; the button
@@ -286,6 +333,58 @@ def test_a_learner_types_clicks_and_appends_and_every_view_follows(run, page):
         assert text[:8] == "soft, wh" and len(text) == 9 and probs[tokenizer.stoi[text[8]]] > 0
         assert browser.evaluate("document.querySelectorAll('#strip .ch').length") == 9
         assert browser.errors == []
+
+
+# A vocabulary beyond the Basic Multilingual Plane: two astral characters, and a lone high and low surrogate (what
+# --encoding unicode_escape reads from "\\ud83d\\ude00") that meet in "ME", where JavaScript would join them into one.
+ASTRAL = str.maketrans({"R": "\U0001f389", "O": "\U0001d4b3", "M": "\ud83d", "E": "\ude00"})
+
+
+@needs_browser
+def test_in_a_real_browser_characters_beyond_the_basic_plane_keep_their_ids(run, tmp_path):
+    """With astral characters and lone surrogates in the vocabulary, the page reads the opening text as the model's
+    own ids, computes PyTorch's logits, and appends greedily exactly the ids generate() appends (none undefined)."""
+    state = checkpoint.load(run / "run" / "ckpt_best.pt")
+    path = tmp_path / "astral.pt"
+    torch.save({**state, "vocab": state["vocab"].translate(ASTRAL)}, path)
+    model, tokenizer, _ = checkpoint.load_model(path)
+    text = TEXT.translate(ASTRAL)
+    html = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", text, "--html", str(html)]) == 0
+    got = numbers(html, temperature=0, append=4)
+    ids = tokenizer.encode(text)
+    appended = generate(model, [ids], 4, temperature=0)[0]
+    assert got["ids"] == ids + appended and "undefined" not in got["text"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + appended]))[0][0]
+    torch.testing.assert_close(exact(got["logits"]), logits.double(), atol=1e-4, rtol=0)
+    typed = numbers(html, text="\U0001f389\U0001d4b3")  # typed astral characters: one id each
+    assert typed["ids"] == tokenizer.encode("\U0001f389\U0001d4b3")
+
+
+@needs_browser
+def test_an_address_asking_for_a_billion_appends_appends_one_window(page):
+    """#append is bounded by the block size: the page finishes, with a window's worth of characters added."""
+    html = dom(page, "#text=ROMEO&temperature=0&append=1000000000")
+    note = re.search(r'<p class="note warn" id="input-note">(.*?)</p>', html).group(1)
+    assert note == "32 of at most 32 characters; the first 5 left out: the model reads at most 32"
+
+
+@needs_browser
+def test_the_browser_keeps_its_pipe_when_the_system_hands_out_fds_3_and_4():
+    """In a process whose fds 3 and 4 are free, os.pipe() returns exactly those (checked), and tests/browser.py's
+    Chromium still answers over its pipe."""
+    script = ("import os, sys\n"
+              "for fd in (3, 4):\n"
+              "    try: os.close(fd)\n"
+              "    except OSError: pass\n"
+              "r, w = os.pipe(); assert (r, w) == (3, 4), (r, w); os.close(r); os.close(w)\n"
+              "sys.path.insert(0, sys.argv[1])\n"
+              "from browser import Browser\n"
+              "with Browser() as browser: print(browser.evaluate('6 * 7'))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], capture_output=True, text=True,
+                          timeout=120, close_fds=True)
+    assert done.returncode == 0 and done.stdout == "42\n", done.stderr[-2000:]
 
 
 @needs_browser

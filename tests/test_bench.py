@@ -153,3 +153,45 @@ def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, sc
         refused = script("score_nanogpt.py", str(nanogpt), str(tmp_path / "hostile.pt"))
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and said in refused.stderr, refused.stderr
 
+
+
+def test_bench_counts_the_hosts_waits_per_training_step_and_fails_above_the_bound(tmp_path, small_text, script):
+    """bench.py --host_syncs MOST counts the values read from the device over --iters steps (on a CPU: with Muon, the
+    step's finite flag, read there for free, once a step; AdamW reads none) and exits 1 above MOST per step."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(small_text, encoding="utf-8")
+    common = ("--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"), "--iters", "3",
+              "--warmup", "1")
+    over = script("bench.py", *common, "--optimizer", "muon", "--host_syncs", "0")
+    assert over.returncode == 1 and "host waits for the device: 3 in 3 training steps (1.00 per step, at most 0" \
+        in over.stdout, over.stdout + over.stderr
+    assert script("bench.py", *common, "--optimizer", "muon", "--host_syncs", "1").returncode == 0
+    none = script("bench.py", *common, "--optimizer", "adamw", "--host_syncs", "0")
+    assert none.returncode == 0 and "host waits for the device: 0 in 3 training steps" in none.stdout
+
+
+def test_bench_sample_keeps_one_cache_per_shape_across_its_timed_runs(monkeypatch):
+    """bench_sample alternates 1 row and a batch on one model; generate() keeps one shape of caches per model, so each
+    run had reallocated them (and a compiled step re-recorded its CUDA graph in every timed run). Each shape now has
+    its caches from the warm-up to the last round: the same tensors, at the same addresses."""
+    import torch
+    import bench_sample
+    from model import GPT, ModelConfig
+    seen = {}
+
+    def recording(model, prompts, *args, **kwargs):
+        out = bench_sample.generate.__wrapped__(model, prompts, *args, **kwargs)
+        if kwargs.get("use_cache", True):
+            caches = model.decode_caches[1]
+            seen.setdefault(len(prompts), []).append((caches, [c.keys.data_ptr() for c in caches]))
+        return out
+    recording.__wrapped__ = bench_sample.generate
+    monkeypatch.setattr(bench_sample, "generate", recording)
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=16))
+    bench_sample.bench_sampling(model, "cpu", [torch.float32], 4, batch=3, rounds=2)
+    assert sorted(seen) == [1, 3]
+    for rows, calls in seen.items():
+        assert len(calls) == 1 + 2  # the warm-up and two rounds
+        first, addresses = calls[0]
+        assert all(caches is first and ptrs == addresses for caches, ptrs in calls), rows

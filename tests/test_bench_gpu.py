@@ -1,5 +1,6 @@
-"""scripts/bench_gpu.sh, the GPU sitting, driven on the CPU: it writes no log through a link, a stop ends every process
-it started and removes its temp folder, the nanoGPT part leaves the user's checkout as it was."""
+"""scripts/bench_gpu.sh, the GPU sitting, driven on the CPU: its smoke part says FAIL when a compile falls back, it
+writes no log through a link, a stop ends every process it started and removes its temp folder, the nanoGPT part
+leaves the user's checkout as it was."""
 import os
 import signal
 import subprocess
@@ -57,7 +58,8 @@ def test_the_gpu_sitting_script_parses_and_refuses_what_it_cannot_run(tmp_path, 
     error, and a wrong part or a missing nanoGPT checkout stops it at once with one line and exit 2, before any run."""
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True).returncode == 0
     env = {k: v for k, v in os.environ.items() if k != "NANOGPT"}
-    for part, words in (("bogus", "the part is smoke, tests, speed, runs, recipe, tune, nanogpt or all, not 'bogus'"),
+    for part, words in (("bogus", "the part is smoke, smoke2, smoke3, tests, speed, runs, recipe, tune, nanogpt or all, "
+                                  "not 'bogus'"),
                         ("nanogpt", "set NANOGPT to a checkout of karpathy/nanoGPT")):
         done = subprocess.run(["bash", str(SCRIPT), part, str(corpus), str(tmp_path / "logs")], capture_output=True,
                               text=True, env=env, timeout=60)
@@ -93,9 +95,9 @@ def test_a_stop_ends_every_process_of_the_sitting_and_removes_its_temp_folder(tm
     process = start("smoke", str(corpus), str(tmp_path / "logs"), tmp_path=tmp_path)
     log = tmp_path / "logs" / "smoke.log"
     deadline = time.monotonic() + 120
-    while not (log.exists() and "$ python -m pytest" in log.read_text()) and time.monotonic() < deadline:
+    while not (log.exists() and "$ python train.py" in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(1)  # the tests' python has started
+    time.sleep(1)  # the run's python has started
     assert len(session_processes(process.pid)) > 2  # bash, its part's subshell, the step's python, ...
     process.send_signal(sig)
     returncode, out, err = finish(process, timeout=60)
@@ -130,3 +132,25 @@ def test_the_nanogpt_part_works_on_a_copy_of_the_checkout_and_changes_nothing_in
     ran = [line for line in out.splitlines() if line.startswith("stand-in train.py in ")]
     assert len(ran) == 1 and str(checkout) not in ran[0] and "nanogpt-checkout" in ran[0], out
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_the_quick_smoke_compiles_and_a_compiler_that_fails_is_a_fail_line(tmp_path, corpus):
+    """QUICK=1 smoke compiles the preset's run and the decoding step with inductor on the CPU. With a C++ compiler
+    that always fails (inductor runs $CXX; a fresh compile cache, so that no cached kernel spares it), both fall back,
+    which is FAIL for each (not the exit code: a fallback exits 0), and the part exits 1. With the real compiler every
+    line is PASS and it exits 0."""
+    broken = tmp_path / "broken-c++"
+    broken.write_text("#!/bin/sh\necho 'no compiler here (stand-in)' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    code, out, err = finish(start("smoke", str(corpus), str(tmp_path / "broken"), tmp_path=tmp_path, CXX=str(broken),
+                                  TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")), timeout=600)
+    verdicts = [line for line in out.splitlines() if line.startswith(("PASS ", "FAIL "))]
+    assert code == 1, out + err
+    assert "FAIL GPU preset, compiled, end to end (fell back: torch.compile failed)" in verdicts, out
+    assert "FAIL sampling compiled: a padded batch, host syncs counted (exit 1)" in verdicts, out
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # under the usual temp folder, not ours
+    code, out, err = finish(start("smoke", str(corpus), str(tmp_path / "working"), tmp_path=tmp_path,
+                                  TORCHINDUCTOR_CACHE_DIR=default_cache_dir()), timeout=600)
+    verdicts = [line for line in out.splitlines() if line.startswith(("PASS ", "FAIL "))]
+    assert code == 0 and not any(line.startswith("FAIL") for line in verdicts), out + err
+    assert len(set(verdicts)) == 5 and "smoke: 5 passed, 0 failed, 0 skipped" in out

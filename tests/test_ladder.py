@@ -2,6 +2,7 @@
 rungs are reused byte for byte, changed settings retrain, each rung's train.py command is printed, and a Chinese
 corpus works as well as an English one."""
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -18,9 +19,9 @@ SENTENCES = ["注意力让每个字回头看前面的字。", "查询和键的�
              "缩放让梯度不会消失。", "掩码挡住未来，只看过去。"]
 
 
-def ladder(*args):
+def ladder(*args, env=None):
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "ladder.py"), "--config", "debug", *args],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_rungs(tmp_path):
@@ -68,19 +69,67 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
         args = SimpleNamespace(config="debug", data=str(corpus), out_dir=str(out), max_iters=steps,
                                cache_dir=str(tmp_path / "cache"))
         argv = script.rung_argv(args, 3, "one_head", one_head, ["--eval_iters", "3"])
-        assert script.state_of(load_config(argv, False)[0], script.checksum_of(args)) == state
+        assert script.state_of(load_config(argv, False)[0], script.decide_corpus(args)[1]) == state
     # the same settings on another text: trained again, where its loss on the old text had been reported as new
     other = tmp_path / "other.txt"
     other.write_text("".join(reversed(corpus.read_text(encoding="utf-8"))), encoding="utf-8")
     elsewhere = SimpleNamespace(**{**vars(args), "data": str(other)})
-    assert script.state_of(load_config(argv, False)[0], script.checksum_of(elsewhere)) == (
+    assert script.state_of(load_config(argv, False)[0], script.decide_corpus(elsewhere)[1]) == (
         "different", f"{out / '03-one_head'} holds a run trained on another text ({corpus})")
     summary = out / "03-one_head" / "summary.json"
     summary.write_text(summary.read_text(encoding="utf-8")[:40], encoding="utf-8")  # cut short: trained again
-    assert script.state_of(load_config(argv, False)[0], script.checksum_of(args)) == (
+    assert script.state_of(load_config(argv, False)[0], script.decide_corpus(args)[1]) == (
         "damaged", f"{summary} cannot be read")
 
 
 def test_an_unknown_rung_is_one_line(tmp_path):
     wrong = ladder("--out_dir", str(tmp_path / "l"), "--rungs", "bigram,trigram")
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "no rung trigram" in wrong.stderr
+
+
+def strict_json(text: str):
+    """JSON as the standard defines it: NaN and Infinity are not part of it (Python's json accepts them)."""
+    def refuse(word):
+        raise ValueError(f"not JSON: {word}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_rung_whose_loss_is_not_a_number_gives_valid_json_and_a_picture(tmp_path, corpus):
+    """A finished rung whose summary holds NaN (a run that diverged): ladder.json stays strict JSON (null for the
+    loss), and the picture is drawn, that rung's bar empty and labelled, instead of a traceback."""
+    out = tmp_path / "ladder"
+    common = ["--data", str(corpus), "--out_dir", str(out), "--cache_dir", str(tmp_path / "cache"),
+              "--eval_iters", "2", "--rungs", "bigram", "--max_iters", "2"]
+    assert ladder(*common).returncode == 0
+    summary_path = out / "01-bigram" / "summary.json"
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    summary["full_val_loss"] = float("nan")
+    summary_path.write_text(json.dumps(summary), encoding="utf-8")  # Python writes the NaN as NaN
+    (out / "ladder.png").unlink()
+    again = ladder(*common)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    assert "reused" in again.stderr  # the NaN summary is a finished rung's result, not a damaged file
+    rows = strict_json((out / "ladder.json").read_text(encoding="utf-8"))
+    assert rows[0]["full_val_loss"] is None and rows[0]["bits_per_char"] is None
+    assert rows[0]["steps"] == 2 and rows[0]["name"] == "bigram"
+    assert Image.open(out / "ladder.png").format == "PNG"
+
+
+def test_offline_the_ladder_decides_the_corpus_once_and_its_commands_name_it(tmp_path):
+    """Without a network the default --data shakespeare falls back to the offline corpus once, for the whole ladder,
+    and every rung's command (printed and in ladder.json) says --data pystdlib: run as printed, it trains on the same
+    text, where a printed --data shakespeare would train on another text once online."""
+    out = tmp_path / "ladder"
+    offline = {**os.environ, "CHARGPT_SHAKESPEARE_URL": "http://127.0.0.1:9/unreachable"}  # no download possible
+    done = ladder("--out_dir", str(out), "--cache_dir", str(tmp_path / "cache"), "--eval_iters", "2",
+                  "--rungs", "bigram,average", "--max_iters", "2", env=offline)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("using the offline corpus 'pystdlib'") == 1, done.stderr  # said once, by the ladder
+    rows = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
+    for row in rows:
+        words = shlex.split(row["command"])
+        assert row["command"] in done.stderr and words[words.index("--data") + 1] == "pystdlib"
+        assert load_config(words[2:], False)[0].data == "pystdlib"
+        trained_on = checkpoint.load(ROOT / row["out_dir"] / "ckpt_last.pt")["data"]
+        assert trained_on["source"] == "pystdlib" and row["corpus"] == "pystdlib", trained_on
+    assert "--data shakespeare" not in done.stderr

@@ -1,6 +1,7 @@
 """The README from top to bottom, as a newcomer runs it: every command in order, in a fresh copy of the repository
 with an empty cache, shortened where it trains; none may fail, print a traceback, or refuse what came before it."""
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -147,3 +148,26 @@ def test_the_readme_runs_in_order_from_a_fresh_clone(fresh_clone, tmp_path):
     for folder in (f"shakespeare_char_cpu-{corpus}", "shakespeare_char_cpu-my_corpus", "shakespeare_char_cpu-my_notes",
                    f"shakespeare_char-{corpus}"):
         assert (repo / "out" / folder / "summary.json").is_file(), folder
+
+
+def test_the_first_screen_runs_as_written_without_a_network(fresh_clone, tmp_path):
+    """The README's first code block, copied as written on a machine that cannot reach Tiny Shakespeare: training
+    falls back to pystdlib (shortened here, its only change), and the sample command, exactly as written, writes text
+    from that run."""
+    first_block = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
+    commands = [line.strip() for line in first_block.group(1).splitlines() if line.strip()]
+    assert commands[0] == "pip install -r requirements.txt" and len(commands) == 3, commands
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": "",
+           "CHARGPT_SHAKESPEARE_URL": "http://127.0.0.1:9/unreachable"}
+    said = []
+    for command in commands[1:]:
+        words = shlex.split(command)
+        if words[1] == "train.py":
+            words += SHORT_TRAINING + SMALL_MODEL
+        done = subprocess.run([sys.executable, *words[1:]], cwd=fresh_clone, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, f"{command}\n{done.stderr[-3000:]}"
+        said.append(done.stdout + done.stderr)
+    assert "using the offline corpus 'pystdlib'" in said[0]
+    assert (fresh_clone / "out" / "shakespeare_char_cpu-pystdlib" / "ckpt_best.pt").is_file()
+    assert "shakespeare_char_cpu-pystdlib" in said[1] and said[1].count("ROMEO:") >= 1

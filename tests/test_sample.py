@@ -2,6 +2,7 @@
 import contextlib
 import copy
 import io
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -307,3 +308,34 @@ def test_a_decoding_step_that_fails_to_compile_warns_once_and_gives_the_same_tex
     assert text == generate(model, [[1, 2]], 40, temperature=0)
     assert said == ["warning: compiling the decoding step failed (RuntimeError: no compiler); sampling without it "
                     "(leave out --compile)"]
+
+
+def test_help_shows_the_value_each_option_takes_when_left_out():
+    """sample.py --help (and every script's, through errors.HelpFormatter) names each option's default, read from
+    the parser itself, so the help and the code cannot disagree."""
+    parser = sample_cli.build_parser()
+    text = " ".join(parser.format_help().split())
+    for action in parser._actions:
+        if action.option_strings and action.default not in (None, False, "", "==SUPPRESS=="):
+            assert f"(default: {action.default})" in text or "(default:" in (action.help or ""), action.dest
+    assert "(default: 0.8)" in text and "(default: 500)" in text and "(default: 1337)" in text
+
+
+def test_with_no_folder_named_the_scripts_read_the_newest_run_in_out(run_dir, tmp_path, monkeypatch, capsys):
+    """After `python train.py`, `python scripts/sample.py` needs no --out_dir (whose name depends on the corpus the run
+    could reach): it reads the run in out/ whose model was written last; with no run in out/, one line says so."""
+    import os
+    import shutil
+
+    from training import run_folder
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(run_folder.UserError, match="out/ holds no run yet: train one first"):
+        run_folder.find("", "")
+    for name in ("older", "newer"):
+        shutil.copytree(run_dir, tmp_path / "out" / name)
+    os.utime(tmp_path / "out" / "older" / "ckpt_best.pt", (1, 1))
+    os.utime(tmp_path / "out" / "older" / "ckpt_last.pt", (1, 1))
+    assert run_folder.find("", "") == Path("out") / "newer" / "ckpt_best.pt"
+    assert run_cli(sample_cli.main, ["--max_new_tokens", "5"]) == 0
+    assert "newer" in capsys.readouterr().err

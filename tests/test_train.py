@@ -202,6 +202,8 @@ def test_default_preset_follows_the_device():
     (["--config", "shakespear"], "did you mean shakespeare_char"),
     (["--config", "debug", "--n_embd", "33"], "n_embd (33) must be divisible by n_head (2)"),
     (["--dtype", "fp8"], "--dtype 'fp8': must be auto"),
+    (["--eval_only"], "unknown option --eval_only: evaluating a trained model is python scripts/evaluate.py --out_dir"),
+    (["--n_embd", str(2**70)], "n_embd must be at most 2,147,483,647, got 1,180,591,620,717,411,303,424"),
 ])
 def test_bad_command_lines_are_one_line_errors(argv, message, capsys):
     assert run_cli(train.main, argv) == 2

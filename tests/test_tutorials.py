@@ -12,7 +12,7 @@ import tutorials
 
 
 def steps(number: str) -> dict:
-    return {name: value for name, _, value in tutorials.TUTORIALS[number][1]()}
+    return {step.name: step.value for step in tutorials.TUTORIALS[number][1]()}
 
 
 def printed(value) -> list[str]:
@@ -140,3 +140,46 @@ def test_the_script_prints_the_tutorials_numbers_and_refuses_an_unknown_one(scri
     assert "  [  1.9366    6.6831    1.5951 ]" in done.stdout and "tutorial 002" not in done.stdout
     wrong = script("tutorials.py", "009")
     assert wrong.returncode == 2 and wrong.stderr.strip() == "error: no tutorial 009; choose from 000, 001, 002, 003, 004"
+
+
+def test_000_softmax_of_the_tutorials_a_and_of_a_times_10():
+    """Tutorial 000's scale demonstration on its own printed a: softmax(a) to the tutorial's 4 decimals, and softmax(10a)
+    to its printed figures (within 0.1%: a itself is printed to 4 decimals), the largest input taking 0.9920."""
+    s = steps("000")
+    assert_prints(s["softmax_a"], [0.0668, 0.2538, 0.0513, 0.0489, 0.4110, 0.0878, 0.0252, 0.0552])
+    printed_by_the_tutorial = [1.2716e-08, 8.0136e-03, 9.1273e-10, 5.6675e-10, 9.9199e-01, 1.9629e-07, 7.5872e-13,
+                               1.8981e-09]
+    np.testing.assert_allclose(s["softmax_10a"].numpy(), printed_by_the_tutorial, rtol=1e-3)
+
+
+def test_003_the_softmax_jacobian_is_printed_whole_and_is_the_closed_form():
+    """003's Jacobians, one 3 x 3 matrix per input [a, a, 2a], equal diag(y) - y yᵀ written out in numpy, and the script
+    prints each as a matrix (three rows), the small ones in scientific notation rather than as 0.0000."""
+    s = steps("003")
+    for a in (1, 10, 100):
+        x = np.array([a, a, 2 * a], dtype=float)
+        y = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+        np.testing.assert_allclose(s[f"jacobian_{a}"].numpy(), np.diag(y) - np.outer(y, y), rtol=1e-9, atol=1e-300)
+    text = tutorials.show(s["jacobian_10"]).splitlines()
+    assert len(text) == 3 and text[0].split()[1:4] == ["4.5394e-05", "-2.0608e-09", "-4.5392e-05"]
+    assert tutorials.show(s["jacobian_1"]).splitlines()[2].split()[1:4] == ["-0.1221", "-0.1221", "0.2442"]
+
+
+def test_the_text_says_what_to_see_names_the_seed_where_a_tutorial_had_none_and_prints_integers(script):
+    """Every printed value is followed by one sentence saying what to see in it; tutorials 000 and 002 (which drew
+    random numbers without a seed) say so in one line naming the seed used and the figure that differs, the script's
+    own figure as it prints it; shapes and ids print as integers."""
+    done = script("tutorials.py")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    all_steps = [step for _, make in tutorials.TUTORIALS.values() for step in make()]
+    assert text.count("\n  what to see: ") == len(all_steps) and all(step.see.strip() for step in all_steps)
+    for step in all_steps:  # the sentence comes right after its value
+        assert f"{step.formula}:\n{tutorials.show(step.value)}\n  what to see: {step.see}\n" in text
+    notes = [line for line in text.splitlines() if line.startswith("note: tutorial")]
+    assert [line.split()[2] for line in notes] == ["000", "002"]
+    assert "torch.manual_seed(1337) (x[0][0] = 0.0783 here)" in notes[0] and "0.0687 there" in notes[0]
+    assert f"{steps('000')['x'][0, 0]:.4f}" == "0.0783"  # the note's figure is the printed one
+    assert "torch.manual_seed(0)" in notes[1] and f"{steps('002')['per_row'][0, 0, 0]:.4f}" != "0.4497"
+    assert "  [  4   8  32 ]\n" in text and "4.0000" not in tutorials.show(steps("000")["no_values_shape"])
+    assert "  [ 0  4  5  2  1  3 ]\n" in text  # the vocabulary's ids

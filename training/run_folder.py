@@ -445,11 +445,17 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
 # ---- the checkpoint a script reads -----------------------------------------------------------------------------------
 def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path:
     """The checkpoint a script should read: --ckpt FILE, else the first of names in the run folder (by default the
-    run's model, ckpt_best.pt: the lowest validation loss it measured; ckpt_last.pt only where there is none)."""
+    run's model, ckpt_best.pt: the lowest validation loss it measured; ckpt_last.pt only where there is none); with
+    neither, the newest run in out/ (where train.py puts runs), so the command after `python train.py` needs no
+    folder name, which depends on the corpus the run could reach."""
     if ckpt:
         return Path(ckpt)
     if not out_dir:
-        raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE")
+        newest = newest_run(Path("out"), names)
+        if newest is None:
+            raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE; out/ holds no "
+                            "run yet: train one first (python train.py)")
+        out_dir = str(newest)
     folder = Path(out_dir)
     owner = holder(folder)
     aside = folder / ASIDE
@@ -475,6 +481,16 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path
         raise UserError(f"{out_dir} holds no {' or '.join(names)}; runs with a model there: {shown}; give one of them "
                         f"as --out_dir (or train one here: python train.py --out_dir {out_dir})")
     raise UserError(f"{out_dir} holds no {' or '.join(names)}; train first: python train.py --out_dir {out_dir}")
+
+
+def newest_run(parent: Path, names: tuple[str, ...]) -> Path | None:
+    """The run folder in parent whose model (any of names) was written last, or None."""
+    try:
+        found = [(max((p / name).stat().st_mtime for name in names if (p / name).is_file()), p)
+                 for p in parent.iterdir() if any((p / name).is_file() for name in names)]
+    except OSError:
+        return None
+    return max(found)[1] if found else None
 
 
 def runs_beside(folder: Path, names: tuple[str, ...]) -> list[Path]:

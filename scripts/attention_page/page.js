@@ -5,13 +5,15 @@
 const data = JSON.parse(document.getElementById("data").textContent);
 const model = loadModel(data);
 const config = model.config, nLayers = config.n_layer, nHeads = config.n_head, headSize = config.n_embd / nHeads;
-const vocab = Array.from(data.vocab), idOf = new Map(vocab.map((ch, i) => [ch, i]));
+const vocab = data.vocab.map(code => String.fromCodePoint(code)), idOf = new Map(vocab.map((ch, i) => [ch, i]));
+const MAX_APPEND = config.block_size, MAX_BENCH = 1000;  // what the address may ask for: a window, 1000 passes
 const headColors = ["214,39,40", "31,119,180", "44,160,44", "148,103,189", "255,127,14", "23,190,207",
                     "140,86,75", "227,119,194"];
 const $ = id => document.getElementById(id);
 const state = { text: [], result: null, pinned: null, hovered: null, random: null };
 
-function shown(ch) {  // characters that would be invisible get a visible stand-in
+function shown(ch) {  // characters that would be invisible get a visible stand-in; a lone surrogate, its code
+  if (ch.length === 1 && ch >= "\ud800" && ch <= "\udfff") return "\\u" + ch.charCodeAt(0).toString(16);
   return ch === "\n" ? "\u21b5" : ch === " " ? "\u00a0" : ch === "\t" ? "\u2192" : ch;
 }
 function key(ch) { return ch === " " ? "\u2423" : shown(ch); }  // in a table a space shows as ␣
@@ -30,8 +32,16 @@ function element(tag, text, className) {
 // ---------------------------------------------------------------------------------------------
 // The text: the characters the model knows, at most block_size of them (the last ones, as sample.py reads).
 // ---------------------------------------------------------------------------------------------
+function characters(text) {
+  // The text's characters, by code point (never by UTF-16 unit). A vocabulary read with unicode_escape can hold lone
+  // surrogates, which a text box joins into one character when they meet: such a character, unknown to the model
+  // while both its halves are known, is read as those two halves.
+  return Array.from(text).flatMap(ch => (ch.length === 2 && !idOf.has(ch) && idOf.has(ch[0]) && idOf.has(ch[1]) ?
+    [ch[0], ch[1]] : [ch]));
+}
+
 function readText() {
-  const typed = Array.from($("input").value);
+  const typed = characters($("input").value);
   const unknown = [...new Set(typed.filter(ch => !idOf.has(ch)))];
   let known = typed.filter(ch => idOf.has(ch));
   const cut = Math.max(0, known.length - config.block_size);
@@ -254,8 +264,9 @@ function appendSampled() {
 
 // ---------------------------------------------------------------------------------------------
 // Wiring, and the address: #text=...&layer=2&view=3&query=5&temperature=0.8&top_k=5&top_p=0.9&seed=7&append=10
-// opens the page in that state (layers, heads and characters counted from 1); &hover=N points at character N
-// with a real mouse event; &numbers shows the page's numbers as JSON; &bench=N times N forward passes.
+// opens the page in that state (layers, heads and characters counted from 1; append at most MAX_APPEND characters);
+// &hover=N points at character N with a real mouse event; &numbers shows the page's numbers as JSON; &bench=N times
+// N forward passes (at most MAX_BENCH). The line #address-help says the same to the reader.
 // ---------------------------------------------------------------------------------------------
 function render() {
   if (state.result) { renderStrip(); } else { $("readout").textContent = ""; }
@@ -271,7 +282,7 @@ function update() {
 
 function numbers(extra) {
   const logits = state.result ? state.result.logits.map(row => Array.from(row)) : [];
-  return JSON.stringify({ text: state.text.join(""), logits, step: state.result ? stepValues() : null,
+  return JSON.stringify({ text: state.text.join(""), ids: state.text.map(ch => idOf.get(ch)), logits, step: state.result ? stepValues() : null,
                           sampling: sampling(), probs: state.result ? nextProbabilities() : null, ...extra });
 }
 
@@ -280,6 +291,7 @@ $("view").add(new Option("all heads", "all"));
 for (let h = 0; h < nHeads; h++) $("view").add(new Option(String(h + 1), String(h)));
 $("title").textContent = data.title;
 $("about").textContent = data.about;
+$("append-most").textContent = String(MAX_APPEND);
 $("input").value = data.text;
 $("input").addEventListener("input", update);
 ["layer", "view"].forEach(id => $(id).addEventListener("change", render));
@@ -300,7 +312,8 @@ for (const [key, id] of [["temperature", "temperature"], ["top_k", "top-k"], ["t
 update();
 const asked = Number(wanted.get("query")) - 1;  // a character of the text, or none
 if (Number.isInteger(asked) && asked >= 0 && asked < state.text.length) { state.pinned = asked; render(); }
-for (let n = 0; n < Number(wanted.get("append") || 0); n++) appendSampled();
+const appends = Math.min(Math.floor(Number(wanted.get("append"))) || 0, MAX_APPEND);  // NaN, negative: none
+for (let n = 0; n < appends; n++) appendSampled();
 if (wanted.has("hover")) {
   const span = $("strip").querySelectorAll(".ch")[Number(wanted.get("hover")) - 1];
   if (span) span.dispatchEvent(new MouseEvent("mouseover", { bubbles: true }));
@@ -309,7 +322,7 @@ if (wanted.has("numbers") || wanted.has("bench")) {
   const extra = {};
   if (wanted.has("bench")) {  // the median of N forward passes over the text, in milliseconds
     const ids = state.text.map(ch => idOf.get(ch)), times = [];
-    for (let n = 0; n < Number(wanted.get("bench")); n++) {
+    for (let n = 0; n < Math.min(Number(wanted.get("bench")), MAX_BENCH); n++) {
       const start = performance.now();
       forward(model, ids);
       times.push(performance.now() - start);
