@@ -328,7 +328,7 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
                 f"skips it")
 
 
-# ---- on a CPU, before the first step: whether it fits in memory, how long it will take --------------------------------
+# ---- on a CPU, before the first step: whether it fits in memory, how long it will take -------------------------------
 SLOW_RUN_SECONDS = 600  # on a CPU, a run expected to take longer than this says so before it starts
 GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
 CPU_PRESET = "shakespeare_char_cpu"  # the preset a slow run on a CPU suggests

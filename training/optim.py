@@ -141,7 +141,7 @@ def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float]
 
 
 class AdamW(torch.optim.AdamW):
-    """torch.optim.AdamW (same state, same checkpoints) with a step that is skipped when the gradients are not finite."""
+    """torch.optim.AdamW (same state, same checkpoints) with a step skipped when the gradients are not finite."""
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
         """step(), or nothing at all when the 0-d bool tensor finite is False: weights, moments and step counts stay

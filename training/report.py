@@ -45,7 +45,7 @@ class Log:
             self._say(message)
 
     def line(self, message: str) -> None:
-        """A line for someone reading a log file (where a progress bar's updates run together); a terminal has the bar."""
+        """A line for a log file (where a progress bar's updates run together); a terminal has the bar."""
         if self.plain:
             self.say(message)
 

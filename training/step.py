@@ -63,7 +63,7 @@ def train_step(model, optimizer, scaler, batches, rt: Runtime, cfg: TrainConfig,
 
 def forward_backward(model, optimizer, scaler, batches, rt: Runtime, cfg: TrainConfig,
                      stop: Callable[[], bool] | None = None) -> torch.Tensor:
-    """The gradients of grad_accum_steps micro-batches, accumulated in .grad; returns their mean loss (on the device)."""
+    """The gradients of grad_accum_steps micro-batches, accumulated in .grad; returns their mean loss, on the device."""
     loss_sum = torch.zeros((), device=rt.device)
     # Where the step began (a few KB), so that a stop between micro-batches can undo it: a step of many micro-batches
     # can take minutes, and a stop must not wait for it.
