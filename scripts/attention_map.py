@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     note = missing_note(args.text)
     if note:
         print(note, file=sys.stderr)
-    figure = attention_figure(weights, args.text, layer - 1, heads)
+    figure = attention_figure(weights, args.text, layer - 1, heads, every_label=True)  # a label per character
     save_figure(figure, args.png, "--png")
     print(f"wrote {args.png}: layer {layer}, {'head ' + str(args.head) if heads else f'{cfg.n_head} heads'}, "
           f"{len(args.text)} characters")

@@ -57,10 +57,11 @@ def show(name: str, tensor: torch.Tensor) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ArgumentParser(description=__doc__.split(":", 1)[1].strip()).parse_args(argv)  # no options; --help says what it does
-    print("One head of causal self-attention, step by step.\n")
+    print("One head of causal self-attention, step by step. Tokens are counted from 1, as on the attention page and "
+          "in\ntutorials.py: row 1 of each matrix is token 1, and in the weights column s is token s.\n")
     for name, tensor in walkthrough():
         print(show(name, tensor) + "\n")
-    print("Row t of the weights says how much token t takes from tokens 0..t: each row sums to 1, and the\n"
+    print("Row t of the weights says how much token t takes from tokens 1..t: each row sums to 1, and the\n"
           "zeros above the diagonal are the future it may not see. The output mixes the values by those weights.")
     return 0
 

@@ -4,9 +4,9 @@
 # PART is one of smoke | smoke2 | smoke3 | tests | speed | runs | recipe | tune | nanogpt (each made to end within 10
 # minutes on one H100), or all (nanogpt only where NANOGPT is set). CORPUS is Tiny Shakespeare (or any text); every
 # command and what it printed goes to LOGDIR/PART.log, one file per part.
-#   smoke  the first thing to run on a lent GPU: the GPU preset compiled, end to end (its time, loss and MFU); the host's
-#          waits per training step in bfloat16 and float16; sampling eager and compiled (a padded batch, CUDA graphs
-#          recorded once, host syncs counted after a warm-up at the counted shape). One PASS or FAIL line per step
+#   smoke  the first thing to run on a lent GPU: the GPU preset compiled, end to end (its time, loss and MFU); the
+#          host's waits per training step in bfloat16 and float16; sampling eager and compiled (a padded batch, CUDA
+#          graphs recorded once, host syncs counted after a warm-up at the counted shape). One PASS or FAIL line a step
 #   smoke2 the CUDA tests; torchrun with one process; DDP over NCCL at world size 1 (where train.py offers it)
 #   smoke3 bfloat16 uncompiled, float16 compiled and not (on cuda:0 by name), a resume; each compile mode and scope;
 #          sample.py eager and compiled, streamed and a padded batch
@@ -65,7 +65,8 @@ run() {  # prints the command, runs it and times it whole (its output kept in $w
 
 # What a compile that fell back, a CUDA graph not taken or a refused recompilation print (training's and the
 # sampler's warnings, inductor's log, dynamo's limit and its error_on_recompile check).
-fallback='torch\.compile failed|compiling the decoding step failed|skipping cudagraphs|hit config\.(recompile|cache_size)_limit|RecompileError'
+fallback='torch\.compile failed|compiling the decoding step failed|skipping cudagraphs'
+fallback+='|hit config\.(recompile|cache_size)_limit|RecompileError'
 # python -c "$loss_check" RUN_DIR BOUND: the run's time, loss and MFU in one line; exit 1 when its loss (full
 # validation, else the last evaluation's) is not finite or not below BOUND (a run whose steps were all skipped stays
 # near the uniform guess, ln(vocabulary): 4.2 for Shakespeare)
@@ -142,7 +143,7 @@ step = compiled_step(device.type, warn=said.append) if kind == "compiled" else o
 recorded = []
 if device.type == "cuda":  # every CUDA graph recording goes through capture_begin (torch.cuda.graph, graph trees)
     begin = torch.cuda.CUDAGraph.capture_begin
-    torch.cuda.CUDAGraph.capture_begin = lambda self, *args, **kwargs: recorded.append(1) or begin(self, *args, **kwargs)
+    torch.cuda.CUDAGraph.capture_begin = lambda self, *args, **kw: recorded.append(1) or begin(self, *args, **kw)
 counters.clear()
 prompts = [[1, 2, 3, 4, 5], [6], [7, 1]]
 warm = generate(model, prompts, n, temperature=0, step=step)
@@ -158,7 +159,7 @@ skips = counters["inductor"]["cudagraph_skips"]
 print(*said, sep="\n", file=sys.stderr)
 print(f"{kind}, {model.wte.weight.dtype}: 3 rows x {n} characters, the same text twice: {text == warm}; "
       + (f"{waits} host syncs in the counted call (at most {most}), {len(recorded)} CUDA graph(s) recorded, "
-         f"{skips} cudagraph skips" if device.type == "cuda" else "host syncs and CUDA graphs are counted on CUDA only"))
+         f"{skips} cudagraph skips" if device.type == "cuda" else "host syncs and CUDA graphs: counted on CUDA only"))
 bad = said or text != warm or (device.type == "cuda" and (waits > most or skips
                                                           or len(recorded) != (kind == "compiled")))
 sys.exit(1 if bad else 0)'
@@ -192,8 +193,10 @@ part_smoke2() {
     [ $gpu = 1 ] && all_ran='^[0-9]+ passed(, [0-9]+ warnings?)? in '
     check "tests/test_cuda.py and test_cuda_paths.py" --expect "$all_ran" \
         python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_cuda_paths.py
+    local compile=true
+    [ $gpu = 1 ] || compile=false
     local common=(--config shakespeare_char_gpu --data "$corpus" --cache_dir "$work/cache" --eval_interval 50
-                  --eval_iters 5 --max_iters "$steps" "${small[@]}" --compile "$([ $gpu = 1 ] && echo true || echo false)")
+                  --eval_iters 5 --max_iters "$steps" "${small[@]}" --compile "$compile")
     check "torchrun, one process (no process group)" --run "$work/torchrun" "$bound" torchrun --standalone \
         --nproc_per_node 1 train.py "${common[@]}" --out_dir "$work/torchrun"
     # DDP over NCCL (gloo on a CPU) at world size 1: no_sync, compiled blocks under DDP and their fallback on one GPU.

@@ -3,9 +3,11 @@ protocol over a pipe (--remote-debugging-pipe: JSON messages ended by a NUL byte
 nothing listens on a port and nothing beyond the standard library is needed."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import signal
 import shutil
 import subprocess
 import tempfile
@@ -35,6 +37,7 @@ class Browser:
                 [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
                  f"--user-data-dir={self._profile.name}", "about:blank"],
                 close_fds=False, preexec_fn=descriptors,  # (subprocess would close 3 and 4 after preexec_fn)
+                start_new_session=True,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except BaseException:
             self._profile.cleanup()
@@ -56,10 +59,17 @@ class Browser:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._process.kill()
+        with contextlib.suppress(ProcessLookupError):  # the browser and its helpers: its own process group
+            os.killpg(self._process.pid, signal.SIGKILL)
         self._process.wait()
         os.close(self._write)
         os.close(self._read)
+        for attempt in range(50):  # a helper killed a moment ago may still have been writing in the profile
+            try:
+                self._profile.cleanup()
+                return
+            except OSError:
+                time.sleep(0.1)
         self._profile.cleanup()
 
     def call(self, method: str, session: bool = False, **params) -> dict:
@@ -104,12 +114,25 @@ class Browser:
 
     def click(self, selector: str) -> None:
         """A real mouse click (press and release) at the middle of the first element the CSS selector finds."""
-        box = self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
-                            f"e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); "
-                            f"return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
+        box = self._middle(selector)
         for kind in ("mousePressed", "mouseReleased"):
             self.call("Input.dispatchMouseEvent", session=True, type=kind, x=box[0], y=box[1], button="left",
                       clickCount=1)
+
+    def point(self, selector: str) -> None:
+        """The mouse moved onto the middle of the first element the CSS selector finds (no button pressed)."""
+        box = self._middle(selector)
+        self.call("Input.dispatchMouseEvent", session=True, type="mouseMoved", x=box[0], y=box[1])
+
+    def _middle(self, selector: str) -> list[float]:
+        return self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
+                             f"e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); "
+                             f"return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
+
+    def choose(self, selector: str, value: str) -> None:
+        """Pick an option of a <select> as a person does from its list: the value changes and "change" fires."""
+        self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); e.focus(); "
+                      f"e.value = {json.dumps(value)}; e.dispatchEvent(new Event('change', {{bubbles: true}})); }})()")
 
     def type(self, text: str, into: str, replace: bool = False) -> None:
         """Focus the element (a click) and type text into it, character by character, as a keyboard would;

@@ -2,6 +2,7 @@
 real browser computes what PyTorch computes: the logits, every step of attention (against model/textbook.py), and the
 next character's probabilities (against model/generate.py), for every architecture option."""
 import base64
+import copy
 import html as html_text
 import json
 import math
@@ -387,10 +388,103 @@ def test_the_browser_keeps_its_pipe_when_the_system_hands_out_fds_3_and_4():
     assert done.returncode == 0 and done.stdout == "42\n", done.stderr[-2000:]
 
 
+def pytorch_matrices(model, x, layer: int, head: int, factor: float) -> dict:
+    """One head's matrices for the layer's attention input x (T, n_embd), computed here from the module's own parts:
+    Q, K, V (T x head_size), S = QKᵀ, S times factor, masked with -inf, A = softmax, A·V."""
+    attn, cfg, T = model.blocks[layer - 1].attn, model.config, x.size(0)
+    q, k, v = (t[0, :, head - 1] for t in attn.projections(x[None]))  # (T, head_size) each
+    if cfg.qk_norm:
+        q, k = F.rms_norm(q, (cfg.head_size,)), F.rms_norm(k, (cfg.head_size,))
+    if cfg.position == "rope":
+        q, k = (apply_rope(t, model.rope_cos[:T], model.rope_sin[:T]) for t in (q, k))
+    scores = q @ k.T
+    masked = (scores * factor).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    weights = F.softmax(masked, dim=-1)
+    return {"Q": q, "K": k, "V": v, "S": scores, "scaled": scores * factor, "masked": masked, "A": weights,
+            "AV": weights @ v}
+
+
+def factor_model(model, factor: float):
+    """The same weights with every q·k multiplied by factor instead of the model's own (the explicit path)."""
+    model.set_attention_path("explicit")
+    for block in model.blocks:
+        block.attn.scores = lambda q, k: (q @ k.transpose(-2, -1)) * factor
+    return model
+
+
+@needs_browser
+def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scale(run, tmp_path):
+    """The matrix view, driven by clicks: each step's drawn matrix (Q, K, V, S, S/√d, masked, A, A·V) equals PyTorch's
+    within 1e-5 (the mask's cells -inf and hatched, not white); pointing at a cell shows its number; clicking a row
+    explains that character. The what-if scale (x1, x10) gives PyTorch's logits with that factor; at the model's
+    own factor the page is the model again."""
+    from browser import Browser
+    layer, head = 2, 2
+    path, model, tokenizer = variant_checkpoint(run, "rope-qknorm-relu2-nobias-untied")
+    html = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
+    idx = torch.tensor([tokenizer.encode(TEXT)])
+    with torch.no_grad():
+        own_logits, seen = attention_inputs_and_outputs(model, idx)
+        expected = pytorch_matrices(model, seen[layer - 1][0], layer, head, 1 / math.sqrt(model.config.head_size))
+    drawn = ("Array.from(document.querySelectorAll('#matrix tr')).slice(1).map(tr => "
+             "Array.from(tr.querySelectorAll('td')).map(td => td.dataset.value))")  # "-Infinity" where masked
+    with Browser() as browser:
+        browser.open(html.as_uri() + f"#layer={layer}&view={head}")
+        for name in expected:
+            assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
+                f"Layer {layer}, head {head}: ")
+            got = [[float(value) for value in row] for row in browser.evaluate(drawn)]
+            assert len(got) == len(TEXT), name
+            torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), expected[name].double(), atol=1e-5,
+                                       rtol=0, msg=name)
+            if name == "masked":
+                hatched = browser.evaluate("Array.from(document.querySelectorAll('#matrix td.masked')).map(td => "
+                                           "getComputedStyle(td).backgroundImage).filter(b => b.includes("
+                                           "'repeating-linear-gradient')).length")
+                assert hatched == len(TEXT) * (len(TEXT) - 1) // 2
+                browser.point("#matrix tr:nth-child(3) td:nth-child(4)")  # query 2, key 3: the future
+                assert browser.evaluate("document.getElementById('matrix-readout').textContent") == \
+                    "masked[2][3] = \u2212\u221e"
+                browser.point("#matrix tr:nth-child(5) td:nth-child(3)")  # query 4, key 2
+                shown = browser.evaluate("document.getElementById('matrix-readout').textContent")
+                assert shown == f"masked[4][2] = {expected['masked'][3, 1].item():.4f}"
+            browser.click("#matrix-next")
+        browser.click("#matrix tr:nth-child(6) th")  # the row of character 5
+        assert browser.evaluate("document.getElementById('step-title').textContent").startswith(
+            "\u201cO\u201d (character 5)")
+        for choice, factor in (("1", 1.0), ("10", 10.0)):
+            browser.choose("#scale", choice)
+            assert not browser.evaluate("document.getElementById('what-if').hidden")
+            with torch.no_grad():
+                logits = factor_model(copy.deepcopy(model), factor)(idx)[0][0]
+            torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), logits.double(),
+                                       atol=1e-4, rtol=0)
+        browser.choose("#scale", "sqrt")
+        assert browser.evaluate("document.getElementById('what-if').hidden")
+        torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), own_logits.double(),
+                                   atol=1e-4, rtol=0)
+        assert browser.errors == []
+
+
 @needs_browser
 def test_an_address_that_names_what_the_page_lacks_is_ignored(page):
     html = dom(page, "#query=99&layer=9&view=x&hover=500")  # a character, layer and head the text and model lack
-    assert re.search(r'<span id="step-title">\u201ct\u201d \(character 27\), layer 1, head 1', html)
+    assert re.search(r'<span id="step-title">\u201cf\u201d \(character 14\), layer 1, head 1', html)  # the middle one
+
+
+@needs_browser
+def test_the_page_opens_on_a_middle_character_with_its_keys_and_values(page):
+    """With no character chosen, the page explains the middle one (not the last, whose mask keeps every key): it is
+    marked in the strip, the later ones are greyed as masked, and its 14 keys and values are listed."""
+    html = dom(page)
+    assert re.search(r'<span id="step-title">\u201cf\u201d \(character 14\), layer 1, head 1', html)
+    classes = re.findall(r'<span class="(ch[^"]*)" data-position="(\d+)"', html)
+    assert [position for kind, position in classes if "query" in kind] == ["14"]
+    assert [position for kind, position in classes if "future" in kind] == [str(n) for n in range(15, 28)]
+    listed = re.search(r"<details[^>]*><summary>14 keys and values</summary>(.*?)</details>", html, flags=re.S)
+    names = re.findall(r'<div class="vector"><span>([kv]\d+) = ', listed.group(1))
+    assert names == [f"{kind}{j}" for j in range(1, 15) for kind in "kv"]
 
 
 def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run, tmp_path, monkeypatch):

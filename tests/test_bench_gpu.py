@@ -58,8 +58,8 @@ def test_the_gpu_sitting_script_parses_and_refuses_what_it_cannot_run(tmp_path, 
     error, and a wrong part or a missing nanoGPT checkout stops it at once with one line and exit 2, before any run."""
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True).returncode == 0
     env = {k: v for k, v in os.environ.items() if k != "NANOGPT"}
-    for part, words in (("bogus", "the part is smoke, smoke2, smoke3, tests, speed, runs, recipe, tune, nanogpt or all, "
-                                  "not 'bogus'"),
+    for part, words in (("bogus", "the part is smoke, smoke2, smoke3, tests, speed, runs, recipe, tune, nanogpt or "
+                                  "all, not 'bogus'"),
                         ("nanogpt", "set NANOGPT to a checkout of karpathy/nanoGPT")):
         done = subprocess.run(["bash", str(SCRIPT), part, str(corpus), str(tmp_path / "logs")], capture_output=True,
                               text=True, env=env, timeout=60)

@@ -51,6 +51,32 @@ def test_attention_map_writes_a_png_of_the_expected_size(run_dir, tmp_path, scri
     assert bad.returncode == 2 and "layers 1 to 2" in bad.stderr
 
 
+def test_attention_map_labels_every_character_it_draws(run_dir, tmp_path, script, monkeypatch):
+    """A text of 32 characters (the debug model's block_size; more than the 20 labels an axis had held, so every
+    other one had gone unlabelled): each panel's axes carry a label at every position, the characters in order, and
+    no two labels overlap."""
+    import attention_map
+    from training.fonts import tick_labels
+
+    drawn = []
+    monkeypatch.setattr(attention_map, "save_figure", lambda figure, path, option: drawn.append(figure))
+    text = "ROMEO: but soft, what light thro"
+    result = script("attention_map.py", "--out_dir", str(run_dir), "--text", text, "--png", str(tmp_path / "a.png"))
+    assert result.returncode == 0 and len(text) == 32, result.stderr
+    heatmaps = [ax for ax in drawn[0].axes if ax.images]
+    assert len(heatmaps) == 2  # the debug model's two heads
+    expected = tick_labels(text)[0]
+    for ax in heatmaps:
+        for ticks, labels in ((ax.get_xticks(), ax.get_xticklabels()), (ax.get_yticks(), ax.get_yticklabels())):
+            assert list(ticks) == list(range(32)) and [t.get_text() for t in labels] == expected
+    drawn[0].canvas.draw()
+    for ax in heatmaps:  # drawn, no two labels overlap
+        across = [t.get_window_extent() for t in ax.get_xticklabels()]
+        down = [t.get_window_extent() for t in ax.get_yticklabels()]
+        assert all(a.x1 <= b.x0 for a, b in zip(across, across[1:]))
+        assert all(a.y0 >= b.y1 for a, b in zip(down, down[1:]))  # the first row at the top
+
+
 def test_plot_run_writes_a_png_comparing_runs(run_dir, tmp_path, script):
     import plot_run
 
@@ -86,7 +112,10 @@ def test_plot_run_reads_the_loss_tags_of_older_runs(run_dir, tmp_path):
 
 
 def test_walkthrough_prints_what_the_formula_gives(script):
+    """Each printed matrix equals the formula computed in numpy; tokens are counted from 1, as the attention page and
+    tutorials.py count them, and the text says so where it counts."""
     out = script("attention_walkthrough.py").stdout
+    assert "Tokens are counted from 1" in out and "tokens 1..t" in out and "0..t" not in out
     sections = dict(re.findall(r"^(\S[^\n]*):\n((?:  \[.*\]\n)+)", out, flags=re.M))
 
     def matrix(prefix):

@@ -1,5 +1,7 @@
-"""The tutorials' worked examples (scripts/tutorials.py) against the numbers the tutorials print, to 4 decimals."""
+"""The tutorials' worked examples (scripts/tutorials.py) against the numbers the tutorials print, to 4 decimals; what
+the script says about them, and its pictures (--png)."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,8 +145,8 @@ def test_the_script_prints_the_tutorials_numbers_and_refuses_an_unknown_one(scri
 
 
 def test_000_softmax_of_the_tutorials_a_and_of_a_times_10():
-    """Tutorial 000's scale demonstration on its own printed a: softmax(a) to the tutorial's 4 decimals, and softmax(10a)
-    to its printed figures (within 0.1%: a itself is printed to 4 decimals), the largest input taking 0.9920."""
+    """Tutorial 000's scale demonstration on its own printed a: softmax(a) to the tutorial's 4 decimals, and
+    softmax(10a) to its printed figures (within 0.1%: a itself is printed to 4 decimals), the largest taking 0.9920."""
     s = steps("000")
     assert_prints(s["softmax_a"], [0.0668, 0.2538, 0.0513, 0.0489, 0.4110, 0.0878, 0.0252, 0.0552])
     printed_by_the_tutorial = [1.2716e-08, 8.0136e-03, 9.1273e-10, 5.6675e-10, 9.9199e-01, 1.9629e-07, 7.5872e-13,
@@ -168,7 +170,7 @@ def test_003_the_softmax_jacobian_is_printed_whole_and_is_the_closed_form():
 def test_the_text_says_what_to_see_names_the_seed_where_a_tutorial_had_none_and_prints_integers(script):
     """Every printed value is followed by one sentence saying what to see in it; tutorials 000 and 002 (which drew
     random numbers without a seed) say so in one line naming the seed used and the figure that differs, the script's
-    own figure as it prints it; shapes and ids print as integers."""
+    own figure as it prints it; shapes and ids print as integers; the counting convention is said first."""
     done = script("tutorials.py")
     assert done.returncode == 0, done.stderr
     text = done.stdout
@@ -183,3 +185,70 @@ def test_the_text_says_what_to_see_names_the_seed_where_a_tutorial_had_none_and_
     assert "torch.manual_seed(0)" in notes[1] and f"{steps('002')['per_row'][0, 0, 0]:.4f}" != "0.4497"
     assert "  [  4   8  32 ]\n" in text and "4.0000" not in tutorials.show(steps("000")["no_values_shape"])
     assert "  [ 0  4  5  2  1  3 ]\n" in text  # the vocabulary's ids
+    assert text.startswith("Tokens, rows and columns are counted from 1 here, as on the attention page and in the "
+                           "walkthrough")  # one convention, said where it is used
+
+
+DRAWN = {"000": ["averaging", "softmax_average", "kq_weights"],
+         "001": ["alpha_2", "cross_weights", "renormalised", "causal"],
+         "002": ["sequence_mask", "per_row", "per_query", "left", "additive_weights"],
+         "003": ["jacobian_1", "jacobian_10", "jacobian_100"],
+         "004": ["weights_1", "scaled_weights_1"]}
+
+
+def test_png_draws_one_picture_per_printed_attention_matrix_and_leaves_the_text_as_it_was(script, tmp_path):
+    """--png DIR writes one valid PNG of a readable size per printed attention matrix (every tutorial's, 002's padded
+    masks, 001's cross-attention and 003's Jacobians included) and names each under its matrix; the text is byte for
+    byte the text without --png once those lines are taken out."""
+    from PIL import Image
+
+    plain = script("tutorials.py")
+    drawn = script("tutorials.py", "--png", str(tmp_path / "pictures"))
+    assert plain.returncode == drawn.returncode == 0, drawn.stderr
+    expected = sorted(f"{number}-{name}.png" for number, names in DRAWN.items() for name in names)
+    assert sorted(p.name for p in (tmp_path / "pictures").iterdir()) == expected
+    named = [line for line in drawn.stdout.splitlines() if line.startswith("  picture: ")]
+    assert sorted(Path(line.split(": ", 1)[1]).name for line in named) == expected
+    assert "".join(line + "\n" for line in drawn.stdout.splitlines() if not line.startswith("  picture: ")) \
+        == plain.stdout
+    for name in expected:
+        with Image.open(tmp_path / "pictures" / name) as image:
+            assert image.format == "PNG" and 500 <= image.width <= 1600 and 250 <= image.height <= 1200, name
+            image.verify()
+    for number, names in DRAWN.items():  # the steps with a picture are exactly those drawn
+        assert [step.name for step in tutorials.TUTORIALS[number][1]() if step.picture] == names
+
+
+def test_a_picture_hatches_exactly_the_masked_cells_in_no_colour_of_the_weights_and_labels_every_row(tmp_path):
+    """The causal mask is drawn as masked (one hatched grey patch per future cell: 28 of 64 in 000's 8 x 8), its grey
+    far from every colour of the weights' scale (a weight of 0 included); 002's padding the same way; every row and
+    column carries its label (words for 001)."""
+    import matplotlib
+
+    from training.pictures import plt
+
+    by_name = {f"{number}-{step.name}": step for number, (_, make) in tutorials.TUTORIALS.items() for step in make()}
+    grey = np.array(matplotlib.colors.to_rgb(tutorials.MASKED_FILL))
+    scale = matplotlib.colormaps["viridis"](np.linspace(0, 1, 256))[:, :3]
+    assert np.abs(scale - grey).sum(1).min() > 0.3  # not a weight's colour, 0 included
+    for name, hatched in (("000-kq_weights", 28), ("001-causal", 15), ("002-per_row", 2 * 2 + 2 * 1),
+                          ("002-additive_weights", 8 + 4), ("001-cross_weights", 0)):
+        fig = tutorials.figure_of(by_name[name])
+        patches = [p for ax in fig.axes for p in ax.patches if p.get_hatch() == "///"]
+        assert len(patches) == hatched, name
+        heatmaps = [ax for ax in fig.axes if ax.images and ax.get_xticklabels()]
+        picture = by_name[name].picture
+        for ax in heatmaps:
+            assert [t.get_text() for t in ax.get_yticklabels()] == picture.rows
+            assert [t.get_text() for t in ax.get_xticklabels()] == picture.columns
+        plt.close(fig)
+    assert by_name["001-cross_weights"].picture.rows == ["Life", "is", "short", "eat", "dessert", "first"]
+
+
+def test_png_into_a_file_is_one_line(script, tmp_path):
+    """--png naming a file (not a folder) is refused in one line, before anything is printed, and the file is kept."""
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine", encoding="utf-8")
+    done = script("tutorials.py", "000", "--png", str(taken))
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1 and "is a file" in done.stderr
+    assert taken.read_text(encoding="utf-8") == "mine"

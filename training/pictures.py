@@ -42,18 +42,21 @@ def grid_of(n_heads: int) -> tuple[int, int]:
     return math.ceil(n_heads / cols), cols
 
 
-def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[int] | None = None):
-    """weights (n_head, T, T) of one layer -> a figure with one heatmap per head, characters on both axes."""
+def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[int] | None = None,
+                     every_label: bool = False):
+    """weights (n_head, T, T) of one layer -> a figure with one heatmap per head, characters on both axes (every
+    character with every_label, the panels then grown to 0.16 inch per character; else at most 20 per axis)."""
     heads = list(range(weights.size(0))) if heads is None else heads
     rows, cols = grid_of(len(heads))
-    width, height = cols * PANEL_INCHES + 0.8, rows * PANEL_INCHES
+    panel = max(PANEL_INCHES, 0.16 * len(text)) if every_label else PANEL_INCHES
+    width, height = cols * panel + 0.8, rows * panel
     fig, axes = plt.subplots(rows, cols, figsize=(width, height), dpi=DPI, squeeze=False)
     # Fixed margins in inches (room for tick labels, axis labels, titles and the colour bar on the right): faster
     # than matplotlib's constrained layout, which draws the same picture.
     fig.subplots_adjust(left=0.45 / width, right=1 - 1.05 / width, bottom=0.5 / height, top=1 - 0.3 / height,
                         wspace=0.2, hspace=0.25)
     labels, families, _ = tick_labels(text)  # characters no font draws: their code points
-    step = math.ceil(len(labels) / 20)  # at most 20 tick labels per axis, so they never overlap
+    step = 1 if every_label else math.ceil(len(labels) / 20)  # at most 20 tick labels per axis: they never overlap
     image = None
     for ax in axes.flat[len(heads):]:
         ax.axis("off")

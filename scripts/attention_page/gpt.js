@@ -1,35 +1,54 @@
-// The model of model/gpt.py and model/attention.py in plain JavaScript: the same forward pass, one position and one
-// head at a time, keeping every intermediate value the page shows. Vectors are Float64Arrays; a weight matrix is a
-// Float32Array of out x in numbers, row after row, exactly as torch stores an nn.Linear's weight.
+// The model of model/ in plain JavaScript: the same forward pass, keeping every intermediate value the page shows.
+// Read it beside the Python; each function here is named for its counterpart and nested as it is:
+//
+//   forward(model, ids, options)         GPT.forward                    model/gpt.py
+//     embedding(model, ids)                wte(idx) + wpe(positions)      model/gpt.py
+//     block(config, weights, x, rope)      Block.forward                  model/gpt.py
+//       layerNorm(x, norm)                   nn.LayerNorm (ln_1, ln_2, ln_f)
+//       attention(config, attn, x, ...)      CausalSelfAttention.forward    model/attention.py
+//         projections(config, attn, x)         CausalSelfAttention.projections
+//         rmsNorm(x)                           F.rms_norm (qk_norm)
+//         applyRope(x, cos, sin)               apply_rope                     model/rope.py
+//         dotProductScores(q, k)               dot_product_scores (unscaled)  model/scoring.py
+//         additiveScores(q, k, w)              additive_scores                model/scoring.py
+//         causalMask(scores)                   attention_mask + masked_fill   model/attention.py
+//         softmax(row)                         F.softmax
+//       mlp(config, weights, x)              MLP.forward                    model/gpt.py
+//         ACTIVATIONS.gelu / .relu2            nn.GELU / ReLUSquared
+//     head(weights, x)                     ln_f, then lm_head             model/gpt.py
+//   linear(xs, layer)                     nn.Linear: the one matrix product
+//   ropeTables(blockSize, headSize)       rope_tables                    model/rope.py
+//   loadModel(data)                       GPT(config).load_state_dict    training/checkpoint.py
+//
+// Vectors are Float64Arrays, one per position; a Linear's weight is a Float32Array of out x in numbers, row after
+// row, as torch stores it. The weights keep the state dict's names and nesting: blocks[0].attn.c_attn.weight is
+// "blocks.0.attn.c_attn.weight".
 "use strict";
 
 // ---------------------------------------------------------------------------------------------
-// The pieces: a Linear layer, the norms, the nonlinearities, rotary positions.
+// The pieces: a Linear layer, the norms, the nonlinearities, rotary positions, softmax.
 // ---------------------------------------------------------------------------------------------
-function linear(xs, weight, bias, nOut) {
-  // y = W x + b for every position's vector x of xs, as nn.Linear computes it: y[o] = b[o] + sum over i of
-  // W[o][i] x[i]. Four positions at a time, so that each weight read from memory serves four of them (the forward
-  // pass spends most of its time here).
-  const nIn = xs[0].length, ys = xs.map(() => new Float64Array(nOut));
-  for (let t = 0; t < xs.length; t += 4) {
-    const x0 = xs[t], x1 = xs[t + 1] || x0, x2 = xs[t + 2] || x0, x3 = xs[t + 3] || x0;
+function linear(xs, { weight, bias }) {
+  // nn.Linear for every position's vector x of xs: y[o] = b[o] + W[o] · x. The forward pass spends most of its time
+  // here, so positions go in pairs: each weight read from memory serves two positions (half the reads, and two
+  // independent sums the processor can add at once); an odd last position pairs with itself.
+  const nIn = xs[0].length, nOut = weight.length / nIn, ys = xs.map(() => new Float64Array(nOut));
+  for (let t = 0; t < xs.length; t += 2) {
+    const x = xs[t], xNext = xs[t + 1] ?? x, y = ys[t], yNext = ys[t + 1] ?? y;
     for (let o = 0; o < nOut; o++) {
-      const row = o * nIn;
-      let s0 = bias ? bias[o] : 0, s1 = s0, s2 = s0, s3 = s0;
-      for (let i = 0; i < nIn; i++) {
-        const w = weight[row + i];
-        s0 += w * x0[i]; s1 += w * x1[i]; s2 += w * x2[i]; s3 += w * x3[i];
+      let sum = bias ? bias[o] : 0, sumNext = sum;
+      for (let i = 0, at = o * nIn; i < nIn; i++, at++) {
+        sum += weight[at] * x[i];
+        sumNext += weight[at] * xNext[i];
       }
-      ys[t][o] = s0;
-      if (t + 1 < xs.length) ys[t + 1][o] = s1;
-      if (t + 2 < xs.length) ys[t + 2][o] = s2;
-      if (t + 3 < xs.length) ys[t + 3][o] = s3;
+      yNext[o] = sumNext;
+      y[o] = sum;  // last: for an odd last position y and yNext are the same row
     }
   }
   return ys;
 }
 
-function layerNorm(x, weight, bias) {  // nn.LayerNorm: subtract the mean, divide by the standard deviation
+function layerNorm(x, { weight, bias }) {  // nn.LayerNorm: subtract the mean, divide by the standard deviation
   const n = x.length;
   let mean = 0, variance = 0;
   for (let i = 0; i < n; i++) mean += x[i];
@@ -57,7 +76,7 @@ function erf(x) {  // Abramowitz and Stegun 7.1.26: within 1.5e-7 of the error f
 
 const ACTIVATIONS = {
   gelu: x => 0.5 * x * (1 + erf(x / Math.SQRT2)),  // nn.GELU(): x times the normal distribution's P(X <= x)
-  relu2: x => (x > 0 ? x * x : 0),  // relu(x) squared
+  relu2: x => (x > 0 ? x * x : 0),  // ReLUSquared: relu(x) squared
 };
 
 // Rotary tables as model/rope.py builds them, in float32 as torch does (Math.fround), so the angles are the same.
@@ -75,7 +94,7 @@ function ropeTables(blockSize, headSize) {
     cos.push(c);
     sin.push(s);
   }
-  return { cos, sin };
+  return { cos, sin, frequencies };
 }
 
 function applyRope(x, cos, sin) {  // turn each pair (x[i], x[i + half]) by its position's angle
@@ -94,127 +113,160 @@ function dot(a, b) {
 }
 
 function softmax(scores) {  // exp(s - max) / sum: subtracting the largest score changes nothing and cannot overflow
-  const finite = scores.filter(Number.isFinite), top = Math.max(...finite);
-  const e = scores.map(s => (Number.isFinite(s) ? Math.exp(s - top) : 0));
-  const total = e.reduce((a, b) => a + b, 0);
+  let top = -Infinity, total = 0;
+  for (const s of scores) if (s > top) top = s;
+  const e = scores.map(s => (s === -Infinity ? 0 : Math.exp(s - top)));  // a masked score: weight 0
+  for (const value of e) total += value;
   return e.map(value => value / total);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention, one head at a time (the textbook form of model/textbook.py, with the forms of model/attention.py).
+// Attention (model/attention.py and model/scoring.py), one head at a time, whole T x T matrices.
 // ---------------------------------------------------------------------------------------------
-function attention(config, layer, x, rope) {
-  // x: one vector per position, the block's normalised input. Returns the layer's output for each position and
-  // everything on the way: each head's q, k, v, scores and weights, and its weighted sums.
-  const { n_head: nHead, n_embd: nEmbd, attention_score: form } = config, headSize = nEmbd / nHead;
-  const T = x.length, made = layer.c_attn ? linear(x, layer.c_attn.weight, layer.c_attn.bias, layer.c_attn.rows)
-    : x.map(() => new Float64Array(0));
-  // c_attn makes q, k, v side by side (k missing when shared_qk, q and k missing for the uniform form)
-  const learnedQK = form === "uniform" ? 0 : config.shared_qk ? 1 : 2;
-  const part = (row, index, head) => row.subarray(index * nEmbd + head * headSize, index * nEmbd + (head + 1) * headSize);
-  const heads = [];
+function dotProductScores(q, k) {  // S = Q Kᵀ: S[i][j] = q_i · k_j, for every query i and key j
+  return q.map(qi => k.map(kj => dot(qi, kj)));
+}
+
+function additiveScores(q, k, w) {  // S[i][j] = w · tanh(q_i + k_j)
+  return q.map(qi => k.map(kj => {
+    let sum = 0;
+    for (let d = 0; d < w.length; d++) sum += w[d] * Math.tanh(qi[d] + kj[d]);
+    return sum;
+  }));
+}
+
+function causalMask(scores) {  // the tril: a query at i may look at keys 0..i; later keys get -inf (weight 0)
+  return scores.map((row, i) => row.map((s, j) => (j <= i ? s : -Infinity)));
+}
+
+function ownScoreFactor(config) {  // what the model multiplies q·k by before the softmax: 1/√d, or 1
+  return config.attention_score === "scaled_dot" ? 1 / Math.sqrt(config.head_size) : 1;
+}
+
+function projections(config, attn, x) {
+  // x (T vectors of n_embd) -> q, k, v, each a list over heads of T vectors of head_size, as the form makes them:
+  // c_attn makes q, k, v side by side (k missing when shared_qk, q and k missing for the uniform form).
+  const { n_head: nHead, n_embd: nEmbd, head_size: headSize } = config;
+  const made = attn.c_attn ? linear(x, attn.c_attn) : [];
+  const learnedQK = config.attention_score === "uniform" ? 0 : config.shared_qk ? 1 : 2;
+  const part = (index, h) => made.map(row => row.subarray(index * nEmbd + h * headSize,
+                                                          index * nEmbd + (h + 1) * headSize));
+  const heads = Array.from({ length: nHead }, (_, h) => h);
+  const v = heads.map(h => (config.attention_values ? part(learnedQK, h) :  // without values: the head's slice of x
+    x.map(row => row.subarray(h * headSize, (h + 1) * headSize))));
+  const q = heads.map(h => (learnedQK ? part(0, h) : x.map(() => new Float64Array(headSize))));
+  const k = heads.map((h, at) => (learnedQK === 2 ? part(1, h) : q[at]));
+  return { q, k, v };
+}
+
+function attention(config, attn, x, rope, scoreFactor) {
+  // CausalSelfAttention.forward for x, the block's normalised input (T vectors). Returns the output for each position
+  // and everything on the way, per head: q and k as projected and as scored (after QK-norm and rotary turns), v,
+  // the raw scores S (T x T, before the mask), the scaled and masked scores, the weights A and the output A·V.
+  // scoreFactor: what q·k is multiplied by (the model's own: ownScoreFactor); the additive form has none.
+  const { n_head: nHead, head_size: headSize, attention_score: form } = config, T = x.length;
+  const made = projections(config, attn, x), heads = [];
   for (let h = 0; h < nHead; h++) {
-    const v = made.map((row, t) => (config.attention_values ? part(row, learnedQK, h) :
-      x[t].subarray(h * headSize, (h + 1) * headSize)));  // without values: the head's own slice of x
-    let q = made.map(row => (learnedQK ? part(row, 0, h) : new Float64Array(headSize)));
-    let k = made.map((row, t) => (learnedQK === 2 ? part(row, 1, h) : q[t]));
-    const projected = { q, k };
+    let q = made.q[h], k = made.k[h];
+    const v = made.v[h], projected = { q, k };
     if (config.qk_norm) { q = q.map(rmsNorm); k = k.map(rmsNorm); }
-    if (rope) { q = q.map((row, t) => applyRope(row, rope.cos[t], rope.sin[t]));
-                k = k.map((row, t) => applyRope(row, rope.cos[t], rope.sin[t])); }
-    const scale = form === "dot" ? 1 : 1 / Math.sqrt(headSize);
-    const raw = [], scores = [], weights = [], out = [];
-    for (let i = 0; i < T; i++) {  // the query at position i and the keys at 0..i (the tril: no later key)
-      const rawRow = [], row = [];
-      for (let j = 0; j <= i; j++) {
-        if (form === "additive") {  // w · tanh(q_i + k_j)
-          let sum = 0;
-          for (let d = 0; d < headSize; d++) sum += layer.w_score[h * headSize + d] * Math.tanh(q[i][d] + k[j][d]);
-          rawRow.push(sum);
-          row.push(sum);
-        } else {
-          const s = dot(q[i], k[j]);  // q·k (0 for the uniform form: every key weighs the same)
-          rawRow.push(s);
-          row.push(s * scale);  // scaled BEFORE the softmax
-        }
-      }
-      const w = softmax(row);
-      const y = new Float64Array(headSize);  // the weighted sum of the values
-      for (let j = 0; j <= i; j++) for (let d = 0; d < headSize; d++) y[d] += w[j] * v[j][d];
-      raw.push(rawRow); scores.push(row); weights.push(w); out.push(y);
+    if (rope) {
+      q = q.map((row, t) => applyRope(row, rope.cos[t], rope.sin[t]));
+      k = k.map((row, t) => applyRope(row, rope.cos[t], rope.sin[t]));
     }
+    const raw = form === "additive" ? additiveScores(q, k, attn.w_score.subarray(h * headSize, (h + 1) * headSize))
+      : dotProductScores(q, k);  // (0 for the uniform form: every key weighs the same)
+    const factor = form === "additive" ? 1 : scoreFactor;
+    const scores = causalMask(raw.map(row => row.map(s => s * factor)));  // scaled BEFORE the softmax
+    const weights = scores.map(softmax);
+    const out = weights.map(row => {  // A·V: each query's weighted sum of the values
+      const y = new Float64Array(headSize);
+      for (let j = 0; j < T; j++) if (row[j]) for (let d = 0; d < headSize; d++) y[d] += row[j] * v[j][d];
+      return y;
+    });
     heads.push({ projected, q, k, v, raw, scores, weights, out });
   }
   const joined = x.map((_, t) => {  // the heads' outputs side by side: n_embd numbers again
-    const row = new Float64Array(nEmbd);
-    heads.forEach((head, h) => row.set(head.out[t], h * headSize));
+    const row = new Float64Array(config.n_embd);
+    heads.forEach((one, h) => row.set(one.out[t], h * headSize));
     return row;
   });
-  const output = linear(joined, layer.c_proj.weight, layer.c_proj.bias, nEmbd);
-  return { heads, joined, output };
+  return { heads, joined, output: linear(joined, attn.c_proj) };
 }
 
 // ---------------------------------------------------------------------------------------------
-// The model: embeddings, the blocks, the final norm and the head.
+// The block, the feed-forward network, the model.
 // ---------------------------------------------------------------------------------------------
-function forward(model, ids) {
-  // ids: the text's character ids (at most block_size). Returns each position's logits over the vocabulary and,
-  // for each layer, its attention's values (attention() above) and its input.
-  const { config, weights } = model, nEmbd = config.n_embd;
-  let x = ids.map((id, t) => {
-    const row = Float64Array.from(weights.wte.subarray(id * nEmbd, (id + 1) * nEmbd));
-    if (config.position === "learned") for (let d = 0; d < nEmbd; d++) row[d] += weights.wpe[t * nEmbd + d];
-    return row;
-  });
-  const rope = config.position === "rope" ? model.rope : null;
-  const layers = [];
-  for (const layer of weights.blocks) {
-    if (!config.residual) {  // the ladder's rung without residual connections: each part replaces its input
-      const seen = attention(config, layer, x, rope);
-      layers.push({ input: x, ...seen });
-      x = layer.mlp ? mlp(config, layer.mlp, seen.output) : seen.output;
-      continue;
-    }
-    const input = x.map(row => layerNorm(row, layer.ln_1.weight, layer.ln_1.bias));
-    const seen = attention(config, layer, input, rope);
-    layers.push({ input, ...seen });
-    x = x.map((row, t) => row.map((value, d) => value + seen.output[t][d]));  // x + attention(norm(x))
-    if (layer.mlp) {  // x + mlp(norm(x))
-      const change = mlp(config, layer.mlp, x.map(row => layerNorm(row, layer.ln_2.weight, layer.ln_2.bias)));
-      x = x.map((row, t) => row.map((value, d) => value + change[t][d]));
-    }
-  }
-  const head = weights.lm_head || weights.wte;  // tied: the token embedding is the output head
-  const logits = linear(x.map(row => layerNorm(row, weights.ln_f.weight, weights.ln_f.bias)), head, null,
-    config.vocab_size);
-  return { logits, layers };
-}
-
-function mlp(config, weights, xs) {  // Linear -> GELU (or ReLU²) -> Linear, four times wider inside; each position
+function mlp(config, weights, xs) {  // MLP.forward: Linear -> GELU (or ReLU²) -> Linear, four times wider inside
   const activation = ACTIVATIONS[config.activation];
-  const hidden = linear(xs, weights.c_fc.weight, weights.c_fc.bias, 4 * config.n_embd).map(row => row.map(activation));
-  return linear(hidden, weights.c_proj.weight, weights.c_proj.bias, config.n_embd);
+  return linear(linear(xs, weights.c_fc).map(row => row.map(activation)), weights.c_proj);
+}
+
+function add(xs, changes) {  // the residual connection: x + change, position by position
+  return xs.map((row, t) => {
+    const sum = Float64Array.from(row), change = changes[t];
+    for (let d = 0; d < sum.length; d++) sum[d] += change[d];
+    return sum;
+  });
+}
+
+function block(config, weights, x, rope, scoreFactor) {
+  // Block.forward: x + attention(ln_1(x)), then x + mlp(ln_2(x)); without residual connections (the ladder's
+  // rung), x = attention(x), then x = mlp(x). Returns the block's output and its attention's values with its input.
+  if (!config.residual) {
+    const seen = { input: x, ...attention(config, weights.attn, x, rope, scoreFactor) };
+    return { x: weights.mlp ? mlp(config, weights.mlp, seen.output) : seen.output, seen };
+  }
+  const input = x.map(row => layerNorm(row, weights.ln_1));
+  const seen = { input, ...attention(config, weights.attn, input, rope, scoreFactor) };
+  x = add(x, seen.output);
+  if (weights.mlp) x = add(x, mlp(config, weights.mlp, x.map(row => layerNorm(row, weights.ln_2))));
+  return { x, seen };
+}
+
+function embedding(model, ids) {  // wte(idx), plus wpe(positions) for learned positions
+  const { config, weights } = model, nEmbd = config.n_embd;
+  return ids.map((id, t) => {
+    const row = Float64Array.from(weights.wte.weight.subarray(id * nEmbd, (id + 1) * nEmbd));
+    if (weights.wpe) for (let d = 0; d < nEmbd; d++) row[d] += weights.wpe.weight[t * nEmbd + d];
+    return row;
+  });
+}
+
+function head(weights, x) {  // ln_f, then lm_head (tied: the token embedding is the output head)
+  return linear(x.map(row => layerNorm(row, weights.ln_f)), weights.lm_head || weights.wte);
+}
+
+function forward(model, ids, options = {}) {
+  // GPT.forward for ids (at most block_size). Returns each position's logits over the vocabulary and, for each
+  // layer, its attention's values and input. options.scoreFactor: a what-if factor on every q·k (the page's scale
+  // control); left out, the model's own.
+  const { config, weights, rope } = model;
+  const scoreFactor = options.scoreFactor ?? ownScoreFactor(config);
+  let x = embedding(model, ids);
+  const layers = [];
+  for (const weightsOfBlock of weights.blocks) {
+    const done = block(config, weightsOfBlock, x, rope, scoreFactor);
+    x = done.x;
+    layers.push(done.seen);
+  }
+  return { logits: head(weights, x), layers };
 }
 
 // ---------------------------------------------------------------------------------------------
-// The weights: one block of float32 numbers, cut into the tensors the state dict names.
+// The weights: one block of float32 numbers, cut into the state dict's tensors and nested by their names.
 // ---------------------------------------------------------------------------------------------
 function loadModel(data) {
   const bytes = Uint8Array.from(atob(data.weights), c => c.charCodeAt(0));
-  const all = new Float32Array(bytes.buffer);
-  const tensor = name => (name in data.tensors ? all.subarray(...data.tensors[name]) : null);
-  const config = data.config, linearOf = name => (tensor(name + ".weight") ? {
-    weight: tensor(name + ".weight"), bias: tensor(name + ".bias"),
-    rows: tensor(name + ".weight").length / config.n_embd } : null);
-  const norm = name => ({ weight: tensor(name + ".weight"), bias: tensor(name + ".bias") });
-  const blocks = Array.from({ length: config.n_layer }, (_, l) => {
-    const at = "blocks." + l + ".";
-    return { ln_1: norm(at + "ln_1"), ln_2: norm(at + "ln_2"), c_attn: linearOf(at + "attn.c_attn"),
-             c_proj: linearOf(at + "attn.c_proj"), w_score: tensor(at + "attn.w_score"),
-             mlp: config.mlp ? { c_fc: linearOf(at + "mlp.c_fc"), c_proj: linearOf(at + "mlp.c_proj") } : null };
-  });
-  const weights = { wte: tensor("wte.weight"), wpe: tensor("wpe.weight"), lm_head: tensor("lm_head.weight"),
-                    ln_f: norm("ln_f"), blocks };
-  const rope = config.position === "rope" ? ropeTables(config.block_size, config.n_embd / config.n_head) : null;
+  const all = new Float32Array(bytes.buffer), weights = { blocks: [] };
+  for (const [name, [start, end]] of Object.entries(data.tensors)) {  // "blocks.0.attn.c_attn.weight" ->
+    const path = name.split(".");                                     // weights.blocks[0].attn.c_attn.weight
+    let at = weights;
+    for (const part of path.slice(0, -1)) at = at[part] ?? (at[part] = {});
+    at[path[path.length - 1]] = all.subarray(start, end);
+  }
+  weights.blocks = Array.from({ length: data.config.n_layer }, (_, l) => weights.blocks[l]);
+  const config = { ...data.config, head_size: data.config.n_embd / data.config.n_head };  // ModelConfig.head_size
+  const rope = config.position === "rope" ? ropeTables(config.block_size, config.head_size) : null;
   return { config, weights, rope };
 }

@@ -4,7 +4,7 @@
 
 const data = JSON.parse(document.getElementById("data").textContent);
 const model = loadModel(data);
-const config = model.config, nLayers = config.n_layer, nHeads = config.n_head, headSize = config.n_embd / nHeads;
+const config = model.config, nLayers = config.n_layer, nHeads = config.n_head, headSize = config.head_size;
 const vocab = data.vocab.map(code => String.fromCodePoint(code)), idOf = new Map(vocab.map((ch, i) => [ch, i]));
 const MAX_APPEND = config.block_size, MAX_BENCH = 1000;  // what the address may ask for: a window, 1000 passes
 const headColors = ["214,39,40", "31,119,180", "44,160,44", "148,103,189", "255,127,14", "23,190,207",
@@ -52,12 +52,14 @@ function readText() {
   $("input-note").textContent = notes.join("; ");
   $("input-note").classList.toggle("warn", unknown.length > 0 || cut > 0);
   state.text = known;
-  state.result = known.length ? forward(model, known.map(ch => idOf.get(ch))) : null;
+  state.result = known.length ? forward(model, known.map(ch => idOf.get(ch)), { scoreFactor: scoreFactor() }) : null;
   if (state.pinned !== null && state.pinned >= known.length) state.pinned = null;
 }
 
-function query() {  // the chosen character: the one pointed at, else the one clicked, else the last
-  return state.hovered ?? state.pinned ?? (state.text.length ? state.text.length - 1 : null);
+function query() {
+  // The chosen character: the one pointed at, else the one clicked, else the middle one (the last one's mask keeps
+  // every key, so it shows nothing of the mask).
+  return state.hovered ?? state.pinned ?? (state.text.length ? Math.floor((state.text.length - 1) / 2) : null);
 }
 function layer() { return Number($("layer").value); }
 function viewedHead() { return $("view").value === "all" ? null : Number($("view").value); }
@@ -111,7 +113,7 @@ function renderStrip() {
   const heads = head === null ? [...Array(nHeads).keys()] : [head];
   $("readout").textContent = q === null ? "" : quoted(state.text[q]) + " (character " + (q + 1) + "), layer " +
     (l + 1) + ": " + heads.map(h => {
-      const top = state.result.layers[l].heads[h].weights[q].map((w, key) => [w, key])
+      const top = state.result.layers[l].heads[h].weights[q].slice(0, q + 1).map((w, key) => [w, key])
         .sort((a, b) => b[0] - a[0]).slice(0, 3);
       return "head " + (h + 1) + " looks most at " +
         top.map(([w, key]) => quoted(state.text[key]) + " " + w.toFixed(2)).join(", ");
@@ -119,7 +121,100 @@ function renderStrip() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 3: one character's attention in one head, step by step.
+// The what-if scale: the factor on every q·k, the model's own unless the reader picks another.
+// ---------------------------------------------------------------------------------------------
+const FACTORS = { sqrt: ["\u00f7\u221a" + headSize, 1 / Math.sqrt(headSize)], 1: ["\u00d71, no scale", 1],
+                  10: ["\u00d710", 10] };
+const OWN_FACTOR = config.attention_score === "scaled_dot" ? "sqrt" : "1";
+const SCALABLE = config.attention_score === "scaled_dot" || config.attention_score === "dot";
+
+function scoreFactor() { return FACTORS[$("scale").value || OWN_FACTOR][1]; }
+function factorName() { return FACTORS[$("scale").value || OWN_FACTOR][0]; }
+function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
+
+// ---------------------------------------------------------------------------------------------
+// Section 3: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
+// ---------------------------------------------------------------------------------------------
+function matrices(l, h) {  // each step's name, formula and T x d or T x T values (-Infinity where masked)
+  const head = state.result.layers[l].heads[h], scaled = config.attention_score !== "additive";
+  const list = [];
+  if (config.attention_score !== "uniform") {
+    list.push({ name: "Q", formula: "Q: one query per character (row), " + headSize + " numbers each" +
+                (config.qk_norm || config.position === "rope" ? ", after QK-norm and rotary turns" : ""),
+                values: head.q, columns: "dims" });
+    list.push({ name: "K", formula: "K: one key per character", values: head.k, columns: "dims" });
+  }
+  list.push({ name: "V", formula: "V: one value per character", values: head.v, columns: "dims" });
+  list.push({ name: "S", formula: config.attention_score === "additive" ? "S = w\u00b7tanh(q\u1d62 + k\u2c7c) for " +
+              "every pair (additive scores)" : "S = Q K\u1d40: S\u1d62\u2c7c = q\u1d62\u00b7k\u2c7c, every query " +
+              "with every key, the future too", values: head.raw, columns: "text" });
+  if (scaled && config.attention_score !== "uniform") {
+    list.push({ name: "scaled", formula: "S " + factorName() + (whatIf() ? " (what-if)" : "") +
+                ": the scores the softmax will see", values: head.raw.map(row => row.map(s => s * scoreFactor())),
+                columns: "text" });
+  }
+  list.push({ name: "masked", formula: "the causal mask: every key after the query set to \u2212\u221e (drawn " +
+              "hatched), so the softmax gives it weight 0", values: head.scores, columns: "text" });
+  list.push({ name: "A", formula: "A = softmax of each row: the attention weights, each row sums to 1",
+              values: head.weights, columns: "text" });
+  list.push({ name: "AV", formula: "A\u00b7V: each character's weighted sum of the values, the head's output",
+              values: head.out, columns: "dims" });
+  return list;
+}
+
+function cellColor(value, largest, weights) {  // weights: white to blue; others: blue (negative) to red (positive)
+  if (weights) return "rgba(31,119,180," + Math.sqrt(value).toFixed(3) + ")";
+  const strength = largest ? Math.min(1, Math.abs(value) / largest) : 0;
+  return (value < 0 ? "rgba(31,119,180," : "rgba(214,39,40,") + strength.toFixed(3) + ")";
+}
+
+function renderMatrix() {
+  const table = $("matrix"), l = layer(), h = viewedHead() ?? 0, list = matrices(l, h);
+  const select = $("matrix-step");
+  if (select.options.length !== list.length) {
+    select.replaceChildren(...list.map((m, i) => new Option((i + 1) + ". " + m.name, String(i))));
+  }
+  const at = Math.min(Number(select.value) || 0, list.length - 1), shownMatrix = list[at];
+  select.value = String(at);
+  $("matrix-formula").textContent = "Layer " + (l + 1) + ", head " + (h + 1) + ": " + shownMatrix.formula;
+  const values = shownMatrix.values, weights = shownMatrix.name === "A", q = query();
+  let largest = 0;
+  for (const row of values) for (const value of row) if (Number.isFinite(value)) largest = Math.max(largest, Math.abs(value));
+  table.replaceChildren();
+  const top = table.insertRow();
+  top.appendChild(element("th"));
+  const width = values[0].length;
+  for (let j = 0; j < width; j++) {
+    top.appendChild(element("th", shownMatrix.columns === "text" ? key(state.text[j]) : String(j + 1)));
+  }
+  values.forEach((row, i) => {
+    const tr = table.insertRow();
+    tr.className = i === q ? "chosen" : "";
+    const label = tr.appendChild(element("th", key(state.text[i]) + " " + (i + 1)));
+    label.title = "character " + (i + 1) + ": click to explain it step by step";
+    Array.from(row).forEach((value, j) => {
+      const cell = tr.insertCell();
+      cell.dataset.value = String(value);
+      if (value === -Infinity) { cell.className = "masked"; } else {
+        cell.style.backgroundColor = cellColor(value, largest, weights);
+      }
+      cell.title = shownMatrix.name + "[" + (i + 1) + "][" + (j + 1) + "] = " + fixed(value);
+    });
+    tr.addEventListener("click", () => {
+      state.pinned = i;
+      render();
+      $("steps-section").scrollIntoView();
+    });
+  });
+}
+
+function pointAtMatrix(event) {  // the number of the cell pointed at, in a line below the matrix
+  const cell = event.target.closest("td");
+  if (cell) $("matrix-readout").textContent = cell.title;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Section 4: one character's attention in one head, step by step.
 // ---------------------------------------------------------------------------------------------
 const SHOWN_VALUES = 8;  // a vector shows its first few numbers until asked for all of them
 
@@ -149,9 +244,32 @@ function stepValues() {  // the numbers section 3 shows, also what #numbers repo
   const q = query(), l = layer(), h = viewedHead() ?? 0, seen = state.result.layers[l], head = seen.heads[h];
   return { layer: l + 1, head: h + 1, query: q + 1, input: Array.from(seen.input[q]),
            q: Array.from(head.q[q]), keys: head.k.slice(0, q + 1).map(k => Array.from(k)),
-           values: head.v.slice(0, q + 1).map(v => Array.from(v)), raw: head.raw[q], scores: head.scores[q],
-           weights: head.weights[q], out: Array.from(head.out[q]), joined: Array.from(seen.joined[q]),
+           values: head.v.slice(0, q + 1).map(v => Array.from(v)), raw: head.raw[q].slice(0, q + 1),
+           scores: head.scores[q].slice(0, q + 1), weights: head.weights[q].slice(0, q + 1),
+           out: Array.from(head.out[q]), joined: Array.from(seen.joined[q]),
            output: Array.from(seen.output[q]) };
+}
+
+function keyFormula() {
+  // How the model computes key j: its projection (W_Q itself when queries and keys share it), then QK-norm and the
+  // rotary turn where the model has them, as for the query.
+  if (config.attention_score === "uniform") return "no keys: every score is 0";
+  let key = "x\u2c7c " + (config.shared_qk ? "W_Q" : "W_K") + (config.bias ? (config.shared_qk ? " + b_Q" : " + b_K")
+    : "");
+  if (config.qk_norm) key = "rms-norm(" + key + ")";
+  if (config.position === "rope") key = "R(j) " + (config.qk_norm ? key : "(" + key + ")");
+  return "k\u2c7c = " + key;
+}
+
+function keysAndValues(v) {  // k_j and v_j for every key the chosen query sees, in a box that folds
+  const box = element("details");
+  box.open = v.keys.length <= 8;
+  box.appendChild(element("summary", v.keys.length + " keys and values"));
+  v.keys.forEach((k, j) => {
+    if (config.attention_score !== "uniform") box.appendChild(vector("k" + (j + 1), k));
+    box.appendChild(vector("v" + (j + 1), v.values[j]));
+  });
+  return box;
 }
 
 function renderSteps() {
@@ -159,7 +277,7 @@ function renderSteps() {
   steps.replaceChildren();
   const q = query();
   if (q === null) { $("step-title").textContent = "type some text first"; return; }
-  const v = stepValues(), i = q + 1, form = config.attention_score, scaled = form === "scaled_dot";
+  const v = stepValues(), i = q + 1, form = config.attention_score, scaled = form === "scaled_dot" || whatIf();
   $("step-title").textContent = quoted(state.text[q]) + " (character " + i + "), layer " + v.layer + ", head " +
     v.head + (viewedHead() === null ? " (choose a head above to see another)" : "");
   const head = state.result.layers[v.layer - 1].heads[v.head - 1];
@@ -184,7 +302,7 @@ function renderSteps() {
   const table = element("table", undefined, "numbers");
   const scoreName = form === "additive" ? "w\u00b7tanh(q" + i + " + k\u2c7c)" : "q" + i + "\u00b7k\u2c7c";
   const header = ["j", "key", scoreName];
-  if (scaled) header.push("\u00f7 \u221a" + headSize);
+  if (scaled) header.push(factorName() + (whatIf() ? " (what-if)" : ""));
   header.push("mask", "softmax \u03b1" + i + "\u2c7c");
   const top = table.insertRow();
   header.forEach(name => top.appendChild(element("th", name)));
@@ -206,14 +324,18 @@ function renderSteps() {
     cells.push("\u2212\u221e (future)", "0");
     cells.forEach(text => row.appendChild(element("td", text)));
   }
+  steps.appendChild(step("The keys and values character " + i + " sees",
+    keyFormula() + "; v\u2c7c = " + (config.attention_values ? "x\u2c7c W_V" + (config.bias ? " + b_V" : "") :
+      "head " + v.head + "'s slice of x\u2c7c") + ", for j = 1 to " + i + " (the keys after " + i + " are masked)",
+    keysAndValues(v)));
   const scoring = form === "additive" ? "additive scores: s\u2c7c = w\u00b7tanh(q + k\u2c7c), one w per head" :
     form === "dot" ? "dot-product scores, not scaled (attention_score dot): s\u2c7c = q\u00b7k\u2c7c" :
     form === "uniform" ? "every score is 0" : "scaled dot-product scores: s\u2c7c = q\u00b7k\u2c7c / \u221ad, d = " +
       headSize + ", so their spread does not grow with d";
-  steps.appendChild(step("Scores, the causal mask and the softmax over the keys k\u2c7c = x\u2c7c W_K",
+  steps.appendChild(step("Scores, the causal mask and the softmax over the keys k\u2c7c",
     scoring + "; keys after character " + i + " are masked to \u2212\u221e (weight 0); \u03b1 = softmax(s) = " +
     "exp(s\u2c7c) / \u03a3 exp(s)", table));
-  steps.appendChild(step("The weighted sum of the values v\u2c7c = x\u2c7c W_V",
+  steps.appendChild(step("The weighted sum of the values v\u2c7c",
     "head output = \u03a3\u2c7c \u03b1" + i + "\u2c7c v\u2c7c" + (config.attention_values ? "" :
       " (no value projection: v\u2c7c is head " + v.head + "'s slice of x\u2c7c)"), vector("y" + i, v.out)));
   steps.appendChild(step("All " + nHeads + " heads side by side",
@@ -225,7 +347,7 @@ function renderSteps() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 4: the next character after the whole text.
+// Section 5: the next character after the whole text.
 // ---------------------------------------------------------------------------------------------
 function sampling() {
   return { temperature: Number($("temperature").value), top_k: Math.max(0, Math.floor(Number($("top-k").value))),
@@ -269,7 +391,16 @@ function appendSampled() {
 // N forward passes (at most MAX_BENCH). The line #address-help says the same to the reader.
 // ---------------------------------------------------------------------------------------------
 function render() {
-  if (state.result) { renderStrip(); } else { $("readout").textContent = ""; }
+  $("what-if").hidden = !whatIf();
+  if (whatIf()) {
+    $("what-if").textContent = "What-if: every q·k multiplied by " + factorName() + ", not by the model's own " +
+      FACTORS[OWN_FACTOR][0] + " that it was trained with; every number on the page, the next character too, is " +
+      "what the model would compute so.";
+  }
+  if (state.result) { renderStrip(); renderMatrix(); } else {
+    $("readout").textContent = "";
+    $("matrix").replaceChildren();
+  }
   renderSteps();
   renderNext();
 }
@@ -282,7 +413,10 @@ function update() {
 
 function numbers(extra) {
   const logits = state.result ? state.result.logits.map(row => Array.from(row)) : [];
-  return JSON.stringify({ text: state.text.join(""), ids: state.text.map(ch => idOf.get(ch)), logits, step: state.result ? stepValues() : null,
+  const shownMatrices = state.result ? Object.fromEntries(matrices(layer(), viewedHead() ?? 0).map(m => [m.name,
+    m.values.map(row => Array.from(row, value => (value === -Infinity ? null : value)))])) : null;
+  return JSON.stringify({ text: state.text.join(""), ids: state.text.map(ch => idOf.get(ch)), logits,
+                          matrices: shownMatrices, scale: scoreFactor(), step: state.result ? stepValues() : null,
                           sampling: sampling(), probs: state.result ? nextProbabilities() : null, ...extra });
 }
 
@@ -294,7 +428,21 @@ $("about").textContent = data.about;
 $("append-most").textContent = String(MAX_APPEND);
 $("input").value = data.text;
 $("input").addEventListener("input", update);
-["layer", "view"].forEach(id => $(id).addEventListener("change", render));
+["layer", "view", "matrix-step"].forEach(id => $(id).addEventListener("change", render));
+for (const [value, [name]] of Object.entries(FACTORS)) {
+  $("scale").add(new Option(name + (value === OWN_FACTOR ? " (the model's own)" : " (what-if)"), value));
+}
+$("scale").value = OWN_FACTOR;
+$("scale-control").hidden = !SCALABLE;
+$("scale").addEventListener("change", update);
+$("matrix").addEventListener("mouseover", pointAtMatrix);
+$("matrix-previous").addEventListener("click", () => { moveStep(-1); });
+$("matrix-next").addEventListener("click", () => { moveStep(1); });
+function moveStep(by) {
+  const select = $("matrix-step");
+  select.value = String(Math.max(0, Math.min(select.options.length - 1, Number(select.value) + by)));
+  render();
+}
 ["temperature", "top-k", "top-p"].forEach(id => $(id).addEventListener("input", renderNext));
 $("seed").addEventListener("input", () => { state.random = null; });
 $("append").addEventListener("click", appendSampled);
@@ -306,6 +454,7 @@ function choose(select, value) {  // an option the address names, if the page ha
 }
 if (wanted.has("layer")) choose($("layer"), String(Number(wanted.get("layer")) - 1));
 if (wanted.has("view")) choose($("view"), wanted.get("view") === "all" ? "all" : String(Number(wanted.get("view")) - 1));
+if (wanted.has("scale")) choose($("scale"), wanted.get("scale"));
 for (const [key, id] of [["temperature", "temperature"], ["top_k", "top-k"], ["top_p", "top-p"], ["seed", "seed"]]) {
   if (wanted.has(key)) $(id).value = wanted.get(key);
 }
