@@ -56,7 +56,7 @@ def test_attention_map_labels_every_character_it_draws(run_dir, tmp_path, script
     other one had gone unlabelled): each panel's axes carry a label at every position, the characters in order, and
     no two labels overlap."""
     import attention_map
-    from training.fonts import tick_labels
+    from training.pictures import tick_labels
 
     drawn = []
     monkeypatch.setattr(attention_map, "save_figure", lambda figure, path, option: drawn.append(figure))
