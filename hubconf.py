@@ -85,10 +85,11 @@ def chargpt(run: str, device: str = "cpu") -> TrainedRun:
     read with weights_only=True and checked as every script checks it; on device ("cpu", "cuda", "cuda:N")."""
     with _project():
         checkpoint = importlib.import_module("training.checkpoint")
+        run_folder = importlib.import_module("training.run_folder")
         errors = importlib.import_module("errors")
         where = Path(run).expanduser()
         try:
-            path = where if where.is_file() else checkpoint.find(str(where), "")
+            path = where if where.is_file() else run_folder.find(str(where), "")
             model, tokenizer, state = checkpoint.load_model(path, device)
         except errors.UserError as err:
             raise ValueError(str(err)) from None

@@ -16,7 +16,7 @@ COMPILE_SCOPES = ("blocks", "model")
 
 
 def valid_device(spec: str) -> bool:
-    """auto, cpu, cuda, cuda:N or mps (whether this machine has it is training.runtime.pick_device's question)."""
+    """auto, cpu, cuda, cuda:N or mps (whether this machine has it is training.device.pick_device's question)."""
     if spec == "auto":
         return True
     try:

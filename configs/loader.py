@@ -6,7 +6,7 @@ import difflib
 import tomllib
 from pathlib import Path
 
-from configs.schema import ARCHITECTURE_FIELDS, FIELDS, TYPES, TrainConfig
+from configs.schema import FIELDS, FIXED, HELP_GROUPS, TYPES, TrainConfig
 from errors import ArgumentParser, UserError
 
 PRESET_DIR = Path(__file__).resolve().parent
@@ -79,17 +79,14 @@ def build_parser(preset: str = "", values: dict | None = None, why: str = "") ->
     parser.add_argument("--config", default=argparse.SUPPRESS,
                         help="preset name in configs/ or path to a .toml file (default: shakespeare_char_gpu "
                              "with CUDA, shakespeare_char_cpu without)")
-    groups = {"model": parser.add_argument_group("model (model/config.py)"),
-              "run": parser.add_argument_group("data, optimisation, evaluation and the run (configs/schema.py)")}
-    for name, f in FIELDS.items():
-        if name == "config_name":
-            continue
-        kind = TYPES[name]
-        extra = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --resume means true
-        here = f"; here {values[name]}, from {preset}" if name in values and values[name] != f.default else ""
-        group = groups["model" if name in ARCHITECTURE_FIELDS else "run"]
-        group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
-                           help=f"{f.metadata['help']}{here} (default: {f.default})", **extra)
+    for heading, names in HELP_GROUPS.items():
+        group = parser.add_argument_group(heading)
+        for name in names:
+            f, kind = FIELDS[name], TYPES[name]
+            extra = {"nargs": "?", "const": True} if kind is bool else {}  # a bare --resume means true
+            here = f"; here {values[name]}, from {preset}" if name in values and values[name] != f.default else ""
+            group.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar=kind.__name__.upper(),
+                               help=f"{f.metadata['help']}{here} (default: {f.default})", **extra)
     return parser
 
 
@@ -110,15 +107,16 @@ def read_preset(spec: str) -> tuple[str, dict]:
     return path.stem, checked_types(values, str(path))
 
 
-def checked_types(values: dict, where: str) -> dict:
-    """Each value of the type its field has (a TOML true is no number), or a one-line error naming the field.
+def checked_types(values: dict, where: str, types: dict[str, type] = TYPES) -> dict:
+    """Each value of the type its field has (a TOML true is no number), or a one-line error naming the field: the one
+    check of a setting's type, for presets, saved run configs and saved model configs (types: the fields' types).
     compile is auto | true | false, so a TOML boolean is taken for it too."""
     values = dict(values)
     for key, value in values.items():
         if key == "compile" and isinstance(value, bool):
             values[key] = str(value).lower()
             continue
-        kind = TYPES[key]
+        kind = types[key]
         expected = (int, float) if kind is float else kind  # a TOML 2 is a fine float
         if not isinstance(value, expected) or (kind is not bool and isinstance(value, bool)):
             raise UserError(f"{where}: {key} = {value!r} should be of type {kind.__name__}")
@@ -153,9 +151,11 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
 
 
 def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
-    """Rebuild a config saved in a checkpoint: fields this version no longer has are ignored, and said so; missing
-    fields take their defaults; wrong types or values are a one-line error naming the checkpoint."""
-    ignored = sorted(k for k in values if k not in FIELDS)
+    """Rebuild a config saved in a checkpoint: fields this version does not have are ignored, and said so (one it
+    fixes, FIXED, is ignored silently where it holds the value this version uses); missing fields take their
+    defaults; wrong types or values are a one-line error naming the checkpoint."""
+    fixed = {k for k, v in values.items() if k in FIXED and v == FIXED[k]}  # what this version always uses
+    ignored = sorted(k for k in values if k not in FIELDS and k not in fixed)
     if ignored:
         say(f"note: {where} has settings this version does not know, ignored: {', '.join(ignored)}")
     known = checked_types({k: v for k, v in values.items() if k in FIELDS}, where)

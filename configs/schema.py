@@ -11,6 +11,9 @@ from model.config import Architecture, ModelConfig, setting
 
 
 LR_SCHEDULES = ("cosine", "wsd")
+# Settings a run does not choose, with the value every run uses: AdamW's beta1 (its first moment's decay; beta2 is a
+# setting). A saved config may hold them, at these values.
+FIXED = {"beta1": 0.9}
 SEED_MAX = 2**62  # seeds go to torch.manual_seed (64 bits), with the rank added under torchrun
 MAX_SAMPLE_CHARS = 100_000
 MAX_THREADS = 1024  # more threads than any machine has cores; tens of thousands would each need a stack
@@ -37,7 +40,6 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     warmdown_fraction: float = setting(0.3, "wsd: the share of the steps after the warm-up spent falling to min_lr")
     lr_decay_iters: int = setting(0, "step at which the decay reaches min_lr (0: max_iters)")
     weight_decay: float = setting(0.1, "AdamW weight decay, applied to weight matrices only")
-    beta1: float = setting(0.9, "AdamW beta1")
     beta2: float = setting(0.99, "AdamW beta2")
     grad_clip: float = setting(1.0, "clip the gradient norm to this (0 to turn off)")
     max_nonfinite_steps: int = setting(5, "stop after this many consecutive steps with a NaN/inf loss or gradient")
@@ -93,7 +95,6 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
         check(0 <= self.min_lr <= self.learning_rate, "min_lr", "must be between 0 and learning_rate")
         check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}")
         check(0 < self.warmdown_fraction <= 1, "warmdown_fraction", "must be in (0, 1], e.g. 0.3")
-        check(0 <= self.beta1 < 1, "beta1", "must be in [0, 1)")
         check(0 <= self.beta2 < 1, "beta2", "must be in [0, 1)")
         check(self.grad_clip >= 0, "grad_clip", "must not be negative (0 turns clipping off)")
         check(self.weight_decay >= 0, "weight_decay", "must not be negative")
@@ -119,5 +120,22 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
 ARCHITECTURE_FIELDS = tuple(f.name for f in fields(Architecture))
 SHAPE_FIELDS = tuple(name for name in ARCHITECTURE_FIELDS if name not in ("dropout", "attention"))  # fixed by weights
 FIELDS = {f.name: f for f in fields(TrainConfig)}
+# train.py --help shows the settings in these groups, in this order: the everyday ones first, the tutorials' attention
+# forms and the benchmarks' knobs apart. Every setting is in exactly one group (checked below).
+HELP_GROUPS = {
+    "everyday settings": ("data", "out_dir", "resume", "overwrite", "init_from", "max_iters", "batch_size",
+                          "block_size", "n_layer", "n_head", "n_embd", "dropout", "learning_rate", "eval_interval",
+                          "patience", "device", "dtype", "seed"),
+    "model": ("bias", "tie_weights", "attention", "position", "activation", "qk_norm"),
+    "optimisation": ("optimizer", "grad_accum_steps", "min_lr", "warmup_iters", "lr_schedule", "warmdown_fraction",
+                     "lr_decay_iters", "weight_decay", "beta2", "grad_clip", "max_nonfinite_steps"),
+    "evaluation and logging": ("eval_iters", "log_interval", "sample_chars", "log_attention", "full_val"),
+    "data details": ("cache_dir", "val_fraction", "encoding", "encoding_errors"),
+    "the tutorials' attention forms (model/scoring.py, docs/attention.md)": ("attention_score", "shared_qk",
+                                                                            "attention_values", "residual", "mlp"),
+    "speed and benchmark knobs (docs/speed.md)": ("compile", "compile_mode", "compile_scope", "compile_eval",
+                                                  "num_threads"),
+}
 TYPES: dict[str, type] = typing.get_type_hints(TrainConfig)  # the real types (the annotations are strings here)
 assert all(f.default is not MISSING for f in FIELDS.values())
+assert sorted(n for group in HELP_GROUPS.values() for n in group) == sorted(set(FIELDS) - {"config_name"})

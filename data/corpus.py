@@ -30,9 +30,12 @@ class Corpus:
     files: list[Path]
 
 
-def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/chargpt, else ~/.cache/chargpt (a relative XDG_CACHE_HOME is ignored, as its specification
-    asks: it would put a cache in whatever folder the command runs from)."""
+def default_cache_dir(chosen: str = "") -> Path:
+    """The cache folder: chosen (a --cache_dir, ~ expanded) if given, else $XDG_CACHE_HOME/chargpt, else
+    ~/.cache/chargpt (a relative XDG_CACHE_HOME is ignored, as its specification asks: it would put a cache in
+    whatever folder the command runs from)."""
+    if chosen:
+        return Path(chosen).expanduser()
     base = os.environ.get("XDG_CACHE_HOME", "")
     return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "chargpt"
 

@@ -20,7 +20,7 @@ from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # 
 from model.attention import recording_attention  # noqa: E402
 from model.generate import generate  # noqa: E402
 from training import checkpoint  # noqa: E402
-from training.files import check_output_file, write_text_atomic  # noqa: E402
+from training.run_folder import check_output_file, find, write_text_atomic  # noqa: E402
 from training.report import PAGE_MAX_PARAMETERS as MAX_PARAMETERS  # noqa: E402
 
 PARTS = Path(__file__).with_name("attention_page")  # page.html, and the scripts it takes in: gpt.js (the model),
@@ -173,7 +173,7 @@ def opening_text(args, model, tokenizer, state: dict, block_size: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     html = check_output_file(args.html, "--html", (".html", ".htm"))
-    path = checkpoint.find(args.out_dir, args.ckpt)
+    path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = checkpoint.load_model(path, "cpu")
     cfg = model.config
     if cfg.n_layer == 0:

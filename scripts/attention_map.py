@@ -7,12 +7,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
-from training.files import check_output_file  # noqa: E402
-from training import checkpoint  # noqa: E402
+from training.run_folder import check_output_file, find  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.fonts import missing_note  # noqa: E402
-from training.pictures import (attention_figure, attention_weights, finite_or_refused, picture_formats,  # noqa: E402
-                               save_figure)
+from training.pictures import (attention_figure, attention_weights, finite_or_refused, missing_note,  # noqa: E402
+                               picture_formats, save_figure)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head", type=int, default=None, help="only this head, counted from 1 (default: all heads)")
     args = p.parse_args(argv)
     check_output_file(args.png, "--png", picture_formats())
-    path = checkpoint.find(args.out_dir, args.ckpt)
+    path = find(args.out_dir, args.ckpt)
     model, tokenizer, _ = load_model(path)
     cfg = model.config
     missing = tokenizer.unknown(args.text)

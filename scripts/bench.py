@@ -20,11 +20,11 @@ from configs import load_config  # noqa: E402
 from configs.schema import FIELDS  # noqa: E402
 from data import prepare, resolve  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
-from training import runtime  # noqa: E402
-from training.build import build_run  # noqa: E402
-from training.files import check_output_file, write_text_atomic  # noqa: E402
+from training.opening import build_run  # noqa: E402
+from training.run_folder import check_output_file, write_text_atomic  # noqa: E402
 from training.opening import prepare_data  # noqa: E402
-from training.perf import CountOperations, measure_peak_flops, model_matmul_shape, sync, utilisation  # noqa: E402
+from training.device import (CountOperations, for_sampling, measure_peak_flops, setup, sync,  # noqa: E402
+                             utilisation)
 from training.step import forward_backward, train_step, update  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,7 +37,7 @@ def build_training(cfg, rt, say=print) -> dict:
     one training step."""
     run, _ = build_run(cfg, rt, prepare_data(cfg, say), say=say)
     return {"model": run.model, "params": run.model.num_params(non_embedding=False),
-            "matmul_shape": model_matmul_shape(cfg.batch_size, run.model_cfg),
+            "matmul_shape": (cfg.batch_size * cfg.block_size, cfg.n_embd, 4 * cfg.n_embd),  # the largest product
             "flops_per_token": run.flops_per_token, "tokens_per_iter": run.tokens_per_iter,
             "step": lambda: train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
                                        cfg.learning_rate),
@@ -145,7 +145,7 @@ def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters:
     for variant in variants:
         argv = rest + [part for field, value in variant.items() for part in (f"--{field}", value)]
         cfg, _, _ = load_config(argv, torch.cuda.is_available())
-        rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads)
+        rt = setup(cfg.device, cfg.dtype, cfg.num_threads)
         run = build_training(cfg, rt, say=print if not runs else lambda message: None)  # say the corpus once
         run.update(variant=variant, rt=rt, threads=cfg.num_threads or default_threads, seconds=[])
         torch.set_num_threads(run["threads"])
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                               "the figures file", "--json")
         return 0
     cfg, note, _ = load_config(rest, torch.cuda.is_available())
-    rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads)
+    rt = setup(cfg.device, cfg.dtype, cfg.num_threads)
     if args.host_syncs is not None:
         run = build_training(cfg, rt)
         warm_up(run, args.warmup)  # compiled, and every shape seen, before counting
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     model = run.pop("model")
     figures.update(run)
     figures.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype, [run.pop("matmul_shape")])))
-    sample_rt = runtime.for_sampling(rt, cfg.dtype, model.num_params(non_embedding=False))
+    sample_rt = for_sampling(rt, cfg.dtype, model.num_params(non_embedding=False))
     figures.update(bench_sampling(model, rt.device_type, [sample_rt.dtype], args.sample_tokens,
                                   compile=rt.device_type == "cuda"))
     figures["sample_dtype"] = str(sample_rt.dtype).removeprefix("torch.")

@@ -131,12 +131,13 @@ decoding='import sys, warnings, torch
 from pathlib import Path
 from torch._dynamo.utils import counters
 from model.generate import compiled_step, generate, one_token_step
-from training import checkpoint, runtime
+from training import checkpoint
+from training.device import pick_dtype
 path, kind, n, most = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 model, _, _ = checkpoint.load_model(path, device)
 params = model.num_params(non_embedding=False)
-model = runtime.weights_for_sampling(model, runtime.pick_dtype("auto", device, sampling=True, params=params))
+model = model.to(pick_dtype("auto", device, sampling=True, params=params))
 said = []
 step = compiled_step(device.type, warn=said.append) if kind == "compiled" else one_token_step
 recorded = []

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from training import checkpoint  # noqa: E402
-from training.files import write_text_atomic  # noqa: E402
+from training.run_folder import find, write_text_atomic  # noqa: E402
 
 import attention_html  # noqa: E402
 
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if not browser:
         raise UserError("this benchmark runs the page in Chromium, which is not installed (Debian/Ubuntu: "
                         "apt-get install chromium)")
-    path = checkpoint.find(args.out_dir, args.ckpt)
+    path = find(args.out_dir, args.ckpt)
     model, tokenizer, _ = checkpoint.load_model(path, "cpu")
     if args.chars > model.config.block_size:
         raise UserError(f"--chars {args.chars}: this model reads at most {model.config.block_size} characters")

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
-from training.files import check_output_file, write_text_atomic  # noqa: E402
+from training.run_folder import check_output_file, write_text_atomic  # noqa: E402
 CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})

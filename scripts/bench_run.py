@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import parse_compare  # noqa: E402
 from errors import ArgumentParser, Interrupted, UserError, exit_without_teardown, run_cli  # noqa: E402
 from train_command import run_train  # noqa: E402
-from training.files import check_output_file, write_text_atomic  # noqa: E402
-from training.run_dir import RunDir  # noqa: E402
+from training.run_folder import check_output_file, write_text_atomic  # noqa: E402
+from training.run_folder import RunDir  # noqa: E402
 
 
 

@@ -19,9 +19,8 @@ import torch  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
-from training import runtime  # noqa: E402
-from training.files import write_text_atomic  # noqa: E402
-from training.perf import sync  # noqa: E402
+from training.device import pick_device, pick_dtype, sync  # noqa: E402
+from training.run_folder import write_text_atomic  # noqa: E402
 
 
 class Variant(NamedTuple):
@@ -66,7 +65,7 @@ def bench_sampling(model: GPT, device_type: str, dtypes: list[torch.dtype], new_
     Each dtype samples as scripts/sample.py does: a copy of the model with its weights cast to it, no autocast."""
     model.eval()
     models = {dtype: model if dtype == model.wte.weight.dtype else  # a copy only where the weights are cast
-              runtime.weights_for_sampling(copy.deepcopy(model), dtype) for dtype in dtypes}
+              copy.deepcopy(model).to(dtype) for dtype in dtypes}
     # generate() keeps one shape of caches per model, and the variants alternate 1 row and `batch`: each shape gets a
     # view of its own (the same weights), so its caches are allocated once and a compiled step's CUDA graph, which
     # reads them at fixed addresses, is recorded once, in the warm-up, not again in every timed run.
@@ -134,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                           n_embd=args.n_embd)
     except ValueError as err:  # a shape the model refuses (n_embd not divisible by n_head, ...)
         raise UserError(str(err)) from None
-    device = runtime.pick_device(args.device)
+    device = pick_device(args.device)
     model = GPT(cfg).to(device)  # random weights: speed does not depend on what the model learned
     params = model.num_params(non_embedding=False)
-    dtypes = list(dict.fromkeys(runtime.pick_dtype(spec, device, sampling=True, params=params)
+    dtypes = list(dict.fromkeys(pick_dtype(spec, device, sampling=True, params=params)
                                 for spec in args.dtype.split(",")))
     compile = device.type == "cuda" if args.compile is None else args.compile
     variants = variants_of(args.batch, compile, dtypes)

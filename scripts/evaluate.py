@@ -17,11 +17,11 @@ from data import resolve  # noqa: E402
 from data.corpus import default_cache_dir  # noqa: E402
 from data.prepare import read_text  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
-from training import checkpoint, runtime  # noqa: E402
-from training.runtime import free_memory  # noqa: E402
-from training.evaluation import score, windows  # noqa: E402
-from training.files import check_output_file, write_text_atomic  # noqa: E402
-from training.log import PlainProgress  # noqa: E402
+from training import checkpoint  # noqa: E402
+from training.device import free_memory, is_out_of_memory, pick_device, setup  # noqa: E402
+from training.evaluation import Windows, score  # noqa: E402
+from training.run_folder import check_output_file, find, write_text_atomic  # noqa: E402
+from training.report import PlainProgress  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:
@@ -73,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.json:
         check_output_file(args.json, "--json", (".json",))
-    path = checkpoint.find(args.out_dir, args.ckpt)
-    model, tokenizer, state = checkpoint.load_model(path, runtime.pick_device(args.device))
+    path = find(args.out_dir, args.ckpt)
+    model, tokenizer, state = checkpoint.load_model(path, pick_device(args.device))
     run = state["run_config"]
-    rt = runtime.setup(args.device, args.dtype or run.get("dtype", "auto"))  # the run's own precision by default
+    rt = setup(args.device, args.dtype or run.get("dtype", "auto"))  # the run's own precision by default
     block_size = model.config.block_size
     stride = block_size if args.stride is None else args.stride
     if not 1 <= stride <= block_size:
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{path}: step {state['iter']}, block_size {block_size}; scoring {len(ids) - 1:,} characters of {name} "
           f"({args.split}), stride {stride}", file=sys.stderr)
-    todo = windows(len(ids), block_size, stride)
+    todo = Windows(len(ids), block_size, stride)
     check_memory(model, batch_size, block_size, rt.device)
     try:
         # in a terminal a bar; written to a file (where a bar's redraws run together) a line every 30 s
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         with bar:
             nats, scored = score(model, ids, todo, batch_size, rt.autocast, bar)
     except RuntimeError as err:  # a batch's logits are batch_size x block_size x the vocabulary's size
-        if not runtime.is_out_of_memory(err):
+        if not is_out_of_memory(err):
             raise
         raise UserError(f"out of memory: batches of {batch_size:,} windows of {block_size} characters do not fit on "
                         f"{rt.device_type}; lower --batch_size") from None

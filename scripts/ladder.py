@@ -23,7 +23,7 @@ from data.prepare import corpus_key  # noqa: E402
 from errors import ArgumentParser, QuietExit, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
-from training.files import write_atomic, write_text_atomic  # noqa: E402
+from training.run_folder import LAST, write_atomic, write_text_atomic  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_command import TRAIN, run_train  # noqa: E402
@@ -83,7 +83,7 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     checkpoint or summary cannot be read. A rung costs minutes, so both are simply trained again. The --data words
     are not compared (one text has several names, a path written two ways): the text's checksum is."""
     folder = Path(cfg.out_dir)
-    ckpt = folder / checkpoint.LAST
+    ckpt = folder / LAST
     if not ckpt.exists():
         return "new", ""
     try:
@@ -132,7 +132,7 @@ def finite_or_none(value: float) -> float | None:
 
 
 def parameters(cfg) -> int:
-    saved = checkpoint.load(Path(cfg.out_dir) / checkpoint.LAST)
+    saved = checkpoint.load(Path(cfg.out_dir) / LAST)
     return GPT(ModelConfig(**saved["model_config"])).num_params(non_embedding=False)
 
 

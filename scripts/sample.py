@@ -13,10 +13,9 @@ import torch  # noqa: E402
 
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
-from training import runtime  # noqa: E402
-from training import checkpoint  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.runtime import free_memory  # noqa: E402
+from training.device import for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
+from training.run_folder import find  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:
@@ -142,7 +141,7 @@ def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: 
     try:
         yield
     except (MemoryError, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and not runtime.is_out_of_memory(err):
+        if isinstance(err, RuntimeError) and not is_out_of_memory(err):
             raise
         raise UserError(fits) from None
 
@@ -150,12 +149,12 @@ def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_settings(args)
-    rt = runtime.setup(args.device, args.dtype, sampling=True)
+    rt = setup(args.device, args.dtype, sampling=True)
     prompts = read_prompts(args)
-    path = checkpoint.find(args.out_dir, args.ckpt)
+    path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = load_model(path, rt.device)
-    rt = runtime.for_sampling(rt, args.dtype, model.num_params(non_embedding=False))  # auto on a CPU: by its size
-    model = runtime.weights_for_sampling(model, rt.dtype)  # bfloat16/float16: cast once, no autocast
+    rt = for_sampling(rt, args.dtype, model.num_params(non_embedding=False))  # auto on a CPU: by its size
+    model = model.to(rt.dtype)  # bfloat16/float16: the weights cast once, so decoding needs no autocast
     data = state.get("data") if isinstance(state.get("data"), dict) else {}
     val = state.get("best_val_loss")
     loss = f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else ""

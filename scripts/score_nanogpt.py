@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from data.loader import val_window_starts  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
-from training import runtime  # noqa: E402
+from training.device import Runtime, setup  # noqa: E402
 
 
 def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
@@ -68,7 +68,7 @@ def check_shapes(nanogpt, model_args: dict, weights: dict, ckpt: Path) -> None:
 
 
 @torch.inference_mode()
-def full_validation(model, val: np.ndarray, block_size: int, batch_size: int, rt: runtime.Runtime) -> float:
+def full_validation(model, val: np.ndarray, block_size: int, batch_size: int, rt: Runtime) -> float:
     starts = val_window_starts(len(val), block_size)
     steps = np.arange(block_size + 1)
     total, count = 0.0, 0
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="as train.py's: bfloat16 autocast on CUDA, as nanoGPT evaluates")
     parser.add_argument("--batch_size", type=int, default=64)
     args = parser.parse_args(argv)
-    rt = runtime.setup(args.device, args.dtype)
+    rt = setup(args.device, args.dtype)
     model, facts = load_nanogpt(args.nanogpt_dir, args.ckpt, rt.device)
     val_path = args.nanogpt_dir / "data" / facts["dataset"] / "val.bin"
     if not val_path.is_file():

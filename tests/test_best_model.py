@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from conftest import train_debug
 from training import checkpoint
 from training.checkpoint import load_model
+from training.run_folder import find
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ def test_an_overfit_run_hands_over_its_best_model_and_says_which(overfitting_cor
     by_hand = {name: full_validation(out / name, text) for name in ("ckpt_best.pt", "ckpt_last.pt")}
     assert summary["full_val_loss"] == pytest.approx(by_hand["ckpt_best.pt"], rel=1e-5)
     assert by_hand["ckpt_best.pt"] < by_hand["ckpt_last.pt"]  # the two models differ, and the better one is handed over
-    assert checkpoint.find(str(out), "") == out / "ckpt_best.pt"  # what sample.py, evaluate.py and the pictures read
+    assert find(str(out), "") == out / "ckpt_best.pt"  # what sample.py, evaluate.py and the pictures read
     line = next(line for line in said if line.startswith("the run's model:"))
     assert f"step {best['iter']}, its best (ckpt_best.pt)" in line and f"{summary['full_val_loss']:.4f}" in line
     assert f"the last step's val {summary['val_loss']:.4f}" in line

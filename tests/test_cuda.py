@@ -114,8 +114,7 @@ def test_the_compiled_decoding_step_is_compiled_once_and_agrees(sharp_model, gra
 def test_sampling_with_bfloat16_weights_reads_back_once_and_compiles_once(sharp_model, host_reads, graphs):
     """sample.py's CUDA default: the weights cast to bfloat16 once, no autocast; the token loop still reads nothing
     back, and the compiled step (CUDA graphs) is compiled once and replays the same tokens on a second call."""
-    from training.runtime import weights_for_sampling
-    model = weights_for_sampling(sharp_model, torch.bfloat16)
+    model = sharp_model.to(torch.bfloat16)
     torch.compiler.reset()
     prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
     with host_reads() as reads:

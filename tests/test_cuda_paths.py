@@ -2,8 +2,7 @@
 the device a run makes current, the dtype auto picks on GPUs that only emulate bfloat16."""
 import pytest
 import torch
-
-from training import runtime
+from training.device import Runtime, pick_dtype, setup
 from training.optim import AdamW
 
 
@@ -20,13 +19,13 @@ def a_gpu_that_emulates_bfloat16(monkeypatch):
 def test_a_gpu_chosen_by_index_is_made_current_in_one_process(a_gpu_that_emulates_bfloat16):
     """--device cuda:1 without torchrun: the RNG state saved and restored, and the sampler's events, are the current
     device's, so it must be cuda:1 (set_device had been called under torchrun only)."""
-    rt = runtime.setup("cuda:1", "float32")
+    rt = setup("cuda:1", "float32")
     assert rt.device == torch.device("cuda", 1) and a_gpu_that_emulates_bfloat16 == [torch.device("cuda", 1)]
 
 
 def test_auto_picks_float16_where_bfloat16_is_only_emulated(a_gpu_that_emulates_bfloat16):
-    assert runtime.pick_dtype("auto", torch.device("cuda", 0)) == torch.float16
-    assert runtime.pick_dtype("bfloat16", torch.device("cuda", 0)) == torch.bfloat16  # asked for by name: as asked
+    assert pick_dtype("auto", torch.device("cuda", 0)) == torch.float16
+    assert pick_dtype("bfloat16", torch.device("cuda", 0)) == torch.bfloat16  # asked for by name: as asked
 
 
 def test_with_the_float16_scaler_a_loss_that_is_not_finite_still_counts(monkeypatch):
@@ -47,7 +46,7 @@ def test_with_the_float16_scaler_a_loss_that_is_not_finite_still_counts(monkeypa
     model = Model()
     optimizer = AdamW(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", enabled=True)  # the CUDA scaler's logic, on the CPU
-    rt = runtime.Runtime(torch.device("cpu"), torch.float32)
+    rt = Runtime(torch.device("cpu"), torch.float32)
     cfg = SimpleNamespace(grad_accum_steps=1, grad_clip=1.0)
     for y, finite in ((1.0, True), (float("nan"), False)):
         batches = SimpleNamespace(get_batch=lambda split: (torch.ones(3), torch.tensor(y)))
@@ -84,29 +83,30 @@ def test_float16_steps_muon_and_adamw_as_one_without_the_host_reading_the_device
 
 
 def test_mfu_under_torchrun_is_each_processs_share_of_its_own_device():
-    """tokens per step count every process's batch, and the peak is one device's: two processes at 30% each had
-    read 60% (nanoGPT counts per GPU too)."""
+    """tokens per step count every process's batch, and the peak is one device's: two processes at 30% each read 30%
+    each (nanoGPT counts per GPU too)."""
     from types import SimpleNamespace
-    from training.step_log import StepLog
+    from training.report import StepLog
 
     logged = {}
-    s = SimpleNamespace(run=SimpleNamespace(tokens_per_iter=2000, flops_per_token=300.0),
-                        progress=SimpleNamespace(it=10, last_eval={}), cfg=SimpleNamespace(log_interval=10, max_iters=20),
-                        d=SimpleNamespace(world_size=2),
-                        log=SimpleNamespace(scalars=lambda it, values: logged.update(values), line=lambda text: None))
-    clock = SimpleNamespace(step_seconds=lambda: 1.0)
+    log = SimpleNamespace(step=lambda it, loss, lr, norm, tokens_per_sec, seen, mfu: logged.update(mfu=mfu * 100),
+                          line=lambda text: None)
+    cfg = SimpleNamespace(log_interval=10, max_iters=20)
+    clock = SimpleNamespace(step_seconds=lambda it: 1.0)
     watch = SimpleNamespace(longest=torch.tensor(0), looked=lambda: None)
     bar = SimpleNamespace(set_postfix_str=lambda *args, **kwargs: None)
     peak = 300.0 * 2000 / 2 / 0.3  # the FLOP/s at which one process's share is 30%
-    StepLog(s, bar, clock, watch, peak).write(1e-3, torch.tensor(2.0), torch.tensor(1.0))
-    assert logged["perf/mfu"] == pytest.approx(30.0)
+    steps = StepLog(log, bar, cfg, tokens_per_iter=2000, flops_per_token=300.0, world_size=2, peak_flops=peak,
+                    last_eval={})
+    steps.write(10, 1e-3, torch.tensor(2.0), torch.tensor(1.0), watch, clock)
+    assert logged["mfu"] == pytest.approx(30.0)
 
 
 def test_compile_fallback_gives_up_compiling_for_a_compiler_failure_only():
     """A compiler that fails is warned about once and the call repeated uncompiled; running out of memory is the
     run's own problem (the one-line out-of-memory message), which the fallback had swallowed, turning compilation off
     and calling it 'torch.compile failed'."""
-    from training.compiling import CompileFallback
+    from training.device import CompileFallback
 
     def fails_with(err):
         def compiled(*args):
@@ -128,7 +128,7 @@ def test_a_backward_that_fails_to_compile_falls_back_and_the_step_is_the_uncompi
     batch, same dropout): exactly the step an uncompiled run takes, not the end of the run."""
     from types import SimpleNamespace
     from model import GPT, ModelConfig
-    from training.compiling import CompileFallback
+    from training.device import CompileFallback
     from training.step import train_step
 
     class FailsInBackward(torch.autograd.Function):  # a stand-in for inductor failing on the backward graph
@@ -162,7 +162,7 @@ def test_a_backward_that_fails_to_compile_falls_back_and_the_step_is_the_uncompi
         if compiled:
             step_model = CompileFallback(model, lambda x, y: (None, FailsInBackward.apply(model(x, y)[1])), said.append)
         cfg = SimpleNamespace(grad_accum_steps=2, grad_clip=1.0)
-        rt = runtime.Runtime(torch.device("cpu"), torch.float32)
+        rt = Runtime(torch.device("cpu"), torch.float32)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         loss = train_step(step_model, optimizer, scaler, Batches(), rt, cfg, 0.1)[0]
         return model.state_dict(), loss, said, step_model

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import play_text, train_debug
-from training.evaluation import windows
+from training.evaluation import Windows
 
 
 
@@ -23,7 +23,7 @@ def one_by_one(n_ids, block_size, stride):
 @pytest.mark.parametrize("n_ids, block_size, stride", [(1, 4, 4), (2, 4, 4), (10, 4, 4), (11, 4, 2), (50, 8, 3),
                                                        (9, 8, 1), (100, 7, 7), (101, 16, 5)])
 def test_windows_score_every_character_but_the_first_exactly_once(n_ids, block_size, stride):
-    todo = windows(n_ids, block_size, stride)
+    todo = Windows(n_ids, block_size, stride)
     for batch_size in (1, 3, 1000):  # read a batch at a time, windows are the same whatever the batch
         got = [w for first in range(0, len(todo), batch_size)
                for w in zip(*(t.tolist() for t in todo.batch(first, batch_size)))]
@@ -39,7 +39,7 @@ def test_windows_score_every_character_but_the_first_exactly_once(n_ids, block_s
 
 
 def test_the_windows_of_a_long_text_at_stride_1_take_no_memory_of_their_own():
-    todo = windows(10**11, 256, 1)  # a hundred billion windows: described, not listed
+    todo = Windows(10**11, 256, 1)  # a hundred billion windows: described, not listed
     assert len(todo) == 10**11 - 256 and [t.tolist() for t in todo.batch(len(todo) - 1, 5)] == [
         [10**11 - 257], [10**11 - 1], [10**11 - 1]]
 

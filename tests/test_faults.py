@@ -19,7 +19,8 @@ from conftest import ROOT, module_corpus
 from configs import load_config
 from data import prepare, resolve
 from errors import UserError, run_cli
-from training import checkpoint, runtime
+from training import checkpoint
+from training.device import Runtime
 
 import attention_map
 import bench
@@ -80,7 +81,7 @@ def test_a_full_disk_while_checkpointing_or_preparing_is_one_line_and_loses_noth
 
 def test_failed_writes_of_events_or_summary_keep_the_checkpoints(run, tmp_path, monkeypatch):
     from torch.utils.tensorboard import SummaryWriter
-    from training import files
+    from training import run_folder
     out = tmp_path / "run"
     shutil.copytree(run, out)
 
@@ -94,7 +95,7 @@ def test_failed_writes_of_events_or_summary_keep_the_checkpoints(run, tmp_path, 
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 10
     summary = (out / "summary.json").read_bytes()
     with monkeypatch.context() as patch:
-        patch.setattr(files.os, "fsync", no_space)  # every atomic write fails: checkpoints and summary alike
+        patch.setattr(run_folder.os, "fsync", no_space)  # every atomic write fails: checkpoints and summary alike
         cfg, _, explicit = load_config(train_args(run, out, "--resume", "--max_iters", "20"), False)
         with pytest.raises(train.UserError, match="No space left on device.*previous checkpoint is untouched"):
             train.train(cfg, explicit, say=lambda m: None)
@@ -212,8 +213,8 @@ def address_space_of(extra_bytes: int):
 
 
 def test_out_of_memory_names_the_sizes_and_the_flag(run, tmp_path, capsys, monkeypatch):
-    from training import estimate
-    monkeypatch.setattr(estimate, "free_memory", lambda: None)  # the allocator's own failure, not the check before it
+    from training import opening
+    monkeypatch.setattr(opening, "free_memory", lambda: None)  # the allocator's own failure, not the check before it
     with address_space_of(4 * 2**30):  # each of the model's 2**17-wide matrices needs over 64 GiB
         one_line_error(capsys, train.main, *train_args(run, tmp_path / "r", "--n_embd", str(2**17), "--n_head", "2"),
                        words="out of memory for a model of n_layer 2 x n_embd 131072 with batch_size 8")
@@ -223,25 +224,25 @@ def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, t
     """On a CPU the system ends a process that runs out of memory (no error reaches Python): a step whose estimate is
     over what the machine has free is refused first, in one line that names the sizes and the fix, before the run
     writes anything, so the same folder serves the corrected command."""
-    from training import estimate
+    from training import opening
     out = tmp_path / "r"
     # the debug preset: batch 8, block 32, n_embd 32, n_layer 2, float32
-    need = estimate.ACTIVATION_BYTES[torch.float32] * 8 * 32 * 32 * 2 + estimate.PARAMETER_BYTES * 12 * 2 * 32 ** 2
-    monkeypatch.setattr(estimate, "free_memory", lambda: need - 1)
+    need = opening.ACTIVATION_BYTES[torch.float32] * 8 * 32 * 32 * 2 + opening.PARAMETER_BYTES * 12 * 2 * 32 ** 2
+    monkeypatch.setattr(opening, "free_memory", lambda: need - 1)
     err = one_line_error(capsys, train.main, *train_args(run, out),
                          words="out of memory (it would need about 0.0 GiB; this machine has 0.0 GiB free) for a "
                                "model of n_layer 2 x n_embd 32 with batch_size 8 x block_size 32; lower --batch_size")
     assert "no checkpoint of this run was written" in err and sorted(p.name for p in out.iterdir()) == [".lock"]
-    monkeypatch.setattr(estimate, "free_memory", lambda: need)  # just enough
+    monkeypatch.setattr(opening, "free_memory", lambda: need)  # just enough
     assert run_cli(train.main, train_args(run, out, "--max_iters", "2")) == 0 and (out / "ckpt_best.pt").is_file()
     cfg = load_config(train_args(run, out), False)[0]
     explicit = load_config(train_args(run, out, "--attention", "explicit"), False)[0]
-    cpu = runtime.Runtime(torch.device("cpu"), torch.float32)
+    cpu = Runtime(torch.device("cpu"), torch.float32)
     with pytest.raises(UserError, match="would need about"):  # the explicit path also keeps every layer's weights
-        estimate.refuse_if_too_big(explicit, cpu, "")
-    monkeypatch.setattr(estimate, "free_memory", lambda: 1)
+        opening.refuse_if_too_big(explicit, cpu, "")
+    monkeypatch.setattr(opening, "free_memory", lambda: 1)
     # a GPU's allocator raises an error of its own, which the run answers: no estimate there
-    estimate.refuse_if_too_big(cfg, runtime.Runtime(torch.device("cuda"), torch.bfloat16), "")
+    opening.refuse_if_too_big(cfg, Runtime(torch.device("cuda"), torch.bfloat16), "")
 
 
 @pytest.mark.parametrize("args, words", [
@@ -280,11 +281,11 @@ def test_bad_sampling_values_are_one_line(run, capsys, args, words):
 def test_a_full_disk_keeps_the_old_picture_page_or_figures_and_names_the_flag(run, tmp_path, capsys, monkeypatch):
     import attention_html
     import evaluate
-    from training import files
+    from training import run_folder
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(files.os, "fsync", no_space)  # the file is written, then the disk is found full
+    monkeypatch.setattr(run_folder.os, "fsync", no_space)  # the file is written, then the disk is found full
     corpus = str(run.parent / "corpus.txt")
     for main, args, flag, name, what in (
             (plot_run.main, ["--out_dir", str(run)], "--png", "curves.png", "picture"),

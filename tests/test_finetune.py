@@ -48,13 +48,13 @@ def test_fine_tuning_keeps_the_old_ids_and_beats_the_same_steps_from_scratch(bas
 
 def test_the_trained_rows_are_copied_and_new_rows_start_as_their_mean(base):
     from data import prepare, resolve
-    from training.build import build_run
-    from training import runtime
+    from training.opening import build_run
+    from training.device import setup
     old = checkpoint.load(base / "base" / "ckpt_best.pt")
     cfg, _, _ = load_config(["--config", "debug", "--data", str(base / "second.txt"), "--out_dir", str(base / "x")],
                             False)
     prepared = prepare(resolve(cfg.data, base / "cache"), base / "cache", base_vocab=old["vocab"])
-    run_, _ = build_run(cfg, runtime.setup("cpu", "float32"), prepared, init=old)
+    run_, _ = build_run(cfg, setup("cpu", "float32"), prepared, init=old)
     rows = run_.model.wte.weight.detach()
     n = len(old["vocab"])
     assert torch.equal(rows[:n], old["model"]["wte.weight"])

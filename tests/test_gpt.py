@@ -8,7 +8,7 @@ from model import GPT, ModelConfig
 from model.attention import recording_attention
 from model.kv_cache import Decoding
 from training.optim import configure_optimizer
-from training.perf import CountOperations
+from training.device import CountOperations
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
 

@@ -14,7 +14,8 @@ import train
 from conftest import ROOT, module_corpus
 from errors import UserError, run_cli
 from training import checkpoint
-from training.files import write_text_atomic
+from training.checkpoint import Progress
+from training.run_folder import find, write_text_atomic
 
 
 def argv(corpus, out_dir, *extra):
@@ -123,7 +124,7 @@ def test_a_readers_message_during_a_running_overwrite_says_what_is_true(corpus, 
             assert time.time() < deadline
             time.sleep(0.05)
         with pytest.raises(UserError, match=rf"is being replaced by an --overwrite run \(process {proc.pid} "):
-            checkpoint.find(str(out), "")
+            find(str(out), "")
     finally:
         proc.kill()
         proc.wait()
@@ -187,7 +188,7 @@ def test_a_record_that_proves_an_interrupted_overwrite_puts_the_old_run_back(cor
     (tmp_path / "new").mkdir()
     replacement = tmp_path / "new" / "run"
     assert run_cli(train.main, argv(corpus, replacement, "--max_iters", "0")) == 0  # step 0 only
-    from training.run_dir import RunDir
+    from training.run_folder import RunDir
     with_lock = RunDir(out).claim(lambda m: None)
     assert with_lock.set_aside()
     with_lock.release()
@@ -275,7 +276,8 @@ def hostile_checkpoints(finished, rotary, tmp_path):
          "the weights do not fit the model config (blocks.0.attn.c_attn.bias: the config gives (24576), the file holds (96))"),
         (forged(rotary, tmp_path / "long.pt", model_config={"block_size": 10**9}),  # rotary tables are not saved
          "its model would need about"),
-        (forged(last, tmp_path / "word.pt", model_config={"bias": "yes"}), "is damaged: in its model config, bias is a str"),
+        (forged(last, tmp_path / "word.pt", model_config={"bias": "yes"}),
+         "is damaged: in its model config: bias = 'yes' should be of type bool"),
         (forged(last, tmp_path / "string.pt", run_config={"batch_size": "16"}),
          "is damaged: batch_size = '16' should be of type int"),
         (forged(last, tmp_path / "list.pt", data=["shakespeare"]), "is damaged: data is a list"),
@@ -378,7 +380,7 @@ def test_under_torchrun_the_stop_note_names_the_step_where_the_processes_stop(ca
     import signal
     import time
     with train.StopRequest() as stop:
-        stop.saving, stop.step, stop.agree_every = True, 56, 10
+        stop.training(Progress(it=56), agree_every=10)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)
     assert ("stopping: training on to step 60, where the processes stop together, then saving ckpt_last.pt"
@@ -389,7 +391,7 @@ def test_a_checkpoint_on_a_full_disk_names_the_full_disk(finished, tmp_path, mon
     """torch.save reports a failed write as 'unexpected pos 320512 vs 320404'; the line says what the disk said."""
     import errno
     import io
-    from training import files
+    from training import run_folder
 
     class Full(io.BytesIO):
         def write(self, data):
@@ -400,7 +402,7 @@ def test_a_checkpoint_on_a_full_disk_names_the_full_disk(finished, tmp_path, mon
     def full_disk(fd, mode):
         os.close(fd)
         return Full()
-    monkeypatch.setattr(files.os, "fdopen", full_disk)
+    monkeypatch.setattr(run_folder.os, "fdopen", full_disk)
     state = torch.load(finished / "ckpt_last.pt", weights_only=True)
     with pytest.raises(UserError, match=r"could not write checkpoint .*ckpt\.pt \(No space left on device\); "
                                         r"nothing was written; free some disk space"):

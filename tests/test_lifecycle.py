@@ -15,8 +15,7 @@ import train
 from conftest import ROOT, module_corpus
 from configs import load_config
 from errors import run_cli
-from training import checkpoint, evaluation
-from training import finish as finishing
+from training import checkpoint, evaluation, session
 
 
 def argv(corpus, out_dir, *extra):
@@ -206,12 +205,11 @@ def test_an_evaluation_stopped_midway_resumes_exactly(corpus, tmp_path, monkeypa
 
 def test_a_stop_in_the_final_validation_is_finished_by_resume(corpus, tmp_path, monkeypatch):
     cfg, _, explicit = load_config(argv(corpus, tmp_path / "run", "--max_iters", "10"), False)
-    real = finishing.full_validation_loss
+    real = session.full_validation_loss
 
     def stopped_midway(model, batches, rt, d, stop, progress=None):
-        stop.requested = True  # as a Ctrl-C during it would
-        return real(model, batches, rt, d, stop, progress)
-    monkeypatch.setattr(finishing, "full_validation_loss", stopped_midway)
+        return real(model, batches, rt, d, lambda: True, progress)  # a stop asked for, as by a Ctrl-C during it
+    monkeypatch.setattr(session, "full_validation_loss", stopped_midway)
     assert train.train(cfg, explicit, say=lambda m: None)["stopped"]
     assert not (tmp_path / "run" / "summary.json").exists()
     monkeypatch.undo()

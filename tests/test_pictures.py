@@ -9,7 +9,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import train_debug
-from training.pictures import figure_size
+from training.pictures import DPI, PANEL_INCHES, grid_of
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +19,12 @@ def run_dir(tmp_path_factory):
     corpus.write_text("ROMEO: but soft, what light through yonder window breaks?\n" * 60, encoding="utf-8")
     train_debug(corpus, tmp / "run", "--max_iters", "20", "--eval_interval", "10", "--log_attention", "true")
     return tmp / "run"
+
+
+def figure_size(n_heads: int) -> tuple[int, int]:
+    """(width, height) in pixels of attention_figure for this many heads: its panels and margins at its DPI."""
+    rows, cols = grid_of(n_heads)
+    return round((cols * PANEL_INCHES + 0.8) * DPI), round(rows * PANEL_INCHES * DPI)
 
 
 def test_tensorboard_holds_attention_images_per_layer(run_dir):
@@ -50,7 +56,7 @@ def test_attention_map_labels_every_character_it_draws(run_dir, tmp_path, script
     other one had gone unlabelled): each panel's axes carry a label at every position, the characters in order, and
     no two labels overlap."""
     import attention_map
-    from training.fonts import tick_labels
+    from training.pictures import tick_labels
 
     drawn = []
     monkeypatch.setattr(attention_map, "save_figure", lambda figure, path, option: drawn.append(figure))
@@ -137,7 +143,7 @@ def test_characters_are_drawn_by_an_installed_font_or_labelled_by_code_point_wit
     import warnings
 
     import torch
-    from training.fonts import missing_note, tick_labels
+    from training.pictures import missing_note, tick_labels
     from training.pictures import attention_figure
     text = "ab 花落知"
     shown, families, missing = tick_labels(text)

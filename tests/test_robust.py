@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import train
+from training.checkpoint import Progress
 from conftest import ROOT
 from configs import load_config
 from data import prepare, resolve
@@ -169,7 +170,7 @@ def test_fuzzed_prompts_either_encode_or_fail_cleanly():
 def test_a_stop_during_the_final_validation_says_what_it_ends(capfd):
     """Once the steps are over, a Ctrl-C ends the final validation: it says so, not that it will finish a step."""
     with train.StopRequest() as stop:
-        stop.saving, stop.step = True, 10
+        stop.training(Progress(it=10), agree_every=1)
         stop.ending = "ending the final validation; step 10 is saved already"
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)

@@ -249,17 +249,17 @@ def test_auto_samples_a_large_model_in_bfloat16_only_on_a_cpu_with_bfloat16_unit
     """--dtype auto on a CPU: for a model above the size limit (lowered below this toy's size) on a CPU with bfloat16
     units, the weights are cast to bfloat16 and the text is --dtype bfloat16's; elsewhere nothing is cast and the
     text is --dtype float32's. The line before the text says which."""
-    from training import runtime
+    from training import device
     params = load_model(run_dir / "ckpt_last.pt")[0].num_params(non_embedding=False)
-    monkeypatch.setattr(runtime, "CPU_BFLOAT16_SAMPLING_PARAMS", params - 1)
-    monkeypatch.setattr(runtime, "cpu_has_bfloat16_units", lambda: has_units)
+    monkeypatch.setattr(device, "CPU_BFLOAT16_SAMPLING_PARAMS", params - 1)
+    monkeypatch.setattr(device, "cpu_has_bfloat16_units", lambda: has_units)
     common = ("--out_dir", str(run_dir), "--prompt", "The", "--max_new_tokens", "60", "--seed", "5", "--no-stream")
     with weight_casts(load_model(run_dir / "ckpt_last.pt")[0].config.n_embd) as casts:
         auto = sample(*common)
     dtype = "bfloat16" if has_units else "float32"
     assert auto.returncode == 0 and auto.stdout == sample(*common, "--dtype", dtype).stdout
     assert auto.stderr.endswith(f"sampling on cpu in {dtype}\n") and (len(casts.seen) > 0) == has_units
-    monkeypatch.setattr(runtime, "CPU_BFLOAT16_SAMPLING_PARAMS", params)  # a model of just the limit: float32
+    monkeypatch.setattr(device, "CPU_BFLOAT16_SAMPLING_PARAMS", params)  # a model of just the limit: float32
     assert sample(*common).stderr.endswith("sampling on cpu in float32\n")
 
 
@@ -327,15 +327,15 @@ def test_with_no_folder_named_the_scripts_read_the_newest_run_in_out(run_dir, tm
     import os
     import shutil
 
-    from training import checkpoint
+    from training import run_folder
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(checkpoint.UserError, match="out/ holds no run yet: train one first"):
-        checkpoint.find("", "")
+    with pytest.raises(run_folder.UserError, match="out/ holds no run yet: train one first"):
+        run_folder.find("", "")
     for name in ("older", "newer"):
         shutil.copytree(run_dir, tmp_path / "out" / name)
     os.utime(tmp_path / "out" / "older" / "ckpt_best.pt", (1, 1))
     os.utime(tmp_path / "out" / "older" / "ckpt_last.pt", (1, 1))
-    assert checkpoint.find("", "") == Path("out") / "newer" / "ckpt_best.pt"
+    assert run_folder.find("", "") == Path("out") / "newer" / "ckpt_best.pt"
     assert run_cli(sample_cli.main, ["--max_new_tokens", "5"]) == 0
     assert "newer" in capsys.readouterr().err

@@ -14,9 +14,10 @@ from configs.schema import ARCHITECTURE_FIELDS, FIELDS, TrainConfig
 from data import Batches
 from errors import UserError, run_cli
 from model.config import ModelConfig
-from training import checkpoint, estimate, runtime
-from training.opening import prepare_data
-from training.schedule import get_lr
+from training import checkpoint, device, opening
+from training.device import CPU_BFLOAT16_SAMPLING_PARAMS, pick_dtype
+from training.opening import Estimate, expected_seconds, prepare_data
+from training.step import get_lr
 from test_best_model import full_validation
 
 
@@ -409,18 +410,18 @@ def train_batches(cfg):
 @pytest.mark.parametrize("has_units", [True, False])
 def test_auto_dtype_on_cpu_is_bfloat16_only_with_bfloat16_units_and_for_sampling_only_a_large_model(monkeypatch,
                                                                                                     has_units):
-    monkeypatch.setattr(runtime, "cpu_has_bfloat16_units", lambda: has_units)
+    monkeypatch.setattr(device, "cpu_has_bfloat16_units", lambda: has_units)
     cpu = torch.device("cpu")
-    assert runtime.pick_dtype("auto", cpu) == (torch.bfloat16 if has_units else torch.float32)
-    limit = runtime.CPU_BFLOAT16_SAMPLING_PARAMS
-    assert runtime.pick_dtype("auto", cpu, sampling=True) == torch.float32
-    assert runtime.pick_dtype("auto", cpu, sampling=True, params=limit) == torch.float32
-    assert runtime.pick_dtype("auto", cpu, sampling=True, params=limit + 1) == (torch.bfloat16 if has_units
+    assert pick_dtype("auto", cpu) == (torch.bfloat16 if has_units else torch.float32)
+    limit = CPU_BFLOAT16_SAMPLING_PARAMS
+    assert pick_dtype("auto", cpu, sampling=True) == torch.float32
+    assert pick_dtype("auto", cpu, sampling=True, params=limit) == torch.float32
+    assert pick_dtype("auto", cpu, sampling=True, params=limit + 1) == (torch.bfloat16 if has_units
                                                                                 else torch.float32)
-    assert runtime.pick_dtype("bfloat16", cpu, sampling=True) == torch.bfloat16  # asked for by name: given
+    assert pick_dtype("bfloat16", cpu, sampling=True) == torch.bfloat16  # asked for by name: given
     with pytest.raises(UserError, match="float16: not supported on CPU"):
-        runtime.pick_dtype("float16", cpu)  # training: CPU autocast has no float16
-    assert runtime.pick_dtype("float16", cpu, sampling=True) == torch.float16  # sampling casts the weights instead
+        pick_dtype("float16", cpu)  # training: CPU autocast has no float16
+    assert pick_dtype("float16", cpu, sampling=True) == torch.float16  # sampling casts the weights instead
 
 
 def test_a_log_file_gets_a_line_per_log_interval_and_mfu_never_passes_100(corpus, tmp_path, monkeypatch):
@@ -428,7 +429,7 @@ def test_a_log_file_gets_a_line_per_log_interval_and_mfu_never_passes_100(corpus
     import sys
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)  # output to a file, not a terminal
-    monkeypatch.setattr(train, "measure_peak_flops", lambda *args: 1.0)  # a peak measured far too low
+    monkeypatch.setattr(device, "measure_peak_flops", lambda *args: 1.0)  # a peak measured far too low
     messages = []
     cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
                                     "--out_dir", str(tmp_path / "run"), "--max_iters", "20", "--log_interval", "5",
@@ -463,9 +464,9 @@ def test_a_slow_run_on_a_cpu_says_so_first_and_the_estimate_changes_nothing(corp
     common = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"), "--max_iters", "20",
               "--log_interval", "1", "--dropout", "0.1", "--eval_interval", "10"]
     with monkeypatch.context() as patch:
-        patch.setattr(estimate, "expected_seconds", lambda run, progress: estimate.Estimate(0, 0, 0, 0))  # no pass
+        patch.setattr(opening, "expected_seconds", lambda run, progress: Estimate(0, 0, 0, 0))  # no pass
         quiet = train.train(*load_config(common + ["--out_dir", str(tmp_path / "a")], False)[::2], say=lambda m: None)
-    monkeypatch.setattr(estimate, "SLOW_RUN_SECONDS", 0.0)  # every run counts as slow: the estimate runs and is said
+    monkeypatch.setattr(opening, "SLOW_RUN_SECONDS", 0.0)  # every run counts as slow: the estimate runs and is said
     messages = []
     said = train.train(*load_config(common + ["--out_dir", str(tmp_path / "b")], False)[::2], say=messages.append)
     notes = [m for m in messages if m.startswith("note: on this CPU this run would take about")]
@@ -483,8 +484,8 @@ def test_the_slow_run_note_fits_the_run(corpus, tmp_path, monkeypatch, preset, p
     is running (it had said 'use --config shakespeare_char_cpu' during shakespeare_char_cpu, and never named
     --full_val false, that preset's largest cost)."""
     steps, evaluations, full_validation = parts
-    monkeypatch.setattr(estimate, "expected_seconds",
-                        lambda run, progress: estimate.Estimate(steps / 20, steps, evaluations, full_validation))
+    monkeypatch.setattr(opening, "expected_seconds",
+                        lambda run, progress: Estimate(steps / 20, steps, evaluations, full_validation))
     messages = []
     argv = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"), "--max_iters", "2",
             "--out_dir", str(tmp_path / "run")]
@@ -499,20 +500,20 @@ def test_the_slow_run_note_fits_the_run(corpus, tmp_path, monkeypatch, preset, p
 def test_a_slow_model_is_said_before_a_whole_step_is_timed(corpus, tmp_path, monkeypatch):
     """The speed probe times one window first: where that already shows a long step, the note comes from it (the GPU
     recipe on a CPU had timed two whole steps of 46.8 s first)."""
-    from training.build import build_run
-    from training.runtime import setup
+    from training.opening import build_run
+    from training.device import setup
     from data import prepare, resolve
     cfg = load_config(["--config", "debug", "--data", str(corpus), "--batch_size", "64"], False)[0]
     prepared = prepare(resolve(str(corpus), tmp_path / "c"), tmp_path / "c", say=lambda m: None)
     run, progress = build_run(cfg, setup("cpu", "float32"), prepared, say=lambda m: None)
     rows = []
-    monkeypatch.setattr(estimate, "pass_seconds", lambda run, n: rows.append(n) or 1.0)  # a window takes a second
-    found = estimate.expected_seconds(run, progress)
+    monkeypatch.setattr(opening, "pass_seconds", lambda run, n: rows.append(n) or 1.0)  # a window takes a second
+    found = expected_seconds(run, progress)
     assert rows == [1] and found.step == 64.0  # the batch's time from one window's, no batch timed
 
 
 def test_every_evaluation_and_the_full_validation_report_progress(corpus, tmp_path, monkeypatch):
-    from training.log import Log, PlainProgress
+    from training.report import Log, PlainProgress
     tasks = []
 
     class Recorder(PlainProgress):

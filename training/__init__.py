@@ -1,1 +1,1 @@
-"""Training infrastructure kept out of train.py: device and precision, checkpoints, performance figures."""
+"""Training infrastructure kept out of train.py, one idea a module (docs/code.md is the map)."""

@@ -1,24 +1,29 @@
-"""Checkpoints: self-describing files written atomically and read without unpickling code."""
+"""Checkpoints: what one holds (CONTENTS), captured from a run and restored into one, and the self-describing file,
+written atomically and read without unpickling code, every part checked before it is used."""
 from __future__ import annotations
 
+import math
 import pickle
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from configs.loader import checked_types
-from configs.schema import FIELDS
+from configs.schema import FIELDS, TYPES
 from errors import UserError
-from training.files import write_atomic
-from training.runtime import free_memory
+from training.device import Dist, free_memory
+from training.run_folder import write_atomic
+
+if TYPE_CHECKING:
+    from training.opening import Run  # (for type hints only: opening builds runs from checkpoints)
 
 FORMAT = 1
-BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
-ASIDE = ".replaced"  # where --overwrite keeps the old run until the new one has something better (RunDir)
 # Everything a checkpoint holds, defined once: key -> (the types it may have, who needs it). "sample": every reader
-# (enough to sample from it); "resume": what --resume needs besides; "later": added since, read with a default when an
-# older checkpoint lacks it. training.build.capture() writes exactly these keys (tested), restore() reads them.
+# (enough to sample from it); "resume": what --resume needs besides; "later": optional, read with a default where a
+# checkpoint lacks it. capture() writes exactly these keys (tested), restore() reads them.
 CONTENTS = {
     "format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
     "run_config": (dict, "sample"), "vocab": (str, "sample"), "iter": (int, "sample"),
@@ -29,6 +34,52 @@ CONTENTS = {
 REQUIRED = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "sample"}
 RESUMABLE = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "resume"}
 LATER = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "later"}
+
+
+@dataclass
+class Progress:
+    """Where a run is, the training loop's state, saved whole in every checkpoint: the step, the best validation loss,
+    seconds spent in training steps (evaluations, samples, pictures and checkpoint writes excluded), whether the
+    evaluation due at this step has been done, the losses the last evaluation measured, and how many evaluations in a
+    row have not beaten the best (for --patience). A Session (training.session) is its one writer."""
+    it: int = 0
+    best_val: float = math.inf
+    train_seconds: float = 0.0
+    eval_done: bool = False
+    last_eval: dict = field(default_factory=dict)
+    evals_since_best: int = 0
+
+
+def capture(run: Run, progress: Progress) -> dict:
+    """Everything a checkpoint holds (CONTENTS, with the format added when it is saved): weights, configs,
+    vocabulary, optimizer, step, random streams. restore() is its inverse."""
+    return {
+        "model": run.model.state_dict(), "model_config": run.model_cfg.to_dict(), "run_config": run.cfg.to_dict(),
+        "vocab": run.tokenizer.chars, "optimizer": run.optimizer.state_dict(),
+        "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
+        "iter": progress.it, "best_val_loss": progress.best_val, "train_seconds": progress.train_seconds,
+        "eval_done": progress.eval_done, "last_eval": progress.last_eval, "evals_since_best": progress.evals_since_best,
+        "data": run.data_info,
+        "rng": {"torch": torch.get_rng_state(), "batches": run.batches.state_dict(),
+                "cuda": torch.cuda.get_rng_state() if run.rt.device_type == "cuda" else None},
+    }
+
+
+def restore(run: Run, state: dict, d: Dist = Dist()) -> Progress:
+    """The state of a checkpoint (checked by load() and check_resumable()) into run; returns where the run is."""
+    run.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    if state.get("scaler"):
+        run.scaler.load_state_dict(state["scaler"])
+    run.batches.load_state_dict(state["rng"]["batches"])  # the same stream, whatever the number of ranks
+    if not d.enabled:
+        torch.set_rng_state(state["rng"]["torch"])
+        if run.rt.device_type == "cuda" and state["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
+    # A checkpoint without the optional fields was saved after the evaluation at its step: that one was done.
+    return Progress(it=state["iter"], best_val=state["best_val_loss"], train_seconds=state.get("train_seconds", 0.0),
+                    eval_done=state.get("eval_done", True), last_eval=state.get("last_eval", {}),
+                    evals_since_best=state.get("evals_since_best", 0))
 
 
 def non_finite(weights: dict) -> str | None:
@@ -46,67 +97,6 @@ def save(state: dict, path: Path) -> None:
                         f"then --resume")
     write_atomic(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint")
 
-
-def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path:
-    """The checkpoint a script should read: --ckpt FILE, else the first of names in the run folder (by default the
-    run's model, ckpt_best.pt: the lowest validation loss it measured; ckpt_last.pt only where there is none); with
-    neither, the newest run in out/ (where train.py puts runs), so the command after `python train.py` needs no
-    folder name, which depends on the corpus the run could reach."""
-    if ckpt:
-        return Path(ckpt)
-    if not out_dir:
-        newest = newest_run(Path("out"), names)
-        if newest is None:
-            raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE; out/ holds no "
-                            "run yet: train one first (python train.py)")
-        out_dir = str(newest)
-    from training.run_dir import RunDir, holder  # (run_dir reads this module's names)
-
-    folder = Path(out_dir)
-    owner = holder(folder)
-    aside = folder / ASIDE
-    if aside.is_dir() and not aside.is_symlink() and RunDir(folder).recorded_aside(aside) is not None:
-        # an --overwrite's old run waits there (its record says so): the folder's new files are not yet its run
-        if owner:
-            raise UserError(f"{out_dir} is being replaced by an --overwrite run ({owner}) that has not reached its "
-                            f"first evaluation after step 0; until then the run it replaces waits in {folder / ASIDE}: "
-                            f"wait for that evaluation, or stop the new run (Ctrl-C, or kill -INT) to put the old "
-                            f"one back")
-        raise UserError(f"{out_dir}: an --overwrite stopped before its first evaluation after step 0, and the run it "
-                        f"was replacing waits in {folder / ASIDE}; python train.py --out_dir {out_dir} --resume puts it "
-                        f"back and continues it")
-    for name in names:
-        if (folder / name).exists():
-            return folder / name
-    if owner:
-        raise UserError(f"{out_dir} holds no {' or '.join(names)} yet: {owner} is training there; wait for its first "
-                        f"evaluation, which saves one")
-    others = runs_beside(folder, names)
-    if others:  # offline, out/<preset>-shakespeare was trained as out/<preset>-pystdlib: point there, not to training
-        shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
-        raise UserError(f"{out_dir} holds no {' or '.join(names)}; runs with a model there: {shown}; give one of them "
-                        f"as --out_dir (or train one here: python train.py --out_dir {out_dir})")
-    raise UserError(f"{out_dir} holds no {' or '.join(names)}; train first: python train.py --out_dir {out_dir}")
-
-
-def newest_run(parent: Path, names: tuple[str, ...]) -> Path | None:
-    """The run folder in parent whose model (any of names) was written last, or None."""
-    try:
-        found = [(max((p / name).stat().st_mtime for name in names if (p / name).is_file()), p)
-                 for p in parent.iterdir() if any((p / name).is_file() for name in names)]
-    except OSError:
-        return None
-    return max(found)[1] if found else None
-
-
-def runs_beside(folder: Path, names: tuple[str, ...]) -> list[Path]:
-    """The run folders beside folder (in its parent) that hold a model; those of the same preset first."""
-    try:
-        found = [p for p in folder.parent.iterdir() if p != folder and any((p / name).is_file() for name in names)]
-    except OSError:
-        return []
-    preset = folder.name.split("-", 1)[0]
-    return sorted(found, key=lambda p: (p.name.split("-", 1)[0] != preset, p.name))
 
 
 def load(path: Path, device: torch.device | str = "cpu") -> dict:
@@ -167,10 +157,9 @@ def model_config_of(state: dict, path: Path):
 
     values, types = state["model_config"], typing.get_type_hints(ModelConfig)
     unknown = [key for key in values if key not in types]
-    wrong = [key for key in values if key in types and not of_type(values[key], float_or(types[key]))]
-    if unknown or wrong:
-        named = [f"{key} is unknown" for key in unknown] + [f"{key} is a {type(values[key]).__name__}" for key in wrong]
-        raise UserError(f"{path} is damaged: in its model config, {', '.join(named[:5])}")
+    if unknown:
+        raise UserError(f"{path} is damaged: in its model config, {', '.join(unknown[:5])} unknown")
+    checked_types(values, f"{path} is damaged: in its model config", {**TYPES, "vocab_size": int})
     try:
         config = ModelConfig(**values)
         tokenizer = CharTokenizer(state["vocab"])
@@ -180,10 +169,6 @@ def model_config_of(state: dict, path: Path):
         raise UserError(f"{path} is inconsistent: its vocabulary has {tokenizer.vocab_size} characters "
                         f"but its model expects {config.vocab_size}")
     return config
-
-
-def float_or(kind: type):
-    return (int, float) if kind is float else kind  # a whole number is a fine float
 
 
 def check_model(state: dict, path: Path) -> None:

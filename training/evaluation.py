@@ -1,30 +1,49 @@
 """Measuring a model's loss: a run's quick estimate (fixed random batches of each split) and its full validation (every
 non-overlapping validation window), both stoppable between batches; and scoring any text, every character once, by
-sliding windows whose stride sets how much context each scored character has (scripts/evaluate.py)."""
+sliding windows whose stride sets how much context each scored character has (scripts/evaluate.py); and the rule
+for when a run evaluates."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from training import runtime
-from training.distributed import Dist
-from training.stop import StopRequest
+from configs import TrainConfig
+from training.device import Dist, Runtime
 
 
-def asked_to_stop(stop: StopRequest | None, d: Dist, device: torch.device, batch: int) -> bool:
+def evaluation_due(it: int, cfg: TrainConfig) -> bool:
+    """A run evaluates (and saves its checkpoints) every eval_interval steps and at its last step."""
+    return it % cfg.eval_interval == 0 or it == cfg.max_iters
+
+
+def evaluations_left(it: int, cfg: TrainConfig) -> int:
+    """How many evaluations a run at step it has still to make, by evaluation_due's rule (that at step it included)."""
+    if it > cfg.max_iters:
+        return 0
+    every = cfg.eval_interval
+    return cfg.max_iters // every - -(-it // every) + 1 + (cfg.max_iters % every != 0)
+
+
+def plateaued(evals_since_best: int, patience: int) -> bool:
+    """--patience: the last `patience` evaluations in a row did not beat the best validation loss (0: never)."""
+    return patience > 0 and evals_since_best >= patience
+
+
+def asked_to_stop(stop: Callable[[], bool] | None, d: Dist, device: torch.device, batch: int) -> bool:
     """Between evaluation batches; under DDP the ranks agree every 10 batches (a collective), so all stop together."""
     if stop is None:
         return False
     if not d.enabled:
-        return stop.requested
-    return batch % 10 == 0 and d.any(stop.requested, device)
+        return stop()
+    return batch % 10 == 0 and d.any(stop(), device)
 
 
 @torch.inference_mode()
-def evaluate(model, batches, rt: runtime.Runtime, eval_iters: int, d: Dist = Dist(),
-             stop: StopRequest | None = None, progress=None) -> dict[str, float] | None:
+def evaluate(model, batches, rt: Runtime, eval_iters: int, d: Dist = Dist(),
+             stop: Callable[[], bool] | None = None, progress=None) -> dict[str, float] | None:
     """Mean loss over eval_iters random batches of each split (a quick estimate), averaged over ranks: the same
     batches at every evaluation of a run (Batches.fixed_batches). Where every validation window fits in eval_iters
     batches (a small corpus, or long batches), the validation figure is exact instead: the full validation, which
@@ -53,8 +72,8 @@ def evaluate(model, batches, rt: runtime.Runtime, eval_iters: int, d: Dist = Dis
 
 
 @torch.inference_mode()
-def full_validation_loss(model, batches, rt: runtime.Runtime, d: Dist = Dist(),
-                         stop: StopRequest | None = None, progress=None) -> float | None:
+def full_validation_loss(model, batches, rt: Runtime, d: Dist = Dist(),
+                         stop: Callable[[], bool] | None = None, progress=None) -> float | None:
     """The exact mean loss over every non-overlapping validation window (shared out among the ranks)."""
     model.eval()
     total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # (sum of losses, number of characters)
@@ -103,10 +122,6 @@ class Windows:
         end = (k * self.stride + self.block_size).clamp(max=self.n_ids - 1)
         before = ((k - 1) * self.stride + self.block_size).clamp(max=self.n_ids - 1)  # the previous window's end
         return k * self.stride, end, torch.where(k == 0, 1, before + 1)
-
-
-def windows(n_ids: int, block_size: int, stride: int) -> Windows:
-    return Windows(n_ids, block_size, stride)
 
 
 @torch.inference_mode()

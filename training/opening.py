@@ -1,27 +1,63 @@
 """Opening a run: every check that can fail comes before anything in the folder changes; then the folder is owned,
-the checkpoint to resume is read and checked, the data prepared and the run built."""
+the checkpoint to resume is read and checked, the data prepared, the run built (Run: its loader, model, optimizer
+and scaler), and on a CPU its memory and time estimated before the first step."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configs import TrainConfig
 from configs.loader import config_from_dict
-from configs.schema import ARCHITECTURE_FIELDS, SHAPE_FIELDS
-from data import Corpus, Prepared, default_cache_dir, prepare, resolve
+from configs.schema import ARCHITECTURE_FIELDS, FIXED, SHAPE_FIELDS
+from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
 from errors import UserError
-from model.config import ModelConfig
-from training import checkpoint, runtime
-from training.build import build_run, plateaued
-from training.distributed import Dist
-from training.estimate import refuse_if_too_big
-from training.log import Log
-from training.phases import Phases
-from training.run_dir import RunDir
-from training.stop import StopRequest
+from model import GPT, ModelConfig
+from training import checkpoint
+from training.checkpoint import Progress
+from training.device import (Dist, Runtime, compile_wanted, flops_per_token, free_memory, is_out_of_memory, setup,
+                             step_and_eval_models, sync)
+from training.evaluation import evaluations_left, plateaued
+from training.optim import configure_optimizer
+from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory
+from training.run_folder import RunDir, find
+
+if TYPE_CHECKING:
+    from training.session import StopRequest  # (for type hints only: the session is built on an opened run)
+
+
+@dataclass
+class Run:
+    cfg: TrainConfig
+    rt: Runtime
+    prepared: Prepared
+    tokenizer: CharTokenizer
+    batches: Batches
+    model_cfg: ModelConfig
+    model: GPT  # the module whose weights are saved (never the compiled or DDP wrapper)
+    step_model: object  # what the loop calls: the model, wrapped in DDP and/or compiled (its blocks, or all of it)
+    optimizer: object
+    scaler: torch.amp.GradScaler
+    tokens_per_iter: int
+    flops_per_token: float
+    phases: Phases  # where this process's time goes
+    eval_model: object  # what evaluations call: step_model, or with compile_eval false the model itself
+
+    @property
+    def data_info(self) -> dict:
+        """What the run was trained on, as recorded in checkpoints and the summary."""
+        info = {k: self.prepared.meta[k] for k in ("source", "sha256", "n_chars", "n_train", "n_val", "vocab_size")}
+        info["first_char"] = self.tokenizer.chars[int(self.batches.data["train"][0])]  # sample.py's default prompt
+        return info
 
 
 def check_paths(cfg: TrainConfig) -> None:
@@ -40,15 +76,11 @@ def check_paths(cfg: TrainConfig) -> None:
                         f"files; choose a name in UTF-8") from None
 
 
-def cache_dir_of(cfg: TrainConfig) -> Path:
-    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
-
-
 def choose_corpus(cfg: TrainConfig, say) -> tuple[TrainConfig, Corpus]:
     """Find the corpus now (downloading a named one), so that the run is named and recorded after the text it
     really trains on: offline, "shakespeare" falls back to "pystdlib", and the config then says pystdlib (a resume
     later, online, must not switch to Shakespeare). Without --out_dir the run goes to out/<preset>-<corpus>."""
-    corpus = resolve(cfg.data, cache_dir_of(cfg), say=say, fallback=True)
+    corpus = resolve(cfg.data, default_cache_dir(cfg.cache_dir), say=say, fallback=True)
     if cfg.data in NAMED and corpus.name != cfg.data:
         cfg.data = corpus.name
     if not cfg.out_dir:
@@ -65,7 +97,7 @@ def choose_corpus(cfg: TrainConfig, say) -> tuple[TrainConfig, Corpus]:
 def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab: str = "",
                  check=None) -> Prepared:
     """The token files of the run's corpus (found here unless choose_corpus already found it)."""
-    cache_dir = cache_dir_of(cfg)
+    cache_dir = default_cache_dir(cfg.cache_dir)
     corpus = corpus or resolve(cfg.data, cache_dir, say=say)
     return prepare(corpus, cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors, say=say,
                    base_vocab=base_vocab, check=check)
@@ -93,7 +125,7 @@ def same_text(resumed: dict, source: Path, data_named: bool):
 def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path) -> TrainConfig:
     """A fine-tuning run's config: the trained model's architecture, whatever the preset says; a shape given
     explicitly that differs is refused (the weights would not fit)."""
-    saved = {**ModelConfig().to_dict(), **state["model_config"]}  # older checkpoints: the forms added since
+    saved = {**ModelConfig().to_dict(), **state["model_config"]}  # a field the checkpoint lacks: its default
     values = cfg.to_dict()
     for name in SHAPE_FIELDS:
         if name in explicit and values[name] != saved[name]:
@@ -129,7 +161,7 @@ def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
     """The model --resume builds (from the run's config) is the one the weights were checked against (the
     checkpoint's model config): a run config that asks for more is refused before it is built."""
     built = cfg.model_config(len(state["vocab"])).to_dict()
-    saved = {**ModelConfig().to_dict(), **state["model_config"]}  # older checkpoints: the forms added since
+    saved = {**ModelConfig().to_dict(), **state["model_config"]}  # a field the checkpoint lacks: its default
     differ = [name for name in SHAPE_FIELDS if built[name] != saved[name]]
     if differ:
         name = differ[0]
@@ -146,7 +178,8 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         loss = f", full validation {summary['full_val_loss']:.4f}" if "full_val_loss" in summary else ""
-        model = f" (its model: step {summary['model_step']}, {summary['model_checkpoint']})" if "model_step" in summary else ""
+        model = (f" (its model: step {summary['model_step']}, {summary['model_checkpoint']})"
+                 if "model_step" in summary else "")
     except (OSError, ValueError, TypeError, KeyError):
         return None  # a damaged summary is written again by finishing the run
     where = shlex.quote(str(run_dir.path))
@@ -188,7 +221,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
                                 f"or give its new place with --data (the same text)")
         elif cfg.init_from:
             start = Path(cfg.init_from)
-            start = checkpoint.find(str(start), "") if start.is_dir() else start
+            start = find(str(start), "") if start.is_dir() else start
             init = checkpoint.load(start)
             cfg = init_config(cfg, explicit, init, start)
         # A fine-tuned run's vocabulary begins with its first model's, so that the old ids keep their meaning.
@@ -215,13 +248,197 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             log.say(f"note: the text of {prepared.meta['source']} is not the text step {resumed['iter']} was trained "
                     f"on (its checksum differs); the run goes on with this text, so it will not match an uninterrupted "
                     f"run")
-        rt = runtime.setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
+        rt = setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
         refuse_if_too_big(cfg, rt, stop.saved)  # on a CPU the system would end the process, wordlessly
         try:
-            run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init)
+            run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init, phases)
         except (RuntimeError, KeyError, ValueError, TypeError) as err:
-            if resumed is None or runtime.is_out_of_memory(err):
+            if resumed is None or is_out_of_memory(err):
                 raise
             raise UserError(f"{source} does not fit this model or optimizer ({str(err).splitlines()[0][:150]}); "
                             f"it is damaged or from another version") from None
     return run, progress, source
+
+
+# ---- building the run ------------------------------------------------------------------------------------------------
+def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(), say=print,
+              resumed: dict | None = None, init: dict | None = None,
+              phases: Phases | None = None) -> tuple[Run, Progress]:
+    """The real loader, model, optimizer and gradient scaler of a run with this config; from a checkpoint's state
+    when resuming. The global random stream is drawn from in a fixed order, so a seed gives the same run."""
+    batches = Batches(prepared, cfg.block_size, cfg.batch_size, rt.device, cfg.seed, d.rank, d.world_size)
+    torch.manual_seed(cfg.seed)
+    model_cfg = cfg.model_config(prepared.tokenizer.vocab_size)
+    model = GPT(model_cfg).to(rt.device)  # the same seed gives every rank the same initial weights
+    if init is not None:
+        graft(model, init["model"])
+    if d.enabled:
+        torch.manual_seed(cfg.seed + d.rank)  # but different dropout masks
+    optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (FIXED["beta1"], cfg.beta2),
+                                    rt.device_type, cfg.optimizer)
+    run = Run(cfg=cfg, rt=rt, prepared=prepared, tokenizer=prepared.tokenizer, batches=batches, model_cfg=model_cfg,
+              model=model, step_model=model, eval_model=model, optimizer=optimizer, scaler=rt.grad_scaler(),
+              tokens_per_iter=cfg.batch_size * cfg.block_size * cfg.grad_accum_steps * d.world_size,
+              flops_per_token=flops_per_token(model.num_params(non_embedding=False), model_cfg),
+              phases=phases or Phases())
+    progress = checkpoint.restore(run, resumed, d) if resumed is not None else Progress()
+
+    def wrap(module: torch.nn.Module) -> torch.nn.Module:
+        # The model's only buffers are the rotary tables, computed alike in every process: nothing for DDP to
+        # broadcast from rank 0 before every forward (its default)
+        return DDP(module, device_ids=[d.local_rank] if rt.device_type == "cuda" else None,
+                   broadcast_buffers=False) if d.enabled else module
+    run.step_model, run.eval_model = step_and_eval_models(model, wrap, cfg.compile, rt.device_type, cfg.compile_mode,
+                                                          cfg.compile_scope, cfg.compile_eval, say)
+    return run, progress
+
+
+def graft(model: GPT, weights: dict) -> None:
+    """A trained model's weights into a model with the same architecture and the same or a longer vocabulary (a
+    fine-tuning run): the trained rows of the token embedding (and of an untied output head) are copied, and each
+    new character's row starts as the mean of the trained rows, an average character, rather than noise."""
+    own = model.state_dict()
+    weights = dict(weights)
+    for name in ("wte.weight", "lm_head.weight"):
+        trained, wanted = weights.get(name), own[name]
+        if trained is not None and trained.size(0) < wanted.size(0):
+            grown = torch.empty_like(wanted)
+            grown[:trained.size(0)] = trained
+            grown[trained.size(0):] = trained.float().mean(0).to(trained.dtype)
+            weights[name] = grown
+    model.load_state_dict(weights)
+
+
+def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
+    """The corpus, the model, the device, the global batch, and where to watch the run."""
+    cfg, where = run.cfg, shlex.quote(str(run_dir.path))
+    params = run.model.num_params()
+    with_table = (f" ({run.model.num_params(False) / 1e6:.2f}M with the position table)"
+                  if run.model.wpe is not None else "")
+    log.say(f"{run.prepared.meta['source']}: {run.prepared.meta['n_chars']:,} characters, vocabulary "
+            f"{run.tokenizer.vocab_size}; model {params / 1e6:.2f}M parameters{with_table}; {run.rt.describe()}")
+    log.say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
+            f"process{'es' if d.enabled else ''} = {run.tokens_per_iter:,} tokens per step")
+    log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open "
+            f"{TENSORBOARD_URL} (the loss first, drawn unsmoothed)")
+    if compile_wanted(cfg.compile, run.rt.device_type):  # else the wait before step 0 would look like a hang
+        mode = "" if cfg.compile_mode == "default" else f", mode {cfg.compile_mode}"
+        log.say(f"torch.compile (scope {cfg.compile_scope}{mode}): the first evaluation and the first step wait "
+                f"while it compiles, longest on a machine's first run (its cache serves later ones); --compile false "
+                f"skips it")
+
+
+# ---- on a CPU, before the first step: whether it fits in memory, how long it will take -------------------------------
+SLOW_RUN_SECONDS = 600  # on a CPU, a run expected to take longer than this says so before it starts
+GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
+CPU_PRESET = "shakespeare_char_cpu"  # the preset a slow run on a CPU suggests
+
+
+# The memory one training step's activations take on a CPU, in bytes per batch_size x block_size x n_embd x n_layer:
+# what a forward and backward add to the peak resident memory (rotary positions, fused attention), rounded up from
+# the figures measured (docs/speed.md).
+ACTIVATION_BYTES = {torch.bfloat16: 80, torch.float32: 110}
+# The explicit attention path (--attention explicit, and the additive form, which has no fused kernel) also keeps each
+# layer's attention weights, batch_size x n_head x block_size², about this many bytes each beyond the figures above.
+WEIGHT_BYTES = 4
+PARAMETER_BYTES = 16  # a float32 weight, its gradient and two optimizer moments (AdamW; Muon keeps one)
+
+
+def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
+    """On a CPU, a run whose model and training step need more memory than the machine has free is refused before
+    it is tried: there the system ends the process when memory runs out (exit 137, "Killed"), and no error reaches
+    Python to name the fix (on a GPU it does: see report.out_of_memory). Every process of the machine needs its own.
+    The blocks' weights are 12 x n_layer x n_embd² (the embeddings are left out: small beside them)."""
+    free = free_memory() if rt.device_type == "cpu" else None
+    layers = max(cfg.n_layer, 1)
+    activation_bytes = ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32])
+    need = (activation_bytes * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
+            + PARAMETER_BYTES * 12 * cfg.n_layer * cfg.n_embd ** 2)
+    if cfg.attention == "explicit" or cfg.attention_score == "additive":
+        need += WEIGHT_BYTES * cfg.batch_size * cfg.n_head * cfg.block_size ** 2 * cfg.n_layer
+    need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: the processes on this machine
+    if free is not None and need > free:
+        figures = f" (it would need about {need / 2**30:.1f} GiB; this machine has {free / 2**30:.1f} GiB free)"
+        raise UserError(out_of_memory(cfg, saved, figures))
+
+
+@dataclass
+class Estimate:
+    """Where a CPU run's time would go, in seconds."""
+    step: float  # one training step
+    steps: float  # the steps left
+    evaluations: float  # the evaluations left (estimates of both splits, or the validation split read whole)
+    full_validation: float  # the final one, over every validation window (0 with --full_val false)
+
+    @property
+    def total(self) -> float:
+        return self.steps + self.evaluations + self.full_validation
+
+
+PROBE_SECONDS = 2.0  # a timed pass of one window longer than this: the run is slow enough to say so from it alone
+
+
+def pass_seconds(run: Run, rows: int) -> float:
+    """Seconds of a forward and backward pass over `rows` windows of the first validation batch (the second of two:
+    the first warms up), in eval mode, so that no dropout mask is drawn and the run's random streams stay as they
+    were; with one window only, the warm-up pass is the timed one when it is long already."""
+    rt = run.rt
+    x, y = (t[:rows] for t in next(run.batches.val_windows()))
+    run.model.eval()
+    for attempt in range(2):
+        start = time.perf_counter()
+        with rt.autocast():
+            loss = run.model(x, y)[1]
+        loss.backward()
+        sync(rt.device)
+        seconds = time.perf_counter() - start
+        if attempt == 0 and seconds * run.cfg.batch_size > PROBE_SECONDS * 10 and rows == 1:
+            break  # a step of more than ~20 s: the warm-up pass is figure enough
+    run.model.zero_grad(set_to_none=True)
+    run.model.train()
+    return seconds
+
+
+def expected_seconds(run: Run, progress: Progress) -> Estimate:
+    """Where the rest of the run's time would go on this device, from a timed pass over one window first (which, for
+    a model that is slow on this machine, is the estimate: the note then comes within seconds, not after a whole
+    step), and otherwise over a whole batch."""
+    cfg = run.cfg
+    one = pass_seconds(run, 1)
+    batch = one * cfg.batch_size if one * cfg.batch_size > PROBE_SECONDS * 10 else pass_seconds(run, cfg.batch_size)
+    step = batch * cfg.grad_accum_steps  # validation batches are full size (the last one padded)
+    forward = batch / 3  # a forward pass of one batch is about a third of a training step's
+    steps_left = cfg.max_iters - progress.it
+    evaluations = evaluations_left(progress.it, cfg)
+    val_batches = run.batches.num_val_batches()
+    per_evaluation = cfg.eval_iters + min(cfg.eval_iters, val_batches)  # a split that fits is read whole, once
+    return Estimate(step, steps_left * step, evaluations * per_evaluation * forward,
+                    val_batches * forward if cfg.full_val else 0.0)
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 else \
+        f"{seconds:.0f} s"
+
+
+def warn_if_slow(run: Run, progress: Progress, log: Log) -> None:
+    """A run that will take long on a CPU says so before its first step: the figure, where the time goes, and the
+    flags that cut its largest parts (a preset made for a CPU only where another preset runs)."""
+    if run.rt.device_type != "cpu" or progress.it >= run.cfg.max_iters:
+        return
+    cfg, estimate = run.cfg, expected_seconds(run, progress)
+    if estimate.total < SLOW_RUN_SECONDS:
+        return
+    steps_left = cfg.max_iters - progress.it
+    parts = [(estimate.steps, f"{steps_left} steps x {duration(estimate.step)}", "a lower --max_iters"),
+             (estimate.evaluations, f"evaluations {duration(estimate.evaluations)}",
+              "a lower --eval_iters or a larger --eval_interval"),
+             (estimate.full_validation, f"the final full validation {duration(estimate.full_validation)}",
+              "--full_val false")]
+    parts = [part for part in parts if part[0] > 0]
+    fixes = [fix for _, _, fix in sorted(parts, key=lambda part: -part[0])[:2]]  # the two largest costs
+    if cfg.config_name != CPU_PRESET:
+        fixes.insert(0, f"--config {CPU_PRESET}")
+    made_for = f"{cfg.config_name} is made for a GPU; " if cfg.config_name in GPU_PRESETS else ""
+    log.say(f"note: {made_for}on this CPU this run would take about {duration(estimate.total)} "
+            f"({', '.join(what for _, what, _ in parts)}); for a shorter one: {'; or '.join(fixes)}")

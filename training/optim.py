@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn as nn
 
-from training.runtime import cpu_has_bfloat16_units
+from training.device import cpu_has_bfloat16_units
 
 
 
@@ -15,8 +15,7 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
                         betas: tuple[float, float], device_type: str, kind: str = "adamw"):
     """AdamW; weights of 2 or more dimensions decay, biases and LayerNorm gains do not.
 
-    The fused implementation (one kernel for all parameters) on CUDA and CPU: on a 2-core CPU it made a whole
-    training step of the 4x4x128 model about 13% faster (38.0/35.0 ms vs 43.4/40.5 ms, interleaved runs).
+    The fused implementation (one kernel for all parameters) on CUDA and CPU, where it is the faster one.
 
     kind "muon": the weight matrices inside the blocks go to torch.optim.Muon (momentum, then orthogonalised by
     Newton-Schulz iterations), with its learning rate scaled to match AdamW's update size, so the same
@@ -38,8 +37,7 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
 
 def newton_schulz_dtype(device_type: str) -> torch.dtype:
     """bfloat16, as torch.optim.Muon does, except on a CPU without bfloat16 units: there PyTorch emulates bfloat16
-    products. With a Zen 4's kernels capped at AVX2 (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-    MKL_ENABLE_INSTRUCTIONS=AVX2) a Muon step of the 2x160 model took 515 ms in bfloat16 against 23 ms in float32."""
+    products, many times slower than float32 ones (docs/speed.md)."""
     if device_type == "cpu" and not cpu_has_bfloat16_units():
         return torch.float32
     return torch.bfloat16
@@ -48,8 +46,8 @@ def newton_schulz_dtype(device_type: str) -> torch.dtype:
 class Muon(torch.optim.Muon):
     """torch.optim.Muon with a choice of dtype for its Newton-Schulz iterations. In bfloat16 on a CPU it computes
     exactly what torch.optim.Muon computes (the tests check it bit for bit); on a GPU its stacked products (one
-    batched product per shape, where torch's takes one matrix at a time) may round differently, unmeasured so far.
-    float32 is for CPUs without bfloat16 units."""
+    batched product per shape, where torch's takes one matrix at a time) may round differently. float32 is for CPUs
+    without bfloat16 units."""
 
     def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
         super().__init__(params, **kwargs)
@@ -61,9 +59,8 @@ class Muon(torch.optim.Muon):
         reading the flag: when it is False every weight and momentum buffer keeps its value exactly.
 
         Matrices of one shape are updated together: the same arithmetic as one at a time (the tests check it bit for
-        bit against torch.optim.Muon), in as many operations for 6 layers as for 2. On a GPU each operation is a
-        kernel launch: for the GPU preset's 6 layers, clipping, Muon, AdamW and clearing the gradients take 148
-        operations, against 340 when Muon updated one matrix at a time (Newton-Schulz in bfloat16, as on a GPU)."""
+        bit against torch.optim.Muon), in as many operations for 6 layers as for 2: on a GPU each operation is a
+        kernel launch."""
         for group in self.param_groups:
             params, grads, buffers = self.with_gradients(group)
             lr, decay = group["lr"], 1 - group["lr"] * group["weight_decay"]
@@ -144,7 +141,7 @@ def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float]
 
 
 class AdamW(torch.optim.AdamW):
-    """torch.optim.AdamW (same state, same checkpoints) with a step that is skipped when the gradients are not finite."""
+    """torch.optim.AdamW (same state, same checkpoints) with a step skipped when the gradients are not finite."""
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
         """step(), or nothing at all when the 0-d bool tensor finite is False: weights, moments and step counts stay

@@ -1,104 +1,335 @@
-"""What a run tells its user: what it trains at the start, the losses, a sample and attention pictures at each
-evaluation (to TensorBoard), and at the end which step's model it hands over, with its figures."""
+"""What a run says and records, from rank 0 only: messages, progress bars, TensorBoard (every tag and the layout,
+here), the log line every log_interval steps, the training clock, where the time went, and the closing lines."""
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import secrets
 import shlex
-from typing import TYPE_CHECKING
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
 
 import torch
+from tqdm import tqdm
 
 from configs import TrainConfig
-from model.generate import generate
-from training import checkpoint, runtime
-from training.build import Progress, Run
-from training.compiling import compile_wanted
-from training.distributed import Dist
-from training.log import Log
-from training.run_dir import RunDir
-from training.stop import StopRequest
-
-if TYPE_CHECKING:
-    from training.pictures import AttentionPictures  # matplotlib: imported only by runs that draw
-
+from errors import UserError
+from training.device import sync, utilisation
+from training.run_folder import BEST, LAST, disk_error
 
 # TensorBoard's Time Series with its smoothing at 0 (a query parameter it reads): a validation loss measured at a few
 # evaluations is otherwise drawn well above its values by the default smoothing of 0.6.
 TENSORBOARD_URL = "http://localhost:6006/?smoothing=0#timeseries"
 # The largest model scripts/attention_html.py puts into its page: every weight as float32 is 16 MB, about 21 MB of page.
 PAGE_MAX_PARAMETERS = 4_000_000
+# TensorBoard's HParams table sorts the settings by name and shows the first five: these five, so the model's shape,
+# learning rate, optimizer and steps are all in view, then the figures.
+HPARAMS = ("learning_rate", "max_iters", "n_embd", "n_layer", "optimizer")
 
 
-def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
-    """The corpus, the model, the device, the global batch, and where to watch the run."""
-    cfg, where = run.cfg, shlex.quote(str(run_dir.path))
-    params = run.model.num_params()
-    with_table = f" ({run.model.num_params(False) / 1e6:.2f}M with the position table)" if run.model.wpe is not None else ""
-    log.say(f"{run.prepared.meta['source']}: {run.prepared.meta['n_chars']:,} characters, vocabulary "
-            f"{run.tokenizer.vocab_size}; model {params / 1e6:.2f}M parameters{with_table}; {run.rt.describe()}")
-    log.say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
-            f"process{'es' if d.enabled else ''} = {run.tokens_per_iter:,} tokens per step")
-    log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open "
-            f"{TENSORBOARD_URL} (the loss first, drawn unsmoothed)")
-    if compile_wanted(cfg.compile, run.rt.device_type):  # else the wait before step 0 would look like a hang
-        mode = "" if cfg.compile_mode == "default" else f", mode {cfg.compile_mode}"
-        log.say(f"torch.compile (scope {cfg.compile_scope}{mode}): the first evaluation and the first step wait "
-                f"while it compiles, longest on a machine's first run (its cache serves later ones); --compile false "
-                f"skips it")
+class Log:
+    """The run's voice: messages, the progress bar and TensorBoard events, all from rank 0 only (silent elsewhere).
+    Every TensorBoard tag a run writes is named in this class's methods."""
+
+    def __init__(self, out_dir: Path, active: bool = True, say=tqdm.write):
+        self.out_dir, self.active, self._say = out_dir, active, say
+        self.plain = not sys.stderr.isatty()  # a log file: a line per log interval instead of a progress bar
+        self._writer = None  # opened on first use: a run that writes nothing leaves no event file
+
+    def say(self, message: str) -> None:
+        if self.active:
+            self._say(message)
+
+    def line(self, message: str) -> None:
+        """A line for a log file (where a progress bar's updates run together); a terminal has the bar."""
+        if self.plain:
+            self.say(message)
+
+    def task(self, what: str, total: int):
+        """Progress of an evaluation: in a terminal a bar with a time estimate that appears only when it lasts more
+        than 2 s; in a log file a line every 30 s."""
+        if self.plain and self.active:
+            return PlainProgress(self.say, what, total)
+        return tqdm(total=total, desc=what, leave=False, delay=2, dynamic_ncols=True, disable=not self.active)
+
+    def progress(self, total: int, initial: int) -> tqdm:
+        return tqdm(total=total, initial=initial, dynamic_ncols=True, desc="train", mininterval=0.5,
+                    disable=not self.active or self.plain)
+
+    # ---- TensorBoard: what a run records, tag by tag -------------------------------------------------------------
+    def config(self, settings: str) -> None:
+        self._text("config", settings, 0)
+
+    def layout(self) -> None:
+        """TensorBoard's Custom Scalars tab: train and validation loss on one chart, then the speed. Its tags are
+        regular expressions, anchored so that each names one series a run (the full validation is its one point in
+        the Scalars tab's summary/ group)."""
+        self._write("add_custom_scalars", {
+            "loss": {"train and validation loss (nats per character)": ["Multiline", ["^loss/train$", "^loss/val$"]]},
+            "speed": {"tokens per second": ["Multiline", ["^perf/tokens_per_sec$"]],
+                      "model FLOPs utilisation (%)": ["Multiline", ["^perf/mfu$"]]}})
+
+    def step(self, it: int, loss: float, lr: float, grad_norm: float, tokens_per_sec: float, tokens_seen: int,
+             mfu: float) -> None:
+        self._scalars(it, {"loss/train": loss, "optim/lr": lr, "optim/grad_norm": grad_norm,
+                           "perf/tokens_per_sec": tokens_per_sec, "perf/tokens_seen": tokens_seen,
+                           "perf/mfu": mfu * 100})  # a percentage, as the console shows it
+
+    def evaluation(self, it: int, losses: dict[str, float]) -> None:
+        self._scalars(it, {"loss/train_eval": losses["train"], "loss/val": losses["val"]})
+
+    def sample(self, it: int, text: str) -> None:
+        self._text("samples", text, it)
+
+    def attention(self, it: int, layer: int, picture) -> None:
+        """picture: a (height, width, 3) uint8 array. A group that TensorBoard's Time Series (alphabetical) lists after
+        loss/, optim/, perf/, summary/; layers counted from 1, as everywhere a person reads them."""
+        self._write("add_image", f"where_attention_looks/layer_{layer + 1}", picture, it, dataformats="HWC")
+
+    def final(self, cfg: TrainConfig, summary: dict, step: int) -> None:
+        """The run's settings and final figures for the HParams tab, in the run's own event file (torch's add_hparams
+        would make a second run named after a subfolder), the figures at the final step (not as dots at step 0):
+        summary/ scalars, whose single dots come last in the Scalars tab, after loss."""
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        figures = {"summary/full_val_loss": summary.get("full_val_loss"),
+                   "summary/best_val_loss": summary["best_val_loss"], "summary/last_val_loss": summary["val_loss"]}
+        metrics = {tag: value for tag, value in figures.items() if value is not None}
+        hparams = {name: getattr(cfg, name) for name in HPARAMS}
+
+        def write(writer) -> None:
+            for written in hparams_summaries(hparams, metrics):
+                writer.file_writer.add_summary(written, step)
+            for tag, value in metrics.items():
+                writer.add_scalar(tag, value, step)
+        self._with_writer(write)
+
+    def _scalars(self, step: int, values: dict[str, float]) -> None:
+        for tag, value in values.items():
+            self._write("add_scalar", tag, value, step)
+
+    def _text(self, tag: str, text: str, step: int) -> None:
+        self._write("add_text", tag, "```\n" + text + "\n```", step)
+
+    def _write(self, method: str, *args, **kwargs) -> None:
+        self._with_writer(lambda writer: getattr(writer, method)(*args, **kwargs))
+
+    def _with_writer(self, write) -> None:
+        if not self.active:
+            return
+        try:
+            if self._writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+                _quiet_writer_threads()
+                # The event file's name ends in a random suffix: its usual name (time, host, pid) can be guessed,
+                # and TensorBoard opens it following links; nobody can plant a link under an unguessable one.
+                self._writer = SummaryWriter(log_dir=str(self.out_dir), filename_suffix=f".{secrets.token_hex(8)}")
+            write(self._writer)
+        except (OSError, RuntimeError) as err:
+            self._writer = None  # its file is broken; close() must not try again
+            raise UserError(f"could not write TensorBoard events in {self.out_dir} ({disk_error(err)}); the "
+                            f"checkpoints are intact; free some disk space, then continue with --resume") from None
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._write("close")
+            self._writer = None
 
 
-def attention_probe(run: Run) -> list[int]:
-    """The fixed text whose attention is pictured at every evaluation: the start of the validation split."""
-    return [int(t) for t in run.batches.data["val"][: min(run.cfg.block_size, 48)]]
+class PlainProgress:
+    """A line every `every` seconds: what, how far, and about how long is left."""
+
+    def __init__(self, say, what: str, total: int, every: float = 30.0, unit: str = "batches"):
+        self.say, self.what, self.total, self.every, self.unit = say, what, total, every, unit
+        self.done, self.start = 0, time.perf_counter()
+        self.last = self.start
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if now - self.last >= self.every and self.done < self.total:
+            self.last = now
+            left = (now - self.start) / self.done * (self.total - self.done)
+            self.say(f"{self.what}: {self.done}/{self.total} {self.unit}, about {left / 60:.1f} min left")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
 
 
-class SampleStopped(Exception):
-    """A stop request came while the evaluation's sample was drawn."""
+def _quiet_writer_threads() -> None:
+    """TensorBoard's writer thread prints a traceback when a write fails, then hands the error to the main thread,
+    which reports it in one line: leave the printing to the main thread."""
+    default = threading.excepthook
+    if getattr(default, "quiet_for_oserror", False):
+        return
+
+    def hook(args):
+        if not issubclass(args.exc_type, OSError):
+            default(args)
+
+    hook.quiet_for_oserror = True
+    threading.excepthook = hook
 
 
-def record_evaluation(run: Run, progress: Progress, log: Log, losses: dict, pictures: AttentionPictures | None,
-                      stop: StopRequest | None = None) -> None:
-    """Rank 0: the losses, a generated sample and attention maps (drawn by pictures) to TensorBoard. A stop request
-    while the sample is drawn ends the sample there (it is not logged); the evaluation's checkpoints are saved as
-    usual."""
-    cfg, it = run.cfg, progress.it
-    log.scalars(it, {"loss/train_eval": losses["train"], "loss/val": losses["val"]})
-    with run.phases.timing("samples and pictures"):
-        if cfg.sample_chars:
-            prompt = run.tokenizer.encode(run.tokenizer.default_prompt(run.data_info["first_char"]))
-            generator = torch.Generator(device=run.rt.device).manual_seed(cfg.seed)
-            run.model.eval()  # no dropout while sampling
-            def stop_if_asked(tokens: torch.Tensor) -> None:  # called as the characters are drawn
-                if stop is not None and stop.requested:
-                    raise SampleStopped
-
-            try:
-                with runtime.for_sampling(run.rt, cfg.dtype).autocast():  # float32 weights: on a CPU, auto is float32
-                    text = generate(run.model, [prompt], cfg.sample_chars, generator=generator, on_tokens=stop_if_asked)
-                log.text("samples", run.tokenizer.decode(text[0]), it)
-            except SampleStopped:
-                pass
-            finally:
-                run.model.train()
-        if pictures is not None:
-            from training.pictures import attention_weights
-            for layer, weights in enumerate(attention_weights(run.model, attention_probe(run))):
-                # a group that TensorBoard's Time Series (alphabetical) lists after loss/, optim/, perf/, summary/;
-                # layers counted from 1, as everywhere a person reads them
-                log.image(f"where_attention_looks/layer_{layer + 1}", pictures.render(weights, layer), it)
+# ---- where the time goes ---------------------------------------------------------------------------------------------
+PHASES = ("start-up", "data", "opening", "compilation", "training steps", "evaluations", "samples and pictures",
+          "checkpoints", "full validation")
 
 
-def step_line(it: int, cfg: TrainConfig, loss: float, step_seconds: float, tokens_per_sec: float, mfu: float) -> str:
-    return (f"step {it}/{cfg.max_iters}: loss {loss:.4f}, {step_seconds * 1000:.1f} ms/step, {tokens_per_sec:,.0f} "
-            f"tokens/s, mfu {mfu * 100:.1f}%")
+def seconds_since_process_start() -> float | None:
+    """How long this process has run (the interpreter's start and the imports included), where the system says
+    (Linux's /proc); None elsewhere."""
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time, in ticks since boot
+        return float(Path("/proc/uptime").read_text().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return None
 
 
-def too_many_nonfinite(it: int, cfg: TrainConfig, run_dir: RunDir) -> str:
-    return (f"stopped at step {it}: {cfg.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (they "
-            f"were skipped); the last good checkpoint is {run_dir.path / checkpoint.LAST}; try a lower "
-            f"--learning_rate or --dtype float32, then --resume")
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent in this process so far, by dynamo's own account (tracing, and building the
+    forward and backward graphs' kernels, cache lookups included); 0 if dynamo was never imported."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return float(utils.calculate_time_spent().get("total_wall_time", 0.0)) if utils is not None else 0.0
+    except Exception:  # a private account: if a torch release changes it, the breakdown only loses this phase
+        return 0.0
 
 
+class Phases:
+    """Seconds per phase of the whole command (start-up, data, opening, compilation, training steps, evaluations,
+    samples and pictures, checkpoints, full validation), from `started` (perf_counter) on; start-up is what came
+    before. For the closing line and summary.json."""
+
+    def __init__(self, start_up: float | None = None):
+        self.started = time.perf_counter()
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.seconds["start-up"] = start_up or 0.0
+        self.first_step: float | None = None  # the session's first training step, compilation not included
+
+    @contextlib.contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        """Time a phase; what torch.compile spends inside it counts as compilation instead."""
+        start, compiled = time.perf_counter(), compile_seconds()
+        try:
+            yield
+        finally:
+            compiling = compile_seconds() - compiled
+            self.seconds["compilation"] += compiling
+            self.seconds[phase] += time.perf_counter() - start - compiling
+
+    def opened(self) -> None:
+        """The run is open: what the command spent since `started` outside the data is the opening's."""
+        self.seconds["opening"] += time.perf_counter() - self.started - self.seconds["data"]
+
+    def report(self) -> dict[str, float]:
+        """Every phase, "other" (what no phase claims: messages, TensorBoard, the summary) and "total"."""
+        total = self.seconds["start-up"] + time.perf_counter() - self.started
+        return {**self.seconds, "other": max(0.0, total - sum(self.seconds.values())), "total": total}
+
+    def line(self, report: dict[str, float]) -> str:
+        parts = [f"{seconds:.1f} s {phase}" + (f" (the first {self.first_step:.1f} s)" if phase == "training steps"
+                                                and self.first_step is not None else "")
+                 for phase, seconds in report.items()
+                 if phase != "total" and (seconds >= 0.05 or phase == "training steps")]
+        since = "since the command started" if self.seconds["start-up"] else "in this call"
+        return f"where the time went: {', '.join(parts)}; {report['total']:.1f} s {since}"
+
+
+class TrainClock:
+    """The training clock: it runs only during training steps (evaluations, samples, pictures, checkpoints and
+    torch.compile's work are not training), so tokens/s and MFU describe the steps alone; it also times a session's
+    first step on its own. It starts running when made."""
+
+    def __init__(self, it: int, train_seconds: float, device: torch.device, phases: Phases):
+        self.device, self.phases = device, phases
+        self.started, self.compiled = time.perf_counter(), compile_seconds()
+        self.first_step = it + 1
+        self.trained_before = train_seconds  # in earlier sessions of the run
+        self.seconds = 0.0  # this session's, up to the last stop()
+        self.logged = (it, train_seconds)  # (step, training seconds) at the last log line
+
+    def stretch(self) -> float:
+        """Seconds since the last start, less what torch.compile took in them."""
+        return time.perf_counter() - self.started - (compile_seconds() - self.compiled)
+
+    def stop(self) -> float:
+        """End the stretch since the last start (waiting for the device first); its compilation goes to the phase
+        of that name. Returns the stretch's training seconds."""
+        sync(self.device)
+        stretch = self.stretch()
+        self.seconds += stretch
+        self.phases.seconds["compilation"] += compile_seconds() - self.compiled
+        self.phases.seconds["training steps"] = self.seconds
+        return stretch
+
+    def restart(self) -> None:
+        self.started, self.compiled = time.perf_counter(), compile_seconds()
+
+    def stepped(self, it: int) -> None:
+        """After a step, now at it: this session's first one (cuDNN's and cuBLAS's set-up on a GPU) is timed alone,
+        with one wait for it."""
+        if it == self.first_step:
+            sync(self.device)
+            self.phases.first_step = self.stretch()
+
+    def step_seconds(self, it: int) -> float:
+        """Seconds per training step since the last call (at a log line, where the loop waits for the device)."""
+        seconds = self.trained_before + self.seconds + self.stretch()
+        per_step = max(seconds - self.logged[1], 1e-9) / (it - self.logged[0])
+        self.logged = (it, seconds)
+        return per_step
+
+
+class StepLog:
+    """The loop's log line, every log_interval steps: the training loss, learning rate, gradient norm, tokens/s and
+    MFU, to TensorBoard, the log and the progress bar, from the loop's one read of the device; and the (step, loss)
+    history."""
+
+    def __init__(self, log: Log, bar: tqdm, cfg: TrainConfig, tokens_per_iter: int, flops_per_token: float,
+                 world_size: int, peak_flops: float, last_eval: dict):
+        self.log, self.bar, self.cfg, self.peak_flops = log, bar, cfg, peak_flops
+        self.tokens_per_iter, self.flops_per_token, self.world_size = tokens_per_iter, flops_per_token, world_size
+        self.history: list[tuple[int, float]] = []
+        self.last_val = f"val {last_eval['val']:.4f} (saved)" if last_eval else "val -"  # beside the loss on the bar
+
+    def due(self, it: int) -> bool:
+        return it % self.cfg.log_interval == 0 or it == self.cfg.max_iters
+
+    def evaluated(self, it: int, losses: dict[str, float]) -> None:
+        self.last_val = f"val {losses['val']:.4f} @{it}"  # the bar says which step the figure is from
+        self.bar.set_postfix_str(f"train {losses['train']:.4f} val {losses['val']:.4f}", refresh=False)
+
+    def write(self, it: int, lr: float, loss: torch.Tensor, grad_norm: torch.Tensor, watch,
+              clock: TrainClock) -> int:
+        """Log step it. Returns the longest run of skipped (non-finite) steps since the last log line (watch, a
+        training.step.NonFiniteWatch): the loop judges it."""
+        # the only host sync of the loop (and the evaluations'): one read for all three numbers
+        loss_value, norm_value, skipped = torch.stack([loss.float(), grad_norm.float(),
+                                                       watch.longest.float()]).tolist()
+        watch.looked()
+        step_seconds = clock.step_seconds(it)
+        tokens_per_sec = self.tokens_per_iter / step_seconds
+        # MFU is each process's share (the peak is one device's): tokens_per_iter counts every process's tokens
+        mfu = utilisation(self.flops_per_token * tokens_per_sec / self.world_size, self.peak_flops)
+        self.history.append((it, loss_value))
+        self.log.step(it, loss_value, lr, norm_value, tokens_per_sec, it * self.tokens_per_iter, mfu)
+        self.log.line(f"step {it}/{self.cfg.max_iters}: loss {loss_value:.4f}, {step_seconds * 1000:.1f} ms/step, "
+                      f"{tokens_per_sec:,.0f} tokens/s, mfu {mfu * 100:.1f}%")
+        self.bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s {self.last_val}",
+                                 refresh=False)
+        return int(skipped)
+
+
+# ---- the lines a run ends with ---------------------------------------------------------------------------------------
 def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
     """The one line for a run that ran out of memory (or would: figures then says by how much)."""
     return (f"out of memory{figures} for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
@@ -106,17 +337,16 @@ def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
             f"--n_layer); {saved}")
 
 
-def stopped_line(it: int, run_dir: RunDir, in_final_validation: bool) -> str:
+def stopped_line(it: int, folder: Path, in_final_validation: bool) -> str:
     """What a run stopped by a request says: where its step is saved and the command that goes on."""
-    where = shlex.quote(str(run_dir.path))
+    where = shlex.quote(str(folder))
     if in_final_validation:
-        return (f"stopped during the final validation; step {it} is saved in {run_dir.path / checkpoint.LAST}. "
+        return (f"stopped during the final validation; step {it} is saved in {folder / LAST}. "
                 f"Finish it with: python train.py --out_dir {where} --resume")
-    return (f"stopped at step {it}; saved {run_dir.path / checkpoint.LAST}. Continue with: "
-            f"python train.py --out_dir {where} --resume")
+    return f"stopped at step {it}; saved {folder / LAST}. Continue with: python train.py --out_dir {where} --resume"
 
 
-def done_lines(summary: dict, cfg: TrainConfig, progress: Progress) -> list[str]:
+def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[str]:
     """What a finished run says: its steps and time, which step's model it hands over and that model's figures, and
     the last step's validation estimate beside it."""
     it, step = summary["iterations"], summary["model_step"]
@@ -126,18 +356,18 @@ def done_lines(summary: dict, cfg: TrainConfig, progress: Progress) -> list[str]
     lines = [f"done: {it} steps, {train:.1f} s of training steps in all its sessions; this session took {wall:.1f} s"
              if cfg.resume else f"done: {it} steps, {train:.1f} s of training ({wall:.1f} s in all)"]
     if summary["stopped_early"]:
-        lines[0] += (f"; stopped early: {progress.evals_since_best} evaluations in a row did not beat step {step}'s "
-                     f"validation loss (--patience {cfg.patience}; --patience 0 trains on to --max_iters {cfg.max_iters})")
+        lines[0] += (f"; stopped early: {evals_since_best} evaluations in a row did not beat step {step}'s "
+                     f"validation loss (--patience {cfg.patience}; --patience 0 trains on to --max_iters "
+                     f"{cfg.max_iters})")
     full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
             if "full_val_loss" in summary else "")
     last = summary["val_loss"]
-    if summary["model_checkpoint"] == checkpoint.LAST:  # no (readable) best checkpoint: the last model, its figures
+    if summary["model_checkpoint"] == LAST:  # no (readable) best checkpoint: the last model, its figures
         val = f"val {last:.4f}" if last is not None else "no val"
-        return [*lines, f"the run's model: step {step}, its last ({checkpoint.LAST}; no readable {checkpoint.BEST}): "
-                        f"{val}{full}"]
+        return [*lines, f"the run's model: step {step}, its last ({LAST}; no readable {BEST}): {val}{full}"]
     best = f"val {summary['best_val_loss']:.4f}" if math.isfinite(summary["best_val_loss"]) else "no finite val"
     which = "its last and best" if step == it else "its best"
-    model = f"the run's model: step {step}, {which} ({checkpoint.BEST}): {best}{full}"
+    model = f"the run's model: step {step}, {which} ({BEST}): {best}{full}"
     if step != it and last is not None:
-        model += f"; the last step's val {last:.4f} ({checkpoint.LAST}, kept for --resume)"
+        model += f"; the last step's val {last:.4f} ({LAST}, kept for --resume)"
     return [*lines, model]

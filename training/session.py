@@ -1,24 +1,30 @@
-"""A training run in this process, as one object: the run (model, data, optimizer), where it is (progress), its
-folder, its log, the stop request and the ranks; and what the loop asks of them besides a step: save, evaluate and
-record, decide to stop early, hand over the best model."""
+"""The training run in this process, as one object (Session): the run, its state (Progress, the loop's one state,
+which only a Session writes), its folder, log, stop request and ranks; what the loop asks of it besides a step (save,
+evaluate and record, count a step, stop the clock); the end of a finished run (its best model handed over and fully
+validated, summary.json); and the stop request itself (Ctrl-C, SIGTERM, SIGHUP, a closed output)."""
 from __future__ import annotations
 
+import json
+import math
+import os
+import signal
+import sys
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Callable, TextIO
+
+import torch
 
 from configs import TrainConfig
-from errors import UserError
+from errors import Interrupted, UserError
+from model.generate import generate
 from training import checkpoint
-from training.build import Progress, Run, capture, plateaued
-from training.distributed import Dist
-from training.evaluation import evaluate
-from training.log import Log
-from training.report import attention_probe, record_evaluation
-from training.run_dir import RunDir
-from training.stop import StopRequest
-
-if TYPE_CHECKING:
-    from training.pictures import AttentionPictures  # matplotlib: imported only by runs that draw
+from training.checkpoint import Progress
+from training.device import Dist, for_sampling
+from training.evaluation import evaluate, evaluation_due, full_validation_loss
+from training.opening import Run
+from training.report import Log, TrainClock
+from training.run_folder import BEST, LAST, RunDir, write_text_atomic
 
 
 @dataclass
@@ -29,22 +35,29 @@ class Session:
     log: Log
     stop: StopRequest
     d: Dist
-    pictures: AttentionPictures | None = None  # made at the first evaluation that draws
+    clock: TrainClock | None = None  # runs during training steps, from start_clock() on
+    pictures: object = None  # training.pictures.AttentionPictures, made at the first evaluation that draws
 
     @property
     def cfg(self) -> TrainConfig:
         return self.run.cfg
 
-    def save(self, name: str) -> None:
-        """A checkpoint of this moment (rank 0's work), written atomically."""
-        with self.run.phases.timing("checkpoints"):
-            checkpoint.save(capture(self.run, self.progress), self.run_dir.path / name)
-        if name == checkpoint.LAST:
-            self.stop.saved = f"the last checkpoint, {self.run_dir.path / name} (step {self.progress.it}), is intact"
+    # ---- the loop's state: written here only -------------------------------------------------------------------
+    def start_clock(self) -> None:
+        self.clock = TrainClock(self.progress.it, self.progress.train_seconds, self.run.rt.device, self.run.phases)
+
+    def pause_clock(self) -> None:
+        """The steps pause (an evaluation, or the end): their seconds so far count as training."""
+        self.progress.train_seconds += self.clock.stop()
+
+    def stepped(self) -> None:
+        """One more step taken: the evaluation due at the new step is still to be done."""
+        self.progress.it += 1
+        self.progress.eval_done = False
+        self.clock.stepped(self.progress.it)
 
     def evaluation_due(self) -> bool:
-        it = self.progress.it
-        return (it % self.cfg.eval_interval == 0 or it == self.cfg.max_iters) and not self.progress.eval_done
+        return evaluation_due(self.progress.it, self.cfg) and not self.progress.eval_done
 
     def evaluate(self) -> dict[str, float] | None:
         """The quick estimate of both splits at this step; then (rank 0) the sample, the pictures and the checkpoints.
@@ -54,54 +67,243 @@ class Session:
         val_batches = min(cfg.eval_iters, run.batches.num_val_batches())  # a split that fits is read whole, once
         with self.log.task(f"evaluating at step {progress.it}", cfg.eval_iters + val_batches) as progress_bar, \
                 run.phases.timing("evaluations"):
-            losses = evaluate(run.eval_model, run.batches, run.rt, cfg.eval_iters, self.d, self.stop, progress_bar)
+            losses = evaluate(run.eval_model, run.batches, run.rt, cfg.eval_iters, self.d, self.asked_to_stop,
+                              progress_bar)
         if losses is None:
             return None
         improved = losses["val"] < progress.best_val
         progress.best_val, progress.last_eval, progress.eval_done = min(progress.best_val, losses["val"]), losses, True
         progress.evals_since_best = 0 if improved else progress.evals_since_best + 1
         if self.d.is_main:
-            record_evaluation(run, progress, self.log, losses, self.attention_pictures(), self.stop)
+            self.record(losses)
             if improved:
-                self.save(checkpoint.BEST)
-            self.save(checkpoint.LAST)
+                self.save(BEST)
+            self.save(LAST)
             if progress.it > 0:
                 self.keep_new_run()
         self.log.line(f"step {progress.it}: evaluation: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         return losses
 
+    # ---- what the loop asks besides ----------------------------------------------------------------------------
+    def asked_to_stop(self) -> bool:
+        return self.stop.requested
+
+    def save(self, name: str) -> None:
+        """A checkpoint of this moment (rank 0's work), written atomically."""
+        with self.run.phases.timing("checkpoints"):
+            checkpoint.save(checkpoint.capture(self.run, self.progress), self.run_dir.path / name)
+        if name == LAST:
+            self.stop.saved = f"the last checkpoint, {self.run_dir.path / name} (step {self.progress.it}), is intact"
+
+    def save_stopped(self) -> bool:
+        """A stop request ended the loop: rank 0 saves ckpt_last.pt, or, while an --overwrite's old run is set aside
+        (this run has nothing to keep yet), puts that run back. True if it was put back."""
+        if not self.d.is_main:
+            return False
+        if self.run_dir.give_back(self.log.say, self.progress.it):
+            return True
+        self.save(LAST)
+        return False
+
     def keep_new_run(self) -> None:
-        """--overwrite: the new run has something better to keep than its untrained start (an evaluation after step
-        0, or its end), so the run it replaces, kept aside until now, is deleted; said once."""
-        if self.run_dir.discard_aside():
-            self.stop.ending = None  # a stop now saves this run, as usual
-            self.log.say(f"--overwrite: the run this one replaces is deleted now (this run's step {self.progress.it} "
-                         f"is saved in {self.run_dir.path})")
+        """--overwrite: the run it replaces goes for good once this one has something to keep; a stop then saves."""
+        if self.run_dir.keep_new_run(self.log.say, self.progress.it):
+            self.stop.ending = None
 
-    def attention_pictures(self) -> AttentionPictures | None:
-        """The run's attention pictures (laid out at the first evaluation, redrawn at each), or None without them."""
-        if not self.cfg.log_attention:
-            return None
-        if self.pictures is None:
-            from training.pictures import AttentionPictures  # matplotlib: only for runs that draw
-            self.pictures = AttentionPictures(self.run.tokenizer.decode(attention_probe(self.run)))
-        return self.pictures
+    def record(self, losses: dict) -> None:
+        """Rank 0: the losses, a generated sample and attention maps to TensorBoard. A stop request while the sample
+        is drawn ends the sample there (it is not logged); the evaluation's checkpoints are saved as usual."""
+        run, cfg, it = self.run, self.cfg, self.progress.it
+        self.log.evaluation(it, losses)
+        with run.phases.timing("samples and pictures"):
+            if cfg.sample_chars:
+                prompt = run.tokenizer.encode(run.tokenizer.default_prompt(run.data_info["first_char"]))
+                generator = torch.Generator(device=run.rt.device).manual_seed(cfg.seed)
+                run.model.eval()  # no dropout while sampling
 
-    def plateaued(self) -> bool:
-        return plateaued(self.progress.evals_since_best, self.cfg.patience)
+                def stop_if_asked(tokens: torch.Tensor) -> None:  # called as the characters are drawn
+                    if self.stop.requested:
+                        raise SampleStopped
+
+                try:
+                    with for_sampling(run.rt, cfg.dtype).autocast():  # float32 weights: on a CPU, auto is float32
+                        text = generate(run.model, [prompt], cfg.sample_chars, generator=generator,
+                                        on_tokens=stop_if_asked)
+                    self.log.sample(it, run.tokenizer.decode(text[0]))
+                except SampleStopped:
+                    pass
+                finally:
+                    run.model.train()
+            if cfg.log_attention:
+                from training.pictures import AttentionPictures, attention_weights  # matplotlib: only runs that draw
+                if self.pictures is None:  # laid out at the first evaluation, redrawn at each
+                    self.pictures = AttentionPictures(run.tokenizer.decode(attention_probe(run)))
+                for layer, weights in enumerate(attention_weights(run.model, attention_probe(run))):
+                    self.log.attention(it, layer, self.pictures.render(weights, layer))
 
     def hand_over_best(self) -> tuple[int, str]:
         """Put the weights of ckpt_best.pt, the lowest validation loss the run measured, into the model: the run's
         model, which the full validation measures and the scripts use. (step, file) of the model handed over."""
         self.d.barrier()  # rank 0 wrote the file; every rank reads it
-        path = self.run_dir.path / checkpoint.BEST
+        path = self.run_dir.path / BEST
         if not path.is_file():  # no evaluation gave a finite loss
-            return self.progress.it, checkpoint.LAST
+            return self.progress.it, LAST
         try:
             state = checkpoint.load(path, self.run.rt.device)
             self.run.model.load_state_dict(state["model"])
         except (UserError, RuntimeError) as err:  # a UserError names the file; a RuntimeError (weights) does not
-            what = str(err).splitlines()[0][:200] if isinstance(err, UserError) else f"{path}: {str(err).splitlines()[0][:150]}"
+            first = str(err).splitlines()[0]
+            what = first[:200] if isinstance(err, UserError) else f"{path}: {first[:150]}"
             self.log.say(f"warning: {what}; the run hands over its last model instead")
-            return self.progress.it, checkpoint.LAST
-        return state["iter"], checkpoint.BEST
+            return self.progress.it, LAST
+        return state["iter"], BEST
+
+    def finish(self, wall: float) -> dict:
+        """The end of a finished run: its best model handed over and fully validated, TensorBoard's HParams figures,
+        and summary.json. Returns the summary, with "stopped" when a stop request came during the full validation."""
+        run, progress, cfg = self.run, self.progress, self.cfg
+        if self.d.is_main:
+            self.keep_new_run()  # (a run of max_iters 0 has had no evaluation after step 0)
+        model_step, model_file = self.hand_over_best()
+        trained = progress.train_seconds
+        summary = {
+            "config": cfg.config_name, "corpus": run.data_info["source"], "iterations": progress.it,
+            "model_step": model_step, "model_checkpoint": model_file,
+            "stopped_early": progress.it < cfg.max_iters,
+            "train_loss": progress.last_eval.get("train"), "val_loss": progress.last_eval.get("val"),
+            "best_val_loss": progress.best_val, "tokens_seen": progress.it * run.tokens_per_iter,
+            "train_seconds": trained, "wall_seconds": wall,
+            "tokens_per_sec": progress.it * run.tokens_per_iter / trained if trained > 0 else None,
+            "device": run.rt.describe(), "processes": self.d.world_size,
+        }
+        if cfg.full_val:
+            self.stop.ending = f"ending the final validation; step {progress.it} is saved already"
+            task = self.log.task(f"full validation of step {model_step}'s model", run.batches.num_val_batches())
+            with task as progress_bar, run.phases.timing("full validation"):
+                loss = full_validation_loss(run.eval_model, run.batches, run.rt, self.d, self.asked_to_stop,
+                                            progress_bar)
+            if loss is None:
+                return {**summary, "stopped": True}
+            summary["full_val_loss"], summary["full_val_bits_per_char"] = loss, loss / math.log(2)
+        if self.d.is_main:
+            self.log.final(cfg, summary, progress.it)
+            self.log.close()
+            summary["seconds"] = run.phases.report()
+            summary["first_step_seconds"] = run.phases.first_step  # this session's first step, compilation excluded
+            write_text_atomic(self.run_dir.path / "summary.json", json.dumps(summary, indent=1) + "\n", "summary")
+        return summary
+
+
+class SampleStopped(Exception):
+    """A stop request came while the evaluation's sample was drawn."""
+
+
+def attention_probe(run: Run) -> list[int]:
+    """The fixed text whose attention is pictured at every evaluation: the start of the validation split."""
+    return [int(t) for t in run.batches.data["val"][: min(run.cfg.block_size, 48)]]
+
+
+# ---- the stop request ------------------------------------------------------------------------------------------------
+class GuardedOutput:
+    """sys.stdout or sys.stderr, except that a write that fails (a pipe whose reader has gone: `python train.py |
+    tee log` and then Ctrl-C, which ends tee too, or `| head`; a terminal that has closed) sends this and later
+    output to /dev/null and calls gone(), where it would have raised an error in the middle of the run."""
+
+    def __init__(self, stream: TextIO, gone: Callable[[], None]):
+        self._stream, self._gone = stream, gone
+
+    def _guarded(self, method: str, *args):
+        try:
+            return getattr(self._stream, method)(*args)
+        except OSError:  # EPIPE, EIO (the terminal closed), ...
+            self._stream = open(os.devnull, "w", encoding="utf-8")
+            self._gone()
+            return None
+
+    def write(self, text: str):
+        return self._guarded("write", text)
+
+    def flush(self) -> None:
+        self._guarded("flush")
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the stream's own
+        return getattr(self._stream, name)
+
+
+class StopRequest:
+    """The first Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed) either aborts at once, while nothing is worth
+    saving yet (preparing data, building the model: `saving` is False), or asks the loop to stop at the next step
+    boundary and save (`saving` True). It is acknowledged at once on stderr. Another one, a second or more later,
+    stops at once. Under torchrun a Ctrl-C reaches each process twice within milliseconds (from the terminal and
+    forwarded by torchrun): that is still one request.
+
+    An output that can take no more (its reader gone, its terminal closed) is a request too, once: the run saves and
+    ends rather than training on unseen, or dying at its next line with its last steps unsaved. Outside a `with`
+    block (tests calling train() in-process) it is a flag nobody sets."""
+
+    GRACE_SECONDS = 1.0
+
+    def __init__(self, speak: bool = True):
+        self.speak = speak  # under torchrun only rank 0 acknowledges
+        self.requested = False
+        self.saving = False
+        self.progress: Progress | None = None  # where the training loop is, once it runs (for the acknowledgement)
+        self.agree_every = 1  # under torchrun the processes agree to stop every log_interval steps
+        self.ending: str | None = None  # what a request ends instead, once the steps are over (the final validation)
+        self.saved = "no checkpoint of this run was written"  # what survives a stop at once
+        self.first_at = 0.0
+        self.previous: dict = {}
+        self.streams: tuple = ()  # sys.stdout and sys.stderr as they were before the block
+
+    def __enter__(self) -> "StopRequest":
+        signals = [signal.SIGINT, signal.SIGTERM]
+        hangup = getattr(signal, "SIGHUP", None)  # the terminal closed (an ssh connection dropped); POSIX only
+        if hangup is not None and signal.getsignal(hangup) is signal.SIG_DFL:  # under nohup it stays ignored
+            signals.append(hangup)
+        for sig in signals:
+            self.previous[sig] = signal.signal(sig, self.handle)
+        self.streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = (GuardedOutput(stream, self.output_gone) for stream in self.streams)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}
+        sys.stdout, sys.stderr = self.streams
+
+    def training(self, progress: Progress, agree_every: int) -> None:
+        """The loop is about to start: from now on a request stops at a step boundary and saves; under torchrun the
+        processes agree to stop every agree_every steps."""
+        self.saving, self.progress, self.agree_every = True, progress, agree_every
+
+    def say(self, text: str) -> None:
+        if self.speak:
+            try:
+                os.write(2, f"\n{text}\n".encode())  # a signal handler must not go through Python's buffered streams
+            except OSError:  # no reader left (the pipeline's other end got the Ctrl-C too): the stop goes on unsaid
+                pass
+
+    def output_gone(self) -> None:
+        """The output can take no more: the first time, a stop as by Ctrl-C; never a second, "at once" one."""
+        if not self.requested:
+            self.handle(0, None)  # (which signal is not read)
+
+    def handle(self, signum, frame) -> None:
+        if self.requested:
+            if time.monotonic() - self.first_at >= self.GRACE_SECONDS:
+                raise Interrupted(f"stopped at once; {self.saved}")
+            return
+        self.requested, self.first_at = True, time.monotonic()
+        if not self.saving:
+            raise Interrupted(f"stopped before training began; {self.saved}")
+        step = None if self.progress is None else self.progress.it
+        if step is None:
+            doing = "finishing the next step"
+        elif self.agree_every > 1:  # the step at which the processes next ask each other
+            together = (step // self.agree_every + 1) * self.agree_every
+            doing = f"training on to step {together}, where the processes stop together"
+        else:
+            doing = f"finishing step {step}"
+        doing = self.ending or f"{doing}, then saving ckpt_last.pt"
+        self.say(f"stopping: {doing} (press Ctrl-C again to stop at once)")

@@ -1,26 +1,56 @@
-"""One training step: forward and backward over the micro-batches, clipping, and an optimizer step that skips
-non-finite gradients, all without waiting for the device."""
+"""One training step and what decides it: the learning-rate schedule (a linear warm-up, then a cosine or
+warm-up-stable-decay fall to min_lr); forward and backward over the micro-batches, clipping, and an optimizer step
+that skips non-finite gradients, all without waiting for the device; and the watch on skipped steps."""
 from __future__ import annotations
 
 import contextlib
+import math
+from pathlib import Path
+from typing import Callable
 
 import torch
 
 from configs import TrainConfig
-from training import runtime
-from training.stop import StopRequest
+from training.device import Runtime
 
 
+# ---- the learning-rate schedule --------------------------------------------------------------------------------------
+def get_lr(it: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to learning_rate, then down to min_lr at lr_decay_iters (default: max_iters): along a cosine,
+    or (wsd) flat until the last warmdown_fraction of the way, then in a straight line."""
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    if it >= decay_iters:
+        return cfg.min_lr
+    progress = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
+    if cfg.lr_schedule == "wsd":
+        fall = max(0.0, (progress - (1 - cfg.warmdown_fraction)) / cfg.warmdown_fraction)  # progress < 1 here
+        return cfg.learning_rate - fall * (cfg.learning_rate - cfg.min_lr)
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def warmup_note(cfg: TrainConfig, it: int) -> str:
+    """A note when the run ends inside its warm-up: its learning rate only rises and never decays ("" otherwise)."""
+    if not it < cfg.max_iters <= cfg.warmup_iters:
+        return ""
+    last = get_lr(cfg.max_iters - 1, cfg)
+    return (f"note: --warmup_iters {cfg.warmup_iters} is not shorter than --max_iters {cfg.max_iters}, so the learning "
+            f"rate only rises (to {last:.2g} at the last step, of --learning_rate {cfg.learning_rate:g}) and never "
+            f"decays; give a shorter warm-up, e.g. --warmup_iters {max(1, cfg.max_iters // 10)}")
+
+# ---- the step --------------------------------------------------------------------------------------------------------
 class StepAbandoned(Exception):
     """A stop request came between the micro-batches of a step: the step is undone (no weight changed, the batch and
     dropout streams back where the step began), so the run saves the state before it and resumes exactly."""
 
 
-def train_step(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: TrainConfig, lr: float,
-               stop: StopRequest | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def train_step(model, optimizer, scaler, batches, rt: Runtime, cfg: TrainConfig, lr: float,
+               stop: Callable[[], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer step over grad_accum_steps micro-batches: (loss, grad norm, whether the gradients were finite),
-    all three on the device, so that the step itself never waits for it. stop (one process only: under DDP the ranks
-    would have to agree): a request between micro-batches abandons the step (StepAbandoned)."""
+    all three on the device, so that the step itself never waits for it. stop() says whether a stop was asked for (one
+    process only: under DDP the ranks would have to agree): one between micro-batches abandons the step
+    (StepAbandoned)."""
     if getattr(model, "backward_unchecked", False):  # compiled, and its backward not compiled yet
         loss = first_compiled_backward(model, optimizer, scaler, batches, rt, cfg, stop)
     else:
@@ -31,15 +61,15 @@ def train_step(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: Trai
     return loss, grad_norm, finite
 
 
-def forward_backward(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: TrainConfig,
-                     stop: StopRequest | None = None) -> torch.Tensor:
-    """The gradients of grad_accum_steps micro-batches, accumulated in .grad; returns their mean loss (on the device)."""
+def forward_backward(model, optimizer, scaler, batches, rt: Runtime, cfg: TrainConfig,
+                     stop: Callable[[], bool] | None = None) -> torch.Tensor:
+    """The gradients of grad_accum_steps micro-batches, accumulated in .grad; returns their mean loss, on the device."""
     loss_sum = torch.zeros((), device=rt.device)
     # Where the step began (a few KB), so that a stop between micro-batches can undo it: a step of many micro-batches
     # can take minutes, and a stop must not wait for it.
     began = (batches.state_dict(), random_states(rt)) if stop is not None and cfg.grad_accum_steps > 1 else None
     for micro in range(cfg.grad_accum_steps):
-        if began is not None and micro > 0 and stop.requested:
+        if began is not None and micro > 0 and stop():
             batches.load_state_dict(began[0])
             set_random_states(rt, began[1])
             optimizer.zero_grad(set_to_none=True)
@@ -55,9 +85,9 @@ def forward_backward(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg
     return loss_sum
 
 
-def first_compiled_backward(model, optimizer, scaler, batches, rt: runtime.Runtime, cfg: TrainConfig,
-                            stop: StopRequest | None) -> torch.Tensor:
-    """forward_backward through a compiled model (training.compiling.CompileFallback) whose backward is compiled at
+def first_compiled_backward(model, optimizer, scaler, batches, rt: Runtime, cfg: TrainConfig,
+                            stop: Callable[[], bool] | None) -> torch.Tensor:
+    """forward_backward through a compiled model (training.device.CompileFallback) whose backward is compiled at
     this first .backward(): if compiling it fails, compilation is turned off (with the warning) and the step is
     computed again, uncompiled, from where it began: the same batches, the same dropout."""
     began = batches.state_dict(), random_states(rt)
@@ -76,17 +106,17 @@ def first_compiled_backward(model, optimizer, scaler, batches, rt: runtime.Runti
     return loss
 
 
-def random_states(rt: runtime.Runtime) -> tuple:
+def random_states(rt: Runtime) -> tuple:
     return torch.get_rng_state(), torch.cuda.get_rng_state(rt.device) if rt.device_type == "cuda" else None
 
 
-def set_random_states(rt: runtime.Runtime, states: tuple) -> None:
+def set_random_states(rt: Runtime, states: tuple) -> None:
     torch.set_rng_state(states[0])
     if states[1] is not None:
         torch.cuda.set_rng_state(states[1], rt.device)
 
 
-def update(model, optimizer, scaler, rt: runtime.Runtime, cfg: TrainConfig,
+def update(model, optimizer, scaler, rt: Runtime, cfg: TrainConfig,
            lr: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Clip the gradients and step the optimizer at learning rate lr, then clear the gradients: (grad norm, whether
     the gradients were finite), on the device.
@@ -106,3 +136,28 @@ def update(model, optimizer, scaler, rt: runtime.Runtime, cfg: TrainConfig,
         scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, finite
+
+
+# ---- the watch on skipped steps --------------------------------------------------------------------------------------
+class NonFiniteWatch:
+    """Steps whose loss or gradients were not finite, counted on the device and read only where the loop reads the
+    device anyway (the log line), so the watch never makes a step wait."""
+
+    def __init__(self, device: torch.device):
+        self.streak = torch.zeros((), dtype=torch.long, device=device)  # skipped steps in a row, still going on
+        self.longest = torch.zeros((), dtype=torch.long, device=device)  # the longest such run since the last look
+
+    def update(self, finite: torch.Tensor) -> None:
+        self.streak = (self.streak + 1) * ~finite
+        self.longest = torch.maximum(self.longest, self.streak)
+
+    def looked(self) -> None:
+        """The longest run was read: from now on it counts from the run still going on."""
+        self.longest = self.streak
+
+
+def too_many_nonfinite(it: int, cfg: TrainConfig, last: Path) -> str:
+    """The one line for a run that met max_nonfinite_steps skipped steps in a row; last: its last good checkpoint."""
+    return (f"stopped at step {it}: {cfg.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (they "
+            f"were skipped); the last good checkpoint is {last}; try a lower --learning_rate or --dtype float32, "
+            f"then --resume")

@@ -1,4 +1,6 @@
-"""The run folder's lifecycle: one owner (an OS lock held for the process's life), its state, a safe replacement.
+"""A run folder: its file names, its one owner (an OS lock held for the process's life), its states, the safe
+replacement of the run in it (--overwrite's keep-aside), the checkpoint a script reads from it, and the atomic writes
+of every file a run or a script writes.
 
 States: empty (a new run starts) -> running (locked by its owner) -> stopped (ckpt_last.pt, resumable) -> finished
 (ckpt_last.pt at max_iters and summary.json). A folder with only ckpt_best.pt can be continued from it; one with only
@@ -12,7 +14,7 @@ moves or deletes a file.
 
 A run folder may come from someone else, so nothing in it is trusted to be what its name says: the lock is opened
 without following a link, and a folder holding a link, or a device or pipe, among the entries a run reads or writes is
-refused before anything changes. Every file written into it is written whole under a new name (training.files)."""
+refused before anything changes. Every file written into it is written whole under a new name (write_atomic)."""
 from __future__ import annotations
 
 import contextlib
@@ -25,19 +27,22 @@ import shlex
 import shutil
 import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO, Callable
 
-from errors import UserError
-from training.checkpoint import ASIDE, BEST, LAST
-from training.files import disk_error, write_text_atomic
+from errors import UserError, space_or_place
+
+BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
+ASIDE = ".replaced"  # where --overwrite keeps the old run until the new one has something better
 
 LOCK = ".lock"
 DISCARDED = ".replaced.discarded"  # .replaced renamed (instantly) before it is deleted, so a crash mid-way is no undo
 CHECKPOINTS = (LAST, BEST)
 LOGS = ("summary.json", "events.out.tfevents.*")
 RECORD = "set_aside.json"  # in .replaced/: what the replacing run moved there, written before it moves anything
-# The names of the temporary files a run writes into its folder (training.files.write_atomic: NAME.tmp-XXXXXXXX);
+# The names of the temporary files a run writes into its folder (write_atomic: NAME.tmp-XXXXXXXX);
 # only these are removed as leftovers, never another file whose name happens to hold ".tmp-".
 OWN_TEMPORARY = re.compile(r"(ckpt_last\.pt|ckpt_best\.pt|summary\.json|loss\.png)\.tmp-[a-z0-9_]{8}")
 
@@ -81,10 +86,16 @@ def holder(folder: Path) -> str | None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return None
     except BlockingIOError:
-        lines = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip().splitlines()
-        return f"process {lines[0] if lines else '?'}" + (f" ({lines[1]})" if len(lines) > 1 else "")
+        pid, command, _ = owner_note(fd)
+        return f"process {pid}" + (f" ({command})" if command else "")
     finally:
         os.close(fd)
+
+
+def owner_note(fd: int) -> tuple[str, str, str]:
+    """(pid, command, since) as the folder's owner wrote them into its lock file ("?" and "" where missing)."""
+    lines = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip().splitlines() + ["", "", ""]
+    return lines[0] or "?", lines[1], lines[2]
 
 
 class RunDir:
@@ -109,10 +120,9 @@ class RunDir:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip().splitlines()
+            pid, command, since = owner_note(fd)
             os.close(fd)
-            pid = holder[0] if holder else "?"
-            what = f" ({holder[1]}, since {holder[2]})" if len(holder) >= 3 else ""
+            what = f" ({command}, since {since})" if since else ""
             raise UserError(f"{self.path} is in use by process {pid}{what}; wait for it to finish, stop it "
                             f"(kill -INT {pid}), or choose another --out_dir") from None
         try:
@@ -216,7 +226,8 @@ class RunDir:
 
     @staticmethod
     def _own_name(name: str) -> bool:
-        return name in CHECKPOINTS + ("summary.json",) or re.fullmatch(r"events\.out\.tfevents\.[\w.-]+", name) is not None
+        own_log = re.fullmatch(r"events\.out\.tfevents\.[\w.-]+", name) is not None
+        return name in CHECKPOINTS + ("summary.json",) or own_log
 
     def put_back(self) -> None:
         """The old run back in the folder and the replacement's checkpoints and logs gone, only where the record
@@ -258,6 +269,33 @@ class RunDir:
             return False
         os.replace(self.path / ASIDE, self.path / DISCARDED)
         self._delete_recorded(self.path / DISCARDED)
+        return True
+
+    def replace_old_run(self, say) -> str | None:
+        """--overwrite of a folder that holds a run: set it aside and say so. Returns what a stop request does from
+        now on instead of saving (it puts the old run back); None when there was nothing to replace."""
+        if not self.set_aside():
+            return None
+        say(f"--overwrite: the run in {self.path} is kept aside until this one's first evaluation after step 0; a "
+            f"stop before that puts it back")
+        return "putting back the run that --overwrite is replacing (this run has not saved anything to keep)"
+
+    def keep_new_run(self, say, step: int) -> bool:
+        """The new run has something better to keep than its untrained start (an evaluation after step 0, or its
+        end), so the run it replaces is deleted now, said once. True if there was one."""
+        if not self.discard_aside():
+            return False
+        say(f"--overwrite: the run this one replaces is deleted now (this run's step {step} is saved in {self.path})")
+        return True
+
+    def give_back(self, say, step: int) -> bool:
+        """A stop before the new run had anything to keep: the run it was replacing is put back and the new one
+        discarded, said. True if so (False: nothing is set aside, the stopped run is the one to save)."""
+        if not self.aside_pending():
+            return False
+        self.put_back()
+        say(f"stopped at step {step}, before this run's first evaluation after step 0: the run --overwrite was "
+            f"replacing is back in {self.path}, as it was; this run is discarded")
         return True
 
     def _delete_recorded(self, folder: Path) -> None:
@@ -316,3 +354,150 @@ class RunDir:
         if self.logs():
             raise UserError(f"{self.path} holds the logs of a run that stopped before its first checkpoint; "
                             f"--overwrite replaces them, or choose another --out_dir")
+
+
+# ---- files written whole or not at all (temporary name, fsync, rename) -----------------------------------------------
+def disk_error(err: BaseException) -> str:
+    """The reason in a few words: 'No space left on device', 'Permission denied', 'File too large', ..."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    return text[:160]  # torch.save's RuntimeError ('[enforce fail at inline_container.cc] ... file write failed')
+
+
+class _Recording:
+    """A file whose failed write keeps its OSError: torch.save reports a full disk as 'unexpected pos 320512 vs
+    320404', the error it got from write() lost; the message names the real reason."""
+
+    def __init__(self, file: BinaryIO):
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def __getattr__(self, name: str):  # flush, fileno, tell, seek, ...: the file's own
+        return getattr(self.file, name)
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, option: str = "--out_dir") -> None:
+    """Call write(file) on a temporary file beside path, flush it to disk, then rename it over path.
+
+    A full disk, a signal or a crash leaves the previous file exactly as it was and no temporary file behind. The
+    temporary file is new, made with O_EXCL under a name nobody can guess (mkstemp): a link planted in a shared folder
+    cannot send the bytes elsewhere, and the rename replaces a link at path rather than writing through it. option:
+    the flag that chose the place (named in the fix)."""
+    tmp = None
+    try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.tmp-")
+        tmp = Path(name)
+        with os.fdopen(fd, "wb") as f:
+            recording = _Recording(f)
+            try:
+                write(recording)
+            except RuntimeError as err:  # torch.save: the OSError that write() met, if it met one
+                raise (recording.error or err) from None
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private (0600); the file gets the usual permissions
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        kept = f"the previous {what.removeprefix('the ')} is untouched" if path.exists() else "nothing was written"
+        raise UserError(f"could not write {what} {path} ({disk_error(err)}); {kept}; "
+                        f"{space_or_place(err, option)}") from None
+    except BaseException:  # an interrupt: the old file stays, the half-written one goes
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_text_atomic(path: Path, text: str, what: str, option: str = "--out_dir") -> None:
+    write_atomic(path, lambda f: f.write(text.encode("utf-8", "backslashreplace")), what, option)  # a non-UTF-8 path
+
+
+def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """A file the command will write at its end: its folder must exist and it must not be a folder, checked first,
+    so a long computation never ends in a traceback."""
+    target = Path(path)
+    if suffixes and target.suffix.lower() not in suffixes:
+        raise UserError(f"{option} {path}: the file name must end in one of {', '.join(suffixes)}")
+    if target.is_dir():
+        raise UserError(f"{option} {path} is a folder; give a file name")
+    folder = target.parent
+    if not folder.is_dir():
+        raise UserError(f"{option} {path}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{option} {path}: the folder {folder} is not writable; choose another place")
+    return target
+
+
+# ---- the checkpoint a script reads -----------------------------------------------------------------------------------
+def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path:
+    """The checkpoint a script should read: --ckpt FILE, else the first of names in the run folder (by default the
+    run's model, ckpt_best.pt: the lowest validation loss it measured; ckpt_last.pt only where there is none); with
+    neither, the newest run in out/ (where train.py puts runs), so the command after `python train.py` needs no
+    folder name, which depends on the corpus the run could reach."""
+    if ckpt:
+        return Path(ckpt)
+    if not out_dir:
+        newest = newest_run(Path("out"), names)
+        if newest is None:
+            raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE; out/ holds no "
+                            "run yet: train one first (python train.py)")
+        out_dir = str(newest)
+    folder = Path(out_dir)
+    owner = holder(folder)
+    aside = folder / ASIDE
+    if aside.is_dir() and not aside.is_symlink() and RunDir(folder).recorded_aside(aside) is not None:
+        # an --overwrite's old run waits there (its record says so): the folder's new files are not yet its run
+        if owner:
+            raise UserError(f"{out_dir} is being replaced by an --overwrite run ({owner}) that has not reached its "
+                            f"first evaluation after step 0; until then the run it replaces waits in {folder / ASIDE}: "
+                            f"wait for that evaluation, or stop the new run (Ctrl-C, or kill -INT) to put the old "
+                            f"one back")
+        raise UserError(f"{out_dir}: an --overwrite stopped before its first evaluation after step 0, and the run it "
+                        f"was replacing waits in {folder / ASIDE}; python train.py --out_dir {out_dir} --resume puts "
+                        f"it back and continues it")
+    for name in names:
+        if (folder / name).exists():
+            return folder / name
+    if owner:
+        raise UserError(f"{out_dir} holds no {' or '.join(names)} yet: {owner} is training there; wait for its first "
+                        f"evaluation, which saves one")
+    others = runs_beside(folder, names)
+    if others:  # offline, out/<preset>-shakespeare was trained as out/<preset>-pystdlib: point there, not to training
+        shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
+        raise UserError(f"{out_dir} holds no {' or '.join(names)}; runs with a model there: {shown}; give one of them "
+                        f"as --out_dir (or train one here: python train.py --out_dir {out_dir})")
+    raise UserError(f"{out_dir} holds no {' or '.join(names)}; train first: python train.py --out_dir {out_dir}")
+
+
+def newest_run(parent: Path, names: tuple[str, ...]) -> Path | None:
+    """The run folder in parent whose model (any of names) was written last, or None."""
+    try:
+        found = [(max((p / name).stat().st_mtime for name in names if (p / name).is_file()), p)
+                 for p in parent.iterdir() if any((p / name).is_file() for name in names)]
+    except OSError:
+        return None
+    return max(found)[1] if found else None
+
+
+def runs_beside(folder: Path, names: tuple[str, ...]) -> list[Path]:
+    """The run folders beside folder (in its parent) that hold a model; those of the same preset first."""
+    try:
+        found = [p for p in folder.parent.iterdir() if p != folder and any((p / name).is_file() for name in names)]
+    except OSError:
+        return []
+    preset = folder.name.split("-", 1)[0]
+    return sorted(found, key=lambda p: (p.name.split("-", 1)[0] != preset, p.name))

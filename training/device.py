@@ -1,0 +1,422 @@
+"""The device a run computes on: the device and precision (autocast, the gradient scaler), free memory, torch.compile
+with its fallback, performance figures (FLOPs, peak rate, MFU), and data-parallel training under torchrun."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from configs.choices import DTYPE_NAMES, valid_device
+from errors import QuietExit, UserError, in_one_line
+from model.config import ModelConfig
+from model.gpt import GPT
+
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
+
+
+# ---- device and precision --------------------------------------------------------------------------------------------
+@dataclass
+class Runtime:
+    device: torch.device
+    dtype: torch.dtype  # what matrix products run in (autocast); weights and optimizer stay float32
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """float16 needs loss scaling so small gradients do not underflow; bfloat16 and float32 do not."""
+        return torch.amp.GradScaler(self.device_type, enabled=self.dtype == torch.float16)
+
+    def describe(self) -> str:
+        name = torch.cuda.get_device_name(self.device) if self.device_type == "cuda" else self.device_type
+        return f"{name}, {str(self.dtype).removeprefix('torch.')}"
+
+
+def pick_device(spec: str) -> torch.device:
+    if not valid_device(spec):
+        raise UserError(f"--device {spec}: must be auto, cpu, cuda, cuda:N or mps")
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {spec}: CUDA is not available on this machine (or this PyTorch is a CPU build); "
+                        f"use --device cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"--device {spec}: Apple MPS is not available here; use --device cpu")
+    return device
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError when RAM runs out."""
+    text = str(err)
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text
+
+
+def cpu_has_bfloat16_units() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX); elsewhere torch emulates it."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own probes (used by inductor)
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+# On a CPU with bfloat16 units, auto samples a model this large (float32 weights over 16 MB) in bfloat16: sampling a
+# character reads every weight once, and below this size they stay in the CPU's caches, where float32 kernels are
+# faster (the figures: docs/speed.md).
+CPU_BFLOAT16_SAMPLING_PARAMS = 4_000_000
+
+
+def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: int = 0) -> torch.dtype:
+    """auto: bfloat16 (float16 on older GPUs) on CUDA; bfloat16 on CPUs with bfloat16 units; float32 otherwise.
+
+    Sampling (its weights cast once, `model.to(dtype)`) with auto on a CPU: bfloat16 only on a CPU with bfloat16
+    units and for a model of more than CPU_BFLOAT16_SAMPLING_PARAMS parameters (params); float32 otherwise. Asked for
+    by name, sampling may use float16 on a CPU too: it needs no autocast there."""
+    if spec == "auto":
+        if device.type == "cuda":
+            # bfloat16 where the GPU has it (compute capability 8 and up); is_bf16_supported() by default also says
+            # yes where torch only emulates it (V100, T4), which is slow: float16 with the scaler there
+            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+        large = params > CPU_BFLOAT16_SAMPLING_PARAMS  # sampling: see CPU_BFLOAT16_SAMPLING_PARAMS
+        if device.type == "cpu" and cpu_has_bfloat16_units() and (not sampling or large):
+            return torch.bfloat16
+        return torch.float32
+    if spec not in DTYPES:
+        raise UserError(f"--dtype {spec}: must be auto, {', '.join(DTYPES)}")
+    if spec == "float16" and device.type == "cpu" and not sampling:  # sampling casts the weights: no autocast
+        raise UserError("--dtype float16: not supported on CPU; use float32 or bfloat16")
+    return DTYPES[spec]
+
+
+def for_sampling(rt: Runtime, dtype_spec: str, params: int = 0) -> Runtime:
+    """The runtime scripts/sample.py uses on rt's device for this --dtype and a model of params parameters (auto on
+    a CPU: float32, or bfloat16 for a large model on a CPU with bfloat16 units; see pick_dtype)."""
+    return Runtime(rt.device, pick_dtype(dtype_spec, rt.device, sampling=True, params=params))
+
+
+def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: int = 0,
+          sampling: bool = False) -> Runtime:
+    device = pick_device(device_spec)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)  # under torchrun: one GPU per process on this node
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    if device.type == "cuda":
+        # The process's current device is the run's (cuda:1 asked for in one process, too): what takes no device
+        # argument (the RNG state saved and restored, streams and events, is_bf16_supported) then means this one.
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
+        torch.backends.cudnn.allow_tf32 = True
+    return Runtime(device, pick_dtype(dtype_spec, device, sampling))
+
+
+def free_memory() -> int | None:
+    """Bytes this machine can still give a process without ending one (Linux: MemAvailable plus free swap, and no
+    more than a container's own limit allows, cgroup v2); None where the system does not say."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        free = sum(int(fields[name].split()[0]) * 1024 for name in ("MemAvailable", "SwapFree") if name in fields)
+    except (OSError, ValueError):
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()  # "max" where there is none
+        if limit != "max":
+            free = min(free, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return free
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+# ---- torch.compile ---------------------------------------------------------------------------------------------------
+def compile_wanted(setting: str, device_type: str) -> bool:
+    """--compile true, or auto on CUDA."""
+    return setting == "true" or (setting == "auto" and device_type == "cuda")
+
+
+class BlocksCompiled:
+    """A view of a GPT whose blocks are compiled: the same parameters, buffers and submodules, except that its
+    `blocks` are torch.compile'd copies of the model's. Every block has the same code and shapes, so dynamo compiles
+    one graph and every layer runs it (PyTorch's "regional compilation"), about three times faster than compiling
+    the whole model. The model itself is untouched: sampling and checkpoints keep using it, and uncompile() gives
+    the view the plain blocks back."""
+
+    def __init__(self, model: GPT, mode: str | None):
+        self.plain = model.blocks
+        self.view = copy.copy(model)  # a shallow copy: it shares every parameter, buffer and submodule ...
+        self.view._modules = dict(model._modules)  # ... except the list of blocks, replaced below
+        self.view._modules["blocks"] = nn.ModuleList(torch.compile(block, mode=mode) for block in model.blocks)
+
+    def uncompile(self) -> None:
+        self.view._modules["blocks"] = self.plain
+
+
+DEVICE_ERRORS = tuple(getattr(torch, name) for name in ("AcceleratorError",) if hasattr(torch, name))  # CUDA errors
+COMPILE_FAILED = "warning: torch.compile failed ({}); continuing without it (--compile false skips the attempt)"
+
+
+class CompileFallback:
+    """Calls `compiled` and, if it fails, warns once and calls `module` uncompiled from then on (after `uncompile`).
+
+    Compilation happens on first use, so failures show up there: the failed call is repeated without compilation and
+    the run goes on. Everything else (train(), eval(), no_sync(), ...) reaches the module."""
+
+    def __init__(self, module, compiled: Callable, say=print, uncompile: Callable[[], None] = lambda: None):
+        self.module, self.compiled, self.say, self.uncompile = module, compiled, say, uncompile
+        # The backward of a compiled forward is compiled at its first .backward() (AOTAutograd compiles it lazily),
+        # outside this call: training.step checks that one and calls fall_back() if it fails.
+        self.backward_done = False
+
+    @property
+    def backward_unchecked(self) -> bool:
+        return self.compiled is not None and not self.backward_done
+
+    def fall_back(self, err: Exception) -> bool:
+        """After err from compiled code: turn compilation off, with the warning, if err is the compiler's (True);
+        False if it is the run's own (out of memory, a broken device: uncompiled code would fail too)."""
+        if is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS):
+            return False
+        self.say(COMPILE_FAILED.format(in_one_line(err)))
+        self.compiled = None
+        self.uncompile()
+        return True
+
+    def __call__(self, *args, **kwargs):
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except Exception as err:  # an inductor or driver problem must not end the run
+                if not self.fall_back(err):
+                    raise  # (the one-line out-of-memory message)
+        return self.module(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.module, name)
+
+
+def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], setting: str, device_type: str,
+                         mode: str = "default", scope: str = "blocks", compile_eval: bool = True, say=print):
+    """What the training loop calls and what evaluations call. wrap adds what the step needs around a model (DDP).
+
+    compile on (--compile true, or auto on CUDA): scope "blocks" compiles each block (one graph for all of them),
+    "model" the whole model as one graph. mode is torch.compile's (configs.choices.COMPILE_MODES: none that replays
+    CUDA graphs). compile_eval false: evaluations call the plain model, so only the training graph is compiled."""
+    if not compile_wanted(setting, device_type):
+        step_model = wrap(model)
+        return step_model, step_model
+    mode_arg = None if mode == "default" else mode
+    # torch.compile may refuse at once (a Python that dynamo does not support yet, say): then only a warning. Only
+    # the compiling is inside the try, so that a failure of the DDP wrapping is never called a compile failure.
+    if scope == "model":  # the whole model is compiled with its DDP wrapper
+        step_model = wrap(model)
+        try:
+            whole = torch.compile(step_model, mode=mode_arg)
+        except RuntimeError as err:
+            say(COMPILE_FAILED.format(in_one_line(err)))
+            return step_model, step_model
+        compiled = CompileFallback(step_model, whole, say)
+    else:
+        try:
+            blocks = BlocksCompiled(model, mode_arg)
+        except RuntimeError as err:
+            say(COMPILE_FAILED.format(in_one_line(err)))
+            step_model = wrap(model)
+            return step_model, step_model
+        step_model = wrap(blocks.view)
+        compiled = CompileFallback(step_model, step_model, say, blocks.uncompile)
+    return compiled, compiled if compile_eval else model
+
+
+# ---- performance figures ---------------------------------------------------------------------------------------------
+def flops_per_token(n_params: int, cfg: ModelConfig) -> float:
+    """Training FLOPs per token: 6 per parameter (forward + backward) plus attention's 12·L·C·T (the usual estimate)."""
+    return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+
+
+def utilisation(achieved_flops: float, peak_flops: float) -> float:
+    """MFU: achieved over peak FLOP/s, at most 1 (a step faster than the measured peak means the peak was measured
+    low on a busy machine, not that the step beat the hardware)."""
+    return min(1.0, achieved_flops / peak_flops)
+
+
+class CountOperations(TorchDispatchMode):
+    """Inside `with CountOperations() as ops:`, ops.count is the number of tensor operations run that compute or
+    copy (views of existing tensors and the profiler's markers, which launch nothing, are not counted): in eager
+    PyTorch on a GPU, about one kernel launch each, whose host-side cost a small model's step can be made of."""
+
+    LAUNCH_NOTHING = frozenset({"_unsafe_view", "_record_function_enter_new", "_record_function_exit"})
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not (func.is_view or func.overloadpacket.__name__ in self.LAUNCH_NOTHING)
+        return func(*args, **(kwargs or {}))
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]] = (),
+                       seconds: float = 0.03, trials: int = 3) -> float:
+    """The best FLOP/s of matrix products in the training dtype on this device: a large square one and the given
+    (m, k, n) shapes (the model's own), each the best of several short trials, so that a busy moment on a shared
+    machine does not lower the ceiling (a ceiling measured in a busy moment would give MFUs above 100%). Every run
+    pays for it before its first step (about 0.2 s on a CPU)."""
+    size = 8192 if device.type == "cuda" else 1024
+    gen = torch.Generator(device=device).manual_seed(0)  # leaves the global RNG (dropout, resume) untouched
+    best = 0.0
+    for m, k, n in [(size, size, size), *shapes]:
+        a = torch.randn(m, k, device=device, dtype=dtype, generator=gen)
+        b = torch.randn(k, n, device=device, dtype=dtype, generator=gen)
+        sync(device)
+        start = time.perf_counter()
+        a @ b  # warm-up
+        sync(device)
+        if time.perf_counter() - start >= seconds:  # one product takes longer than a trial (bfloat16 emulated on a
+            best = max(best, 2 * m * k * n / (time.perf_counter() - start))  # CPU without bfloat16 units: seconds)
+            continue
+        a @ b
+        for _ in range(trials):
+            sync(device)
+            reps, start = 0, time.perf_counter()
+            while True:
+                a @ b
+                reps += 1
+                if reps % 4 == 0 or device.type == "cpu":  # a GPU is read every few products, a CPU after each
+                    sync(device)
+                    elapsed = time.perf_counter() - start
+                    if elapsed >= seconds:
+                        break
+            best = max(best, 2 * m * k * n * reps / elapsed)
+    return best
+
+
+# ---- data-parallel training under torchrun ---------------------------------------------------------------------------
+@dataclass
+class Dist:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        """The average of a tensor over all ranks (itself when running alone)."""
+        return self.sum(value) / self.world_size
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        return value
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """True on every rank when it is true on any: ranks must agree to stop, or the others hang."""
+        if not self.enabled:
+            return flag
+        return bool(self.sum(torch.tensor(float(flag), device=device)).item() > 0)
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def together(self):
+        """A stage that any rank may fail with a UserError: at its end every rank learns whether one did, so that
+        rank 0 prints that one line and the others leave quietly, instead of their peers' broken connections."""
+        error = None
+        try:
+            yield
+        except UserError as err:
+            if not self.enabled:
+                raise
+            error = str(err)
+        if not self.enabled:
+            return
+        errors: list = [None] * self.world_size
+        dist.all_gather_object(errors, error)
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise UserError(first) if self.is_main else QuietExit(first)
+
+
+RANK_ZERO_WAIT = 30.0  # seconds a rank waits for rank 0 to say a mistake and leave
+
+
+def leave_to_rank_zero(d: Dist, err: UserError) -> None:
+    """A mistake under torchrun, on a rank other than 0: rank 0 says it. Every rank usually meets the same one, so
+    this one waits, silent, for torchrun to end it once rank 0 has spoken and left (had it left first, torchrun could
+    stop rank 0 before it spoke: one rank can reach a mistake seconds before another, e.g. while a GPU driver starts).
+    A mistake rank 0 has not met (it has not left after RANK_ZERO_WAIT seconds) is said by this rank."""
+
+    def ended(signum, frame):
+        raise QuietExit(str(err))  # torchrun ends this rank (SIGTERM), or a Ctrl-C: rank 0 has said it
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, ended)
+    time.sleep(RANK_ZERO_WAIT)
+    if isinstance(err, QuietExit):  # Dist.together() told every rank: rank 0 has it
+        raise err
+    raise UserError(f"rank {d.rank}: {err}") from None
+
+
+def peer_lost(err: BaseException) -> bool:
+    """The error a collective raises when another process of the job has died (killed, out of memory): gloo says
+    'Connection closed by peer' (a plain RuntimeError), NCCL raises a DistBackendError."""
+    backend_error = getattr(dist, "DistBackendError", ())
+    return isinstance(err, backend_error) or any(words in str(err) for words in ("closed by peer", "reset by peer"))
+
+
+def first_line(err: BaseException) -> str:
+    """The backend's message without its source path: '[.../gloo/transport/tcp/pair.cc:553] Connection closed ...'."""
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return text.split("] ", 1)[-1].split(". ")[0][:160]
+
+
+def from_environment() -> Dist:
+    """Read torchrun's RANK / LOCAL_RANK / WORLD_SIZE; a plain `python train.py` is rank 0 of 1."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return Dist()
+    return Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+
+
+def init(d: Dist, device_type: str) -> None:
+    """Join the process group: NCCL between GPUs, Gloo on CPUs."""
+    if d.enabled and not dist.is_initialized():
+        if device_type == "cuda":
+            torch.cuda.set_device(d.local_rank)
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
