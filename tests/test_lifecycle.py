@@ -112,10 +112,10 @@ def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, ca
     before = snapshot(out)
     if when == "during its step-0 evaluation":
         proc = launch(corpus, out, "--overwrite", "--eval_iters", "1000000")  # its step-0 evaluation never ends
-        wait_for(lambda: (out / ".replaced").is_dir())
+        wait_for(lambda: (out / ".replaced" / "ckpt_last.pt").is_file())  # the old run is set aside
     else:  # the new run has saved its untrained step 0 (best and last) and trains on towards a far evaluation
         proc = launch(corpus, out, "--overwrite", "--max_iters", "1000000", "--eval_interval", "100000")
-        wait_for(lambda: (out / "ckpt_last.pt").is_file() and (out / ".replaced").is_dir())
+        wait_for(lambda: (out / ".replaced" / "ckpt_last.pt").is_file() and (out / "ckpt_last.pt").is_file())
     proc.kill()
     proc.wait()
     import sample  # the scripts say where the old run waits and how it comes back
@@ -135,7 +135,7 @@ def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_af
     out = copy_of(finished, tmp_path)
     before = snapshot(out)
     proc = launch(corpus, out, "--overwrite", "--max_iters", "1000000", "--eval_interval", "100000")
-    wait_for(lambda: (out / "ckpt_last.pt").is_file() and (out / ".replaced").is_dir())
+    wait_for(lambda: (out / ".replaced" / "ckpt_last.pt").is_file() and (out / "ckpt_last.pt").is_file())
     proc.send_signal(signal.SIGINT)
     text, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
