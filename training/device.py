@@ -320,10 +320,17 @@ class Dist:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    always: bool = False  # --ddp always: the process group and DDP for one process too
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        """Whether the run is data-parallel: a process group, DDP and collectives (2 or more processes, or one with
+        --ddp always). Where only the number of processes matters (RNG streams, plurals), world_size says it."""
+        return self.world_size > 1 or self.always
+
+    @property
+    def backend(self) -> str:
+        return dist.get_backend() if dist.is_initialized() else ""
 
     @property
     def is_main(self) -> bool:
@@ -402,11 +409,17 @@ def first_line(err: BaseException) -> str:
     return text.split("] ", 1)[-1].split(". ")[0][:160]
 
 
-def from_environment() -> Dist:
-    """Read torchrun's RANK / LOCAL_RANK / WORLD_SIZE; a plain `python train.py` is rank 0 of 1."""
-    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+def from_environment(ddp: str = "auto") -> Dist:
+    """Read torchrun's RANK / LOCAL_RANK / WORLD_SIZE; a plain `python train.py` is rank 0 of 1. ddp "always" (the
+    --ddp setting) makes one torchrun process data-parallel too."""
+    under_torchrun = "RANK" in os.environ
+    if ddp == "always" and not under_torchrun:
+        raise UserError("--ddp always: needs torchrun, which starts the process group's processes; run torchrun "
+                        "--standalone --nproc_per_node 1 train.py ..., or leave --ddp out")
+    if not under_torchrun or (int(os.environ.get("WORLD_SIZE", "1")) == 1 and ddp != "always"):
         return Dist()
-    return Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+    return Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]),
+                always=ddp == "always")
 
 
 def init(d: Dist, device_type: str) -> None:
