@@ -56,7 +56,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
             lr = get_lr(it, cfg)
             try:  # a stop between the micro-batches of a long step undoes the step (one process only)
                 loss, grad_norm, finite = train_step(run.step_model, run.optimizer, run.scaler, run.batches, run.rt,
-                                                     cfg, lr, None if s.d.enabled else s.asked_to_stop)
+                                                     cfg, lr, None if s.d.enabled else s.asked_to_stop, s.d)
             except StepAbandoned:
                 s.pause_clock()
                 stopping = True

@@ -195,15 +195,25 @@ class CompileFallback:
     def backward_unchecked(self) -> bool:
         return self.compiled is not None and not self.backward_done
 
+    @staticmethod
+    def compilers(err: Exception) -> bool:
+        """Whether err from compiled code is the compiler's, not the run's own (out of memory, a broken device:
+        uncompiled code would fail too)."""
+        return not (is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS))
+
     def fall_back(self, err: Exception) -> bool:
         """After err from compiled code: turn compilation off, with the warning, if err is the compiler's (True);
-        False if it is the run's own (out of memory, a broken device: uncompiled code would fail too)."""
-        if is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS):
+        False if it is the run's own."""
+        if not self.compilers(err):
             return False
-        self.say(COMPILE_FAILED.format(in_one_line(err)))
+        self.give_up(in_one_line(err))
+        return True
+
+    def give_up(self, reason: str) -> None:
+        """Compilation off from now on, with the warning that gives reason."""
+        self.say(COMPILE_FAILED.format(reason))
         self.compiled = None
         self.uncompile()
-        return True
 
     def __call__(self, *args, **kwargs):
         if self.compiled is not None:
@@ -352,6 +362,22 @@ class Dist:
             return flag
         return bool(self.sum(torch.tensor(float(flag), device=device)).item() > 0)
 
+    def average(self, tensors: list[torch.Tensor]) -> None:
+        """Each tensor replaced by its average over the ranks, in place, as DDP averages gradients (divided by the
+        number of ranks, then summed)."""
+        if self.enabled:
+            for tensor in tensors:
+                tensor.div_(self.world_size)
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+
+    def first(self, text: str | None) -> str | None:
+        """The first rank's text that is not None, on every rank (None when every rank has None)."""
+        if not self.enabled:
+            return text
+        texts: list = [None] * self.world_size
+        dist.all_gather_object(texts, text)
+        return next((t for t in texts if t is not None), None)
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
@@ -367,11 +393,7 @@ class Dist:
             if not self.enabled:
                 raise
             error = str(err)
-        if not self.enabled:
-            return
-        errors: list = [None] * self.world_size
-        dist.all_gather_object(errors, error)
-        first = next((e for e in errors if e is not None), None)
+        first = self.first(error)
         if first is not None:
             raise UserError(first) if self.is_main else QuietExit(first)
 
