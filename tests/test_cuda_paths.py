@@ -175,6 +175,54 @@ def test_a_backward_that_fails_to_compile_falls_back_and_the_step_is_the_uncompi
         assert torch.equal(fell_back[name], plain[name]), name
 
 
+def test_the_failed_attempts_activations_are_freed_before_the_step_is_computed_again():
+    """The retry after a backward that failed to compile must not run while the failed attempt's activations are still
+    held (by its traceback, had the retry run inside the except block): a run near its memory limit would run out of
+    memory there instead of falling back. A weak reference to a tensor the failed forward saved for its backward is
+    dead when the retry reads its first batch."""
+    import weakref
+    from types import SimpleNamespace
+    from model import GPT, ModelConfig
+    from training.device import CompileFallback
+    from training.step import train_step
+
+    saved = []
+
+    class FailsInBackward(torch.autograd.Function):  # a stand-in for inductor failing on the backward graph
+        @staticmethod
+        def forward(ctx, x):
+            ctx.activations = torch.ones(1000) * x.detach()  # what a compiled block saves for its backward
+            saved.append(weakref.ref(ctx.activations))
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("BackendCompilerFailed: inductor: C++ compile error (stand-in)")
+
+    alive_at_each_batch = []
+
+    class Batches:
+        def get_batch(self, split):
+            alive_at_each_batch.append([ref() is not None for ref in saved])
+            x = torch.arange(8).repeat(4, 1) % 11
+            return x, x.roll(-1, 1)
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    said = []
+    step_model = CompileFallback(model, lambda x, y: (None, FailsInBackward.apply(model(x, y)[1])), said.append)
+    train_step(step_model, AdamW(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu", enabled=False), Batches(),
+               Runtime(torch.device("cpu"), torch.float32), SimpleNamespace(grad_accum_steps=1, grad_clip=1.0), 0.1)
+    assert len(said) == 1 and len(saved) == 1  # it failed, and fell back
+    assert alive_at_each_batch == [[], [False]]  # the retry's batch: the failed attempt's tensor already freed
+
+
 def test_the_samplers_host_numbers_reach_a_gpu_without_making_the_host_wait(monkeypatch):
     """A prefill's padding and the prompts' ids go to a GPU from pinned memory with non_blocking=True: a copy from
     pageable memory waits for every kernel queued before it, at every window slide of a long sample."""
