@@ -55,6 +55,27 @@ def test_with_the_float16_scaler_a_loss_that_is_not_finite_still_counts(monkeypa
     assert scaler.get_scale() == 65536.0 / 2  # and the scaler lowered its scale after it
 
 
+def test_a_float16_run_whose_gradients_overflow_at_every_step_stops_with_the_non_finite_line(corpus, tmp_path,
+                                                                                             monkeypatch):
+    """float16's scaler skips a step whose gradients overflow and halves its scale: its search, not counted while the
+    scale is above 1. Below that the gradients overflow float16 unscaled, and a run whose every step overflows (its
+    loss finite all along) must stop with the non-finite line, not skip every step to the end. Stood in on the CPU:
+    the CUDA scaler's logic with a scaled loss whose every gradient overflows."""
+    from conftest import train_debug
+    from errors import UserError
+
+    class Overflowing(torch.amp.GradScaler):
+        def scale(self, outputs):
+            return super().scale(outputs) * float("inf")  # every gradient inf, as float16's overflowing ones are
+
+    monkeypatch.setattr(Runtime, "grad_scaler", lambda self: Overflowing("cpu", init_scale=2.0 ** 4))
+    with pytest.raises(UserError) as stopped:
+        train_debug(corpus, tmp_path / "run", "--max_iters", "40", "--log_interval", "1", "--eval_interval", "20",
+                    "--max_nonfinite_steps", "3")
+    # scales 16, 8, 4 and 2 are the search; the steps at 1, 1/2 and 1/4 (steps 5 to 7) count
+    assert str(stopped.value).startswith("stopped at step 7: 3 steps in a row had a non-finite loss or gradient")
+
+
 def test_float16_steps_muon_and_adamw_as_one_without_the_host_reading_the_device(host_reads):
     """With float16 the scaler's own step() would read its overflow flag on the host for any optimizer but fused
     AdamW (Muon and AdamW together included): a wait for the GPU at every step. The step is skipped on the device

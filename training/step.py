@@ -57,9 +57,13 @@ def train_step(model, optimizer, scaler, batches, rt: Runtime, cfg: TrainConfig,
         loss = first_compiled_backward(model, optimizer, scaler, batches, rt, cfg, stop, d)
     else:
         loss = forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
+    searching = scaler.is_enabled() and scaler._get_scale_async() > 1  # (before update() lowers it; on the device)
     grad_norm, finite = update(model, optimizer, scaler, rt, cfg, lr)
-    if scaler.is_enabled():  # float16: gradients that overflow are the scaler's search for a scale (the step is
-        finite = torch.isfinite(loss)  # skipped, the scale lowered); a loss that is not finite is the run going wrong
+    if scaler.is_enabled():
+        # float16: gradients that overflow are the scaler's search for a scale (the step is skipped, the scale halved),
+        # which is over once the scale is down to 1: gradients that overflow float16 unscaled are the run going wrong,
+        # as a loss that is not finite is. Those steps count (a run whose every step overflows stops).
+        finite = torch.isfinite(loss) & (finite | searching)
     return loss, grad_norm, finite
 
 
