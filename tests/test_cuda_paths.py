@@ -28,6 +28,20 @@ def test_auto_picks_float16_where_bfloat16_is_only_emulated(a_gpu_that_emulates_
     assert pick_dtype("bfloat16", torch.device("cuda", 0)) == torch.bfloat16  # asked for by name: as asked
 
 
+@pytest.mark.parametrize("emulated", [True, False])
+def test_muons_newton_schulz_follows_autos_rule_bfloat16_only_where_the_gpu_has_it(monkeypatch, emulated):
+    """A V100 or T4 only emulates bfloat16, where --dtype auto picks float16: Muon's Newton-Schulz products run in
+    float32 there (they had stayed bfloat16 on every GPU), and in bfloat16 on a GPU that has it."""
+    from model import GPT, ModelConfig
+    from training.optim import configure_optimizer
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation
+                        or not emulated)
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    optimizer = configure_optimizer(model, 1e-2, 0.1, (0.9, 0.95), "cuda", kind="muon")
+    assert optimizer.muon.ns_dtype == (torch.float32 if emulated else torch.bfloat16)
+    assert (pick_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16) == (not emulated)  # the same rule
+
+
 def test_with_the_float16_scaler_a_loss_that_is_not_finite_still_counts(monkeypatch):
     """float16 trains with a gradient scaler, which skips a step whose gradients overflow: its normal search for a
     scale, not counted. But a loss that is itself not finite is the run going wrong, and must reach the non-finite

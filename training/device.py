@@ -78,6 +78,15 @@ def cpu_has_bfloat16_units() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
+def native_bfloat16(device_type: str) -> bool:
+    """Whether the device multiplies bfloat16 matrices in hardware: a GPU of compute capability 8 and up, a CPU with
+    bfloat16 units. --dtype auto, and Muon's Newton-Schulz iterations, use bfloat16 only there: where torch emulates
+    it (a V100 or T4, whose is_bf16_supported() by default says yes counting emulation; other CPUs) it is slow."""
+    if device_type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return device_type == "cpu" and cpu_has_bfloat16_units()
+
+
 # On a CPU with bfloat16 units, auto samples a model this large (float32 weights over 16 MB) in bfloat16: sampling a
 # character reads every weight once, and below this size they stay in the CPU's caches, where float32 kernels are
 # faster (the figures: docs/speed.md).
@@ -91,12 +100,10 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: 
     units and for a model of more than CPU_BFLOAT16_SAMPLING_PARAMS parameters (params); float32 otherwise. Asked for
     by name, sampling may use float16 on a CPU too: it needs no autocast there."""
     if spec == "auto":
-        if device.type == "cuda":
-            # bfloat16 where the GPU has it (compute capability 8 and up); is_bf16_supported() by default also says
-            # yes where torch only emulates it (V100, T4), which is slow: float16 with the scaler there
-            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+        if device.type == "cuda":  # float16 with the scaler where bfloat16 is only emulated
+            return torch.bfloat16 if native_bfloat16("cuda") else torch.float16
         large = params > CPU_BFLOAT16_SAMPLING_PARAMS  # sampling: see CPU_BFLOAT16_SAMPLING_PARAMS
-        if device.type == "cpu" and cpu_has_bfloat16_units() and (not sampling or large):
+        if device.type == "cpu" and native_bfloat16("cpu") and (not sampling or large):
             return torch.bfloat16
         return torch.float32
     if spec not in DTYPES:
