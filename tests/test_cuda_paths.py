@@ -23,6 +23,30 @@ def test_a_gpu_chosen_by_index_is_made_current_in_one_process(a_gpu_that_emulate
     assert rt.device == torch.device("cuda", 1) and a_gpu_that_emulates_bfloat16 == [torch.device("cuda", 1)]
 
 
+def test_a_gpu_index_past_the_machines_count_is_one_line_and_exit_2(a_gpu_that_emulates_bfloat16, monkeypatch,
+                                                                     corpus, tmp_path, capsys):
+    """--device cuda:2 on a machine with two GPUs ended in a raw CUDA error (a traceback) when the run made it
+    current; torchrun with more processes on a machine than it has GPUs, likewise. Both are one line, exit 2, before
+    the run folder is made."""
+    import train
+    from errors import UserError, run_cli
+    from training import device
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    out = tmp_path / "run"
+    argv = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"), "--out_dir", str(out),
+            "--device", "cuda:2"]
+    assert run_cli(train.main, argv) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: --device cuda:2: this machine has 2 GPUs (cuda:0 to "
+                                                    "cuda:1); give one of them, or --device cuda"]
+    assert not out.exists() and a_gpu_that_emulates_bfloat16 == []  # nothing made, no device made current
+    assert device.pick_device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    with pytest.raises(UserError, match=r"^torchrun started 3 processes on this machine, which has 2 GPUs \(cuda:0 "
+                                        r"to cuda:1\); give --nproc_per_node at most 2$"):
+        device.init(device.Dist(rank=2, local_rank=2, world_size=3), "cuda")
+    assert a_gpu_that_emulates_bfloat16 == []
+
+
 def test_auto_picks_float16_where_bfloat16_is_only_emulated(a_gpu_that_emulates_bfloat16):
     assert pick_dtype("auto", torch.device("cuda", 0)) == torch.float16
     assert pick_dtype("bfloat16", torch.device("cuda", 0)) == torch.bfloat16  # asked for by name: as asked

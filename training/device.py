@@ -63,7 +63,15 @@ def pick_device(spec: str) -> torch.device:
                         f"use --device cpu")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise UserError(f"--device {spec}: Apple MPS is not available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"--device {spec}: this machine has {gpus(torch.cuda.device_count())}; give one of "
+                        f"them, or --device cuda")
     return device
+
+
+def gpus(count: int) -> str:
+    """'1 GPU (cuda:0)', '4 GPUs (cuda:0 to cuda:3)'."""
+    return "1 GPU (cuda:0)" if count == 1 else f"{count} GPUs (cuda:0 to cuda:{count - 1})"
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -455,6 +463,11 @@ def init(d: Dist, device_type: str) -> None:
     """Join the process group: NCCL between GPUs, Gloo on CPUs."""
     if d.enabled and not dist.is_initialized():
         if device_type == "cuda":
+            processes = int(os.environ.get("LOCAL_WORLD_SIZE", d.local_rank + 1))  # on this machine (every rank's)
+            if processes > torch.cuda.device_count():
+                raise UserError(f"torchrun started {processes} processes on this machine, which has "
+                                f"{gpus(torch.cuda.device_count())}; give --nproc_per_node at most "
+                                f"{torch.cuda.device_count()}")
             torch.cuda.set_device(d.local_rank)
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
 
