@@ -8,9 +8,11 @@ from training.optim import AdamW
 
 @pytest.fixture
 def a_gpu_that_emulates_bfloat16(monkeypatch):
-    """torch.cuda as on a T4 or V100 (compute capability 7): is_bf16_supported() is True only counting emulation."""
+    """torch.cuda as on a machine with two T4s or V100s (compute capability 7): is_bf16_supported() is True only
+    counting emulation."""
     made_current = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     return made_current
@@ -31,7 +33,6 @@ def test_a_gpu_index_past_the_machines_count_is_one_line_and_exit_2(a_gpu_that_e
     import train
     from errors import UserError, run_cli
     from training import device
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     out = tmp_path / "run"
     argv = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"), "--out_dir", str(out),
             "--device", "cuda:2"]
