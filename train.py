@@ -56,7 +56,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
             lr = get_lr(it, cfg)
             try:  # a stop between the micro-batches of a long step undoes the step (one process only)
                 loss, grad_norm, finite = train_step(run.step_model, run.optimizer, run.scaler, run.batches, run.rt,
-                                                     cfg, lr, None if s.d.enabled else s.asked_to_stop)
+                                                     cfg, lr, None if s.d.enabled else s.asked_to_stop, s.d)
             except StepAbandoned:
                 s.pause_clock()
                 stopping = True
@@ -93,7 +93,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
     when a stop request ended it early and "finished" when there was nothing left to do."""
     stop = stop or StopRequest(speak=False)  # in-process callers (tests) get a request nobody makes
     phases = Phases(start_up)  # start_up: the seconds before train() (the interpreter, the imports), when known
-    d = device.from_environment()
+    d = device.from_environment(cfg.ddp)
     speak = say if d.is_main else (lambda message: None)
     if cfg.resume:
         note = f"config: the saved config of {cfg.out_dir or 'the run'}, with what this command line sets"

@@ -11,6 +11,7 @@ from model.config import Architecture, ModelConfig, setting
 
 
 LR_SCHEDULES = ("cosine", "wsd")
+DDP_CHOICES = ("auto", "always")
 # Settings a run does not choose, with the value every run uses: AdamW's beta1 (its first moment's decay; beta2 is a
 # setting). A saved config may hold them, at these values.
 FIXED = {"beta1": 0.9}
@@ -69,6 +70,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     compile_eval: bool = setting(True, "with compile on: evaluate with the compiled model too (false: evaluations and "
                                        "full validation run uncompiled, sparing the compilation of a second graph)")
     num_threads: int = setting(0, "CPU threads for PyTorch (0: automatic)")
+    ddp: str = setting("auto", "data-parallel under torchrun: auto (a process group and DDP with 2 or more processes) "
+                               "| always (for one process too, so DDP's hooks and no_sync run on one GPU)")
     seed: int = setting(1337, "random seed for initialisation and batches")
     config_name: str = setting("custom", "name of the preset this run started from (set by --config)")
 
@@ -106,6 +109,7 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
               "overwrites the outputs the loop still holds); use default or max-autotune-no-cudagraphs")
         check(self.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {', '.join(COMPILE_MODES)}")
         check(self.compile_scope in COMPILE_SCOPES, "compile_scope", f"must be one of {', '.join(COMPILE_SCOPES)}")
+        check(self.ddp in DDP_CHOICES, "ddp", f"must be one of {', '.join(DDP_CHOICES)}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}")
         check(valid_device(self.device), "device", "must be auto, cpu, cuda, cuda:N or mps")
         check(0 <= self.seed <= SEED_MAX, "seed", f"must be a whole number from 0 to {SEED_MAX} (2^62)")
@@ -134,7 +138,7 @@ HELP_GROUPS = {
     "the tutorials' attention forms (model/scoring.py, docs/attention.md)": ("attention_score", "shared_qk",
                                                                             "attention_values", "residual", "mlp"),
     "speed and benchmark knobs (docs/speed.md)": ("compile", "compile_mode", "compile_scope", "compile_eval",
-                                                  "num_threads"),
+                                                  "num_threads", "ddp"),
 }
 TYPES: dict[str, type] = typing.get_type_hints(TrainConfig)  # the real types (the annotations are strings here)
 assert all(f.default is not MISSING for f in FIELDS.values())

@@ -8,9 +8,11 @@ from training.optim import AdamW
 
 @pytest.fixture
 def a_gpu_that_emulates_bfloat16(monkeypatch):
-    """torch.cuda as on a T4 or V100 (compute capability 7): is_bf16_supported() is True only counting emulation."""
+    """torch.cuda as on a machine with two T4s or V100s (compute capability 7): is_bf16_supported() is True only
+    counting emulation."""
     made_current = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     return made_current
@@ -23,9 +25,46 @@ def test_a_gpu_chosen_by_index_is_made_current_in_one_process(a_gpu_that_emulate
     assert rt.device == torch.device("cuda", 1) and a_gpu_that_emulates_bfloat16 == [torch.device("cuda", 1)]
 
 
+def test_a_gpu_index_past_the_machines_count_is_one_line_and_exit_2(a_gpu_that_emulates_bfloat16, monkeypatch,
+                                                                     corpus, tmp_path, capsys):
+    """--device cuda:2 on a machine with two GPUs ended in a raw CUDA error (a traceback) when the run made it
+    current; torchrun with more processes on a machine than it has GPUs, likewise. Both are one line, exit 2, before
+    the run folder is made."""
+    import train
+    from errors import UserError, run_cli
+    from training import device
+    out = tmp_path / "run"
+    argv = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"), "--out_dir", str(out),
+            "--device", "cuda:2"]
+    assert run_cli(train.main, argv) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: --device cuda:2: this machine has 2 GPUs (cuda:0 to "
+                                                    "cuda:1); give one of them, or --device cuda"]
+    assert not out.exists() and a_gpu_that_emulates_bfloat16 == []  # nothing made, no device made current
+    assert device.pick_device("cuda:1") == torch.device("cuda", 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    with pytest.raises(UserError, match=r"^torchrun started 3 processes on this machine, which has 2 GPUs \(cuda:0 "
+                                        r"to cuda:1\); give --nproc_per_node at most 2$"):
+        device.init(device.Dist(rank=2, local_rank=2, world_size=3), "cuda")
+    assert a_gpu_that_emulates_bfloat16 == []
+
+
 def test_auto_picks_float16_where_bfloat16_is_only_emulated(a_gpu_that_emulates_bfloat16):
     assert pick_dtype("auto", torch.device("cuda", 0)) == torch.float16
     assert pick_dtype("bfloat16", torch.device("cuda", 0)) == torch.bfloat16  # asked for by name: as asked
+
+
+@pytest.mark.parametrize("emulated", [True, False])
+def test_muons_newton_schulz_follows_autos_rule_bfloat16_only_where_the_gpu_has_it(monkeypatch, emulated):
+    """A V100 or T4 only emulates bfloat16, where --dtype auto picks float16: Muon's Newton-Schulz products run in
+    float32 there (they had stayed bfloat16 on every GPU), and in bfloat16 on a GPU that has it."""
+    from model import GPT, ModelConfig
+    from training.optim import configure_optimizer
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation
+                        or not emulated)
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    optimizer = configure_optimizer(model, 1e-2, 0.1, (0.9, 0.95), "cuda", kind="muon")
+    assert optimizer.muon.ns_dtype == (torch.float32 if emulated else torch.bfloat16)
+    assert (pick_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16) == (not emulated)  # the same rule
 
 
 def test_with_the_float16_scaler_a_loss_that_is_not_finite_still_counts(monkeypatch):
@@ -53,6 +92,27 @@ def test_with_the_float16_scaler_a_loss_that_is_not_finite_still_counts(monkeypa
         assert bool(train_step(model, optimizer, scaler, batches, rt, cfg, 0.1)[2]) is finite
     assert torch.isfinite(model.weight).all()  # the bad step was skipped
     assert scaler.get_scale() == 65536.0 / 2  # and the scaler lowered its scale after it
+
+
+def test_a_float16_run_whose_gradients_overflow_at_every_step_stops_with_the_non_finite_line(corpus, tmp_path,
+                                                                                             monkeypatch):
+    """float16's scaler skips a step whose gradients overflow and halves its scale: its search, not counted while the
+    scale is above 1. Below that the gradients overflow float16 unscaled, and a run whose every step overflows (its
+    loss finite all along) must stop with the non-finite line, not skip every step to the end. Stood in on the CPU:
+    the CUDA scaler's logic with a scaled loss whose every gradient overflows."""
+    from conftest import train_debug
+    from errors import UserError
+
+    class Overflowing(torch.amp.GradScaler):
+        def scale(self, outputs):
+            return super().scale(outputs) * float("inf")  # every gradient inf, as float16's overflowing ones are
+
+    monkeypatch.setattr(Runtime, "grad_scaler", lambda self: Overflowing("cpu", init_scale=2.0 ** 4))
+    with pytest.raises(UserError) as stopped:
+        train_debug(corpus, tmp_path / "run", "--max_iters", "40", "--log_interval", "1", "--eval_interval", "20",
+                    "--max_nonfinite_steps", "3")
+    # scales 16, 8, 4 and 2 are the search; the steps at 1, 1/2 and 1/4 (steps 5 to 7) count
+    assert str(stopped.value).startswith("stopped at step 7: 3 steps in a row had a non-finite loss or gradient")
 
 
 def test_float16_steps_muon_and_adamw_as_one_without_the_host_reading_the_device(host_reads):
@@ -173,6 +233,54 @@ def test_a_backward_that_fails_to_compile_falls_back_and_the_step_is_the_uncompi
     assert fallback.compiled is None and torch.equal(loss, plain_loss)
     for name in plain:
         assert torch.equal(fell_back[name], plain[name]), name
+
+
+def test_the_failed_attempts_activations_are_freed_before_the_step_is_computed_again():
+    """The retry after a backward that failed to compile must not run while the failed attempt's activations are still
+    held (by its traceback, had the retry run inside the except block): a run near its memory limit would run out of
+    memory there instead of falling back. A weak reference to a tensor the failed forward saved for its backward is
+    dead when the retry reads its first batch."""
+    import weakref
+    from types import SimpleNamespace
+    from model import GPT, ModelConfig
+    from training.device import CompileFallback
+    from training.step import train_step
+
+    saved = []
+
+    class FailsInBackward(torch.autograd.Function):  # a stand-in for inductor failing on the backward graph
+        @staticmethod
+        def forward(ctx, x):
+            ctx.activations = torch.ones(1000) * x.detach()  # what a compiled block saves for its backward
+            saved.append(weakref.ref(ctx.activations))
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("BackendCompilerFailed: inductor: C++ compile error (stand-in)")
+
+    alive_at_each_batch = []
+
+    class Batches:
+        def get_batch(self, split):
+            alive_at_each_batch.append([ref() is not None for ref in saved])
+            x = torch.arange(8).repeat(4, 1) % 11
+            return x, x.roll(-1, 1)
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    said = []
+    step_model = CompileFallback(model, lambda x, y: (None, FailsInBackward.apply(model(x, y)[1])), said.append)
+    train_step(step_model, AdamW(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu", enabled=False), Batches(),
+               Runtime(torch.device("cpu"), torch.float32), SimpleNamespace(grad_accum_steps=1, grad_clip=1.0), 0.1)
+    assert len(said) == 1 and len(saved) == 1  # it failed, and fell back
+    assert alive_at_each_batch == [[], [False]]  # the retry's batch: the failed attempt's tensor already freed
 
 
 def test_the_samplers_host_numbers_reach_a_gpu_without_making_the_host_wait(monkeypatch):

@@ -17,10 +17,12 @@ def corpus(tmp_path_factory):
     return module_corpus(tmp_path_factory, "ddp")
 
 
-def launch(corpus, out_dir, *extra, processes=2, program=ROOT / "train.py"):
+def launch(corpus, out_dir, *extra, processes=2, program=ROOT / "train.py", torchrun=None, dropout="0"):
+    """train.py on the debug preset: under torchrun with `processes` processes (by default where there are 2 or more),
+    else a plain `python train.py`."""
     args = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(corpus.parent / "cache"),
-            "--out_dir", str(out_dir), "--dropout", "0", "--eval_interval", "4", "--log_interval", "1", *extra]
-    if processes == 1:
+            "--out_dir", str(out_dir), "--dropout", dropout, "--eval_interval", "4", "--log_interval", "1", *extra]
+    if not (processes > 1 if torchrun is None else torchrun):
         command = [sys.executable, str(program), *args]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
@@ -83,3 +85,80 @@ def test_an_error_ends_the_whole_job_with_its_message(tmp_path):
     assert "Connection closed" not in result.stderr and "gloo" not in result.stderr.lower()
     assert "exitcode  : 2" in result.stderr  # rank 0 ended with the user-error code (torchrun may stop rank 1 first)
     assert "stopped" not in result.stderr  # rank 1, ended by torchrun, says nothing
+
+
+def step_lines(output: str) -> list[str]:
+    """The log's step lines without their timings: 'step 3/8: loss 3.9452'."""
+    return [line.split(",")[0] for line in output.splitlines() if line.startswith("step ")]
+
+
+def test_ddp_always_builds_the_process_group_for_one_process_and_trains_as_a_plain_run(corpus, tmp_path):
+    """--ddp always under torchrun with one process: the process group (gloo on a CPU) and the DDP wrapper are built,
+    the run says so, and its losses, weights and dropout equal a plain run's bit for bit (one rank's reduction is
+    the gradient itself). Without torchrun it is one line, exit 2."""
+    common = ("--max_iters", "6", "--grad_accum_steps", "2")
+    ddp = launch(corpus, tmp_path / "ddp", *common, "--ddp", "always", processes=1, torchrun=True, dropout="0.1")
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    assert "x 1 process = 512 tokens per step; DDP over gloo" in ddp.stdout
+    plain = launch(corpus, tmp_path / "plain", *common, processes=1, dropout="0.1")
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert "DDP over" not in plain.stdout
+    assert step_lines(ddp.stdout) == step_lines(plain.stdout) and len(step_lines(plain.stdout)) == 6 + 3
+    a = checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")["model"]
+    b = checkpoint.load(tmp_path / "plain" / "ckpt_last.pt")["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    alone = launch(corpus, tmp_path / "alone", *common, "--ddp", "always", processes=1)
+    assert alone.returncode == 2 and alone.stderr.strip().splitlines() == [
+        "error: --ddp always: needs torchrun, which starts the process group's processes; run torchrun --standalone "
+        "--nproc_per_node 1 train.py ..., or leave --ddp out"]
+
+
+# train.py with every torch.compile through a stand-in backend: dynamo's capture, AOTAutograd, eager kernels, and a
+# backward compiler that fails on the ranks FAIL_RANKS names, as inductor failing on the backward graph does: at the
+# first .backward(), after DDP's hooks have fired for the parameters whose gradients came first.
+BACKWARD_FAILS = """import os, runpy, sys
+import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+
+
+def forward(graph, inputs):
+    return make_boxed_func(graph.forward)
+
+
+def backward(graph, inputs):
+    if os.environ["RANK"] in os.environ["FAIL_RANKS"].split(","):
+        raise RuntimeError("inductor exploded in the backward (stand-in)")
+    return make_boxed_func(graph.forward)
+
+
+real_compile = torch.compile
+torch.compile = lambda module, **kwargs: real_compile(module, backend=aot_autograd(fw_compiler=forward,
+                                                                                  bw_compiler=backward))
+sys.argv[0], sys.path[0] = {train!r}, {root!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_backward_that_fails_to_compile_under_ddp_falls_back_on_every_rank(corpus, tmp_path, monkeypatch):
+    """Compiled by blocks under DDP at grad_accum_steps 1, the backward's compilation fails at the first step on both
+    ranks, or on rank 1 alone: every rank turns compilation off (rank 0 warns once, naming the rank) and computes the
+    step again, and the run trains on to its end with the weights of an uncompiled run (DDP's next forward had
+    refused to start: 'Expected to have finished reduction in the prior iteration')."""
+    program = tmp_path / "backward_fails.py"
+    program.write_text(BACKWARD_FAILS.format(train=str(ROOT / "train.py"), root=str(ROOT)))
+    common = ("--max_iters", "4", "--full_val", "false")
+    plain = launch(corpus, tmp_path / "plain", *common)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    for failing in ("0,1", "1"):
+        monkeypatch.setenv("FAIL_RANKS", failing)
+        out = tmp_path / f"fails-{failing}"
+        run = launch(corpus, out, *common, "--compile", "true", "--compile_scope", "blocks", program=program)
+        assert run.returncode == 0, run.stderr[-3000:]
+        warnings = [line for line in run.stdout.splitlines() if line.startswith("warning: torch.compile failed")]
+        assert warnings == [f"warning: torch.compile failed (rank {failing[0]}: RuntimeError: inductor exploded in "
+                            f"the backward (stand-in)); continuing without it (--compile false skips the attempt)"]
+        assert run.stdout.count("done: 4 steps") == 1 and step_lines(run.stdout) == step_lines(plain.stdout)
+        a = checkpoint.load(out / "ckpt_last.pt")["model"]
+        b = checkpoint.load(tmp_path / "plain" / "ckpt_last.pt")["model"]
+        assert all(torch.equal(a[name], b[name]) for name in b)

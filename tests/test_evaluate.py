@@ -1,5 +1,6 @@
 """scripts/evaluate.py: every character scored once, the run's own full validation reproduced, more context never
 worse, unknown characters counted exactly, bad inputs one line."""
+import contextlib
 import json
 
 import pytest
@@ -42,6 +43,32 @@ def test_the_windows_of_a_long_text_at_stride_1_take_no_memory_of_their_own():
     todo = Windows(10**11, 256, 1)  # a hundred billion windows: described, not listed
     assert len(todo) == 10**11 - 256 and [t.tolist() for t in todo.batch(len(todo) - 1, 5)] == [
         [10**11 - 257], [10**11 - 1], [10**11 - 1]]
+
+
+@pytest.mark.parametrize("n_ids, stride", [(203, 8), (200, 3), (6, 8)])
+def test_scoring_a_text_reads_the_device_once_whatever_its_number_of_batches(host_reads, n_ids, stride):
+    """On a GPU each value read from a tensor waits for the device: the scorer read a count per batch
+    (int(keep.sum())), so a long text waited thousands of times. Now one read per text (the sum at the end), and the
+    same figures as a loop over the windows one at a time, the text's shorter last window included."""
+    from model import GPT, ModelConfig
+    from training.evaluation import score
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    ids = torch.randint(0, 11, (n_ids,), dtype=torch.int32)
+    todo = Windows(n_ids, 8, stride)
+    by_hand, count = 0.0, 0
+    with torch.no_grad():
+        for begin, end, first_scored in one_by_one(n_ids, 8, stride):
+            x, y = ids[begin:end].long()[None], ids[begin + 1:end + 1].long()
+            losses = torch.nn.functional.cross_entropy(model(x)[0][0], y, reduction="none")
+            by_hand += losses[first_scored - begin - 1:].double().sum().item()
+            count += len(losses[first_scored - begin - 1:])
+    assert count == n_ids - 1
+    for batch_size in (1, 4, 1000):
+        with host_reads() as reads:
+            nats, scored = score(model, ids, todo, batch_size, contextlib.nullcontext)
+        assert len(reads) == 1  # the sum, once
+        assert scored == count and nats == pytest.approx(by_hand, rel=1e-9)
 
 
 def corpus_with_a_whole_number_of_windows(folder, block_size=32):

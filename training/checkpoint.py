@@ -73,7 +73,7 @@ def restore(run: Run, state: dict, d: Dist = Dist()) -> Progress:
     if state.get("scaler"):
         run.scaler.load_state_dict(state["scaler"])
     run.batches.load_state_dict(state["rng"]["batches"])  # the same stream, whatever the number of ranks
-    if not d.enabled:
+    if d.world_size == 1:  # (ranks draw their own dropout streams: seed + rank)
         torch.set_rng_state(state["rng"]["torch"])
         if run.rt.device_type == "cuda" and state["rng"].get("cuda") is not None:
             torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())

@@ -63,7 +63,15 @@ def pick_device(spec: str) -> torch.device:
                         f"use --device cpu")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise UserError(f"--device {spec}: Apple MPS is not available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"--device {spec}: this machine has {gpus(torch.cuda.device_count())}; give one of "
+                        f"them, or --device cuda")
     return device
+
+
+def gpus(count: int) -> str:
+    """'1 GPU (cuda:0)', '4 GPUs (cuda:0 to cuda:3)'."""
+    return "1 GPU (cuda:0)" if count == 1 else f"{count} GPUs (cuda:0 to cuda:{count - 1})"
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -76,6 +84,15 @@ def cpu_has_bfloat16_units() -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX); elsewhere torch emulates it."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own probes (used by inductor)
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def native_bfloat16(device_type: str) -> bool:
+    """Whether the device multiplies bfloat16 matrices in hardware: a GPU of compute capability 8 and up, a CPU with
+    bfloat16 units. --dtype auto, and Muon's Newton-Schulz iterations, use bfloat16 only there: where torch emulates
+    it (a V100 or T4, whose is_bf16_supported() by default says yes counting emulation; other CPUs) it is slow."""
+    if device_type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return device_type == "cpu" and cpu_has_bfloat16_units()
 
 
 # On a CPU with bfloat16 units, auto samples a model this large (float32 weights over 16 MB) in bfloat16: sampling a
@@ -91,12 +108,10 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: 
     units and for a model of more than CPU_BFLOAT16_SAMPLING_PARAMS parameters (params); float32 otherwise. Asked for
     by name, sampling may use float16 on a CPU too: it needs no autocast there."""
     if spec == "auto":
-        if device.type == "cuda":
-            # bfloat16 where the GPU has it (compute capability 8 and up); is_bf16_supported() by default also says
-            # yes where torch only emulates it (V100, T4), which is slow: float16 with the scaler there
-            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+        if device.type == "cuda":  # float16 with the scaler where bfloat16 is only emulated
+            return torch.bfloat16 if native_bfloat16("cuda") else torch.float16
         large = params > CPU_BFLOAT16_SAMPLING_PARAMS  # sampling: see CPU_BFLOAT16_SAMPLING_PARAMS
-        if device.type == "cpu" and cpu_has_bfloat16_units() and (not sampling or large):
+        if device.type == "cpu" and native_bfloat16("cpu") and (not sampling or large):
             return torch.bfloat16
         return torch.float32
     if spec not in DTYPES:
@@ -195,15 +210,25 @@ class CompileFallback:
     def backward_unchecked(self) -> bool:
         return self.compiled is not None and not self.backward_done
 
+    @staticmethod
+    def compilers(err: Exception) -> bool:
+        """Whether err from compiled code is the compiler's, not the run's own (out of memory, a broken device:
+        uncompiled code would fail too)."""
+        return not (is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS))
+
     def fall_back(self, err: Exception) -> bool:
         """After err from compiled code: turn compilation off, with the warning, if err is the compiler's (True);
-        False if it is the run's own (out of memory, a broken device: uncompiled code would fail too)."""
-        if is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS):
+        False if it is the run's own."""
+        if not self.compilers(err):
             return False
-        self.say(COMPILE_FAILED.format(in_one_line(err)))
+        self.give_up(in_one_line(err))
+        return True
+
+    def give_up(self, reason: str) -> None:
+        """Compilation off from now on, with the warning that gives reason."""
+        self.say(COMPILE_FAILED.format(reason))
         self.compiled = None
         self.uncompile()
-        return True
 
     def __call__(self, *args, **kwargs):
         if self.compiled is not None:
@@ -320,10 +345,17 @@ class Dist:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    always: bool = False  # --ddp always: the process group and DDP for one process too
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        """Whether the run is data-parallel: a process group, DDP and collectives (2 or more processes, or one with
+        --ddp always). Where only the number of processes matters (RNG streams, plurals), world_size says it."""
+        return self.world_size > 1 or self.always
+
+    @property
+    def backend(self) -> str:
+        return dist.get_backend() if dist.is_initialized() else ""
 
     @property
     def is_main(self) -> bool:
@@ -345,6 +377,22 @@ class Dist:
             return flag
         return bool(self.sum(torch.tensor(float(flag), device=device)).item() > 0)
 
+    def average(self, tensors: list[torch.Tensor]) -> None:
+        """Each tensor replaced by its average over the ranks, in place, as DDP averages gradients (divided by the
+        number of ranks, then summed)."""
+        if self.enabled:
+            for tensor in tensors:
+                tensor.div_(self.world_size)
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+
+    def first(self, text: str | None) -> str | None:
+        """The first rank's text that is not None, on every rank (None when every rank has None)."""
+        if not self.enabled:
+            return text
+        texts: list = [None] * self.world_size
+        dist.all_gather_object(texts, text)
+        return next((t for t in texts if t is not None), None)
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
@@ -360,11 +408,7 @@ class Dist:
             if not self.enabled:
                 raise
             error = str(err)
-        if not self.enabled:
-            return
-        errors: list = [None] * self.world_size
-        dist.all_gather_object(errors, error)
-        first = next((e for e in errors if e is not None), None)
+        first = self.first(error)
         if first is not None:
             raise UserError(first) if self.is_main else QuietExit(first)
 
@@ -402,17 +446,28 @@ def first_line(err: BaseException) -> str:
     return text.split("] ", 1)[-1].split(". ")[0][:160]
 
 
-def from_environment() -> Dist:
-    """Read torchrun's RANK / LOCAL_RANK / WORLD_SIZE; a plain `python train.py` is rank 0 of 1."""
-    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+def from_environment(ddp: str = "auto") -> Dist:
+    """Read torchrun's RANK / LOCAL_RANK / WORLD_SIZE; a plain `python train.py` is rank 0 of 1. ddp "always" (the
+    --ddp setting) makes one torchrun process data-parallel too."""
+    under_torchrun = "RANK" in os.environ
+    if ddp == "always" and not under_torchrun:
+        raise UserError("--ddp always: needs torchrun, which starts the process group's processes; run torchrun "
+                        "--standalone --nproc_per_node 1 train.py ..., or leave --ddp out")
+    if not under_torchrun or (int(os.environ.get("WORLD_SIZE", "1")) == 1 and ddp != "always"):
         return Dist()
-    return Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+    return Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]),
+                always=ddp == "always")
 
 
 def init(d: Dist, device_type: str) -> None:
     """Join the process group: NCCL between GPUs, Gloo on CPUs."""
     if d.enabled and not dist.is_initialized():
         if device_type == "cuda":
+            processes = int(os.environ.get("LOCAL_WORLD_SIZE", d.local_rank + 1))  # on this machine (every rank's)
+            if processes > torch.cuda.device_count():
+                raise UserError(f"torchrun started {processes} processes on this machine, which has "
+                                f"{gpus(torch.cuda.device_count())}; give --nproc_per_node at most "
+                                f"{torch.cuda.device_count()}")
             torch.cuda.set_device(d.local_rank)
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
 

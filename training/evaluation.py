@@ -123,28 +123,42 @@ class Windows:
         before = ((k - 1) * self.stride + self.block_size).clamp(max=self.n_ids - 1)  # the previous window's end
         return k * self.stride, end, torch.where(k == 0, 1, before + 1)
 
+    def by_length(self, first: int, count: int) -> list[tuple[int, slice]]:
+        """Windows first .. first + count - 1 grouped by length, as (length, their rows of batch()): every window is
+        block_size long but the text's last, which may end sooner, at the text's end. Arithmetic on the host: nothing
+        is read from a tensor."""
+        rows = min(first + count, len(self)) - first
+        last = first + rows - 1
+        last_length = min(last * self.stride + self.block_size, self.n_ids - 1) - last * self.stride
+        if last_length == self.block_size:
+            return [(self.block_size, slice(0, rows))]
+        return [(self.block_size, slice(0, rows - 1))] * (rows > 1) + [(last_length, slice(rows - 1, rows))]
+
 
 @torch.inference_mode()
 def score(model, ids: torch.Tensor, todo: Windows, batch_size: int, autocast, progress=None) -> tuple[float, int]:
-    """(sum of the cross-entropy over every character the windows score, in nats; how many characters that is)."""
+    """(sum of the cross-entropy over every character the windows score, in nats; how many characters that is). The
+    device is read once, at the end: the batches' shapes are the windows' arithmetic, and the windows score every
+    character but the first exactly once, so the count is known without counting."""
     model.eval()
     device = next(model.parameters()).device
-    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
+    # the host's numbers go to a GPU from pinned memory, queued: a copy from pageable memory waits for the GPU
+    send = (lambda host: host.pin_memory().to(device, non_blocking=True)) if device.type == "cuda" else \
+        (lambda host: host.to(device))
+    total = torch.zeros((), dtype=torch.float64, device=device)
     for first in range(0, len(todo), batch_size):
-        begins, ends, firsts = todo.batch(first, batch_size)
-        lengths = ends - begins
-        for length in lengths.unique().tolist():  # the last window may be shorter: windows of one length together
-            same = lengths == length
-            begin, first_scored = begins[same], firsts[same]
+        begins, _, firsts = todo.batch(first, batch_size)
+        for length, rows in todo.by_length(first, batch_size):
+            begin = begins[rows]
             offsets = torch.arange(length + 1)
-            tokens = ids[begin[:, None] + offsets].to(device, torch.long)  # (windows, length + 1)
+            tokens = send(ids[begin[:, None] + offsets].long())  # (windows, length + 1)
             x, y = tokens[:, :-1], tokens[:, 1:]
+            scored_from = send(firsts[rows] - begin - 1)  # each window's first target not yet scored, as a column
             with autocast():
                 logits, _ = model(x)
             losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none")
-            keep = (begin[:, None] + 1 + offsets[:-1] >= first_scored[:, None]).to(device)  # targets not yet scored
-            total += losses.view(len(begin), length)[keep].double().sum()
-            count += int(keep.sum())
+            keep = torch.arange(length, device=device) >= scored_from[:, None]  # (windows, length)
+            total += torch.where(keep, losses.view(-1, length).double(), 0.0).sum()
         if progress is not None:
             progress.update(len(begins))
-    return total.item(), count
+    return total.item(), max(todo.n_ids - 1, 0)

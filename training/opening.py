@@ -149,6 +149,7 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
     # Where a run writes is the user's word, never a checkpoint's: the folder being resumed, and the cache the command
     # line names (or the default one).
     values["out_dir"], values["cache_dir"] = cfg.out_dir, cfg.cache_dir
+    values["ddp"] = cfg.ddp  # as this command starts its processes (train() has read it already)
     for name in sorted(explicit - {"resume", "overwrite"}):
         new_value = getattr(cfg, name)
         if new_value == values.get(name):
@@ -316,7 +317,7 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
     model = GPT(model_cfg).to(rt.device)  # the same seed gives every rank the same initial weights
     if init is not None:
         graft(model, init["model"])
-    if d.enabled:
+    if d.world_size > 1:
         torch.manual_seed(cfg.seed + d.rank)  # but different dropout masks
     optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (FIXED["beta1"], cfg.beta2),
                                     rt.device_type, cfg.optimizer)
@@ -365,7 +366,8 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
     log.say(f"{run.prepared.meta['source']}: {run.prepared.meta['n_chars']:,} characters, vocabulary "
             f"{run.tokenizer.vocab_size}; model {params / 1e6:.2f}M parameters{with_table}; {run.rt.describe()}")
     log.say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
-            f"process{'es' if d.enabled else ''} = {run.tokens_per_iter:,} tokens per step")
+            f"process{'es' if d.world_size > 1 else ''} = {run.tokens_per_iter:,} tokens per step"
+            + (f"; DDP over {d.backend}" if d.enabled else ""))
     log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open "
             f"{TENSORBOARD_URL} (the loss first, drawn unsmoothed)")
     if compile_wanted(cfg.compile, run.rt.device_type):  # else the wait before step 0 would look like a hang

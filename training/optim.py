@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn as nn
 
-from training.device import cpu_has_bfloat16_units
+from training.device import native_bfloat16
 
 
 
@@ -36,18 +36,17 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
 
 
 def newton_schulz_dtype(device_type: str) -> torch.dtype:
-    """bfloat16, as torch.optim.Muon does, except on a CPU without bfloat16 units: there PyTorch emulates bfloat16
-    products, many times slower than float32 ones (docs/speed.md)."""
-    if device_type == "cpu" and not cpu_has_bfloat16_units():
-        return torch.float32
-    return torch.bfloat16
+    """bfloat16, as torch.optim.Muon does, where the device has it in hardware (--dtype auto's rule,
+    training.device.native_bfloat16); float32 where PyTorch emulates bfloat16 products (a CPU without bfloat16 units,
+    a V100 or T4), many times slower than float32 ones (docs/speed.md)."""
+    return torch.bfloat16 if native_bfloat16(device_type) else torch.float32
 
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon with a choice of dtype for its Newton-Schulz iterations. In bfloat16 on a CPU it computes
     exactly what torch.optim.Muon computes (the tests check it bit for bit); on a GPU its stacked products (one
-    batched product per shape, where torch's takes one matrix at a time) may round differently. float32 is for CPUs
-    without bfloat16 units."""
+    batched product per shape, where torch's takes one matrix at a time) may round differently. float32 is for devices
+    that only emulate bfloat16."""
 
     def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
         super().__init__(params, **kwargs)

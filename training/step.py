@@ -11,7 +11,8 @@ from typing import Callable
 import torch
 
 from configs import TrainConfig
-from training.device import Runtime
+from errors import in_one_line
+from training.device import Dist, Runtime
 
 
 # ---- the learning-rate schedule --------------------------------------------------------------------------------------
@@ -46,18 +47,23 @@ class StepAbandoned(Exception):
 
 
 def train_step(model, optimizer, scaler, batches, rt: Runtime, cfg: TrainConfig, lr: float,
-               stop: Callable[[], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               stop: Callable[[], bool] | None = None,
+               d: Dist = Dist()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer step over grad_accum_steps micro-batches: (loss, grad norm, whether the gradients were finite),
     all three on the device, so that the step itself never waits for it. stop() says whether a stop was asked for (one
     process only: under DDP the ranks would have to agree): one between micro-batches abandons the step
-    (StepAbandoned)."""
+    (StepAbandoned). d: the ranks, when model is wrapped in DDP."""
     if getattr(model, "backward_unchecked", False):  # compiled, and its backward not compiled yet
-        loss = first_compiled_backward(model, optimizer, scaler, batches, rt, cfg, stop)
+        loss = first_compiled_backward(model, optimizer, scaler, batches, rt, cfg, stop, d)
     else:
         loss = forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
+    searching = scaler.is_enabled() and scaler._get_scale_async() > 1  # (before update() lowers it; on the device)
     grad_norm, finite = update(model, optimizer, scaler, rt, cfg, lr)
-    if scaler.is_enabled():  # float16: gradients that overflow are the scaler's search for a scale (the step is
-        finite = torch.isfinite(loss)  # skipped, the scale lowered); a loss that is not finite is the run going wrong
+    if scaler.is_enabled():
+        # float16: gradients that overflow are the scaler's search for a scale (the step is skipped, the scale halved),
+        # which is over once the scale is down to 1: gradients that overflow float16 unscaled are the run going wrong,
+        # as a loss that is not finite is. Those steps count (a run whose every step overflows stops).
+        finite = torch.isfinite(loss) & (finite | searching)
     return loss, grad_norm, finite
 
 
@@ -86,24 +92,45 @@ def forward_backward(model, optimizer, scaler, batches, rt: Runtime, cfg: TrainC
 
 
 def first_compiled_backward(model, optimizer, scaler, batches, rt: Runtime, cfg: TrainConfig,
-                            stop: Callable[[], bool] | None) -> torch.Tensor:
+                            stop: Callable[[], bool] | None, d: Dist = Dist()) -> torch.Tensor:
     """forward_backward through a compiled model (training.device.CompileFallback) whose backward is compiled at
     this first .backward(): if compiling it fails, compilation is turned off (with the warning) and the step is
-    computed again, uncompiled, from where it began: the same batches, the same dropout."""
+    computed again, uncompiled, from where it began: the same batches, the same dropout.
+
+    Under DDP the ranks agree: if any rank's compilation failed, every rank turns it off and computes the step again,
+    so their collectives stay matched. The step runs under no_sync and its gradients are averaged by hand afterwards:
+    DDP's hooks would have started reducing the gradients computed before the failure, and its next forward would
+    refuse to start before that reduction finished."""
     began = batches.state_dict(), random_states(rt)
-    try:
-        loss = forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
-    except StepAbandoned:
-        raise
-    except Exception as err:
-        if not model.fall_back(err):
-            raise
+    loss, failure = attempt(model, optimizer, scaler, batches, rt, cfg, stop, d)
+    failure = d.first(failure)  # (under DDP: any rank's)
+    if failure is None:
+        model.backward_done = True
+    else:
         batches.load_state_dict(began[0])
         set_random_states(rt, began[1])
         optimizer.zero_grad(set_to_none=True)
-        return forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
-    model.backward_done = True
+        model.give_up(failure)
+        with model.no_sync() if d.enabled else contextlib.nullcontext():
+            loss = forward_backward(model, optimizer, scaler, batches, rt, cfg, stop)
+    d.average([p.grad for p in model.parameters() if p.grad is not None])  # (under DDP)
     return loss
+
+
+def attempt(model, optimizer, scaler, batches, rt: Runtime, cfg: TrainConfig, stop: Callable[[], bool] | None,
+            d: Dist) -> tuple[torch.Tensor | None, str | None]:
+    """The step through the compiled model (under DDP, no_sync): (its loss, None), or (None, the compiler's failure
+    in one line); the run's own errors are raised. Once this returns, nothing of a failed attempt is held: its
+    traceback, and with it the activations it saved for its backward, are gone before the step is computed again."""
+    try:
+        with model.no_sync() if d.enabled else contextlib.nullcontext():
+            return forward_backward(model, optimizer, scaler, batches, rt, cfg, stop), None
+    except StepAbandoned:
+        raise
+    except Exception as err:
+        if not model.compilers(err):
+            raise
+        return None, (f"rank {d.rank}: {in_one_line(err)}" if d.world_size > 1 else in_one_line(err))
 
 
 def random_states(rt: Runtime) -> tuple:
