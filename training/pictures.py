@@ -35,6 +35,42 @@ def save_figure(figure, path: str | Path, option: str) -> None:
     write_atomic(path, lambda f: figure.savefig(f, format=path.suffix[1:].lower()), "the picture", option)
 
 
+def loss_figure(losses: dict, title: str):
+    """A run's losses against steps, as they were logged: "train", (step, loss) at each log line (one batch each), and
+    "eval", (step, train loss, validation loss) at each evaluation (eval_iters batches each, the same ones every
+    time). Every point is drawn, as a marker on an unsmoothed line, and the y axis covers every finite point."""
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
+    series = [("train loss (each log line's batch)", losses["train"], 1, "C0", "."),
+              ("train loss (evaluation)", losses["eval"], 1, "C2", "s"),
+              ("validation loss (evaluation)", losses["eval"], 2, "C1", "o")]
+    values = []
+    for name, points, column, color, marker in series:
+        if points:
+            steps, ys = [p[0] for p in points], [float(p[column]) for p in points]
+            ax.plot(steps, ys, marker=marker, linestyle="-", color=color, markersize=4, linewidth=1, label=name)
+            values += [y for y in ys if math.isfinite(y)]
+    if values:
+        low, high = min(values), max(values)
+        pad = 0.05 * (high - low) or 0.05 * max(abs(high), 1.0)
+        ax.set_ylim(low - pad, high + pad)
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no losses logged yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(title.replace("$", r"\$"), fontsize=10)  # a folder's name is text, not matplotlib's $math$
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats per character)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def save_loss_picture(path: Path, losses: dict, title: str) -> None:
+    """loss_figure written to path whole or not at all (a run's loss.png)."""
+    fig = loss_figure(losses, title)
+    plt.close(fig)
+    write_atomic(path, lambda f: fig.savefig(f, format="png"), "the loss picture")
+
+
 def grid_of(n_heads: int) -> tuple[int, int]:
     """(rows, columns) of the heads' panels: near square, so that a picture shown narrow (TensorBoard's cards scale
     it to their width) keeps its panels large enough to read; at most 3 columns."""
