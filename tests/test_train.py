@@ -192,6 +192,16 @@ def test_default_preset_follows_the_device():
     assert "CUDA is available" in gpu_note
 
 
+@pytest.mark.parametrize("preset", ["shakespeare_char_cpu", "shakespeare_char_cpu_long", "shakespeare_char_gpu"])
+def test_the_default_presets_evaluate_often_enough_for_a_curve(preset):
+    """Each default preset evaluates at least 10 times from step 0 to max_iters (loss/val as a curve, not 3 points),
+    and --patience covers at least as many steps as 5 evaluations of 150 steps would (it cannot stop them sooner)."""
+    from training.evaluation import evaluation_due, evaluations_left
+    cfg = load_config(["--config", preset], False)[0]
+    assert sum(evaluation_due(it, cfg) for it in range(cfg.max_iters + 1)) == evaluations_left(0, cfg) >= 10
+    assert cfg.patience * cfg.eval_interval >= min(5 * 150, cfg.max_iters)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--lerning_rate", "1"], "unknown option --lerning_rate; did you mean --learning_rate?"),
     (["--max_iters", "ten"], "--max_iters: expected an integer, got 'ten'"),
