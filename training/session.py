@@ -322,7 +322,7 @@ class StopRequest:
         elif self.agree_every > 1:  # the step at which the processes next ask each other
             together = (step // self.agree_every + 1) * self.agree_every
             doing = f"training on to step {together}, where the processes stop together"
-        else:
-            doing = f"finishing step {step}"
+        else:  # a step may be under way (the one after step `step`), or an evaluation, which stops between batches
+            doing = f"step {step} is the last finished; ending what is under way"
         doing = self.ending or f"{doing}, then saving ckpt_last.pt"
         self.say(f"stopping: {doing} (press Ctrl-C again to stop at once)")
