@@ -22,8 +22,9 @@ from training.device import sync, utilisation
 from training.run_folder import BEST, LAST, disk_error
 
 # TensorBoard's Time Series with its smoothing at 0 (a query parameter it reads): a validation loss measured at a few
-# evaluations is otherwise drawn well above its values by the default smoothing of 0.6.
-TENSORBOARD_URL = "http://localhost:6006/?smoothing=0#timeseries"
+# evaluations is otherwise drawn well above its values by the default smoothing of 0.6. forceSVG draws the charts as
+# SVG: a browser without WebGL (a headless or remote one, a GPU switched off) draws their lines only so.
+TENSORBOARD_URL = "http://localhost:6006/?smoothing=0&forceSVG=true#timeseries"
 # The largest model scripts/attention_html.py puts into its page: every weight as float32 is 16 MB, about 21 MB of page.
 PAGE_MAX_PARAMETERS = 4_000_000
 # TensorBoard's HParams table sorts the settings by name and shows the first five: these five, so the model's shape,
