@@ -68,3 +68,13 @@ def test_the_tensorboard_address_draws_every_point_and_the_guide_says_how():
         text = " ".join(PAGES[page].split())
         assert f"`{TENSORBOARD_URL}`" in text and "6006/?smoothing=0#" not in text, page
         assert 'untick "Ignore outliers in chart scaling"' in text and "`loss.png`" in text, page
+
+
+def test_the_readme_points_a_small_text_to_what_to_try():
+    """The README's guide, where it trains on your own text, points to docs/training.md's "Small texts" (what to try
+    when the run warns of overfitting) and to the walkthrough; that section is there and names each remedy."""
+    readme = " ".join(PAGES["README.md"].split())
+    assert "(docs/training.md#small-texts)" in readme and "python scripts/attention_walkthrough.py" in readme
+    section = PAGES["docs/training.md"].split("### Small texts", 1)[1].split("\n## ", 1)[0]
+    for remedy in ("--max_iters", "--dropout 0.2", "--n_embd 64", "more text", "loss.png"):
+        assert remedy in section, remedy

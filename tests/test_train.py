@@ -586,3 +586,32 @@ def test_where_the_validation_split_fits_in_an_estimate_it_is_measured_exactly(c
     summary = train.train(cfg, explicit, say=lambda m: None)
     assert summary["best_val_loss"] == summary["full_val_loss"]
     assert not train_batches(cfg).val_fits(batches.num_val_batches() - 1)
+
+
+def test_a_small_text_that_overfits_is_warned_once_with_what_to_try(tmp_path):
+    """4,000 characters whose validation part (the last 10%) holds other lines than the training part: a 96-wide model
+    learns the training lines by heart within 300 steps. The run says so once, at the first evaluation where the
+    validation loss has risen over the last three while the training loss fell, and names what to try; a run whose
+    two losses fall together is never warned."""
+    from conftest import play_text
+    from training.evaluation import overfitting
+    corpus = tmp_path / "small.txt"
+    corpus.write_text(play_text(3600, seed=0) + play_text(400, seed=1), encoding="utf-8")
+    said = []
+    cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
+                                    "--out_dir", str(tmp_path / "run"), "--max_iters", "350", "--eval_interval", "25",
+                                    "--n_embd", "96", "--n_head", "4", "--learning_rate", "5e-3", "--min_lr", "5e-3",
+                                    "--patience", "0", "--full_val", "false"], False)
+    train.train(cfg, explicit, say=said.append)
+    evaluations = checkpoint.load(tmp_path / "run" / "ckpt_last.pt")["losses"]["eval"]
+    first = next(n for n in range(len(evaluations) + 1) if overfitting(evaluations[:n]))
+    assert first < len(evaluations)  # it went on overfitting after the warning: still said once
+    warnings = [m for m in said if m.startswith("warning: the model is learning the training text by heart")]
+    assert len(warnings) == 1, warnings
+    steps = ", ".join(str(step) for step, _, _ in evaluations[first - 3:first])
+    assert f"at steps {steps} the validation loss rose" in warnings[0]
+    for advice in ("a smaller model (--n_layer, --n_embd)", "--dropout 0.2", "fewer steps (--max_iters)",
+                   "more text", 'docs/training.md, "Small texts"'):
+        assert advice in warnings[0]
+    falling = [(step, 3.0 - step / 100, 3.1 - step / 120) for step in range(0, 300, 25)]
+    assert not any(overfitting(falling[:n]) for n in range(len(falling) + 1))

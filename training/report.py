@@ -352,6 +352,19 @@ def stopped_line(it: int, folder: Path, in_final_validation: bool) -> str:
             f"--out_dir {where} --resume")
 
 
+def overfitting_line(evaluations: list, best_step: int) -> str:
+    """The warning of a run whose validation loss rises while its training loss falls (training.evaluation's
+    overfitting), with its figures and what to try."""
+    last = evaluations[-3:]
+    steps = ", ".join(str(step) for step, _, _ in last)
+    train = " -> ".join(f"{loss:.3f}" for _, loss, _ in last)
+    val = " -> ".join(f"{loss:.3f}" for _, _, loss in last)
+    return (f"warning: the model is learning the training text by heart (overfitting): at steps {steps} the "
+            f"validation loss rose ({val}) while the training loss fell ({train}). Try a smaller model (--n_layer, "
+            f"--n_embd), --dropout 0.2, fewer steps (--max_iters), or more text; the run hands over its best model "
+            f"(step {best_step} so far). docs/training.md, \"Small texts\", says more")
+
+
 def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[str]:
     """What a finished run says: its steps and time, which step's model it hands over and that model's figures, and
     the last step's validation estimate beside it."""

@@ -22,9 +22,9 @@ from model.generate import generate
 from training import checkpoint
 from training.checkpoint import Progress
 from training.device import Dist, for_sampling
-from training.evaluation import evaluate, evaluation_due, full_validation_loss
+from training.evaluation import began_overfitting, evaluate, evaluation_due, full_validation_loss
 from training.opening import Run
-from training.report import Log, TrainClock
+from training.report import Log, TrainClock, overfitting_line
 from training.run_folder import BEST, LAST, LOSS_PICTURE, RunDir, write_text_atomic
 
 
@@ -80,6 +80,9 @@ class Session:
         progress.best_val, progress.last_eval, progress.eval_done = min(progress.best_val, losses["val"]), losses, True
         progress.evals_since_best = 0 if improved else progress.evals_since_best + 1
         progress.losses["eval"].append((progress.it, losses["train"], losses["val"]))
+        if began_overfitting(progress.losses["eval"]):  # said once a run, at the evaluation where it begins
+            best = min(progress.losses["eval"], key=lambda point: point[2])[0]
+            self.log.say(overfitting_line(progress.losses["eval"], best))
         if self.d.is_main:
             self.record(losses)
             if improved:
