@@ -228,3 +228,43 @@ def test_a_run_leaves_loss_png_drawing_every_logged_loss_of_all_its_sessions(tmp
     loss_figure(losses, f"run: debug preset, step 45").savefig(again, format="png")
     assert png.read_bytes() == again.getvalue()
     plt.close("all")
+
+
+def test_the_masked_future_is_hatched_grey_never_the_colour_of_a_weight_of_0():
+    """Every cell of the causal mask (key after query) is drawn hatched grey, a colour no weight takes, and a legend
+    says what it is; a weight of exactly 0 before the query (which a model can give) keeps the scale's colour for 0.
+    The same in attention_map's figure and TensorBoard's pictures (one drawing)."""
+    from matplotlib.colors import to_rgb
+    from training.pictures import MASKED_FILL, MASKED_HATCH, MASKED_LABEL, AttentionPictures, attention_figure, plt
+
+    text = "ROMEO: but soft"
+    T = len(text)
+    weights = torch.rand(2, T, T, generator=torch.Generator().manual_seed(0)).tril()
+    weights[:, 5, 2] = 0.0  # a weight of 0 on an earlier character: not masked
+    weights /= weights.sum(-1, keepdim=True)
+    figure = attention_figure(weights, text, 0)
+    figure.canvas.draw()
+    pixels = np.asarray(figure.canvas.buffer_rgba())[..., :3].astype(int)
+    assert np.array_equal(AttentionPictures(text).render(weights, 0), pixels.astype(np.uint8))
+    height = pixels.shape[0]
+    scale = plt.get_cmap("viridis")
+    weight_colours = np.array([[round(255 * c) for c in scale(x / 255)[:3]] for x in range(256)])
+    grey = [np.array([round(255 * c) for c in to_rgb(colour)]) for colour in (MASKED_FILL, MASKED_HATCH)]
+    for ax in [ax for ax in figure.axes if ax.images]:
+        def cell(i: int, j: int) -> set[tuple[int, ...]]:  # every colour of the inner pixels of cell (query i, key j)
+            x0, y0 = ax.transData.transform((j - 0.35, i - 0.35))
+            x1, y1 = ax.transData.transform((j + 0.35, i + 0.35))
+            rows = slice(int(height - max(y0, y1)) + 1, int(height - min(y0, y1)))
+            return {tuple(p) for p in pixels[rows, int(min(x0, x1)) + 1:int(max(x0, x1))].reshape(-1, 3)}
+        for i in range(T):
+            for j in range(T):
+                colours = cell(i, j)
+                if j > i:  # the mask: greys from the hatch's to the fill's (antialiased lines), no weight's colour
+                    assert all(max(c) - min(c) <= 3 and grey[1][0] - 3 <= c[0] <= grey[0][0] + 3 for c in colours), \
+                        (i, j, colours)
+                    assert min(np.abs(weight_colours - np.array(c)).max(1).min() for c in colours) > 20, (i, j)
+        (zero,) = cell(5, 2)
+        assert np.abs(np.array(zero) - weight_colours[0]).max() <= 2  # an earlier character's weight of 0: viridis
+    legend_texts = [t.get_text() for legend in figure.legends for t in legend.get_texts()]
+    assert legend_texts == [MASKED_LABEL] and "masked" in MASKED_LABEL
+    plt.close(figure)
