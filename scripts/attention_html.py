@@ -11,8 +11,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from data.corpus import Corpus, default_cache_dir  # noqa: E402
+from data.prepare import corpus_key  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.attention import recording_attention  # noqa: E402
 from model.generate import generate  # noqa: E402
@@ -24,6 +27,9 @@ PARTS = Path(__file__).with_name("attention_page")  # page.html, and the scripts
 SCRIPTS = ("GPT_JS", "gpt.js"), ("SAMPLING_JS", "sampling.js"), ("PAGE_JS", "page.js")  # sampling.js, page.js
 SURROGATE = re.compile("[\ud800-\udfff]")
 DEFAULT_TEXT = "ROMEO: But soft, what light through yonder window breaks?"
+OPENING_CHARS = 64  # the longest opening line taken from the validation text
+VAL_SEARCHED = 4096  # characters at the start of the validation text searched for a line
+MAX_CORPUS_BYTES = 100_000_000  # a corpus file read again for its validation text (larger: the token cache only)
 
 
 def build_parser() -> ArgumentParser:
@@ -32,8 +38,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--text", default=None, help="the text the page opens with (at most the model's block_size "
                                                 "characters; the page lets you type another); by default a line of "
-                                                "Romeo and Juliet, less the characters the model never saw (or, "
-                                                "where that leaves little, a line the model writes)")
+                                                "the run's own validation text (from its token cache, or its corpus "
+                                                "file as the checkpoint records it), else a line of Romeo and Juliet "
+                                                "less the characters the model never saw (or, where that leaves "
+                                                "little, a line the model writes)")
     p.add_argument("--html", required=True, help="where to write the page (.html)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
                    help="characters of --text the model never saw: stop with an error, or leave them out")
@@ -87,10 +95,59 @@ def page(model, vocab: str, text: str, title: str, about: str) -> str:
     return html.replace("/*DATA*/null", blob)
 
 
-def opening_text(args, model, tokenizer, block_size: int) -> str:
-    """The text the page opens with: --text checked; by default a line of Romeo and Juliet less what the model cannot
-    read, or, where that leaves little (a model of Chinese text, say), a line the model writes itself."""
+def validation_start(state: dict) -> str | None:
+    """The first VAL_SEARCHED characters of the run's validation text: from its prepared token cache (found by the
+    corpus checksum the checkpoint records, with the same encoding and split), else from its corpus file when that
+    is one file whose checksum still matches; None where neither is there."""
+    data, run = state.get("data") or {}, state.get("run_config") or {}
+    sha256, n_train = data.get("sha256"), data.get("n_train")
+    if not sha256 or n_train is None:
+        return None
+    settings = {"encoding": run.get("encoding", "utf-8"), "encoding_errors": run.get("encoding_errors", "strict"),
+                "val_fraction": run.get("val_fraction", 0.1)}
+    cache = Path(run["cache_dir"]) if run.get("cache_dir") else default_cache_dir()
+    for entry in sorted((cache / "prepared").glob(f"{sha256[:20]}-*")):
+        try:
+            meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+            if meta["sha256"] != sha256 or any(meta[key] != value for key, value in settings.items()):
+                continue
+            ids = np.fromfile(entry / "val.bin", dtype=meta["dtype"], count=VAL_SEARCHED)
+            return "".join(meta["vocab"][i] for i in ids)
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            continue  # a damaged or foreign entry: the next, or the corpus file
+    source = Path(data.get("source", ""))
+    try:
+        if not source.is_file() or source.stat().st_size > MAX_CORPUS_BYTES:
+            return None
+        corpus = Corpus(str(source), [source])
+        if corpus_key(corpus, settings["encoding"], settings["encoding_errors"], settings["val_fraction"])[0] != sha256:
+            return None  # the file has changed since the run read it
+        text = source.read_text(encoding=settings["encoding"], errors=settings["encoding_errors"])
+    except (OSError, UnicodeError, UserError, LookupError):
+        return None
+    return text[n_train:n_train + VAL_SEARCHED]
+
+
+def validation_line(state: dict, tokenizer, length: int) -> str | None:
+    """The first whole line of the run's validation text with at least 20 characters (fewer for a shorter window),
+    every one of them known to the model, cut to length; None where there is none."""
+    start = validation_start(state)
+    if start is None:
+        return None
+    for line in start.split("\n")[1:-1]:  # whole lines: the first may begin mid-line, the last end there
+        if len(line.strip()) >= min(20, length) and all(ch in tokenizer.stoi for ch in line):
+            return line[:length]
+    return None
+
+
+def opening_text(args, model, tokenizer, state: dict, block_size: int) -> str:
+    """The text the page opens with: --text checked; by default a line of the run's own validation text, else a line
+    of Romeo and Juliet less what the model cannot read, or, where that leaves little (a model of Chinese text, say),
+    a line the model writes itself."""
     if args.text is None:
+        line = validation_line(state, tokenizer, min(OPENING_CHARS, block_size))
+        if line is not None:
+            return line
         text = "".join(ch for ch in DEFAULT_TEXT if ch in tokenizer.stoi)[:block_size]
         if len(text) >= min(20, block_size):
             return text
@@ -126,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{path} has {size:,} parameters; the page carries at most {MAX_PARAMETERS:,} parameters "
                         f"(every weight in float32, {MAX_PARAMETERS * 4 * 4 / 3 / 1e6:.1f} MB of page); choose a "
                         f"smaller model")
-    text = opening_text(args, model, tokenizer, cfg.block_size)
+    text = opening_text(args, model, tokenizer, state, cfg.block_size)
     try:
         attention_of(model, tokenizer.encode(text) or [0])
     except UserError as err:

@@ -105,6 +105,12 @@ class Browser:
                 raise TimeoutError(f"{url} did not load in {timeout} s")
             time.sleep(0.05)
 
+    def prefer_language(self, language: str) -> None:
+        """The languages the browser says its user reads (navigator.language, Accept-Language) for pages opened
+        after this, as a browser set to that language says them: "zh-CN", say."""
+        user_agent = self.evaluate("navigator.userAgent")
+        self.call("Emulation.setUserAgentOverride", session=True, userAgent=user_agent, acceptLanguage=language)
+
     def evaluate(self, expression: str):
         """A JavaScript expression's value in the page (JSON-like values)."""
         result = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)
@@ -119,15 +125,16 @@ class Browser:
             self.call("Input.dispatchMouseEvent", session=True, type=kind, x=box[0], y=box[1], button="left",
                       clickCount=1)
 
-    def point(self, selector: str) -> None:
-        """The mouse moved onto the middle of the first element the CSS selector finds (no button pressed)."""
-        box = self._middle(selector)
+    def point(self, selector: str, at: tuple[float, float] = (0.5, 0.5)) -> None:
+        """The mouse moved onto the first element the CSS selector finds (no button pressed): at its middle, or at
+        the fractions (across, down) of its width and height."""
+        box = self._middle(selector, at)
         self.call("Input.dispatchMouseEvent", session=True, type="mouseMoved", x=box[0], y=box[1])
 
-    def _middle(self, selector: str) -> list[float]:
+    def _middle(self, selector: str, at: tuple[float, float] = (0.5, 0.5)) -> list[float]:
         return self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
                              f"e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); "
-                             f"return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
+                             f"return [r.x + r.width * {at[0]}, r.y + r.height * {at[1]}]; }})()")
 
     def choose(self, selector: str, value: str) -> None:
         """Pick an option of a <select> as a person does from its list: the value changes and "change" fires."""

@@ -93,7 +93,8 @@ def dom(page, fragment: str = "") -> str:
     """The page's document after its scripts ran, with no error in its console (Chromium logs the console to
     stderr with --enable-logging)."""
     done = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                           "--v=0", "--dump-dom", page.as_uri() + fragment], capture_output=True, text=True, timeout=120)
+                           "--v=0", "--dump-dom", page.as_uri() + fragment], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Uncaught" not in done.stderr, [line for line in done.stderr.splitlines() if "CONSOLE" in line]
     return done.stdout
@@ -210,8 +211,8 @@ def step_in_the_browser(run, tmp_path, variant: str, layer: int, head: int, quer
 
 @needs_browser
 def test_in_a_real_browser_each_step_equals_the_textbook_head(run, tmp_path):
-    """The step view's query, keys, scores, scaled scores, weights and weighted sum for one head equal model/textbook.py's
-    Head given that head's share of the model's projections."""
+    """The step view's query, keys, scores, scaled scores, weights and weighted sum for one head equal
+    model/textbook.py's Head given that head's share of the model's projections."""
     layer, head, query = 1, 2, 14
     step, model, seen = step_in_the_browser(run, tmp_path, "learned-gelu-bias-tied", layer, head, query)
     with torch.no_grad():
@@ -468,6 +469,196 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
 
 
 @needs_browser
+def test_a_learner_sees_every_head_at_once_points_at_a_weight_and_opens_a_head(run, tmp_path):
+    """Every layer x head as a picture of its weights for the whole text: each pixel is its head's colour at
+    PyTorch's weight (within one step of 255), the masked future a dark grey that no weight's colour reaches;
+    pointing at a pixel shows PyTorch's weight, or "masked" in the future; clicking a head opens it in the matrix
+    view at its weights A, equal to PyTorch's within 1e-5."""
+    from browser import Browser
+    path, model, tokenizer = variant_checkpoint(run, "rope-qknorm-relu2-nobias-untied")
+    html = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
+    ids, T = tokenizer.encode(TEXT), len(TEXT)
+    expected = attention_html.attention_of(model, ids)  # [layer][head][query][key <= query]
+    with Browser() as browser:
+        browser.open(html.as_uri())
+        palette = [[int(c) for c in rgb.split(",")] for rgb in browser.evaluate("headColors")]
+        for layer in range(model.config.n_layer):
+            for head in range(model.config.n_head):
+                canvas = f'#heads canvas[data-layer="{layer}"][data-head="{head}"]'
+                pixels = np.array(browser.evaluate(f"(() => {{ const c = document.querySelector('{canvas}'); "
+                                                   f"return Array.from(c.getContext('2d').getImageData(0, 0, "
+                                                   f"c.width, c.height).data); }})()")).reshape(T, T, 4)
+                weights = np.zeros((T, T))
+                for query, row in enumerate(expected[layer][head]):
+                    weights[query, :query + 1] = row
+                colour = np.array(palette[head])
+                wanted = np.rint(255 + (colour - 255) * np.sqrt(weights)[..., None])
+                future = np.triu(np.ones((T, T), dtype=bool), 1)
+                wanted[future] = [85, 85, 85]
+                assert np.abs(pixels[..., :3] - wanted).max() <= 1, (layer, head)
+                grey_reachable = np.abs(np.rint(255 + (colour - 255) * np.sqrt(np.linspace(0, 1, 1001))[:, None])
+                                        - 85).max(axis=1).min()
+                assert grey_reachable > 8  # no weight is drawn near the grey of the mask
+        for query, key in ((5, 2), (20, 20), (3, 9)):  # 1-based: a weight, the diagonal, the future
+            browser.point('#heads canvas[data-layer="1"][data-head="0"]', at=((key - 0.5) / T, (query - 0.5) / T))
+            shown = browser.evaluate("document.getElementById('heads-readout').textContent")
+            value = f"{expected[1][0][query - 1][key - 1]:.4f}" if key <= query else "masked (the future)"
+            assert shown.startswith(f"layer 2, head 1: A[{query}][{key}] = {value}, "), shown
+        browser.click('#heads canvas[data-layer="1"][data-head="1"]')
+        assert browser.evaluate("[document.getElementById('layer').value, document.getElementById('view').value]") \
+            == ["1", "1"]
+        assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
+            "Layer 2, head 2: A = softmax")
+        drawn = browser.evaluate("Array.from(document.querySelectorAll('#matrix tr')).slice(1).map(tr => "
+                                 "Array.from(tr.querySelectorAll('td')).map(td => Number(td.dataset.value)))")
+        with torch.no_grad():
+            _, seen = attention_inputs_and_outputs(model, torch.tensor([ids]))
+            matrices = pytorch_matrices(model, seen[1][0], 2, 2, 1 / math.sqrt(model.config.head_size))
+        torch.testing.assert_close(torch.tensor(drawn, dtype=torch.float64), matrices["A"].double(), atol=1e-5, rtol=0)
+        assert browser.errors == []
+
+
+def variant_page(run, tmp_path, name: str):
+    """The page of a variant's model (variant_checkpoint) opened on TEXT: its path, the model, the tokenizer."""
+    path, model, tokenizer = variant_checkpoint(run, name)
+    html = tmp_path / f"{name}.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
+    return html, model, tokenizer
+
+
+@needs_browser
+def test_a_learner_sees_what_rotary_positions_do_for_the_character_clicked(run, tmp_path):
+    """Rotary positions explained: after a click on character 5, each pair's frequency and its angle at character 5
+    are model/rope.py's (the angle's cosine is the model's own table entry), and the picture's q·k of q = k = ones
+    equals PyTorch's apply_rope for every distance, from the first character and from the middle alike."""
+    from browser import Browser
+    html, model, _ = variant_page(run, tmp_path, "rope-qknorm-relu2-nobias-untied")
+    head_size, block_size = model.config.head_size, model.config.block_size
+    frequencies = 10000.0 ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
+    with Browser() as browser:
+        browser.open(html.as_uri())
+        browser.click("#strip .ch:nth-of-type(5)")
+        assert "angle at character 5" in browser.evaluate("document.getElementById('rotary').textContent")
+        rows = browser.evaluate("Array.from(document.querySelectorAll('#rotary tr')).slice(1).map(tr => "
+                                "[Number(tr.dataset.frequency), Number(tr.dataset.angle)])")
+        dots = browser.evaluate("Array.from(document.querySelectorAll('#distance-plot circle')).map(c => "
+                                "[Number(c.dataset.from), Number(c.dataset.distance), Number(c.dataset.value)])")
+        assert browser.errors == []
+    got = torch.tensor(rows, dtype=torch.float64)
+    torch.testing.assert_close(got[:, 0], frequencies.double(), atol=0, rtol=1e-6)
+    torch.testing.assert_close(got[:, 1], (4 * frequencies).double(), atol=0, rtol=1e-6)  # position 4: character 5
+    torch.testing.assert_close(got[:, 1].cos(), model.rope_cos[4, :head_size // 2].double(), atol=1e-6, rtol=0)
+    turned = apply_rope(torch.ones(block_size, head_size), model.rope_cos, model.rope_sin)  # q = k = ones, turned
+    middle = block_size // 2
+    assert sorted({start for start, _, _ in dots}) == [1, middle + 1]
+    for start in (1, middle + 1):
+        values = torch.tensor([value for s, _, value in dots if s == start], dtype=torch.float64)
+        assert [d for s, d, _ in dots if s == start] == list(range(block_size - start + 1))
+        expected = turned[start - 1:] @ turned[start - 1]
+        torch.testing.assert_close(values, expected.double(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(values, (turned @ turned[0])[:len(values)].double(), atol=1e-5, rtol=0)
+
+
+@needs_browser
+def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(run, tmp_path):
+    """Learned positions: every pixel of the similarity picture is the colour of PyTorch's cosine similarity of the
+    two position vectors (within one step of 255), and pointing at one shows that similarity; a model without
+    positions says so in a sentence and draws nothing."""
+    from browser import Browser
+    html, model, _ = variant_page(run, tmp_path, "learned-gelu-bias-tied")
+    table = model.wpe.weight.detach()
+    similarity = F.cosine_similarity(table[:, None], table[None], dim=-1).double()  # (block_size, block_size)
+    n = len(table)
+    with Browser() as browser:
+        browser.open(html.as_uri())
+        pixels = np.array(browser.evaluate("(() => { const c = document.getElementById('similarity'); return "
+                                           "Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height)"
+                                           ".data); })()")).reshape(n, n, 4)
+        for s, t in ((3, 7), (10, 10), (30, 2)):  # 1-based
+            browser.point("#similarity", at=((t - 0.5) / n, (s - 0.5) / n))
+            assert browser.evaluate("document.getElementById('positions-readout').textContent") == \
+                f"cos(p{s}, p{t}) = {similarity[s - 1, t - 1].item():.4f}"
+        browser.open(variant_page(run, tmp_path, "none-additive-noresidual")[0].as_uri())
+        about = browser.evaluate("document.getElementById('positions-about').textContent")
+        assert about.startswith("This model has no position information")
+        assert browser.evaluate("document.getElementById('positions').children.length") == 0
+        assert browser.errors == []
+    strength = similarity.abs().clamp(max=1).numpy()[..., None]
+    wanted = np.where(similarity.numpy()[..., None] < 0, np.array([31, 119, 180]), np.array([214, 39, 40]))
+    wanted = np.rint(255 + (wanted - 255) * strength)
+    assert np.abs(pixels[..., :3] - wanted).max() <= 1
+
+
+HEADINGS = "Array.from(document.querySelectorAll('h2')).map(h => h.textContent)"
+CHINESE_HEADINGS = ["1. 你的文本", "2. 每个字符看向哪里", "3. 一次看所有注意力头", "4. 完整的矩阵",
+                    "5. 位置：模型如何知道字符在哪里", "6. 逐步计算：", "7. 下一个字符"]
+
+
+@needs_browser
+def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
+    """The English / 中文 switch: every heading, the labels and the matrix steps in the tutorials' terms (查询 Q,
+    注意力权重 A, 掩码), the numbers unchanged (the logits still PyTorch's); switching back gives the English page's
+    headings exactly."""
+    from browser import Browser
+    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    with torch.no_grad():
+        expected = model(torch.tensor([tokenizer.encode(TEXT)]))[0][0]
+    with Browser() as browser:
+        browser.open(page.as_uri())
+        english = browser.evaluate(HEADINGS)
+        assert english[2] == "3. Every head at once" and browser.evaluate("document.documentElement.lang") == "en"
+        browser.choose("#language", "zh")
+        headings = browser.evaluate(HEADINGS)
+        assert [h[:len(c)] for h, c in zip(headings, CHINESE_HEADINGS)] == CHINESE_HEADINGS
+        assert headings[5] == "6. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，头 1（在上面选一个头，看别的头）"
+        steps = browser.evaluate("Array.from(document.getElementById('matrix-step').options).map(o => o.text)")
+        assert steps == ["1. 查询 Q", "2. 键 K", "3. 值 V", "4. 注意力分数 S", "5. 缩放", "6. 掩码", "7. 注意力权重 A",
+                         "8. A\u00b7V"]
+        labels = browser.evaluate("Array.from(document.querySelectorAll('label > span')).map(s => s.textContent)")
+        assert labels[:3] == ["层", "头", "假设每个 q·k 都乘以"]
+        assert browser.evaluate("document.getElementById('view').options[0].text") == "所有头"
+        assert browser.evaluate("document.getElementById('append').textContent") == "追加一个采样的字符"
+        torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), expected.double(),
+                                   atol=1e-4, rtol=0)
+        browser.choose("#language", "en")
+        assert browser.evaluate(HEADINGS) == english
+        assert browser.errors == []
+
+
+@needs_browser
+def test_a_browser_set_to_chinese_opens_the_page_in_chinese(page):
+    """With zh-CN as the browser's language the page opens in Chinese; #lang=en still opens it in English."""
+    from browser import Browser
+    with Browser() as browser:
+        browser.prefer_language("zh-CN")
+        browser.open(page.as_uri())
+        assert browser.evaluate("navigator.language") == "zh-CN"
+        assert browser.evaluate(HEADINGS)[2] == CHINESE_HEADINGS[2]
+        assert browser.evaluate("document.getElementById('language').value") == "zh"
+        browser.open("about:blank")  # (a new fragment alone would not load the page again)
+        browser.open(page.as_uri() + "#lang=en")
+        assert browser.evaluate(HEADINGS)[2] == "3. Every head at once"
+        assert browser.errors == []
+
+
+@needs_browser
+def test_the_page_says_what_to_install_when_the_browser_has_no_font_for_a_character(run, page, tmp_path):
+    """A model whose vocabulary holds characters no font draws (U+0380 and U+0381, which Unicode leaves unassigned)
+    gets one line naming them (in the vocabulary's order) and fonts-noto-cjk; a model of plain ASCII gets none."""
+    state = checkpoint.load(run / "run" / "ckpt_best.pt")
+    path = tmp_path / "unassigned.pt"
+    torch.save({**state, "vocab": state["vocab"].translate(str.maketrans({"R": "\u0380", "O": "\u0381"}))}, path)
+    html = tmp_path / "page.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", "\u0380\u0381ME", "--html", str(html)]) == 0
+    note = re.search(r'<p class="note warn" id="font-note"( hidden="")?>(.*?)</p>', dom(html))
+    assert note.group(1) is None
+    assert note.group(2).startswith("This browser has no font for 2 of the characters here (\u0381 \u0380): ")
+    assert "apt-get install fonts-noto-cjk" in note.group(2)
+    assert re.search(r'<p class="note warn" id="font-note" hidden="">', dom(page))
+
+
+@needs_browser
 def test_an_address_that_names_what_the_page_lacks_is_ignored(page):
     html = dom(page, "#query=99&layer=9&view=x&hover=500")  # a character, layer and head the text and model lack
     assert re.search(r'<span id="step-title">\u201cf\u201d \(character 14\), layer 1, head 1', html)  # the middle one
@@ -488,6 +679,9 @@ def test_the_page_opens_on_a_middle_character_with_its_keys_and_values(page):
 
 
 def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run, tmp_path, monkeypatch):
+    """Where the validation text cannot be found and the model knows none of the default line, the page opens on a
+    line the model writes, the same each time."""
+    monkeypatch.setattr(attention_html, "validation_start", lambda state: None)
     monkeypatch.setattr(attention_html, "DEFAULT_TEXT", "\u0436\u0436\u0436")  # none of it known
     pages = [tmp_path / "a.html", tmp_path / "b.html"]
     for html in pages:
@@ -495,6 +689,62 @@ def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run
     texts = [embedded(html.read_text(encoding="utf-8"))["text"] for html in pages]
     assert texts[0] == texts[1] and len(texts[0]) == 32 and set(texts[0]) <= set("ROMEO: but soft, what light "
                                                                                   "through yonder window breaks?\n")
+
+
+VALIDATION_LINE = "while counter < limit: counter += 1"
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory):
+    """A debug run on Python-like source whose validation text (the last tenth) holds only VALIDATION_LINE."""
+    tmp = tmp_path_factory.mktemp("source")
+    corpus = tmp / "code.py"
+    corpus.write_text("def add(left, right):\n    return left + right\n" * 40 + (VALIDATION_LINE + "\n") * 8,
+                      encoding="utf-8")
+    train_debug(corpus, tmp / "run", "--max_iters", "2")
+    return tmp
+
+
+def opening_of(checkpoint_path: Path, html: Path) -> str:
+    assert run_cli(attention_html.main, ["--ckpt", str(checkpoint_path), "--html", str(html)]) == 0
+    return embedded(html.read_text(encoding="utf-8"))["text"]
+
+
+def test_the_page_opens_on_a_line_of_the_runs_own_validation_text(source_run, tmp_path):
+    """A model trained on Python source opens on a line of its validation text (cut to its 32-character window), not
+    on Romeo: read from the run's token cache, and from the corpus file alone when the cache is gone; once the
+    corpus file has changed (and no cache is left) on what it opened on before (a line of Romeo, less the unknown)."""
+    state = checkpoint.load(source_run / "run" / "ckpt_best.pt")
+    assert state["data"]["n_train"] > 47 * 40  # (the split falls inside the validation lines)
+    assert opening_of(source_run / "run" / "ckpt_best.pt", tmp_path / "a.html") == VALIDATION_LINE[:32]
+    no_cache = tmp_path / "no-cache.pt"
+    torch.save({**state, "run_config": {**state["run_config"], "cache_dir": str(tmp_path / "empty")}}, no_cache)
+    assert opening_of(no_cache, tmp_path / "b.html") == VALIDATION_LINE[:32]
+    corpus = Path(state["data"]["source"])
+    kept = corpus.read_bytes()
+    try:
+        corpus.write_bytes(kept.replace(b"counter", b"Counter"))
+        text = opening_of(no_cache, tmp_path / "c.html")
+    finally:
+        corpus.write_bytes(kept)
+    known = set(state["vocab"])
+    assert text == "".join(ch for ch in attention_html.DEFAULT_TEXT if ch in known)[:32]
+
+
+@needs_browser
+@pytest.mark.parametrize("name, formula", [
+    ("learned-gelu-bias-tied", "softmax(QK\u1d40/\u221ad) V"),
+    ("dot-sharedqk-novalues-nomlp", "softmax(QK\u1d40) V"),
+    ("none-additive-noresidual", "softmax(w\u00b7tanh(q\u1d62 + k\u2c7c)) V"),
+    ("uniform", "the mean of the past values (every weight 1/i)"),
+])
+def test_each_form_of_attention_heads_its_page_with_its_own_formula(run, tmp_path, name, formula):
+    """The matrices' heading and the step-by-step's formula line name the model's own form of attention."""
+    html = dom(variant_page(run, tmp_path, name)[0])
+    heading = re.search(r'<h2 id="matrix-section">(.*?)</h2>', html).group(1)
+    assert re.sub(r"<[^>]+>", "", heading) == "4. The whole matrices: " + formula
+    assert re.search(r"Attention\(Q, K, V\) = </span><span class=\"form-formula\">" + re.escape(formula) + "</span>",
+                     html)
 
 
 @pytest.mark.parametrize("args, words", [

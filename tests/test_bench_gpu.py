@@ -134,6 +134,7 @@ def test_the_nanogpt_part_works_on_a_copy_of_the_checkout_and_changes_nothing_in
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+@pytest.mark.smoke_compile
 def test_the_quick_smoke_compiles_and_a_compiler_that_fails_is_a_fail_line(tmp_path, corpus):
     """QUICK=1 smoke compiles the preset's run and the decoding step with inductor on the CPU. With a C++ compiler
     that always fails (inductor runs $CXX; a fresh compile cache, so that no cached kernel spares it), both fall back,

@@ -56,9 +56,15 @@ def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path):
     assert state["best_val_loss"] < 3.9  # the loss fell from about ln(vocab) = 4.06
 
     # resume the two-process run with one process
-    resumed = launch(corpus, tmp_path / "ddp", "--resume", "--max_iters", "10", processes=1)
+    resumed = subprocess.run([sys.executable, str(ROOT / "train.py"), "--out_dir", str(tmp_path / "ddp"), "--resume",
+                              "--max_iters", "10"], capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")["iter"] == 10
+    # the same tokens per step with one process: the accumulation steps took up the difference, said in one line
+    assert "resume: 1 process now, so grad_accum_steps goes from 2 to 4, keeping the run's 512 tokens per step" in \
+        resumed.stdout
+    assert "global batch: 4 sequences x 4 accumulation steps x 1 process = 512 tokens per step" in resumed.stdout
+    assert "FutureWarning" not in ddp.stderr  # DDP's buffer switch under its current name
 
 
 def test_an_error_ends_the_whole_job_with_its_message(tmp_path):

@@ -174,11 +174,16 @@ def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys
     logs_only.mkdir()
     for events in finished.glob("events.out.tfevents.*"):
         shutil.copy(events, logs_only)
-    code, _, new_err = cli(capsys, *argv(corpus, logs_only))
-    code2, _, resume_err = cli(capsys, *argv(corpus, logs_only, "--resume"))
-    assert code == code2 == 2 and "--overwrite" in new_err and "--overwrite" in resume_err  # no circle
-    code, _, _ = cli(capsys, *argv(corpus, logs_only, "--overwrite", "--max_iters", "2"))
+    events = {path.name: path.read_bytes() for path in logs_only.iterdir()}
+    code, _, resume_err = cli(capsys, *argv(corpus, logs_only, "--resume"))
+    assert code == 2 and "start it again without --resume" in resume_err
+    # A folder holding only a stopped run's events (Ctrl-C at once, `train.py | head`) takes a new run as it is; the
+    # events are kept, byte for byte, in a folder of their own.
+    code, text, _ = cli(capsys, *argv(corpus, logs_only, "--max_iters", "2"))
     assert code == 0 and checkpoint.load(logs_only / "ckpt_last.pt")["iter"] == 2
+    kept = [path for path in logs_only.iterdir() if path.name.startswith("events_before_")]
+    assert len(kept) == 1 and f"they are kept in {kept[0]}" in text
+    assert {path.name: path.read_bytes() for path in kept[0].iterdir()} == events
 
     code, _, err = cli(capsys, *argv(corpus, tmp_path / "nothing", "--resume"))
     assert code == 2 and "drop --resume" in err and not (tmp_path / "nothing").exists()

@@ -114,6 +114,10 @@ def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus
         run(corpus, tmp_path / "r", "--resume", "--n_embd", "64")
     with pytest.raises(UserError, match="optimizer was 'adamw' in this run and cannot change to 'muon'"):
         run(corpus, tmp_path / "r", "--resume", "--optimizer", "muon")
+    said = []  # dropout is a training setting: it changes, said in one line, and the model trains with it
+    result = run(corpus, tmp_path / "r", "--resume", "--max_iters", "5", "--dropout", "0.1", say=said.append)
+    assert result["iterations"] == 5 and "resume: dropout changed from 0.0 to 0.1" in said
+    assert checkpoint.load(tmp_path / "r" / "ckpt_last.pt")["model_config"]["dropout"] == 0.1
     said = []
     result = run(corpus, tmp_path / "r", "--resume", "--max_iters", "6", "--learning_rate", "1e-3", say=said.append)
     assert result["iterations"] == 6
@@ -615,3 +619,38 @@ def test_a_small_text_that_overfits_is_warned_once_with_what_to_try(tmp_path):
         assert advice in warnings[0]
     falling = [(step, 3.0 - step / 100, 3.1 - step / 120) for step in range(0, 300, 25)]
     assert not any(overfitting(falling[:n]) for n in range(len(falling) + 1))
+
+
+def test_a_longer_max_iters_on_resume_says_the_schedule_is_stretched_and_how_to_keep_it(corpus, tmp_path):
+    """Resuming a finished run with a larger max_iters moves its cosine decay (which follows max_iters): the note
+    gives the rate at the resumed step before and after (get_lr's own values) and the flag that keeps the old decay,
+    with which the run goes on at min_lr; the same max_iters says nothing."""
+    run(corpus, tmp_path / "r", "--max_iters", "20")
+    old, _, _ = load_config(["--config", "debug", "--max_iters", "20"], False)
+    new, _, _ = load_config(["--config", "debug", "--max_iters", "40"], False)
+    said = []
+    run(corpus, tmp_path / "r", "--resume", "--max_iters", "40", say=said.append)
+    note = next(line for line in said if "schedule follows max_iters" in line)
+    assert (f"stretched from 20 to 40 steps: at step 20 the rate goes from {get_lr(20, old):.3g} to "
+            f"{get_lr(20, new):.3g}" in note and note.endswith("add --lr_decay_iters 20"))
+    said = []
+    run(corpus, tmp_path / "r", "--resume", "--max_iters", "50", "--lr_decay_iters", "20", say=said.append)
+    assert not [line for line in said if "schedule" in line]
+
+
+def test_resume_under_another_number_of_processes_keeps_the_tokens_per_step_or_refuses():
+    """A run of 2 processes x 2 accumulation steps resumed by 1 process takes 4 accumulation steps (the same tokens
+    per step, said in one line); by 3 processes it cannot share 4 micro-batches, and refuses in one line naming the
+    fix; a --grad_accum_steps given now is the user's choice and is kept."""
+    cfg, _, _ = load_config(["--config", "debug", "--grad_accum_steps", "2"], False)
+    state = {"tokens_per_iter": cfg.batch_size * cfg.block_size * 2 * 2}
+    said = []
+    kept = opening.keep_global_batch(cfg, set(), state, 1, said.append)
+    assert kept.grad_accum_steps == 4 and kept.batch_size * kept.block_size * 4 == state["tokens_per_iter"]
+    assert said == [f"resume: 1 process now, so grad_accum_steps goes from 2 to 4, keeping the run's "
+                    f"{state['tokens_per_iter']:,} tokens per step"]
+    with pytest.raises(UserError, match="3 processes cannot share 4 micro-batches evenly; resume with a number of "
+                                        "processes that divides 4, or give --grad_accum_steps"):
+        opening.keep_global_batch(cfg, set(), state, 3, said.append)
+    assert opening.keep_global_batch(cfg, {"grad_accum_steps"}, state, 1, said.append) is cfg
+    assert opening.keep_global_batch(cfg, set(), {}, 1, said.append) is cfg  # a checkpoint that does not record it

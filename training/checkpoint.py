@@ -30,7 +30,7 @@ CONTENTS = {
     "optimizer": (dict, "resume"), "rng": (dict, "resume"), "best_val_loss": ((int, float), "resume"),
     "scaler": ((dict, type(None)), "later"), "train_seconds": ((int, float), "later"), "eval_done": (bool, "later"),
     "last_eval": (dict, "later"), "evals_since_best": (int, "later"), "data": (dict, "later"),
-    "losses": (dict, "later"),
+    "tokens_per_iter": (int, "later"), "losses": (dict, "later"),
 }
 REQUIRED = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "sample"}
 RESUMABLE = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "resume"}
@@ -63,7 +63,7 @@ def capture(run: Run, progress: Progress) -> dict:
         "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
         "iter": progress.it, "best_val_loss": progress.best_val, "train_seconds": progress.train_seconds,
         "eval_done": progress.eval_done, "last_eval": progress.last_eval, "evals_since_best": progress.evals_since_best,
-        "data": run.data_info, "losses": progress.losses,
+        "data": run.data_info, "tokens_per_iter": run.tokens_per_iter, "losses": progress.losses,
         "rng": {"torch": torch.get_rng_state(), "batches": run.batches.state_dict(),
                 "cuda": torch.cuda.get_rng_state() if run.rt.device_type == "cuda" else None},
     }

@@ -3,7 +3,9 @@ the checkpoint to resume is read and checked, the data prepared, the run built (
 and scaler), and on a CPU its memory and time estimated before the first step."""
 from __future__ import annotations
 
+import inspect
 import json
+import math
 import os
 import re
 import shlex
@@ -17,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configs import TrainConfig
 from configs.loader import config_from_dict
-from configs.schema import ARCHITECTURE_FIELDS, FIXED, SHAPE_FIELDS
+from configs.schema import FIXED, SHAPE_FIELDS
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
 from errors import UserError
@@ -30,6 +32,7 @@ from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory
 from training.run_folder import RunDir, find
+from training.step import get_lr
 
 if TYPE_CHECKING:
     from training.session import StopRequest  # (for type hints only: the session is built on an opened run)
@@ -136,9 +139,12 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path) 
     return TrainConfig(**values)
 
 
-def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say, where: Path) -> TrainConfig:
-    """The saved run's config, with only the fields the user set now; architecture changes are refused."""
-    old = config_from_dict(saved, str(where), say)
+def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
+                  ) -> TrainConfig:
+    """The saved run's config, with only the fields the user set now: what the weights or the optimizer state fix
+    (the shape, the optimizer) is refused; training settings (dropout, the learning rate, max_iters, ...) change with
+    a note, and the schedule's and the global batch's consequences are said (or refused) here."""
+    old = config_from_dict(state["run_config"], str(where), say)
     values = old.to_dict()
     # Where a run writes is the user's word, never a checkpoint's: the folder being resumed, and the cache the command
     # line names (or the default one).
@@ -147,14 +153,52 @@ def resume_config(cfg: TrainConfig, explicit: set[str], saved: dict, say, where:
         new_value = getattr(cfg, name)
         if new_value == values.get(name):
             continue
-        if name in ARCHITECTURE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
+        if name in SHAPE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
             what = "the optimizer" if name == "optimizer" else "the architecture"
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
                             f"leave --{name} (and any --config that sets it) out, as --resume keeps the run's own "
                             f"settings, or start a new run in another --out_dir to change {what}")
         say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
         values[name] = new_value
-    return TrainConfig(**{**values, "resume": True, "overwrite": False})
+    new = TrainConfig(**{**values, "resume": True, "overwrite": False})
+    if note := stretched_schedule(old, new, state["iter"]):
+        say(note)
+    return keep_global_batch(new, explicit, state, world_size, say)
+
+
+def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
+    """A note when a new max_iters moves the learning-rate schedule under a resumed run (its decay follows
+    max_iters unless lr_decay_iters is set): the rate at this step before and after, and how to keep the old one."""
+    if new.max_iters == old.max_iters or old.lr_decay_iters or step >= new.max_iters:
+        return ""
+    before, after = get_lr(step, old), get_lr(step, new)
+    if math.isclose(before, after, rel_tol=1e-9):
+        return ""
+    return (f"resume: the learning-rate schedule follows max_iters, so it is stretched from {old.max_iters} to "
+            f"{new.max_iters} steps: at step {step} the rate goes from {before:.3g} to {after:.3g}; to keep the old "
+            f"decay instead (min_lr {old.min_lr:g} from step {old.max_iters} on), add --lr_decay_iters {old.max_iters}")
+
+
+def keep_global_batch(cfg: TrainConfig, explicit: set[str], state: dict, world_size: int, say) -> TrainConfig:
+    """--resume under another number of processes keeps the run's tokens per step: the accumulation steps take up
+    the difference where the run's micro-batches per step divide among the processes, and the resume is refused in
+    one line where they do not (unless the command line sets the batch itself)."""
+    saved = state.get("tokens_per_iter")
+    micro = cfg.batch_size * cfg.block_size
+    now = micro * cfg.grad_accum_steps * world_size
+    if saved is None or saved == now or {"grad_accum_steps", "batch_size"} & explicit or saved % micro:
+        return cfg
+    per_step = saved // micro  # micro-batches in one step, summed over the processes
+    processes = f"{world_size} process{'es' if world_size > 1 else ''}"
+    if per_step % world_size:
+        raise UserError(f"--resume: this run took {saved:,} tokens per step ({per_step} micro-batches of "
+                        f"{cfg.batch_size} sequences); {processes} cannot share {per_step} micro-batches evenly; "
+                        f"resume with a number of processes that divides {per_step}, or give --grad_accum_steps to "
+                        f"change the global batch")
+    accum = per_step // world_size
+    say(f"resume: {processes} now, so grad_accum_steps goes from {cfg.grad_accum_steps} to {accum}, keeping the "
+        f"run's {saved:,} tokens per step")
+    return TrainConfig(**{**cfg.to_dict(), "grad_accum_steps": accum})
 
 
 def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
@@ -202,7 +246,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             check_paths(cfg)
             run_dir.claim(log.say, cfg.resume)
             if not cfg.resume:
-                run_dir.check_new_run(cfg.overwrite)
+                run_dir.check_new_run(cfg.overwrite, log.say)
     with d.together():
         if cfg.resume:
             if cfg.overwrite:
@@ -211,7 +255,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             resumed = checkpoint.load(source)
             checkpoint.check_resumable(resumed, source)
             stop.saved = f"{source} (step {resumed['iter']}) is untouched"
-            cfg = resume_config(cfg, explicit, resumed["run_config"], log.say, source)
+            cfg = resume_config(cfg, explicit, resumed, log.say, source, d.world_size)
             check_same_model(cfg, resumed, source)
             done = finished_run(run_dir, resumed, cfg)
             if done:
@@ -285,9 +329,12 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
 
     def wrap(module: torch.nn.Module) -> torch.nn.Module:
         # The model's only buffers are the rotary tables, computed alike in every process: nothing for DDP to
-        # broadcast from rank 0 before every forward (its default)
+        # broadcast from rank 0 before every forward (its default). Newer torch names that switch
+        # forward_sync_buffers and warns at the older name; older torch knows only broadcast_buffers.
+        no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                   else {"broadcast_buffers": False})
         return DDP(module, device_ids=[d.local_rank] if rt.device_type == "cuda" else None,
-                   broadcast_buffers=False) if d.enabled else module
+                   **no_sync) if d.enabled else module
     run.step_model, run.eval_model = step_and_eval_models(model, wrap, cfg.compile, rt.device_type, cfg.compile_mode,
                                                           cfg.compile_scope, cfg.compile_eval, say)
     return run, progress

@@ -178,6 +178,11 @@ class RunDir:
                 stale.unlink(missing_ok=True)
         if self._real_folder(self.path / DISCARDED):  # an old run whose deletion was cut short
             self._delete_recorded(self.path / DISCARDED)
+        for making in self.path.glob(f"{ASIDE}.tmp-*"):  # a .replaced/ cut short before it was named: its record
+            if making.is_dir() and not making.is_symlink() and {p.name for p in making.iterdir()} <= {RECORD}:
+                self._delete_recorded(making)
+                with contextlib.suppress(OSError):
+                    making.rmdir()
         if self.aside_pending():
             self.put_back()
             say(f"note: restored the run that --overwrite was replacing in {self.path}: the new run ended before "
@@ -190,10 +195,14 @@ class RunDir:
         old = self.checkpoints() + self.logs()
         if not old:
             return False
-        aside = self.path / ASIDE
-        aside.mkdir()
         moved = {path.name: path.stat().st_size for path in old}
-        write_text_atomic(aside / RECORD, json.dumps({"set_aside": moved}, indent=1) + "\n", "the --overwrite record")
+        # .replaced/ appears with its record already in it (made under another name, then renamed): a crash at any
+        # moment leaves no .replaced/ without one
+        making = Path(tempfile.mkdtemp(dir=self.path, prefix=f"{ASIDE}.tmp-"))
+        write_text_atomic(making / RECORD, json.dumps({"set_aside": moved}, indent=1) + "\n", "the --overwrite record")
+        os.chmod(making, 0o755)
+        os.rename(making, self.path / ASIDE)
+        aside = self.path / ASIDE
         for path in old:
             os.replace(path, aside / path.name)
         return True
@@ -337,13 +346,26 @@ class RunDir:
                 return self.path / name
         if self.logs():
             raise UserError(f"--resume: {self.path} holds only the logs of a run that stopped before its first "
-                            f"checkpoint, so there is nothing to continue; start it again with --overwrite")
+                            f"checkpoint, so there is nothing to continue; start it again without --resume (its logs "
+                            f"are kept in a folder of their own)")
         raise UserError(f"--resume: there is no {self.path / LAST} to continue (no run there); drop --resume "
                         f"to start a new run")
 
-    def check_new_run(self, overwrite: bool) -> None:
-        """A new run needs an empty folder or --overwrite; the message says what the folder holds and the ways on."""
+    def check_new_run(self, overwrite: bool, say=print) -> None:
+        """A new run needs an empty folder or --overwrite; the message says what the folder holds and the ways on.
+        A folder holding only the TensorBoard events of a run that stopped before its first checkpoint (Ctrl-C at
+        once, a closed pipe) is taken as it is: those events move into a folder of their own, where TensorBoard
+        still shows them as a run of their own."""
         if overwrite:
+            return
+        events = [path for path in self.path.glob("events.out.tfevents.*") if path.is_file()]
+        if events and not self.checkpoints() and set(self.logs()) == set(events):
+            kept = self.path / time.strftime("events_before_%Y%m%d-%H%M%S")
+            kept.mkdir()
+            for path in events:
+                os.replace(path, kept / path.name)
+            say(f"note: {self.path} held only the events of a run that stopped before its first checkpoint; they "
+                f"are kept in {kept}")
             return
         where = shlex.quote(str(self.path))
         if (self.path / LAST).is_file():

@@ -30,19 +30,27 @@
 // ---------------------------------------------------------------------------------------------
 function linear(xs, { weight, bias }) {
   // nn.Linear for every position's vector x of xs: y[o] = b[o] + W[o] · x. The forward pass spends most of its time
-  // here, so positions go in pairs: each weight read from memory serves two positions (half the reads, and two
-  // independent sums the processor can add at once); an odd last position pairs with itself.
+  // here, so positions go four at a time: each weight read from memory serves four positions, and the four sums are
+  // independent, so the processor adds them at once. Past the last position the last one stands in (its sums, the
+  // same numbers, are written to it again).
   const nIn = xs[0].length, nOut = weight.length / nIn, ys = xs.map(() => new Float64Array(nOut));
-  for (let t = 0; t < xs.length; t += 2) {
-    const x = xs[t], xNext = xs[t + 1] ?? x, y = ys[t], yNext = ys[t + 1] ?? y;
+  const last = xs.length - 1, at = (t, k) => Math.min(t + k, last);
+  for (let t = 0; t <= last; t += 4) {
+    const x0 = xs[t], x1 = xs[at(t, 1)], x2 = xs[at(t, 2)], x3 = xs[at(t, 3)];
+    const y0 = ys[t], y1 = ys[at(t, 1)], y2 = ys[at(t, 2)], y3 = ys[at(t, 3)];
     for (let o = 0; o < nOut; o++) {
-      let sum = bias ? bias[o] : 0, sumNext = sum;
-      for (let i = 0, at = o * nIn; i < nIn; i++, at++) {
-        sum += weight[at] * x[i];
-        sumNext += weight[at] * xNext[i];
+      let s0 = bias ? bias[o] : 0, s1 = s0, s2 = s0, s3 = s0;
+      for (let i = 0, w = o * nIn; i < nIn; i++, w++) {
+        const weightOI = weight[w];
+        s0 += weightOI * x0[i];
+        s1 += weightOI * x1[i];
+        s2 += weightOI * x2[i];
+        s3 += weightOI * x3[i];
       }
-      yNext[o] = sumNext;
-      y[o] = sum;  // last: for an odd last position y and yNext are the same row
+      y3[o] = s3;
+      y2[o] = s2;
+      y1[o] = s1;
+      y0[o] = s0;
     }
   }
   return ys;

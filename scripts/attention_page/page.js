@@ -1,5 +1,6 @@
-// The page's views: the text box, the attention strip and grid, the step-by-step attention of one character and
-// head, and the next character; each recomputed from gpt.js's forward pass whenever the text changes.
+// The page's views: the text box, the attention strip and grid, every head at once, the whole matrices of one head,
+// the step-by-step attention of one character and head, and the next character; each recomputed from gpt.js's
+// forward pass whenever the text changes.
 "use strict";
 
 const data = JSON.parse(document.getElementById("data").textContent);
@@ -10,7 +11,12 @@ const MAX_APPEND = config.block_size, MAX_BENCH = 1000;  // what the address may
 const headColors = ["214,39,40", "31,119,180", "44,160,44", "148,103,189", "255,127,14", "23,190,207",
                     "140,86,75", "227,119,194"];
 const $ = id => document.getElementById(id);
-const state = { text: [], result: null, pinned: null, hovered: null, random: null };
+const state = { text: [], result: null, pinned: null, hovered: null, random: null, language: "en" };
+
+// The page's language: English, or Chinese in the tutorials' own terms (查询 query, 键 key, 值 value, 注意力权重
+// attention weights, 掩码 mask, 缩放 scale). say(english, chinese) is the one switch for what the script writes; the
+// fixed text of page.html carries its Chinese in data-zh.
+function say(english, chinese) { return state.language === "zh" ? chinese : english; }
 
 function shown(ch) {  // characters that would be invisible get a visible stand-in; a lone surrogate, its code
   if (ch.length === 1 && ch >= "\ud800" && ch <= "\udfff") return "\\u" + ch.charCodeAt(0).toString(16);
@@ -46,10 +52,17 @@ function readText() {
   let known = typed.filter(ch => idOf.has(ch));
   const cut = Math.max(0, known.length - config.block_size);
   known = known.slice(cut);
-  const notes = [known.length + " of at most " + config.block_size + " characters"];
-  if (unknown.length) notes.push("skipped, never seen in training: " + unknown.slice(0, 20).map(quoted).join(" "));
-  if (cut) notes.push("the first " + cut + " left out: the model reads at most " + config.block_size);
-  $("input-note").textContent = notes.join("; ");
+  const notes = [say(known.length + " of at most " + config.block_size + " characters",
+                     known.length + " 个字符，最多 " + config.block_size + " 个")];
+  if (unknown.length) {
+    notes.push(say("skipped, never seen in training: ", "已跳过训练中从未见过的字符：") +
+               unknown.slice(0, 20).map(quoted).join(" "));
+  }
+  if (cut) {
+    notes.push(say("the first " + cut + " left out: the model reads at most " + config.block_size,
+                   "去掉了前 " + cut + " 个：模型最多读 " + config.block_size + " 个"));
+  }
+  $("input-note").textContent = notes.join(say("; ", "；"));
   $("input-note").classList.toggle("warn", unknown.length > 0 || cut > 0);
   state.text = known;
   state.result = known.length ? forward(model, known.map(ch => idOf.get(ch)), { scoreFactor: scoreFactor() }) : null;
@@ -88,7 +101,7 @@ function buildStrip() {
   state.text.forEach(ch => header.appendChild(element("th", shown(ch))));
   for (let h = 0; h < nHeads; h++) {
     const row = grid.insertRow();
-    row.appendChild(element("th", "head " + (h + 1), "head"));
+    row.appendChild(element("th", say("head ", "头 ") + (h + 1), "head"));
     state.text.forEach(() => row.insertCell());
   }
 }
@@ -111,53 +124,140 @@ function renderStrip() {
     cell.title = weight > 0 ? "head " + (h + 1) + ", weight " + weight.toFixed(4) : "";
   }));
   const heads = head === null ? [...Array(nHeads).keys()] : [head];
-  $("readout").textContent = q === null ? "" : quoted(state.text[q]) + " (character " + (q + 1) + "), layer " +
-    (l + 1) + ": " + heads.map(h => {
+  $("readout").textContent = q === null ? "" : quoted(state.text[q]) + say(" (character " + (q + 1) + "), layer " +
+    (l + 1) + ": ", "（第 " + (q + 1) + " 个字符），第 " + (l + 1) + " 层：") + heads.map(h => {
       const top = state.result.layers[l].heads[h].weights[q].slice(0, q + 1).map((w, key) => [w, key])
         .sort((a, b) => b[0] - a[0]).slice(0, 3);
-      return "head " + (h + 1) + " looks most at " +
+      return say("head " + (h + 1) + " looks most at ", "头 " + (h + 1) + " 最多看 ") +
         top.map(([w, key]) => quoted(state.text[key]) + " " + w.toFixed(2)).join(", ");
-    }).join("; ");
+    }).join(say("; ", "；"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Section 3: every layer and head at once, each head's weights A as a small picture, one pixel per weight.
+// ---------------------------------------------------------------------------------------------
+const MASKED_RGB = [85, 85, 85];  // the masked future: dark grey, which no weight's colour (white to a hue) reaches
+
+const HEAD_RGB = headColors.map(rgb => rgb.split(",").map(Number));
+
+function weightRgb(h, weight) {  // head h's colour laid over white with strength √weight (small weights still show)
+  const strength = Math.sqrt(weight);
+  return HEAD_RGB[h % HEAD_RGB.length].map(c => Math.round(255 + (c - 255) * strength));
+}
+
+function buildHeads() {  // a row per layer, a column per head, a canvas in each cell
+  const table = $("heads");
+  table.replaceChildren();
+  const top = table.insertRow();
+  top.appendChild(element("th"));
+  for (let h = 0; h < nHeads; h++) top.appendChild(element("th", say("head ", "头 ") + (h + 1)));
+  for (let l = 0; l < nLayers; l++) {
+    const row = table.insertRow();
+    row.appendChild(element("th", say("layer ", "第 ") + (l + 1) + say("", " 层")));
+    for (let h = 0; h < nHeads; h++) {
+      const canvas = row.insertCell().appendChild(element("canvas"));
+      canvas.dataset.layer = String(l);
+      canvas.dataset.head = String(h);
+      canvas.title = say("layer " + (l + 1) + ", head " + (h + 1) + ": click to open it in the matrices",
+                         "第 " + (l + 1) + " 层，头 " + (h + 1) + "：点击，在矩阵里打开它");
+    }
+  }
+}
+
+function renderHeads() {  // each head's T x T weights: row i, column j is A[i][j]; the future dark grey
+  const T = state.text.length;
+  $("heads").querySelectorAll("canvas").forEach(canvas => {
+    canvas.width = canvas.height = Math.max(T, 1);
+    if (!T) return;
+    const l = Number(canvas.dataset.layer), h = Number(canvas.dataset.head);
+    const weights = state.result.layers[l].heads[h].weights, context = canvas.getContext("2d");
+    const picture = context.createImageData(T, T);
+    for (let i = 0; i < T; i++) {
+      for (let j = 0; j < T; j++) {
+        const rgb = j <= i ? weightRgb(h, weights[i][j]) : MASKED_RGB, at = 4 * (i * T + j);
+        picture.data.set([...rgb, 255], at);
+      }
+    }
+    context.putImageData(picture, 0, 0);
+  });
+}
+
+function cellUnder(event) {  // the [query, key] of the pixel under the mouse in one of the heads' pictures
+  const canvas = event.target, T = canvas.width, box = canvas.getBoundingClientRect();
+  const at = (offset, size) => Math.min(T - 1, Math.max(0, Math.floor(offset / size * T)));
+  return [at(event.clientY - box.top, box.height), at(event.clientX - box.left, box.width)];
+}
+
+function pointAtHeads(event) {
+  if (event.target.tagName !== "CANVAS" || !state.result) return;
+  const l = Number(event.target.dataset.layer), h = Number(event.target.dataset.head), [i, j] = cellUnder(event);
+  const weight = state.result.layers[l].heads[h].weights[i][j];
+  $("heads-readout").textContent = say("layer " + (l + 1) + ", head " + (h + 1), "第 " + (l + 1) + " 层，头 " + (h + 1)) +
+    ": A[" + (i + 1) + "][" + (j + 1) + "] = " + (j <= i ? weight.toFixed(4) : say("masked (the future)",
+    "被掩码遮住（未来）")) + ", " + quoted(state.text[i]) + say(" looking at ", " 看 ") + quoted(state.text[j]);
+}
+
+function openHead(event) {  // a click on a head's picture: that layer and head in the matrix view, at its weights A
+  if (event.target.tagName !== "CANVAS") return;
+  $("layer").value = event.target.dataset.layer;
+  $("view").value = event.target.dataset.head;
+  $("matrix-step").value = String(matrices(layer(), viewedHead()).findIndex(m => m.name === "A"));
+  render();
+  $("matrix-section").scrollIntoView();
 }
 
 // ---------------------------------------------------------------------------------------------
 // The what-if scale: the factor on every q·k, the model's own unless the reader picks another.
 // ---------------------------------------------------------------------------------------------
-const FACTORS = { sqrt: ["\u00f7\u221a" + headSize, 1 / Math.sqrt(headSize)], 1: ["\u00d71, no scale", 1],
-                  10: ["\u00d710", 10] };
+const FACTORS = { sqrt: ["\u00f7\u221a" + headSize, 1 / Math.sqrt(headSize)], 1: ["\u00d71", 1], 10: ["\u00d710", 10] };
 const OWN_FACTOR = config.attention_score === "scaled_dot" ? "sqrt" : "1";
 const SCALABLE = config.attention_score === "scaled_dot" || config.attention_score === "dot";
 
 function scoreFactor() { return FACTORS[$("scale").value || OWN_FACTOR][1]; }
-function factorName() { return FACTORS[$("scale").value || OWN_FACTOR][0]; }
+function factorName() {
+  const value = $("scale").value || OWN_FACTOR;
+  return FACTORS[value][0] + (value === "1" ? say(", no scale", "，不缩放") : "");
+}
 function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
 
 // ---------------------------------------------------------------------------------------------
-// Section 3: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
+// Section 4: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
 // ---------------------------------------------------------------------------------------------
 function matrices(l, h) {  // each step's name, formula and T x d or T x T values (-Infinity where masked)
   const head = state.result.layers[l].heads[h], scaled = config.attention_score !== "additive";
   const list = [];
   if (config.attention_score !== "uniform") {
-    list.push({ name: "Q", formula: "Q: one query per character (row), " + headSize + " numbers each" +
-                (config.qk_norm || config.position === "rope" ? ", after QK-norm and rotary turns" : ""),
+    const after = [config.qk_norm ? "QK-norm" : "", config.position === "rope" ? say("rotary turns", "旋转") : ""]
+      .filter(Boolean).join(say(" and ", " 和 "));  // what the model does to q and k before scoring
+    list.push({ name: "Q", label: say("Q", "查询 Q"), formula: say("Q: one query per character (row), " + headSize +
+                " numbers each" + (after ? ", after " + after : ""), "查询 Q：每个字符（行）一个查询，" +
+                "各 " + headSize + " 个数" + (after ? "，经过 " + after + " 之后" : "")),
                 values: head.q, columns: "dims" });
-    list.push({ name: "K", formula: "K: one key per character", values: head.k, columns: "dims" });
+    list.push({ name: "K", label: say("K", "键 K"), formula: say("K: one key per character", "键 K：每个字符一个键"),
+                values: head.k, columns: "dims" });
   }
-  list.push({ name: "V", formula: "V: one value per character", values: head.v, columns: "dims" });
-  list.push({ name: "S", formula: config.attention_score === "additive" ? "S = w\u00b7tanh(q\u1d62 + k\u2c7c) for " +
-              "every pair (additive scores)" : "S = Q K\u1d40: S\u1d62\u2c7c = q\u1d62\u00b7k\u2c7c, every query " +
-              "with every key, the future too", values: head.raw, columns: "text" });
+  list.push({ name: "V", label: say("V", "值 V"), formula: say("V: one value per character", "值 V：每个字符一个值"),
+              values: head.v, columns: "dims" });
+  list.push({ name: "S", label: say("S", "注意力分数 S"), formula: config.attention_score === "additive" ?
+              say("S = w\u00b7tanh(q\u1d62 + k\u2c7c) for every pair (additive scores)",
+                  "S = w\u00b7tanh(q\u1d62 + k\u2c7c)，每一对都算（加性注意力分数）") :
+              say("S = Q K\u1d40: S\u1d62\u2c7c = q\u1d62\u00b7k\u2c7c, every query with every key, the future too",
+                  "S = Q K\u1d40：S\u1d62\u2c7c = q\u1d62\u00b7k\u2c7c，每个查询对每个键，未来的也算"),
+              values: head.raw, columns: "text" });
   if (scaled && config.attention_score !== "uniform") {
-    list.push({ name: "scaled", formula: "S " + factorName() + (whatIf() ? " (what-if)" : "") +
-                ": the scores the softmax will see", values: head.raw.map(row => row.map(s => s * scoreFactor())),
-                columns: "text" });
+    list.push({ name: "scaled", label: say("scaled", "缩放"), formula: "S " + factorName() +
+                (whatIf() ? say(" (what-if)", "（假设）") : "") + say(": the scores the softmax will see",
+                                                                     "：softmax 将看到的分数"),
+                values: head.raw.map(row => row.map(s => s * scoreFactor())), columns: "text" });
   }
-  list.push({ name: "masked", formula: "the causal mask: every key after the query set to \u2212\u221e (drawn " +
-              "hatched), so the softmax gives it weight 0", values: head.scores, columns: "text" });
-  list.push({ name: "A", formula: "A = softmax of each row: the attention weights, each row sums to 1",
+  list.push({ name: "masked", label: say("masked", "掩码"), formula: say("the causal mask: every key after the query " +
+              "set to \u2212\u221e (drawn hatched), so the softmax gives it weight 0", "因果掩码：查询之后的每个键都设为 " +
+              "\u2212\u221e（画成斜线），softmax 给它权重 0"), values: head.scores, columns: "text" });
+  list.push({ name: "A", label: say("A", "注意力权重 A"), formula: say("A = softmax of each row: the attention " +
+              "weights, each row sums to 1", "A = 每一行的 softmax：注意力权重，每行之和为 1"),
               values: head.weights, columns: "text" });
-  list.push({ name: "AV", formula: "A\u00b7V: each character's weighted sum of the values, the head's output",
+  list.push({ name: "AV", label: "A\u00b7V", formula: say("A\u00b7V: each character's weighted sum of the values, " +
+              "the head's output", "A\u00b7V：每个字符对值的加权求和，即这个头的输出（上下文向量）"),
               values: head.out, columns: "dims" });
   return list;
 }
@@ -171,15 +271,20 @@ function cellColor(value, largest, weights) {  // weights: white to blue; others
 function renderMatrix() {
   const table = $("matrix"), l = layer(), h = viewedHead() ?? 0, list = matrices(l, h);
   const select = $("matrix-step");
-  if (select.options.length !== list.length) {
-    select.replaceChildren(...list.map((m, i) => new Option((i + 1) + ". " + m.name, String(i))));
+  if (select.options.length !== list.length || select.options[0].text !== "1. " + list[0].label) {
+    const chosen = select.value;
+    select.replaceChildren(...list.map((m, i) => new Option((i + 1) + ". " + m.label, String(i))));
+    select.value = chosen;
   }
   const at = Math.min(Number(select.value) || 0, list.length - 1), shownMatrix = list[at];
   select.value = String(at);
-  $("matrix-formula").textContent = "Layer " + (l + 1) + ", head " + (h + 1) + ": " + shownMatrix.formula;
+  $("matrix-formula").textContent = say("Layer " + (l + 1) + ", head " + (h + 1) + ": ",
+                                        "第 " + (l + 1) + " 层，头 " + (h + 1) + "：") + shownMatrix.formula;
   const values = shownMatrix.values, weights = shownMatrix.name === "A", q = query();
   let largest = 0;
-  for (const row of values) for (const value of row) if (Number.isFinite(value)) largest = Math.max(largest, Math.abs(value));
+  for (const row of values) {
+    for (const value of row) if (Number.isFinite(value)) largest = Math.max(largest, Math.abs(value));
+  }
   table.replaceChildren();
   const top = table.insertRow();
   top.appendChild(element("th"));
@@ -191,14 +296,15 @@ function renderMatrix() {
     const tr = table.insertRow();
     tr.className = i === q ? "chosen" : "";
     const label = tr.appendChild(element("th", key(state.text[i]) + " " + (i + 1)));
-    label.title = "character " + (i + 1) + ": click to explain it step by step";
+    label.title = say("character " + (i + 1) + ": click to explain it step by step",
+                      "第 " + (i + 1) + " 个字符：点击，逐步解释它");
     Array.from(row).forEach((value, j) => {
       const cell = tr.insertCell();
       cell.dataset.value = String(value);
       if (value === -Infinity) { cell.className = "masked"; } else {
         cell.style.backgroundColor = cellColor(value, largest, weights);
       }
-      cell.title = shownMatrix.name + "[" + (i + 1) + "][" + (j + 1) + "] = " + fixed(value);
+      cell.title = say(shownMatrix.name, shownMatrix.label) + "[" + (i + 1) + "][" + (j + 1) + "] = " + fixed(value);
     });
     tr.addEventListener("click", () => {
       state.pinned = i;
@@ -214,7 +320,142 @@ function pointAtMatrix(event) {  // the number of the cell pointed at, in a line
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 4: one character's attention in one head, step by step.
+// Section 5: positions. Rotary: each pair's angle and frequency, and q·k against the distance; learned: how alike
+// the position vectors are; none: a sentence.
+// ---------------------------------------------------------------------------------------------
+function signedRgb(value) {  // red for +1, white for 0, blue for -1
+  const rgb = value < 0 ? [31, 119, 180] : [214, 39, 40], strength = Math.min(1, Math.abs(value));
+  return rgb.map(c => Math.round(255 + (c - 255) * strength));
+}
+
+function positionSimilarities() {  // cos(p_s, p_t) for every pair of the learned position vectors (block_size of them)
+  const table = model.weights.wpe.weight, n = config.block_size, nEmbd = config.n_embd;
+  const rows = Array.from({ length: n }, (_, t) => table.subarray(t * nEmbd, (t + 1) * nEmbd));
+  const norms = rows.map(row => Math.sqrt(dot(row, row)));
+  return rows.map((a, s) => rows.map((b, t) => dot(a, b) / Math.max(norms[s] * norms[t], 1e-12)));
+}
+
+function rotaryDotsByDistance() {
+  // q·k of two fixed vectors q = k = (1, ..., 1), turned as characters at 1 + distance (q) and at `from` (k), for
+  // keys at the first character and at the middle of the window: both lists are the same function of the distance.
+  const ones = new Float64Array(headSize).fill(1), { cos, sin } = model.rope;
+  const turned = cos.map((_, t) => applyRope(ones, cos[t], sin[t]));
+  return [0, Math.floor(config.block_size / 2)].map(from => ({
+    from, values: turned.slice(from).map(q => dot(q, turned[from])) }));
+}
+
+function distancePlot(curves) {  // an SVG line (key at the first character) and dots (key at the middle)
+  // The SVG namespace as the HTML parser gives it: the page's text names no web address, even one only used as a name
+  const parsed = document.createElement("div");
+  parsed.innerHTML = "<svg></svg>";
+  const svgNs = parsed.firstChild.namespaceURI, width = 480, height = 160, pad = 28, n = config.block_size;
+  const svg = document.createElementNS(svgNs, "svg");
+  svg.id = "distance-plot";
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  const x = d => pad + (width - 2 * pad) * d / Math.max(1, n - 1);
+  const y = v => height / 2 - (height / 2 - 14) * v / headSize;
+  const add = (tag, attributes, text) => {
+    const node = svg.appendChild(document.createElementNS(svgNs, tag));
+    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  };
+  add("line", { x1: pad, x2: width - pad, y1: y(0), y2: y(0), stroke: "#ccc" });
+  add("text", { x: 2, y: y(headSize) + 4 }, String(headSize));
+  add("text", { x: 2, y: y(0) + 4 }, "0");
+  add("text", { x: 2, y: y(-headSize) + 4 }, String(-headSize));
+  add("text", { x: width - pad - 90, y: height - 2 }, say("distance \u2192 ", "距离 \u2192 ") + (n - 1));
+  const [line, dots] = curves;
+  add("polyline", { points: line.values.map((v, d) => x(d) + "," + y(v)).join(" "), fill: "none",
+                    stroke: "#1f77b4", "stroke-width": 1.5 });
+  for (const curve of curves) {
+    curve.values.forEach((value, d) => {
+      const dot = add("circle", { cx: x(d), cy: y(value), r: curve === dots ? 2.2 : 1.2,
+                                  fill: curve === dots ? "#d62728" : "#1f77b4" });
+      dot.dataset.from = String(curve.from + 1);
+      dot.dataset.distance = String(d);
+      dot.dataset.value = String(value);
+      dot.appendChild(document.createElementNS(svgNs, "title")).textContent = say("key at character " +
+        (curve.from + 1) + ", query " + d + " later", "键在第 " + (curve.from + 1) + " 个字符，查询在其后 " + d + " 个") +
+        ": q\u00b7k = " + value.toFixed(4);
+    });
+  }
+  return svg;
+}
+
+function buildPositions() {  // what does not change with the text: the sentences, the picture, the similarities
+  const box = $("positions"), about = $("positions-about");
+  box.replaceChildren();
+  if (config.position === "none") {
+    about.textContent = say("This model has no position information (position none): nothing tells it where a " +
+      "character is, except the causal mask, which lets each character see only those before it.",
+      "这个模型没有位置信息（position none）：除了因果掩码（每个字符只能看到它前面的字符），没有任何东西告诉它字符在哪里。");
+    return;
+  }
+  if (config.position === "learned") {
+    about.textContent = say("Learned positions: the model adds a vector p\u209c of its own to the t-th character's " +
+      "embedding, one per place in the window (" + config.block_size + " of them). The picture shows how alike " +
+      "they are, cos(p\u209b, p\u209c) for every pair: red alike, blue opposite. A bright band along the diagonal " +
+      "means neighbouring places were learned alike. Point at it for a number.",
+      "学习的位置编码：模型给第 t 个字符的嵌入加上它自己学到的向量 p\u209c，窗口里每个位置一个（共 " +
+      config.block_size + " 个）。图中是每一对的相似度 cos(p\u209b, p\u209c)：红色相似，蓝色相反。沿对角线的亮带" +
+      "表示相邻的位置学得相似。指向图看数值。");
+    const similarities = positionSimilarities(), n = similarities.length;
+    const canvas = box.appendChild(element("canvas"));
+    canvas.id = "similarity";
+    canvas.width = canvas.height = n;
+    const context = canvas.getContext("2d"), picture = context.createImageData(n, n);
+    similarities.forEach((row, s) => row.forEach((value, t) => picture.data.set([...signedRgb(value), 255],
+                                                                              4 * (s * n + t))));
+    context.putImageData(picture, 0, 0);
+    canvas.addEventListener("mousemove", event => {
+      const [s, t] = cellUnder(event);
+      $("positions-readout").textContent = "cos(p" + (s + 1) + ", p" + (t + 1) + ") = " +
+        similarities[s][t].toFixed(4);
+    });
+    return;
+  }
+  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62", theta = "\u03b8\u1d62 = 10000^(\u22122i/" + headSize + ")";
+  const middle = Math.floor(config.block_size / 2) + 1;
+  about.textContent = say("Rotary positions: before scoring, the query and key of character t are turned, each pair " +
+    "of their numbers (i and i + " + headSize / 2 + ") by the angle " + angle + " with " + theta + ", slower for " +
+    "later pairs. A turn keeps lengths, so q\u00b7k depends only on how far apart the two characters are, as the " +
+    "picture shows for q = k = (1, \u2026, 1): the line has the key at the first character, the red dots at " +
+    "character " + middle + ", and both fall on one curve." + (config.attention_score === "additive" ? " (This " +
+    "model scores with w\u00b7tanh(q + k), not q\u00b7k, so its scores are not a function of the distance alone.)" :
+    ""), "旋转位置编码（RoPE）：打分之前，第 t 个字符的查询和键被旋转，它们的每一对数（i 和 i + " + headSize / 2 +
+    "）转过角度 " + angle + "，其中 " + theta + "，越后面的对转得越慢。旋转不改变长度，所以 q\u00b7k 只取决于两个字符" +
+    "相距多远，如图中 q = k = (1, \u2026, 1) 所示：线是键在第 1 个字符，红点是键在第 " + middle + " 个字符，两者落在" +
+    "同一条曲线上。" + (config.attention_score === "additive" ? "（这个模型用 w\u00b7tanh(q + k) 打分，不是 q\u00b7k，" +
+    "所以它的分数不只取决于距离。）" : ""));
+  box.appendChild(distancePlot(rotaryDotsByDistance()));
+  const table = box.appendChild(element("table", undefined, "numbers"));
+  table.id = "rotary";
+}
+
+function renderPositions() {  // rotary: each pair's frequency, and its angle at the chosen character
+  const table = $("rotary"), q = query();
+  if (!table) return;
+  table.replaceChildren();
+  const top = table.insertRow(), t = q === null ? 1 : q + 1;
+  [say("pair i", "第 i 对"), say("numbers", "数"), say("\u03b8\u1d62 (radians per character)",
+   "\u03b8\u1d62（每个字符的弧度）"), say("angle at character " + t + " (radians)", "第 " + t + " 个字符的角度（弧度）"),
+   say("in degrees", "角度（度）"), say("one whole turn every", "转一整圈需要")]
+    .forEach(name => top.appendChild(element("th", name)));
+  model.rope.frequencies.forEach((frequency, i) => {
+    const row = table.insertRow(), angle = Math.fround((t - 1) * frequency);
+    row.dataset.frequency = String(frequency);
+    row.dataset.angle = String(angle);
+    [String(i + 1), (i + 1) + say(" and ", " 和 ") + (i + 1 + headSize / 2), frequency.toPrecision(4),
+     angle.toFixed(4), (angle * 180 / Math.PI % 360).toFixed(1) + "\u00b0",
+     (2 * Math.PI / frequency).toFixed(1) + say(" characters", " 个字符")]
+      .forEach(text => row.appendChild(element("td", text)));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Section 6: one character's attention in one head, step by step.
 // ---------------------------------------------------------------------------------------------
 const SHOWN_VALUES = 8;  // a vector shows its first few numbers until asked for all of them
 
@@ -224,7 +465,7 @@ function vector(name, values) {
   const numbers = element("span", name + " = [" + some.join(", ") + (all.length > some.length ? ", \u2026]" : "]"));
   line.appendChild(numbers);
   if (all.length > some.length) {
-    const button = element("button", "all " + all.length);
+    const button = element("button", say("all ", "全部 ") + all.length);
     button.addEventListener("click", () => { numbers.textContent = name + " = [" + all.join(", ") + "]";
                                              button.remove(); });
     line.appendChild(button);
@@ -240,7 +481,7 @@ function step(title, formula, ...contents) {
   return box;
 }
 
-function stepValues() {  // the numbers section 3 shows, also what #numbers reports
+function stepValues() {  // the numbers section 6 shows, also what #numbers reports
   const q = query(), l = layer(), h = viewedHead() ?? 0, seen = state.result.layers[l], head = seen.heads[h];
   return { layer: l + 1, head: h + 1, query: q + 1, input: Array.from(seen.input[q]),
            q: Array.from(head.q[q]), keys: head.k.slice(0, q + 1).map(k => Array.from(k)),
@@ -253,7 +494,7 @@ function stepValues() {  // the numbers section 3 shows, also what #numbers repo
 function keyFormula() {
   // How the model computes key j: its projection (W_Q itself when queries and keys share it), then QK-norm and the
   // rotary turn where the model has them, as for the query.
-  if (config.attention_score === "uniform") return "no keys: every score is 0";
+  if (config.attention_score === "uniform") return say("no keys: every score is 0", "没有键：每个分数都是 0");
   let key = "x\u2c7c " + (config.shared_qk ? "W_Q" : "W_K") + (config.bias ? (config.shared_qk ? " + b_Q" : " + b_K")
     : "");
   if (config.qk_norm) key = "rms-norm(" + key + ")";
@@ -264,7 +505,7 @@ function keyFormula() {
 function keysAndValues(v) {  // k_j and v_j for every key the chosen query sees, in a box that folds
   const box = element("details");
   box.open = v.keys.length <= 8;
-  box.appendChild(element("summary", v.keys.length + " keys and values"));
+  box.appendChild(element("summary", say(v.keys.length + " keys and values", v.keys.length + " 个键和值")));
   v.keys.forEach((k, j) => {
     if (config.attention_score !== "uniform") box.appendChild(vector("k" + (j + 1), k));
     box.appendChild(vector("v" + (j + 1), v.values[j]));
@@ -276,40 +517,49 @@ function renderSteps() {
   const steps = $("steps");
   steps.replaceChildren();
   const q = query();
-  if (q === null) { $("step-title").textContent = "type some text first"; return; }
+  if (q === null) { $("step-title").textContent = say("type some text first", "请先输入一些文本"); return; }
   const v = stepValues(), i = q + 1, form = config.attention_score, scaled = form === "scaled_dot" || whatIf();
-  $("step-title").textContent = quoted(state.text[q]) + " (character " + i + "), layer " + v.layer + ", head " +
-    v.head + (viewedHead() === null ? " (choose a head above to see another)" : "");
+  $("step-title").textContent = quoted(state.text[q]) + say(" (character " + i + "), layer " + v.layer + ", head " +
+    v.head + (viewedHead() === null ? " (choose a head above to see another)" : ""), "（第 " + i + " 个字符），第 " +
+    v.layer + " 层，头 " + v.head + (viewedHead() === null ? "（在上面选一个头，看别的头）" : ""));
   const head = state.result.layers[v.layer - 1].heads[v.head - 1];
-  steps.appendChild(step("The input: character " + i + " as the block sees it",
-    config.residual ? "x" + i + " = LayerNorm(residual stream at character " + i + "), " + config.n_embd +
-      " numbers" : "x" + i + " = the previous layer's output, " + config.n_embd + " numbers",
+  steps.appendChild(step(say("The input: character " + i + " as the block sees it", "输入：块看到的第 " + i + " 个字符"),
+    config.residual ? say("x" + i + " = LayerNorm(residual stream at character " + i + "), " + config.n_embd +
+      " numbers", "x" + i + " = LayerNorm(第 " + i + " 个字符的残差流)，" + config.n_embd + " 个数") :
+      say("x" + i + " = the previous layer's output, " + config.n_embd + " numbers", "x" + i + " = 上一层的输出，" +
+        config.n_embd + " 个数"),
     vector("x" + i, v.input)));
   if (form === "uniform") {
-    steps.appendChild(step("No queries or keys (attention_score uniform)", "every visible key scores 0, so the " +
-      "softmax gives each of the " + i + " the same weight 1/" + i));
+    steps.appendChild(step(say("No queries or keys (attention_score uniform)", "没有查询和键（attention_score uniform）"),
+      say("every visible key scores 0, so the softmax gives each of the " + i + " the same weight 1/" + i,
+          "每个看得见的键分数都是 0，所以 softmax 给这 " + i + " 个键同样的权重 1/" + i)));
   } else {
     const projected = [vector("q" + i, head.projected.q[q])];
     if (config.qk_norm) projected.push(element("div", "QK-norm: q \u2190 q / rms(q)", "formula"));
-    if (config.position === "rope") projected.push(element("div", "rotary positions: q \u2190 R(" + i + ") q " +
-      "(each pair of numbers turned by an angle that grows with the position)", "formula"));
+    if (config.position === "rope") {
+      projected.push(element("div", say("rotary positions: q \u2190 R(" + i + ") q (each pair of numbers turned by " +
+        "an angle that grows with the position; section 5 shows the angles)", "旋转位置编码：q \u2190 R(" + i + ") q（每一对数" +
+        "转过一个随位置增大的角度；第 5 节列出这些角度）"), "formula"));
+    }
     if (config.qk_norm || config.position === "rope") projected.push(vector("q" + i, v.q));
-    steps.appendChild(step("The query: what character " + i + " is looking for",
-      "q" + i + " = x" + i + " W_Q" + (config.bias ? " + b_Q" : "") + ", " + headSize + " numbers (head " +
+    steps.appendChild(step(say("The query: what character " + i + " is looking for", "查询：第 " + i + " 个字符在找什么"),
+      "q" + i + " = x" + i + " W_Q" + (config.bias ? " + b_Q" : "") + say(", " + headSize + " numbers (head " +
       v.head + "'s share of the " + config.n_embd + ")" + (config.shared_qk ? "; keys come from the same W" : ""),
+      "，" + headSize + " 个数（" + config.n_embd + " 个中属于头 " + v.head + " 的部分）" +
+      (config.shared_qk ? "；键来自同一个 W" : "")),
       ...projected));
   }
   const table = element("table", undefined, "numbers");
   const scoreName = form === "additive" ? "w\u00b7tanh(q" + i + " + k\u2c7c)" : "q" + i + "\u00b7k\u2c7c";
-  const header = ["j", "key", scoreName];
-  if (scaled) header.push(factorName() + (whatIf() ? " (what-if)" : ""));
-  header.push("mask", "softmax \u03b1" + i + "\u2c7c");
+  const header = ["j", say("key", "键"), scoreName];
+  if (scaled) header.push(factorName() + (whatIf() ? say(" (what-if)", "（假设）") : ""));
+  header.push(say("mask", "掩码"), "softmax \u03b1" + i + "\u2c7c");
   const top = table.insertRow();
   header.forEach(name => top.appendChild(element("th", name)));
   state.text.slice(0, q + 1).forEach((ch, j) => {
     const row = table.insertRow(), cells = [String(j + 1), key(ch), fixed(v.raw[j])];
     if (scaled) cells.push(fixed(v.scores[j]));
-    cells.push("kept", v.weights[j].toFixed(4));
+    cells.push(say("kept", "保留"), v.weights[j].toFixed(4));
     cells.forEach(text => row.appendChild(element("td", text)));
     const bar = row.insertCell().appendChild(element("span", undefined, "bar"));  // the weight, drawn
     bar.style.width = (v.weights[j] * 8).toFixed(2) + "rem";
@@ -321,33 +571,45 @@ function renderSteps() {
     const keys = (q + 2) + (after.length > 1 ? "\u2013" + state.text.length : "");
     const cells = [keys, after.slice(0, 6).map(key).join("") + (after.length > 6 ? "\u2026" : ""), "\u2014"];
     if (scaled) cells.push("\u2014");
-    cells.push("\u2212\u221e (future)", "0");
+    cells.push("\u2212\u221e" + say(" (future)", "（未来）"), "0");
     cells.forEach(text => row.appendChild(element("td", text)));
   }
-  steps.appendChild(step("The keys and values character " + i + " sees",
+  steps.appendChild(step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
     keyFormula() + "; v\u2c7c = " + (config.attention_values ? "x\u2c7c W_V" + (config.bias ? " + b_V" : "") :
-      "head " + v.head + "'s slice of x\u2c7c") + ", for j = 1 to " + i + " (the keys after " + i + " are masked)",
+      say("head " + v.head + "'s slice of x\u2c7c", "x\u2c7c 中属于头 " + v.head + " 的一段")) +
+      say(", for j = 1 to " + i + " (the keys after " + i + " are masked)",
+          "，j = 1 到 " + i + "（" + i + " 之后的键被掩码遮住）"),
     keysAndValues(v)));
-  const scoring = form === "additive" ? "additive scores: s\u2c7c = w\u00b7tanh(q + k\u2c7c), one w per head" :
-    form === "dot" ? "dot-product scores, not scaled (attention_score dot): s\u2c7c = q\u00b7k\u2c7c" :
-    form === "uniform" ? "every score is 0" : "scaled dot-product scores: s\u2c7c = q\u00b7k\u2c7c / \u221ad, d = " +
-      headSize + ", so their spread does not grow with d";
-  steps.appendChild(step("Scores, the causal mask and the softmax over the keys k\u2c7c",
-    scoring + "; keys after character " + i + " are masked to \u2212\u221e (weight 0); \u03b1 = softmax(s) = " +
+  const scoring = form === "additive" ? say("additive scores: s\u2c7c = w\u00b7tanh(q + k\u2c7c), one w per head",
+      "加性注意力分数：s\u2c7c = w\u00b7tanh(q + k\u2c7c)，每个头一个 w") :
+    form === "dot" ? say("dot-product scores, not scaled (attention_score dot): s\u2c7c = q\u00b7k\u2c7c",
+      "点积注意力分数，不缩放（attention_score dot）：s\u2c7c = q\u00b7k\u2c7c") :
+    form === "uniform" ? say("every score is 0", "每个分数都是 0") :
+    say("scaled dot-product scores: s\u2c7c = q\u00b7k\u2c7c / \u221ad, d = " + headSize + ", so their spread does " +
+      "not grow with d", "缩放点积注意力分数：s\u2c7c = q\u00b7k\u2c7c / \u221ad，d = " + headSize + "，这样分数的" +
+      "方差不随 d 增大");
+  steps.appendChild(step(say("Scores, the causal mask and the softmax over the keys k\u2c7c",
+                             "注意力分数、因果掩码和对键 k\u2c7c 的 softmax"),
+    scoring + say("; keys after character " + i + " are masked to \u2212\u221e (weight 0)", "；第 " + i + " 个字符之后" +
+      "的键被掩码设为 \u2212\u221e（权重 0）") + "; \u03b1 = softmax(s) = " +
     "exp(s\u2c7c) / \u03a3 exp(s)", table));
-  steps.appendChild(step("The weighted sum of the values v\u2c7c",
-    "head output = \u03a3\u2c7c \u03b1" + i + "\u2c7c v\u2c7c" + (config.attention_values ? "" :
-      " (no value projection: v\u2c7c is head " + v.head + "'s slice of x\u2c7c)"), vector("y" + i, v.out)));
-  steps.appendChild(step("All " + nHeads + " heads side by side",
-    "concat(head 1, \u2026, head " + nHeads + "): " + config.n_embd + " numbers; head " + v.head + "'s are " +
-      ((v.head - 1) * headSize + 1) + " to " + v.head * headSize, vector("concat", v.joined)));
-  steps.appendChild(step("The output projection", "o" + i + " = concat W_O" + (config.bias ? " + b_O" : "") +
-    (config.residual ? ", added to the residual stream: x \u2190 x + o" : ", the block's attention output"),
+  steps.appendChild(step(say("The weighted sum of the values v\u2c7c", "对值 v\u2c7c 的加权求和"),
+    say("head output", "头的输出") + " = \u03a3\u2c7c \u03b1" + i + "\u2c7c v\u2c7c" + (config.attention_values ? "" :
+      say(" (no value projection: v\u2c7c is head " + v.head + "'s slice of x\u2c7c)",
+          "（没有值投影：v\u2c7c 是 x\u2c7c 中属于头 " + v.head + " 的一段）")), vector("y" + i, v.out)));
+  steps.appendChild(step(say("All " + nHeads + " heads side by side", "全部 " + nHeads + " 个头并排"),
+    say("concat(head 1, \u2026, head " + nHeads + "): " + config.n_embd + " numbers; head " + v.head + "'s are " +
+      ((v.head - 1) * headSize + 1) + " to " + v.head * headSize, "concat(头 1, \u2026, 头 " + nHeads + ")：" +
+      config.n_embd + " 个数；头 " + v.head + " 的是第 " + ((v.head - 1) * headSize + 1) + " 到 " +
+      v.head * headSize + " 个"), vector("concat", v.joined)));
+  steps.appendChild(step(say("The output projection", "输出投影"), "o" + i + " = concat W_O" +
+    (config.bias ? " + b_O" : "") + (config.residual ? say(", added to the residual stream: x \u2190 x + o",
+      "，加到残差流上：x \u2190 x + o") : say(", the block's attention output", "，块的注意力输出")),
     vector("o" + i, v.output)));
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 5: the next character after the whole text.
+// Section 7: the next character after the whole text.
 // ---------------------------------------------------------------------------------------------
 function sampling() {
   return { temperature: Number($("temperature").value), top_k: Math.max(0, Math.floor(Number($("top-k").value))),
@@ -387,28 +649,92 @@ function appendSampled() {
 // ---------------------------------------------------------------------------------------------
 // Wiring, and the address: #text=...&layer=2&view=3&query=5&temperature=0.8&top_k=5&top_p=0.9&seed=7&append=10
 // opens the page in that state (layers, heads and characters counted from 1; append at most MAX_APPEND characters);
-// &hover=N points at character N with a real mouse event; &numbers shows the page's numbers as JSON; &bench=N times
-// N forward passes (at most MAX_BENCH). The line #address-help says the same to the reader.
+// &lang=en|zh picks the language (else the browser's); &hover=N points at character N with a real mouse event;
+// &numbers shows the page's numbers as JSON; &bench=N times N forward passes (at most MAX_BENCH). The line
+// #address-help says the same to the reader.
 // ---------------------------------------------------------------------------------------------
 function render() {
   $("what-if").hidden = !whatIf();
   if (whatIf()) {
-    $("what-if").textContent = "What-if: every q·k multiplied by " + factorName() + ", not by the model's own " +
+    $("what-if").textContent = say("What-if: every q·k multiplied by " + factorName() + ", not by the model's own " +
       FACTORS[OWN_FACTOR][0] + " that it was trained with; every number on the page, the next character too, is " +
-      "what the model would compute so.";
+      "what the model would compute so.", "假设：每个 q·k 都乘以 " + factorName() + "，而不是模型训练时用的 " +
+      FACTORS[OWN_FACTOR][0] + "；页面上的每个数，包括下一个字符，都是模型在这种缩放下会算出的结果。");
   }
   if (state.result) { renderStrip(); renderMatrix(); } else {
     $("readout").textContent = "";
     $("matrix").replaceChildren();
   }
+  renderPositions();
   renderSteps();
   renderNext();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The language switch, and a line when this browser has no font for some of the model's characters.
+// ---------------------------------------------------------------------------------------------
+function formFormula() {  // the model's form of attention (its attention_score), as the headings write it
+  return { scaled_dot: "softmax(QK\u1d40/\u221ad) V", dot: "softmax(QK\u1d40) V",
+           additive: "softmax(w\u00b7tanh(q\u1d62 + k\u2c7c)) V",
+           uniform: say("the mean of the past values (every weight 1/i)", "过去的值的平均（每个权重 1/i）") }[
+    config.attention_score];
+}
+
+function applyLanguage(language) {  // every fixed text and every label in English or Chinese (then update())
+  state.language = language;
+  $("language").value = language;
+  document.documentElement.lang = say("en", "zh-CN");
+  document.querySelectorAll("[data-zh]").forEach(node => {
+    if (node.dataset.en === undefined) node.dataset.en = node.innerHTML;  // the English, as page.html has it
+    // (page.html folds a long Chinese text over lines: Chinese needs no space where a line breaks)
+    if (language === "zh") node.textContent = node.dataset.zh.replace(/\s*\n\s*/g, "");
+    else node.innerHTML = node.dataset.en;
+  });
+  $("title").textContent = say(data.title, "你的模型，正在思考");
+  document.querySelectorAll(".form-formula").forEach(node => { node.textContent = formFormula(); });
+  $("view").options[0].text = say("all heads", "所有头");
+  for (const option of $("scale").options) {
+    option.text = FACTORS[option.value][0] + (option.value === "1" ? say(", no scale", "，不缩放") : "") +
+      (option.value === OWN_FACTOR ? say(" (the model's own)", "（模型自己的）") : say(" (what-if)", "（假设）"));
+  }
+  buildHeads();
+  buildPositions();
+  noteMissingFonts();
+}
+
+function missingGlyphs(characters) {
+  // The characters this browser draws as its missing-glyph box: each is drawn on a canvas in the page's text font and
+  // compared pixel for pixel with U+0378, a code point Unicode leaves unassigned, which no font draws.
+  const size = 28, canvas = document.createElement("canvas");
+  canvas.width = canvas.height = size;
+  const context = canvas.getContext("2d", { willReadFrequently: true });
+  context.font = "20px " + getComputedStyle($("strip")).fontFamily;
+  const draw = ch => {
+    context.clearRect(0, 0, size, size);
+    context.fillText(ch, 2, 22);
+    return new Uint32Array(context.getImageData(0, 0, size, size).data.buffer);
+  };
+  const box = draw("\u0378");
+  return characters.filter(ch => draw(ch).every((pixel, at) => pixel === box[at]));
+}
+
+function noteMissingFonts() {  // one line naming what to install, in both languages when the page is Chinese
+  const drawable = vocab.filter(ch => !/^[\p{Cc}\p{Cf}\p{Cs}\s]$/u.test(ch));  // not spaces, controls, lone surrogates
+  const missing = missingGlyphs(state.language === "zh" ? [...drawable, "\u4e2d"] : drawable);
+  const note = $("font-note"), shownMissing = missing.slice(0, 12).join(" ") + (missing.length > 12 ? " \u2026" : "");
+  note.hidden = missing.length === 0;
+  const english = "This browser has no font for " + missing.length + " of the characters here (" + shownMissing +
+    "): they show as boxes. Install a font that has them (Debian/Ubuntu: sudo apt-get install fonts-noto-cjk) " +
+    "and reload the page.";
+  note.textContent = state.language === "zh" ? english + " 这个浏览器没有显示这些字符的字体，请安装一个" +
+    "（Debian/Ubuntu：sudo apt-get install fonts-noto-cjk）后重新打开页面。" : english;
 }
 
 function update() {
   readText();
   buildStrip();
   render();
+  renderHeads();  // (not in render: pointing at characters changes nothing in it)
 }
 
 function numbers(extra) {
@@ -421,21 +747,24 @@ function numbers(extra) {
 }
 
 for (let l = 0; l < nLayers; l++) $("layer").add(new Option(String(l + 1), String(l)));
-$("view").add(new Option("all heads", "all"));
+$("view").add(new Option("all heads", "all"));  // (its words: applyLanguage)
 for (let h = 0; h < nHeads; h++) $("view").add(new Option(String(h + 1), String(h)));
-$("title").textContent = data.title;
 $("about").textContent = data.about;
 $("append-most").textContent = String(MAX_APPEND);
 $("input").value = data.text;
 $("input").addEventListener("input", update);
 ["layer", "view", "matrix-step"].forEach(id => $(id).addEventListener("change", render));
-for (const [value, [name]] of Object.entries(FACTORS)) {
-  $("scale").add(new Option(name + (value === OWN_FACTOR ? " (the model's own)" : " (what-if)"), value));
-}
+for (const value of Object.keys(FACTORS)) $("scale").add(new Option("", value));  // (its words: applyLanguage)
 $("scale").value = OWN_FACTOR;
 $("scale-control").hidden = !SCALABLE;
 $("scale").addEventListener("change", update);
+$("language").addEventListener("change", () => { applyLanguage($("language").value); update(); });
+$("address-help").dataset.zh = "地址可以让页面以某种状态打开：page.html#text=ROMEO&query=3&layer=2&view=1（view：一个" +
+  "头，或 all），还有 hover、temperature、top_k、top_p、seed、append（最多 " + MAX_APPEND + " 个字符）、lang（en 或 zh）" +
+  "和 numbers；字符、层和头都从 1 开始数。";
 $("matrix").addEventListener("mouseover", pointAtMatrix);
+$("heads").addEventListener("mousemove", pointAtHeads);
+$("heads").addEventListener("click", openHead);
 $("matrix-previous").addEventListener("click", () => { moveStep(-1); });
 $("matrix-next").addEventListener("click", () => { moveStep(1); });
 function moveStep(by) {
@@ -453,11 +782,15 @@ function choose(select, value) {  // an option the address names, if the page ha
   if (Array.from(select.options).some(option => option.value === value)) select.value = value;
 }
 if (wanted.has("layer")) choose($("layer"), String(Number(wanted.get("layer")) - 1));
-if (wanted.has("view")) choose($("view"), wanted.get("view") === "all" ? "all" : String(Number(wanted.get("view")) - 1));
+if (wanted.has("view")) {
+  choose($("view"), wanted.get("view") === "all" ? "all" : String(Number(wanted.get("view")) - 1));
+}
 if (wanted.has("scale")) choose($("scale"), wanted.get("scale"));
 for (const [key, id] of [["temperature", "temperature"], ["top_k", "top-k"], ["top_p", "top-p"], ["seed", "seed"]]) {
   if (wanted.has(key)) $(id).value = wanted.get(key);
 }
+const browserLanguage = navigator.language.toLowerCase().startsWith("zh") ? "zh" : "en";  // zh, zh-CN, zh-TW...
+applyLanguage(["en", "zh"].includes(wanted.get("lang")) ? wanted.get("lang") : browserLanguage);
 update();
 const asked = Number(wanted.get("query")) - 1;  // a character of the text, or none
 if (Number.isInteger(asked) && asked >= 0 && asked < state.text.length) { state.pinned = asked; render(); }
