@@ -66,6 +66,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
             bar.update(1)
             if steps.due(s.progress.it):
                 skipped = steps.write(s.progress.it, lr, loss, grad_norm, watch, s.clock)
+                s.logged(*steps.history[-1])
                 if skipped >= cfg.max_nonfinite_steps:
                     raise UserError(too_many_nonfinite(s.progress.it, cfg, s.run_dir.path / LAST))
     return steps.history, stopping
@@ -141,14 +142,17 @@ def train_opened(s: Session, source: Path | None) -> dict:
     history, stopped = train_loop(s)
     if stopped:
         if not s.save_stopped():  # (an --overwrite stopped before it had anything to keep: the old run is back)
+            say_loss_picture(s)
             log.say(stopped_line(progress.it, run_dir.path, in_final_validation=False))
         return {"stopped": True, "iterations": progress.it, "history": history}
     summary = s.finish(time.perf_counter() - run.phases.started)
     if summary.get("stopped"):
+        say_loss_picture(s)
         log.say(stopped_line(progress.it, run_dir.path, in_final_validation=True))
         return {**summary, "history": history}
     for line in done_lines(summary, s.cfg, progress.evals_since_best):
         log.say(line)
+    say_loss_picture(s)
     if "seconds" in summary:
         log.say(run.phases.line(summary["seconds"]))
     log.say(f"sample it: python scripts/sample.py --out_dir {where}")
@@ -157,6 +161,13 @@ def train_opened(s: Session, source: Path | None) -> dict:
         log.say(f"watch it think: python scripts/attention_html.py --out_dir {where} --html {page}, then open {page} "
                 f"in a browser and type")
     return {**summary, "history": history}
+
+
+def say_loss_picture(s: Session) -> None:
+    """loss.png, every loss the run logged in all its sessions, drawn at its end; its place said."""
+    path = s.draw_losses()
+    if path is not None:
+        s.log.say(f"the losses, every point as logged: {path}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -281,6 +281,10 @@ def hostile_checkpoints(finished, rotary, tmp_path):
         (forged(last, tmp_path / "string.pt", run_config={"batch_size": "16"}),
          "is damaged: batch_size = '16' should be of type int"),
         (forged(last, tmp_path / "list.pt", data=["shakespeare"]), "is damaged: data is a list"),
+        (forged(last, tmp_path / "losses.pt", losses={"train": [("5", 1.0)]}),
+         "is damaged: its record of the losses so far is malformed"),
+        (forged(last, tmp_path / "later.pt", losses={"eval": [(10**6, 1.0, 1.0)]}),  # a step past the checkpoint's
+         "is damaged: its record of the losses so far is malformed"),
         (forged(last, tmp_path / "twice.pt", vocab=vocab[:-1] + vocab[0]),
          "(the vocabulary must not repeat a character)"),
         (forged(last, tmp_path / "short.pt", vocab=vocab[:-1]),

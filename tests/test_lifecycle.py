@@ -91,7 +91,8 @@ def test_a_second_process_is_refused_at_once_and_the_running_one_loses_nothing(c
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in stderr and "could not write" not in stderr, stderr
-    assert "stopping: finishing step" in stderr and "stopped at step" in stdout
+    assert "stopping: step " in stderr and "is the last finished; ending what is under way" in stderr
+    assert "stopped at step" in stdout
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] > 0 and not list(out.glob("*.tmp-*"))
 
 

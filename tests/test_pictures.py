@@ -177,3 +177,94 @@ def test_the_runs_attention_pictures_have_the_pixels_of_the_whole_figure():
         whole.canvas.draw()
         assert np.array_equal(pictures.render(weights, 1), np.asarray(whole.canvas.buffer_rgba())[..., :3])
         plt.close(whole)
+
+
+def test_a_run_leaves_loss_png_drawing_every_logged_loss_of_all_its_sessions(tmp_path):
+    """A run stopped at step 25 and resumed to step 45 leaves loss.png (a valid PNG, said in the closing lines); its
+    drawing is loss_figure of the losses the checkpoint keeps, whose every drawn point equals TensorBoard's logged
+    scalar at that step, both sessions' (loss/train at each log line, loss/val and loss/train_eval at each
+    evaluation), as unsmoothed lines with a marker per point, the y axis covering every point."""
+    import io
+
+    import train
+    from configs import load_config
+    from conftest import play_text
+    from training import checkpoint
+    from training.pictures import loss_figure, plt
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(play_text(20000), encoding="utf-8")
+    out, said = tmp_path / "run", []
+    for extra in (["--max_iters", "25"], ["--resume", "--max_iters", "45"]):
+        cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
+                                        "--out_dir", str(out), "--eval_interval", "10", *extra], False)
+        train.train(cfg, explicit, say=said.append)
+    assert said.count(f"the losses, every point as logged: {out / 'loss.png'}") == 2
+    png = out / "loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    Image.open(png).verify()
+    assert Image.open(png).size == (800, 450)
+
+    events = EventAccumulator(str(out), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in ("loss/train", "loss/val",
+                                                                                  "loss/train_eval")}
+    assert [s for s, _ in logged["loss/train"]] == list(range(5, 46, 5))  # both sessions, no step twice
+    assert [s for s, _ in logged["loss/val"]] == [0, 10, 20, 25, 30, 40, 45]
+    losses = checkpoint.load(out / "ckpt_last.pt")["losses"]
+    figure = loss_figure(losses, "run")
+    lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
+    for label, tag in (("train loss (each log line's batch)", "loss/train"), ("train loss (evaluation)",
+                                                                              "loss/train_eval"),
+                       ("validation loss (evaluation)", "loss/val")):
+        line = lines[label]
+        drawn = list(zip(line.get_xdata(), np.float32(line.get_ydata())))  # TensorBoard keeps float32
+        assert drawn == logged[tag], label
+        assert line.get_marker() not in (None, "", "None") and line.get_linestyle() == "-"
+    low, high = figure.axes[0].get_ylim()
+    every = [v for series in logged.values() for _, v in series]
+    assert low < min(every) and max(every) < high
+    again = io.BytesIO()  # the file on disk is that drawing, with the run's title
+    loss_figure(losses, f"run: debug preset, step 45").savefig(again, format="png")
+    assert png.read_bytes() == again.getvalue()
+    plt.close("all")
+
+
+def test_the_masked_future_is_hatched_grey_never_the_colour_of_a_weight_of_0():
+    """Every cell of the causal mask (key after query) is drawn hatched grey, a colour no weight takes, and a legend
+    says what it is; a weight of exactly 0 before the query (which a model can give) keeps the scale's colour for 0.
+    The same in attention_map's figure and TensorBoard's pictures (one drawing)."""
+    from matplotlib.colors import to_rgb
+    from training.pictures import MASKED_FILL, MASKED_HATCH, MASKED_LABEL, AttentionPictures, attention_figure, plt
+
+    text = "ROMEO: but soft"
+    T = len(text)
+    weights = torch.rand(2, T, T, generator=torch.Generator().manual_seed(0)).tril()
+    weights[:, 5, 2] = 0.0  # a weight of 0 on an earlier character: not masked
+    weights /= weights.sum(-1, keepdim=True)
+    figure = attention_figure(weights, text, 0)
+    figure.canvas.draw()
+    pixels = np.asarray(figure.canvas.buffer_rgba())[..., :3].astype(int)
+    assert np.array_equal(AttentionPictures(text).render(weights, 0), pixels.astype(np.uint8))
+    height = pixels.shape[0]
+    scale = plt.get_cmap("viridis")
+    weight_colours = np.array([[round(255 * c) for c in scale(x / 255)[:3]] for x in range(256)])
+    grey = [np.array([round(255 * c) for c in to_rgb(colour)]) for colour in (MASKED_FILL, MASKED_HATCH)]
+    for ax in [ax for ax in figure.axes if ax.images]:
+        def cell(i: int, j: int) -> set[tuple[int, ...]]:  # every colour of the inner pixels of cell (query i, key j)
+            x0, y0 = ax.transData.transform((j - 0.35, i - 0.35))
+            x1, y1 = ax.transData.transform((j + 0.35, i + 0.35))
+            rows = slice(int(height - max(y0, y1)) + 1, int(height - min(y0, y1)))
+            return {tuple(p) for p in pixels[rows, int(min(x0, x1)) + 1:int(max(x0, x1))].reshape(-1, 3)}
+        for i in range(T):
+            for j in range(T):
+                colours = cell(i, j)
+                if j > i:  # the mask: greys from the hatch's to the fill's (antialiased lines), no weight's colour
+                    assert all(max(c) - min(c) <= 3 and grey[1][0] - 3 <= c[0] <= grey[0][0] + 3 for c in colours), \
+                        (i, j, colours)
+                    assert min(np.abs(weight_colours - np.array(c)).max(1).min() for c in colours) > 20, (i, j)
+        (zero,) = cell(5, 2)
+        assert np.abs(np.array(zero) - weight_colours[0]).max() <= 2  # an earlier character's weight of 0: viridis
+    legend_texts = [t.get_text() for legend in figure.legends for t in legend.get_texts()]
+    assert legend_texts == [MASKED_LABEL] and "masked" in MASKED_LABEL
+    plt.close(figure)

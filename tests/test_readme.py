@@ -56,3 +56,25 @@ def test_the_pictures_the_readme_draws_are_not_added_to_git(tmp_path):
     for path in pictures:
         ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=tmp_path, capture_output=True)
         assert ignored.returncode == 0, f"{path} would show up in git status"
+
+
+def test_the_tensorboard_address_draws_every_point_and_the_guide_says_how():
+    """The address a run prints and the README and docs/training.md give sets smoothing to 0 and draws SVG (without
+    WebGL, TensorBoard's Time Series drew no line at all); both pages say how to untick "Ignore outliers" and point
+    to the run's loss.png."""
+    from training.report import TENSORBOARD_URL
+    assert TENSORBOARD_URL == "http://localhost:6006/?smoothing=0&forceSVG=true#timeseries"
+    for page in ("README.md", "docs/training.md"):
+        text = " ".join(PAGES[page].split())
+        assert f"`{TENSORBOARD_URL}`" in text and "6006/?smoothing=0#" not in text, page
+        assert 'untick "Ignore outliers in chart scaling"' in text and "`loss.png`" in text, page
+
+
+def test_the_readme_points_a_small_text_to_what_to_try():
+    """The README's guide, where it trains on your own text, points to docs/training.md's "Small texts" (what to try
+    when the run warns of overfitting) and to the walkthrough; that section is there and names each remedy."""
+    readme = " ".join(PAGES["README.md"].split())
+    assert "(docs/training.md#small-texts)" in readme and "python scripts/attention_walkthrough.py" in readme
+    section = PAGES["docs/training.md"].split("### Small texts", 1)[1].split("\n## ", 1)[0]
+    for remedy in ("--max_iters", "--dropout 0.2", "--n_embd 64", "more text", "loss.png"):
+        assert remedy in section, remedy

@@ -176,7 +176,23 @@ def test_a_stop_during_the_final_validation_says_what_it_ends(capfd):
         time.sleep(0.01)
     said = capfd.readouterr().err
     assert stop.requested and "stopping: ending the final validation; step 10 is saved already" in said
-    assert "finishing step" not in said
+    assert "is the last finished" not in said
+
+
+def test_the_stop_note_and_the_stop_line_name_the_last_finished_step(capfd, tmp_path):
+    """A Ctrl-C after step 54 names step 54 as the last finished and says that what is under way ends (step 55, or
+    an evaluation); the closing line names the step the run stopped at as its last finished one (the note had said
+    'finishing step 54' and the line 'stopped at step 55')."""
+    from training.report import stopped_line
+    with train.StopRequest() as stop:
+        stop.training(Progress(it=54), agree_every=1)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+    said = capfd.readouterr().err
+    assert ("stopping: step 54 is the last finished; ending what is under way, then saving ckpt_last.pt (press "
+            "Ctrl-C again to stop at once)") in said
+    assert stopped_line(55, tmp_path, in_final_validation=False).startswith(
+        f"stopped at step 55 (its last finished step); saved {tmp_path / 'ckpt_last.pt'}.")
 
 
 def test_a_doubled_signal_is_one_stop_request_and_a_later_one_stops_at_once(monkeypatch):

@@ -30,7 +30,7 @@ CONTENTS = {
     "optimizer": (dict, "resume"), "rng": (dict, "resume"), "best_val_loss": ((int, float), "resume"),
     "scaler": ((dict, type(None)), "later"), "train_seconds": ((int, float), "later"), "eval_done": (bool, "later"),
     "last_eval": (dict, "later"), "evals_since_best": (int, "later"), "data": (dict, "later"),
-    "tokens_per_iter": (int, "later"),
+    "tokens_per_iter": (int, "later"), "losses": (dict, "later"),
 }
 REQUIRED = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "sample"}
 RESUMABLE = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "resume"}
@@ -41,14 +41,17 @@ LATER = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by =
 class Progress:
     """Where a run is, the training loop's state, saved whole in every checkpoint: the step, the best validation loss,
     seconds spent in training steps (evaluations, samples, pictures and checkpoint writes excluded), whether the
-    evaluation due at this step has been done, the losses the last evaluation measured, and how many evaluations in a
-    row have not beaten the best (for --patience). A Session (training.session) is its one writer."""
+    evaluation due at this step has been done, the losses the last evaluation measured, how many evaluations in a
+    row have not beaten the best (for --patience), and the run's losses so far (every session's, for loss.png):
+    "train", (step, loss) at each log line, and "eval", (step, train loss, validation loss) at each evaluation. A
+    Session (training.session) is its one writer."""
     it: int = 0
     best_val: float = math.inf
     train_seconds: float = 0.0
     eval_done: bool = False
     last_eval: dict = field(default_factory=dict)
     evals_since_best: int = 0
+    losses: dict = field(default_factory=lambda: {"train": [], "eval": []})
 
 
 def capture(run: Run, progress: Progress) -> dict:
@@ -60,7 +63,7 @@ def capture(run: Run, progress: Progress) -> dict:
         "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
         "iter": progress.it, "best_val_loss": progress.best_val, "train_seconds": progress.train_seconds,
         "eval_done": progress.eval_done, "last_eval": progress.last_eval, "evals_since_best": progress.evals_since_best,
-        "data": run.data_info, "tokens_per_iter": run.tokens_per_iter,
+        "data": run.data_info, "tokens_per_iter": run.tokens_per_iter, "losses": progress.losses,
         "rng": {"torch": torch.get_rng_state(), "batches": run.batches.state_dict(),
                 "cuda": torch.cuda.get_rng_state() if run.rt.device_type == "cuda" else None},
     }
@@ -77,10 +80,14 @@ def restore(run: Run, state: dict, d: Dist = Dist()) -> Progress:
         torch.set_rng_state(state["rng"]["torch"])
         if run.rt.device_type == "cuda" and state["rng"].get("cuda") is not None:
             torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
-    # A checkpoint without the optional fields was saved after the evaluation at its step: that one was done.
+    # A checkpoint without the optional fields was saved after the evaluation at its step: that one was done. One
+    # without the losses so far (an older one) gives a loss picture from this session on.
+    losses = state.get("losses", {"train": [], "eval": []})
     return Progress(it=state["iter"], best_val=state["best_val_loss"], train_seconds=state.get("train_seconds", 0.0),
                     eval_done=state.get("eval_done", True), last_eval=state.get("last_eval", {}),
-                    evals_since_best=state.get("evals_since_best", 0))
+                    evals_since_best=state.get("evals_since_best", 0),
+                    losses={"train": [tuple(point) for point in losses["train"]],
+                            "eval": [tuple(point) for point in losses["eval"]]})
 
 
 def non_finite(weights: dict) -> str | None:
@@ -122,6 +129,8 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
                         f"use the version of this trainer that wrote it")
     if state["iter"] < 0:
         raise UserError(f"{path} is damaged: its step is {state['iter']}")
+    if "losses" in state:
+        check_losses(state["losses"], state["iter"], path)
     check_tensors(state["model"], path)
     bad = non_finite(state["model"])
     if bad:
@@ -225,6 +234,20 @@ def check_fields(state, fields: dict, path: Path) -> None:
 def of_type(value, kind) -> bool:
     """isinstance, except that a bool is not taken for a number."""
     return isinstance(value, kind) and (not isinstance(value, bool) or kind is bool)
+
+
+def check_losses(losses: dict, it: int, path: Path) -> None:
+    """The losses so far (Progress.losses): "train" a list of (step, loss), "eval" of (step, train loss, validation
+    loss), steps whole numbers from 0 to the checkpoint's, losses numbers; else one line."""
+    def points(name: str, width: int) -> bool:
+        series = losses.get(name)
+        return isinstance(series, (list, tuple)) and all(
+            isinstance(point, (list, tuple)) and len(point) == width and type(point[0]) is int and 0 <= point[0] <= it
+            and all(of_type(value, (int, float)) for value in point[1:]) for point in series)
+
+    if not (set(losses) == {"train", "eval"} and points("train", 2) and points("eval", 3)):
+        raise UserError(f"{path} is damaged: its record of the losses so far is malformed; take another checkpoint "
+                        f"or train again")
 
 
 def check_resumable(state: dict, path: Path) -> None:

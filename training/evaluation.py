@@ -32,6 +32,22 @@ def plateaued(evals_since_best: int, patience: int) -> bool:
     return patience > 0 and evals_since_best >= patience
 
 
+def overfitting(evaluations: list, window: int = 3, margin: float = 0.02) -> bool:
+    """Over the last `window` evaluations, each (step, train loss, validation loss), the validation loss rose (to more
+    than `margin` above the run's lowest) while the training loss fell: the model learns its training text by heart,
+    not what carries over to new text. (Every evaluation reads the same batches, so the rise is the model's.)"""
+    if len(evaluations) < window:
+        return False
+    first, last = evaluations[-window], evaluations[-1]
+    best = min(point[2] for point in evaluations)
+    return last[2] > first[2] and last[2] > best * (1 + margin) and last[1] < first[1]
+
+
+def began_overfitting(evaluations: list) -> bool:
+    """overfitting() holds now, at the latest evaluation, and held at no earlier one of the run: said once a run."""
+    return overfitting(evaluations) and not any(overfitting(evaluations[:n]) for n in range(len(evaluations)))
+
+
 def asked_to_stop(stop: Callable[[], bool] | None, d: Dist, device: torch.device, batch: int) -> bool:
     """Between evaluation batches; under DDP the ranks agree every 10 batches (a collective), so all stop together."""
     if stop is None:

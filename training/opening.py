@@ -428,33 +428,36 @@ PROBE_SECONDS = 2.0  # a timed pass of one window longer than this: the run is s
 
 
 def pass_seconds(run: Run, rows: int) -> float:
-    """Seconds of a forward and backward pass over `rows` windows of the first validation batch (the second of two:
-    the first warms up), in eval mode, so that no dropout mask is drawn and the run's random streams stay as they
-    were; with one window only, the warm-up pass is the timed one when it is long already."""
+    """Seconds of a forward and backward pass over `rows` windows of the first validation batch, the second of two:
+    the first warms up (the process's first pass also pays one-off costs, many times a pass on a busy machine), in
+    eval mode, so that no dropout mask is drawn and the run's random streams stay as they were."""
     rt = run.rt
     x, y = (t[:rows] for t in next(run.batches.val_windows()))
     run.model.eval()
-    for attempt in range(2):
+    for _ in range(2):
         start = time.perf_counter()
         with rt.autocast():
             loss = run.model(x, y)[1]
         loss.backward()
         sync(rt.device)
         seconds = time.perf_counter() - start
-        if attempt == 0 and seconds * run.cfg.batch_size > PROBE_SECONDS * 10 and rows == 1:
-            break  # a step of more than ~20 s: the warm-up pass is figure enough
     run.model.zero_grad(set_to_none=True)
     run.model.train()
     return seconds
 
 
 def expected_seconds(run: Run, progress: Progress) -> Estimate:
-    """Where the rest of the run's time would go on this device, from a timed pass over one window first (which, for
-    a model that is slow on this machine, is the estimate: the note then comes within seconds, not after a whole
-    step), and otherwise over a whole batch."""
+    """Where the rest of the run's time would go on this device: the steps left, at the speed the run's earlier
+    sessions measured (a resumed run: whole steps, the optimizer's work included), or else from a timed pass over one
+    window first (which, for a model that is slow on this machine, is the estimate: the note then comes within
+    seconds, not after a whole step), and otherwise over a whole batch; both passes timed after a warm-up pass."""
     cfg = run.cfg
-    one = pass_seconds(run, 1)
-    batch = one * cfg.batch_size if one * cfg.batch_size > PROBE_SECONDS * 10 else pass_seconds(run, cfg.batch_size)
+    if progress.it > 0 and progress.train_seconds > 0:
+        batch = progress.train_seconds / progress.it / cfg.grad_accum_steps
+    else:
+        one = pass_seconds(run, 1)
+        batch = one * cfg.batch_size if one * cfg.batch_size > PROBE_SECONDS * 10 else pass_seconds(run,
+                                                                                                  cfg.batch_size)
     step = batch * cfg.grad_accum_steps  # validation batches are full size (the last one padded)
     forward = batch / 3  # a forward pass of one batch is about a third of a training step's
     steps_left = cfg.max_iters - progress.it

@@ -21,6 +21,10 @@ from model.attention import recording_attention  # noqa: E402
 from training.run_folder import write_atomic  # noqa: E402
 
 PANEL_INCHES, DPI = 3.6, 100
+# The causal mask's cells (the future, which a query never sees): light grey, hatched, a colour the weights' scale
+# (viridis, dark purple to yellow) never takes, so a masked cell is never read as a weight of 0.
+MASKED_FILL, MASKED_HATCH = "#d9d9d9", "#8c8c8c"
+MASKED_LABEL = "masked\n(the future)"
 
 
 def picture_formats() -> tuple[str, ...]:
@@ -33,6 +37,42 @@ def save_figure(figure, path: str | Path, option: str) -> None:
     """Write a figure whole or not at all (its format from the file's ending): a full disk leaves the old picture."""
     path = Path(path)
     write_atomic(path, lambda f: figure.savefig(f, format=path.suffix[1:].lower()), "the picture", option)
+
+
+def loss_figure(losses: dict, title: str):
+    """A run's losses against steps, as they were logged: "train", (step, loss) at each log line (one batch each), and
+    "eval", (step, train loss, validation loss) at each evaluation (eval_iters batches each, the same ones every
+    time). Every point is drawn, as a marker on an unsmoothed line, and the y axis covers every finite point."""
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
+    series = [("train loss (each log line's batch)", losses["train"], 1, "C0", "."),
+              ("train loss (evaluation)", losses["eval"], 1, "C2", "s"),
+              ("validation loss (evaluation)", losses["eval"], 2, "C1", "o")]
+    values = []
+    for name, points, column, color, marker in series:
+        if points:
+            steps, ys = [p[0] for p in points], [float(p[column]) for p in points]
+            ax.plot(steps, ys, marker=marker, linestyle="-", color=color, markersize=4, linewidth=1, label=name)
+            values += [y for y in ys if math.isfinite(y)]
+    if values:
+        low, high = min(values), max(values)
+        pad = 0.05 * (high - low) or 0.05 * max(abs(high), 1.0)
+        ax.set_ylim(low - pad, high + pad)
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no losses logged yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(title.replace("$", r"\$"), fontsize=10)  # a folder's name is text, not matplotlib's $math$
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats per character)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def save_loss_picture(path: Path, losses: dict, title: str) -> None:
+    """loss_figure written to path whole or not at all (a run's loss.png)."""
+    fig = loss_figure(losses, title)
+    plt.close(fig)
+    write_atomic(path, lambda f: fig.savefig(f, format="png"), "the loss picture")
 
 
 def grid_of(n_heads: int) -> tuple[int, int]:
@@ -55,13 +95,19 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
     # than matplotlib's constrained layout, which draws the same picture.
     fig.subplots_adjust(left=0.45 / width, right=1 - 1.05 / width, bottom=0.5 / height, top=1 - 0.3 / height,
                         wspace=0.2, hspace=0.25)
+    from matplotlib.patches import Patch, Rectangle
+
     labels, families, _ = tick_labels(text)  # characters no font draws: their code points
     step = 1 if every_label else math.ceil(len(labels) / 20)  # at most 20 tick labels per axis: they never overlap
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # masked cells: see through, to the hatch
     image = None
     for ax in axes.flat[len(heads):]:
         ax.axis("off")
     for ax, head in zip(axes.flat, heads):
-        image = ax.imshow(weights[head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+        size = weights.size(-1)
+        ax.add_patch(Rectangle((-0.5, -0.5), size, size, facecolor=MASKED_FILL, edgecolor=MASKED_HATCH, hatch="///",
+                               linewidth=0, zorder=0))  # under the heatmap: shows only where the mask hides a cell
+        image = ax.imshow(causal_cells(weights[head]), cmap=cmap, vmin=0.0, vmax=1.0, zorder=1)
         ax.set_title(f"layer {layer + 1} head {head + 1}", fontsize=9)  # counted from 1, as everywhere a person reads
         ticks = list(range(0, len(labels), step))
         ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)
@@ -70,7 +116,15 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
         ax.set_ylabel("query", fontsize=7)
     bar = fig.add_axes((1 - 0.75 / width, 0.15, 0.12 / width, 0.7))
     fig.colorbar(image, cax=bar, label="attention weight")
+    fig.legend(handles=[Patch(facecolor=MASKED_FILL, edgecolor=MASKED_HATCH, hatch="///", label=MASKED_LABEL)],
+               loc="lower right", fontsize=6, frameon=False, handlelength=1.2, borderaxespad=0.1)
     return fig
+
+
+def causal_cells(weights: torch.Tensor) -> np.ma.MaskedArray:
+    """One head's (T, T) weights with the causal mask's cells (key after query) masked: drawn as MASKED_FILL."""
+    values = weights.float().cpu().numpy()
+    return np.ma.masked_array(values, mask=np.triu(np.ones(values.shape, dtype=bool), k=1))
 
 
 class AttentionPictures:
@@ -101,7 +155,7 @@ class AttentionPictures:
         fig, heatmaps, background = self.layers[layer]
         fig.canvas.restore_region(background)
         for ax, head in zip(heatmaps, weights):
-            ax.images[0].set_data(head.float().cpu().numpy())
+            ax.images[0].set_data(causal_cells(head))
             for artist in redrawn_parts(ax):
                 ax.draw_artist(artist)
         return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()

@@ -22,8 +22,9 @@ from training.device import sync, utilisation
 from training.run_folder import BEST, LAST, disk_error
 
 # TensorBoard's Time Series with its smoothing at 0 (a query parameter it reads): a validation loss measured at a few
-# evaluations is otherwise drawn well above its values by the default smoothing of 0.6.
-TENSORBOARD_URL = "http://localhost:6006/?smoothing=0#timeseries"
+# evaluations is otherwise drawn well above its values by the default smoothing of 0.6. forceSVG draws the charts as
+# SVG: a browser without WebGL (a headless or remote one, a GPU switched off) draws their lines only so.
+TENSORBOARD_URL = "http://localhost:6006/?smoothing=0&forceSVG=true#timeseries"
 # The largest model scripts/attention_html.py puts into its page: every weight as float32 is 16 MB, about 21 MB of page.
 PAGE_MAX_PARAMETERS = 4_000_000
 # TensorBoard's HParams table sorts the settings by name and shows the first five: these five, so the model's shape,
@@ -71,7 +72,8 @@ class Log:
         self._write("add_custom_scalars", {
             "loss": {"train and validation loss (nats per character)": ["Multiline", ["^loss/train$", "^loss/val$"]]},
             "speed": {"tokens per second": ["Multiline", ["^perf/tokens_per_sec$"]],
-                      "model FLOPs utilisation (%)": ["Multiline", ["^perf/mfu$"]]}})
+                      "model FLOPs utilisation (%), an estimate: against the peak measured at the run's start":
+                          ["Multiline", ["^perf/mfu$"]]}})
 
     def step(self, it: int, loss: float, lr: float, grad_norm: float, tokens_per_sec: float, tokens_seen: int,
              mfu: float) -> None:
@@ -322,8 +324,11 @@ class StepLog:
         mfu = utilisation(self.flops_per_token * tokens_per_sec / self.world_size, self.peak_flops)
         self.history.append((it, loss_value))
         self.log.step(it, loss_value, lr, norm_value, tokens_per_sec, it * self.tokens_per_iter, mfu)
+        # MFU's peak is measured once, at the start: on a shared machine it moves with the load (a busy moment lowers
+        # it, and every MFU of the run with it), so the line names the peak it divides by.
         self.log.line(f"step {it}/{self.cfg.max_iters}: loss {loss_value:.4f}, {step_seconds * 1000:.1f} ms/step, "
-                      f"{tokens_per_sec:,.0f} tokens/s, mfu {mfu * 100:.1f}%")
+                      f"{tokens_per_sec:,.0f} tokens/s, mfu {mfu * 100:.1f}% of {self.peak_flops / 1e12:.3g} "
+                      f"TFLOP/s (an estimate: the peak this device measured at the start)")
         self.bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s {self.last_val}",
                                  refresh=False)
         return int(skipped)
@@ -343,7 +348,21 @@ def stopped_line(it: int, folder: Path, in_final_validation: bool) -> str:
     if in_final_validation:
         return (f"stopped during the final validation; step {it} is saved in {folder / LAST}. "
                 f"Finish it with: python train.py --out_dir {where} --resume")
-    return f"stopped at step {it}; saved {folder / LAST}. Continue with: python train.py --out_dir {where} --resume"
+    return (f"stopped at step {it} (its last finished step); saved {folder / LAST}. Continue with: python train.py "
+            f"--out_dir {where} --resume")
+
+
+def overfitting_line(evaluations: list, best_step: int) -> str:
+    """The warning of a run whose validation loss rises while its training loss falls (training.evaluation's
+    overfitting), with its figures and what to try."""
+    last = evaluations[-3:]
+    steps = ", ".join(str(step) for step, _, _ in last)
+    train = " -> ".join(f"{loss:.3f}" for _, loss, _ in last)
+    val = " -> ".join(f"{loss:.3f}" for _, _, loss in last)
+    return (f"warning: the model is learning the training text by heart (overfitting): at steps {steps} the "
+            f"validation loss rose ({val}) while the training loss fell ({train}). Try a smaller model (--n_layer, "
+            f"--n_embd), --dropout 0.2, fewer steps (--max_iters), or more text; the run hands over its best model "
+            f"(step {best_step} so far). docs/training.md, \"Small texts\", says more")
 
 
 def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[str]:

@@ -35,12 +35,13 @@ from typing import BinaryIO, Callable
 from errors import UserError, space_or_place
 
 BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
+LOSS_PICTURE = "loss.png"  # the run's losses, every point, drawn at its end
 ASIDE = ".replaced"  # where --overwrite keeps the old run until the new one has something better
 
 LOCK = ".lock"
 DISCARDED = ".replaced.discarded"  # .replaced renamed (instantly) before it is deleted, so a crash mid-way is no undo
 CHECKPOINTS = (LAST, BEST)
-LOGS = ("summary.json", "events.out.tfevents.*")
+LOGS = ("summary.json", LOSS_PICTURE, "events.out.tfevents.*")
 RECORD = "set_aside.json"  # in .replaced/: what the replacing run moved there, written before it moves anything
 # The names of the temporary files a run writes into its folder (write_atomic: NAME.tmp-XXXXXXXX);
 # only these are removed as leftovers, never another file whose name happens to hold ".tmp-".
@@ -236,7 +237,7 @@ class RunDir:
     @staticmethod
     def _own_name(name: str) -> bool:
         own_log = re.fullmatch(r"events\.out\.tfevents\.[\w.-]+", name) is not None
-        return name in CHECKPOINTS + ("summary.json",) or own_log
+        return name in CHECKPOINTS + ("summary.json", LOSS_PICTURE) or own_log
 
     def put_back(self) -> None:
         """The old run back in the folder and the replacement's checkpoints and logs gone, only where the record

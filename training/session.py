@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, TextIO
 
 import torch
@@ -21,10 +22,10 @@ from model.generate import generate
 from training import checkpoint
 from training.checkpoint import Progress
 from training.device import Dist, for_sampling
-from training.evaluation import evaluate, evaluation_due, full_validation_loss
+from training.evaluation import began_overfitting, evaluate, evaluation_due, full_validation_loss
 from training.opening import Run
-from training.report import Log, TrainClock
-from training.run_folder import BEST, LAST, RunDir, write_text_atomic
+from training.report import Log, TrainClock, overfitting_line
+from training.run_folder import BEST, LAST, LOSS_PICTURE, RunDir, write_text_atomic
 
 
 @dataclass
@@ -56,6 +57,10 @@ class Session:
         self.progress.eval_done = False
         self.clock.stepped(self.progress.it)
 
+    def logged(self, it: int, loss: float) -> None:
+        """A log line's training loss, into the run's losses so far (for loss.png)."""
+        self.progress.losses["train"].append((it, loss))
+
     def evaluation_due(self) -> bool:
         return evaluation_due(self.progress.it, self.cfg) and not self.progress.eval_done
 
@@ -74,6 +79,10 @@ class Session:
         improved = losses["val"] < progress.best_val
         progress.best_val, progress.last_eval, progress.eval_done = min(progress.best_val, losses["val"]), losses, True
         progress.evals_since_best = 0 if improved else progress.evals_since_best + 1
+        progress.losses["eval"].append((progress.it, losses["train"], losses["val"]))
+        if began_overfitting(progress.losses["eval"]):  # said once a run, at the evaluation where it begins
+            best = min(progress.losses["eval"], key=lambda point: point[2])[0]
+            self.log.say(overfitting_line(progress.losses["eval"], best))
         if self.d.is_main:
             self.record(losses)
             if improved:
@@ -140,6 +149,19 @@ class Session:
                     self.pictures = AttentionPictures(run.tokenizer.decode(attention_probe(run)))
                 for layer, weights in enumerate(attention_weights(run.model, attention_probe(run))):
                     self.log.attention(it, layer, self.pictures.render(weights, layer))
+
+    def draw_losses(self) -> Path | None:
+        """Rank 0, at the run's end (finished or stopped): loss.png in the run folder, every point the run logged in
+        all its sessions (Progress.losses). Its path, or None where nothing was logged or drawn."""
+        losses = self.progress.losses
+        if not self.d.is_main or not (losses["train"] or losses["eval"]):
+            return None
+        from training.pictures import save_loss_picture  # matplotlib: only at the end
+        path = self.run_dir.path / LOSS_PICTURE
+        title = f"{self.run_dir.path.resolve().name}: {self.cfg.config_name} preset, step {self.progress.it}"
+        with self.run.phases.timing("samples and pictures"):
+            save_loss_picture(path, losses, title)
+        return path
 
     def hand_over_best(self) -> tuple[int, str]:
         """Put the weights of ckpt_best.pt, the lowest validation loss the run measured, into the model: the run's
@@ -303,7 +325,7 @@ class StopRequest:
         elif self.agree_every > 1:  # the step at which the processes next ask each other
             together = (step // self.agree_every + 1) * self.agree_every
             doing = f"training on to step {together}, where the processes stop together"
-        else:
-            doing = f"finishing step {step}"
+        else:  # a step may be under way (the one after step `step`), or an evaluation, which stops between batches
+            doing = f"step {step} is the last finished; ending what is under way"
         doing = self.ending or f"{doing}, then saving ckpt_last.pt"
         self.say(f"stopping: {doing} (press Ctrl-C again to stop at once)")
