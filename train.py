@@ -17,7 +17,7 @@ from errors import UserError, exit_without_teardown, run_cli
 from training import device
 from training.evaluation import plateaued
 from training.opening import choose_corpus, open_run, say_what_runs, warn_if_slow
-from training.report import (PAGE_MAX_PARAMETERS, Log, Phases, StepLog, done_lines, out_of_memory,
+from training.report import (PAGE_MAX_PARAMETERS, Log, Phases, StepLog, done_lines, mfu_basis, out_of_memory,
                              seconds_since_process_start, stopped_line)
 from training.run_folder import LAST, RunDir
 from training.session import Session, StopRequest, attention_probe
@@ -85,7 +85,10 @@ def before_the_first_step(s: Session) -> float:
                 if note := missing_note(run.tokenizer.decode(attention_probe(run))):
                     s.log.say(note)
         largest = (cfg.batch_size * cfg.block_size, cfg.n_embd, 4 * cfg.n_embd)  # the feed-forward's first product
-        return device.measure_peak_flops(run.rt.device, run.rt.dtype, [largest])
+        peak = device.measure_peak_flops(run.rt.device, run.rt.dtype, [largest])
+    if s.d.is_main and s.progress.it < cfg.max_iters:
+        s.log.line(mfu_basis(peak))
+    return peak
 
 
 def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, stop: StopRequest | None = None,

@@ -451,8 +451,9 @@ def test_a_log_file_gets_a_line_per_log_interval_and_mfu_never_passes_100(corpus
                                     "--out_dir", str(tmp_path / "run"), "--max_iters", "20", "--log_interval", "5",
                                     "--eval_interval", "10"], False)
     train.train(cfg, explicit, say=messages.append)
-    pattern = (r"step (\d+)/20: loss \d+\.\d{4}, [\d.]+ ms/step, [\d,]+ tokens/s, mfu ([\d.]+)% of 1e-12 TFLOP/s "
-               r"\(an estimate: the peak this device measured at the start\)")  # the basis named
+    pattern = r"step (\d+)/20: loss \d+\.\d{4}, [\d.]+ ms/step, [\d,]+ tokens/s, mfu ([\d.]+)% of 1e-12 TFLOP/s"
+    assert sum("mfu below: the model's FLOPs per second over 1e-12 TFLOP/s, the peak this device measured just now "
+               "(an estimate" in m for m in messages) == 1  # the basis, said once
     steps = [re.fullmatch(pattern, m) for m in messages if re.fullmatch(pattern, m)]
     assert [int(m.group(1)) for m in steps] == [5, 10, 15, 20]
     assert all(float(m.group(2)) == 100.0 for m in steps)  # capped: the ratio can never pass 1

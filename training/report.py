@@ -325,13 +325,18 @@ class StepLog:
         self.history.append((it, loss_value))
         self.log.step(it, loss_value, lr, norm_value, tokens_per_sec, it * self.tokens_per_iter, mfu)
         # MFU's peak is measured once, at the start: on a shared machine it moves with the load (a busy moment lowers
-        # it, and every MFU of the run with it), so the line names the peak it divides by.
+        # it, and every MFU of the run with it), so the line names the peak it divides by (mfu_basis says so once).
         self.log.line(f"step {it}/{self.cfg.max_iters}: loss {loss_value:.4f}, {step_seconds * 1000:.1f} ms/step, "
-                      f"{tokens_per_sec:,.0f} tokens/s, mfu {mfu * 100:.1f}% of {self.peak_flops / 1e12:.3g} "
-                      f"TFLOP/s (an estimate: the peak this device measured at the start)")
+                      f"{tokens_per_sec:,.0f} tokens/s, mfu {mfu * 100:.1f}% of {self.peak_flops / 1e12:.3g} TFLOP/s")
         self.bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s {self.last_val}",
                                  refresh=False)
         return int(skipped)
+
+
+def mfu_basis(peak_flops: float) -> str:
+    """The one note, before the first step, on what the log lines' MFU divides by."""
+    return (f"mfu below: the model's FLOPs per second over {peak_flops / 1e12:.3g} TFLOP/s, the peak this device "
+            f"measured just now (an estimate: on a shared machine it moves with the load, and the MFU with it)")
 
 
 # ---- the lines a run ends with ---------------------------------------------------------------------------------------
