@@ -1,8 +1,11 @@
-"""python scripts/bench_run.py [train.py options] [--compare FIELD=A,B] [--repeat N]: whole training commands, timed
-as a user lives them: `python train.py ...` from the command to the prompt (start-up, data, compilation, evaluations
-and the final validation included), with the loss of the model each run hands over and where its time went. The
-question it answers: which recipe reaches a given loss soonest, whole command. Variants run in turn, each in its own
-folder under --out_dir; --cold_compile_cache gives every run an empty compiler cache (what a first run pays)."""
+"""python scripts/bench_run.py [train.py options] [--compare FIELD=A,B] [--seeds 1,2,3] [--nanogpt DIR] [--repeat N]:
+whole training commands, timed as a user lives them: `python train.py ...` from the command to the prompt (start-up,
+data, compilation, evaluations and the final validation included), with the loss of the model each run hands over and
+where its time went. The question it answers: which recipe reaches a given loss soonest, whole command. Variants run
+in turn, each in its own folder under --out_dir; --cold_compile_cache gives every run an empty compiler cache (what a
+first run pays). --seeds runs every variant once per seed and reports the mean and spread of the losses; --nanogpt
+times nanoGPT's own CPU recipe (its README's laptop command) on the same text once per seed in between, and gives each
+variant's time as a multiple of it."""
 from __future__ import annotations
 
 import json
@@ -20,13 +23,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import parse_compare  # noqa: E402
 from errors import ArgumentParser, Interrupted, UserError, exit_without_teardown, run_cli  # noqa: E402
 from train_command import run_train  # noqa: E402
-from training.run_folder import check_output_file, write_text_atomic  # noqa: E402
-from training.run_folder import RunDir  # noqa: E402
+from training.run_folder import RunDir, check_output_file, write_text_atomic  # noqa: E402
 
+# nanoGPT's README, "I only have a laptop": its Shakespeare config shrunk for a CPU (4x4x128, block 64, batch 12,
+# 2,000 steps, float32, no compilation), run in a copy of its checkout.
+NANOGPT_CPU_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
+                      "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
+                      "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
 
 
 def variant_name(variant: dict[str, str]) -> str:
     return ",".join(f"{field}={value}" for field, value in variant.items()) or "as given"
+
+
+def open_log(log: Path):
+    """The log file, written afresh; O_NOFOLLOW: a link planted under its name is refused (ELOOP), never written
+    through."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return open(fd, "w", encoding="utf-8")
+
+
+def last_line(log: Path) -> str:
+    return (log.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["(no output)"])[-1]
 
 
 def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
@@ -40,16 +58,13 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
         env["TRITON_CACHE_DIR"] = str(cache / "triton")  # where inductor puts it, unless the user's setting says
     log = folder.with_name(folder.name + ".log")
     started = time.perf_counter()
-    # O_NOFOLLOW: a link planted under the log's name is refused (ELOOP), never written through
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with open(fd, "w", encoding="utf-8") as out:
+    with open_log(log) as out:
         code = run_train([*argv, "--out_dir", str(folder), "--overwrite"], output=out, env=env)
     whole = time.perf_counter() - started
     if code == 130:  # the run was stopped (and saved what it had): so is the benchmark
         raise Interrupted(f"stopped; the run in {folder} saved its last step (its output: {log})")
     if code != 0:
-        last = (log.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["(no output)"])[-1]
-        raise UserError(f"{shlex.join(['python', 'train.py', *argv])}: {last.removeprefix('error: ')[:300]} "
+        raise UserError(f"{shlex.join(['python', 'train.py', *argv])}: {last_line(log).removeprefix('error: ')[:300]} "
                         f"(exit code {code}; its output: {log})")
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     seconds = summary.get("seconds", {})
@@ -59,27 +74,136 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
             "stopped_early": summary["stopped_early"], "device": summary["device"], "phases": seconds, "log": str(log)}
 
 
-def run_all(rest: list[str], variants: list[dict[str, str]], out: Path, repeat: int, cold_cache: bool) -> dict:
-    """Every variant once per round, in turn: {variant name: its runs' figures}."""
-    runs = {variant_name(v): [] for v in variants}
+# ---- nanoGPT's CPU recipe, the yardstick ----------------------------------------------------------------------------
+def corpus_file(rest: list[str]) -> Path:
+    """The text file the train.py options name (--data FILE or --data=FILE): nanoGPT trains on the same one."""
+    named = [rest[i + 1] for i, word in enumerate(rest[:-1]) if word == "--data"]
+    named += [word.split("=", 1)[1] for word in rest if word.startswith("--data=")]
+    if not named or not Path(named[-1]).is_file():
+        raise UserError("--nanogpt trains nanoGPT on the same text: name it as a file with --data FILE "
+                        "(e.g. --data tinyshakespeare.txt)")
+    return Path(named[-1])
+
+
+def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
+    """A copy of the checkout's code (its Python files, configs and the Shakespeare prepare.py: nothing in the user's
+    checkout is written) with corpus as its input.txt, prepared by its own prepare.py (offline: input.txt is there, so
+    it downloads nothing). The copy's folder."""
+    if not (checkout / "train.py").is_file() or not (checkout / "data" / "shakespeare_char" / "prepare.py").is_file():
+        raise UserError(f"--nanogpt {checkout}: not a checkout of karpathy/nanoGPT (no train.py and "
+                        f"data/shakespeare_char/prepare.py); clone it and name its folder")
+    code = work / "nanogpt-code"
+    shutil.rmtree(code, ignore_errors=True)  # an earlier bench_run's copy in the same --out_dir
+    data = code / "data" / "shakespeare_char"
+    data.mkdir(parents=True)
+    for source in checkout.glob("*.py"):
+        shutil.copyfile(source, code / source.name)
+    shutil.copytree(checkout / "config", code / "config")
+    shutil.copyfile(checkout / "data" / "shakespeare_char" / "prepare.py", data / "prepare.py")
+    shutil.copyfile(corpus, data / "input.txt")
+    log = work / "nanogpt-prepare.log"
+    # prepare.py imports requests only to download, which it then does not: a stand-in where it is not installed
+    stand_in = ("import importlib.util, runpy, sys, types\n"
+                "if importlib.util.find_spec('requests') is None:\n    sys.modules['requests'] = types.ModuleType('requests')\n"
+                "runpy.run_path('prepare.py', run_name='__main__')")
+    with open_log(log) as out:
+        exit_code = run_train([stand_in], output=out, program=Path("-c"), cwd=data)  # python -c stand_in
+    if exit_code != 0:
+        raise UserError(f"nanoGPT's prepare.py failed: {last_line(log)[:300]} (its output: {log})")
+    return code
+
+
+def run_nanogpt(code: Path, folder: Path) -> dict:
+    """nanoGPT's CPU recipe, `python train.py ...` in the copy, timed whole; its checkpoint (the best evaluation's
+    model) scored as our full validation is (scripts/score_nanogpt.py). Its output goes to folder.log."""
+    import numpy as np
+    from score_nanogpt import full_validation, load_nanogpt
+    from training.device import setup
+
+    log = folder.with_name(folder.name + ".log")
+    shutil.rmtree(folder, ignore_errors=True)  # an earlier bench_run's: nanoGPT would resume nothing, but keep none
+    started = time.perf_counter()
+    with open_log(log) as out:
+        code_ = run_train([*NANOGPT_CPU_RECIPE, f"--out_dir={folder}"], output=out, program=code / "train.py", cwd=code)
+    whole = time.perf_counter() - started
+    if code_ != 0:
+        raise (Interrupted if code_ == 130 else UserError)(
+            f"nanoGPT's train.py: {last_line(log)[:300]} (exit code {code_}; its output: {log})")
+    rt = setup("cpu", "float32")  # as it trained
+    model, facts = load_nanogpt(code, folder / "ckpt.pt", rt.device)
+    val = np.fromfile(code / "data" / facts["dataset"] / "val.bin", dtype=np.uint16)
+    loss = full_validation(model, val, facts["block_size"], 64, rt)
+    return {"whole_seconds": whole, "full_val_loss": loss, "model_step": facts["step"], "log": str(log)}
+
+
+def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], out: Path, repeat: int,
+            cold_cache: bool, nanogpt: Path | None) -> tuple[dict, list[dict]]:
+    """Every variant once per seed and round, in turn, nanoGPT's recipe first in each seed's turn:
+    ({variant name: its runs' figures}, nanoGPT's runs)."""
+    runs, yardstick = {variant_name(v): [] for v in variants}, []
     for round_ in range(1, repeat + 1):
-        for number, variant in enumerate(variants, start=1):
-            name = variant_name(variant)
-            extra = [part for field, value in variant.items() for part in (f"--{field}", value)]
-            print(f"[round {round_}/{repeat}] {name}", file=sys.stderr, flush=True)
-            r = run_once(rest + extra, out / f"{number:02d}-r{round_}", cold_cache)
-            runs[name].append(r)
-            loss = ("" if r["full_val_loss"] is None else
-                    f", full validation {r['full_val_loss']:.4f} (step {r['model_step']})")
-            print(f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training{loss}", file=sys.stderr)
-    return runs
+        for seed in seeds or [None]:
+            where = f"-s{seed}-r{round_}" if seed is not None else f"-r{round_}"
+            if nanogpt is not None:
+                print(f"[round {round_}/{repeat}] nanoGPT's CPU recipe", file=sys.stderr, flush=True)
+                r = run_nanogpt(nanogpt, out / f"nanogpt{where}")
+                yardstick.append(r)
+                print(f"  {r['whole_seconds']:.1f} s whole, full validation {r['full_val_loss']:.4f} "
+                      f"(step {r['model_step']})", file=sys.stderr)
+            for number, variant in enumerate(variants, start=1):
+                name = variant_name(variant)
+                extra = [part for field, value in variant.items() for part in (f"--{field}", value)]
+                extra += ["--seed", seed] if seed is not None else []
+                print(f"[round {round_}/{repeat}] {name}" + (f", seed {seed}" if seed is not None else ""),
+                      file=sys.stderr, flush=True)
+                r = run_once(rest + extra, out / f"{number:02d}{where}", cold_cache)
+                r["seed"] = seed
+                runs[name].append(r)
+                loss = ("" if r["full_val_loss"] is None else
+                        f", full validation {r['full_val_loss']:.4f} (step {r['model_step']})")
+                print(f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training{loss}", file=sys.stderr)
+    return runs, yardstick
+
+
+def spread_row(name: str, done: list[dict], yardstick: float | None) -> dict:
+    """A variant's runs over the seeds: each loss and whole time, their means, the losses' spread (largest minus
+    smallest) and the mean time as a multiple of nanoGPT's."""
+    losses = [r["full_val_loss"] for r in done if r["full_val_loss"] is not None]
+    wholes = [r["whole_seconds"] for r in done]
+    row = {"variant": name, "losses": losses, "whole": wholes, "mean_whole_seconds": statistics.fmean(wholes),
+           "mean_full_val_loss": statistics.fmean(losses) if losses else None,
+           "loss_spread": max(losses) - min(losses) if losses else None}
+    row["times_nanogpt"] = row["mean_whole_seconds"] / yardstick if yardstick else None
+    return row
+
+
+def print_seed_table(rows: list[dict], yardstick: list[dict]) -> None:
+    print(f"\n{'variant':<32}{'mean full-val':>14}{'spread':>8}{'mean whole s':>13}{'x nanoGPT':>10}  each run "
+          f"(full-val, whole s)")
+    for row in rows:
+        mean = f"{row['mean_full_val_loss']:.4f}" if row["mean_full_val_loss"] is not None else "-"
+        spread = f"{row['loss_spread']:.4f}" if row["loss_spread"] is not None else "-"
+        ratio = f"{row['times_nanogpt']:.2f}x" if row["times_nanogpt"] else "-"
+        each = ", ".join(f"{loss:.4f} {whole:.1f}" for loss, whole in zip(row["losses"], row["whole"]))
+        print(f"{row['variant']:<32}{mean:>14}{spread:>8}{row['mean_whole_seconds']:>13.1f}{ratio:>10}  {each}")
+    if yardstick:
+        wholes = [r["whole_seconds"] for r in yardstick]
+        each = ", ".join(f"{r['full_val_loss']:.4f} {r['whole_seconds']:.1f}" for r in yardstick)
+        print(f"{'nanoGPT CPU recipe':<32}{statistics.fmean(r['full_val_loss'] for r in yardstick):>14.4f}{'':>8}"
+              f"{statistics.fmean(wholes):>13.1f}{'1.00x':>10}  {each}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
+    # allow_abbrev off: the train.py options pass through, and --seed (theirs) must not be read as --seeds (ours)
+    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip(), allow_abbrev=False)
     parser.add_argument("--out_dir", default="out/bench_run", help="one run folder (and .log) per variant and repeat")
     parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
                         help="run under each value of a train.py field (repeat for more fields: every combination)")
+    parser.add_argument("--seeds", default="", metavar="1,2,3",
+                        help="run every variant once per seed; report the mean and spread of the full validation")
+    parser.add_argument("--nanogpt", type=Path, default=None, metavar="DIR",
+                        help="a checkout of karpathy/nanoGPT: time its CPU recipe on the same --data FILE once per "
+                             "seed and round, in between, and give each variant's time as a multiple of it")
     parser.add_argument("--repeat", type=int, default=1, help="rounds: every variant once per round, in turn")
     parser.add_argument("--cold_compile_cache", action="store_true",
                         help="an empty torch.compile cache for every run (by default this machine's cache is used)")
@@ -90,13 +214,20 @@ def main(argv: list[str] | None = None) -> int:
     if any(word in ("--out_dir", "--resume", "--overwrite") for word in rest):
         raise UserError("bench_run.py chooses each run's folder (under its own --out_dir) and starts it afresh: "
                         "leave --out_dir, --resume and --overwrite out of the train.py options")
+    if args.seeds and ("--seed" in rest or any(word.startswith("--seed=") for word in rest)):
+        raise UserError("--seeds chooses each run's seed: leave --seed out of the train.py options")
+    seeds = [seed.strip() for seed in args.seeds.split(",")] if args.seeds else []
+    if not all(seed.isdigit() for seed in seeds):
+        raise UserError(f"--seeds {args.seeds}: expected whole numbers separated by commas, e.g. --seeds 1,2,3")
     if args.json:
         check_output_file(args.json, "--json")
+    corpus = corpus_file(rest) if args.nanogpt is not None else None
     variants = parse_compare(args.compare) if args.compare else [{}]
     out = Path(args.out_dir)
     owner = RunDir(out).claim(say=lambda message: None)  # one bench_run per folder: the runs' logs lie side by side
     try:
-        runs = run_all(rest, variants, out, args.repeat, args.cold_compile_cache)
+        nanogpt = prepare_nanogpt(args.nanogpt.resolve(), corpus, out) if args.nanogpt is not None else None
+        runs, yardstick = run_all(rest, variants, seeds, out, args.repeat, args.cold_compile_cache, nanogpt)
     finally:
         owner.release()
     rows = [{"variant": name, "whole_seconds": statistics.median(r["whole_seconds"] for r in done),
@@ -109,11 +240,15 @@ def main(argv: list[str] | None = None) -> int:
                            if phase != "total" and seconds >= 0.05)
         loss = f"{last['full_val_loss']:.4f}" if last["full_val_loss"] is not None else "-"
         print(f"{row['variant']:<32}{row['whole_seconds']:>9.1f}{row['train_seconds']:>9.1f}{loss:>10}  {phases}")
+    figures = {"train_options": rest, "repeat": args.repeat, "cold_compile_cache": args.cold_compile_cache,
+               "variants": rows}
+    if seeds or yardstick:
+        per_nanogpt = statistics.fmean(r["whole_seconds"] for r in yardstick) if yardstick else None
+        summary = [spread_row(name, done, per_nanogpt) for name, done in runs.items()]
+        print_seed_table(summary, yardstick)
+        figures.update(seeds=seeds, over_seeds=summary, nanogpt=yardstick)
     if args.json:
-        write_text_atomic(Path(args.json), json.dumps({"train_options": rest, "repeat": args.repeat,
-                                                       "cold_compile_cache": args.cold_compile_cache,
-                                                       "variants": rows}, indent=1) + "\n",
-                          "the figures file", "--json")
+        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
     return 0
 
 

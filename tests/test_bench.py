@@ -109,6 +109,71 @@ def test_bench_run_times_the_whole_command_and_reports_the_runs_own_figures(tmp_
     assert "no such file or folder" in said and said.endswith("01-r1.log)")
 
 
+def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_they_made(tmp_path, small_text, script):
+    """bench_run.py --seeds A,B --nanogpt DIR runs the variant once per seed (each run's config holds its seed) and,
+    before each, nanoGPT's CPU recipe: its train.py (here a stand-in checkout that records its command line and hands
+    over a checkpoint of ours in nanoGPT's layout) in a copy of the checkout, on input.txt = the --data file, prepared
+    by its own prepare.py. The table's mean, spread and ratio are those of the runs' own figures; nanoGPT's loss is its
+    checkpoint's full validation; the user's checkout is left byte for byte as it was."""
+    import numpy as np
+    import torch
+    import bench_run
+    from conftest import train_debug
+    from training.checkpoint import load_model
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(small_text, encoding="utf-8")
+    summary = train_debug(corpus, tmp_path / "ours", "--max_iters", "10")
+    model, tokenizer, state = load_model(tmp_path / "ours" / "ckpt_best.pt")
+    checkout = tmp_path / "nanoGPT"
+    (checkout / "config").mkdir(parents=True)
+    (checkout / "data" / "shakespeare_char").mkdir(parents=True)
+    (checkout / "config" / "train_shakespeare_char.py").write_text("dataset = 'shakespeare_char'\n")
+    (checkout / "model.py").write_text("from model import GPT, ModelConfig as GPTConfig\n")  # our GPT, its names
+    torch.save({"model": model.state_dict(), "model_args": model.config.to_dict(),
+                "config": {"dataset": "shakespeare_char"}, "iter_num": state["iter"],
+                "best_val_loss": torch.tensor(state["best_val_loss"])}, tmp_path / "theirs.pt")
+    (checkout / "train.py").write_text(
+        "import json, shutil, sys\n"
+        "out = next(a for a in sys.argv if a.startswith('--out_dir=')).split('=', 1)[1]\n"
+        f"shutil.os.makedirs(out); shutil.copyfile({str(tmp_path / 'theirs.pt')!r}, out + '/ckpt.pt')\n"
+        f"open({str(tmp_path / 'argv.txt')!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    (checkout / "data" / "shakespeare_char" / "prepare.py").write_text(  # its split and ids: ours, as theirs are
+        "import numpy as np\ntext = open('input.txt').read()\nids = {c: i for i, c in enumerate(sorted(set(text)))}\n"
+        "np.array([ids[c] for c in text[int(len(text) * 0.9):]], dtype=np.uint16).tofile('val.bin')\n")
+    before = {p: p.read_bytes() for p in checkout.rglob("*") if p.is_file()}
+    out, figures = tmp_path / "runs", tmp_path / "runs.json"
+    done = script("bench_run.py", "--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"),
+                  "--max_iters", "6", "--out_dir", str(out), "--json", str(figures), "--seeds", "3,5",
+                  "--nanogpt", str(checkout))
+    assert done.returncode == 0, done.stderr
+    assert {p: p.read_bytes() for p in checkout.rglob("*") if p.is_file()} == before
+    said = [json.loads(line) for line in (tmp_path / "argv.txt").read_text().splitlines()]
+    assert said == [bench_run.NANOGPT_CPU_RECIPE + [f"--out_dir={out / name}"] for name in ("nanogpt-s3-r1",
+                                                                                           "nanogpt-s5-r1")]
+    got = json.loads(figures.read_text(encoding="utf-8"))
+    assert [r["full_val_loss"] for r in got["nanogpt"]] == pytest.approx([summary["full_val_loss"]] * 2, rel=1e-6)
+    [row] = got["over_seeds"]
+    runs = {seed: json.loads((out / f"01-s{seed}-r1" / "summary.json").read_text()) for seed in (3, 5)}
+    assert [torch.load(out / f"01-s{seed}-r1" / "ckpt_last.pt", weights_only=True)["run_config"]["seed"]
+            for seed in (3, 5)] == [3, 5]
+    losses = [runs[3]["full_val_loss"], runs[5]["full_val_loss"]]
+    assert row["losses"] == losses and losses[0] != losses[1]  # two seeds: two models
+    assert row["mean_full_val_loss"] == pytest.approx(sum(losses) / 2)
+    assert row["loss_spread"] == pytest.approx(abs(losses[0] - losses[1]))
+    nano_mean = sum(r["whole_seconds"] for r in got["nanogpt"]) / 2
+    assert row["times_nanogpt"] == pytest.approx(row["mean_whole_seconds"] / nano_mean)
+    assert f"{row['mean_full_val_loss']:.4f}" in done.stdout and f"{row['times_nanogpt']:.2f}x" in done.stdout
+
+    seeded = script("bench_run.py", "--config", "debug", "--seed", "2", "--seeds", "1,2", "--out_dir", str(out))
+    assert seeded.returncode == 2 and "leave --seed out" in seeded.stderr
+    nameless = script("bench_run.py", "--config", "debug", "--nanogpt", str(checkout), "--out_dir", str(out))
+    assert nameless.returncode == 2 and "name it as a file with --data FILE" in nameless.stderr
+    elsewhere = script("bench_run.py", "--config", "debug", "--data", str(corpus), "--nanogpt", str(tmp_path),
+                       "--out_dir", str(out))
+    assert elsewhere.returncode == 2 and "not a checkout of karpathy/nanoGPT" in elsewhere.stderr
+
+
 def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, script):
     """scripts/score_nanogpt.py, handed a run of ours laid out as nanoGPT's (a model.py with its names, a checkpoint of
     its keys, val.bin holding the last 10% of the text as its prepare.py writes it), reports that run's own full
