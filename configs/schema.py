@@ -122,7 +122,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
 
 
 ARCHITECTURE_FIELDS = tuple(f.name for f in fields(Architecture))
-SHAPE_FIELDS = tuple(name for name in ARCHITECTURE_FIELDS if name not in ("dropout", "attention"))  # fixed by weights
+# fixed by the weights (dropout and the attention path are how they are used; zero_proj only how they began)
+SHAPE_FIELDS = tuple(name for name in ARCHITECTURE_FIELDS if name not in ("dropout", "attention", "zero_proj"))
 FIELDS = {f.name: f for f in fields(TrainConfig)}
 # train.py --help shows the settings in these groups, in this order: the everyday ones first, the tutorials' attention
 # forms and the benchmarks' knobs apart. Every setting is in exactly one group (checked below).
@@ -130,7 +131,7 @@ HELP_GROUPS = {
     "everyday settings": ("data", "out_dir", "resume", "overwrite", "init_from", "max_iters", "batch_size",
                           "block_size", "n_layer", "n_head", "n_embd", "dropout", "learning_rate", "eval_interval",
                           "patience", "device", "dtype", "seed"),
-    "model": ("bias", "tie_weights", "attention", "position", "activation", "qk_norm"),
+    "model": ("bias", "tie_weights", "attention", "position", "activation", "qk_norm", "logit_softcap", "zero_proj"),
     "optimisation": ("optimizer", "grad_accum_steps", "min_lr", "warmup_iters", "lr_schedule", "warmdown_fraction",
                      "lr_decay_iters", "weight_decay", "beta2", "grad_clip", "max_nonfinite_steps"),
     "evaluation and logging": ("eval_iters", "log_interval", "sample_chars", "log_attention", "full_val"),

@@ -37,6 +37,10 @@ class Architecture:
                                        "k) | none")
     activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared)")
     qk_norm: bool = setting(False, "RMS-normalise each head's queries and keys before scoring (QK-norm)")
+    logit_softcap: float = setting(0.0, "squash the output logits smoothly into (-cap, cap): cap * tanh(logits / cap), "
+                                        "in training and sampling alike (0: off)")
+    zero_proj: bool = setting(False, "start every block's output projections (attention's and the MLP's c_proj) "
+                                     "at zero, so each block begins as the identity (initialisation only)")
     mlp: bool = setting(True, "each block's feed-forward network (false: attention only)")
     residual: bool = setting(True, "residual connections and the blocks' LayerNorms (false: each block's output "
                                    "replaces its input)")
@@ -56,6 +60,8 @@ class Architecture:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not 0.0 <= self.logit_softcap < float("inf"):  # (NaN fails both comparisons)
+            raise ValueError(f"logit_softcap must be 0 (off) or a positive number, got {self.logit_softcap!r}")
         if self.position not in POSITIONS:
             raise ValueError(f"position must be one of {', '.join(POSITIONS)}, got {self.position!r}")
         if self.position == "rope" and self.head_size % 2:

@@ -85,10 +85,13 @@ class GPT(nn.Module):
         if config.tie_weights:
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
-        # GPT-2: residual projections start smaller, so the residual stream's variance does not grow with depth.
+        # GPT-2: residual projections start smaller, so the residual stream's variance does not grow with depth;
+        # zero_proj starts them at 0 (each block adds nothing at first, and learns what to add).
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                if config.zero_proj:
+                    nn.init.zeros_(param)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -132,12 +135,19 @@ class GPT(nn.Module):
         x = self.ln_f(x)
 
         if targets is not None:
-            logits = self.lm_head(x)
+            logits = self.head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             return logits, loss
         if decoding is not None:
             x = x[:, -1:, :]  # sampling needs only the next-token distribution
-        return self.lm_head(x), None
+        return self.head(x), None
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The final normalised x (B, T, n_embd) -> logits (B, T, vocab); with logit_softcap, squashed smoothly into
+        (-cap, cap), so no logit can grow without bound (the model must spread its confidence over its weights)."""
+        logits = self.lm_head(x)
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
 
     def positions_and_mask(self, T: int, decoding: Decoding | None, device: torch.device
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:

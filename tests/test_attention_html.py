@@ -133,7 +133,7 @@ def test_in_a_real_browser_the_text_shows_and_a_hover_highlights_that_characters
 VARIANTS = {  # every architecture option, each in some variant
     "learned-gelu-bias-tied": {},
     "rope-qknorm-relu2-nobias-untied": dict(position="rope", qk_norm=True, activation="relu2", bias=False,
-                                            tie_weights=False),
+                                            tie_weights=False, logit_softcap=2.0),  # soft-capped too: logits pass 2
     "none-additive-noresidual": dict(position="none", attention_score="additive", residual=False),
     "dot-sharedqk-novalues-nomlp": dict(attention_score="dot", shared_qk=True, attention_values=False, mlp=False),
     "uniform": dict(attention_score="uniform"),
@@ -185,6 +185,11 @@ def test_in_a_real_browser_the_page_computes_what_pytorch_computes(run, tmp_path
         weights = attention_html.attention_of(model, idx[0].tolist())
     assert got["text"] == TEXT
     torch.testing.assert_close(exact(got["logits"]), logits.double(), atol=1e-4, rtol=0)
+    if cap := model.config.logit_softcap:  # the cap bites: without it, some logits lie well past it
+        uncapped = copy.deepcopy(model)
+        uncapped.config.logit_softcap = 0.0
+        with torch.no_grad():
+            assert uncapped(idx)[0].abs().max() > cap + 1 and logits.abs().max() < cap
 
     step, (x, out) = got["step"], seen[layer - 1]
     assert (step["layer"], step["head"], step["query"]) == (layer, head, query)

@@ -324,3 +324,58 @@ def test_muons_learning_rate_per_matrix_is_torchs(adjust_lr_fn, shape):
     from training.optim import muon_step_size
     assert muon_step_size(0.02, adjust_lr_fn, torch.Size(shape)) == \
         torch.optim._muon._adjust_lr(0.02, adjust_lr_fn, torch.Size(shape))
+
+
+def test_logit_softcap_squashes_every_logit_by_its_formula_in_training_and_sampling():
+    """logit_softcap c: the logits are c * tanh(z / c) of the uncapped model's z (same weights), for the training
+    forward, the loss (the cross-entropy of the capped logits) and the decoding step with its key/value caches, so
+    greedy sampling follows the capped logits; every logit lies inside (-c, c). 0 and positive numbers only."""
+    from model.generate import generate
+    torch.manual_seed(0)
+    capped = GPT(ModelConfig(**TINY, position="rope", logit_softcap=1.0)).eval()
+    plain = GPT(ModelConfig(**TINY, position="rope"))
+    plain.load_state_dict(capped.state_dict())
+    plain.eval()
+    with torch.no_grad():
+        for p in capped.parameters():
+            p.mul_(3)  # logits well past the cap
+        plain.load_state_dict(capped.state_dict())
+        idx = torch.randint(0, 13, (2, 16))
+        z, _ = plain(idx)
+        logits, loss = capped(idx, idx)
+        assert z.abs().max() > 2 and logits.abs().max() < 1
+        torch.testing.assert_close(logits, torch.tanh(z))  # c * tanh(z / c), c = 1
+        torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits.view(-1, 13), idx.view(-1)))
+        step, _ = capped(idx, decoding=Decoding())
+        torch.testing.assert_close(step, torch.tanh(z[:, -1:]))
+    prompts = [[1, 2, 3]]
+    cached = generate(capped, prompts, 20, temperature=0)
+    assert cached == generate(capped, prompts, 20, temperature=0, use_cache=False)
+    ids = list(prompts[0])
+    for _ in range(20):  # greedy by hand over the capped formula
+        with torch.no_grad():
+            ids.append(int(torch.tanh(plain(torch.tensor([ids[-16:]]))[0][0, -1]).argmax()))  # c = 1
+    assert cached[0] == ids[len(prompts[0]):]  # generate() returns the new characters
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="logit_softcap must be 0"):
+            ModelConfig(**TINY, logit_softcap=bad)
+
+
+def test_zero_proj_starts_every_block_as_the_identity_and_changes_nothing_else():
+    """zero_proj: every c_proj weight (attention's and the MLP's) starts at 0, every other weight is what the same
+    seed gives without it, and so the untrained model's logits are the head applied to the embedding alone."""
+    torch.manual_seed(3)
+    zero = GPT(ModelConfig(**TINY, zero_proj=True, bias=False))
+    torch.manual_seed(3)
+    usual = GPT(ModelConfig(**TINY, bias=False))
+    for (name, a), (_, b) in zip(zero.named_parameters(), usual.named_parameters()):
+        if name.endswith("c_proj.weight"):
+            assert not a.any() and b.abs().min() > 0, name
+        else:
+            assert torch.equal(a, b), name
+    idx = torch.randint(0, 13, (2, 16))
+    with torch.no_grad():
+        logits, _ = zero(idx)
+        x = zero.wte(idx) + zero.wpe(torch.arange(16))
+        torch.testing.assert_close(logits, zero.lm_head(zero.ln_f(x)))
+

@@ -15,7 +15,8 @@
 //         softmax(row)                         F.softmax
 //       mlp(config, weights, x)              MLP.forward                    model/gpt.py
 //         ACTIVATIONS.gelu / .relu2            nn.GELU / ReLUSquared
-//     head(weights, x)                     ln_f, then lm_head             model/gpt.py
+//     head(config, weights, x)             ln_f, then GPT.head: lm_head   model/gpt.py
+//                                            and the logit soft-cap
 //   linear(xs, layer)                     nn.Linear: the one matrix product
 //   ropeTables(blockSize, headSize)       rope_tables                    model/rope.py
 //   loadModel(data)                       GPT(config).load_state_dict    training/checkpoint.py
@@ -241,8 +242,10 @@ function embedding(model, ids) {  // wte(idx), plus wpe(positions) for learned p
   });
 }
 
-function head(weights, x) {  // ln_f, then lm_head (tied: the token embedding is the output head)
-  return linear(x.map(row => layerNorm(row, weights.ln_f)), weights.lm_head || weights.wte);
+function head(config, weights, x) {  // ln_f, then lm_head (tied: the token embedding is the output head)
+  const logits = linear(x.map(row => layerNorm(row, weights.ln_f)), weights.lm_head || weights.wte);
+  const cap = config.logit_softcap || 0;  // logit_softcap: cap * tanh(logit / cap); 0 (or a model without it): off
+  return cap ? logits.map(row => row.map(v => cap * Math.tanh(v / cap))) : logits;
 }
 
 function forward(model, ids, options = {}) {
@@ -258,7 +261,7 @@ function forward(model, ids, options = {}) {
     x = done.x;
     layers.push(done.seen);
   }
-  return { logits: head(weights, x), layers };
+  return { logits: head(config, weights, x), layers };
 }
 
 // ---------------------------------------------------------------------------------------------
