@@ -124,11 +124,13 @@ def bench_prepare(megabytes: int) -> float:
 
 
 def parse_compare(specs: list[str]) -> list[dict[str, str]]:
-    """["dtype=float32,bfloat16", "compile=false,true"] -> every combination, as {field: value} dicts."""
+    """["dtype=float32,bfloat16", "compile=false,true"] -> every combination, as {field: value} dicts. config is a
+    field here too: config=A,B compares two presets (names or TOML files), each with its own settings."""
     axes = []
     for spec in specs:
         field, _, values = spec.partition("=")
-        if field not in FIELDS or field == "config_name" or not values or not all(values.split(",")):
+        if (field not in FIELDS and field != "config") or field == "config_name" or not values or \
+                not all(values.split(",")):
             raise UserError(f"--compare {spec}: expected FIELD=VALUE,VALUE with a train.py field, "
                             f"e.g. --compare dtype=float32,bfloat16")
         axes.append([(field, value) for value in values.split(",")])

@@ -165,6 +165,8 @@ def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_
     assert row["times_nanogpt"] == pytest.approx(row["mean_whole_seconds"] / nano_mean)
     assert f"{row['mean_full_val_loss']:.4f}" in done.stdout and f"{row['times_nanogpt']:.2f}x" in done.stdout
 
+    import bench  # --compare config=A,B: two presets, a name and a file, each a variant of its own
+    assert bench.parse_compare(["config=debug,my.toml"]) == [{"config": "debug"}, {"config": "my.toml"}]
     seeded = script("bench_run.py", "--config", "debug", "--seed", "2", "--seeds", "1,2", "--out_dir", str(out))
     assert seeded.returncode == 2 and "leave --seed out" in seeded.stderr
     nameless = script("bench_run.py", "--config", "debug", "--nanogpt", str(checkout), "--out_dir", str(out))
