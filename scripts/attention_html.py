@@ -77,7 +77,7 @@ def carried_weights(model) -> tuple[dict[str, list[int]], str]:
     return tensors, base64.b64encode(blob).decode("ascii")
 
 
-def page(model, vocab: str, text: str, title: str, about: str) -> str:
+def page(model, vocab: str, text: str, title: str, about: dict) -> str:
     """The page's HTML: the parts put together with the model's data."""
     tensors, weights = carried_weights(model)
     # The vocabulary as code points: one number per character, so that no character outside the Basic Multilingual
@@ -188,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         attention_of(model, tokenizer.encode(text) or [0])
     except UserError as err:
         raise UserError(f"{path}: {err}") from None
-    about = (f"{path}: step {state['iter']}, {cfg.n_layer} layers x {cfg.n_head} heads of {cfg.head_size}, "
-             f"{cfg.n_embd} wide, {size / 1e6:.2f}M parameters, trained on "
-             f"{state.get('data', {}).get('source', 'an unrecorded corpus')}")
+    # the line under the title, as facts: the page words it in the reader's language
+    about = {"path": str(path), "step": state["iter"], "n_layer": cfg.n_layer, "n_head": cfg.n_head,
+             "head_size": cfg.head_size, "n_embd": cfg.n_embd, "millions": f"{size / 1e6:.2f}",
+             "corpus": state.get("data", {}).get("source")}
     written = page(model, tokenizer.chars, text, "Your model, thinking", about)
     write_text_atomic(html, written, "the page", "--html")
     print(f"wrote {html} ({html.stat().st_size / 1e6:.1f} MB): the model runs in the page; open it in a "

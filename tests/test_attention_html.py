@@ -82,8 +82,9 @@ def test_the_page_references_nothing_outside_itself(run, page):
         assert outside not in html, outside
     model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
     text = "</script><b>x"  # user text cannot end the data script or inject markup
-    hostile = attention_html.page(model, tokenizer.chars, text, "</script>t", "a")
+    hostile = attention_html.page(model, tokenizer.chars, text, "</script>t", {"path": "</script><b>run"})
     assert "</script><b>" not in hostile and embedded(hostile)["text"] == text
+    assert embedded(hostile)["about"] == {"path": "</script><b>run"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -603,17 +604,29 @@ CHINESE_HEADINGS = ["1. 你的文本", "2. 每个字符看向哪里", "3. 一次
 @needs_browser
 def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
     """The English / 中文 switch: every heading, the labels and the matrix steps in the tutorials' terms (查询 Q,
-    注意力权重 A, 掩码), the numbers unchanged (the logits still PyTorch's); switching back gives the English page's
-    headings exactly."""
+    注意力权重 A, 掩码), the line under the title and the tab's title, the numbers unchanged (the logits still
+    PyTorch's); switching back gives the English page's headings and lines exactly."""
     from browser import Browser
-    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    model, tokenizer, state = checkpoint.load_model(run / "run" / "ckpt_best.pt")
     with torch.no_grad():
         expected = model(torch.tensor([tokenizer.encode(TEXT)]))[0][0]
+    cfg, ckpt = model.config, run / "run" / "ckpt_best.pt"
+    millions = f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}"
+    about = "document.getElementById('about').textContent"
     with Browser() as browser:
         browser.open(page.as_uri())
         english = browser.evaluate(HEADINGS)
         assert english[2] == "3. Every head at once" and browser.evaluate("document.documentElement.lang") == "en"
+        assert browser.evaluate(about) == (f"{ckpt}: step {state['iter']}, {cfg.n_layer} layers x {cfg.n_head} heads "
+                                           f"of {cfg.head_size}, {cfg.n_embd} wide, {millions}M parameters, trained "
+                                           f"on {state['data']['source']}")
+        assert browser.evaluate("document.title") == "chargpt: your model, thinking"
+        english_about = browser.evaluate(about)
         browser.choose("#language", "zh")
+        assert browser.evaluate(about) == (f"{ckpt}：第 {state['iter']} 步，{cfg.n_layer} 层 × {cfg.n_head} 个头（每个 "
+                                           f"{cfg.head_size} 维），宽 {cfg.n_embd}，{millions}M 个参数，训练于 "
+                                           f"{state['data']['source']}")
+        assert browser.evaluate("document.title") == "chargpt：你的模型，正在思考"
         headings = browser.evaluate(HEADINGS)
         assert [h[:len(c)] for h, c in zip(headings, CHINESE_HEADINGS)] == CHINESE_HEADINGS
         assert headings[5] == "6. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，头 1（在上面选一个头，看别的头）"
@@ -627,7 +640,7 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
         torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), expected.double(),
                                    atol=1e-4, rtol=0)
         browser.choose("#language", "en")
-        assert browser.evaluate(HEADINGS) == english
+        assert browser.evaluate(HEADINGS) == english and browser.evaluate(about) == english_about
         assert browser.errors == []
 
 

@@ -680,6 +680,14 @@ function formFormula() {  // the model's form of attention (its attention_score)
     config.attention_score];
 }
 
+function aboutLine(a) {  // the checkpoint, the model's shape and its corpus, under the title
+  const corpus = a.corpus ?? say("an unrecorded corpus", "未记录的语料");
+  return say(`${a.path}: step ${a.step}, ${a.n_layer} layers x ${a.n_head} heads of ${a.head_size}, ` +
+             `${a.n_embd} wide, ${a.millions}M parameters, trained on ${corpus}`,
+             `${a.path}：第 ${a.step} 步，${a.n_layer} 层 × ${a.n_head} 个头（每个 ${a.head_size} 维），` +
+             `宽 ${a.n_embd}，${a.millions}M 个参数，训练于 ${corpus}`);
+}
+
 function applyLanguage(language) {  // every fixed text and every label in English or Chinese (then update())
   state.language = language;
   $("language").value = language;
@@ -691,6 +699,8 @@ function applyLanguage(language) {  // every fixed text and every label in Engli
     else node.innerHTML = node.dataset.en;
   });
   $("title").textContent = say(data.title, "你的模型，正在思考");
+  document.title = say("chargpt: your model, thinking", "chargpt：你的模型，正在思考");
+  $("about").textContent = aboutLine(data.about);
   document.querySelectorAll(".form-formula").forEach(node => { node.textContent = formFormula(); });
   $("view").options[0].text = say("all heads", "所有头");
   for (const option of $("scale").options) {
@@ -749,7 +759,6 @@ function numbers(extra) {
 for (let l = 0; l < nLayers; l++) $("layer").add(new Option(String(l + 1), String(l)));
 $("view").add(new Option("all heads", "all"));  // (its words: applyLanguage)
 for (let h = 0; h < nHeads; h++) $("view").add(new Option(String(h + 1), String(h)));
-$("about").textContent = data.about;
 $("append-most").textContent = String(MAX_APPEND);
 $("input").value = data.text;
 $("input").addEventListener("input", update);
