@@ -86,7 +86,8 @@ class GPT(nn.Module):
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
         # GPT-2: residual projections start smaller, so the residual stream's variance does not grow with depth;
-        # zero_proj starts them at 0 (each block adds nothing at first, and learns what to add).
+        # zero_proj starts them at 0 (each block adds nothing at first, and learns what to add), after the same
+        # draw, so that every other weight is the one the seed gives without it.
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))

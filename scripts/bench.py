@@ -123,15 +123,17 @@ def bench_prepare(megabytes: int) -> float:
         return corpus.stat().st_size / 1e6 / (time.perf_counter() - start)
 
 
+COMPARABLE = (set(FIELDS) - {"config_name"}) | {"config"}  # every train.py option, --config included
+
+
 def parse_compare(specs: list[str]) -> list[dict[str, str]]:
     """["dtype=float32,bfloat16", "compile=false,true"] -> every combination, as {field: value} dicts. config is a
     field here too: config=A,B compares two presets (names or TOML files), each with its own settings."""
     axes = []
     for spec in specs:
         field, _, values = spec.partition("=")
-        if (field not in FIELDS and field != "config") or field == "config_name" or not values or \
-                not all(values.split(",")):
-            raise UserError(f"--compare {spec}: expected FIELD=VALUE,VALUE with a train.py field, "
+        if field not in COMPARABLE or not values or not all(values.split(",")):
+            raise UserError(f"--compare {spec}: expected FIELD=VALUE,VALUE with a train.py field (or config), "
                             f"e.g. --compare dtype=float32,bfloat16")
         axes.append([(field, value) for value in values.split(",")])
     variants = [dict(combination) for combination in itertools.product(*axes)]

@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -45,6 +46,12 @@ def open_log(log: Path):
 
 def last_line(log: Path) -> str:
     return (log.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["(no output)"])[-1]
+
+
+def stopped(exit_code: int) -> bool:
+    """A nanoGPT step that Ctrl-C, SIGTERM or a closed terminal ended (it dies by the signal, -N; the prepare step's
+    Python exits 130 on Ctrl-C): the user stopped the benchmark."""
+    return exit_code in (130, -signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP)
 
 
 def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
@@ -93,7 +100,7 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
         raise UserError(f"--nanogpt {checkout}: not a checkout of karpathy/nanoGPT (no train.py and "
                         f"data/shakespeare_char/prepare.py); clone it and name its folder")
     code = work / "nanogpt-code"
-    shutil.rmtree(code, ignore_errors=True)  # an earlier bench_run's copy in the same --out_dir
+    shutil.rmtree(code, ignore_errors=True)  # an earlier bench_run's copy (RunDir.claim refused a link planted here)
     data = code / "data" / "shakespeare_char"
     data.mkdir(parents=True)
     for source in checkout.glob("*.py"):
@@ -104,12 +111,15 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
     log = work / "nanogpt-prepare.log"
     # prepare.py imports requests only to download, which it then does not: a stand-in where it is not installed
     stand_in = ("import importlib.util, runpy, sys, types\n"
-                "if importlib.util.find_spec('requests') is None:\n    sys.modules['requests'] = types.ModuleType('requests')\n"
+                "if importlib.util.find_spec('requests') is None:\n"
+                "    sys.modules['requests'] = types.ModuleType('requests')\n"
                 "runpy.run_path('prepare.py', run_name='__main__')")
     with open_log(log) as out:
-        exit_code = run_train([stand_in], output=out, program=Path("-c"), cwd=data)  # python -c stand_in
+        exit_code = run_train([], output=out, program=["-c", stand_in], cwd=data)
+    if stopped(exit_code):
+        raise Interrupted(f"stopped during nanoGPT's prepare.py (its output: {log})")
     if exit_code != 0:
-        raise UserError(f"nanoGPT's prepare.py failed: {last_line(log)[:300]} (its output: {log})")
+        raise UserError(f"nanoGPT's prepare.py: {last_line(log)[:300]} (exit code {exit_code}; its output: {log})")
     return code
 
 
@@ -121,14 +131,16 @@ def run_nanogpt(code: Path, folder: Path) -> dict:
     from training.device import setup
 
     log = folder.with_name(folder.name + ".log")
-    shutil.rmtree(folder, ignore_errors=True)  # an earlier bench_run's: nanoGPT would resume nothing, but keep none
+    shutil.rmtree(folder, ignore_errors=True)  # an earlier bench_run's (RunDir.claim refused a link planted here)
     started = time.perf_counter()
     with open_log(log) as out:
-        code_ = run_train([*NANOGPT_CPU_RECIPE, f"--out_dir={folder}"], output=out, program=code / "train.py", cwd=code)
+        exit_code = run_train([*NANOGPT_CPU_RECIPE, f"--out_dir={folder}"], output=out,
+                              program=[str(code / "train.py")], cwd=code)
     whole = time.perf_counter() - started
-    if code_ != 0:
-        raise (Interrupted if code_ == 130 else UserError)(
-            f"nanoGPT's train.py: {last_line(log)[:300]} (exit code {code_}; its output: {log})")
+    if stopped(exit_code):
+        raise Interrupted(f"stopped during nanoGPT's train.py (exit code {exit_code}; its output: {log})")
+    if exit_code != 0:
+        raise UserError(f"nanoGPT's train.py: {last_line(log)[:300]} (exit code {exit_code}; its output: {log})")
     rt = setup("cpu", "float32")  # as it trained
     model, facts = load_nanogpt(code, folder / "ckpt.pt", rt.device)
     val = np.fromfile(code / "data" / facts["dataset"] / "val.bin", dtype=np.uint16)

@@ -13,16 +13,16 @@ TRAIN = Path(__file__).resolve().parents[1] / "train.py"
 
 
 def run_train(argv: list[str], output: TextIO | None = None, each_line: Callable[[str], None] | None = None,
-              env: dict | None = None, program: Path = TRAIN, cwd: Path | None = None) -> int:
-    """Run train.py (or another program's Python script) with argv and wait for it. Its output: into output (stdout
-    and stderr), or its stdout line by line to each_line (stderr, with the progress bar and errors, to the terminal),
-    or all to the terminal."""
+              env: dict | None = None, program: list[str] | None = None, cwd: Path | None = None) -> int:
+    """Run `python train.py argv` (or `python *program argv`: another script, or -c CODE) and wait for it. Its output:
+    into output (stdout and stderr), or its stdout line by line to each_line (stderr, with the progress bar and
+    errors, to the terminal), or all to the terminal."""
     if output is not None:
         streams = {"stdout": output, "stderr": subprocess.STDOUT}
     else:
         streams = {"stdout": subprocess.PIPE if each_line else None}
-    child = subprocess.Popen([sys.executable, str(program), *argv], text=True, encoding="utf-8", errors="replace",
-                             env=env, cwd=cwd, **streams)
+    child = subprocess.Popen([sys.executable, *(program or [str(TRAIN)]), *argv], text=True, encoding="utf-8",
+                             errors="replace", env=env, cwd=cwd, **streams)
     passed_on = {sig: signal.signal(sig, lambda signum, frame: child.send_signal(signum))
                  for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -1,5 +1,6 @@
 """The benchmark harness runs end to end on the debug config and reports every figure, consistently."""
 import json
+import shutil
 
 import pytest
 
@@ -174,6 +175,25 @@ def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_
     elsewhere = script("bench_run.py", "--config", "debug", "--data", str(corpus), "--nanogpt", str(tmp_path),
                        "--out_dir", str(out))
     assert elsewhere.returncode == 2 and "not a checkout of karpathy/nanoGPT" in elsewhere.stderr
+
+    # a link planted where the runs go is refused, never written through; a nanoGPT stopped by SIGTERM stops the bench
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    for planted in ("nanogpt-code", "nanogpt-s1-r1"):
+        links = tmp_path / f"links-{planted}"
+        links.mkdir()
+        (links / planted).symlink_to(target, target_is_directory=True)
+        refused = script("bench_run.py", "--config", "debug", "--data", str(corpus), "--max_iters", "2",
+                         "--seeds", "1", "--nanogpt", str(checkout), "--out_dir", str(links))
+        assert refused.returncode == 2 and f"{links / planted} is a link, which a run never makes there" in \
+            refused.stderr, refused.stderr
+        assert [p.name for p in target.iterdir()] == ["keep.txt"] and (target / "keep.txt").read_text() == "mine"
+    shutil.copytree(checkout, tmp_path / "dying")
+    (tmp_path / "dying" / "train.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
+    ended = script("bench_run.py", "--config", "debug", "--data", str(corpus), "--seeds", "1",
+                   "--nanogpt", str(tmp_path / "dying"), "--out_dir", str(tmp_path / "dying-runs"))
+    assert ended.returncode == 130 and "stopped during nanoGPT's train.py (exit code -15" in ended.stderr, ended.stderr
 
 
 def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, script):

@@ -56,7 +56,7 @@ def test_auto_picks_float16_where_bfloat16_is_only_emulated(a_gpu_that_emulates_
 @pytest.mark.parametrize("emulated", [True, False])
 def test_muons_newton_schulz_follows_autos_rule_bfloat16_only_where_the_gpu_has_it(monkeypatch, emulated):
     """A V100 or T4 only emulates bfloat16, where --dtype auto picks float16: Muon's Newton-Schulz products run in
-    float32 there (they had stayed bfloat16 on every GPU), and in bfloat16 on a GPU that has it."""
+    float32 there, and in bfloat16 on a GPU that has it."""
     from model import GPT, ModelConfig
     from training.optim import configure_optimizer
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation

@@ -439,8 +439,8 @@ def test_auto_dtype_on_cpu_is_bfloat16_only_with_bfloat16_units_and_for_sampling
 
 
 def test_a_log_file_gets_a_line_per_log_interval_and_mfu_never_passes_100(corpus, tmp_path, monkeypatch):
-    """A line per log interval; MFU capped at 100% and labelled an estimate against the peak it used (a peak measured
-    on a shared machine moves with the load: 89% and 28% had been read at one speed, with nothing saying why)."""
+    """A line per log interval naming the peak FLOP/s its MFU divides by, MFU capped at 100%, and one note before the
+    first step saying that peak is an estimate measured at the start (on a shared machine it moves with the load)."""
     import re
     import sys
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
