@@ -7,7 +7,7 @@ import pickle
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -17,8 +17,21 @@ from errors import UserError
 from training.device import Dist, free_memory
 from training.run_folder import write_atomic
 
-if TYPE_CHECKING:
-    from training.opening import Run  # (for type hints only: opening builds runs from checkpoints)
+
+class Run(Protocol):
+    """What capture() and restore() read and write of a run: training.opening.Run has all of it (opening builds
+    runs from checkpoints, so this module names the parts instead of importing it)."""
+    model: torch.nn.Module
+    model_cfg: Any
+    cfg: Any
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    batches: Any
+    rt: Any
+    data_info: dict
+    tokens_per_iter: int
+
 
 FORMAT = 1
 # Everything a checkpoint holds, defined once: key -> (the types it may have, who needs it). "sample": every reader

@@ -12,7 +12,7 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -34,8 +34,10 @@ from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory
 from training.run_folder import RunDir, find
 from training.step import get_lr
 
-if TYPE_CHECKING:
-    from training.session import StopRequest  # (for type hints only: the session is built on an opened run)
+
+class StopRequest(Protocol):
+    """What opening a run tells the stop request (training.session.StopRequest, made before the run is opened)."""
+    saved: str  # what a stop at once leaves intact, said when it comes
 
 
 @dataclass
