@@ -379,3 +379,40 @@ def test_zero_proj_starts_every_block_as_the_identity_and_changes_nothing_else()
         x = zero.wte(idx) + zero.wpe(torch.arange(16))
         torch.testing.assert_close(logits, zero.lm_head(zero.ln_f(x)))
 
+
+
+def test_embedding_mix_starts_as_the_plain_model_and_computes_its_formula():
+    """embedding_mix: the same seed gives every other weight unchanged and each block's mix (1, 0), so the untrained
+    model computes exactly what the plain one does; with other mixes the logits equal a forward written out by hand
+    (each block reads a·x + b·x0, x0 the embedded input), the cached decoding follows them, and the mix learns (it
+    gets gradients and goes to AdamW, not Muon)."""
+    from model.generate import generate
+    torch.manual_seed(5)
+    mixed = GPT(ModelConfig(**TINY, embedding_mix=True)).eval()
+    torch.manual_seed(5)
+    plain = GPT(ModelConfig(**TINY)).eval()
+    weights = mixed.state_dict()
+    assert [name for name in weights if name not in plain.state_dict()] == ["blocks.0.mix", "blocks.1.mix"]
+    assert all(torch.equal(weights[name], value) for name, value in plain.state_dict().items())
+    idx = torch.randint(0, 13, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(mixed(idx)[0], plain(idx)[0], rtol=0, atol=0)
+        for block, mix in zip(mixed.blocks, ([0.5, 2.0], [-1.5, 0.75])):
+            block.mix.copy_(torch.tensor(mix))
+        x0 = x = mixed.wte(idx) + mixed.wpe(torch.arange(16))
+        for block in mixed.blocks:  # by hand, from the blocks' own parts
+            x = block.mix[0] * x + block.mix[1] * x0
+            x = x + block.attn(block.ln_1(x))
+            x = x + block.mlp(block.ln_2(x))
+        by_hand = mixed.lm_head(mixed.ln_f(x))
+        torch.testing.assert_close(mixed(idx)[0], by_hand)
+        assert (by_hand - plain(idx)[0]).abs().max() > 0.1  # the mixes changed the model
+    prompts = [[1, 2, 3]]
+    assert generate(mixed, prompts, 20, temperature=0) == generate(mixed, prompts, 20, temperature=0, use_cache=False)
+    mixed.train()
+    _, loss = mixed(idx, idx)
+    loss.backward()
+    assert all(block.mix.grad is not None and block.mix.grad.abs().sum() > 0 for block in mixed.blocks)
+    optimizer = configure_optimizer(mixed, 1e-3, 0.1, (0.9, 0.99), "cpu", kind="muon")
+    in_muon = {id(p) for group in optimizer.muon.param_groups for p in group["params"]}
+    assert all(id(block.mix) not in in_muon for block in mixed.blocks)
