@@ -41,8 +41,6 @@ class Architecture:
                                         "in training and sampling alike (0: off)")
     zero_proj: bool = setting(False, "start every block's output projections (attention's and the MLP's c_proj) "
                                      "at zero, so each block begins as the identity (initialisation only)")
-    embedding_mix: bool = setting(False, "each block starts from a learned mix of its input and the token embedding: "
-                                         "a·x + b·embedding, two numbers per block (1 and 0 at first)")
     mlp: bool = setting(True, "each block's feed-forward network (false: attention only)")
     residual: bool = setting(True, "residual connections and the blocks' LayerNorms (false: each block's output "
                                    "replaces its input)")

@@ -39,11 +39,7 @@ class Block(nn.Module):
     """x + attention(norm(x)), then x + mlp(norm(x)): tokens talk to each other, then each thinks alone.
 
     For the ladder of scripts/ladder.py a block can lose its feed-forward half (mlp false), and its residual
-    connections with their LayerNorms (residual false: x = attention(x), then x = mlp(x)).
-
-    With embedding_mix, the block first takes mix[0]·x + mix[1]·x0, x0 being the embedded input the model began
-    from (GPT.forward's): two learned numbers, 1 and 0 at first (the plain block). Each block can so rescale the stream it reads
-    and bring the characters themselves back in, which the blocks before may have written over."""
+    connections with their LayerNorms (residual false: x = attention(x), then x = mlp(x))."""
 
     def __init__(self, config: ModelConfig, path: str):
         super().__init__()
@@ -53,12 +49,8 @@ class Block(nn.Module):
         if config.mlp:
             self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias) if config.residual else nn.Identity()
         self.mlp = MLP(config) if config.mlp else None
-        self.mix = nn.Parameter(torch.tensor([1.0, 0.0])) if config.embedding_mix else None
 
-    def forward(self, x: torch.Tensor, mask=None, cache=None, slots=None, rope=None,
-                x0: torch.Tensor | None = None) -> torch.Tensor:
-        if self.mix is not None:
-            x = self.mix[0] * x + self.mix[1] * x0
+    def forward(self, x: torch.Tensor, mask=None, cache=None, slots=None, rope=None) -> torch.Tensor:
         if not self.residual:
             x = self.attn(x, mask, cache, slots, rope)
             return self.mlp(x) if self.mlp is not None else x
@@ -139,9 +131,8 @@ class GPT(nn.Module):
         x = self.drop(x)
         caches = decoding.caches if decoding is not None and decoding.caches else [None] * len(self.blocks)
         slots = decoding.input_pos if decoding is not None else None
-        x0 = x  # what the model began from: embedding_mix's blocks mix it back in
         for block, cache in zip(self.blocks, caches):
-            x = block(x, mask, cache, slots, rope, x0)
+            x = block(x, mask, cache, slots, rope)
         x = self.ln_f(x)
 
         if targets is not None:

@@ -132,7 +132,7 @@ def test_in_a_real_browser_the_text_shows_and_a_hover_highlights_that_characters
 
 
 VARIANTS = {  # every architecture option, each in some variant
-    "learned-gelu-bias-tied-mixed": dict(embedding_mix=True),
+    "learned-gelu-bias-tied": {},
     "rope-qknorm-relu2-nobias-untied": dict(position="rope", qk_norm=True, activation="relu2", bias=False,
                                             tie_weights=False, logit_softcap=2.0),  # soft-capped too: logits pass 2
     "none-additive-noresidual": dict(position="none", attention_score="additive", residual=False),
@@ -220,7 +220,7 @@ def test_in_a_real_browser_each_step_equals_the_textbook_head(run, tmp_path):
     """The step view's query, keys, scores, scaled scores, weights and weighted sum for one head equal
     model/textbook.py's Head given that head's share of the model's projections."""
     layer, head, query = 1, 2, 14
-    step, model, seen = step_in_the_browser(run, tmp_path, "learned-gelu-bias-tied-mixed", layer, head, query)
+    step, model, seen = step_in_the_browser(run, tmp_path, "learned-gelu-bias-tied", layer, head, query)
     with torch.no_grad():
         cfg, attn = model.config, model.blocks[layer - 1].attn
         size, rows = cfg.head_size, slice((head - 1) * cfg.head_size, head * cfg.head_size)
@@ -572,7 +572,7 @@ def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(r
     two position vectors (within one step of 255), and pointing at one shows that similarity; a model without
     positions says so in a sentence and draws nothing."""
     from browser import Browser
-    html, model, _ = variant_page(run, tmp_path, "learned-gelu-bias-tied-mixed")
+    html, model, _ = variant_page(run, tmp_path, "learned-gelu-bias-tied")
     table = model.wpe.weight.detach()
     similarity = F.cosine_similarity(table[:, None], table[None], dim=-1).double()  # (block_size, block_size)
     n = len(table)
@@ -751,7 +751,7 @@ def test_the_page_opens_on_a_line_of_the_runs_own_validation_text(source_run, tm
 
 @needs_browser
 @pytest.mark.parametrize("name, formula", [
-    ("learned-gelu-bias-tied-mixed", "softmax(QK\u1d40/\u221ad) V"),
+    ("learned-gelu-bias-tied", "softmax(QK\u1d40/\u221ad) V"),
     ("dot-sharedqk-novalues-nomlp", "softmax(QK\u1d40) V"),
     ("none-additive-noresidual", "softmax(w\u00b7tanh(q\u1d62 + k\u2c7c)) V"),
     ("uniform", "the mean of the past values (every weight 1/i)"),

@@ -3,7 +3,7 @@
 //
 //   forward(model, ids, options)         GPT.forward                    model/gpt.py
 //     embedding(model, ids)                wte(idx) + wpe(positions)      model/gpt.py
-//     block(config, weights, x, rope, x0)  Block.forward                  model/gpt.py
+//     block(config, weights, x, rope)      Block.forward                  model/gpt.py
 //       layerNorm(x, norm)                   nn.LayerNorm (ln_1, ln_2, ln_f)
 //       attention(config, attn, x, ...)      CausalSelfAttention.forward    model/attention.py
 //         projections(config, attn, x)         CausalSelfAttention.projections
@@ -219,14 +219,9 @@ function add(xs, changes) {  // the residual connection: x + change, position by
   });
 }
 
-function block(config, weights, x, rope, scoreFactor, x0) {
+function block(config, weights, x, rope, scoreFactor) {
   // Block.forward: x + attention(ln_1(x)), then x + mlp(ln_2(x)); without residual connections (the ladder's
   // rung), x = attention(x), then x = mlp(x). Returns the block's output and its attention's values with its input.
-  // With embedding_mix the block first takes mix[0]·x + mix[1]·x0, x0 being the embedded input.
-  if (weights.mix) {
-    const [a, b] = weights.mix;
-    x = x.map((row, t) => row.map((v, d) => a * v + b * x0[t][d]));
-  }
   if (!config.residual) {
     const seen = { input: x, ...attention(config, weights.attn, x, rope, scoreFactor) };
     return { x: weights.mlp ? mlp(config, weights.mlp, seen.output) : seen.output, seen };
@@ -259,11 +254,10 @@ function forward(model, ids, options = {}) {
   // control); left out, the model's own.
   const { config, weights, rope } = model;
   const scoreFactor = options.scoreFactor ?? ownScoreFactor(config);
-  const x0 = embedding(model, ids);
-  let x = x0;
+  let x = embedding(model, ids);
   const layers = [];
   for (const weightsOfBlock of weights.blocks) {
-    const done = block(config, weightsOfBlock, x, rope, scoreFactor, x0);
+    const done = block(config, weightsOfBlock, x, rope, scoreFactor);
     x = done.x;
     layers.push(done.seen);
   }
