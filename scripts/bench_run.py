@@ -189,6 +189,12 @@ def spread_row(name: str, done: list[dict], yardstick: float | None) -> dict:
     return row
 
 
+def median_loss(done: list[dict]) -> float | None:
+    """The median full validation of a variant's runs (None if no run reported one)."""
+    losses = [r["full_val_loss"] for r in done if r["full_val_loss"] is not None]
+    return statistics.median(losses) if losses else None
+
+
 def print_seed_table(rows: list[dict], yardstick: list[dict]) -> None:
     print(f"\n{'variant':<32}{'mean full-val':>14}{'spread':>8}{'mean whole s':>13}{'x nanoGPT':>10}  each run "
           f"(full-val, whole s)")
@@ -242,16 +248,20 @@ def main(argv: list[str] | None = None) -> int:
         runs, yardstick = run_all(rest, variants, seeds, out, args.repeat, args.cold_compile_cache, nanogpt)
     finally:
         owner.release()
+    # every figure of a row is a median over the variant's runs (rounds and seeds), so the row never pairs one run's
+    # time with another's loss; the phases are the last run's
     rows = [{"variant": name, "whole_seconds": statistics.median(r["whole_seconds"] for r in done),
-             "train_seconds": statistics.median(r["train_seconds"] for r in done), "runs": done}
+             "train_seconds": statistics.median(r["train_seconds"] for r in done),
+             "full_val_loss": median_loss(done), "runs": done}
             for name, done in runs.items()]
-    print(f"{'variant':<32}{'whole s':>9}{'train s':>9}{'full-val':>10}  where the time went (the last round)")
+    print(f"{'variant':<32}{'whole s':>9}{'train s':>9}{'full-val':>10}  where the time went")
     for row in rows:
-        last = row["runs"][-1]
-        phases = ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in last["phases"].items()
+        phases = ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in row["runs"][-1]["phases"].items()
                            if phase != "total" and seconds >= 0.05)
-        loss = f"{last['full_val_loss']:.4f}" if last["full_val_loss"] is not None else "-"
+        loss = f"{row['full_val_loss']:.4f}" if row["full_val_loss"] is not None else "-"
         print(f"{row['variant']:<32}{row['whole_seconds']:>9.1f}{row['train_seconds']:>9.1f}{loss:>10}  {phases}")
+    if any(len(row["runs"]) > 1 for row in rows):
+        print("(whole s, train s and full-val: the medians of each variant's runs; where the time went: its last run)")
     figures = {"train_options": rest, "repeat": args.repeat, "cold_compile_cache": args.cold_compile_cache,
                "variants": rows}
     if seeds or yardstick:

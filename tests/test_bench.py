@@ -115,7 +115,8 @@ def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_
     before each, nanoGPT's CPU recipe: its train.py (here a stand-in checkout that records its command line and hands
     over a checkpoint of ours in nanoGPT's layout) in a copy of the checkout, on input.txt = the --data file, prepared
     by its own prepare.py. The table's mean, spread and ratio are those of the runs' own figures; nanoGPT's loss is its
-    checkpoint's full validation; the user's checkout is left byte for byte as it was."""
+    checkpoint's full validation; the first table's row is the runs' medians, loss included (not the last seed's loss
+    beside the median time); the user's checkout is left byte for byte as it was."""
     import numpy as np
     import torch
     import bench_run
@@ -165,6 +166,11 @@ def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_
     nano_mean = sum(r["whole_seconds"] for r in got["nanogpt"]) / 2
     assert row["times_nanogpt"] == pytest.approx(row["mean_whole_seconds"] / nano_mean)
     assert f"{row['mean_full_val_loss']:.4f}" in done.stdout and f"{row['times_nanogpt']:.2f}x" in done.stdout
+    # the first table's row is one variant's medians, its loss too: not the last seed's loss beside the median time
+    first = next(line for line in done.stdout.splitlines() if line.startswith("as given")).split()
+    wholes = sorted(r["whole_seconds"] for r in got["variants"][0]["runs"])
+    assert first[2:5] == [f"{sum(wholes) / 2:.1f}", f"{sum(r['train_seconds'] for r in runs.values()) / 2:.1f}",
+                          f"{sum(losses) / 2:.4f}"], done.stdout
 
     import bench  # --compare config=A,B: two presets, a name and a file, each a variant of its own
     assert bench.parse_compare(["config=debug,my.toml"]) == [{"config": "debug"}, {"config": "my.toml"}]
