@@ -177,22 +177,30 @@ def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], o
     return runs, yardstick
 
 
+def losses_of(done: list[dict]) -> list[float]:
+    """The full validations the runs reported (a run that ended without one has None)."""
+    return [r["full_val_loss"] for r in done if r["full_val_loss"] is not None]
+
+
+def median_row(name: str, done: list[dict]) -> dict:
+    """A variant's runs (rounds and seeds) as one row of medians, its loss too, so the row never pairs one run's time
+    with another's loss."""
+    losses = losses_of(done)
+    return {"variant": name, "whole_seconds": statistics.median(r["whole_seconds"] for r in done),
+            "train_seconds": statistics.median(r["train_seconds"] for r in done),
+            "full_val_loss": statistics.median(losses) if losses else None, "runs": done}
+
+
 def spread_row(name: str, done: list[dict], yardstick: float | None) -> dict:
     """A variant's runs over the seeds: each loss and whole time, their means, the losses' spread (largest minus
     smallest) and the mean time as a multiple of nanoGPT's."""
-    losses = [r["full_val_loss"] for r in done if r["full_val_loss"] is not None]
+    losses = losses_of(done)
     wholes = [r["whole_seconds"] for r in done]
     row = {"variant": name, "losses": losses, "whole": wholes, "mean_whole_seconds": statistics.fmean(wholes),
            "mean_full_val_loss": statistics.fmean(losses) if losses else None,
            "loss_spread": max(losses) - min(losses) if losses else None}
     row["times_nanogpt"] = row["mean_whole_seconds"] / yardstick if yardstick else None
     return row
-
-
-def median_loss(done: list[dict]) -> float | None:
-    """The median full validation of a variant's runs (None if no run reported one)."""
-    losses = [r["full_val_loss"] for r in done if r["full_val_loss"] is not None]
-    return statistics.median(losses) if losses else None
 
 
 def print_seed_table(rows: list[dict], yardstick: list[dict]) -> None:
@@ -248,12 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         runs, yardstick = run_all(rest, variants, seeds, out, args.repeat, args.cold_compile_cache, nanogpt)
     finally:
         owner.release()
-    # every figure of a row is a median over the variant's runs (rounds and seeds), so the row never pairs one run's
-    # time with another's loss; the phases are the last run's
-    rows = [{"variant": name, "whole_seconds": statistics.median(r["whole_seconds"] for r in done),
-             "train_seconds": statistics.median(r["train_seconds"] for r in done),
-             "full_val_loss": median_loss(done), "runs": done}
-            for name, done in runs.items()]
+    rows = [median_row(name, done) for name, done in runs.items()]
     print(f"{'variant':<32}{'whole s':>9}{'train s':>9}{'full-val':>10}  where the time went")
     for row in rows:
         phases = ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in row["runs"][-1]["phases"].items()
