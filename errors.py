@@ -57,7 +57,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def space_or_place(err: BaseException, option: str) -> str:
     """The fix for a failed write: free disk space when the disk is full (or we cannot tell), else another place."""
-    if isinstance(err, OSError) and err.errno is not None and err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    if (isinstance(err, OSError) and err.errno is not None
+            and err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)):
         return f"choose another {option}"
     return f"free some disk space or choose another {option}"
 
@@ -117,7 +118,8 @@ def exit_without_teardown(code: int) -> NoReturn:
     output is flushed; every file the command wrote was closed before. Where a thread that is not a daemon is still
     running, or Python has no handler list to run, this is sys.exit."""
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
-    if run_exit_handlers is None or any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+    if run_exit_handlers is None or any(not t.daemon for t in threading.enumerate()
+                                        if t is not threading.main_thread()):
         sys.exit(code)
     run_exit_handlers()
     for stream in (sys.stdout, sys.stderr):

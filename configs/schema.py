@@ -47,21 +47,24 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     # evaluation and logging
     eval_interval: int = setting(250, "evaluate (and checkpoint) every this many steps")
     eval_iters: int = setting(200, "random batches per split in each evaluation")
-    log_interval: int = setting(10, "update the progress bar and the loss/train, optim/* and perf/* scalars every this many steps")
+    log_interval: int = setting(10, "update the progress bar and the loss/train, optim/* and perf/* scalars every "
+                                    "this many steps")
     sample_chars: int = setting(200, "characters of generated text logged to TensorBoard at each evaluation (0: none)")
-    log_attention: bool = setting(True, "log each layer's attention heatmap for a fixed validation text at each evaluation")
+    log_attention: bool = setting(True, "log each layer's attention heatmap for a fixed validation text at each "
+                                        "evaluation")
     full_val: bool = setting(True, "at the end, compute the run's model's exact loss over every validation window")
     patience: int = setting(5, "stop early once this many evaluations in a row have not beaten the best validation "
                                "loss (0: never; train to max_iters). Either way the run hands over its best model")
     # run
-    out_dir: str = setting("", "output folder for checkpoints, TensorBoard events and summary.json (empty: out/<config>)")
+    out_dir: str = setting("", "output folder for checkpoints, TensorBoard events and summary.json (empty: "
+                               "out/<config>)")
     resume: bool = setting(False, "continue the run in out_dir from its ckpt_last.pt")
     overwrite: bool = setting(False, "replace a different run already in out_dir")
     init_from: str = setting("", "fine-tune: start a new run from a trained model (a run folder or checkpoint); its "
                                  "architecture is kept and the vocabulary grows by the new text's unseen characters")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
-    dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 for matrix products (auto: bfloat16 on CUDA, float16 "
-                                    "on GPUs without it, bfloat16 on CPUs with bfloat16 units, float32 otherwise)")
+    dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 for matrix products (auto: bfloat16 on CUDA, "
+                                 "float16 on GPUs without it, bfloat16 on CPUs with bfloat16 units, float32 otherwise)")
     compile: str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
     compile_mode: str = setting("default", "torch.compile mode: default | max-autotune-no-cudagraphs (searches more "
                                            "kernels); the CUDA-graph modes are not offered until a GPU measures them")
@@ -85,7 +88,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
         for name, kind in TYPES.items():
             if kind is float:
                 check(math.isfinite(getattr(self, name)), name, "must be a finite number")
-        for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval", "max_nonfinite_steps"):
+        for name in ("batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval",
+                     "max_nonfinite_steps"):
             check(getattr(self, name) >= 1, name, "must be at least 1")
         for name in ("max_iters", "warmup_iters", "lr_decay_iters", "sample_chars", "num_threads", "patience"):
             check(getattr(self, name) >= 0, name, "must not be negative")
@@ -101,7 +105,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
         check(0 <= self.beta2 < 1, "beta2", "must be in [0, 1)")
         check(self.grad_clip >= 0, "grad_clip", "must not be negative (0 turns clipping off)")
         check(self.weight_decay >= 0, "weight_decay", "must not be negative")
-        check(self.encoding_errors in ("strict", "replace", "ignore"), "encoding_errors", "must be strict, replace or ignore")
+        check(self.encoding_errors in ("strict", "replace", "ignore"), "encoding_errors",
+              "must be strict, replace or ignore")
         check(self.dtype in ("auto", *DTYPE_NAMES), "dtype", f"must be auto, {', '.join(DTYPE_NAMES)}")
         check(self.compile in ("auto", "true", "false"), "compile", "must be auto, true or false")
         check(self.compile_mode not in CUDA_GRAPH_MODES, "compile_mode",

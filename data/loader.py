@@ -54,7 +54,8 @@ class Batches:
             resident = self.device.type == "cuda" and size <= RESIDENT_MAX_BYTES
         self.resident = None
         if resident:
-            self.resident = {split: torch.from_numpy(d.astype(np.int64)).to(self.device) for split, d in self.data.items()}
+            self.resident = {split: torch.from_numpy(d.astype(np.int64)).to(self.device)
+                             for split, d in self.data.items()}
             self._steps_t = torch.arange(block_size + 1, device=self.device)
 
     def _send(self, tensor: torch.Tensor) -> torch.Tensor:

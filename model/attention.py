@@ -1,6 +1,6 @@
-"""The model's causal self-attention: all heads batched, an explicit path (q·kᵀ/√d, mask, softmax, weighted sum) and
-the fused kernel's, the causal mask by slot, and recording of the weights. The one-head-at-a-time textbook form the
-tutorials run is in model/textbook.py, and the tests prove the two compute the same."""
+"""The model's causal self-attention: all heads batched, an explicit path (q·kᵀ/√d, mask, softmax, weighted sum)
+and the fused kernel's, the causal mask by slot, and recording of the weights. The one-head-at-a-time textbook form
+the tutorials run is in model/textbook.py, and the tests prove the two compute the same."""
 from __future__ import annotations
 
 import math
@@ -88,7 +88,8 @@ class CausalSelfAttention(nn.Module):
         self.record: list[torch.Tensor] | None = None  # set by recording_attention()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None,
-                slots: torch.Tensor | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                slots: torch.Tensor | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x (B, T, n_embd) -> (B, T, n_embd).
 
         mask: None means plain causal over x; otherwise a boolean attention_mask() over all keys.

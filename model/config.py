@@ -27,9 +27,9 @@ class Architecture:
     tie_weights: bool = setting(True, "share the token embedding with the output head")
     attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower); "
                                      "see model/attention.py")
-    attention_score: str = setting("scaled_dot", "how a query scores a key: scaled_dot (q·k/√head_size) | dot (q·k, "
-                                                 "unscaled) | additive (w·tanh(q + k)) | uniform (no scores: every "
-                                                 "earlier token weighs the same)")
+    attention_score: str = setting("scaled_dot", "how a query scores a key: scaled_dot (q·k/√head_size) | dot "
+                                                 "(q·k, unscaled) | additive (w·tanh(q + k)) | uniform (no scores: "
+                                                 "every earlier token weighs the same)")
     shared_qk: bool = setting(False, "queries and keys from one projection (Q = K)")
     attention_values: bool = setting(True, "a value projection (false: keys and queries only; each head mixes its "
                                            "own slice of the input)")

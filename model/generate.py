@@ -187,7 +187,8 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
     buffer[:, :longest] = left_pad(prompts, device)
     state = Decoding()
     if use_cache and cfg.n_layer > 0:  # no blocks, nothing to cache
-        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else model.wte.weight.dtype
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) \
+            else model.wte.weight.dtype
         state = Decoding(model_caches(model, len(prompts), device, dtype))
     in_use = 0  # slots of the caches filled so far: known here without reading the device
     slot = torch.zeros(1, dtype=torch.long, device=device)  # the decoding step's slot, in_use - 1, on the device

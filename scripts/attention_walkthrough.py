@@ -13,7 +13,8 @@ import torch  # noqa: E402
 from errors import ArgumentParser, exit_without_teardown, run_cli  # noqa: E402
 from model.textbook import Head  # noqa: E402
 
-# Tutorial 004's example: three tokens of 4 numbers, small integer weights (4 x 3), so every step can be checked by hand.
+# Tutorial 004's example: three tokens of 4 numbers, small integer weights (4 x 3), so every step can be checked by
+# hand.
 X = [[1.0, 0.0, 1.0, 0.0],
      [0.0, 2.0, 0.0, 2.0],
      [1.0, 1.0, 1.0, 1.0]]
@@ -56,7 +57,8 @@ def show(name: str, tensor: torch.Tensor) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ArgumentParser(description=__doc__.split(":", 1)[1].strip()).parse_args(argv)  # no options; --help says what it does
+    # no options; --help says what it does
+    ArgumentParser(description=__doc__.split(":", 1)[1].strip()).parse_args(argv)
     print("One head of causal self-attention, step by step. Tokens are counted from 1, as on the attention page and "
           "in\ntutorials.py: row 1 of each matrix is token 1, and in the weights column s is token s.\n")
     for name, tensor in walkthrough():

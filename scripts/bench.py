@@ -41,7 +41,8 @@ def build_training(cfg, rt, say=print) -> dict:
             "flops_per_token": run.flops_per_token, "tokens_per_iter": run.tokens_per_iter,
             "step": lambda: train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
                                        cfg.learning_rate),
-            "forward_backward": lambda: forward_backward(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg),
+            "forward_backward": lambda: forward_backward(run.step_model, run.optimizer, run.scaler, run.batches, rt,
+                                                         cfg),
             "update": lambda: update(run.step_model, run.optimizer, run.scaler, rt, cfg, cfg.learning_rate)}
 
 
@@ -169,13 +170,15 @@ def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters:
                    "params": run["params"], "tokens_per_iter": run["tokens_per_iter"],
                    "flops_per_token": run["flops_per_token"], **speed(run, seconds, peaks[key]),
                    "ms_per_iter_rounds": [t * 1000 for t in run["seconds"]]}
-        figures["time_vs_first"] = figures["ms_per_iter"] / (results[0]["ms_per_iter"] if results else figures["ms_per_iter"])
+        figures["time_vs_first"] = figures["ms_per_iter"] / (results[0]["ms_per_iter"] if results
+                                                             else figures["ms_per_iter"])
         results.append(figures)
     return results
 
 
 def print_comparison(results: list[dict], rounds: int, iters: int) -> None:
-    print(f"{len(results)} variants, each timed for {iters} steps in turn, {rounds} rounds (medians; min-max of the rounds)")
+    print(f"{len(results)} variants, each timed for {iters} steps in turn, {rounds} rounds "
+          "(medians; min-max of the rounds)")
     names = [" ".join(f"{k}={v}" for k, v in r["variant"].items()) for r in results]
     width = max(len(name) for name in names + ["variant"])
     print(f"{'variant':<{width}}  {'ms/iter':>8}  {'min-max':>13}  {'tokens/s':>9}  {'MFU':>6}  time vs first")
@@ -251,15 +254,17 @@ def main(argv: list[str] | None = None) -> int:
             ("model", f"{figures['params'] / 1e6:.2f}M parameters, {cfg.n_layer}x{cfg.n_head}x{cfg.n_embd}, "
                       f"block {cfg.block_size}, batch {cfg.batch_size}, {cfg.optimizer}"),
             ("train step", f"{figures['ms_per_iter']:.1f} ms/iter, {figures['tokens_per_sec']:,.0f} tokens/s"),
-            ("its halves", f"{figures['ms_forward_backward']:.1f} ms forward and backward, {figures['ms_update']:.1f} ms "
-                           f"update ({cfg.optimizer}, clipping included; {figures['update_operations']} operations), each timed alone"),
+            ("its halves", f"{figures['ms_forward_backward']:.1f} ms forward and backward, "
+                           f"{figures['ms_update']:.1f} ms update ({cfg.optimizer}, clipping included; "
+                           f"{figures['update_operations']} operations), each timed alone"),
             ("model FLOPs", f"{figures['flops_per_token'] / 1e6:.2f} MFLOP/token -> "
                             f"{figures['achieved_flops'] / 1e9:.1f} GFLOP/s"),
             ("peak (matmul)", f"{figures['peak_flops'] / 1e9:.1f} GFLOP/s in {str(rt.dtype).removeprefix('torch.')}"),
             ("MFU", f"{figures['mfu'] * 100:.1f}%"),
             ("sampling", f"{figures['sample_chars_per_sec_cached']:,.0f} chars/s with KV cache, "
                          f"{figures['sample_chars_per_sec_uncached']:,.0f} without "
-                         f"({figures['sample_cache_speedup']:.1f}x), {figures['sample_chars_per_sec_batch8_cached']:,.0f} "
+                         f"({figures['sample_cache_speedup']:.1f}x), "
+                         f"{figures['sample_chars_per_sec_batch8_cached']:,.0f} "
                          f"for 8 rows" + (f", {figures['sample_chars_per_sec_compiled']:,.0f} compiled"
                                           if "sample_chars_per_sec_compiled" in figures else "") +
                          f", {figures['sample_dtype']}"),

@@ -1,4 +1,5 @@
-"""python scripts/bench_prepare.py [--mb 200]: data-preparation throughput (MB/s) and peak memory on a generated corpus."""
+"""python scripts/bench_prepare.py [--mb 200]: data-preparation throughput (MB/s) and peak memory on a generated
+corpus."""
 from __future__ import annotations
 
 import json
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     figures["corpus_mb"] = size_mb
     figures["mb_per_s"] = size_mb / figures["seconds"]
     print(f"corpus {size_mb:.0f} MB, {figures['n_chars']:,} characters, vocabulary {figures['vocab_size']}")
-    print(f"prepare {figures['seconds']:.2f} s = {figures['mb_per_s']:.1f} MB/s; peak RSS {figures['peak_rss_mb']:.0f} MB "
+    print(f"prepare {figures['seconds']:.2f} s = {figures['mb_per_s']:.1f} MB/s; "
+          f"peak RSS {figures['peak_rss_mb']:.0f} MB "
           f"({figures['rss_after_imports_mb']:.0f} MB of it before preparing: Python, numpy, torch)")
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")

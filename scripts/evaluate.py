@@ -62,7 +62,8 @@ def check_memory(model, batch_size: int, block_size: int, device: torch.device) 
     system ends the process, and no error reaches Python); elsewhere the allocator's own error is caught."""
     free = free_memory() if device.type == "cpu" else None
     cfg = model.config
-    need = 4 * batch_size * block_size * (LOGIT_COPIES * cfg.vocab_size + ACTIVATION_COPIES * cfg.n_embd * max(cfg.n_layer, 1))
+    need = 4 * batch_size * block_size * (LOGIT_COPIES * cfg.vocab_size
+                                          + ACTIVATION_COPIES * cfg.n_embd * max(cfg.n_layer, 1))
     if free is not None and need > free:
         raise UserError(f"out of memory: batches of {batch_size:,} windows of {block_size} characters would need about "
                         f"{need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB this machine has free; lower "
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     if batch_size < 1:
         raise UserError(f"--batch_size {args.batch_size}: must be at least 1")
 
-    text, name = read_corpus(args.data, args.cache_dir, run.get("encoding", "utf-8"), run.get("encoding_errors", "strict"))
+    text, name = read_corpus(args.data, args.cache_dir, run.get("encoding", "utf-8"),
+                             run.get("encoding_errors", "strict"))
     if args.split == "val":  # the same cut as training's: the last val_fraction of the characters
         text = text[int(len(text) * (1 - run.get("val_fraction", 0.1))):]
     unknown = tokenizer.unknown(text)
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"different: {shown}); pass --unknown skip to leave them out")
     known = "".join(ch for ch in text if ch in tokenizer.stoi) if counts else text
     if len(known) < 2:
-        raise UserError(f"--data {args.data}: no text to score{' once unknown characters are left out' if counts else ''}"
+        raise UserError(f"--data {args.data}: no text to score"
+                        f"{' once unknown characters are left out' if counts else ''}"
                         f"; give at least two characters the model knows")
     ids = torch.from_numpy(tokenizer.encode_array(known).astype(np.int32))  # 4 bytes a character, not a list's 36
 

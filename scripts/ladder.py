@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
              for row in rows]
     write_text_atomic(out / "ladder.json", json.dumps(table, indent=1, allow_nan=False) + "\n", "the ladder table")
     draw(rows, out / "ladder.png")
-    print(f"\nwrote {out / 'ladder.json'} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}", file=sys.stderr)
+    print(f"\nwrote {out / 'ladder.json'} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}",
+          file=sys.stderr)
     return 0
 
 

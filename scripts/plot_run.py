@@ -1,4 +1,5 @@
-"""python scripts/plot_run.py --out_dir DIR [DIR ...] --png FILE: loss curves and learning rate from TensorBoard events."""
+"""python scripts/plot_run.py --out_dir DIR [DIR ...] --png FILE: loss curves and learning rate from TensorBoard
+events."""
 from __future__ import annotations
 
 import math
@@ -25,14 +26,16 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
         raise UserError(f"{out_dir} holds no TensorBoard events; pass the --out_dir of a training run")
     events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # 0: keep every point
     events.Reload()
-    scalars = {RENAMED.get(tag, tag): [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    scalars = {RENAMED.get(tag, tag): [(e.step, e.value) for e in events.Scalars(tag)]
+               for tag in events.Tags()["scalars"]}
     if not any(scalars.get(tag) for tag in ("loss/train", "loss/val")):
         raise UserError(f"{out_dir} holds no losses yet (the run stopped before its first log); nothing to plot")
     return scalars
 
 
 def run_folders(paths: list[str]) -> list[Path]:
-    """The run folders to plot: each folder given, or, for a folder of runs (out/, a ladder's folder), the runs in it."""
+    """The run folders to plot: each folder given, or, for a folder of runs (out/, a ladder's folder), the runs in
+    it."""
     folders = []
     for out_dir in map(Path, paths):
         runs = [] if any(out_dir.glob("events.out.tfevents.*")) else sorted(
@@ -42,8 +45,10 @@ def run_folders(paths: list[str]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(description="Plot train/val loss against tokens seen, and the learning rate, for one or more runs.")
-    p.add_argument("--out_dir", nargs="+", required=True, help="run folders to compare, or a folder of runs (all of them)")
+    p = ArgumentParser(description="Plot train/val loss against tokens seen, and the learning rate, for one or more "
+                                   "runs.")
+    p.add_argument("--out_dir", nargs="+", required=True,
+                   help="run folders to compare, or a folder of runs (all of them)")
     p.add_argument("--png", required=True, help="where to write the picture")
     args = p.parse_args(argv)
     check_output_file(args.png, "--png", picture_formats())

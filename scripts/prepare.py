@@ -1,4 +1,5 @@
-"""python scripts/prepare.py --data FILE|FOLDER|shakespeare|pystdlib: tokenize a corpus into the cache and summarise it."""
+"""python scripts/prepare.py --data FILE|FOLDER|shakespeare|pystdlib: tokenize a corpus into the cache and summarise
+it."""
 from __future__ import annotations
 
 import sys
@@ -15,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", help="a text file, a folder of text files, shakespeare or pystdlib (default: "
                                        "shakespeare, or pystdlib where it cannot be downloaded)")
     parser.add_argument("--cache_dir", default=str(default_cache_dir()), help="where downloads and token files go")
-    parser.add_argument("--val_fraction", type=float, default=0.1, help="the last fraction of the text kept for validation")
+    parser.add_argument("--val_fraction", type=float, default=0.1,
+                        help="the last fraction of the text kept for validation")
     parser.add_argument("--encoding", default="utf-8", help="text encoding of the corpus files")
     parser.add_argument("--encoding_errors", default="strict", help="strict | replace | ignore undecodable bytes")
     args = parser.parse_args(argv)

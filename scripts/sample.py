@@ -73,7 +73,8 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
             raise UserError(f"--prompt_file {args.prompt_file}: cannot be read as UTF-8 text ({err})") from None
         prompts = [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
         if not any(prompts):
-            raise UserError(f"--prompt_file {args.prompt_file} is empty; put the prompt{'s, one per line,' if args.prompts_per_line else ''} in it")
+            raise UserError(f"--prompt_file {args.prompt_file} is empty; put the prompt"
+                            f"{'s, one per line,' if args.prompts_per_line else ''} in it")
         return prompts
     return None if args.prompt is None else [args.prompt]
 

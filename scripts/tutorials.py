@@ -127,8 +127,8 @@ def tutorial_000() -> list[Step]:
         for layer, w in ((head.key, w_k), (head.query, w_q), (head.value, w_v)):
             layer.weight.copy_(w.T)
     steps += [
-        Step("scale_gap", "max |softmax(q·kᵀ/√d) v - softmax(q·kᵀ) v / √d|: scaling after the softmax is not the "
-                          "same", (right - wrong).abs().max(),
+        Step("scale_gap", "max |softmax(q·kᵀ/√d) v - softmax(q·kᵀ) v / √d|: scaling after the softmax is not "
+                          "the same", (right - wrong).abs().max(),
              "far from 0: the tutorial's last cell (the output times 1/√d) gives other outputs than the formula"),
         Step("head_gap", "max |softmax(q·kᵀ/√d) v - this project's Head(x)|: the model scales before the softmax",
              (right - head(x)).abs().max().detach(), "0: this project's Head computes the formula as written"),
@@ -190,8 +190,8 @@ def tutorial_001() -> list[Step]:
              "row 2 is z_2 above: one matrix product gives every word's context vector"),
         Step("multi_head", "4 heads with d_v = 1, concatenated: [head_1(x) | ... | head_4(x)]", torch.cat(heads, -1),
              "one column per head, each from its own W_q, W_k, W_v: the heads sit side by side"),
-        Step("cross_weights", "cross-attention weights: softmax(q kᵀ / √d_k), queries from the 6 words, keys from 8 "
-                              "other inputs", cross_weights,
+        Step("cross_weights", "cross-attention weights: softmax(q kᵀ / √d_k), queries from the 6 words, keys from "
+                              "8 other inputs", cross_weights,
              "6 rows by 8 columns: the matrix need not be square; each row (a word) sums to 1 over the other input",
              Picture("cross-attention: softmax(q kᵀ / √d_k)", words, counted(8, "input "), "query (word)",
                      "key (the second input)")),
@@ -293,7 +293,8 @@ def tutorial_003() -> list[Step]:
     return [
         Step("y3", "softmax([a, a, 2a])[2] for a = 1, 10, 100: large inputs put nearly all the weight on the largest",
              y3, "the largest input's share grows from 0.5761 to 0.9999 to 1.0000: the output becomes one-hot"),
-        *(Step(f"jacobian_{int(v)}", f"∂softmax(x)_i/∂x_j for x = [{int(v)}, {int(v)}, {2 * int(v)}] (row i, column j)",
+        *(Step(f"jacobian_{int(v)}", f"∂softmax(x)_i/∂x_j for x = [{int(v)}, {int(v)}, {2 * int(v)}] "
+                                     "(row i, column j)",
                jacobian, seeing[int(v)],
                Picture(f"∂y_i/∂x_j, y = softmax(x), x = [{int(v)}, {int(v)}, {2 * int(v)}]", counted(3, "y_"),
                        counted(3, "x_"), "output", "input", kind="gradient"))
@@ -348,7 +349,8 @@ def tutorial_004() -> list[Step]:
 
 
 TUTORIALS = {
-    "000": ("the maths of self-attention: averaging the past, keys and queries, values, the 1/√d scale", tutorial_000),
+    "000": ("the maths of self-attention: averaging the past, keys and queries, values, the 1/√d scale",
+            tutorial_000),
     "001": ("a worked example: 'Life is short, eat dessert first'", tutorial_001),
     "002": ("scoring functions: masked softmax with valid lengths, additive and dot-product attention", tutorial_002),
     "003": ("the softmax's input, its gradient, and why q·k is divided by √d_k", tutorial_003),
@@ -414,7 +416,8 @@ def figure_of(step: Step):
     fig, axes = plt.subplots(1, n_panels, figsize=(width, n_rows * cell + 2.2), dpi=100, squeeze=False,
                              layout="constrained")
     if picture.kind == "gradient":
-        cmap, low, high, bar_label = "RdBu_r", -GRADIENT_RANGE, GRADIENT_RANGE, "∂y_i/∂x_j (one scale for all three)"
+        cmap, low, high, bar_label = ("RdBu_r", -GRADIENT_RANGE, GRADIENT_RANGE,
+                                      "∂y_i/∂x_j (one scale for all three)")
     else:
         cmap, low, high, bar_label = "viridis", 0.0, 1.0, "attention weight"
     image = None

@@ -421,10 +421,10 @@ def factor_model(model, factor: float):
 
 @needs_browser
 def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scale(run, tmp_path):
-    """The matrix view, driven by clicks: each step's drawn matrix (Q, K, V, S, S/√d, masked, A, A·V) equals PyTorch's
-    within 1e-5 (the mask's cells -inf and hatched, not white); pointing at a cell shows its number; clicking a row
-    explains that character. The what-if scale (x1, x10) gives PyTorch's logits with that factor; at the model's
-    own factor the page is the model again."""
+    """The matrix view, driven by clicks: each step's drawn matrix (Q, K, V, S, S/√d, masked, A, A·V) equals
+    PyTorch's within 1e-5 (the mask's cells -inf and hatched, not white); pointing at a cell shows its number;
+    clicking a row explains that character. The what-if scale (x1, x10) gives PyTorch's logits with that factor; at
+    the model's own factor the page is the model again."""
     from browser import Browser
     layer, head = 2, 2
     path, model, tokenizer = variant_checkpoint(run, "rope-qknorm-relu2-nobias-untied")
@@ -597,7 +597,8 @@ def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(r
 
 
 HEADINGS = "Array.from(document.querySelectorAll('h2')).map(h => h.textContent)"
-CHINESE_HEADINGS = ["1. 你的文本", "2. 每个字符看向哪里", "3. 一次看所有注意力头", "4. 完整的矩阵",
+CHINESE_HEADINGS = ["1. 你的文本", "2. 每个字符看向哪里", "3. 一次看所有注意力头",
+                    "4. 完整的矩阵",
                     "5. 位置：模型如何知道字符在哪里", "6. 逐步计算：", "7. 下一个字符"]
 
 
@@ -623,16 +624,18 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
         assert browser.evaluate("document.title") == "chargpt: your model, thinking"
         english_about = browser.evaluate(about)
         browser.choose("#language", "zh")
-        assert browser.evaluate(about) == (f"{ckpt}：第 {state['iter']} 步，{cfg.n_layer} 层 × {cfg.n_head} 个头（每个 "
-                                           f"{cfg.head_size} 维），宽 {cfg.n_embd}，{millions}M 个参数，训练于 "
+        assert browser.evaluate(about) == (f"{ckpt}：第 {state['iter']} 步，{cfg.n_layer} 层 × {cfg.n_head} "
+                                           f"个头（每个 {cfg.head_size} 维），宽 {cfg.n_embd}，"
+                                           f"{millions}M 个参数，训练于 "
                                            f"{state['data']['source']}")
         assert browser.evaluate("document.title") == "chargpt：你的模型，正在思考"
         headings = browser.evaluate(HEADINGS)
         assert [h[:len(c)] for h, c in zip(headings, CHINESE_HEADINGS)] == CHINESE_HEADINGS
-        assert headings[5] == "6. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，头 1（在上面选一个头，看别的头）"
+        assert headings[5] == ("6. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，"
+                               "头 1（在上面选一个头，看别的头）")
         steps = browser.evaluate("Array.from(document.getElementById('matrix-step').options).map(o => o.text)")
-        assert steps == ["1. 查询 Q", "2. 键 K", "3. 值 V", "4. 注意力分数 S", "5. 缩放", "6. 掩码", "7. 注意力权重 A",
-                         "8. A\u00b7V"]
+        assert steps == ["1. 查询 Q", "2. 键 K", "3. 值 V", "4. 注意力分数 S", "5. 缩放", "6. 掩码",
+                         "7. 注意力权重 A", "8. A\u00b7V"]
         labels = browser.evaluate("Array.from(document.querySelectorAll('label > span')).map(s => s.textContent)")
         assert labels[:3] == ["层", "头", "假设每个 q·k 都乘以"]
         assert browser.evaluate("document.getElementById('view').options[0].text") == "所有头"

@@ -5,7 +5,8 @@ import shutil
 import pytest
 
 
-FIGURES = ("ms_per_iter", "ms_forward_backward", "ms_update", "update_operations", "tokens_per_sec", "flops_per_token", "achieved_flops", "peak_flops", "mfu",
+FIGURES = ("ms_per_iter", "ms_forward_backward", "ms_update", "update_operations", "tokens_per_sec", "flops_per_token",
+           "achieved_flops", "peak_flops", "mfu",
            "sample_chars_per_sec_cached", "sample_chars_per_sec_uncached", "sample_cache_speedup", "prepare_mb_per_sec")
 
 
@@ -26,7 +27,8 @@ def test_bench_reports_every_figure(tmp_path, small_text, script):
     assert figures["tokens_per_sec"] == pytest.approx(figures["tokens_per_iter"] / figures["ms_per_iter"] * 1000)
     assert figures["mfu"] == pytest.approx(figures["achieved_flops"] / figures["peak_flops"])
     assert "MFU" in result.stdout and "tokens/s" in result.stdout
-    assert figures["device"] == "cpu, float32" and figures["optimizer"] == "adamw" and figures["sample_dtype"] == "float32"
+    assert figures["device"] == "cpu, float32" and figures["optimizer"] == "adamw" \
+        and figures["sample_dtype"] == "float32"
 
 
 def test_bench_compare_times_each_variant_in_turn(tmp_path, small_text, script):
@@ -39,7 +41,8 @@ def test_bench_compare_times_each_variant_in_turn(tmp_path, small_text, script):
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     variants = report["variants"]
-    assert [v["variant"] for v in variants] == [{"batch_size": b, "n_embd": e} for b in ("4", "8") for e in ("32", "64")]
+    assert [v["variant"] for v in variants] == \
+        [{"batch_size": b, "n_embd": e} for b in ("4", "8") for e in ("32", "64")]
     for v in variants:
         assert v["tokens_per_iter"] == int(v["variant"]["batch_size"]) * 32  # the override reached the run
         assert len(v["ms_per_iter_rounds"]) == 3

@@ -138,7 +138,8 @@ def test_fixed_batches_are_the_same_at_every_call_and_leave_the_training_stream_
     assert all(torch.equal(batches.get_batch("train")[0], untouched.get_batch("train")[0]) for _ in range(3))
     for split, drawn in first.items():
         again = list(batches.fixed_batches(split, 3))
-        assert len(again) == 3 and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(drawn, again))
+        assert len(again) == 3 and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                                       for a, b in zip(drawn, again))
         assert not torch.equal(drawn[0][0], drawn[1][0])  # three different batches, not one three times
     window = prepared.tokenizer.decode(first["val"][0][0][0])
     assert window in prepared.tokenizer.decode(torch.from_numpy(batches.data["val"].astype("int64")))

@@ -188,7 +188,8 @@ def scaled(run, where, factor):
 
 def test_a_model_whose_output_is_not_a_number_is_one_line_and_writes_nothing(run, evaluate, tmp_path):
     figures = tmp_path / "figures.json"
-    done = evaluate("--ckpt", str(scaled(run, tmp_path / "inf.pt", 1e36)), "--data", str(run[1]), "--json", str(figures))
+    done = evaluate("--ckpt", str(scaled(run, tmp_path / "inf.pt", 1e36)), "--data", str(run[1]), "--json",
+                    str(figures))
     assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
         f"error: {tmp_path / 'inf.pt'}: the model's loss on this text is not a number (")
     assert not figures.exists()
@@ -208,7 +209,8 @@ def test_batches_too_big_for_the_free_memory_are_refused_before_scoring(run, eva
     import evaluate as script
     monkeypatch.setattr(script, "free_memory", lambda: 2**30)
     monkeypatch.setattr(script, "score", lambda *args, **kwargs: pytest.fail("scored anyway"))
-    done = evaluate("--out_dir", str(run[0] / "run"), "--data", str(run[1]), "--batch_size", "100000", "--device", "cpu")
+    done = evaluate("--out_dir", str(run[0] / "run"), "--data", str(run[1]), "--batch_size", "100000",
+                    "--device", "cpu")
     assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
         "error: out of memory: batches of 100,000 windows of 32 characters would need about ")
 

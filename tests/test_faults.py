@@ -74,7 +74,8 @@ def test_a_full_disk_while_checkpointing_or_preparing_is_one_line_and_loses_noth
     big.write_text("some text to prepare\n" * 20000)
     cache = tmp_path / "cache"
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare.py"), "--data", str(big), "--cache_dir",
-                             str(cache)], capture_output=True, text=True, timeout=60, preexec_fn=limited_file_size(100_000))
+                             str(cache)], capture_output=True, text=True, timeout=60,
+                            preexec_fn=limited_file_size(100_000))
     assert result.returncode == 2 and result.stderr.startswith("error: could not write the token cache")
     assert result.stderr.count("\n") == 1 and not [p for p in (cache / "prepared").iterdir()]
 

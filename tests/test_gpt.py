@@ -251,7 +251,8 @@ def test_a_step_with_non_finite_gradients_changes_nothing_and_the_next_step_is_e
 
 @pytest.mark.parametrize("nesterov", [True, False])
 def test_our_muon_in_bfloat16_is_torch_muon_bit_for_bit(nesterov):
-    """training.optim.Muon only adds a choice of Newton-Schulz dtype; in bfloat16 it must be torch.optim.Muon exactly."""
+    """training.optim.Muon only adds a choice of Newton-Schulz dtype; in bfloat16 it must be torch.optim.Muon
+    exactly."""
     def run(cls, **extra):
         torch.manual_seed(0)
         shapes = ((48, 16), (16, 64), (32, 32), (48, 16), (16, 64), (48, 16))  # ours stacks the same-shaped ones

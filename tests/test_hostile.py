@@ -273,7 +273,8 @@ def hostile_checkpoints(finished, rotary, tmp_path):
         (forged(last, tmp_path / "deep.pt", model_config={"n_layer": 200, "n_embd": 8192}),
          "the weights do not fit the model config (n_layer 200, but the weights hold 2 blocks)"),
         (forged(last, tmp_path / "wide.pt", model_config={"n_embd": 8192, "n_head": 2}),
-         "the weights do not fit the model config (blocks.0.attn.c_attn.bias: the config gives (24576), the file holds (96))"),
+         "the weights do not fit the model config "
+         "(blocks.0.attn.c_attn.bias: the config gives (24576), the file holds (96))"),
         (forged(rotary, tmp_path / "long.pt", model_config={"block_size": 10**9}),  # rotary tables are not saved
          "its model would need about"),
         (forged(last, tmp_path / "word.pt", model_config={"bias": "yes"}),

@@ -15,7 +15,8 @@ from conftest import ROOT
 from configs import load_config
 from training import checkpoint
 
-SENTENCES = ["注意力让每个字回头看前面的字。", "查询和键的点积决定权重。", "值按权重相加，得到新的表示。",
+SENTENCES = ["注意力让每个字回头看前面的字。", "查询和键的点积决定权重。",
+             "值按权重相加，得到新的表示。",
              "缩放让梯度不会消失。", "掩码挡住未来，只看过去。"]
 
 

@@ -52,7 +52,8 @@ def wait_for(condition, timeout=60):
 
 def snapshot(folder):
     """Every file of a run folder and its bytes (the owner's .lock record aside)."""
-    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
 
 
 def cli(capsys, *args):
@@ -132,7 +133,8 @@ def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, ca
 
 def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_after_step_0(corpus, finished, tmp_path):
     """Ctrl-C soon after an --overwrite started (a mistyped command undone) gives the old run back, even once the new
-    run has saved its step 0; the old run is deleted only at the new run's first evaluation after step 0, and says so."""
+    run has saved its step 0; the old run is deleted only at the new run's first evaluation after step 0, and says
+    so."""
     out = copy_of(finished, tmp_path)
     before = snapshot(out)
     proc = launch(corpus, out, "--overwrite", "--max_iters", "1000000", "--eval_interval", "100000")
@@ -368,7 +370,8 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     shutil.copy(corpus, tmp_path / "my_notes" / "a.txt")
     for data, folder in (("my_corpus.txt", "debug-my_corpus"), ("my_notes", "debug-my_notes")):
         code, text, _ = cli(capsys, *quick, "--data", data)  # after one run, the README's next commands are not refused
-        assert code == 0 and f"run folder: out/{folder};" in text and (tmp_path / "out" / folder / "ckpt_last.pt").exists()
+        assert code == 0 and f"run folder: out/{folder};" in text \
+            and (tmp_path / "out" / folder / "ckpt_last.pt").exists()
     bad = tmp_path / "not_shakespeare.txt"
     bad.write_text("not shakespeare")
     monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", bad.as_uri())  # offline, in effect

@@ -35,7 +35,8 @@ def run_dir(tmp_path_factory, small_text_module):
     corpus = tmp / "corpus.txt"
     corpus.write_text(small_text_module, encoding="utf-8")
     cfg, _, explicit = load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp / "cache"),
-                                    "--out_dir", str(tmp / "run"), "--max_iters", "200", "--eval_interval", "100"], False)
+                                    "--out_dir", str(tmp / "run"), "--max_iters", "200", "--eval_interval", "100"],
+                                   False)
     train.train(cfg, explicit, say=lambda m: None)
     return tmp / "run"
 

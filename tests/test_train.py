@@ -191,8 +191,8 @@ def test_default_preset_follows_the_device():
     cpu_cfg, cpu_note, _ = load_config([], cuda_available=False)
     gpu_cfg, gpu_note, _ = load_config([], cuda_available=True)
     assert cpu_cfg.config_name == "shakespeare_char_cpu" and "CUDA is not available" in cpu_note
-    assert (gpu_cfg.config_name, gpu_cfg.n_layer, gpu_cfg.n_embd, gpu_cfg.block_size) == ("shakespeare_char_gpu", 6, 384,
-                                                                                          256)
+    assert (gpu_cfg.config_name, gpu_cfg.n_layer, gpu_cfg.n_embd, gpu_cfg.block_size) == \
+        ("shakespeare_char_gpu", 6, 384, 256)
     assert "CUDA is available" in gpu_note
 
 
@@ -575,7 +575,8 @@ def test_every_evaluation_and_the_full_validation_report_progress(corpus, tmp_pa
     n_val = checkpoint.load(tmp_path / "r" / "ckpt_last.pt")["data"]["n_val"]
     windows = -(-len(range(0, n_val - 32, 32)) // 8)  # non-overlapping windows of block 32, in batches of 8
     assert result["iterations"] == 10
-    assert [(t.what, t.total, t.done) for t in tasks] == [("evaluating at step 0", 6, 6), ("evaluating at step 10", 6, 6),
+    assert [(t.what, t.total, t.done) for t in tasks] == [("evaluating at step 0", 6, 6),
+                                                          ("evaluating at step 10", 6, 6),
                                                           ("full validation of step 10's model", windows, windows)]
     assert any(m.startswith("full validation of step 10's model: 1/") and m.endswith("min left") for m in messages)
 

@@ -141,7 +141,8 @@ def test_the_script_prints_the_tutorials_numbers_and_refuses_an_unknown_one(scri
     assert "  [  0.5313    1.3607    0.7891    1.3110 ]" in done.stdout
     assert "  [  1.9366    6.6831    1.5951 ]" in done.stdout and "tutorial 002" not in done.stdout
     wrong = script("tutorials.py", "009")
-    assert wrong.returncode == 2 and wrong.stderr.strip() == "error: no tutorial 009; choose from 000, 001, 002, 003, 004"
+    assert wrong.returncode == 2 \
+        and wrong.stderr.strip() == "error: no tutorial 009; choose from 000, 001, 002, 003, 004"
 
 
 def test_000_softmax_of_the_tutorials_a_and_of_a_times_10():
@@ -155,8 +156,8 @@ def test_000_softmax_of_the_tutorials_a_and_of_a_times_10():
 
 
 def test_003_the_softmax_jacobian_is_printed_whole_and_is_the_closed_form():
-    """003's Jacobians, one 3 x 3 matrix per input [a, a, 2a], equal diag(y) - y yᵀ written out in numpy, and the script
-    prints each as a matrix (three rows), the small ones in scientific notation rather than as 0.0000."""
+    """003's Jacobians, one 3 x 3 matrix per input [a, a, 2a], equal diag(y) - y yᵀ written out in numpy, and the
+    script prints each as a matrix (three rows), the small ones in scientific notation rather than as 0.0000."""
     s = steps("003")
     for a in (1, 10, 100):
         x = np.array([a, a, 2 * a], dtype=float)

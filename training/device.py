@@ -278,7 +278,8 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
 
 # ---- performance figures ---------------------------------------------------------------------------------------------
 def flops_per_token(n_params: int, cfg: ModelConfig) -> float:
-    """Training FLOPs per token: 6 per parameter (forward + backward) plus attention's 12·L·C·T (the usual estimate)."""
+    """Training FLOPs per token: 6 per parameter (forward + backward) plus attention's 12·L·C·T (the usual
+    estimate)."""
     return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 

@@ -113,8 +113,8 @@ class Muon(torch.optim.Muon):
 
 def muon_step_size(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
     """torch.optim.Muon's learning rate for a (rows, columns) matrix, as its documentation gives it: "original"
-    (or None) lr·√max(1, rows/columns), "match_rms_adamw" lr·0.2·√max(rows, columns) (the update size AdamW's would
-    have), anything else lr. Written here: torch's own function is private, free to change between releases."""
+    (or None) lr·√max(1, rows/columns), "match_rms_adamw" lr·0.2·√max(rows, columns) (the update size AdamW's
+    would have), anything else lr. Written here: torch's own function is private, free to change between releases."""
     rows, columns = shape[:2]
     if adjust_lr_fn is None or adjust_lr_fn == "original":
         return lr * math.sqrt(max(1, rows / columns))
