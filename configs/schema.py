@@ -40,7 +40,7 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
                                          "stable, decay: hold learning_rate, then fall in a straight line to min_lr)")
     warmdown_fraction: float = setting(0.3, "wsd: the share of the steps after the warm-up spent falling to min_lr")
     lr_decay_iters: int = setting(0, "step at which the decay reaches min_lr (0: max_iters)")
-    weight_decay: float = setting(0.1, "AdamW weight decay, applied to weight matrices only")
+    weight_decay: float = setting(0.1, "weight decay (decoupled, as in AdamW) on weight matrices only, Muon's too")
     beta2: float = setting(0.99, "AdamW beta2")
     grad_clip: float = setting(1.0, "clip the gradient norm to this (0 to turn off)")
     max_nonfinite_steps: int = setting(5, "stop after this many consecutive steps with a NaN/inf loss or gradient")
