@@ -211,8 +211,8 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: floa
             "val_fraction": val_fraction, "n_train": n_train, "n_val": n_chars - n_train,
             "base_vocab_size": len(base_vocab),
         }
-        # errors: a file name that is not UTF-8 (a surrogate in Python) is written as its JSON escape, read back the
-        # same
+        # errors: a file name that is not UTF-8 (a surrogate in Python) is written as its JSON escape,
+        # read back the same
         (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8",
                                        errors="backslashreplace")
         os.replace(tmp, final)  # all at once: an interrupted prepare never leaves a cache that looks done

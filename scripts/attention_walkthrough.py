@@ -13,8 +13,8 @@ import torch  # noqa: E402
 from errors import ArgumentParser, exit_without_teardown, run_cli  # noqa: E402
 from model.textbook import Head  # noqa: E402
 
-# Tutorial 004's example: three tokens of 4 numbers, small integer weights (4 x 3), so every step can be checked by
-# hand.
+# Tutorial 004's example: three tokens of 4 numbers, small integer weights (4 x 3),
+# so every step can be checked by hand.
 X = [[1.0, 0.0, 1.0, 0.0],
      [0.0, 2.0, 0.0, 2.0],
      [1.0, 1.0, 1.0, 1.0]]
