@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         check_output_file(args.json, "--json")
     corpus = corpus_file(rest) if args.nanogpt is not None else None
     variants = parse_compare(args.compare) if args.compare else [{}]
-    out = Path(args.out_dir)
+    # absolute: nanoGPT's train.py runs in its copy's folder, and a relative folder would be read from there
+    out = Path(args.out_dir).absolute()
     owner = RunDir(out).claim(say=lambda message: None)  # one bench_run per folder: the runs' logs lie side by side
     try:
         nanogpt = prepare_nanogpt(args.nanogpt.resolve(), corpus, out) if args.nanogpt is not None else None

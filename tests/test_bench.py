@@ -113,13 +113,15 @@ def test_bench_run_times_the_whole_command_and_reports_the_runs_own_figures(tmp_
     assert "no such file or folder" in said and said.endswith("01-r1.log)")
 
 
-def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_they_made(tmp_path, small_text, script):
+def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_they_made(tmp_path, small_text, script,
+                                                                                          monkeypatch):
     """bench_run.py --seeds A,B --nanogpt DIR runs the variant once per seed (each run's config holds its seed) and,
     before each, nanoGPT's CPU recipe: its train.py (here a stand-in checkout that records its command line and hands
     over a checkpoint of ours in nanoGPT's layout) in a copy of the checkout, on input.txt = the --data file, prepared
     by its own prepare.py. The table's mean, spread and ratio are those of the runs' own figures; nanoGPT's loss is its
     checkpoint's full validation; the first table's row is the runs' medians, loss included (not the last seed's loss
-    beside the median time); the user's checkout is left byte for byte as it was."""
+    beside the median time); the user's checkout is left byte for byte as it was. A relative --out_dir means the folder
+    under the current one, for nanoGPT's runs too (which run in the copy's folder)."""
     import numpy as np
     import torch
     import bench_run
@@ -148,8 +150,9 @@ def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_
         "np.array([ids[c] for c in text[int(len(text) * 0.9):]], dtype=np.uint16).tofile('val.bin')\n")
     before = {p: p.read_bytes() for p in checkout.rglob("*") if p.is_file()}
     out, figures = tmp_path / "runs", tmp_path / "runs.json"
+    monkeypatch.chdir(tmp_path)
     done = script("bench_run.py", "--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"),
-                  "--max_iters", "6", "--out_dir", str(out), "--json", str(figures), "--seeds", "3,5",
+                  "--max_iters", "6", "--out_dir", "runs", "--json", str(figures), "--seeds", "3,5",
                   "--nanogpt", str(checkout))
     assert done.returncode == 0, done.stderr
     assert {p: p.read_bytes() for p in checkout.rglob("*") if p.is_file()} == before
