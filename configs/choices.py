@@ -6,6 +6,7 @@ import torch
 
 OPTIMIZERS = ("adamw", "muon")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+MUON_DTYPES = ("auto", "float32", "bfloat16")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # torch.compile's modes that replay CUDA graphs. A replay overwrites the previous replay's outputs, and the loop keeps
 # each step's loss on the device until it logs, per-block compilation feeds one block's output to the next graph, and

@@ -6,7 +6,8 @@ import math
 import typing
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from configs.choices import COMPILE_MODES, COMPILE_SCOPES, CUDA_GRAPH_MODES, DTYPE_NAMES, OPTIMIZERS, valid_device
+from configs.choices import (COMPILE_MODES, COMPILE_SCOPES, CUDA_GRAPH_MODES, DTYPE_NAMES, MUON_DTYPES, OPTIMIZERS,
+                              valid_device)
 from model.config import Architecture, ModelConfig, setting
 
 
@@ -33,6 +34,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     grad_accum_steps: int = setting(1, "micro-batches summed into one optimizer step")
     max_iters: int = setting(5000, "optimizer steps to train for")
     optimizer: str = setting("adamw", "adamw | muon (Muon for the blocks' weight matrices, AdamW for the rest)")
+    muon_dtype: str = setting("auto", "muon: the precision of its Newton-Schulz iterations: auto (bfloat16 where the "
+                                      "device has bfloat16 units, else float32) | float32 | bfloat16")
     learning_rate: float = setting(1e-3, "peak learning rate")
     min_lr: float = setting(1e-4, "learning rate at the end of the decay")
     warmup_iters: int = setting(100, "steps of linear warm-up from 0 to learning_rate")
@@ -116,6 +119,7 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
         check(self.compile_scope in COMPILE_SCOPES, "compile_scope", f"must be one of {', '.join(COMPILE_SCOPES)}")
         check(self.ddp in DDP_CHOICES, "ddp", f"must be one of {', '.join(DDP_CHOICES)}")
         check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}")
+        check(self.muon_dtype in MUON_DTYPES, "muon_dtype", f"must be one of {', '.join(MUON_DTYPES)}")
         check(valid_device(self.device), "device", "must be auto, cpu, cuda, cuda:N or mps")
         check(0 <= self.seed <= SEED_MAX, "seed", f"must be a whole number from 0 to {SEED_MAX} (2^62)")
 
@@ -137,8 +141,9 @@ HELP_GROUPS = {
                           "block_size", "n_layer", "n_head", "n_embd", "dropout", "learning_rate", "eval_interval",
                           "patience", "device", "dtype", "seed"),
     "model": ("bias", "tie_weights", "attention", "position", "activation", "qk_norm", "logit_softcap", "zero_proj"),
-    "optimisation": ("optimizer", "grad_accum_steps", "min_lr", "warmup_iters", "lr_schedule", "warmdown_fraction",
-                     "lr_decay_iters", "weight_decay", "beta2", "grad_clip", "max_nonfinite_steps"),
+    "optimisation": ("optimizer", "muon_dtype", "grad_accum_steps", "min_lr", "warmup_iters", "lr_schedule",
+                     "warmdown_fraction", "lr_decay_iters", "weight_decay", "beta2", "grad_clip",
+                     "max_nonfinite_steps"),
     "evaluation and logging": ("eval_iters", "log_interval", "sample_chars", "log_attention", "full_val"),
     "data details": ("cache_dir", "val_fraction", "encoding", "encoding_errors"),
     "the tutorials' attention forms (model/scoring.py, docs/attention.md)": ("attention_score", "shared_qk",

@@ -309,11 +309,16 @@ def test_newton_schulz_in_float32_matches_the_same_iteration_in_float64():
         assert singular.min() > 0.5 and singular.max() < 1.3  # near-orthogonal, as Muon intends
 
 
-@pytest.mark.parametrize("has_units, expected", [(True, torch.bfloat16), (False, torch.float32)])
-def test_muon_runs_newton_schulz_in_float32_only_on_cpus_without_bfloat16_units(monkeypatch, has_units, expected):
+@pytest.mark.parametrize("has_units, choice, expected", [(True, "auto", torch.bfloat16), (False, "auto", torch.float32),
+                                                        (True, "float32", torch.float32),
+                                                        (False, "bfloat16", torch.bfloat16)])
+def test_muon_runs_newton_schulz_in_float32_on_cpus_without_bfloat16_units_unless_told(monkeypatch, has_units, choice,
+                                                                                        expected):
+    """--muon_dtype auto: bfloat16 where the CPU has the units, float32 where it has not; float32 or bfloat16 named
+    are used on either."""
     import training.device as device
     monkeypatch.setattr(device, "cpu_has_bfloat16_units", lambda: has_units)
-    opt = configure_optimizer(GPT(ModelConfig(**TINY)), 1e-2, 0.1, (0.9, 0.95), "cpu", kind="muon")
+    opt = configure_optimizer(GPT(ModelConfig(**TINY)), 1e-2, 0.1, (0.9, 0.95), "cpu", kind="muon", muon_dtype=choice)
     assert opt.muon.ns_dtype == expected
 
 

@@ -378,6 +378,22 @@ def test_compile_mode_and_scope_reach_torch_compile_and_bad_ones_are_refused(cor
         load_config(argv + ["--compile_scope", "layers"], False)
 
 
+def test_muon_dtype_reaches_the_newton_schulz_iterations_of_a_run(corpus, tmp_path, monkeypatch):
+    """--muon_dtype float32 or bfloat16 is the precision every Newton-Schulz call of the run computes in, whatever the
+    CPU has; a value outside the three is refused in one line naming them."""
+    import training.optim as optim
+    seen: list[torch.dtype] = []
+    real = optim.orthogonalize
+    monkeypatch.setattr(optim, "orthogonalize", lambda *args: seen.append(args[-1]) or real(*args))
+    for choice, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        seen.clear()
+        train_argv(debug_argv(corpus, tmp_path, choice, "--optimizer", "muon", "--muon_dtype", choice, "--max_iters",
+                              "2", "--full_val", "false"))
+        assert seen and set(seen) == {dtype}
+    with pytest.raises(UserError, match="--muon_dtype 'float16': must be one of auto, float32, bfloat16"):
+        load_config(debug_argv(corpus, tmp_path, "bad") + ["--muon_dtype", "float16"], False)
+
+
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 @pytest.mark.parametrize("compile_eval, graphs", [("true", 2), ("false", 1)])
 def test_a_compiled_run_compiles_its_model_once_for_training_and_once_for_evaluation(corpus, tmp_path, monkeypatch,

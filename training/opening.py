@@ -322,7 +322,7 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
     if d.world_size > 1:
         torch.manual_seed(cfg.seed + d.rank)  # but different dropout masks
     optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (FIXED["beta1"], cfg.beta2),
-                                    rt.device_type, cfg.optimizer)
+                                    rt.device_type, cfg.optimizer, cfg.muon_dtype)
     run = Run(cfg=cfg, rt=rt, prepared=prepared, tokenizer=prepared.tokenizer, batches=batches, model_cfg=model_cfg,
               model=model, step_model=model, eval_model=model, optimizer=optimizer, scaler=rt.grad_scaler(),
               tokens_per_iter=cfg.batch_size * cfg.block_size * cfg.grad_accum_steps * d.world_size,

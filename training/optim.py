@@ -12,14 +12,15 @@ from training.device import native_bfloat16
 
 
 def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,
-                        betas: tuple[float, float], device_type: str, kind: str = "adamw"):
+                        betas: tuple[float, float], device_type: str, kind: str = "adamw", muon_dtype: str = "auto"):
     """AdamW; weights of 2 or more dimensions decay, biases and LayerNorm gains do not.
 
     The fused implementation (one kernel for all parameters) on CUDA and CPU, where it is the faster one.
 
     kind "muon": the weight matrices inside the blocks go to torch.optim.Muon (momentum, then orthogonalised by
     Newton-Schulz iterations), with its learning rate scaled to match AdamW's update size, so the same
-    learning_rate and schedule serve both; embeddings, biases and norms stay with AdamW."""
+    learning_rate and schedule serve both; embeddings, biases and norms stay with AdamW. muon_dtype: the precision of
+    its Newton-Schulz iterations (auto: newton_schulz_dtype's rule)."""
     fused = device_type in ("cuda", "cpu")
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]  # a tied weight is listed once
     hidden = [p for name, p in named if kind == "muon" and name.startswith("blocks.") and p.dim() == 2]
@@ -31,14 +32,17 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
     if kind == "adamw" or not hidden:  # no blocks (n_layer 0): nothing for Muon
         return adamw
     muon = Muon(hidden, lr=learning_rate, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw",
-                ns_dtype=newton_schulz_dtype(device_type))
+                ns_dtype=newton_schulz_dtype(device_type, muon_dtype))
     return MuonAndAdamW(muon, adamw)
 
 
-def newton_schulz_dtype(device_type: str) -> torch.dtype:
-    """bfloat16, as torch.optim.Muon does, where the device has it in hardware (--dtype auto's rule,
-    training.device.native_bfloat16); float32 where PyTorch emulates bfloat16 products (a CPU without bfloat16 units,
-    a V100 or T4), many times slower than float32 ones (docs/speed.md)."""
+def newton_schulz_dtype(device_type: str, choice: str = "auto") -> torch.dtype:
+    """The precision of Muon's Newton-Schulz iterations: choice ("float32" or "bfloat16"), or for "auto" bfloat16, as
+    torch.optim.Muon does, where the device has it in hardware (--dtype auto's rule, training.device.native_bfloat16),
+    and float32 where PyTorch emulates bfloat16 products (a CPU without bfloat16 units, a V100 or T4), many times slower
+    than float32 ones (docs/speed.md)."""
+    if choice != "auto":
+        return getattr(torch, choice)
     return torch.bfloat16 if native_bfloat16(device_type) else torch.float32
 
 
