@@ -26,9 +26,9 @@ def argv(corpus, out_dir, *extra):
 LAUNCHED = []
 
 
-def launch(corpus, out_dir, *extra):
+def launch(corpus, out_dir, *extra, **popen):
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv(corpus, out_dir, *extra)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
     LAUNCHED.append(proc)
     return proc
 
@@ -292,7 +292,10 @@ def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, t
     """SIGHUP (an ssh connection that drops) stops the run at a step boundary and saves it, as Ctrl-C does, where it
     had ended the process at once; under nohup (SIGHUP ignored) it changes nothing."""
     out = tmp_path / "run"
-    proc = launch(corpus, out, "--max_iters", "100000", "--eval_interval", "100000", "--log_interval", "5")
+    # SIGHUP as a terminal's process has it (the default), even where the tests themselves run under nohup: an
+    # ignored signal stays ignored across exec
+    proc = launch(corpus, out, "--max_iters", "100000", "--eval_interval", "100000", "--log_interval", "5",
+                  preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     while not proc.stdout.readline().startswith("step 10/"):
         assert proc.poll() is None
     proc.send_signal(signal.SIGHUP)
