@@ -17,7 +17,9 @@ RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "opti
 
 
 def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series of a run, as (step, value) pairs."""
+    """Every scalar series of a run, as (step, value) pairs in step order, one per step (the last written). A resumed
+    run's sessions each leave an event file, and the reader takes them in name order, which is not always the
+    order they were written in (two sessions of one process within a second are numbered 9, 10: "10" sorts first)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not out_dir.is_dir():
@@ -26,8 +28,12 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
         raise UserError(f"{out_dir} holds no TensorBoard events; pass the --out_dir of a training run")
     events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # 0: keep every point
     events.Reload()
-    scalars = {RENAMED.get(tag, tag): [(e.step, e.value) for e in events.Scalars(tag)]
-               for tag in events.Tags()["scalars"]}
+    scalars = {}
+    for tag in events.Tags()["scalars"]:
+        latest = {}
+        for e in sorted(events.Scalars(tag), key=lambda e: e.wall_time):
+            latest[e.step] = e.value
+        scalars[RENAMED.get(tag, tag)] = sorted(latest.items())
     if not any(scalars.get(tag) for tag in ("loss/train", "loss/val")):
         raise UserError(f"{out_dir} holds no losses yet (the run stopped before its first log); nothing to plot")
     return scalars

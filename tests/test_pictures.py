@@ -111,6 +111,27 @@ def test_plot_run_reads_the_loss_tags_of_older_runs(run_dir, tmp_path):
     assert all(then[tag] == now[tag] for tag in then)  # float32 in both files, so exactly equal
 
 
+def test_plot_run_draws_sessions_in_step_order_whatever_their_files_are_named(tmp_path):
+    """Two sessions' event files whose names sort against the order they were written (as a counter's 10 sorts
+    before 9) are read back as one series in step order, a step written twice keeping its later value."""
+    import os
+
+    from torch.utils.tensorboard import SummaryWriter
+    import plot_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for session, (name, steps) in enumerate((("events.out.tfevents.1700000000.host.1.9", range(0, 30, 10)),
+                                             ("events.out.tfevents.1700000000.host.1.10", range(20, 50, 10)))):
+        with SummaryWriter(str(tmp_path / f"s{session}")) as writer:
+            for step in steps:
+                writer.add_scalar("loss/train", step + session / 2, step, walltime=1700000000 + session * 100 + step)
+        written, = (tmp_path / f"s{session}").iterdir()
+        os.replace(written, run / name)
+    assert sorted(p.name for p in run.iterdir())[0].endswith(".10")  # the second session's file is read first
+    assert plot_run.read_scalars(run)["loss/train"] == [(0, 0.0), (10, 10.0), (20, 20.5), (30, 30.5), (40, 40.5)]
+
+
 def test_walkthrough_prints_what_the_formula_gives(script):
     """Each printed matrix equals the formula computed in numpy; tokens are counted from 1, as the attention page and
     tutorials.py count them, and the text says so where it counts."""
@@ -207,8 +228,10 @@ def test_a_run_leaves_loss_png_drawing_every_logged_loss_of_all_its_sessions(tmp
 
     events = EventAccumulator(str(out), size_guidance={"scalars": 0})
     events.Reload()
-    logged = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in ("loss/train", "loss/val",
-                                                                                  "loss/train_eval")}
+    # By step: the reader takes a folder's event files in name order, and two sessions in one process within one
+    # second are named by a counter that sorts 10 before 9.
+    logged = {tag: sorted((e.step, e.value) for e in events.Scalars(tag)) for tag in ("loss/train", "loss/val",
+                                                                                        "loss/train_eval")}
     assert [s for s, _ in logged["loss/train"]] == list(range(5, 46, 5))  # both sessions, no step twice
     assert [s for s, _ in logged["loss/val"]] == [0, 10, 20, 25, 30, 40, 45]
     losses = checkpoint.load(out / "ckpt_last.pt")["losses"]
