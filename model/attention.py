@@ -54,11 +54,20 @@ def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=scale)
 
 
+def written_out_when_compiled(q: torch.Tensor) -> bool:
+    """Whether the fused path takes the explicit one's steps instead: inside torch.compile, on a CPU, under bfloat16
+    autocast. There inductor fuses the scaling, mask and softmax around two bfloat16 products, while the fused kernel
+    runs in float32 (fused_attention): a 5-layer step of the long CPU preset took 0.79 times the uncompiled kernel's,
+    the compiled kernel's 0.94 (docs/speed.md, sixth pass). In float32 the compiled kernel was the faster one."""
+    return q.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.compiler.is_compiling()
+
+
 class CausalSelfAttention(nn.Module):
     """All heads at once: one fused projection for q, k and v, and (B, n_head, T, head_size) tensors.
 
     path "explicit" spells out q·kᵀ/√d, mask, softmax, weighted sum (and can record the weights);
-    path "sdpa" calls torch's fused scaled_dot_product_attention (flash / memory-efficient kernels).
+    path "sdpa" calls torch's fused scaled_dot_product_attention (flash / memory-efficient kernels), except inside
+    torch.compile on a CPU in bfloat16, where the explicit steps compile faster (written_out_when_compiled).
 
     The forms the tutorials teach, chosen by the config (each changes only projections() or scores()):
     attention_score scaled_dot (the default), dot (no 1/√d), additive (w·tanh(q + k), explicit path only),
@@ -110,7 +119,7 @@ class CausalSelfAttention(nn.Module):
         # No mask: plain causal when queries and keys are the same positions; a single new query after cached keys may
         # see them all. (SDPA's is_causal aligns its triangle to the top-left corner, wrong once the lengths differ.)
         causal = mask is None and k.size(2) == T
-        if self.path == "explicit" or self.record is not None or not self.fusable:
+        if self.path == "explicit" or self.record is not None or not self.fusable or written_out_when_compiled(q):
             scores = self.scores(q, k)  # (B, n_head, T, T_keys)
             # the tril, made for this T (a stored block_size x block_size one would cost block_size² bytes a layer)
             keep = attention_mask(torch.arange(T, device=x.device), T) if causal else mask

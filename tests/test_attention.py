@@ -187,3 +187,32 @@ def test_fused_attention_under_cpu_bfloat16_autocast_is_the_textbook_formula():
     torch.testing.assert_close(y.double(), reference, rtol=1e-2, atol=1e-2)
     for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
         torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("compiling", [False, True])
+def test_inside_torch_compile_on_a_cpu_in_bfloat16_the_fused_path_is_the_explicit_one(compiling, monkeypatch):
+    """The sdpa path, while torch.compile traces it on a CPU under bfloat16 autocast, computes exactly what the
+    explicit path computes (the written-out steps inductor fuses), output and gradients bit for bit; outside a trace,
+    or in float32, it is the fused kernel's, which differs from the explicit path in the last bits."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    torch.manual_seed(0)
+    fused = CausalSelfAttention(CFG, path="sdpa")
+    explicit = CausalSelfAttention(CFG, path="explicit")
+    explicit.load_state_dict(fused.state_dict())
+    x = torch.randn(3, 16, CFG.n_embd)
+
+    def run(module, autocast):
+        inputs = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = module(inputs)
+        y.float().square().sum().backward()
+        grads = [inputs.grad] + [p.grad for p in module.parameters()]
+        module.zero_grad(set_to_none=True)
+        return [y] + grads
+
+    for autocast in (True, False):
+        got, written_out = run(fused, autocast), run(explicit, autocast)
+        same = all(torch.equal(a, b) for a, b in zip(got, written_out))
+        assert same == (compiling and autocast)
+        for a, b in zip(got, written_out):  # either way the same function
+            torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2)
