@@ -482,7 +482,7 @@ def test_a_log_file_gets_a_line_per_log_interval_and_mfu_never_passes_100(corpus
 
 @pytest.mark.parametrize("argv, preset, n_layer, max_iters", [
     ([], "shakespeare_char_cpu", 2, 300),  # no CUDA here: the CPU preset is what would run
-    (["--config", "shakespeare_char_cpu_long"], "shakespeare_char_cpu_long", 4, 1800),
+    (["--config", "shakespeare_char_cpu_long"], "shakespeare_char_cpu_long", 5, 2000),
 ])
 def test_help_shows_the_values_this_command_would_use(argv, preset, n_layer, max_iters, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
