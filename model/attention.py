@@ -58,9 +58,7 @@ def written_out_when_compiled(q: torch.Tensor) -> bool:
     """Whether the fused path takes the explicit one's steps instead: inside torch.compile, on a CPU, under bfloat16
     autocast. There inductor fuses the scaling, mask and softmax around two bfloat16 products, while the fused kernel
     runs in float32 (fused_attention): a 5-layer step of the long CPU preset took 0.79 times the uncompiled kernel's,
-    the compiled kernel's 0.94 (docs/speed.md, sixth pass). In float32 the compiled kernel was the faster one. Written
-    out there, a causal attention takes its queries in two halves, so the quarter of the products that the mask
-    would zero is never computed."""
+    the compiled kernel's 0.94 (docs/speed.md, sixth pass). In float32 the compiled kernel was the faster one."""
     return q.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.compiler.is_compiling()
 
 
@@ -121,35 +119,21 @@ class CausalSelfAttention(nn.Module):
         # No mask: plain causal when queries and keys are the same positions; a single new query after cached keys may
         # see them all. (SDPA's is_causal aligns its triangle to the top-left corner, wrong once the lengths differ.)
         causal = mask is None and k.size(2) == T
-        compiled_here = written_out_when_compiled(q)
-        if compiled_here and causal and self.record is None and self.fusable and T > 1:
-            # The first half of the queries sees only the first half of the keys: a quarter of the products, all of
-            # them masked, is never computed. The same output as the whole triangle's, bit for bit.
-            h = T // 2
-            positions = torch.arange(T, device=x.device)
-            first = self.explicit(q[:, :, :h], k[:, :, :h], v[:, :, :h], attention_mask(positions[:h], h))
-            second = self.explicit(q[:, :, h:], k, v, attention_mask(positions[h:], T))
-            y = torch.cat((first, second), dim=2)
-        elif self.path == "explicit" or self.record is not None or not self.fusable or compiled_here:
+        if self.path == "explicit" or self.record is not None or not self.fusable or written_out_when_compiled(q):
+            scores = self.scores(q, k)  # (B, n_head, T, T_keys)
             # the tril, made for this T (a stored block_size x block_size one would cost block_size² bytes a layer)
             keep = attention_mask(torch.arange(T, device=x.device), T) if causal else mask
-            y = self.explicit(q, k, v, keep)  # (B, n_head, T, head_size)
+            if keep is not None:
+                scores = scores.masked_fill(~keep, float("-inf"))  # future (and padding) keys get zero weight
+            weights = F.softmax(scores, dim=-1)
+            if self.record is not None:
+                self.record.append(weights)
+            y = self.attn_dropout(weights) @ v  # (B, n_head, T, head_size)
         else:
             dropout_p = self.dropout if self.training else 0.0
             y = fused_attention(q, k, v, mask, dropout_p, causal, scale=None if self.scaled else 1.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, n_embd): heads side by side again
         return self.resid_dropout(self.c_proj(y))
-
-    def explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-        """The textbook steps: scores, the mask (keep: True where a query may see a key; None: all), softmax, the
-        weighted sum of the values. (B, n_head, T, head_size) queries -> (B, n_head, T, head_size)."""
-        scores = self.scores(q, k)  # (B, n_head, T, T_keys)
-        if keep is not None:
-            scores = scores.masked_fill(~keep, float("-inf"))  # future (and padding) keys get zero weight
-        weights = F.softmax(scores, dim=-1)
-        if self.record is not None:
-            self.record.append(weights)
-        return self.attn_dropout(weights) @ v
 
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, n_embd) -> q, k, v, each (B, T, n_head, head_size), as the chosen form makes them."""
