@@ -4,6 +4,7 @@ leaves the user's checkout as it was."""
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,9 +17,11 @@ SCRIPT = ROOT / "scripts" / "bench_gpu.sh"
 
 def start(*args: str, tmp_path: Path, **env: str) -> subprocess.Popen:
     """bash scripts/bench_gpu.sh ARGS in a session of its own (so that every process it starts can be found), shrunk
-    (QUICK=1), its temp folders under tmp_path/tmp."""
+    (QUICK=1), its temp folders under tmp_path/tmp. Its `python` is the one running these tests (first on PATH), so
+    they pass whether or not a virtual environment was activated."""
     (tmp_path / "tmp").mkdir(exist_ok=True)
-    environment = {**os.environ, "QUICK": "1", "TMPDIR": str(tmp_path / "tmp"), **env}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    environment = {**os.environ, "QUICK": "1", "TMPDIR": str(tmp_path / "tmp"), "PATH": path, **env}
     return subprocess.Popen(["bash", str(SCRIPT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=environment, start_new_session=True)
 

@@ -166,8 +166,9 @@ def keep_freed_memory() -> bool:
         mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
     except (OSError, AttributeError):
         return False
-    # Fixing the map threshold also fixes the trim threshold (glibc otherwise raises both as blocks are freed); a
-    # glibc that refuses a threshold this high (before 2.26) takes its own highest, 32 MiB.
+    # Once the map threshold is set, glibc no longer raises either threshold as blocks are freed, so both are set.
+    # mallopt(3) gives 32 MiB as the highest map threshold on 64-bit systems; glibc 2.36 takes 1 GiB (a 200 MB block
+    # freed and asked for again faulted in no page): where 1 GiB is refused, 32 MiB.
     mapped = mallopt(M_MMAP_THRESHOLD, KEPT_BYTES) or mallopt(M_MMAP_THRESHOLD, 32 << 20)
     return bool(mapped and mallopt(M_TRIM_THRESHOLD, KEPT_BYTES))
 
