@@ -59,7 +59,8 @@ def written_out_when_compiled(q: torch.Tensor) -> bool:
     autocast. There inductor fuses the scaling, mask and softmax around two bfloat16 products, while the fused kernel
     runs in float32 (fused_attention): a 5-layer step of the long CPU preset took 0.79 times the uncompiled kernel's,
     the compiled kernel's 0.94 (docs/speed.md, sixth pass). In float32 the compiled kernel was the faster one."""
-    return q.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.compiler.is_compiling()
+    # is_compiling() first: in eager code (the sampler calls this once a layer a character) it answers at once
+    return torch.compiler.is_compiling() and q.device.type == "cpu" and torch.is_autocast_enabled("cpu")
 
 
 class CausalSelfAttention(nn.Module):

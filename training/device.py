@@ -1,5 +1,6 @@
-"""The device a run computes on: the device and precision (autocast, the gradient scaler), free memory, torch.compile
-with its fallback, performance figures (FLOPs, peak rate, MFU), and data-parallel training under torchrun."""
+"""The device a run computes on: the device and precision (autocast, the gradient scaler), free memory and memory kept
+for reuse on a CPU, torch.compile with its fallback, performance figures (FLOPs, peak rate, MFU), and data-parallel
+training under torchrun."""
 from __future__ import annotations
 
 import contextlib
@@ -156,7 +157,7 @@ KEPT_BYTES = 1 << 30
 def keep_freed_memory() -> bool:
     """Linux with glibc: memory the process frees (up to KEPT_BYTES a block) stays in it for the next request instead
     of going back to the system. A training step allocates and frees the same tensors every time, megabytes each;
-    by default glibc maps the largest afresh and trims freed memory back, so a step touched new pages (5,000 to 8,500
+    by default glibc maps the largest afresh and trims freed memory back, so a step touched new pages (5,400 to 8,600
     page faults a step in the long CPU preset, none with this) and took about 1.07 times as long in interleaved
     timings (docs/speed.md, seventh pass). The memory kept is what the step needs again a moment later: the peak does
     not grow. True if set; False elsewhere (macOS, Windows, musl), where nothing changes."""
