@@ -184,19 +184,20 @@ def test_characters_are_drawn_by_an_installed_font_or_labelled_by_code_point_wit
 
 
 def test_the_runs_attention_pictures_have_the_pixels_of_the_whole_figure():
-    """AttentionPictures draws a figure's characters and colour bar once and only the heatmaps again: the same pixels
-    as drawing the whole figure, at the first picture and at later ones."""
+    """AttentionPictures lays out one figure (characters, colour bar) and draws only the heatmaps, frames and titles
+    again: the same pixels as drawing each layer's whole figure, at the first picture and at later ones, for every
+    layer in turn (the titles name the picture's layer, up to two digits), and again for a layer drawn before."""
     from training.pictures import AttentionPictures, attention_figure, plt
 
     text = "ROMEO: but soft, what light"
     pick = torch.Generator().manual_seed(0)
     pictures = AttentionPictures(text)
-    for _ in range(3):
+    for layer in (1, 0, 11, 2, 1):
         weights = torch.rand(4, len(text), len(text), generator=pick).tril()
         weights /= weights.sum(-1, keepdim=True)
-        whole = attention_figure(weights, text, 1)
+        whole = attention_figure(weights, text, layer)
         whole.canvas.draw()
-        assert np.array_equal(pictures.render(weights, 1), np.asarray(whole.canvas.buffer_rgba())[..., :3])
+        assert np.array_equal(pictures.render(weights, layer), np.asarray(whole.canvas.buffer_rgba())[..., :3])
         plt.close(whole)
 
 
