@@ -374,9 +374,9 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
             f"{TENSORBOARD_URL} (the loss first, drawn unsmoothed)")
     if compile_wanted(cfg.compile, run.rt.device_type):  # else the wait before step 0 would look like a hang
         mode = "" if cfg.compile_mode == "default" else f", mode {cfg.compile_mode}"
-        log.say(f"torch.compile (scope {cfg.compile_scope}{mode}): the first evaluation and the first step wait "
-                f"while it compiles, longest on a machine's first run (its cache serves later ones); --compile false "
-                f"skips it")
+        waits = "the first evaluation and the first step wait" if cfg.compile_eval else "the first step waits"
+        log.say(f"torch.compile (scope {cfg.compile_scope}{mode}): {waits} while it compiles, longest on a machine's "
+                f"first run (its cache serves later ones); --compile false skips it")
 
 
 # ---- on a CPU, before the first step: whether it fits in memory, how long it will take -------------------------------
