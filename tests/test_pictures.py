@@ -186,14 +186,15 @@ def test_characters_are_drawn_by_an_installed_font_or_labelled_by_code_point_wit
 def test_the_runs_attention_pictures_have_the_pixels_of_the_whole_figure():
     """AttentionPictures lays out one figure (characters, colour bar) and draws only the heatmaps, frames and titles
     again: the same pixels as drawing each layer's whole figure, at the first picture and at later ones, for every
-    layer in turn (the titles name the picture's layer, up to two digits), and again for a layer drawn before."""
+    layer in turn (the titles name the picture's layer, up to two digits), and again for a layer drawn before; weights
+    with fewer heads, then more again, are laid out afresh."""
     from training.pictures import AttentionPictures, attention_figure, plt
 
     text = "ROMEO: but soft, what light"
     pick = torch.Generator().manual_seed(0)
     pictures = AttentionPictures(text)
-    for layer in (1, 0, 11, 2, 1):
-        weights = torch.rand(4, len(text), len(text), generator=pick).tril()
+    for layer, heads in ((1, 4), (0, 4), (11, 4), (2, 4), (1, 4), (3, 2), (0, 4)):
+        weights = torch.rand(heads, len(text), len(text), generator=pick).tril()
         weights /= weights.sum(-1, keepdim=True)
         whole = attention_figure(weights, text, layer)
         whole.canvas.draw()

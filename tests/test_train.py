@@ -404,8 +404,8 @@ def test_a_compiled_run_compiles_its_model_once_for_training_and_once_for_evalua
                                                                                       compile_eval, graphs, scope):
     """Full validation's last batch is padded to the batch size: a smaller one would compile the model a third time
     (10-13 s on a 2-core CPU for the debug preset). --compile_eval false evaluates uncompiled: one graph. Compiled by
-    blocks, every block runs the one graph compiled for the first."""
-    traced = []
+    blocks, every block runs the one graph compiled for the first. The run's compile note names what waits for it."""
+    traced, said = [], []
 
     def counting(graph, inputs):  # dynamo's capture without code generation
         traced.append(graph)
@@ -414,9 +414,13 @@ def test_a_compiled_run_compiles_its_model_once_for_training_and_once_for_evalua
     cfg, _, explicit = load_config(debug_argv(corpus, tmp_path, "run", "--compile", "true", "--max_iters", "4",
                                               "--eval_interval", "2", "--compile_eval", compile_eval,
                                               "--compile_scope", scope), False)
-    summary = train.train(cfg, explicit, say=lambda m: None)
+    summary = train.train(cfg, explicit, say=said.append)
     assert train_batches(cfg).num_val_windows() % cfg.batch_size  # the last batch would be smaller
     assert len(traced) == graphs
+    waits = "the first evaluation and the first step wait" if compile_eval == "true" else "the first step waits"
+    assert [line for line in said if line.startswith("torch.compile (scope")] == [
+        f"torch.compile (scope {scope}): {waits} while it compiles, longest on a machine's first run (its cache serves "
+        f"later ones); --compile false skips it"]
     by_hand = full_validation(tmp_path / "run" / summary["model_checkpoint"], corpus.read_text(encoding="utf-8"))
     assert summary["full_val_loss"] == pytest.approx(by_hand, rel=1e-5)  # the padding rows count for nothing
 

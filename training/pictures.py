@@ -132,15 +132,15 @@ class AttentionPictures:
     laid out and drawn once without its heatmaps, their frames and the panels' titles (the characters, axis labels
     and colour bar: nearly all of the drawing time); every picture, of any layer, then draws only those parts onto
     that background, the titles naming its layer. The same pixels as drawing the layer's whole figure (tested), in a
-    fraction of the time: a 5-layer model's first evaluation lays out one figure, not five."""
+    fraction of the time. Weights of another shape (other heads, another length) are laid out afresh."""
 
     def __init__(self, text: str):
         self.text = text
-        self.laid_out: tuple | None = None  # (figure, its heatmap axes, the background), made at the first picture
+        self.laid_out: tuple | None = None  # (the weights' shape, the figure, its heatmap axes, the background)
 
     def render(self, weights: torch.Tensor, layer: int):
         """weights (n_head, T, T) of one layer -> the picture, a (height, width, 3) uint8 array."""
-        if self.laid_out is None:
+        if self.laid_out is None or self.laid_out[0] != weights.shape:
             fig = attention_figure(weights, self.text, layer)
             plt.close(fig)  # out of pyplot's list of open figures (it warns past 20) ...
             FigureCanvasAgg(fig)  # ... and onto a canvas of its own
@@ -148,14 +148,16 @@ class AttentionPictures:
             hidden = [artist for ax in heatmaps for artist in (ax.images[0], *ax.spines.values())]
             for artist in hidden:
                 artist.set_visible(False)
-            for ax in heatmaps:  # emptied, not hidden: the drawing places a title only if it is shown
+            # The titles are emptied, not hidden: hidden ones were moved off the figure by the drawing; empty ones
+            # stay at the top of their axes, where the whole figure has them (the pixel test checks it).
+            for ax in heatmaps:
                 ax.title.set_text("")
             fig.canvas.draw()
             background = fig.canvas.copy_from_bbox(fig.bbox)
             for artist in hidden:
                 artist.set_visible(True)
-            self.laid_out = (fig, heatmaps, background)
-        fig, heatmaps, background = self.laid_out
+            self.laid_out = (weights.shape, fig, heatmaps, background)
+        _, fig, heatmaps, background = self.laid_out
         fig.canvas.restore_region(background)
         for head, (ax, head_weights) in enumerate(zip(heatmaps, weights)):
             ax.images[0].set_data(causal_cells(head_weights))
