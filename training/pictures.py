@@ -145,8 +145,8 @@ class AttentionPictures:
             plt.close(fig)  # out of pyplot's list of open figures (it warns past 20) ...
             FigureCanvasAgg(fig)  # ... and onto a canvas of its own
             heatmaps = [ax for ax in fig.axes if ax.images]  # one per head, in order (the colour bar has none)
-            hidden = [artist for ax in heatmaps for artist in (ax.images[0], *ax.spines.values())]
-            for artist in hidden:
+            redrawn = [artist for ax in heatmaps for artist in redrawn_parts(ax)]
+            for artist in redrawn:
                 artist.set_visible(False)
             # The titles are emptied, not hidden: hidden ones were moved off the figure by the drawing; empty ones
             # stay at the top of their axes, where the whole figure has them (the pixel test checks it).
@@ -154,7 +154,7 @@ class AttentionPictures:
                 ax.title.set_text("")
             fig.canvas.draw()
             background = fig.canvas.copy_from_bbox(fig.bbox)
-            for artist in hidden:
+            for artist in redrawn:
                 artist.set_visible(True)
             self.laid_out = (weights.shape, fig, heatmaps, background)
         _, fig, heatmaps, background = self.laid_out
@@ -162,7 +162,7 @@ class AttentionPictures:
         for head, (ax, head_weights) in enumerate(zip(heatmaps, weights)):
             ax.images[0].set_data(causal_cells(head_weights))
             ax.title.set_text(panel_title(layer, head))
-            for artist in redrawn_parts(ax):
+            for artist in (*redrawn_parts(ax), ax.title):
                 ax.draw_artist(artist)
         return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
@@ -173,9 +173,9 @@ def panel_title(layer: int, head: int) -> str:
 
 
 def redrawn_parts(ax) -> tuple:
-    """What a picture draws again on a heatmap's axes: the heatmap, then its frame over it, as a whole drawing does,
-    and the panel's title."""
-    return ax.images[0], *ax.spines.values(), ax.title
+    """What a picture draws again on a heatmap's axes besides its title: the heatmap, then its frame over it, as a
+    whole drawing does."""
+    return ax.images[0], *ax.spines.values()
 
 
 def finite_or_refused(weights: list[torch.Tensor], path) -> list[torch.Tensor]:
