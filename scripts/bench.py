@@ -10,9 +10,12 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
+import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
@@ -70,35 +73,85 @@ def time_steps(step, iters: int, device: torch.device) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def count_host_syncs(step, iters: int, device: torch.device) -> int:
-    """How often the host waited for the device over iters training steps: on CUDA every synchronizing call, as
-    torch.cuda.set_sync_debug_mode("warn") reports them; elsewhere every value read from a tensor into Python (item,
-    bool, tolist, ...: what would wait on a GPU), seen below autograd (so count an uncompiled step there)."""
-    import warnings
-    from torch.utils._python_dispatch import TorchDispatchMode
-    reads = []
+# What torch.cuda.set_sync_debug_mode("warn") says at each wait. Only that: setting the mode also warns, once a process,
+# that "Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations", which
+# is no wait.
+SYNC_WARNING = "called a synchronizing CUDA operation"
 
-    class Reads(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
-                reads.append(func)
-            return func(*args, **(kwargs or {}))
 
-    sync(device)
-    if device.type != "cuda":
-        with Reads():
-            for _ in range(iters):
-                step()
-        return len(reads)
-    with warnings.catch_warnings(record=True) as caught:
+class HostWaits:
+    """with HostWaits(device) as waits: ... counts how often the code inside made the host wait for the device, and
+    where: on CUDA every synchronizing call, as torch.cuda.set_sync_debug_mode("warn") reports it; elsewhere every
+    value read from a tensor into Python (item, bool, tolist, ...: what would wait on a GPU), seen below autograd (so
+    count an uncompiled step there). waits.places maps each place to its count: the innermost line of this project's
+    code that led to the wait, and the innermost line of any code (torch's) where they differ."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.places, self._undo = device, {}, []
+
+    @property
+    def count(self) -> int:
+        return sum(self.places.values())
+
+    def seen(self) -> None:
+        """One wait, at the Python stack as it is now."""
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if Path(f.filename).resolve() != Path(__file__).resolve() and f.filename != warnings.__file__]
+        ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(ROOT) and
+                "site-packages" not in f.filename]
+        named = [f"{Path(f.filename).resolve().relative_to(ROOT)}:{f.lineno} ({f.name})" for f in ours[-1:]]
+        if frames and (not ours or frames[-1] is not ours[-1]):
+            named.append(f"inside {Path(frames[-1].filename).name}:{frames[-1].lineno} ({frames[-1].name})")
+        place = ", ".join(named) or "(no Python frame)"
+        self.places[place] = self.places.get(place, 0) + 1
+
+    def describe(self) -> str:
+        """Each place and its count, one line each ("" when there was no wait)."""
+        return "".join(f"\n  {n} x {place}" for place, n in sorted(self.places.items(), key=lambda kv: -kv[1]))
+
+    def __enter__(self) -> "HostWaits":
+        from torch.utils._python_dispatch import TorchDispatchMode
+        sync(self.device)
+        if self.device.type != "cuda":
+            waits = self
+
+            class Reads(TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
+                        waits.seen()
+                    return func(*args, **(kwargs or {}))
+            mode = Reads()
+            mode.__enter__()
+            self._undo.append(lambda: mode.__exit__(None, None, None))
+            return self
+        # the warning is shown while the synchronizing call is still on the stack: that stack says where it came from
+        caught = warnings.catch_warnings()
+        caught.__enter__()
         warnings.simplefilter("always")
+        shown = warnings.showwarning
+
+        def show(message, category, *rest, **kw):
+            if SYNC_WARNING in str(message):
+                self.seen()
+            elif "debug mode is a prototype" not in str(message):  # (torch's note, once a process, when set)
+                shown(message, category, *rest, **kw)
+        warnings.showwarning = show
         torch.cuda.set_sync_debug_mode("warn")
-        try:
-            for _ in range(iters):
-                step()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught)
+        self._undo.append(lambda: caught.__exit__(None, None, None))
+        self._undo.append(lambda: torch.cuda.set_sync_debug_mode(0))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def count_host_syncs(step, iters: int, device: torch.device) -> HostWaits:
+    """The host's waits for the device over iters training steps (HostWaits: how many, and where)."""
+    with HostWaits(device) as waits:
+        for _ in range(iters):
+            step()
+    return waits
 
 
 def warm_up(run: dict, steps: int) -> None:
@@ -225,9 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         run = build_training(cfg, rt)
         warm_up(run, args.warmup)  # compiled, and every shape seen, before counting
         waits = count_host_syncs(run["step"], args.iters, rt.device)
-        print(f"host waits for the device: {waits} in {args.iters} training steps ({waits / args.iters:.2f} per step, "
-              f"at most {args.host_syncs:g} allowed), {rt.describe()}")
-        return 0 if waits / args.iters <= args.host_syncs else 1
+        print(f"host waits for the device: {waits.count} in {args.iters} training steps "
+              f"({waits.count / args.iters:.2f} per step, at most {args.host_syncs:g} allowed), {rt.describe()}"
+              + waits.describe())
+        return 0 if waits.count / args.iters <= args.host_syncs else 1
     figures = {"config": cfg.config_name, "device": rt.describe(), "threads": torch.get_num_threads(),
                "optimizer": cfg.optimizer}
     run = build_training(cfg, rt)

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="also time a compiled decoding step (default: on CUDA only; on a CPU compiling takes "
                              "about half a minute)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="auto", help="auto (a GPU where there is one), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", default="float32",
                         help="the weights' dtype, as sample.py --dtype: float32 | bfloat16 | float16 | auto, or "
                              "several to compare in turn, e.g. float32,bfloat16")

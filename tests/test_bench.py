@@ -256,7 +256,8 @@ def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, sc
 
 def test_bench_counts_the_hosts_waits_per_training_step_and_fails_above_the_bound(tmp_path, small_text, script):
     """bench.py --host_syncs MOST counts the values read from the device over --iters steps (on a CPU: with Muon, the
-    step's finite flag, read there for free, once a step; AdamW reads none) and exits 1 above MOST per step."""
+    step's finite flag, read there for free, once a step; AdamW reads none), names the line of the project's code
+    that read it, and exits 1 above MOST per step."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_text, encoding="utf-8")
     common = ("--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"), "--iters", "3",
@@ -264,6 +265,7 @@ def test_bench_counts_the_hosts_waits_per_training_step_and_fails_above_the_boun
     over = script("bench.py", *common, "--optimizer", "muon", "--host_syncs", "0")
     assert over.returncode == 1 and "host waits for the device: 3 in 3 training steps (1.00 per step, at most 0" \
         in over.stdout, over.stdout + over.stderr
+    assert "\n  3 x training/optim.py:" in over.stdout and "(step_if_finite)" in over.stdout, over.stdout
     assert script("bench.py", *common, "--optimizer", "muon", "--host_syncs", "1").returncode == 0
     none = script("bench.py", *common, "--optimizer", "adamw", "--host_syncs", "0")
     assert none.returncode == 0 and "host waits for the device: 0 in 3 training steps" in none.stdout
@@ -294,3 +296,30 @@ def test_bench_sample_keeps_one_cache_per_shape_across_its_timed_runs(monkeypatc
         assert len(calls) == 1 + 2  # the warm-up and two rounds
         first, addresses = calls[0]
         assert all(caches is first and ptrs == addresses for caches, ptrs in calls), rows
+
+
+def test_host_waits_on_cuda_count_each_synchronizing_call_where_it_happened_and_not_the_modes_own_note(monkeypatch):
+    """HostWaits on CUDA counts torch's "called a synchronizing CUDA operation" warnings, each at the project's line that
+    made the call, and not the note torch gives once a process when the mode is set (which names "synchronizing
+    operations" too). torch's sync debug mode is played by stand-ins that warn as torch does."""
+    import warnings
+    import torch
+    import bench
+    from bench import HostWaits
+
+    def set_mode(mode):  # torch warns this note at the first setting in a process
+        if mode == "warn":
+            warnings.warn("Synchronization debug mode is a prototype feature and does not yet detect all "
+                          "synchronizing operations")
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
+    monkeypatch.setattr(bench, "sync", lambda device: None)
+
+    def read_back():  # what torch says at a wait (the warning comes while the call is on the stack)
+        warnings.warn("called a synchronizing CUDA operation")
+
+    with HostWaits(torch.device("cuda")) as waits:
+        read_back()
+        read_back()
+    assert waits.count == 2
+    [(place, n)] = waits.places.items()
+    assert n == 2 and place.startswith("tests/test_bench.py:") and place.endswith(" (read_back)"), place
