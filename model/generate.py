@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from data.loader import send
 from errors import in_one_line
 from model.gpt import GPT
 from model.kv_cache import Decoding, LayerCache
@@ -76,10 +77,8 @@ def window_start(start: int, length: int, block_size: int) -> int:
 
 
 def on_device(values: list, device: torch.device) -> torch.Tensor:
-    """Host numbers -> a long tensor on device, without making the host wait: on CUDA the copy is queued from pinned
-    memory (a copy from ordinary, pageable memory waits for every kernel queued before it)."""
-    host = torch.tensor(values, dtype=torch.long)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+    """Host numbers -> a long tensor on device, without making the host wait (data.loader.send)."""
+    return send(torch.tensor(values, dtype=torch.long), device)
 
 
 def left_pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:

@@ -11,6 +11,7 @@ from model import GPT, ModelConfig
 from model.attention import CausalSelfAttention, recording_attention
 from model.generate import compiled_step, generate
 from training.optim import configure_optimizer
+from conftest import set_attention_path
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
 FORMS = {
@@ -46,7 +47,7 @@ def batch(seed: int = 1):
 def test_each_form_is_causal_on_each_path(form, path):
     model = model_of(form).eval()
     if form != "additive":  # additive has the explicit path only
-        model.set_attention_path(path)
+        set_attention_path(model, path)
     idx = batch()[0][:2, :12]
     base, _ = model(idx)
     for t in range(12):
@@ -113,7 +114,7 @@ def test_the_fused_kernel_computes_each_form_it_is_used_for(form):
     model = model_of(form).eval()
     idx, targets = batch()
     fused, _ = model(idx, targets)
-    model.set_attention_path("explicit")
+    set_attention_path(model, "explicit")
     explicit, _ = model(idx, targets)
     torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-5)
 

@@ -20,8 +20,8 @@ from model.config import ModelConfig
 from training import checkpoint, device, opening
 from training.device import CPU_BFLOAT16_SAMPLING_PARAMS, pick_dtype
 from training.opening import Estimate, expected_seconds, prepare_data
-from training.step import get_lr
-from conftest import ROOT
+from training.optim import get_lr
+from conftest import ROOT, num_val_windows
 from test_best_model import full_validation
 
 
@@ -208,6 +208,17 @@ def test_the_default_presets_evaluate_often_enough_for_a_curve(preset):
     cfg = load_config(["--config", preset], False)[0]
     assert sum(evaluation_due(it, cfg) for it in range(cfg.max_iters + 1)) == evaluations_left(0, cfg) >= 10
     assert cfg.patience * cfg.eval_interval >= min(5 * 150, cfg.max_iters)
+
+
+@pytest.mark.parametrize("interval, max_iters", [(30, 300), (7, 40), (50, 49), (1, 5)])
+def test_the_loops_next_evaluation_is_the_first_step_from_here_that_evaluation_due_names(interval, max_iters):
+    """The loop keeps the step of its next evaluation instead of asking at every step: for every step from 0 to
+    max_iters, next_evaluation() is the first step from there on at which evaluation_due() holds."""
+    from training.evaluation import evaluation_due, next_evaluation
+    cfg = load_config(["--config", "debug", "--eval_interval", str(interval), "--max_iters", str(max_iters)],
+                      False)[0]
+    for it in range(max_iters + 1):
+        assert next_evaluation(it, cfg) == next(j for j in range(it, max_iters + 1) if evaluation_due(j, cfg))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -415,7 +426,7 @@ def test_a_compiled_run_compiles_its_model_once_for_training_and_once_for_evalua
                                               "--eval_interval", "2", "--compile_eval", compile_eval,
                                               "--compile_scope", scope), False)
     summary = train.train(cfg, explicit, say=said.append)
-    assert train_batches(cfg).num_val_windows() % cfg.batch_size  # the last batch would be smaller
+    assert num_val_windows(train_batches(cfg)) % cfg.batch_size  # the last batch would be smaller
     assert len(traced) == graphs
     waits = "the first evaluation and the first step wait" if compile_eval == "true" else "the first step waits"
     assert [line for line in said if line.startswith("torch.compile (scope")] == [

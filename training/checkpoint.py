@@ -56,8 +56,8 @@ class Progress:
     seconds spent in training steps (evaluations, samples, pictures and checkpoint writes excluded), whether the
     evaluation due at this step has been done, the losses the last evaluation measured, how many evaluations in a
     row have not beaten the best (for --patience), and the run's losses so far (every session's, for loss.png):
-    "train", (step, loss) at each log line, and "eval", (step, train loss, validation loss) at each evaluation. A
-    Session (training.session) is its one writer."""
+    "train", (step, loss) at each log line, and "eval", (step, train loss, validation loss) at each evaluation. The
+    training loop (train.py) advances it, its Session (training.session) records evaluations in it."""
     it: int = 0
     best_val: float = math.inf
     train_seconds: float = 0.0

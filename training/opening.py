@@ -29,10 +29,9 @@ from training.checkpoint import Progress
 from training.device import (Dist, Runtime, compile_wanted, flops_per_token, free_memory, is_out_of_memory, setup,
                              step_and_eval_models, sync)
 from training.evaluation import evaluations_left, plateaued
-from training.optim import configure_optimizer
+from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory
 from training.run_folder import RunDir, find
-from training.step import get_lr
 
 
 class StopRequest(Protocol):
