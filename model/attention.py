@@ -64,11 +64,11 @@ def attention_mask(slots: torch.Tensor, n_keys: int, pad: torch.Tensor | None = 
 # ---------------------------------------------------------------------------------------------
 def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float | None = None) -> torch.Tensor:
     """torch's scaled_dot_product_attention. On CPU it runs in float32 even under bfloat16 autocast: there the
-    kernel's bfloat16 backward measured 5x slower than its float32 one (torch 2.13, AMD Zen 4), while the
-    attention products are a small share of the work at these sizes. The projections around it stay bfloat16."""
+    kernel's bfloat16 backward is several times slower than its float32 one, while the attention products are a small
+    share of the work at these sizes (docs/speed.md). The projections around it stay bfloat16."""
     if q.device.type == "cpu" and (torch.is_autocast_enabled("cpu") or v.dtype != torch.float32):
         # Under autocast the kernel would take bfloat16 even from float32 inputs (rotary positions make q and k
-        # float32 while v stays bfloat16): that cost the rope model a third more time per step.
+        # float32 while v stays bfloat16): autocast is turned off around it.
         with torch.autocast("cpu", enabled=False):
             y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                dropout_p=dropout_p, is_causal=causal, scale=scale)
@@ -78,9 +78,9 @@ def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float 
 
 def written_out_when_compiled(q: torch.Tensor) -> bool:
     """Whether the fused path takes the explicit one's steps instead: inside torch.compile, on a CPU, under bfloat16
-    autocast. There inductor fuses the scaling, mask and softmax around two bfloat16 products, while the fused kernel
-    runs in float32 (fused_attention): a 5-layer step of the long CPU preset took 0.79 times the uncompiled kernel's,
-    the compiled kernel's 0.94 (docs/speed.md, sixth pass). In float32 the compiled kernel was the faster one."""
+    autocast. There inductor fuses the scaling, mask and softmax around two bfloat16 products, faster than the fused
+    kernel, which runs in float32 there (fused_attention); in float32 the compiled kernel is the faster one
+    (docs/speed.md has both)."""
     # is_compiling() first: in eager code (the sampler calls this once a layer a character) it answers at once
     return torch.compiler.is_compiling() and q.device.type == "cpu" and torch.is_autocast_enabled("cpu")
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-ATTENTION_IMPLS = ("auto", "sdpa", "explicit")
-ATTENTION_SCORES = ("scaled_dot", "dot", "additive", "uniform")
-POSITIONS = ("learned", "rope", "none")
-ACTIVATIONS = ("gelu", "relu2")
+from configs.choices import ACTIVATIONS, ATTENTION_IMPLS, ATTENTION_SCORES, POSITIONS
+
 MAX_SIZE = 2**31 - 1  # the largest block_size, n_layer, n_head or n_embd (and vocab_size) a config may give
 
 

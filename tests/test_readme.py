@@ -37,7 +37,7 @@ def test_no_page_names_what_the_code_does_not_have():
     """A preset, a run-folder entry or a TensorBoard tag named in backticks must exist: a newcomer found
     `shakespeare_char_fast` (refused by --config) and `hparams/` (never written)."""
     code = "".join(p.read_text(encoding="utf-8") for folder in ("training", "scripts", "configs", "data", "model")
-                   for p in (ROOT / folder).rglob("*.py"))
+                   for p in (ROOT / folder).rglob("*.py")) + (ROOT / "train.py").read_text(encoding="utf-8")
     every_page = "".join(PAGES.values())
     for name in set(re.findall(r"`(shakespeare_char\w*|debug)`", every_page)):
         assert name in presets(), name

@@ -157,10 +157,9 @@ KEPT_BYTES = 1 << 30
 def keep_freed_memory() -> bool:
     """Linux with glibc: memory the process frees (up to KEPT_BYTES a block) stays in it for the next request instead
     of going back to the system. A training step allocates and frees the same tensors every time, megabytes each;
-    by default glibc maps the largest afresh and trims freed memory back, so a step touched new pages (5,400 to 8,600
-    page faults a step in the long CPU preset, none with this) and took about 1.07 times as long in interleaved
-    timings (docs/speed.md, seventh pass). The memory kept is what the step needs again a moment later: the peak does
-    not grow. True if set; False elsewhere (macOS, Windows, musl), where nothing changes."""
+    by default glibc maps the largest afresh and trims freed memory back, so every step would touch new pages, each a
+    page fault (docs/speed.md has the count and the time). The memory kept is what the step needs again a moment
+    later: the peak does not grow. True if set; False elsewhere (macOS, Windows, musl), where nothing changes."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
