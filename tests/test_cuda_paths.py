@@ -134,7 +134,7 @@ def test_float16_steps_muon_and_adamw_as_one_without_the_host_reading_the_device
         scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
         x = torch.randint(0, 11, (4, 8))
         scaler.scale(model(x, x)[1]).backward()
-        as_on_a_gpu = SimpleNamespace(device=torch.device("cpu"), device_type="cuda")
+        as_on_a_gpu = SimpleNamespace(device=SimpleNamespace(type="cuda"))  # the step as on a GPU, its tensors here
         with host_reads() as reads:
             update(model, optimizer, scaler, SimpleNamespace(grad_clip=1.0), 1e-2, as_on_a_gpu)
         return model.state_dict(), reads
