@@ -65,7 +65,9 @@ def train_loop(s: Session) -> tuple[list, bool]:
             s.stepped()
             bar.update(1)
             if steps.due(s.progress.it):
-                skipped = steps.write(s.progress.it, lr, loss, grad_norm, watch, s.clock)
+                # the loss of the whole global batch: the mean of the ranks' (each of as many windows), reduced on
+                # the device and read in the log line's one read, so that it costs no wait of its own
+                skipped = steps.write(s.progress.it, lr, s.d.mean(loss), grad_norm, watch, s.clock)
                 s.logged(*steps.history[-1])
                 if skipped >= cfg.max_nonfinite_steps:
                     raise UserError(too_many_nonfinite(s.progress.it, cfg, s.run_dir.path / LAST))

@@ -395,7 +395,7 @@ class Dist:
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         """The average of a tensor over all ranks (itself when running alone)."""
-        return self.sum(value) / self.world_size
+        return self.sum(value) / self.world_size if self.enabled else value
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         if self.enabled:
