@@ -101,8 +101,10 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
     phases = Phases(start_up)  # start_up: the seconds before train() (the interpreter, the imports), when known
     d = device.from_environment(cfg.ddp)
     speak = say if d.is_main else (lambda message: None)
-    if cfg.resume:
-        note = f"config: the saved config of {cfg.out_dir or 'the run'}, with what this command line sets"
+    if cfg.resume or cfg.init_from:  # (the note's later lines, on what the command line set, stay)
+        whose = (f"the saved config of {cfg.out_dir or 'the run'}" if cfg.resume else
+                 f"the settings of the run {cfg.init_from} starts from")
+        note = "\n".join([f"config: {whose}, with what this command line sets", *note.splitlines()[1:]])
     if note:
         speak(note)
     corpus = None
