@@ -47,3 +47,41 @@ def test_a_damaged_checkpoint_is_a_value_error_with_the_scripts_reason(tmp_path)
     (tmp_path / "ckpt_last.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="is not a readable checkpoint"):
         torch.hub.load(str(ROOT), "chargpt", str(tmp_path), source="local")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_device_this_machine_lacks_is_said_as_such_not_as_damage(run_dir):
+    import torch
+
+    with pytest.raises(ValueError) as refused:
+        torch.hub.load(str(ROOT), "chargpt", str(run_dir), source="local", device="cuda")
+    assert str(refused.value) == (f"cannot load {run_dir / 'ckpt_best.pt'} onto cuda: CUDA is not available on this "
+                                  f"machine (or this PyTorch is a CPU build); load it onto cpu")
+
+
+def test_a_device_that_cannot_hold_the_weights_is_told_apart_from_a_damaged_file(run_dir, tmp_path, monkeypatch):
+    """torch.load failing onto a device (as bfloat16 weights onto an MPS without bfloat16): the file is read again on
+    the CPU, and a sound one is said to be so, naming the device's error; a truncated file is still called damaged."""
+    import torch
+    from errors import UserError
+    from training import checkpoint
+
+    real_load = torch.load
+
+    def load_without_bfloat16_on_mps(path, map_location=None, **kwargs):
+        if torch.device(map_location).type == "mps":
+            real_load(path, map_location="cpu", **kwargs)  # (a damaged file fails as it would anyway)
+            raise TypeError("BFloat16 is not supported on MPS")
+        return real_load(path, map_location=map_location, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load_without_bfloat16_on_mps)
+    monkeypatch.setattr(checkpoint, "unavailable", lambda device: None)  # as if this machine had MPS
+    sound = run_dir / "ckpt_best.pt"
+    with pytest.raises(UserError) as refused:
+        checkpoint.load(sound, "mps")
+    assert str(refused.value) == (f"{sound} is readable, but mps cannot hold its weights (TypeError: BFloat16 is not "
+                                  f"supported on MPS); load it onto cpu")
+    truncated = tmp_path / "ckpt.pt"
+    truncated.write_bytes(sound.read_bytes()[:5000])
+    with pytest.raises(UserError, match="is not a readable checkpoint .*it may be truncated"):
+        checkpoint.load(truncated, "mps")
