@@ -109,8 +109,11 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
         speak(note)
     corpus = None
     if not cfg.resume or not cfg.out_dir:
+        # Offline, only a new run on the default corpus and cache trains on pystdlib instead (and says so): a corpus
+        # or cache the user named, or a run to resume, is an error naming the cause.
+        fallback = not cfg.resume and not {"data", "cache_dir"} & explicit
         with phases.timing("data"):  # a named corpus may be downloaded
-            cfg, corpus = choose_corpus(cfg, speak)  # names the default run folder after the preset and the corpus
+            cfg, corpus = choose_corpus(cfg, speak, fallback)  # names the default run folder after preset and corpus
     run_dir = RunDir(Path(cfg.out_dir))
     log = Log(run_dir.path, d.is_main, say)
     device.init(d, device.pick_device(cfg.device).type)

@@ -222,7 +222,8 @@ def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkey
     bad.write_text("not shakespeare")
     monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", bad.as_uri())
     with pytest.raises(UserError, match=r"--data shakespeare: could not download Tiny Shakespeare \(the download's "
-                       r"checksum does not match\); connect to the network, or give a text you have"):
+                       r"checksum does not match\), and .*tinyshakespeare.txt holds no copy; connect to the network, "
+                       r"put your copy there \(or give --cache_dir of the cache that has it\), or give a text"):
         resolve("shakespeare", tmp_path / "cache", say=notes.append)  # asked for by name: never another text
     assert not notes and not (tmp_path / "cache" / "tinyshakespeare.txt").exists()
     corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True)  # a default: pystdlib

@@ -81,11 +81,12 @@ def check_paths(cfg: TrainConfig) -> None:
                         f"files; choose a name in UTF-8") from None
 
 
-def choose_corpus(cfg: TrainConfig, say) -> tuple[TrainConfig, Corpus]:
+def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainConfig, Corpus]:
     """Find the corpus now (downloading a named one), so that the run is named and recorded after the text it
-    really trains on: offline, "shakespeare" falls back to "pystdlib", and the config then says pystdlib (a resume
-    later, online, must not switch to Shakespeare). Without --out_dir the run goes to out/<preset>-<corpus>."""
-    corpus = resolve(cfg.data, default_cache_dir(cfg.cache_dir), say=say, fallback=True)
+    really trains on: offline, "shakespeare" falls back to "pystdlib" where fallback allows (a new run on the default
+    corpus and cache), and the config then says pystdlib (a resume later, online, must not switch to Shakespeare).
+    Without --out_dir the run goes to out/<preset>-<corpus>."""
+    corpus = resolve(cfg.data, default_cache_dir(cfg.cache_dir), say=say, fallback=fallback)
     if cfg.data in NAMED and corpus.name != cfg.data:
         cfg.data = corpus.name
     if not cfg.out_dir:
