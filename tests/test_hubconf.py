@@ -85,3 +85,41 @@ def test_a_device_that_cannot_hold_the_weights_is_told_apart_from_a_damaged_file
     truncated.write_bytes(sound.read_bytes()[:5000])
     with pytest.raises(UserError, match="is not a readable checkpoint .*it may be truncated"):
         checkpoint.load(truncated, "mps")
+
+
+def test_batched_prompts_logits_score_and_to_agree_with_the_scripts_and_the_model(run_dir, tmp_path, script):
+    """generate([prompts]) gives sample.py's batched texts; logits(text) is the model's forward pass; score(text) is
+    evaluate.py's bits per character on a file holding text (its --json, to the last digit); to(dtype=bfloat16) casts
+    the weights, as sample.py --dtype does."""
+    import json
+    import torch
+
+    lm = torch.hub.load(str(ROOT), "chargpt", str(run_dir), source="local")
+    prompts = ["ROMEO:", "What light", "O"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    batched = script("sample.py", "--out_dir", str(run_dir), "--prompt_file", str(tmp_path / "prompts.txt"),
+                     "--prompts_per_line", "--no-stream", "--max_new_tokens", "30", "--seed", "7")
+    texts = lm.generate(prompts, max_new_tokens=30, seed=7)
+    assert isinstance(texts, list) and batched.stdout.rstrip("\n") == "\n---\n".join(
+        prompt + text for prompt, text in zip(prompts, texts))
+    assert lm.generate(prompts[:1], max_new_tokens=30, seed=7) == [lm.generate("ROMEO:", max_new_tokens=30, seed=7)]
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = "".join(ch for ch in text if ch in lm.tokenizer.stoi)[:2000]
+    logits = lm.logits(text[:lm.model.config.block_size])
+    with torch.inference_mode():
+        expected = lm.model(torch.tensor([lm.tokenizer.encode(text[:lm.model.config.block_size])]))[0][0]
+    assert logits.shape == (lm.model.config.block_size, len(lm.tokenizer.chars)) and torch.equal(logits, expected)
+    with pytest.raises(ValueError, match="more than the model's block_size"):
+        lm.logits(text)
+
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    for stride in (None, 8):
+        figures = tmp_path / f"figures-{stride}.json"
+        done = script("evaluate.py", "--out_dir", str(run_dir), "--data", str(tmp_path / "text.txt"), "--split",
+                      "all", "--json", str(figures), *(["--stride", str(stride)] if stride else []))
+        assert done.returncode == 0, done.stderr
+        assert lm.score(text, stride=stride) == json.loads(figures.read_text())["bits_per_char"]
+
+    assert lm.to(dtype=torch.bfloat16) is lm and lm.model.wte.weight.dtype == torch.bfloat16
+    assert lm.logits("ROMEO:").dtype == torch.float32 and len(lm.generate("ROMEO:", max_new_tokens=5)) == 5
