@@ -4,6 +4,7 @@ The parts live in training/ (docs/code.md is the map): the step and its schedule
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import shlex
 import time
@@ -101,6 +102,9 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
     phases = Phases(start_up)  # start_up: the seconds before train() (the interpreter, the imports), when known
     d = device.from_environment(cfg.ddp)
     speak = say if d.is_main else (lambda message: None)
+    if cfg.wandb and "wandb" in explicit and importlib.util.find_spec("wandb") is None:
+        raise UserError("--wandb: the wandb package is not installed (pip install wandb; then wandb login, or "
+                        "WANDB_MODE=offline to keep its logs in the run folder); leave --wandb out for TensorBoard alone")
     if cfg.resume or cfg.init_from:  # (the note's later lines, on what the command line set, stay)
         whose = (f"the saved config of {cfg.out_dir or 'the run'}" if cfg.resume else
                  f"the settings of the run {cfg.init_from} starts from")
@@ -144,6 +148,7 @@ def train_opened(s: Session, source: Path | None) -> dict:
         log.say(f"resuming {source} at step {progress.it}")
     elif s.d.is_main:  # --overwrite: the old run waits in .replaced/ until this one has something to keep
         s.stop.ending = run_dir.replace_old_run(log.say)
+    log.start_wandb(s.cfg)
     if source is None:
         log.config(json.dumps(s.cfg.to_dict(), indent=1))
     log.layout()
