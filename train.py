@@ -4,6 +4,7 @@ The parts live in training/ (docs/code.md is the map): the step and its schedule
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import shlex
 import time
@@ -65,7 +66,9 @@ def train_loop(s: Session) -> tuple[list, bool]:
             s.stepped()
             bar.update(1)
             if steps.due(s.progress.it):
-                skipped = steps.write(s.progress.it, lr, loss, grad_norm, watch, s.clock)
+                # the loss of the whole global batch: the mean of the ranks' (each of as many windows), reduced on
+                # the device and read in the log line's one read, so that it costs no wait of its own
+                skipped = steps.write(s.progress.it, lr, s.d.mean(loss), grad_norm, watch, s.clock)
                 s.logged(*steps.history[-1])
                 if skipped >= cfg.max_nonfinite_steps:
                     raise UserError(too_many_nonfinite(s.progress.it, cfg, s.run_dir.path / LAST))
@@ -99,14 +102,22 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
     phases = Phases(start_up)  # start_up: the seconds before train() (the interpreter, the imports), when known
     d = device.from_environment(cfg.ddp)
     speak = say if d.is_main else (lambda message: None)
-    if cfg.resume:
-        note = f"config: the saved config of {cfg.out_dir or 'the run'}, with what this command line sets"
+    if cfg.wandb and "wandb" in explicit and importlib.util.find_spec("wandb") is None:
+        raise UserError("--wandb: the wandb package is not installed (pip install wandb; then wandb login, or "
+                        "WANDB_MODE=offline to keep its logs in the run folder); leave --wandb out for TensorBoard alone")
+    if cfg.resume or cfg.init_from:  # (the note's later lines, on what the command line set, stay)
+        whose = (f"the saved config of {cfg.out_dir or 'the run'}" if cfg.resume else
+                 f"the settings of the run {cfg.init_from} starts from")
+        note = "\n".join([f"config: {whose}, with what this command line sets", *note.splitlines()[1:]])
     if note:
         speak(note)
     corpus = None
     if not cfg.resume or not cfg.out_dir:
+        # Offline, only a new run on the default corpus and cache trains on pystdlib instead (and says so): a corpus
+        # or cache the user named, or a run to resume, is an error naming the cause.
+        fallback = not cfg.resume and not {"data", "cache_dir"} & explicit
         with phases.timing("data"):  # a named corpus may be downloaded
-            cfg, corpus = choose_corpus(cfg, speak)  # names the default run folder after the preset and the corpus
+            cfg, corpus = choose_corpus(cfg, speak, fallback)  # names the default run folder after preset and corpus
     run_dir = RunDir(Path(cfg.out_dir))
     log = Log(run_dir.path, d.is_main, say)
     device.init(d, device.pick_device(cfg.device).type)
@@ -137,6 +148,7 @@ def train_opened(s: Session, source: Path | None) -> dict:
         log.say(f"resuming {source} at step {progress.it}")
     elif s.d.is_main:  # --overwrite: the old run waits in .replaced/ until this one has something to keep
         s.stop.ending = run_dir.replace_old_run(log.say)
+    log.start_wandb(s.cfg)
     if source is None:
         log.config(json.dumps(s.cfg.to_dict(), indent=1))
     log.layout()
