@@ -61,6 +61,38 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
+def parse_bool(text: str) -> bool:
+    """true | false in any case, and 1 | 0, yes | no, on | off (nanoGPT's --compile=False too); else ValueError."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+class BooleanFlag(argparse.BooleanOptionalAction):
+    """--flag and --no-flag, as argparse's BooleanOptionalAction, and also --flag=VALUE or --flag VALUE with any value
+    parse_bool takes: nanoGPT's scripts are driven with --compile=False."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.nargs = "?"  # (BooleanOptionalAction takes no value)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is None:
+            super().__call__(parser, namespace, values, option_string)
+            return
+        try:
+            value = parse_bool(values)
+        except ValueError:
+            parser.error(f"argument {option_string}: expected true or false, got {values!r}")
+        if option_string.startswith("--no-"):
+            parser.error(f"argument {option_string}: takes no value; give {option_string} alone, or "
+                         f"{self.option_strings[0]}=false")
+        setattr(namespace, self.dest, value)
+
+
 def space_or_place(err: BaseException, option: str) -> str:
     """The fix for a failed write: free disk space when the disk is full (or we cannot tell), else another place."""
     if (isinstance(err, OSError) and err.errno is not None

@@ -1,5 +1,6 @@
 """torch.hub's entry to a trained run: torch.hub.load(CHECKOUT, "chargpt", RUN_FOLDER, source="local") gives the run's
-model and tokenizer, with generate(prompt) -> text, from any Python program, without putting this checkout on its path.
+model and tokenizer, with generate(prompt or prompts), logits(text), score(text) and to(device, dtype), from any Python
+program, without putting this checkout on its path.
 
 This project's modules have plain top-level names (model, data, training, configs, errors), which a program may
 use for its own modules. So they are imported here under those names only while this file's code runs, and the
@@ -44,8 +45,9 @@ def _project() -> Iterator[None]:
 
 
 class TrainedRun:
-    """A trained run's model (a torch.nn.Module, in eval mode) and tokenizer, and text generation with sample.py's
-    settings and defaults."""
+    """A trained run's model (a torch.nn.Module, in eval mode) and tokenizer: text generation with sample.py's settings
+    and defaults, one prompt or a batch of them; the logits of a text; its score in bits per character, as
+    scripts/evaluate.py measures it; and to(device, dtype)."""
 
     def __init__(self, model, tokenizer, state: dict, path: Path):
         self.model, self.tokenizer, self.path = model, tokenizer, path
@@ -54,26 +56,82 @@ class TrainedRun:
         self.default_prompt = tokenizer.default_prompt(data.get("first_char"))
         loss = state.get("best_val_loss")
         self.val_loss = loss if isinstance(loss, float) and math.isfinite(loss) else None
+        run = state.get("run_config") if isinstance(state.get("run_config"), dict) else {}
+        self.run_dtype = run.get("dtype", "auto")  # what the run trained in: scoring's autocast, as evaluate.py's
+        self.batch_size = run.get("batch_size", 16)
 
-    def generate(self, prompt: str | None = None, max_new_tokens: int = 500, temperature: float = 0.8,
-                 top_k: int | None = None, top_p: float | None = None, seed: int = 1337) -> str:
+    def _ids(self, text: str, what: str) -> list[int]:
+        unknown = self.tokenizer.unknown(text)
+        if not text or unknown:
+            raise ValueError(f"the {what} needs at least one character, all of them known to the model; unknown: "
+                             f"{sorted(set(unknown))[:10]}")
+        return self.tokenizer.encode(text)
+
+    def generate(self, prompt: str | list[str] | None = None, max_new_tokens: int = 500, temperature: float = 0.8,
+                 top_k: int | None = None, top_p: float | None = None, seed: int = 1337) -> str | list[str]:
         """The prompt's continuation (the new text only; the prompt left out: sample.py's default, a newline where
         the text has them): the same seed and settings give the same text as
-        python scripts/sample.py --prompt PROMPT --stream with those settings."""
+        python scripts/sample.py --prompt PROMPT --stream with those settings. A list of prompts is continued in one
+        batch (left-padded; each row computes what it would alone), a list of texts back: the same texts as
+        sample.py --prompt_file F --prompts_per_line --no-stream with F's lines the prompts."""
         import torch
 
-        prompt = self.default_prompt if prompt is None else prompt
-        unknown = self.tokenizer.unknown(prompt)
-        if not prompt or unknown:
-            raise ValueError(f"the prompt needs at least one character, all of them known to the model; unknown: "
-                             f"{sorted(set(unknown))[:10]}")
+        prompts = [self.default_prompt if prompt is None else prompt] if not isinstance(prompt, list) else prompt
+        if not prompts:
+            raise ValueError("generate() needs a prompt, or a list of at least one")
+        rows = [self._ids(text, "prompt") for text in prompts]
         with _project():
             generate = importlib.import_module("model.generate")
             device = self.model.wte.weight.device
             generator = torch.Generator(device=device).manual_seed(seed)
-            new = generate.generate(self.model, [self.tokenizer.encode(prompt)], max_new_tokens,
-                                    temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        return self.tokenizer.decode(new[0])
+            new = generate.generate(self.model, rows, max_new_tokens, temperature=temperature, top_k=top_k,
+                                    top_p=top_p, generator=generator)
+        texts = [self.tokenizer.decode(row) for row in new]
+        return texts if isinstance(prompt, list) else texts[0]
+
+    def logits(self, text: str):
+        """The model's logits after each character of text (at most block_size of them): a float32 tensor (len(text),
+        vocab_size) whose row i scores the character that would follow text[:i + 1] (softmax for probabilities;
+        self.tokenizer.chars names the columns)."""
+        import torch
+
+        ids = self._ids(text, "text")
+        if len(ids) > self.model.config.block_size:
+            raise ValueError(f"the text has {len(ids)} characters, more than the model's block_size "
+                             f"{self.model.config.block_size}; give a shorter one (score() takes any length)")
+        with torch.inference_mode():
+            idx = torch.tensor([ids], device=self.model.wte.weight.device)
+            return self.model(idx)[0][0].float()
+
+    def score(self, text: str, stride: int | None = None) -> float:
+        """Bits per character of text under the model, every character but the first scored once, in windows of up to
+        block_size characters that start every stride (default block_size) characters: the figure
+        python scripts/evaluate.py --data FILE --stride STRIDE prints for a file holding text (in the run's
+        precision, as evaluate.py's default, and its batch size)."""
+        ids = self._ids(text, "text")
+        if len(ids) < 2:
+            raise ValueError("score() needs at least two characters: the first is only context")
+        import torch
+
+        with _project():
+            evaluation = importlib.import_module("training.evaluation")
+            device = importlib.import_module("training.device")
+            place = self.model.wte.weight.device
+            try:
+                runtime = device.Runtime(place, device.pick_dtype(self.run_dtype, place))
+            except importlib.import_module("errors").UserError as err:  # (float16 on a CPU)
+                raise ValueError(f"{err}; move the model with to(device) first") from None
+            windows = evaluation.Windows(len(ids), self.model.config.block_size,
+                                         stride or self.model.config.block_size)
+            nats, scored = evaluation.score(self.model, torch.tensor(ids, dtype=torch.int32), windows,
+                                            self.batch_size, runtime.autocast)
+        return nats / scored / math.log(2)
+
+    def to(self, device=None, dtype=None) -> "TrainedRun":
+        """The model moved to device and/or its weights cast to dtype (torch.bfloat16, float16, float32), as
+        sample.py --dtype casts them; returns self."""
+        self.model.to(device=device, dtype=dtype)
+        return self
 
     def __repr__(self) -> str:
         loss = f", validation loss {self.val_loss:.4f}" if self.val_loss is not None else ""

@@ -6,6 +6,7 @@ whose files a learner may skip (docs/code.md is the map)."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -147,7 +148,9 @@ def train_loop(s: Session) -> tuple[list, bool]:
                 clock.first_step_done()
             bar.update(1)
             if progress.it % cfg.log_interval == 0 or progress.it == cfg.max_iters:
-                record = steps.write(progress.it, lr, loss, grad_norm, longest)
+                # under DDP the loss of the whole global batch: the mean of the ranks' (each of as many windows),
+                # reduced on the device and read in the log line's one read, so that it costs no wait of its own
+                record = steps.write(progress.it, lr, s.d.mean(loss) if ddp else loss, grad_norm, longest)
                 longest = skipped  # the longest run since this line counts from the run still going on
                 if record.skipped >= cfg.max_nonfinite_steps:
                     raise UserError(too_many_nonfinite(progress.it, cfg, s.run_dir.path / LAST))
@@ -201,13 +204,15 @@ class StepLog:
         record = StepRecord(step=it, loss=loss_value, lr=lr, grad_norm=norm_value, tokens_per_sec=tokens_per_sec,
                             tokens_seen=it * run.tokens_per_iter, mfu=mfu * 100, ms_per_step=step_seconds * 1000,
                             skipped=int(skipped))
+        scalars = {f.metadata["tag"]: getattr(record, f.name) for f in fields(record) if "tag" in f.metadata}
         if self.writer is not None:
             try:
-                for f in fields(record):
-                    if "tag" in f.metadata:
-                        self.writer.add_scalar(f.metadata["tag"], getattr(record, f.name), it)
+                for tag, value in scalars.items():
+                    self.writer.add_scalar(tag, value, it)
             except (OSError, RuntimeError) as err:
                 s.log.failed(err)
+        if s.log.wandb is not None:  # --wandb: the same scalars at the same step
+            s.log.wandb.log(scalars, step=it)
         if s.log.lines is not None:  # a log file: a line per log interval (a terminal has the progress bar)
             s.log.lines(f"step {it}/{run.cfg.max_iters}: loss {loss_value:.4f}, {record.ms_per_step:.1f} ms/step, "
                         f"{tokens_per_sec:,.0f} tokens/s, mfu {record.mfu:.1f}% of {self.peak_flops / 1e12:.3g} "
@@ -247,14 +252,22 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
     phases = Phases(start_up)  # start_up: the seconds before train() (the interpreter, the imports), when known
     d = device.from_environment(cfg.ddp)
     speak = say if d.is_main else (lambda message: None)
-    if cfg.resume:
-        note = f"config: the saved config of {cfg.out_dir or 'the run'}, with what this command line sets"
+    if cfg.wandb and "wandb" in explicit and importlib.util.find_spec("wandb") is None:
+        raise UserError("--wandb: the wandb package is not installed (pip install wandb; then wandb login, or "
+                        "WANDB_MODE=offline to keep its logs in the run folder); leave --wandb out for TensorBoard alone")
+    if cfg.resume or cfg.init_from:  # (the note's later lines, on what the command line set, stay)
+        whose = (f"the saved config of {cfg.out_dir or 'the run'}" if cfg.resume else
+                 f"the settings of the run {cfg.init_from} starts from")
+        note = "\n".join([f"config: {whose}, with what this command line sets", *note.splitlines()[1:]])
     if note:
         speak(note)
     corpus = None
     if not cfg.resume or not cfg.out_dir:
+        # Offline, only a new run on the default corpus and cache trains on pystdlib instead (and says so): a corpus
+        # or cache the user named, or a run to resume, is an error naming the cause.
+        fallback = not cfg.resume and not {"data", "cache_dir"} & explicit
         with phases.timing("data"):  # a named corpus may be downloaded
-            cfg, corpus = choose_corpus(cfg, speak)  # names the default run folder after the preset and the corpus
+            cfg, corpus = choose_corpus(cfg, speak, fallback)  # names the default run folder after preset and corpus
     run_dir = RunDir(Path(cfg.out_dir))
     log = Log(run_dir.path, d.is_main, say)
     device.init(d, device.pick_device(cfg.device).type)
@@ -285,6 +298,7 @@ def train_opened(s: Session, source: Path | None) -> dict:
         log.say(f"resuming {source} at step {progress.it}")
     elif s.d.is_main:  # --overwrite: the old run waits in .replaced/ until this one has something to keep
         s.stop.ending = run_dir.replace_old_run(log.say)
+    log.start_wandb(s.cfg)
     if source is None:
         log.config(json.dumps(s.cfg.to_dict(), indent=1))
     log.layout()

@@ -2,27 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import tomllib
 from pathlib import Path
 
+from configs import nanogpt
 from configs.schema import FIELDS, FIXED, HELP_GROUPS, TYPES, TrainConfig
-from errors import ArgumentParser, UserError
+from errors import ArgumentParser, UserError, parse_bool
 
 PRESET_DIR = Path(__file__).resolve().parent
 
 
 def presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
-
-
-def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(text)
 
 
 PARSERS = {bool: parse_bool, int: int, float: float, str: str}
@@ -34,6 +27,10 @@ def parse_value(name: str, text) -> object:
     kind = TYPES[name]
     if not isinstance(text, str):  # a bare --resume is already True
         return text
+    if name == "compile":  # auto | true | false, in any case, and parse_bool's other words (nanoGPT's --compile=False)
+        with contextlib.suppress(ValueError):
+            return "auto" if text.strip().lower() == "auto" else str(parse_bool(text)).lower()
+        return text  # (TrainConfig names the choices)
     try:
         return PARSERS[kind](text)
     except ValueError:
@@ -45,18 +42,12 @@ def suggest(name: str, candidates) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
-# nanoGPT's train.py flags whose work another script of this project does: the line names that script.
-ELSEWHERE = {
-    "--eval_only": "evaluating a trained model is python scripts/evaluate.py --out_dir RUN (its loss on any text)",
-    "--sample": "sampling is python scripts/sample.py --out_dir RUN",
-    "--start": "a prompt for sampling is python scripts/sample.py --out_dir RUN --prompt TEXT",
-}
-
-
 def unknown_option(option: str) -> UserError:
+    """The one line for an option train.py does not have: nanoGPT's names answered through their explicit map
+    (configs/nanogpt.py), a close match among this trainer's own names suggested, or else --help."""
     name = option.split("=", 1)[0]
-    if name in ELSEWHERE:
-        return UserError(f"unknown option {name}: {ELSEWHERE[name]}")
+    if name.startswith("--") and (answer := nanogpt.unknown_setting(name[2:])):
+        return UserError(f"unknown option {name}: {answer}")
     hint = suggest(name, [f"--{n}" for n in FIELDS if n != "config_name"] + ["--config"])  # (set by --config only)
     return UserError(f"unknown option {name}{hint or '; see python train.py --help'}")
 
@@ -92,6 +83,8 @@ def build_parser(preset: str = "", values: dict | None = None, why: str = "") ->
 
 def read_preset(spec: str) -> tuple[str, dict]:
     path = Path(spec)
+    if path.suffix == ".py":  # nanoGPT's configs are Python, run by its configurator: never run here
+        raise nanogpt.python_config(spec)
     if not path.suffix and not path.exists():
         path = PRESET_DIR / f"{spec}.toml"
     if not path.is_file():
@@ -140,14 +133,42 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     parser = build_parser(name, values, why)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
+        if python := next((u for u in unknown if not u.startswith("-") and u.endswith(".py")), None):
+            raise nanogpt.python_config(python)  # nanoGPT's `python train.py config/train_x.py`
         raise unknown_option(next((u for u in unknown if u.startswith("-")), unknown[0]))
     overrides = {name: parse_value(name, text) for name, text in vars(args).items() if name != "config"}
+    notes = []
+    if "init_from" in overrides:  # nanoGPT's resume | scratch | gpt2*
+        overrides["init_from"], resume, said = nanogpt.init_from(overrides["init_from"])
+        if resume:
+            overrides["resume"] = True
+        notes += [said] if said else []
     explicit = set(overrides) | (set(values) if given else set())
+    # min_lr follows a learning rate set alone; a resumed or fine-tuned run's follows that run's ratio instead (in
+    # training.opening, which says so), so this note is a new run's only
+    said = follow_learning_rate(values, overrides, name)
+    if said and not overrides.get("resume") and not overrides.get("init_from"):
+        notes.append(said)
     values = {"config_name": name, **values, **overrides}
     try:
-        return TrainConfig(**values), note, explicit
+        return TrainConfig(**values), "\n".join([note, *notes]), explicit
     except ValueError as err:
         raise UserError(str(err)) from None
+
+
+def follow_learning_rate(base: dict, overrides: dict, name: str) -> str:
+    """A learning rate set without min_lr: min_lr keeps its ratio to the learning rate in base (a preset, or the
+    settings of the run resumed or fine-tuned, name): a preset's floor of 0.0015 under its rate of 0.015 is a tenth of
+    it, not a number that a lower rate must stay above. Sets it in overrides; returns the note that says so ("" when
+    nothing follows)."""
+    if "learning_rate" not in overrides or "min_lr" in overrides:
+        return ""
+    rate, floor = (base.get(field, FIELDS[field].default) for field in ("learning_rate", "min_lr"))
+    if floor == 0 or rate <= 0 or overrides["learning_rate"] == rate:
+        return ""
+    overrides["min_lr"] = overrides["learning_rate"] * floor / rate
+    return (f"note: min_lr follows --learning_rate: {overrides['min_lr']:.3g}, {floor / rate:.3g} of it as in "
+            f"{name} ({floor:g} of {rate:g}); --min_lr sets it")
 
 
 def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:

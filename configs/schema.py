@@ -52,6 +52,10 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     sample_chars: int = setting(200, "characters of generated text logged to TensorBoard at each evaluation (0: none)")
     log_attention: bool = setting(True, "log each layer's attention heatmap for a fixed validation text at each "
                                         "evaluation")
+    wandb: bool = setting(False, "also log the run to Weights & Biases, beside TensorBoard (needs the wandb package, "
+                                 "which this trainer does not install; WANDB_MODE=offline keeps it on this machine)")
+    wandb_project: str = setting("chargpt", "wandb: the project the run is logged in (the run is named after its "
+                                            "folder)")
     full_val: bool = setting(True, "at the end, compute the run's model's exact loss over every validation window")
     patience: int = setting(5, "stop early once this many evaluations in a row have not beaten the best validation "
                                "loss (0: never; train to max_iters). Either way the run hands over its best model")
@@ -99,7 +103,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
               f"finds cores)")
         check(0 < self.val_fraction < 1, "val_fraction", "must be between 0 and 1, e.g. 0.1")
         check(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-3")
-        check(0 <= self.min_lr <= self.learning_rate, "min_lr", "must be between 0 and learning_rate")
+        check(0 <= self.min_lr <= self.learning_rate, "min_lr",
+              f"must be between 0 and learning_rate ({self.learning_rate:g})")
         check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}")
         check(0 < self.warmdown_fraction <= 1, "warmdown_fraction", "must be in (0, 1], e.g. 0.3")
         check(0 <= self.beta2 < 1, "beta2", "must be in [0, 1)")
@@ -141,7 +146,8 @@ HELP_GROUPS = {
     "optimisation": ("optimizer", "muon_dtype", "grad_accum_steps", "min_lr", "warmup_iters", "lr_schedule",
                      "warmdown_fraction", "lr_decay_iters", "weight_decay", "beta2", "grad_clip",
                      "max_nonfinite_steps"),
-    "evaluation and logging": ("eval_iters", "log_interval", "sample_chars", "log_attention", "full_val"),
+    "evaluation and logging": ("eval_iters", "log_interval", "sample_chars", "log_attention", "full_val", "wandb",
+                               "wandb_project"),
     "data details": ("cache_dir", "val_fraction", "encoding", "encoding_errors"),
     "the tutorials' attention forms (model/scoring.py, docs/attention.md)": ("attention_score", "shared_qk",
                                                                             "attention_values", "residual", "mlp"),

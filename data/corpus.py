@@ -47,16 +47,18 @@ def is_binary(path: Path) -> bool:
 
 def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Corpus:
     """Turn a --data value into a Corpus, downloading or building a named one on first use. fallback: where Tiny
-    Shakespeare cannot be downloaded, use pystdlib (a training run, which is then named and recorded after it);
-    otherwise that is an error (a loss measured on another text than the one named would be wrong)."""
+    Shakespeare cannot be downloaded, use pystdlib (a new training run on the default corpus, which is then named and
+    recorded after it); otherwise that is an error naming the cause (a loss measured on another text than the one
+    named would be wrong, and a mistyped --cache_dir must not become a run on Python's sources)."""
     if spec == "shakespeare":
         try:
             return Corpus("shakespeare", [download_shakespeare(cache_dir)])
         except OSError as err:
             if not fallback:
-                raise UserError(f"--data shakespeare: could not download Tiny Shakespeare ({err}); connect to the "
-                                f"network, or give a text you have (--data FILE, or --data pystdlib: Python's own "
-                                f"sources, offline)") from None
+                raise UserError(f"--data shakespeare: could not download Tiny Shakespeare ({err}), and "
+                                f"{cache_dir / 'tinyshakespeare.txt'} holds no copy; connect to the network, put your "
+                                f"copy there (or give --cache_dir of the cache that has it), or give a text you have "
+                                f"(--data FILE, or --data pystdlib: Python's own sources, offline)") from None
             say(f"note: could not download Tiny Shakespeare ({err}); using the offline corpus "
                 f"'pystdlib' instead. Use --data FILE to choose your own text.")
             spec = "pystdlib"

@@ -34,7 +34,7 @@ class Batches:
     continue the same stream. Under DDP every rank draws the same global batch of batch_size * world_size
     windows and keeps its own slice: the ranks see different windows, the union is exactly what one process
     with the whole global batch would see, and the stream resumes with any number of processes. Evaluations read
-    fixed_batches(), drawn apart from that stream.
+    fixed_batches(), drawn apart from that stream, and the same windows whatever the number of processes.
     """
 
     def __init__(self, prepared: Prepared, block_size: int, batch_size: int, device: torch.device | str,
@@ -80,26 +80,43 @@ class Batches:
         return tokens[:, :-1], tokens[:, 1:]
 
     def fixed_batches(self, split: str, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """n batches of random windows of a split, the same at every call: drawn with a generator of their own,
+        """n x batch_size random windows of a split, the same at every call: drawn with a generator of their own,
         seeded by the run's seed and the split. So every evaluation measures its checkpoint on the same windows (two
         estimates then differ by what the model learned, not by which windows were drawn), and evaluating more or
-        less often never changes the batches training reads."""
+        less often never changes the batches training reads.
+
+        The windows are the same whatever the number of processes: under DDP each rank reads its share (every
+        world_size-th window) in batches of batch_size, padded as val_windows() pads, so that every rank reads as
+        many batches and the ranks' sum is the sum over all the windows, as one process measures it."""
         generator = torch.Generator().manual_seed(self.seed + 1 + ("train", "val").index(split))
-        for _ in range(n):
-            yield self.get_batch(split, generator)
+        draws = len(self.data[split]) - self.block_size
+        starts = [torch.randint(draws, (self.batch_size,), generator=generator) for _ in range(n)]
+        mine = torch.cat(starts).numpy()[self.rank::self.world_size] if starts else np.zeros(0, dtype=np.int64)
+        yield from self._padded(split, mine, self.num_fixed_batches(n), self.batch_size)
+
+    def num_fixed_batches(self, n: int) -> int:
+        """How many batches fixed_batches(split, n) yields on each rank: rank 0's share, which is the largest."""
+        share = -(-n * self.batch_size // self.world_size)  # rounded up
+        return -(-share // self.batch_size)
 
     def val_windows(self, batch_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Every non-overlapping block_size window of the validation split, in order, batch by batch (under DDP, this
-        rank's share: every world_size-th window). Every batch has the same size: the last is filled up with rows
-        whose targets are -1, which the loss ignores. So a compiled model sees one shape (a smaller last batch would
-        make it compile again), and every rank reads as many batches as the others (they meet batch by batch)."""
-        starts = self._val_starts()
+        rank's share: every world_size-th window). Every batch has the same size (see _padded): a compiled model sees
+        one shape (a smaller last batch would make it compile again), and every rank reads as many batches as the
+        others (they meet batch by batch)."""
         step = batch_size or self.batch_size
-        for i in range(0, self.num_val_batches(step) * step, step):
+        yield from self._padded("val", self._val_starts(), self.num_val_batches(step), step)
+
+    def _padded(self, split: str, starts: np.ndarray, n_batches: int,
+                step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The windows of a split that begin at starts, in n_batches batches of step rows: the rows after the last
+        window read the first one again (or the split's start), with targets -1, which the loss ignores."""
+        data = self.data[split]
+        for i in range(0, n_batches * step, step):
             mine = starts[i:i + step]
             n_pad = step - len(mine)
             mine = np.pad(mine, (0, n_pad))  # padding rows read the first window again
-            windows = self.data["val"][mine[:, None] + self._steps]  # (B, T+1)
+            windows = data[mine[:, None] + self._steps]  # (B, T+1)
             tokens = send(torch.from_numpy(windows.astype(np.int64)), self.device)
             x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
             if n_pad:  # (y shares its memory with x) a new y, laid out as every other batch's: rows of T + 1
@@ -114,8 +131,15 @@ class Batches:
                                                                          rank::self.world_size]
 
     def val_fits(self, n_batches: int) -> bool:
-        """Whether every validation window fits in n_batches batches (on each rank)."""
-        return self.num_val_batches() <= n_batches
+        """Whether the validation split has no more windows than n_batches batches of random ones (fixed_batches):
+        counted over all ranks, so that the answer is the same whatever the number of processes."""
+        return len(val_window_starts(len(self.data["val"]), self.block_size)) <= n_batches * self.batch_size
+
+    def num_evaluation_batches(self, eval_iters: int) -> int:
+        """How many batches an evaluation (training.evaluation.evaluate) reads on each rank: the training split's
+        estimate, and the validation split's, or that split whole where it fits."""
+        estimate = self.num_fixed_batches(eval_iters)
+        return estimate + (self.num_val_batches() if self.val_fits(eval_iters) else estimate)
 
     def num_val_batches(self, batch_size: int | None = None) -> int:
         """How many batches val_windows() yields: the same on every rank (rank 0 has the most windows)."""

@@ -123,9 +123,10 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
     return code
 
 
-def run_nanogpt(code: Path, folder: Path) -> dict:
+def run_nanogpt(code: Path, folder: Path, dtype: str) -> dict:
     """nanoGPT's CPU recipe, `python train.py ...` in the copy, timed whole; its checkpoint (the best evaluation's
-    model) scored as our full validation is (scripts/score_nanogpt.py). Its output goes to folder.log."""
+    model) scored as our full validation is (scripts/score_nanogpt.py), in dtype, our runs' precision, so that the
+    figures compared are measured alike. Its output goes to folder.log."""
     import numpy as np
     from score_nanogpt import full_validation, load_nanogpt
     from training.device import setup
@@ -141,7 +142,7 @@ def run_nanogpt(code: Path, folder: Path) -> dict:
         raise Interrupted(f"stopped during nanoGPT's train.py (exit code {exit_code}; its output: {log})")
     if exit_code != 0:
         raise UserError(f"nanoGPT's train.py: {last_line(log)[:300]} (exit code {exit_code}; its output: {log})")
-    rt = setup("cpu", "float32")  # as it trained
+    rt = setup("cpu", dtype)
     model, facts = load_nanogpt(code, folder / "ckpt.pt", rt.device)
     val = np.fromfile(code / "data" / facts["dataset"] / "val.bin", dtype=np.uint16)
     loss = full_validation(model, val, facts["block_size"], 64, rt)
@@ -153,12 +154,15 @@ def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], o
     """Every variant once per seed and round, in turn, nanoGPT's recipe first in each seed's turn:
     ({variant name: its runs' figures}, nanoGPT's runs)."""
     runs, yardstick = {variant_name(v): [] for v in variants}, []
+    import torch
+    from configs import load_config
+    dtype = load_config(rest, torch.cuda.is_available())[0].dtype  # our runs': nanoGPT's model is scored alike
     for round_ in range(1, repeat + 1):
         for seed in seeds or [None]:
             where = f"-s{seed}-r{round_}" if seed is not None else f"-r{round_}"
             if nanogpt is not None:
                 print(f"[round {round_}/{repeat}] nanoGPT's CPU recipe", file=sys.stderr, flush=True)
-                r = run_nanogpt(nanogpt, out / f"nanogpt{where}")
+                r = run_nanogpt(nanogpt, out / f"nanogpt{where}", dtype)
                 yardstick.append(r)
                 print(f"  {r['whole_seconds']:.1f} s whole, full validation {r['full_val_loss']:.4f} "
                       f"(step {r['model_step']})", file=sys.stderr)

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 from training.device import pick_device, pick_dtype, sync  # noqa: E402
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block_size", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8, help="rows of the batched measurement")
     parser.add_argument("--rounds", type=int, default=3, help="times each variant is timed, in turn")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+    parser.add_argument("--compile", action=BooleanFlag, default=None,
                         help="also time a compiled decoding step (default: on CUDA only; on a CPU compiling takes "
                              "about half a minute)")
     parser.add_argument("--device", default="auto", help="auto (a GPU where there is one), cpu, cuda, cuda:N or mps")

@@ -29,8 +29,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--out_dir", default="", help="a run folder: uses its model, ckpt_best.pt (else ckpt_last.pt)")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir), e.g. RUN/ckpt_last.pt")
     p.add_argument("--data", required=True, help="text file, folder of text files, or a named corpus (as train.py)")
-    p.add_argument("--split", choices=("all", "val"), default="all",
-                   help="all the text, or only its last part that training would hold out for validation")
+    p.add_argument("--split", choices=("val", "all"), default="val",
+                   help="val: the text's last part, which training holds out for validation (a model never saw it "
+                        "there); all: the whole text (a text the model was not trained on)")
     p.add_argument("--stride", type=int, default=None,
                    help="characters between window starts (default and at most: block_size, windows side by side; "
                         "smaller: each character gets at least block_size - stride of context, a lower figure)")
@@ -103,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"; give at least two characters the model knows")
     ids = torch.from_numpy(tokenizer.encode_array(known).astype(np.int32))  # 4 bytes a character, not a list's 36
 
+    dtype = str(rt.dtype).removeprefix("torch.")
     print(f"{path}: step {state['iter']}, block_size {block_size}; scoring {len(ids) - 1:,} characters of {name} "
-          f"({args.split}), stride {stride}", file=sys.stderr)
+          f"({args.split}), stride {stride}, in {dtype}", file=sys.stderr)
     todo = Windows(len(ids), block_size, stride)
     check_memory(model, batch_size, block_size, rt.device)
     try:
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     perplexity = math.exp(loss) if loss < MAX_EXP else None  # beyond e^709 a float64 overflows
     figures = {"loss": loss, "bits_per_char": loss / math.log(2), "perplexity": perplexity, "characters": scored,
                "unknown": sum(counts.values()), "unknown_distinct": len(counts), "stride": stride,
-               "block_size": block_size, "split": args.split, "data": name, "checkpoint": str(path),
+               "block_size": block_size, "split": args.split, "dtype": dtype, "data": name, "checkpoint": str(path),
                "step": state["iter"]}
     skipped = f"; {figures['unknown']:,} unknown characters left out" if counts else ""
     shown = f"{perplexity:.2f}" if perplexity is not None else f"e^{loss:.0f} (too large for a number)"

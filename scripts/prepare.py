@@ -13,8 +13,8 @@ from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # 
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    parser.add_argument("--data", help="a text file, a folder of text files, shakespeare or pystdlib (default: "
-                                       "shakespeare, or pystdlib where it cannot be downloaded)")
+    parser.add_argument("--data", default="shakespeare",
+                        help="a text file, a folder of text files, shakespeare or pystdlib")
     parser.add_argument("--cache_dir", default=str(default_cache_dir()), help="where downloads and token files go")
     parser.add_argument("--val_fraction", type=float, default=0.1,
                         help="the last fraction of the text kept for validation")
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.val_fraction < 1:
         raise UserError(f"--val_fraction {args.val_fraction}: must be between 0 and 1, e.g. 0.1")
-    corpus = resolve(args.data or "shakespeare", Path(args.cache_dir), fallback=args.data is None)
+    corpus = resolve(args.data, Path(args.cache_dir))  # offline, shakespeare is an error naming the cause
     prepared = prepare(corpus, Path(args.cache_dir), args.val_fraction, args.encoding, args.encoding_errors)
     meta = prepared.meta
     size_mb = sum(p.stat().st_size for p in corpus.files) / 1e6

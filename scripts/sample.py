@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 from training.device import for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
@@ -22,8 +22,9 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(description="Generate text from a checkpoint written by train.py.")
     p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best.pt, else ckpt_last.pt")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
-    p.add_argument("--prompt", default=None, help="text to continue (default: a newline, or the first character of "
-                                                   "the training text when it has no newlines)")
+    p.add_argument("--prompt", "--start", default=None,
+                   help="text to continue, or FILE:path to read it from a file (--start, as nanoGPT's, is the same) "
+                        "(default: a newline, or the first character of the training text when it has no newlines)")
     p.add_argument("--prompt_file", default="", help="read the prompt from this file")
     p.add_argument("--prompts_per_line", action="store_true", help="with --prompt_file: one prompt per line, batched")
     p.add_argument("--max_new_tokens", type=int, default=500, help="characters to generate per sample")
@@ -36,12 +37,14 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16: the weights are cast to it "
                                                   "once (auto: bfloat16 on CUDA; on a CPU float32, or bfloat16 for a "
                                                   "model of over 4M parameters where the CPU has bfloat16 units)")
-    p.add_argument("--stream", default=None, action=argparse.BooleanOptionalAction,
+    p.add_argument("--stream", default=None, action=BooleanFlag,
                    help="print characters as they come (default: on when writing to a terminal)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
                    help="prompt characters outside the vocabulary: stop with an error, or skip them")
     p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (slow; for checks)")
-    p.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
+    p.add_argument("--init_from", default="resume", help="nanoGPT's: resume, a trained run's checkpoint, is what this "
+                                                          "sampler reads (GPT-2's weights are not for it)")
+    p.add_argument("--compile", default=None, action=BooleanFlag,
                    help="torch.compile the one-token decoding step (with CUDA graphs on CUDA); it costs a compilation "
                         "up front (default: off)")
     return p
@@ -56,6 +59,13 @@ def check_settings(args: argparse.Namespace) -> None:
         raise UserError(f"--top_p {args.top_p}: must be in (0, 1], e.g. 0.9")
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise UserError("--max_new_tokens and --num_samples must be at least 1")
+    if args.init_from != "resume":  # nanoGPT's sample.py: resume (a run's checkpoint) or gpt2*
+        raise UserError(f"--init_from {args.init_from}: this sampler reads a run of this trainer, given by --out_dir "
+                        f"RUN (its best model) or --ckpt FILE; --init_from resume, nanoGPT's, is what it does")
+    if args.prompt is not None and args.prompt.startswith("FILE:"):  # nanoGPT's --start=FILE:prompt.txt
+        args.prompt_file, args.prompt = args.prompt.removeprefix("FILE:"), None
+        if not args.prompt_file:
+            raise UserError("--prompt FILE: names no file; give FILE:path, e.g. --start=FILE:prompt.txt")
     if args.prompt is not None and args.prompt_file:
         raise UserError("give --prompt or --prompt_file, not both")
     if args.prompt == "":

@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("ckpt", type=Path, help="the ckpt.pt its train.py saved")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto",
-                        help="as train.py's: bfloat16 autocast on CUDA, as nanoGPT evaluates")
+                        help="the precision of the products (autocast): auto is the rule train.py and evaluate.py "
+                             "apply to a run of ours trained with auto, bfloat16 on CUDA (as nanoGPT evaluates there) "
+                             "and on CPUs with bfloat16 units, float32 elsewhere; so the two figures of a comparison "
+                             "are measured alike. For a run of ours in another precision, give its --dtype")
     parser.add_argument("--batch_size", type=int, default=64)
     args = parser.parse_args(argv)
     rt = setup(args.device, args.dtype)

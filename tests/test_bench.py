@@ -323,3 +323,32 @@ def test_host_waits_on_cuda_count_each_synchronizing_call_where_it_happened_and_
     assert waits.count == 2
     [(place, n)] = waits.places.items()
     assert n == 2 and place.startswith("tests/test_bench.py:") and place.endswith(" (read_back)"), place
+
+
+def test_score_nanogpt_scores_in_the_precision_evaluate_py_uses_for_a_run_of_ours(tmp_path, small_text, script):
+    """A run of ours trained with --dtype auto is scored by evaluate.py in its own precision (bfloat16 on a CPU with
+    bfloat16 units, float32 elsewhere); score_nanogpt.py, left to its default, scores a nanoGPT checkpoint in that same
+    precision, so a comparison's two figures are measured alike (it had scored in float32 beside a bfloat16 one)."""
+    import json
+    import numpy as np
+    import torch
+    from conftest import train_debug
+    from training.checkpoint import load_model
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(small_text, encoding="utf-8")
+    train_debug(corpus, tmp_path / "run", "--max_iters", "2", "--dtype", "auto", "--full_val", "false")
+    done = script("evaluate.py", "--out_dir", str(tmp_path / "run"), "--data", str(corpus), "--json",
+                  str(tmp_path / "figures.json"), "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    ours = json.loads((tmp_path / "figures.json").read_text())["dtype"]
+    assert f", in {ours}\n" in done.stderr
+    model, tokenizer, state = load_model(tmp_path / "run" / "ckpt_best.pt")
+    nanogpt = tmp_path / "nanogpt"
+    (nanogpt / "data" / "chars").mkdir(parents=True)
+    (nanogpt / "model.py").write_text("from model import GPT, ModelConfig as GPTConfig\n")
+    torch.save({"model": model.state_dict(), "model_args": model.config.to_dict(), "config": {"dataset": "chars"},
+                "iter_num": state["iter"], "best_val_loss": torch.tensor(2.0)}, nanogpt / "ckpt.pt")
+    np.array(tokenizer.encode(small_text[-2000:]), dtype=np.uint16).tofile(nanogpt / "data" / "chars" / "val.bin")
+    scored = script("score_nanogpt.py", str(nanogpt), str(nanogpt / "ckpt.pt"), "--device", "cpu")
+    assert scored.returncode == 0 and scored.stdout.rstrip().endswith(f" on cpu, {ours})"), scored.stdout

@@ -147,6 +147,28 @@ def test_fixed_batches_are_the_same_at_every_call_and_leave_the_training_stream_
     assert not torch.equal(next(other_seed.fixed_batches("val", 1))[0], first["val"][0][0])
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_fixed_batches_are_the_same_windows_whatever_the_number_of_processes(tmp_path, small_text, world_size):
+    """An evaluation's windows are shared out among the ranks: together they read exactly the windows one process
+    reads (no more, no fewer, as many batches on every rank, the rest padding), so a run resumed with fewer processes
+    measures its estimates on the same windows."""
+    prepared = prepared_from(small_text, tmp_path)
+    one = Batches(prepared, 16, 4, "cpu", seed=3)
+    ranks = [Batches(prepared, 16, 4, "cpu", seed=3, rank=r, world_size=world_size) for r in range(world_size)]
+    for split in ("train", "val"):
+        alone = torch.cat([x for x, _ in one.fixed_batches(split, 5)])
+        assert len(alone) == 20 and one.num_fixed_batches(5) == 5
+        shared = []
+        for b in ranks:
+            read = list(b.fixed_batches(split, 5))
+            assert len(read) == b.num_fixed_batches(5) == -(-(-(-20 // world_size)) // 4)
+            x, y = torch.cat([x for x, _ in read]), torch.cat([y for _, y in read])
+            real = (y >= 0).all(dim=1)
+            assert (y[~real] == -1).all()  # a row is a window or padding
+            shared += [tuple(row.tolist()) for row in x[real]]
+        assert sorted(shared) == sorted(tuple(row.tolist()) for row in alone)
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_batches_gathered_from_a_resident_copy_equal_those_read_from_disk(tmp_path, small_text, rank):
     """The GPU path (the corpus copied to the device once, windows gathered there) gives the same stream."""
@@ -200,7 +222,8 @@ def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkey
     bad.write_text("not shakespeare")
     monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", bad.as_uri())
     with pytest.raises(UserError, match=r"--data shakespeare: could not download Tiny Shakespeare \(the download's "
-                       r"checksum does not match\); connect to the network, or give a text you have"):
+                       r"checksum does not match\), and .*tinyshakespeare.txt holds no copy; connect to the network, "
+                       r"put your copy there \(or give --cache_dir of the cache that has it\), or give a text"):
         resolve("shakespeare", tmp_path / "cache", say=notes.append)  # asked for by name: never another text
     assert not notes and not (tmp_path / "cache" / "tinyshakespeare.txt").exists()
     corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True)  # a default: pystdlib

@@ -1,5 +1,6 @@
 """Data-parallel training: torchrun with 2 CPU processes (gloo) matches one process on the same global batch."""
 import json
+import re
 import subprocess
 import sys
 
@@ -35,25 +36,43 @@ def launch(corpus, out_dir, *extra, processes=2, program=ROOT / "train.py", torc
 UNEVEN_SPLIT = ("--val_fraction", "0.087")
 
 
+def logged_losses(output: str) -> dict[str, list[float]]:
+    """The losses a run's log lines print: each step's training loss, and each evaluation's two estimates."""
+    steps = [float(re.search(r"loss ([\d.]+)", line)[1]) for line in output.splitlines()
+             if re.match(r"step \d+/\d+: loss", line)]
+    evaluations = [float(x) for line in output.splitlines() if ": evaluation: " in line
+                   for x in re.findall(r"loss ([\d.]+)", line)]
+    return {"steps": steps, "evaluations": evaluations}
+
+
 def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path):
-    ddp = launch(corpus, tmp_path / "ddp", "--max_iters", "8", "--batch_size", "4", "--grad_accum_steps", "2",
-                 *UNEVEN_SPLIT)
+    """2 processes x 4 sequences x 2 accumulation steps against 1 process x 4 x 4: the same windows, so the same
+    weights; the logged training loss is the whole global batch's (the mean over the ranks, not rank 0's half); and
+    the evaluations read the same 3 x 4 windows of each split whatever the number of processes and accumulation
+    steps (under DDP 6 a rank, in batches of 4, the last padded), so their figures are the same too. Then the
+    two-process run resumes with one process, keeping its tokens per step."""
+    common = ("--max_iters", "8", "--batch_size", "4", "--eval_iters", "3", *UNEVEN_SPLIT)
+    ddp = launch(corpus, tmp_path / "ddp", *common, "--grad_accum_steps", "2")
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     assert "global batch: 4 sequences x 2 accumulation steps x 2 processes = 512 tokens per step" in ddp.stdout
-    single = launch(corpus, tmp_path / "one", "--max_iters", "8", "--batch_size", "8", "--grad_accum_steps", "2",
-                    *UNEVEN_SPLIT, processes=1)
+    single = launch(corpus, tmp_path / "one", *common, "--grad_accum_steps", "4", processes=1)
     assert single.returncode == 0, single.stderr[-2000:]
     a = checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")["model"]
     b = checkpoint.load(tmp_path / "one" / "ckpt_last.pt")["model"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-5)
+    ddp_losses, single_losses = logged_losses(ddp.stdout), logged_losses(single.stdout)
+    assert len(ddp_losses["steps"]) == 8 and len(ddp_losses["evaluations"]) == 2 * 3  # steps 0, 4 and 8
+    for kind in ("steps", "evaluations"):  # printed to 4 decimals
+        assert ddp_losses[kind] == pytest.approx(single_losses[kind], abs=2e-4), kind
     # exactly one set of outputs, written by rank 0
     assert len(list((tmp_path / "ddp").glob("events.out.tfevents.*"))) == 1
     assert ddp.stdout.count("done: 8 steps") == 1
     summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["tokens_seen"] == 8 * 512
     single_summary = json.loads((tmp_path / "one" / "summary.json").read_text())
-    assert summary["full_val_loss"] == pytest.approx(single_summary["full_val_loss"], rel=1e-5)
+    for figure in ("full_val_loss", "best_val_loss", "train_loss"):
+        assert summary[figure] == pytest.approx(single_summary[figure], rel=1e-5), figure
     state = checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")
     assert state["best_val_loss"] < 3.9  # the loss fell from about ln(vocab) = 4.06
 

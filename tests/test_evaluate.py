@@ -118,8 +118,9 @@ def test_the_validation_split_side_by_side_is_the_runs_full_validation(run, figu
     # more context per character: the same characters, and no worse beyond a hair (this toy, 60 steps on the made-up
     # play, is no better at a window's late positions than at its early ones: stride 8 measured 0.0002-0.02 higher)
     assert closer["characters"] == val["characters"] and closer["loss"] <= val["loss"] + 0.03
-    whole = figures(tmp, "--data", str(corpus))
+    whole = figures(tmp, "--data", str(corpus), "--split", "all")
     assert whole["characters"] == len(corpus.read_text(encoding="utf-8")) - 1
+    assert figures(tmp, "--data", str(corpus)) == val  # --split val by default: the part training held out
 
 
 def test_unknown_characters_are_counted_exactly(run, evaluate, figures):
@@ -127,10 +128,10 @@ def test_unknown_characters_are_counted_exactly(run, evaluate, figures):
     text = corpus.read_text(encoding="utf-8")[:3000]
     mixed = tmp / "mixed.txt"
     mixed.write_text("§" + text[:1000] + "ЖЖ§" + text[1000:] + "§Ж§§", encoding="utf-8")  # 5 x §, 3 x Ж
-    refused = evaluate("--out_dir", str(tmp / "run"), "--data", str(mixed))
+    refused = evaluate("--out_dir", str(tmp / "run"), "--data", str(mixed), "--split", "all")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "8 characters the model never saw (2 different: '§' 'Ж')" in refused.stderr
-    skipped = figures(tmp, "--data", str(mixed), "--unknown", "skip")
+    skipped = figures(tmp, "--data", str(mixed), "--unknown", "skip", "--split", "all")
     assert (skipped["unknown"], skipped["unknown_distinct"], skipped["characters"]) == (8, 2, len(text) - 1)
 
 

@@ -79,3 +79,28 @@ def test_conflicts_and_missing_models_are_one_line(base, extra, words):
     argv = ["--init_from", str(base / "base"), *extra] if extra[0] != "--init_from" else extra
     with pytest.raises(UserError, match=words):
         run(base, "second.txt", "refused", *argv, "--max_iters", "5")
+
+
+def test_fine_tuning_starts_from_the_base_runs_settings_and_says_so(base):
+    """Without --config a command takes the default (CPU) preset: Muon at 0.015, bfloat16 where the CPU has the units.
+    A fine-tuning run takes the settings of the run it starts from instead (the debug preset's AdamW at 0.003 in
+    float32), with what its command line sets over them: a learning rate, which its min_lr follows at the base run's
+    ratio."""
+    import train
+    said = []
+    cfg, note, explicit = load_config(["--init_from", str(base / "base"), "--data", str(base / "second.txt"),
+                                       "--cache_dir", str(base / "cache"), "--out_dir", str(base / "settings"),
+                                       "--max_iters", "2", "--learning_rate", "1e-3"], False)
+    assert cfg.optimizer == "muon"  # the default preset's, before the base run is read
+    train.train(cfg, explicit, say=said.append, note=note)
+    saved = checkpoint.load(base / "settings" / "ckpt_last.pt")["run_config"]
+    old = checkpoint.load(base / "base" / "ckpt_last.pt")["run_config"]
+    assert old["optimizer"] == "adamw" and old["learning_rate"] == 3e-3 and old["dtype"] == "float32"
+    inherited = ("optimizer", "dtype", "batch_size", "eval_interval", "warmup_iters", "sample_chars", "compile")
+    assert {name: saved[name] for name in inherited} == {name: old[name] for name in inherited}
+    assert saved["learning_rate"] == 1e-3 and saved["min_lr"] == pytest.approx(1e-3 * old["min_lr"] / 3e-3)
+    assert saved["max_iters"] == 2 and saved["data"] == str(base / "second.txt")
+    assert said[0] == f"config: the settings of the run {base / 'base'} starts from, with what this command line sets"
+    assert any(line.startswith(f"fine-tuning {base / 'base' / 'ckpt_best.pt'} (step ") and
+               "with its architecture and its run's settings (optimizer adamw, learning_rate 0.001, dtype float32, "
+               "max_iters 2; what this command sets goes over them)" in line for line in said), said

@@ -47,3 +47,79 @@ def test_a_damaged_checkpoint_is_a_value_error_with_the_scripts_reason(tmp_path)
     (tmp_path / "ckpt_last.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="is not a readable checkpoint"):
         torch.hub.load(str(ROOT), "chargpt", str(tmp_path), source="local")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_device_this_machine_lacks_is_said_as_such_not_as_damage(run_dir):
+    import torch
+
+    with pytest.raises(ValueError) as refused:
+        torch.hub.load(str(ROOT), "chargpt", str(run_dir), source="local", device="cuda")
+    assert str(refused.value) == (f"cannot load {run_dir / 'ckpt_best.pt'} onto cuda: CUDA is not available on this "
+                                  f"machine (or this PyTorch is a CPU build); load it onto cpu")
+
+
+def test_a_device_that_cannot_hold_the_weights_is_told_apart_from_a_damaged_file(run_dir, tmp_path, monkeypatch):
+    """torch.load failing onto a device (as bfloat16 weights onto an MPS without bfloat16): the file is read again on
+    the CPU, and a sound one is said to be so, naming the device's error; a truncated file is still called damaged."""
+    import torch
+    from errors import UserError
+    from training import checkpoint
+
+    real_load = torch.load
+
+    def load_without_bfloat16_on_mps(path, map_location=None, **kwargs):
+        if torch.device(map_location).type == "mps":
+            real_load(path, map_location="cpu", **kwargs)  # (a damaged file fails as it would anyway)
+            raise TypeError("BFloat16 is not supported on MPS")
+        return real_load(path, map_location=map_location, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load_without_bfloat16_on_mps)
+    monkeypatch.setattr(checkpoint, "unavailable", lambda device: None)  # as if this machine had MPS
+    sound = run_dir / "ckpt_best.pt"
+    with pytest.raises(UserError) as refused:
+        checkpoint.load(sound, "mps")
+    assert str(refused.value) == (f"{sound} is readable, but mps cannot hold its weights (TypeError: BFloat16 is not "
+                                  f"supported on MPS); load it onto cpu")
+    truncated = tmp_path / "ckpt.pt"
+    truncated.write_bytes(sound.read_bytes()[:5000])
+    with pytest.raises(UserError, match="is not a readable checkpoint .*it may be truncated"):
+        checkpoint.load(truncated, "mps")
+
+
+def test_batched_prompts_logits_score_and_to_agree_with_the_scripts_and_the_model(run_dir, tmp_path, script):
+    """generate([prompts]) gives sample.py's batched texts; logits(text) is the model's forward pass; score(text) is
+    evaluate.py's bits per character on a file holding text (its --json, to the last digit); to(dtype=bfloat16) casts
+    the weights, as sample.py --dtype does."""
+    import json
+    import torch
+
+    lm = torch.hub.load(str(ROOT), "chargpt", str(run_dir), source="local")
+    prompts = ["ROMEO:", "What light", "O"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    batched = script("sample.py", "--out_dir", str(run_dir), "--prompt_file", str(tmp_path / "prompts.txt"),
+                     "--prompts_per_line", "--no-stream", "--max_new_tokens", "30", "--seed", "7")
+    texts = lm.generate(prompts, max_new_tokens=30, seed=7)
+    assert isinstance(texts, list) and batched.stdout.rstrip("\n") == "\n---\n".join(
+        prompt + text for prompt, text in zip(prompts, texts))
+    assert lm.generate(prompts[:1], max_new_tokens=30, seed=7) == [lm.generate("ROMEO:", max_new_tokens=30, seed=7)]
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = "".join(ch for ch in text if ch in lm.tokenizer.stoi)[:2000]
+    logits = lm.logits(text[:lm.model.config.block_size])
+    with torch.inference_mode():
+        expected = lm.model(torch.tensor([lm.tokenizer.encode(text[:lm.model.config.block_size])]))[0][0]
+    assert logits.shape == (lm.model.config.block_size, len(lm.tokenizer.chars)) and torch.equal(logits, expected)
+    with pytest.raises(ValueError, match="more than the model's block_size"):
+        lm.logits(text)
+
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    for stride in (None, 8):
+        figures = tmp_path / f"figures-{stride}.json"
+        done = script("evaluate.py", "--out_dir", str(run_dir), "--data", str(tmp_path / "text.txt"), "--split",
+                      "all", "--json", str(figures), *(["--stride", str(stride)] if stride else []))
+        assert done.returncode == 0, done.stderr
+        assert lm.score(text, stride=stride) == json.loads(figures.read_text())["bits_per_char"]
+
+    assert lm.to(dtype=torch.bfloat16) is lm and lm.model.wte.weight.dtype == torch.bfloat16
+    assert lm.logits("ROMEO:").dtype == torch.float32 and len(lm.generate("ROMEO:", max_new_tokens=5)) == 5

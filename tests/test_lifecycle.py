@@ -378,7 +378,8 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     bad = tmp_path / "not_shakespeare.txt"
     bad.write_text("not shakespeare")
     monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", bad.as_uri())  # offline, in effect
-    code, text, _ = cli(capsys, *quick)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the default cache: --cache_dir would rule it out
+    code, text, _ = cli(capsys, *[arg for arg in quick if "cache" not in arg])
     out = tmp_path / "out" / "debug-pystdlib"
     assert code == 0 and "using the offline corpus 'pystdlib'" in text and "run folder: out/debug-pystdlib;" in text
     assert checkpoint.load(out / "ckpt_last.pt")["run_config"]["data"] == "pystdlib"
@@ -394,6 +395,25 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
         "error: out/debug-shakespeare holds no ckpt_best.pt or ckpt_last.pt; runs with a model there: "
         "out/debug-my_corpus, out/debug-my_notes, out/debug-pystdlib; give one of them as --out_dir (or train one "
         "here: python train.py --out_dir out/debug-shakespeare)\n")
+
+
+@pytest.mark.parametrize("named", [("--data", "shakespeare"), ("--cache_dir", "CACHE"), ("--resume",)])
+def test_offline_only_a_new_run_on_the_default_corpus_and_cache_trains_on_pystdlib(tmp_path, capsys, monkeypatch,
+                                                                                    named):
+    """Tiny Shakespeare out of reach: a corpus or a cache the command names (a mistyped --cache_dir, one without the
+    copy the user meant to put there), or a run to resume, is an error naming the cause and where the copy would be,
+    before anything is written; only `python train.py` with neither (the previous test) swaps in pystdlib."""
+    import data.corpus as corpus_module
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", (tmp_path / "nowhere.txt").as_uri())  # offline, in effect
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    cache = tmp_path / "cahce"  # mistyped
+    code, out, err = cli(capsys, "--config", "debug", *[str(cache) if arg == "CACHE" else arg for arg in named])
+    where = (cache if "--cache_dir" in named else tmp_path / "xdg" / "chargpt") / "tinyshakespeare.txt"
+    assert code == 2 and err.startswith("error: --data shakespeare: could not download Tiny Shakespeare (") and \
+        f"), and {where} holds no copy; connect to the network, put your copy there" in err, err
+    assert "pystdlib'" not in out + err and not (tmp_path / "out").exists()
+    assert not (tmp_path / "xdg" / "chargpt").exists() or not list((tmp_path / "xdg" / "chargpt").glob("pystdlib*"))
 
 
 def test_saved_settings_this_version_does_not_know_are_named(finished, tmp_path, capsys):

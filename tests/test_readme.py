@@ -78,3 +78,15 @@ def test_the_readme_points_a_small_text_to_what_to_try():
     section = PAGES["docs/training.md"].split("### Small texts", 1)[1].split("\n## ", 1)[0]
     for remedy in ("--max_iters", "--dropout 0.2", "--n_embd 64", "more text", "loss.png"):
         assert remedy in section, remedy
+
+
+def test_the_patience_each_preset_has_is_the_one_the_guide_gives():
+    """docs/training.md names every preset's --patience (it had said 5 for all, where the default preset sets 25)."""
+    text = " ".join(PAGES["docs/training.md"].split())
+    sentence = text[text.index("have not beaten its best (each preset sets its own:"):]
+    sentence = sentence[:sentence.index(")")]
+    given = {}
+    for number, names in re.findall(r"(\d+) in ([\w ]+?)(?:[,;]|$)", sentence.replace("patience ", "")):
+        for name in re.split(r" and |, ", names.split(",")[0]):
+            given[name.strip()] = int(number)
+    assert given == {name: load_config(["--config", name], False)[0].patience for name in presets()}, given

@@ -123,10 +123,12 @@ def test_the_readme_runs_in_order_from_a_fresh_clone(fresh_clone, tmp_path):
         command = command.replace("shakespeare_char_cpu-shakespeare", f"shakespeare_char_cpu-{corpus}")
         words = shlex.split(command)
         if corpus == "pystdlib":  # offline, a --data shakespeare typed in a command is refused, as the README says,
-            # and so is a benchmark's default (shakespeare: only train.py falls back, saying so)
+            # and so is a benchmark's default, and a preset's named with --config (shakespeare: only a train.py that
+            # names no corpus falls back, saying so)
             command = command.replace('"ROMEO:', '"def ').replace("--data shakespeare", "--data pystdlib")
             words = shlex.split(command)
-            if words[1] in ("scripts/bench.py", "scripts/bench_run.py") and "--data" not in words:
+            if (words[1] in ("scripts/bench.py", "scripts/bench_run.py") or "--config" in words) \
+                    and "--data" not in words:
                 words += ["--data", "pystdlib"]
         if words[0] == "tensorboard":
             runs = tensorboard_runs(words, repo, env)

@@ -363,3 +363,23 @@ def test_with_no_folder_named_the_scripts_read_the_newest_run_in_out(run_dir, tm
     assert run_folder.find("", "") == Path("out") / "newer" / "ckpt_best.pt"
     assert run_cli(sample_cli.main, ["--max_new_tokens", "5"]) == 0
     assert "newer" in capsys.readouterr().err
+
+
+def test_nanogpts_sample_flags_are_understood(run_dir, tmp_path, script):
+    """nanoGPT's sample.py habits: --start=FILE:path (and --prompt FILE:path) reads the prompt from the file, as
+    --prompt_file does; --compile=False in any case is --no-compile; --init_from=resume is what this sampler does, and
+    gpt2 is refused in one line."""
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("ROMEO:\nWhat", encoding="utf-8")
+    common = ("--out_dir", str(run_dir), "--max_new_tokens", "40", "--seed", "5", "--stream=false")
+    reference = script("sample.py", *common, "--prompt_file", str(prompt), "--no-compile")
+    assert reference.returncode == 0 and reference.stdout.startswith("ROMEO:\nWhat"), reference.stderr
+    for habit in (["--start=FILE:" + str(prompt), "--compile=False", "--init_from=resume"],
+                  ["--prompt", "FILE:" + str(prompt), "--compile", "FALSE"]):
+        run = script("sample.py", *common, *habit)
+        assert run.returncode == 0 and run.stdout == reference.stdout, (habit, run.stderr)
+    refused = script("sample.py", *common, "--init_from=gpt2")
+    assert refused.returncode == 2 and refused.stderr.splitlines()[-1].startswith(
+        "error: --init_from gpt2: this sampler reads a run of this trainer, given by --out_dir RUN")
+    assert script("sample.py", *common, "--compile=perhaps").stderr.strip() == (
+        "error: argument --compile: expected true or false, got 'perhaps'")

@@ -13,8 +13,8 @@ import torch
 
 from configs.loader import checked_types
 from configs.schema import FIELDS, TYPES
-from errors import UserError
-from training.device import Dist, free_memory
+from errors import UserError, in_one_line
+from training.device import Dist, free_memory, unavailable
 from training.run_folder import write_atomic
 
 
@@ -124,15 +124,19 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
     """Read a checkpoint with weights_only=True (tensors and plain data only) and check that it is complete."""
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}; train one first (python train.py) or pass --ckpt FILE")
+    target = device_to_load_onto(device, path)
     try:
-        state = torch.load(path, map_location=device, weights_only=True)
+        state = torch.load(path, map_location=target, weights_only=True)
     except pickle.UnpicklingError as err:
         if "Weights only load failed" in str(err) and "GLOBAL" in str(err):  # it names code to run
             raise UserError(f"{path} was refused: it asks to run code or build objects beyond tensors and plain "
                             f"data, which a checkpoint of this trainer never does") from None
         raise UserError(f"{path} is not a readable checkpoint (UnpicklingError); it may be truncated or "
                         f"not a checkpoint at all") from None
-    except Exception as err:  # truncated zip, random bytes, wrong file type
+    except Exception as err:  # truncated zip, random bytes, wrong file type; or a device that cannot hold it
+        if target.type != "cpu" and readable_on_cpu(path):  # the file is sound: the device (or its dtypes) is not
+            raise UserError(f"{path} is readable, but {target} cannot hold its weights ({in_one_line(err)}); load it "
+                            f"onto cpu") from None
         raise UserError(f"{path} is not a readable checkpoint ({type(err).__name__}); it may be truncated or "
                         f"not a checkpoint at all") from None
     check_fields(state, REQUIRED, path)
@@ -153,6 +157,26 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
     checked_types({k: v for k, v in state["run_config"].items() if k in FIELDS}, f"{path} is damaged")
     check_model(state, path)
     return state
+
+
+def device_to_load_onto(device: torch.device | str, path: Path) -> torch.device:
+    """The device a checkpoint is loaded onto, or one line saying that this machine has no such device (before the
+    file is read, so that it is never mistaken for a damaged file)."""
+    try:
+        target = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UserError(f"cannot load {path} onto {device!r}: not a device; give cpu, cuda, cuda:N or mps") from None
+    if reason := unavailable(target):
+        raise UserError(f"cannot load {path} onto {target}: {reason}; load it onto cpu") from None
+    return target
+
+
+def readable_on_cpu(path: Path) -> bool:
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return False
+    return True
 
 
 WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

@@ -61,15 +61,22 @@ def pick_device(spec: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     device = torch.device(spec)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {spec}: CUDA is not available on this machine (or this PyTorch is a CPU build); "
-                        f"use --device cpu")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"--device {spec}: Apple MPS is not available here; use --device cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise UserError(f"--device {spec}: this machine has {gpus(torch.cuda.device_count())}; give one of "
-                        f"them, or --device cuda")
+    if reason := unavailable(device):
+        fix = ("give one of them, or --device cuda" if device.type == "cuda" and torch.cuda.is_available() else
+               "use --device cpu")
+        raise UserError(f"--device {spec}: {reason}; {fix}")
     return device
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why this machine has no such device (None where it has it)."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return "CUDA is not available on this machine (or this PyTorch is a CPU build)"
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        return "Apple MPS is not available here"
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        return f"this machine has {gpus(torch.cuda.device_count())}"
+    return None
 
 
 def gpus(count: int) -> str:
@@ -434,7 +441,7 @@ class Dist:
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         """The average of a tensor over all ranks (itself when running alone)."""
-        return self.sum(value) / self.world_size
+        return self.sum(value) / self.world_size if self.enabled else value
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         if self.enabled:

@@ -67,28 +67,20 @@ def asked_to_stop(stop: Callable[[], bool] | None, d: Dist, device: torch.device
 @torch.inference_mode()
 def evaluate(model, batches, rt: Runtime, eval_iters: int, d: Dist = Dist(),
              stop: Callable[[], bool] | None = None, progress=None) -> dict[str, float] | None:
-    """Mean loss over eval_iters random batches of each split (a quick estimate), averaged over ranks: the same
-    batches at every evaluation of a run (Batches.fixed_batches). Where every validation window fits in eval_iters
-    batches (a small corpus, or long batches), the validation figure is exact instead: the full validation, which
-    then reads fewer batches than the estimate would."""
+    """Mean loss per character over eval_iters x batch_size random windows of each split (a quick estimate): the
+    same windows at every evaluation of a run, and whatever the number of processes, which share them out
+    (Batches.fixed_batches). Where the validation split has no more windows than that (a small corpus, or long
+    batches), its figure is exact instead: the full validation, which then reads fewer windows than the estimate."""
     model.eval()
     out = {}
     try:
         for split in ("train", "val"):
             if split == "val" and batches.val_fits(eval_iters):
                 out["val"] = full_validation_loss(model, batches, rt, d, stop, progress)
-                if out["val"] is None:
-                    return None
-                continue
-            total = torch.zeros((), device=rt.device)
-            for batch, (x, y) in enumerate(batches.fixed_batches(split, eval_iters)):
-                if asked_to_stop(stop, d, rt.device, batch):
-                    return None
-                with rt.autocast():
-                    total += model(x, y)[1].float()
-                if progress is not None:
-                    progress.update(1)
-            out[split] = d.mean(total).item() / eval_iters
+            else:
+                out[split] = mean_loss(model, batches.fixed_batches(split, eval_iters), rt, d, stop, progress)
+            if out[split] is None:
+                return None
     finally:
         model.train()
     return out
@@ -99,19 +91,26 @@ def full_validation_loss(model, batches, rt: Runtime, d: Dist = Dist(),
                          stop: Callable[[], bool] | None = None, progress=None) -> float | None:
     """The exact mean loss over every non-overlapping validation window (shared out among the ranks)."""
     model.eval()
-    total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # (sum of losses, number of characters)
     try:
-        for batch, (x, y) in enumerate(batches.val_windows()):
-            if asked_to_stop(stop, d, rt.device, batch):
-                return None
-            with rt.autocast():
-                loss = model(x, y)[1]  # the mean over the targets that are not -1 (padding rows of the last batch)
-            scored = (y >= 0).sum().double()  # all padding (a rank with fewer windows): its loss is 0/0, counted as 0
-            total += torch.stack([torch.where(scored > 0, loss.double() * scored, 0.0), scored])
-            if progress is not None:
-                progress.update(1)
+        return mean_loss(model, batches.val_windows(), rt, d, stop, progress)
     finally:
         model.train()
+
+
+def mean_loss(model, windows, rt: Runtime, d: Dist, stop: Callable[[], bool] | None, progress) -> float | None:
+    """The mean loss per character over batches of (x, y) windows, over every rank: each batch's loss weighted by the
+    targets it scores (padding rows, targets -1, score none), summed over the batches and then over the ranks, with
+    one read of the device at the end. None when a stop request came between batches."""
+    total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # (sum of losses, number of characters)
+    for batch, (x, y) in enumerate(windows):
+        if asked_to_stop(stop, d, rt.device, batch):
+            return None
+        with rt.autocast():
+            loss = model(x, y)[1]  # the mean over the targets that are not -1
+        scored = (y >= 0).sum().double()  # all padding (a rank with fewer windows): its loss is 0/0, counted as 0
+        total += torch.stack([torch.where(scored > 0, loss.double() * scored, 0.0), scored])
+        if progress is not None:
+            progress.update(1)
     total = d.sum(total)
     return (total[0] / total[1]).item()
 

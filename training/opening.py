@@ -18,7 +18,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configs import TrainConfig
-from configs.loader import config_from_dict
+from configs.loader import config_from_dict, follow_learning_rate
 from configs.schema import FIXED, SHAPE_FIELDS
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
@@ -80,11 +80,12 @@ def check_paths(cfg: TrainConfig) -> None:
                         f"files; choose a name in UTF-8") from None
 
 
-def choose_corpus(cfg: TrainConfig, say) -> tuple[TrainConfig, Corpus]:
+def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainConfig, Corpus]:
     """Find the corpus now (downloading a named one), so that the run is named and recorded after the text it
-    really trains on: offline, "shakespeare" falls back to "pystdlib", and the config then says pystdlib (a resume
-    later, online, must not switch to Shakespeare). Without --out_dir the run goes to out/<preset>-<corpus>."""
-    corpus = resolve(cfg.data, default_cache_dir(cfg.cache_dir), say=say, fallback=True)
+    really trains on: offline, "shakespeare" falls back to "pystdlib" where fallback allows (a new run on the default
+    corpus and cache), and the config then says pystdlib (a resume later, online, must not switch to Shakespeare).
+    Without --out_dir the run goes to out/<preset>-<corpus>."""
+    corpus = resolve(cfg.data, default_cache_dir(cfg.cache_dir), say=say, fallback=fallback)
     if cfg.data in NAMED and corpus.name != cfg.data:
         cfg.data = corpus.name
     if not cfg.out_dir:
@@ -126,10 +127,19 @@ def same_text(resumed: dict, source: Path, data_named: bool):
     return check
 
 
-def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path) -> TrainConfig:
-    """A fine-tuning run's config: the trained model's architecture, whatever the preset says; a shape given
-    explicitly that differs is refused (the weights would not fit)."""
+# What a fine-tuning run takes from this command, never from the run it starts from: its text, its folders, this
+# machine's device and processes, and whether it resumes.
+OWN_SETTINGS = ("data", "cache_dir", "val_fraction", "encoding", "encoding_errors", "out_dir", "resume", "overwrite",
+                "init_from", "device", "num_threads", "ddp")
+
+
+def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, say=print) -> TrainConfig:
+    """A fine-tuning run's config: the trained model's architecture, and the settings of the run that trained it
+    (its optimizer, learning rate, precision, steps, ...), with what this command sets over them (on its command line,
+    or in a --config file it names; min_lr follows a new learning rate); the text, the folders and the machine are
+    this command's (OWN_SETTINGS). A shape given explicitly that differs is refused (the weights would not fit)."""
     saved = {**ModelConfig().to_dict(), **state["model_config"]}  # a field the checkpoint lacks: its default
+    base = config_from_dict(state["run_config"], str(where), say).to_dict()
     values = cfg.to_dict()
     for name in SHAPE_FIELDS:
         if name in explicit and values[name] != saved[name]:
@@ -137,7 +147,16 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path) 
                             f"model in {where} ({name} {saved[name]!r}); leave it out, or choose a --config without "
                             f"it: --init_from keeps that model's architecture")
         values[name] = saved[name]
-    return TrainConfig(**values)
+    values.update({name: value for name, value in base.items()
+                   if name not in explicit and name not in OWN_SETTINGS and name not in SHAPE_FIELDS})
+    changed = {name: values[name] for name in ("learning_rate", "min_lr") if name in explicit}
+    if note := follow_learning_rate(base, changed, f"{where}'s run"):
+        values["min_lr"] = changed["min_lr"]
+        say(note)
+    try:
+        return TrainConfig(**values)
+    except ValueError as err:
+        raise UserError(f"--init_from {where}: {err}") from None
 
 
 def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
@@ -162,7 +181,14 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
                             f"settings, or start a new run in another --out_dir to change {what}")
         say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
         values[name] = new_value
-    new = TrainConfig(**{**values, "resume": True, "overwrite": False})
+    changed = {name: values[name] for name in ("learning_rate", "min_lr") if name in explicit}
+    if note := follow_learning_rate(old.to_dict(), changed, "this run"):
+        values["min_lr"] = changed["min_lr"]
+        say(note.replace("note: ", "resume: ", 1))
+    try:
+        new = TrainConfig(**{**values, "resume": True, "overwrite": False})
+    except ValueError as err:
+        raise UserError(f"--resume: {err}") from None
     if note := stretched_schedule(old, new, state["iter"]):
         say(note)
     return keep_global_batch(new, explicit, state, world_size, say)
@@ -266,10 +292,13 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
                 raise UserError(f"--resume: the text this run trained on, {cfg.data}, is no longer there; put it back, "
                                 f"or give its new place with --data (the same text)")
         elif cfg.init_from:
-            start = Path(cfg.init_from)
+            start = Path(cfg.init_from).expanduser()
+            if not start.exists():
+                raise UserError(f"--init_from {cfg.init_from}: no such run folder or checkpoint; give a trained run's "
+                                f"folder (out/...) or checkpoint file, or --resume to continue the run in --out_dir")
             start = find(str(start), "") if start.is_dir() else start
             init = checkpoint.load(start)
-            cfg = init_config(cfg, explicit, init, start)
+            cfg = init_config(cfg, explicit, init, start, log.say)
         # A fine-tuned run's vocabulary begins with its first model's, so that the old ids keep their meaning.
         base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
         check = same_text(resumed, source, "data" in explicit) if resumed is not None else None
@@ -282,7 +311,9 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
         if init is not None and d.is_main:
             new = prepared.tokenizer.chars[len(init["vocab"]):]
             shown = "".join(f" {ch!r}" for ch in new[:12]) + (" ..." if len(new) > 12 else "")
-            log.say(f"fine-tuning {start} (step {init['iter']}), with its architecture; vocabulary: its "
+            log.say(f"fine-tuning {start} (step {init['iter']}), with its architecture and its run's settings "
+                    f"(optimizer {cfg.optimizer}, learning_rate {cfg.learning_rate:g}, dtype {cfg.dtype}, max_iters "
+                    f"{cfg.max_iters}; what this command sets goes over them); vocabulary: its "
                     f"{len(init['vocab'])} characters + {len(new)} new{':' + shown if new else ''}")
     with d.together():
         if not d.is_main:

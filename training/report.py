@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from configs import TrainConfig
-from errors import UserError
+from errors import UserError, in_one_line
 from training.device import sync
 from training.run_folder import BEST, LAST, disk_error
 
@@ -43,6 +43,28 @@ class Log:
         # which has the bar, and on other processes than rank 0. The training loop calls it directly.
         self.lines = say if self.plain and active else None
         self._writer = None  # opened on first use: a run that writes nothing leaves no event file
+        self.wandb = None  # --wandb: the Weights & Biases run that gets what TensorBoard gets (start_wandb)
+
+    def start_wandb(self, cfg: TrainConfig) -> None:
+        """--wandb: this session in Weights & Biases too, beside TensorBoard: a run of cfg.wandb_project named and
+        grouped after the run folder (a resumed run's sessions are one group), the settings as its config, then every
+        scalar, sample and picture TensorBoard gets, at the same steps, and the final figures in its summary. Where the
+        wandb package is missing (a run resumed on another machine), a note, and TensorBoard alone."""
+        if not (cfg.wandb and self.active):
+            return
+        try:
+            import wandb
+        except ImportError:
+            self.say("note: this run logs to Weights & Biases (--wandb), but the wandb package is not installed here: "
+                     "TensorBoard only (pip install wandb, or --wandb false)")
+            return
+        name = self.out_dir.resolve().name
+        try:
+            self.wandb = wandb.init(project=cfg.wandb_project, name=name, group=name, dir=str(self.out_dir),
+                                     config=cfg.to_dict(), settings=wandb.Settings(silent=True))
+        except Exception as err:  # no login, no network: the run goes on with TensorBoard
+            self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}); logging to TensorBoard only "
+                     f"(wandb login, or WANDB_MODE=offline to keep its logs in the run folder)")
 
     def say(self, message: str) -> None:
         if self.active:
@@ -94,6 +116,9 @@ class Log:
         """picture: a (height, width, 3) uint8 array. A group that TensorBoard's Time Series (alphabetical) lists after
         loss/, optim/, perf/, summary/; layers counted from 1, as everywhere a person reads them."""
         self._write("add_image", f"where_attention_looks/layer_{layer + 1}", picture, it, dataformats="HWC")
+        if self.wandb is not None:
+            import wandb
+            self.wandb.log({f"where_attention_looks/layer_{layer + 1}": wandb.Image(picture)}, step=it)
 
     def final(self, cfg: TrainConfig, summary: dict, step: int) -> None:
         """The run's settings and final figures for the HParams tab, in the run's own event file (torch's add_hparams
@@ -112,13 +137,20 @@ class Log:
             for tag, value in metrics.items():
                 writer.add_scalar(tag, value, step)
         self._with_writer(write)
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+            self.wandb.summary.update(metrics)
 
     def _scalars(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():
             self._write("add_scalar", tag, value, step)
+        if self.wandb is not None:
+            self.wandb.log(values, step=step)
 
     def _text(self, tag: str, text: str, step: int) -> None:
         self._write("add_text", tag, "```\n" + text + "\n```", step)
+        if self.wandb is not None and tag != "config":  # (the config is the wandb run's own)
+            self.wandb.log({tag: text}, step=step)
 
     def _write(self, method: str, *args, **kwargs) -> None:
         self._with_writer(lambda writer: getattr(writer, method)(*args, **kwargs))
@@ -147,6 +179,9 @@ class Log:
         if self._writer is not None:
             self._write("close")
             self._writer = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
 
 
 class PlainProgress:
@@ -339,11 +374,10 @@ def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[s
     """What a finished run says: its steps and time, which step's model it hands over and that model's figures, and
     the last step's validation estimate beside it."""
     it, step = summary["iterations"], summary["model_step"]
-    # Training time counts every session of a resumed run; the wall clock only this process's (the next line, where
-    # the time went, is this session's too).
-    train, wall = summary["train_seconds"], summary["wall_seconds"]
-    lines = [f"done: {it} steps, {train:.1f} s of training steps in all its sessions; this session took {wall:.1f} s"
-             if cfg.resume else f"done: {it} steps, {train:.1f} s of training ({wall:.1f} s in all)"]
+    # The training steps' time, every session's for a resumed run. The whole command's time is one figure, on the
+    # line after these (where the time went: "... s since the command started"), and no other line gives a total.
+    lines = [f"done: {it} steps, {summary['train_seconds']:.1f} s of training steps"
+             + (" in all its sessions" if cfg.resume else "")]
     if summary["stopped_early"]:
         lines[0] += (f"; stopped early: {evals_since_best} evaluations in a row did not beat step {step}'s "
                      f"validation loss (--patience {cfg.patience}; --patience 0 trains on to --max_iters "

@@ -55,8 +55,8 @@ class Session:
         None when a stop request came during it (resuming does it again: it reads batches of its own, so the training
         stream is where it was)."""
         run, progress, cfg = self.run, self.progress, self.cfg
-        val_batches = min(cfg.eval_iters, run.batches.num_val_batches())  # a split that fits is read whole, once
-        with self.log.task(f"evaluating at step {progress.it}", cfg.eval_iters + val_batches) as progress_bar, \
+        batches = run.batches.num_evaluation_batches(cfg.eval_iters)  # on each rank
+        with self.log.task(f"evaluating at step {progress.it}", batches) as progress_bar, \
                 run.phases.timing("evaluations"):
             losses = evaluate(run.eval_model, run.batches, run.rt, cfg.eval_iters, self.d, self.asked_to_stop,
                               progress_bar)

@@ -1,0 +1,163 @@
+"""nanoGPT's habits in this trainer's terms: its train.py and sample.py settings that are named or done otherwise here
+(each answered in one line that names this trainer's way), its init_from values, and its Python config files, read
+(never run) and written out as the TOML this trainer reads."""
+from __future__ import annotations
+
+import ast
+import json
+import math
+import operator
+from pathlib import Path
+
+from configs.schema import FIELDS, FIXED, TYPES
+from errors import UserError
+
+# nanoGPT's train.py settings that this trainer names or does otherwise: what to give instead. (The rest of its
+# settings, out_dir to compile, have the same names here.)
+TRAIN_SETTINGS = {
+    "gradient_accumulation_steps": "here it is --grad_accum_steps, the micro-batches of each process (nanoGPT divides "
+                                   "its count among torchrun's processes; here the global batch is batch_size x "
+                                   "grad_accum_steps x processes, said when the run starts)",
+    "wandb_log": "here it is --wandb (Weights & Biases beside TensorBoard, where the wandb package is installed)",
+    "wandb_run_name": "here the run's name in Weights & Biases is its --out_dir folder's name",
+    "dataset": "here it is --data: a text file, a folder of text files, or a named corpus, shakespeare (nanoGPT's "
+               "shakespeare_char) or pystdlib; the characters are prepared on the fly, no prepare.py first",
+    "eval_only": "evaluating a trained model is python scripts/evaluate.py --out_dir RUN (its loss on any text)",
+    "always_save_checkpoint": "every evaluation saves ckpt_last.pt, and ckpt_best.pt when it beats the best "
+                              "validation loss; the run's model is its best: nothing to set",
+    "decay_lr": "the learning rate always falls from --learning_rate to --min_lr; give --min_lr equal to "
+                "--learning_rate for a constant rate",
+    "beta1": f"AdamW's beta1 is fixed at {FIXED['beta1']} here (--beta2 is a setting)",
+    "backend": "the backend follows the device (NCCL between GPUs, Gloo on CPUs): nothing to set",
+    "sample": "sampling is python scripts/sample.py --out_dir RUN",
+    "start": "a prompt for sampling is python scripts/sample.py --out_dir RUN --prompt TEXT (or --start, as "
+             "nanoGPT's, FILE:path included)",
+}
+# nanoGPT's names for settings that mean the same here under another name (its config files are translated so).
+RENAMED = {"gradient_accumulation_steps": "grad_accum_steps", "wandb_log": "wandb", "dataset": "data"}
+DATASETS = {"shakespeare_char": "shakespeare", "shakespeare": "shakespeare"}  # nanoGPT's data/ folders we have
+GPT2 = ("--init_from {value}: GPT-2's weights belong to its 50,257 BPE tokens, and this trainer is character-level; "
+        "--init_from here fine-tunes a run folder or checkpoint of this trainer (python train.py --init_from "
+        "out/RUN --data FILE)")
+
+
+def unknown_setting(name: str) -> str | None:
+    """The one line for nanoGPT's name of a setting named or done otherwise here (name without --); None if it is
+    not one of nanoGPT's."""
+    return TRAIN_SETTINGS.get(name)
+
+
+def init_from(value: str) -> tuple[str, bool, str]:
+    """nanoGPT's --init_from values understood: (this trainer's init_from, whether to resume, a note naming this
+    trainer's way, "" for none). resume continues the run in --out_dir, as --resume does; scratch is a new run, the
+    default; gpt2* is refused in one line. Anything else is a run folder or checkpoint to fine-tune, as here."""
+    if value == "resume" and not Path(value).exists():
+        return "", True, "note: --init_from resume is --resume here: continuing the run in --out_dir"
+    if value == "scratch" and not Path(value).exists():
+        return "", False, ""
+    if value.startswith("gpt2") and not Path(value).exists():
+        raise UserError(GPT2.format(value=value))
+    return value, False, ""
+
+
+# ---- nanoGPT's Python config files, read as data --------------------------------------------------------------------
+ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+              ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
+
+
+def plain_value(node: ast.AST):
+    """A literal, or arithmetic on numbers (nanoGPT writes gradient_accumulation_steps = 5 * 8); ValueError for
+    anything else (a name, a call): nothing of the file is ever run."""
+    if isinstance(node, ast.BinOp) and type(node.op) in ARITHMETIC:
+        left, right = plain_value(node.left), plain_value(node.right)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (left, right)):
+            raise ValueError("arithmetic on something other than numbers")
+        if isinstance(node.op, ast.Pow) and abs(right) > 64:
+            raise ValueError("too large a power")
+        return ARITHMETIC[type(node.op)](left, right)
+    return ast.literal_eval(node)
+
+
+def toml_value(value) -> str | None:
+    """value as a TOML value (None where TOML has none for it)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    return None
+
+
+def translate(name: str, value) -> tuple[str | None, str]:
+    """One assignment of a nanoGPT config: (this trainer's `field = value` line, or None; a comment, or "")."""
+    shown = f"{name} = {value!r}"
+    if name == "init_from":
+        if value == "resume":
+            return None, f"{shown}: continue a run with python train.py --out_dir DIR --resume"
+        if value == "scratch":
+            return None, f"{shown}: a new run, the default"
+        if isinstance(value, str) and value.startswith("gpt2"):
+            return None, f"{shown}: not for a character-level model; init_from = \"RUN_FOLDER\" fine-tunes one of ours"
+    if name == "dataset":
+        if value not in DATASETS:
+            return None, f"{shown}: give data = \"FILE\", the text itself (a file or a folder of text files)"
+        value = DATASETS[value]
+    if name == "compile" and isinstance(value, bool):
+        value = str(value).lower()  # auto | true | false
+    field = RENAMED.get(name, name)
+    if field not in FIELDS or field == "config_name":
+        return None, f"{shown}: {TRAIN_SETTINGS.get(name, 'no such setting here')}"
+    kind = TYPES[field]
+    fits = isinstance(value, (int, float) if kind is float else kind) and (kind is bool or not isinstance(value, bool))
+    text = toml_value(value)
+    if not fits or text is None:
+        return None, f"{shown}: {field} here takes {kind.__name__}; set it by hand"
+    note = "" if field == name else f"nanoGPT's {name}"
+    if name == "gradient_accumulation_steps":
+        note += ", here per process (nanoGPT divides it among torchrun's processes)"
+    return f"{field} = {text}", note
+
+
+def as_toml(path: Path) -> str:
+    """A nanoGPT config file (plain `name = value` lines) as this trainer's TOML: each setting under its name here,
+    and a comment for each one that has no equivalent, saying what to do instead. The file is parsed, never run."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text, filename=str(path))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as err:
+        raise UserError(f"--config {path}: cannot be read as a Python config ({type(err).__name__}); write the "
+                        f"settings as TOML (name = value lines) and pass that file") from None
+    lines = [f"# {path.stem}.toml: the settings of {path} (nanoGPT's Python config) as this trainer reads them"]
+    for statement in tree.body:
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+            continue  # a docstring
+        source = ast.get_source_segment(text, statement) or ""
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
+            lines.append(f"# {source.splitlines()[0][:100]}: not a plain setting; left out")
+            continue
+        name = statement.targets[0].id
+        try:
+            value = plain_value(statement.value)
+        except (ValueError, TypeError, SyntaxError, ZeroDivisionError, OverflowError):
+            lines.append(f"# {source.splitlines()[0][:100]}: not a plain value; set {RENAMED.get(name, name)} by hand")
+            continue
+        line, note = translate(name, value)
+        if line is None:
+            lines.append(f"# {note}")
+        else:
+            lines.append(f"{line}  # {note}" if note else line)
+    return "\n".join(lines) + "\n"
+
+
+def python_config(spec: str, say=print) -> UserError:
+    """--config FILE.py (or nanoGPT's `python train.py config/FILE.py`): this trainer never runs a config; the
+    same settings as TOML are printed (say), and the error to raise names the file to save them to."""
+    path = Path(spec)
+    if not path.is_file():
+        return UserError(f"--config {spec}: no such file; presets are TOML files (python train.py --help lists them)")
+    say(as_toml(path).rstrip("\n"))
+    return UserError(f"{spec} is a Python config (nanoGPT's configurator runs it); this trainer reads TOML "
+                     f"and runs no config: its settings as TOML are printed above; save them as {path.stem}.toml "
+                     f"and pass --config {path.stem}.toml")

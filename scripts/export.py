@@ -1,0 +1,120 @@
+"""python scripts/export.py --out_dir RUN [--to DIR]: a trained model in files other programs read without this project:
+its weights as safetensors, its settings as config.json, its vocabulary as vocab.json, and (with onnx and onnxscript
+installed: pip install -r requirements-export.txt) the forward pass as an ONNX graph."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
+from training.checkpoint import load_model  # noqa: E402
+from training.run_folder import find, write_atomic, write_text_atomic  # noqa: E402
+
+FORMAT = 1  # of config.json and vocab.json, as this script writes them
+ONNX_NEEDS = ("onnx", "onnxscript")  # torch.onnx.export(dynamo=True): torch.export's graph, translated by onnxscript
+ONNX_OPSET = 18
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
+    p.add_argument("--out_dir", default="", help="a run folder: exports its model, ckpt_best.pt (else ckpt_last.pt)")
+    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
+    p.add_argument("--to", default="", help="the folder to write into (default: export/ in the run's folder)")
+    p.add_argument("--onnx", default=None, action=BooleanFlag,
+                   help="also write model.onnx (default: where onnx and onnxscript are installed)")
+    return p
+
+
+def model_config(model, state: dict, path: Path) -> dict:
+    """config.json: every setting the forward pass depends on (this project's ModelConfig, by name), and where the
+    weights came from."""
+    return {"model_type": "chargpt", "format": FORMAT, **model.config.to_dict(),
+            "weights": "model.safetensors: every weight by its PyTorch name, float32, the tied head stored too",
+            "onnx": "model.onnx: input idx, int64 (batch, time) ids with time <= block_size; output logits, float32 "
+                    "(batch, time, vocab_size), row t scoring the character after idx[:, :t + 1]",
+            "checkpoint": str(path), "step": state["iter"]}
+
+
+def write_safetensors(model, target: Path) -> None:
+    """The weights, each a tensor of its own (safetensors stores no shared memory: a tied head is written twice)."""
+    from safetensors.torch import save
+
+    weights = {name: tensor.detach().to("cpu", torch.float32).contiguous().clone()
+               for name, tensor in model.state_dict().items()}
+    write_atomic(target, lambda f: f.write(save(weights, metadata={"format": "pt"})), "the weights", "--to")
+
+
+class Logits(torch.nn.Module):
+    """The forward pass as a graph exports it: ids (B, T) -> logits (B, T, vocab), with attention written out (q·kᵀ,
+    the causal mask, softmax), which every ONNX runtime has; the fused kernel's is_causal flag is a Python bool that
+    torch.export cannot carry for a length it leaves open."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)[0]
+
+
+def write_onnx(model, target: Path) -> None:
+    """model.onnx, its batch and length left open (the length up to block_size), written atomically."""
+    import logging
+    import tempfile
+    import warnings
+
+    model.set_attention_path("explicit")
+    block_size = model.config.block_size
+    example = torch.zeros(2, min(8, block_size), dtype=torch.long)
+    shapes = {"idx": {0: torch.export.Dim("batch", min=1), 1: torch.export.Dim("time", min=1, max=block_size)}}
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # (the exporter's notes on torchvision's operators)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # (torch.export's own, on a pytree class it renamed)
+        graph = Path(scratch) / "model.onnx"
+        torch.onnx.export(Logits(model).eval(), (example,), str(graph), dynamo=True, input_names=["idx"],
+                          output_names=["logits"], dynamic_shapes=shapes, opset_version=ONNX_OPSET,
+                          external_data=False, verbose=False)
+        write_atomic(target, lambda f: f.write(graph.read_bytes()), "the ONNX graph", "--to")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    missing = [name for name in ONNX_NEEDS if importlib.util.find_spec(name) is None]
+    if args.onnx and missing:
+        raise UserError(f"--onnx needs {' and '.join(missing)}: pip install -r requirements-export.txt")
+    path = find(args.out_dir, args.ckpt)
+    model, tokenizer, state = load_model(path, "cpu")
+    folder = Path(args.to) if args.to else path.parent / "export"
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--to {folder} is a file, not a folder; choose another --to")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--to {folder}: cannot create it ({err.strerror}); choose another --to") from None
+    write_safetensors(model, folder / "model.safetensors")
+    write_text_atomic(folder / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
+                      "config.json", "--to")
+    vocab = {"format": FORMAT, "chars": list(tokenizer.chars),
+             "meaning": "id i is chars[i]: a text is encoded character by character"}
+    write_text_atomic(folder / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False) + "\n", "vocab.json",
+                      "--to")
+    written = ["model.safetensors", "config.json", "vocab.json"]
+    if args.onnx is not False and not missing:
+        write_onnx(model, folder / "model.onnx")
+        written.append("model.onnx")
+    print(f"{path}: step {state['iter']}, {model.num_params(non_embedding=False):,} parameters; wrote "
+          f"{', '.join(written)} into {folder}")
+    if args.onnx is None and missing:
+        print(f"model.onnx was not written: it needs {' and '.join(missing)} (pip install -r requirements-export.txt)",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_without_teardown(run_cli(main))

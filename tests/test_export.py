@@ -1,0 +1,87 @@
+"""scripts/export.py: a trained model leaves the project. A program that imports neither this project nor torch reads
+the weights with safetensors alone (each equal to the checkpoint's), the vocabulary and settings from JSON, and runs
+the ONNX graph with onnxruntime: its logits equal PyTorch's for batches of other sizes and lengths than the export's
+example. The ONNX part is skipped where the optional export packages are not installed."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import module_corpus, run_script, train_debug
+from training.checkpoint import load_model
+
+# The program outside: standard library, numpy, safetensors and onnxruntime only.
+OUTSIDE = """import json, sys
+import numpy as np
+from safetensors.numpy import load_file
+
+folder, text, out = sys.argv[1], sys.argv[2], sys.argv[3]
+config = json.load(open(folder + "/config.json"))
+chars = json.load(open(folder + "/vocab.json", encoding="utf-8"))["chars"]
+ids = np.array([[chars.index(ch) for ch in text]], dtype=np.int64)
+results = {"weights/" + name: array for name, array in load_file(folder + "/model.safetensors").items()}
+if sys.argv[4] == "onnx":
+    import onnxruntime
+    session = onnxruntime.InferenceSession(folder + "/model.onnx", providers=["CPUExecutionProvider"])
+    batch = np.concatenate([ids, ids[:, ::-1]])  # two rows, as long as the text
+    results["logits"] = session.run(["logits"], {"idx": batch})[0]
+    results["one"] = session.run(["logits"], {"idx": ids[:, :config["block_size"] // 2 + 1]})[0]
+ours = {"torch", "model", "training", "configs", "errors", "hubconf"} & {name.split(".")[0] for name in sys.modules}
+assert not ours, ours
+np.savez(out, **results)
+"""
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    corpus = module_corpus(tmp_path_factory, "export")
+    out = corpus.parent / "run"
+    train_debug(corpus, out, "--max_iters", "10", "--position", "rope", "--logit_softcap", "15")
+    return out
+
+
+def outside(tmp_path, folder, text, onnx):
+    program = tmp_path / "outside.py"
+    program.write_text(OUTSIDE)
+    out = tmp_path / "read.npz"
+    done = subprocess.run([sys.executable, "-I", str(program), str(folder), text, str(out), onnx], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(np.load(out))
+
+
+def test_the_exported_model_is_read_and_run_without_this_project(run_dir, tmp_path):
+    onnx = all(__import__("importlib").util.find_spec(name) for name in ("onnx", "onnxscript", "onnxruntime"))
+    done = run_script("export.py", "--out_dir", str(run_dir), "--to", str(tmp_path / "exported"))
+    assert done.returncode == 0, done.stderr
+    written = ["model.safetensors", "config.json", "vocab.json"] + ["model.onnx"] * onnx
+    assert done.stdout.strip().endswith(f"wrote {', '.join(written)} into {tmp_path / 'exported'}")
+    assert sorted(p.name for p in (tmp_path / "exported").iterdir()) == sorted(written)
+    model, tokenizer, _ = load_model(run_dir / "ckpt_best.pt")
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert {k: config[k] for k in model.config.to_dict()} == model.config.to_dict()
+    text = "ROMEO:\nWhat light through yonder"[:model.config.block_size]
+    read = outside(tmp_path, tmp_path / "exported", text, "onnx" if onnx else "")
+    weights = {name[len("weights/"):]: array for name, array in read.items() if name.startswith("weights/")}
+    assert weights.keys() == model.state_dict().keys()
+    assert all(np.array_equal(weights[name], tensor.numpy()) for name, tensor in model.state_dict().items())
+    if not onnx:
+        pytest.skip("onnx, onnxscript or onnxruntime is not installed (pip install -r requirements-export.txt)")
+    ids = torch.tensor([tokenizer.encode(text)])
+    with torch.inference_mode():
+        expected = model(torch.cat([ids, ids.flip(1)]))[0].numpy()
+        half = model(ids[:, :model.config.block_size // 2 + 1])[0].numpy()
+    np.testing.assert_allclose(read["logits"], expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(read["one"], half, rtol=1e-4, atol=1e-4)
+
+
+def test_asking_for_onnx_without_its_packages_is_one_line_before_anything_is_written(run_dir, tmp_path, monkeypatch):
+    import export
+    monkeypatch.setattr(export, "ONNX_NEEDS", ("onnx", "no_such_exporter_module"))
+    done = run_script("export.py", "--out_dir", str(run_dir), "--to", str(tmp_path / "x"), "--onnx=True")
+    assert done.returncode == 2 and done.stderr == (
+        "error: --onnx needs no_such_exporter_module: pip install -r requirements-export.txt\n")
+    assert not (tmp_path / "x").exists()
