@@ -37,6 +37,8 @@ def finished(corpus, tmp_path_factory):
 
 
 def copy_of(folder, where):
+    """A copy of a run folder (cp -a: the files as they are) as where/run, where made if need be."""
+    where.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cp", "-a", str(folder), str(where / "run")], check=True)
     return where / "run"
 
