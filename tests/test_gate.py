@@ -292,6 +292,61 @@ def test_an_unseen_character_is_never_encoded_as_id_0():
         CharTokenizer("ab").encode_array("abz")
 
 
+# ---- 5. a record never deletes -----------------------------------------------------------------------------------
+def planted_record(out: Path, folder: str, files: dict[str, bytes], record: dict) -> Path:
+    aside = out / folder
+    aside.mkdir()
+    for name, data in files.items():
+        (aside / name).write_bytes(data)
+    (aside / "set_aside.json").write_text(json.dumps(record))
+    return aside
+
+
+@pytest.mark.parametrize("folder", [".replaced", ".replaced.discarded", ".replaced.tmp-x1y2z3"])
+def test_a_forged_record_moves_and_deletes_nothing(corpus, finished, tmp_path, capsys, folder):
+    """A finished run with a planted keep-aside: in .replaced/ a record listing its checkpoints and summary as not yet
+    moved (which had its events and loss.png deleted as a replacement's, and said it restored the run); in
+    .replaced.discarded/ a record naming the files beside it; in .replaced.tmp-* a lone record. Each is refused in one
+    line by a new run, --resume and --overwrite, every file of the folder kept byte for byte."""
+    out = copy_of(finished, tmp_path)
+    sizes = {name: (out / name).stat().st_size for name in ("ckpt_last.pt", "ckpt_best.pt", "summary.json")}
+    if folder == ".replaced":
+        planted_record(out, folder, {}, {"set_aside": sizes})
+    elif folder == ".replaced.discarded":
+        planted_record(out, folder, {"ckpt_last.pt": b"old run", "summary.json": b"{}"},
+                       {"set_aside": {"ckpt_last.pt": 7, "summary.json": 2}})
+    else:
+        planted_record(out, folder, {}, {"set_aside": sizes})
+    before = files_of(out)
+    for how in ([], ["--resume"], ["--overwrite"]):
+        err = one_line(capsys, run_cli(train.main, argv(corpus, out, *how)), "so nothing was moved or deleted")
+        assert "was not written for this folder" in err, err
+        assert files_of(out) == before, how
+
+
+def test_an_overwrite_on_a_full_disk_puts_the_old_run_back_and_says_so(corpus, finished, tmp_path, capsys,
+                                                                      monkeypatch):
+    """--overwrite whose first checkpoint cannot be written (the disk is full): the line says the run it was replacing
+    is back, not that nothing was written while it waited in .replaced/; the old run is there byte for byte."""
+    import errno
+    from training import run_folder
+    out = copy_of(finished, tmp_path)
+    before = files_of(out)
+    real = run_folder.os.fdopen
+
+    def full(fd, mode):
+        if "ckpt_" in os.readlink(f"/proc/self/fd/{fd}"):
+            os.close(fd)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, mode)
+    monkeypatch.setattr(run_folder.os, "fdopen", full)
+    err = one_line(capsys, run_cli(train.main, argv(corpus, out, "--overwrite")),
+                   f"(No space left on device); the run --overwrite was replacing is back in {out}, as it was")
+    assert "nothing was written" not in err and not (out / ".replaced").exists()
+    after = {name: data for name, data in files_of(out).items() if not name.startswith("undone_overwrite_")}
+    assert after == before
+
+
 # ---- 6, 7. fields a reader uses, and the lines that name them ----------------------------------------------------
 @pytest.mark.parametrize("changes, words", [
     ({"tokens_per_iter": 0}, "tokens_per_iter is 0, where it must be a whole number of tokens, 1 or more"),
