@@ -72,7 +72,8 @@ class TrainedRun:
             device = self.model.wte.weight.device
             generator = torch.Generator(device=device).manual_seed(seed)
             new = generate.generate(self.model, [self.tokenizer.encode(prompt)], max_new_tokens,
-                                    temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+                                    temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+                                    finite_only=True)  # NaN or inf scores: a ValueError, never text drawn from them
         return self.tokenizer.decode(new[0])
 
     def __repr__(self) -> str:

@@ -377,3 +377,41 @@ def test_sample_and_hubconf_refuse_a_first_char_that_is_not_a_character(finished
              "data.first_char is a list, where it must be one character")
     with pytest.raises(ValueError, match="data.first_char is a list"):
         hubconf.chargpt(str(tmp_path / "list.pt"))
+
+
+def test_evaluate_names_the_checkpoint_for_a_value_it_took_from_it(finished, corpus, tmp_path, capsys):
+    """batch_size 0, an encoding no codec has, float16 on a CPU, all from the checkpoint's run config: the line names
+    the checkpoint (never a flag the user did not give), and --dtype still chooses."""
+    import evaluate
+    for name, run_config, words in (
+            ("batch", {"batch_size": 0}, "its saved config is invalid (--batch_size 0: must be at least 1)"),
+            ("codec", {"encoding": "no-such-codec"}, "is damaged: its run config's encoding no-such-codec"),
+            ("half", {"dtype": "float16"}, "the run's dtype, float16 (its saved config, used by default), cannot be "
+                                           "used here (not supported on CPU; use float32 or bfloat16)")):
+        path = forged(finished / "ckpt_best.pt", tmp_path / f"{name}.pt", run_config=run_config)
+        err = one_line(capsys, run_cli(evaluate.main, ["--ckpt", str(path), "--data", str(corpus)]), words)
+        assert err.startswith(f"error: {path}") and "error: --" not in err, err
+    assert run_cli(evaluate.main, ["--ckpt", str(tmp_path / "half.pt"), "--data", str(corpus), "--dtype",
+                                   "float32"]) == 0
+
+
+def test_sample_refuses_weights_whose_scores_overflow_instead_of_printing_newlines(finished, tmp_path, capsys):
+    """Weights multiplied by 1e30 (finite, but every score of the next character overflows): one line, as evaluate.py
+    and the page say it, and nothing printed; hubconf raises a ValueError."""
+    import hubconf
+    import sample
+    state = torch.load(finished / "ckpt_best.pt", weights_only=True)
+    for name in [n for n in state["model"] if n.endswith("attn.c_attn.weight")]:
+        state["model"][name] = state["model"][name] * 1e30
+    torch.save(state, tmp_path / "loud.pt")
+    code = run_cli(sample.main, ["--ckpt", str(tmp_path / "loud.pt"), "--max_new_tokens", "30"])
+    said = capsys.readouterr()
+    assert code == 2 and said.out == "" and said.err.splitlines()[-1] == (
+        f"error: {tmp_path / 'loud.pt'}: the model's scores for the next character are not numbers (NaN or inf): its "
+        f"numbers overflow; its weights are damaged or too large to compute with"), said
+    with pytest.raises(ValueError, match="not finite"):
+        hubconf.chargpt(str(tmp_path / "loud.pt")).generate(max_new_tokens=30)
+
+
+def test_config_without_a_value_is_one_line(capsys):
+    one_line(capsys, run_cli(train.main, ["--config"]), "argument --config: expected one argument")
