@@ -246,7 +246,8 @@ PICKLE_MAX_BYTES = 4 << 20  # a checkpoint's pickle (everything but the tensors'
 # about 15 bytes per logged loss. The weights-only unpickler took 140 MB and 5.6-6.6 s (on 2 cores shared with other
 # work, load average 7-11) for 4 MB of its costliest opcodes (an empty dict every two bytes).
 RECORDS_MAX = 100_000  # the zip's entries: one per tensor saved, ~4 per weight with AdamW; ZipInfo takes ~0.5 KB each
-OWN_RECORDS = {"data.pkl", ".format_version", ".storage_alignment", "byteorder", "version", ".data/serialization_id"}
+OWN_RECORDS = {"data.pkl", ".format_version", ".storage_alignment", "byteorder", "version", ".data/version",
+               ".data/serialization_id"}  # (.data/version: the version record's other name, which torch reads too)
 SMALL_RECORD_BYTES = 64
 
 
