@@ -85,7 +85,8 @@ class TrainedRun:
             device = self.model.wte.weight.device
             generator = torch.Generator(device=device).manual_seed(seed)
             new = generate.generate(self.model, rows, max_new_tokens, temperature=temperature, top_k=top_k,
-                                    top_p=top_p, generator=generator)
+                                    top_p=top_p, generator=generator,
+                                    finite_only=True)  # NaN or inf scores: a ValueError, never text drawn from them
         texts = [self.tokenizer.decode(row) for row in new]
         return texts if isinstance(prompt, list) else texts[0]
 

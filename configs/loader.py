@@ -119,7 +119,7 @@ def checked_types(values: dict, where: str, types: dict[str, type] = TYPES) -> d
 def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConfig, str, set[str]]:
     """Returns the config, a line saying which preset was used and why, and the fields the user set
     (on the command line, or in a --config file named on it): a resumed run applies only those."""
-    first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # which preset, before anything else
+    first = ArgumentParser(add_help=False, allow_abbrev=False)  # which preset, before anything else
     first.add_argument("--config")
     given = first.parse_known_args(argv)[0].config
     if given:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from data.gate import open_regular, sha256_of
 from errors import UserError, space_or_place
 
 SHAKESPEARE_URL = os.environ.get(
@@ -41,8 +42,10 @@ def default_cache_dir(chosen: str = "") -> Path:
 
 
 def is_binary(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return b"\0" in f.read(8192)
+    """A NUL byte in the first 8 KB; only a regular file is opened (a device or pipe is refused: data.gate)."""
+    f, size = open_regular(path, "--data:")
+    with f:
+        return b"\0" in f.read(min(size, 8192))
 
 
 def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Corpus:
@@ -90,19 +93,6 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
                     f"or one of: {', '.join(NAMED)}")
 
 
-def hash_file(digest, path: Path) -> None:
-    """Feed a file into a hashlib digest, 1 MiB at a time."""
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    hash_file(digest, path)
-    return digest.hexdigest()
-
-
 def new_partial(target: Path) -> Path:
     """A new, empty file beside target under a name nobody can guess (mkstemp, O_EXCL), to be written and renamed
     over target: a link planted in a shared cache cannot redirect the download."""
@@ -115,7 +105,7 @@ def new_partial(target: Path) -> Path:
 def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
     """Tiny Shakespeare, fetched once into the cache and checked against its known sha256."""
     target = cache_dir / "tinyshakespeare.txt"
-    if target.exists() and sha256_of(target) == SHAKESPEARE_SHA256:
+    if target.exists() and sha256_of(target, "the cached") == SHAKESPEARE_SHA256:
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     partial = new_partial(target)
@@ -126,7 +116,7 @@ def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
                 for block in iter(lambda: response.read(1 << 16), b""):
                     out.write(block)
                     bar.update(len(block))
-        if sha256_of(partial) != SHAKESPEARE_SHA256:
+        if sha256_of(partial, "the download") != SHAKESPEARE_SHA256:
             raise OSError("the download's checksum does not match")  # never use a damaged copy
         os.replace(partial, target)
     finally:

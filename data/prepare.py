@@ -1,4 +1,5 @@
-"""Preparing a corpus: stream it once for its characters, once more to write train.bin / val.bin token files."""
+"""Preparing a corpus: stream it once for its checksum (the cache's key), once for its characters, once more to write
+train.bin / val.bin token files; the entry is kept only where each pass read the bytes the key sums."""
 from __future__ import annotations
 
 import codecs
@@ -14,12 +15,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from data.corpus import Corpus, hash_file
+from data.corpus import Corpus
+from data.gate import CACHE_FORMAT as FORMAT
+from data.gate import cache_entry_damage, corpus_blocks, same_text, text_changed
 from data.tokenizer import CharTokenizer, codepoints
 from errors import UserError, space_or_place
-
-FORMAT = 1
-CHUNK_BYTES = 1 << 22  # 4 MiB at a time keeps memory bounded whatever the corpus size
 
 
 @dataclass
@@ -34,46 +34,40 @@ class Prepared:
         return self.dir / f"{split}.bin"
 
 
-def read_text(corpus: Corpus, encoding: str, errors: str) -> Iterator[str]:
-    """The corpus as a stream of text chunks: files joined by a newline, decoded incrementally."""
-    for i, path in enumerate(corpus.files):
-        if i:
-            yield "\n"
-        decoder = codecs.getincrementaldecoder(encoding)(errors=errors)
-        offset = 0  # bytes of this file handed to the decoder so far
-        with open(path, "rb") as f:
-            while True:
-                block = f.read(CHUNK_BYTES)
-                try:
-                    text = decoder.decode(block, final=not block)
-                except UnicodeDecodeError as err:
-                    pending = len(err.object) - len(block)  # bytes the decoder held back from the last block
-                    raise UserError(
-                        f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
-                        f"pass --encoding (e.g. latin-1) or --encoding_errors replace") from None
-                except UnicodeError as err:  # e.g. utf-16 without a byte-order mark
-                    raise UserError(f"{path} is not valid {encoding} ({err}); pass the file's own --encoding, "
-                                    f"e.g. utf-8") from None
-                if "\0" in text:
-                    raise UserError(f"{path} looks like a binary file (it contains NUL bytes); --data needs text")
-                offset += len(block)
-                if text:
-                    yield text
-                if not block:
-                    break
-
-
-def corpus_key(corpus: Corpus, encoding: str, errors: str, val_fraction: float) -> tuple[str, str]:
-    """(sha256 of the bytes read, cache folder name: that hash plus the settings that change the tokens)."""
-    digest = hashlib.sha256()
-    for i, path in enumerate(corpus.files):
-        digest.update(f"\0file{i}\0".encode())
+def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterator[str]:
+    """The corpus as a stream of text chunks: files joined by a newline, decoded incrementally, each read to the size
+    it had when opened (data.gate.corpus_blocks). digest, when given, takes the bytes read: their checksum, to compare
+    with the one the cache is keyed by."""
+    current, decoder, offset = -1, None, 0  # offset: bytes of this file handed to the decoder so far
+    for i, path, block in corpus_blocks(corpus.files, digest):
+        if i != current:
+            if i:
+                yield "\n"
+            current, decoder, offset = i, codecs.getincrementaldecoder(encoding)(errors=errors), 0
         try:
-            hash_file(digest, path)
-        except OSError as err:
-            raise UserError(f"--data: {path} cannot be read ({err.strerror or err}); check it and its "
-                            "permissions") from None
-    return digest.hexdigest(), f"{digest.hexdigest()[:20]}-{encoding}-{errors}-val{val_fraction}"
+            text = decoder.decode(block, final=not block)
+        except UnicodeDecodeError as err:
+            pending = len(err.object) - len(block)  # bytes the decoder held back from the last block
+            raise UserError(
+                f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
+                f"pass --encoding (e.g. latin-1) or --encoding_errors replace") from None
+        except UnicodeError as err:  # e.g. utf-16 without a byte-order mark
+            raise UserError(f"{path} is not valid {encoding} ({err}); pass the file's own --encoding, "
+                            f"e.g. utf-8") from None
+        if "\0" in text:
+            raise UserError(f"{path} looks like a binary file (it contains NUL bytes); --data needs text")
+        offset += len(block)
+        if text:
+            yield text
+
+
+def corpus_key(corpus: Corpus, encoding: str, errors: str, val_fraction: float) -> tuple[str, str, int]:
+    """(sha256 of the bytes read, cache folder name: that hash plus the settings that change the tokens, the number
+    of bytes read)."""
+    digest, n_bytes = hashlib.sha256(), 0
+    for _, _, block in corpus_blocks(corpus.files, digest):
+        n_bytes += len(block)
+    return digest.hexdigest(), f"{digest.hexdigest()[:20]}-{encoding}-{errors}-val{val_fraction}", n_bytes
 
 
 def check_encoding(encoding: str, errors: str) -> None:
@@ -83,27 +77,6 @@ def check_encoding(encoding: str, errors: str) -> None:
         raise UserError(f"--encoding {encoding}: not a text encoding; try utf-8 or latin-1") from None
     if errors not in ("strict", "replace", "ignore"):
         raise UserError(f"--encoding_errors {errors}: must be strict, replace or ignore")
-
-
-def damage(entry: Path) -> str | None:
-    """Why a cache entry cannot be trusted, or None: what is cheap to check (the metadata, the files' sizes, every
-    id below the vocabulary size) is checked each time an entry is opened."""
-    try:
-        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-        tokenizer = CharTokenizer(meta["vocab"])
-        dtype = np.dtype(meta["dtype"])
-        if meta["format"] != FORMAT or dtype != tokenizer.dtype or meta["vocab_size"] != tokenizer.vocab_size:
-            return "its metadata does not match its vocabulary"
-        for split in ("train", "val"):
-            path = entry / f"{split}.bin"
-            n = meta[f"n_{split}"]
-            if not isinstance(n, int) or not path.is_file() or path.stat().st_size != n * dtype.itemsize:
-                return f"{split}.bin is missing or has the wrong size"
-            if n and int(np.memmap(path, dtype=dtype, mode="r").max()) >= tokenizer.vocab_size:
-                return f"{split}.bin holds ids beyond the vocabulary"
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        return f"{type(err).__name__}: {str(err)[:80]}"
-    return None
 
 
 def remove_stale(folder: Path) -> None:
@@ -126,32 +99,36 @@ def process_alive(pid: int) -> bool:
 
 def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             encoding: str = "utf-8", errors: str = "strict", say=print, base_vocab: str = "",
-            check: Callable[[str, str], None] | None = None) -> Prepared:
+            check: Callable[[str, str | None], None] | None = None) -> Prepared:
     """Write (or reuse) the token files of a corpus. Returns where they are and what they hold.
 
     base_vocab (fine-tuning): the vocabulary starts with these characters, in this order, so a trained model's ids
     keep their meaning; the corpus's other characters follow. check(sha256, vocabulary), when given, is called with
-    the text's checksum and vocabulary before any file is written (or a cached entry is used), and may refuse them
-    (--resume checks the text against its checkpoint's record this way, so a refused resume writes nothing)."""
+    the text's checksum as soon as it is known (vocabulary None), before the text is read a second time, and again
+    with its vocabulary before any file is written (or a cached entry is used); it may refuse them (--resume checks
+    the text against its checkpoint's record this way, so a refused resume reads no more and writes nothing)."""
     check_encoding(encoding, errors)
     start = time.perf_counter()
-    sha256, key = corpus_key(corpus, encoding, errors, val_fraction)
+    sha256, key, n_bytes = corpus_key(corpus, encoding, errors, val_fraction)
+    if check is not None:
+        check(sha256, None)
     if base_vocab:
         key += "-base" + hashlib.sha256(base_vocab.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     final = cache_dir / "prepared" / key
     remove_stale(final.parent)
     if final.exists():
-        why = damage(final)
+        why = cache_entry_damage(final)
         if why is None:
             meta = json.loads((final / "meta.json").read_text(encoding="utf-8"))
             if check is not None:
                 check(sha256, meta["vocab"])
             meta["source"] = corpus.name  # the cache is keyed by content: the same text under another name is this one
+            meta["bytes"] = n_bytes  # (an entry written before the byte count was kept lacks it)
             return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
         say(f"note: the cached token files in {final} are damaged ({why}); preparing them again")
         discard(final)
     try:
-        return build(corpus, final, key, sha256, val_fraction, encoding, errors, start, base_vocab, check)
+        return build(corpus, final, key, sha256, n_bytes, val_fraction, encoding, errors, start, base_vocab, check)
     except OSError as err:
         if err.filename and Path(err.filename) in corpus.files:
             raise UserError(f"--data: {err.filename} cannot be read ({err.strerror})") from None
@@ -169,15 +146,19 @@ def discard(entry: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: float, encoding: str, errors: str,
-          start: float, base_vocab: str = "", check: Callable[[str, str], None] | None = None) -> Prepared:
-
+def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_fraction: float, encoding: str,
+          errors: str, start: float, base_vocab: str = "", check: Callable[[str, str | None], None] | None = None
+          ) -> Prepared:
+    """Two more passes over the text, each read with its checksum: the entry keyed by sha256 is kept only if both
+    read exactly the bytes that sha256 sums (a file edited, truncated or replaced meanwhile leaves no entry)."""
     # Pass 1: which characters occur, and how many there are.
     seen = np.zeros(0x110000, dtype=bool)
     n_chars = 0
-    for text in read_text(corpus, encoding, errors):
+    digest = hashlib.sha256()
+    for text in read_text(corpus, encoding, errors, digest):
         seen[codepoints(text)] = True
         n_chars += len(text)
+    same_text(corpus.name, sha256, digest, "while its characters were counted")
     if n_chars == 0:
         raise UserError(f"--data {corpus.name}: the corpus is empty; give it some text")
     known = set(base_vocab)
@@ -195,17 +176,25 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, val_fraction: floa
     os.chmod(tmp, 0o755)
     try:
         written = 0
+        digest = hashlib.sha256()
         with open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:
-            for text in read_text(corpus, encoding, errors):
+            for text in read_text(corpus, encoding, errors, digest):
                 cut = max(0, min(len(text), n_train - written))
-                # write(tobytes()) rather than tofile(): a Ctrl-C inside tofile surfaces as a TypeError
-                if cut:
-                    train.write(tokenizer.encode_array(text[:cut]).tobytes())
-                if cut < len(text):
-                    val.write(tokenizer.encode_array(text[cut:]).tobytes())
+                try:
+                    # write(tobytes()) rather than tofile(): a Ctrl-C inside tofile surfaces as a TypeError
+                    if cut:
+                        train.write(tokenizer.encode_array(text[:cut]).tobytes())
+                    if cut < len(text):
+                        val.write(tokenizer.encode_array(text[cut:]).tobytes())
+                except ValueError:  # a character the first pass did not see: the text changed in between
+                    raise text_changed(corpus.name, "while it was written as tokens") from None
                 written += len(text)
+        same_text(corpus.name, sha256, digest, "while it was written as tokens")
+        if written != n_chars:  # (the same bytes decode to the same characters)
+            raise UserError(f"--data {corpus.name}: {written:,} characters decoded where the first pass counted "
+                            f"{n_chars:,}; nothing was cached; run the command again")
         meta = {
-            "format": FORMAT, "source": corpus.name, "files": len(corpus.files), "sha256": sha256,
+            "format": FORMAT, "source": corpus.name, "files": len(corpus.files), "sha256": sha256, "bytes": n_bytes,
             "encoding": encoding, "encoding_errors": errors, "vocab": tokenizer.chars,
             "vocab_size": tokenizer.vocab_size, "dtype": tokenizer.dtype.name, "n_chars": n_chars,
             "val_fraction": val_fraction, "n_train": n_train, "n_val": n_chars - n_train,

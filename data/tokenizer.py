@@ -28,6 +28,7 @@ class CharTokenizer:
         self.chars = chars
         self.stoi = {ch: i for i, ch in enumerate(chars)}
         self._table: np.ndarray | None = None  # code point -> id, built on first encode_array()
+        self._known: np.ndarray | None = None  # code point -> whether it is in the vocabulary, built with it
 
     @property
     def vocab_size(self) -> int:
@@ -56,11 +57,17 @@ class CharTokenizer:
         return [self.stoi[ch] for ch in text]
 
     def encode_array(self, text: str) -> np.ndarray:
-        """Encode a (large) string known to be in the vocabulary, vectorised."""
+        """Encode a (large) string whose characters are all in the vocabulary, vectorised; a character outside it is a
+        ValueError (its id would otherwise be read as 0, another character)."""
         if self._table is None:  # a gather through a table beats a dict lookup per character by ~100x
             self._table = np.zeros(0x110000, dtype=self.dtype)
             self._table[[ord(c) for c in self.chars]] = np.arange(self.vocab_size)
-        return self._table[codepoints(text)]
+            self._known = np.zeros(0x110000, dtype=bool)
+            self._known[[ord(c) for c in self.chars]] = True
+        points = codepoints(text)
+        if not self._known[points].all():
+            raise ValueError(f"characters not in the vocabulary: {''.join(self.unknown(text))[:20]!r}")
+        return self._table[points]
 
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)

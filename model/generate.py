@@ -16,6 +16,11 @@ from model.kv_cache import Decoding, LayerCache
 DecodeStep = Callable[[GPT, torch.Tensor, Decoding], torch.Tensor]
 
 
+class NonFiniteLogits(ValueError):
+    """A row's next-token scores held NaN or inf (weights too large to compute with, or damaged): what would be drawn
+    from them is not the model's text."""
+
+
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                     top_p: float | None = None) -> torch.Tensor:
     """(B, vocab) logits -> (B, vocab) probabilities, sharpened by temperature and cut by top-k / top-p."""
@@ -136,11 +141,14 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
 
 class Chunks:
     """Hands the new tokens to a callback in chunks, copied off the device without waiting for it: a chunk's copy
-    is started when its last token is drawn and read a chunk later, by when the device has long finished it."""
+    is started when its last token is drawn and read a chunk later, by when the device has long finished it. With
+    finite (a (B,) bool tensor on the device, False for a row once its scores were not finite) copied with each chunk,
+    a chunk drawn from such scores is refused (NonFiniteLogits) instead of handed over."""
 
-    def __init__(self, buffer: torch.Tensor, first: int, on_tokens: Callable[[torch.Tensor], None] | None, size: int):
-        self.buffer, self.done, self.on_tokens, self.size = buffer, first, on_tokens, size
-        self.pending: list[tuple[torch.Tensor, object]] = []
+    def __init__(self, buffer: torch.Tensor, first: int, on_tokens: Callable[[torch.Tensor], None] | None, size: int,
+                 finite: torch.Tensor | None = None):
+        self.buffer, self.done, self.on_tokens, self.size, self.finite = buffer, first, on_tokens, size, finite
+        self.pending: list[tuple[torch.Tensor, torch.Tensor | None, object]] = []
 
     def drawn(self, end: int, last: bool = False) -> None:
         """The tokens up to column end are drawn (their kernels queued)."""
@@ -150,16 +158,22 @@ class Chunks:
         if chunk.device.type == "cuda":
             host = torch.empty(chunk.shape, dtype=chunk.dtype, pin_memory=True)
             host.copy_(chunk, non_blocking=True)
+            finite = None
+            if self.finite is not None:
+                finite = torch.empty(self.finite.shape, dtype=torch.bool, pin_memory=True)
+                finite.copy_(self.finite, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-            self.pending.append((host, event))
+            self.pending.append((host, finite, event))
         else:
-            self.pending.append((chunk.clone(), None))
+            self.pending.append((chunk.clone(), None if self.finite is None else self.finite.clone(), None))
         self.done = end
-        while self.pending and (last or len(self.pending) > 1 or self.pending[0][1] is None):
-            host, event = self.pending.pop(0)
+        while self.pending and (last or len(self.pending) > 1 or self.pending[0][2] is None):
+            host, finite, event = self.pending.pop(0)
             if event is not None:
                 event.synchronize()
+            if finite is not None and not finite.all():
+                raise NonFiniteLogits("the next-token scores are not finite (NaN or inf)")
             self.on_tokens(host)
 
 
@@ -167,13 +181,15 @@ class Chunks:
 def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
              use_cache: bool = True, on_tokens: Callable[[torch.Tensor], None] | None = None,
-             step: DecodeStep = one_token_step, chunk: int = 0) -> list[list[int]]:
+             step: DecodeStep = one_token_step, chunk: int = 0, finite_only: bool = False) -> list[list[int]]:
     """Continue each prompt by max_new_tokens tokens; prompts may differ in length (they are batched, left-padded).
 
     Returns the new tokens of each row. on_tokens receives (B, n) tensors of new tokens, in order, on the host:
     every token as it is drawn on a CPU, chunk (default 16) at a time on a GPU. step is the decoding step
     (compiled_step() for a compiled one). Between windows nothing is read back from the device: the tokens stay
-    there, positions and masks are tensors, and the token is chosen on the device.
+    there, positions and masks are tensors, and the token is chosen on the device. finite_only: scores that are not
+    finite (NaN or inf) anywhere raise NonFiniteLogits rather than give tokens drawn from them: a flag kept on the
+    device and read with the tokens (still one read at the end), or with each chunk handed to on_tokens.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -213,10 +229,13 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
             use(in_use if trim else None)
         return model(buffer[:, left:end], decoding=state)[0][:, -1]
 
-    chunks = Chunks(buffer, longest, on_tokens, chunk or (16 if device.type == "cuda" else 1))
+    finite = torch.ones(len(prompts), dtype=torch.bool, device=device) if finite_only else None
+    chunks = Chunks(buffer, longest, on_tokens, chunk or (16 if device.type == "cuda" else 1), finite)
     logits = read_windows(longest)
     for i in range(max_new_tokens):
         column = longest + i
+        if finite is not None:
+            finite.logical_and_(torch.isfinite(logits).all(dim=-1))
         next_ids = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), on the device
         buffer[:, column] = next_ids
         chunks.drawn(column + 1, last=i == max_new_tokens - 1)
@@ -233,4 +252,9 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
             if trim:
                 use(in_use)
             logits = step(model, next_ids[:, None], state)  # a (B, 1) tensor of its own: the same strides every call
-    return buffer[:, longest:].tolist()
+    if finite is None:
+        return buffer[:, longest:].tolist()
+    rows = torch.cat([buffer[:, longest:], finite[:, None].long()], dim=1).tolist()  # tokens and flag: one read
+    if not all(row[-1] for row in rows):
+        raise NonFiniteLogits("the next-token scores are not finite (NaN or inf)")
+    return [row[:-1] for row in rows]

@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from data.corpus import Corpus, default_cache_dir  # noqa: E402
-from data.prepare import corpus_key  # noqa: E402
+from data.corpus import default_cache_dir  # noqa: E402
+from data.gate import META_MAX_BYTES, open_regular, read_blocks, read_small, recorded_text  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.attention import recording_attention  # noqa: E402
 from model.generate import generate  # noqa: E402
@@ -96,36 +96,36 @@ def page(model, vocab: str, text: str, title: str, about: dict) -> str:
 
 
 def validation_start(state: dict) -> str | None:
-    """The first VAL_SEARCHED characters of the run's validation text: from its prepared token cache (found by the
-    corpus checksum the checkpoint records, with the same encoding and split), else from its corpus file when that
-    is one file whose checksum still matches; None where neither is there."""
+    """The first VAL_SEARCHED characters of the run's validation text: from its prepared token cache in this user's
+    cache folder (a checkpoint's cache_dir is never taken: the file may come from someone else), found by the corpus
+    checksum the checkpoint records, with the same encoding and split; else from its corpus file, where that is one
+    regular file of the size and checksum recorded (data.gate.recorded_text); None where neither is there."""
     data, run = state.get("data") or {}, state.get("run_config") or {}
     sha256, n_train = data.get("sha256"), data.get("n_train")
     if not sha256 or n_train is None:
         return None
     settings = {"encoding": run.get("encoding", "utf-8"), "encoding_errors": run.get("encoding_errors", "strict"),
                 "val_fraction": run.get("val_fraction", 0.1)}
-    cache = Path(run["cache_dir"]) if run.get("cache_dir") else default_cache_dir()
-    for entry in sorted((cache / "prepared").glob(f"{sha256[:20]}-*")):
+    for entry in sorted((default_cache_dir() / "prepared").glob(f"{sha256[:20]}-*")):
         try:
-            meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+            meta = json.loads(read_small(entry / "meta.json", "the cache entry's", META_MAX_BYTES).decode("utf-8"))
             if meta["sha256"] != sha256 or any(meta[key] != value for key, value in settings.items()):
                 continue
-            ids = np.fromfile(entry / "val.bin", dtype=meta["dtype"], count=VAL_SEARCHED)
+            dtype = np.dtype(meta["dtype"])
+            f, size = open_regular(entry / "val.bin", "the cache entry's")
+            with f:
+                wanted = min(size, VAL_SEARCHED * dtype.itemsize) // dtype.itemsize * dtype.itemsize
+                ids = np.frombuffer(b"".join(read_blocks(f, wanted, entry / "val.bin", "the cache entry's",
+                                                         file_size=size)), dtype=dtype)
             return "".join(meta["vocab"][i] for i in ids)
-        except (OSError, ValueError, KeyError, IndexError, TypeError):
+        except (OSError, ValueError, KeyError, IndexError, TypeError, UserError):
             continue  # a damaged or foreign entry: the next, or the corpus file
-    source = Path(data.get("source", ""))
     try:
-        if not source.is_file() or source.stat().st_size > MAX_CORPUS_BYTES:
-            return None
-        corpus = Corpus(str(source), [source])
-        if corpus_key(corpus, settings["encoding"], settings["encoding_errors"], settings["val_fraction"])[0] != sha256:
-            return None  # the file has changed since the run read it
-        text = source.read_text(encoding=settings["encoding"], errors=settings["encoding_errors"])
+        raw = recorded_text(Path(data.get("source", "")), data, MAX_CORPUS_BYTES)
+        text = raw.decode(settings["encoding"], settings["encoding_errors"]) if raw is not None else None
     except (OSError, UnicodeError, UserError, LookupError):
         return None
-    return text[n_train:n_train + VAL_SEARCHED]
+    return None if text is None else text[n_train:n_train + VAL_SEARCHED]
 
 
 def validation_line(state: dict, tokenizer, length: int) -> str | None:

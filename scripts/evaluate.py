@@ -13,9 +13,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from configs import TrainConfig  # noqa: E402
+from configs.loader import config_from_dict  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import default_cache_dir  # noqa: E402
-from data.prepare import read_text  # noqa: E402
+from data.prepare import check_encoding, read_text  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.device import free_memory, is_out_of_memory, pick_device, setup  # noqa: E402
@@ -71,26 +73,48 @@ def check_memory(model, batch_size: int, block_size: int, device: torch.device) 
                         f"--batch_size")
 
 
+def saved_settings(state: dict, path: Path) -> TrainConfig:
+    """The run's settings this script takes from the checkpoint (batch_size, dtype, the encoding, val_fraction), every
+    value checked: a wrong one is the checkpoint's, and the line says so (never a flag the user did not give)."""
+    run = config_from_dict(state["run_config"], f"{path}", say=lambda message: None)
+    try:
+        check_encoding(run.encoding, run.encoding_errors)
+    except UserError as err:
+        raise UserError(f"{path} is damaged: its run config's {str(err).removeprefix('--')}") from None
+    return run
+
+
+def runtime(args, run: TrainConfig, path: Path):
+    """The device, and --dtype, by default the run's own precision (as in training): where that one cannot be used
+    here (float16 on a CPU), the line names the checkpoint as its source and the flag that chooses another."""
+    if args.dtype:
+        return setup(args.device, args.dtype)
+    try:
+        return setup(args.device, run.dtype)
+    except UserError as err:
+        raise UserError(f"{path}: the run's dtype, {run.dtype} (its saved config, used by default), cannot be used "
+                        f"here ({str(err).split(': ', 1)[-1]}); pass --dtype float32 or bfloat16") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.json:
         check_output_file(args.json, "--json", (".json",))
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = checkpoint.load_model(path, pick_device(args.device))
-    run = state["run_config"]
-    rt = setup(args.device, args.dtype or run.get("dtype", "auto"))  # the run's own precision by default
+    run = saved_settings(state, path)
+    rt = runtime(args, run, path)
     block_size = model.config.block_size
     stride = block_size if args.stride is None else args.stride
     if not 1 <= stride <= block_size:
         raise UserError(f"--stride {args.stride}: must be between 1 and the model's block_size, {block_size}")
-    batch_size = args.batch_size or run.get("batch_size", 16)
-    if batch_size < 1:
+    if args.batch_size < 0:
         raise UserError(f"--batch_size {args.batch_size}: must be at least 1")
+    batch_size = args.batch_size or run.batch_size
 
-    text, name = read_corpus(args.data, args.cache_dir, run.get("encoding", "utf-8"),
-                             run.get("encoding_errors", "strict"))
+    text, name = read_corpus(args.data, args.cache_dir, run.encoding, run.encoding_errors)
     if args.split == "val":  # the same cut as training's: the last val_fraction of the characters
-        text = text[int(len(text) * (1 - run.get("val_fraction", 0.1))):]
+        text = text[int(len(text) * (1 - run.val_fraction)):]
     unknown = tokenizer.unknown(text)
     counts = {ch: text.count(ch) for ch in dict.fromkeys(unknown)}
     if counts and args.unknown == "error":

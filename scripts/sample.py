@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
-from model.generate import compiled_step, generate, one_token_step  # noqa: E402
+from model.generate import NonFiniteLogits, compiled_step, generate, one_token_step  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 from training.device import for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
 from training.run_folder import find  # noqa: E402
@@ -119,7 +119,7 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
         print("--compile: the decoding step is compiled before the first new character (on a CPU about 20 s)",
               file=sys.stderr)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
-                    use_cache=not args.no_cache, step=step)
+                    use_cache=not args.no_cache, step=step, finite_only=True)
     if stream:  # one row at a time, each character printed as it is drawn
         for i, (row, text) in enumerate(zip(rows, texts)):
             print(("\n---\n" if i else "") + text, end="", flush=True)
@@ -173,7 +173,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{rt.device_type} in {str(rt.dtype).removeprefix('torch.')}", file=sys.stderr)  # stdout stays the text
     prompts = prompts or [tokenizer.default_prompt(data.get("first_char"))]
     with memory_checked(model, prompts, args, rt.device):
-        write_samples(args, model, tokenizer, rt.device, prompts)
+        try:
+            write_samples(args, model, tokenizer, rt.device, prompts)
+        except NonFiniteLogits:
+            if streams(args):
+                print()  # (the stream has printed the prompt: the line ends there)
+            raise UserError(f"{path}: the model's scores for the next character are not numbers (NaN or inf): its "
+                            f"numbers overflow; its weights are damaged or too large to compute with") from None
     return 0
 
 

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from data.gate import checkpoint_listing  # noqa: E402
 from data.loader import val_window_starts  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from training.device import Runtime, setup  # noqa: E402
@@ -34,6 +35,7 @@ def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
     nanogpt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nanogpt)
     try:
+        checkpoint_listing(ckpt)  # its zip's records stored, not compressed, before any is read (data.gate)
         state = torch.load(ckpt, map_location=device, weights_only=True)
         # a compiled model's state dict names its weights _orig_mod.<name>
         weights = {k.removeprefix("_orig_mod."): v for k, v in state["model"].items()}

@@ -731,21 +731,24 @@ def opening_of(checkpoint_path: Path, html: Path) -> str:
     return embedded(html.read_text(encoding="utf-8"))["text"]
 
 
-def test_the_page_opens_on_a_line_of_the_runs_own_validation_text(source_run, tmp_path):
+def test_the_page_opens_on_a_line_of_the_runs_own_validation_text(source_run, tmp_path, monkeypatch):
     """A model trained on Python source opens on a line of its validation text (cut to its 32-character window), not
-    on Romeo: read from the run's token cache, and from the corpus file alone when the cache is gone; once the
-    corpus file has changed (and no cache is left) on what it opened on before (a line of Romeo, less the unknown)."""
+    on Romeo: read from the token cache in the user's cache folder (the one the command line would use; never one a
+    checkpoint names), and from the corpus file alone when the cache is gone; once the corpus file has changed (and
+    no cache is left) on what it opened on before (a line of Romeo, less the unknown)."""
     state = checkpoint.load(source_run / "run" / "ckpt_best.pt")
     assert state["data"]["n_train"] > 47 * 40  # (the split falls inside the validation lines)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "chargpt").symlink_to(source_run / "cache")  # the run's cache as this user's
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
     assert opening_of(source_run / "run" / "ckpt_best.pt", tmp_path / "a.html") == VALIDATION_LINE[:32]
-    no_cache = tmp_path / "no-cache.pt"
-    torch.save({**state, "run_config": {**state["run_config"], "cache_dir": str(tmp_path / "empty")}}, no_cache)
-    assert opening_of(no_cache, tmp_path / "b.html") == VALIDATION_LINE[:32]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty"))
+    assert opening_of(source_run / "run" / "ckpt_best.pt", tmp_path / "b.html") == VALIDATION_LINE[:32]
     corpus = Path(state["data"]["source"])
     kept = corpus.read_bytes()
     try:
         corpus.write_bytes(kept.replace(b"counter", b"Counter"))
-        text = opening_of(no_cache, tmp_path / "c.html")
+        text = opening_of(source_run / "run" / "ckpt_best.pt", tmp_path / "c.html")
     finally:
         corpus.write_bytes(kept)
     known = set(state["vocab"])

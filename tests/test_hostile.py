@@ -37,6 +37,8 @@ def finished(corpus, tmp_path_factory):
 
 
 def copy_of(folder, where):
+    """A copy of a run folder (cp -a: the files as they are) as where/run, where made if need be."""
+    where.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cp", "-a", str(folder), str(where / "run")], check=True)
     return where / "run"
 
@@ -180,9 +182,11 @@ def test_a_planted_replaced_folder_moves_and_deletes_nothing(corpus, finished, t
 
 
 def test_a_record_that_proves_an_interrupted_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, capsys):
-    """The run folder's own record (names and sizes, written before the old run moved) and a replacement that has
-    only an untrained step-0 run: the next owner restores the old run exactly; a record whose sizes do not match is
-    refused, nothing moved."""
+    """The run folder's own record (names and sizes, written before the old run moved, with the identities of the
+    folder and of .replaced/) and a replacement that has only an untrained step-0 run: the next owner restores the old
+    run exactly and moves the replacement's files into a folder named with the time, deleting nothing; a record whose
+    sizes do not match, or the same folder copied elsewhere (cp -a: the identities differ), is refused, nothing
+    moved."""
     out = copy_of(finished, tmp_path)
     before = files_of(out)
     (tmp_path / "new").mkdir()
@@ -194,21 +198,34 @@ def test_a_record_that_proves_an_interrupted_overwrite_puts_the_old_run_back(cor
     with_lock.release()
     for name in ("ckpt_last.pt", "ckpt_best.pt"):
         (out / name).write_bytes((replacement / name).read_bytes())
-    record = json.loads((out / ".replaced" / "set_aside.json").read_text())["set_aside"]
+    written = (out / ".replaced" / "set_aside.json").read_text()
+    record = json.loads(written)["set_aside"]
     assert set(record) == {n for n in before if n != ".lock"} and (out / ".replaced" / "summary.json").is_file()
 
-    (tmp_path / "damaged").mkdir()
-    damaged = copy_of(out, tmp_path / "damaged")  # the same, with one size in the record wrong
-    wrong = {**record, "ckpt_last.pt": record["ckpt_last.pt"] + 1}
-    (damaged / ".replaced" / "set_aside.json").write_text(json.dumps({"set_aside": wrong}))
-    kept = files_of(damaged)
-    assert run_cli(train.main, argv(corpus, damaged, "--resume")) == 2
-    assert "nothing was moved or deleted" in capsys.readouterr().err and files_of(damaged) == kept
+    (tmp_path / "copied").mkdir()
+    copied = copy_of(out, tmp_path / "copied")
+    kept = files_of(copied)
+    assert run_cli(train.main, argv(corpus, copied, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "was not written for this folder" in err and "nothing was moved or deleted" in err, err
+    assert files_of(copied) == kept
+    wrong = {**json.loads(written), "set_aside": {**record, "ckpt_last.pt": record["ckpt_last.pt"] + 1}}
+    (out / ".replaced" / "set_aside.json").write_text(json.dumps(wrong))  # one size wrong, in the folder itself
+    kept = files_of(out)
+    assert run_cli(train.main, argv(corpus, out, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "ckpt_last.pt is not the file its record lists" in err and "nothing was moved or deleted" in err, err
+    assert files_of(out) == kept
+    (out / ".replaced" / "set_aside.json").write_text(written)
 
     assert run_cli(train.main, argv(corpus, out, "--resume")) == 0  # restored, then found finished
     out_text = capsys.readouterr()
     assert "restored the run that --overwrite was replacing" in out_text.out + out_text.err
-    assert files_of(out) == before
+    [apart] = out.glob("undone_overwrite_*")  # the replacement's untrained checkpoints, moved aside, not deleted
+    after = files_of(out)
+    assert {name: after.pop(f"{apart.name}/{name}") for name in ("ckpt_last.pt", "ckpt_best.pt")} == {
+        name: (replacement / name).read_bytes() for name in ("ckpt_last.pt", "ckpt_best.pt")}
+    assert after == {**before, apart.name: None}
 
 
 def test_only_a_runs_own_temporary_names_are_cleared_from_its_folder(corpus, finished, tmp_path):

@@ -60,21 +60,20 @@ def test_a_device_this_machine_lacks_is_said_as_such_not_as_damage(run_dir):
 
 
 def test_a_device_that_cannot_hold_the_weights_is_told_apart_from_a_damaged_file(run_dir, tmp_path, monkeypatch):
-    """torch.load failing onto a device (as bfloat16 weights onto an MPS without bfloat16): the file is read again on
-    the CPU, and a sound one is said to be so, naming the device's error; a truncated file is still called damaged."""
+    """A copy onto a device failing (as bfloat16 weights onto an MPS without bfloat16) once the file has passed every
+    check on the CPU: said to be the device's, naming its error; a truncated file is still called damaged."""
     import torch
     from errors import UserError
     from training import checkpoint
 
-    real_load = torch.load
+    real_to = torch.Tensor.to
 
-    def load_without_bfloat16_on_mps(path, map_location=None, **kwargs):
-        if torch.device(map_location).type == "mps":
-            real_load(path, map_location="cpu", **kwargs)  # (a damaged file fails as it would anyway)
+    def to_without_bfloat16_on_mps(self, *args, **kwargs):
+        if args and str(args[0]) == "mps":
             raise TypeError("BFloat16 is not supported on MPS")
-        return real_load(path, map_location=map_location, **kwargs)
+        return real_to(self, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "load", load_without_bfloat16_on_mps)
+    monkeypatch.setattr(torch.Tensor, "to", to_without_bfloat16_on_mps)
     monkeypatch.setattr(checkpoint, "unavailable", lambda device: None)  # as if this machine had MPS
     sound = run_dir / "ckpt_best.pt"
     with pytest.raises(UserError) as refused:

@@ -56,6 +56,17 @@ def snapshot(folder):
             if p.is_file() and p.name != ".lock"}
 
 
+def restored(folder):
+    """snapshot(folder) once an --overwrite was undone, less the untrained replacement's files, which were moved
+    into a folder of their own (undone_overwrite_<time>: a restore moves them aside, never deletes them): each a
+    checkpoint at step 0 or its TensorBoard events."""
+    kept = snapshot(folder)
+    apart = {path for path in kept if path.parts[0].startswith("undone_overwrite_")}
+    for path in apart:
+        assert path.name.startswith("events.out.tfevents.") or checkpoint.load(folder / path)["iter"] == 0, path
+    return {path: data for path, data in kept.items() if path not in apart}
+
+
 def cli(capsys, *args):
     code = run_cli(train.main, list(args))
     out, err = capsys.readouterr()
@@ -128,7 +139,7 @@ def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, ca
     code, out_text, err = cli(capsys, "--out_dir", str(out), "--resume", "--cache_dir", str(corpus.parent / "cache"))
     assert code == 0 and "restored the run that --overwrite was replacing" in out_text + err
     assert "finished at step 20" in out_text
-    assert snapshot(out) == before and not (out / ".replaced").exists()
+    assert restored(out) == before and not (out / ".replaced").exists()
 
 
 def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_after_step_0(corpus, finished, tmp_path):
@@ -143,8 +154,9 @@ def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_af
     text, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert "stopping: putting back the run that --overwrite is replacing" in err
-    assert f"the run --overwrite was replacing is back in {out}, as it was; this run is discarded" in text
-    assert snapshot(out) == before and not (out / ".replaced").exists()
+    assert f"the run --overwrite was replacing is back in {out}, as it was; this run's files are kept apart in " \
+        f"{out}/undone_overwrite_" in text
+    assert restored(out) == before and not (out / ".replaced").exists()
 
     proc = launch(corpus, out, "--overwrite", "--max_iters", "4", "--eval_interval", "2")
     text, err = proc.communicate(timeout=120)

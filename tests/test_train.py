@@ -38,7 +38,7 @@ def test_debug_run_end_to_end(corpus, tmp_path):
     history = result["history"]
     assert history[-1][1] < history[0][1] - 0.3  # the loss fell
     for name in ("ckpt_last.pt", "ckpt_best.pt"):
-        state = checkpoint.load(out / name)  # weights_only=True inside
+        state = checkpoint.load(out / name, resume=True)  # weights_only=True inside; all of it, as --resume reads it
         assert not any(key.startswith("_orig_mod.") for key in state["model"])
         assert set(state) == set(checkpoint.CONTENTS)  # a checkpoint holds what the contract says, no more, no less
         assert all(checkpoint.of_type(state[key], kind) for key, (kind, _) in checkpoint.CONTENTS.items())

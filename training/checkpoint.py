@@ -3,7 +3,6 @@ written atomically and read without unpickling code, every part checked before i
 from __future__ import annotations
 
 import math
-import pickle
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,10 +10,15 @@ from typing import Any, Protocol
 
 import torch
 
+from configs.choices import OPTIMIZERS
 from configs.loader import checked_types
 from configs.schema import FIELDS, TYPES
+from data import gate
+from data.gate import check_fields, of_type
+from data.tokenizer import CharTokenizer
 from errors import UserError, in_one_line
 from training.device import Dist, free_memory, unavailable
+from training.optim import configure_optimizer
 from training.run_folder import write_atomic
 
 
@@ -48,6 +52,7 @@ CONTENTS = {
 REQUIRED = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "sample"}
 RESUMABLE = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "resume"}
 LATER = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "later"}
+RESUME_ONLY = ("optimizer", "rng")  # tensors only --resume uses: a reader that samples leaves them on disk
 
 
 @dataclass
@@ -120,27 +125,18 @@ def save(state: dict, path: Path) -> None:
 
 
 
-def load(path: Path, device: torch.device | str = "cpu") -> dict:
-    """Read a checkpoint with weights_only=True (tensors and plain data only) and check that it is complete."""
-    if not path.is_file():
-        raise UserError(f"no checkpoint at {path}; train one first (python train.py) or pass --ckpt FILE")
-    target = device_to_load_onto(device, path)
-    try:
-        state = torch.load(path, map_location=target, weights_only=True)
-    except pickle.UnpicklingError as err:
-        if "Weights only load failed" in str(err) and "GLOBAL" in str(err):  # it names code to run
-            raise UserError(f"{path} was refused: it asks to run code or build objects beyond tensors and plain "
-                            f"data, which a checkpoint of this trainer never does") from None
-        raise UserError(f"{path} is not a readable checkpoint (UnpicklingError); it may be truncated or "
-                        f"not a checkpoint at all") from None
-    except Exception as err:  # truncated zip, random bytes, wrong file type; or a device that cannot hold it
-        if target.type != "cpu" and readable_on_cpu(path):  # the file is sound: the device (or its dtypes) is not
-            raise UserError(f"{path} is readable, but {target} cannot hold its weights ({in_one_line(err)}); load it "
-                            f"onto cpu") from None
-        raise UserError(f"{path} is not a readable checkpoint ({type(err).__name__}); it may be truncated or "
-                        f"not a checkpoint at all") from None
+def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -> dict:
+    """A checkpoint, read through the gate (data.gate): its zip listing first, then its contents unpickled with
+    weights_only=True from a memory map; every field typed and every tensor compared with what the model config
+    implies before any tensor's bytes are read; then copied into memory on device, and the weights checked finite.
+    resume: what --resume needs besides (RESUMABLE) is required, and the optimizer's and random states (RESUME_ONLY)
+    checked; otherwise those are left out, never read. A file that fails is one line naming it and the field."""
+    target = device_to_load_onto(device, path)  # a device this machine lacks is said before the file is read
+    state, listing = gate.read_checkpoint(path)
     check_fields(state, REQUIRED, path)
     check_fields(state, {key: kind for key, kind in LATER.items() if key in state}, path)  # present: of their type
+    if resume:
+        check_fields(state, RESUMABLE, path)
     if state["format"] != FORMAT:
         raise UserError(f"{path} has checkpoint format {state['format']}, this version reads format {FORMAT}; "
                         f"use the version of this trainer that wrote it")
@@ -148,14 +144,27 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict:
         raise UserError(f"{path} is damaged: its step is {state['iter']}")
     if "losses" in state:
         check_losses(state["losses"], state["iter"], path)
-    check_tensors(state["model"], path)
+    check_later(state, path)
+    # every known field of the run's settings of its type (--resume checks their values too: config_from_dict)
+    checked_types({k: v for k, v in state["run_config"].items() if k in FIELDS}, f"{path} is damaged")
+    config = model_config_of(state, path)
+    check_model(state, config, path, resume)
+    if resume:
+        check_optimizer(state, config, path)
+        check_rng(state["rng"], path)
+    gate.check_records(state, listing, path)  # no tensor's bytes stored beyond its own
+    try:
+        state = gate.materialized({key: value for key, value in state.items() if resume or key not in RESUME_ONLY},
+                                  target)
+    except (RuntimeError, TypeError) as err:  # the file passed every check: the device (or its dtypes) cannot hold it
+        raise UserError(f"{path} is readable, but {target} cannot hold its weights ({in_one_line(err)}); load it "
+                        f"onto cpu") from None
     bad = non_finite(state["model"])
     if bad:
         raise UserError(f"{path} holds weights that are not finite (NaN or inf in {bad}); it cannot be used: "
                         f"take another checkpoint (ckpt_best.pt or ckpt_last.pt) or train again")
-    # every known field of the run's settings of its type (--resume checks their values too: config_from_dict)
-    checked_types({k: v for k, v in state["run_config"].items() if k in FIELDS}, f"{path} is damaged")
-    check_model(state, path)
+    if resume:
+        check_optimizer_values(state["optimizer"], state["iter"], path)
     return state
 
 
@@ -171,35 +180,12 @@ def device_to_load_onto(device: torch.device | str, path: Path) -> torch.device:
     return target
 
 
-def readable_on_cpu(path: Path) -> bool:
-    try:
-        torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        return False
-    return True
-
-
 WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-
-def check_tensors(weights: dict, path: Path) -> None:
-    """Every entry of the model a named, ordinary tensor of real numbers: the kinds a saved model holds. A meta,
-    sparse or nested tensor, or one of complex or whole numbers, would fail (or silently compute something else)
-    once it met the model."""
-    for name, t in weights.items():
-        if not (isinstance(name, str) and isinstance(t, torch.Tensor)):
-            raise UserError(f"{path} is damaged: its model holds entries that are not named tensors")
-        kind = ("a meta tensor (shape without values)" if t.is_meta else "a nested tensor" if t.is_nested else
-                f"a {t.layout} tensor" if t.layout != torch.strided else
-                f"a {t.dtype} tensor" if t.dtype not in WEIGHT_DTYPES else None)
-        if kind:
-            raise UserError(f"{path} is damaged: its weight {name[:80]} is {kind}, where a model holds ordinary "
-                            f"floating-point tensors; take another checkpoint or train again")
+WEIGHTS_HELD = "a model holds ordinary floating-point tensors; take another checkpoint or train again"
 
 
 def model_config_of(state: dict, path: Path):
     """The checkpoint's ModelConfig, every field of its own type and consistent with the vocabulary, or one line."""
-    from data.tokenizer import CharTokenizer
     from model import ModelConfig
 
     values, types = state["model_config"], typing.get_type_hints(ModelConfig)
@@ -218,33 +204,39 @@ def model_config_of(state: dict, path: Path):
     return config
 
 
-def check_model(state: dict, path: Path) -> None:
-    """The model the config describes, checked against the saved weights before it is built: a config is only words,
-    and one that asks for 200 layers of width 8192 beside a few kilobytes of weights would otherwise allocate hundreds
-    of GB. The model is built on the meta device (shapes, no memory), after its layer count is checked against the
-    saved blocks (so even that costs no more than the file); then every weight's name and shape must match, and
-    what the real model would take beyond the saved weights (its copy of them, the rotary tables, which are not
-    saved) must fit in the free memory."""
+def skeleton(config, path: Path):
+    """The model a config describes, built on the meta device (shapes, no memory), or one line for sizes no tensor
+    can have."""
     from model import GPT
 
-    config, weights = model_config_of(state, path), state["model"]
-    blocks = {name.split(".")[1] for name in weights if name.startswith("blocks.")}
+    try:
+        with torch.device("meta"):
+            return GPT(config)
+    except (OverflowError, RuntimeError, ValueError) as err:
+        raise UserError(f"{path}: its model config describes a model that cannot be built "
+                        f"({str(err).splitlines()[0][:120]}); it is damaged") from None
+
+
+def check_model(state: dict, config, path: Path, resume: bool = False) -> None:
+    """The saved weights against the model the config describes, before that model is built: a config is only words,
+    and one that asks for 200 layers of width 8192 beside a few kilobytes of weights would otherwise allocate hundreds
+    of GB. The layer count is checked against the saved blocks first (so that even the skeleton, built on the meta
+    device, costs no more than the file); then every weight's name, kind, shape and dtype (data.gate.check_tensors);
+    then what the real model and the checkpoint's tensors would take (the model's copy of the weights, the rotary
+    tables, which are not saved, the optimizer's moments) must fit in the free memory."""
+    weights = state["model"]
+    blocks = {name.split(".")[1] for name in weights if isinstance(name, str) and name.startswith("blocks.")
+              and name.count(".") > 1}
     if blocks != {str(i) for i in range(config.n_layer)}:
         raise UserError(f"{path}: the weights do not fit the model config (n_layer {config.n_layer}, but the weights "
                         f"hold {len(blocks)} blocks)")
-    try:
-        with torch.device("meta"):
-            skeleton = GPT(config)
-    except (OverflowError, RuntimeError, ValueError) as err:  # sizes no tensor can have
-        raise UserError(f"{path}: its model config describes a model that cannot be built "
-                        f"({str(err).splitlines()[0][:120]}); it is damaged") from None
-    wanted = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
-    saved = {name: tuple(t.shape) for name, t in weights.items()}
-    if wanted != saved:
-        name = next(n for n in sorted(wanted.keys() | saved.keys()) if wanted.get(n) != saved.get(n))
-        raise UserError(f"{path}: the weights do not fit the model config ({name}: the config gives "
-                        f"{shape_text(wanted.get(name))}, the file holds {shape_text(saved.get(name))})")
-    need = sum(t.numel() * 4 for t in [*skeleton.parameters(), *skeleton.buffers()])  # float32
+    model = skeleton(config, path)
+    wanted = {name: gate.TensorSpec(tuple(t.shape), WEIGHT_DTYPES) for name, t in model.state_dict().items()}
+    gate.check_tensors(weights, wanted, path, label="its weight", fits="the weights do not fit the model config",
+                       holds=WEIGHTS_HELD)
+    need = sum(t.numel() * 4 for t in [*model.parameters(), *model.buffers()])  # float32
+    if resume:
+        need += 2 * sum(t.numel() * 4 for t in model.parameters())  # the optimizer's moments, at most two per weight
     free = free_memory()
     if free is not None and need > free:
         raise UserError(f"{path}: its model would need about {need / 2**30:.1f} GiB of memory, more than the "
@@ -252,25 +244,131 @@ def check_model(state: dict, path: Path) -> None:
                         f"{config.n_layer} x n_embd {config.n_embd}); use it on a machine with more memory")
 
 
-def shape_text(shape: tuple | None) -> str:
-    return "no such weight" if shape is None else "(" + ", ".join(map(str, shape)) + ")"
+# What each optimizer keeps per weight once it has stepped (torch's own names), and its settings a run may change (the
+# schedule sets lr at every step; --resume may change weight_decay and beta2) or that depend on the device that wrote
+# them; every other setting must be the one configure_optimizer gives (a differentiable=True or a capturable=True
+# group breaks the fused step, an ns_steps of a billion hangs it).
+OPTIMIZER_STATE = {"AdamW": ("step", "exp_avg", "exp_avg_sq"), "Muon": ("momentum_buffer",)}
+STEP_DTYPES = (torch.float32, torch.float64)
+OPTIMIZER_HELD = "an optimizer keeps float32 tensors; take another checkpoint or train again"
 
 
-def check_fields(state, fields: dict, path: Path) -> None:
-    """Every field present and of its type (bool is not taken for a number), or a one-line error naming them."""
-    if not isinstance(state, dict):
-        raise UserError(f"{path} is not a checkpoint of this trainer (it holds a {type(state).__name__})")
-    missing = [k for k in fields if k not in state]
-    if missing:
-        raise UserError(f"{path} is not a complete checkpoint (missing {', '.join(missing)})")
-    wrong = [k for k in fields if not of_type(state[k], fields[k])]
-    if wrong:
-        raise UserError(f"{path} is damaged: {', '.join(f'{k} is a {type(state[k]).__name__}' for k in wrong)}")
+def unit(value) -> bool:
+    return gate.is_number(value) and 0 <= value < 1
 
 
-def of_type(value, kind) -> bool:
-    """isinstance, except that a bool is not taken for a number."""
-    return isinstance(value, kind) and (not isinstance(value, bool) or kind is bool)
+FREE_SETTINGS = {
+    "lr": (lambda v: gate.is_number(v) and math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
+    "weight_decay": (lambda v: gate.is_number(v) and math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
+    "betas": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(unit, v)),
+              "two numbers in [0, 1)"),
+    "momentum": (unit, "a number in [0, 1)"),
+    "fused": (lambda v: v is None or isinstance(v, bool), "true, false or None"),
+    "foreach": (lambda v: v is None or isinstance(v, bool), "true, false or None"),
+}
+
+
+def check_optimizer(state: dict, config, path: Path) -> None:
+    """The optimizer's state against the optimizer configure_optimizer builds for this model and the run's settings
+    (on a skeleton: no memory): the same groups of the same weights, their settings (FREE_SETTINGS aside) the ones
+    it builds, and for each weight that has stepped the state OPTIMIZER_STATE names, each tensor of the weight's shape
+    (a 7-element moment for a 1,952-element weight would otherwise send the fused step writing past its end)."""
+    kind = state["run_config"].get("optimizer", "adamw")
+    if kind not in OPTIMIZERS:
+        raise gate.damaged(path, "run_config.optimizer", kind, " or ".join(OPTIMIZERS))
+    model = skeleton(config, path)
+    built = configure_optimizer(model, 1e-3, 0.0, (0.9, 0.99), "meta", kind, "float32")
+    parts = {"muon": built.muon, "adamw": built.adamw} if hasattr(built, "muon") else {"": built}
+    saved = state["optimizer"]
+    if set(parts) != {""}:
+        if not (isinstance(saved, dict) and set(saved) == set(parts)):
+            raise gate.damaged(path, "optimizer", saved, f"the state of {' and '.join(parts)}")
+    for name, optimizer in parts.items():
+        found = saved[name] if name else saved
+        field = f"optimizer.{name}" if name else "optimizer"
+        expected = optimizer.state_dict()
+        if not (isinstance(found, dict) and set(found) == {"state", "param_groups"}
+                and isinstance(found["state"], dict) and isinstance(found["param_groups"], list)
+                and len(found["param_groups"]) == len(expected["param_groups"])):
+            raise gate.damaged(path, field, found, f"an optimizer's state with {len(expected['param_groups'])} "
+                                                   f"groups, as --optimizer {kind} writes")
+        shapes = {}
+        for i, (group, want) in enumerate(zip(found["param_groups"], expected["param_groups"])):
+            if not (isinstance(group, dict) and group.get("params") == want["params"]):
+                raise gate.damaged(path, f"{field}.param_groups.{i}", group, "the group of weights this model has")
+            gate.check_settings(group, want, FREE_SETTINGS, path, f"{field}.param_groups.{i}")
+            shapes.update({index: tuple(p.shape) for index, p in zip(want["params"], optimizer.param_groups[i]["params"])})
+        names = OPTIMIZER_STATE[type(optimizer).__name__]
+        for index, entry in found["state"].items():
+            if index not in shapes or not isinstance(entry, dict):
+                raise gate.damaged(path, f"{field}.state.{index}", entry, "the state of one of the model's weights")
+            wanted = {key: gate.TensorSpec(() if key == "step" else shapes[index],
+                                           STEP_DTYPES if key == "step" else (torch.float32,)) for key in names}
+            gate.check_tensors(entry, wanted, path, label="its optimizer's state", prefix=f"{field}.state.{index}.",
+                               fits="the optimizer's state does not fit the model", holds=OPTIMIZER_HELD)
+
+
+def check_optimizer_values(saved: dict, it: int, path: Path) -> None:
+    """Once read: every step count a whole number from 0 to the checkpoint's step, every moment finite (a second
+    moment not negative): a resumed run would otherwise divide by zero or take square roots of negatives."""
+    for name, t in gate.tensors_in(saved):
+        where = f"optimizer{name.replace('/', '.')}"
+        if name.endswith("/step"):
+            value = float(t)
+            if not (math.isfinite(value) and value == int(value) and 0 <= value <= it):
+                raise gate.damaged(path, where, value, f"a whole number from 0 to the checkpoint's step, {it}")
+        elif not torch.isfinite(t).all() or (name.endswith("/exp_avg_sq") and (t < 0).any()):
+            raise gate.damaged(path, where, t, "finite" + (" and not negative" if name.endswith("_sq") else ""))
+
+
+RNG_HELD = "a random state is a byte tensor; sample from it, or start a new run"
+
+
+def check_rng(rng: dict, path: Path) -> None:
+    """The random states a resume sets: the CPU generator's and the batches' of the CPU generator's own size, and
+    CUDA's (where saved) a short byte tensor."""
+    if not isinstance(rng, dict) or not isinstance(rng.get("batches"), dict):
+        raise UserError(f"{path} is damaged: its random-number states are missing or malformed, so it cannot be "
+                        f"resumed exactly; sample from it, or start a new run")
+    size = (torch.get_rng_state().numel(),)
+    for found, key, prefix in ((rng, "torch", "rng."), (rng["batches"], "generator", "rng.batches.")):
+        gate.check_tensors({name: value for name, value in found.items() if name == key or prefix == "rng.batches."},
+                           {key: gate.TensorSpec(size, (torch.uint8,))}, path, label="its random state", prefix=prefix,
+                           fits="its random-number states are malformed", holds=RNG_HELD)
+    cuda = rng.get("cuda")
+    if cuda is not None and not (isinstance(cuda, torch.Tensor) and gate.tensor_kind(cuda) is None
+                                 and cuda.dtype == torch.uint8 and cuda.dim() == 1 and cuda.numel() <= 4096):
+        raise gate.damaged(path, "rng.cuda", cuda, "a CUDA generator's state (a short byte tensor)")
+
+
+def check_later(state: dict, path: Path) -> None:
+    """The values of the fields added later (their types are checked with the rest): a step size, counts and seconds
+    in range, the last evaluation's losses numbers, the record of the text whole and typed (sample.py's default
+    prompt and --resume's checks read it), the gradient scaler's numbers."""
+    number = (gate.is_number, "a number")
+    gate.check_values(state, {
+        "tokens_per_iter": (lambda v: v >= 1, "a whole number of tokens, 1 or more"),
+        "evals_since_best": (lambda v: v >= 0, "a count, 0 or more"),
+        "train_seconds": (lambda v: math.isfinite(v) and v >= 0, "a finite number of seconds, 0 or more"),
+    }, path, "")
+    last = state.get("last_eval", {})
+    if not set(last) <= {"train", "val"}:
+        raise gate.damaged(path, "last_eval", last, "the losses of an evaluation (train, val)")
+    gate.check_values(last, {"train": number, "val": number}, path, "last_eval.")
+    count = (lambda v: type(v) is int and v >= 0, "a count, 0 or more")
+    gate.check_values(state.get("data", {}), {
+        "source": (lambda v: isinstance(v, str), "the name of a text"),
+        "sha256": (lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
+                   "a sha256 checksum"),
+        "first_char": (lambda v: isinstance(v, str) and len(v) == 1, "one character"),
+        "n_chars": count, "n_train": count, "n_val": count, "vocab_size": count, "bytes": count,
+    }, path, "data.")
+    scaler = state.get("scaler")
+    if scaler is not None:
+        positive = (lambda v: gate.is_number(v) and math.isfinite(v) and v > 0, "a finite positive number")
+        whole = (lambda v: type(v) is int and v >= 0, "a count, 0 or more")
+        gate.check_values(scaler, {"scale": positive, "growth_factor": positive, "backoff_factor": positive,
+                                   "growth_interval": whole, "_growth_tracker": whole}, path, "scaler.")
 
 
 def check_losses(losses: dict, it: int, path: Path) -> None:
@@ -285,18 +383,6 @@ def check_losses(losses: dict, it: int, path: Path) -> None:
     if not (set(losses) == {"train", "eval"} and points("train", 2) and points("eval", 3)):
         raise UserError(f"{path} is damaged: its record of the losses so far is malformed; take another checkpoint "
                         f"or train again")
-
-
-def check_resumable(state: dict, path: Path) -> None:
-    """What --resume needs beyond what sampling needs, checked before any of it is used (load() has checked the
-    later additions where present: an older checkpoint resumes with their defaults)."""
-    check_fields(state, RESUMABLE, path)
-    rng = state["rng"]
-    batches = rng.get("batches")
-    if not (isinstance(rng.get("torch"), torch.Tensor) and isinstance(batches, dict)
-            and isinstance(batches.get("generator"), torch.Tensor)):
-        raise UserError(f"{path} is damaged: its random-number states are missing or malformed, so it cannot be "
-                        f"resumed exactly; sample from it, or start a new run")
 
 
 def load_model(path: Path, device: torch.device | str = "cpu"):

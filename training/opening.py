@@ -22,6 +22,7 @@ from configs.loader import config_from_dict, follow_learning_rate
 from configs.schema import FIXED, SHAPE_FIELDS
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
+from data.gate import recorded_size
 from errors import UserError
 from model import GPT, ModelConfig
 from training import checkpoint
@@ -59,7 +60,8 @@ class Run:
     @property
     def data_info(self) -> dict:
         """What the run was trained on, as recorded in checkpoints and the summary."""
-        info = {k: self.prepared.meta[k] for k in ("source", "sha256", "n_chars", "n_train", "n_val", "vocab_size")}
+        info = {k: self.prepared.meta[k] for k in ("source", "sha256", "bytes", "n_chars", "n_train", "n_val",
+                                                    "vocab_size")}
         info["first_char"] = self.tokenizer.chars[int(self.batches.data["train"][0])]  # sample.py's default prompt
         return info
 
@@ -109,22 +111,39 @@ def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab
 
 
 def same_text(resumed: dict, source: Path, data_named: bool):
-    """prepare()'s check for --resume, before any token file is written: the text has the checkpoint's vocabulary,
-    and, where the checkpoint named the text itself (no --data now), the checksum its record holds. A run folder or
-    checkpoint may come from someone else: a text it names is only read after it proves to be the one it trained on."""
+    """prepare()'s check for --resume, before the text is read a second time or any token file is written: where the
+    checkpoint named the text itself (no --data now), the checksum its record holds; then the text has the
+    checkpoint's vocabulary. A run folder or checkpoint may come from someone else: a text it names is only read after
+    it proves to be the one it trained on (check_recorded_text has seen a regular file of the size recorded)."""
     record = resumed.get("data") if isinstance(resumed.get("data"), dict) else {}
 
-    def check(sha256: str, vocab: str) -> None:
+    def check(sha256: str, vocab: str | None) -> None:
         recorded = record.get("sha256")
         if not data_named and isinstance(recorded, str) and recorded != sha256:
             raise UserError(f"--resume: the text {source} names is not the text it was trained on (its checksum "
                             f"differs from the checkpoint's record), so nothing was prepared; put the original text "
                             f"back, or give --data to go on with another text")
-        if vocab != resumed["vocab"]:
+        if vocab is not None and vocab != resumed["vocab"]:
             raise UserError(f"--resume: the corpus has a different vocabulary from the checkpoint's "
                             f"({len(vocab)} characters, {len(resumed['vocab'])} in {source}), so nothing was "
                             f"prepared; resume with the same --data")
     return check
+
+
+def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
+    """The text --resume would read because the checkpoint names it (no --data given): opened only if it is a regular
+    file of the size the checkpoint's record gives (data.gate.recorded_size), and then only to take its checksum; a
+    folder, a device, a file of /proc, or a checkpoint without a record of its text is one line asking for --data."""
+    path = Path(data).expanduser()
+    record = resumed.get("data") if isinstance(resumed.get("data"), dict) else {}
+    if not path.exists():
+        raise UserError(f"--resume: the text this run trained on, {data}, is no longer there; put it back, or give "
+                        f"its new place with --data (the same text)")
+    why = recorded_size(path, record)
+    if why:
+        quoted = shlex.quote(data)
+        raise UserError(f"--resume: {source} names {data} as its text, but {why}, so it was not read; put the "
+                        f"original text back, or give it with --data {quoted} (to go on with that text)")
 
 
 # What a fine-tuning run takes from this command, never from the run it starts from: its text, its folders, this
@@ -244,7 +263,7 @@ def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
     """For --resume of a run that has nothing left to do: where it finished and how to train further."""
     summary_path = run_dir.path / "summary.json"
-    since_best = state.get("evals_since_best", 0)  # its type was checked with the rest (check_resumable)
+    since_best = state.get("evals_since_best", 0)  # its type and range were checked with the rest (checkpoint.load)
     if (state["iter"] < cfg.max_iters and not plateaued(since_best, cfg.patience)) or not summary_path.is_file():
         return None
     try:
@@ -280,17 +299,15 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             if cfg.overwrite:
                 raise UserError("--resume continues the run in --out_dir and --overwrite replaces it: give one")
             source = run_dir.resume_from()
-            resumed = checkpoint.load(source)
-            checkpoint.check_resumable(resumed, source)
+            resumed = checkpoint.load(source, resume=True)
             stop.saved = f"{source} (step {resumed['iter']}) is untouched"
             cfg = resume_config(cfg, explicit, resumed, log.say, source, d.world_size)
             check_same_model(cfg, resumed, source)
             done = finished_run(run_dir, resumed, cfg)
             if done:
                 return done
-            if "data" not in explicit and cfg.data not in NAMED and not Path(cfg.data).expanduser().exists():
-                raise UserError(f"--resume: the text this run trained on, {cfg.data}, is no longer there; put it back, "
-                                f"or give its new place with --data (the same text)")
+            if "data" not in explicit and cfg.data not in NAMED:
+                check_recorded_text(cfg.data, resumed, source)
         elif cfg.init_from:
             start = Path(cfg.init_from).expanduser()
             if not start.exists():

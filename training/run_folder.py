@@ -7,10 +7,12 @@ States: empty (a new run starts) -> running (locked by its owner) -> stopped (ck
 the logs of a run that saved no checkpoint can only be replaced. --overwrite sets the old run aside in .replaced/ and
 deletes it only once the new run has something better to keep (an evaluation after step 0, or its end); a stop
 before that puts the old run back, and after a crash the folder's next owner does. The replacing run writes a record
-into .replaced/ before it moves anything (the names and sizes it sets aside); an old run is put back only when that
-record matches what .replaced/ holds and the folder holds nothing but an untrained replacement (no summary, no
-checkpoint past step 0). Anything else there is one line and exit 2, every file kept: a folder's word alone never
-moves or deletes a file.
+into .replaced/ before it moves anything (the names and sizes it sets aside, and the identities of the run folder and
+of .replaced/ itself, which no copy or planted folder carries: data.gate.proven_record); an old run is put back only
+when that record proves itself, matches what .replaced/ holds, and the folder holds nothing but an untrained
+replacement (no summary, no checkpoint past step 0), whose files are then moved into a folder named with the time,
+never deleted. Anything else there is one line and exit 2, every file kept: a folder's word alone never moves or
+deletes a file.
 
 A run folder may come from someone else, so nothing in it is trusted to be what its name says: the lock is opened
 without following a link, and a folder holding a link, or a device or pipe, among the entries a run reads or writes is
@@ -24,7 +26,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import stat
 import sys
 import tempfile
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from data import gate
 from errors import UserError, space_or_place
 
 BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
@@ -180,7 +182,8 @@ class RunDir:
             self._delete_recorded(self.path / DISCARDED)
         for making in self.path.glob(f"{ASIDE}.tmp-*"):  # a .replaced/ cut short before it was named: its record
             if making.is_dir() and not making.is_symlink() and {p.name for p in making.iterdir()} <= {RECORD}:
-                self._delete_recorded(making)
+                if (making / RECORD).exists():
+                    self._delete_recorded(making)
                 with contextlib.suppress(OSError):
                     making.rmdir()
         if self.aside_pending():
@@ -191,15 +194,17 @@ class RunDir:
     # ---- replacing a run ------------------------------------------------------------------------------------
     def set_aside(self) -> bool:
         """Move the old run's files into .replaced/ (renames: instant, nothing copied), after writing there the
-        record of what moves. True if there were any."""
+        record of what moves, with the identities that prove it was written for this folder. True if there were
+        any."""
         old = self.checkpoints() + self.logs()
         if not old:
             return False
         moved = {path.name: path.stat().st_size for path in old}
-        # .replaced/ appears with its record already in it (made under another name, then renamed): a crash at any
-        # moment leaves no .replaced/ without one
+        # .replaced/ appears with its record already in it (made under another name, then renamed: the rename keeps
+        # its identity): a crash at any moment leaves no .replaced/ without one
         making = Path(tempfile.mkdtemp(dir=self.path, prefix=f"{ASIDE}.tmp-"))
-        write_text_atomic(making / RECORD, json.dumps({"set_aside": moved}, indent=1) + "\n", "the --overwrite record")
+        record = {"set_aside": moved, "folder": gate.identity(self.path), "aside": gate.identity(making)}
+        write_text_atomic(making / RECORD, json.dumps(record, indent=1) + "\n", "the --overwrite record")
         os.chmod(making, 0o755)
         os.rename(making, self.path / ASIDE)
         aside = self.path / ASIDE
@@ -211,43 +216,41 @@ class RunDir:
         """.replaced/ is there: an --overwrite's old run may wait in it (put_back decides whether it proves so)."""
         return self._real_folder(self.path / ASIDE)
 
-    def recorded_aside(self, folder: Path) -> dict[str, int] | None:
-        """The names and sizes a replacing run moved into folder, when its record is there, well formed, names
-        only a run's own files, and matches what folder holds (each file moved, or not yet moved and still in the run
-        folder, of its recorded size; nothing else in folder); else None."""
-        try:
-            moved = json.loads((folder / RECORD).read_text(encoding="utf-8"))["set_aside"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if not (isinstance(moved, dict) and moved and all(
-                isinstance(name, str) and type(size) is int and self._own_name(name) for name, size in moved.items())):
-            return None
+    def recorded_aside(self, folder: Path) -> tuple[dict[str, int] | None, str]:
+        """(the names and sizes a replacing run moved into folder, "") when its record proves that it was written for
+        this folder and this keep-aside (data.gate.proven_record), names only a run's own files, and matches what
+        folder holds (each file moved, or not yet moved and still in the run folder, of its recorded size; nothing
+        else in folder); else (None, why)."""
+        moved, why = gate.proven_record(folder / RECORD, self.path, self._own_name)
+        if moved is None:
+            return None, why
         try:
             present = {entry.name for entry in os.scandir(folder)} - {RECORD}
         except OSError:
-            return None
+            return None, "it cannot be listed"
         if not present <= moved.keys():
-            return None
+            return None, "it holds files its record does not list"
         for name, size in moved.items():
             where = folder / name if name in present else self.path / name
             if not where.is_file() or where.is_symlink() or where.stat().st_size != size:
-                return None
-        return moved
+                return None, f"{name} is not the file its record lists"
+        return moved, ""
 
     @staticmethod
     def _own_name(name: str) -> bool:
         own_log = re.fullmatch(r"events\.out\.tfevents\.[\w.-]+", name) is not None
         return name in CHECKPOINTS + ("summary.json", LOSS_PICTURE) or own_log
 
-    def put_back(self) -> None:
-        """The old run back in the folder and the replacement's checkpoints and logs gone, only where the record
-        proves an --overwrite was cut short before its replacement had anything to keep; else one line."""
+    def put_back(self) -> Path | None:
+        """The old run back in the folder, and the replacement's checkpoints and logs moved aside into a folder named
+        with the time (returned; None where it had none), only where the record proves an --overwrite of this folder
+        was cut short before its replacement had anything to keep; else one line, nothing moved."""
         aside = self.path / ASIDE
-        moved = self.recorded_aside(aside)
+        moved, why = self.recorded_aside(aside)
         if moved is None:
-            raise UserError(f"{aside} is not a run set aside by --overwrite (it lacks the record such a run writes, "
-                            f"or holds other files), so nothing was moved or deleted; look at what it holds, then "
-                            f"move it out of {self.path} (or remove it) and run the command again")
+            raise UserError(f"{aside} is not a run that --overwrite set aside in this folder ({why}), so nothing was "
+                            f"moved or deleted; look at what it holds, then move it out of {self.path} (or remove it) "
+                            f"and run the command again")
         in_aside = {name for name in moved if (aside / name).is_file()}
         newer = [path for path in self.checkpoints() + self.logs() if path.name not in moved.keys() - in_aside]
         trained = [path.name for path in newer if path.name == "summary.json" or
@@ -256,26 +259,43 @@ class RunDir:
             raise UserError(f"{self.path} holds a run past step 0 ({trained[0]}) beside the run an --overwrite set "
                             f"aside in {aside}, so neither is deleted; keep the one you want: remove {aside} to keep "
                             f"the newer run, or move it elsewhere first")
-        self._remove(newer)
+        kept = self._keep_apart(newer, "undone_overwrite") if newer else None
         for name in sorted(in_aside):
             os.replace(aside / name, self.path / name)
         (aside / RECORD).unlink()
         aside.rmdir()
+        return kept
+
+    def _keep_apart(self, paths: list[Path], name: str) -> Path:
+        """paths moved (renamed) into a new folder of the run folder, named after name and the time."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for attempt in range(100):
+            kept = self.path / (f"{name}_{stamp}" + (f"-{attempt}" if attempt else ""))
+            try:
+                kept.mkdir()
+                break
+            except FileExistsError:
+                continue
+            except OSError as err:
+                raise UserError(f"could not make {kept} to keep the replacing run's files apart ({disk_error(err)}), "
+                                f"so nothing was moved; {space_or_place(err, '--out_dir')}") from None
+        for path in paths:
+            os.replace(path, kept / path.name)
+        return kept
 
     @staticmethod
     def _step_of(path: Path) -> int | None:
-        """The step of a checkpoint, read without unpickling code; None when it cannot be read."""
-        import torch
-
+        """The step of a checkpoint, read through the gate (its zip listing first, unpickled without code, its tensors
+        left on disk); None when it cannot be read."""
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state, _ = gate.read_checkpoint(path)
             return state["iter"] if isinstance(state, dict) and type(state.get("iter")) is int else None
-        except Exception:  # any damage: not proven to be an untrained replacement
+        except (UserError, OSError):  # any damage: not proven to be an untrained replacement
             return None
 
     def discard_aside(self) -> bool:
         """The new run has something to keep: the old run it set aside goes for good. True if there was one."""
-        if not self.aside_pending() or self.recorded_aside(self.path / ASIDE) is None:
+        if not self.aside_pending() or self.recorded_aside(self.path / ASIDE)[0] is None:
             return False
         os.replace(self.path / ASIDE, self.path / DISCARDED)
         self._delete_recorded(self.path / DISCARDED)
@@ -299,38 +319,34 @@ class RunDir:
         return True
 
     def give_back(self, say, step: int) -> bool:
-        """A stop before the new run had anything to keep: the run it was replacing is put back and the new one
-        discarded, said. True if so (False: nothing is set aside, the stopped run is the one to save)."""
+        """A stop before the new run had anything to keep: the run it was replacing is put back and the new one's
+        files moved apart, said. True if so (False: nothing is set aside, the stopped run is the one to save)."""
         if not self.aside_pending():
             return False
-        self.put_back()
+        kept = self.put_back()
+        apart = f"; this run's files are kept apart in {kept}" if kept else "; this run is discarded"
         say(f"stopped at step {step}, before this run's first evaluation after step 0: the run --overwrite was "
-            f"replacing is back in {self.path}, as it was; this run is discarded")
+            f"replacing is back in {self.path}, as it was{apart}")
         return True
 
     def _delete_recorded(self, folder: Path) -> None:
-        """Delete the files folder's record names, then the record, then the folder; a file it does not name (or a
-        folder without a record) stays where it is."""
-        try:
-            moved = json.loads((folder / RECORD).read_text(encoding="utf-8"))["set_aside"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return
-        if not isinstance(moved, dict):
-            return
-        for name in moved:
-            if isinstance(name, str) and self._own_name(name):
-                (folder / name).unlink(missing_ok=True)
+        """An old run whose deletion its replacing run decided (DISCARDED), or a record whose keep-aside was never
+        named: the files its record names are deleted, then the record, then the folder, only where the record
+        proves it was written for this folder and that keep-aside (data.gate.proven_record) and the folder holds
+        nothing it does not name; else one line, nothing deleted."""
+        moved, why = gate.proven_record(folder / RECORD, self.path, self._own_name)
+        present = {entry.name for entry in os.scandir(folder) if entry.name != RECORD}
+        plain = all(entry.is_file(follow_symlinks=False) for entry in os.scandir(folder))
+        if moved is None or not present <= moved.keys() or not plain:
+            why = why or "it holds files its record does not list"
+            raise UserError(f"{folder} is not what this project leaves there ({why}), so nothing was moved or "
+                            f"deleted; look at what it holds, then move it out of {self.path} (or remove it) and run "
+                            f"the command again")
+        for name in present:
+            (folder / name).unlink(missing_ok=True)
         (folder / RECORD).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             folder.rmdir()
-
-    @staticmethod
-    def _remove(paths: list[Path]) -> None:
-        for path in paths:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
 
     # ---- state ----------------------------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
@@ -406,6 +422,18 @@ class _Recording:
         return getattr(self.file, name)
 
 
+class WriteFailed(UserError):
+    """A file could not be written: what failed, what is left as it was, and the fix, as one line; a caller that knows
+    more of what is left (an --overwrite's old run put back) says that instead (WriteFailed.line)."""
+
+    def __init__(self, failed: str, kept: str, fix: str):
+        self.failed, self.kept, self.fix = failed, kept, fix
+        super().__init__(self.line(kept))
+
+    def line(self, kept: str) -> str:
+        return f"{self.failed}; {kept}; {self.fix}"
+
+
 def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, option: str = "--out_dir") -> None:
     """Call write(file) on a temporary file beside path, flush it to disk, then rename it over path.
 
@@ -431,8 +459,8 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, optio
         if tmp is not None:
             tmp.unlink(missing_ok=True)
         kept = f"the previous {what.removeprefix('the ')} is untouched" if path.exists() else "nothing was written"
-        raise UserError(f"could not write {what} {path} ({disk_error(err)}); {kept}; "
-                        f"{space_or_place(err, option)}") from None
+        raise WriteFailed(f"could not write {what} {path} ({disk_error(err)})", kept,
+                          space_or_place(err, option)) from None
     except BaseException:  # an interrupt: the old file stays, the half-written one goes
         if tmp is not None:
             tmp.unlink(missing_ok=True)
@@ -482,7 +510,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path
     folder = Path(out_dir)
     owner = holder(folder)
     aside = folder / ASIDE
-    if aside.is_dir() and not aside.is_symlink() and RunDir(folder).recorded_aside(aside) is not None:
+    if aside.is_dir() and not aside.is_symlink() and RunDir(folder).recorded_aside(aside)[0] is not None:
         # an --overwrite's old run waits there (its record says so): the folder's new files are not yet its run
         if owner:
             raise UserError(f"{out_dir} is being replaced by an --overwrite run ({owner}) that has not reached its "

@@ -4,6 +4,7 @@ clock); the end of a finished run (its best model handed over and fully validate
 request itself (Ctrl-C, SIGTERM, SIGHUP, a closed output)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from training.device import Dist, for_sampling
 from training.evaluation import began_overfitting, evaluate, full_validation_loss
 from training.opening import Run
 from training.report import Log, TrainClock, overfitting_line
-from training.run_folder import BEST, LAST, LOSS_PICTURE, RunDir, write_text_atomic
+from training.run_folder import ASIDE, BEST, LAST, LOSS_PICTURE, RunDir, WriteFailed, write_text_atomic
 
 
 @dataclass
@@ -84,9 +85,24 @@ class Session:
         return self.stop.requested
 
     def save(self, name: str) -> None:
-        """A checkpoint of this moment (rank 0's work), written atomically."""
-        with self.run.phases.timing("checkpoints"):
-            checkpoint.save(checkpoint.capture(self.run, self.progress), self.run_dir.path / name)
+        """A checkpoint of this moment (rank 0's work), written atomically. One that cannot be written while an
+        --overwrite's old run waits in .replaced/ (a full disk at the new run's first save) puts that run back at once,
+        and the line says so."""
+        try:
+            with self.run.phases.timing("checkpoints"):
+                checkpoint.save(checkpoint.capture(self.run, self.progress), self.run_dir.path / name)
+        except WriteFailed as err:
+            if not self.run_dir.aside_pending():
+                raise
+            try:
+                self.close_log()
+                kept = self.run_dir.put_back()
+            except UserError as why:
+                raise UserError(err.line(f"the run --overwrite was replacing waits in {self.run_dir.path / ASIDE}, "
+                                         f"untouched, and the next run in this folder puts it back ({why})")) from None
+            apart = f" (this run's files are kept apart in {kept})" if kept else ""
+            raise UserError(err.line(f"the run --overwrite was replacing is back in {self.run_dir.path}, as it "
+                                     f"was{apart}")) from None
         if name == LAST:
             self.stop.saved = f"the last checkpoint, {self.run_dir.path / name} (step {self.progress.it}), is intact"
 
@@ -95,10 +111,18 @@ class Session:
         (this run has nothing to keep yet), puts that run back. True if it was put back."""
         if not self.d.is_main:
             return False
+        if self.run_dir.aside_pending():
+            self.close_log()
         if self.run_dir.give_back(self.log.say, self.progress.it):
             return True
         self.save(LAST)
         return False
+
+    def close_log(self) -> None:
+        """The event file written whole before an --overwrite is undone (its writer creates the file lazily), so that
+        it moves apart with the replacing run's other files; a disk too full to take it is no reason to stop there."""
+        with contextlib.suppress(UserError):
+            self.log.close()
 
     def keep_new_run(self) -> None:
         """--overwrite: the run it replaces goes for good once this one has something to keep; a stop then saves."""
