@@ -171,9 +171,54 @@ def attention_inputs_and_outputs(model, idx):
     return logits[0], seen
 
 
+def pytorch_stream(model, idx) -> dict:
+    """Every step of the forward pass under the names the page's overview gives them, read from hooks on the PyTorch
+    model's own modules: the embeddings, each block's norms, attention, residual sums, MLP hidden layer and output,
+    ln_f and the logits (T rows each)."""
+    got, hooks = {}, []
+
+    def keep(name, module, take_input=False):
+        def hook(_, args, out):
+            got[name] = (args[0] if take_input else out)[0]
+        hooks.append(module.register_forward_hook(hook))
+    keep("embedding.token", model.wte)
+    if model.wpe is not None:
+        keep("embedding.position", model.wpe)
+    for b, block in enumerate(model.blocks, 1):
+        keep(f"block{b}.input", block, take_input=True)
+        keep(f"block{b}.attention", block.attn)
+        keep(f"block{b}.output", block)
+        if model.config.residual:
+            keep(f"block{b}.ln_1", block.ln_1)
+        if block.mlp is not None:
+            keep(f"block{b}.mlp_hidden", block.mlp.act)
+            keep(f"block{b}.mlp", block.mlp)
+            if model.config.residual:
+                keep(f"block{b}.ln_2", block.ln_2)
+    keep("ln_f", model.ln_f)
+    try:
+        with torch.no_grad():
+            got["logits"] = model(idx)[0][0]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if model.wpe is not None:
+        got["embedding.sum"] = got["block1.input"]  # (dropout is off: the first block reads wte + wpe as it is)
+    for b in range(1, model.config.n_layer + 1):
+        block_input, output = got.pop(f"block{b}.input"), got.pop(f"block{b}.output")
+        if model.config.residual:
+            got[f"block{b}.residual_1"] = block_input + got[f"block{b}.attention"]
+            if f"block{b}.mlp" in got:
+                got[f"block{b}.residual_2"] = output
+    return got
+
+
 @needs_browser
 @pytest.mark.parametrize("name", VARIANTS)
 def test_in_a_real_browser_the_page_computes_what_pytorch_computes(run, tmp_path, name):
+    """The logits, one character's attention step by step, the next character's probabilities, and every step of
+    the overview of the whole model (the embeddings, each LayerNorm, attention, residual sum and MLP, ln_f) equal
+    PyTorch's for each architecture variant."""
     path, model, tokenizer = variant_checkpoint(run, name)
     html = tmp_path / "page.html"
     assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
@@ -202,6 +247,20 @@ def test_in_a_real_browser_the_page_computes_what_pytorch_computes(run, tmp_path
 
     probs = logits_to_probs(logits[-1:], **sampling)[0]
     torch.testing.assert_close(exact(got["probs"]), probs.double(), atol=1e-5, rtol=0)
+
+    stream = pytorch_stream(model, idx)
+    assert list(got["model"]) == [name for name in OVERVIEW_ORDER(model.config) if name in stream]
+    assert set(got["model"]) == set(stream)
+    for step, values in got["model"].items():
+        torch.testing.assert_close(exact(values), stream[step].double(), atol=1e-4 if step == "logits" else 2e-5,
+                                   rtol=0, msg=step)
+
+
+def OVERVIEW_ORDER(config) -> list[str]:  # noqa: N802 (a table, spelt as one)
+    """The overview's steps in the order the forward pass takes them."""
+    per_block = ["ln_1", "attention", "residual_1", "ln_2", "mlp_hidden", "mlp", "residual_2"]
+    return (["embedding.token", "embedding.position", "embedding.sum"]
+            + [f"block{b}.{part}" for b in range(1, config.n_layer + 1) for part in per_block] + ["ln_f", "logits"])
 
 
 def step_in_the_browser(run, tmp_path, variant: str, layer: int, head: int, query: int):
@@ -597,9 +656,9 @@ def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(r
 
 
 HEADINGS = "Array.from(document.querySelectorAll('h2')).map(h => h.textContent)"
-CHINESE_HEADINGS = ["1. 你的文本", "2. 每个字符看向哪里", "3. 一次看所有注意力头",
-                    "4. 完整的矩阵",
-                    "5. 位置：模型如何知道字符在哪里", "6. 逐步计算：", "7. 下一个字符"]
+CHINESE_HEADINGS = ["1. 你的文本", "2. 整个模型：从字符到下一个字符的概率", "3. 每个字符看向哪里",
+                    "4. 一次看所有注意力头", "5. 完整的矩阵", "6. 位置：模型如何知道字符在哪里", "7. 逐步计算：",
+                    "8. 下一个字符"]
 
 
 @needs_browser
@@ -617,7 +676,7 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
     with Browser() as browser:
         browser.open(page.as_uri())
         english = browser.evaluate(HEADINGS)
-        assert english[2] == "3. Every head at once" and browser.evaluate("document.documentElement.lang") == "en"
+        assert english[3] == "4. Every head at once" and browser.evaluate("document.documentElement.lang") == "en"
         assert browser.evaluate(about) == (f"{ckpt}: step {state['iter']}, {cfg.n_layer} layers x {cfg.n_head} heads "
                                            f"of {cfg.head_size}, {cfg.n_embd} wide, {millions}M parameters, trained "
                                            f"on {state['data']['source']}")
@@ -631,7 +690,7 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
         assert browser.evaluate("document.title") == "chargpt：你的模型，正在思考"
         headings = browser.evaluate(HEADINGS)
         assert [h[:len(c)] for h, c in zip(headings, CHINESE_HEADINGS)] == CHINESE_HEADINGS
-        assert headings[5] == ("6. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，"
+        assert headings[6] == ("7. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，"
                                "头 1（在上面选一个头，看别的头）")
         steps = browser.evaluate("Array.from(document.getElementById('matrix-step').options).map(o => o.text)")
         assert steps == ["1. 查询 Q", "2. 键 K", "3. 值 V", "4. 注意力分数 S", "5. 缩放", "6. 掩码",
@@ -655,11 +714,11 @@ def test_a_browser_set_to_chinese_opens_the_page_in_chinese(page):
         browser.prefer_language("zh-CN")
         browser.open(page.as_uri())
         assert browser.evaluate("navigator.language") == "zh-CN"
-        assert browser.evaluate(HEADINGS)[2] == CHINESE_HEADINGS[2]
+        assert browser.evaluate(HEADINGS)[3] == CHINESE_HEADINGS[3]
         assert browser.evaluate("document.getElementById('language').value") == "zh"
         browser.open("about:blank")  # (a new fragment alone would not load the page again)
         browser.open(page.as_uri() + "#lang=en")
-        assert browser.evaluate(HEADINGS)[2] == "3. Every head at once"
+        assert browser.evaluate(HEADINGS)[3] == "4. Every head at once"
         assert browser.errors == []
 
 
@@ -699,17 +758,22 @@ def test_the_page_opens_on_a_middle_character_with_its_keys_and_values(page):
     assert names == [f"{kind}{j}" for j in range(1, 15) for kind in "kv"]
 
 
-def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run, tmp_path, monkeypatch):
+def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run, tmp_path, monkeypatch, capsys):
     """Where the validation text cannot be found and the model knows none of the default line, the page opens on a
-    line the model writes, the same each time."""
-    monkeypatch.setattr(attention_html, "validation_start", lambda state: None)
+    line the model writes, the same each time, and the script and the page say why."""
+    monkeypatch.setattr(attention_html, "validation_start", lambda state: (None, "missing"))
     monkeypatch.setattr(attention_html, "DEFAULT_TEXT", "\u0436\u0436\u0436")  # none of it known
     pages = [tmp_path / "a.html", tmp_path / "b.html"]
     for html in pages:
         assert run_cli(attention_html.main, ["--out_dir", str(run / "run"), "--html", str(html)]) == 0
+    said = capsys.readouterr().err
+    assert said.count("the page opens on text the model wrote, not on the run's validation text: neither the run's "
+                      "token cache nor its corpus file is there\n") == 2
     texts = [embedded(html.read_text(encoding="utf-8"))["text"] for html in pages]
     assert texts[0] == texts[1] and len(texts[0]) == 32 and set(texts[0]) <= set("ROMEO: but soft, what light "
                                                                                   "through yonder window breaks?\n")
+    about = embedded(pages[0].read_text(encoding="utf-8"))["about"]
+    assert (about["opening"], about["why"]) == ("written", "missing")
 
 
 VALIDATION_LINE = "while counter < limit: counter += 1"
@@ -750,6 +814,36 @@ def test_the_page_opens_on_a_line_of_the_runs_own_validation_text(source_run, tm
         corpus.write_bytes(kept)
     known = set(state["vocab"])
     assert text == "".join(ch for ch in attention_html.DEFAULT_TEXT if ch in known)[:32]
+    about = embedded((tmp_path / "c.html").read_text(encoding="utf-8"))["about"]
+    assert (about["opening"], about["why"]) == ("default", "changed")
+
+
+def poem_lines(n: int) -> str:
+    """n short lines of five or seven Chinese characters and a closing mark (at most 8 characters a line, as in a
+    corpus of Tang poems), made up here from a small stock of characters, the same every time."""
+    stock = "春风花月夜山水云天江雨雪松竹梅白日青草长河落秋光明"
+    lines = []
+    for i in range(n):
+        width = 5 if i % 4 < 2 else 7
+        lines.append("".join(stock[(i * 7 + j * 3) % len(stock)] for j in range(width)) + ("，" if i % 2 == 0 else "。"))
+    return "\n".join(lines) + "\n"
+
+
+@needs_browser
+def test_a_model_of_short_lines_opens_on_its_own_validation_lines_and_says_so(tmp_path):
+    """A corpus of short lines (none of 20 characters, as in Tang poems): the page opens on whole lines of the run's
+    validation text joined with their newlines (at least 20 characters, at most the 32-character window, starting at
+    a line's start), not on babble, and says so under the text in Chinese."""
+    corpus = tmp_path / "poems.txt"
+    corpus.write_text(poem_lines(600), encoding="utf-8")
+    train_debug(corpus, tmp_path / "run", "--max_iters", "2")
+    state = checkpoint.load(tmp_path / "run" / "ckpt_best.pt")
+    validation = corpus.read_text(encoding="utf-8")[state["data"]["n_train"]:]
+    text = opening_of(tmp_path / "run" / "ckpt_best.pt", tmp_path / "poems.html")
+    assert 20 <= len(text) <= 32 and "\n" in text and ("\n" + text + "\n") in validation
+    assert embedded((tmp_path / "poems.html").read_text(encoding="utf-8"))["about"]["opening"] == "lines"
+    note = re.search(r'<p class="note" id="opening-note">(.*?)</p>', dom(tmp_path / "poems.html", "#lang=zh"))
+    assert note.group(1) == "打开时是这次训练的验证文本中的几整行，连同换行（\u21b5）：它的行都很短。"
 
 
 @needs_browser
@@ -763,7 +857,7 @@ def test_each_form_of_attention_heads_its_page_with_its_own_formula(run, tmp_pat
     """The matrices' heading and the step-by-step's formula line name the model's own form of attention."""
     html = dom(variant_page(run, tmp_path, name)[0])
     heading = re.search(r'<h2 id="matrix-section">(.*?)</h2>', html).group(1)
-    assert re.sub(r"<[^>]+>", "", heading) == "4. The whole matrices: " + formula
+    assert re.sub(r"<[^>]+>", "", heading) == "5. The whole matrices: " + formula
     assert re.search(r"Attention\(Q, K, V\) = </span><span class=\"form-formula\">" + re.escape(formula) + "</span>",
                      html)
 

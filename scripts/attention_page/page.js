@@ -11,7 +11,7 @@ const MAX_APPEND = config.block_size, MAX_BENCH = 1000;  // what the address may
 const headColors = ["214,39,40", "31,119,180", "44,160,44", "148,103,189", "255,127,14", "23,190,207",
                     "140,86,75", "227,119,194"];
 const $ = id => document.getElementById(id);
-const state = { text: [], result: null, pinned: null, hovered: null, random: null, language: "en" };
+const state = { text: [], result: null, pinned: null, hovered: null, random: null, language: "en", stage: null };
 
 // The page's language: English, or Chinese in the tutorials' own terms (查询 query, 键 key, 值 value, 注意力权重
 // attention weights, 掩码 mask, 缩放 scale). say(english, chinese) is the one switch for what the script writes; the
@@ -81,7 +81,152 @@ function weightOf(l, head, q, key) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 2: the strip of characters and the grid of heads.
+// Section 2: the whole model, step by step along the residual stream, each step's T vectors at the model's size.
+// ---------------------------------------------------------------------------------------------
+function stages() {
+  // Every step of gpt.js's forward pass, in order: its name (what #numbers reports), the block it belongs to (0:
+  // none), what the page calls it, the code it runs (as model/gpt.py names it) and its values, T rows.
+  const r = state.result, list = [], learned = config.position === "learned";
+  const add = (name, block, label, code, values) => list.push({ name, block, label, code, values });
+  const act = config.activation === "gelu" ? "gelu" : "relu\u00b2";
+  add("embedding.token", 0, learned ? say("token embedding: the row of each character's id", "词元嵌入：每个字符" +
+      "的编号所选的那一行") : say("token embedding: the residual stream x begins (positions: " +
+      (config.position === "rope" ? "rotary, inside attention" : "none") + ")", "词元嵌入：残差流 x 从这里开始（位置：" +
+      (config.position === "rope" ? "旋转，在注意力里面" : "没有") + "）"), "wte[id]", r.embedded.tokens);
+  if (learned) {
+    add("embedding.position", 0, say("position embedding: the row of each place t", "位置嵌入：每个位置 t 的那一行"),
+        "wpe[t]", r.embedded.positions);
+    add("embedding.sum", 0, say("x = token + position: the residual stream begins", "x = 词元 + 位置：残差流从这里开始"),
+        "wte[id] + wpe[t]", r.embedded.x);
+  }
+  r.layers.forEach((seen, l) => {
+    const b = l + 1, one = seen.stream, heads = nHeads === 1 ? say("1 head", "1 个头") :
+      say(nHeads + " heads", nHeads + " 个头");
+    if (config.residual) {
+      add("block" + b + ".ln_1", b, say("LayerNorm: each row to mean 0, spread 1, then its weight and bias",
+          "LayerNorm：每一行化为均值 0、标准差 1，再乘权重、加偏置"), "ln_1(x)", one.ln_1);
+      add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O): sections 3\u20137 open it",
+          "注意力（" + heads + "，再乘 W_O）：第 3\u20137 节展开它"), "attn(ln_1(x))", one.attention);
+      add("block" + b + ".residual_1", b, say("residual add: x keeps what it had, plus what attention brought",
+          "残差相加：x 保留原有的，加上注意力带来的"), "x + attn(ln_1(x))", one.afterAttention);
+      if (one.mlp) {
+        add("block" + b + ".ln_2", b, say("LayerNorm again, before the MLP", "再一次 LayerNorm，在 MLP 之前"),
+            "ln_2(x)", one.ln_2);
+        add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层，" +
+            "宽 4 倍，经过 " + act), act + "(c_fc(ln_2(x)))", one.hidden);
+        add("block" + b + ".mlp", b, say("MLP output: each character alone, back to " + config.n_embd + " numbers",
+            "MLP 的输出：每个字符单独计算，回到 " + config.n_embd + " 个数"), "c_proj(hidden)", one.mlp);
+        add("block" + b + ".residual_2", b, say("residual add: the block's output", "残差相加：块的输出"),
+            "x + mlp(ln_2(x))", one.output);
+      }
+    } else {  // the ladder's block without residual connections: each part replaces x
+      add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O), no residual: it replaces x",
+          "注意力（" + heads + "，再乘 W_O），没有残差：它取代 x"), "x = attn(x)", one.attention);
+      if (one.mlp) {
+        add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层，" +
+            "宽 4 倍，经过 " + act), act + "(c_fc(x))", one.hidden);
+        add("block" + b + ".mlp", b, say("MLP output: the block's output, no residual", "MLP 的输出：块的输出，没有残差"),
+            "x = mlp(x)", one.mlp);
+      }
+    }
+  });
+  add("ln_f", 0, say("final LayerNorm", "最后的 LayerNorm"), "ln_f(x)", r.normed);
+  add("logits", 0, say("logits: one score per character of the vocabulary; softmax makes them section 8's odds",
+      "logits：词表里每个字符一个分数；softmax 把它们变成第 8 节的概率"), (config.tie_weights ? "ln_f(x) wte\u1d40" :
+      "lm_head(ln_f(x))") + (config.logit_softcap ? ", cap\u00b7tanh(\u00b7/cap)" : ""), r.logits);
+  return list;
+}
+
+function largestOf(values) {  // the largest |number| of a list of vectors: a picture's colour scale
+  let largest = 0;
+  for (const row of values) for (const value of row) largest = Math.max(largest, Math.abs(value));
+  return largest;
+}
+
+function drawValues(canvas, values) {  // one pixel per number, row t for character t: red positive, blue negative
+  const T = values.length, width = values[0].length, largest = largestOf(values) || 1;
+  canvas.width = width;
+  canvas.height = T;
+  const context = canvas.getContext("2d"), picture = context.createImageData(width, T);
+  values.forEach((row, t) => row.forEach((value, d) => picture.data.set([...signedRgb(value / largest), 255],
+                                                                        4 * (t * width + d))));
+  context.putImageData(picture, 0, 0);
+  return largest;
+}
+
+function chosenStage(list) { return list.find(one => one.name === state.stage) ?? list[0]; }
+
+function renderModel() {  // the table of steps, with every step's picture (when the text changes: update())
+  const table = $("model"), list = stages();
+  table.replaceChildren();
+  const top = table.insertRow();
+  [say("block", "块"), say("step", "步骤"), say("code", "代码"), say("size", "大小"), say("every number", "全部数值")]
+    .forEach(name => top.appendChild(element("th", name)));
+  top.appendChild(element("th", "|x|", "length")).title = say("the length of the chosen character's row",
+                                                             "所选字符那一行的长度");
+  list.forEach((one, at) => {
+    const row = table.insertRow(), first = one.block && (at === 0 || list[at - 1].block !== one.block);
+    row.className = "stage" + (first ? " block-start" : "");
+    row.dataset.stage = one.name;
+    if (first) {  // the block's name once, beside all its steps
+      const cell = row.appendChild(element("td", say("block " + one.block, "第 " + one.block + " 块"), "block"));
+      cell.rowSpan = list.filter(other => other.block === one.block).length;
+    } else if (!one.block) row.appendChild(element("td"));
+    row.appendChild(element("td", one.label, "label"));
+    row.appendChild(element("td", one.code, "mono"));
+    row.appendChild(element("td", one.values.length + " \u00d7 " + one.values[0].length, "mono"));
+    drawValues(row.insertCell().appendChild(element("canvas")), one.values);
+    row.appendChild(element("td", "", "length"));
+    row.addEventListener("click", () => {
+      state.stage = one.name;
+      if (one.name.endsWith(".attention")) $("layer").value = String(one.block - 1);  // the views below follow
+      render();
+    });
+  });
+}
+
+function renderModelChoice() {  // what follows the chosen step and character (render())
+  const list = stages(), chosen = chosenStage(list), q = query();
+  $("model").querySelectorAll("tr.stage").forEach((row, at) => {
+    row.classList.toggle("chosen", list[at].name === chosen.name);
+    const values = list[at].values[q];
+    row.querySelector("td.length").textContent = q === null ? "" : Math.sqrt(dot(values, values)).toFixed(2);
+  });
+  const largest = drawValues($("model-picture"), chosen.values), cell = Math.max(1, Math.min(12, Math.floor(960 /
+    chosen.values[0].length)));  // pixels a number: at most 960 wide, and at least one pixel each
+  $("model-picture").style.width = chosen.values[0].length * cell + "px";
+  $("model-picture").style.height = chosen.values.length * cell + "px";
+  $("model-bar").textContent = say("colour scale: blue \u2212", "颜色：蓝 \u2212") + largest.toFixed(4) +
+    say(", white 0, red +", "，白 0，红 +") + largest.toFixed(4);
+  $("model-formula").textContent = (chosen.block ? say("Block " + chosen.block + ": ", "第 " + chosen.block + " 块：") :
+    "") + chosen.label + " \u2014 " + chosen.code + say(", ", "，") + chosen.values.length + " \u00d7 " +
+    chosen.values[0].length + say(": point at the picture for a number", "：指向图看数值");
+  $("model-vector").replaceChildren(vector((chosen.name === "logits" ? "logits" : "x") + (q + 1) +
+    say(" (" + quoted(state.text[q]) + ")", "（" + quoted(state.text[q]) + "）"), chosen.values[q]));
+}
+
+function pointAtModel(event) {
+  if (!state.result) return;
+  const chosen = chosenStage(stages()), [t, d] = cellUnder(event), value = chosen.values[t][d];
+  const column = chosen.name === "logits" ? say("next character ", "下一个字符 ") + quoted(vocab[d]) :
+    say("number " + (d + 1), "第 " + (d + 1) + " 个数");
+  $("model-readout").textContent = say("character " + (t + 1) + " " + quoted(state.text[t]) + ", " + column + ": ",
+    "第 " + (t + 1) + " 个字符" + quoted(state.text[t]) + "，" + column + "：") + value.toFixed(4);
+}
+
+function modelScope() {  // what the overview shows, and what it leaves out, said once
+  return say("Shown: every vector the forward pass computes for your text, from the weights the page carries, as " +
+    "PyTorch computes them (within float rounding). Not shown here: dropout (used only in training; the page, like " +
+    "sample.py, runs without it), the loss and its gradients (training), the key/value cache (a shortcut for " +
+    "sampling that gives the same numbers), each LayerNorm's mean and spread (only its result), and the weights " +
+    "themselves (only what they compute). Inside attention, sections 3\u20137 show every head.",
+    "这里显示：前向计算为你的文本算出的每个向量，用页面携带的权重，与 PyTorch 算的相同（只差浮点舍入）。这里不显示：dropout" +
+    "（只在训练时用；页面和 sample.py 一样不用它）、损失和梯度（训练的事）、键/值缓存（采样的捷径，算出的数相同）、每个 " +
+    "LayerNorm 的均值和标准差（只显示结果），以及权重本身（只显示它们算出的东西）。注意力的内部见第 3\u20137 节，每个头都有。");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Section 3: the strip of characters and the grid of heads.
 // ---------------------------------------------------------------------------------------------
 function buildStrip() {
   const strip = $("strip"), grid = $("grid");
@@ -134,7 +279,7 @@ function renderStrip() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 3: every layer and head at once, each head's weights A as a small picture, one pixel per weight.
+// Section 4: every layer and head at once, each head's weights A as a small picture, one pixel per weight.
 // ---------------------------------------------------------------------------------------------
 const MASKED_RGB = [85, 85, 85];  // the masked future: dark grey, which no weight's colour (white to a hue) reaches
 
@@ -182,10 +327,10 @@ function renderHeads() {  // each head's T x T weights: row i, column j is A[i][
   });
 }
 
-function cellUnder(event) {  // the [query, key] of the pixel under the mouse in one of the heads' pictures
-  const canvas = event.target, T = canvas.width, box = canvas.getBoundingClientRect();
-  const at = (offset, size) => Math.min(T - 1, Math.max(0, Math.floor(offset / size * T)));
-  return [at(event.clientY - box.top, box.height), at(event.clientX - box.left, box.width)];
+function cellUnder(event) {  // the [row, column] of the pixel under the mouse in one of the page's pictures
+  const canvas = event.target, box = canvas.getBoundingClientRect();
+  const at = (offset, size, n) => Math.min(n - 1, Math.max(0, Math.floor(offset / size * n)));
+  return [at(event.clientY - box.top, box.height, canvas.height), at(event.clientX - box.left, box.width, canvas.width)];
 }
 
 function pointAtHeads(event) {
@@ -221,7 +366,7 @@ function factorName() {
 function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
 
 // ---------------------------------------------------------------------------------------------
-// Section 4: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
+// Section 5: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
 // ---------------------------------------------------------------------------------------------
 function matrices(l, h) {  // each step's name, formula and T x d or T x T values (-Infinity where masked)
   const head = state.result.layers[l].heads[h], scaled = config.attention_score !== "additive";
@@ -320,7 +465,7 @@ function pointAtMatrix(event) {  // the number of the cell pointed at, in a line
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 5: positions. Rotary: each pair's angle and frequency, and q·k against the distance; learned: how alike
+// Section 6: positions. Rotary: each pair's angle and frequency, and q·k against the distance; learned: how alike
 // the position vectors are; none: a sentence.
 // ---------------------------------------------------------------------------------------------
 function signedRgb(value) {  // red for +1, white for 0, blue for -1
@@ -455,7 +600,7 @@ function renderPositions() {  // rotary: each pair's frequency, and its angle at
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 6: one character's attention in one head, step by step.
+// Section 7: one character's attention in one head, step by step.
 // ---------------------------------------------------------------------------------------------
 const SHOWN_VALUES = 8;  // a vector shows its first few numbers until asked for all of them
 
@@ -609,7 +754,7 @@ function renderSteps() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 7: the next character after the whole text.
+// Section 8: the next character after the whole text.
 // ---------------------------------------------------------------------------------------------
 function sampling() {
   return { temperature: Number($("temperature").value), top_k: Math.max(0, Math.floor(Number($("top-k").value))),
@@ -661,7 +806,7 @@ function render() {
       "what the model would compute so.", "假设：每个 q·k 都乘以 " + factorName() + "，而不是模型训练时用的 " +
       FACTORS[OWN_FACTOR][0] + "；页面上的每个数，包括下一个字符，都是模型在这种缩放下会算出的结果。");
   }
-  if (state.result) { renderStrip(); renderMatrix(); } else {
+  if (state.result) { renderStrip(); renderMatrix(); renderModelChoice(); } else {
     $("readout").textContent = "";
     $("matrix").replaceChildren();
   }
@@ -688,6 +833,28 @@ function aboutLine(a) {  // the checkpoint, the model's shape and its corpus, un
              `宽 ${a.n_embd}，${a.millions}M 个参数，训练于 ${corpus}`);
 }
 
+function openingLine(a) {  // what the page opened on, and why not on the run's validation text where it did not
+  const why = {
+    unrecorded: say("the checkpoint records no corpus", "检查点没有记录语料"),
+    missing: say("neither the run's token cache nor its corpus file is there", "找不到这次训练的词元缓存，也找不到它的语料文件"),
+    changed: say("its token cache is gone and its corpus file has changed since training",
+                 "词元缓存已不在，语料文件在训练之后又改过"),
+    short: say("no stretch of it of 20 characters or more has only characters the model knows",
+               "其中没有一段 20 个字符以上、且每个字符模型都认识的文本"),
+  }[a.why];
+  const notValidation = say(", not on the run's own validation text: ", "，而不是这次训练自己的验证文本：");
+  return {
+    line: say("Opened on a line of the run's validation text (text it never trained on).",
+              "打开时是这次训练的验证文本中的一行（模型没有用它训练过）。"),
+    lines: say("Opened on whole lines of the run's validation text, joined with their line breaks (\u21b5): its " +
+               "lines are short.", "打开时是这次训练的验证文本中的几整行，连同换行（\u21b5）：它的行都很短。"),
+    default: say("Opened on a line of Romeo and Juliet", "打开时是《罗密欧与朱丽叶》中的一行") + notValidation + why +
+      say(".", "。"),
+    written: say("Opened on text the model wrote itself", "打开时是模型自己写的文本") + notValidation + why + say(".", "。"),
+    given: say("Opened on the text given to attention_html.py (--text).", "打开时是交给 attention_html.py 的文本（--text）。"),
+  }[a.opening] ?? "";
+}
+
 function applyLanguage(language) {  // every fixed text and every label in English or Chinese (then update())
   state.language = language;
   $("language").value = language;
@@ -701,6 +868,8 @@ function applyLanguage(language) {  // every fixed text and every label in Engli
   $("title").textContent = say(data.title, "你的模型，正在思考");
   document.title = say("chargpt: your model, thinking", "chargpt：你的模型，正在思考");
   $("about").textContent = aboutLine(data.about);
+  $("model-scope").textContent = modelScope();
+  $("opening-note").textContent = openingLine(data.about);
   document.querySelectorAll(".form-formula").forEach(node => { node.textContent = formFormula(); });
   $("view").options[0].text = say("all heads", "所有头");
   for (const option of $("scale").options) {
@@ -743,17 +912,20 @@ function noteMissingFonts() {  // one line naming what to install, in both langu
 function update() {
   readText();
   buildStrip();
+  if (state.result) renderModel(); else $("model").replaceChildren();
   render();
-  renderHeads();  // (not in render: pointing at characters changes nothing in it)
+  renderHeads();  // (not in render, nor the model's pictures: pointing at characters changes nothing in them)
 }
 
 function numbers(extra) {
   const logits = state.result ? state.result.logits.map(row => Array.from(row)) : [];
   const shownMatrices = state.result ? Object.fromEntries(matrices(layer(), viewedHead() ?? 0).map(m => [m.name,
     m.values.map(row => Array.from(row, value => (value === -Infinity ? null : value)))])) : null;
+  const overview = state.result ? Object.fromEntries(stages().map(one => [one.name,
+    one.values.map(row => Array.from(row))])) : null;  // the overview's every step
   return JSON.stringify({ text: state.text.join(""), ids: state.text.map(ch => idOf.get(ch)), logits,
                           matrices: shownMatrices, scale: scoreFactor(), step: state.result ? stepValues() : null,
-                          sampling: sampling(), probs: state.result ? nextProbabilities() : null, ...extra });
+                          model: overview, sampling: sampling(), probs: state.result ? nextProbabilities() : null, ...extra });
 }
 
 for (let l = 0; l < nLayers; l++) $("layer").add(new Option(String(l + 1), String(l)));
@@ -773,6 +945,7 @@ $("address-help").dataset.zh = "地址可以让页面以某种状态打开：pag
   "和 numbers；字符、层和头都从 1 开始数。";
 $("matrix").addEventListener("mouseover", pointAtMatrix);
 $("heads").addEventListener("mousemove", pointAtHeads);
+$("model-picture").addEventListener("mousemove", pointAtModel);
 $("heads").addEventListener("click", openHead);
 $("matrix-previous").addEventListener("click", () => { moveStep(-1); });
 $("matrix-next").addEventListener("click", () => { moveStep(1); });
