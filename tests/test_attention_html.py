@@ -470,6 +470,21 @@ def pytorch_matrices(model, x, layer: int, head: int, factor: float) -> dict:
             "AV": weights @ v}
 
 
+# What each matrix step must say the tutorials call it (their symbols, and the notebook cell that computes it).
+TUTORIAL_NAMES = {
+    "Q": ["000 In [28] q = query(x)", "001 In [29] queries = x @ W_query", "004 q\u2071"],
+    "K": ["000 In [28] k = key(x)", "001 In [8] keys = x @ W_key"],
+    "V": ["000 In [36] v = value(x)", "001 In [8] values = x @ W_value"],
+    "S": ["000 In [31] wei = q @ k.transpose(-2, -1)", "001 In [29] \u03c9, attn_scores", "002 In [None]"],
+    "scaled": ["001 In [30] \u03c9 / \u221ad_k", "004 \u03b1\u1d62,\u2c7c = q\u2071\u00b7k\u02b2 / \u221ad",
+               "000 In [48] none: its last cell scales the output instead"],
+    "masked": ["000 In [33] wei.masked_fill(tril == 0, float('-inf'))", "001 In [33] masked_simple",
+               "\u22121e6 where the page has \u2212\u221e"],
+    "A": ["000 In [33] wei = F.softmax(wei, dim=-1)", "001 In [30] \u03b1, attn_weights", "004 \u03b1\u0302"],
+    "AV": ["000 In [36] out = wei @ v", "001 In [15] z, context_vec", "004 b\u2071"],
+}
+
+
 def factor_model(model, factor: float):
     """The same weights with every q·k multiplied by factor instead of the model's own (the explicit path)."""
     model.set_attention_path("explicit")
@@ -497,6 +512,9 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
              "Array.from(tr.querySelectorAll('td')).map(td => td.dataset.value))")  # "-Infinity" where masked
     with Browser() as browser:
         browser.open(html.as_uri() + f"#layer={layer}&view={head}")
+        assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
+            f"Layer {layer}, head {head}: A = softmax")  # it opens on the weights
+        browser.choose("#matrix-step", "0")
         for name in expected:
             assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
                 f"Layer {layer}, head {head}: ")
@@ -515,12 +533,18 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
                 browser.point("#matrix tr:nth-child(5) td:nth-child(3)")  # query 4, key 2
                 shown = browser.evaluate("document.getElementById('matrix-readout').textContent")
                 assert shown == f"masked[4][2] = {expected['masked'][3, 1].item():.4f}"
+            named = browser.evaluate("document.getElementById('matrix-tutorials').textContent")
+            assert all(part in named for part in TUTORIAL_NAMES[name]), (name, named)
+            assert browser.evaluate("document.querySelector('#legend tr.chosen').dataset.symbol") == name
             browser.click("#matrix-next")
         browser.click("#matrix tr:nth-child(6) th")  # the row of character 5
         assert browser.evaluate("document.getElementById('step-title').textContent").startswith(
             "\u201cO\u201d (character 5)")
         for choice, factor in (("1", 1.0), ("10", 10.0)):
             browser.choose("#scale", choice)
+            if choice == "10":  # 10 against the model's own 1/√head_size, said as a multiple of it
+                assert f"({10 * math.sqrt(model.config.head_size):.1f} times it)" in browser.evaluate(
+                    "document.getElementById('what-if').textContent")
             assert not browser.evaluate("document.getElementById('what-if').hidden")
             with torch.no_grad():
                 logits = factor_model(copy.deepcopy(model), factor)(idx)[0][0]
@@ -530,6 +554,16 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
         assert browser.evaluate("document.getElementById('what-if').hidden")
         torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), own_logits.double(),
                                    atol=1e-4, rtol=0)
+        browser.open("about:blank")  # a short text: each cell of its weights A has its number written in it
+        browser.open(html.as_uri() + f"#text=ROMEO&layer={layer}&view={head}")
+        written = browser.evaluate("Array.from(document.querySelectorAll('#matrix tr')).slice(1).map(tr => "
+                                   "Array.from(tr.querySelectorAll('td')).map(td => Number(td.textContent)))")
+        with torch.no_grad():
+            _, short = attention_inputs_and_outputs(model, torch.tensor([tokenizer.encode("ROMEO")]))
+            weights = pytorch_matrices(model, short[layer - 1][0], layer, head,
+                                       1 / math.sqrt(model.config.head_size))["A"]
+        torch.testing.assert_close(torch.tensor(written, dtype=torch.float64), weights.double(), atol=0.005 + 1e-6,
+                                   rtol=0)
         assert browser.errors == []
 
 
@@ -655,6 +689,59 @@ def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(r
     assert np.abs(pixels[..., :3] - wanted).max() <= 1
 
 
+@needs_browser
+def test_a_learner_walks_the_whole_model_clicks_a_step_and_reads_it_in_both_languages(run, tmp_path):
+    """The overview, driven by clicks in English and then in Chinese: one row per step of the forward pass with its
+    size and the chosen character's |x| (PyTorch's norm); a click on block 2's MLP hidden layer draws all its numbers
+    (each pixel the signed colour of PyTorch's value, within one step of 255), pointing at a pixel reads PyTorch's
+    number, and the chosen character's row is listed; the same in Chinese words with the same numbers; a click on an
+    attention step moves the layer the views below show; the logits' columns are named by the next character."""
+    from browser import Browser
+    html, model, tokenizer = variant_page(run, tmp_path, "learned-gelu-bias-tied")
+    stream = pytorch_stream(model, torch.tensor([tokenizer.encode(TEXT)]))
+    names = [name for name in OVERVIEW_ORDER(model.config) if name in stream]
+    hidden = stream["block2.mlp_hidden"].double()
+    T, width = hidden.shape
+    query, (t, d) = 14, (5, 7)  # the page's middle character; a pixel, counted from 1
+    rows = "Array.from(document.querySelectorAll('#model tr.stage'))"
+    readout = "document.getElementById('model-readout').textContent"
+    with Browser() as browser:
+        browser.open(html.as_uri())
+        assert browser.evaluate(f"{rows}.map(tr => tr.dataset.stage)") == names
+        sizes = browser.evaluate(f"{rows}.map(tr => tr.cells[tr.cells.length - 3].textContent)")
+        assert sizes == [f"{T} \u00d7 {stream[name].shape[1]}" for name in names]
+        lengths = browser.evaluate(f"{rows}.map(tr => tr.querySelector('td.length').textContent)")
+        assert lengths == [f"{stream[name][query - 1].norm().item():.2f}" for name in names]
+        browser.click('#model tr[data-stage="block2.mlp_hidden"] td.label')
+        assert browser.evaluate("document.getElementById('model-formula').textContent").startswith(
+            "Block 2: MLP hidden layer, 4 times wider, after gelu \u2014 gelu(c_fc(ln_2(x))), 27 \u00d7 128")
+        pixels = np.array(browser.evaluate("(() => { const c = document.getElementById('model-picture'); return "
+                                           "Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height)"
+                                           ".data); })()")).reshape(T, width, 4)
+        scaled = (hidden / hidden.abs().max()).numpy()[..., None]
+        wanted = np.where(scaled < 0, np.array([31, 119, 180]), np.array([214, 39, 40]))
+        assert np.abs(pixels[..., :3] - np.rint(255 + (wanted - 255) * np.abs(scaled))).max() <= 1
+        browser.point("#model-picture", at=((d - 0.5) / width, (t - 0.5) / T))
+        assert browser.evaluate(readout) == f"character {t} \u201cO\u201d, number {d}: {hidden[t - 1, d - 1]:.4f}"
+        listed = browser.evaluate("document.querySelector('#model-vector span').textContent")
+        assert listed.startswith(f"x{query} (\u201cf\u201d) = [" + ", ".join(
+            f"{v:.4f}" for v in hidden[query - 1, :8].tolist()))
+        browser.choose("#language", "zh")
+        assert browser.evaluate("document.querySelector('#model tr[data-stage=\"block2.mlp_hidden\"] td.label')"
+                                ".textContent") == "MLP 的隐藏层，宽 4 倍，经过 gelu"
+        browser.point("#model-picture", at=((d - 0.5) / width, (t - 0.5) / T))
+        assert browser.evaluate(readout) == f"第 {t} 个字符\u201cO\u201d，第 {d} 个数：{hidden[t - 1, d - 1]:.4f}"
+        assert browser.evaluate(f"{rows}.map(tr => tr.querySelector('td.length').textContent)") == lengths
+        browser.click('#model tr[data-stage="logits"] td.label')
+        logits = stream["logits"].double()
+        browser.point("#model-picture", at=((3 - 0.5) / logits.shape[1], (t - 0.5) / T))
+        assert browser.evaluate(readout) == (f"第 {t} 个字符\u201cO\u201d，下一个字符 \u201c{tokenizer.chars[2]}"
+                                             f"\u201d：{logits[t - 1, 2]:.4f}")
+        browser.click('#model tr[data-stage="block1.attention"] td.label')
+        assert browser.evaluate("document.getElementById('layer').value") == "0"
+        assert browser.errors == []
+
+
 HEADINGS = "Array.from(document.querySelectorAll('h2')).map(h => h.textContent)"
 CHINESE_HEADINGS = ["1. 你的文本", "2. 整个模型：从字符到下一个字符的概率", "3. 每个字符看向哪里",
                     "4. 一次看所有注意力头", "5. 完整的矩阵", "6. 位置：模型如何知道字符在哪里", "7. 逐步计算：",
@@ -696,7 +783,7 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
         assert steps == ["1. 查询 Q", "2. 键 K", "3. 值 V", "4. 注意力分数 S", "5. 缩放", "6. 掩码",
                          "7. 注意力权重 A", "8. A\u00b7V"]
         labels = browser.evaluate("Array.from(document.querySelectorAll('label > span')).map(s => s.textContent)")
-        assert labels[:3] == ["层", "头", "假设每个 q·k 都乘以"]
+        assert labels[:3] == ["层", "头", "每个 q·k 乘以"]
         assert browser.evaluate("document.getElementById('view').options[0].text") == "所有头"
         assert browser.evaluate("document.getElementById('append').textContent") == "追加一个采样的字符"
         torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), expected.double(),

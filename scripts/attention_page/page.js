@@ -219,10 +219,14 @@ function modelScope() {  // what the overview shows, and what it leaves out, sai
     "PyTorch computes them (within float rounding). Not shown here: dropout (used only in training; the page, like " +
     "sample.py, runs without it), the loss and its gradients (training), the key/value cache (a shortcut for " +
     "sampling that gives the same numbers), each LayerNorm's mean and spread (only its result), and the weights " +
-    "themselves (only what they compute). Inside attention, sections 3\u20137 show every head.",
+    "themselves (only what they compute). Inside attention, sections 3\u20137 show every head. Of these steps the " +
+    "five tutorials show the embedding (001's embedded_sentence, In [4]; 004's a\u2071) and attention alone: " +
+    "LayerNorm, the MLP, the residual sums and the logits are beyond them.",
     "这里显示：前向计算为你的文本算出的每个向量，用页面携带的权重，与 PyTorch 算的相同（只差浮点舍入）。这里不显示：dropout" +
     "（只在训练时用；页面和 sample.py 一样不用它）、损失和梯度（训练的事）、键/值缓存（采样的捷径，算出的数相同）、每个 " +
-    "LayerNorm 的均值和标准差（只显示结果），以及权重本身（只显示它们算出的东西）。注意力的内部见第 3\u20137 节，每个头都有。");
+    "LayerNorm 的均值和标准差（只显示结果），以及权重本身（只显示它们算出的东西）。注意力的内部见第 3\u20137 节，每个头都有。" +
+    "这些步骤里，五篇教程只讲了嵌入（001 的 embedded_sentence，In [4]；004 的 a\u2071）和注意力：LayerNorm、MLP、" +
+    "残差相加和 logits 都在它们之外。");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -274,7 +278,8 @@ function renderStrip() {
       const top = state.result.layers[l].heads[h].weights[q].slice(0, q + 1).map((w, key) => [w, key])
         .sort((a, b) => b[0] - a[0]).slice(0, 3);
       return say("head " + (h + 1) + " looks most at ", "头 " + (h + 1) + " 最多看 ") +
-        top.map(([w, key]) => quoted(state.text[key]) + " " + w.toFixed(2)).join(", ");
+        top.map(([w, key]) => quoted(state.text[key]) + say(" (" + (key + 1) + ") ", "（" + (key + 1) + "）") +
+          w.toFixed(2)).join(say(", ", "，"));  // with its place: a text has many "n"s
     }).join(say("; ", "；"));
 }
 
@@ -337,9 +342,10 @@ function pointAtHeads(event) {
   if (event.target.tagName !== "CANVAS" || !state.result) return;
   const l = Number(event.target.dataset.layer), h = Number(event.target.dataset.head), [i, j] = cellUnder(event);
   const weight = state.result.layers[l].heads[h].weights[i][j];
-  $("heads-readout").textContent = say("layer " + (l + 1) + ", head " + (h + 1), "第 " + (l + 1) + " 层，头 " + (h + 1)) +
-    ": A[" + (i + 1) + "][" + (j + 1) + "] = " + (j <= i ? weight.toFixed(4) : say("masked (the future)",
-    "被掩码遮住（未来）")) + ", " + quoted(state.text[i]) + say(" looking at ", " 看 ") + quoted(state.text[j]);
+  $("heads-readout").textContent = say("layer " + (l + 1) + ", head " + (h + 1) + ": ", "第 " + (l + 1) + " 层，头 " +
+    (h + 1) + "：") + "A[" + (i + 1) + "][" + (j + 1) + "] = " + (j <= i ? weight.toFixed(4) :
+    say("masked (the future)", "被掩码遮住（未来）")) + say(", ", "，") + quoted(state.text[i]) +
+    say(" looking at ", "看") + quoted(state.text[j]);
 }
 
 function openHead(event) {  // a click on a head's picture: that layer and head in the matrix view, at its weights A
@@ -363,20 +369,105 @@ function factorName() {
   const value = $("scale").value || OWN_FACTOR;
   return FACTORS[value][0] + (value === "1" ? say(", no scale", "，不缩放") : "");
 }
+function times() {  // how many times the model's own factor the what-if factor is, where that is not plain
+  const ratio = scoreFactor() / FACTORS[OWN_FACTOR][1];
+  return Math.abs(ratio - Math.round(ratio)) < 1e-9 && ratio < 10 ? "" : say(" (" + ratio.toFixed(1) + " times it)",
+                                                                             "（是它的 " + ratio.toFixed(1) + " 倍）");
+}
 function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
 
 // ---------------------------------------------------------------------------------------------
 // Section 5: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
 // ---------------------------------------------------------------------------------------------
+// The tutorials' own names for what the page computes, one list per page symbol: [tutorial, its name, the cell of
+// its notebook that computes it]. 003 (a text) and 004 (a blog post) have no cells; 002's scaled dot-product cell,
+// In [None], was defined but never run. The names are the tutorials' facts; the words around them are the page's.
+function tutorialNames() {
+  const form = config.attention_score;
+  return {
+    Q: [["000", "q = query(x)", "In [28]"], ["001", "queries = x @ W_query", "In [29]"],
+        ["002", "queries", form === "additive" ? "In [9]" : "In [None]"], ["003", "Q", ""],
+        ["004", "q\u2071 = W_q a\u2071", ""]],
+    K: [["000", "k = key(x)", "In [28]"], ["001", "keys = x @ W_key", "In [8]"],
+        ["002", "keys", form === "additive" ? "In [9]" : "In [None]"], ["003", "K", ""],
+        ["004", "k\u2071 = W_k a\u2071", ""]],
+    V: [["000", "v = value(x)", "In [36]"], ["001", "values = x @ W_value", "In [8]"],
+        ["002", "values", form === "additive" ? "In [9]" : "In [None]"], ["003", "V", ""],
+        ["004", "v\u2071 = W_v a\u2071", ""]],
+    S: form === "additive" ? [["002", "scores = w_v(tanh(W_q q + W_k k))", "In [9]"]] :
+      [["000", "wei = q @ k.transpose(-2, -1)", "In [31]"], ["001", "\u03c9, attn_scores = queries @ keys.T", "In [29]"],
+       ["002", "torch.bmm(queries, keys.transpose(1, 2))", "In [None]"], ["003", "q\u00b7k", ""],
+       ["004", "q\u2071\u00b7k\u02b2", ""]],
+    scaled: [["000", say("none: its last cell scales the output instead", "没有：它最后一格缩放的是输出"), "In [48]"],
+             ["001", "\u03c9 / \u221ad_k", "In [30]"], ["002", "scores = \u2026 / math.sqrt(d)", "In [None]"],
+             ["003", "q\u00b7k / \u221ad_k", ""], ["004", "\u03b1\u1d62,\u2c7c = q\u2071\u00b7k\u02b2 / \u221ad", ""]],
+    masked: [["000", "wei.masked_fill(tril == 0, float('-inf'))", "In [33]"],
+             ["001", say("masked_simple = attn_weights * mask_simple: after the softmax, then each row renormalised " +
+                         "(In [34]): the same weights", "masked_simple = attn_weights * mask_simple：在 softmax 之后，" +
+                         "再把每行重新归一化（In [34]）：权重相同"), "In [33]"],
+             ["002", say("sequence_mask(X, valid_lens, -1e6): padding, not the future, and \u22121e6 where the page " +
+                         "has \u2212\u221e (both give weight 0)", "sequence_mask(X, valid_lens, -1e6)：遮住的是填充，不是未来；" +
+                         "用 \u22121e6，页面用 \u2212\u221e（两者都给权重 0）"), "In [3]"],
+             ["004", say("none: its example lets every token see all three", "没有：它的例子里每个词元都看得到全部三个"),
+              ""]],
+    A: form === "uniform" ? [["000", "wei = tril / wei.sum(1)", "In [17]"]] :
+      [["000", "wei = F.softmax(wei, dim=-1)", "In [33]"], ["001", "\u03b1, attn_weights", "In [30]"],
+       ["002", "attention_weights = masked_softmax(scores, valid_lens)", form === "additive" ? "In [9]" : "In [None]"],
+       ["003", "y = softmax(x)", ""], ["004", "\u03b1\u0302\u1d62,\u2c7c", ""]],
+    AV: form === "uniform" ? [["000", "xbow = wei @ x", "In [18]"]] :
+      [["000", "out = wei @ v", "In [36]"], ["001", "z, context_vec = attn_weights @ values", "In [15]"],
+       ["002", "torch.bmm(attention_weights, values)", form === "additive" ? "In [9]" : "In [None]"],
+       ["004", "b\u2071 = \u03a3\u2c7c \u03b1\u0302\u1d62,\u2c7c v\u02b2", ""]],
+    x: [["000", "x", "In [26]"], ["001", "embedded_sentence, x\u207d\u2071\u207e", "In [4]"], ["004", "a\u2071", ""]],
+    heads: [["001", "torch.cat([head(x) for head in self.heads], dim=-1)", "In [20]"]],
+  };
+}
+
+function tutorialsLine(...symbols) {  // the tutorials' names for a step's symbols, one line each
+  const box = element("div", undefined, "hint mono");
+  symbols.map(namedIn).filter(Boolean).forEach((line, at) => {
+    if (at) box.appendChild(element("br"));
+    box.appendChild(document.createTextNode(line));
+  });
+  return box;
+}
+
+function namedIn(symbol) {  // one line: each tutorial's name for symbol, with the cell that computes it
+  const named = tutorialNames()[symbol] ?? [];
+  return named.length ? say("In the tutorials: ", "教程里的名字：") + named.map(([tutorial, name, cell]) =>
+    tutorial + (cell ? " " + cell : "") + " " + name).join(say(" \u00b7 ", " \u00b7 ")) : "";
+}
+
+function buildLegend() {  // the table of every page symbol against each tutorial's names (applyLanguage)
+  const table = $("legend"), names = tutorialNames(), tutorials = ["000", "001", "002", "003", "004"];
+  table.replaceChildren();
+  const top = table.insertRow();
+  [say("page", "页面"), ...tutorials].forEach(name => top.appendChild(element("th", name)));
+  const symbols = { Q: "Q", K: "K", V: "V", S: "S", scaled: say("S scaled", "缩放的 S"), masked: say("masked", "掩码"),
+                    A: "A", AV: "A\u00b7V" };
+  for (const [symbol, shownName] of Object.entries(symbols)) {
+    const row = table.insertRow();
+    row.dataset.symbol = symbol;
+    row.appendChild(element("th", shownName));
+    for (const tutorial of tutorials) {
+      const found = (names[symbol] ?? []).find(entry => entry[0] === tutorial);
+      row.appendChild(element("td", found ? found[1] + (found[2] ? " (" + found[2] + ")" : "") : "\u2014"));
+    }
+  }
+}
+
 function matrices(l, h) {  // each step's name, formula and T x d or T x T values (-Infinity where masked)
   const head = state.result.layers[l].heads[h], scaled = config.attention_score !== "additive";
   const list = [];
   if (config.attention_score !== "uniform") {
+    // what the model does to q and k before scoring (in Chinese, spaces only between Chinese and Latin words)
     const after = [config.qk_norm ? "QK-norm" : "", config.position === "rope" ? say("rotary turns", "旋转") : ""]
-      .filter(Boolean).join(say(" and ", " 和 "));  // what the model does to q and k before scoring
+      .filter(Boolean);
+    const afterZh = after.length ? "，经过" + (config.qk_norm ? " QK-norm " : "") + (after.length === 2 ? "和" : "") +
+      (config.position === "rope" ? "旋转" : "") + "之后" : "";
     list.push({ name: "Q", label: say("Q", "查询 Q"), formula: say("Q: one query per character (row), " + headSize +
-                " numbers each" + (after ? ", after " + after : ""), "查询 Q：每个字符（行）一个查询，" +
-                "各 " + headSize + " 个数" + (after ? "，经过 " + after + " 之后" : "")),
+                " numbers each" + (after.length ? ", after " + after.join(" and ") : ""),
+                "查询 Q：每个字符（行）一个查询，各 " + headSize + " 个数" + afterZh),
                 values: head.q, columns: "dims" });
     list.push({ name: "K", label: say("K", "键 K"), formula: say("K: one key per character", "键 K：每个字符一个键"),
                 values: head.k, columns: "dims" });
@@ -417,7 +508,8 @@ function renderMatrix() {
   const table = $("matrix"), l = layer(), h = viewedHead() ?? 0, list = matrices(l, h);
   const select = $("matrix-step");
   if (select.options.length !== list.length || select.options[0].text !== "1. " + list[0].label) {
-    const chosen = select.value;
+    // the first time, the weights A: Q, K and V of a trained model look like noise; after, the step chosen
+    const chosen = select.options.length ? select.value : String(list.findIndex(m => m.name === "A"));
     select.replaceChildren(...list.map((m, i) => new Option((i + 1) + ". " + m.label, String(i))));
     select.value = chosen;
   }
@@ -425,6 +517,10 @@ function renderMatrix() {
   select.value = String(at);
   $("matrix-formula").textContent = say("Layer " + (l + 1) + ", head " + (h + 1) + ": ",
                                         "第 " + (l + 1) + " 层，头 " + (h + 1) + "：") + shownMatrix.formula;
+  $("matrix-tutorials").textContent = namedIn(shownMatrix.name);
+  $("legend").querySelectorAll("tr[data-symbol]").forEach(row => {
+    row.classList.toggle("chosen", row.dataset.symbol === shownMatrix.name);
+  });
   const values = shownMatrix.values, weights = shownMatrix.name === "A", q = query();
   let largest = 0;
   for (const row of values) {
@@ -433,7 +529,9 @@ function renderMatrix() {
   table.replaceChildren();
   const top = table.insertRow();
   top.appendChild(element("th"));
-  const width = values[0].length;
+  const width = values[0].length, written = values.length <= SMALL_MATRIX && width <= SMALL_MATRIX;
+  table.classList.toggle("written", written);  // a small matrix: every cell's number written in it
+  colourBar(largest, weights, values.some(row => Array.prototype.includes.call(row, -Infinity)));
   for (let j = 0; j < width; j++) {
     top.appendChild(element("th", shownMatrix.columns === "text" ? key(state.text[j]) : String(j + 1)));
   }
@@ -449,6 +547,11 @@ function renderMatrix() {
       if (value === -Infinity) { cell.className = "masked"; } else {
         cell.style.backgroundColor = cellColor(value, largest, weights);
       }
+      if (written) {
+        cell.textContent = value === -Infinity ? "\u2212\u221e" : value.toFixed(2);
+        const strength = weights ? Math.sqrt(value) : Math.abs(value) / (largest || 1);
+        if (value !== -Infinity && strength > 0.7) cell.style.color = "#fff";  // on a dark cell
+      }
       cell.title = say(shownMatrix.name, shownMatrix.label) + "[" + (i + 1) + "][" + (j + 1) + "] = " + fixed(value);
     });
     tr.addEventListener("click", () => {
@@ -457,6 +560,23 @@ function renderMatrix() {
       $("steps-section").scrollIntoView();
     });
   });
+}
+
+const SMALL_MATRIX = 12;  // up to 12 rows and columns, each cell's number is written in it
+
+function colourBar(largest, weights, masked) {  // the scale of the matrix's colours (and the mask's), under it
+  const bar = $("matrix-bar");
+  bar.replaceChildren();
+  const ramp = element("span", undefined, "ramp");
+  ramp.style.background = weights ? "linear-gradient(to right, #fff, rgb(31,119,180))" :
+    "linear-gradient(to right, rgb(31,119,180), #fff, rgb(214,39,40))";
+  bar.append(say("colours: ", "颜色：") + (weights ? "0 " : "\u2212" + largest.toFixed(4) + " "), ramp,
+             (weights ? " 1" + say(" (strength \u221aweight, so that small weights show)", "（深浅按 \u221a权重，小权重也看得见）") :
+              " +" + largest.toFixed(4)));
+  if (masked) {
+    bar.append(say("; ", "；"), element("span", undefined, "hatched"),
+               say(" \u2212\u221e (masked)", " \u2212\u221e（被掩码遮住）"));
+  }
 }
 
 function pointAtMatrix(event) {  // the number of the cell pointed at, in a line below the matrix
@@ -507,6 +627,7 @@ function distancePlot(curves) {  // an SVG line (key at the first character) and
     return node;
   };
   add("line", { x1: pad, x2: width - pad, y1: y(0), y2: y(0), stroke: "#ccc" });
+  add("text", { x: pad + 4, y: 10 }, "q\u00b7k");  // the y axis
   add("text", { x: 2, y: y(headSize) + 4 }, String(headSize));
   add("text", { x: 2, y: y(0) + 4 }, "0");
   add("text", { x: 2, y: y(-headSize) + 4 }, String(-headSize));
@@ -561,7 +682,8 @@ function buildPositions() {  // what does not change with the text: the sentence
     });
     return;
   }
-  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62", theta = "\u03b8\u1d62 = 10000^(\u22122i/" + headSize + ")";
+  // pairs counted from 1, as the table below counts them: pair 1 turns fastest, by 1 radian per character
+  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62", theta = "\u03b8\u1d62 = 10000^(\u22122(i \u2212 1)/" + headSize + ")";
   const middle = Math.floor(config.block_size / 2) + 1;
   about.textContent = say("Rotary positions: before scoring, the query and key of character t are turned, each pair " +
     "of their numbers (i and i + " + headSize / 2 + ") by the angle " + angle + " with " + theta + ", slower for " +
@@ -626,7 +748,7 @@ function step(title, formula, ...contents) {
   return box;
 }
 
-function stepValues() {  // the numbers section 6 shows, also what #numbers reports
+function stepValues() {  // the numbers section 7 shows, also what #numbers reports
   const q = query(), l = layer(), h = viewedHead() ?? 0, seen = state.result.layers[l], head = seen.heads[h];
   return { layer: l + 1, head: h + 1, query: q + 1, input: Array.from(seen.input[q]),
            q: Array.from(head.q[q]), keys: head.k.slice(0, q + 1).map(k => Array.from(k)),
@@ -671,9 +793,11 @@ function renderSteps() {
   steps.appendChild(step(say("The input: character " + i + " as the block sees it", "输入：块看到的第 " + i + " 个字符"),
     config.residual ? say("x" + i + " = LayerNorm(residual stream at character " + i + "), " + config.n_embd +
       " numbers", "x" + i + " = LayerNorm(第 " + i + " 个字符的残差流)，" + config.n_embd + " 个数") :
-      say("x" + i + " = the previous layer's output, " + config.n_embd + " numbers", "x" + i + " = 上一层的输出，" +
-        config.n_embd + " 个数"),
-    vector("x" + i, v.input)));
+      v.layer === 1 ? say("x" + i + " = the embedding of character " + i + " (no LayerNorm, no residual), " +
+        config.n_embd + " numbers", "x" + i + " = 第 " + i + " 个字符的嵌入（没有 LayerNorm，没有残差），" + config.n_embd +
+        " 个数") : say("x" + i + " = the previous layer's output (no residual), " + config.n_embd + " numbers", "x" +
+        i + " = 上一层的输出（没有残差），" + config.n_embd + " 个数"),
+    vector("x" + i, v.input), tutorialsLine("x")));
   if (form === "uniform") {
     steps.appendChild(step(say("No queries or keys (attention_score uniform)", "没有查询和键（attention_score uniform）"),
       say("every visible key scores 0, so the softmax gives each of the " + i + " the same weight 1/" + i,
@@ -683,8 +807,8 @@ function renderSteps() {
     if (config.qk_norm) projected.push(element("div", "QK-norm: q \u2190 q / rms(q)", "formula"));
     if (config.position === "rope") {
       projected.push(element("div", say("rotary positions: q \u2190 R(" + i + ") q (each pair of numbers turned by " +
-        "an angle that grows with the position; section 5 shows the angles)", "旋转位置编码：q \u2190 R(" + i + ") q（每一对数" +
-        "转过一个随位置增大的角度；第 5 节列出这些角度）"), "formula"));
+        "an angle that grows with the position; section 6 shows the angles)", "旋转位置编码：q \u2190 R(" + i + ") q（每一对数" +
+        "转过一个随位置增大的角度；第 6 节列出这些角度）"), "formula"));
     }
     if (config.qk_norm || config.position === "rope") projected.push(vector("q" + i, v.q));
     steps.appendChild(step(say("The query: what character " + i + " is looking for", "查询：第 " + i + " 个字符在找什么"),
@@ -692,7 +816,7 @@ function renderSteps() {
       v.head + "'s share of the " + config.n_embd + ")" + (config.shared_qk ? "; keys come from the same W" : ""),
       "，" + headSize + " 个数（" + config.n_embd + " 个中属于头 " + v.head + " 的部分）" +
       (config.shared_qk ? "；键来自同一个 W" : "")),
-      ...projected));
+      ...projected, tutorialsLine("Q")));
   }
   const table = element("table", undefined, "numbers");
   const scoreName = form === "additive" ? "w\u00b7tanh(q" + i + " + k\u2c7c)" : "q" + i + "\u00b7k\u2c7c";
@@ -720,11 +844,11 @@ function renderSteps() {
     cells.forEach(text => row.appendChild(element("td", text)));
   }
   steps.appendChild(step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
-    keyFormula() + "; v\u2c7c = " + (config.attention_values ? "x\u2c7c W_V" + (config.bias ? " + b_V" : "") :
+    keyFormula() + say("; ", "；") + "v\u2c7c = " + (config.attention_values ? "x\u2c7c W_V" + (config.bias ? " + b_V" : "") :
       say("head " + v.head + "'s slice of x\u2c7c", "x\u2c7c 中属于头 " + v.head + " 的一段")) +
       say(", for j = 1 to " + i + " (the keys after " + i + " are masked)",
           "，j = 1 到 " + i + "（" + i + " 之后的键被掩码遮住）"),
-    keysAndValues(v)));
+    keysAndValues(v), tutorialsLine("K", "V")));
   const scoring = form === "additive" ? say("additive scores: s\u2c7c = w\u00b7tanh(q + k\u2c7c), one w per head",
       "加性注意力分数：s\u2c7c = w\u00b7tanh(q + k\u2c7c)，每个头一个 w") :
     form === "dot" ? say("dot-product scores, not scaled (attention_score dot): s\u2c7c = q\u00b7k\u2c7c",
@@ -737,20 +861,24 @@ function renderSteps() {
                              "注意力分数、因果掩码和对键 k\u2c7c 的 softmax"),
     scoring + say("; keys after character " + i + " are masked to \u2212\u221e (weight 0)", "；第 " + i + " 个字符之后" +
       "的键被掩码设为 \u2212\u221e（权重 0）") + "; \u03b1 = softmax(s) = " +
-    "exp(s\u2c7c) / \u03a3 exp(s)", table));
+    "exp(s\u2c7c) / \u03a3 exp(s)", table, tutorialsLine("S", "scaled", "masked", "A")));
   steps.appendChild(step(say("The weighted sum of the values v\u2c7c", "对值 v\u2c7c 的加权求和"),
     say("head output", "头的输出") + " = \u03a3\u2c7c \u03b1" + i + "\u2c7c v\u2c7c" + (config.attention_values ? "" :
       say(" (no value projection: v\u2c7c is head " + v.head + "'s slice of x\u2c7c)",
-          "（没有值投影：v\u2c7c 是 x\u2c7c 中属于头 " + v.head + " 的一段）")), vector("y" + i, v.out)));
-  steps.appendChild(step(say("All " + nHeads + " heads side by side", "全部 " + nHeads + " 个头并排"),
-    say("concat(head 1, \u2026, head " + nHeads + "): " + config.n_embd + " numbers; head " + v.head + "'s are " +
-      ((v.head - 1) * headSize + 1) + " to " + v.head * headSize, "concat(头 1, \u2026, 头 " + nHeads + ")：" +
-      config.n_embd + " 个数；头 " + v.head + " 的是第 " + ((v.head - 1) * headSize + 1) + " 到 " +
-      v.head * headSize + " 个"), vector("concat", v.joined)));
+          "（没有值投影：v\u2c7c 是 x\u2c7c 中属于头 " + v.head + " 的一段）")), vector("y" + i, v.out),
+    tutorialsLine("AV")));
+  steps.appendChild(nHeads === 1 ? step(say("The one head's output", "唯一一个头的输出"), say("this model has one " +
+    "head: its output is all " + config.n_embd + " numbers", "这个模型只有一个头：它的输出就是全部 " + config.n_embd +
+    " 个数"), vector("concat", v.joined)) : step(say("All " + nHeads + " heads side by side", "全部 " + nHeads +
+    " 个头并排"), say("concat(head 1, \u2026, head " + nHeads + "): " + config.n_embd + " numbers; head " + v.head +
+      "'s are " + ((v.head - 1) * headSize + 1) + " to " + v.head * headSize, "concat(头 1, \u2026, 头 " + nHeads +
+      ")：" + config.n_embd + " 个数；头 " + v.head + " 的是第 " + ((v.head - 1) * headSize + 1) + " 到 " +
+      v.head * headSize + " 个"), vector("concat", v.joined), tutorialsLine("heads")));
   steps.appendChild(step(say("The output projection", "输出投影"), "o" + i + " = concat W_O" +
     (config.bias ? " + b_O" : "") + (config.residual ? say(", added to the residual stream: x \u2190 x + o",
       "，加到残差流上：x \u2190 x + o") : say(", the block's attention output", "，块的注意力输出")),
-    vector("o" + i, v.output)));
+    vector("o" + i, v.output), element("div", say("In the tutorials: none has W_O; 001's heads are only " +
+      "concatenated (In [20])", "教程里：没有一篇有 W_O；001 的多个头只是拼接起来（In [20]）"), "hint mono")));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -802,9 +930,9 @@ function render() {
   $("what-if").hidden = !whatIf();
   if (whatIf()) {
     $("what-if").textContent = say("What-if: every q·k multiplied by " + factorName() + ", not by the model's own " +
-      FACTORS[OWN_FACTOR][0] + " that it was trained with; every number on the page, the next character too, is " +
-      "what the model would compute so.", "假设：每个 q·k 都乘以 " + factorName() + "，而不是模型训练时用的 " +
-      FACTORS[OWN_FACTOR][0] + "；页面上的每个数，包括下一个字符，都是模型在这种缩放下会算出的结果。");
+      FACTORS[OWN_FACTOR][0] + " that it was trained with" + times() + "; every number on the page, the next " +
+      "character too, is what the model would compute so.", "假设：每个 q·k 都乘以 " + factorName() + "，而不是模型训练时" +
+      "用的 " + FACTORS[OWN_FACTOR][0] + times() + "；页面上的每个数，包括下一个字符，都是模型在这种缩放下会算出的结果。");
   }
   if (state.result) { renderStrip(); renderMatrix(); renderModelChoice(); } else {
     $("readout").textContent = "";
@@ -878,6 +1006,7 @@ function applyLanguage(language) {  // every fixed text and every label in Engli
   }
   buildHeads();
   buildPositions();
+  buildLegend();
   noteMissingFonts();
 }
 
