@@ -335,7 +335,8 @@ function renderHeads() {  // each head's T x T weights: row i, column j is A[i][
 function cellUnder(event) {  // the [row, column] of the pixel under the mouse in one of the page's pictures
   const canvas = event.target, box = canvas.getBoundingClientRect();
   const at = (offset, size, n) => Math.min(n - 1, Math.max(0, Math.floor(offset / size * n)));
-  return [at(event.clientY - box.top, box.height, canvas.height), at(event.clientX - box.left, box.width, canvas.width)];
+  return [at(event.clientY - box.top, box.height, canvas.height),
+          at(event.clientX - box.left, box.width, canvas.width)];
 }
 
 function pointAtHeads(event) {
@@ -395,7 +396,8 @@ function tutorialNames() {
         ["002", "values", form === "additive" ? "In [9]" : "In [None]"], ["003", "V", ""],
         ["004", "v\u2071 = W_v a\u2071", ""]],
     S: form === "additive" ? [["002", "scores = w_v(tanh(W_q q + W_k k))", "In [9]"]] :
-      [["000", "wei = q @ k.transpose(-2, -1)", "In [31]"], ["001", "\u03c9, attn_scores = queries @ keys.T", "In [29]"],
+      [["000", "wei = q @ k.transpose(-2, -1)", "In [31]"],
+       ["001", "\u03c9, attn_scores = queries @ keys.T", "In [29]"],
        ["002", "torch.bmm(queries, keys.transpose(1, 2))", "In [None]"], ["003", "q\u00b7k", ""],
        ["004", "q\u2071\u00b7k\u02b2", ""]],
     scaled: [["000", say("none: its last cell scales the output instead", "没有：它最后一格缩放的是输出"), "In [48]"],
@@ -844,7 +846,8 @@ function renderSteps() {
     cells.forEach(text => row.appendChild(element("td", text)));
   }
   steps.appendChild(step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
-    keyFormula() + say("; ", "；") + "v\u2c7c = " + (config.attention_values ? "x\u2c7c W_V" + (config.bias ? " + b_V" : "") :
+    keyFormula() + say("; ", "；") + "v\u2c7c = " + (config.attention_values ?
+      "x\u2c7c W_V" + (config.bias ? " + b_V" : "") :
       say("head " + v.head + "'s slice of x\u2c7c", "x\u2c7c 中属于头 " + v.head + " 的一段")) +
       say(", for j = 1 to " + i + " (the keys after " + i + " are masked)",
           "，j = 1 到 " + i + "（" + i + " 之后的键被掩码遮住）"),
@@ -1054,7 +1057,8 @@ function numbers(extra) {
     one.values.map(row => Array.from(row))])) : null;  // the overview's every step
   return JSON.stringify({ text: state.text.join(""), ids: state.text.map(ch => idOf.get(ch)), logits,
                           matrices: shownMatrices, scale: scoreFactor(), step: state.result ? stepValues() : null,
-                          model: overview, sampling: sampling(), probs: state.result ? nextProbabilities() : null, ...extra });
+                          model: overview, sampling: sampling(),
+                          probs: state.result ? nextProbabilities() : null, ...extra });
 }
 
 for (let l = 0; l < nLayers; l++) $("layer").add(new Option(String(l + 1), String(l)));
