@@ -931,6 +931,8 @@ def test_a_model_of_short_lines_opens_on_its_own_validation_lines_and_says_so(tm
     assert embedded((tmp_path / "poems.html").read_text(encoding="utf-8"))["about"]["opening"] == "lines"
     note = re.search(r'<p class="note" id="opening-note">(.*?)</p>', dom(tmp_path / "poems.html", "#lang=zh"))
     assert note.group(1) == "打开时是这次训练的验证文本中的几整行，连同换行（\u21b5）：它的行都很短。"
+    other = dom(tmp_path / "poems.html", "#text=" + quote(text[:5]))  # another text: the line is not about it
+    assert re.search(r'<p class="note" id="opening-note" hidden="">', other)
 
 
 @needs_browser

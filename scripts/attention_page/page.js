@@ -64,6 +64,7 @@ function readText() {
   }
   $("input-note").textContent = notes.join(say("; ", "；"));
   $("input-note").classList.toggle("warn", unknown.length > 0 || cut > 0);
+  $("opening-note").hidden = $("input").value !== data.text;  // it says where the opening text came from
   state.text = known;
   state.result = known.length ? forward(model, known.map(ch => idOf.get(ch)), { scoreFactor: scoreFactor() }) : null;
   if (state.pinned !== null && state.pinned >= known.length) state.pinned = null;
@@ -192,10 +193,11 @@ function renderModelChoice() {  // what follows the chosen step and character (r
     const values = list[at].values[q];
     row.querySelector("td.length").textContent = q === null ? "" : Math.sqrt(dot(values, values)).toFixed(2);
   });
-  const largest = drawValues($("model-picture"), chosen.values), cell = Math.max(1, Math.min(12, Math.floor(960 /
-    chosen.values[0].length)));  // pixels a number: at most 960 wide, and at least one pixel each
+  // Pixels a number: at most 960 wide and at least one pixel each; rows at least as tall, up to 400 in all
+  const largest = drawValues($("model-picture"), chosen.values), T = chosen.values.length;
+  const cell = Math.max(1, Math.min(12, Math.floor(960 / chosen.values[0].length)));
   $("model-picture").style.width = chosen.values[0].length * cell + "px";
-  $("model-picture").style.height = chosen.values.length * cell + "px";
+  $("model-picture").style.height = T * Math.max(cell, Math.min(12, Math.floor(400 / T))) + "px";
   $("model-bar").textContent = say("colour scale: blue \u2212", "颜色：蓝 \u2212") + largest.toFixed(4) +
     say(", white 0, red +", "，白 0，红 +") + largest.toFixed(4);
   $("model-formula").textContent = (chosen.block ? say("Block " + chosen.block + ": ", "第 " + chosen.block + " 块：") :
