@@ -639,6 +639,10 @@ def test_a_learner_sees_what_rotary_positions_do_for_the_character_clicked(run, 
         browser.open(html.as_uri())
         browser.click("#strip .ch:nth-of-type(5)")
         assert "angle at character 5" in browser.evaluate("document.getElementById('rotary').textContent")
+        about = browser.evaluate("document.getElementById('positions-about').textContent")
+        assert f"\u03b8\u1d62 = 10000^(\u22122(i \u2212 1)/{head_size})" in about  # pair 1: θ = 1, as the table has
+        assert "q\u00b7k" in browser.evaluate("Array.from(document.querySelectorAll('#distance-plot text'))"
+                                               ".map(t => t.textContent)")  # the y axis, labelled
         rows = browser.evaluate("Array.from(document.querySelectorAll('#rotary tr')).slice(1).map(tr => "
                                 "[Number(tr.dataset.frequency), Number(tr.dataset.angle)])")
         dots = browser.evaluate("Array.from(document.querySelectorAll('#distance-plot circle')).map(c => "
@@ -681,6 +685,8 @@ def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(r
         browser.open(variant_page(run, tmp_path, "none-additive-noresidual")[0].as_uri())
         about = browser.evaluate("document.getElementById('positions-about').textContent")
         assert about.startswith("This model has no position information")
+        first = browser.evaluate("document.querySelector('#steps .step .formula').textContent")
+        assert first == f"x14 = the embedding of character 14 (no LayerNorm, no residual), {model.config.n_embd} numbers"
         assert browser.evaluate("document.getElementById('positions').children.length") == 0
         assert browser.errors == []
     strength = similarity.abs().clamp(max=1).numpy()[..., None]
