@@ -77,8 +77,10 @@ def future(say: Say) -> str:
                "被掩码遮住：softmax 之前它的分数被设为 -inf，所以权重为 0")
 
 
-def token_axes(say: Say) -> tuple[str, str]:
-    return say("token t (query)", "词元 t（查询）"), say("token s (key)", "词元 s（键）")
+def causal_picture(title: str, n: int, say: Say) -> Picture:
+    """An n x n picture of weights of tokens over tokens, counted from 1, the future hatched."""
+    return Picture(title, counted(n), counted(n), say("token t (query)", "词元 t（查询）"),
+                   say("token s (key)", "词元 s（键）"), ~causal(n), masked_means=future(say))
 
 
 # ---- 000: averaging the past three ways, a head without and with values, the 1/√d scale ---------------------------
@@ -90,7 +92,6 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
     tril = torch.tril(torch.ones(T, T))
     averaging = tril / tril.sum(1, keepdim=True)
     by_softmax = F.softmax(torch.zeros(T, T).masked_fill(tril == 0, float("-inf")), dim=-1)
-    query_axis, key_axis = token_axes(say)
     steps: list[Step] = [
         Step("x", say("x: 2 sequences of 8 tokens, 2 numbers each (sequence 1 shown, the tutorial's x[0])",
                       "x：2 个序列，每个 8 个词元，每个词元 2 个数（显示第 1 个序列，即教程的 x[0]）"), x[0],
@@ -105,14 +106,12 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
                               "wei = tril(ones(8, 8))，每行除以它的和：同一个平均，写成矩阵"), averaging,
              say("row t holds t equal weights 1/t, then zeros (the future): row 1 is [1, 0, ...], row 8 is all 0.125",
                  "第 t 行有 t 个相等的权重 1/t，后面是 0（未来）：第 1 行是 [1, 0, ...]，第 8 行全是 0.125"),
-             Picture("wei = tril(ones) / row sums", counted(T), counted(T), query_axis, key_axis, ~causal(T),
-                     masked_means=future(say)), cell="In [17]"),
+             causal_picture("wei = tril(ones) / row sums", T, say), cell="In [17]"),
         Step("softmax_average", say("wei = softmax(zeros, the future set to -inf): the same matrix again",
                                     "wei = softmax(全 0，未来设为 -inf)：又是同一个矩阵"), by_softmax,
              say("the same numbers as the matrix above: equal scores give equal weights, and exp(-inf) gives 0",
                  "和上面的矩阵数值相同：相等的分数给出相等的权重，exp(-inf) 等于 0"),
-             Picture("wei = softmax(zeros, future = -inf)", counted(T), counted(T), query_axis, key_axis, ~causal(T),
-                     masked_means=future(say)), cell="In [21]"),
+             causal_picture("wei = softmax(zeros, future = -inf)", T, say), cell="In [21]"),
         Step("averaging_gap", say("max |xbow - wei @ x| for the matrix, then for the softmax (xbow2, xbow3)",
                                   "max |xbow - wei @ x|，先是矩阵的，再是 softmax 的（xbow2、xbow3）"),
              torch.tensor([(loop - averaging @ x).abs().max(), (loop - by_softmax @ x).abs().max()]),
@@ -143,8 +142,8 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
                    say("still zeros above the diagonal and rows summing to 1, but no longer equal: the products of "
                        "queries and keys choose whom each token averages",
                        "对角线以上仍是 0，每行之和仍为 1，但不再相等：查询和键的乘积决定每个词元平均谁"),
-                   Picture("wei = softmax(q·kᵀ, future = -inf), sequence 1, no scale", counted(T), counted(T),
-                           query_axis, key_axis, ~causal(T), masked_means=future(say)), cell="In [33]"),
+                   causal_picture("wei = softmax(q·kᵀ, future = -inf), sequence 1, no scale", T, say),
+                   cell="In [33]"),
               Step("no_values_shape", say("out = wei @ x without values: as wide as x (32)",
                                           "没有值时 out = wei @ x：和 x 一样宽（32）"),
                    torch.tensor(no_values.shape),
