@@ -145,12 +145,21 @@ function largestOf(values) {  // the largest |number| of a list of vectors: a pi
 }
 
 function drawValues(canvas, values) {  // one pixel per number, row t for character t: red positive, blue negative
+  // (signedRgb's colours, written straight into the picture: a step of the MLP has 64 x 640 of them, every keystroke)
   const T = values.length, width = values[0].length, largest = largestOf(values) || 1;
   canvas.width = width;
   canvas.height = T;
-  const context = canvas.getContext("2d"), picture = context.createImageData(width, T);
-  values.forEach((row, t) => row.forEach((value, d) => picture.data.set([...signedRgb(value / largest), 255],
-                                                                        4 * (t * width + d))));
+  const context = canvas.getContext("2d"), picture = context.createImageData(width, T), pixels = picture.data;
+  for (let t = 0, at = 0; t < T; t++) {
+    const row = values[t];
+    for (let d = 0; d < width; d++, at += 4) {
+      const value = row[d] / largest, strength = Math.min(1, Math.abs(value)), rgb = value < 0 ? BLUE : RED;
+      pixels[at] = Math.round(255 + (rgb[0] - 255) * strength);
+      pixels[at + 1] = Math.round(255 + (rgb[1] - 255) * strength);
+      pixels[at + 2] = Math.round(255 + (rgb[2] - 255) * strength);
+      pixels[at + 3] = 255;
+    }
+  }
   context.putImageData(picture, 0, 0);
   return largest;
 }
@@ -592,8 +601,10 @@ function pointAtMatrix(event) {  // the number of the cell pointed at, in a line
 // Section 6: positions. Rotary: each pair's angle and frequency, and q·k against the distance; learned: how alike
 // the position vectors are; none: a sentence.
 // ---------------------------------------------------------------------------------------------
+const BLUE = [31, 119, 180], RED = [214, 39, 40];
+
 function signedRgb(value) {  // red for +1, white for 0, blue for -1
-  const rgb = value < 0 ? [31, 119, 180] : [214, 39, 40], strength = Math.min(1, Math.abs(value));
+  const rgb = value < 0 ? BLUE : RED, strength = Math.min(1, Math.abs(value));
   return rgb.map(c => Math.round(255 + (c - 255) * strength));
 }
 
