@@ -102,7 +102,8 @@ class Opening(NamedTuple):
     newlines kept: a corpus of short lines), "default" (a line of Romeo and Juliet) or "written" (by the model);
     why, for the last two, says why the validation text was not used: "unrecorded" (the checkpoint names no corpus),
     "missing" (no token cache and no corpus file), "changed" (the corpus file differs from what the run read, or
-    cannot be read again), "short" (no stretch of it long enough whose every character the model knows)."""
+    cannot be read again), "large" (no token cache, and the corpus file is over MAX_CORPUS_BYTES), "short" (no
+    stretch of it long enough whose every character the model knows)."""
     text: str
     source: str
     why: str = ""
@@ -133,7 +134,7 @@ def validation_start(state: dict) -> tuple[str | None, str]:
         if not source.is_file():
             return None, "missing"
         if source.stat().st_size > MAX_CORPUS_BYTES:
-            return None, "changed"
+            return None, "large"
         corpus = Corpus(str(source), [source])
         if corpus_key(corpus, settings["encoding"], settings["encoding_errors"], settings["val_fraction"])[0] != sha256:
             return None, "changed"  # the file has changed since the run read it
@@ -202,6 +203,8 @@ NOT_VALIDATION = {
     "unrecorded": "the checkpoint records no corpus",
     "missing": "neither the run's token cache nor its corpus file is there",
     "changed": "the run's token cache is gone and its corpus file has changed since the run read it",
+    "large": f"the run's token cache is gone and its corpus file is too large to read again (over "
+             f"{MAX_CORPUS_BYTES // 1_000_000} MB)",
     "short": "no stretch of its validation text of 20 characters or more has only characters the model knows",
 }
 

@@ -869,6 +869,27 @@ def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run
     assert (about["opening"], about["why"]) == ("written", "missing")
 
 
+def test_where_the_validation_text_is_unusable_the_page_says_why(run, tmp_path, monkeypatch, capsys):
+    """A checkpoint that records no corpus, and validation text with no usable stretch (its long line has a character
+    the model never saw, its short lines too few characters): the page opens on Romeo and Juliet and says which."""
+    state = checkpoint.load(run / "run" / "ckpt_best.pt")
+    unrecorded = tmp_path / "unrecorded.pt"
+    torch.save({**state, "data": {}}, unrecorded)
+    html = tmp_path / "a.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(unrecorded), "--html", str(html)]) == 0
+    assert [embedded(html.read_text(encoding="utf-8"))["about"][key] for key in ("opening", "why")] == \
+        ["default", "unrecorded"]
+    monkeypatch.setattr(attention_html, "validation_start",
+                        lambda state: ("mid-line\n" + "ROMEO " * 5 + "\u0436\nab\nso\nmid", ""))
+    assert run_cli(attention_html.main, ["--out_dir", str(run / "run"), "--html", str(html)]) == 0
+    assert [embedded(html.read_text(encoding="utf-8"))["about"][key] for key in ("opening", "why")] == \
+        ["default", "short"]
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("the page opens on")]
+    assert said == ["the page opens on a line of Romeo and Juliet, not on the run's validation text: " + why for why in (
+        "the checkpoint records no corpus",
+        "no stretch of its validation text of 20 characters or more has only characters the model knows")]
+
+
 VALIDATION_LINE = "while counter < limit: counter += 1"
 
 

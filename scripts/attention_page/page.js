@@ -983,6 +983,8 @@ function openingLine(a) {  // what the page opened on, and why not on the run's 
     missing: say("neither the run's token cache nor its corpus file is there", "找不到这次训练的词元缓存，也找不到它的语料文件"),
     changed: say("its token cache is gone and its corpus file has changed since training",
                  "词元缓存已不在，语料文件在训练之后又改过"),
+    large: say("its token cache is gone and its corpus file is too large to read again (over 100 MB)",
+               "词元缓存已不在，语料文件太大，不再重读（超过 100 MB）"),
     short: say("no stretch of it of 20 characters or more has only characters the model knows",
                "其中没有一段 20 个字符以上、且每个字符模型都认识的文本"),
   }[a.why];
