@@ -8,6 +8,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -95,15 +96,29 @@ def page(model, vocab: str, text: str, title: str, about: dict) -> str:
     return html.replace("/*DATA*/null", blob)
 
 
-def validation_start(state: dict) -> str | None:
+class Opening(NamedTuple):
+    """The text the page opens on, and where it came from, as facts the page words in the reader's language:
+    source is "given" (--text), "line" (a whole line of the validation text), "lines" (whole lines of it joined,
+    newlines kept: a corpus of short lines), "default" (a line of Romeo and Juliet) or "written" (by the model);
+    why, for the last two, says why the validation text was not used: "unrecorded" (the checkpoint names no corpus),
+    "missing" (no token cache and no corpus file), "changed" (the corpus file differs from what the run read, or
+    cannot be read again), "large" (no token cache, and the corpus file is over MAX_CORPUS_BYTES), "short" (no
+    stretch of it long enough whose every character the model knows)."""
+    text: str
+    source: str
+    why: str = ""
+
+
+def validation_start(state: dict) -> tuple[str | None, str]:
     """The first VAL_SEARCHED characters of the run's validation text: from its prepared token cache in this user's
     cache folder (a checkpoint's cache_dir is never taken: the file may come from someone else), found by the corpus
     checksum the checkpoint records, with the same encoding and split; else from its corpus file, where that is one
-    regular file of the size and checksum recorded (data.gate.recorded_text); None where neither is there."""
+    regular file of the size and checksum recorded (data.gate.recorded_text). Where neither is there: None, and why
+    (Opening's why)."""
     data, run = state.get("data") or {}, state.get("run_config") or {}
     sha256, n_train = data.get("sha256"), data.get("n_train")
     if not sha256 or n_train is None:
-        return None
+        return None, "unrecorded"
     settings = {"encoding": run.get("encoding", "utf-8"), "encoding_errors": run.get("encoding_errors", "strict"),
                 "val_fraction": run.get("val_fraction", 0.1)}
     for entry in sorted((default_cache_dir() / "prepared").glob(f"{sha256[:20]}-*")):
@@ -117,44 +132,61 @@ def validation_start(state: dict) -> str | None:
                 wanted = min(size, VAL_SEARCHED * dtype.itemsize) // dtype.itemsize * dtype.itemsize
                 ids = np.frombuffer(b"".join(read_blocks(f, wanted, entry / "val.bin", "the cache entry's",
                                                          file_size=size)), dtype=dtype)
-            return "".join(meta["vocab"][i] for i in ids)
+            return "".join(meta["vocab"][i] for i in ids), ""
         except (OSError, ValueError, KeyError, IndexError, TypeError, UserError):
             continue  # a damaged or foreign entry: the next, or the corpus file
+    source = Path(data.get("source", ""))
     try:
-        raw = recorded_text(Path(data.get("source", "")), data, MAX_CORPUS_BYTES)
+        if not source.is_file():
+            return None, "missing"
+        if source.stat().st_size > MAX_CORPUS_BYTES:
+            return None, "large"
+        raw = recorded_text(source, data, MAX_CORPUS_BYTES)  # None: not the text the run read
         text = raw.decode(settings["encoding"], settings["encoding_errors"]) if raw is not None else None
     except (OSError, UnicodeError, UserError, LookupError):
-        return None
-    return None if text is None else text[n_train:n_train + VAL_SEARCHED]
+        return None, "changed"
+    return (None, "changed") if text is None else (text[n_train:n_train + VAL_SEARCHED], "")
 
 
-def validation_line(state: dict, tokenizer, length: int) -> str | None:
-    """The first whole line of the run's validation text with at least 20 characters (fewer for a shorter window),
-    every one of them known to the model, cut to length; None where there is none."""
-    start = validation_start(state)
+def validation_opening(state: dict, tokenizer, length: int) -> Opening | str:
+    """A stretch of the run's validation text, every character known to the model, at most length characters: the
+    first whole line of at least 20 (fewer for a shorter window), cut to length; else, for a corpus of short lines
+    (poems, say), the first run of whole lines that, joined with their newlines, reaches 20 characters without
+    passing length. Where there is none: why (Opening's why)."""
+    start, why = validation_start(state)
     if start is None:
-        return None
-    for line in start.split("\n")[1:-1]:  # whole lines: the first may begin mid-line, the last end there
-        if len(line.strip()) >= min(20, length) and all(ch in tokenizer.stoi for ch in line):
-            return line[:length]
-    return None
+        return why
+    least = min(20, length)
+    lines = start.split("\n")[1:-1]  # whole lines: the first may begin mid-line, the last end there
+    for line in lines:
+        if len(line.strip()) >= least and all(ch in tokenizer.stoi for ch in line):
+            return Opening(line[:length], "line")
+    for first in range(len(lines)):
+        joined = lines[first]
+        for line in lines[first + 1:]:
+            if len(joined) + 1 + len(line) > length:
+                break
+            joined += "\n" + line
+        if len(joined.strip()) >= least and all(ch in tokenizer.stoi for ch in joined):
+            return Opening(joined, "lines")
+    return "short"
 
 
-def opening_text(args, model, tokenizer, state: dict, block_size: int) -> str:
-    """The text the page opens with: --text checked; by default a line of the run's own validation text, else a line
-    of Romeo and Juliet less what the model cannot read, or, where that leaves little (a model of Chinese text, say),
-    a line the model writes itself."""
+def opening_text(args, model, tokenizer, state: dict, block_size: int) -> Opening:
+    """The text the page opens with: --text checked; by default a stretch of the run's own validation text, else a
+    line of Romeo and Juliet less what the model cannot read, or, where that leaves little, a line the model writes
+    itself; with why the validation text was not used."""
     if args.text is None:
-        line = validation_line(state, tokenizer, min(OPENING_CHARS, block_size))
-        if line is not None:
-            return line
+        found = validation_opening(state, tokenizer, min(OPENING_CHARS, block_size))
+        if isinstance(found, Opening):
+            return found
         text = "".join(ch for ch in DEFAULT_TEXT if ch in tokenizer.stoi)[:block_size]
         if len(text) >= min(20, block_size):
-            return text
+            return Opening(text, "default", found)
         prompt = tokenizer.encode(tokenizer.default_prompt())
         written = generate(model, [prompt], min(40, block_size) - len(prompt), temperature=0.8,
                            generator=torch.Generator().manual_seed(0))[0]
-        return tokenizer.decode(prompt + written)
+        return Opening(tokenizer.decode(prompt + written), "written", found)
     if not args.text:
         raise UserError("--text is empty; give the text to open the page with, or leave --text out")
     unknown = tokenizer.unknown(args.text)
@@ -167,7 +199,18 @@ def opening_text(args, model, tokenizer, state: dict, block_size: int) -> str:
     if len(text) > block_size:
         raise UserError(f"--text has {len(text)} characters; this model reads at most {block_size} (its "
                         f"block_size); shorten it")
-    return text
+    return Opening(text, "given")
+
+
+# Why the validation text was not used, as the script says it (the page says it in the reader's language).
+NOT_VALIDATION = {
+    "unrecorded": "the checkpoint records no corpus",
+    "missing": "neither the run's token cache nor its corpus file is there",
+    "changed": "the run's token cache is gone and its corpus file has changed since the run read it",
+    "large": f"the run's token cache is gone and its corpus file is too large to read again (over "
+             f"{MAX_CORPUS_BYTES // 1_000_000} MB)",
+    "short": "no stretch of its validation text of 20 characters or more has only characters the model knows",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{path} has {size:,} parameters; the page carries at most {MAX_PARAMETERS:,} parameters "
                         f"(every weight in float32, {MAX_PARAMETERS * 4 * 4 / 3 / 1e6:.1f} MB of page); choose a "
                         f"smaller model")
-    text = opening_text(args, model, tokenizer, state, cfg.block_size)
+    opening = opening_text(args, model, tokenizer, state, cfg.block_size)
+    text = opening.text
     try:
         attention_of(model, tokenizer.encode(text) or [0])
     except UserError as err:
@@ -191,9 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     # the line under the title, as facts: the page words it in the reader's language
     about = {"path": str(path), "step": state["iter"], "n_layer": cfg.n_layer, "n_head": cfg.n_head,
              "head_size": cfg.head_size, "n_embd": cfg.n_embd, "millions": f"{size / 1e6:.2f}",
-             "corpus": state.get("data", {}).get("source")}
+             "corpus": state.get("data", {}).get("source"), "opening": opening.source, "why": opening.why}
     written = page(model, tokenizer.chars, text, "Your model, thinking", about)
     write_text_atomic(html, written, "the page", "--html")
+    if opening.why:
+        instead = "a line of Romeo and Juliet" if opening.source == "default" else "text the model wrote"
+        print(f"the page opens on {instead}, not on the run's validation text: {NOT_VALIDATION[opening.why]}",
+              file=sys.stderr)
     print(f"wrote {html} ({html.stat().st_size / 1e6:.1f} MB): the model runs in the page; open it in a "
           f"browser (no network needed) and type", file=sys.stderr)
     return 0

@@ -171,9 +171,54 @@ def attention_inputs_and_outputs(model, idx):
     return logits[0], seen
 
 
+def pytorch_stream(model, idx) -> dict:
+    """Every step of the forward pass under the names the page's overview gives them, read from hooks on the PyTorch
+    model's own modules: the embeddings, each block's norms, attention, residual sums, MLP hidden layer and output,
+    ln_f and the logits (T rows each)."""
+    got, hooks = {}, []
+
+    def keep(name, module, take_input=False):
+        def hook(_, args, out):
+            got[name] = (args[0] if take_input else out)[0]
+        hooks.append(module.register_forward_hook(hook))
+    keep("embedding.token", model.wte)
+    if model.wpe is not None:
+        keep("embedding.position", model.wpe)
+    for b, block in enumerate(model.blocks, 1):
+        keep(f"block{b}.input", block, take_input=True)
+        keep(f"block{b}.attention", block.attn)
+        keep(f"block{b}.output", block)
+        if model.config.residual:
+            keep(f"block{b}.ln_1", block.ln_1)
+        if block.mlp is not None:
+            keep(f"block{b}.mlp_hidden", block.mlp.act)
+            keep(f"block{b}.mlp", block.mlp)
+            if model.config.residual:
+                keep(f"block{b}.ln_2", block.ln_2)
+    keep("ln_f", model.ln_f)
+    try:
+        with torch.no_grad():
+            got["logits"] = model(idx)[0][0]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if model.wpe is not None:
+        got["embedding.sum"] = got["block1.input"]  # (dropout is off: the first block reads wte + wpe as it is)
+    for b in range(1, model.config.n_layer + 1):
+        block_input, output = got.pop(f"block{b}.input"), got.pop(f"block{b}.output")
+        if model.config.residual:
+            got[f"block{b}.residual_1"] = block_input + got[f"block{b}.attention"]
+            if f"block{b}.mlp" in got:
+                got[f"block{b}.residual_2"] = output
+    return got
+
+
 @needs_browser
 @pytest.mark.parametrize("name", VARIANTS)
 def test_in_a_real_browser_the_page_computes_what_pytorch_computes(run, tmp_path, name):
+    """The logits, one character's attention step by step, the next character's probabilities, and every step of
+    the overview of the whole model (the embeddings, each LayerNorm, attention, residual sum and MLP, ln_f) equal
+    PyTorch's for each architecture variant."""
     path, model, tokenizer = variant_checkpoint(run, name)
     html = tmp_path / "page.html"
     assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
@@ -202,6 +247,20 @@ def test_in_a_real_browser_the_page_computes_what_pytorch_computes(run, tmp_path
 
     probs = logits_to_probs(logits[-1:], **sampling)[0]
     torch.testing.assert_close(exact(got["probs"]), probs.double(), atol=1e-5, rtol=0)
+
+    stream = pytorch_stream(model, idx)
+    assert list(got["model"]) == [name for name in OVERVIEW_ORDER(model.config) if name in stream]
+    assert set(got["model"]) == set(stream)
+    for step, values in got["model"].items():
+        torch.testing.assert_close(exact(values), stream[step].double(), atol=1e-4 if step == "logits" else 2e-5,
+                                   rtol=0, msg=step)
+
+
+def OVERVIEW_ORDER(config) -> list[str]:  # noqa: N802 (a table, spelt as one)
+    """The overview's steps in the order the forward pass takes them."""
+    per_block = ["ln_1", "attention", "residual_1", "ln_2", "mlp_hidden", "mlp", "residual_2"]
+    return (["embedding.token", "embedding.position", "embedding.sum"]
+            + [f"block{b}.{part}" for b in range(1, config.n_layer + 1) for part in per_block] + ["ln_f", "logits"])
 
 
 def step_in_the_browser(run, tmp_path, variant: str, layer: int, head: int, query: int):
@@ -411,6 +470,21 @@ def pytorch_matrices(model, x, layer: int, head: int, factor: float) -> dict:
             "AV": weights @ v}
 
 
+# What each matrix step must say the tutorials call it (their symbols, and the notebook cell that computes it).
+TUTORIAL_NAMES = {
+    "Q": ["000 In [28] q = query(x)", "001 In [29] queries = x @ W_query", "004 q\u2071"],
+    "K": ["000 In [28] k = key(x)", "001 In [8] keys = x @ W_key"],
+    "V": ["000 In [36] v = value(x)", "001 In [8] values = x @ W_value"],
+    "S": ["000 In [31] wei = q @ k.transpose(-2, -1)", "001 In [29] \u03c9, attn_scores", "002 In [None]"],
+    "scaled": ["001 In [30] \u03c9 / \u221ad_k", "004 \u03b1\u1d62,\u2c7c = q\u2071\u00b7k\u02b2 / \u221ad",
+               "000 In [48] none: its last cell scales the output instead"],
+    "masked": ["000 In [33] wei.masked_fill(tril == 0, float('-inf'))", "001 In [33] masked_simple",
+               "\u22121e6 where the page has \u2212\u221e"],
+    "A": ["000 In [33] wei = F.softmax(wei, dim=-1)", "001 In [30] \u03b1, attn_weights", "004 \u03b1\u0302"],
+    "AV": ["000 In [36] out = wei @ v", "001 In [15] z, context_vec", "004 b\u2071"],
+}
+
+
 def factor_model(model, factor: float):
     """The same weights with every q·k multiplied by factor instead of the model's own (the explicit path)."""
     set_attention_path(model, "explicit")
@@ -438,6 +512,9 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
              "Array.from(tr.querySelectorAll('td')).map(td => td.dataset.value))")  # "-Infinity" where masked
     with Browser() as browser:
         browser.open(html.as_uri() + f"#layer={layer}&view={head}")
+        assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
+            f"Layer {layer}, head {head}: A = softmax")  # it opens on the weights
+        browser.choose("#matrix-step", "0")
         for name in expected:
             assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
                 f"Layer {layer}, head {head}: ")
@@ -456,12 +533,18 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
                 browser.point("#matrix tr:nth-child(5) td:nth-child(3)")  # query 4, key 2
                 shown = browser.evaluate("document.getElementById('matrix-readout').textContent")
                 assert shown == f"masked[4][2] = {expected['masked'][3, 1].item():.4f}"
+            named = browser.evaluate("document.getElementById('matrix-tutorials').textContent")
+            assert all(part in named for part in TUTORIAL_NAMES[name]), (name, named)
+            assert browser.evaluate("document.querySelector('#legend tr.chosen').dataset.symbol") == name
             browser.click("#matrix-next")
         browser.click("#matrix tr:nth-child(6) th")  # the row of character 5
         assert browser.evaluate("document.getElementById('step-title').textContent").startswith(
             "\u201cO\u201d (character 5)")
         for choice, factor in (("1", 1.0), ("10", 10.0)):
             browser.choose("#scale", choice)
+            if choice == "10":  # 10 against the model's own 1/√head_size, said as a multiple of it
+                assert f"({10 * math.sqrt(model.config.head_size):.1f} times it)" in browser.evaluate(
+                    "document.getElementById('what-if').textContent")
             assert not browser.evaluate("document.getElementById('what-if').hidden")
             with torch.no_grad():
                 logits = factor_model(copy.deepcopy(model), factor)(idx)[0][0]
@@ -471,6 +554,16 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
         assert browser.evaluate("document.getElementById('what-if').hidden")
         torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), own_logits.double(),
                                    atol=1e-4, rtol=0)
+        browser.open("about:blank")  # a short text: each cell of its weights A has its number written in it
+        browser.open(html.as_uri() + f"#text=ROMEO&layer={layer}&view={head}")
+        written = browser.evaluate("Array.from(document.querySelectorAll('#matrix tr')).slice(1).map(tr => "
+                                   "Array.from(tr.querySelectorAll('td')).map(td => Number(td.textContent)))")
+        with torch.no_grad():
+            _, short = attention_inputs_and_outputs(model, torch.tensor([tokenizer.encode("ROMEO")]))
+            weights = pytorch_matrices(model, short[layer - 1][0], layer, head,
+                                       1 / math.sqrt(model.config.head_size))["A"]
+        torch.testing.assert_close(torch.tensor(written, dtype=torch.float64), weights.double(), atol=0.005 + 1e-6,
+                                   rtol=0)
         assert browser.errors == []
 
 
@@ -546,6 +639,10 @@ def test_a_learner_sees_what_rotary_positions_do_for_the_character_clicked(run, 
         browser.open(html.as_uri())
         browser.click("#strip .ch:nth-of-type(5)")
         assert "angle at character 5" in browser.evaluate("document.getElementById('rotary').textContent")
+        about = browser.evaluate("document.getElementById('positions-about').textContent")
+        assert f"\u03b8\u1d62 = 10000^(\u22122(i \u2212 1)/{head_size})" in about  # pair 1: θ = 1, as the table has
+        assert "q\u00b7k" in browser.evaluate("Array.from(document.querySelectorAll('#distance-plot text'))"
+                                               ".map(t => t.textContent)")  # the y axis, labelled
         rows = browser.evaluate("Array.from(document.querySelectorAll('#rotary tr')).slice(1).map(tr => "
                                 "[Number(tr.dataset.frequency), Number(tr.dataset.angle)])")
         dots = browser.evaluate("Array.from(document.querySelectorAll('#distance-plot circle')).map(c => "
@@ -588,6 +685,8 @@ def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(r
         browser.open(variant_page(run, tmp_path, "none-additive-noresidual")[0].as_uri())
         about = browser.evaluate("document.getElementById('positions-about').textContent")
         assert about.startswith("This model has no position information")
+        first = browser.evaluate("document.querySelector('#steps .step .formula').textContent")
+        assert first == f"x14 = the embedding of character 14 (no LayerNorm, no residual), {model.config.n_embd} numbers"
         assert browser.evaluate("document.getElementById('positions').children.length") == 0
         assert browser.errors == []
     strength = similarity.abs().clamp(max=1).numpy()[..., None]
@@ -596,10 +695,63 @@ def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(r
     assert np.abs(pixels[..., :3] - wanted).max() <= 1
 
 
+@needs_browser
+def test_a_learner_walks_the_whole_model_clicks_a_step_and_reads_it_in_both_languages(run, tmp_path):
+    """The overview, driven by clicks in English and then in Chinese: one row per step of the forward pass with its
+    size and the chosen character's |x| (PyTorch's norm); a click on block 2's MLP hidden layer draws all its numbers
+    (each pixel the signed colour of PyTorch's value, within one step of 255), pointing at a pixel reads PyTorch's
+    number, and the chosen character's row is listed; the same in Chinese words with the same numbers; a click on an
+    attention step moves the layer the views below show; the logits' columns are named by the next character."""
+    from browser import Browser
+    html, model, tokenizer = variant_page(run, tmp_path, "learned-gelu-bias-tied")
+    stream = pytorch_stream(model, torch.tensor([tokenizer.encode(TEXT)]))
+    names = [name for name in OVERVIEW_ORDER(model.config) if name in stream]
+    hidden = stream["block2.mlp_hidden"].double()
+    T, width = hidden.shape
+    query, (t, d) = 14, (5, 7)  # the page's middle character; a pixel, counted from 1
+    rows = "Array.from(document.querySelectorAll('#model tr.stage'))"
+    readout = "document.getElementById('model-readout').textContent"
+    with Browser() as browser:
+        browser.open(html.as_uri())
+        assert browser.evaluate(f"{rows}.map(tr => tr.dataset.stage)") == names
+        sizes = browser.evaluate(f"{rows}.map(tr => tr.cells[tr.cells.length - 3].textContent)")
+        assert sizes == [f"{T} \u00d7 {stream[name].shape[1]}" for name in names]
+        lengths = browser.evaluate(f"{rows}.map(tr => tr.querySelector('td.length').textContent)")
+        assert lengths == [f"{stream[name][query - 1].norm().item():.2f}" for name in names]
+        browser.click('#model tr[data-stage="block2.mlp_hidden"] td.label')
+        assert browser.evaluate("document.getElementById('model-formula').textContent").startswith(
+            "Block 2: MLP hidden layer, 4 times wider, after gelu \u2014 gelu(c_fc(ln_2(x))), 27 \u00d7 128")
+        pixels = np.array(browser.evaluate("(() => { const c = document.getElementById('model-picture'); return "
+                                           "Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height)"
+                                           ".data); })()")).reshape(T, width, 4)
+        scaled = (hidden / hidden.abs().max()).numpy()[..., None]
+        wanted = np.where(scaled < 0, np.array([31, 119, 180]), np.array([214, 39, 40]))
+        assert np.abs(pixels[..., :3] - np.rint(255 + (wanted - 255) * np.abs(scaled))).max() <= 1
+        browser.point("#model-picture", at=((d - 0.5) / width, (t - 0.5) / T))
+        assert browser.evaluate(readout) == f"character {t} \u201cO\u201d, number {d}: {hidden[t - 1, d - 1]:.4f}"
+        listed = browser.evaluate("document.querySelector('#model-vector span').textContent")
+        assert listed.startswith(f"x{query} (\u201cf\u201d) = [" + ", ".join(
+            f"{v:.4f}" for v in hidden[query - 1, :8].tolist()))
+        browser.choose("#language", "zh")
+        assert browser.evaluate("document.querySelector('#model tr[data-stage=\"block2.mlp_hidden\"] td.label')"
+                                ".textContent") == "MLP 的隐藏层，宽 4 倍，经过 gelu"
+        browser.point("#model-picture", at=((d - 0.5) / width, (t - 0.5) / T))
+        assert browser.evaluate(readout) == f"第 {t} 个字符\u201cO\u201d，第 {d} 个数：{hidden[t - 1, d - 1]:.4f}"
+        assert browser.evaluate(f"{rows}.map(tr => tr.querySelector('td.length').textContent)") == lengths
+        browser.click('#model tr[data-stage="logits"] td.label')
+        logits = stream["logits"].double()
+        browser.point("#model-picture", at=((3 - 0.5) / logits.shape[1], (t - 0.5) / T))
+        assert browser.evaluate(readout) == (f"第 {t} 个字符\u201cO\u201d，下一个字符 \u201c{tokenizer.chars[2]}"
+                                             f"\u201d：{logits[t - 1, 2]:.4f}")
+        browser.click('#model tr[data-stage="block1.attention"] td.label')
+        assert browser.evaluate("document.getElementById('layer').value") == "0"
+        assert browser.errors == []
+
+
 HEADINGS = "Array.from(document.querySelectorAll('h2')).map(h => h.textContent)"
-CHINESE_HEADINGS = ["1. 你的文本", "2. 每个字符看向哪里", "3. 一次看所有注意力头",
-                    "4. 完整的矩阵",
-                    "5. 位置：模型如何知道字符在哪里", "6. 逐步计算：", "7. 下一个字符"]
+CHINESE_HEADINGS = ["1. 你的文本", "2. 整个模型：从字符到下一个字符的概率", "3. 每个字符看向哪里",
+                    "4. 一次看所有注意力头", "5. 完整的矩阵", "6. 位置：模型如何知道字符在哪里", "7. 逐步计算：",
+                    "8. 下一个字符"]
 
 
 @needs_browser
@@ -617,7 +769,7 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
     with Browser() as browser:
         browser.open(page.as_uri())
         english = browser.evaluate(HEADINGS)
-        assert english[2] == "3. Every head at once" and browser.evaluate("document.documentElement.lang") == "en"
+        assert english[3] == "4. Every head at once" and browser.evaluate("document.documentElement.lang") == "en"
         assert browser.evaluate(about) == (f"{ckpt}: step {state['iter']}, {cfg.n_layer} layers x {cfg.n_head} heads "
                                            f"of {cfg.head_size}, {cfg.n_embd} wide, {millions}M parameters, trained "
                                            f"on {state['data']['source']}")
@@ -631,13 +783,13 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
         assert browser.evaluate("document.title") == "chargpt：你的模型，正在思考"
         headings = browser.evaluate(HEADINGS)
         assert [h[:len(c)] for h, c in zip(headings, CHINESE_HEADINGS)] == CHINESE_HEADINGS
-        assert headings[5] == ("6. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，"
+        assert headings[6] == ("7. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，"
                                "头 1（在上面选一个头，看别的头）")
         steps = browser.evaluate("Array.from(document.getElementById('matrix-step').options).map(o => o.text)")
         assert steps == ["1. 查询 Q", "2. 键 K", "3. 值 V", "4. 注意力分数 S", "5. 缩放", "6. 掩码",
                          "7. 注意力权重 A", "8. A\u00b7V"]
         labels = browser.evaluate("Array.from(document.querySelectorAll('label > span')).map(s => s.textContent)")
-        assert labels[:3] == ["层", "头", "假设每个 q·k 都乘以"]
+        assert labels[:3] == ["层", "头", "每个 q·k 乘以"]
         assert browser.evaluate("document.getElementById('view').options[0].text") == "所有头"
         assert browser.evaluate("document.getElementById('append').textContent") == "追加一个采样的字符"
         torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), expected.double(),
@@ -655,11 +807,11 @@ def test_a_browser_set_to_chinese_opens_the_page_in_chinese(page):
         browser.prefer_language("zh-CN")
         browser.open(page.as_uri())
         assert browser.evaluate("navigator.language") == "zh-CN"
-        assert browser.evaluate(HEADINGS)[2] == CHINESE_HEADINGS[2]
+        assert browser.evaluate(HEADINGS)[3] == CHINESE_HEADINGS[3]
         assert browser.evaluate("document.getElementById('language').value") == "zh"
         browser.open("about:blank")  # (a new fragment alone would not load the page again)
         browser.open(page.as_uri() + "#lang=en")
-        assert browser.evaluate(HEADINGS)[2] == "3. Every head at once"
+        assert browser.evaluate(HEADINGS)[3] == "4. Every head at once"
         assert browser.errors == []
 
 
@@ -699,17 +851,43 @@ def test_the_page_opens_on_a_middle_character_with_its_keys_and_values(page):
     assert names == [f"{kind}{j}" for j in range(1, 15) for kind in "kv"]
 
 
-def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run, tmp_path, monkeypatch):
+def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run, tmp_path, monkeypatch, capsys):
     """Where the validation text cannot be found and the model knows none of the default line, the page opens on a
-    line the model writes, the same each time."""
-    monkeypatch.setattr(attention_html, "validation_start", lambda state: None)
+    line the model writes, the same each time, and the script and the page say why."""
+    monkeypatch.setattr(attention_html, "validation_start", lambda state: (None, "missing"))
     monkeypatch.setattr(attention_html, "DEFAULT_TEXT", "\u0436\u0436\u0436")  # none of it known
     pages = [tmp_path / "a.html", tmp_path / "b.html"]
     for html in pages:
         assert run_cli(attention_html.main, ["--out_dir", str(run / "run"), "--html", str(html)]) == 0
+    said = capsys.readouterr().err
+    assert said.count("the page opens on text the model wrote, not on the run's validation text: neither the run's "
+                      "token cache nor its corpus file is there\n") == 2
     texts = [embedded(html.read_text(encoding="utf-8"))["text"] for html in pages]
     assert texts[0] == texts[1] and len(texts[0]) == 32 and set(texts[0]) <= set("ROMEO: but soft, what light "
                                                                                   "through yonder window breaks?\n")
+    about = embedded(pages[0].read_text(encoding="utf-8"))["about"]
+    assert (about["opening"], about["why"]) == ("written", "missing")
+
+
+def test_where_the_validation_text_is_unusable_the_page_says_why(run, tmp_path, monkeypatch, capsys):
+    """A checkpoint that records no corpus, and validation text with no usable stretch (its long line has a character
+    the model never saw, its short lines too few characters): the page opens on Romeo and Juliet and says which."""
+    state = checkpoint.load(run / "run" / "ckpt_best.pt")
+    unrecorded = tmp_path / "unrecorded.pt"
+    torch.save({**state, "data": {}}, unrecorded)
+    html = tmp_path / "a.html"
+    assert run_cli(attention_html.main, ["--ckpt", str(unrecorded), "--html", str(html)]) == 0
+    assert [embedded(html.read_text(encoding="utf-8"))["about"][key] for key in ("opening", "why")] == \
+        ["default", "unrecorded"]
+    monkeypatch.setattr(attention_html, "validation_start",
+                        lambda state: ("mid-line\n" + "ROMEO " * 5 + "\u0436\nab\nso\nmid", ""))
+    assert run_cli(attention_html.main, ["--out_dir", str(run / "run"), "--html", str(html)]) == 0
+    assert [embedded(html.read_text(encoding="utf-8"))["about"][key] for key in ("opening", "why")] == \
+        ["default", "short"]
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("the page opens on")]
+    assert said == ["the page opens on a line of Romeo and Juliet, not on the run's validation text: " + why for why in (
+        "the checkpoint records no corpus",
+        "no stretch of its validation text of 20 characters or more has only characters the model knows")]
 
 
 VALIDATION_LINE = "while counter < limit: counter += 1"
@@ -753,6 +931,38 @@ def test_the_page_opens_on_a_line_of_the_runs_own_validation_text(source_run, tm
         corpus.write_bytes(kept)
     known = set(state["vocab"])
     assert text == "".join(ch for ch in attention_html.DEFAULT_TEXT if ch in known)[:32]
+    about = embedded((tmp_path / "c.html").read_text(encoding="utf-8"))["about"]
+    assert (about["opening"], about["why"]) == ("default", "changed")
+
+
+def poem_lines(n: int) -> str:
+    """n short lines of five or seven Chinese characters and a closing mark (at most 8 characters a line, as in a
+    corpus of Tang poems), made up here from a small stock of characters, the same every time."""
+    stock = "春风花月夜山水云天江雨雪松竹梅白日青草长河落秋光明"
+    lines = []
+    for i in range(n):
+        width = 5 if i % 4 < 2 else 7
+        lines.append("".join(stock[(i * 7 + j * 3) % len(stock)] for j in range(width)) + ("，" if i % 2 == 0 else "。"))
+    return "\n".join(lines) + "\n"
+
+
+@needs_browser
+def test_a_model_of_short_lines_opens_on_its_own_validation_lines_and_says_so(tmp_path):
+    """A corpus of short lines (none of 20 characters, as in Tang poems): the page opens on whole lines of the run's
+    validation text joined with their newlines (at least 20 characters, at most the 32-character window, starting at
+    a line's start), not on babble, and says so under the text in Chinese."""
+    corpus = tmp_path / "poems.txt"
+    corpus.write_text(poem_lines(600), encoding="utf-8")
+    train_debug(corpus, tmp_path / "run", "--max_iters", "2")
+    state = checkpoint.load(tmp_path / "run" / "ckpt_best.pt")
+    validation = corpus.read_text(encoding="utf-8")[state["data"]["n_train"]:]
+    text = opening_of(tmp_path / "run" / "ckpt_best.pt", tmp_path / "poems.html")
+    assert 20 <= len(text) <= 32 and "\n" in text and ("\n" + text + "\n") in validation
+    assert embedded((tmp_path / "poems.html").read_text(encoding="utf-8"))["about"]["opening"] == "lines"
+    note = re.search(r'<p class="note" id="opening-note">(.*?)</p>', dom(tmp_path / "poems.html", "#lang=zh"))
+    assert note.group(1) == "打开时是这次训练的验证文本中的几整行，连同换行（\u21b5）：它的行都很短。"
+    other = dom(tmp_path / "poems.html", "#text=" + quote(text[:5]))  # another text: the line is not about it
+    assert re.search(r'<p class="note" id="opening-note" hidden="">', other)
 
 
 @needs_browser
@@ -766,7 +976,7 @@ def test_each_form_of_attention_heads_its_page_with_its_own_formula(run, tmp_pat
     """The matrices' heading and the step-by-step's formula line name the model's own form of attention."""
     html = dom(variant_page(run, tmp_path, name)[0])
     heading = re.search(r'<h2 id="matrix-section">(.*?)</h2>', html).group(1)
-    assert re.sub(r"<[^>]+>", "", heading) == "4. The whole matrices: " + formula
+    assert re.sub(r"<[^>]+>", "", heading) == "5. The whole matrices: " + formula
     assert re.search(r"Attention\(Q, K, V\) = </span><span class=\"form-formula\">" + re.escape(formula) + "</span>",
                      html)
 

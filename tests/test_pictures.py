@@ -158,6 +158,27 @@ def test_walkthrough_prints_what_the_formula_gives(script):
         np.testing.assert_allclose(matrix(prefix), expected, atol=1e-4)
 
 
+def test_walkthrough_says_where_it_parts_from_004_with_004s_numbers_and_speaks_chinese(script):
+    """The causal head's token 1 outputs its own value, [1, 2, 3]; the closing lines say so beside 004's unmasked
+    figures, which are tutorials.py's own (rounded, exact, scaled); every step names 004's symbol; --lang zh prints
+    the same numbers under Chinese names."""
+    import tutorials
+    english, chinese = script("attention_walkthrough.py"), script("attention_walkthrough.py", "--lang", "zh")
+    assert english.returncode == chinese.returncode == 0
+    out = english.stdout
+    assert "output = weights @ v: 004's bⁱ:\n  [  1.0000    2.0000    3.0000 ]" in out
+    made = {step.name: step.value for step in tutorials.tutorial_004()}
+    flat = " ".join(out.split())  # (the note folds its lines)
+    for name, digits in (("blog_output_1", 1), ("output_1", 4), ("scaled_output_1", 4)):
+        assert "[" + ", ".join(f"{v:.{digits}f}" for v in made[name].tolist()) + "]" in flat, name
+    assert "v¹ = [1, 2, 3]" in out and "004's blog lets token 1 see all three tokens" in out
+    for symbol in ("a¹", "qⁱ", "kⁱ", "vⁱ", "αᵢ,ⱼ", "α̂ᵢ,ⱼ", "bⁱ"):
+        assert symbol in out and symbol in chinese.stdout
+    numbers = lambda text: re.findall(r"-?\d+\.\d{4}|-inf", text)  # noqa: E731
+    assert numbers(chinese.stdout) == numbers(out) and "词元从 1 开始数" in chinese.stdout
+    assert "output = weights @ v：004 的 bⁱ：" in chinese.stdout and "what" not in chinese.stdout
+
+
 def test_characters_are_drawn_by_an_installed_font_or_labelled_by_code_point_without_warnings():
     import shutil
     import subprocess

@@ -90,3 +90,37 @@ def test_the_patience_each_preset_has_is_the_one_the_guide_gives():
         for name in re.split(r" and |, ", names.split(",")[0]):
             given[name.strip()] = int(number)
     assert given == {name: load_config(["--config", name], False)[0].patience for name in presets()}, given
+
+
+def test_every_picture_the_docs_show_is_there_and_its_alt_text_names_what_it_shows():
+    """Every image of the README and the docs is a PNG in the repository, and its alt text says what it shows,
+    checked against the code that decides it: the page section it shows is the page's (its number and heading), the
+    attention picture's layer and heads are the last layer and the heads of the preset it names, the loss picture's
+    presets exist, the ladder's picture is the ladder's."""
+    from PIL import Image
+
+    from configs.loader import presets
+    images = [(page, alt, target) for page, text in PAGES.items()
+              for alt, target in re.findall(r"!\[([^\]]*)\]\(([^)]+)\)", text)]
+    assert {target.rsplit("/", 1)[-1] for _, _, target in images} == {"attention_page.png", "attention.png", "loss.png",
+                                                                      "ladder.png"}
+    headings = re.findall(r"<h2[^>]*>(?:<span[^>]*>)?(\d+)\. ([^<:]+)", (ROOT / "scripts/attention_page/page.html")
+                          .read_text(encoding="utf-8"))
+    for page, alt, target in images:
+        with Image.open((ROOT / page).parent / target) as image:
+            assert image.format == "PNG" and image.width >= 600, target
+            image.verify()
+        name = target.rsplit("/", 1)[-1]
+        if name == "attention_page.png":
+            number, section = re.search(r"section (\d+), ([a-z ]+)", alt).groups()
+            assert (number, section.capitalize()) in [(n, h.strip()) for n, h in headings], (page, alt)
+        elif name == "attention.png":
+            layer, heads, preset = re.search(r"layer (\d+), (\w+) heads\) of a model trained with (\w+)", alt).groups()
+            cfg, _, _ = load_config(["--config", preset], cuda_available=False)
+            assert int(layer) == cfg.n_layer and heads == ["one", "two", "three", "four"][cfg.n_head - 1], alt
+            assert "hatched" in alt and "last layer" in alt
+        elif name == "loss.png":
+            named = re.findall(r"shakespeare_char\w*", alt)
+            assert named and set(named) <= set(presets()), named
+        else:
+            assert "ladder" in alt

@@ -1,6 +1,7 @@
 """The tutorials' worked examples (scripts/tutorials.py) against the numbers the tutorials print, to 4 decimals; what
 the script says about them, and its pictures (--png)."""
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,10 @@ import tutorials
 
 def steps(number: str) -> dict:
     return {step.name: step.value for step in tutorials.TUTORIALS[number][1]()}
+
+
+def names(make) -> set[str]:
+    return {step.name for step in make()}
 
 
 def printed(value) -> list[str]:
@@ -178,7 +183,9 @@ def test_the_text_says_what_to_see_names_the_seed_where_a_tutorial_had_none_and_
     all_steps = [step for _, make in tutorials.TUTORIALS.values() for step in make()]
     assert text.count("\n  what to see: ") == len(all_steps) and all(step.see.strip() for step in all_steps)
     for step in all_steps:  # the sentence comes right after its value
-        assert f"{step.formula}:\n{tutorials.show(step.value)}\n  what to see: {step.see}\n" in text
+        cell = f" [{next(n for n, (_, make) in tutorials.TUTORIALS.items() if step.name in names(make))} {step.cell}]" \
+            if step.cell else ""
+        assert f"{step.formula}{cell}:\n{tutorials.show(step.value)}\n  what to see: {step.see}\n" in text
     notes = [line for line in text.splitlines() if line.startswith("note: tutorial")]
     assert [line.split()[2] for line in notes] == ["000", "002"]
     assert "torch.manual_seed(1337) (x[0][0] = 0.0783 here)" in notes[0] and "0.0687 there" in notes[0]
@@ -191,9 +198,9 @@ def test_the_text_says_what_to_see_names_the_seed_where_a_tutorial_had_none_and_
 
 
 DRAWN = {"000": ["averaging", "softmax_average", "kq_weights"],
-         "001": ["alpha_2", "cross_weights", "renormalised", "causal"],
+         "001": ["alpha_2", "cross_weights", "weights", "masked_simple", "renormalised", "causal"],
          "002": ["sequence_mask", "per_row", "per_query", "left", "additive_weights"],
-         "003": ["jacobian_1", "jacobian_10", "jacobian_100"],
+         "003": ["y3_curve", "jacobian_1", "jacobian_10", "jacobian_100"],
          "004": ["weights_1", "scaled_weights_1"]}
 
 
@@ -253,3 +260,94 @@ def test_png_into_a_file_is_one_line(script, tmp_path):
     done = script("tutorials.py", "000", "--png", str(taken))
     assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1 and "is a file" in done.stderr
     assert taken.read_text(encoding="utf-8") == "mine"
+
+
+# 001's whole matrices as it prints them: the scores In [29] and the weights In [30] (masked_simple, In [33], is the
+# weights' lower triangle).
+SCORES_29 = [[0.0613, -0.3491, 0.1443, -0.0437, -0.1303, 0.1076], [-0.6004, 3.4707, -1.5023, 0.4991, 1.2903, -1.3374],
+             [0.2432, -1.3934, 0.5869, -0.1851, -0.5191, 0.4730], [-0.0794, 0.4487, -0.1807, 0.0518, 0.1677, -0.1197],
+             [-0.1510, 0.8626, -0.3597, 0.1112, 0.3216, -0.2787], [0.4344, -2.5037, 1.0740, -0.3509, -0.9315, 0.9265]]
+WEIGHTS_30 = [[0.1772, 0.1326, 0.1879, 0.1645, 0.1547, 0.1831], [0.0386, 0.6870, 0.0204, 0.0840, 0.1470, 0.0229],
+              [0.1965, 0.0618, 0.2506, 0.1452, 0.1146, 0.2312], [0.1505, 0.2187, 0.1401, 0.1651, 0.1793, 0.1463],
+              [0.1347, 0.2758, 0.1162, 0.1621, 0.1881, 0.1231], [0.1973, 0.0247, 0.3102, 0.1132, 0.0751, 0.2794]]
+
+
+def test_001_whole_scores_weights_and_masked_simple_are_the_tutorials_cells():
+    """The intermediates 001 prints and the walk-through once skipped: all of ω (In [29]), all of α (In [30]),
+    mask_simple (In [32]) and masked_simple (In [33]), each to the tutorial's 4 decimals and named by its cell."""
+    s = steps("001")
+    assert_prints(s["scores"], SCORES_29)
+    assert_prints(s["weights"], WEIGHTS_30)
+    assert s["mask_simple"].tolist() == [[j <= i for j in range(6)] for i in range(6)]
+    assert_prints(s["masked_simple"], np.tril(WEIGHTS_30))
+    cells = {step.name: step.cell for step in tutorials.tutorial_001()}
+    assert (cells["scores"], cells["weights"], cells["mask_simple"], cells["masked_simple"], cells["omega_24"]) == \
+        ("In [29]", "In [30]", "In [32]", "In [33]", "In [11]")
+
+
+def test_004_prints_the_blogs_inputs_and_weights_and_003_its_curve():
+    """004's three inputs and its W_q, W_k, W_v as the blog writes them; 003's curve of y₃ against a equals the closed
+    form 1 / (1 + 2e^-a) at every printed a, and is drawn with its fine line."""
+    s = steps("004")
+    assert s["x"].tolist() == [[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]]
+    assert s["W_q"].tolist() == [[1, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 1]]
+    assert s["W_k"].tolist() == [[0, 0, 1], [1, 1, 0], [0, 1, 0], [1, 1, 0]]
+    assert s["W_v"].tolist() == [[0, 2, 0], [0, 3, 0], [1, 0, 3], [1, 1, 0]]
+    a, y3 = steps("003")["y3_curve"]
+    torch.testing.assert_close(y3, 1 / (1 + 2 * torch.exp(-a)), atol=1e-12, rtol=0)
+    assert a[0] == 0 and a[-1] == 100 and y3[0] == pytest.approx(1 / 3)
+
+
+def test_002_names_the_cell_it_never_ran_and_the_minus_1e6_it_replaces():
+    """002's DotProductAttention cell was never run (In [None]): the step says so; the tutorial's -1e6 padding gives
+    exactly the weights of this project's -inf."""
+    made = {step.name: step for step in tutorials.tutorial_002()}
+    assert made["dot_product"].cell == "In [None]" and "never run" in made["dot_product"].formula
+    assert made["minus_1e6_gap"].value == 0 and "-1e6" in made["minus_1e6_gap"].formula
+
+
+def test_000_learned_weights_follow_the_tutorials_cell_without_the_scale():
+    """000's In [33] has no 1/√16: the step computes softmax(q kᵀ) as the cell does and says the scale comes later."""
+    s = steps("000")
+    expected = F.softmax(s["kq_scores"].masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), float("-inf")), -1)
+    torch.testing.assert_close(s["kq_weights"], expected)
+    step = next(step for step in tutorials.tutorial_000() if step.name == "kq_weights")
+    assert "no 1/√16" in step.formula and step.cell == "In [33]"
+
+
+# Each tutorial's own symbols, which its legend must name beside the attention page's S, A and A·V.
+SYMBOLS = {"000": ["wei", "xbow", "out = wei @ v"], "001": ["ω", "α", "z (context_vector_2, context_vec)"],
+           "002": ["valid_lens", "attention weights", "masked_softmax"], "003": ["y₃", "shared_qk", "no_values"],
+           "004": ["α₁,ⱼ", "α̂", "b¹"]}
+
+
+def test_every_tutorial_is_printed_in_chinese_with_its_legend_and_cells(script):
+    """--lang zh prints each tutorial: its counting line, title, legend (the tutorial's symbols against the page's),
+    every step's Chinese formula and sentence with its cell; no English frame words are left; the numbers are the
+    English run's, and each English legend names the tutorial's own symbols."""
+    english, chinese = script("tutorials.py"), script("tutorials.py", "--lang", "zh")
+    assert english.returncode == chinese.returncode == 0, chinese.stderr
+    text = chinese.stdout
+    assert text.startswith("这里的词元、行和列都从 1 开始数") and "what to see" not in text and "=== tutorial" not in text
+    zh = tutorials.speaker("zh")
+    for number, (titles, make) in tutorials.TUTORIALS.items():
+        assert f"=== 教程 {number}：{titles[1]}\n\n{tutorials.LEGENDS[number][1]}\n" in text
+        for part in SYMBOLS[number]:
+            assert part in tutorials.LEGENDS[number][0], (number, part)
+        assert "On the attention page" in tutorials.LEGENDS[number][0] or number == "003"
+        for step in make(zh):
+            cell = f" [{number} {step.cell}]" if step.cell else ""
+            assert f"{step.formula}{cell}：\n{tutorials.show(step.value)}\n  看什么：{step.see}\n" in text
+            assert any("\u4e00" <= ch <= "\u9fff" for ch in step.formula + step.see), step.name
+    numbers = lambda out: re.findall(r"-?\d+\.\d{4}(?:e[-+]\d+)?", out)  # noqa: E731
+    assert numbers(text) == numbers(english.stdout)
+
+
+def test_chinese_pictures_need_a_chinese_font_and_say_so_in_one_line(script, tmp_path, monkeypatch):
+    """--png --lang zh where no installed font draws Chinese: one line naming the fix, nothing printed or drawn."""
+    from training import pictures
+    monkeypatch.setattr(pictures, "font_for", lambda ch: None)
+    done = script("tutorials.py", "003", "--lang", "zh", "--png", str(tmp_path / "p"))
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert "no installed font draws Chinese" in done.stderr and "fonts-noto-cjk" in done.stderr
+    assert not (tmp_path / "p").exists()

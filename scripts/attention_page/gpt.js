@@ -206,9 +206,12 @@ function attention(config, attn, x, rope, scoreFactor) {
 // ---------------------------------------------------------------------------------------------
 // The block, the feed-forward network, the model.
 // ---------------------------------------------------------------------------------------------
-function mlp(config, weights, xs) {  // MLP.forward: Linear -> GELU (or ReLU²) -> Linear, four times wider inside
+function mlp(config, weights, xs) {
+  // MLP.forward: Linear -> GELU (or ReLU²) -> Linear, four times wider inside. Returns the output and the hidden
+  // layer after its nonlinearity (4·n_embd numbers per position), which the page's overview shows.
   const activation = ACTIVATIONS[config.activation];
-  return linear(linear(xs, weights.c_fc).map(row => row.map(activation)), weights.c_proj);
+  const hidden = linear(xs, weights.c_fc).map(row => row.map(activation));
+  return { hidden, output: linear(hidden, weights.c_proj) };
 }
 
 function add(xs, changes) {  // the residual connection: x + change, position by position
@@ -221,47 +224,65 @@ function add(xs, changes) {  // the residual connection: x + change, position by
 
 function block(config, weights, x, rope, scoreFactor) {
   // Block.forward: x + attention(ln_1(x)), then x + mlp(ln_2(x)); without residual connections (the ladder's
-  // rung), x = attention(x), then x = mlp(x). Returns the block's output and its attention's values with its input.
+  // rung), x = attention(x), then x = mlp(x). Returns the block's output x and seen: its attention's values with
+  // their input, and the stream: every vector on the way (the block's input, its norms, attention's output, the
+  // residual sums, the MLP's hidden layer and output), T vectors each, for the page's overview.
   if (!config.residual) {
     const seen = { input: x, ...attention(config, weights.attn, x, rope, scoreFactor) };
-    return { x: weights.mlp ? mlp(config, weights.mlp, seen.output) : seen.output, seen };
+    const ff = weights.mlp ? mlp(config, weights.mlp, seen.output) : null;
+    const out = ff ? ff.output : seen.output;
+    seen.stream = { input: x, attention: seen.output, hidden: ff && ff.hidden, mlp: ff && ff.output, output: out };
+    return { x: out, seen };
   }
   const input = x.map(row => layerNorm(row, weights.ln_1));
   const seen = { input, ...attention(config, weights.attn, input, rope, scoreFactor) };
-  x = add(x, seen.output);
-  if (weights.mlp) x = add(x, mlp(config, weights.mlp, x.map(row => layerNorm(row, weights.ln_2))));
+  const stream = { input: x, ln_1: input, attention: seen.output };
+  x = stream.afterAttention = add(x, seen.output);
+  if (weights.mlp) {
+    stream.ln_2 = x.map(row => layerNorm(row, weights.ln_2));
+    const ff = mlp(config, weights.mlp, stream.ln_2);
+    stream.hidden = ff.hidden;
+    stream.mlp = ff.output;
+    x = add(x, ff.output);
+  }
+  stream.output = x;
+  seen.stream = stream;
   return { x, seen };
 }
 
-function embedding(model, ids) {  // wte(idx), plus wpe(positions) for learned positions
+function embedding(model, ids) {
+  // wte(idx), plus wpe(positions) for learned positions: the token's row and the position's row, kept for the
+  // overview, and their sum x, the residual stream's start.
   const { config, weights } = model, nEmbd = config.n_embd;
-  return ids.map((id, t) => {
-    const row = Float64Array.from(weights.wte.weight.subarray(id * nEmbd, (id + 1) * nEmbd));
-    if (weights.wpe) for (let d = 0; d < nEmbd; d++) row[d] += weights.wpe.weight[t * nEmbd + d];
-    return row;
-  });
+  const tokens = ids.map(id => weights.wte.weight.subarray(id * nEmbd, (id + 1) * nEmbd));
+  const positions = weights.wpe ? ids.map((_, t) => weights.wpe.weight.subarray(t * nEmbd, (t + 1) * nEmbd)) : null;
+  const x = positions ? add(tokens, positions) : tokens.map(row => Float64Array.from(row));
+  return { tokens, positions, x };
 }
 
-function head(config, weights, x) {  // ln_f, then lm_head (tied: the token embedding is the output head)
-  const logits = linear(x.map(row => layerNorm(row, weights.ln_f)), weights.lm_head || weights.wte);
+function head(config, weights, x) {
+  // ln_f, then lm_head (tied: the token embedding is the output head). Returns the normalised x and the logits.
+  const normed = x.map(row => layerNorm(row, weights.ln_f));
+  const logits = linear(normed, weights.lm_head || weights.wte);
   const cap = config.logit_softcap || 0;  // logit_softcap: cap * tanh(logit / cap); 0 (or a model without it): off
-  return cap ? logits.map(row => row.map(v => cap * Math.tanh(v / cap))) : logits;
+  return { normed, logits: cap ? logits.map(row => row.map(v => cap * Math.tanh(v / cap))) : logits };
 }
 
 function forward(model, ids, options = {}) {
-  // GPT.forward for ids (at most block_size). Returns each position's logits over the vocabulary and, for each
-  // layer, its attention's values and input. options.scoreFactor: a what-if factor on every q·k (the page's scale
-  // control); left out, the model's own.
+  // GPT.forward for ids (at most block_size). Returns each position's logits over the vocabulary; for each layer,
+  // its attention's values and input and its stream (block); the embedding; and ln_f's output (normed).
+  // options.scoreFactor: a what-if factor on every q·k (the page's scale control); left out, the model's own.
   const { config, weights, rope } = model;
   const scoreFactor = options.scoreFactor ?? ownScoreFactor(config);
-  let x = embedding(model, ids);
-  const layers = [];
+  const embedded = embedding(model, ids), layers = [];
+  let x = embedded.x;
   for (const weightsOfBlock of weights.blocks) {
     const done = block(config, weightsOfBlock, x, rope, scoreFactor);
     x = done.x;
     layers.push(done.seen);
   }
-  return { logits: head(config, weights, x), layers };
+  const { normed, logits } = head(config, weights, x);
+  return { logits, layers, embedded, normed };
 }
 
 // ---------------------------------------------------------------------------------------------

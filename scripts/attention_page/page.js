@@ -11,7 +11,7 @@ const MAX_APPEND = config.block_size, MAX_BENCH = 1000;  // what the address may
 const headColors = ["214,39,40", "31,119,180", "44,160,44", "148,103,189", "255,127,14", "23,190,207",
                     "140,86,75", "227,119,194"];
 const $ = id => document.getElementById(id);
-const state = { text: [], result: null, pinned: null, hovered: null, random: null, language: "en" };
+const state = { text: [], result: null, pinned: null, hovered: null, random: null, language: "en", stage: null };
 
 // The page's language: English, or Chinese in the tutorials' own terms (查询 query, 键 key, 值 value, 注意力权重
 // attention weights, 掩码 mask, 缩放 scale). say(english, chinese) is the one switch for what the script writes; the
@@ -64,6 +64,7 @@ function readText() {
   }
   $("input-note").textContent = notes.join(say("; ", "；"));
   $("input-note").classList.toggle("warn", unknown.length > 0 || cut > 0);
+  $("opening-note").hidden = $("input").value !== data.text;  // it says where the opening text came from
   state.text = known;
   state.result = known.length ? forward(model, known.map(ch => idOf.get(ch)), { scoreFactor: scoreFactor() }) : null;
   if (state.pinned !== null && state.pinned >= known.length) state.pinned = null;
@@ -81,7 +82,166 @@ function weightOf(l, head, q, key) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 2: the strip of characters and the grid of heads.
+// Section 2: the whole model, step by step along the residual stream, each step's T vectors at the model's size.
+// ---------------------------------------------------------------------------------------------
+function stages() {
+  // Every step of gpt.js's forward pass, in order: its name (what #numbers reports), the block it belongs to (0:
+  // none), what the page calls it, the code it runs (as model/gpt.py names it) and its values, T rows.
+  const r = state.result, list = [], learned = config.position === "learned";
+  const add = (name, block, label, code, values) => list.push({ name, block, label, code, values });
+  const act = config.activation === "gelu" ? "gelu" : "relu\u00b2";
+  add("embedding.token", 0, learned ? say("token embedding: the row of each character's id", "词元嵌入：每个字符" +
+      "的编号所选的那一行") : say("token embedding: the residual stream x begins (positions: " +
+      (config.position === "rope" ? "rotary, inside attention" : "none") + ")", "词元嵌入：残差流 x 从这里开始（位置：" +
+      (config.position === "rope" ? "旋转，在注意力里面" : "没有") + "）"), "wte[id]", r.embedded.tokens);
+  if (learned) {
+    add("embedding.position", 0, say("position embedding: the row of each place t", "位置嵌入：每个位置 t 的那一行"),
+        "wpe[t]", r.embedded.positions);
+    add("embedding.sum", 0, say("x = token + position: the residual stream begins", "x = 词元 + 位置：残差流从这里开始"),
+        "wte[id] + wpe[t]", r.embedded.x);
+  }
+  r.layers.forEach((seen, l) => {
+    const b = l + 1, one = seen.stream, heads = nHeads === 1 ? say("1 head", "1 个头") :
+      say(nHeads + " heads", nHeads + " 个头");
+    if (config.residual) {
+      add("block" + b + ".ln_1", b, say("LayerNorm: each row to mean 0, spread 1, then its weight and bias",
+          "LayerNorm：每一行化为均值 0、标准差 1，再乘权重、加偏置"), "ln_1(x)", one.ln_1);
+      add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O): sections 3\u20137 open it",
+          "注意力（" + heads + "，再乘 W_O）：第 3\u20137 节展开它"), "attn(ln_1(x))", one.attention);
+      add("block" + b + ".residual_1", b, say("residual add: x keeps what it had, plus what attention brought",
+          "残差相加：x 保留原有的，加上注意力带来的"), "x + attn(ln_1(x))", one.afterAttention);
+      if (one.mlp) {
+        add("block" + b + ".ln_2", b, say("LayerNorm again, before the MLP", "再一次 LayerNorm，在 MLP 之前"),
+            "ln_2(x)", one.ln_2);
+        add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层，" +
+            "宽 4 倍，经过 " + act), act + "(c_fc(ln_2(x)))", one.hidden);
+        add("block" + b + ".mlp", b, say("MLP output: each character alone, back to " + config.n_embd + " numbers",
+            "MLP 的输出：每个字符单独计算，回到 " + config.n_embd + " 个数"), "c_proj(hidden)", one.mlp);
+        add("block" + b + ".residual_2", b, say("residual add: the block's output", "残差相加：块的输出"),
+            "x + mlp(ln_2(x))", one.output);
+      }
+    } else {  // the ladder's block without residual connections: each part replaces x
+      add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O), no residual: it replaces x",
+          "注意力（" + heads + "，再乘 W_O），没有残差：它取代 x"), "x = attn(x)", one.attention);
+      if (one.mlp) {
+        add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层，" +
+            "宽 4 倍，经过 " + act), act + "(c_fc(x))", one.hidden);
+        add("block" + b + ".mlp", b, say("MLP output: the block's output, no residual", "MLP 的输出：块的输出，没有残差"),
+            "x = mlp(x)", one.mlp);
+      }
+    }
+  });
+  add("ln_f", 0, say("final LayerNorm", "最后的 LayerNorm"), "ln_f(x)", r.normed);
+  add("logits", 0, say("logits: one score per character of the vocabulary; softmax makes them section 8's odds",
+      "logits：词表里每个字符一个分数；softmax 把它们变成第 8 节的概率"), (config.tie_weights ? "ln_f(x) wte\u1d40" :
+      "lm_head(ln_f(x))") + (config.logit_softcap ? ", cap\u00b7tanh(\u00b7/cap)" : ""), r.logits);
+  return list;
+}
+
+function largestOf(values) {  // the largest |number| of a list of vectors: a picture's colour scale
+  let largest = 0;
+  for (const row of values) for (const value of row) largest = Math.max(largest, Math.abs(value));
+  return largest;
+}
+
+function drawValues(canvas, values) {  // one pixel per number, row t for character t: red positive, blue negative
+  // (signedRgb's colours, written straight into the picture: a step of the MLP has 64 x 640 of them, every keystroke)
+  const T = values.length, width = values[0].length, largest = largestOf(values) || 1;
+  canvas.width = width;
+  canvas.height = T;
+  const context = canvas.getContext("2d"), picture = context.createImageData(width, T), pixels = picture.data;
+  for (let t = 0, at = 0; t < T; t++) {
+    const row = values[t];
+    for (let d = 0; d < width; d++, at += 4) {
+      const value = row[d] / largest, strength = Math.min(1, Math.abs(value)), rgb = value < 0 ? BLUE : RED;
+      pixels[at] = Math.round(255 + (rgb[0] - 255) * strength);
+      pixels[at + 1] = Math.round(255 + (rgb[1] - 255) * strength);
+      pixels[at + 2] = Math.round(255 + (rgb[2] - 255) * strength);
+      pixels[at + 3] = 255;
+    }
+  }
+  context.putImageData(picture, 0, 0);
+  return largest;
+}
+
+function chosenStage(list) { return list.find(one => one.name === state.stage) ?? list[0]; }
+
+function renderModel() {  // the table of steps, with every step's picture (when the text changes: update())
+  const table = $("model"), list = stages();
+  table.replaceChildren();
+  const top = table.insertRow();
+  [say("block", "块"), say("step", "步骤"), say("code", "代码"), say("size", "大小"), say("every number", "全部数值")]
+    .forEach(name => top.appendChild(element("th", name)));
+  top.appendChild(element("th", "|x|", "length")).title = say("the length of the chosen character's row",
+                                                             "所选字符那一行的长度");
+  list.forEach((one, at) => {
+    const row = table.insertRow(), first = one.block && (at === 0 || list[at - 1].block !== one.block);
+    row.className = "stage" + (first ? " block-start" : "");
+    row.dataset.stage = one.name;
+    if (first) {  // the block's name once, beside all its steps
+      const cell = row.appendChild(element("td", say("block " + one.block, "第 " + one.block + " 块"), "block"));
+      cell.rowSpan = list.filter(other => other.block === one.block).length;
+    } else if (!one.block) row.appendChild(element("td"));
+    row.appendChild(element("td", one.label, "label"));
+    row.appendChild(element("td", one.code, "mono"));
+    row.appendChild(element("td", one.values.length + " \u00d7 " + one.values[0].length, "mono"));
+    drawValues(row.insertCell().appendChild(element("canvas")), one.values);
+    row.appendChild(element("td", "", "length"));
+    row.addEventListener("click", () => {
+      state.stage = one.name;
+      if (one.name.endsWith(".attention")) $("layer").value = String(one.block - 1);  // the views below follow
+      render();
+    });
+  });
+}
+
+function renderModelChoice() {  // what follows the chosen step and character (render())
+  const list = stages(), chosen = chosenStage(list), q = query();
+  $("model").querySelectorAll("tr.stage").forEach((row, at) => {
+    row.classList.toggle("chosen", list[at].name === chosen.name);
+    const values = list[at].values[q];
+    row.querySelector("td.length").textContent = q === null ? "" : Math.sqrt(dot(values, values)).toFixed(2);
+  });
+  // Pixels a number: at most 960 wide and at least one pixel each; rows at least as tall, up to 400 in all
+  const largest = drawValues($("model-picture"), chosen.values), T = chosen.values.length;
+  const cell = Math.max(1, Math.min(12, Math.floor(960 / chosen.values[0].length)));
+  $("model-picture").style.width = chosen.values[0].length * cell + "px";
+  $("model-picture").style.height = T * Math.max(cell, Math.min(12, Math.floor(400 / T))) + "px";
+  $("model-bar").textContent = say("colour scale: blue \u2212", "颜色：蓝 \u2212") + largest.toFixed(4) +
+    say(", white 0, red +", "，白 0，红 +") + largest.toFixed(4);
+  $("model-formula").textContent = (chosen.block ? say("Block " + chosen.block + ": ", "第 " + chosen.block + " 块：") :
+    "") + chosen.label + " \u2014 " + chosen.code + say(", ", "，") + chosen.values.length + " \u00d7 " +
+    chosen.values[0].length + say(": point at the picture for a number", "：指向图看数值");
+  $("model-vector").replaceChildren(vector((chosen.name === "logits" ? "logits" : "x") + (q + 1) +
+    say(" (" + quoted(state.text[q]) + ")", "（" + quoted(state.text[q]) + "）"), chosen.values[q]));
+}
+
+function pointAtModel(event) {
+  if (!state.result) return;
+  const chosen = chosenStage(stages()), [t, d] = cellUnder(event), value = chosen.values[t][d];
+  const column = chosen.name === "logits" ? say("next character ", "下一个字符 ") + quoted(vocab[d]) :
+    say("number " + (d + 1), "第 " + (d + 1) + " 个数");
+  $("model-readout").textContent = say("character " + (t + 1) + " " + quoted(state.text[t]) + ", " + column + ": ",
+    "第 " + (t + 1) + " 个字符" + quoted(state.text[t]) + "，" + column + "：") + value.toFixed(4);
+}
+
+function modelScope() {  // what the overview shows, and what it leaves out, said once
+  return say("Shown: every vector the forward pass computes for your text, from the weights the page carries, as " +
+    "PyTorch computes them (within float rounding). Not shown here: dropout (used only in training; the page, like " +
+    "sample.py, runs without it), the loss and its gradients (training), the key/value cache (a shortcut for " +
+    "sampling that gives the same numbers), each LayerNorm's mean and spread (only its result), and the weights " +
+    "themselves (only what they compute). Inside attention, sections 3\u20137 show every head. Of these steps the " +
+    "five tutorials show the embedding (001's embedded_sentence, In [4]; 004's a\u2071) and attention alone: " +
+    "LayerNorm, the MLP, the residual sums and the logits are beyond them.",
+    "这里显示：前向计算为你的文本算出的每个向量，用页面携带的权重，与 PyTorch 算的相同（只差浮点舍入）。这里不显示：dropout" +
+    "（只在训练时用；页面和 sample.py 一样不用它）、损失和梯度（训练的事）、键/值缓存（采样的捷径，算出的数相同）、每个 " +
+    "LayerNorm 的均值和标准差（只显示结果），以及权重本身（只显示它们算出的东西）。注意力的内部见第 3\u20137 节，每个头都有。" +
+    "这些步骤里，五篇教程只讲了嵌入（001 的 embedded_sentence，In [4]；004 的 a\u2071）和注意力：LayerNorm、MLP、" +
+    "残差相加和 logits 都在它们之外。");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Section 3: the strip of characters and the grid of heads.
 // ---------------------------------------------------------------------------------------------
 function buildStrip() {
   const strip = $("strip"), grid = $("grid");
@@ -129,12 +289,13 @@ function renderStrip() {
       const top = state.result.layers[l].heads[h].weights[q].slice(0, q + 1).map((w, key) => [w, key])
         .sort((a, b) => b[0] - a[0]).slice(0, 3);
       return say("head " + (h + 1) + " looks most at ", "头 " + (h + 1) + " 最多看 ") +
-        top.map(([w, key]) => quoted(state.text[key]) + " " + w.toFixed(2)).join(", ");
+        top.map(([w, key]) => quoted(state.text[key]) + say(" (" + (key + 1) + ") ", "（" + (key + 1) + "）") +
+          w.toFixed(2)).join(say(", ", "，"));  // with its place: a text has many "n"s
     }).join(say("; ", "；"));
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 3: every layer and head at once, each head's weights A as a small picture, one pixel per weight.
+// Section 4: every layer and head at once, each head's weights A as a small picture, one pixel per weight.
 // ---------------------------------------------------------------------------------------------
 const MASKED_RGB = [85, 85, 85];  // the masked future: dark grey, which no weight's colour (white to a hue) reaches
 
@@ -182,19 +343,21 @@ function renderHeads() {  // each head's T x T weights: row i, column j is A[i][
   });
 }
 
-function cellUnder(event) {  // the [query, key] of the pixel under the mouse in one of the heads' pictures
-  const canvas = event.target, T = canvas.width, box = canvas.getBoundingClientRect();
-  const at = (offset, size) => Math.min(T - 1, Math.max(0, Math.floor(offset / size * T)));
-  return [at(event.clientY - box.top, box.height), at(event.clientX - box.left, box.width)];
+function cellUnder(event) {  // the [row, column] of the pixel under the mouse in one of the page's pictures
+  const canvas = event.target, box = canvas.getBoundingClientRect();
+  const at = (offset, size, n) => Math.min(n - 1, Math.max(0, Math.floor(offset / size * n)));
+  return [at(event.clientY - box.top, box.height, canvas.height),
+          at(event.clientX - box.left, box.width, canvas.width)];
 }
 
 function pointAtHeads(event) {
   if (event.target.tagName !== "CANVAS" || !state.result) return;
   const l = Number(event.target.dataset.layer), h = Number(event.target.dataset.head), [i, j] = cellUnder(event);
   const weight = state.result.layers[l].heads[h].weights[i][j];
-  $("heads-readout").textContent = say("layer " + (l + 1) + ", head " + (h + 1), "第 " + (l + 1) + " 层，头 " + (h + 1)) +
-    ": A[" + (i + 1) + "][" + (j + 1) + "] = " + (j <= i ? weight.toFixed(4) : say("masked (the future)",
-    "被掩码遮住（未来）")) + ", " + quoted(state.text[i]) + say(" looking at ", " 看 ") + quoted(state.text[j]);
+  $("heads-readout").textContent = say("layer " + (l + 1) + ", head " + (h + 1) + ": ", "第 " + (l + 1) + " 层，头 " +
+    (h + 1) + "：") + "A[" + (i + 1) + "][" + (j + 1) + "] = " + (j <= i ? weight.toFixed(4) :
+    say("masked (the future)", "被掩码遮住（未来）")) + say(", ", "，") + quoted(state.text[i]) +
+    say(" looking at ", "看") + quoted(state.text[j]);
 }
 
 function openHead(event) {  // a click on a head's picture: that layer and head in the matrix view, at its weights A
@@ -218,20 +381,106 @@ function factorName() {
   const value = $("scale").value || OWN_FACTOR;
   return FACTORS[value][0] + (value === "1" ? say(", no scale", "，不缩放") : "");
 }
+function times() {  // how many times the model's own factor the what-if factor is, where that is not plain
+  const ratio = scoreFactor() / FACTORS[OWN_FACTOR][1];
+  return Math.abs(ratio - Math.round(ratio)) < 1e-9 && ratio < 10 ? "" : say(" (" + ratio.toFixed(1) + " times it)",
+                                                                             "（是它的 " + ratio.toFixed(1) + " 倍）");
+}
 function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
 
 // ---------------------------------------------------------------------------------------------
-// Section 4: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
+// Section 5: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
 // ---------------------------------------------------------------------------------------------
+// The tutorials' own names for what the page computes, one list per page symbol: [tutorial, its name, the cell of
+// its notebook that computes it]. 003 (a text) and 004 (a blog post) have no cells; 002's scaled dot-product cell,
+// In [None], was defined but never run. The names are the tutorials' facts; the words around them are the page's.
+function tutorialNames() {
+  const form = config.attention_score;
+  return {
+    Q: [["000", "q = query(x)", "In [28]"], ["001", "queries = x @ W_query", "In [29]"],
+        ["002", "queries", form === "additive" ? "In [9]" : "In [None]"], ["003", "Q", ""],
+        ["004", "q\u2071 = W_q a\u2071", ""]],
+    K: [["000", "k = key(x)", "In [28]"], ["001", "keys = x @ W_key", "In [8]"],
+        ["002", "keys", form === "additive" ? "In [9]" : "In [None]"], ["003", "K", ""],
+        ["004", "k\u2071 = W_k a\u2071", ""]],
+    V: [["000", "v = value(x)", "In [36]"], ["001", "values = x @ W_value", "In [8]"],
+        ["002", "values", form === "additive" ? "In [9]" : "In [None]"], ["003", "V", ""],
+        ["004", "v\u2071 = W_v a\u2071", ""]],
+    S: form === "additive" ? [["002", "scores = w_v(tanh(W_q q + W_k k))", "In [9]"]] :
+      [["000", "wei = q @ k.transpose(-2, -1)", "In [31]"],
+       ["001", "\u03c9, attn_scores = queries @ keys.T", "In [29]"],
+       ["002", "torch.bmm(queries, keys.transpose(1, 2))", "In [None]"], ["003", "q\u00b7k", ""],
+       ["004", "q\u2071\u00b7k\u02b2", ""]],
+    scaled: [["000", say("none: its last cell scales the output instead", "没有：它最后一格缩放的是输出"), "In [48]"],
+             ["001", "\u03c9 / \u221ad_k", "In [30]"], ["002", "scores = \u2026 / math.sqrt(d)", "In [None]"],
+             ["003", "q\u00b7k / \u221ad_k", ""], ["004", "\u03b1\u1d62,\u2c7c = q\u2071\u00b7k\u02b2 / \u221ad", ""]],
+    masked: [["000", "wei.masked_fill(tril == 0, float('-inf'))", "In [33]"],
+             ["001", say("masked_simple = attn_weights * mask_simple: after the softmax, then each row renormalised " +
+                         "(In [34]): the same weights", "masked_simple = attn_weights * mask_simple：在 softmax 之后，" +
+                         "再把每行重新归一化（In [34]）：权重相同"), "In [33]"],
+             ["002", say("sequence_mask(X, valid_lens, -1e6): padding, not the future, and \u22121e6 where the page " +
+                         "has \u2212\u221e (both give weight 0)", "sequence_mask(X, valid_lens, -1e6)：遮住的是填充，不是未来；" +
+                         "用 \u22121e6，页面用 \u2212\u221e（两者都给权重 0）"), "In [3]"],
+             ["004", say("none: its example lets every token see all three", "没有：它的例子里每个词元都看得到全部三个"),
+              ""]],
+    A: form === "uniform" ? [["000", "wei = tril / wei.sum(1)", "In [17]"]] :
+      [["000", "wei = F.softmax(wei, dim=-1)", "In [33]"], ["001", "\u03b1, attn_weights", "In [30]"],
+       ["002", "attention_weights = masked_softmax(scores, valid_lens)", form === "additive" ? "In [9]" : "In [None]"],
+       ["003", "y = softmax(x)", ""], ["004", "\u03b1\u0302\u1d62,\u2c7c", ""]],
+    AV: form === "uniform" ? [["000", "xbow = wei @ x", "In [18]"]] :
+      [["000", "out = wei @ v", "In [36]"], ["001", "z, context_vec = attn_weights @ values", "In [15]"],
+       ["002", "torch.bmm(attention_weights, values)", form === "additive" ? "In [9]" : "In [None]"],
+       ["004", "b\u2071 = \u03a3\u2c7c \u03b1\u0302\u1d62,\u2c7c v\u02b2", ""]],
+    x: [["000", "x", "In [26]"], ["001", "embedded_sentence, x\u207d\u2071\u207e", "In [4]"], ["004", "a\u2071", ""]],
+    heads: [["001", "torch.cat([head(x) for head in self.heads], dim=-1)", "In [20]"]],
+  };
+}
+
+function tutorialsLine(...symbols) {  // the tutorials' names for a step's symbols, one line each
+  const box = element("div", undefined, "hint mono");
+  symbols.map(namedIn).filter(Boolean).forEach((line, at) => {
+    if (at) box.appendChild(element("br"));
+    box.appendChild(document.createTextNode(line));
+  });
+  return box;
+}
+
+function namedIn(symbol) {  // one line: each tutorial's name for symbol, with the cell that computes it
+  const named = tutorialNames()[symbol] ?? [];
+  return named.length ? say("In the tutorials: ", "教程里的名字：") + named.map(([tutorial, name, cell]) =>
+    tutorial + (cell ? " " + cell : "") + " " + name).join(say(" \u00b7 ", " \u00b7 ")) : "";
+}
+
+function buildLegend() {  // the table of every page symbol against each tutorial's names (applyLanguage)
+  const table = $("legend"), names = tutorialNames(), tutorials = ["000", "001", "002", "003", "004"];
+  table.replaceChildren();
+  const top = table.insertRow();
+  [say("page", "页面"), ...tutorials].forEach(name => top.appendChild(element("th", name)));
+  const symbols = { Q: "Q", K: "K", V: "V", S: "S", scaled: say("S scaled", "缩放的 S"), masked: say("masked", "掩码"),
+                    A: "A", AV: "A\u00b7V" };
+  for (const [symbol, shownName] of Object.entries(symbols)) {
+    const row = table.insertRow();
+    row.dataset.symbol = symbol;
+    row.appendChild(element("th", shownName));
+    for (const tutorial of tutorials) {
+      const found = (names[symbol] ?? []).find(entry => entry[0] === tutorial);
+      row.appendChild(element("td", found ? found[1] + (found[2] ? " (" + found[2] + ")" : "") : "\u2014"));
+    }
+  }
+}
+
 function matrices(l, h) {  // each step's name, formula and T x d or T x T values (-Infinity where masked)
   const head = state.result.layers[l].heads[h], scaled = config.attention_score !== "additive";
   const list = [];
   if (config.attention_score !== "uniform") {
+    // what the model does to q and k before scoring (in Chinese, spaces only between Chinese and Latin words)
     const after = [config.qk_norm ? "QK-norm" : "", config.position === "rope" ? say("rotary turns", "旋转") : ""]
-      .filter(Boolean).join(say(" and ", " 和 "));  // what the model does to q and k before scoring
+      .filter(Boolean);
+    const afterZh = after.length ? "，经过" + (config.qk_norm ? " QK-norm " : "") + (after.length === 2 ? "和" : "") +
+      (config.position === "rope" ? "旋转" : "") + "之后" : "";
     list.push({ name: "Q", label: say("Q", "查询 Q"), formula: say("Q: one query per character (row), " + headSize +
-                " numbers each" + (after ? ", after " + after : ""), "查询 Q：每个字符（行）一个查询，" +
-                "各 " + headSize + " 个数" + (after ? "，经过 " + after + " 之后" : "")),
+                " numbers each" + (after.length ? ", after " + after.join(" and ") : ""),
+                "查询 Q：每个字符（行）一个查询，各 " + headSize + " 个数" + afterZh),
                 values: head.q, columns: "dims" });
     list.push({ name: "K", label: say("K", "键 K"), formula: say("K: one key per character", "键 K：每个字符一个键"),
                 values: head.k, columns: "dims" });
@@ -272,7 +521,8 @@ function renderMatrix() {
   const table = $("matrix"), l = layer(), h = viewedHead() ?? 0, list = matrices(l, h);
   const select = $("matrix-step");
   if (select.options.length !== list.length || select.options[0].text !== "1. " + list[0].label) {
-    const chosen = select.value;
+    // the first time, the weights A: Q, K and V of a trained model look like noise; after, the step chosen
+    const chosen = select.options.length ? select.value : String(list.findIndex(m => m.name === "A"));
     select.replaceChildren(...list.map((m, i) => new Option((i + 1) + ". " + m.label, String(i))));
     select.value = chosen;
   }
@@ -280,6 +530,10 @@ function renderMatrix() {
   select.value = String(at);
   $("matrix-formula").textContent = say("Layer " + (l + 1) + ", head " + (h + 1) + ": ",
                                         "第 " + (l + 1) + " 层，头 " + (h + 1) + "：") + shownMatrix.formula;
+  $("matrix-tutorials").textContent = namedIn(shownMatrix.name);
+  $("legend").querySelectorAll("tr[data-symbol]").forEach(row => {
+    row.classList.toggle("chosen", row.dataset.symbol === shownMatrix.name);
+  });
   const values = shownMatrix.values, weights = shownMatrix.name === "A", q = query();
   let largest = 0;
   for (const row of values) {
@@ -288,7 +542,9 @@ function renderMatrix() {
   table.replaceChildren();
   const top = table.insertRow();
   top.appendChild(element("th"));
-  const width = values[0].length;
+  const width = values[0].length, written = values.length <= SMALL_MATRIX && width <= SMALL_MATRIX;
+  table.classList.toggle("written", written);  // a small matrix: every cell's number written in it
+  colourBar(largest, weights, values.some(row => Array.prototype.includes.call(row, -Infinity)));
   for (let j = 0; j < width; j++) {
     top.appendChild(element("th", shownMatrix.columns === "text" ? key(state.text[j]) : String(j + 1)));
   }
@@ -304,6 +560,11 @@ function renderMatrix() {
       if (value === -Infinity) { cell.className = "masked"; } else {
         cell.style.backgroundColor = cellColor(value, largest, weights);
       }
+      if (written) {
+        cell.textContent = value === -Infinity ? "\u2212\u221e" : value.toFixed(2);
+        const strength = weights ? Math.sqrt(value) : Math.abs(value) / (largest || 1);
+        if (value !== -Infinity && strength > 0.7) cell.style.color = "#fff";  // on a dark cell
+      }
       cell.title = say(shownMatrix.name, shownMatrix.label) + "[" + (i + 1) + "][" + (j + 1) + "] = " + fixed(value);
     });
     tr.addEventListener("click", () => {
@@ -314,17 +575,36 @@ function renderMatrix() {
   });
 }
 
+const SMALL_MATRIX = 12;  // up to 12 rows and columns, each cell's number is written in it
+
+function colourBar(largest, weights, masked) {  // the scale of the matrix's colours (and the mask's), under it
+  const bar = $("matrix-bar");
+  bar.replaceChildren();
+  const ramp = element("span", undefined, "ramp");
+  ramp.style.background = weights ? "linear-gradient(to right, #fff, rgb(31,119,180))" :
+    "linear-gradient(to right, rgb(31,119,180), #fff, rgb(214,39,40))";
+  bar.append(say("colours: ", "颜色：") + (weights ? "0 " : "\u2212" + largest.toFixed(4) + " "), ramp,
+             (weights ? " 1" + say(" (strength \u221aweight, so that small weights show)", "（深浅按 \u221a权重，小权重也看得见）") :
+              " +" + largest.toFixed(4)));
+  if (masked) {
+    bar.append(say("; ", "；"), element("span", undefined, "hatched"),
+               say(" \u2212\u221e (masked)", " \u2212\u221e（被掩码遮住）"));
+  }
+}
+
 function pointAtMatrix(event) {  // the number of the cell pointed at, in a line below the matrix
   const cell = event.target.closest("td");
   if (cell) $("matrix-readout").textContent = cell.title;
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 5: positions. Rotary: each pair's angle and frequency, and q·k against the distance; learned: how alike
+// Section 6: positions. Rotary: each pair's angle and frequency, and q·k against the distance; learned: how alike
 // the position vectors are; none: a sentence.
 // ---------------------------------------------------------------------------------------------
+const BLUE = [31, 119, 180], RED = [214, 39, 40];
+
 function signedRgb(value) {  // red for +1, white for 0, blue for -1
-  const rgb = value < 0 ? [31, 119, 180] : [214, 39, 40], strength = Math.min(1, Math.abs(value));
+  const rgb = value < 0 ? BLUE : RED, strength = Math.min(1, Math.abs(value));
   return rgb.map(c => Math.round(255 + (c - 255) * strength));
 }
 
@@ -362,6 +642,7 @@ function distancePlot(curves) {  // an SVG line (key at the first character) and
     return node;
   };
   add("line", { x1: pad, x2: width - pad, y1: y(0), y2: y(0), stroke: "#ccc" });
+  add("text", { x: pad + 4, y: 10 }, "q\u00b7k");  // the y axis
   add("text", { x: 2, y: y(headSize) + 4 }, String(headSize));
   add("text", { x: 2, y: y(0) + 4 }, "0");
   add("text", { x: 2, y: y(-headSize) + 4 }, String(-headSize));
@@ -416,7 +697,8 @@ function buildPositions() {  // what does not change with the text: the sentence
     });
     return;
   }
-  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62", theta = "\u03b8\u1d62 = 10000^(\u22122i/" + headSize + ")";
+  // pairs counted from 1, as the table below counts them: pair 1 turns fastest, by 1 radian per character
+  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62", theta = "\u03b8\u1d62 = 10000^(\u22122(i \u2212 1)/" + headSize + ")";
   const middle = Math.floor(config.block_size / 2) + 1;
   about.textContent = say("Rotary positions: before scoring, the query and key of character t are turned, each pair " +
     "of their numbers (i and i + " + headSize / 2 + ") by the angle " + angle + " with " + theta + ", slower for " +
@@ -455,7 +737,7 @@ function renderPositions() {  // rotary: each pair's frequency, and its angle at
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 6: one character's attention in one head, step by step.
+// Section 7: one character's attention in one head, step by step.
 // ---------------------------------------------------------------------------------------------
 const SHOWN_VALUES = 8;  // a vector shows its first few numbers until asked for all of them
 
@@ -481,7 +763,7 @@ function step(title, formula, ...contents) {
   return box;
 }
 
-function stepValues() {  // the numbers section 6 shows, also what #numbers reports
+function stepValues() {  // the numbers section 7 shows, also what #numbers reports
   const q = query(), l = layer(), h = viewedHead() ?? 0, seen = state.result.layers[l], head = seen.heads[h];
   return { layer: l + 1, head: h + 1, query: q + 1, input: Array.from(seen.input[q]),
            q: Array.from(head.q[q]), keys: head.k.slice(0, q + 1).map(k => Array.from(k)),
@@ -526,9 +808,11 @@ function renderSteps() {
   steps.appendChild(step(say("The input: character " + i + " as the block sees it", "输入：块看到的第 " + i + " 个字符"),
     config.residual ? say("x" + i + " = LayerNorm(residual stream at character " + i + "), " + config.n_embd +
       " numbers", "x" + i + " = LayerNorm(第 " + i + " 个字符的残差流)，" + config.n_embd + " 个数") :
-      say("x" + i + " = the previous layer's output, " + config.n_embd + " numbers", "x" + i + " = 上一层的输出，" +
-        config.n_embd + " 个数"),
-    vector("x" + i, v.input)));
+      v.layer === 1 ? say("x" + i + " = the embedding of character " + i + " (no LayerNorm, no residual), " +
+        config.n_embd + " numbers", "x" + i + " = 第 " + i + " 个字符的嵌入（没有 LayerNorm，没有残差），" + config.n_embd +
+        " 个数") : say("x" + i + " = the previous layer's output (no residual), " + config.n_embd + " numbers", "x" +
+        i + " = 上一层的输出（没有残差），" + config.n_embd + " 个数"),
+    vector("x" + i, v.input), tutorialsLine("x")));
   if (form === "uniform") {
     steps.appendChild(step(say("No queries or keys (attention_score uniform)", "没有查询和键（attention_score uniform）"),
       say("every visible key scores 0, so the softmax gives each of the " + i + " the same weight 1/" + i,
@@ -538,8 +822,8 @@ function renderSteps() {
     if (config.qk_norm) projected.push(element("div", "QK-norm: q \u2190 q / rms(q)", "formula"));
     if (config.position === "rope") {
       projected.push(element("div", say("rotary positions: q \u2190 R(" + i + ") q (each pair of numbers turned by " +
-        "an angle that grows with the position; section 5 shows the angles)", "旋转位置编码：q \u2190 R(" + i + ") q（每一对数" +
-        "转过一个随位置增大的角度；第 5 节列出这些角度）"), "formula"));
+        "an angle that grows with the position; section 6 shows the angles)", "旋转位置编码：q \u2190 R(" + i + ") q（每一对数" +
+        "转过一个随位置增大的角度；第 6 节列出这些角度）"), "formula"));
     }
     if (config.qk_norm || config.position === "rope") projected.push(vector("q" + i, v.q));
     steps.appendChild(step(say("The query: what character " + i + " is looking for", "查询：第 " + i + " 个字符在找什么"),
@@ -547,7 +831,7 @@ function renderSteps() {
       v.head + "'s share of the " + config.n_embd + ")" + (config.shared_qk ? "; keys come from the same W" : ""),
       "，" + headSize + " 个数（" + config.n_embd + " 个中属于头 " + v.head + " 的部分）" +
       (config.shared_qk ? "；键来自同一个 W" : "")),
-      ...projected));
+      ...projected, tutorialsLine("Q")));
   }
   const table = element("table", undefined, "numbers");
   const scoreName = form === "additive" ? "w\u00b7tanh(q" + i + " + k\u2c7c)" : "q" + i + "\u00b7k\u2c7c";
@@ -575,11 +859,12 @@ function renderSteps() {
     cells.forEach(text => row.appendChild(element("td", text)));
   }
   steps.appendChild(step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
-    keyFormula() + "; v\u2c7c = " + (config.attention_values ? "x\u2c7c W_V" + (config.bias ? " + b_V" : "") :
+    keyFormula() + say("; ", "；") + "v\u2c7c = " + (config.attention_values ?
+      "x\u2c7c W_V" + (config.bias ? " + b_V" : "") :
       say("head " + v.head + "'s slice of x\u2c7c", "x\u2c7c 中属于头 " + v.head + " 的一段")) +
       say(", for j = 1 to " + i + " (the keys after " + i + " are masked)",
           "，j = 1 到 " + i + "（" + i + " 之后的键被掩码遮住）"),
-    keysAndValues(v)));
+    keysAndValues(v), tutorialsLine("K", "V")));
   const scoring = form === "additive" ? say("additive scores: s\u2c7c = w\u00b7tanh(q + k\u2c7c), one w per head",
       "加性注意力分数：s\u2c7c = w\u00b7tanh(q + k\u2c7c)，每个头一个 w") :
     form === "dot" ? say("dot-product scores, not scaled (attention_score dot): s\u2c7c = q\u00b7k\u2c7c",
@@ -592,24 +877,28 @@ function renderSteps() {
                              "注意力分数、因果掩码和对键 k\u2c7c 的 softmax"),
     scoring + say("; keys after character " + i + " are masked to \u2212\u221e (weight 0)", "；第 " + i + " 个字符之后" +
       "的键被掩码设为 \u2212\u221e（权重 0）") + "; \u03b1 = softmax(s) = " +
-    "exp(s\u2c7c) / \u03a3 exp(s)", table));
+    "exp(s\u2c7c) / \u03a3 exp(s)", table, tutorialsLine("S", "scaled", "masked", "A")));
   steps.appendChild(step(say("The weighted sum of the values v\u2c7c", "对值 v\u2c7c 的加权求和"),
     say("head output", "头的输出") + " = \u03a3\u2c7c \u03b1" + i + "\u2c7c v\u2c7c" + (config.attention_values ? "" :
       say(" (no value projection: v\u2c7c is head " + v.head + "'s slice of x\u2c7c)",
-          "（没有值投影：v\u2c7c 是 x\u2c7c 中属于头 " + v.head + " 的一段）")), vector("y" + i, v.out)));
-  steps.appendChild(step(say("All " + nHeads + " heads side by side", "全部 " + nHeads + " 个头并排"),
-    say("concat(head 1, \u2026, head " + nHeads + "): " + config.n_embd + " numbers; head " + v.head + "'s are " +
-      ((v.head - 1) * headSize + 1) + " to " + v.head * headSize, "concat(头 1, \u2026, 头 " + nHeads + ")：" +
-      config.n_embd + " 个数；头 " + v.head + " 的是第 " + ((v.head - 1) * headSize + 1) + " 到 " +
-      v.head * headSize + " 个"), vector("concat", v.joined)));
+          "（没有值投影：v\u2c7c 是 x\u2c7c 中属于头 " + v.head + " 的一段）")), vector("y" + i, v.out),
+    tutorialsLine("AV")));
+  steps.appendChild(nHeads === 1 ? step(say("The one head's output", "唯一一个头的输出"), say("this model has one " +
+    "head: its output is all " + config.n_embd + " numbers", "这个模型只有一个头：它的输出就是全部 " + config.n_embd +
+    " 个数"), vector("concat", v.joined)) : step(say("All " + nHeads + " heads side by side", "全部 " + nHeads +
+    " 个头并排"), say("concat(head 1, \u2026, head " + nHeads + "): " + config.n_embd + " numbers; head " + v.head +
+      "'s are " + ((v.head - 1) * headSize + 1) + " to " + v.head * headSize, "concat(头 1, \u2026, 头 " + nHeads +
+      ")：" + config.n_embd + " 个数；头 " + v.head + " 的是第 " + ((v.head - 1) * headSize + 1) + " 到 " +
+      v.head * headSize + " 个"), vector("concat", v.joined), tutorialsLine("heads")));
   steps.appendChild(step(say("The output projection", "输出投影"), "o" + i + " = concat W_O" +
     (config.bias ? " + b_O" : "") + (config.residual ? say(", added to the residual stream: x \u2190 x + o",
       "，加到残差流上：x \u2190 x + o") : say(", the block's attention output", "，块的注意力输出")),
-    vector("o" + i, v.output)));
+    vector("o" + i, v.output), element("div", say("In the tutorials: none has W_O; 001's heads are only " +
+      "concatenated (In [20])", "教程里：没有一篇有 W_O；001 的多个头只是拼接起来（In [20]）"), "hint mono")));
 }
 
 // ---------------------------------------------------------------------------------------------
-// Section 7: the next character after the whole text.
+// Section 8: the next character after the whole text.
 // ---------------------------------------------------------------------------------------------
 function sampling() {
   return { temperature: Number($("temperature").value), top_k: Math.max(0, Math.floor(Number($("top-k").value))),
@@ -657,11 +946,11 @@ function render() {
   $("what-if").hidden = !whatIf();
   if (whatIf()) {
     $("what-if").textContent = say("What-if: every q·k multiplied by " + factorName() + ", not by the model's own " +
-      FACTORS[OWN_FACTOR][0] + " that it was trained with; every number on the page, the next character too, is " +
-      "what the model would compute so.", "假设：每个 q·k 都乘以 " + factorName() + "，而不是模型训练时用的 " +
-      FACTORS[OWN_FACTOR][0] + "；页面上的每个数，包括下一个字符，都是模型在这种缩放下会算出的结果。");
+      FACTORS[OWN_FACTOR][0] + " that it was trained with" + times() + "; every number on the page, the next " +
+      "character too, is what the model would compute so.", "假设：每个 q·k 都乘以 " + factorName() + "，而不是模型训练时" +
+      "用的 " + FACTORS[OWN_FACTOR][0] + times() + "；页面上的每个数，包括下一个字符，都是模型在这种缩放下会算出的结果。");
   }
-  if (state.result) { renderStrip(); renderMatrix(); } else {
+  if (state.result) { renderStrip(); renderMatrix(); renderModelChoice(); } else {
     $("readout").textContent = "";
     $("matrix").replaceChildren();
   }
@@ -688,6 +977,30 @@ function aboutLine(a) {  // the checkpoint, the model's shape and its corpus, un
              `宽 ${a.n_embd}，${a.millions}M 个参数，训练于 ${corpus}`);
 }
 
+function openingLine(a) {  // what the page opened on, and why not on the run's validation text where it did not
+  const why = {
+    unrecorded: say("the checkpoint records no corpus", "检查点没有记录语料"),
+    missing: say("neither the run's token cache nor its corpus file is there", "找不到这次训练的词元缓存，也找不到它的语料文件"),
+    changed: say("its token cache is gone and its corpus file has changed since training",
+                 "词元缓存已不在，语料文件在训练之后又改过"),
+    large: say("its token cache is gone and its corpus file is too large to read again (over 100 MB)",
+               "词元缓存已不在，语料文件太大，不再重读（超过 100 MB）"),
+    short: say("no stretch of it of 20 characters or more has only characters the model knows",
+               "其中没有一段 20 个字符以上、且每个字符模型都认识的文本"),
+  }[a.why];
+  const notValidation = say(", not on the run's own validation text: ", "，而不是这次训练自己的验证文本：");
+  return {
+    line: say("Opened on a line of the run's validation text (text it never trained on).",
+              "打开时是这次训练的验证文本中的一行（模型没有用它训练过）。"),
+    lines: say("Opened on whole lines of the run's validation text, joined with their line breaks (\u21b5): its " +
+               "lines are short.", "打开时是这次训练的验证文本中的几整行，连同换行（\u21b5）：它的行都很短。"),
+    default: say("Opened on a line of Romeo and Juliet", "打开时是《罗密欧与朱丽叶》中的一行") + notValidation + why +
+      say(".", "。"),
+    written: say("Opened on text the model wrote itself", "打开时是模型自己写的文本") + notValidation + why + say(".", "。"),
+    given: say("Opened on the text given to attention_html.py (--text).", "打开时是交给 attention_html.py 的文本（--text）。"),
+  }[a.opening] ?? "";
+}
+
 function applyLanguage(language) {  // every fixed text and every label in English or Chinese (then update())
   state.language = language;
   $("language").value = language;
@@ -701,6 +1014,8 @@ function applyLanguage(language) {  // every fixed text and every label in Engli
   $("title").textContent = say(data.title, "你的模型，正在思考");
   document.title = say("chargpt: your model, thinking", "chargpt：你的模型，正在思考");
   $("about").textContent = aboutLine(data.about);
+  $("model-scope").textContent = modelScope();
+  $("opening-note").textContent = openingLine(data.about);
   document.querySelectorAll(".form-formula").forEach(node => { node.textContent = formFormula(); });
   $("view").options[0].text = say("all heads", "所有头");
   for (const option of $("scale").options) {
@@ -709,6 +1024,7 @@ function applyLanguage(language) {  // every fixed text and every label in Engli
   }
   buildHeads();
   buildPositions();
+  buildLegend();
   noteMissingFonts();
 }
 
@@ -743,17 +1059,21 @@ function noteMissingFonts() {  // one line naming what to install, in both langu
 function update() {
   readText();
   buildStrip();
+  if (state.result) renderModel(); else $("model").replaceChildren();
   render();
-  renderHeads();  // (not in render: pointing at characters changes nothing in it)
+  renderHeads();  // (not in render, nor the model's pictures: pointing at characters changes nothing in them)
 }
 
 function numbers(extra) {
   const logits = state.result ? state.result.logits.map(row => Array.from(row)) : [];
   const shownMatrices = state.result ? Object.fromEntries(matrices(layer(), viewedHead() ?? 0).map(m => [m.name,
     m.values.map(row => Array.from(row, value => (value === -Infinity ? null : value)))])) : null;
+  const overview = state.result ? Object.fromEntries(stages().map(one => [one.name,
+    one.values.map(row => Array.from(row))])) : null;  // the overview's every step
   return JSON.stringify({ text: state.text.join(""), ids: state.text.map(ch => idOf.get(ch)), logits,
                           matrices: shownMatrices, scale: scoreFactor(), step: state.result ? stepValues() : null,
-                          sampling: sampling(), probs: state.result ? nextProbabilities() : null, ...extra });
+                          model: overview, sampling: sampling(),
+                          probs: state.result ? nextProbabilities() : null, ...extra });
 }
 
 for (let l = 0; l < nLayers; l++) $("layer").add(new Option(String(l + 1), String(l)));
@@ -773,6 +1093,7 @@ $("address-help").dataset.zh = "地址可以让页面以某种状态打开：pag
   "和 numbers；字符、层和头都从 1 开始数。";
 $("matrix").addEventListener("mouseover", pointAtMatrix);
 $("heads").addEventListener("mousemove", pointAtHeads);
+$("model-picture").addEventListener("mousemove", pointAtModel);
 $("heads").addEventListener("click", openHead);
 $("matrix-previous").addEventListener("click", () => { moveStep(-1); });
 $("matrix-next").addEventListener("click", () => { moveStep(1); });
