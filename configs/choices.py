@@ -1,13 +1,13 @@
 """Every setting's allowed values, in one place: the model's (attention, positions, activation), the run's
 (optimizers, schedules, precisions, compile modes, devices, DDP). model/config.py and configs/schema.py check against
-them; training/ builds on them."""
+them; training/ builds on them. One exception: attention_score's values are the names of model/scoring.py's FORMS,
+where each form is declared once with what it computes."""
 from __future__ import annotations
 
 import torch
 
 # the model
 ATTENTION_IMPLS = ("auto", "sdpa", "explicit")
-ATTENTION_SCORES = ("scaled_dot", "dot", "additive", "uniform")
 POSITIONS = ("learned", "rope", "none")
 ACTIVATIONS = ("gelu", "relu2")
 # the run

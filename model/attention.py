@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from model.config import ModelConfig
 from model.kv_cache import LayerCache
-from model.scoring import additive_scores, dot_product_scores
+from model.scoring import FORMS, additive_scores, dot_product_scores
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,8 +93,8 @@ class CausalSelfAttention(nn.Module):
     torch.compile on a CPU in bfloat16, where the explicit steps compile faster (written_out_when_compiled).
 
     The forms the tutorials teach, chosen by the config (each changes only projections() or scores()):
-    attention_score scaled_dot (the default), dot (no 1/√d), additive (w·tanh(q + k), explicit path only),
-    uniform (q = k = 0, so every visible key weighs the same: a plain average of the past);
+    attention_score, one of model/scoring.py's FORMS (scaled_dot, the default; dot, no 1/√d; additive, w·tanh(q + k),
+    explicit path only; uniform, q = k = 0, so every visible key weighs the same: a plain average of the past);
     shared_qk (one projection gives both q and k); attention_values false (v is the input itself, head by head).
     qk_norm scales every query and key to the same root-mean-square before they meet (not a tutorial form).
     """
@@ -102,21 +102,20 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: ModelConfig, path: str = "sdpa"):
         super().__init__()
         self.n_head, self.head_size = config.n_head, config.head_size
-        self.score, self.shared_qk, self.own_values = config.attention_score, config.shared_qk, config.attention_values
+        self.shared_qk, self.own_values = config.shared_qk, config.attention_values
         self.qk_norm = config.qk_norm
-        learned_qk = 0 if self.score == "uniform" else 1 if self.shared_qk else 2
+        self.form = FORMS[config.attention_score]
+        learned_qk = 0 if self.form.scores == "none" else 1 if self.shared_qk else 2
         parts = learned_qk + (1 if self.own_values else 0)  # how many n_embd-wide projections c_attn makes
         self.c_attn = nn.Linear(config.n_embd, parts * config.n_embd, bias=config.bias) if parts else None
-        if self.score == "additive":  # w: one vector per head that reads a score off tanh(q + k)
+        if self.form.scores == "additive":  # w: one vector per head that reads a score off tanh(q + k)
             self.w_score = nn.Parameter(torch.randn(config.n_head, config.head_size) / math.sqrt(config.head_size))
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
         self.path = path
-        # The form, decided once: whether scores are divided by √d (all but "dot"), and whether the fused kernel can
-        # compute them (all but "additive", whose scores are no dot product: that form always takes the explicit path).
-        self.scaled, self.fusable = self.score != "dot", self.score != "additive"
+        self.scaled, self.fusable = self.form.scaled, self.form.fused  # (an unfused form takes the explicit path)
         self.record: list[torch.Tensor] | None = None  # set by recording_attention()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None,
@@ -163,7 +162,7 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         made = list(self.c_attn(x).split(C, dim=-1)) if self.c_attn is not None else []
         v = made.pop() if self.own_values else x  # without values, each head mixes its own slice of x
-        if self.score == "uniform":
+        if self.form.scores == "none":
             q = k = torch.zeros_like(v)  # equal scores everywhere: softmax gives every visible key the same weight
         else:
             q = made[0]
@@ -172,7 +171,7 @@ class CausalSelfAttention(nn.Module):
 
     def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """(B, n_head, T, head_size) queries and (B, n_head, T_keys, head_size) keys -> (B, n_head, T, T_keys)."""
-        if not self.fusable:  # additive: every query-key pair, w_h · tanh(q_i + k_j), one w per head
+        if self.form.scores == "additive":  # every query-key pair, w_h · tanh(q_i + k_j), one w per head
             return additive_scores(q, k, self.w_score)
         return dot_product_scores(q, k, scaled=self.scaled)  # scaled BEFORE the softmax
 

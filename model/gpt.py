@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from model.attention import CausalSelfAttention, attention_mask, rope_tables
 from model.config import ModelConfig
 from model.kv_cache import Decoding
+from model.scoring import FORMS
 
 
 class ReLUSquared(nn.Module):
@@ -65,7 +66,7 @@ class GPT(nn.Module):
         self.config = config
         path = config.attention
         if path == "auto":  # the fused kernel wherever the form allows it
-            path = "explicit" if config.attention_score == "additive" else "sdpa"
+            path = "sdpa" if FORMS[config.attention_score].fused else "explicit"
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
         # Where each token is: a learned table added to the token embedding, rotations of q and k (RoPE), or nothing
         # (then only the causal mask tells positions apart).

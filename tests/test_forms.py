@@ -203,3 +203,16 @@ def test_qk_norm_scores_unit_rms_queries_and_keys():
         y = layer(x)
     torch.testing.assert_close(weights[0], scores.softmax(-1))
     torch.testing.assert_close(y, layer.c_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 6, 16)))
+
+
+def test_every_declared_form_is_tried_here_and_in_the_browser():
+    """Every form model/scoring.py declares (FORMS) is among this file's forms (causal, learns, resumes exactly,
+    samples the same with the cache) and among the page's browser test's variants (its numbers equal PyTorch's), so
+    a new form cannot reach the page untested."""
+    import test_attention_html
+    from model.scoring import FORMS as DECLARED
+    default = ModelConfig(vocab_size=2).attention_score
+    tried = {name: {v.get("attention_score", default) for v in variants.values()}
+             for name, variants in (("here", FORMS), ("the browser test", test_attention_html.VARIANTS))}
+    for where, forms in tried.items():
+        assert set(DECLARED) <= forms, f"{sorted(set(DECLARED) - forms)} not tried in {where}"

@@ -13,7 +13,7 @@ from configs import load_config
 from model import GPT, ModelConfig
 from model.generate import compiled_step, draw, generate, logits_to_probs, one_token_step
 from model.kv_cache import Decoding
-from errors import run_cli
+from errors import UserError, run_cli
 from training.checkpoint import load_model
 import sample as sample_cli
 from conftest import set_attention_path
@@ -383,3 +383,21 @@ def test_nanogpts_sample_flags_are_understood(run_dir, tmp_path, script):
         "error: --init_from gpt2: this sampler reads a run of this trainer, given by --out_dir RUN")
     assert script("sample.py", *common, "--compile=perhaps").stderr.strip() == (
         "error: argument --compile: expected true or false, got 'perhaps'")
+
+
+def test_the_sampling_options_are_declared_once_for_the_command_line_and_the_python_api():
+    """sample.py's --temperature, --top_k and --top_p are model/generate.py's Sampling fields, with their defaults;
+    a value out of range is refused by the same check everywhere: sample.py's one line names the flag, the Python
+    API's ValueError the option."""
+    from dataclasses import fields
+    from model.generate import Sampling
+    defaults = vars(sample_cli.build_parser().parse_args([]))
+    assert {f.name: f.default for f in fields(Sampling)} == {name: defaults[name] for name in ("temperature", "top_k",
+                                                                                            "top_p")}
+    for option, value in (("temperature", -1.0), ("top_k", 0), ("top_p", 1.5)):
+        with pytest.raises(ValueError) as refused:
+            Sampling(**{option: value})
+        args = sample_cli.build_parser().parse_args([f"--{option}", str(value)])
+        with pytest.raises(UserError) as said:
+            sample_cli.check_settings(args)
+        assert str(refused.value).startswith(f"{option} {value}: ") and str(said.value) == f"--{refused.value}"
