@@ -88,7 +88,7 @@ const ACTIVATIONS = {
   relu2: x => (x > 0 ? x * x : 0),  // ReLUSquared: relu(x) squared
 };
 
-// Rotary tables as model/rope.py builds them, in float32 as torch does (Math.fround), so the angles are the same.
+// Rotary tables as model/attention.py's rope_tables builds them, in float32 as torch does (Math.fround), so the angles are the same.
 function ropeTables(blockSize, headSize) {
   const half = headSize / 2, cos = [], sin = [];
   const frequencies = Array.from({ length: half },
