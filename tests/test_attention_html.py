@@ -913,7 +913,7 @@ def test_the_page_opens_on_a_line_of_the_runs_own_validation_text(source_run, tm
     """A model trained on Python source opens on a line of its validation text (cut to its 32-character window), not
     on Romeo: read from the token cache in the user's cache folder (the one the command line would use; never one a
     checkpoint names), and from the corpus file alone when the cache is gone; once the corpus file has changed (and
-    no cache is left) on what it opened on before (a line of Romeo, less the unknown)."""
+    no cache is left) on the default line (a line of Romeo, less the characters the model does not know)."""
     state = checkpoint.load(source_run / "run" / "ckpt_best.pt")
     assert state["data"]["n_train"] > 47 * 40  # (the split falls inside the validation lines)
     (tmp_path / "home").mkdir()

@@ -21,17 +21,17 @@ def a_gpu_that_emulates_bfloat16(monkeypatch):
 
 
 def test_a_gpu_chosen_by_index_is_made_current_in_one_process(a_gpu_that_emulates_bfloat16):
-    """--device cuda:1 without torchrun: the RNG state saved and restored, and the sampler's events, are the current
-    device's, so it must be cuda:1 (set_device had been called under torchrun only)."""
+    """--device cuda:1 without torchrun makes cuda:1 current, as under torchrun: the RNG state saved and restored,
+    and the sampler's events, are the current device's, so it must be cuda:1."""
     rt = setup("cuda:1", "float32")
     assert rt.device == torch.device("cuda", 1) and a_gpu_that_emulates_bfloat16 == [torch.device("cuda", 1)]
 
 
 def test_a_gpu_index_past_the_machines_count_is_one_line_and_exit_2(a_gpu_that_emulates_bfloat16, monkeypatch,
                                                                      corpus, tmp_path, capsys):
-    """--device cuda:2 on a machine with two GPUs ended in a raw CUDA error (a traceback) when the run made it
-    current; torchrun with more processes on a machine than it has GPUs, likewise. Both are one line, exit 2, before
-    the run folder is made."""
+    """--device cuda:2 on a machine with two GPUs, and torchrun with more processes on a machine than it has GPUs,
+    are each one line, exit 2, before the run folder is made: not CUDA's raw error (a traceback) when the run makes
+    the device current."""
     import train
     from errors import UserError, run_cli
     from training import device
@@ -72,7 +72,7 @@ def test_muons_newton_schulz_follows_autos_rule_bfloat16_only_where_the_gpu_has_
 def test_with_the_float16_scaler_a_loss_that_is_not_finite_still_counts(monkeypatch):
     """float16 trains with a gradient scaler, which skips a step whose gradients overflow: its normal search for a
     scale, not counted. But a loss that is itself not finite is the run going wrong, and must reach the non-finite
-    watch (it had been told every float16 step was finite, so --max_nonfinite_steps never fired)."""
+    watch: otherwise --max_nonfinite_steps never fires for a float16 run."""
     from types import SimpleNamespace
     from train import train_step
 
@@ -170,8 +170,8 @@ def test_mfu_under_torchrun_is_each_processs_share_of_its_own_device(monkeypatch
 
 def test_compile_fallback_gives_up_compiling_for_a_compiler_failure_only():
     """A compiler that fails is warned about once and the call repeated uncompiled; running out of memory is the
-    run's own problem (the one-line out-of-memory message), which the fallback had swallowed, turning compilation off
-    and calling it 'torch.compile failed'."""
+    run's own problem and reaches it (the one-line out-of-memory message), with compilation left on and nothing
+    called 'torch.compile failed'."""
     from training.device import CompileFallback
 
     def fails_with(err):

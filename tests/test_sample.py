@@ -265,7 +265,7 @@ def test_sampling_in_half_precision_casts_each_weight_once_not_at_every_characte
     assert len(texts[1]) == 3 + 30 + 1 and texts[1].startswith(texts[0][:-1])  # greedy: the longer text goes on
     with weight_casts(n_embd) as casts, torch.autocast("cpu", dtype=torch.bfloat16):
         generate(load_model(run_dir / "ckpt_last.pt")[0], [[1, 2]], 10, temperature=0)
-    assert len(casts.seen) > 10 * counts[0] // 2  # the old way, autocast: weights cast again at each character
+    assert len(casts.seen) > 10 * counts[0] // 2  # autocast, for comparison: weights cast again at each character
 
 
 @pytest.mark.parametrize("has_units", [True, False])

@@ -565,9 +565,8 @@ def test_a_slow_run_on_a_cpu_says_so_first_and_the_estimate_changes_nothing(corp
     ("shakespeare_char_gpu", (7200, 900, 60), "for a shorter one: --config shakespeare_char_cpu; or a lower "
                                               "--max_iters; or a lower --eval_iters or a larger --eval_interval")])
 def test_the_slow_run_note_fits_the_run(corpus, tmp_path, monkeypatch, preset, parts, flags):
-    """It names where the time goes and the flags that cut its two largest parts, and never suggests the preset that
-    is running (it had said 'use --config shakespeare_char_cpu' during shakespeare_char_cpu, and never named
-    --full_val false, that preset's largest cost)."""
+    """It names where the time goes and the flags that cut its two largest parts (--full_val false where the final
+    full validation is one of them, as in shakespeare_char_cpu), and never suggests the preset that is running."""
     steps, evaluations, full_validation = parts
     monkeypatch.setattr(opening, "expected_seconds",
                         lambda run, progress: Estimate(steps / 20, steps, evaluations, full_validation))
@@ -583,8 +582,8 @@ def test_the_slow_run_note_fits_the_run(corpus, tmp_path, monkeypatch, preset, p
 
 
 def test_a_slow_model_is_said_before_a_whole_step_is_timed(corpus, tmp_path, monkeypatch):
-    """The speed probe times one window first: where that already shows a long step, the note comes from it (the GPU
-    recipe on a CPU had timed two whole steps of 46.8 s first)."""
+    """The speed probe times one window first: where that already shows a long step, the note comes from it, before
+    any whole step is timed (a step of the GPU recipe on a CPU takes most of a minute)."""
     from training.opening import build_run
     from training.device import setup
     from data import prepare, resolve
@@ -599,7 +598,7 @@ def test_a_slow_model_is_said_before_a_whole_step_is_timed(corpus, tmp_path, mon
 
 def test_the_estimate_times_warm_passes_and_a_resumed_run_at_its_measured_speed(corpus, tmp_path, monkeypatch):
     """A first pass that pays one-off costs (here 1 s of a fake clock, then 1 ms per window) is never the figure: the
-    estimate is the warm pass's (the one-window warm-up had been taken as the figure, 64 s a step). A resumed run
+    estimate is the warm pass's (64 ms a step here, where the one-window warm-up would give 64 s). A resumed run
     counts only the steps left, at the speed its earlier sessions measured (train_seconds / steps), probing nothing."""
     from training.opening import build_run
     from training.device import setup
