@@ -1,4 +1,5 @@
-"""UserError: a mistake the user can fix. The command-line tools print it as one line and exit with code 2."""
+"""UserError: a mistake the user can fix. The command-line tools print it as one line and exit with code 2. Beside it,
+the other ways a command ends early (Interrupted: stop at once; StepAbandoned: a training step undone by a stop)."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +25,11 @@ class QuietExit(UserError):
 class Interrupted(KeyboardInterrupt):
     """Stop at once (a second Ctrl-C, or one before anything is worth saving); the message says what is left on
     disk. The command exits with 130. A KeyboardInterrupt, so no `except Exception` on the way swallows it."""
+
+
+class StepAbandoned(Exception):
+    """A stop request came between the micro-batches of a training step: the step is undone (no weight changed, the
+    batch and dropout streams back where the step began), so the run saves the state before it and resumes exactly."""
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -67,13 +67,16 @@ class TrainedRun:
                              f"{sorted(set(unknown))[:10]}")
         return self.tokenizer.encode(text)
 
-    def generate(self, prompt: str | list[str] | None = None, max_new_tokens: int = 500, temperature: float = 0.8,
-                 top_k: int | None = None, top_p: float | None = None, seed: int = 1337) -> str | list[str]:
+    def generate(self, prompt: str | list[str] | None = None, max_new_tokens: int = 500, seed: int = 1337,
+                 **sampling) -> str | list[str]:
         """The prompt's continuation (the new text only; the prompt left out: sample.py's default, a newline where
         the text has them): the same seed and settings give the same text as
         python scripts/sample.py --prompt PROMPT --stream with those settings. A list of prompts is continued in one
         batch (left-padded; each row computes what it would alone), a list of texts back: the same texts as
-        sample.py --prompt_file F --prompts_per_line --no-stream with F's lines the prompts."""
+        sample.py --prompt_file F --prompts_per_line --no-stream with F's lines the prompts. sampling: sample.py's
+        options, model/generate.py's Sampling: temperature (default 0.8; 0 = greedy), top_k, top_p."""
+        import dataclasses
+
         import torch
 
         prompts = [self.default_prompt if prompt is None else prompt] if not isinstance(prompt, list) else prompt
@@ -82,10 +85,10 @@ class TrainedRun:
         rows = [self._ids(text, "prompt") for text in prompts]
         with _project():
             generate = importlib.import_module("model.generate")
+            options = dataclasses.asdict(generate.Sampling(**sampling))  # (a TypeError names an unknown one)
             device = self.model.wte.weight.device
             generator = torch.Generator(device=device).manual_seed(seed)
-            new = generate.generate(self.model, rows, max_new_tokens, temperature=temperature, top_k=top_k,
-                                    top_p=top_p, generator=generator,
+            new = generate.generate(self.model, rows, max_new_tokens, **options, generator=generator,
                                     finite_only=True)  # NaN or inf scores: a ValueError, never text drawn from them
         texts = [self.tokenizer.decode(row) for row in new]
         return texts if isinstance(prompt, list) else texts[0]

@@ -1,10 +1,19 @@
-"""The choices a run's settings are checked against (optimizers, precisions, compile modes, devices), here so that
-configs need nothing from training/, which builds on them."""
+"""Every setting's allowed values, in one place: the model's (attention, positions, activation), the run's
+(optimizers, schedules, precisions, compile modes, devices, DDP). model/config.py and configs/schema.py check against
+them; training/ builds on them. One exception: attention_score's values are the names of model/scoring.py's FORMS,
+where each form is declared once with what it computes."""
 from __future__ import annotations
 
 import torch
 
+# the model
+ATTENTION_IMPLS = ("auto", "sdpa", "explicit")
+POSITIONS = ("learned", "rope", "none")
+ACTIVATIONS = ("gelu", "relu2")
+# the run
 OPTIMIZERS = ("adamw", "muon")
+LR_SCHEDULES = ("cosine", "wsd")
+DDP_CHOICES = ("auto", "always")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 MUON_DTYPES = ("auto", "float32", "bfloat16")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")

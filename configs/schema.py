@@ -6,13 +6,10 @@ import math
 import typing
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from configs.choices import (COMPILE_MODES, COMPILE_SCOPES, CUDA_GRAPH_MODES, DTYPE_NAMES, MUON_DTYPES, OPTIMIZERS,
-                              valid_device)
+from configs.choices import (COMPILE_MODES, COMPILE_SCOPES, CUDA_GRAPH_MODES, DDP_CHOICES, DTYPE_NAMES, LR_SCHEDULES,
+                              MUON_DTYPES, OPTIMIZERS, valid_device)
 from model.config import Architecture, ModelConfig, setting
 
-
-LR_SCHEDULES = ("cosine", "wsd")
-DDP_CHOICES = ("auto", "always")
 # Settings a run does not choose, with the value every run uses: AdamW's beta1 (its first moment's decay; beta2 is a
 # setting). A saved config may hold them, at these values.
 FIXED = {"beta1": 0.9}

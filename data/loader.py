@@ -13,6 +13,14 @@ from errors import UserError
 RESIDENT_MAX_BYTES = 1 << 30  # corpora up to 128M characters are kept on the GPU
 
 
+def send(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on the device. To CUDA it goes from pinned memory without waiting: a plain .to() from ordinary
+    memory would make the host wait until the GPU has finished all the work queued before it."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def val_window_starts(n_ids: int, block_size: int) -> np.ndarray:
     """Where the full validation's windows begin in a split of n_ids: side by side, each block_size inputs and the
     character after them (the tail too short for a window is left out)."""
@@ -58,28 +66,18 @@ class Batches:
                              for split, d in self.data.items()}
             self._steps_t = torch.arange(block_size + 1, device=self.device)
 
-    def _send(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A host tensor on the training device. To CUDA it goes from pinned memory without waiting: a plain .to()
-        from ordinary memory would make the host wait until the GPU has finished all the work queued before it."""
-        if self.device.type == "cuda":
-            return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor.to(self.device)
-
-    def _to_device(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = self._send(torch.from_numpy(windows.astype(np.int64)))  # (B, T+1)
-        return tokens[:, :-1], tokens[:, 1:]
-
     def get_batch(self, split: str, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random windows of a split, from the training stream (or from generator)."""
+        """Random windows of a split, from the training stream (or from generator): x (B, T) and y (B, T), y[b, t]
+        the character that follows x[b, t]."""
         data = self.data[split]
         starts = torch.randint(len(data) - self.block_size, (self.batch_size * self.world_size,),
                                generator=generator or self.generator)
-        mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
-        if self.resident is not None:
-            tokens = self.resident[split][self._send(mine)[:, None] + self._steps_t]  # (B, T+1), gathered in place
-            return tokens[:, :-1], tokens[:, 1:]
-        windows = data[mine.numpy()[:, None] + self._steps]  # (B, T+1)
-        return self._to_device(windows)
+        mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]  # this rank's share
+        if self.resident is not None:  # gathered on the GPU from the copy there
+            tokens = self.resident[split][send(mine, self.device)[:, None] + self._steps_t]  # (B, T+1)
+        else:
+            tokens = send(torch.from_numpy(data[mine.numpy()[:, None] + self._steps].astype(np.int64)), self.device)
+        return tokens[:, :-1], tokens[:, 1:]
 
     def fixed_batches(self, split: str, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """n x batch_size random windows of a split, the same at every call: drawn with a generator of their own,
@@ -117,8 +115,10 @@ class Batches:
         for i in range(0, n_batches * step, step):
             mine = starts[i:i + step]
             n_pad = step - len(mine)
-            mine = np.pad(mine, (0, n_pad))
-            x, y = self._to_device(data[mine[:, None] + self._steps])
+            mine = np.pad(mine, (0, n_pad))  # padding rows read the first window again
+            windows = data[mine[:, None] + self._steps]  # (B, T+1)
+            tokens = send(torch.from_numpy(windows.astype(np.int64)), self.device)
+            x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
             if n_pad:  # (y shares its memory with x) a new y, laid out as every other batch's: rows of T + 1
                 padded = y.new_full((step, self.block_size + 1), -1)[:, 1:]
                 padded[:step - n_pad] = y[:step - n_pad]
@@ -129,10 +129,6 @@ class Batches:
         """Where this rank's windows (or another rank's) begin."""
         return val_window_starts(len(self.data["val"]), self.block_size)[self.rank if rank is None else
                                                                          rank::self.world_size]
-
-    def num_val_windows(self) -> int:
-        """How many windows val_windows() yields on this rank (padding left out)."""
-        return len(self._val_starts())
 
     def val_fits(self, n_batches: int) -> bool:
         """Whether the validation split has no more windows than n_batches batches of random ones (fixed_batches):

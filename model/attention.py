@@ -1,6 +1,7 @@
 """The model's causal self-attention: all heads batched, an explicit path (q·kᵀ/√d, mask, softmax, weighted sum)
-and the fused kernel's, the causal mask by slot, and recording of the weights. The one-head-at-a-time textbook form
-the tutorials run is in model/textbook.py, and the tests prove the two compute the same."""
+and the fused kernel's, rotary positions (q and k turned by their positions' angles), the causal mask by slot, and
+recording of the weights. The one-head-at-a-time textbook form the tutorials run is in model/textbook.py, and the
+tests prove the two compute the same."""
 from __future__ import annotations
 
 import math
@@ -13,8 +14,29 @@ import torch.nn.functional as F
 
 from model.config import ModelConfig
 from model.kv_cache import LayerCache
-from model.rope import apply_rope
-from model.scoring import additive_scores, dot_product_scores
+from model.scoring import FORMS, additive_scores, dot_product_scores
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotary positions (RoPE): q and k turned by angles that grow with position, instead of a position table.
+# ---------------------------------------------------------------------------------------------
+def rope_tables(block_size: int, head_size: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * frequency, each (block_size, head_size): dimension i and i + head_size/2
+    form a pair that turns by the same angle, so each half repeats the other's frequencies."""
+    frequencies = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
+    angles = torch.outer(torch.arange(block_size, dtype=torch.float32), frequencies)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x[i], x[i + head_size/2]) of x (..., head_size) by its position's angle.
+
+    cos, sin broadcast against x and hold each token's row of the tables. A rotation keeps lengths, and the
+    dot product of a rotated q and k depends only on the distance between their positions.
+    """
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 # ---------------------------------------------------------------------------------------------
@@ -42,11 +64,11 @@ def attention_mask(slots: torch.Tensor, n_keys: int, pad: torch.Tensor | None = 
 # ---------------------------------------------------------------------------------------------
 def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float | None = None) -> torch.Tensor:
     """torch's scaled_dot_product_attention. On CPU it runs in float32 even under bfloat16 autocast: there the
-    kernel's bfloat16 backward measured 5x slower than its float32 one (torch 2.13, AMD Zen 4), while the
-    attention products are a small share of the work at these sizes. The projections around it stay bfloat16."""
+    kernel's bfloat16 backward is several times slower than its float32 one, while the attention products are a small
+    share of the work at these sizes (docs/speed.md). The projections around it stay bfloat16."""
     if q.device.type == "cpu" and (torch.is_autocast_enabled("cpu") or v.dtype != torch.float32):
         # Under autocast the kernel would take bfloat16 even from float32 inputs (rotary positions make q and k
-        # float32 while v stays bfloat16): that cost the rope model a third more time per step.
+        # float32 while v stays bfloat16): autocast is turned off around it.
         with torch.autocast("cpu", enabled=False):
             y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                dropout_p=dropout_p, is_causal=causal, scale=scale)
@@ -56,9 +78,9 @@ def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float 
 
 def written_out_when_compiled(q: torch.Tensor) -> bool:
     """Whether the fused path takes the explicit one's steps instead: inside torch.compile, on a CPU, under bfloat16
-    autocast. There inductor fuses the scaling, mask and softmax around two bfloat16 products, while the fused kernel
-    runs in float32 (fused_attention): a 5-layer step of the long CPU preset took 0.79 times the uncompiled kernel's,
-    the compiled kernel's 0.94 (docs/speed.md, sixth pass). In float32 the compiled kernel was the faster one."""
+    autocast. There inductor fuses the scaling, mask and softmax around two bfloat16 products, faster than the fused
+    kernel, which runs in float32 there (fused_attention); in float32 the compiled kernel is the faster one
+    (docs/speed.md has both)."""
     # is_compiling() first: in eager code (the sampler calls this once a layer a character) it answers at once
     return torch.compiler.is_compiling() and q.device.type == "cpu" and torch.is_autocast_enabled("cpu")
 
@@ -71,8 +93,8 @@ class CausalSelfAttention(nn.Module):
     torch.compile on a CPU in bfloat16, where the explicit steps compile faster (written_out_when_compiled).
 
     The forms the tutorials teach, chosen by the config (each changes only projections() or scores()):
-    attention_score scaled_dot (the default), dot (no 1/√d), additive (w·tanh(q + k), explicit path only),
-    uniform (q = k = 0, so every visible key weighs the same: a plain average of the past);
+    attention_score, one of model/scoring.py's FORMS (scaled_dot, the default; dot, no 1/√d; additive, w·tanh(q + k),
+    explicit path only; uniform, q = k = 0, so every visible key weighs the same: a plain average of the past);
     shared_qk (one projection gives both q and k); attention_values false (v is the input itself, head by head).
     qk_norm scales every query and key to the same root-mean-square before they meet (not a tutorial form).
     """
@@ -80,21 +102,20 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: ModelConfig, path: str = "sdpa"):
         super().__init__()
         self.n_head, self.head_size = config.n_head, config.head_size
-        self.score, self.shared_qk, self.own_values = config.attention_score, config.shared_qk, config.attention_values
+        self.shared_qk, self.own_values = config.shared_qk, config.attention_values
         self.qk_norm = config.qk_norm
-        learned_qk = 0 if self.score == "uniform" else 1 if self.shared_qk else 2
+        self.form = FORMS[config.attention_score]
+        learned_qk = 0 if self.form.scores == "none" else 1 if self.shared_qk else 2
         parts = learned_qk + (1 if self.own_values else 0)  # how many n_embd-wide projections c_attn makes
         self.c_attn = nn.Linear(config.n_embd, parts * config.n_embd, bias=config.bias) if parts else None
-        if self.score == "additive":  # w: one vector per head that reads a score off tanh(q + k)
+        if self.form.scores == "additive":  # w: one vector per head that reads a score off tanh(q + k)
             self.w_score = nn.Parameter(torch.randn(config.n_head, config.head_size) / math.sqrt(config.head_size))
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
         self.path = path
-        # The form, decided once: whether scores are divided by √d (all but "dot"), and whether the fused kernel can
-        # compute them (all but "additive", whose scores are no dot product: that form always takes the explicit path).
-        self.scaled, self.fusable = self.score != "dot", self.score != "additive"
+        self.scaled, self.fusable = self.form.scaled, self.form.fused  # (an unfused form takes the explicit path)
         self.record: list[torch.Tensor] | None = None  # set by recording_attention()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None,
@@ -141,7 +162,7 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         made = list(self.c_attn(x).split(C, dim=-1)) if self.c_attn is not None else []
         v = made.pop() if self.own_values else x  # without values, each head mixes its own slice of x
-        if self.score == "uniform":
+        if self.form.scores == "none":
             q = k = torch.zeros_like(v)  # equal scores everywhere: softmax gives every visible key the same weight
         else:
             q = made[0]
@@ -150,7 +171,7 @@ class CausalSelfAttention(nn.Module):
 
     def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """(B, n_head, T, head_size) queries and (B, n_head, T_keys, head_size) keys -> (B, n_head, T, T_keys)."""
-        if not self.fusable:  # additive: every query-key pair, w_h · tanh(q_i + k_j), one w per head
+        if self.form.scores == "additive":  # every query-key pair, w_h · tanh(q_i + k_j), one w per head
             return additive_scores(q, k, self.w_score)
         return dot_product_scores(q, k, scaled=self.scaled)  # scaled BEFORE the softmax
 

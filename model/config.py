@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-ATTENTION_IMPLS = ("auto", "sdpa", "explicit")
-ATTENTION_SCORES = ("scaled_dot", "dot", "additive", "uniform")
-POSITIONS = ("learned", "rope", "none")
-ACTIVATIONS = ("gelu", "relu2")
+from configs.choices import ACTIVATIONS, ATTENTION_IMPLS, POSITIONS
+from model.scoring import FORMS
+
 MAX_SIZE = 2**31 - 1  # the largest block_size, n_layer, n_head or n_embd (and vocab_size) a config may give
 
 
@@ -27,9 +26,8 @@ class Architecture:
     tie_weights: bool = setting(True, "share the token embedding with the output head")
     attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower); "
                                      "see model/attention.py")
-    attention_score: str = setting("scaled_dot", "how a query scores a key: scaled_dot (q·k/√head_size) | dot "
-                                                 "(q·k, unscaled) | additive (w·tanh(q + k)) | uniform (no scores: "
-                                                 "every earlier token weighs the same)")
+    attention_score: str = setting("scaled_dot", "how a query scores a key: " + " | ".join(
+        f"{form.name} ({form.meaning})" for form in FORMS.values()))
     shared_qk: bool = setting(False, "queries and keys from one projection (Q = K)")
     attention_values: bool = setting(True, "a value projection (false: keys and queries only; each head mixes its "
                                            "own slice of the input)")
@@ -70,15 +68,15 @@ class Architecture:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention!r}")
-        if self.attention_score not in ATTENTION_SCORES:
-            raise ValueError(f"attention_score must be one of {', '.join(ATTENTION_SCORES)}, "
-                             f"got {self.attention_score!r}")
-        if self.attention_score == "additive" and self.attention == "sdpa":
-            raise ValueError("attention_score additive has no fused kernel; use attention auto or explicit")
-        if self.attention_score == "uniform" and self.qk_norm:
-            raise ValueError("attention_score uniform has no queries or keys for qk_norm to normalise")
-        if self.attention_score == "uniform" and self.position == "rope":
-            raise ValueError("attention_score uniform has no queries or keys for rope to turn; "
+        if self.attention_score not in FORMS:
+            raise ValueError(f"attention_score must be one of {', '.join(FORMS)}, got {self.attention_score!r}")
+        form = FORMS[self.attention_score]
+        if not form.fused and self.attention == "sdpa":
+            raise ValueError(f"attention_score {form.name} has no fused kernel; use attention auto or explicit")
+        if form.scores == "none" and self.qk_norm:
+            raise ValueError(f"attention_score {form.name} has no queries or keys for qk_norm to normalise")
+        if form.scores == "none" and self.position == "rope":
+            raise ValueError(f"attention_score {form.name} has no queries or keys for rope to turn; "
                              "use position learned or none")
 
     @property

@@ -2,12 +2,15 @@
 tokens kept on the device, an optionally compiled decoding step)."""
 from __future__ import annotations
 
+import math
 import sys
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from data.loader import send
 from errors import in_one_line
 from model.gpt import GPT
 from model.kv_cache import Decoding, LayerCache
@@ -18,6 +21,30 @@ DecodeStep = Callable[[GPT, torch.Tensor, Decoding], torch.Tensor]
 class NonFiniteLogits(ValueError):
     """A row's next-token scores held NaN or inf (weights too large to compute with, or damaged): what would be drawn
     from them is not the model's text."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next character is drawn from the logits, declared once: scripts/sample.py's flags, TrainedRun.generate's
+    keyword arguments (hubconf.py) and the attention page's controls take their names, defaults and meanings from
+    these fields, and their checks from here. generate() takes them as keyword arguments: **asdict(Sampling(...))."""
+    temperature: float = field(default=0.8, metadata={"type": float,
+                                                      "help": "0 = greedy; below 1 = safer, above 1 = wilder"})
+    top_k: int | None = field(default=None, metadata={"type": int,
+                                                      "help": "sample only among the k likeliest characters"})
+    top_p: float | None = field(default=None, metadata={"type": float,
+                                                        "help": "sample from the smallest set with this much "
+                                                                "probability"})
+
+    def __post_init__(self):
+        """A value out of range is a ValueError naming the option and its value."""
+        number = (int, float)
+        if not (isinstance(self.temperature, number) and math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature {self.temperature}: must be 0 (greedy) or positive")
+        if self.top_k is not None and not (isinstance(self.top_k, int) and self.top_k >= 1):
+            raise ValueError(f"top_k {self.top_k}: must be at least 1")
+        if self.top_p is not None and not (isinstance(self.top_p, number) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p {self.top_p}: must be in (0, 1], e.g. 0.9")
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -81,10 +108,8 @@ def window_start(start: int, length: int, block_size: int) -> int:
 
 
 def on_device(values: list, device: torch.device) -> torch.Tensor:
-    """Host numbers -> a long tensor on device, without making the host wait: on CUDA the copy is queued from pinned
-    memory (a copy from ordinary, pageable memory waits for every kernel queued before it)."""
-    host = torch.tensor(values, dtype=torch.long)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+    """Host numbers -> a long tensor on device, without making the host wait (data.loader.send)."""
+    return send(torch.tensor(values, dtype=torch.long), device)
 
 
 def left_pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:

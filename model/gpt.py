@@ -7,15 +7,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.attention import CausalSelfAttention, attention_mask
+from model.attention import CausalSelfAttention, attention_mask, rope_tables
 from model.config import ModelConfig
 from model.kv_cache import Decoding
-from model.rope import rope_tables
+from model.scoring import FORMS
 
 
 class ReLUSquared(nn.Module):
-    """relu(x)², the nonlinearity of some recent speedrun recipes (--activation relu2). Measured here it was no
-    faster than GELU on a CPU, and with Muon the quick CPU preset reached a worse loss with it, so no preset uses it."""
+    """relu(x)², the nonlinearity of some recent speedrun recipes (--activation relu2); no preset uses it (docs/speed.md
+    has its figures beside GELU's)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(x).square()
@@ -66,7 +66,7 @@ class GPT(nn.Module):
         self.config = config
         path = config.attention
         if path == "auto":  # the fused kernel wherever the form allows it
-            path = "explicit" if config.attention_score == "additive" else "sdpa"
+            path = "sdpa" if FORMS[config.attention_score].fused else "explicit"
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
         # Where each token is: a learned table added to the token embedding, rotations of q and k (RoPE), or nothing
         # (then only the causal mask tells positions apart).
@@ -106,10 +106,6 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
-    def set_attention_path(self, path: str) -> None:
-        for block in self.blocks:
-            block.attn.path = path
-
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 decoding: Decoding | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits, loss).
@@ -134,21 +130,16 @@ class GPT(nn.Module):
         for block, cache in zip(self.blocks, caches):
             x = block(x, mask, cache, slots, rope)
         x = self.ln_f(x)
-
-        if targets is not None:
-            logits = self.head(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-            return logits, loss
-        if decoding is not None:
+        if decoding is not None and targets is None:
             x = x[:, -1:, :]  # sampling needs only the next-token distribution
-        return self.head(x), None
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """The final normalised x (B, T, n_embd) -> logits (B, T, vocab); with logit_softcap, squashed smoothly into
-        (-cap, cap), so no logit can grow without bound (the model must spread its confidence over its weights)."""
-        logits = self.lm_head(x)
-        cap = self.config.logit_softcap
-        return cap * torch.tanh(logits / cap) if cap else logits
+        logits = self.lm_head(x)  # (B, T, vocab)
+        if self.config.logit_softcap:  # squashed smoothly into (-cap, cap): no logit can grow without bound
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
 
     def positions_and_mask(self, T: int, decoding: Decoding | None, device: torch.device
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,12 +1,37 @@
-"""Attention as the tutorials write it, for any number of queries and keys and values of any width: the two
-scoring functions (dot-product, scaled by 1/√d_k or not, and additive) and attend(), which turns scores into
-weights and the weights into a weighted sum of values. The model's attention scores with the same functions."""
+"""Attention as the tutorials write it, for any number of queries and keys and values of any width: the forms of
+scoring a run can choose (FORMS, each declared once), the two scoring functions (dot-product, scaled by 1/√d_k or
+not, and additive) and attend(), which turns scores into weights and the weights into a weighted sum of values. The
+model's attention scores with the same functions, and the attention page computes what the form declares."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Form:
+    """One way of scoring a query against the keys (the setting attention_score), declared here once: the model's
+    attention (model/attention.py), the setting's allowed values (configs/choices.py) and the attention page's data
+    (scripts/attention_html.py, read by gpt.js and page.js) all take it from FORMS."""
+    name: str
+    scores: str  # how a score is made: "dot" (q·k), "additive" (w·tanh(q + k)), or "none" (no q or k: every score 0)
+    scaled: bool  # divided by √d_k before the softmax
+    fused: bool  # torch's fused kernel can compute it (scaled_dot_product_attention: dot products only)
+    meaning: str  # what --help says of it
+    formula: tuple[str, str]  # what a head computes, as the page writes it (English, Chinese)
+
+
+FORMS = {form.name: form for form in (
+    Form("scaled_dot", "dot", True, True, "q·k/√head_size", ("softmax(QKᵀ/√d) V", "softmax(QKᵀ/√d) V")),
+    Form("dot", "dot", False, True, "q·k, unscaled", ("softmax(QKᵀ) V", "softmax(QKᵀ) V")),
+    Form("additive", "additive", False, False, "w·tanh(q + k)",
+         ("softmax(w·tanh(qᵢ + kⱼ)) V", "softmax(w·tanh(qᵢ + kⱼ)) V")),
+    Form("uniform", "none", False, True, "no scores: every earlier token weighs the same",
+         ("the mean of the past values (every weight 1/i)", "过去的值的平均（每个权重 1/i）")),
+)}
 
 
 def dot_product_scores(q: torch.Tensor, k: torch.Tensor, scaled: bool = True) -> torch.Tensor:

@@ -7,6 +7,7 @@ import base64
 import json
 import re
 import sys
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import NamedTuple
 
@@ -19,7 +20,8 @@ from data.corpus import default_cache_dir  # noqa: E402
 from data.gate import META_MAX_BYTES, open_regular, read_blocks, read_small, recorded_text  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.attention import recording_attention  # noqa: E402
-from model.generate import generate  # noqa: E402
+from model.generate import Sampling, generate  # noqa: E402
+from model.scoring import FORMS  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.run_folder import check_output_file, find, write_text_atomic  # noqa: E402
 from training.report import PAGE_MAX_PARAMETERS as MAX_PARAMETERS  # noqa: E402
@@ -85,7 +87,9 @@ def page(model, vocab: str, text: str, title: str, about: dict) -> str:
     # Plane (two UTF-16 units in JavaScript) and no lone surrogate (a vocabulary read with unicode_escape can hold
     # them) can merge with its neighbour and shift the ids after it.
     data = {"title": title, "about": about, "text": text, "vocab": [ord(ch) for ch in vocab],
-            "config": model.config.to_dict(), "tensors": tensors, "weights": weights}
+            "config": model.config.to_dict(), "form": asdict(FORMS[model.config.attention_score]),
+            "sampling": [{"name": option.name, "default": option.default} for option in fields(Sampling)],
+            "tensors": tensors, "weights": weights}
     html = (PARTS / "page.html").read_text(encoding="utf-8")
     for mark, name in SCRIPTS:
         script = (PARTS / name).read_text(encoding="utf-8")

@@ -26,9 +26,8 @@ from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # 
 from training.opening import build_run  # noqa: E402
 from training.run_folder import check_output_file, write_text_atomic  # noqa: E402
 from training.opening import prepare_data  # noqa: E402
-from training.device import (CountOperations, for_sampling, measure_peak_flops, setup, sync,  # noqa: E402
-                             utilisation)
-from training.step import forward_backward, train_step, update  # noqa: E402
+from training.device import CountOperations, for_sampling, measure_peak_flops, setup, sync  # noqa: E402
+from train import forward_backward, train_step, update  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prepare import make_corpus  # noqa: E402
@@ -39,14 +38,15 @@ def build_training(cfg, rt, say=print) -> dict:
     """The real loader, model, optimizer and train_step of a run with this config (training.build_run): step() takes
     one training step."""
     run, _ = build_run(cfg, rt, prepare_data(cfg, say), say=say)
+    autocast = rt.autocast()
     return {"model": run.model, "params": run.model.num_params(non_embedding=False),
             "matmul_shape": (cfg.batch_size * cfg.block_size, cfg.n_embd, 4 * cfg.n_embd),  # the largest product
             "flops_per_token": run.flops_per_token, "tokens_per_iter": run.tokens_per_iter,
-            "step": lambda: train_step(run.step_model, run.optimizer, run.scaler, run.batches, rt, cfg,
-                                       cfg.learning_rate),
-            "forward_backward": lambda: forward_backward(run.step_model, run.optimizer, run.scaler, run.batches, rt,
-                                                         cfg),
-            "update": lambda: update(run.step_model, run.optimizer, run.scaler, rt, cfg, cfg.learning_rate)}
+            "step": lambda: train_step(run.step_model, run.optimizer, run.scaler, run.batches, autocast, cfg,
+                                       cfg.learning_rate, rt),
+            "forward_backward": lambda: forward_backward(run.step_model, run.optimizer, run.scaler, run.batches,
+                                                         autocast, cfg, rt),
+            "update": lambda: update(run.step_model, run.optimizer, run.scaler, cfg, cfg.learning_rate, rt)}
 
 
 def time_parts(parts: tuple, iters: int, device: torch.device) -> tuple[float, float]:
@@ -165,7 +165,7 @@ def speed(run: dict, seconds: float, peak_flops: float) -> dict:
     achieved = run["flops_per_token"] * tokens_per_sec
     peak_flops = max(peak_flops, achieved)  # the step itself ran faster than the ceiling measured: it is the ceiling
     return {"ms_per_iter": seconds * 1000, "tokens_per_sec": tokens_per_sec, "achieved_flops": achieved,
-            "peak_flops": peak_flops, "mfu": utilisation(achieved, peak_flops)}
+            "peak_flops": peak_flops, "mfu": achieved / peak_flops}
 
 
 def bench_prepare(megabytes: int) -> float:

@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import math
 import sys
+from dataclasses import asdict, fields
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -12,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
-from model.generate import NonFiniteLogits, compiled_step, generate, one_token_step  # noqa: E402
+from model.generate import NonFiniteLogits, Sampling, compiled_step, generate, one_token_step  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 from training.device import for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
 from training.run_folder import find  # noqa: E402
@@ -28,9 +29,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--prompt_file", default="", help="read the prompt from this file")
     p.add_argument("--prompts_per_line", action="store_true", help="with --prompt_file: one prompt per line, batched")
     p.add_argument("--max_new_tokens", type=int, default=500, help="characters to generate per sample")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; below 1 = safer, above 1 = wilder")
-    p.add_argument("--top_k", type=int, default=None, help="sample only among the k likeliest characters")
-    p.add_argument("--top_p", type=float, default=None, help="sample from the smallest set with this much probability")
+    for option in fields(Sampling):  # --temperature, --top_k, --top_p
+        p.add_argument(f"--{option.name}", type=option.metadata["type"], default=option.default,
+                       help=option.metadata["help"])
     p.add_argument("--num_samples", type=int, default=1, help="samples per prompt")
     p.add_argument("--seed", type=int, default=1337, help="same seed and settings give the same text")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
@@ -50,13 +51,16 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+def sampling(args: argparse.Namespace) -> Sampling:
+    """The command line's sampling options (checked: a ValueError naming the option)."""
+    return Sampling(**{option.name: getattr(args, option.name) for option in fields(Sampling)})
+
+
 def check_settings(args: argparse.Namespace) -> None:
-    if not math.isfinite(args.temperature) or args.temperature < 0:
-        raise UserError(f"--temperature {args.temperature}: must be 0 (greedy) or positive")
-    if args.top_k is not None and args.top_k < 1:
-        raise UserError(f"--top_k {args.top_k}: must be at least 1")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise UserError(f"--top_p {args.top_p}: must be in (0, 1], e.g. 0.9")
+    try:
+        sampling(args)
+    except ValueError as err:
+        raise UserError(f"--{err}") from None
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise UserError("--max_new_tokens and --num_samples must be at least 1")
     if args.init_from != "resume":  # nanoGPT's sample.py: resume (a run's checkpoint) or gpt2*
@@ -118,7 +122,7 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
     if args.compile and not args.no_cache:  # else the wait before the first new character would look like a hang
         print("--compile: the decoding step is compiled before the first new character (on a CPU about 20 s)",
               file=sys.stderr)
-    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
+    settings = dict(**asdict(sampling(args)), generator=generator,
                     use_cache=not args.no_cache, step=step, finite_only=True)
     if stream:  # one row at a time, each character printed as it is drawn
         for i, (row, text) in enumerate(zip(rows, texts)):

@@ -41,6 +41,19 @@ WORDS = ("the king queen shall speak of love and war before we proceed any furth
          "citizens hath said o").split()
 
 
+def set_attention_path(model, path: str) -> None:
+    """Every attention layer of a GPT on one path: "explicit" (q·kᵀ/√d, mask, softmax, weighted sum) or "sdpa"."""
+    for block in model.blocks:
+        block.attn.path = path
+
+
+def num_val_windows(batches) -> int:
+    """How many validation windows Batches.val_windows() yields on its rank (padding left out), counted anew."""
+    n = len(batches.data["val"])
+    return len(range(batches.rank * batches.block_size, n - batches.block_size,
+                     batches.world_size * batches.block_size))
+
+
 def play_text(n_chars: int, seed: int = 0) -> str:
     """n_chars of a made-up play, the same every time: speeches by named speakers, each of one to three lines from a
     stock of 80 (so a line's start tells its end: more context helps, as in real text), capitals and punctuation.

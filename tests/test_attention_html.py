@@ -22,13 +22,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import run_script, train_debug
+from conftest import run_script, set_attention_path, train_debug
 from data.tokenizer import CharTokenizer
 from errors import run_cli
 from model import GPT
 from model.config import ModelConfig
 from model.generate import generate, logits_to_probs
-from model.rope import apply_rope
+from model.attention import apply_rope
 from model.textbook import Head
 from training import checkpoint
 
@@ -487,7 +487,7 @@ TUTORIAL_NAMES = {
 
 def factor_model(model, factor: float):
     """The same weights with every q·k multiplied by factor instead of the model's own (the explicit path)."""
-    model.set_attention_path("explicit")
+    set_attention_path(model, "explicit")
     for block in model.blocks:
         block.attn.scores = lambda q, k: (q @ k.transpose(-2, -1)) * factor
     return model
@@ -629,7 +629,7 @@ def variant_page(run, tmp_path, name: str):
 @needs_browser
 def test_a_learner_sees_what_rotary_positions_do_for_the_character_clicked(run, tmp_path):
     """Rotary positions explained: after a click on character 5, each pair's frequency and its angle at character 5
-    are model/rope.py's (the angle's cosine is the model's own table entry), and the picture's q·k of q = k = ones
+    are model/attention.py's rotary tables' (the angle's cosine is the model's own table entry), and the picture's q·k of q = k = ones
     equals PyTorch's apply_rope for every distance, from the first character and from the middle alike."""
     from browser import Browser
     html, model, _ = variant_page(run, tmp_path, "rope-qknorm-relu2-nobias-untied")
@@ -913,7 +913,7 @@ def test_the_page_opens_on_a_line_of_the_runs_own_validation_text(source_run, tm
     """A model trained on Python source opens on a line of its validation text (cut to its 32-character window), not
     on Romeo: read from the token cache in the user's cache folder (the one the command line would use; never one a
     checkpoint names), and from the corpus file alone when the cache is gone; once the corpus file has changed (and
-    no cache is left) on what it opened on before (a line of Romeo, less the unknown)."""
+    no cache is left) on the default line (a line of Romeo, less the characters the model does not know)."""
     state = checkpoint.load(source_run / "run" / "ckpt_best.pt")
     assert state["data"]["n_train"] > 47 * 40  # (the split falls inside the validation lines)
     (tmp_path / "home").mkdir()

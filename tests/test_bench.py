@@ -78,7 +78,7 @@ def test_mfu_never_passes_100_percent_when_the_peak_was_measured_low():
     run = {"tokens_per_iter": 1000, "flops_per_token": 1e6}
     figures = bench.speed(run, seconds=0.01, peak_flops=1e9)  # achieved 1e11 FLOP/s against a "peak" of 1e9
     assert figures["mfu"] == 1.0 and figures["peak_flops"] == figures["achieved_flops"] == pytest.approx(1e11)
-    assert bench.speed(run, seconds=0.01, peak_flops=4e11)["mfu"] == pytest.approx(0.25)  # an honest peak: as it was
+    assert bench.speed(run, seconds=0.01, peak_flops=4e11)["mfu"] == pytest.approx(0.25)  # an honest peak: uncapped
 
 
 def test_bench_run_times_the_whole_command_and_reports_the_runs_own_figures(tmp_path, small_text, script):
@@ -272,9 +272,9 @@ def test_bench_counts_the_hosts_waits_per_training_step_and_fails_above_the_boun
 
 
 def test_bench_sample_keeps_one_cache_per_shape_across_its_timed_runs(monkeypatch):
-    """bench_sample alternates 1 row and a batch on one model; generate() keeps one shape of caches per model, so each
-    run had reallocated them (and a compiled step re-recorded its CUDA graph in every timed run). Each shape now has
-    its caches from the warm-up to the last round: the same tensors, at the same addresses."""
+    """bench_sample alternates 1 row and a batch on one model, and generate() keeps one shape of caches per model:
+    each shape keeps its caches from the warm-up to the last round, the same tensors at the same addresses, so no
+    timed run pays for reallocating them (nor, compiled, for recording its CUDA graph again)."""
     import torch
     import bench_sample
     from model import GPT, ModelConfig
@@ -328,7 +328,7 @@ def test_host_waits_on_cuda_count_each_synchronizing_call_where_it_happened_and_
 def test_score_nanogpt_scores_in_the_precision_evaluate_py_uses_for_a_run_of_ours(tmp_path, small_text, script):
     """A run of ours trained with --dtype auto is scored by evaluate.py in its own precision (bfloat16 on a CPU with
     bfloat16 units, float32 elsewhere); score_nanogpt.py, left to its default, scores a nanoGPT checkpoint in that same
-    precision, so a comparison's two figures are measured alike (it had scored in float32 beside a bfloat16 one)."""
+    precision, so a comparison's two figures are measured alike (never float32 beside bfloat16)."""
     import json
     import numpy as np
     import torch

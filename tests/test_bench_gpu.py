@@ -40,7 +40,7 @@ def session_processes(session: int) -> list[int]:
 
 
 def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
-    """Its exit code, stdout and stderr; whatever it left running is killed (the old script's orphans)."""
+    """Its exit code, stdout and stderr; whatever it left running is killed: a failing test leaves no orphans."""
     try:
         out, err = process.communicate(timeout=timeout)
     finally:
@@ -93,8 +93,8 @@ def test_a_log_or_log_folder_that_is_a_link_is_refused_and_nothing_is_written_th
 @pytest.mark.parametrize("sig, code, name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
 def test_a_stop_ends_every_process_of_the_sitting_and_removes_its_temp_folder(tmp_path, corpus, sig, code, name):
     """SIGTERM (or Ctrl-C) during a step: every process the script started ends, its temp folder is removed, and no
-    step goes on running or saying PASS or FAIL after the stop (its part had run on in a subshell, printing FAIL
-    for steps it never ran, its temp folder left behind)."""
+    step goes on running or saying PASS or FAIL after the stop (as a part left running in a subshell would, printing
+    FAIL for steps it never ran and leaving its temp folder behind)."""
     process = start("smoke", str(corpus), str(tmp_path / "logs"), tmp_path=tmp_path)
     log = tmp_path / "logs" / "smoke.log"
     deadline = time.monotonic() + 120

@@ -1,5 +1,7 @@
 """The CUDA-only code's logic, checked on a CPU with torch.cuda's functions stood in for where only the call matters:
 the device a run makes current, the dtype auto picks on GPUs that only emulate bfloat16."""
+import contextlib
+
 import pytest
 import torch
 from training.device import Runtime, pick_dtype, setup
@@ -19,17 +21,17 @@ def a_gpu_that_emulates_bfloat16(monkeypatch):
 
 
 def test_a_gpu_chosen_by_index_is_made_current_in_one_process(a_gpu_that_emulates_bfloat16):
-    """--device cuda:1 without torchrun: the RNG state saved and restored, and the sampler's events, are the current
-    device's, so it must be cuda:1 (set_device had been called under torchrun only)."""
+    """--device cuda:1 without torchrun makes cuda:1 current, as under torchrun: the RNG state saved and restored,
+    and the sampler's events, are the current device's, so it must be cuda:1."""
     rt = setup("cuda:1", "float32")
     assert rt.device == torch.device("cuda", 1) and a_gpu_that_emulates_bfloat16 == [torch.device("cuda", 1)]
 
 
 def test_a_gpu_index_past_the_machines_count_is_one_line_and_exit_2(a_gpu_that_emulates_bfloat16, monkeypatch,
                                                                      corpus, tmp_path, capsys):
-    """--device cuda:2 on a machine with two GPUs ended in a raw CUDA error (a traceback) when the run made it
-    current; torchrun with more processes on a machine than it has GPUs, likewise. Both are one line, exit 2, before
-    the run folder is made."""
+    """--device cuda:2 on a machine with two GPUs, and torchrun with more processes on a machine than it has GPUs,
+    are each one line, exit 2, before the run folder is made: not CUDA's raw error (a traceback) when the run makes
+    the device current."""
     import train
     from errors import UserError, run_cli
     from training import device
@@ -70,9 +72,9 @@ def test_muons_newton_schulz_follows_autos_rule_bfloat16_only_where_the_gpu_has_
 def test_with_the_float16_scaler_a_loss_that_is_not_finite_still_counts(monkeypatch):
     """float16 trains with a gradient scaler, which skips a step whose gradients overflow: its normal search for a
     scale, not counted. But a loss that is itself not finite is the run going wrong, and must reach the non-finite
-    watch (it had been told every float16 step was finite, so --max_nonfinite_steps never fired)."""
+    watch: otherwise --max_nonfinite_steps never fires for a float16 run."""
     from types import SimpleNamespace
-    from training.step import train_step
+    from train import train_step
 
     class Model(torch.nn.Module):
         def __init__(self):
@@ -89,7 +91,8 @@ def test_with_the_float16_scaler_a_loss_that_is_not_finite_still_counts(monkeypa
     cfg = SimpleNamespace(grad_accum_steps=1, grad_clip=1.0)
     for y, finite in ((1.0, True), (float("nan"), False)):
         batches = SimpleNamespace(get_batch=lambda split: (torch.ones(3), torch.tensor(y)))
-        assert bool(train_step(model, optimizer, scaler, batches, rt, cfg, 0.1)[2]) is finite
+        assert bool(train_step(model, optimizer, scaler, batches, contextlib.nullcontext(), cfg, 0.1, rt)[2]) \
+            is finite
     assert torch.isfinite(model.weight).all()  # the bad step was skipped
     assert scaler.get_scale() == 65536.0 / 2  # and the scaler lowered its scale after it
 
@@ -122,7 +125,7 @@ def test_float16_steps_muon_and_adamw_as_one_without_the_host_reading_the_device
     from types import SimpleNamespace
     from model import GPT, ModelConfig
     from training.optim import configure_optimizer
-    from training.step import update
+    from train import update
 
     def one_step(scale):
         torch.manual_seed(0)
@@ -131,9 +134,9 @@ def test_float16_steps_muon_and_adamw_as_one_without_the_host_reading_the_device
         scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
         x = torch.randint(0, 11, (4, 8))
         scaler.scale(model(x, x)[1]).backward()
-        as_on_a_gpu = SimpleNamespace(device=torch.device("cpu"), device_type="cuda")
+        as_on_a_gpu = SimpleNamespace(device=SimpleNamespace(type="cuda"))  # the step as on a GPU, its tensors here
         with host_reads() as reads:
-            update(model, optimizer, scaler, as_on_a_gpu, SimpleNamespace(grad_clip=1.0), 1e-2)
+            update(model, optimizer, scaler, SimpleNamespace(grad_clip=1.0), 1e-2, as_on_a_gpu)
         return model.state_dict(), reads
 
     (plain, _), (scaled, reads) = one_step(None), one_step(2.0 ** 10)
@@ -142,30 +145,33 @@ def test_float16_steps_muon_and_adamw_as_one_without_the_host_reading_the_device
         torch.testing.assert_close(scaled[name], plain[name], rtol=0, atol=0)
 
 
-def test_mfu_under_torchrun_is_each_processs_share_of_its_own_device():
+def test_mfu_under_torchrun_is_each_processs_share_of_its_own_device(monkeypatch):
     """tokens per step count every process's batch, and the peak is one device's: two processes at 30% each read 30%
     each (nanoGPT counts per GPU too)."""
     from types import SimpleNamespace
-    from training.report import StepLog
+    import train
+    from train import StepLog
 
     logged = {}
-    log = SimpleNamespace(step=lambda it, loss, lr, norm, tokens_per_sec, seen, mfu: logged.update(mfu=mfu * 100),
-                          line=lambda text: None)
-    cfg = SimpleNamespace(log_interval=10, max_iters=20)
-    clock = SimpleNamespace(step_seconds=lambda it: 1.0)
-    watch = SimpleNamespace(longest=torch.tensor(0), looked=lambda: None)
+    writer = SimpleNamespace(add_scalar=lambda tag, value, it: logged.update({tag: value}))
+    log = SimpleNamespace(writer=lambda: writer, lines=None, wandb=None)
+    clock = SimpleNamespace(trained=10.0, started=100.0)  # 10 s of training by the log line at step 10
+    monkeypatch.setattr(train.time, "perf_counter", lambda: 100.0)
+    run = SimpleNamespace(tokens_per_iter=2000, flops_per_token=300.0, cfg=SimpleNamespace(max_iters=20))
+    session = SimpleNamespace(run=run, log=log, clock=clock, d=SimpleNamespace(world_size=2),
+                              progress=SimpleNamespace(it=0, last_eval={}, losses={"train": []}))
     bar = SimpleNamespace(set_postfix_str=lambda *args, **kwargs: None)
     peak = 300.0 * 2000 / 2 / 0.3  # the FLOP/s at which one process's share is 30%
-    steps = StepLog(log, bar, cfg, tokens_per_iter=2000, flops_per_token=300.0, world_size=2, peak_flops=peak,
-                    last_eval={})
-    steps.write(10, 1e-3, torch.tensor(2.0), torch.tensor(1.0), watch, clock)
-    assert logged["mfu"] == pytest.approx(30.0)
+    steps = StepLog(session, bar, peak_flops=peak)
+    steps.logged = (0, 0.0)  # the last log line: step 0, no training yet
+    steps.write(10, 1e-3, torch.tensor(2.0), torch.tensor(1.0), torch.tensor(0))
+    assert logged["perf/mfu"] == pytest.approx(30.0)
 
 
 def test_compile_fallback_gives_up_compiling_for_a_compiler_failure_only():
     """A compiler that fails is warned about once and the call repeated uncompiled; running out of memory is the
-    run's own problem (the one-line out-of-memory message), which the fallback had swallowed, turning compilation off
-    and calling it 'torch.compile failed'."""
+    run's own problem and reaches it (the one-line out-of-memory message), with compilation left on and nothing
+    called 'torch.compile failed'."""
     from training.device import CompileFallback
 
     def fails_with(err):
@@ -189,7 +195,7 @@ def test_a_backward_that_fails_to_compile_falls_back_and_the_step_is_the_uncompi
     from types import SimpleNamespace
     from model import GPT, ModelConfig
     from training.device import CompileFallback
-    from training.step import train_step
+    from train import train_step
 
     class FailsInBackward(torch.autograd.Function):  # a stand-in for inductor failing on the backward graph
         @staticmethod
@@ -224,7 +230,7 @@ def test_a_backward_that_fails_to_compile_falls_back_and_the_step_is_the_uncompi
         cfg = SimpleNamespace(grad_accum_steps=2, grad_clip=1.0)
         rt = Runtime(torch.device("cpu"), torch.float32)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
-        loss = train_step(step_model, optimizer, scaler, Batches(), rt, cfg, 0.1)[0]
+        loss = train_step(step_model, optimizer, scaler, Batches(), contextlib.nullcontext(), cfg, 0.1, rt)[0]
         return model.state_dict(), loss, said, step_model
 
     plain, plain_loss, _, _ = one_step(False)
@@ -244,7 +250,7 @@ def test_the_failed_attempts_activations_are_freed_before_the_step_is_computed_a
     from types import SimpleNamespace
     from model import GPT, ModelConfig
     from training.device import CompileFallback
-    from training.step import train_step
+    from train import train_step
 
     saved = []
 
@@ -278,7 +284,8 @@ def test_the_failed_attempts_activations_are_freed_before_the_step_is_computed_a
     said = []
     step_model = CompileFallback(model, lambda x, y: (None, FailsInBackward.apply(model(x, y)[1])), said.append)
     train_step(step_model, AdamW(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu", enabled=False), Batches(),
-               Runtime(torch.device("cpu"), torch.float32), SimpleNamespace(grad_accum_steps=1, grad_clip=1.0), 0.1)
+               contextlib.nullcontext(), SimpleNamespace(grad_accum_steps=1, grad_clip=1.0), 0.1,
+               Runtime(torch.device("cpu"), torch.float32))
     assert len(said) == 1 and len(saved) == 1  # it failed, and fell back
     assert alive_at_each_batch == [[], [False]]  # the retry's batch: the failed attempt's tensor already freed
 

@@ -31,8 +31,8 @@ def launch(corpus, out_dir, *extra, processes=2, program=ROOT / "train.py", torc
     return subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT)
 
 
-# 81 validation windows of 32: 41 for rank 0, 40 for rank 1, so 11 and 10 batches of 4. Reading them as they were,
-# rank 0's 11th batch met rank 1's final sum in a collective of another size, and gloo ended the job (a7f3d10).
+# 81 validation windows of 32: 41 for rank 0, 40 for rank 1, so 11 and 10 batches of 4. Unless rank 1 reads a padded
+# 11th batch, rank 0's 11th batch meets rank 1's final sum in a collective of another size, and gloo ends the job.
 UNEVEN_SPLIT = ("--val_fraction", "0.087")
 
 
@@ -162,8 +162,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_a_backward_that_fails_to_compile_under_ddp_falls_back_on_every_rank(corpus, tmp_path, monkeypatch):
     """Compiled by blocks under DDP at grad_accum_steps 1, the backward's compilation fails at the first step on both
     ranks, or on rank 1 alone: every rank turns compilation off (rank 0 warns once, naming the rank) and computes the
-    step again, and the run trains on to its end with the weights of an uncompiled run (DDP's next forward had
-    refused to start: 'Expected to have finished reduction in the prior iteration')."""
+    step again, and the run trains on to its end with the weights of an uncompiled run (a reduction that DDP's hooks
+    began and never finished would make its next forward refuse to start: 'Expected to have finished reduction in
+    the prior iteration')."""
     program = tmp_path / "backward_fails.py"
     program.write_text(BACKWARD_FAILS.format(train=str(ROOT / "train.py"), root=str(ROOT)))
     common = ("--max_iters", "4", "--full_val", "false")

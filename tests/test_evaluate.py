@@ -47,9 +47,9 @@ def test_the_windows_of_a_long_text_at_stride_1_take_no_memory_of_their_own():
 
 @pytest.mark.parametrize("n_ids, stride", [(203, 8), (200, 3), (6, 8)])
 def test_scoring_a_text_reads_the_device_once_whatever_its_number_of_batches(host_reads, n_ids, stride):
-    """On a GPU each value read from a tensor waits for the device: the scorer read a count per batch
-    (int(keep.sum())), so a long text waited thousands of times. Now one read per text (the sum at the end), and the
-    same figures as a loop over the windows one at a time, the text's shorter last window included."""
+    """On a GPU each value read from a tensor waits for the device, and a read per batch would make a long text
+    wait thousands of times: the scorer reads once per text (the sum at the end), and gives the same figures as a
+    loop over the windows one at a time, the text's shorter last window included."""
     from model import GPT, ModelConfig
     from training.evaluation import score
     torch.manual_seed(0)
@@ -111,8 +111,8 @@ def test_the_validation_split_side_by_side_is_the_runs_full_validation(run, figu
     val = figures(tmp, "--data", str(corpus), "--split", "val")
     assert val["stride"] == 32 and val["unknown"] == 0
     # The same windows, summed in another order (per character here, per batch mean there): float32 rounding only.
-    # 1e-6 held on this project's 2-core AVX2 CPU; a 16-core machine beside an H100 gave 3.1575176 against
-    # 3.1575216 (1.3e-6), so the tolerance is 1e-5, still far below what a wrong window or split would move.
+    # The rounding differs by machine (1.3e-6 on a 16-core machine beside an H100: 3.1575176 against 3.1575216), so
+    # the tolerance is 1e-5, still far below what a wrong window or split would move.
     assert val["loss"] == pytest.approx(summary["full_val_loss"], rel=1e-5)
     closer = figures(tmp, "--data", str(corpus), "--split", "val", "--stride", "8")  # more context per character
     # more context per character: the same characters, and no worse beyond a hair (this toy, 60 steps on the made-up
@@ -217,8 +217,8 @@ def test_batches_too_big_for_the_free_memory_are_refused_before_scoring(run, eva
 
 
 def test_written_to_a_file_its_progress_is_plain_lines(run, evaluate, monkeypatch):
-    """A terminal gets a bar; a log file got hundreds of a bar's redraws run together. Now plain lines there (the
-    output here is not a terminal)."""
+    """A terminal gets a bar; a log file gets plain lines, not hundreds of a bar's redraws run together (the output
+    here is not a terminal)."""
     import evaluate as script
     monkeypatch.setattr(script, "tqdm", lambda *args, **kwargs: pytest.fail("a progress bar written to a file"))
     done = evaluate("--out_dir", str(run[0] / "run"), "--data", str(run[1]))

@@ -1,5 +1,5 @@
 """Faults and bad input are one line and exit 2, with nothing lost: a full disk, unwritable places, damaged caches
-and checkpoints, out of memory, and every command-line value that used to end in a traceback."""
+and checkpoints, out of memory, and command-line values that Python or torch would answer with a traceback."""
 import contextlib
 import errno
 import io

@@ -11,6 +11,7 @@ from model import GPT, ModelConfig
 from model.attention import CausalSelfAttention, recording_attention
 from model.generate import compiled_step, generate
 from training.optim import configure_optimizer
+from conftest import set_attention_path
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
 FORMS = {
@@ -46,7 +47,7 @@ def batch(seed: int = 1):
 def test_each_form_is_causal_on_each_path(form, path):
     model = model_of(form).eval()
     if form != "additive":  # additive has the explicit path only
-        model.set_attention_path(path)
+        set_attention_path(model, path)
     idx = batch()[0][:2, :12]
     base, _ = model(idx)
     for t in range(12):
@@ -113,7 +114,7 @@ def test_the_fused_kernel_computes_each_form_it_is_used_for(form):
     model = model_of(form).eval()
     idx, targets = batch()
     fused, _ = model(idx, targets)
-    model.set_attention_path("explicit")
+    set_attention_path(model, "explicit")
     explicit, _ = model(idx, targets)
     torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-5)
 
@@ -202,3 +203,16 @@ def test_qk_norm_scores_unit_rms_queries_and_keys():
         y = layer(x)
     torch.testing.assert_close(weights[0], scores.softmax(-1))
     torch.testing.assert_close(y, layer.c_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 6, 16)))
+
+
+def test_every_declared_form_is_tried_here_and_in_the_browser():
+    """Every form model/scoring.py declares (FORMS) is among this file's forms (causal, learns, resumes exactly,
+    samples the same with the cache) and among the page's browser test's variants (its numbers equal PyTorch's), so
+    a new form cannot reach the page untested."""
+    import test_attention_html
+    from model.scoring import FORMS as DECLARED
+    default = ModelConfig(vocab_size=2).attention_score
+    tried = {name: {v.get("attention_score", default) for v in variants.values()}
+             for name, variants in (("here", FORMS), ("the browser test", test_attention_html.VARIANTS))}
+    for where, forms in tried.items():
+        assert set(DECLARED) <= forms, f"{sorted(set(DECLARED) - forms)} not tried in {where}"

@@ -54,7 +54,7 @@ def limited(main: str, args: list[str], extra_bytes: int, timeout: float = 120) 
 def test_an_optimizer_moment_of_the_wrong_shape_is_refused_before_the_fused_step(finished, tmp_path):
     """A 7-element exp_avg for the token embedding (55 x 32): the fused AdamW step would write past its end and grow
     the process by GBs; --resume refuses it in one line naming the tensor and both shapes, the checkpoint kept byte
-    for byte. (Under a 1 GiB limit, so that the code before could not take the machine down.)"""
+    for byte. (Under a 1 GiB limit, so that a step that did write past the end could not take the machine down.)"""
     out = copy_of(finished, tmp_path)
     state = torch.load(out / "ckpt_last.pt", weights_only=True)
     state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(7)
@@ -305,9 +305,9 @@ def planted_record(out: Path, folder: str, files: dict[str, bytes], record: dict
 @pytest.mark.parametrize("folder", [".replaced", ".replaced.discarded", ".replaced.tmp-x1y2z3"])
 def test_a_forged_record_moves_and_deletes_nothing(corpus, finished, tmp_path, capsys, folder):
     """A finished run with a planted keep-aside: in .replaced/ a record listing its checkpoints and summary as not yet
-    moved (which had its events and loss.png deleted as a replacement's, and said it restored the run); in
-    .replaced.discarded/ a record naming the files beside it; in .replaced.tmp-* a lone record. Each is refused in one
-    line by a new run, --resume and --overwrite, every file of the folder kept byte for byte."""
+    moved (trusted, it would have the run's events and loss.png deleted as a replacement's and the run called
+    restored); in .replaced.discarded/ a record naming the files beside it; in .replaced.tmp-* a lone record. Each is
+    refused in one line by a new run, --resume and --overwrite, every file of the folder kept byte for byte."""
     out = copy_of(finished, tmp_path)
     sizes = {name: (out / name).stat().st_size for name in ("ckpt_last.pt", "ckpt_best.pt", "summary.json")}
     if folder == ".replaced":

@@ -1,4 +1,5 @@
 """The decoder: config checks, initialisation, causality end to end, learning, optimizer groups."""
+import copy
 import math
 
 import pytest
@@ -9,6 +10,7 @@ from model.attention import recording_attention
 from model.kv_cache import Decoding
 from training.optim import configure_optimizer
 from training.device import CountOperations
+from conftest import set_attention_path
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
@@ -57,7 +59,7 @@ def test_paths_agree_inside_the_model(position):
     model = GPT(ModelConfig(**TINY, position=position)).eval()
     idx = torch.randint(0, 13, (3, 16))
     fast, _ = model(idx, idx)
-    model.set_attention_path("explicit")
+    set_attention_path(model, "explicit")
     slow, _ = model(idx, idx)
     torch.testing.assert_close(slow, fast, rtol=1e-5, atol=1e-5)
 
@@ -119,7 +121,7 @@ def test_weight_decay_only_on_matrices():
 
 
 def test_rope_rotates_without_stretching_and_scores_depend_only_on_distance():
-    from model.rope import apply_rope, rope_tables
+    from model.attention import apply_rope, rope_tables
     cos, sin = rope_tables(32, 8)
     q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
 
@@ -157,6 +159,18 @@ def test_muon_takes_the_block_matrices_and_adamw_everything_else():
     assert muon.isdisjoint(adamw) and muon | adamw == set(names.values())
     assert "wte.weight" in adamw  # the embedding (shared with the head) is not a hidden matrix
     assert len(opt.param_groups) == 3  # the schedule sets every group's learning rate
+
+
+def test_muon_and_adamw_hand_the_schedule_the_groups_they_step_with_after_a_checkpoint_is_loaded():
+    """Loading a state dict gives each optimizer new group dicts: the learning rate the schedule writes must reach
+    the groups the optimizers step with, after a resume as before it."""
+    from training.optim import configure_optimizer
+    model = GPT(ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    opt = configure_optimizer(model, 1e-2, 0.1, (0.9, 0.95), "cpu", kind="muon")
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    for group in opt.param_groups:
+        group["lr"] = 0.123
+    assert [g["lr"] for g in opt.muon.param_groups + opt.adamw.param_groups] == [0.123] * 3
 
 
 def test_a_muon_step_is_orthogonal_and_sized_like_adamw():

@@ -98,7 +98,7 @@ def test_a_hard_linked_lock_or_a_pipe_is_refused(corpus, finished, tmp_path, cap
 def test_an_atomic_write_never_follows_a_planted_temporary_name(tmp_path):
     victim, _ = outside(tmp_path)
     target = tmp_path / "figures.json"
-    planted = tmp_path / f"figures.json.tmp-{os.getpid()}"  # the name a write had used: the folder, the pid
+    planted = tmp_path / f"figures.json.tmp-{os.getpid()}"  # a name anyone can guess: the file's, then the pid
     planted.symlink_to(victim)
     write_text_atomic(target, "{}\n", "the figures file", "--json")
     assert victim.read_bytes() == b"the user's own file"
@@ -369,7 +369,8 @@ def test_resume_refuses_a_hostile_checkpoint_and_a_run_config_that_asks_for_anot
 # ---- one signal is enough; the smaller ones --------------------------------------------------------------------
 def test_one_sigterm_during_a_long_evaluation_sample_stops_the_run_with_its_evaluation_saved(corpus, tmp_path):
     """A sample of 100,000 characters at each evaluation takes minutes on a CPU: a SIGTERM (timeout, docker stop)
-    inside it ends the sample there, saves the step-0 checkpoints and exits, where it had finished the sample first."""
+    inside it ends the sample there (not minutes later, once the sample is done), saves the step-0 checkpoints and
+    exits."""
     import signal
     import time
     out = tmp_path / "run"

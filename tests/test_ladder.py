@@ -71,7 +71,7 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
                                cache_dir=str(tmp_path / "cache"))
         argv = script.rung_argv(args, 3, "one_head", one_head, ["--eval_iters", "3"])
         assert script.state_of(load_config(argv, False)[0], script.decide_corpus(args)[1]) == state
-    # the same settings on another text: trained again, where its loss on the old text had been reported as new
+    # the same settings on another text: trained again, never its loss on the old text reported as the new one's
     other = tmp_path / "other.txt"
     other.write_text("".join(reversed(corpus.read_text(encoding="utf-8"))), encoding="utf-8")
     elsewhere = SimpleNamespace(**{**vars(args), "data": str(other)})

@@ -256,7 +256,7 @@ def test_ctrl_c_in_a_long_evaluation_then_in_a_long_step(corpus, tmp_path):
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 0
 
     # A step of a hundred million accumulated micro-batches (hours): one Ctrl-C, between two of them, undoes the step
-    # and saves the state before it, where it had waited for the step to end (only a second Ctrl-C ended it).
+    # and saves the state before it, without waiting hours for the step to end.
     slow = tmp_path / "slow"
     proc = launch(corpus, slow, "--grad_accum_steps", "100000000", "--max_iters", "2")
     wait_for(lambda: (slow / "ckpt_last.pt").exists())
@@ -285,7 +285,7 @@ def cli_quiet(corpus, out, *extra):
 
 def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):
     """`python train.py 2>&1 | tee log`, then Ctrl-C: tee ends too, and the run's next line meets a closed pipe. It
-    saves and ends as for a Ctrl-C, where it had died there with its steps since the last checkpoint unsaved."""
+    saves and ends as for a Ctrl-C: a run that died there would lose its steps since the last checkpoint."""
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv(corpus, out, "--max_iters", "100000",
                              "--eval_interval", "100000", "--log_interval", "5")],
@@ -301,8 +301,9 @@ def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):
 
 
 def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, tmp_path):
-    """SIGHUP (an ssh connection that drops) stops the run at a step boundary and saves it, as Ctrl-C does, where it
-    had ended the process at once; under nohup (SIGHUP ignored) it changes nothing."""
+    """SIGHUP (an ssh connection that drops) stops the run at a step boundary and saves it, as Ctrl-C does, instead
+    of ending the process at once, its steps since the last checkpoint lost; under nohup (SIGHUP ignored) it changes
+    nothing."""
     out = tmp_path / "run"
     # SIGHUP as a terminal's process has it (the default), even where the tests themselves run under nohup: an
     # ignored signal stays ignored across exec
@@ -399,8 +400,8 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     events.Reload()
     config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert '"data": "pystdlib"' in config
-    # the folder a command written for the online case names does not exist: the scripts point to the one that does,
-    # where they had said "train first" (which would train again)
+    # the folder a command written for the online case names does not exist: the scripts point to the ones that do
+    # (a bare "train first" would train again)
     import sample
     assert run_cli(sample.main, ["--out_dir", "out/debug-shakespeare"]) == 2
     assert capsys.readouterr().err == (

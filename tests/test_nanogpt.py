@@ -31,8 +31,8 @@ def outcome(*argv: str):
 @pytest.mark.parametrize("name", NANOGPT_TRAIN)
 def test_every_nanogpt_setting_is_taken_or_answered_with_our_way(name):
     """--name=value as nanoGPT's configurator takes it: either a config with that value, or the one line of nanoGPT's
-    map that says what this trainer does instead; never a did-you-mean guess among look-alike names (which offered
-    --min_lr for --wandb_log and --cache_dir for --backend)."""
+    map that says what this trainer does instead; never a did-you-mean guess among look-alike names (a guess by
+    spelling would offer --min_lr for --wandb_log and --cache_dir for --backend)."""
     result = outcome(f"--{name}={NANOGPT_TRAIN[name]}")
     if isinstance(result, str):
         assert result.startswith(f"unknown option --{name}: ") and "\n" not in result, result
@@ -116,7 +116,8 @@ def test_a_python_config_is_never_run_and_its_settings_come_back_as_toml_that_lo
 
 
 def test_a_learning_rate_set_alone_takes_the_presets_min_lr_along():
-    """The CPU preset's floor, 0.0015 under its 0.015, refused --learning_rate 6e-4 alone; it now keeps its ratio."""
+    """--learning_rate 6e-4 alone under the CPU preset takes its floor (0.0015 under its 0.015) along at the same
+    ratio, where a floor left at 0.0015 would be above the rate, and says so; a --min_lr given is kept."""
     cfg, note, _ = load_config(["--learning_rate", "6e-4"], False)
     assert cfg.min_lr == pytest.approx(6e-5) and note.splitlines()[-1] == (
         "note: min_lr follows --learning_rate: 6e-05, 0.1 of it as in shakespeare_char_cpu (0.0015 of 0.015); "
@@ -130,7 +131,7 @@ def test_a_learning_rate_set_alone_takes_the_presets_min_lr_along():
 
 def test_a_resumed_run_given_a_learning_rate_alone_takes_its_own_min_lr_along():
     """--resume --learning_rate 1e-4 on a run whose floor (1.5e-3) is above it: the floor keeps the run's own ratio,
-    said in a line, where the run's config had been rebuilt with min_lr above the rate (an error)."""
+    said in a line, instead of a config rebuilt with min_lr above the rate (an error)."""
     from training.opening import resume_config
     saved = load_config(["--max_iters", "100"], False)[0]
     state = {"run_config": saved.to_dict(), "iter": 50, "tokens_per_iter": None}

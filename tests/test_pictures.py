@@ -52,9 +52,8 @@ def test_attention_map_writes_a_png_of_the_expected_size(run_dir, tmp_path, scri
 
 
 def test_attention_map_labels_every_character_it_draws(run_dir, tmp_path, script, monkeypatch):
-    """A text of 32 characters (the debug model's block_size; more than the 20 labels an axis had held, so every
-    other one had gone unlabelled): each panel's axes carry a label at every position, the characters in order, and
-    no two labels overlap."""
+    """A text of 32 characters (the debug model's block_size): each panel's axes carry a label at every position,
+    not every other one, the characters in order, and no two labels overlap."""
     import attention_map
     from training.pictures import tick_labels
 

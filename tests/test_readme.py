@@ -1,5 +1,5 @@
 """The README's and the docs' commands: every train.py line parses, every script they name exists, every preset is
-listed, every link and picture is there, and no stale name (a preset, a folder, a tag the code no longer has)."""
+listed, every link and picture is there, and no stale name (a preset, a folder, a tag the code does not have)."""
 import re
 import shlex
 import subprocess
@@ -34,10 +34,10 @@ def test_every_script_the_readme_names_exists_and_every_preset_is_listed():
 
 
 def test_no_page_names_what_the_code_does_not_have():
-    """A preset, a run-folder entry or a TensorBoard tag named in backticks must exist: a newcomer found
-    `shakespeare_char_fast` (refused by --config) and `hparams/` (never written)."""
+    """A preset, a run-folder entry or a TensorBoard tag named in backticks must exist: a reader who copies one
+    gets a preset --config accepts, a folder a run writes, a tag a run logs."""
     code = "".join(p.read_text(encoding="utf-8") for folder in ("training", "scripts", "configs", "data", "model")
-                   for p in (ROOT / folder).rglob("*.py"))
+                   for p in (ROOT / folder).rglob("*.py")) + (ROOT / "train.py").read_text(encoding="utf-8")
     every_page = "".join(PAGES.values())
     for name in set(re.findall(r"`(shakespeare_char\w*|debug)`", every_page)):
         assert name in presets(), name
@@ -60,7 +60,7 @@ def test_the_pictures_the_readme_draws_are_not_added_to_git(tmp_path):
 
 def test_the_tensorboard_address_draws_every_point_and_the_guide_says_how():
     """The address a run prints and the README and docs/training.md give sets smoothing to 0 and draws SVG (without
-    WebGL, TensorBoard's Time Series drew no line at all); both pages say how to untick "Ignore outliers" and point
+    WebGL, TensorBoard's Time Series draws no line at all); both pages say how to untick "Ignore outliers" and point
     to the run's loss.png."""
     from training.report import TENSORBOARD_URL
     assert TENSORBOARD_URL == "http://localhost:6006/?smoothing=0&forceSVG=true#timeseries"
@@ -81,7 +81,7 @@ def test_the_readme_points_a_small_text_to_what_to_try():
 
 
 def test_the_patience_each_preset_has_is_the_one_the_guide_gives():
-    """docs/training.md names every preset's --patience (it had said 5 for all, where the default preset sets 25)."""
+    """docs/training.md names every preset's own --patience, the one its config sets (the default preset's 25)."""
     text = " ".join(PAGES["docs/training.md"].split())
     sentence = text[text.index("have not beaten its best (each preset sets its own:"):]
     sentence = sentence[:sentence.index(")")]

@@ -181,8 +181,8 @@ def test_a_stop_during_the_final_validation_says_what_it_ends(capfd):
 
 def test_the_stop_note_and_the_stop_line_name_the_last_finished_step(capfd, tmp_path):
     """A Ctrl-C after step 54 names step 54 as the last finished and says that what is under way ends (step 55, or
-    an evaluation); the closing line names the step the run stopped at as its last finished one (the note had said
-    'finishing step 54' and the line 'stopped at step 55')."""
+    an evaluation); the closing line names the step the run stopped at as its last finished one, the step
+    ckpt_last.pt holds."""
     from training.report import stopped_line
     with train.StopRequest() as stop:
         stop.training(Progress(it=54), agree_every=1)

@@ -13,9 +13,10 @@ from configs import load_config
 from model import GPT, ModelConfig
 from model.generate import compiled_step, draw, generate, logits_to_probs, one_token_step
 from model.kv_cache import Decoding
-from errors import run_cli
+from errors import UserError, run_cli
 from training.checkpoint import load_model
 import sample as sample_cli
+from conftest import set_attention_path
 
 CFG = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=2, n_embd=16)
 
@@ -51,7 +52,7 @@ def small_text_module():
 def test_cached_logits_equal_a_full_forward(model, attention):
     """A prefill of 9 columns, then one token at a time at its slot of a fixed 24-slot cache: each step's logits equal
     reading the whole (left-padded) window again, and each row's equal reading that row alone."""
-    model.set_attention_path(attention)
+    set_attention_path(model, attention)
     idx = torch.randint(0, 17, (3, 20), generator=torch.Generator().manual_seed(1))
     pad = torch.tensor([0, 7, 14])  # rows of 20, 13 and 6 real tokens; the third has none in the prefill
     state = Decoding.cached(2, 3, 2, 24, 8)
@@ -66,7 +67,7 @@ def test_cached_logits_equal_a_full_forward(model, attention):
         for b, first in enumerate(pad.tolist()):
             alone, _ = model(idx[b:b + 1, first:t + 1])
             torch.testing.assert_close(window[b], alone[0, -1:], rtol=1e-5, atol=1e-5)
-    model.set_attention_path("sdpa")
+    set_attention_path(model, "sdpa")
 
 
 def test_the_device_draw_is_torch_multinomial_token_for_token():
@@ -136,6 +137,28 @@ def test_same_seed_same_text_and_another_seed_another(model):
     def draw(seed):
         return generate(model, [[1, 2]], 50, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(seed))
     assert draw(5) == draw(5) and draw(5) != draw(6)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_sampling_at_a_temperature_draws_from_the_softmax_of_the_logits_over_it(model, temperature):
+    """generate() at a temperature other than 0 and 1 draws each token as torch.multinomial does from
+    softmax(logits / temperature) of the whole context read afresh, with the same random stream: written here
+    without the sampler's functions (a sampler that ignored the temperature would draw other tokens)."""
+    prompt, n = [1, 2, 3], 15  # within the 24-token window: no slide
+
+    def reference(seed: int, temperature: float) -> list[int]:
+        stream, ids = torch.Generator().manual_seed(seed), list(prompt)
+        with torch.no_grad():
+            for _ in range(n):
+                logits = model(torch.tensor([ids]))[0][:, -1]  # (1, vocab)
+                probs = torch.softmax(logits.float() / temperature, dim=-1)
+                ids.append(int(torch.multinomial(probs, 1, generator=stream)))
+        return ids[len(prompt):]
+
+    for seed in range(4):
+        ours = generate(model, [prompt], n, temperature=temperature, generator=torch.Generator().manual_seed(seed))
+        assert ours[0] == reference(seed, temperature)
+    assert any(reference(seed, temperature) != reference(seed, 1.0) for seed in range(4))  # the temperature tells
 
 
 def test_top_k_and_top_p_keep_the_right_tokens():
@@ -242,7 +265,7 @@ def test_sampling_in_half_precision_casts_each_weight_once_not_at_every_characte
     assert len(texts[1]) == 3 + 30 + 1 and texts[1].startswith(texts[0][:-1])  # greedy: the longer text goes on
     with weight_casts(n_embd) as casts, torch.autocast("cpu", dtype=torch.bfloat16):
         generate(load_model(run_dir / "ckpt_last.pt")[0], [[1, 2]], 10, temperature=0)
-    assert len(casts.seen) > 10 * counts[0] // 2  # the old way, autocast: weights cast again at each character
+    assert len(casts.seen) > 10 * counts[0] // 2  # autocast, for comparison: weights cast again at each character
 
 
 @pytest.mark.parametrize("has_units", [True, False])
@@ -360,3 +383,21 @@ def test_nanogpts_sample_flags_are_understood(run_dir, tmp_path, script):
         "error: --init_from gpt2: this sampler reads a run of this trainer, given by --out_dir RUN")
     assert script("sample.py", *common, "--compile=perhaps").stderr.strip() == (
         "error: argument --compile: expected true or false, got 'perhaps'")
+
+
+def test_the_sampling_options_are_declared_once_for_the_command_line_and_the_python_api():
+    """sample.py's --temperature, --top_k and --top_p are model/generate.py's Sampling fields, with their defaults;
+    a value out of range is refused by the same check everywhere: sample.py's one line names the flag, the Python
+    API's ValueError the option."""
+    from dataclasses import fields
+    from model.generate import Sampling
+    defaults = vars(sample_cli.build_parser().parse_args([]))
+    assert {f.name: f.default for f in fields(Sampling)} == {name: defaults[name] for name in ("temperature", "top_k",
+                                                                                            "top_p")}
+    for option, value in (("temperature", -1.0), ("top_k", 0), ("top_p", 1.5)):
+        with pytest.raises(ValueError) as refused:
+            Sampling(**{option: value})
+        args = sample_cli.build_parser().parse_args([f"--{option}", str(value)])
+        with pytest.raises(UserError) as said:
+            sample_cli.check_settings(args)
+        assert str(refused.value).startswith(f"{option} {value}: ") and str(said.value) == f"--{refused.value}"

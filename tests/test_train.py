@@ -20,8 +20,8 @@ from model.config import ModelConfig
 from training import checkpoint, device, opening
 from training.device import CPU_BFLOAT16_SAMPLING_PARAMS, pick_dtype
 from training.opening import Estimate, expected_seconds, prepare_data
-from training.step import get_lr
-from conftest import ROOT
+from training.optim import get_lr
+from conftest import ROOT, num_val_windows
 from test_best_model import full_validation
 
 
@@ -210,6 +210,17 @@ def test_the_default_presets_evaluate_often_enough_for_a_curve(preset):
     cfg = load_config(["--config", preset], False)[0]
     assert sum(evaluation_due(it, cfg) for it in range(cfg.max_iters + 1)) == evaluations_left(0, cfg) >= 10
     assert cfg.patience * cfg.eval_interval >= min(5 * 150, cfg.max_iters)
+
+
+@pytest.mark.parametrize("interval, max_iters", [(30, 300), (7, 40), (50, 49), (1, 5)])
+def test_the_loops_next_evaluation_is_the_first_step_from_here_that_evaluation_due_names(interval, max_iters):
+    """The loop keeps the step of its next evaluation instead of asking at every step: for every step from 0 to
+    max_iters, next_evaluation() is the first step from there on at which evaluation_due() holds."""
+    from training.evaluation import evaluation_due, next_evaluation
+    cfg = load_config(["--config", "debug", "--eval_interval", str(interval), "--max_iters", str(max_iters)],
+                      False)[0]
+    for it in range(max_iters + 1):
+        assert next_evaluation(it, cfg) == next(j for j in range(it, max_iters + 1) if evaluation_due(j, cfg))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -417,7 +428,7 @@ def test_a_compiled_run_compiles_its_model_once_for_training_and_once_for_evalua
                                               "--eval_interval", "2", "--compile_eval", compile_eval,
                                               "--compile_scope", scope), False)
     summary = train.train(cfg, explicit, say=said.append)
-    assert train_batches(cfg).num_val_windows() % cfg.batch_size  # the last batch would be smaller
+    assert num_val_windows(train_batches(cfg)) % cfg.batch_size  # the last batch would be smaller
     assert len(traced) == graphs
     waits = "the first evaluation and the first step wait" if compile_eval == "true" else "the first step waits"
     assert [line for line in said if line.startswith("torch.compile (scope")] == [
@@ -554,9 +565,8 @@ def test_a_slow_run_on_a_cpu_says_so_first_and_the_estimate_changes_nothing(corp
     ("shakespeare_char_gpu", (7200, 900, 60), "for a shorter one: --config shakespeare_char_cpu; or a lower "
                                               "--max_iters; or a lower --eval_iters or a larger --eval_interval")])
 def test_the_slow_run_note_fits_the_run(corpus, tmp_path, monkeypatch, preset, parts, flags):
-    """It names where the time goes and the flags that cut its two largest parts, and never suggests the preset that
-    is running (it had said 'use --config shakespeare_char_cpu' during shakespeare_char_cpu, and never named
-    --full_val false, that preset's largest cost)."""
+    """It names where the time goes and the flags that cut its two largest parts (--full_val false where the final
+    full validation is one of them, as in shakespeare_char_cpu), and never suggests the preset that is running."""
     steps, evaluations, full_validation = parts
     monkeypatch.setattr(opening, "expected_seconds",
                         lambda run, progress: Estimate(steps / 20, steps, evaluations, full_validation))
@@ -572,8 +582,8 @@ def test_the_slow_run_note_fits_the_run(corpus, tmp_path, monkeypatch, preset, p
 
 
 def test_a_slow_model_is_said_before_a_whole_step_is_timed(corpus, tmp_path, monkeypatch):
-    """The speed probe times one window first: where that already shows a long step, the note comes from it (the GPU
-    recipe on a CPU had timed two whole steps of 46.8 s first)."""
+    """The speed probe times one window first: where that already shows a long step, the note comes from it, before
+    any whole step is timed (a step of the GPU recipe on a CPU takes most of a minute)."""
     from training.opening import build_run
     from training.device import setup
     from data import prepare, resolve
@@ -588,7 +598,7 @@ def test_a_slow_model_is_said_before_a_whole_step_is_timed(corpus, tmp_path, mon
 
 def test_the_estimate_times_warm_passes_and_a_resumed_run_at_its_measured_speed(corpus, tmp_path, monkeypatch):
     """A first pass that pays one-off costs (here 1 s of a fake clock, then 1 ms per window) is never the figure: the
-    estimate is the warm pass's (the one-window warm-up had been taken as the figure, 64 s a step). A resumed run
+    estimate is the warm pass's (64 ms a step here, where the one-window warm-up would give 64 s). A resumed run
     counts only the steps left, at the speed its earlier sessions measured (train_seconds / steps), probing nothing."""
     from training.opening import build_run
     from training.device import setup

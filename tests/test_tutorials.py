@@ -273,8 +273,8 @@ WEIGHTS_30 = [[0.1772, 0.1326, 0.1879, 0.1645, 0.1547, 0.1831], [0.0386, 0.6870,
 
 
 def test_001_whole_scores_weights_and_masked_simple_are_the_tutorials_cells():
-    """The intermediates 001 prints and the walk-through once skipped: all of ω (In [29]), all of α (In [30]),
-    mask_simple (In [32]) and masked_simple (In [33]), each to the tutorial's 4 decimals and named by its cell."""
+    """The intermediates 001 prints, whole: all of ω (In [29]), all of α (In [30]), mask_simple (In [32]) and
+    masked_simple (In [33]), each to the tutorial's 4 decimals and named by its cell."""
     s = steps("001")
     assert_prints(s["scores"], SCORES_29)
     assert_prints(s["weights"], WEIGHTS_30)

@@ -17,7 +17,7 @@ from data import gate
 from data.gate import check_fields, of_type
 from data.tokenizer import CharTokenizer
 from errors import UserError, in_one_line
-from training.device import Dist, free_memory, unavailable
+from training.device import Dist, free_memory, random_states, set_random_states, unavailable
 from training.optim import configure_optimizer
 from training.run_folder import write_atomic
 
@@ -61,8 +61,8 @@ class Progress:
     seconds spent in training steps (evaluations, samples, pictures and checkpoint writes excluded), whether the
     evaluation due at this step has been done, the losses the last evaluation measured, how many evaluations in a
     row have not beaten the best (for --patience), and the run's losses so far (every session's, for loss.png):
-    "train", (step, loss) at each log line, and "eval", (step, train loss, validation loss) at each evaluation. A
-    Session (training.session) is its one writer."""
+    "train", (step, loss) at each log line, and "eval", (step, train loss, validation loss) at each evaluation. The
+    training loop (train.py) advances it, its Session (training.session) records evaluations in it."""
     it: int = 0
     best_val: float = math.inf
     train_seconds: float = 0.0
@@ -82,8 +82,7 @@ def capture(run: Run, progress: Progress) -> dict:
         "iter": progress.it, "best_val_loss": progress.best_val, "train_seconds": progress.train_seconds,
         "eval_done": progress.eval_done, "last_eval": progress.last_eval, "evals_since_best": progress.evals_since_best,
         "data": run.data_info, "tokens_per_iter": run.tokens_per_iter, "losses": progress.losses,
-        "rng": {"torch": torch.get_rng_state(), "batches": run.batches.state_dict(),
-                "cuda": torch.cuda.get_rng_state() if run.rt.device_type == "cuda" else None},
+        "rng": dict(zip(("torch", "cuda"), random_states(run.rt.device)), batches=run.batches.state_dict()),
     }
 
 
@@ -95,9 +94,8 @@ def restore(run: Run, state: dict, d: Dist = Dist()) -> Progress:
         run.scaler.load_state_dict(state["scaler"])
     run.batches.load_state_dict(state["rng"]["batches"])  # the same stream, whatever the number of ranks
     if d.world_size == 1:  # (ranks draw their own dropout streams: seed + rank)
-        torch.set_rng_state(state["rng"]["torch"])
-        if run.rt.device_type == "cuda" and state["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
+        cuda = state["rng"].get("cuda") if run.rt.device.type == "cuda" else None
+        set_random_states(run.rt.device, (state["rng"]["torch"].cpu(), None if cuda is None else cuda.cpu()))
     # A checkpoint without the optional fields was saved after the evaluation at its step: that one was done. One
     # without the losses so far (an older one) gives a loss picture from this session on.
     losses = state.get("losses", {"train": [], "eval": []})

@@ -20,7 +20,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from configs.choices import DTYPE_NAMES, valid_device
-from errors import QuietExit, UserError, in_one_line
+from errors import QuietExit, StepAbandoned, UserError, in_one_line
 from model.config import ModelConfig
 from model.gpt import GPT
 
@@ -164,10 +164,9 @@ KEPT_BYTES = 1 << 30
 def keep_freed_memory() -> bool:
     """Linux with glibc: memory the process frees (up to KEPT_BYTES a block) stays in it for the next request instead
     of going back to the system. A training step allocates and frees the same tensors every time, megabytes each;
-    by default glibc maps the largest afresh and trims freed memory back, so a step touched new pages (5,400 to 8,600
-    page faults a step in the long CPU preset, none with this) and took about 1.07 times as long in interleaved
-    timings (docs/speed.md, seventh pass). The memory kept is what the step needs again a moment later: the peak does
-    not grow. True if set; False elsewhere (macOS, Windows, musl), where nothing changes."""
+    by default glibc maps the largest afresh and trims freed memory back, so every step would touch new pages, each a
+    page fault (docs/speed.md has the count and the time). The memory kept is what the step needs again a moment
+    later: the peak does not grow. True if set; False elsewhere (macOS, Windows, musl), where nothing changes."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
@@ -241,12 +240,9 @@ class CompileFallback:
     def __init__(self, module, compiled: Callable, say=print, uncompile: Callable[[], None] = lambda: None):
         self.module, self.compiled, self.say, self.uncompile = module, compiled, say, uncompile
         # The backward of a compiled forward is compiled at its first .backward() (AOTAutograd compiles it lazily),
-        # outside this call: training.step checks that one and calls fall_back() if it fails.
-        self.backward_done = False
-
-    @property
-    def backward_unchecked(self) -> bool:
-        return self.compiled is not None and not self.backward_done
+        # outside this call: the training step hands that one to first_compiled_backward(), which falls back if it
+        # fails. An attribute, not a property: the step reads it every time.
+        self.backward_unchecked = True
 
     @staticmethod
     def compilers(err: Exception) -> bool:
@@ -265,7 +261,7 @@ class CompileFallback:
     def give_up(self, reason: str) -> None:
         """Compilation off from now on, with the warning that gives reason."""
         self.say(COMPILE_FAILED.format(reason))
-        self.compiled = None
+        self.compiled, self.backward_unchecked = None, False
         self.uncompile()
 
     def __call__(self, *args, **kwargs):
@@ -279,6 +275,55 @@ class CompileFallback:
 
     def __getattr__(self, name: str):
         return getattr(self.module, name)
+
+
+def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Dist",
+                            forward_backward: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """forward_backward() (the step's micro-batches: their mean loss, gradients in .grad) through a compiled model
+    whose backward is compiled at this first .backward(): if compiling it fails, compilation is turned off (with the
+    warning) and forward_backward() runs again, uncompiled, from where it began: the same batches, the same dropout.
+
+    Under DDP the ranks agree: if any rank's compilation failed, every rank turns it off and computes again, so their
+    collectives stay matched. The pass runs under no_sync and its gradients are averaged by hand afterwards: DDP's
+    hooks would have started reducing the gradients computed before the failure, and its next forward would refuse to
+    start before that reduction finished."""
+    began = batches.state_dict(), random_states(rt.device)
+    failure = None
+    try:
+        with model.no_sync() if d.enabled else contextlib.nullcontext():
+            loss = forward_backward()
+    except StepAbandoned:
+        raise
+    except Exception as err:
+        if not model.compilers(err):
+            raise  # the run's own error (out of memory, a broken device)
+        failure = f"rank {d.rank}: {in_one_line(err)}" if d.world_size > 1 else in_one_line(err)
+        # Once here, nothing of the failed attempt is held: its traceback, and with it the activations it saved for
+        # its backward, go before the step is computed again.
+    failure = d.first(failure)  # (under DDP: any rank's)
+    if failure is None:
+        model.backward_unchecked = False
+    else:
+        batches.load_state_dict(began[0])
+        set_random_states(rt.device, began[1])
+        for p in model.parameters():
+            p.grad = None
+        model.give_up(failure)
+        with model.no_sync() if d.enabled else contextlib.nullcontext():
+            loss = forward_backward()
+    d.average([p.grad for p in model.parameters() if p.grad is not None])  # (under DDP)
+    return loss
+
+
+def random_states(device: torch.device) -> tuple:
+    """The random streams a step draws from (dropout): the CPU's, and the GPU's on CUDA."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def set_random_states(device: torch.device, states: tuple) -> None:
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state(states[1], device)
 
 
 def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], setting: str, device_type: str,
@@ -319,12 +364,6 @@ def flops_per_token(n_params: int, cfg: ModelConfig) -> float:
     """Training FLOPs per token: 6 per parameter (forward + backward) plus attention's 12·L·C·T (the usual
     estimate)."""
     return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-
-
-def utilisation(achieved_flops: float, peak_flops: float) -> float:
-    """MFU: achieved over peak FLOP/s, at most 1 (a step faster than the measured peak means the peak was measured
-    low on a busy machine, not that the step beat the hardware)."""
-    return min(1.0, achieved_flops / peak_flops)
 
 
 class CountOperations(TorchDispatchMode):

@@ -11,12 +11,19 @@ import torch
 import torch.nn.functional as F
 
 from configs import TrainConfig
+from data.loader import send
 from training.device import Dist, Runtime
 
 
 def evaluation_due(it: int, cfg: TrainConfig) -> bool:
     """A run evaluates (and saves its checkpoints) every eval_interval steps and at its last step."""
     return it % cfg.eval_interval == 0 or it == cfg.max_iters
+
+
+def next_evaluation(it: int, cfg: TrainConfig) -> int:
+    """The first step from it on at which a run evaluates, by evaluation_due's rule."""
+    due = -(-it // cfg.eval_interval) * cfg.eval_interval  # the first multiple of eval_interval from it on
+    return min(due, cfg.max_iters) if it <= cfg.max_iters else due
 
 
 def evaluations_left(it: int, cfg: TrainConfig) -> int:
@@ -157,18 +164,15 @@ def score(model, ids: torch.Tensor, todo: Windows, batch_size: int, autocast, pr
     character but the first exactly once, so the count is known without counting."""
     model.eval()
     device = next(model.parameters()).device
-    # the host's numbers go to a GPU from pinned memory, queued: a copy from pageable memory waits for the GPU
-    send = (lambda host: host.pin_memory().to(device, non_blocking=True)) if device.type == "cuda" else \
-        (lambda host: host.to(device))
     total = torch.zeros((), dtype=torch.float64, device=device)
     for first in range(0, len(todo), batch_size):
         begins, _, firsts = todo.batch(first, batch_size)
         for length, rows in todo.by_length(first, batch_size):
             begin = begins[rows]
             offsets = torch.arange(length + 1)
-            tokens = send(ids[begin[:, None] + offsets].long())  # (windows, length + 1)
+            tokens = send(ids[begin[:, None] + offsets].long(), device)  # (windows, length + 1)
             x, y = tokens[:, :-1], tokens[:, 1:]
-            scored_from = send(firsts[rows] - begin - 1)  # each window's first target not yet scored, as a column
+            scored_from = send(firsts[rows] - begin - 1, device)  # each window's first unscored target, as a column
             with autocast():
                 logits, _ = model(x)
             losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none")

@@ -25,15 +25,15 @@ from data.corpus import NAMED
 from data.gate import recorded_size
 from errors import UserError
 from model import GPT, ModelConfig
+from model.scoring import FORMS
 from training import checkpoint
 from training.checkpoint import Progress
 from training.device import (Dist, Runtime, compile_wanted, flops_per_token, free_memory, is_out_of_memory, setup,
                              step_and_eval_models, sync)
 from training.evaluation import evaluations_left, plateaued
-from training.optim import configure_optimizer
+from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory
 from training.run_folder import RunDir, find
-from training.step import get_lr
 
 
 class StopRequest(Protocol):
@@ -453,7 +453,7 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
     activation_bytes = ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32])
     need = (activation_bytes * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
             + PARAMETER_BYTES * 12 * cfg.n_layer * cfg.n_embd ** 2)
-    if cfg.attention == "explicit" or cfg.attention_score == "additive":
+    if cfg.attention == "explicit" or not FORMS[cfg.attention_score].fused:
         need += WEIGHT_BYTES * cfg.batch_size * cfg.n_head * cfg.block_size ** 2 * cfg.n_layer
     need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: the processes on this machine
     if free is not None and need > free:

@@ -1,5 +1,6 @@
-"""The optimizers: AdamW with weight decay on matrices only, or Muon for the hidden matrices plus AdamW; each steps
-only when the gradients are finite."""
+"""The optimizers and their schedule: AdamW with weight decay on matrices only, or Muon for the hidden matrices plus
+AdamW, each stepping only when the gradients are finite; and the learning rate at each step (a linear warm-up, then a
+cosine or warm-up-stable-decay fall to min_lr)."""
 from __future__ import annotations
 
 import math
@@ -7,10 +8,37 @@ import math
 import torch
 import torch.nn as nn
 
+from configs import TrainConfig
 from training.device import native_bfloat16
 
 
+# ---- the learning-rate schedule --------------------------------------------------------------------------------------
+def get_lr(it: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to learning_rate, then down to min_lr at lr_decay_iters (default: max_iters): along a cosine,
+    or (wsd) flat until the last warmdown_fraction of the way, then in a straight line."""
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    if it >= decay_iters:
+        return cfg.min_lr
+    progress = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
+    if cfg.lr_schedule == "wsd":
+        fall = max(0.0, (progress - (1 - cfg.warmdown_fraction)) / cfg.warmdown_fraction)  # progress < 1 here
+        return cfg.learning_rate - fall * (cfg.learning_rate - cfg.min_lr)
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
+
+def warmup_note(cfg: TrainConfig, it: int) -> str:
+    """A note when the run ends inside its warm-up: its learning rate only rises and never decays ("" otherwise)."""
+    if not it < cfg.max_iters <= cfg.warmup_iters:
+        return ""
+    last = get_lr(cfg.max_iters - 1, cfg)
+    return (f"note: --warmup_iters {cfg.warmup_iters} is not shorter than --max_iters {cfg.max_iters}, so the learning "
+            f"rate only rises (to {last:.2g} at the last step, of --learning_rate {cfg.learning_rate:g}) and never "
+            f"decays; give a shorter warm-up, e.g. --warmup_iters {max(1, cfg.max_iters // 10)}")
+
+
+# ---- the optimizers --------------------------------------------------------------------------------------------------
 def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,
                         betas: tuple[float, float], device_type: str, kind: str = "adamw", muon_dtype: str = "auto"):
     """AdamW; weights of 2 or more dimensions decay, biases and LayerNorm gains do not.
@@ -50,8 +78,7 @@ class Muon(torch.optim.Muon):
     """torch.optim.Muon with a choice of dtype for its Newton-Schulz iterations. In bfloat16 on a CPU it computes
     exactly what torch.optim.Muon computes (the tests check it bit for bit); on a GPU its stacked products (one
     batched product per shape, where torch's takes one matrix at a time) may round differently. float32 is for devices
-    that only emulate bfloat16, and wherever --muon_dtype float32 asks for it (0.006 lower in the 4-layer long CPU
-    preset's mean of three seeds, nothing on seed 1 with 5 layers: docs/speed.md, fifth pass)."""
+    that only emulate bfloat16, and wherever --muon_dtype float32 asks for it (docs/speed.md compares the two)."""
 
     def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
         super().__init__(params, **kwargs)
@@ -66,7 +93,11 @@ class Muon(torch.optim.Muon):
         bit against torch.optim.Muon), in as many operations for 6 layers as for 2: on a GPU each operation is a
         kernel launch."""
         for group in self.param_groups:
-            params, grads, buffers = self.with_gradients(group)
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:  # the momentum buffers are made at the first step, under torch.optim.Muon's state key (so
+                if "momentum_buffer" not in self.state[p]:  # checkpoints are interchangeable with it)
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+            grads, buffers = [p.grad for p in params], [self.state[p]["momentum_buffer"] for p in params]
             lr, decay = group["lr"], 1 - group["lr"] * group["weight_decay"]
             stacks: dict[torch.Size, list[tuple]] = {}
             for trio in zip(params, grads, buffers):
@@ -78,15 +109,6 @@ class Muon(torch.optim.Muon):
                     self._update_in_place(group, params_, grads_, buffers_, decay, step_size)
                 else:
                     self._update_stacked(group, params_, grads_, buffers_, decay, step_size, finite)
-
-    def with_gradients(self, group: dict) -> tuple[list, list, list]:
-        """The group's parameters that have gradients, their gradients and their momentum buffers (made at the first
-        step, under the state key torch.optim.Muon uses, so checkpoints are interchangeable with it)."""
-        params = [p for p in group["params"] if p.grad is not None]
-        for p in params:
-            if "momentum_buffer" not in self.state[p]:
-                self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-        return params, [p.grad for p in params], [self.state[p]["momentum_buffer"] for p in params]
 
     def _update_in_place(self, group: dict, params: list, grads: list, buffers: list, decay: float,
                          step_size: float) -> None:
@@ -167,10 +189,7 @@ class MuonAndAdamW:
 
     def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer):
         self.muon, self.adamw = muon, adamw
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return self.muon.param_groups + self.adamw.param_groups
+        self.param_groups = muon.param_groups + adamw.param_groups  # the same group dicts: the schedule sets their lr
 
     def step(self) -> None:
         self.muon.step()
@@ -195,3 +214,4 @@ class MuonAndAdamW:
     def load_state_dict(self, state: dict) -> None:
         self.muon.load_state_dict(state["muon"])
         self.adamw.load_state_dict(state["adamw"])
+        self.param_groups = self.muon.param_groups + self.adamw.param_groups  # loading made new group dicts

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from configs import TrainConfig
 from errors import UserError, in_one_line
-from training.device import sync, utilisation
+from training.device import sync
 from training.run_folder import BEST, LAST, disk_error
 
 # TensorBoard's Time Series with its smoothing at 0 (a query parameter it reads): a validation loss measured at a few
@@ -39,8 +39,11 @@ class Log:
     def __init__(self, out_dir: Path, active: bool = True, say=tqdm.write):
         self.out_dir, self.active, self._say = out_dir, active, say
         self.plain = not sys.stderr.isatty()  # a log file: a line per log interval instead of a progress bar
+        # What says a line meant for a log file (where a progress bar's updates run together): None in a terminal,
+        # which has the bar, and on other processes than rank 0. The training loop calls it directly.
+        self.lines = say if self.plain and active else None
         self._writer = None  # opened on first use: a run that writes nothing leaves no event file
-        self._wandb = None  # --wandb: the Weights & Biases run that gets what TensorBoard gets (start_wandb)
+        self.wandb = None  # --wandb: the Weights & Biases run that gets what TensorBoard gets (start_wandb)
 
     def start_wandb(self, cfg: TrainConfig) -> None:
         """--wandb: this session in Weights & Biases too, beside TensorBoard: a run of cfg.wandb_project named and
@@ -57,7 +60,7 @@ class Log:
             return
         name = self.out_dir.resolve().name
         try:
-            self._wandb = wandb.init(project=cfg.wandb_project, name=name, group=name, dir=str(self.out_dir),
+            self.wandb = wandb.init(project=cfg.wandb_project, name=name, group=name, dir=str(self.out_dir),
                                      config=cfg.to_dict(), settings=wandb.Settings(silent=True))
         except Exception as err:  # no login, no network: the run goes on with TensorBoard
             self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}); logging to TensorBoard only "
@@ -69,8 +72,8 @@ class Log:
 
     def line(self, message: str) -> None:
         """A line for a log file (where a progress bar's updates run together); a terminal has the bar."""
-        if self.plain:
-            self.say(message)
+        if self.lines is not None:
+            self.lines(message)
 
     def task(self, what: str, total: int):
         """Progress of an evaluation: in a terminal a bar with a time estimate that appears only when it lasts more
@@ -97,11 +100,11 @@ class Log:
                       "model FLOPs utilisation (%), an estimate: against the peak measured at the run's start":
                           ["Multiline", ["^perf/mfu$"]]}})
 
-    def step(self, it: int, loss: float, lr: float, grad_norm: float, tokens_per_sec: float, tokens_seen: int,
-             mfu: float) -> None:
-        self._scalars(it, {"loss/train": loss, "optim/lr": lr, "optim/grad_norm": grad_norm,
-                           "perf/tokens_per_sec": tokens_per_sec, "perf/tokens_seen": tokens_seen,
-                           "perf/mfu": mfu * 100})  # a percentage, as the console shows it
+    def writer(self):
+        """TensorBoard's SummaryWriter, for the training loop's scalars (train.py's StepRecord names their tags), or
+        None on other processes than rank 0. A write that fails goes to failed()."""
+        self._with_writer(lambda writer: None)
+        return self._writer
 
     def evaluation(self, it: int, losses: dict[str, float]) -> None:
         self._scalars(it, {"loss/train_eval": losses["train"], "loss/val": losses["val"]})
@@ -113,9 +116,9 @@ class Log:
         """picture: a (height, width, 3) uint8 array. A group that TensorBoard's Time Series (alphabetical) lists after
         loss/, optim/, perf/, summary/; layers counted from 1, as everywhere a person reads them."""
         self._write("add_image", f"where_attention_looks/layer_{layer + 1}", picture, it, dataformats="HWC")
-        if self._wandb is not None:
+        if self.wandb is not None:
             import wandb
-            self._wandb.log({f"where_attention_looks/layer_{layer + 1}": wandb.Image(picture)}, step=it)
+            self.wandb.log({f"where_attention_looks/layer_{layer + 1}": wandb.Image(picture)}, step=it)
 
     def final(self, cfg: TrainConfig, summary: dict, step: int) -> None:
         """The run's settings and final figures for the HParams tab, in the run's own event file (torch's add_hparams
@@ -134,20 +137,20 @@ class Log:
             for tag, value in metrics.items():
                 writer.add_scalar(tag, value, step)
         self._with_writer(write)
-        if self._wandb is not None:
-            self._wandb.log(metrics, step=step)
-            self._wandb.summary.update(metrics)
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+            self.wandb.summary.update(metrics)
 
     def _scalars(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():
             self._write("add_scalar", tag, value, step)
-        if self._wandb is not None:
-            self._wandb.log(values, step=step)
+        if self.wandb is not None:
+            self.wandb.log(values, step=step)
 
     def _text(self, tag: str, text: str, step: int) -> None:
         self._write("add_text", tag, "```\n" + text + "\n```", step)
-        if self._wandb is not None and tag != "config":  # (the config is the wandb run's own)
-            self._wandb.log({tag: text}, step=step)
+        if self.wandb is not None and tag != "config":  # (the config is the wandb run's own)
+            self.wandb.log({tag: text}, step=step)
 
     def _write(self, method: str, *args, **kwargs) -> None:
         self._with_writer(lambda writer: getattr(writer, method)(*args, **kwargs))
@@ -164,17 +167,21 @@ class Log:
                 self._writer = SummaryWriter(log_dir=str(self.out_dir), filename_suffix=f".{secrets.token_hex(8)}")
             write(self._writer)
         except (OSError, RuntimeError) as err:
-            self._writer = None  # its file is broken; close() must not try again
-            raise UserError(f"could not write TensorBoard events in {self.out_dir} ({disk_error(err)}); the "
-                            f"checkpoints are intact; free some disk space, then continue with --resume") from None
+            self.failed(err)
+
+    def failed(self, err: BaseException):
+        """A TensorBoard write failed (a full disk): one line that says so and what is intact."""
+        self._writer = None  # its file is broken; close() must not try again
+        raise UserError(f"could not write TensorBoard events in {self.out_dir} ({disk_error(err)}); the "
+                        f"checkpoints are intact; free some disk space, then continue with --resume") from None
 
     def close(self) -> None:
         if self._writer is not None:
             self._write("close")
             self._writer = None
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
 
 
 class PlainProgress:
@@ -284,94 +291,52 @@ class Phases:
 class TrainClock:
     """The training clock: it runs only during training steps (evaluations, samples, pictures, checkpoints and
     torch.compile's work are not training), so tokens/s and MFU describe the steps alone; it also times a session's
-    first step on its own. It starts running when made."""
+    first step on its own. It starts running when made. Training seconds so far, every session's: trained +
+    (time.perf_counter() - started) while it runs (the training loop reads them so at each log line)."""
 
     def __init__(self, it: int, train_seconds: float, device: torch.device, phases: Phases):
         self.device, self.phases = device, phases
+        self.trained = train_seconds  # before the stretch now running (earlier sessions' included)
         self.started, self.compiled = time.perf_counter(), compile_seconds()
         self.first_step = it + 1
-        self.trained_before = train_seconds  # in earlier sessions of the run
-        self.seconds = 0.0  # this session's, up to the last stop()
-        self.logged = (it, train_seconds)  # (step, training seconds) at the last log line
 
-    def stretch(self) -> float:
-        """Seconds since the last start, less what torch.compile took in them."""
-        return time.perf_counter() - self.started - (compile_seconds() - self.compiled)
-
-    def stop(self) -> float:
+    def pause(self) -> float:
         """End the stretch since the last start (waiting for the device first); its compilation goes to the phase
-        of that name. Returns the stretch's training seconds."""
+        of that name. Returns the training seconds so far."""
         sync(self.device)
-        stretch = self.stretch()
-        self.seconds += stretch
-        self.phases.seconds["compilation"] += compile_seconds() - self.compiled
-        self.phases.seconds["training steps"] = self.seconds
-        return stretch
+        compiling = compile_seconds() - self.compiled
+        stretch = time.perf_counter() - self.started - compiling
+        self.trained += stretch
+        self.phases.seconds["compilation"] += compiling
+        self.phases.seconds["training steps"] += stretch
+        self.started, self.compiled = time.perf_counter(), compile_seconds()
+        return self.trained
 
     def restart(self) -> None:
         self.started, self.compiled = time.perf_counter(), compile_seconds()
 
-    def stepped(self, it: int) -> None:
-        """After a step, now at it: this session's first one (cuDNN's and cuBLAS's set-up on a GPU) is timed alone,
-        with one wait for it."""
-        if it == self.first_step:
-            sync(self.device)
-            self.phases.first_step = self.stretch()
-
-    def step_seconds(self, it: int) -> float:
-        """Seconds per training step since the last call (at a log line, where the loop waits for the device)."""
-        seconds = self.trained_before + self.seconds + self.stretch()
-        per_step = max(seconds - self.logged[1], 1e-9) / (it - self.logged[0])
-        self.logged = (it, seconds)
-        return per_step
-
-
-class StepLog:
-    """The loop's log line, every log_interval steps: the training loss, learning rate, gradient norm, tokens/s and
-    MFU, to TensorBoard, the log and the progress bar, from the loop's one read of the device; and the (step, loss)
-    history."""
-
-    def __init__(self, log: Log, bar: tqdm, cfg: TrainConfig, tokens_per_iter: int, flops_per_token: float,
-                 world_size: int, peak_flops: float, last_eval: dict):
-        self.log, self.bar, self.cfg, self.peak_flops = log, bar, cfg, peak_flops
-        self.tokens_per_iter, self.flops_per_token, self.world_size = tokens_per_iter, flops_per_token, world_size
-        self.history: list[tuple[int, float]] = []
-        self.last_val = f"val {last_eval['val']:.4f} (saved)" if last_eval else "val -"  # beside the loss on the bar
-
-    def due(self, it: int) -> bool:
-        return it % self.cfg.log_interval == 0 or it == self.cfg.max_iters
-
-    def evaluated(self, it: int, losses: dict[str, float]) -> None:
-        self.last_val = f"val {losses['val']:.4f} @{it}"  # the bar says which step the figure is from
-        self.bar.set_postfix_str(f"train {losses['train']:.4f} val {losses['val']:.4f}", refresh=False)
-
-    def write(self, it: int, lr: float, loss: torch.Tensor, grad_norm: torch.Tensor, watch,
-              clock: TrainClock) -> int:
-        """Log step it. Returns the longest run of skipped (non-finite) steps since the last log line (watch, a
-        training.step.NonFiniteWatch): the loop judges it."""
-        # the only host sync of the loop (and the evaluations'): one read for all three numbers
-        loss_value, norm_value, skipped = torch.stack([loss.float(), grad_norm.float(),
-                                                       watch.longest.float()]).tolist()
-        watch.looked()
-        step_seconds = clock.step_seconds(it)
-        tokens_per_sec = self.tokens_per_iter / step_seconds
-        # MFU is each process's share (the peak is one device's): tokens_per_iter counts every process's tokens
-        mfu = utilisation(self.flops_per_token * tokens_per_sec / self.world_size, self.peak_flops)
-        self.history.append((it, loss_value))
-        self.log.step(it, loss_value, lr, norm_value, tokens_per_sec, it * self.tokens_per_iter, mfu)
-        # MFU's peak is measured once, at the start: on a shared machine it moves with the load (a busy moment lowers
-        # it, and every MFU of the run with it), so the line names the peak it divides by (mfu_basis says so once).
-        self.log.line(f"step {it}/{self.cfg.max_iters}: loss {loss_value:.4f}, {step_seconds * 1000:.1f} ms/step, "
-                      f"{tokens_per_sec:,.0f} tokens/s, mfu {mfu * 100:.1f}% of {self.peak_flops / 1e12:.3g} TFLOP/s")
-        self.bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s {self.last_val}",
-                                 refresh=False)
-        return int(skipped)
+    def first_step_done(self) -> None:
+        """This session's first step is done (cuDNN's and cuBLAS's set-up on a GPU, and compiling the training graph,
+        are in it): it is timed alone, with one wait for it, and what it spent compiling leaves the running stretch."""
+        sync(self.device)
+        compiling = compile_seconds() - self.compiled
+        self.started += compiling
+        self.compiled += compiling
+        self.phases.seconds["compilation"] += compiling
+        self.phases.first_step = time.perf_counter() - self.started
 
 
 def mfu_basis(peak_flops: float) -> str:
     """The one note, before the first step, on what the log lines' MFU divides by."""
     return (f"mfu below: the model's FLOPs per second over {peak_flops / 1e12:.3g} TFLOP/s, the peak this device "
             f"measured just now (an estimate: on a shared machine it moves with the load, and the MFU with it)")
+
+
+def too_many_nonfinite(it: int, cfg: TrainConfig, last: Path) -> str:
+    """The one line for a run that met max_nonfinite_steps skipped steps in a row; last: its last good checkpoint."""
+    return (f"stopped at step {it}: {cfg.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (they "
+            f"were skipped); the last good checkpoint is {last}; try a lower --learning_rate or --dtype float32, "
+            f"then --resume")
 
 
 # ---- the lines a run ends with ---------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""The training run in this process, as one object (Session): the run, its state (Progress, the loop's one state,
-which only a Session writes), its folder, log, stop request and ranks; what the loop asks of it besides a step (save,
-evaluate and record, count a step, stop the clock); the end of a finished run (its best model handed over and fully
-validated, summary.json); and the stop request itself (Ctrl-C, SIGTERM, SIGHUP, a closed output)."""
+"""The training run in this process, as one object (Session): the run, its state (Progress, which the loop advances),
+its folder, log, stop request and ranks; what the loop asks of it besides a step (save, evaluate and record, the
+clock); the end of a finished run (its best model handed over and fully validated, summary.json); and the stop
+request itself (Ctrl-C, SIGTERM, SIGHUP, a closed output)."""
 from __future__ import annotations
 
 import contextlib
@@ -9,11 +9,9 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
 
 import torch
 
@@ -23,7 +21,7 @@ from model.generate import generate
 from training import checkpoint
 from training.checkpoint import Progress
 from training.device import Dist, for_sampling
-from training.evaluation import began_overfitting, evaluate, evaluation_due, full_validation_loss
+from training.evaluation import began_overfitting, evaluate, full_validation_loss
 from training.opening import Run
 from training.report import Log, TrainClock, overfitting_line
 from training.run_folder import ASIDE, BEST, LAST, LOSS_PICTURE, RunDir, WriteFailed, write_text_atomic
@@ -44,26 +42,14 @@ class Session:
     def cfg(self) -> TrainConfig:
         return self.run.cfg
 
-    # ---- the loop's state: written here only -------------------------------------------------------------------
-    def start_clock(self) -> None:
+    # ---- the clock ---------------------------------------------------------------------------------------------
+    def start_clock(self) -> TrainClock:
         self.clock = TrainClock(self.progress.it, self.progress.train_seconds, self.run.rt.device, self.run.phases)
+        return self.clock
 
     def pause_clock(self) -> None:
         """The steps pause (an evaluation, or the end): their seconds so far count as training."""
-        self.progress.train_seconds += self.clock.stop()
-
-    def stepped(self) -> None:
-        """One more step taken: the evaluation due at the new step is still to be done."""
-        self.progress.it += 1
-        self.progress.eval_done = False
-        self.clock.stepped(self.progress.it)
-
-    def logged(self, it: int, loss: float) -> None:
-        """A log line's training loss, into the run's losses so far (for loss.png)."""
-        self.progress.losses["train"].append((it, loss))
-
-    def evaluation_due(self) -> bool:
-        return evaluation_due(self.progress.it, self.cfg) and not self.progress.eval_done
+        self.progress.train_seconds = self.clock.pause()
 
     def evaluate(self) -> dict[str, float] | None:
         """The quick estimate of both splits at this step; then (rank 0) the sample, the pictures and the checkpoints.
@@ -250,32 +236,6 @@ def attention_probe(run: Run) -> list[int]:
 
 
 # ---- the stop request ------------------------------------------------------------------------------------------------
-class GuardedOutput:
-    """sys.stdout or sys.stderr, except that a write that fails (a pipe whose reader has gone: `python train.py |
-    tee log` and then Ctrl-C, which ends tee too, or `| head`; a terminal that has closed) sends this and later
-    output to /dev/null and calls gone(), where it would have raised an error in the middle of the run."""
-
-    def __init__(self, stream: TextIO, gone: Callable[[], None]):
-        self._stream, self._gone = stream, gone
-
-    def _guarded(self, method: str, *args):
-        try:
-            return getattr(self._stream, method)(*args)
-        except OSError:  # EPIPE, EIO (the terminal closed), ...
-            self._stream = open(os.devnull, "w", encoding="utf-8")
-            self._gone()
-            return None
-
-    def write(self, text: str):
-        return self._guarded("write", text)
-
-    def flush(self) -> None:
-        self._guarded("flush")
-
-    def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the stream's own
-        return getattr(self._stream, name)
-
-
 class StopRequest:
     """The first Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed) either aborts at once, while nothing is worth
     saving yet (preparing data, building the model: `saving` is False), or asks the loop to stop at the next step
@@ -284,8 +244,9 @@ class StopRequest:
     forwarded by torchrun): that is still one request.
 
     An output that can take no more (its reader gone, its terminal closed) is a request too, once: the run saves and
-    ends rather than training on unseen, or dying at its next line with its last steps unsaved. Outside a `with`
-    block (tests calling train() in-process) it is a flag nobody sets."""
+    ends rather than training on unseen, or dying at its next line with its last steps unsaved (train.py's
+    GuardedOutput calls output_gone()). Outside a `with` block (tests calling train() in-process) it is a flag nobody
+    sets."""
 
     GRACE_SECONDS = 1.0
 
@@ -299,7 +260,6 @@ class StopRequest:
         self.saved = "no checkpoint of this run was written"  # what survives a stop at once
         self.first_at = 0.0
         self.previous: dict = {}
-        self.streams: tuple = ()  # sys.stdout and sys.stderr as they were before the block
 
     def __enter__(self) -> "StopRequest":
         signals = [signal.SIGINT, signal.SIGTERM]
@@ -308,15 +268,12 @@ class StopRequest:
             signals.append(hangup)
         for sig in signals:
             self.previous[sig] = signal.signal(sig, self.handle)
-        self.streams = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = (GuardedOutput(stream, self.output_gone) for stream in self.streams)
         return self
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous = {}
-        sys.stdout, sys.stderr = self.streams
 
     def training(self, progress: Progress, agree_every: int) -> None:
         """The loop is about to start: from now on a request stops at a step boundary and saves; under torchrun the

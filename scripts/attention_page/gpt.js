@@ -8,7 +8,7 @@
 //       attention(config, attn, x, ...)      CausalSelfAttention.forward    model/attention.py
 //         projections(config, attn, x)         CausalSelfAttention.projections
 //         rmsNorm(x)                           F.rms_norm (qk_norm)
-//         applyRope(x, cos, sin)               apply_rope                     model/rope.py
+//         applyRope(x, cos, sin)               apply_rope                     model/attention.py
 //         dotProductScores(q, k)               dot_product_scores (unscaled)  model/scoring.py
 //         additiveScores(q, k, w)              additive_scores                model/scoring.py
 //         causalMask(scores)                   attention_mask + masked_fill   model/attention.py
@@ -18,7 +18,7 @@
 //     head(config, weights, x)             ln_f, then GPT.head: lm_head   model/gpt.py
 //                                            and the logit soft-cap
 //   linear(xs, layer)                     nn.Linear: the one matrix product
-//   ropeTables(blockSize, headSize)       rope_tables                    model/rope.py
+//   ropeTables(blockSize, headSize)       rope_tables                    model/attention.py
 //   loadModel(data)                       GPT(config).load_state_dict    training/checkpoint.py
 //
 // Vectors are Float64Arrays, one per position; a Linear's weight is a Float32Array of out x in numbers, row after
@@ -88,7 +88,7 @@ const ACTIVATIONS = {
   relu2: x => (x > 0 ? x * x : 0),  // ReLUSquared: relu(x) squared
 };
 
-// Rotary tables as model/rope.py builds them, in float32 as torch does (Math.fround), so the angles are the same.
+// Rotary tables as model/attention.py's rope_tables builds them, in float32 as torch does (Math.fround), so the angles are the same.
 function ropeTables(blockSize, headSize) {
   const half = headSize / 2, cos = [], sin = [];
   const frequencies = Array.from({ length: half },
@@ -149,7 +149,7 @@ function causalMask(scores) {  // the tril: a query at i may look at keys 0..i; 
 }
 
 function ownScoreFactor(config) {  // what the model multiplies q·k by before the softmax: 1/√d, or 1
-  return config.attention_score === "scaled_dot" ? 1 / Math.sqrt(config.head_size) : 1;
+  return config.form.scaled ? 1 / Math.sqrt(config.head_size) : 1;
 }
 
 function projections(config, attn, x) {
@@ -157,7 +157,7 @@ function projections(config, attn, x) {
   // c_attn makes q, k, v side by side (k missing when shared_qk, q and k missing for the uniform form).
   const { n_head: nHead, n_embd: nEmbd, head_size: headSize } = config;
   const made = attn.c_attn ? linear(x, attn.c_attn) : [];
-  const learnedQK = config.attention_score === "uniform" ? 0 : config.shared_qk ? 1 : 2;
+  const learnedQK = config.form.scores === "none" ? 0 : config.shared_qk ? 1 : 2;
   const part = (index, h) => made.map(row => row.subarray(index * nEmbd + h * headSize,
                                                           index * nEmbd + (h + 1) * headSize));
   const heads = Array.from({ length: nHead }, (_, h) => h);
@@ -173,7 +173,7 @@ function attention(config, attn, x, rope, scoreFactor) {
   // and everything on the way, per head: q and k as projected and as scored (after QK-norm and rotary turns), v,
   // the raw scores S (T x T, before the mask), the scaled and masked scores, the weights A and the output A·V.
   // scoreFactor: what q·k is multiplied by (the model's own: ownScoreFactor); the additive form has none.
-  const { n_head: nHead, head_size: headSize, attention_score: form } = config, T = x.length;
+  const { n_head: nHead, head_size: headSize } = config, form = config.form.scores, T = x.length;
   const made = projections(config, attn, x), heads = [];
   for (let h = 0; h < nHead; h++) {
     let q = made.q[h], k = made.k[h];
@@ -298,7 +298,8 @@ function loadModel(data) {
     at[path[path.length - 1]] = all.subarray(start, end);
   }
   weights.blocks = Array.from({ length: data.config.n_layer }, (_, l) => weights.blocks[l]);
-  const config = { ...data.config, head_size: data.config.n_embd / data.config.n_head };  // ModelConfig.head_size
+  // ModelConfig.head_size, and the form of attention as model/scoring.py declares it (how it scores, whether scaled)
+  const config = { ...data.config, head_size: data.config.n_embd / data.config.n_head, form: data.form };
   const rope = config.position === "rope" ? ropeTables(config.block_size, config.head_size) : null;
   return { config, weights, rope };
 }

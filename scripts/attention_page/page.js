@@ -373,8 +373,11 @@ function openHead(event) {  // a click on a head's picture: that layer and head 
 // The what-if scale: the factor on every q·k, the model's own unless the reader picks another.
 // ---------------------------------------------------------------------------------------------
 const FACTORS = { sqrt: ["\u00f7\u221a" + headSize, 1 / Math.sqrt(headSize)], 1: ["\u00d71", 1], 10: ["\u00d710", 10] };
-const OWN_FACTOR = config.attention_score === "scaled_dot" ? "sqrt" : "1";
-const SCALABLE = config.attention_score === "scaled_dot" || config.attention_score === "dot";
+// How this model scores a query against the keys: its form of attention, as model/scoring.py's FORMS declares it
+// (scores "dot", "additive" or "none"; scaled by 1/√d or not; the formula the headings write).
+const FORM = config.form;
+const OWN_FACTOR = FORM.scaled ? "sqrt" : "1";
+const SCALABLE = FORM.scores === "dot";
 
 function scoreFactor() { return FACTORS[$("scale").value || OWN_FACTOR][1]; }
 function factorName() {
@@ -395,7 +398,7 @@ function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
 // its notebook that computes it]. 003 (a text) and 004 (a blog post) have no cells; 002's scaled dot-product cell,
 // In [None], was defined but never run. The names are the tutorials' facts; the words around them are the page's.
 function tutorialNames() {
-  const form = config.attention_score;
+  const form = FORM.scores;
   return {
     Q: [["000", "q = query(x)", "In [28]"], ["001", "queries = x @ W_query", "In [29]"],
         ["002", "queries", form === "additive" ? "In [9]" : "In [None]"], ["003", "Q", ""],
@@ -423,11 +426,11 @@ function tutorialNames() {
                          "用 \u22121e6，页面用 \u2212\u221e（两者都给权重 0）"), "In [3]"],
              ["004", say("none: its example lets every token see all three", "没有：它的例子里每个词元都看得到全部三个"),
               ""]],
-    A: form === "uniform" ? [["000", "wei = tril / wei.sum(1)", "In [17]"]] :
+    A: form === "none" ? [["000", "wei = tril / wei.sum(1)", "In [17]"]] :
       [["000", "wei = F.softmax(wei, dim=-1)", "In [33]"], ["001", "\u03b1, attn_weights", "In [30]"],
        ["002", "attention_weights = masked_softmax(scores, valid_lens)", form === "additive" ? "In [9]" : "In [None]"],
        ["003", "y = softmax(x)", ""], ["004", "\u03b1\u0302\u1d62,\u2c7c", ""]],
-    AV: form === "uniform" ? [["000", "xbow = wei @ x", "In [18]"]] :
+    AV: form === "none" ? [["000", "xbow = wei @ x", "In [18]"]] :
       [["000", "out = wei @ v", "In [36]"], ["001", "z, context_vec = attn_weights @ values", "In [15]"],
        ["002", "torch.bmm(attention_weights, values)", form === "additive" ? "In [9]" : "In [None]"],
        ["004", "b\u2071 = \u03a3\u2c7c \u03b1\u0302\u1d62,\u2c7c v\u02b2", ""]],
@@ -470,9 +473,9 @@ function buildLegend() {  // the table of every page symbol against each tutoria
 }
 
 function matrices(l, h) {  // each step's name, formula and T x d or T x T values (-Infinity where masked)
-  const head = state.result.layers[l].heads[h], scaled = config.attention_score !== "additive";
+  const head = state.result.layers[l].heads[h], scaled = FORM.scores !== "additive";
   const list = [];
-  if (config.attention_score !== "uniform") {
+  if (FORM.scores !== "none") {
     // what the model does to q and k before scoring (in Chinese, spaces only between Chinese and Latin words)
     const after = [config.qk_norm ? "QK-norm" : "", config.position === "rope" ? say("rotary turns", "旋转") : ""]
       .filter(Boolean);
@@ -487,13 +490,13 @@ function matrices(l, h) {  // each step's name, formula and T x d or T x T value
   }
   list.push({ name: "V", label: say("V", "值 V"), formula: say("V: one value per character", "值 V：每个字符一个值"),
               values: head.v, columns: "dims" });
-  list.push({ name: "S", label: say("S", "注意力分数 S"), formula: config.attention_score === "additive" ?
+  list.push({ name: "S", label: say("S", "注意力分数 S"), formula: FORM.scores === "additive" ?
               say("S = w\u00b7tanh(q\u1d62 + k\u2c7c) for every pair (additive scores)",
                   "S = w\u00b7tanh(q\u1d62 + k\u2c7c)，每一对都算（加性注意力分数）") :
               say("S = Q K\u1d40: S\u1d62\u2c7c = q\u1d62\u00b7k\u2c7c, every query with every key, the future too",
                   "S = Q K\u1d40：S\u1d62\u2c7c = q\u1d62\u00b7k\u2c7c，每个查询对每个键，未来的也算"),
               values: head.raw, columns: "text" });
-  if (scaled && config.attention_score !== "uniform") {
+  if (scaled && FORM.scores !== "none") {
     list.push({ name: "scaled", label: say("scaled", "缩放"), formula: "S " + factorName() +
                 (whatIf() ? say(" (what-if)", "（假设）") : "") + say(": the scores the softmax will see",
                                                                      "：softmax 将看到的分数"),
@@ -704,12 +707,12 @@ function buildPositions() {  // what does not change with the text: the sentence
     "of their numbers (i and i + " + headSize / 2 + ") by the angle " + angle + " with " + theta + ", slower for " +
     "later pairs. A turn keeps lengths, so q\u00b7k depends only on how far apart the two characters are, as the " +
     "picture shows for q = k = (1, \u2026, 1): the line has the key at the first character, the red dots at " +
-    "character " + middle + ", and both fall on one curve." + (config.attention_score === "additive" ? " (This " +
+    "character " + middle + ", and both fall on one curve." + (FORM.scores === "additive" ? " (This " +
     "model scores with w\u00b7tanh(q + k), not q\u00b7k, so its scores are not a function of the distance alone.)" :
     ""), "旋转位置编码（RoPE）：打分之前，第 t 个字符的查询和键被旋转，它们的每一对数（i 和 i + " + headSize / 2 +
     "）转过角度 " + angle + "，其中 " + theta + "，越后面的对转得越慢。旋转不改变长度，所以 q\u00b7k 只取决于两个字符" +
     "相距多远，如图中 q = k = (1, \u2026, 1) 所示：线是键在第 1 个字符，红点是键在第 " + middle + " 个字符，两者落在" +
-    "同一条曲线上。" + (config.attention_score === "additive" ? "（这个模型用 w\u00b7tanh(q + k) 打分，不是 q\u00b7k，" +
+    "同一条曲线上。" + (FORM.scores === "additive" ? "（这个模型用 w\u00b7tanh(q + k) 打分，不是 q\u00b7k，" +
     "所以它的分数不只取决于距离。）" : ""));
   box.appendChild(distancePlot(rotaryDotsByDistance()));
   const table = box.appendChild(element("table", undefined, "numbers"));
@@ -776,7 +779,7 @@ function stepValues() {  // the numbers section 7 shows, also what #numbers repo
 function keyFormula() {
   // How the model computes key j: its projection (W_Q itself when queries and keys share it), then QK-norm and the
   // rotary turn where the model has them, as for the query.
-  if (config.attention_score === "uniform") return say("no keys: every score is 0", "没有键：每个分数都是 0");
+  if (FORM.scores === "none") return say("no keys: every score is 0", "没有键：每个分数都是 0");
   let key = "x\u2c7c " + (config.shared_qk ? "W_Q" : "W_K") + (config.bias ? (config.shared_qk ? " + b_Q" : " + b_K")
     : "");
   if (config.qk_norm) key = "rms-norm(" + key + ")";
@@ -789,7 +792,7 @@ function keysAndValues(v) {  // k_j and v_j for every key the chosen query sees,
   box.open = v.keys.length <= 8;
   box.appendChild(element("summary", say(v.keys.length + " keys and values", v.keys.length + " 个键和值")));
   v.keys.forEach((k, j) => {
-    if (config.attention_score !== "uniform") box.appendChild(vector("k" + (j + 1), k));
+    if (FORM.scores !== "none") box.appendChild(vector("k" + (j + 1), k));
     box.appendChild(vector("v" + (j + 1), v.values[j]));
   });
   return box;
@@ -800,7 +803,7 @@ function renderSteps() {
   steps.replaceChildren();
   const q = query();
   if (q === null) { $("step-title").textContent = say("type some text first", "请先输入一些文本"); return; }
-  const v = stepValues(), i = q + 1, form = config.attention_score, scaled = form === "scaled_dot" || whatIf();
+  const v = stepValues(), i = q + 1, form = FORM.scores, scaled = FORM.scaled || whatIf();
   $("step-title").textContent = quoted(state.text[q]) + say(" (character " + i + "), layer " + v.layer + ", head " +
     v.head + (viewedHead() === null ? " (choose a head above to see another)" : ""), "（第 " + i + " 个字符），第 " +
     v.layer + " 层，头 " + v.head + (viewedHead() === null ? "（在上面选一个头，看别的头）" : ""));
@@ -813,8 +816,9 @@ function renderSteps() {
         " 个数") : say("x" + i + " = the previous layer's output (no residual), " + config.n_embd + " numbers", "x" +
         i + " = 上一层的输出（没有残差），" + config.n_embd + " 个数"),
     vector("x" + i, v.input), tutorialsLine("x")));
-  if (form === "uniform") {
-    steps.appendChild(step(say("No queries or keys (attention_score uniform)", "没有查询和键（attention_score uniform）"),
+  if (form === "none") {
+    const setting = "attention_score " + config.attention_score;
+    steps.appendChild(step(say("No queries or keys (" + setting + ")", "没有查询和键（" + setting + "）"),
       say("every visible key scores 0, so the softmax gives each of the " + i + " the same weight 1/" + i,
           "每个看得见的键分数都是 0，所以 softmax 给这 " + i + " 个键同样的权重 1/" + i)));
   } else {
@@ -867,9 +871,10 @@ function renderSteps() {
     keysAndValues(v), tutorialsLine("K", "V")));
   const scoring = form === "additive" ? say("additive scores: s\u2c7c = w\u00b7tanh(q + k\u2c7c), one w per head",
       "加性注意力分数：s\u2c7c = w\u00b7tanh(q + k\u2c7c)，每个头一个 w") :
-    form === "dot" ? say("dot-product scores, not scaled (attention_score dot): s\u2c7c = q\u00b7k\u2c7c",
-      "点积注意力分数，不缩放（attention_score dot）：s\u2c7c = q\u00b7k\u2c7c") :
-    form === "uniform" ? say("every score is 0", "每个分数都是 0") :
+    form === "dot" && !FORM.scaled ? say("dot-product scores, not scaled (attention_score " + config.attention_score +
+      "): s\u2c7c = q\u00b7k\u2c7c", "点积注意力分数，不缩放（attention_score " + config.attention_score +
+      "）：s\u2c7c = q\u00b7k\u2c7c") :
+    form === "none" ? say("every score is 0", "每个分数都是 0") :
     say("scaled dot-product scores: s\u2c7c = q\u00b7k\u2c7c / \u221ad, d = " + headSize + ", so their spread does " +
       "not grow with d", "缩放点积注意力分数：s\u2c7c = q\u00b7k\u2c7c / \u221ad，d = " + headSize + "，这样分数的" +
       "方差不随 d 增大");
@@ -963,10 +968,7 @@ function render() {
 // The language switch, and a line when this browser has no font for some of the model's characters.
 // ---------------------------------------------------------------------------------------------
 function formFormula() {  // the model's form of attention (its attention_score), as the headings write it
-  return { scaled_dot: "softmax(QK\u1d40/\u221ad) V", dot: "softmax(QK\u1d40) V",
-           additive: "softmax(w\u00b7tanh(q\u1d62 + k\u2c7c)) V",
-           uniform: say("the mean of the past values (every weight 1/i)", "过去的值的平均（每个权重 1/i）") }[
-    config.attention_score];
+  return say(FORM.formula[0], FORM.formula[1]);
 }
 
 function aboutLine(a) {  // the checkpoint, the model's shape and its corpus, under the title
@@ -1116,9 +1118,14 @@ if (wanted.has("view")) {
   choose($("view"), wanted.get("view") === "all" ? "all" : String(Number(wanted.get("view")) - 1));
 }
 if (wanted.has("scale")) choose($("scale"), wanted.get("scale"));
-for (const [key, id] of [["temperature", "temperature"], ["top_k", "top-k"], ["top_p", "top-p"], ["seed", "seed"]]) {
-  if (wanted.has(key)) $(id).value = wanted.get(key);
+// The sampling options, as model/generate.py's Sampling declares them (sample.py's --temperature, --top_k, --top_p):
+// each control starts at its default (a default of none: the control's own "all"), and the address names it so.
+for (const { name, default: initial } of data.sampling) {
+  const id = name.replace("_", "-");
+  if (initial !== null) $(id).value = initial;
+  if (wanted.has(name)) $(id).value = wanted.get(name);
 }
+if (wanted.has("seed")) $("seed").value = wanted.get("seed");
 const browserLanguage = navigator.language.toLowerCase().startsWith("zh") ? "zh" : "en";  // zh, zh-CN, zh-TW...
 applyLanguage(["en", "zh"].includes(wanted.get("lang")) ? wanted.get("lang") : browserLanguage);
 update();
