@@ -145,14 +145,17 @@ said = []
 step = compiled_step(device.type, warn=said.append) if kind == "compiled" else one_token_step
 recorded = []
 def pool_keeper():  # graph trees capture one empty graph when their manager is built, to keep its memory pool alive
-    frame = sys._getframe(2)
-    while frame and not (frame.f_code.co_name == "__init__" and frame.f_code.co_filename.endswith("cudagraph_trees.py")):
+    frame = sys._getframe(2)  # the nearest frame in graph trees says who records: the manager or a node
+    while frame and not frame.f_code.co_filename.endswith("cudagraph_trees.py"):
         frame = frame.f_back
-    return frame is not None
+    return frame is not None and type(frame.f_locals.get("self")).__name__ == "CUDAGraphTreeManager"
 if device.type == "cuda":  # every CUDA graph recording goes through capture_begin (torch.cuda.graph, graph trees)
     begin = torch.cuda.CUDAGraph.capture_begin
-    torch.cuda.CUDAGraph.capture_begin = lambda self, *args, **kw: (pool_keeper() or recorded.append(1)) \
-        or begin(self, *args, **kw)
+    def counted_begin(self, *args, **kw):
+        if not pool_keeper():
+            recorded.append(1)
+        return begin(self, *args, **kw)
+    torch.cuda.CUDAGraph.capture_begin = counted_begin
 counters.clear()
 prompts = [[1, 2, 3, 4, 5], [6], [7, 1]]
 warm = generate(model, prompts, n, temperature=0, step=step)
