@@ -16,7 +16,7 @@ from configs import TrainConfig, load_config
 from errors import UserError, exit_without_teardown, run_cli
 from training import device
 from training.evaluation import plateaued
-from training.opening import choose_corpus, open_run, say_what_runs, warn_if_slow
+from training.opening import choose_corpus, open_run, say_estimate, say_what_runs
 from training.report import (PAGE_MAX_PARAMETERS, Log, Phases, StepLog, done_lines, mfu_basis, out_of_memory,
                              seconds_since_process_start, stopped_line)
 from training.run_folder import LAST, RunDir
@@ -35,7 +35,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
     s.start_clock()
     with s.log.progress(cfg.max_iters, s.progress.it) as bar:
         steps = StepLog(s.log, bar, cfg, run.tokens_per_iter, run.flops_per_token, s.d.world_size, peak_flops,
-                        s.progress.last_eval)
+                        s.progress.last_eval, s.slowdown_watch())
         while True:
             it = s.progress.it
             if s.evaluation_due():
@@ -77,7 +77,7 @@ def before_the_first_step(s: Session) -> float:
     run, cfg = s.run, s.cfg
     with run.phases.timing("opening"):
         if s.d.is_main:
-            warn_if_slow(run, s.progress, s.log)
+            say_estimate(run, s.progress, s.log)
             if note := warmup_note(cfg, s.progress.it):
                 s.log.say(note)
             if cfg.log_attention:

@@ -1,6 +1,6 @@
 """Shared test helpers: the repository on sys.path, a made-up play as the corpus, the Tiny Shakespeare location (for the
 few checks of its published figures, skipped without it), the README's commands, quiet debug runs, a watch on
-host reads, and bounds on waits that a busy machine does not break."""
+host reads, one thread for every test, and bounds on waits that a busy machine does not break."""
 import contextlib
 import importlib
 import io
@@ -33,6 +33,12 @@ torch.set_num_threads(1)  # small matrices: one thread is faster and repeatable 
 # command it starts: the tests that press Ctrl-C would then fail. Ctrl-C is given back its usual meaning.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Every test starts at one thread, whatever count a run or a script measured and set in this process before."""
+    torch.set_num_threads(1)
 
 
 def patient(seconds: float) -> float:

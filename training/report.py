@@ -216,6 +216,11 @@ class Phases:
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.seconds["start-up"] = start_up or 0.0
         self.first_step: float | None = None  # the session's first training step, compilation not included
+        self.expected: tuple[float, float] | None = None  # the whole command's seconds, as estimated before step 1
+
+    def so_far(self) -> float:
+        """Seconds since the command started (since `started` where the start-up is not known)."""
+        return self.seconds["start-up"] + time.perf_counter() - self.started
 
     @contextlib.contextmanager
     def timing(self, phase: str) -> Iterator[None]:
@@ -234,7 +239,7 @@ class Phases:
 
     def report(self) -> dict[str, float]:
         """Every phase, "other" (what no phase claims: messages, TensorBoard, the summary) and "total"."""
-        total = self.seconds["start-up"] + time.perf_counter() - self.started
+        total = self.so_far()
         return {**self.seconds, "other": max(0.0, total - sum(self.seconds.values())), "total": total}
 
     def line(self, report: dict[str, float]) -> str:
@@ -243,7 +248,12 @@ class Phases:
                  for phase, seconds in report.items()
                  if phase != "total" and (seconds >= 0.05 or phase == "training steps")]
         since = "since the command started" if self.seconds["start-up"] else "in this call"
-        return f"where the time went: {', '.join(parts)}; {report['total']:.1f} s {since}"
+        expected = ""
+        if self.expected is not None:
+            low, high = self.expected
+            expected = f" (expected before the first step: {low:.0f}-{high:.0f} s)" if round(low) != round(high) \
+                else f" (expected before the first step: {low:.0f} s)"
+        return f"where the time went: {', '.join(parts)}; {report['total']:.1f} s {since}{expected}"
 
 
 class TrainClock:
@@ -293,12 +303,13 @@ class TrainClock:
 
 class StepLog:
     """The loop's log line, every log_interval steps: the training loss, learning rate, gradient norm, tokens/s and
-    MFU, to TensorBoard, the log and the progress bar, from the loop's one read of the device; and the (step, loss)
-    history."""
+    MFU, to TensorBoard, the log and the progress bar, from the loop's one read of the device; the (step, loss)
+    history; and, on a CPU, the step time for the watch on steps that slow down."""
 
     def __init__(self, log: Log, bar: tqdm, cfg: TrainConfig, tokens_per_iter: int, flops_per_token: float,
-                 world_size: int, peak_flops: float, last_eval: dict):
+                 world_size: int, peak_flops: float, last_eval: dict, slowdown=None):
         self.log, self.bar, self.cfg, self.peak_flops = log, bar, cfg, peak_flops
+        self.slowdown = slowdown  # training.device.SlowdownWatch on a CPU: told each log line's step time
         self.tokens_per_iter, self.flops_per_token, self.world_size = tokens_per_iter, flops_per_token, world_size
         self.history: list[tuple[int, float]] = []
         self.last_val = f"val {last_eval['val']:.4f} (saved)" if last_eval else "val -"  # beside the loss on the bar
@@ -330,6 +341,8 @@ class StepLog:
                       f"{tokens_per_sec:,.0f} tokens/s, mfu {mfu * 100:.1f}% of {self.peak_flops / 1e12:.3g} TFLOP/s")
         self.bar.set_postfix_str(f"loss {loss_value:.4f} lr {lr:.2e} {tokens_per_sec:,.0f} tok/s {self.last_val}",
                                  refresh=False)
+        if self.slowdown is not None and (note := self.slowdown.seen(step_seconds)):
+            self.log.say(note)
         return int(skipped)
 
 
