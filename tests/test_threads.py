@@ -1,7 +1,9 @@
 """A run on a busy machine: the thread count measured (from timings handed in, never the clock's), said, recorded in
 the run and kept on resume; --num_threads repeating a run to the last digit; the estimate from steps timed at that
-count; the watch on steps that slow down; the scripts' own thread counts."""
+count; the watch on steps that slow down; the scripts' own thread counts; the newest run that is not training."""
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import train
 from configs import load_config
 from data import prepare, resolve
 from errors import run_cli
-from training import checkpoint, device, opening
+from training import checkpoint, device, opening, run_folder
 from training.device import SlowdownWatch, choose_threads, measure_threads, thread_counts
 from training.evaluation import evaluations_left
 from training.opening import ProbeStep, build_run, expected_seconds, say_estimate
@@ -268,3 +270,30 @@ def test_evaluate_and_sample_measure_their_threads_on_their_own_work(corpus, tmp
     assert run_cli(evaluate_cli.main, [*folder, "--data", str(corpus), "--num_threads", "-1"]) == 2
     assert capsys.readouterr().err.strip() == \
         "error: --num_threads -1: must be from 0 (the faster count, measured) to 1024"
+
+
+def test_the_scripts_read_the_newest_run_that_no_process_trains_in_and_say_which(corpus, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """The README's sample command after a run: the newest finished or stopped run in out/, said with why; a newer
+    run still training (its folder locked by its process) is passed over and named; with only such runs, one line."""
+    train_quietly(debug_argv(corpus, tmp_path / "trained", "--max_iters", "4"))
+    monkeypatch.chdir(tmp_path)
+    for name in ("finished", "training"):
+        shutil.copytree(tmp_path / "trained", tmp_path / "out" / name)
+    os.utime(tmp_path / "out" / "finished" / "ckpt_best.pt", (1, 1))  # the older
+    held = run_folder.RunDir(tmp_path / "out" / "training").claim(lambda m: None)
+    try:
+        said = []
+        assert run_folder.find("", "", say=said.append) == Path("out") / "finished" / "ckpt_best.pt"
+        assert said[0].startswith("no --out_dir given: out/finished, the newest run in out/ that has finished (its "
+                                  "model saved ")
+        assert f"; passed over out/training, still training (process {os.getpid()}" in said[0]
+        (tmp_path / "out" / "finished" / "summary.json").unlink()
+        assert run_cli(sample_cli.main, ["--max_new_tokens", "5"]) == 0
+        assert "out/finished, the newest run in out/ that has stopped" in capsys.readouterr().err
+        shutil.rmtree(tmp_path / "out" / "finished")
+        assert run_cli(sample_cli.main, ["--max_new_tokens", "5"]) == 2
+        assert capsys.readouterr().err.startswith("error: the runs in out/ are all still training (out/training, "
+                                                  "still training (process ")
+    finally:
+        held.release()
