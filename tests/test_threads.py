@@ -179,10 +179,11 @@ def whole_seconds(run, step: float, so_far: float) -> float:
     return so_far + step * (cfg.max_iters + batches_read / 3)
 
 
-def estimate_said(corpus, tmp_path, preset: str, steady: list[float]) -> tuple[object, list[str]]:
+def estimate_said(corpus, tmp_path, preset: str, steady: list[float],
+                  threads: tuple[int, str] = (1, "asked")) -> tuple[object, list[str]]:
     run, progress = built_run(corpus, tmp_path, "--max_iters", "20", "--eval_interval", "10")
     run.cfg.config_name = preset  # as --config would set it
-    run.threads = device.Threads(1, "asked", {1: steady})
+    run.threads = device.Threads(*threads, {threads[0]: steady})
     run.phases.so_far = lambda: 2.0
     messages = []
     say_estimate(run, progress, Log(tmp_path, say=messages.append))
@@ -209,6 +210,15 @@ def test_a_long_run_says_so_as_a_note_with_the_flags_that_shorten_it(corpus, tmp
         f"min (20 steps x 30-36 s, evaluations ")
     assert messages[0].endswith("; for a shorter one: --config shakespeare_char_cpu; or a lower --max_iters; or a "
                                 "lower --eval_iters or a larger --eval_interval")
+
+
+@pytest.mark.parametrize("threads, named", [((2, "kept"), True), ((2, "asked"), True), ((2, "measured"), False),
+                                            ((1, "kept"), False)])
+def test_a_long_run_on_threads_it_did_not_measure_names_measuring_first(corpus, tmp_path, threads, named):
+    """Several threads given (or kept on resume), not measured: on a busy machine one thread can be many times
+    faster, so the note's first fix is --num_threads 0; a measured count, or one thread, has nothing to gain."""
+    _, messages = estimate_said(corpus, tmp_path, "shakespeare_char_cpu", [30.0], threads)
+    assert ("; for a shorter one: --num_threads 0, which measures the faster thread count; or " in messages[0]) == named
 
 
 def test_a_large_model_is_timed_on_one_window_and_its_time_scaled_to_the_step(corpus, tmp_path, monkeypatch):

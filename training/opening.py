@@ -514,7 +514,7 @@ def say_estimate(run: Run, progress: Progress, log: Log) -> None:
     """On a CPU, before the first step: how long the command will take in all, from the steps timed at the run's
     thread count (the range of their times: on a busy machine they vary), and where the time goes. A run that will
     take long says so as a note, with the flags that cut its largest parts (a preset made for a CPU only where
-    another preset runs). The range is kept (Phases.expected) for the command's last line, beside the real time."""
+    another preset runs; a thread count that was given, not measured, where it is more than one). The range is kept (Phases.expected) for the command's last line, beside the real time."""
     if run.threads is None or not run.threads.steady or progress.it >= run.cfg.max_iters:
         return
     cfg, steady, so_far = run.cfg, run.threads.steady, run.phases.so_far()
@@ -536,6 +536,8 @@ def say_estimate(run: Run, progress: Progress, log: Log) -> None:
     fixes = [fix for _, _, fix in sorted(parts, key=lambda part: -part[0])[:2]]  # the two largest costs
     if cfg.config_name != CPU_PRESET:
         fixes.insert(0, f"--config {CPU_PRESET}")
+    if run.threads.why != "measured" and run.threads.count > 1:  # a busy machine: one thread can be many times faster
+        fixes.insert(0, "--num_threads 0, which measures the faster thread count")
     made_for = f"{cfg.config_name} is made for a GPU; " if cfg.config_name in GPU_PRESETS else ""
     log.say(f"note: {made_for}on this CPU this run would take {expected} ({what}); for a shorter one: "
             f"{'; or '.join(fixes)}")
