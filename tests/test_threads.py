@@ -38,27 +38,40 @@ def test_the_counts_tried_halve_from_every_core_down_to_one():
     assert thread_counts(8) == [8, 4, 2, 1] and thread_counts(12) == [12, 6, 3, 1]
 
 
-@pytest.mark.parametrize("table, chosen, timed", [
-    ({2: 0.50, 1: 0.10}, 1, {2: 1, 1: 3}),  # a busy machine: two threads clearly slower, timed once only
-    ({2: 0.05, 1: 0.07}, 2, {2: 3, 1: 3}),  # a quiet one: two threads faster, by less: both timed every round
-    ({2: 0.10, 1: 0.10}, 1, {2: 3, 1: 3}),  # no difference: the fewer threads, which leave the machine more room
+@pytest.mark.parametrize("table, chosen, timed, order", [
+    # a busy machine: two threads' first call far slower than one thread's: never timed again
+    ({2: 0.50, 1: 0.10}, 1, {2: 1, 1: 3}, [1, 1, 2, 1, 1]),
+    # a quiet one: two threads faster, by less: both timed every round, in turn
+    ({2: 0.05, 1: 0.07}, 2, {2: 3, 1: 3}, [1, 1, 2, 2, 1, 2, 1, 2]),
+    # no difference: the fewer threads, which leave the machine more room
+    ({2: 0.10, 1: 0.10}, 1, {2: 3, 1: 3}, [1, 1, 2, 2, 1, 2, 1, 2]),
 ])
-def test_the_faster_count_is_chosen_and_set(monkeypatch, table, chosen, timed):
-    """The decision from the timings alone (handed in: no clock is read): the count with the lowest median is set,
-    a clearly slower one is dropped after the first round, and every call after the warm-up is kept."""
+def test_the_faster_count_is_chosen_and_set(monkeypatch, table, chosen, timed, order):
+    """The decision from the timings alone (handed in: no clock is read): a warm-up at one thread, one counted call
+    there, each other count's first (cold) call not counted unless it is far slower, then rounds in turn; the count
+    with the lowest median is set."""
     monkeypatch.setattr(device, "cores", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     calls = []
     threads = choose_threads(0, by_threads(table, calls))
     assert threads.count == chosen == torch.get_num_threads() and threads.why == "measured"
-    assert {n: len(seconds) for n, seconds in threads.seconds.items()} == timed
-    assert calls[0] == 1 and len(calls) == 1 + sum(timed.values())  # the warm-up at one thread, then the rounds
+    assert {n: len(seconds) for n, seconds in threads.seconds.items()} == timed and calls == order
     assert threads.steady == [table[chosen]] * timed[chosen]
+
+
+def test_a_cold_first_call_does_not_drop_a_count_that_is_faster_warm():
+    """Two threads' first call pays for starting them (here twice one thread's time): it is not counted, and two
+    threads, faster once warm, are chosen; a first call beyond FAR_SLOWER is."""
+    calls = iter([0.05, 0.05, 0.10, 0.04, 0.05, 0.04, 0.05, 0.04])  # warm-up, one thread, two cold, then in turn
+    seconds = measure_threads(lambda: next(calls), [2, 1])
+    assert seconds == {2: [0.04, 0.04, 0.04], 1: [0.05, 0.05, 0.05]} and device.fastest(seconds) == 2
+    calls = iter([0.05, 0.05, 0.16, 0.05, 0.05])
+    assert measure_threads(lambda: next(calls), [2, 1]) == {2: [0.16], 1: [0.05, 0.05, 0.05]}
 
 
 def test_slow_work_stops_the_rounds_at_the_budget_once_the_leader_has_two_timings():
     seconds = measure_threads(by_threads({4: 2.9, 2: 2.5, 1: 2.0}), [4, 2, 1], rounds=3, budget=4.0)
-    assert {n: len(times) for n, times in seconds.items()} == {4: 2, 2: 2, 1: 2}
+    assert {n: len(times) for n, times in seconds.items()} == {4: 1, 2: 1, 1: 2}
 
 
 def test_a_given_count_is_never_measured_against_another(monkeypatch):

@@ -177,34 +177,48 @@ def thread_counts(n_cores: int) -> list[int]:
     return counts
 
 
-CLEARLY_SLOWER = 1.5  # a count whose fastest time is this many times the leader's median is tried no further
-PROBE_ROUNDS = 3  # timed calls per count
-PROBE_BUDGET = 4.0  # seconds of timed calls after which no further round begins, once the leader has two
+FAR_SLOWER = 3.0  # a count whose first (cold) call is this many times one thread's warm call is not tried further
+CLEARLY_SLOWER = 1.5  # a count whose fastest warm call is this many times the leader's median is tried no further
+PROBE_ROUNDS = 3  # warm calls per count
+PROBE_BUDGET = 4.0  # seconds of calls after which no further round begins, once the leader has two
 
 
 def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: int = PROBE_ROUNDS,
                     budget: float = PROBE_BUDGET) -> dict[int, list[float]]:
-    """Seconds of the same work (time_once() does it once and returns its seconds) at each thread count, after one
-    untimed call at the fewest threads (the first call pays one-off costs, many times a call on a busy machine, where
-    fewer threads pay them soonest). The counts take turns, round after round, so that a change in the machine's
-    load falls on each alike; after a round, a count clearly slower than the fastest so far is dropped (on a busy
-    2-core machine two threads can be ten times slower: they are not timed again). Rounds stop after `rounds`, or
-    once the timed calls have taken `budget` seconds and the fastest count has been timed twice. The thread count
-    is left at the last one timed."""
+    """Seconds of the same work (time_once() does it once and returns its seconds) at each thread count (counts: most
+    first), warm: the first call pays one-off costs, many times a call on a busy machine, so it is made at the fewest
+    threads and not counted; the first call at each other count is cold too (its threads start: on a nearly idle 2-core
+    machine two threads' first call took 73-102 ms, 1.6-1.8 times one thread's warm call, and their warm calls 37-42 ms)
+    and not counted either, unless it is FAR_SLOWER than one warm call at the fewest (on a busy 2-core machine two
+    threads took 7-50 times as long as one): then that count is not tried again. The
+    counts left take turns, round after round, so that a change in the machine's load falls on each alike; after a
+    round, a count clearly slower than the fastest (CLEARLY_SLOWER) is dropped. Rounds stop once every count left has
+    `rounds` warm calls, or once the calls have taken `budget` seconds and the fastest has two. Returns each count's
+    counted calls; the thread count is left at the last one timed."""
+    fewest, spent = counts[-1], 0.0
     seconds: dict[int, list[float]] = {n: [] for n in counts}
-    torch.set_num_threads(counts[-1])
+    torch.set_num_threads(fewest)
     time_once()
-    alive, spent = list(counts), 0.0
-    for _ in range(rounds):
+    seconds[fewest].append(time_once())
+    alive = [fewest]
+    for n in reversed(counts[:-1]):
+        torch.set_num_threads(n)
+        first = time_once()
+        spent += first
+        if first > FAR_SLOWER * seconds[fewest][0]:
+            seconds[n].append(first)
+        else:
+            alive.insert(0, n)
+    while True:
         for n in alive:
-            torch.set_num_threads(n)
-            seconds[n].append(time_once())
-            spent += seconds[n][-1]
+            if len(seconds[n]) < rounds:
+                torch.set_num_threads(n)
+                seconds[n].append(time_once())
+                spent += seconds[n][-1]
         leader = fastest({n: seconds[n] for n in alive})
         alive = [n for n in alive if min(seconds[n]) < CLEARLY_SLOWER * statistics.median(seconds[leader])]
-        if spent >= budget and len(seconds[leader]) >= 2:
-            break
-    return {n: times for n, times in seconds.items() if times}
+        if all(len(seconds[n]) >= rounds for n in alive) or (spent >= budget and len(seconds[leader]) >= 2):
+            return {n: times for n, times in seconds.items() if times}
 
 
 def fastest(seconds: dict[int, list[float]]) -> int:
