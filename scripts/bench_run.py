@@ -93,7 +93,8 @@ def threads_and_estimate(r: dict, before: str) -> str:
     whole time, said before its first step); "" elsewhere."""
     parts = [f"{r['threads']} thread{'s' if r['threads'] != 1 else ''}"] if r.get("threads") else []
     if r.get("expected_seconds"):
-        parts.append(f"expected {r['expected_seconds'][0]:.0f}-{r['expected_seconds'][1]:.0f} s")
+        low, high = (f"{seconds:.0f}" for seconds in r["expected_seconds"])
+        parts.append(f"expected {low} s" if low == high else f"expected {low}-{high} s")
     return before + ", ".join(parts) if parts else ""
 
 

@@ -35,8 +35,8 @@ def shortened(words: list[str]) -> list[str]:
         extra = ["--iters", "2", "--warmup", "1"] + (["--rounds", "1", "--n_layer", "1"] if "--compare" in words
                                                     else ["--sample_tokens", "20", "--prepare_mb", "1"])
         return words + extra
-    if script == "scripts/bench_run.py":
-        return words + SHORT_TRAINING + SMALL_MODEL
+    if script == "scripts/bench_run.py":  # (two threads beside a busy core: no full validation, which takes a minute)
+        return words + SHORT_TRAINING + SMALL_MODEL + (["--full_val", "false"] if "--busy" in words else [])
     if script == "scripts/bench_sample.py":
         return words + ["--new_tokens", "20", "--n_layer", "2", "--n_head", "2", "--n_embd", "64"]
     if script == "scripts/ladder.py":

@@ -185,16 +185,16 @@ PROBE_BUDGET = 4.0  # seconds of calls after which no further round begins, once
 
 def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: int = PROBE_ROUNDS,
                     budget: float = PROBE_BUDGET) -> dict[int, list[float]]:
-    """Seconds of the same work (time_once() does it once and returns its seconds) at each thread count (counts: most
-    first), warm: the first call pays one-off costs, many times a call on a busy machine, so it is made at the fewest
-    threads and not counted; the first call at each other count is cold too (its threads start: on a nearly idle 2-core
-    machine two threads' first call took 73-102 ms, 1.6-1.8 times one thread's warm call, and their warm calls 37-42 ms)
-    and not counted either, unless it is FAR_SLOWER than one warm call at the fewest (on a busy 2-core machine two
-    threads took 7-50 times as long as one): then that count is not tried again. The
-    counts left take turns, round after round, so that a change in the machine's load falls on each alike; after a
-    round, a count clearly slower than the fastest (CLEARLY_SLOWER) is dropped. Rounds stop once every count left has
-    `rounds` warm calls, or once the calls have taken `budget` seconds and the fastest has two. Returns each count's
-    counted calls; the thread count is left at the last one timed."""
+    """Seconds of the same work at each thread count (counts: most first; time_once() does the work once and returns
+    its seconds), warm calls only. The first call pays one-off costs (many times a call on a busy machine): it is made
+    at the fewest threads and not counted. Each other count's first call is cold too (its threads start: on a nearly
+    idle 2-core machine two threads' first call took 1.6-1.8 times one thread's warm call, their warm calls less than
+    one thread's) and is not counted, unless it is FAR_SLOWER than one warm call at the fewest (on a busy 2-core
+    machine two threads took 7-50 times as long as one): that count is then not tried again. The counts left take
+    turns, round after round, so that a change in the machine's load falls on each alike; after each round a count
+    CLEARLY_SLOWER than the fastest is dropped. The rounds end once every count left has `rounds` warm calls, or once
+    the calls have taken `budget` seconds and the fastest has two. Returns each count's counted calls (with a dropped
+    count's one cold call); the thread count is left at the last one timed."""
     fewest, spent = counts[-1], 0.0
     seconds: dict[int, list[float]] = {n: [] for n in counts}
     torch.set_num_threads(fewest)
