@@ -24,7 +24,7 @@ from configs import TrainConfig, load_config
 from errors import StepAbandoned, UserError, exit_without_teardown, run_cli
 from training import device
 from training.evaluation import next_evaluation, plateaued
-from training.opening import choose_corpus, open_run, say_what_runs, warn_if_slow
+from training.opening import choose_corpus, open_run, say_estimate, say_what_runs
 from training.optim import get_lr, warmup_note
 from training.report import (PAGE_MAX_PARAMETERS, Log, Phases, done_lines, mfu_basis, out_of_memory,
                              seconds_since_process_start, stopped_line, too_many_nonfinite)
@@ -181,6 +181,7 @@ class StepLog:
         self.writer = s.log.writer()  # TensorBoard's (None on other processes than rank 0)
         self.logged = (s.progress.it, s.clock.trained)  # (step, training seconds) at the last log line
         self.history: list[tuple[int, float]] = []
+        self.slowdown = s.slowdown_watch()  # on a CPU: steps several times slower than at the start are said
         last = s.progress.last_eval
         self.last_val = f"val {last['val']:.4f} (saved)" if last else "val -"  # beside the loss on the bar
 
@@ -195,7 +196,8 @@ class StepLog:
         # the loop's only wait for the device (and the evaluations'): one read for all three numbers
         loss_value, norm_value, skipped = torch.stack([loss.float(), grad_norm.float(), longest.float()]).tolist()
         seconds = clock.trained + time.perf_counter() - clock.started  # training seconds so far, every session's
-        step_seconds = max(seconds - self.logged[1], 1e-9) / (it - self.logged[0])
+        previous = self.logged[0]
+        step_seconds = max(seconds - self.logged[1], 1e-9) / (it - previous)
         self.logged = (it, seconds)
         tokens_per_sec = run.tokens_per_iter / step_seconds
         # MFU: each process's share of the model's FLOPs over one device's peak, at most 1 (a step faster than the
@@ -221,6 +223,9 @@ class StepLog:
                                  refresh=False)
         self.history.append((it, loss_value))
         s.progress.losses["train"].append((it, loss_value))  # for loss.png
+        watch = self.slowdown
+        if watch is not None and step_seconds > watch.limit and (note := watch.seen(previous, it, step_seconds)):
+            s.log.say(note)
         return record
 
 
@@ -229,7 +234,7 @@ def before_the_first_step(s: Session) -> float:
     run, cfg = s.run, s.cfg
     with run.phases.timing("opening"):
         if s.d.is_main:
-            warn_if_slow(run, s.progress, s.log)
+            say_estimate(run, s.progress, s.log)
             if note := warmup_note(cfg, s.progress.it):
                 s.log.say(note)
             if cfg.log_attention:

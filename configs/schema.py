@@ -76,7 +76,9 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
                                            "layer, so it compiles ~3x faster) | model (the whole model as one graph)")
     compile_eval: bool = setting(True, "with compile on: evaluate with the compiled model too (false: evaluations and "
                                        "full validation run uncompiled, sparing the compilation of a second graph)")
-    num_threads: int = setting(0, "CPU threads for PyTorch (0: automatic)")
+    num_threads: int = setting(0, "CPU threads for PyTorch (0: the faster count on this machine as it is, measured "
+                                  "before the first step and kept on resume; N: N threads, the same last digits "
+                                  "whatever else the machine runs)")
     ddp: str = setting("auto", "data-parallel under torchrun: auto (a process group and DDP with 2 or more processes) "
                                "| always (for one process too, so DDP's hooks and no_sync run on one GPU)")
     seed: int = setting(1337, "random seed for initialisation and batches")
@@ -99,8 +101,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
             check(getattr(self, name) >= 0, name, "must not be negative")
         check(self.sample_chars <= MAX_SAMPLE_CHARS, "sample_chars", f"must be at most {MAX_SAMPLE_CHARS:,} (a sample "
               f"is drawn and logged as text at every evaluation)")
-        check(self.num_threads <= MAX_THREADS, "num_threads", f"must be at most {MAX_THREADS} (0: as many as PyTorch "
-              f"finds cores)")
+        check(self.num_threads <= MAX_THREADS, "num_threads", f"must be at most {MAX_THREADS} (0: the faster count, "
+              f"measured)")
         check(0 < self.val_fraction < 1, "val_fraction", "must be between 0 and 1, e.g. 0.1")
         check(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-3")
         check(0 <= self.min_lr <= self.learning_rate, "min_lr",

@@ -1,19 +1,25 @@
-"""python scripts/bench_run.py [train.py options] [--compare FIELD=A,B] [--seeds 1,2,3] [--nanogpt DIR] [--repeat N]:
+"""python scripts/bench_run.py [train.py options] [--compare FIELD=A,B] [--seeds 1,2,3] [--nanogpt DIR] [--repeat N]
+[--busy N]:
 whole training commands, timed as a user lives them: `python train.py ...` from the command to the prompt (start-up,
 data, compilation, evaluations and the final validation included), with the loss of the model each run hands over and
 where its time went. The question it answers: which recipe reaches a given loss soonest, whole command. Variants run
 in turn, each in its own folder under --out_dir; --cold_compile_cache gives every run an empty compiler cache (what a
 first run pays). --seeds runs every variant once per seed and reports the mean and spread of the losses; --nanogpt
 times nanoGPT's own CPU recipe (its README's laptop command) on the same text once per seed in between, and gives each
-variant's time as a multiple of it."""
+variant's time as a multiple of it. --busy N runs N CPU-bound processes beside every run of the sitting (a machine
+whose user has other work going), e.g. --busy 1 --compare num_threads=0,1,2: the measured thread count against each
+fixed one. Each run's thread count and its estimate of its own time, said before its first step, are printed beside
+its whole time."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -78,7 +84,36 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
     return {"whole_seconds": whole, "train_seconds": summary["train_seconds"],
             "first_step_seconds": summary.get("first_step_seconds"), "full_val_loss": summary.get("full_val_loss"),
             "model_step": summary["model_step"], "iterations": summary["iterations"],
-            "stopped_early": summary["stopped_early"], "device": summary["device"], "phases": seconds, "log": str(log)}
+            "stopped_early": summary["stopped_early"], "device": summary["device"], "phases": seconds, "log": str(log),
+            "threads": summary.get("threads"), "expected_seconds": summary.get("expected_seconds")}
+
+
+def threads_and_estimate(r: dict, before: str) -> str:
+    """'2 threads, expected 15-18 s' after `before` for a run on a CPU (its thread count and its own estimate of its
+    whole time, said before its first step); "" elsewhere."""
+    parts = [f"{r['threads']} thread{'s' if r['threads'] != 1 else ''}"] if r.get("threads") else []
+    if r.get("expected_seconds"):
+        low, high = (f"{seconds:.0f}" for seconds in r["expected_seconds"])
+        parts.append(f"expected {low} s" if low == high else f"expected {low}-{high} s")
+    return before + ", ".join(parts) if parts else ""
+
+
+@contextlib.contextmanager
+def cpu_bound(count: int):
+    """count processes that keep a core busy each (a loop in Python) while the block runs, each already looping
+    when it begins (it says so first); ended after it, even on Ctrl-C (which, in sessions of their own, they never
+    see themselves)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "print(flush=True)\nwhile True: pass"], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, start_new_session=True) for _ in range(count)]
+    try:
+        for hog in hogs:
+            hog.stdout.readline()
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+            hog.stdout.close()
 
 
 # ---- nanoGPT's CPU recipe, the yardstick ----------------------------------------------------------------------------
@@ -177,7 +212,8 @@ def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], o
                 runs[name].append(r)
                 loss = ("" if r["full_val_loss"] is None else
                         f", full validation {r['full_val_loss']:.4f} (step {r['model_step']})")
-                print(f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training{loss}", file=sys.stderr)
+                print(f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training{loss}"
+                      f"{threads_and_estimate(r, ', ')}", file=sys.stderr)
     return runs, yardstick
 
 
@@ -237,10 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="rounds: every variant once per round, in turn")
     parser.add_argument("--cold_compile_cache", action="store_true",
                         help="an empty torch.compile cache for every run (by default this machine's cache is used)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="N CPU-bound processes beside every run (a busy machine), started before the first run "
+                             "and ended after the last")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     args, rest = parser.parse_known_args(argv)
     if args.repeat < 1:
         raise UserError("--repeat must be at least 1")
+    if not 0 <= args.busy <= 64:
+        raise UserError(f"--busy {args.busy}: must be from 0 to 64 (CPU-bound processes beside the runs)")
     if any(word in ("--out_dir", "--resume", "--overwrite") for word in rest):
         raise UserError("bench_run.py chooses each run's folder (under its own --out_dir) and starts it afresh: "
                         "leave --out_dir, --resume and --overwrite out of the train.py options")
@@ -258,20 +299,24 @@ def main(argv: list[str] | None = None) -> int:
     owner = RunDir(out).claim(say=lambda message: None)  # one bench_run per folder: the runs' logs lie side by side
     try:
         nanogpt = prepare_nanogpt(args.nanogpt.resolve(), corpus, out) if args.nanogpt is not None else None
-        runs, yardstick = run_all(rest, variants, seeds, out, args.repeat, args.cold_compile_cache, nanogpt)
+        with cpu_bound(args.busy):
+            runs, yardstick = run_all(rest, variants, seeds, out, args.repeat, args.cold_compile_cache, nanogpt)
     finally:
         owner.release()
     rows = [median_row(name, done) for name, done in runs.items()]
+    if args.busy:
+        print(f"(every run beside {args.busy} CPU-bound process{'es' if args.busy > 1 else ''})")
     print(f"{'variant':<32}{'whole s':>9}{'train s':>9}{'full-val':>10}  where the time went")
     for row in rows:
         phases = ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in row["runs"][-1]["phases"].items()
                            if phase != "total" and seconds >= 0.05)
         loss = f"{row['full_val_loss']:.4f}" if row["full_val_loss"] is not None else "-"
-        print(f"{row['variant']:<32}{row['whole_seconds']:>9.1f}{row['train_seconds']:>9.1f}{loss:>10}  {phases}")
+        print(f"{row['variant']:<32}{row['whole_seconds']:>9.1f}{row['train_seconds']:>9.1f}{loss:>10}  {phases}"
+              f"{threads_and_estimate(row['runs'][-1], '; ')}")
     if any(len(row["runs"]) > 1 for row in rows):
         print("(whole s, train s and full-val: the medians of each variant's runs; where the time went: its last run)")
     figures = {"train_options": rest, "repeat": args.repeat, "cold_compile_cache": args.cold_compile_cache,
-               "variants": rows}
+               "busy": args.busy, "variants": rows}
     if seeds or yardstick:
         per_nanogpt = statistics.fmean(r["whole_seconds"] for r in yardstick) if yardstick else None
         summary = [spread_row(name, done, per_nanogpt) for name, done in runs.items()]

@@ -3,7 +3,6 @@ without the KV cache, eager and with a compiled decoding step, in one or more we
 round, in one process."""
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import statistics

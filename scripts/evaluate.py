@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -20,7 +21,8 @@ from data.corpus import default_cache_dir  # noqa: E402
 from data.prepare import check_encoding, read_text  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from training import checkpoint  # noqa: E402
-from training.device import free_memory, is_out_of_memory, pick_device, setup  # noqa: E402
+from training.device import (check_num_threads, choose_threads, free_memory, is_out_of_memory,  # noqa: E402
+                             pick_device, setup)
 from training.evaluation import Windows, score  # noqa: E402
 from training.run_folder import check_output_file, find, write_text_atomic  # noqa: E402
 from training.report import PlainProgress  # noqa: E402
@@ -44,6 +46,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--cache_dir", default="", help="where named corpora are downloaded (as train.py)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     p.add_argument("--dtype", default="", help="auto | float32 | bfloat16 (default: the run's own, as in training)")
+    p.add_argument("--num_threads", type=int, default=0,
+                   help="CPU threads (0: the faster count on this machine as it is, measured on one batch first; "
+                        "N: N threads, the same figures to the last digit whatever else the machine runs)")
     return p
 
 
@@ -96,10 +101,20 @@ def runtime(args, run: TrainConfig, path: Path):
                         f"here ({str(err).split(': ', 1)[-1]}); pass --dtype float32 or bfloat16") from None
 
 
+def batch_seconds(model, ids: torch.Tensor, block_size: int, stride: int, batch_size: int, autocast) -> float:
+    """Seconds to score one batch of windows from the text's start, as the scoring does: the work evaluate.py's
+    thread count is measured on."""
+    n_ids = min(len(ids), (batch_size - 1) * stride + block_size + 1)  # batch_size windows (fewer in a short text)
+    start = time.perf_counter()
+    score(model, ids[:n_ids], Windows(n_ids, block_size, stride), batch_size, autocast)
+    return time.perf_counter() - start
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.json:
         check_output_file(args.json, "--json", (".json",))
+    check_num_threads(args.num_threads)
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = checkpoint.load_model(path, pick_device(args.device))
     run = saved_settings(state, path)
@@ -134,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     todo = Windows(len(ids), block_size, stride)
     check_memory(model, batch_size, block_size, rt.device)
     try:
+        if rt.device_type == "cpu":  # measured on the work itself: one batch, which may not fit either
+            threads = choose_threads(args.num_threads, lambda: batch_seconds(model, ids, block_size, stride,
+                                                                             batch_size, rt.autocast))
+            print(threads.line("a batch"), file=sys.stderr)
         # in a terminal a bar; written to a file (where a bar's redraws run together) a line every 30 s
         bar = tqdm(total=len(todo), desc="evaluate", unit="window", delay=2, dynamic_ncols=True) if \
             sys.stderr.isatty() else PlainProgress(lambda line: print(line, file=sys.stderr), "evaluate", len(todo),

@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import math
 import sys
+import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import torch  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.generate import NonFiniteLogits, Sampling, compiled_step, generate, one_token_step  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.device import for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
+from training.device import (check_num_threads, choose_threads, for_sampling, free_memory,  # noqa: E402
+                             is_out_of_memory, setup)
 from training.run_folder import find  # noqa: E402
 
 
@@ -45,6 +47,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (slow; for checks)")
     p.add_argument("--init_from", default="resume", help="nanoGPT's: resume, a trained run's checkpoint, is what this "
                                                           "sampler reads (GPT-2's weights are not for it)")
+    p.add_argument("--num_threads", type=int, default=0,
+                   help="CPU threads (0: the faster count on this machine as it is, measured on a few characters "
+                        "first; N: N threads, the same text to the last character whatever else the machine runs)")
     p.add_argument("--compile", default=None, action=BooleanFlag,
                    help="torch.compile the one-token decoding step (with CUDA graphs on CUDA); it costs a compilation "
                         "up front (default: off)")
@@ -76,6 +81,7 @@ def check_settings(args: argparse.Namespace) -> None:
         raise UserError("--prompt is empty; give it at least one character, or leave it out for the default prompt")
     if not 0 <= args.seed < 2**64:
         raise UserError(f"--seed {args.seed}: must be a whole number from 0 to 2^64 - 1")
+    check_num_threads(args.num_threads)
 
 
 def read_prompts(args: argparse.Namespace) -> list[str] | None:
@@ -117,6 +123,10 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]
     stream = streams(args)
+    if device.type == "cpu":  # (measured as the rows are drawn: one at a time when streamed)
+        probe = rows[:1] if stream else rows
+        threads = choose_threads(args.num_threads, lambda: decoding_seconds(model, probe, args, device))
+        print(threads.line(f"{PROBE_CHARACTERS} characters"), file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     step = compiled_step(device.type) if args.compile else one_token_step
     if args.compile and not args.no_cache:  # else the wait before the first new character would look like a hang
@@ -136,6 +146,18 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
     else:  # every row in one batch (prompts of different lengths are left-padded and masked)
         new = generate(model, rows, args.max_new_tokens, **settings)
         print("\n---\n".join(text + tokenizer.decode(n) for text, n in zip(texts, new)))
+
+
+PROBE_CHARACTERS = 8  # characters drawn per timed call when the thread count is measured
+
+
+def decoding_seconds(model, rows: list[list[int]], args: argparse.Namespace, device: torch.device) -> float:
+    """Seconds to draw PROBE_CHARACTERS new characters for rows as write_samples draws them (uncompiled), from a
+    generator of its own: the work sample.py's thread count is measured on."""
+    start = time.perf_counter()
+    generate(model, rows, PROBE_CHARACTERS, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+             generator=torch.Generator(device=device).manual_seed(0), use_cache=not args.no_cache)
+    return time.perf_counter() - start
 
 
 @contextlib.contextmanager

@@ -99,7 +99,8 @@ class Browser:
 
     def open(self, url: str, timeout: float = 60) -> None:
         self.call("Page.navigate", session=True, url=url)
-        deadline = time.monotonic() + timeout
+        from conftest import patient  # (imported here: a script that drives the browser without pytest never loads)
+        deadline = time.monotonic() + patient(timeout)
         while self.evaluate("document.readyState") != "complete":
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{url} did not load in {timeout} s")

@@ -1,9 +1,10 @@
 """Shared test helpers: the repository on sys.path, a made-up play as the corpus, the Tiny Shakespeare location (for the
 few checks of its published figures, skipped without it), the README's commands, quiet debug runs, a watch on
-host reads."""
+host reads, one thread for every test, and bounds on waits that a busy machine does not break."""
 import contextlib
 import importlib
 import io
+import os
 import random
 import re
 import signal
@@ -32,6 +33,20 @@ torch.set_num_threads(1)  # small matrices: one thread is faster and repeatable 
 # command it starts: the tests that press Ctrl-C would then fail. Ctrl-C is given back its usual meaning.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Every test starts at one thread, whatever count a run or a script measured and set in this process before."""
+    torch.set_num_threads(1)
+
+
+def patient(seconds: float) -> float:
+    """A bound on a wait (a subprocess, a line, a file) that a quiet machine meets in `seconds`: it only ends a hang,
+    so it is four times that, and more on a machine busier than its cores (twice the 1-minute load average per
+    core), where everything takes longer, so that a test does not fail there for want of time."""
+    load_per_core = os.getloadavg()[0] / (os.cpu_count() or 1) if hasattr(os, "getloadavg") else 0.0
+    return seconds * max(4.0, 2.0 * load_per_core)
 
 
 SPEAKERS = ("First Citizen", "Second Citizen", "ROMEO", "JULIET", "MENENIUS", "KING HENRY", "QUEEN MARGARET", "All")

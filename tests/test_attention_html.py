@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import run_script, set_attention_path, train_debug
+from conftest import patient, run_script, set_attention_path, train_debug
 from data.tokenizer import CharTokenizer
 from errors import run_cli
 from model import GPT
@@ -95,7 +95,7 @@ def dom(page, fragment: str = "") -> str:
     stderr with --enable-logging)."""
     done = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
                            "--v=0", "--dump-dom", page.as_uri() + fragment], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=patient(120))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Uncaught" not in done.stderr, [line for line in done.stderr.splitlines() if "CONSOLE" in line]
     return done.stdout
@@ -351,13 +351,13 @@ def test_the_page_benchmark_stopped_by_sigterm_leaves_no_folder_and_no_chromium(
                               str(path), "--passes", "1000"], env={**os.environ, "TMPDIR": str(temp)},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + patient(120)
         while not list(temp.glob("*/profile/*")) and bench.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert list(temp.glob("*/profile/*")), "Chromium never started"
         time.sleep(1)
         bench.send_signal(signal.SIGTERM)
-        out, err = bench.communicate(timeout=60)
+        out, err = bench.communicate(timeout=patient(60))
     finally:
         bench.kill()
         left = [entry.name for entry in temp.iterdir() if not entry.name.startswith("torchinductor")]
@@ -450,7 +450,7 @@ def test_the_browser_keeps_its_pipe_when_the_system_hands_out_fds_3_and_4():
               "from browser import Browser\n"
               "with Browser() as browser: print(browser.evaluate('6 * 7'))\n")
     done = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], capture_output=True, text=True,
-                          timeout=120, close_fds=True)
+                          timeout=patient(120), close_fds=True)
     assert done.returncode == 0 and done.stdout == "42\n", done.stderr[-2000:]
 
 

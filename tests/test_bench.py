@@ -1,6 +1,9 @@
 """The benchmark harness runs end to end on the debug config and reports every figure, consistently."""
+import contextlib
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -105,12 +108,42 @@ def test_bench_run_times_the_whole_command_and_reports_the_runs_own_figures(tmp_
     assert busy.returncode == 2 and f"{out} is in use by process" in busy.stderr
     assert "step 6" in (out / "01-r1.log").read_text()
 
+    assert run["threads"] == 1 and run["expected_seconds"] == summary["expected_seconds"]  # (debug: --num_threads 1)
+    assert f"; 1 thread, expected {run['expected_seconds'][0]:.0f}" in done.stdout
+
     refused = script("bench_run.py", "--config", "debug", "--out_dir", str(tmp_path / "x"), "--resume")
     assert refused.returncode == 2 and "leave --out_dir, --resume and --overwrite out" in refused.stderr
     failed = script("bench_run.py", "--config", "debug", "--data", str(tmp_path / "missing.txt"), "--out_dir", str(out))
     said = failed.stderr.strip().splitlines()[-1]  # after the progress line, one line: the run's own error, its log
     assert failed.returncode == 2 and said.startswith("error: python train.py --config debug --data"), failed.stderr
     assert "no such file or folder" in said and said.endswith("01-r1.log)")
+
+
+def test_bench_run_busy_runs_cpu_bound_processes_beside_the_runs_and_ends_them(tmp_path, small_text, script,
+                                                                              monkeypatch):
+    """--busy 1: one process keeps a core busy when the run starts, and is gone when the sitting ends; the figures
+    say so."""
+    import bench_run
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(small_text, encoding="utf-8")
+    out, figures = tmp_path / "runs", tmp_path / "runs.json"
+
+    def busy_loops() -> list[int]:  # this process's children that loop (another engineer's may run beside)
+        found = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.isdigit() and b"while True: pass" in (entry / "cmdline").read_bytes() and \
+                        f"PPid:\t{os.getpid()}\n" in (entry / "status").read_text():
+                    found.append(int(entry.name))
+        return found
+    seen, run_once = [], bench_run.run_once
+    monkeypatch.setattr(bench_run, "run_once", lambda *args: seen.append(busy_loops()) or run_once(*args))
+    done = script("bench_run.py", "--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"),
+                  "--max_iters", "2", "--out_dir", str(out), "--busy", "1", "--json", str(figures))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(figures.read_text(encoding="utf-8"))["busy"] == 1 and "beside 1 CPU-bound process" in done.stdout
+    assert len(seen) == 1 and len(seen[0]) == 1 and busy_loops() == []
+    assert script("bench_run.py", "--busy", "-1").returncode == 2
 
 
 def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_they_made(tmp_path, small_text, script,
@@ -122,7 +155,6 @@ def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_
     checkpoint's full validation; the first table's row is the runs' medians, loss included (not the last seed's loss
     beside the median time); the user's checkout is left byte for byte as it was. A relative --out_dir means the folder
     under the current one, for nanoGPT's runs too (which run in the copy's folder)."""
-    import numpy as np
     import torch
     import bench_run
     from conftest import train_debug

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, patient
 
 SCRIPT = ROOT / "scripts" / "bench_gpu.sh"
 
@@ -65,10 +65,10 @@ def test_the_gpu_sitting_script_parses_and_refuses_what_it_cannot_run(tmp_path, 
                                   "all, not 'bogus'"),
                         ("nanogpt", "set NANOGPT to a checkout of karpathy/nanoGPT")):
         done = subprocess.run(["bash", str(SCRIPT), part, str(corpus), str(tmp_path / "logs")], capture_output=True,
-                              text=True, env=env, timeout=60)
+                              text=True, env=env, timeout=patient(60))
         assert done.returncode == 2 and done.stderr.startswith(f"error: {words}")
         assert done.stderr.count("\n") == 1 and not (tmp_path / "logs").exists()
-    usage = subprocess.run(["bash", str(SCRIPT), "tests"], capture_output=True, text=True, timeout=60)
+    usage = subprocess.run(["bash", str(SCRIPT), "tests"], capture_output=True, text=True, timeout=patient(60))
     assert usage.returncode == 2 and usage.stderr.startswith("usage: ")
 
 
@@ -84,7 +84,7 @@ def test_a_log_or_log_folder_that_is_a_link_is_refused_and_nothing_is_written_th
     (tmp_path / "linked").symlink_to(tmp_path / "folder")
     for logdir, words in ((logs, f"the log {logs}/smoke.log is a symbolic link"),
                           (tmp_path / "linked", f"the log folder {tmp_path}/linked is a symbolic link")):
-        code, out, err = finish(start("smoke", str(corpus), str(logdir), tmp_path=tmp_path), timeout=60)
+        code, out, err = finish(start("smoke", str(corpus), str(logdir), tmp_path=tmp_path), timeout=patient(60))
         assert code == 2 and err.startswith(f"error: {words}") and err.count("\n") == 1, err
     assert elsewhere.read_bytes() == b"someone's file\n" and list((tmp_path / "folder").iterdir()) == []
     assert list((tmp_path / "tmp").iterdir()) == []
@@ -97,13 +97,13 @@ def test_a_stop_ends_every_process_of_the_sitting_and_removes_its_temp_folder(tm
     FAIL for steps it never ran and leaving its temp folder behind)."""
     process = start("smoke", str(corpus), str(tmp_path / "logs"), tmp_path=tmp_path)
     log = tmp_path / "logs" / "smoke.log"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + patient(120)
     while not (log.exists() and "$ python train.py" in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1)  # the run's python has started
     assert len(session_processes(process.pid)) > 2  # bash, its part's subshell, the step's python, ...
     process.send_signal(sig)
-    returncode, out, err = finish(process, timeout=60)
+    returncode, out, err = finish(process, timeout=patient(60))
     assert returncode == code and err.strip().endswith(f"stopped by {name}; the logs so far are in {tmp_path}/logs")
     assert list((tmp_path / "tmp").iterdir()) == []
     said = log.read_text()
@@ -130,7 +130,7 @@ def test_the_nanogpt_part_works_on_a_copy_of_the_checkout_and_changes_nothing_in
         return {path.relative_to(checkout): path.read_bytes() for path in sorted(checkout.rglob("*")) if path.is_file()}
     before = files()
     code, out, err = finish(start("nanogpt", str(corpus), str(tmp_path / "logs"), tmp_path=tmp_path,
-                                  NANOGPT=str(checkout)), timeout=120)
+                                  NANOGPT=str(checkout)), timeout=patient(120))
     assert files() == before
     ran = [line for line in out.splitlines() if line.startswith("stand-in train.py in ")]
     assert len(ran) == 1 and str(checkout) not in ran[0] and "nanogpt-checkout" in ran[0], out
@@ -147,14 +147,14 @@ def test_the_quick_smoke_compiles_and_a_compiler_that_fails_is_a_fail_line(tmp_p
     broken.write_text("#!/bin/sh\necho 'no compiler here (stand-in)' >&2\nexit 1\n")
     broken.chmod(0o755)
     code, out, err = finish(start("smoke", str(corpus), str(tmp_path / "broken"), tmp_path=tmp_path, CXX=str(broken),
-                                  TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")), timeout=600)
+                                  TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")), timeout=patient(600))
     verdicts = [line for line in out.splitlines() if line.startswith(("PASS ", "FAIL "))]
     assert code == 1, out + err
     assert "FAIL GPU preset, compiled, end to end (fell back: torch.compile failed)" in verdicts, out
     assert "FAIL sampling compiled: a padded batch, host syncs counted (exit 1)" in verdicts, out
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # under the usual temp folder, not ours
     code, out, err = finish(start("smoke", str(corpus), str(tmp_path / "working"), tmp_path=tmp_path,
-                                  TORCHINDUCTOR_CACHE_DIR=default_cache_dir()), timeout=600)
+                                  TORCHINDUCTOR_CACHE_DIR=default_cache_dir()), timeout=patient(600))
     verdicts = [line for line in out.splitlines() if line.startswith(("PASS ", "FAIL "))]
     assert code == 0 and not any(line.startswith("FAIL") for line in verdicts), out + err
     assert len(set(verdicts)) == 5 and "smoke: 5 passed, 0 failed, 0 skipped" in out

@@ -159,7 +159,8 @@ def test_mfu_under_torchrun_is_each_processs_share_of_its_own_device(monkeypatch
     monkeypatch.setattr(train.time, "perf_counter", lambda: 100.0)
     run = SimpleNamespace(tokens_per_iter=2000, flops_per_token=300.0, cfg=SimpleNamespace(max_iters=20))
     session = SimpleNamespace(run=run, log=log, clock=clock, d=SimpleNamespace(world_size=2),
-                              progress=SimpleNamespace(it=0, last_eval={}, losses={"train": []}))
+                              progress=SimpleNamespace(it=0, last_eval={}, losses={"train": []}),
+                              slowdown_watch=lambda: None)  # a GPU run's: no watch on its steps
     bar = SimpleNamespace(set_postfix_str=lambda *args, **kwargs: None)
     peak = 300.0 * 2000 / 2 / 0.3  # the FLOP/s at which one process's share is 30%
     steps = StepLog(session, bar, peak_flops=peak)

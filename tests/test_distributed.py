@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, module_corpus
+from conftest import ROOT, module_corpus, patient
 from training import checkpoint
 
 pytestmark = pytest.mark.distributed
@@ -28,7 +28,7 @@ def launch(corpus, out_dir, *extra, processes=2, program=ROOT / "train.py", torc
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
                    str(program), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    return subprocess.run(command, capture_output=True, text=True, timeout=patient(180), cwd=ROOT)
 
 
 # 81 validation windows of 32: 41 for rank 0, 40 for rank 1, so 11 and 10 batches of 4. Unless rank 1 reads a padded
@@ -78,7 +78,7 @@ def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path):
 
     # resume the two-process run with one process
     resumed = subprocess.run([sys.executable, str(ROOT / "train.py"), "--out_dir", str(tmp_path / "ddp"), "--resume",
-                              "--max_iters", "10"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+                              "--max_iters", "10"], capture_output=True, text=True, timeout=patient(180), cwd=ROOT)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")["iter"] == 10
     # the same tokens per step with one process: the accumulation steps took up the difference, said in one line

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, module_corpus
+from conftest import ROOT, module_corpus, patient
 from configs import load_config
 from data import prepare, resolve
 from errors import UserError, run_cli
@@ -65,7 +65,7 @@ def test_a_full_disk_while_checkpointing_or_preparing_is_one_line_and_loses_noth
     before = (out / "ckpt_last.pt").read_bytes()
     limit = len(before) // 2  # an event file fits, a checkpoint does not
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *train_args(run, out, "--resume", "--max_iters",
-                             "30")], capture_output=True, text=True, timeout=120, preexec_fn=limited_file_size(limit))
+                             "30")], capture_output=True, text=True, timeout=patient(120), preexec_fn=limited_file_size(limit))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "could not write checkpoint" in result.stderr and "previous checkpoint is untouched" in result.stderr
     assert (out / "ckpt_last.pt").read_bytes() == before and not list(out.glob("*.tmp-*"))
@@ -74,7 +74,7 @@ def test_a_full_disk_while_checkpointing_or_preparing_is_one_line_and_loses_noth
     big.write_text("some text to prepare\n" * 20000)
     cache = tmp_path / "cache"
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare.py"), "--data", str(big), "--cache_dir",
-                             str(cache)], capture_output=True, text=True, timeout=60,
+                             str(cache)], capture_output=True, text=True, timeout=patient(60),
                             preexec_fn=limited_file_size(100_000))
     assert result.returncode == 2 and result.stderr.startswith("error: could not write the token cache")
     assert result.stderr.count("\n") == 1 and not [p for p in (cache / "prepared").iterdir()]
@@ -391,7 +391,7 @@ def test_ctrl_c_in_sample_py_is_one_line_and_exit_130(run):
     try:
         assert proc.stdout.read(20)  # it is generating
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
+        _, stderr = proc.communicate(timeout=patient(30))
     finally:
         proc.kill()
     assert proc.returncode == 130 and "Traceback" not in stderr and stderr.strip().endswith("interrupted")

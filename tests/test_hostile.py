@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, module_corpus
+from conftest import ROOT, module_corpus, patient
 from errors import UserError, run_cli
 from training import checkpoint
 from training.checkpoint import Progress
@@ -121,7 +121,7 @@ def test_a_readers_message_during_a_running_overwrite_says_what_is_true(corpus, 
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         import time
-        deadline = time.time() + 60
+        deadline = time.time() + patient(60)
         while not ((out / ".replaced").is_dir() and (out / "ckpt_last.pt").is_file()):
             assert time.time() < deadline
             time.sleep(0.05)
@@ -377,13 +377,13 @@ def test_one_sigterm_during_a_long_evaluation_sample_stops_the_run_with_its_eval
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *argv(corpus, out, "--sample_chars", "100000")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 60
+        deadline = time.time() + patient(60)
         while not any(out.glob("events.*")):  # the sample follows the step-0 evaluation at once
             assert time.time() < deadline
             time.sleep(0.05)
         time.sleep(2.0)
         proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=30)
+        stdout, stderr = proc.communicate(timeout=patient(30))
     finally:
         proc.kill()
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr
@@ -473,14 +473,14 @@ def test_a_torchrun_worker_killed_leaves_one_line_from_the_other(corpus, tmp_pat
                                                           "100000", "--log_interval", "1")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + patient(90)
         while not (out / "ckpt_last.pt").exists():
             assert time.time() < deadline and proc.poll() is None
             time.sleep(0.1)
         time.sleep(1.0)
         workers = subprocess.run(["pgrep", "-f", f"train.py .*--out_dir {out}"], capture_output=True, text=True)
         os.kill(max(int(pid) for pid in workers.stdout.split()), signal.SIGKILL)  # the later-started worker
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=patient(60))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

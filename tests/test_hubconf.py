@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, module_corpus, train_debug
+from conftest import ROOT, module_corpus, patient, train_debug
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_the_docs_example_runs_from_a_program_elsewhere_and_matches_sample_py(ru
     (tmp_path / "program.py").write_text(program)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "program.py"], cwd=tmp_path, capture_output=True, text=True, env=env,
-                          timeout=120)
+                          timeout=patient(120))
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"TrainedRun('{run_dir / 'ckpt_best.pt'}', step ")
@@ -37,7 +37,7 @@ def test_the_docs_example_runs_from_a_program_elsewhere_and_matches_sample_py(ru
     text = "\n".join(lines[1:-1])
     sample = subprocess.run([sys.executable, str(ROOT / "scripts" / "sample.py"), "--out_dir", str(run_dir),
                              "--prompt", "ROMEO:", "--max_new_tokens", "60", "--seed", "1337", "--temperature", "0.8",
-                             "--stream"], capture_output=True, text=True, timeout=120)
+                             "--stream"], capture_output=True, text=True, timeout=patient(120))
     assert sample.returncode == 0 and sample.stdout.rstrip("\n") == "ROMEO:" + text
 
 

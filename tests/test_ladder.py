@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from PIL import Image
 
-from conftest import ROOT
+from conftest import ROOT, patient
 from configs import load_config
 from training import checkpoint
 
@@ -22,7 +22,7 @@ SENTENCES = ["注意力让每个字回头看前面的字。", "查询和键的�
 
 def ladder(*args, env=None):
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "ladder.py"), "--config", "debug", *args],
-                          capture_output=True, text=True, timeout=300, env=env)
+                          capture_output=True, text=True, timeout=patient(300), env=env)
 
 
 def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_rungs(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, module_corpus
+from conftest import ROOT, module_corpus, patient
 from configs import load_config
 from errors import run_cli
 from training import checkpoint, evaluation, session
@@ -43,8 +43,8 @@ def no_process_outlives_its_test():
             proc.communicate()
 
 
-def wait_for(condition, timeout=60):
-    deadline = time.time() + timeout
+def wait_for(condition, timeout=patient(60)):
+    deadline = time.time() + patient(timeout)
     while not condition():
         assert time.time() < deadline, "timed out"
         time.sleep(0.05)
@@ -101,7 +101,7 @@ def test_a_second_process_is_refused_at_once_and_the_running_one_loses_nothing(c
         assert code == 2 and f"is in use by process {proc.pid}" in err and err.count("\n") == 1, err
     assert proc.poll() is None  # still training
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=patient(60))
     assert proc.returncode == 130 and "Traceback" not in stderr and "could not write" not in stderr, stderr
     assert "stopping: step " in stderr and "is the last finished; ending what is under way" in stderr
     assert "stopped at step" in stdout
@@ -151,7 +151,7 @@ def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_af
     proc = launch(corpus, out, "--overwrite", "--max_iters", "1000000", "--eval_interval", "100000")
     wait_for(lambda: (out / ".replaced" / "ckpt_last.pt").is_file() and (out / "ckpt_last.pt").is_file())
     proc.send_signal(signal.SIGINT)
-    text, err = proc.communicate(timeout=60)
+    text, err = proc.communicate(timeout=patient(60))
     assert proc.returncode == 130
     assert "stopping: putting back the run that --overwrite is replacing" in err
     assert f"the run --overwrite was replacing is back in {out}, as it was; this run's files are kept apart in " \
@@ -159,7 +159,7 @@ def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_af
     assert restored(out) == before and not (out / ".replaced").exists()
 
     proc = launch(corpus, out, "--overwrite", "--max_iters", "4", "--eval_interval", "2")
-    text, err = proc.communicate(timeout=120)
+    text, err = proc.communicate(timeout=patient(120))
     assert proc.returncode == 0, err
     assert f"--overwrite: the run this one replaces is deleted now (this run's step 2 is saved in {out})" in text + err
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 4 and not (out / ".replaced").exists()
@@ -251,7 +251,7 @@ def test_ctrl_c_in_a_long_evaluation_then_in_a_long_step(corpus, tmp_path):
     wait_for(lambda: any(out.glob("events.*")))  # written just before the loop starts
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=30)
+    stdout, stderr = proc.communicate(timeout=patient(30))
     assert proc.returncode == 130 and "Traceback" not in stderr and "stopped at step 0" in stdout
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 0
 
@@ -262,7 +262,7 @@ def test_ctrl_c_in_a_long_evaluation_then_in_a_long_step(corpus, tmp_path):
     wait_for(lambda: (slow / "ckpt_last.pt").exists())
     time.sleep(0.5)  # past the step boundary, into step 0's micro-batches
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=30)
+    stdout, stderr = proc.communicate(timeout=patient(30))
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr
     assert "stopped at step 0" in stdout and "stopped at once" not in stderr
     assert checkpoint.load(slow / "ckpt_last.pt")["iter"] == 0 and not list(slow.glob("*.tmp-*"))
@@ -280,7 +280,7 @@ def test_ctrl_c_in_a_long_evaluation_then_in_a_long_step(corpus, tmp_path):
 
 def cli_quiet(corpus, out, *extra):
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *argv(corpus, out, *extra)], capture_output=True,
-                          text=True, timeout=120).returncode
+                          text=True, timeout=patient(120)).returncode
 
 
 def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):
@@ -294,7 +294,7 @@ def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):
     while not proc.stdout.readline().startswith("step 10/"):  # the step-0 checkpoint is written, and 10 steps more
         assert proc.poll() is None
     proc.stdout.close()  # the reader goes
-    assert proc.wait(timeout=60) == 130
+    assert proc.wait(timeout=patient(60)) == 130
     saved = checkpoint.load(out / "ckpt_last.pt")["iter"]
     assert saved > 10 and saved % 5 == 0  # the step of the first line that found the pipe closed
     assert not list(out.glob("*.tmp-*"))
@@ -312,7 +312,7 @@ def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, t
     while not proc.stdout.readline().startswith("step 10/"):
         assert proc.poll() is None
     proc.send_signal(signal.SIGHUP)
-    stdout, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=patient(60))
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr
     saved = checkpoint.load(out / "ckpt_last.pt")["iter"]
     assert saved >= 10 and f"stopped at step {saved}" in stdout
@@ -324,7 +324,7 @@ def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, t
     while not ignored.stdout.readline().startswith("step 10/"):
         assert ignored.poll() is None
     ignored.send_signal(signal.SIGHUP)
-    assert ignored.wait(timeout=120) == 0 and checkpoint.load(tmp_path / "nohup" / "ckpt_last.pt")["iter"] == 60
+    assert ignored.wait(timeout=patient(120)) == 0 and checkpoint.load(tmp_path / "nohup" / "ckpt_last.pt")["iter"] == 60
 
 
 def test_sigterm_while_preparing_removes_its_temporary_folder(tmp_path):
@@ -334,7 +334,7 @@ def test_sigterm_while_preparing_removes_its_temporary_folder(tmp_path):
     proc = launch(corpus, tmp_path / "run")
     wait_for(lambda: any(prepared.glob("*.tmp-*")))
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = proc.communicate(timeout=patient(60))
     assert proc.returncode == 130 and "stopped before training began" in stderr and "Traceback" not in stderr
     assert not list(prepared.glob("*.tmp-*"))
     # one left by a process that no longer exists is removed by the next preparation

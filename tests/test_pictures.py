@@ -270,7 +270,7 @@ def test_a_run_leaves_loss_png_drawing_every_logged_loss_of_all_its_sessions(tmp
     every = [v for series in logged.values() for _, v in series]
     assert low < min(every) and max(every) < high
     again = io.BytesIO()  # the file on disk is that drawing, with the run's title
-    loss_figure(losses, f"run: debug preset, step 45").savefig(again, format="png")
+    loss_figure(losses, "run: debug preset, step 45").savefig(again, format="png")
     assert png.read_bytes() == again.getvalue()
     plt.close("all")
 

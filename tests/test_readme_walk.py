@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from conftest import README_COMMANDS, ROOT, SHARED_TEXT
+from conftest import README_COMMANDS, ROOT, SHARED_TEXT, patient
 
 # What each kind of command gets appended (or replaced) to run in seconds; the order and the rest are the README's.
 SHORT_TRAINING = ["--max_iters", "4", "--eval_interval", "4", "--eval_iters", "2"]
@@ -35,8 +35,8 @@ def shortened(words: list[str]) -> list[str]:
         extra = ["--iters", "2", "--warmup", "1"] + (["--rounds", "1", "--n_layer", "1"] if "--compare" in words
                                                     else ["--sample_tokens", "20", "--prepare_mb", "1"])
         return words + extra
-    if script == "scripts/bench_run.py":
-        return words + SHORT_TRAINING + SMALL_MODEL
+    if script == "scripts/bench_run.py":  # (two threads beside a busy core: no full validation, which takes a minute)
+        return words + SHORT_TRAINING + SMALL_MODEL + (["--full_val", "false"] if "--busy" in words else [])
     if script == "scripts/bench_sample.py":
         return words + ["--new_tokens", "20", "--n_layer", "2", "--n_head", "2", "--n_embd", "64"]
     if script == "scripts/ladder.py":
@@ -60,7 +60,7 @@ def tensorboard_runs(words: list[str], repo, env) -> str:
     server = subprocess.Popen(words + ["--host", "127.0.0.1", "--port", str(port)], cwd=repo, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patient(60)
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5) as response:
@@ -71,7 +71,7 @@ def tensorboard_runs(words: list[str], repo, env) -> str:
                 time.sleep(0.5)
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        server.wait(timeout=patient(30))
 
 
 pytestmark = pytest.mark.readme_walk  # about a minute: .ci/run runs it on its own (see pytest.ini)
@@ -137,7 +137,7 @@ def test_the_readme_runs_in_order_from_a_fresh_clone(fresh_clone, tmp_path):
             continue
         assert words[0] == "python", command
         done = subprocess.run([sys.executable, *shortened(words)[1:]], cwd=repo, env=env, capture_output=True,
-                              text=True, timeout=300)
+                              text=True, timeout=patient(300))
         said = done.stdout + done.stderr
         assert done.returncode == 0, f"{command}\n{said[-3000:]}"
         assert "Traceback" not in said and "already holds" not in said and "warning" not in said.lower(), \
@@ -167,7 +167,7 @@ def test_the_first_screen_runs_as_written_without_a_network(fresh_clone, tmp_pat
         if words[1] == "train.py":
             words += SHORT_TRAINING + SMALL_MODEL
         done = subprocess.run([sys.executable, *words[1:]], cwd=fresh_clone, env=env, capture_output=True, text=True,
-                              timeout=300)
+                              timeout=patient(300))
         assert done.returncode == 0 and "Traceback" not in done.stderr, f"{command}\n{done.stderr[-3000:]}"
         said.append(done.stdout + done.stderr)
     assert "using the offline corpus 'pystdlib'" in said[0]

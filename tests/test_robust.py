@@ -11,7 +11,7 @@ import torch
 
 import train
 from training.checkpoint import Progress
-from conftest import ROOT
+from conftest import ROOT, patient
 from configs import load_config
 from data import prepare, resolve
 from errors import UserError
@@ -25,8 +25,8 @@ def train_argv(corpus, out_dir, *extra):
             "--cache_dir", str(corpus.parent / "cache"), "--out_dir", str(out_dir), *extra]
 
 
-def wait_for(path, timeout=60):
-    deadline = time.time() + timeout
+def wait_for(path, timeout=patient(60)):
+    deadline = time.time() + patient(timeout)
     while not path.exists():
         assert time.time() < deadline, f"{path} never appeared"
         time.sleep(0.05)
@@ -40,14 +40,14 @@ def test_interrupt_saves_and_explains_how_to_resume(corpus, tmp_path, sig, code)
     wait_for(out / "ckpt_last.pt")
     time.sleep(0.5)
     proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=patient(60))
     assert proc.returncode == code, stderr
     assert "--resume" in stdout and "Traceback" not in stderr + stdout
     state = checkpoint.load(out / "ckpt_last.pt")
     assert 0 < state["iter"] < 100000
     assert any(out.glob("events.out.tfevents.*"))
     done = subprocess.run(train_argv(corpus, out, "--resume", "--max_iters", str(state["iter"] + 5)),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=patient(120))
     assert done.returncode == 0, done.stderr
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == state["iter"] + 5
 
@@ -67,7 +67,7 @@ def test_kill_9_at_any_moment_never_loses_the_last_checkpoint(corpus, tmp_path):
         state = checkpoint.load(out / "ckpt_last.pt")  # always loads: never a half-written file
         assert state["iter"] <= target
     done = subprocess.run(train_argv(corpus, out, "--max_iters", str(target), "--eval_interval", "50", "--resume"),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=patient(120))
     assert done.returncode == 0, done.stderr
     final = checkpoint.load(out / "ckpt_last.pt")
     assert final["iter"] == target and not list(out.glob("*.tmp-*"))
@@ -234,7 +234,7 @@ print("x" * 100_000, end="")  # more than one buffer's worth, and no newline to 
 sys.stderr.write("last words")
 exit_without_teardown(3)
 """
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=patient(60))
     assert done.returncode == 3 and done.stdout == "x" * 100_000 and done.stderr == "last words"
     assert (tmp_path / "handler").read_text() == "ran"
     assert (tmp_path / "thread").exists() == (worker == "not a daemon")
@@ -255,5 +255,5 @@ exit_without_teardown(run_cli(main))
     writer = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert writer.stdout.readline() == b"line 0\n"
     writer.stdout.close()  # the reader leaves
-    assert writer.wait(timeout=60) == 141
+    assert writer.wait(timeout=patient(60)) == 141
     assert writer.stderr.read() == b""

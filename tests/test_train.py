@@ -19,7 +19,7 @@ from errors import UserError, run_cli
 from model.config import ModelConfig
 from training import checkpoint, device, opening
 from training.device import CPU_BFLOAT16_SAMPLING_PARAMS, pick_dtype
-from training.opening import Estimate, expected_seconds, prepare_data
+from training.opening import prepare_data
 from training.optim import get_lr
 from conftest import ROOT, num_val_windows
 from test_best_model import full_validation
@@ -129,7 +129,8 @@ def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus
     # by the line on where the time went
     assert any(line.startswith("done: 6 steps, ") and line.endswith(" s of training steps in all its sessions")
                for line in said), said
-    assert len([line for line in said if "in all" in line or "this session" in line]) == 1
+    spent = [line for line in said if not line.startswith("this run: about")]  # the estimate, before step 5
+    assert len([line for line in spent if "in all" in line or "this session" in line]) == 1
     assert not [line for line in said if "checksum" in line]
     text = corpus.read_text(encoding="utf-8")
     corpus.write_text(text[len(text) // 2:] + text[: len(text) // 2], encoding="utf-8")  # same characters, new order
@@ -543,86 +544,6 @@ def test_help_shows_the_values_this_command_would_use(argv, preset, n_layer, max
     assert f"preset {preset}" in text
     assert f"number of transformer blocks (0: none, a bigram model); here {n_layer}, from {preset} (default: 6)" in text
     assert f"optimizer steps to train for; here {max_iters}, from {preset} (default: 5000)" in text
-
-
-def test_a_slow_run_on_a_cpu_says_so_first_and_the_estimate_changes_nothing(corpus, tmp_path, monkeypatch):
-    common = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"), "--max_iters", "20",
-              "--log_interval", "1", "--dropout", "0.1", "--eval_interval", "10"]
-    with monkeypatch.context() as patch:
-        patch.setattr(opening, "expected_seconds", lambda run, progress: Estimate(0, 0, 0, 0))  # no pass
-        quiet = train.train(*load_config(common + ["--out_dir", str(tmp_path / "a")], False)[::2], say=lambda m: None)
-    monkeypatch.setattr(opening, "SLOW_RUN_SECONDS", 0.0)  # every run counts as slow: the estimate runs and is said
-    messages = []
-    said = train.train(*load_config(common + ["--out_dir", str(tmp_path / "b")], False)[::2], say=messages.append)
-    notes = [m for m in messages if m.startswith("note: on this CPU this run would take about")]
-    assert len(notes) == 1 and "(20 steps x " in notes[0] and "--config shakespeare_char_cpu" in notes[0]
-    assert messages.index(notes[0]) < next(i for i, m in enumerate(messages) if ": evaluation: " in m)  # before step 0
-    assert said["history"] == quiet["history"] and said["full_val_loss"] == quiet["full_val_loss"]
-
-
-@pytest.mark.parametrize("preset, parts, flags", [
-    ("shakespeare_char_cpu", (600, 30, 900), "for a shorter one: --full_val false; or a lower --max_iters"),
-    ("shakespeare_char_gpu", (7200, 900, 60), "for a shorter one: --config shakespeare_char_cpu; or a lower "
-                                              "--max_iters; or a lower --eval_iters or a larger --eval_interval")])
-def test_the_slow_run_note_fits_the_run(corpus, tmp_path, monkeypatch, preset, parts, flags):
-    """It names where the time goes and the flags that cut its two largest parts (--full_val false where the final
-    full validation is one of them, as in shakespeare_char_cpu), and never suggests the preset that is running."""
-    steps, evaluations, full_validation = parts
-    monkeypatch.setattr(opening, "expected_seconds",
-                        lambda run, progress: Estimate(steps / 20, steps, evaluations, full_validation))
-    messages = []
-    argv = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"), "--max_iters", "2",
-            "--out_dir", str(tmp_path / "run")]
-    cfg, _, explicit = load_config(argv, False)
-    cfg.config_name = preset  # as --config would set it
-    train.train(cfg, explicit, say=messages.append)
-    note = next(m for m in messages if m.startswith("note:"))
-    assert note.endswith(flags), note
-    assert "(2 steps x " in note and f"the final full validation {full_validation // 60} min" in note
-
-
-def test_a_slow_model_is_said_before_a_whole_step_is_timed(corpus, tmp_path, monkeypatch):
-    """The speed probe times one window first: where that already shows a long step, the note comes from it, before
-    any whole step is timed (a step of the GPU recipe on a CPU takes most of a minute)."""
-    from training.opening import build_run
-    from training.device import setup
-    from data import prepare, resolve
-    cfg = load_config(["--config", "debug", "--data", str(corpus), "--batch_size", "64"], False)[0]
-    prepared = prepare(resolve(str(corpus), tmp_path / "c"), tmp_path / "c", say=lambda m: None)
-    run, progress = build_run(cfg, setup("cpu", "float32"), prepared, say=lambda m: None)
-    rows = []
-    monkeypatch.setattr(opening, "pass_seconds", lambda run, n: rows.append(n) or 1.0)  # a window takes a second
-    found = expected_seconds(run, progress)
-    assert rows == [1] and found.step == 64.0  # the batch's time from one window's, no batch timed
-
-
-def test_the_estimate_times_warm_passes_and_a_resumed_run_at_its_measured_speed(corpus, tmp_path, monkeypatch):
-    """A first pass that pays one-off costs (here 1 s of a fake clock, then 1 ms per window) is never the figure: the
-    estimate is the warm pass's (64 ms a step here, where the one-window warm-up would give 64 s). A resumed run
-    counts only the steps left, at the speed its earlier sessions measured (train_seconds / steps), probing nothing."""
-    from training.opening import build_run
-    from training.device import setup
-    from data import prepare, resolve
-    cfg = load_config(["--config", "debug", "--data", str(corpus), "--batch_size", "64", "--max_iters", "100",
-                       "--full_val", "false"], False)[0]
-    prepared = prepare(resolve(str(corpus), tmp_path / "c"), tmp_path / "c", say=lambda m: None)
-    run, progress = build_run(cfg, setup("cpu", "float32"), prepared, say=lambda m: None)
-    clock = [0.0]
-    forward = run.model.forward
-
-    def costly_first(x, *args, **kwargs):
-        clock[0] += 1.0 if clock[0] == 0 else 0.001 * x.size(0)
-        return forward(x, *args, **kwargs)
-    monkeypatch.setattr(run.model, "forward", costly_first)
-    monkeypatch.setattr(opening.time, "perf_counter", lambda: clock[0])
-    found = expected_seconds(run, progress)
-    assert found.step == pytest.approx(0.064) and found.steps == pytest.approx(100 * 0.064)
-
-    probed = []
-    monkeypatch.setattr(opening, "pass_seconds", lambda run, n: probed.append(n) or 1.0)
-    progress.it, progress.train_seconds = 80, 4.0  # 80 steps in 4 s measured by the sessions before
-    resumed = expected_seconds(run, progress)
-    assert probed == [] and resumed.step == 0.05 and resumed.steps == pytest.approx(20 * 0.05)
 
 
 def test_every_evaluation_and_the_full_validation_report_progress(corpus, tmp_path, monkeypatch):

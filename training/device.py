@@ -1,6 +1,7 @@
-"""The device a run computes on: the device and precision (autocast, the gradient scaler), free memory and memory kept
-for reuse on a CPU, torch.compile with its fallback, performance figures (FLOPs, peak rate, MFU), and data-parallel
-training under torchrun."""
+"""The device a run computes on: the device and precision (autocast, the gradient scaler), the CPU threads (measured
+on the machine as it is, and a watch on steps that slow down), free memory and memory kept for reuse on a CPU,
+torch.compile with its fallback, performance figures (FLOPs, peak rate, MFU), and data-parallel training under
+torchrun."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +10,7 @@ import ctypes
 import os
 import platform
 import signal
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from configs.choices import DTYPE_NAMES, valid_device
+from configs.schema import MAX_THREADS
 from errors import QuietExit, StepAbandoned, UserError, in_one_line
 from model.config import ModelConfig
 from model.gpt import GPT
@@ -153,6 +156,179 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
         torch.backends.cudnn.allow_tf32 = True
     return Runtime(device, pick_dtype(dtype_spec, device, sampling))
+
+
+# ---- CPU threads: measured on the machine as it is -------------------------------------------------------------------
+def cores() -> int:
+    """The cores this process may use: those it may run on (its affinity: taskset's or a container's set), and no
+    more than a container's CPU quota (cgroup v2's cpu.max, rounded up) where one is set."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        count = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]  # "max 100000" where there is none
+        if quota != "max":
+            count = min(count, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(count, 1)
+
+
+def thread_counts(n_cores: int) -> list[int]:
+    """The intra-op thread counts a run tries on n_cores cores, most first: all of them, then halving down to one
+    (2 cores: 2, 1; 8: 8, 4, 2, 1; 6: 6, 3, 1)."""
+    counts = [n_cores]
+    while counts[-1] > 1:
+        counts.append(counts[-1] // 2)
+    return counts
+
+
+FAR_SLOWER = 3.0  # a count whose first (cold) call is this many times one thread's warm call is not tried further
+CLEARLY_SLOWER = 1.5  # a count whose fastest warm call is this many times the leader's median is tried no further
+PROBE_ROUNDS = 3  # warm calls per count
+PROBE_BUDGET = 4.0  # seconds of calls after which no further round begins, once the leader has two
+
+
+def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: int = PROBE_ROUNDS,
+                    budget: float = PROBE_BUDGET) -> dict[int, list[float]]:
+    """Seconds of the same work at each thread count (counts: most first; time_once() does the work once and returns
+    its seconds), warm calls only. The first call pays one-off costs (many times a call on a busy machine): it is made
+    at the fewest threads and not counted. Each other count's first call is cold too (its threads start: on a nearly
+    idle 2-core machine two threads' first call took 1.6-1.8 times one thread's warm call, their warm calls less than
+    one thread's) and is not counted, unless it is FAR_SLOWER than one warm call at the fewest (on a busy 2-core
+    machine two threads took 7-50 times as long as one): that count is then not tried again. The counts left take
+    turns, round after round, so that a change in the machine's load falls on each alike; after each round a count
+    CLEARLY_SLOWER than the fastest is dropped. The rounds end once every count left has `rounds` warm calls, or once
+    the calls have taken `budget` seconds and the fastest has two. Returns each count's counted calls (with a dropped
+    count's one cold call); the thread count is left at the last one timed."""
+    fewest, spent = counts[-1], 0.0
+    seconds: dict[int, list[float]] = {n: [] for n in counts}
+    torch.set_num_threads(fewest)
+    time_once()
+    seconds[fewest].append(time_once())
+    alive = [fewest]
+    for n in reversed(counts[:-1]):
+        torch.set_num_threads(n)
+        first = time_once()
+        spent += first
+        if first > FAR_SLOWER * seconds[fewest][0]:
+            seconds[n].append(first)
+        else:
+            alive.insert(0, n)
+    while True:
+        for n in alive:
+            if len(seconds[n]) < rounds:
+                torch.set_num_threads(n)
+                seconds[n].append(time_once())
+                spent += seconds[n][-1]
+        leader = fastest({n: seconds[n] for n in alive})
+        alive = [n for n in alive if min(seconds[n]) < CLEARLY_SLOWER * statistics.median(seconds[leader])]
+        if all(len(seconds[n]) >= rounds for n in alive) or (spent >= budget and len(seconds[leader]) >= 2):
+            return {n: times for n, times in seconds.items() if times}
+
+
+def fastest(seconds: dict[int, list[float]]) -> int:
+    """The count whose median time is lowest (of two alike, the one with fewer threads, which leaves the machine
+    more room)."""
+    return min(seconds, key=lambda n: (statistics.median(seconds[n]), n))
+
+
+@dataclass
+class Threads:
+    """The intra-op thread count work runs with, why, and the seconds of the work each count tried took (timed
+    after a warm-up; empty where nothing was timed)."""
+    count: int
+    why: str  # "measured", "asked" (--num_threads), "kept" (a resumed run's own), "OMP_NUM_THREADS", "one core"
+    seconds: dict[int, list[float]]
+
+    @property
+    def steady(self) -> list[float]:
+        """The timed calls at the chosen count."""
+        return self.seconds.get(self.count, [])
+
+    def line(self, work: str) -> str:
+        """What a command says of its threads: the count, why, and what the work (e.g. "a step") took at each count
+        tried."""
+        each = [f"{span(self.seconds[n])} with {n}" for n in sorted(self.seconds, reverse=True)]
+        timed = "; ".join(each) if len(each) > 1 else span(self.steady) if self.steady else ""
+        if self.why == "measured":
+            return (f"threads: {self.count} of {cores()} cores, the faster just now ({work}: {timed}); "
+                    f"--num_threads N sets the count")
+        reason = {"asked": f"--num_threads {self.count}", "OMP_NUM_THREADS": "OMP_NUM_THREADS",
+                  "one core": "this process may use one core",
+                  "kept": "this run's own, kept on resume so that it goes on as it began; --num_threads 0 measures "
+                          "again"}[self.why]
+        return f"threads: {self.count} ({reason})" + (f"; {work}: {timed}" if timed else "")
+
+
+def span(seconds: list[float]) -> str:
+    """'41 ms' or '41-47 ms' (the times differ), '5.4 s', '12-30 s': the range of a few timings, as read."""
+    low, high = min(seconds), max(seconds)
+    if high < 1:
+        low_text, high_text, unit = f"{low * 1000:.0f}", f"{high * 1000:.0f}", "ms"
+    else:
+        digits = 1 if high < 10 else 0
+        low_text, high_text, unit = f"{low:.{digits}f}", f"{high:.{digits}f}", "s"
+    return f"{low_text} {unit}" if low_text == high_text else f"{low_text}-{high_text} {unit}"
+
+
+def choose_threads(asked: int, time_once: Callable[[], float] | None, timed: bool = False) -> Threads:
+    """The intra-op thread count for work on a CPU, set (torch.set_num_threads): asked (--num_threads) where given,
+    OMP_NUM_THREADS where the environment sets it (torchrun does, for several processes), 1 where this process may
+    use one core; otherwise the faster of thread_counts(cores()) for time_once, measured now (measure_threads).
+    The thread count changes a run's last digits, so a given count is never measured against another; with timed
+    (and time_once), it is timed all the same, for an estimate."""
+    from_environment = os.environ.get("OMP_NUM_THREADS", "")
+    if asked:
+        counts, why = [asked], "asked"
+    elif from_environment:
+        counts, why = [torch.get_num_threads()], "OMP_NUM_THREADS"
+    elif cores() == 1:
+        counts, why = [1], "one core"
+    else:
+        counts, why = thread_counts(cores()), "measured"
+    seconds = measure_threads(time_once, counts) if time_once is not None and (timed or len(counts) > 1) else {}
+    count = fastest(seconds) if len(seconds) > 1 else counts[0]
+    torch.set_num_threads(count)
+    return Threads(count, why, seconds)
+
+
+def check_num_threads(value: int) -> None:
+    """A script's --num_threads: 0 (measured) up to configs.schema.MAX_THREADS, as train.py's."""
+    if not 0 <= value <= MAX_THREADS:
+        raise UserError(f"--num_threads {value}: must be from 0 (the faster count, measured) to {MAX_THREADS}")
+
+
+SLOWDOWN = 3.0  # steps this many times as long as those timed before the first step: the machine got busier
+
+
+class SlowdownWatch:
+    """Steps several times as slow as those timed before the first step (over `limit` seconds), at two log lines in a
+    row, mean that other work now shares the CPU: said once, with what helps (fewer threads, by a resume), since a run
+    does not change its thread count by itself (that would change its last digits). The log line calls seen() only
+    for a step over the limit, so that a normal step never enters this file."""
+
+    def __init__(self, step_seconds: float, threads: int, resume: str):
+        self.step_seconds, self.threads, self.resume = step_seconds, threads, resume
+        self.limit = SLOWDOWN * step_seconds
+        self.last_slow, self.said = None, False  # the step of the last slow log line
+
+    def seen(self, previous: int, it: int, step_seconds: float) -> str | None:
+        """Step it's log line, the one before at step previous, found steps over the limit: the note, the first time
+        two log lines in a row did; None otherwise."""
+        in_a_row, self.last_slow = self.last_slow == previous, it
+        if self.said or not in_a_row:
+            return None
+        self.said = True
+        times = f"{step_seconds / self.step_seconds:.1f}x"
+        said = (f"note: steps now take {span([step_seconds])}, {times} the {span([self.step_seconds])} timed before "
+                f"the first step: other work is likely using the CPU")
+        if self.threads == 1:
+            return said + "; this run uses one thread already, so it goes on as fast as the machine lets it"
+        fewer = max(1, self.threads // 2)
+        return (f"{said}, and {self.threads} threads wait on each other when a core is taken; with fewer it may go "
+                f"faster: Ctrl-C (it saves), then {self.resume} --num_threads {fewer}")
 
 
 # glibc's malloc.h: the size from which a request gets pages of its own from the system (returned when freed), and

@@ -1,14 +1,17 @@
 """Opening a run: every check that can fail comes before anything in the folder changes; then the folder is owned,
 the checkpoint to resume is read and checked, the data prepared, the run built (Run: its loader, model, optimizer
-and scaler), and on a CPU its memory and time estimated before the first step."""
+and scaler), and on a CPU its thread count chosen (measured, unless given) and its memory and time estimated before the
+first step, from steps timed at that count."""
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import math
 import os
 import re
 import shlex
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +31,8 @@ from model import GPT, ModelConfig
 from model.scoring import FORMS
 from training import checkpoint
 from training.checkpoint import Progress
-from training.device import (Dist, Runtime, compile_wanted, flops_per_token, free_memory, is_out_of_memory, setup,
-                             step_and_eval_models, sync)
+from training.device import (Dist, Runtime, Threads, choose_threads, compile_wanted, flops_per_token, free_memory,
+                             is_out_of_memory, setup, span, step_and_eval_models, sync)
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory
@@ -57,6 +60,7 @@ class Run:
     flops_per_token: float
     phases: Phases  # where this process's time goes
     eval_model: object  # what evaluations call: step_model, or with compile_eval false the model itself
+    threads: Threads | None = None  # on a CPU: the thread count and a step's time at it (choose_run_threads)
 
     @property
     def data_info(self) -> dict:
@@ -352,6 +356,8 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
                 raise
             raise UserError(f"{source} does not fit this model or optimizer ({str(err).splitlines()[0][:150]}); "
                             f"it is damaged or from another version") from None
+    if rt.device_type == "cpu":
+        run.threads = choose_run_threads(run, explicit, d)
     return run, progress, source
 
 
@@ -369,8 +375,7 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
         graft(model, init["model"])
     if d.world_size > 1:
         torch.manual_seed(cfg.seed + d.rank)  # but different dropout masks
-    optimizer = configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (FIXED["beta1"], cfg.beta2),
-                                    rt.device_type, cfg.optimizer, cfg.muon_dtype)
+    optimizer = optimizer_for(model, cfg, rt)
     run = Run(cfg=cfg, rt=rt, prepared=prepared, tokenizer=prepared.tokenizer, batches=batches, model_cfg=model_cfg,
               model=model, step_model=model, eval_model=model, optimizer=optimizer, scaler=rt.grad_scaler(),
               tokens_per_iter=cfg.batch_size * cfg.block_size * cfg.grad_accum_steps * d.world_size,
@@ -391,6 +396,12 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
     return run, progress
 
 
+def optimizer_for(model: GPT, cfg: TrainConfig, rt: Runtime):
+    """The run's optimizer (its kind and settings from cfg) over model's parameters."""
+    return configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (FIXED["beta1"], cfg.beta2),
+                               rt.device_type, cfg.optimizer, cfg.muon_dtype)
+
+
 def graft(model: GPT, weights: dict) -> None:
     """A trained model's weights into a model with the same architecture and the same or a longer vocabulary (a
     fine-tuning run): the trained rows of the token embedding (and of an untied output head) are copied, and each
@@ -408,7 +419,7 @@ def graft(model: GPT, weights: dict) -> None:
 
 
 def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
-    """The corpus, the model, the device, the global batch, and where to watch the run."""
+    """The corpus, the model, the device, the global batch, the threads on a CPU, and where to watch the run."""
     cfg, where = run.cfg, shlex.quote(str(run_dir.path))
     params = run.model.num_params()
     with_table = (f" ({run.model.num_params(False) / 1e6:.2f}M with the position table)"
@@ -418,6 +429,8 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
     log.say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
             f"process{'es' if d.world_size > 1 else ''} = {run.tokens_per_iter:,} tokens per step"
             + (f"; DDP over {d.backend}" if d.enabled else ""))
+    if run.threads is not None:
+        log.say(run.threads.line("a step"))
     log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open "
             f"{TENSORBOARD_URL} (the loss first, drawn unsmoothed)")
     if compile_wanted(cfg.compile, run.rt.device_type):  # else the wait before step 0 would look like a hang
@@ -427,7 +440,7 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
                 f"first run (its cache serves later ones); --compile false skips it")
 
 
-# ---- on a CPU, before the first step: whether it fits in memory, how long it will take -------------------------------
+# ---- on a CPU, before the first step: whether it fits in memory, its threads, how long it will take -----------------
 SLOW_RUN_SECONDS = 600  # on a CPU, a run expected to take longer than this says so before it starts
 GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
 CPU_PRESET = "shakespeare_char_cpu"  # the preset a slow run on a CPU suggests
@@ -474,42 +487,61 @@ class Estimate:
         return self.steps + self.evaluations + self.full_validation
 
 
-PROBE_SECONDS = 2.0  # a timed pass of one window longer than this: the run is slow enough to say so from it alone
+# A micro-batch of more FLOPs than this (a second or more on a CPU) is timed on one window, the time scaled to the batch.
+PROBE_FLOPS = 1e11
 
 
-def pass_seconds(run: Run, rows: int) -> float:
-    """Seconds of a forward and backward pass over `rows` windows of the first validation batch, the second of two:
-    the first warms up (the process's first pass also pays one-off costs, many times a pass on a busy machine), in
-    eval mode, so that no dropout mask is drawn and the run's random streams stay as they were."""
-    rt = run.rt
-    x, y = (t[:rows] for t in next(run.batches.val_windows()))
-    run.model.eval()
-    for _ in range(2):
+class ProbeStep:
+    """A training step timed without touching the run: forward, backward and the optimizer's update on a copy of
+    the run's model with an optimizer of its own, over the first validation batch, in eval mode (no dropout mask is
+    drawn). The run's weights, optimizer state, random streams and batches stay as they were, so a run that times
+    its steps trains exactly as one that does not. Calling it returns the seconds of one of the run's steps (its
+    grad_accum_steps micro-batches). A large model (a micro-batch over PROBE_FLOPS) is timed on one window and the
+    time scaled to the batch, so that its estimate comes within seconds, not after whole steps of a minute."""
+
+    def __init__(self, run: Run):
+        self.rt, self.cfg = run.rt, run.cfg
+        self.model = copy.deepcopy(run.model).eval()
+        self.optimizer = optimizer_for(self.model, run.cfg, run.rt)
+        self.scaler = run.rt.grad_scaler()
+        self.x, self.y = next(run.batches.val_windows())
+        micro_batch_flops = run.flops_per_token * run.cfg.batch_size * run.cfg.block_size
+        self.rows = run.cfg.batch_size if micro_batch_flops <= PROBE_FLOPS else 1
+
+    def __call__(self) -> float:
         start = time.perf_counter()
-        with rt.autocast():
-            loss = run.model(x, y)[1]
-        loss.backward()
-        sync(rt.device)
-        seconds = time.perf_counter() - start
-    run.model.zero_grad(set_to_none=True)
-    run.model.train()
-    return seconds
+        with self.rt.autocast():
+            loss = self.model(self.x[:self.rows], self.y[:self.rows])[1]
+        self.scaler.scale(loss).backward()
+        # the update's work, as train.py's update() does it (the copy's weights are thrown away: its rate and a
+        # non-finite step do not matter, only the time)
+        self.scaler.unscale_(self.optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip or math.inf)
+        self.optimizer.step_if_finite(torch.isfinite(norm), on_device=self.rt.device.type != "cpu")
+        if self.scaler.is_enabled():
+            self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        sync(self.rt.device)
+        return (time.perf_counter() - start) * self.cfg.batch_size / self.rows * self.cfg.grad_accum_steps
 
 
-def expected_seconds(run: Run, progress: Progress) -> Estimate:
-    """Where the rest of the run's time would go on this device: the steps left, at the speed the run's earlier
-    sessions measured (a resumed run: whole steps, the optimizer's work included), or else from a timed pass over one
-    window first (which, for a model that is slow on this machine, is the estimate: the note then comes within
-    seconds, not after a whole step), and otherwise over a whole batch; both passes timed after a warm-up pass."""
+def choose_run_threads(run: Run, explicit: set[str], d: Dist) -> Threads:
+    """A CPU run's thread count (training.device.choose_threads), with a step timed at it for the estimate (rank 0).
+    Recorded in the run (its config's num_threads, in every checkpoint and summary.json), so that a resume goes on
+    with the count the run began with, as --num_threads would: the count changes a run's last digits."""
     cfg = run.cfg
-    if progress.it > 0 and progress.train_seconds > 0:
-        batch = progress.train_seconds / progress.it / cfg.grad_accum_steps
-    else:
-        one = pass_seconds(run, 1)
-        batch = one * cfg.batch_size if one * cfg.batch_size > PROBE_SECONDS * 10 else pass_seconds(run,
-                                                                                                  cfg.batch_size)
-    step = batch * cfg.grad_accum_steps  # validation batches are full size (the last one padded)
-    forward = batch / 3  # a forward pass of one batch is about a third of a training step's
+    threads = choose_threads(cfg.num_threads, ProbeStep(run) if d.is_main else None, timed=True)
+    if threads.why == "asked" and cfg.resume and "num_threads" not in explicit:
+        threads.why = "kept"
+    cfg.num_threads = threads.count
+    return threads
+
+
+def expected_seconds(run: Run, progress: Progress, step: float) -> Estimate:
+    """Where the rest of the run's time would go at `step` seconds a step: the steps left, the evaluations left (a
+    forward pass of one batch is about a third of a micro-batch's step) and the final full validation."""
+    cfg = run.cfg
+    forward = step / cfg.grad_accum_steps / 3  # validation batches are full size (the last one padded)
     steps_left = cfg.max_iters - progress.it
     evaluations = evaluations_left(progress.it, cfg)
     val_batches = run.batches.num_val_batches()
@@ -523,24 +555,44 @@ def duration(seconds: float) -> str:
         f"{seconds:.0f} s"
 
 
-def warn_if_slow(run: Run, progress: Progress, log: Log) -> None:
-    """A run that will take long on a CPU says so before its first step: the figure, where the time goes, and the
-    flags that cut its largest parts (a preset made for a CPU only where another preset runs)."""
-    if run.rt.device_type != "cpu" or progress.it >= run.cfg.max_iters:
+def durations(low: float, high: float) -> str:
+    """'about 18 s', or 'about 18-24 s' where the two differ as said ('about 50 s-1 min' across units)."""
+    first, last = duration(low), duration(high)
+    if first == last:
+        return f"about {first}"
+    if first.split()[1] == last.split()[1]:
+        return f"about {first.split()[0]}-{last}"
+    return f"about {first}-{last}"
+
+
+def say_estimate(run: Run, progress: Progress, log: Log) -> None:
+    """On a CPU, before the first step: how long the command will take in all, from the steps timed at the run's
+    thread count (the range of their times: on a busy machine they vary), and where the time goes. A run that will
+    take long says so as a note, with the flags that cut its largest parts (a preset made for a CPU only where
+    another preset runs; a thread count that was given, not measured, where it is more than one). The range is kept (Phases.expected) for the command's last line, beside the real time."""
+    if run.threads is None or not run.threads.steady or progress.it >= run.cfg.max_iters:
         return
-    cfg, estimate = run.cfg, expected_seconds(run, progress)
-    if estimate.total < SLOW_RUN_SECONDS:
-        return
+    cfg, steady, so_far = run.cfg, run.threads.steady, run.phases.so_far()
+    low, middle, high = (expected_seconds(run, progress, step) for step in
+                         (min(steady), statistics.median(steady), max(steady)))
+    run.phases.expected = (so_far + low.total, so_far + high.total)
     steps_left = cfg.max_iters - progress.it
-    parts = [(estimate.steps, f"{steps_left} steps x {duration(estimate.step)}", "a lower --max_iters"),
-             (estimate.evaluations, f"evaluations {duration(estimate.evaluations)}",
+    parts = [(middle.steps, f"{steps_left} steps x {span(steady)}", "a lower --max_iters"),
+             (middle.evaluations, f"evaluations {duration(middle.evaluations)}",
               "a lower --eval_iters or a larger --eval_interval"),
-             (estimate.full_validation, f"the final full validation {duration(estimate.full_validation)}",
+             (middle.full_validation, f"the final full validation {duration(middle.full_validation)}",
               "--full_val false")]
     parts = [part for part in parts if part[0] > 0]
+    what = ", ".join(what for _, what, _ in parts)
+    expected = durations(*run.phases.expected)
+    if so_far + middle.total < SLOW_RUN_SECONDS:
+        log.say(f"this run: {expected} in all ({what})")
+        return
     fixes = [fix for _, _, fix in sorted(parts, key=lambda part: -part[0])[:2]]  # the two largest costs
     if cfg.config_name != CPU_PRESET:
         fixes.insert(0, f"--config {CPU_PRESET}")
+    if run.threads.why != "measured" and run.threads.count > 1:  # a busy machine: one thread can be many times faster
+        fixes.insert(0, "--num_threads 0, which measures the faster thread count")
     made_for = f"{cfg.config_name} is made for a GPU; " if cfg.config_name in GPU_PRESETS else ""
-    log.say(f"note: {made_for}on this CPU this run would take about {duration(estimate.total)} "
-            f"({', '.join(what for _, what, _ in parts)}); for a shorter one: {'; or '.join(fixes)}")
+    log.say(f"note: {made_for}on this CPU this run would take {expected} ({what}); for a shorter one: "
+            f"{'; or '.join(fixes)}")

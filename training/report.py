@@ -258,6 +258,11 @@ class Phases:
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.seconds["start-up"] = start_up or 0.0
         self.first_step: float | None = None  # the session's first training step, compilation not included
+        self.expected: tuple[float, float] | None = None  # the whole command's seconds, as estimated before step 1
+
+    def so_far(self) -> float:
+        """Seconds since the command started (since `started` where the start-up is not known)."""
+        return self.seconds["start-up"] + time.perf_counter() - self.started
 
     @contextlib.contextmanager
     def timing(self, phase: str) -> Iterator[None]:
@@ -276,7 +281,7 @@ class Phases:
 
     def report(self) -> dict[str, float]:
         """Every phase, "other" (what no phase claims: messages, TensorBoard, the summary) and "total"."""
-        total = self.seconds["start-up"] + time.perf_counter() - self.started
+        total = self.so_far()
         return {**self.seconds, "other": max(0.0, total - sum(self.seconds.values())), "total": total}
 
     def line(self, report: dict[str, float]) -> str:
@@ -285,7 +290,12 @@ class Phases:
                  for phase, seconds in report.items()
                  if phase != "total" and (seconds >= 0.05 or phase == "training steps")]
         since = "since the command started" if self.seconds["start-up"] else "in this call"
-        return f"where the time went: {', '.join(parts)}; {report['total']:.1f} s {since}"
+        expected = ""
+        if self.expected is not None:
+            low, high = self.expected
+            expected = f" (expected before the first step: {low:.0f}-{high:.0f} s)" if round(low) != round(high) \
+                else f" (expected before the first step: {low:.0f} s)"
+        return f"where the time went: {', '.join(parts)}; {report['total']:.1f} s {since}{expected}"
 
 
 class TrainClock:

@@ -494,18 +494,29 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
 
 
 # ---- the checkpoint a script reads -----------------------------------------------------------------------------------
-def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path:
+def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
+         say: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> Path:
     """The checkpoint a script should read: --ckpt FILE, else the first of names in the run folder (by default the
     run's model, ckpt_best.pt: the lowest validation loss it measured; ckpt_last.pt only where there is none); with
-    neither, the newest run in out/ (where train.py puts runs), so the command after `python train.py` needs no
-    folder name, which depends on the corpus the run could reach."""
+    neither, the newest finished or stopped run in out/ (where train.py puts runs; one still training is passed
+    over), so the command after `python train.py` needs no folder name, which depends on the corpus the run could
+    reach: which run, and why, is said."""
     if ckpt:
         return Path(ckpt)
     if not out_dir:
-        newest = newest_run(Path("out"), names)
+        newest, training = newest_run(Path("out"), names)
+        passed_over = "; ".join(f"{folder}, still training ({owner})" for folder, owner in training[:2])
+        if newest is None and training:
+            raise UserError(f"the runs in out/ are all still training ({passed_over}): wait for one to finish, or "
+                            f"give --out_dir {training[0][0]} to read the model it saved last")
         if newest is None:
             raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE; out/ holds no "
                             "run yet: train one first (python train.py)")
+        state = "finished" if (newest / "summary.json").is_file() else "stopped"
+        saved = max((newest / name).stat().st_mtime for name in names if (newest / name).is_file())
+        say(f"no --out_dir given: {newest}, the newest run in out/ that has {state} (its model saved "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(saved))})"
+            + (f"; passed over {passed_over}" if training else ""))
         out_dir = str(newest)
     folder = Path(out_dir)
     owner = holder(folder)
@@ -534,14 +545,18 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST)) -> Path
     raise UserError(f"{out_dir} holds no {' or '.join(names)}; train first: python train.py --out_dir {out_dir}")
 
 
-def newest_run(parent: Path, names: tuple[str, ...]) -> Path | None:
-    """The run folder in parent whose model (any of names) was written last, or None."""
+def newest_run(parent: Path, names: tuple[str, ...]) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The run folder in parent whose model (any of names) was written last among those no process holds (finished
+    or stopped), or None; and the folders with a model that a process holds (still training), each with its owner
+    ('process PID (its command)'), newest first."""
     try:
-        found = [(max((p / name).stat().st_mtime for name in names if (p / name).is_file()), p)
-                 for p in parent.iterdir() if any((p / name).is_file() for name in names)]
+        found = sorted(((max((p / name).stat().st_mtime for name in names if (p / name).is_file()), p)
+                        for p in parent.iterdir() if any((p / name).is_file() for name in names)), reverse=True)
     except OSError:
-        return None
-    return max(found)[1] if found else None
+        return None, []
+    owners = [(folder, holder(folder)) for _, folder in found]
+    training = [(folder, owner) for folder, owner in owners if owner]
+    return next((folder for folder, owner in owners if not owner), None), training
 
 
 def runs_beside(folder: Path, names: tuple[str, ...]) -> list[Path]:

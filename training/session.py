@@ -8,7 +8,9 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import signal
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ from errors import Interrupted, UserError
 from model.generate import generate
 from training import checkpoint
 from training.checkpoint import Progress
-from training.device import Dist, for_sampling
+from training.device import Dist, SlowdownWatch, for_sampling
 from training.evaluation import began_overfitting, evaluate, full_validation_loss
 from training.opening import Run
 from training.report import Log, TrainClock, overfitting_line
@@ -79,6 +81,15 @@ class Session:
                 self.keep_new_run()
         self.log.line(f"step {progress.it}: evaluation: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         return losses
+
+    def slowdown_watch(self) -> SlowdownWatch | None:
+        """On a CPU (rank 0), the watch on steps that slow down several-fold, against the steps timed before the
+        first one (training.device.SlowdownWatch)."""
+        threads = self.run.threads
+        if threads is None or not threads.steady or not self.d.is_main:
+            return None
+        resume = f"python train.py --out_dir {shlex.quote(str(self.run_dir.path))} --resume"
+        return SlowdownWatch(statistics.median(threads.steady), threads.count, resume)
 
     # ---- what the loop asks besides ----------------------------------------------------------------------------
     def asked_to_stop(self) -> bool:
@@ -208,6 +219,8 @@ class Session:
             "tokens_per_sec": progress.it * run.tokens_per_iter / trained if trained > 0 else None,
             "device": run.rt.describe(), "processes": self.d.world_size,
         }
+        if run.threads is not None:  # a CPU run: the thread count it trained with (its last digits depend on it)
+            summary["threads"] = run.threads.count
         if cfg.full_val:
             self.stop.ending = f"ending the final validation; step {progress.it} is saved already"
             task = self.log.task(f"full validation of step {model_step}'s model", run.batches.num_val_batches())
@@ -222,6 +235,8 @@ class Session:
             self.log.close()
             summary["seconds"] = run.phases.report()
             summary["first_step_seconds"] = run.phases.first_step  # this session's first step, compilation excluded
+            if run.phases.expected is not None:  # the whole command's seconds as estimated before its first step
+                summary["expected_seconds"] = list(run.phases.expected)
             write_text_atomic(self.run_dir.path / "summary.json", json.dumps(summary, indent=1) + "\n", "summary")
         return summary
 
