@@ -332,6 +332,34 @@ def test_a_failing_torch_compile_falls_back_to_eager_with_a_warning(corpus, tmp_
 
 
 @pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_a_compiled_step_whose_gradients_are_not_finite_falls_back_and_trains_as_the_uncompiled_run(
+        corpus, tmp_path, monkeypatch, scope):
+    """A compiler whose backward computes NaN where the uncompiled one does not (inductor's AVX-512 bfloat16 code on
+    some CPUs does): the first step is computed again uncompiled, with the warning, and the run's every logged loss
+    and its full validation are the uncompiled run's."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def forward(graph, inputs):
+        return make_boxed_func(graph.forward)
+
+    def nan_backward(graph, inputs):
+        def run(args):
+            return [g * float("nan") if isinstance(g, torch.Tensor) else g for g in graph.forward(*args)]
+        run._boxed_call = True
+        return run
+    compiled_with(monkeypatch, aot_autograd(fw_compiler=forward, bw_compiler=nan_backward))
+    messages = []
+    argv = debug_argv(corpus, tmp_path, "run", "--compile", "true", "--max_iters", "6", "--compile_scope", scope)
+    result = train_argv(argv, say=messages.append)
+    assert [m for m in messages if m.startswith("warning: torch.compile failed")] == \
+        ["warning: torch.compile failed (the compiled step's gradients are not finite); continuing without it "
+         "(--compile false skips the attempt)"]
+    plain = train_argv(debug_argv(corpus, tmp_path, "plain", "--max_iters", "6"))
+    assert result["history"] == plain["history"] and result["full_val_loss"] == plain["full_val_loss"]
+
+
+@pytest.mark.parametrize("scope", ["blocks", "model"])
 def test_torch_compile_that_cannot_start_is_a_warning_too(corpus, tmp_path, monkeypatch, scope):
     def unsupported(module, **kwargs):  # e.g. a Python that dynamo does not support yet: torch.compile itself raises
         raise RuntimeError("torch.compile is not supported on this Python")

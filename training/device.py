@@ -456,8 +456,12 @@ class CompileFallback:
 def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Dist",
                             forward_backward: Callable[[], torch.Tensor]) -> torch.Tensor:
     """forward_backward() (the step's micro-batches: their mean loss, gradients in .grad) through a compiled model
-    whose backward is compiled at this first .backward(): if compiling it fails, compilation is turned off (with the
-    warning) and forward_backward() runs again, uncompiled, from where it began: the same batches, the same dropout.
+    whose backward is compiled at this first .backward(): if compiling it fails, or the compiled step's gradients are
+    not finite, compilation is turned off (with the warning) and forward_backward() runs again, uncompiled, from where
+    it began: the same batches, the same dropout. (Inductor's AVX-512 code for bfloat16 computes NaN gradients for
+    the long CPU preset's blocks on Intel Sapphire Rapids, with torch 2.13, where the uncompiled step's are finite; a
+    model whose own step is not finite gets the run's usual skipped-step handling after that.) float16's gradients
+    are not checked: they overflow by design while its scaler searches for a scale.
 
     Under DDP the ranks agree: if any rank's compilation failed, every rank turns it off and computes again, so their
     collectives stay matched. The pass runs under no_sync and its gradients are averaged by hand afterwards: DDP's
@@ -468,12 +472,16 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
     try:
         with model.no_sync() if d.enabled else contextlib.nullcontext():
             loss = forward_backward()
+        if rt.dtype != torch.float16 and not all_finite(p.grad for p in model.parameters()):  # one read, once
+            failure = "the compiled step's gradients are not finite"
     except StepAbandoned:
         raise
     except Exception as err:
         if not model.compilers(err):
             raise  # the run's own error (out of memory, a broken device)
-        failure = f"rank {d.rank}: {in_one_line(err)}" if d.world_size > 1 else in_one_line(err)
+        failure = in_one_line(err)
+    if failure is not None and d.world_size > 1:
+        failure = f"rank {d.rank}: {failure}"
         # Once here, nothing of the failed attempt is held: its traceback, and with it the activations it saved for
         # its backward, go before the step is computed again.
     failure = d.first(failure)  # (under DDP: any rank's)
@@ -489,6 +497,12 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
             loss = forward_backward()
     d.average([p.grad for p in model.parameters() if p.grad is not None])  # (under DDP)
     return loss
+
+
+def all_finite(tensors) -> bool:
+    """Whether every element of every tensor (None skipped) is finite: one read of the device."""
+    flags = [torch.isfinite(t).all() for t in tensors if t is not None]
+    return bool(torch.stack(flags).all()) if flags else True
 
 
 def random_states(device: torch.device) -> tuple:
