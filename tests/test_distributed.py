@@ -168,7 +168,10 @@ def test_a_backward_that_fails_to_compile_under_ddp_falls_back_on_every_rank(cor
     program = tmp_path / "backward_fails.py"
     program.write_text(BACKWARD_FAILS.format(train=str(ROOT / "train.py"), root=str(ROOT)))
     common = ("--max_iters", "4", "--full_val", "false")
-    plain = launch(corpus, tmp_path / "plain", *common)
+    # The uncompiled reference in one process with 2 accumulation steps: the same global batch, and the same weights
+    # bit for bit (each micro-batch's gradient halved and summed is the two ranks' gradients summed and halved: a
+    # halving is exact), without a second torchrun job.
+    plain = launch(corpus, tmp_path / "plain", *common, "--grad_accum_steps", "2", processes=1)
     assert plain.returncode == 0, plain.stderr[-2000:]
     for failing in ("0,1", "1"):
         monkeypatch.setenv("FAIL_RANKS", failing)
