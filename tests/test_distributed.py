@@ -173,7 +173,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_a_backward_that_fails_to_compile_under_ddp_falls_back_on_every_rank(corpus, tmp_path, monkeypatch):
+def test_a_backward_that_fails_to_compile_under_ddp_falls_back_on_every_rank(corpus, tmp_path, monkeypatch, capsys):
     """Compiled by blocks under DDP at grad_accum_steps 1, the backward's compilation fails at the first step on both
     ranks, or on rank 1 alone: every rank turns compilation off (rank 0 warns once, naming the rank) and computes the
     step again, and the run trains on to its end with the weights of an uncompiled run (a reduction that DDP's hooks
@@ -185,7 +185,7 @@ def test_a_backward_that_fails_to_compile_under_ddp_falls_back_on_every_rank(cor
     # The uncompiled reference in one process with 2 accumulation steps: the same global batch, and the same weights
     # bit for bit (each micro-batch's gradient halved and summed is the two ranks' gradients summed and halved: a
     # halving is exact), without a second torchrun job.
-    plain = launch(corpus, tmp_path / "plain", *common, "--grad_accum_steps", "2", processes=1)
+    plain = here(capsys, *debug_args(corpus, tmp_path / "plain", *common, "--grad_accum_steps", "2"))
     assert plain.returncode == 0, plain.stderr[-2000:]
     for failing in ("0,1", "1"):
         monkeypatch.setenv("FAIL_RANKS", failing)
