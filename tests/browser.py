@@ -47,12 +47,9 @@ class Browser:
         finally:
             for end in ends:
                 os.close(end)
-        self._next_id, self._buffer, self.errors = 0, b"", []
+        self._next_id, self._buffer, self._target = 0, b"", None
         try:
-            target = self.call("Target.createTarget", url="about:blank")["targetId"]
-            self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-            self.call("Runtime.enable", session=True)
-            self.call("Page.enable", session=True)
+            self.new_page()
         except BaseException:  # no Chromium and no profile folder left behind by a browser that never answered
             self.__exit__()
             raise
@@ -71,6 +68,17 @@ class Browser:
             except OSError:
                 time.sleep(0.1)
         self._profile.cleanup()
+
+    def new_page(self) -> None:
+        """A fresh blank tab in place of the last one (closed, its page with it), and no errors recorded yet: one
+        browser can open page after page, each from nothing, as a new browser would."""
+        if self._target is not None:
+            self.call("Target.closeTarget", targetId=self._target)
+        self._target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self._session = self.call("Target.attachToTarget", targetId=self._target, flatten=True)["sessionId"]
+        self.errors = []
+        self.call("Runtime.enable", session=True)
+        self.call("Page.enable", session=True)
 
     def call(self, method: str, session: bool = False, **params) -> dict:
         """One protocol command, to the browser or (session=True) to the page; its result."""

@@ -90,15 +90,34 @@ def test_the_page_references_nothing_outside_itself(run, page):
 # ---------------------------------------------------------------------------------------------
 # In a real browser.
 # ---------------------------------------------------------------------------------------------
+SHARED = {}  # the one Chromium the module's pages open in, started when first needed (starting one costs a second)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_browser_ends_with_the_module():
+    yield
+    if SHARED:
+        SHARED.pop("browser").__exit__()
+
+
+def fresh_tab():
+    """The module's one Chromium on a fresh blank tab (Browser.new_page), so that nothing of the last page is left."""
+    from browser import Browser
+
+    if "browser" not in SHARED:
+        SHARED["browser"] = Browser().__enter__()
+    SHARED["browser"].new_page()
+    return SHARED["browser"]
+
+
 def dom(page, fragment: str = "") -> str:
-    """The page's document after its scripts ran, with no error in its console (Chromium logs the console to
-    stderr with --enable-logging)."""
-    done = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                           "--v=0", "--dump-dom", page.as_uri() + fragment], capture_output=True, text=True,
-                          timeout=patient(120))
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "Uncaught" not in done.stderr, [line for line in done.stderr.splitlines() if "CONSOLE" in line]
-    return done.stdout
+    """The page's document after its scripts ran (as chromium --dump-dom prints it), with no uncaught error in its
+    script."""
+    browser = fresh_tab()
+    browser.open(page.as_uri() + fragment, timeout=120)
+    html = browser.evaluate("document.documentElement.outerHTML")
+    assert browser.errors == [], browser.errors
+    return html
 
 
 def numbers(page, **state) -> dict:
@@ -381,25 +400,24 @@ def test_a_learner_types_clicks_and_appends_and_every_view_follows(run, page):
     """Driven as a person drives it (keys typed one by one, real mouse clicks): each keystroke recomputes the model,
     whose logits equal PyTorch's for the text typed so far; a click picks the character the steps explain; the button
     appends a character the model finds possible."""
-    from browser import Browser
     model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
-    with Browser() as browser:
-        browser.open(page.as_uri())
-        browser.type("soft, wh", into="#input", replace=True)  # over the opening text
-        assert browser.evaluate("document.querySelectorAll('#strip .ch').length") == 8
-        logits = browser.evaluate("JSON.parse(numbers({})).logits")
-        with torch.no_grad():
-            expected = model(torch.tensor([tokenizer.encode("soft, wh")]))[0][0]
-        torch.testing.assert_close(exact(logits), expected.double(), atol=1e-4, rtol=0)
-        browser.click("#strip .ch:nth-of-type(3)")  # the "f"
-        assert browser.evaluate("document.getElementById('step-title').textContent").startswith(
-            "\u201cf\u201d (character 3), layer 1, head 1")
-        probs = browser.evaluate("JSON.parse(numbers({})).probs")
-        browser.click("#append")
-        text = browser.evaluate("document.getElementById('input').value")
-        assert text[:8] == "soft, wh" and len(text) == 9 and probs[tokenizer.stoi[text[8]]] > 0
-        assert browser.evaluate("document.querySelectorAll('#strip .ch').length") == 9
-        assert browser.errors == []
+    browser = fresh_tab()
+    browser.open(page.as_uri())
+    browser.type("soft, wh", into="#input", replace=True)  # over the opening text
+    assert browser.evaluate("document.querySelectorAll('#strip .ch').length") == 8
+    logits = browser.evaluate("JSON.parse(numbers({})).logits")
+    with torch.no_grad():
+        expected = model(torch.tensor([tokenizer.encode("soft, wh")]))[0][0]
+    torch.testing.assert_close(exact(logits), expected.double(), atol=1e-4, rtol=0)
+    browser.click("#strip .ch:nth-of-type(3)")  # the "f"
+    assert browser.evaluate("document.getElementById('step-title').textContent").startswith(
+        "\u201cf\u201d (character 3), layer 1, head 1")
+    probs = browser.evaluate("JSON.parse(numbers({})).probs")
+    browser.click("#append")
+    text = browser.evaluate("document.getElementById('input').value")
+    assert text[:8] == "soft, wh" and len(text) == 9 and probs[tokenizer.stoi[text[8]]] > 0
+    assert browser.evaluate("document.querySelectorAll('#strip .ch').length") == 9
+    assert browser.errors == []
 
 
 # A vocabulary beyond the Basic Multilingual Plane: two astral characters, and a lone high and low surrogate (what
@@ -499,7 +517,6 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
     PyTorch's within 1e-5 (the mask's cells -inf and hatched, not white); pointing at a cell shows its number;
     clicking a row explains that character. The what-if scale (x1, x10) gives PyTorch's logits with that factor; at
     the model's own factor the page is the model again."""
-    from browser import Browser
     layer, head = 2, 2
     path, model, tokenizer = variant_checkpoint(run, "rope-qknorm-relu2-nobias-untied")
     html = tmp_path / "page.html"
@@ -510,61 +527,61 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
         expected = pytorch_matrices(model, seen[layer - 1][0], layer, head, 1 / math.sqrt(model.config.head_size))
     drawn = ("Array.from(document.querySelectorAll('#matrix tr')).slice(1).map(tr => "
              "Array.from(tr.querySelectorAll('td')).map(td => td.dataset.value))")  # "-Infinity" where masked
-    with Browser() as browser:
-        browser.open(html.as_uri() + f"#layer={layer}&view={head}")
+    browser = fresh_tab()
+    browser.open(html.as_uri() + f"#layer={layer}&view={head}")
+    assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
+        f"Layer {layer}, head {head}: A = softmax")  # it opens on the weights
+    browser.choose("#matrix-step", "0")
+    for name in expected:
         assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
-            f"Layer {layer}, head {head}: A = softmax")  # it opens on the weights
-        browser.choose("#matrix-step", "0")
-        for name in expected:
-            assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
-                f"Layer {layer}, head {head}: ")
-            got = [[float(value) for value in row] for row in browser.evaluate(drawn)]
-            assert len(got) == len(TEXT), name
-            torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), expected[name].double(), atol=1e-5,
-                                       rtol=0, msg=name)
-            if name == "masked":
-                hatched = browser.evaluate("Array.from(document.querySelectorAll('#matrix td.masked')).map(td => "
-                                           "getComputedStyle(td).backgroundImage).filter(b => b.includes("
-                                           "'repeating-linear-gradient')).length")
-                assert hatched == len(TEXT) * (len(TEXT) - 1) // 2
-                browser.point("#matrix tr:nth-child(3) td:nth-child(4)")  # query 2, key 3: the future
-                assert browser.evaluate("document.getElementById('matrix-readout').textContent") == \
-                    "masked[2][3] = \u2212\u221e"
-                browser.point("#matrix tr:nth-child(5) td:nth-child(3)")  # query 4, key 2
-                shown = browser.evaluate("document.getElementById('matrix-readout').textContent")
-                assert shown == f"masked[4][2] = {expected['masked'][3, 1].item():.4f}"
-            named = browser.evaluate("document.getElementById('matrix-tutorials').textContent")
-            assert all(part in named for part in TUTORIAL_NAMES[name]), (name, named)
-            assert browser.evaluate("document.querySelector('#legend tr.chosen').dataset.symbol") == name
-            browser.click("#matrix-next")
-        browser.click("#matrix tr:nth-child(6) th")  # the row of character 5
-        assert browser.evaluate("document.getElementById('step-title').textContent").startswith(
-            "\u201cO\u201d (character 5)")
-        for choice, factor in (("1", 1.0), ("10", 10.0)):
-            browser.choose("#scale", choice)
-            if choice == "10":  # 10 against the model's own 1/√head_size, said as a multiple of it
-                assert f"({10 * math.sqrt(model.config.head_size):.1f} times it)" in browser.evaluate(
-                    "document.getElementById('what-if').textContent")
-            assert not browser.evaluate("document.getElementById('what-if').hidden")
-            with torch.no_grad():
-                logits = factor_model(copy.deepcopy(model), factor)(idx)[0][0]
-            torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), logits.double(),
-                                       atol=1e-4, rtol=0)
-        browser.choose("#scale", "sqrt")
-        assert browser.evaluate("document.getElementById('what-if').hidden")
-        torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), own_logits.double(),
-                                   atol=1e-4, rtol=0)
-        browser.open("about:blank")  # a short text: each cell of its weights A has its number written in it
-        browser.open(html.as_uri() + f"#text=ROMEO&layer={layer}&view={head}")
-        written = browser.evaluate("Array.from(document.querySelectorAll('#matrix tr')).slice(1).map(tr => "
-                                   "Array.from(tr.querySelectorAll('td')).map(td => Number(td.textContent)))")
+            f"Layer {layer}, head {head}: ")
+        got = [[float(value) for value in row] for row in browser.evaluate(drawn)]
+        assert len(got) == len(TEXT), name
+        torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), expected[name].double(), atol=1e-5,
+                                   rtol=0, msg=name)
+        if name == "masked":
+            hatched = browser.evaluate("Array.from(document.querySelectorAll('#matrix td.masked')).map(td => "
+                                       "getComputedStyle(td).backgroundImage).filter(b => b.includes("
+                                       "'repeating-linear-gradient')).length")
+            assert hatched == len(TEXT) * (len(TEXT) - 1) // 2
+            browser.point("#matrix tr:nth-child(3) td:nth-child(4)")  # query 2, key 3: the future
+            assert browser.evaluate("document.getElementById('matrix-readout').textContent") == \
+                "masked[2][3] = \u2212\u221e"
+            browser.point("#matrix tr:nth-child(5) td:nth-child(3)")  # query 4, key 2
+            shown = browser.evaluate("document.getElementById('matrix-readout').textContent")
+            assert shown == f"masked[4][2] = {expected['masked'][3, 1].item():.4f}"
+        named = browser.evaluate("document.getElementById('matrix-tutorials').textContent")
+        assert all(part in named for part in TUTORIAL_NAMES[name]), (name, named)
+        assert browser.evaluate("document.querySelector('#legend tr.chosen').dataset.symbol") == name
+        browser.click("#matrix-next")
+    browser.click("#matrix tr:nth-child(6) th")  # the row of character 5
+    assert browser.evaluate("document.getElementById('step-title').textContent").startswith(
+        "\u201cO\u201d (character 5)")
+    for choice, factor in (("1", 1.0), ("10", 10.0)):
+        browser.choose("#scale", choice)
+        if choice == "10":  # 10 against the model's own 1/√head_size, said as a multiple of it
+            assert f"({10 * math.sqrt(model.config.head_size):.1f} times it)" in browser.evaluate(
+                "document.getElementById('what-if').textContent")
+        assert not browser.evaluate("document.getElementById('what-if').hidden")
         with torch.no_grad():
-            _, short = attention_inputs_and_outputs(model, torch.tensor([tokenizer.encode("ROMEO")]))
-            weights = pytorch_matrices(model, short[layer - 1][0], layer, head,
-                                       1 / math.sqrt(model.config.head_size))["A"]
-        torch.testing.assert_close(torch.tensor(written, dtype=torch.float64), weights.double(), atol=0.005 + 1e-6,
-                                   rtol=0)
-        assert browser.errors == []
+            logits = factor_model(copy.deepcopy(model), factor)(idx)[0][0]
+        torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), logits.double(),
+                                   atol=1e-4, rtol=0)
+    browser.choose("#scale", "sqrt")
+    assert browser.evaluate("document.getElementById('what-if').hidden")
+    torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), own_logits.double(),
+                               atol=1e-4, rtol=0)
+    browser.open("about:blank")  # a short text: each cell of its weights A has its number written in it
+    browser.open(html.as_uri() + f"#text=ROMEO&layer={layer}&view={head}")
+    written = browser.evaluate("Array.from(document.querySelectorAll('#matrix tr')).slice(1).map(tr => "
+                               "Array.from(tr.querySelectorAll('td')).map(td => Number(td.textContent)))")
+    with torch.no_grad():
+        _, short = attention_inputs_and_outputs(model, torch.tensor([tokenizer.encode("ROMEO")]))
+        weights = pytorch_matrices(model, short[layer - 1][0], layer, head,
+                                   1 / math.sqrt(model.config.head_size))["A"]
+    torch.testing.assert_close(torch.tensor(written, dtype=torch.float64), weights.double(), atol=0.005 + 1e-6,
+                               rtol=0)
+    assert browser.errors == []
 
 
 @needs_browser
@@ -573,49 +590,48 @@ def test_a_learner_sees_every_head_at_once_points_at_a_weight_and_opens_a_head(r
     PyTorch's weight (within one step of 255), the masked future a dark grey that no weight's colour reaches;
     pointing at a pixel shows PyTorch's weight, or "masked" in the future; clicking a head opens it in the matrix
     view at its weights A, equal to PyTorch's within 1e-5."""
-    from browser import Browser
     path, model, tokenizer = variant_checkpoint(run, "rope-qknorm-relu2-nobias-untied")
     html = tmp_path / "page.html"
     assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", TEXT, "--html", str(html)]) == 0
     ids, T = tokenizer.encode(TEXT), len(TEXT)
     expected = attention_html.attention_of(model, ids)  # [layer][head][query][key <= query]
-    with Browser() as browser:
-        browser.open(html.as_uri())
-        palette = [[int(c) for c in rgb.split(",")] for rgb in browser.evaluate("headColors")]
-        for layer in range(model.config.n_layer):
-            for head in range(model.config.n_head):
-                canvas = f'#heads canvas[data-layer="{layer}"][data-head="{head}"]'
-                pixels = np.array(browser.evaluate(f"(() => {{ const c = document.querySelector('{canvas}'); "
-                                                   f"return Array.from(c.getContext('2d').getImageData(0, 0, "
-                                                   f"c.width, c.height).data); }})()")).reshape(T, T, 4)
-                weights = np.zeros((T, T))
-                for query, row in enumerate(expected[layer][head]):
-                    weights[query, :query + 1] = row
-                colour = np.array(palette[head])
-                wanted = np.rint(255 + (colour - 255) * np.sqrt(weights)[..., None])
-                future = np.triu(np.ones((T, T), dtype=bool), 1)
-                wanted[future] = [85, 85, 85]
-                assert np.abs(pixels[..., :3] - wanted).max() <= 1, (layer, head)
-                grey_reachable = np.abs(np.rint(255 + (colour - 255) * np.sqrt(np.linspace(0, 1, 1001))[:, None])
-                                        - 85).max(axis=1).min()
-                assert grey_reachable > 8  # no weight is drawn near the grey of the mask
-        for query, key in ((5, 2), (20, 20), (3, 9)):  # 1-based: a weight, the diagonal, the future
-            browser.point('#heads canvas[data-layer="1"][data-head="0"]', at=((key - 0.5) / T, (query - 0.5) / T))
-            shown = browser.evaluate("document.getElementById('heads-readout').textContent")
-            value = f"{expected[1][0][query - 1][key - 1]:.4f}" if key <= query else "masked (the future)"
-            assert shown.startswith(f"layer 2, head 1: A[{query}][{key}] = {value}, "), shown
-        browser.click('#heads canvas[data-layer="1"][data-head="1"]')
-        assert browser.evaluate("[document.getElementById('layer').value, document.getElementById('view').value]") \
-            == ["1", "1"]
-        assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
-            "Layer 2, head 2: A = softmax")
-        drawn = browser.evaluate("Array.from(document.querySelectorAll('#matrix tr')).slice(1).map(tr => "
-                                 "Array.from(tr.querySelectorAll('td')).map(td => Number(td.dataset.value)))")
-        with torch.no_grad():
-            _, seen = attention_inputs_and_outputs(model, torch.tensor([ids]))
-            matrices = pytorch_matrices(model, seen[1][0], 2, 2, 1 / math.sqrt(model.config.head_size))
-        torch.testing.assert_close(torch.tensor(drawn, dtype=torch.float64), matrices["A"].double(), atol=1e-5, rtol=0)
-        assert browser.errors == []
+    browser = fresh_tab()
+    browser.open(html.as_uri())
+    palette = [[int(c) for c in rgb.split(",")] for rgb in browser.evaluate("headColors")]
+    for layer in range(model.config.n_layer):
+        for head in range(model.config.n_head):
+            canvas = f'#heads canvas[data-layer="{layer}"][data-head="{head}"]'
+            pixels = np.array(browser.evaluate(f"(() => {{ const c = document.querySelector('{canvas}'); "
+                                               f"return Array.from(c.getContext('2d').getImageData(0, 0, "
+                                               f"c.width, c.height).data); }})()")).reshape(T, T, 4)
+            weights = np.zeros((T, T))
+            for query, row in enumerate(expected[layer][head]):
+                weights[query, :query + 1] = row
+            colour = np.array(palette[head])
+            wanted = np.rint(255 + (colour - 255) * np.sqrt(weights)[..., None])
+            future = np.triu(np.ones((T, T), dtype=bool), 1)
+            wanted[future] = [85, 85, 85]
+            assert np.abs(pixels[..., :3] - wanted).max() <= 1, (layer, head)
+            grey_reachable = np.abs(np.rint(255 + (colour - 255) * np.sqrt(np.linspace(0, 1, 1001))[:, None])
+                                    - 85).max(axis=1).min()
+            assert grey_reachable > 8  # no weight is drawn near the grey of the mask
+    for query, key in ((5, 2), (20, 20), (3, 9)):  # 1-based: a weight, the diagonal, the future
+        browser.point('#heads canvas[data-layer="1"][data-head="0"]', at=((key - 0.5) / T, (query - 0.5) / T))
+        shown = browser.evaluate("document.getElementById('heads-readout').textContent")
+        value = f"{expected[1][0][query - 1][key - 1]:.4f}" if key <= query else "masked (the future)"
+        assert shown.startswith(f"layer 2, head 1: A[{query}][{key}] = {value}, "), shown
+    browser.click('#heads canvas[data-layer="1"][data-head="1"]')
+    assert browser.evaluate("[document.getElementById('layer').value, document.getElementById('view').value]") \
+        == ["1", "1"]
+    assert browser.evaluate("document.getElementById('matrix-formula').textContent").startswith(
+        "Layer 2, head 2: A = softmax")
+    drawn = browser.evaluate("Array.from(document.querySelectorAll('#matrix tr')).slice(1).map(tr => "
+                             "Array.from(tr.querySelectorAll('td')).map(td => Number(td.dataset.value)))")
+    with torch.no_grad():
+        _, seen = attention_inputs_and_outputs(model, torch.tensor([ids]))
+        matrices = pytorch_matrices(model, seen[1][0], 2, 2, 1 / math.sqrt(model.config.head_size))
+    torch.testing.assert_close(torch.tensor(drawn, dtype=torch.float64), matrices["A"].double(), atol=1e-5, rtol=0)
+    assert browser.errors == []
 
 
 def variant_page(run, tmp_path, name: str):
@@ -631,23 +647,22 @@ def test_a_learner_sees_what_rotary_positions_do_for_the_character_clicked(run, 
     """Rotary positions explained: after a click on character 5, each pair's frequency and its angle at character 5
     are model/attention.py's rotary tables' (the angle's cosine is the model's own table entry), and the picture's q·k of q = k = ones
     equals PyTorch's apply_rope for every distance, from the first character and from the middle alike."""
-    from browser import Browser
     html, model, _ = variant_page(run, tmp_path, "rope-qknorm-relu2-nobias-untied")
     head_size, block_size = model.config.head_size, model.config.block_size
     frequencies = 10000.0 ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
-    with Browser() as browser:
-        browser.open(html.as_uri())
-        browser.click("#strip .ch:nth-of-type(5)")
-        assert "angle at character 5" in browser.evaluate("document.getElementById('rotary').textContent")
-        about = browser.evaluate("document.getElementById('positions-about').textContent")
-        assert f"\u03b8\u1d62 = 10000^(\u22122(i \u2212 1)/{head_size})" in about  # pair 1: θ = 1, as the table has
-        assert "q\u00b7k" in browser.evaluate("Array.from(document.querySelectorAll('#distance-plot text'))"
-                                               ".map(t => t.textContent)")  # the y axis, labelled
-        rows = browser.evaluate("Array.from(document.querySelectorAll('#rotary tr')).slice(1).map(tr => "
-                                "[Number(tr.dataset.frequency), Number(tr.dataset.angle)])")
-        dots = browser.evaluate("Array.from(document.querySelectorAll('#distance-plot circle')).map(c => "
-                                "[Number(c.dataset.from), Number(c.dataset.distance), Number(c.dataset.value)])")
-        assert browser.errors == []
+    browser = fresh_tab()
+    browser.open(html.as_uri())
+    browser.click("#strip .ch:nth-of-type(5)")
+    assert "angle at character 5" in browser.evaluate("document.getElementById('rotary').textContent")
+    about = browser.evaluate("document.getElementById('positions-about').textContent")
+    assert f"\u03b8\u1d62 = 10000^(\u22122(i \u2212 1)/{head_size})" in about  # pair 1: θ = 1, as the table has
+    assert "q\u00b7k" in browser.evaluate("Array.from(document.querySelectorAll('#distance-plot text'))"
+                                           ".map(t => t.textContent)")  # the y axis, labelled
+    rows = browser.evaluate("Array.from(document.querySelectorAll('#rotary tr')).slice(1).map(tr => "
+                            "[Number(tr.dataset.frequency), Number(tr.dataset.angle)])")
+    dots = browser.evaluate("Array.from(document.querySelectorAll('#distance-plot circle')).map(c => "
+                            "[Number(c.dataset.from), Number(c.dataset.distance), Number(c.dataset.value)])")
+    assert browser.errors == []
     got = torch.tensor(rows, dtype=torch.float64)
     torch.testing.assert_close(got[:, 0], frequencies.double(), atol=0, rtol=1e-6)
     torch.testing.assert_close(got[:, 1], (4 * frequencies).double(), atol=0, rtol=1e-6)  # position 4: character 5
@@ -668,27 +683,26 @@ def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(r
     """Learned positions: every pixel of the similarity picture is the colour of PyTorch's cosine similarity of the
     two position vectors (within one step of 255), and pointing at one shows that similarity; a model without
     positions says so in a sentence and draws nothing."""
-    from browser import Browser
     html, model, _ = variant_page(run, tmp_path, "learned-gelu-bias-tied")
     table = model.wpe.weight.detach()
     similarity = F.cosine_similarity(table[:, None], table[None], dim=-1).double()  # (block_size, block_size)
     n = len(table)
-    with Browser() as browser:
-        browser.open(html.as_uri())
-        pixels = np.array(browser.evaluate("(() => { const c = document.getElementById('similarity'); return "
-                                           "Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height)"
-                                           ".data); })()")).reshape(n, n, 4)
-        for s, t in ((3, 7), (10, 10), (30, 2)):  # 1-based
-            browser.point("#similarity", at=((t - 0.5) / n, (s - 0.5) / n))
-            assert browser.evaluate("document.getElementById('positions-readout').textContent") == \
-                f"cos(p{s}, p{t}) = {similarity[s - 1, t - 1].item():.4f}"
-        browser.open(variant_page(run, tmp_path, "none-additive-noresidual")[0].as_uri())
-        about = browser.evaluate("document.getElementById('positions-about').textContent")
-        assert about.startswith("This model has no position information")
-        first = browser.evaluate("document.querySelector('#steps .step .formula').textContent")
-        assert first == f"x14 = the embedding of character 14 (no LayerNorm, no residual), {model.config.n_embd} numbers"
-        assert browser.evaluate("document.getElementById('positions').children.length") == 0
-        assert browser.errors == []
+    browser = fresh_tab()
+    browser.open(html.as_uri())
+    pixels = np.array(browser.evaluate("(() => { const c = document.getElementById('similarity'); return "
+                                       "Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height)"
+                                       ".data); })()")).reshape(n, n, 4)
+    for s, t in ((3, 7), (10, 10), (30, 2)):  # 1-based
+        browser.point("#similarity", at=((t - 0.5) / n, (s - 0.5) / n))
+        assert browser.evaluate("document.getElementById('positions-readout').textContent") == \
+            f"cos(p{s}, p{t}) = {similarity[s - 1, t - 1].item():.4f}"
+    browser.open(variant_page(run, tmp_path, "none-additive-noresidual")[0].as_uri())
+    about = browser.evaluate("document.getElementById('positions-about').textContent")
+    assert about.startswith("This model has no position information")
+    first = browser.evaluate("document.querySelector('#steps .step .formula').textContent")
+    assert first == f"x14 = the embedding of character 14 (no LayerNorm, no residual), {model.config.n_embd} numbers"
+    assert browser.evaluate("document.getElementById('positions').children.length") == 0
+    assert browser.errors == []
     strength = similarity.abs().clamp(max=1).numpy()[..., None]
     wanted = np.where(similarity.numpy()[..., None] < 0, np.array([31, 119, 180]), np.array([214, 39, 40]))
     wanted = np.rint(255 + (wanted - 255) * strength)
@@ -702,7 +716,6 @@ def test_a_learner_walks_the_whole_model_clicks_a_step_and_reads_it_in_both_lang
     (each pixel the signed colour of PyTorch's value, within one step of 255), pointing at a pixel reads PyTorch's
     number, and the chosen character's row is listed; the same in Chinese words with the same numbers; a click on an
     attention step moves the layer the views below show; the logits' columns are named by the next character."""
-    from browser import Browser
     html, model, tokenizer = variant_page(run, tmp_path, "learned-gelu-bias-tied")
     stream = pytorch_stream(model, torch.tensor([tokenizer.encode(TEXT)]))
     names = [name for name in OVERVIEW_ORDER(model.config) if name in stream]
@@ -711,41 +724,41 @@ def test_a_learner_walks_the_whole_model_clicks_a_step_and_reads_it_in_both_lang
     query, (t, d) = 14, (5, 7)  # the page's middle character; a pixel, counted from 1
     rows = "Array.from(document.querySelectorAll('#model tr.stage'))"
     readout = "document.getElementById('model-readout').textContent"
-    with Browser() as browser:
-        browser.open(html.as_uri())
-        assert browser.evaluate(f"{rows}.map(tr => tr.dataset.stage)") == names
-        sizes = browser.evaluate(f"{rows}.map(tr => tr.cells[tr.cells.length - 3].textContent)")
-        assert sizes == [f"{T} \u00d7 {stream[name].shape[1]}" for name in names]
-        lengths = browser.evaluate(f"{rows}.map(tr => tr.querySelector('td.length').textContent)")
-        assert lengths == [f"{stream[name][query - 1].norm().item():.2f}" for name in names]
-        browser.click('#model tr[data-stage="block2.mlp_hidden"] td.label')
-        assert browser.evaluate("document.getElementById('model-formula').textContent").startswith(
-            "Block 2: MLP hidden layer, 4 times wider, after gelu \u2014 gelu(c_fc(ln_2(x))), 27 \u00d7 128")
-        pixels = np.array(browser.evaluate("(() => { const c = document.getElementById('model-picture'); return "
-                                           "Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height)"
-                                           ".data); })()")).reshape(T, width, 4)
-        scaled = (hidden / hidden.abs().max()).numpy()[..., None]
-        wanted = np.where(scaled < 0, np.array([31, 119, 180]), np.array([214, 39, 40]))
-        assert np.abs(pixels[..., :3] - np.rint(255 + (wanted - 255) * np.abs(scaled))).max() <= 1
-        browser.point("#model-picture", at=((d - 0.5) / width, (t - 0.5) / T))
-        assert browser.evaluate(readout) == f"character {t} \u201cO\u201d, number {d}: {hidden[t - 1, d - 1]:.4f}"
-        listed = browser.evaluate("document.querySelector('#model-vector span').textContent")
-        assert listed.startswith(f"x{query} (\u201cf\u201d) = [" + ", ".join(
-            f"{v:.4f}" for v in hidden[query - 1, :8].tolist()))
-        browser.choose("#language", "zh")
-        assert browser.evaluate("document.querySelector('#model tr[data-stage=\"block2.mlp_hidden\"] td.label')"
-                                ".textContent") == "MLP 的隐藏层，宽 4 倍，经过 gelu"
-        browser.point("#model-picture", at=((d - 0.5) / width, (t - 0.5) / T))
-        assert browser.evaluate(readout) == f"第 {t} 个字符\u201cO\u201d，第 {d} 个数：{hidden[t - 1, d - 1]:.4f}"
-        assert browser.evaluate(f"{rows}.map(tr => tr.querySelector('td.length').textContent)") == lengths
-        browser.click('#model tr[data-stage="logits"] td.label')
-        logits = stream["logits"].double()
-        browser.point("#model-picture", at=((3 - 0.5) / logits.shape[1], (t - 0.5) / T))
-        assert browser.evaluate(readout) == (f"第 {t} 个字符\u201cO\u201d，下一个字符 \u201c{tokenizer.chars[2]}"
-                                             f"\u201d：{logits[t - 1, 2]:.4f}")
-        browser.click('#model tr[data-stage="block1.attention"] td.label')
-        assert browser.evaluate("document.getElementById('layer').value") == "0"
-        assert browser.errors == []
+    browser = fresh_tab()
+    browser.open(html.as_uri())
+    assert browser.evaluate(f"{rows}.map(tr => tr.dataset.stage)") == names
+    sizes = browser.evaluate(f"{rows}.map(tr => tr.cells[tr.cells.length - 3].textContent)")
+    assert sizes == [f"{T} \u00d7 {stream[name].shape[1]}" for name in names]
+    lengths = browser.evaluate(f"{rows}.map(tr => tr.querySelector('td.length').textContent)")
+    assert lengths == [f"{stream[name][query - 1].norm().item():.2f}" for name in names]
+    browser.click('#model tr[data-stage="block2.mlp_hidden"] td.label')
+    assert browser.evaluate("document.getElementById('model-formula').textContent").startswith(
+        "Block 2: MLP hidden layer, 4 times wider, after gelu \u2014 gelu(c_fc(ln_2(x))), 27 \u00d7 128")
+    pixels = np.array(browser.evaluate("(() => { const c = document.getElementById('model-picture'); return "
+                                       "Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height)"
+                                       ".data); })()")).reshape(T, width, 4)
+    scaled = (hidden / hidden.abs().max()).numpy()[..., None]
+    wanted = np.where(scaled < 0, np.array([31, 119, 180]), np.array([214, 39, 40]))
+    assert np.abs(pixels[..., :3] - np.rint(255 + (wanted - 255) * np.abs(scaled))).max() <= 1
+    browser.point("#model-picture", at=((d - 0.5) / width, (t - 0.5) / T))
+    assert browser.evaluate(readout) == f"character {t} \u201cO\u201d, number {d}: {hidden[t - 1, d - 1]:.4f}"
+    listed = browser.evaluate("document.querySelector('#model-vector span').textContent")
+    assert listed.startswith(f"x{query} (\u201cf\u201d) = [" + ", ".join(
+        f"{v:.4f}" for v in hidden[query - 1, :8].tolist()))
+    browser.choose("#language", "zh")
+    assert browser.evaluate("document.querySelector('#model tr[data-stage=\"block2.mlp_hidden\"] td.label')"
+                            ".textContent") == "MLP 的隐藏层，宽 4 倍，经过 gelu"
+    browser.point("#model-picture", at=((d - 0.5) / width, (t - 0.5) / T))
+    assert browser.evaluate(readout) == f"第 {t} 个字符\u201cO\u201d，第 {d} 个数：{hidden[t - 1, d - 1]:.4f}"
+    assert browser.evaluate(f"{rows}.map(tr => tr.querySelector('td.length').textContent)") == lengths
+    browser.click('#model tr[data-stage="logits"] td.label')
+    logits = stream["logits"].double()
+    browser.point("#model-picture", at=((3 - 0.5) / logits.shape[1], (t - 0.5) / T))
+    assert browser.evaluate(readout) == (f"第 {t} 个字符\u201cO\u201d，下一个字符 \u201c{tokenizer.chars[2]}"
+                                         f"\u201d：{logits[t - 1, 2]:.4f}")
+    browser.click('#model tr[data-stage="block1.attention"] td.label')
+    assert browser.evaluate("document.getElementById('layer').value") == "0"
+    assert browser.errors == []
 
 
 HEADINGS = "Array.from(document.querySelectorAll('h2')).map(h => h.textContent)"
@@ -759,60 +772,58 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
     """The English / 中文 switch: every heading, the labels and the matrix steps in the tutorials' terms (查询 Q,
     注意力权重 A, 掩码), the line under the title and the tab's title, the numbers unchanged (the logits still
     PyTorch's); switching back gives the English page's headings and lines exactly."""
-    from browser import Browser
     model, tokenizer, state = checkpoint.load_model(run / "run" / "ckpt_best.pt")
     with torch.no_grad():
         expected = model(torch.tensor([tokenizer.encode(TEXT)]))[0][0]
     cfg, ckpt = model.config, run / "run" / "ckpt_best.pt"
     millions = f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}"
     about = "document.getElementById('about').textContent"
-    with Browser() as browser:
-        browser.open(page.as_uri())
-        english = browser.evaluate(HEADINGS)
-        assert english[3] == "4. Every head at once" and browser.evaluate("document.documentElement.lang") == "en"
-        assert browser.evaluate(about) == (f"{ckpt}: step {state['iter']}, {cfg.n_layer} layers x {cfg.n_head} heads "
-                                           f"of {cfg.head_size}, {cfg.n_embd} wide, {millions}M parameters, trained "
-                                           f"on {state['data']['source']}")
-        assert browser.evaluate("document.title") == "chargpt: your model, thinking"
-        english_about = browser.evaluate(about)
-        browser.choose("#language", "zh")
-        assert browser.evaluate(about) == (f"{ckpt}：第 {state['iter']} 步，{cfg.n_layer} 层 × {cfg.n_head} "
-                                           f"个头（每个 {cfg.head_size} 维），宽 {cfg.n_embd}，"
-                                           f"{millions}M 个参数，训练于 "
-                                           f"{state['data']['source']}")
-        assert browser.evaluate("document.title") == "chargpt：你的模型，正在思考"
-        headings = browser.evaluate(HEADINGS)
-        assert [h[:len(c)] for h, c in zip(headings, CHINESE_HEADINGS)] == CHINESE_HEADINGS
-        assert headings[6] == ("7. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，"
-                               "头 1（在上面选一个头，看别的头）")
-        steps = browser.evaluate("Array.from(document.getElementById('matrix-step').options).map(o => o.text)")
-        assert steps == ["1. 查询 Q", "2. 键 K", "3. 值 V", "4. 注意力分数 S", "5. 缩放", "6. 掩码",
-                         "7. 注意力权重 A", "8. A\u00b7V"]
-        labels = browser.evaluate("Array.from(document.querySelectorAll('label > span')).map(s => s.textContent)")
-        assert labels[:3] == ["层", "头", "每个 q·k 乘以"]
-        assert browser.evaluate("document.getElementById('view').options[0].text") == "所有头"
-        assert browser.evaluate("document.getElementById('append').textContent") == "追加一个采样的字符"
-        torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), expected.double(),
-                                   atol=1e-4, rtol=0)
-        browser.choose("#language", "en")
-        assert browser.evaluate(HEADINGS) == english and browser.evaluate(about) == english_about
-        assert browser.errors == []
+    browser = fresh_tab()
+    browser.open(page.as_uri())
+    english = browser.evaluate(HEADINGS)
+    assert english[3] == "4. Every head at once" and browser.evaluate("document.documentElement.lang") == "en"
+    assert browser.evaluate(about) == (f"{ckpt}: step {state['iter']}, {cfg.n_layer} layers x {cfg.n_head} heads "
+                                       f"of {cfg.head_size}, {cfg.n_embd} wide, {millions}M parameters, trained "
+                                       f"on {state['data']['source']}")
+    assert browser.evaluate("document.title") == "chargpt: your model, thinking"
+    english_about = browser.evaluate(about)
+    browser.choose("#language", "zh")
+    assert browser.evaluate(about) == (f"{ckpt}：第 {state['iter']} 步，{cfg.n_layer} 层 × {cfg.n_head} "
+                                       f"个头（每个 {cfg.head_size} 维），宽 {cfg.n_embd}，"
+                                       f"{millions}M 个参数，训练于 "
+                                       f"{state['data']['source']}")
+    assert browser.evaluate("document.title") == "chargpt：你的模型，正在思考"
+    headings = browser.evaluate(HEADINGS)
+    assert [h[:len(c)] for h, c in zip(headings, CHINESE_HEADINGS)] == CHINESE_HEADINGS
+    assert headings[6] == ("7. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，"
+                           "头 1（在上面选一个头，看别的头）")
+    steps = browser.evaluate("Array.from(document.getElementById('matrix-step').options).map(o => o.text)")
+    assert steps == ["1. 查询 Q", "2. 键 K", "3. 值 V", "4. 注意力分数 S", "5. 缩放", "6. 掩码",
+                     "7. 注意力权重 A", "8. A\u00b7V"]
+    labels = browser.evaluate("Array.from(document.querySelectorAll('label > span')).map(s => s.textContent)")
+    assert labels[:3] == ["层", "头", "每个 q·k 乘以"]
+    assert browser.evaluate("document.getElementById('view').options[0].text") == "所有头"
+    assert browser.evaluate("document.getElementById('append').textContent") == "追加一个采样的字符"
+    torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), expected.double(),
+                               atol=1e-4, rtol=0)
+    browser.choose("#language", "en")
+    assert browser.evaluate(HEADINGS) == english and browser.evaluate(about) == english_about
+    assert browser.errors == []
 
 
 @needs_browser
 def test_a_browser_set_to_chinese_opens_the_page_in_chinese(page):
     """With zh-CN as the browser's language the page opens in Chinese; #lang=en still opens it in English."""
-    from browser import Browser
-    with Browser() as browser:
-        browser.prefer_language("zh-CN")
-        browser.open(page.as_uri())
-        assert browser.evaluate("navigator.language") == "zh-CN"
-        assert browser.evaluate(HEADINGS)[3] == CHINESE_HEADINGS[3]
-        assert browser.evaluate("document.getElementById('language').value") == "zh"
-        browser.open("about:blank")  # (a new fragment alone would not load the page again)
-        browser.open(page.as_uri() + "#lang=en")
-        assert browser.evaluate(HEADINGS)[3] == "4. Every head at once"
-        assert browser.errors == []
+    browser = fresh_tab()
+    browser.prefer_language("zh-CN")
+    browser.open(page.as_uri())
+    assert browser.evaluate("navigator.language") == "zh-CN"
+    assert browser.evaluate(HEADINGS)[3] == CHINESE_HEADINGS[3]
+    assert browser.evaluate("document.getElementById('language').value") == "zh"
+    browser.open("about:blank")  # (a new fragment alone would not load the page again)
+    browser.open(page.as_uri() + "#lang=en")
+    assert browser.evaluate(HEADINGS)[3] == "4. Every head at once"
+    assert browser.errors == []
 
 
 @needs_browser

@@ -7,7 +7,9 @@ import sys
 import pytest
 import torch
 
+import train
 from conftest import ROOT, module_corpus, patient
+from errors import run_cli
 from training import checkpoint
 
 pytestmark = pytest.mark.distributed
@@ -18,17 +20,30 @@ def corpus(tmp_path_factory):
     return module_corpus(tmp_path_factory, "ddp")
 
 
+def debug_args(corpus, out_dir, *extra, dropout="0") -> list[str]:
+    return ["--config", "debug", "--data", str(corpus), "--cache_dir", str(corpus.parent / "cache"),
+            "--out_dir", str(out_dir), "--dropout", dropout, "--eval_interval", "4", "--log_interval", "1", *extra]
+
+
 def launch(corpus, out_dir, *extra, processes=2, program=ROOT / "train.py", torchrun=None, dropout="0"):
     """train.py on the debug preset: under torchrun with `processes` processes (by default where there are 2 or more),
     else a plain `python train.py`."""
-    args = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(corpus.parent / "cache"),
-            "--out_dir", str(out_dir), "--dropout", dropout, "--eval_interval", "4", "--log_interval", "1", *extra]
+    args = debug_args(corpus, out_dir, *extra, dropout=dropout)
     if not (processes > 1 if torchrun is None else torchrun):
         command = [sys.executable, str(program), *args]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
                    str(program), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=patient(180), cwd=ROOT)
+
+
+def here(capsys, *args: str) -> subprocess.CompletedProcess:
+    """train.py's main() through run_cli in this process, one process without torchrun (a new interpreter would spend
+    seconds importing torch again): its exit code and what it printed, as launch() gives them."""
+    capsys.readouterr()
+    code = run_cli(train.main, list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["train.py", *args], code, out, err)
 
 
 # 81 validation windows of 32: 41 for rank 0, 40 for rank 1, so 11 and 10 batches of 4. Unless rank 1 reads a padded
@@ -45,7 +60,7 @@ def logged_losses(output: str) -> dict[str, list[float]]:
     return {"steps": steps, "evaluations": evaluations}
 
 
-def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path):
+def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path, capsys):
     """2 processes x 4 sequences x 2 accumulation steps against 1 process x 4 x 4: the same windows, so the same
     weights; the logged training loss is the whole global batch's (the mean over the ranks, not rank 0's half); and
     the evaluations read the same 3 x 4 windows of each split whatever the number of processes and accumulation
@@ -55,7 +70,7 @@ def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path):
     ddp = launch(corpus, tmp_path / "ddp", *common, "--grad_accum_steps", "2")
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     assert "global batch: 4 sequences x 2 accumulation steps x 2 processes = 512 tokens per step" in ddp.stdout
-    single = launch(corpus, tmp_path / "one", *common, "--grad_accum_steps", "4", processes=1)
+    single = here(capsys, *debug_args(corpus, tmp_path / "one", *common, "--grad_accum_steps", "4"))
     assert single.returncode == 0, single.stderr[-2000:]
     a = checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")["model"]
     b = checkpoint.load(tmp_path / "one" / "ckpt_last.pt")["model"]
@@ -77,8 +92,7 @@ def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path):
     assert state["best_val_loss"] < 3.9  # the loss fell from about ln(vocab) = 4.06
 
     # resume the two-process run with one process
-    resumed = subprocess.run([sys.executable, str(ROOT / "train.py"), "--out_dir", str(tmp_path / "ddp"), "--resume",
-                              "--max_iters", "10"], capture_output=True, text=True, timeout=patient(180), cwd=ROOT)
+    resumed = here(capsys, "--out_dir", str(tmp_path / "ddp"), "--resume", "--max_iters", "10")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")["iter"] == 10
     # the same tokens per step with one process: the accumulation steps took up the difference, said in one line
@@ -111,7 +125,7 @@ def step_lines(output: str) -> list[str]:
     return [line.split(",")[0] for line in output.splitlines() if line.startswith("step ")]
 
 
-def test_ddp_always_builds_the_process_group_for_one_process_and_trains_as_a_plain_run(corpus, tmp_path):
+def test_ddp_always_builds_the_process_group_for_one_process_and_trains_as_a_plain_run(corpus, tmp_path, capsys):
     """--ddp always under torchrun with one process: the process group (gloo on a CPU) and the DDP wrapper are built,
     the run says so, and its losses, weights and dropout equal a plain run's bit for bit (one rank's reduction is
     the gradient itself). Without torchrun it is one line, exit 2."""
@@ -119,7 +133,7 @@ def test_ddp_always_builds_the_process_group_for_one_process_and_trains_as_a_pla
     ddp = launch(corpus, tmp_path / "ddp", *common, "--ddp", "always", processes=1, torchrun=True, dropout="0.1")
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     assert "x 1 process = 512 tokens per step; DDP over gloo" in ddp.stdout
-    plain = launch(corpus, tmp_path / "plain", *common, processes=1, dropout="0.1")
+    plain = here(capsys, *debug_args(corpus, tmp_path / "plain", *common, dropout="0.1"))
     assert plain.returncode == 0, plain.stderr[-2000:]
     assert "DDP over" not in plain.stdout
     assert step_lines(ddp.stdout) == step_lines(plain.stdout) and len(step_lines(plain.stdout)) == 6 + 3
@@ -159,7 +173,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_a_backward_that_fails_to_compile_under_ddp_falls_back_on_every_rank(corpus, tmp_path, monkeypatch):
+def test_a_backward_that_fails_to_compile_under_ddp_falls_back_on_every_rank(corpus, tmp_path, monkeypatch, capsys):
     """Compiled by blocks under DDP at grad_accum_steps 1, the backward's compilation fails at the first step on both
     ranks, or on rank 1 alone: every rank turns compilation off (rank 0 warns once, naming the rank) and computes the
     step again, and the run trains on to its end with the weights of an uncompiled run (a reduction that DDP's hooks
@@ -168,7 +182,10 @@ def test_a_backward_that_fails_to_compile_under_ddp_falls_back_on_every_rank(cor
     program = tmp_path / "backward_fails.py"
     program.write_text(BACKWARD_FAILS.format(train=str(ROOT / "train.py"), root=str(ROOT)))
     common = ("--max_iters", "4", "--full_val", "false")
-    plain = launch(corpus, tmp_path / "plain", *common)
+    # The uncompiled reference in one process with 2 accumulation steps: the same global batch, and the same weights
+    # bit for bit (each micro-batch's gradient halved and summed is the two ranks' gradients summed and halved: a
+    # halving is exact), without a second torchrun job.
+    plain = here(capsys, *debug_args(corpus, tmp_path / "plain", *common, "--grad_accum_steps", "2"))
     assert plain.returncode == 0, plain.stderr[-2000:]
     for failing in ("0,1", "1"):
         monkeypatch.setenv("FAIL_RANKS", failing)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, module_corpus, patient, train_debug
+from conftest import ROOT, module_corpus, patient, run_script, train_debug
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +35,8 @@ def test_the_docs_example_runs_from_a_program_elsewhere_and_matches_sample_py(ru
     assert lines[0].startswith(f"TrainedRun('{run_dir / 'ckpt_best.pt'}', step ")
     assert lines[-1] == "the program keeps its own model module"
     text = "\n".join(lines[1:-1])
-    sample = subprocess.run([sys.executable, str(ROOT / "scripts" / "sample.py"), "--out_dir", str(run_dir),
-                             "--prompt", "ROMEO:", "--max_new_tokens", "60", "--seed", "1337", "--temperature", "0.8",
-                             "--stream"], capture_output=True, text=True, timeout=patient(120))
+    sample = run_script("sample.py", "--out_dir", str(run_dir), "--prompt", "ROMEO:", "--max_new_tokens", "60",
+                        "--seed", "1337", "--temperature", "0.8", "--stream")
     assert sample.returncode == 0 and sample.stdout.rstrip("\n") == "ROMEO:" + text
 
 

@@ -2,7 +2,6 @@
 rungs are reused byte for byte, changed settings retrain, each rung's train.py command is printed, and a Chinese
 corpus works as well as an English one."""
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -20,18 +19,31 @@ SENTENCES = ["注意力让每个字回头看前面的字。", "查询和键的�
              "缩放让梯度不会消失。", "掩码挡住未来，只看过去。"]
 
 
-def ladder(*args, env=None):
+def ladder(*args):
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "ladder.py"), "--config", "debug", *args],
-                          capture_output=True, text=True, timeout=patient(300), env=env)
+                          capture_output=True, text=True, timeout=patient(300))
 
 
-def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_rungs(tmp_path):
+def ladder_here(capfd, *args) -> subprocess.CompletedProcess:
+    """The ladder's main() through run_cli, as its command runs it, in this process (a new interpreter would spend
+    seconds importing torch again): its exit code and what it printed, its rungs' train.py processes included (capfd
+    reads the file descriptors they inherit, as a pipe from the command would)."""
+    import ladder as script
+    from errors import run_cli
+
+    capfd.readouterr()
+    code = run_cli(script.main, ["--config", "debug", *args])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["ladder.py", *args], code, out, err)
+
+
+def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_rungs(tmp_path, capfd):
     corpus = tmp_path / "zh.txt"
     corpus.write_text("\n".join(SENTENCES[i % 5] + SENTENCES[(i * 3) % 5] for i in range(400)), encoding="utf-8")
     out = tmp_path / "ladder"
     common = ["--data", str(corpus), "--out_dir", str(out), "--cache_dir", str(tmp_path / "cache"),
               "--eval_iters", "3", "--rungs", "bigram,one_head", "--max_iters", "6"]  # eval_iters: train.py's
-    first = ladder(*common)
+    first = ladder_here(capfd, *common)
     assert first.returncode == 0, first.stderr
     rows = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
     assert [row["name"] for row in rows] == ["bigram", "one_head"]
@@ -45,7 +57,7 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
 
     damaged = out / "01-bigram" / "ckpt_last.pt"
     damaged.write_bytes(damaged.read_bytes()[:100])  # cut short
-    again = ladder(*common)  # the finished rung is reused, byte for byte; the damaged one is trained again
+    again = ladder_here(capfd, *common)  # the finished rung is reused, byte for byte; the damaged one is trained again
     assert again.returncode == 0 and again.stderr.count("reused") == 1, again.stderr
     assert "not a readable checkpoint" in again.stderr, again.stderr
     assert (out / "03-one_head" / "ckpt_last.pt").read_bytes() == kept
@@ -95,19 +107,19 @@ def strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def test_a_rung_whose_loss_is_not_a_number_gives_valid_json_and_a_picture(tmp_path, corpus):
+def test_a_rung_whose_loss_is_not_a_number_gives_valid_json_and_a_picture(tmp_path, corpus, capfd):
     """A finished rung whose summary holds NaN (a run that diverged): ladder.json stays strict JSON (null for the
     loss), and the picture is drawn, that rung's bar empty and labelled, instead of a traceback."""
     out = tmp_path / "ladder"
     common = ["--data", str(corpus), "--out_dir", str(out), "--cache_dir", str(tmp_path / "cache"),
               "--eval_iters", "2", "--rungs", "bigram", "--max_iters", "2"]
-    assert ladder(*common).returncode == 0
+    assert ladder_here(capfd, *common).returncode == 0
     summary_path = out / "01-bigram" / "summary.json"
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
     summary["full_val_loss"] = float("nan")
     summary_path.write_text(json.dumps(summary), encoding="utf-8")  # Python writes the NaN as NaN
     (out / "ladder.png").unlink()
-    again = ladder(*common)
+    again = ladder_here(capfd, *common)
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
     assert "reused" in again.stderr  # the NaN summary is a finished rung's result, not a damaged file
     rows = strict_json((out / "ladder.json").read_text(encoding="utf-8"))
@@ -116,14 +128,19 @@ def test_a_rung_whose_loss_is_not_a_number_gives_valid_json_and_a_picture(tmp_pa
     assert Image.open(out / "ladder.png").format == "PNG"
 
 
-def test_offline_the_ladder_decides_the_corpus_once_and_its_commands_name_it(tmp_path):
+def test_offline_the_ladder_decides_the_corpus_once_and_its_commands_name_it(tmp_path, capfd,
+                                                                             monkeypatch):
     """Without a network the default --data shakespeare falls back to the offline corpus once, for the whole ladder,
     and every rung's command (printed and in ladder.json) says --data pystdlib: run as printed, it trains on the same
     text, where a printed --data shakespeare would train on another text once online."""
+    from data import corpus
+
     out = tmp_path / "ladder"
-    offline = {**os.environ, "CHARGPT_SHAKESPEARE_URL": "http://127.0.0.1:9/unreachable"}  # no download possible
-    done = ladder("--out_dir", str(out), "--cache_dir", str(tmp_path / "cache"), "--eval_iters", "2",
-                  "--rungs", "bigram,average", "--max_iters", "2", env=offline)
+    unreachable = "http://127.0.0.1:9/unreachable"  # no download possible: here, and in the rungs' processes
+    monkeypatch.setattr(corpus, "SHAKESPEARE_URL", unreachable)
+    monkeypatch.setenv("CHARGPT_SHAKESPEARE_URL", unreachable)
+    done = ladder_here(capfd, "--out_dir", str(out), "--cache_dir", str(tmp_path / "cache"), "--eval_iters", "2",
+                       "--rungs", "bigram,average", "--max_iters", "2")
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("using the offline corpus 'pystdlib'") == 1, done.stderr  # said once, by the ladder
     rows = json.loads((out / "ladder.json").read_text(encoding="utf-8"))

@@ -1,5 +1,7 @@
 """The run folder's lifecycle through the command line: one owner, nothing destroyed early, a way forward from every
 state, and Ctrl-C or SIGTERM at every stage."""
+import contextlib
+import io
 import json
 import shlex
 import shutil
@@ -142,7 +144,8 @@ def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, ca
     assert restored(out) == before and not (out / ".replaced").exists()
 
 
-def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_after_step_0(corpus, finished, tmp_path):
+def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_after_step_0(corpus, finished, tmp_path,
+                                                                                             capsys):
     """Ctrl-C soon after an --overwrite started (a mistyped command undone) gives the old run back, even once the new
     run has saved its step 0; the old run is deleted only at the new run's first evaluation after step 0, and says
     so."""
@@ -158,9 +161,8 @@ def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_af
         f"{out}/undone_overwrite_" in text
     assert restored(out) == before and not (out / ".replaced").exists()
 
-    proc = launch(corpus, out, "--overwrite", "--max_iters", "4", "--eval_interval", "2")
-    text, err = proc.communicate(timeout=patient(120))
-    assert proc.returncode == 0, err
+    code, text, err = cli(capsys, *argv(corpus, out, "--overwrite", "--max_iters", "4", "--eval_interval", "2"))
+    assert code == 0, err
     assert f"--overwrite: the run this one replaces is deleted now (this run's step 2 is saved in {out})" in text + err
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 4 and not (out / ".replaced").exists()
 
@@ -279,8 +281,10 @@ def test_ctrl_c_in_a_long_evaluation_then_in_a_long_step(corpus, tmp_path):
 
 
 def cli_quiet(corpus, out, *extra):
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *argv(corpus, out, *extra)], capture_output=True,
-                          text=True, timeout=patient(120)).returncode
+    """train.py's main in this process (a new interpreter would spend seconds importing torch), its output dropped:
+    its exit code."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return run_cli(train.main, argv(corpus, out, *extra))
 
 
 def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):

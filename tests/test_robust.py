@@ -1,4 +1,6 @@
 """Robustness: kill -9, Ctrl-C and SIGTERM, NaN, a full disk, hostile checkpoints and random input."""
+import contextlib
+import io
 import os
 import random
 import signal
@@ -14,7 +16,7 @@ from training.checkpoint import Progress
 from conftest import ROOT, patient
 from configs import load_config
 from data import prepare, resolve
-from errors import UserError
+from errors import UserError, run_cli
 from model.gpt import GPT
 from training import checkpoint
 import sample as sample_cli
@@ -23,6 +25,15 @@ import sample as sample_cli
 def train_argv(corpus, out_dir, *extra):
     return [sys.executable, str(ROOT / "train.py"), "--config", "debug", "--data", str(corpus),
             "--cache_dir", str(corpus.parent / "cache"), "--out_dir", str(out_dir), *extra]
+
+
+def resume_here(corpus, out_dir, *extra) -> tuple[int, str]:
+    """A resume that only has to finish: train.py's main in this process (a new interpreter would spend seconds
+    importing torch again); its exit code and what it wrote on stderr."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = run_cli(train.main, train_argv(corpus, out_dir, "--resume", *extra)[2:])
+    return code, err.getvalue()
 
 
 def wait_for(path, timeout=patient(60)):
@@ -46,9 +57,8 @@ def test_interrupt_saves_and_explains_how_to_resume(corpus, tmp_path, sig, code)
     state = checkpoint.load(out / "ckpt_last.pt")
     assert 0 < state["iter"] < 100000
     assert any(out.glob("events.out.tfevents.*"))
-    done = subprocess.run(train_argv(corpus, out, "--resume", "--max_iters", str(state["iter"] + 5)),
-                          capture_output=True, text=True, timeout=patient(120))
-    assert done.returncode == 0, done.stderr
+    code, err = resume_here(corpus, out, "--max_iters", str(state["iter"] + 5))
+    assert code == 0, err
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == state["iter"] + 5
 
 
@@ -66,9 +76,8 @@ def test_kill_9_at_any_moment_never_loses_the_last_checkpoint(corpus, tmp_path):
         proc.wait()
         state = checkpoint.load(out / "ckpt_last.pt")  # always loads: never a half-written file
         assert state["iter"] <= target
-    done = subprocess.run(train_argv(corpus, out, "--max_iters", str(target), "--eval_interval", "50", "--resume"),
-                          capture_output=True, text=True, timeout=patient(120))
-    assert done.returncode == 0, done.stderr
+    code, err = resume_here(corpus, out, "--max_iters", str(target), "--eval_interval", "50")
+    assert code == 0, err
     final = checkpoint.load(out / "ckpt_last.pt")
     assert final["iter"] == target and not list(out.glob("*.tmp-*"))
 
