@@ -43,6 +43,21 @@ def wait_for(path, timeout=patient(60)):
         time.sleep(0.05)
 
 
+def test_ctrl_c_while_python_loads_torch_is_one_line(corpus, tmp_path):
+    """Ctrl-C a fifth of a second after `python train.py` starts, while it imports torch (a second or more): exit 130
+    and the one line that nothing was written, not a KeyboardInterrupt traceback from inside torch; no run folder."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *train_argv(corpus, out)[2:]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=patient(60))
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    assert [line for line in (stdout + stderr).splitlines() if line.strip()] == [
+        "stopped before training began; no checkpoint of this run was written"]
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 130)])
 def test_interrupt_saves_and_explains_how_to_resume(corpus, tmp_path, sig, code):
     out = tmp_path / "run"
