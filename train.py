@@ -325,12 +325,12 @@ def train_opened(s: Session, source: Path | None) -> dict:
     if stopped:
         if not s.save_stopped():  # (an --overwrite stopped before it had anything to keep: the old run is back)
             say_loss_picture(s)
-            log.say(stopped_line(progress.it, run_dir.path, in_final_validation=False))
+            log.say(stopped_line(progress.it, run_dir.path, False, s.watch.advice if s.watch else ""))
         return {"stopped": True, "iterations": progress.it, "history": history}
     summary = s.finish(time.perf_counter() - run.phases.started)
     if summary.get("stopped"):
         say_loss_picture(s)
-        log.say(stopped_line(progress.it, run_dir.path, in_final_validation=True))
+        log.say(stopped_line(progress.it, run_dir.path, True, s.watch.advice if s.watch else ""))
         return {**summary, "history": history}
     for line in done_lines(summary, s.cfg, progress.evals_since_best):
         log.say(line)

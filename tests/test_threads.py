@@ -20,7 +20,7 @@ from training.device import SlowdownWatch, choose_threads, measure_threads, thre
 from training.evaluation import evaluations_left
 from training.opening import ProbeStep, build_run, expected_seconds, say_estimate
 from training.checkpoint import Progress
-from training.report import Log
+from training.report import Log, stopped_line
 
 
 def by_threads(table: dict[int, float], calls: list[int] | None = None):
@@ -264,9 +264,15 @@ def test_steps_that_slow_down_several_fold_are_said_once_with_the_flag():
                         "likely using the CPU, and 2 threads wait on each other when a core is taken; with fewer it "
                         "may go faster: Ctrl-C (it saves), then python train.py --out_dir out/x --resume "
                         "--num_threads 1")
+    assert watch.advice == "--num_threads 1"  # for the run's stopped line: the resume command with the flag
+    assert stopped_line(300, Path("out/x"), False, watch.advice).endswith(
+        "Continue with: python train.py --out_dir out/x --resume --num_threads 1")
     alone = SlowdownWatch(0.1, 1, "")
     assert log_lines(alone, (1.0, 1.0))[1].endswith(
-        "this run uses one thread already, so it goes on as fast as the machine lets it")
+        "this run uses one thread already, so it goes on as fast as the machine lets it") and alone.advice == ""
+    # steps 25x slower: one log interval of 10 steps lasts 25 s, past SLOW_FOR: said at that first line
+    sudden = SlowdownWatch(0.1, 4, "python train.py --out_dir out/y --resume")
+    assert log_lines(sudden, (0.1, 2.5))[0].endswith("--resume --num_threads 2") and sudden.advice == "--num_threads 2"
 
 
 def test_a_run_whose_steps_slow_down_says_so_once(corpus, tmp_path, monkeypatch):

@@ -301,24 +301,26 @@ def check_num_threads(value: int) -> None:
 
 
 SLOWDOWN = 3.0  # steps this many times as long as those timed before the first step: the machine got busier
+SLOW_FOR = 20.0  # seconds of such steps in one log interval: said at once, without waiting for the next line
 
 
 class SlowdownWatch:
     """Steps several times as slow as those timed before the first step (over `limit` seconds), at two log lines in a
-    row, mean that other work now shares the CPU: said once, with what helps (fewer threads, by a resume), since a run
-    does not change its thread count by itself (that would change its last digits). The log line calls seen() only
-    for a step over the limit, so that a normal step never enters this file."""
+    row or over one log interval of SLOW_FOR seconds or more, mean that other work now shares the CPU: said once, with
+    what helps (fewer threads, by a resume: `advice` then holds the flag, for the run's stopped line), since a run does
+    not change its thread count by itself (that would change its last digits). The log line calls seen() only for a
+    step over the limit, so that a normal step never enters this file."""
 
     def __init__(self, step_seconds: float, threads: int, resume: str):
         self.step_seconds, self.threads, self.resume = step_seconds, threads, resume
         self.limit = SLOWDOWN * step_seconds
-        self.last_slow, self.said = None, False  # the step of the last slow log line
+        self.last_slow, self.said, self.advice = None, False, ""  # the step of the last slow log line
 
     def seen(self, previous: int, it: int, step_seconds: float) -> str | None:
         """Step it's log line, the one before at step previous, found steps over the limit: the note, the first time
-        two log lines in a row did; None otherwise."""
+        two log lines in a row did, or one whose interval lasted SLOW_FOR seconds; None otherwise."""
         in_a_row, self.last_slow = self.last_slow == previous, it
-        if self.said or not in_a_row:
+        if self.said or not (in_a_row or step_seconds * (it - previous) >= SLOW_FOR):
             return None
         self.said = True
         times = f"{step_seconds / self.step_seconds:.1f}x"
@@ -326,9 +328,9 @@ class SlowdownWatch:
                 f"the first step: other work is likely using the CPU")
         if self.threads == 1:
             return said + "; this run uses one thread already, so it goes on as fast as the machine lets it"
-        fewer = max(1, self.threads // 2)
+        self.advice = f"--num_threads {max(1, self.threads // 2)}"
         return (f"{said}, and {self.threads} threads wait on each other when a core is taken; with fewer it may go "
-                f"faster: Ctrl-C (it saves), then {self.resume} --num_threads {fewer}")
+                f"faster: Ctrl-C (it saves), then {self.resume} {self.advice}")
 
 
 # glibc's malloc.h: the size from which a request gets pages of its own from the system (returned when freed), and
@@ -473,7 +475,8 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
         with model.no_sync() if d.enabled else contextlib.nullcontext():
             loss = forward_backward()
         if rt.dtype != torch.float16 and not all_finite(p.grad for p in model.parameters()):  # one read, once
-            failure = "the compiled step's gradients are not finite"
+            failure = ("its first step's gradients came out NaN or infinite, as torch 2.13's compiled bfloat16 code "
+                       "does on some Intel CPUs; that step is computed again uncompiled, so nothing is lost")
     except StepAbandoned:
         raise
     except Exception as err:

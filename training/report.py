@@ -357,14 +357,13 @@ def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
             f"--n_layer); {saved}")
 
 
-def stopped_line(it: int, folder: Path, in_final_validation: bool) -> str:
-    """What a run stopped by a request says: where its step is saved and the command that goes on."""
-    where = shlex.quote(str(folder))
+def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str = "") -> str:
+    """What a run stopped by a request says: where its step is saved and the command that goes on (with advice's
+    flags, such as the fewer threads a slowdown note advised)."""
+    resume = f"python train.py --out_dir {shlex.quote(str(folder))} --resume" + (f" {advice}" if advice else "")
     if in_final_validation:
-        return (f"stopped during the final validation; step {it} is saved in {folder / LAST}. "
-                f"Finish it with: python train.py --out_dir {where} --resume")
-    return (f"stopped at step {it} (its last finished step); saved {folder / LAST}. Continue with: python train.py "
-            f"--out_dir {where} --resume")
+        return f"stopped during the final validation; step {it} is saved in {folder / LAST}. Finish it with: {resume}"
+    return f"stopped at step {it} (its last finished step); saved {folder / LAST}. Continue with: {resume}"
 
 
 def overfitting_line(evaluations: list, best_step: int) -> str:

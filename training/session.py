@@ -39,6 +39,7 @@ class Session:
     d: Dist
     clock: TrainClock | None = None  # runs during training steps, from start_clock() on
     pictures: object = None  # training.pictures.AttentionPictures, made at the first evaluation that draws
+    watch: SlowdownWatch | None = None  # on a CPU: the watch on steps that slow down (slowdown_watch())
 
     @property
     def cfg(self) -> TrainConfig:
@@ -89,7 +90,8 @@ class Session:
         if threads is None or not threads.steady or not self.d.is_main:
             return None
         resume = f"python train.py --out_dir {shlex.quote(str(self.run_dir.path))} --resume"
-        return SlowdownWatch(statistics.median(threads.steady), threads.count, resume)
+        self.watch = SlowdownWatch(statistics.median(threads.steady), threads.count, resume)
+        return self.watch
 
     # ---- what the loop asks besides ----------------------------------------------------------------------------
     def asked_to_stop(self) -> bool:
