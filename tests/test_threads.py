@@ -132,6 +132,12 @@ def test_a_run_measures_its_threads_says_them_records_them_and_keeps_them_on_res
     assert ("threads: 1 (this run's own, kept on resume so that it goes on as it began; --num_threads 0 measures "
             "again); a step: 50 ms") in said
 
+    said.clear()
+    train_quietly(["--out_dir", str(tmp_path / "measured"), "--resume", "--max_iters", "25", "--num_threads", "0"],
+                  said)
+    assert "resume: the thread count is measured again (--num_threads 0; this run had 1)" in said, said
+    assert not [line for line in said if "num_threads changed" in line]
+
 
 def test_a_given_thread_count_repeats_a_run_to_the_last_digit(corpus, tmp_path):
     """--num_threads 2, twice: the same losses at every step and the same full validation, exactly (one and two

@@ -203,7 +203,10 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
                             f"leave --{name} (and any --config that sets it) out, as --resume keeps the run's own "
                             f"settings, or start a new run in another --out_dir to change {what}")
-        say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
+        if name == "num_threads" and new_value == 0:  # not a count: the word to measure one again
+            say(f"resume: the thread count is measured again (--num_threads 0; this run had {values.get(name)})")
+        else:
+            say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
         values[name] = new_value
     changed = {name: values[name] for name in ("learning_rate", "min_lr") if name in explicit}
     if note := follow_learning_rate(old.to_dict(), changed, "this run"):
