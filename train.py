@@ -289,7 +289,8 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
     log = Log(run_dir.path, d.is_main, say)
     device.init(d, device.pick_device(cfg.device).type)
     try:
-        opened = open_run(cfg, explicit, d, run_dir, log, stop, phases, None if cfg.resume else corpus)
+        opened = open_run(cfg, explicit, d, run_dir, log, stop, phases, None if cfg.resume else corpus,
+                          update)
         if isinstance(opened, str):
             log.say(opened)
             return {"finished": True}

@@ -244,9 +244,9 @@ def test_a_large_model_is_timed_on_one_window_and_its_time_scaled_to_the_step(co
     """A micro-batch over PROBE_FLOPS (the GPU recipe on a CPU: a minute a step) is timed on one window, not the
     batch, and the time scaled by the windows of a step (here 8 a micro-batch, 3 micro-batches)."""
     run, _ = built_run(corpus, tmp_path, "--grad_accum_steps", "3")
-    assert ProbeStep(run).rows == 8
+    assert ProbeStep(run, train.update).rows == 8
     monkeypatch.setattr(opening, "PROBE_FLOPS", 0.0)
-    probe = ProbeStep(run)
+    probe = ProbeStep(run, train.update)
     clock = iter([10.0, 10.5])  # the call's start and end: half a second for the one window
     monkeypatch.setattr(opening.time, "perf_counter", lambda: next(clock))
     assert probe.rows == 1 and probe() == 0.5 * 8 * 3

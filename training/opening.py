@@ -15,7 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -291,7 +291,7 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
 
 
 def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop: StopRequest,
-             phases: Phases, corpus: Corpus | None = None):
+             phases: Phases, corpus: Corpus | None, update: Callable):
     """Own the folder, read the checkpoint to resume, prepare the data (timed as phases' "data") and build the run;
     or, for a finished run, the line that says so. Under torchrun rank 0 goes first, and a failure anywhere is one
     line from rank 0."""
@@ -360,7 +360,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             raise UserError(f"{source} does not fit this model or optimizer ({str(err).splitlines()[0][:150]}); "
                             f"it is damaged or from another version") from None
     if rt.device_type == "cpu":
-        run.threads = choose_run_threads(run, explicit, d)
+        run.threads = choose_run_threads(run, explicit, d, update)
     return run, progress, source
 
 
@@ -500,10 +500,11 @@ class ProbeStep:
     drawn). The run's weights, optimizer state, random streams and batches stay as they were, so a run that times
     its steps trains exactly as one that does not. Calling it returns the seconds of one of the run's steps (its
     grad_accum_steps micro-batches). A large model (a micro-batch over PROBE_FLOPS) is timed on one window and the
-    time scaled to the batch, so that its estimate comes within seconds, not after whole steps of a minute."""
+    time scaled to the batch, so that its estimate comes within seconds, not after whole steps of a minute. update is
+    the training step's own (train.py's update(): clip, step, clear), handed down since train.py sits above this."""
 
-    def __init__(self, run: Run):
-        self.rt, self.cfg = run.rt, run.cfg
+    def __init__(self, run: Run, update: Callable):
+        self.rt, self.cfg, self.update = run.rt, run.cfg, update
         self.model = copy.deepcopy(run.model).eval()
         self.optimizer = optimizer_for(self.model, run.cfg, run.rt)
         self.scaler = run.rt.grad_scaler()
@@ -516,24 +517,17 @@ class ProbeStep:
         with self.rt.autocast():
             loss = self.model(self.x[:self.rows], self.y[:self.rows])[1]
         self.scaler.scale(loss).backward()
-        # the update's work, as train.py's update() does it (the copy's weights are thrown away: its rate and a
-        # non-finite step do not matter, only the time)
-        self.scaler.unscale_(self.optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip or math.inf)
-        self.optimizer.step_if_finite(torch.isfinite(norm), on_device=self.rt.device.type != "cpu")
-        if self.scaler.is_enabled():
-            self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.update(self.model, self.optimizer, self.scaler, self.cfg, self.cfg.learning_rate, self.rt)
         sync(self.rt.device)
         return (time.perf_counter() - start) * self.cfg.batch_size / self.rows * self.cfg.grad_accum_steps
 
 
-def choose_run_threads(run: Run, explicit: set[str], d: Dist) -> Threads:
+def choose_run_threads(run: Run, explicit: set[str], d: Dist, update: Callable) -> Threads:
     """A CPU run's thread count (training.device.choose_threads), with a step timed at it for the estimate (rank 0).
     Recorded in the run (its config's num_threads, in every checkpoint and summary.json), so that a resume goes on
     with the count the run began with, as --num_threads would: the count changes a run's last digits."""
     cfg = run.cfg
-    threads = choose_threads(cfg.num_threads, ProbeStep(run) if d.is_main else None, timed=True)
+    threads = choose_threads(cfg.num_threads, ProbeStep(run, update) if d.is_main else None, timed=True)
     if threads.why == "asked" and cfg.resume and "num_threads" not in explicit:
         threads.why = "kept"
     cfg.num_threads = threads.count
