@@ -1,4 +1,5 @@
-"""From the command line to a TrainConfig: a preset from configs/ (or any .toml file), then --field overrides."""
+"""From the command line to a TrainConfig: a preset from configs/ (or any .toml file), then --field overrides; and
+the config of a run resumed, or fine-tuned from another (--init_from), from its checkpoint's with the command's over it."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,9 @@ import tomllib
 from pathlib import Path
 
 from configs import nanogpt
-from configs.schema import FIELDS, FIXED, HELP_GROUPS, TYPES, TrainConfig
+from configs.schema import FIELDS, FIXED, HELP_GROUPS, SHAPE_FIELDS, TYPES, TrainConfig
 from errors import ArgumentParser, UserError, parse_bool
+from model.config import ModelConfig
 
 PRESET_DIR = Path(__file__).resolve().parent
 
@@ -184,3 +186,115 @@ def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
         return TrainConfig(**known)
     except ValueError as err:
         raise UserError(f"{where}: its saved config is invalid ({err})") from None
+
+
+# ---- a run's config from a checkpoint: resumed, or fine-tuned from (--init_from) ----------------------------------------
+# What a fine-tuning run takes from this command, never from the run it starts from: its text, its folders, this
+# machine's device and processes, and whether it resumes.
+OWN_SETTINGS = ("data", "cache_dir", "val_fraction", "encoding", "encoding_errors", "out_dir", "resume", "overwrite",
+                "init_from", "device", "num_threads", "ddp")
+
+
+def saved_model_config(state: dict) -> dict:
+    """A checkpoint's model config as a dict, a field it lacks at its default."""
+    return {**ModelConfig().to_dict(), **state["model_config"]}
+
+
+def follow_new_learning_rate(base: dict, values: dict, explicit: set[str], name: str) -> str:
+    """follow_learning_rate for a config rebuilt from a checkpoint's settings (base) with the command's over them
+    (values, min_lr set there when it follows); the note, or ""."""
+    changed = {field: values[field] for field in ("learning_rate", "min_lr") if field in explicit}
+    note = follow_learning_rate(base, changed, name)
+    if note:
+        values["min_lr"] = changed["min_lr"]
+    return note
+
+
+def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, say=print) -> TrainConfig:
+    """A fine-tuning run's config: the trained model's architecture, and the settings of the run that trained it
+    (its optimizer, learning rate, precision, steps, ...), with what this command sets over them (on its command line,
+    or in a --config file it names; min_lr follows a new learning rate); the text, the folders and the machine are
+    this command's (OWN_SETTINGS). A shape given explicitly that differs is refused (the weights would not fit)."""
+    saved = saved_model_config(state)
+    base = config_from_dict(state["run_config"], str(where), say).to_dict()
+    values = cfg.to_dict()
+    for name in SHAPE_FIELDS:
+        if name in explicit and values[name] != saved[name]:
+            raise UserError(f"{name} {values[name]!r} (set on the command line or by --config) does not fit the "
+                            f"model in {where} ({name} {saved[name]!r}); leave it out, or choose a --config without "
+                            f"it: --init_from keeps that model's architecture")
+        values[name] = saved[name]
+    values.update({name: value for name, value in base.items()
+                   if name not in explicit and name not in OWN_SETTINGS and name not in SHAPE_FIELDS})
+    if note := follow_new_learning_rate(base, values, explicit, f"{where}'s run"):
+        say(note)
+    try:
+        return TrainConfig(**values)
+    except ValueError as err:
+        raise UserError(f"--init_from {where}: {err}") from None
+
+
+def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
+                  ) -> tuple[TrainConfig, TrainConfig]:
+    """(the run's saved config, the config it resumes with): the saved one with only the fields the user set now.
+    What the weights or the optimizer state fix (the shape, the optimizer) is refused; training settings (dropout, the learning rate, max_iters, ...) change
+    with a note, and the global batch is kept (keep_global_batch)."""
+    old = config_from_dict(state["run_config"], str(where), say)
+    values = old.to_dict()
+    # Where a run writes is the user's word, never a checkpoint's: the folder being resumed, and the cache the command
+    # line names (or the default one).
+    values["out_dir"], values["cache_dir"] = cfg.out_dir, cfg.cache_dir
+    values["ddp"] = cfg.ddp  # as this command starts its processes (train() has read it already)
+    for name in sorted(explicit - {"resume", "overwrite"}):
+        new_value = getattr(cfg, name)
+        if new_value == values.get(name):
+            continue
+        if name in SHAPE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
+            what = "the optimizer" if name == "optimizer" else "the architecture"
+            raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
+                            f"leave --{name} (and any --config that sets it) out, as --resume keeps the run's own "
+                            f"settings, or start a new run in another --out_dir to change {what}")
+        if name == "num_threads" and new_value == 0:  # not a count: the word to measure one again
+            say(f"resume: the thread count is measured again (--num_threads 0; this run had {values.get(name)})")
+        else:
+            say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
+        values[name] = new_value
+    if note := follow_new_learning_rate(old.to_dict(), values, explicit, "this run"):
+        say(note.replace("note: ", "resume: ", 1))
+    try:
+        new = TrainConfig(**{**values, "resume": True, "overwrite": False})
+    except ValueError as err:
+        raise UserError(f"--resume: {err}") from None
+    return old, keep_global_batch(new, explicit, state, world_size, say)
+
+
+def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
+    """The model --resume builds (from the run's config) is the one the weights were checked against (the
+    checkpoint's model config): a run config that asks for more is refused before it is built."""
+    built, saved = cfg.model_config(len(state["vocab"])).to_dict(), saved_model_config(state)
+    differ = [name for name in SHAPE_FIELDS if built[name] != saved[name]]
+    if differ:
+        raise UserError(f"{where} is damaged: its run config and its model config disagree on {differ[0]} "
+                        f"({built[differ[0]]!r} and {saved[differ[0]]!r}); sample from it, or start a new run")
+
+
+def keep_global_batch(cfg: TrainConfig, explicit: set[str], state: dict, world_size: int, say) -> TrainConfig:
+    """--resume under another number of processes keeps the run's tokens per step: the accumulation steps take up
+    the difference where the run's micro-batches per step divide among the processes, and the resume is refused in
+    one line where they do not (unless the command line sets the batch itself)."""
+    saved = state.get("tokens_per_iter")
+    micro = cfg.batch_size * cfg.block_size
+    now = micro * cfg.grad_accum_steps * world_size
+    if saved is None or saved == now or {"grad_accum_steps", "batch_size"} & explicit or saved % micro:
+        return cfg
+    per_step = saved // micro  # micro-batches in one step, summed over the processes
+    processes = f"{world_size} process{'es' if world_size > 1 else ''}"
+    if per_step % world_size:
+        raise UserError(f"--resume: this run took {saved:,} tokens per step ({per_step} micro-batches of "
+                        f"{cfg.batch_size} sequences); {processes} cannot share {per_step} micro-batches evenly; "
+                        f"resume with a number of processes that divides {per_step}, or give --grad_accum_steps to "
+                        f"change the global batch")
+    accum = per_step // world_size
+    say(f"resume: {processes} now, so grad_accum_steps goes from {cfg.grad_accum_steps} to {accum}, keeping the "
+        f"run's {saved:,} tokens per step")
+    return TrainConfig(**{**cfg.to_dict(), "grad_accum_steps": accum})

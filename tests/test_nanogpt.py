@@ -132,12 +132,12 @@ def test_a_learning_rate_set_alone_takes_the_presets_min_lr_along():
 def test_a_resumed_run_given_a_learning_rate_alone_takes_its_own_min_lr_along():
     """--resume --learning_rate 1e-4 on a run whose floor (1.5e-3) is above it: the floor keeps the run's own ratio,
     said in a line, instead of a config rebuilt with min_lr above the rate (an error)."""
-    from training.opening import resume_config
+    from configs.loader import resume_config
     saved = load_config(["--max_iters", "100"], False)[0]
     state = {"run_config": saved.to_dict(), "iter": 50, "tokens_per_iter": None}
     cfg, _, explicit = load_config(["--resume", "--out_dir", "out/x", "--learning_rate", "1e-4"], False)
     said = []
-    resumed = resume_config(cfg, explicit, state, said.append, "out/x/ckpt_last.pt")
+    _, resumed = resume_config(cfg, explicit, state, said.append, "out/x/ckpt_last.pt")
     assert resumed.learning_rate == 1e-4 and resumed.min_lr == pytest.approx(1e-5)
     assert "resume: min_lr follows --learning_rate: 1e-05, 0.1 of it as in this run (0.0015 of 0.015); --min_lr sets " \
            "it" in said

@@ -13,11 +13,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import train
 from configs import load_config
+from configs.loader import keep_global_batch
 from configs.schema import ARCHITECTURE_FIELDS, FIELDS, TrainConfig
 from data import Batches
 from errors import UserError, run_cli
 from model.config import ModelConfig
-from training import checkpoint, device, opening
+from training import checkpoint, device
 from training.device import CPU_BFLOAT16_SAMPLING_PARAMS, pick_dtype
 from training.opening import prepare_data
 from training.optim import get_lr
@@ -663,12 +664,12 @@ def test_resume_under_another_number_of_processes_keeps_the_tokens_per_step_or_r
     cfg, _, _ = load_config(["--config", "debug", "--grad_accum_steps", "2"], False)
     state = {"tokens_per_iter": cfg.batch_size * cfg.block_size * 2 * 2}
     said = []
-    kept = opening.keep_global_batch(cfg, set(), state, 1, said.append)
+    kept = keep_global_batch(cfg, set(), state, 1, said.append)
     assert kept.grad_accum_steps == 4 and kept.batch_size * kept.block_size * 4 == state["tokens_per_iter"]
     assert said == [f"resume: 1 process now, so grad_accum_steps goes from 2 to 4, keeping the run's "
                     f"{state['tokens_per_iter']:,} tokens per step"]
     with pytest.raises(UserError, match="3 processes cannot share 4 micro-batches evenly; resume with a number of "
                                         "processes that divides 4, or give --grad_accum_steps"):
-        opening.keep_global_batch(cfg, set(), state, 3, said.append)
-    assert opening.keep_global_batch(cfg, {"grad_accum_steps"}, state, 1, said.append) is cfg
-    assert opening.keep_global_batch(cfg, set(), {}, 1, said.append) is cfg  # a checkpoint that does not record it
+        keep_global_batch(cfg, set(), state, 3, said.append)
+    assert keep_global_batch(cfg, {"grad_accum_steps"}, state, 1, said.append) is cfg
+    assert keep_global_batch(cfg, set(), {}, 1, said.append) is cfg  # a checkpoint that does not record it

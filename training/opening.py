@@ -21,8 +21,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configs import TrainConfig
-from configs.loader import config_from_dict, follow_learning_rate
-from configs.schema import FIXED, SHAPE_FIELDS
+from configs.loader import check_same_model, init_config, resume_config
+from configs.schema import FIXED
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
 from data.gate import recorded_size
@@ -151,76 +151,6 @@ def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
                         f"original text back, or give it with --data {quoted} (to go on with that text)")
 
 
-# What a fine-tuning run takes from this command, never from the run it starts from: its text, its folders, this
-# machine's device and processes, and whether it resumes.
-OWN_SETTINGS = ("data", "cache_dir", "val_fraction", "encoding", "encoding_errors", "out_dir", "resume", "overwrite",
-                "init_from", "device", "num_threads", "ddp")
-
-
-def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, say=print) -> TrainConfig:
-    """A fine-tuning run's config: the trained model's architecture, and the settings of the run that trained it
-    (its optimizer, learning rate, precision, steps, ...), with what this command sets over them (on its command line,
-    or in a --config file it names; min_lr follows a new learning rate); the text, the folders and the machine are
-    this command's (OWN_SETTINGS). A shape given explicitly that differs is refused (the weights would not fit)."""
-    saved = {**ModelConfig().to_dict(), **state["model_config"]}  # a field the checkpoint lacks: its default
-    base = config_from_dict(state["run_config"], str(where), say).to_dict()
-    values = cfg.to_dict()
-    for name in SHAPE_FIELDS:
-        if name in explicit and values[name] != saved[name]:
-            raise UserError(f"{name} {values[name]!r} (set on the command line or by --config) does not fit the "
-                            f"model in {where} ({name} {saved[name]!r}); leave it out, or choose a --config without "
-                            f"it: --init_from keeps that model's architecture")
-        values[name] = saved[name]
-    values.update({name: value for name, value in base.items()
-                   if name not in explicit and name not in OWN_SETTINGS and name not in SHAPE_FIELDS})
-    changed = {name: values[name] for name in ("learning_rate", "min_lr") if name in explicit}
-    if note := follow_learning_rate(base, changed, f"{where}'s run"):
-        values["min_lr"] = changed["min_lr"]
-        say(note)
-    try:
-        return TrainConfig(**values)
-    except ValueError as err:
-        raise UserError(f"--init_from {where}: {err}") from None
-
-
-def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
-                  ) -> TrainConfig:
-    """The saved run's config, with only the fields the user set now: what the weights or the optimizer state fix
-    (the shape, the optimizer) is refused; training settings (dropout, the learning rate, max_iters, ...) change with
-    a note, and the schedule's and the global batch's consequences are said (or refused) here."""
-    old = config_from_dict(state["run_config"], str(where), say)
-    values = old.to_dict()
-    # Where a run writes is the user's word, never a checkpoint's: the folder being resumed, and the cache the command
-    # line names (or the default one).
-    values["out_dir"], values["cache_dir"] = cfg.out_dir, cfg.cache_dir
-    values["ddp"] = cfg.ddp  # as this command starts its processes (train() has read it already)
-    for name in sorted(explicit - {"resume", "overwrite"}):
-        new_value = getattr(cfg, name)
-        if new_value == values.get(name):
-            continue
-        if name in SHAPE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
-            what = "the optimizer" if name == "optimizer" else "the architecture"
-            raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
-                            f"leave --{name} (and any --config that sets it) out, as --resume keeps the run's own "
-                            f"settings, or start a new run in another --out_dir to change {what}")
-        if name == "num_threads" and new_value == 0:  # not a count: the word to measure one again
-            say(f"resume: the thread count is measured again (--num_threads 0; this run had {values.get(name)})")
-        else:
-            say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
-        values[name] = new_value
-    changed = {name: values[name] for name in ("learning_rate", "min_lr") if name in explicit}
-    if note := follow_learning_rate(old.to_dict(), changed, "this run"):
-        values["min_lr"] = changed["min_lr"]
-        say(note.replace("note: ", "resume: ", 1))
-    try:
-        new = TrainConfig(**{**values, "resume": True, "overwrite": False})
-    except ValueError as err:
-        raise UserError(f"--resume: {err}") from None
-    if note := stretched_schedule(old, new, state["iter"]):
-        say(note)
-    return keep_global_batch(new, explicit, state, world_size, say)
-
-
 def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
     """A note when a new max_iters moves the learning-rate schedule under a resumed run (its decay follows
     max_iters unless lr_decay_iters is set): the rate at this step before and after, and how to keep the old one."""
@@ -232,40 +162,6 @@ def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
     return (f"resume: the learning-rate schedule follows max_iters, so it is stretched from {old.max_iters} to "
             f"{new.max_iters} steps: at step {step} the rate goes from {before:.3g} to {after:.3g}; to keep the old "
             f"decay instead (min_lr {old.min_lr:g} from step {old.max_iters} on), add --lr_decay_iters {old.max_iters}")
-
-
-def keep_global_batch(cfg: TrainConfig, explicit: set[str], state: dict, world_size: int, say) -> TrainConfig:
-    """--resume under another number of processes keeps the run's tokens per step: the accumulation steps take up
-    the difference where the run's micro-batches per step divide among the processes, and the resume is refused in
-    one line where they do not (unless the command line sets the batch itself)."""
-    saved = state.get("tokens_per_iter")
-    micro = cfg.batch_size * cfg.block_size
-    now = micro * cfg.grad_accum_steps * world_size
-    if saved is None or saved == now or {"grad_accum_steps", "batch_size"} & explicit or saved % micro:
-        return cfg
-    per_step = saved // micro  # micro-batches in one step, summed over the processes
-    processes = f"{world_size} process{'es' if world_size > 1 else ''}"
-    if per_step % world_size:
-        raise UserError(f"--resume: this run took {saved:,} tokens per step ({per_step} micro-batches of "
-                        f"{cfg.batch_size} sequences); {processes} cannot share {per_step} micro-batches evenly; "
-                        f"resume with a number of processes that divides {per_step}, or give --grad_accum_steps to "
-                        f"change the global batch")
-    accum = per_step // world_size
-    say(f"resume: {processes} now, so grad_accum_steps goes from {cfg.grad_accum_steps} to {accum}, keeping the "
-        f"run's {saved:,} tokens per step")
-    return TrainConfig(**{**cfg.to_dict(), "grad_accum_steps": accum})
-
-
-def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
-    """The model --resume builds (from the run's config) is the one the weights were checked against (the
-    checkpoint's model config): a run config that asks for more is refused before it is built."""
-    built = cfg.model_config(len(state["vocab"])).to_dict()
-    saved = {**ModelConfig().to_dict(), **state["model_config"]}  # a field the checkpoint lacks: its default
-    differ = [name for name in SHAPE_FIELDS if built[name] != saved[name]]
-    if differ:
-        name = differ[0]
-        raise UserError(f"{where} is damaged: its run config and its model config disagree on {name} "
-                        f"({built[name]!r} and {saved[name]!r}); sample from it, or start a new run")
 
 
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
@@ -309,7 +205,9 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             source = run_dir.resume_from()
             resumed = checkpoint.load(source, resume=True)
             stop.saved = f"{source} (step {resumed['iter']}) is untouched"
-            cfg = resume_config(cfg, explicit, resumed, log.say, source, d.world_size)
+            saved, cfg = resume_config(cfg, explicit, resumed, log.say, source, d.world_size)
+            if note := stretched_schedule(saved, cfg, resumed["iter"]):
+                log.say(note)
             check_same_model(cfg, resumed, source)
             done = finished_run(run_dir, resumed, cfg)
             if done:

@@ -261,7 +261,7 @@ class StopRequest:
     forwarded by torchrun): that is still one request.
 
     An output that can take no more (its reader gone, its terminal closed) is a request too, once: the run saves and
-    ends rather than training on unseen, or dying at its next line with its last steps unsaved (train.py's
+    ends rather than training on unseen, or dying at its next line with its last steps unsaved (errors.py's
     GuardedOutput calls output_gone()). Outside a `with` block (tests calling train() in-process) it is a flag nobody
     sets."""
 
