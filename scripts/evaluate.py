@@ -1,5 +1,6 @@
-"""python scripts/evaluate.py --out_dir RUN --data FILE: a trained model's loss (nats per character) and bits per
-character on any text, every character scored once with the context that --stride gives it."""
+"""python scripts/evaluate.py --out_dir RUN [--data FILE]: a trained model's loss (nats per character) and bits per
+character on any text (by default the run's own, whose validation split then gives the run's full validation figure),
+every character scored once with the context that --stride gives it."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,8 @@ from tqdm import tqdm  # noqa: E402
 from configs import TrainConfig  # noqa: E402
 from configs.loader import config_from_dict  # noqa: E402
 from data import resolve  # noqa: E402
-from data.corpus import default_cache_dir  # noqa: E402
+from data.corpus import NAMED, default_cache_dir  # noqa: E402
+from data.gate import recorded_text  # noqa: E402
 from data.prepare import check_encoding, read_text  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from training import checkpoint  # noqa: E402
@@ -32,7 +34,8 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     p.add_argument("--out_dir", default="", help="a run folder: uses its model, ckpt_best.pt (else ckpt_last.pt)")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir), e.g. RUN/ckpt_last.pt")
-    p.add_argument("--data", required=True, help="text file, folder of text files, or a named corpus (as train.py)")
+    p.add_argument("--data", default="", help="text file, folder of text files, or a named corpus (as train.py); "
+                                              "default: the text the run trained on")
     p.add_argument("--split", choices=("val", "all"), default="val",
                    help="val: the text's last part, which training holds out for validation (a model never saw it "
                         "there); all: the whole text (a text the model was not trained on)")
@@ -57,6 +60,24 @@ def read_corpus(spec: str, cache_dir: str, encoding: str, errors: str) -> tuple[
                      say=lambda message: print(message, file=sys.stderr))
     text = "".join(read_text(corpus, encoding, errors))
     return text, corpus.name
+
+
+def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str, str]:
+    """No --data: the text the run trained on. A named corpus by its name (from this user's cache); a file the
+    checkpoint names only where it is one regular file of the size and checksum the checkpoint records
+    (data.gate.recorded_text: a checkpoint may come from someone else); else one line asking for --data."""
+    if run.data in NAMED:
+        return read_corpus(run.data, args.cache_dir, run.encoding, run.encoding_errors)
+    record = state.get("data") or {}
+    source = Path(run.data).expanduser()
+    try:
+        raw = recorded_text(source, record, 1 << 40) if source.is_file() and record.get("sha256") else None
+        if raw is not None:
+            return raw.decode(run.encoding, run.encoding_errors), str(source)
+    except (OSError, UnicodeError, UserError):
+        pass
+    raise UserError(f"no --data given, and the text {path} was trained on, {run.data}, is not here as it was "
+                    f"(missing, changed, or a folder of texts); give the text with --data FILE")
 
 
 MAX_EXP = 709.0  # math.exp overflows a float64 just above it
@@ -127,18 +148,21 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--batch_size {args.batch_size}: must be at least 1")
     batch_size = args.batch_size or run.batch_size
 
-    text, name = read_corpus(args.data, args.cache_dir, run.encoding, run.encoding_errors)
+    if args.data:
+        text, name = read_corpus(args.data, args.cache_dir, run.encoding, run.encoding_errors)
+    else:
+        text, name = runs_own_text(args, run, state, path)
     if args.split == "val":  # the same cut as training's: the last val_fraction of the characters
         text = text[int(len(text) * (1 - run.val_fraction)):]
     unknown = tokenizer.unknown(text)
     counts = {ch: text.count(ch) for ch in dict.fromkeys(unknown)}
     if counts and args.unknown == "error":
         shown = " ".join(repr(ch) for ch in list(counts)[:20]) + (" ..." if len(counts) > 20 else "")
-        raise UserError(f"--data {args.data}: {sum(counts.values())} characters the model never saw ({len(counts)} "
+        raise UserError(f"--data {args.data or name}: {sum(counts.values())} characters the model never saw ({len(counts)} "
                         f"different: {shown}); pass --unknown skip to leave them out")
     known = "".join(ch for ch in text if ch in tokenizer.stoi) if counts else text
     if len(known) < 2:
-        raise UserError(f"--data {args.data}: no text to score"
+        raise UserError(f"--data {args.data or name}: no text to score"
                         f"{' once unknown characters are left out' if counts else ''}"
                         f"; give at least two characters the model knows")
     ids = torch.from_numpy(tokenizer.encode_array(known).astype(np.int32))  # 4 bytes a character, not a list's 36

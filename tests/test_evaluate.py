@@ -123,6 +123,24 @@ def test_the_validation_split_side_by_side_is_the_runs_full_validation(run, figu
     assert figures(tmp, "--data", str(corpus)) == val  # --split val by default: the part training held out
 
 
+def test_without_data_the_run_is_scored_on_its_own_text_and_only_as_it_was(run, figures, evaluate, tmp_path):
+    """No --data: the text the run trained on, the same figures as --data naming it; a copy of that text changed by one
+    character (its recorded checksum no longer holds) is never scored in its place: one line asking for --data."""
+    tmp, corpus, summary = run
+    own = figures(tmp)
+    named = figures(tmp, "--data", str(corpus))
+    assert {key: own[key] for key in own if key != "data"} == {key: named[key] for key in named if key != "data"}
+    assert own["loss"] == pytest.approx(summary["full_val_loss"], rel=1e-5)
+    original = corpus.read_bytes()
+    try:
+        corpus.write_bytes(original[:-2] + (b"a" if original[-2:-1] != b"a" else b"b") + original[-1:])
+        done = evaluate("--out_dir", str(tmp / "run"), "--device", "cpu")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "is not here as it was" in done.stderr and "--data FILE" in done.stderr
+    finally:
+        corpus.write_bytes(original)
+
+
 def test_unknown_characters_are_counted_exactly(run, evaluate, figures):
     tmp, corpus, _ = run
     text = corpus.read_text(encoding="utf-8")[:3000]
