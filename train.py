@@ -1,8 +1,7 @@
-"""train.py: train a character-level GPT. Read it top to bottom: one training step (a batch, the forward pass and its
-loss, the backward pass, clipping, the update), then the loop around it (evaluate if due, stop if asked, a step, a
-log line if due), then train(), which opens the run and finishes it. What a product needs besides (checkpoints, the
-clock, TensorBoard, stop requests, the compile fallback, several processes) sits behind the calls into training/,
-whose files a learner may skip (docs/code.md is the map)."""
+"""train.py: train a character-level GPT. Read it top to bottom: one training step (a batch, forward, loss, backward,
+clipping, the update), the loop around it, then train(), which opens the run and finishes it. What a product needs
+besides (checkpoints, the clock, TensorBoard, stop requests, the compile fallback, several processes) sits behind the
+calls into training/, whose files a learner may skip (docs/code.md is the map)."""
 from __future__ import annotations
 
 import contextlib
@@ -46,9 +45,8 @@ if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is stopped_while_l
 # ---- one training step -----------------------------------------------------------------------------------------------
 def train_step(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, lr: float, rt: device.Runtime,
                stop=None, d: device.Dist = device.Dist()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer step over grad_accum_steps micro-batches. Returns (the mean loss, the gradients' norm, whether
-    they were finite), all three left on the device, so that a step never waits for it. stop() says whether a stop
-    was asked for: between micro-batches that undoes the step (StepAbandoned)."""
+    """One optimizer step over grad_accum_steps micro-batches: (mean loss, gradient norm, whether it was finite), on
+    the device so that a step never waits for it. A stop() between micro-batches undoes it, raising StepAbandoned."""
     if getattr(model, "backward_unchecked", False):  # compiled, and its backward compiles now: a failure falls back
         loss = device.first_compiled_backward(model, batches, rt, d, lambda: forward_backward(
             model, optimizer, scaler, batches, autocast, cfg, rt, stop))
@@ -67,8 +65,7 @@ def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConf
                      stop=None) -> torch.Tensor:
     """The gradients of grad_accum_steps micro-batches, summed in each parameter's .grad; returns their mean loss."""
     loss_sum = torch.zeros((), device=rt.device)
-    # Where the step began (a few KB), so that a stop between micro-batches can undo it: a step of many micro-batches
-    # can take minutes, and a stop must not wait for it.
+    # Where the step began (a few KB): a stop between micro-batches undoes the step rather than wait out a long one.
     began = (batches.state_dict(), device.random_states(rt.device)) if stop and cfg.grad_accum_steps > 1 else None
     for micro in range(cfg.grad_accum_steps):
         if began is not None and micro > 0 and stop():
@@ -90,15 +87,14 @@ def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConf
 
 def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
            rt: device.Runtime) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clip the gradients, step the optimizer at learning rate lr, clear the gradients: (grad norm, whether the
-    gradients were finite), on the device. A step whose gradients are not finite anywhere is skipped, so NaN never
-    reaches the weights."""
+    """Clip the gradients, step the optimizer at learning rate lr, clear the gradients: (grad norm, whether it was
+    finite), on the device. A step with a non-finite gradient is skipped, so NaN never reaches the weights."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     scaler.unscale_(optimizer)  # float16: the gradients divided by the loss scale (nothing otherwise)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf  # inf: measure the norm, clip nothing
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # rescaled to a norm of at most max_norm
-    finite = torch.isfinite(grad_norm)  # a gradient that is not finite anywhere makes the norm inf or NaN
+    finite = torch.isfinite(grad_norm)  # one gradient that is not finite makes the norm inf or NaN
     optimizer.step_if_finite(finite, on_device=rt.device.type != "cpu")  # (a CPU reads the flag for free)
     if scaler.is_enabled():
         scaler.update()  # float16: the scale lowered after a skipped step, raised after a run of good ones
@@ -159,8 +155,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
                 clock.first_step_done()
             bar.update(1)
             if progress.it % cfg.log_interval == 0 or progress.it == cfg.max_iters:
-                # under DDP the loss of the whole global batch: the mean of the ranks' (each of as many windows),
-                # reduced on the device and read in the log line's one read, so that it costs no wait of its own
+                # under DDP the ranks' mean (each has as many windows): the global batch's loss, read in the one read
                 record = steps.write(progress.it, lr, s.d.mean(loss) if ddp else loss, grad_norm, longest)
                 longest = skipped  # the longest run since this line counts from the run still going on
                 if record.skipped >= cfg.max_nonfinite_steps:
@@ -189,10 +184,10 @@ class StepLog:
 
     def __init__(self, s: Session, bar: tqdm, peak_flops: float):
         self.s, self.bar, self.peak_flops = s, bar, peak_flops
-        self.writer = s.log.writer()  # TensorBoard's (None on other processes than rank 0)
+        self.writer = s.log.writer()
         self.logged = (s.progress.it, s.clock.trained)  # (step, training seconds) at the last log line
         self.history: list[tuple[int, float]] = []
-        self.slowdown = s.slowdown_watch()  # on a CPU: steps several times slower than at the start are said
+        self.slowdown = s.slowdown_watch()
         last = s.progress.last_eval
         self.last_val = f"val {last['val']:.4f} (saved)" if last else "val -"  # beside the loss on the bar
 
@@ -212,7 +207,7 @@ class StepLog:
         self.logged = (it, seconds)
         tokens_per_sec = run.tokens_per_iter / step_seconds
         # MFU: each process's share of the model's FLOPs over one device's peak, at most 1 (a step faster than the
-        # peak means the peak was measured in a busy moment, not that the step beat the hardware)
+        # peak means the peak was measured in a busy moment)
         mfu = min(1.0, run.flops_per_token * tokens_per_sec / s.d.world_size / self.peak_flops)
         record = StepRecord(step=it, loss=loss_value, lr=lr, grad_norm=norm_value, tokens_per_sec=tokens_per_sec,
                             tokens_seen=it * run.tokens_per_iter, mfu=mfu * 100, ms_per_step=step_seconds * 1000,
@@ -224,9 +219,9 @@ class StepLog:
                     self.writer.add_scalar(tag, value, it)
             except (OSError, RuntimeError) as err:
                 s.log.failed(err)
-        if s.log.wandb is not None:  # --wandb: the same scalars at the same step
+        if s.log.wandb is not None:
             s.log.wandb.log(scalars, step=it)
-        if s.log.lines is not None:  # a log file: a line per log interval (a terminal has the progress bar)
+        if s.log.lines is not None:  # a log file (a terminal has the progress bar)
             s.log.lines(f"step {it}/{run.cfg.max_iters}: loss {loss_value:.4f}, {record.ms_per_step:.1f} ms/step, "
                         f"{tokens_per_sec:,.0f} tokens/s, mfu {record.mfu:.1f}% of {self.peak_flops / 1e12:.3g} "
                         f"TFLOP/s")
@@ -279,8 +274,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
         speak(note)
     corpus = None
     if not cfg.resume or not cfg.out_dir:
-        # Offline, only a new run on the default corpus and cache trains on pystdlib instead (and says so): a corpus
-        # or cache the user named, or a run to resume, is an error naming the cause.
+        # Offline, only a new run on the default corpus and cache falls back to pystdlib (and says so); else an error.
         fallback = not cfg.resume and not {"data", "cache_dir"} & explicit
         with phases.timing("data"):  # a named corpus may be downloaded
             cfg, corpus = choose_corpus(cfg, speak, fallback)  # names the default run folder after preset and corpus
@@ -288,8 +282,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
     log = Log(run_dir.path, d.is_main, say)
     device.init(d, device.pick_device(cfg.device).type)
     try:
-        opened = open_run(cfg, explicit, d, run_dir, log, stop, phases, None if cfg.resume else corpus,
-                          update)
+        opened = open_run(cfg, explicit, d, run_dir, log, stop, phases, None if cfg.resume else corpus, update)
         if isinstance(opened, str):
             log.say(opened)
             return {"finished": True}

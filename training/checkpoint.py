@@ -38,9 +38,8 @@ class Run(Protocol):
 
 
 FORMAT = 1
-# Everything a checkpoint holds, defined once: key -> (the types it may have, who needs it). "sample": every reader
-# (enough to sample from it); "resume": what --resume needs besides; "later": optional, read with a default where a
-# checkpoint lacks it. capture() writes exactly these keys (tested), restore() reads them.
+# Everything a checkpoint holds: key -> (its types, who needs it): "sample" every reader, "resume" --resume besides,
+# "later" optional (read with a default). capture() writes exactly these keys (tested); restore() reads them.
 CONTENTS = {
     "format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
     "run_config": (dict, "sample"), "vocab": (str, "sample"), "iter": (int, "sample"),
@@ -57,12 +56,10 @@ RESUME_ONLY = ("optimizer", "rng")  # tensors only --resume uses: a reader that 
 
 @dataclass
 class Progress:
-    """Where a run is, the training loop's state, saved whole in every checkpoint: the step, the best validation loss,
-    seconds spent in training steps (evaluations, samples, pictures and checkpoint writes excluded), whether the
-    evaluation due at this step has been done, the losses the last evaluation measured, how many evaluations in a
-    row have not beaten the best (for --patience), and the run's losses so far (every session's, for loss.png):
-    "train", (step, loss) at each log line, and "eval", (step, train loss, validation loss) at each evaluation. The
-    training loop (train.py) advances it, its Session (training.session) records evaluations in it."""
+    """The training loop's state, saved whole in every checkpoint; train.py advances it, training.session records
+    evaluations in it. train_seconds: training steps only (no evaluations, samples, pictures or checkpoint writes);
+    eval_done: whether the evaluation due at this step is made; evals_since_best: for --patience; losses: every
+    session's, for loss.png: "train" (step, loss) per log line, "eval" (step, train, validation loss) per evaluation."""
     it: int = 0
     best_val: float = math.inf
     train_seconds: float = 0.0
@@ -73,8 +70,7 @@ class Progress:
 
 
 def capture(run: Run, progress: Progress) -> dict:
-    """Everything a checkpoint holds (CONTENTS, with the format added when it is saved): weights, configs,
-    vocabulary, optimizer, step, random streams. restore() is its inverse."""
+    """Everything a checkpoint holds (CONTENTS; save() adds the format); restore() is its inverse."""
     return {
         "model": run.model.state_dict(), "model_config": run.model_cfg.to_dict(), "run_config": run.cfg.to_dict(),
         "vocab": run.tokenizer.chars, "optimizer": run.optimizer.state_dict(),
@@ -96,8 +92,7 @@ def restore(run: Run, state: dict, d: Dist = Dist()) -> Progress:
     if d.world_size == 1:  # (ranks draw their own dropout streams: seed + rank)
         cuda = state["rng"].get("cuda") if run.rt.device.type == "cuda" else None
         set_random_states(run.rt.device, (state["rng"]["torch"].cpu(), None if cuda is None else cuda.cpu()))
-    # A checkpoint without the optional fields was saved after the evaluation at its step: that one was done. One
-    # without the losses so far (an older one) gives a loss picture from this session on.
+    # A checkpoint without the later fields was saved after its step's evaluation; loss.png then starts here.
     losses = state.get("losses", {"train": [], "eval": []})
     return Progress(it=state["iter"], best_val=state["best_val_loss"], train_seconds=state.get("train_seconds", 0.0),
                     eval_done=state.get("eval_done", True), last_eval=state.get("last_eval", {}),
@@ -113,7 +108,7 @@ def non_finite(weights: dict) -> str | None:
 
 
 def save(state: dict, path: Path) -> None:
-    """Write to a temporary name, flush it to disk, then rename over the old file: never half a checkpoint."""
+    """Write state as a checkpoint (write_atomic: never half a file); weights that are not finite are refused."""
     bad = non_finite(state.get("model", {}))
     if bad:
         raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}): training "
@@ -124,12 +119,10 @@ def save(state: dict, path: Path) -> None:
 
 
 def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -> dict:
-    """A checkpoint, read through the gate (data.gate): its zip listing first, then its contents unpickled with
-    weights_only=True from a memory map; every field typed and every tensor compared with what the model config
-    implies before any tensor's bytes are read; then copied into memory on device, and the weights checked finite.
-    resume: what --resume needs besides (RESUMABLE) is required, and the optimizer's and random states (RESUME_ONLY)
-    checked; otherwise those are left out, never read. A file that fails is one line naming it and the field."""
-    target = device_to_load_onto(device, path)  # a device this machine lacks is said before the file is read
+    """A checkpoint read through the gate (data.gate.read_checkpoint: no code unpickled), every field and tensor
+    checked before any tensor's bytes are read, then copied onto device and its weights checked finite. resume:
+    RESUMABLE is required and RESUME_ONLY checked, else never read. A failure is one line naming the file and field."""
+    target = device_to_load_onto(device, path)
     state, listing = gate.read_checkpoint(path)
     check_fields(state, REQUIRED, path)
     check_fields(state, {key: kind for key, kind in LATER.items() if key in state}, path)  # present: of their type
@@ -167,8 +160,8 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
 
 
 def device_to_load_onto(device: torch.device | str, path: Path) -> torch.device:
-    """The device a checkpoint is loaded onto, or one line saying that this machine has no such device (before the
-    file is read, so that it is never mistaken for a damaged file)."""
+    """The device a checkpoint is loaded onto, or one line saying this machine has none (before the file is read, so
+    that it is never mistaken for a damaged file)."""
     try:
         target = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
@@ -203,8 +196,7 @@ def model_config_of(state: dict, path: Path):
 
 
 def skeleton(config, path: Path):
-    """The model a config describes, built on the meta device (shapes, no memory), or one line for sizes no tensor
-    can have."""
+    """The model that config describes, on the meta device (shapes, no memory); one line for impossible sizes."""
     from model import GPT
 
     try:
@@ -216,12 +208,10 @@ def skeleton(config, path: Path):
 
 
 def check_model(state: dict, config, path: Path, resume: bool = False) -> None:
-    """The saved weights against the model the config describes, before that model is built: a config is only words,
-    and one that asks for 200 layers of width 8192 beside a few kilobytes of weights would otherwise allocate hundreds
-    of GB. The layer count is checked against the saved blocks first (so that even the skeleton, built on the meta
-    device, costs no more than the file); then every weight's name, kind, shape and dtype (data.gate.check_tensors);
-    then what the real model and the checkpoint's tensors would take (the model's copy of the weights, the rotary
-    tables, which are not saved, the optimizer's moments) must fit in the free memory."""
+    """The saved weights against the model config, before that model is built (a damaged config could ask for hundreds
+    of GB): the layer count against the saved blocks first, so even the meta skeleton costs no more than the file; then
+    each weight's name, kind, shape and dtype; then the model, its unsaved rotary tables and, for resume, the
+    optimizer's moments must fit in free memory."""
     weights = state["model"]
     blocks = {name.split(".")[1] for name in weights if isinstance(name, str) and name.startswith("blocks.")
               and name.count(".") > 1}
@@ -242,10 +232,9 @@ def check_model(state: dict, config, path: Path, resume: bool = False) -> None:
                         f"{config.n_layer} x n_embd {config.n_embd}); use it on a machine with more memory")
 
 
-# What each optimizer keeps per weight once it has stepped (torch's own names), and its settings a run may change (the
-# schedule sets lr at every step; --resume may change weight_decay and beta2) or that depend on the device that wrote
-# them; every other setting must be the one configure_optimizer gives (a differentiable=True or a capturable=True
-# group breaks the fused step, an ns_steps of a billion hangs it).
+# What each optimizer keeps per weight once it has stepped (torch's names). FREE_SETTINGS: the settings a run may
+# change (lr at every step; weight_decay and beta2 on --resume) or the writing device chose; any other must be
+# configure_optimizer's (a differentiable=True or capturable=True group breaks the fused step, ns_steps=10**9 hangs it).
 OPTIMIZER_STATE = {"AdamW": ("step", "exp_avg", "exp_avg_sq"), "Muon": ("momentum_buffer",)}
 STEP_DTYPES = (torch.float32, torch.float64)
 OPTIMIZER_HELD = "an optimizer keeps float32 tensors; take another checkpoint or train again"
@@ -267,10 +256,9 @@ FREE_SETTINGS = {
 
 
 def check_optimizer(state: dict, config, path: Path) -> None:
-    """The optimizer's state against the optimizer configure_optimizer builds for this model and the run's settings
-    (on a skeleton: no memory): the same groups of the same weights, their settings (FREE_SETTINGS aside) the ones
-    it builds, and for each weight that has stepped the state OPTIMIZER_STATE names, each tensor of the weight's shape
-    (a 7-element moment for a 1,952-element weight would otherwise send the fused step writing past its end)."""
+    """The optimizer's state against the one configure_optimizer builds on a skeleton (no memory): the same groups of
+    the same weights, its settings (FREE_SETTINGS aside), and per stepped weight the OPTIMIZER_STATE tensors of the
+    weight's shape (a smaller moment would send the fused step writing past its end)."""
     kind = state["run_config"].get("optimizer", "adamw")
     if kind not in OPTIMIZERS:
         raise gate.damaged(path, "run_config.optimizer", kind, " or ".join(OPTIMIZERS))
@@ -323,8 +311,8 @@ RNG_HELD = "a random state is a byte tensor; sample from it, or start a new run"
 
 
 def check_rng(rng: dict, path: Path) -> None:
-    """The random states a resume sets: the CPU generator's and the batches' of the CPU generator's own size, and
-    CUDA's (where saved) a short byte tensor."""
+    """The random states a resume sets: the CPU's and the batches' generator states, byte tensors of the CPU state's
+    size, and CUDA's (where saved) a short byte tensor."""
     if not isinstance(rng, dict) or not isinstance(rng.get("batches"), dict):
         raise UserError(f"{path} is damaged: its random-number states are missing or malformed, so it cannot be "
                         f"resumed exactly; sample from it, or start a new run")
@@ -340,9 +328,8 @@ def check_rng(rng: dict, path: Path) -> None:
 
 
 def check_later(state: dict, path: Path) -> None:
-    """The values of the fields added later (their types are checked with the rest): a step size, counts and seconds
-    in range, the last evaluation's losses numbers, the record of the text whole and typed (sample.py's default
-    prompt and --resume's checks read it), the gradient scaler's numbers."""
+    """The values of the LATER fields (load checks their types): counts and seconds in range, numbers for losses and
+    the scaler, and the record of the text (data) whole, as sample.py's default prompt and --resume's checks read it."""
     number = (gate.is_number, "a number")
     gate.check_values(state, {
         "tokens_per_iter": (lambda v: v >= 1, "a whole number of tokens, 1 or more"),
@@ -370,8 +357,7 @@ def check_later(state: dict, path: Path) -> None:
 
 
 def check_losses(losses: dict, it: int, path: Path) -> None:
-    """The losses so far (Progress.losses): "train" a list of (step, loss), "eval" of (step, train loss, validation
-    loss), steps whole numbers from 0 to the checkpoint's, losses numbers; else one line."""
+    """The losses so far, shaped as Progress says, steps from 0 to the checkpoint's, losses numbers; else one line."""
     def points(name: str, width: int) -> bool:
         series = losses.get(name)
         return isinstance(series, (list, tuple)) and all(
@@ -384,8 +370,7 @@ def check_losses(losses: dict, it: int, path: Path) -> None:
 
 
 def load_model(path: Path, device: torch.device | str = "cpu"):
-    """A checkpoint's model (in eval mode) and tokenizer, with a one-line error for any inconsistency (load() has
-    checked the config against the weights before anything is built)."""
+    """(model in eval mode on device, tokenizer, state) of a checkpoint that load() has checked, else one line."""
     from data.tokenizer import CharTokenizer
     from model import GPT
 

@@ -1,7 +1,6 @@
-"""The device a run computes on: the device and precision (autocast, the gradient scaler), the CPU threads (measured
-on the machine as it is, and a watch on steps that slow down), free memory and memory kept for reuse on a CPU,
-torch.compile with its fallback, performance figures (FLOPs, peak rate, MFU), and data-parallel training under
-torchrun."""
+"""The device a run computes on: device and precision (autocast, gradient scaler), CPU threads (measured, and a watch
+on steps that slow down), free memory and memory kept for reuse on a CPU, torch.compile with its fallback,
+performance figures (FLOPs, peak rate, MFU), and data-parallel training under torchrun."""
 from __future__ import annotations
 
 import contextlib
@@ -100,43 +99,39 @@ def cpu_has_bfloat16_units() -> bool:
 
 
 def native_bfloat16(device_type: str) -> bool:
-    """Whether the device multiplies bfloat16 matrices in hardware: a GPU of compute capability 8 and up, a CPU with
-    bfloat16 units. --dtype auto, and Muon's Newton-Schulz iterations, use bfloat16 only there: where torch emulates
-    it (a V100 or T4, whose is_bf16_supported() by default says yes counting emulation; other CPUs) it is slow."""
+    """Whether the device multiplies bfloat16 matrices in hardware (a GPU of compute capability 8 and up, a CPU with
+    bfloat16 units); where torch only emulates it (a V100 or T4, though is_bf16_supported() says yes) it is slow."""
     if device_type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
     return device_type == "cpu" and cpu_has_bfloat16_units()
 
 
-# On a CPU with bfloat16 units, auto samples a model this large (float32 weights over 16 MB) in bfloat16: sampling a
-# character reads every weight once, and below this size they stay in the CPU's caches, where float32 kernels are
-# faster (the figures: docs/speed.md).
+# Above this many parameters (16 MB of float32), auto samples in bfloat16 on a CPU with bfloat16 units: a character
+# reads every weight once, and a smaller model stays in the CPU's caches, where float32 is faster (docs/speed.md).
 CPU_BFLOAT16_SAMPLING_PARAMS = 4_000_000
 
 
 def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: int = 0) -> torch.dtype:
     """auto: bfloat16 (float16 on older GPUs) on CUDA; bfloat16 on CPUs with bfloat16 units; float32 otherwise.
-
-    Sampling (its weights cast once, `model.to(dtype)`) with auto on a CPU: bfloat16 only on a CPU with bfloat16
-    units and for a model of more than CPU_BFLOAT16_SAMPLING_PARAMS parameters (params); float32 otherwise. Asked for
-    by name, sampling may use float16 on a CPU too: it needs no autocast there."""
+    Sampling casts the weights once (`model.to(dtype)`, no autocast), so it may use float16 on a CPU, and with auto
+    takes bfloat16 there only above CPU_BFLOAT16_SAMPLING_PARAMS parameters (params). UserError for an unknown dtype,
+    or float16 training on a CPU."""
     if spec == "auto":
         if device.type == "cuda":  # float16 with the scaler where bfloat16 is only emulated
             return torch.bfloat16 if native_bfloat16("cuda") else torch.float16
-        large = params > CPU_BFLOAT16_SAMPLING_PARAMS  # sampling: see CPU_BFLOAT16_SAMPLING_PARAMS
+        large = params > CPU_BFLOAT16_SAMPLING_PARAMS
         if device.type == "cpu" and native_bfloat16("cpu") and (not sampling or large):
             return torch.bfloat16
         return torch.float32
     if spec not in DTYPES:
         raise UserError(f"--dtype {spec}: must be auto, {', '.join(DTYPES)}")
-    if spec == "float16" and device.type == "cpu" and not sampling:  # sampling casts the weights: no autocast
+    if spec == "float16" and device.type == "cpu" and not sampling:
         raise UserError("--dtype float16: not supported on CPU; use float32 or bfloat16")
     return DTYPES[spec]
 
 
 def for_sampling(rt: Runtime, dtype_spec: str, params: int = 0) -> Runtime:
-    """The runtime scripts/sample.py uses on rt's device for this --dtype and a model of params parameters (auto on
-    a CPU: float32, or bfloat16 for a large model on a CPU with bfloat16 units; see pick_dtype)."""
+    """The runtime scripts/sample.py uses on rt's device for this --dtype and a model of params parameters."""
     return Runtime(rt.device, pick_dtype(dtype_spec, rt.device, sampling=True, params=params))
 
 
@@ -150,8 +145,7 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
     if device.type == "cpu":
         keep_freed_memory()
     if device.type == "cuda":
-        # The process's current device is the run's (cuda:1 asked for in one process, too): what takes no device
-        # argument (the RNG state saved and restored, streams and events, is_bf16_supported) then means this one.
+        # Made current (cuda:1 too), so what takes no device argument (RNG state, streams, is_bf16_supported) means it.
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
         torch.backends.cudnn.allow_tf32 = True
@@ -160,8 +154,7 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
 
 # ---- CPU threads: measured on the machine as it is -------------------------------------------------------------------
 def cores() -> int:
-    """The cores this process may use: those it may run on (its affinity: taskset's or a container's set), and no
-    more than a container's CPU quota (cgroup v2's cpu.max, rounded up) where one is set."""
+    """The cores this process may use: its affinity (taskset's, a container's), up to cgroup v2's cpu.max rounded up."""
     try:
         count = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
@@ -176,8 +169,7 @@ def cores() -> int:
 
 
 def thread_counts(n_cores: int) -> list[int]:
-    """The intra-op thread counts a run tries on n_cores cores, most first: all of them, then halving down to one
-    (2 cores: 2, 1; 8: 8, 4, 2, 1; 6: 6, 3, 1)."""
+    """The intra-op thread counts tried on n_cores cores, most first: all, then halving down to one (6: 6, 3, 1)."""
     counts = [n_cores]
     while counts[-1] > 1:
         counts.append(counts[-1] // 2)
@@ -192,16 +184,13 @@ PROBE_BUDGET = 4.0  # seconds of calls after which no further round begins, once
 
 def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: int = PROBE_ROUNDS,
                     budget: float = PROBE_BUDGET) -> dict[int, list[float]]:
-    """Seconds of the same work at each thread count (counts: most first; time_once() does the work once and returns
-    its seconds), warm calls only. The first call pays one-off costs (many times a call on a busy machine): it is made
-    at the fewest threads and not counted. Each other count's first call is cold too (its threads start: on a nearly
-    idle 2-core machine two threads' first call took 1.6-1.8 times one thread's warm call, their warm calls less than
-    one thread's) and is not counted, unless it is FAR_SLOWER than one warm call at the fewest (on a busy 2-core
-    machine two threads took 7-50 times as long as one): that count is then not tried again. The counts left take
-    turns, round after round, so that a change in the machine's load falls on each alike; after each round a count
-    CLEARLY_SLOWER than the fastest is dropped. The rounds end once every count left has `rounds` warm calls, or once
-    the calls have taken `budget` seconds and the fastest has two. Returns each count's counted calls (with a dropped
-    count's one cold call); the thread count is left at the last one timed."""
+    """Seconds of the same work (time_once() does it once, returns its seconds) at each of counts (most first), warm
+    calls only: the first call at the fewest threads, and each other count's first (its threads start), pay one-off
+    costs and are not counted, and a count whose first is FAR_SLOWER than a warm call at the fewest is not tried again.
+    The rest take turns, round by round, so that a change in load falls on each alike, and after each round any
+    CLEARLY_SLOWER than the fastest is dropped, until each left has `rounds` warm calls or the calls took `budget`
+    seconds and the fastest has two. Returns the counted calls (a count not tried again: its cold call); the thread
+    count is left at the last one timed."""
     fewest, spent = counts[-1], 0.0
     seconds: dict[int, list[float]] = {n: [] for n in counts}
     torch.set_num_threads(fewest)
@@ -229,15 +218,13 @@ def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: i
 
 
 def fastest(seconds: dict[int, list[float]]) -> int:
-    """The count whose median time is lowest (of two alike, the one with fewer threads, which leaves the machine
-    more room)."""
+    """The count whose median time is lowest; of two alike, the fewer threads, which leaves the machine more room."""
     return min(seconds, key=lambda n: (statistics.median(seconds[n]), n))
 
 
 @dataclass
 class Threads:
-    """The intra-op thread count work runs with, why, and the seconds of the work each count tried took (timed
-    after a warm-up; empty where nothing was timed)."""
+    """The intra-op thread count, why, and the seconds of each count's warm calls (empty where none was timed)."""
     count: int
     why: str  # "measured", "asked" (--num_threads), "kept" (a resumed run's own), "OMP_NUM_THREADS", "one core"
     seconds: dict[int, list[float]]
@@ -248,8 +235,7 @@ class Threads:
         return self.seconds.get(self.count, [])
 
     def line(self, work: str) -> str:
-        """What a command says of its threads: the count, why, and what the work (e.g. "a step") took at each count
-        tried."""
+        """What a command says of its threads: the count, why, and what the work (e.g. "a step") took at each count."""
         each = [f"{span(self.seconds[n])} with {n}" for n in sorted(self.seconds, reverse=True)]
         timed = "; ".join(each) if len(each) > 1 else span(self.steady) if self.steady else ""
         if self.why == "measured":
@@ -274,11 +260,9 @@ def span(seconds: list[float]) -> str:
 
 
 def choose_threads(asked: int, time_once: Callable[[], float] | None, timed: bool = False) -> Threads:
-    """The intra-op thread count for work on a CPU, set (torch.set_num_threads): asked (--num_threads) where given,
-    OMP_NUM_THREADS where the environment sets it (torchrun does, for several processes), 1 where this process may
-    use one core; otherwise the faster of thread_counts(cores()) for time_once, measured now (measure_threads).
-    The thread count changes a run's last digits, so a given count is never measured against another; with timed
-    (and time_once), it is timed all the same, for an estimate."""
+    """Set and return the thread count for CPU work: asked (--num_threads), else OMP_NUM_THREADS (torchrun sets it for
+    several processes), else 1 on one core, else the fastest of thread_counts(cores()) for time_once, measured now. A
+    given count is never measured against another (the count changes a run's last digits); timed still times it."""
     from_environment = os.environ.get("OMP_NUM_THREADS", "")
     if asked:
         counts, why = [asked], "asked"
@@ -305,11 +289,9 @@ SLOW_FOR = 20.0  # seconds of such steps in one log interval: said at once, with
 
 
 class SlowdownWatch:
-    """Steps several times as slow as those timed before the first step (over `limit` seconds), at two log lines in a
-    row or over one log interval of SLOW_FOR seconds or more, mean that other work now shares the CPU: said once, with
-    what helps (fewer threads, by a resume: `advice` then holds the flag, for the run's stopped line), since a run does
-    not change its thread count by itself (that would change its last digits). The log line calls seen() only for a
-    step over the limit, so that a normal step never enters this file."""
+    """Steps over `limit` (SLOWDOWN times those timed before the first step) at two log lines in a row, or through a
+    log interval of SLOW_FOR seconds, mean other work shares the CPU: said once, advising fewer threads by a resume
+    (`advice` keeps the flag for the stopped line), as a run changing its own count would change its last digits."""
 
     def __init__(self, step_seconds: float, threads: int, resume: str):
         self.step_seconds, self.threads, self.resume = step_seconds, threads, resume
@@ -317,8 +299,8 @@ class SlowdownWatch:
         self.last_slow, self.said, self.advice = None, False, ""  # the step of the last slow log line
 
     def seen(self, previous: int, it: int, step_seconds: float) -> str | None:
-        """Step it's log line, the one before at step previous, found steps over the limit: the note, the first time
-        two log lines in a row did, or one whose interval lasted SLOW_FOR seconds; None otherwise."""
+        """Called at step `it`'s log line only when its steps are slow (previous: the step of the line before): the
+        note, the first time two lines in a row were slow or one interval lasted SLOW_FOR seconds; None otherwise."""
         in_a_row, self.last_slow = self.last_slow == previous, it
         if self.said or not (in_a_row or step_seconds * (it - previous) >= SLOW_FOR):
             return None
@@ -333,27 +315,23 @@ class SlowdownWatch:
                 f"faster: Ctrl-C (it saves), then {self.resume} {self.advice}")
 
 
-# glibc's malloc.h: the size from which a request gets pages of its own from the system (returned when freed), and
-# how much free memory at the top of the heap is kept before it is handed back.
+# glibc's malloc.h: free heap top kept before it is trimmed; size from which a block is mapped (unmapped when freed).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 KEPT_BYTES = 1 << 30
 
 
 def keep_freed_memory() -> bool:
-    """Linux with glibc: memory the process frees (up to KEPT_BYTES a block) stays in it for the next request instead
-    of going back to the system. A training step allocates and frees the same tensors every time, megabytes each;
-    by default glibc maps the largest afresh and trims freed memory back, so every step would touch new pages, each a
-    page fault (docs/speed.md has the count and the time). The memory kept is what the step needs again a moment
-    later: the peak does not grow. True if set; False elsewhere (macOS, Windows, musl), where nothing changes."""
+    """Linux with glibc: keep memory the process frees (blocks up to KEPT_BYTES) for its next request, since a step
+    frees and allocates the same megabyte tensors every time, which glibc would hand back and fault in afresh
+    (docs/speed.md has the count); the peak does not grow. True if set; False elsewhere (macOS, Windows, musl)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
     except (OSError, AttributeError):
         return False
-    # Once the map threshold is set, glibc no longer raises either threshold as blocks are freed, so both are set.
-    # mallopt(3) gives 32 MiB as the highest map threshold on 64-bit systems; glibc 2.36 takes 1 GiB (a 200 MB block
-    # freed and asked for again faulted in no page): where 1 GiB is refused, 32 MiB.
+    # Setting the map threshold stops glibc raising either threshold by itself, so both are set. mallopt(3) documents
+    # 32 MiB as the highest on 64-bit systems, but glibc 2.36 takes 1 GiB: where 1 GiB is refused, 32 MiB.
     mapped = mallopt(M_MMAP_THRESHOLD, KEPT_BYTES) or mallopt(M_MMAP_THRESHOLD, 32 << 20)
     return bool(mapped and mallopt(M_TRIM_THRESHOLD, KEPT_BYTES))
 
@@ -389,11 +367,9 @@ def compile_wanted(setting: str, device_type: str) -> bool:
 
 
 class BlocksCompiled:
-    """A view of a GPT whose blocks are compiled: the same parameters, buffers and submodules, except that its
-    `blocks` are torch.compile'd copies of the model's. Every block has the same code and shapes, so dynamo compiles
-    one graph and every layer runs it (PyTorch's "regional compilation"), about three times faster than compiling
-    the whole model. The model itself is untouched: sampling and checkpoints keep using it, and uncompile() gives
-    the view the plain blocks back."""
+    """A view of a GPT sharing its parameters, buffers and submodules, but with torch.compile'd copies of its `blocks`:
+    they have the same code and shapes, so one graph compiles and every layer runs it ("regional compilation", faster
+    to compile than the whole model). The model is untouched (sampling, checkpoints); uncompile() unwraps the view."""
 
     def __init__(self, model: GPT, mode: str | None):
         self.plain = model.blocks
@@ -410,27 +386,22 @@ COMPILE_FAILED = "warning: torch.compile failed ({}); continuing without it (--c
 
 
 class CompileFallback:
-    """Calls `compiled` and, if it fails, warns once and calls `module` uncompiled from then on (after `uncompile`).
-
-    Compilation happens on first use, so failures show up there: the failed call is repeated without compilation and
-    the run goes on. Everything else (train(), eval(), no_sync(), ...) reaches the module."""
+    """Calls `compiled` until it fails with the compiler's error (compiling happens at first use); then warns once,
+    calls `uncompile`, and sends the failed call and all later ones to `module`, as it does every other attribute."""
 
     def __init__(self, module, compiled: Callable, say=print, uncompile: Callable[[], None] = lambda: None):
         self.module, self.compiled, self.say, self.uncompile = module, compiled, say, uncompile
-        # The backward of a compiled forward is compiled at its first .backward() (AOTAutograd compiles it lazily),
-        # outside this call: the training step hands that one to first_compiled_backward(), which falls back if it
-        # fails. An attribute, not a property: the step reads it every time.
+        # AOTAutograd compiles the backward lazily, at the first .backward(), outside this call: the training step hands
+        # that one to first_compiled_backward(). An attribute, not a property: the step reads it every time.
         self.backward_unchecked = True
 
     @staticmethod
     def compilers(err: Exception) -> bool:
-        """Whether err from compiled code is the compiler's, not the run's own (out of memory, a broken device:
-        uncompiled code would fail too)."""
+        """Whether err is the compiler's: not out of memory or a broken device, which uncompiled code would meet too."""
         return not (is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS))
 
     def fall_back(self, err: Exception) -> bool:
-        """After err from compiled code: turn compilation off, with the warning, if err is the compiler's (True);
-        False if it is the run's own."""
+        """Turn compilation off, with the warning, if err is the compiler's (True); False if it is the run's own."""
         if not self.compilers(err):
             return False
         self.give_up(in_one_line(err))
@@ -457,37 +428,30 @@ class CompileFallback:
 
 def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Dist",
                             forward_backward: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """forward_backward() (the step's micro-batches: their mean loss, gradients in .grad) through a compiled model
-    whose backward is compiled at this first .backward(): if compiling it fails, or the compiled step's gradients are
-    not finite, compilation is turned off (with the warning) and forward_backward() runs again, uncompiled, from where
-    it began: the same batches, the same dropout. (Inductor's AVX-512 code for bfloat16 computes NaN gradients for
-    the long CPU preset's blocks on Intel Sapphire Rapids, with torch 2.13, where the uncompiled step's are finite; a
-    model whose own step is not finite gets the run's usual skipped-step handling after that.) float16's gradients
-    are not checked: they overflow by design while its scaler searches for a scale.
-
-    Under DDP the ranks agree: if any rank's compilation failed, every rank turns it off and computes again, so their
-    collectives stay matched. The pass runs under no_sync and its gradients are averaged by hand afterwards: DDP's
-    hooks would have started reducing the gradients computed before the failure, and its next forward would refuse to
-    start before that reduction finished."""
+    """forward_backward() (the step's micro-batches: returns their mean loss, gradients in .grad) through a compiled
+    model whose backward compiles at this first .backward(). If that fails, or the gradients are not finite (inductor's
+    bfloat16 code gives NaN on some Intel CPUs; float16's overflow by design while its scaler finds a scale, so are not
+    checked), compilation is turned off and the step reruns uncompiled, with the same batches and dropout. Under DDP
+    every rank falls back if any does, keeping collectives matched; the pass runs under no_sync, gradients averaged by
+    hand: DDP's hooks would start reducing a failed pass's gradients, and its next forward would refuse to start."""
     began = batches.state_dict(), random_states(rt.device)
     failure = None
     try:
         with model.no_sync() if d.enabled else contextlib.nullcontext():
             loss = forward_backward()
-        if rt.dtype != torch.float16 and not all_finite(p.grad for p in model.parameters()):  # one read, once
+        if rt.dtype != torch.float16 and not all_finite(p.grad for p in model.parameters()):
             failure = ("its first step's gradients came out NaN or infinite, as torch 2.13's compiled bfloat16 code "
                        "does on some Intel CPUs; that step is computed again uncompiled, so nothing is lost")
     except StepAbandoned:
         raise
     except Exception as err:
         if not model.compilers(err):
-            raise  # the run's own error (out of memory, a broken device)
+            raise
         failure = in_one_line(err)
     if failure is not None and d.world_size > 1:
         failure = f"rank {d.rank}: {failure}"
-        # Once here, nothing of the failed attempt is held: its traceback, and with it the activations it saved for
-        # its backward, go before the step is computed again.
-    failure = d.first(failure)  # (under DDP: any rank's)
+        # Out of the except block, the failed attempt's traceback and saved activations are freed before the retry.
+    failure = d.first(failure)
     if failure is None:
         model.backward_unchecked = False
     else:
@@ -498,7 +462,7 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
         model.give_up(failure)
         with model.no_sync() if d.enabled else contextlib.nullcontext():
             loss = forward_backward()
-    d.average([p.grad for p in model.parameters() if p.grad is not None])  # (under DDP)
+    d.average([p.grad for p in model.parameters() if p.grad is not None])
     return loss
 
 
@@ -521,17 +485,15 @@ def set_random_states(device: torch.device, states: tuple) -> None:
 
 def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], setting: str, device_type: str,
                          mode: str = "default", scope: str = "blocks", compile_eval: bool = True, say=print):
-    """What the training loop calls and what evaluations call. wrap adds what the step needs around a model (DDP).
-
-    compile on (--compile true, or auto on CUDA): scope "blocks" compiles each block (one graph for all of them),
-    "model" the whole model as one graph. mode is torch.compile's (configs.choices.COMPILE_MODES: none that replays
-    CUDA graphs). compile_eval false: evaluations call the plain model, so only the training graph is compiled."""
+    """The models the training step and evaluations call; wrap adds what the step needs (DDP). Where compile_wanted,
+    scope "blocks" compiles each block (BlocksCompiled), "model" the whole model; mode is torch.compile's
+    (configs.choices.COMPILE_MODES, none replaying CUDA graphs); compile_eval false evaluates the plain model."""
     if not compile_wanted(setting, device_type):
         step_model = wrap(model)
         return step_model, step_model
     mode_arg = None if mode == "default" else mode
-    # torch.compile may refuse at once (a Python that dynamo does not support yet, say): then only a warning. Only
-    # the compiling is inside the try, so that a failure of the DDP wrapping is never called a compile failure.
+    # torch.compile may refuse at once (say, a Python dynamo does not support yet): only a warning. Only the compiling
+    # is inside the try, so that a failure of the DDP wrapping is never called a compile failure.
     if scope == "model":  # the whole model is compiled with its DDP wrapper
         step_model = wrap(model)
         try:
@@ -554,15 +516,13 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
 
 # ---- performance figures ---------------------------------------------------------------------------------------------
 def flops_per_token(n_params: int, cfg: ModelConfig) -> float:
-    """Training FLOPs per token: 6 per parameter (forward + backward) plus attention's 12·L·C·T (the usual
-    estimate)."""
+    """Training FLOPs per token, the usual estimate: 6 per parameter (forward + backward) plus attention's 12·L·C·T."""
     return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
 class CountOperations(TorchDispatchMode):
-    """Inside `with CountOperations() as ops:`, ops.count is the number of tensor operations run that compute or
-    copy (views of existing tensors and the profiler's markers, which launch nothing, are not counted): in eager
-    PyTorch on a GPU, about one kernel launch each, whose host-side cost a small model's step can be made of."""
+    """Inside `with CountOperations() as ops:`, ops.count is the number of tensor operations that compute or copy (not
+    views or profiler markers, which launch nothing): in eager PyTorch on a GPU, about one kernel launch each."""
 
     LAUNCH_NOTHING = frozenset({"_unsafe_view", "_record_function_enter_new", "_record_function_exit"})
 
@@ -577,10 +537,8 @@ class CountOperations(TorchDispatchMode):
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]] = (),
                        seconds: float = 0.03, trials: int = 3) -> float:
-    """The best FLOP/s of matrix products in the training dtype on this device: a large square one and the given
-    (m, k, n) shapes (the model's own), each the best of several short trials, so that a busy moment on a shared
-    machine does not lower the ceiling (a ceiling measured in a busy moment would give MFUs above 100%). Every run
-    pays for it before its first step (about 0.2 s on a CPU)."""
+    """The best FLOP/s of matrix products in dtype on this device: a large square one and the model's (m, k, n) shapes,
+    each the best of `trials` short trials, lest a busy moment lower the ceiling (MFU over 100%); every run pays it."""
     size = 8192 if device.type == "cuda" else 1024
     gen = torch.Generator(device=device).manual_seed(0)  # leaves the global RNG (dropout, resume) untouched
     best = 0.0
@@ -591,8 +549,8 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tu
         start = time.perf_counter()
         a @ b  # warm-up
         sync(device)
-        if time.perf_counter() - start >= seconds:  # one product takes longer than a trial (bfloat16 emulated on a
-            best = max(best, 2 * m * k * n / (time.perf_counter() - start))  # CPU without bfloat16 units: seconds)
+        if time.perf_counter() - start >= seconds:  # one product outlasts a trial (bfloat16 emulated on a CPU)
+            best = max(best, 2 * m * k * n / (time.perf_counter() - start))
             continue
         a @ b
         for _ in range(trials):
@@ -620,8 +578,8 @@ class Dist:
 
     @property
     def enabled(self) -> bool:
-        """Whether the run is data-parallel: a process group, DDP and collectives (2 or more processes, or one with
-        --ddp always). Where only the number of processes matters (RNG streams, plurals), world_size says it."""
+        """Whether the run is data-parallel (a process group, DDP, collectives): 2 or more processes, or one with --ddp
+        always. Where only the number of processes matters (RNG streams, plurals), use world_size."""
         return self.world_size > 1 or self.always
 
     @property
@@ -649,8 +607,7 @@ class Dist:
         return bool(self.sum(torch.tensor(float(flag), device=device)).item() > 0)
 
     def average(self, tensors: list[torch.Tensor]) -> None:
-        """Each tensor replaced by its average over the ranks, in place, as DDP averages gradients (divided by the
-        number of ranks, then summed)."""
+        """Each tensor replaced in place by its average over the ranks, divided then summed as DDP does gradients."""
         if self.enabled:
             for tensor in tensors:
                 tensor.div_(self.world_size)
@@ -688,10 +645,9 @@ RANK_ZERO_WAIT = 30.0  # seconds a rank waits for rank 0 to say a mistake and le
 
 
 def leave_to_rank_zero(d: Dist, err: UserError) -> None:
-    """A mistake under torchrun, on a rank other than 0: rank 0 says it. Every rank usually meets the same one, so
-    this one waits, silent, for torchrun to end it once rank 0 has spoken and left (had it left first, torchrun could
-    stop rank 0 before it spoke: one rank can reach a mistake seconds before another, e.g. while a GPU driver starts).
-    A mistake rank 0 has not met (it has not left after RANK_ZERO_WAIT seconds) is said by this rank."""
+    """A mistake on a rank other than 0: ranks usually meet the same one, so this one waits silently for torchrun to end
+    it once rank 0 has said it (had it left first, torchrun could stop rank 0 before it spoke: ranks can reach a
+    mistake seconds apart). If rank 0 has not left after RANK_ZERO_WAIT seconds, this rank says it."""
 
     def ended(signum, frame):
         raise QuietExit(str(err))  # torchrun ends this rank (SIGTERM), or a Ctrl-C: rank 0 has said it

@@ -1,7 +1,6 @@
-"""Measuring a model's loss: a run's quick estimate (fixed random batches of each split) and its full validation (every
-non-overlapping validation window), both stoppable between batches; and scoring any text, every character once, by
-sliding windows whose stride sets how much context each scored character has (scripts/evaluate.py); and the rule
-for when a run evaluates."""
+"""Measuring a model's loss: when a run evaluates, its quick estimate (fixed random batches of each split) and its
+full validation (every non-overlapping validation window), both stoppable between batches; and the scoring of any
+text, every character once, by sliding windows (Windows, score: scripts/evaluate.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,9 +39,8 @@ def plateaued(evals_since_best: int, patience: int) -> bool:
 
 
 def overfitting(evaluations: list, window: int = 3, margin: float = 0.02) -> bool:
-    """Over the last `window` evaluations, each (step, train loss, validation loss), the validation loss rose (to more
-    than `margin` above the run's lowest) while the training loss fell: the model learns its training text by heart,
-    not what carries over to new text. (Every evaluation reads the same batches, so the rise is the model's.)"""
+    """Over the last `window` evaluations (step, train loss, validation loss), all on the same batches, the validation
+    loss rose past (1 + margin) x the run's lowest while the training loss fell: the model learns its text by heart."""
     if len(evaluations) < window:
         return False
     first, last = evaluations[-window], evaluations[-1]
@@ -67,10 +65,8 @@ def asked_to_stop(stop: Callable[[], bool] | None, d: Dist, device: torch.device
 @torch.inference_mode()
 def evaluate(model, batches, rt: Runtime, eval_iters: int, d: Dist = Dist(),
              stop: Callable[[], bool] | None = None, progress=None) -> dict[str, float] | None:
-    """Mean loss per character over eval_iters x batch_size random windows of each split (a quick estimate): the
-    same windows at every evaluation of a run, and whatever the number of processes, which share them out
-    (Batches.fixed_batches). Where the validation split has no more windows than that (a small corpus, or long
-    batches), its figure is exact instead: the full validation, which then reads fewer windows than the estimate."""
+    """{"train", "val"}: the mean loss per character over eval_iters x batch_size fixed random windows of each split
+    (Batches.fixed_batches), val the full validation where it has no more windows than that; None if asked to stop."""
     model.eval()
     out = {}
     try:
@@ -98,9 +94,8 @@ def full_validation_loss(model, batches, rt: Runtime, d: Dist = Dist(),
 
 
 def mean_loss(model, windows, rt: Runtime, d: Dist, stop: Callable[[], bool] | None, progress) -> float | None:
-    """The mean loss per character over batches of (x, y) windows, over every rank: each batch's loss weighted by the
-    targets it scores (padding rows, targets -1, score none), summed over the batches and then over the ranks, with
-    one read of the device at the end. None when a stop request came between batches."""
+    """The mean loss per character over batches of (x, y) windows on every rank, each batch's loss weighted by the
+    targets it scores (padding, target -1, scores none), the device read once at the end; None if asked to stop."""
     total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # (sum of losses, number of characters)
     for batch, (x, y) in enumerate(windows):
         if asked_to_stop(stop, d, rt.device, batch):
@@ -117,14 +112,10 @@ def mean_loss(model, windows, rt: Runtime, d: Dist, stop: Callable[[], bool] | N
 
 @dataclass(frozen=True)
 class Windows:
-    """Windows that score each of ids[1:] exactly once (ids[0] has no context to be predicted from), computed a batch
-    at a time: window k begins at k x stride and ends block_size later (or at the text's end); its inputs are
-    ids[begin:end], its targets ids[begin + 1:end + 1], and it scores the targets after the previous window's end.
-    Nothing is kept per window, so scoring a text of a billion characters at stride 1 costs no more memory than one.
-
-    stride = block_size: windows side by side, as the full validation of a training run; a smaller stride starts a
-    window every stride characters and scores only its last stride targets, each with at least block_size - stride
-    characters of context."""
+    """Windows that score each of ids[1:] once (ids[0] has no context), a batch at a time, nothing kept per window:
+    window k reads ids[begin:end] and predicts ids[begin + 1:end + 1], begin = k x stride, end = begin + block_size
+    (or the text's end), scoring the targets after the previous window's end. stride = block_size: windows side by
+    side (a run's full validation); a smaller stride gives each scored character block_size - stride or more context."""
     n_ids: int
     block_size: int
     stride: int
@@ -146,9 +137,8 @@ class Windows:
         return k * self.stride, end, torch.where(k == 0, 1, before + 1)
 
     def by_length(self, first: int, count: int) -> list[tuple[int, slice]]:
-        """Windows first .. first + count - 1 grouped by length, as (length, their rows of batch()): every window is
-        block_size long but the text's last, which may end sooner, at the text's end. Arithmetic on the host: nothing
-        is read from a tensor."""
+        """Windows first .. first + count - 1 grouped by length, as (length, their rows of batch()): all block_size
+        long but the text's last, which may be shorter. Arithmetic on the host: no tensor is read."""
         rows = min(first + count, len(self)) - first
         last = first + rows - 1
         last_length = min(last * self.stride + self.block_size, self.n_ids - 1) - last * self.stride
@@ -159,9 +149,8 @@ class Windows:
 
 @torch.inference_mode()
 def score(model, ids: torch.Tensor, todo: Windows, batch_size: int, autocast, progress=None) -> tuple[float, int]:
-    """(sum of the cross-entropy over every character the windows score, in nats; how many characters that is). The
-    device is read once, at the end: the batches' shapes are the windows' arithmetic, and the windows score every
-    character but the first exactly once, so the count is known without counting."""
+    """(the summed cross-entropy in nats of the characters the windows score, their count: every one but the first).
+    The device is read once, at the end: the batches' shapes come from the windows' arithmetic (by_length)."""
     model.eval()
     device = next(model.parameters()).device
     total = torch.zeros((), dtype=torch.float64, device=device)

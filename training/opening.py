@@ -1,7 +1,6 @@
 """Opening a run: every check that can fail comes before anything in the folder changes; then the folder is owned,
-the checkpoint to resume is read and checked, the data prepared, the run built (Run: its loader, model, optimizer
-and scaler), and on a CPU its thread count chosen (measured, unless given) and its memory and time estimated before the
-first step, from steps timed at that count."""
+the checkpoint to resume read and checked, the data prepared and the Run built; on a CPU, its memory is checked, its
+thread count chosen and its time estimated before the first step."""
 from __future__ import annotations
 
 import copy
@@ -58,7 +57,7 @@ class Run:
     scaler: torch.amp.GradScaler
     tokens_per_iter: int
     flops_per_token: float
-    phases: Phases  # where this process's time goes
+    phases: Phases
     eval_model: object  # what evaluations call: step_model, or with compile_eval false the model itself
     threads: Threads | None = None  # on a CPU: the thread count and a step's time at it (choose_run_threads)
 
@@ -88,10 +87,9 @@ def check_paths(cfg: TrainConfig) -> None:
 
 
 def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainConfig, Corpus]:
-    """Find the corpus now (downloading a named one), so that the run is named and recorded after the text it
-    really trains on: offline, "shakespeare" falls back to "pystdlib" where fallback allows (a new run on the default
-    corpus and cache), and the config then says pystdlib (a resume later, online, must not switch to Shakespeare).
-    Without --out_dir the run goes to out/<preset>-<corpus>."""
+    """Find the corpus now (downloading a named one), so that the run is named and recorded after the text it really
+    trains on: offline, "shakespeare" falls back to "pystdlib" where fallback allows, and cfg.data then says pystdlib,
+    so that a later resume, online, does not switch texts. Without --out_dir the run goes to out/<preset>-<corpus>."""
     corpus = resolve(cfg.data, default_cache_dir(cfg.cache_dir), say=say, fallback=fallback)
     if cfg.data in NAMED and corpus.name != cfg.data:
         cfg.data = corpus.name
@@ -116,10 +114,8 @@ def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab
 
 
 def same_text(resumed: dict, source: Path, data_named: bool):
-    """prepare()'s check for --resume, before the text is read a second time or any token file is written: where the
-    checkpoint named the text itself (no --data now), the checksum its record holds; then the text has the
-    checkpoint's vocabulary. A run folder or checkpoint may come from someone else: a text it names is only read after
-    it proves to be the one it trained on (check_recorded_text has seen a regular file of the size recorded)."""
+    """prepare()'s check for --resume (its docstring says when it runs): a text the checkpoint names (no --data given)
+    must match its recorded checksum before it is read further, and any text must have the checkpoint's vocabulary."""
     record = resumed.get("data") if isinstance(resumed.get("data"), dict) else {}
 
     def check(sha256: str, vocab: str | None) -> None:
@@ -136,9 +132,9 @@ def same_text(resumed: dict, source: Path, data_named: bool):
 
 
 def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
-    """The text --resume would read because the checkpoint names it (no --data given): opened only if it is a regular
-    file of the size the checkpoint's record gives (data.gate.recorded_size), and then only to take its checksum; a
-    folder, a device, a file of /proc, or a checkpoint without a record of its text is one line asking for --data."""
+    """A checkpoint may come from someone else: the text it names (no --data given) is refused, as one line asking for
+    --data, unless it is a regular file of the recorded size (data.gate.recorded_size), so never a folder, a device, a
+    file of /proc or a text it has no record of; it is then read only for its checksum, which same_text checks."""
     path = Path(data).expanduser()
     record = resumed.get("data") if isinstance(resumed.get("data"), dict) else {}
     if not path.exists():
@@ -188,9 +184,9 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
 
 def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop: StopRequest,
              phases: Phases, corpus: Corpus | None, update: Callable):
-    """Own the folder, read the checkpoint to resume, prepare the data (timed as phases' "data") and build the run;
-    or, for a finished run, the line that says so. Under torchrun rank 0 goes first, and a failure anywhere is one
-    line from rank 0."""
+    """Own the folder, read the checkpoint to resume, prepare the data and build the run: (run, progress, the checkpoint
+    resumed from or None), or for a finished run the line saying so. Under torchrun rank 0 goes first, and a failure
+    on any rank is one line from rank 0."""
     resumed, source, init = None, None, None
     with d.together():
         if d.is_main:
@@ -242,14 +238,14 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
         if not d.is_main:
             with phases.timing("data"):
                 prepared = prepare_data(cfg, log.say, base_vocab=base_vocab, check=check)  # rank 0's, in the cache
-        trained_on = resumed.get("data") if resumed is not None else None  # the corpus's facts, as the run saved them
+        trained_on = resumed.get("data") if resumed is not None else None
         changed = isinstance(trained_on, dict) and trained_on.get("sha256") not in (None, prepared.meta["sha256"])
         if d.is_main and changed:
             log.say(f"note: the text of {prepared.meta['source']} is not the text step {resumed['iter']} was trained "
                     f"on (its checksum differs); the run goes on with this text, so it will not match an uninterrupted "
                     f"run")
         rt = setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
-        refuse_if_too_big(cfg, rt, stop.saved)  # on a CPU the system would end the process, wordlessly
+        refuse_if_too_big(cfg, rt, stop.saved)
         try:
             run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init, phases)
         except (RuntimeError, KeyError, ValueError, TypeError) as err:
@@ -285,9 +281,8 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
     progress = checkpoint.restore(run, resumed, d) if resumed is not None else Progress()
 
     def wrap(module: torch.nn.Module) -> torch.nn.Module:
-        # The model's only buffers are the rotary tables, computed alike in every process: nothing for DDP to
-        # broadcast from rank 0 before every forward (its default). Newer torch names that switch
-        # forward_sync_buffers and warns at the older name; older torch knows only broadcast_buffers.
+        # The only buffers are the rotary tables, alike in every process: DDP need not broadcast them before each
+        # forward. Older torch calls this switch broadcast_buffers; newer, forward_sync_buffers (warning at the old).
         no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
                    else {"broadcast_buffers": False})
         return DDP(module, device_ids=[d.local_rank] if rt.device_type == "cuda" else None,
@@ -304,9 +299,8 @@ def optimizer_for(model: GPT, cfg: TrainConfig, rt: Runtime):
 
 
 def graft(model: GPT, weights: dict) -> None:
-    """A trained model's weights into a model with the same architecture and the same or a longer vocabulary (a
-    fine-tuning run): the trained rows of the token embedding (and of an untied output head) are copied, and each
-    new character's row starts as the mean of the trained rows, an average character, rather than noise."""
+    """Load a trained model's weights into model, whose vocabulary may be longer (fine-tuning): each new character's
+    row of the token embedding (and of an untied head) starts as the trained rows' mean, an average character."""
     own = model.state_dict()
     weights = dict(weights)
     for name in ("wte.weight", "lm_head.weight"):
@@ -347,9 +341,8 @@ GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
 CPU_PRESET = "shakespeare_char_cpu"  # the preset a slow run on a CPU suggests
 
 
-# The memory one training step's activations take on a CPU, in bytes per batch_size x block_size x n_embd x n_layer:
-# what a forward and backward add to the peak resident memory (rotary positions, fused attention), rounded up from
-# the figures measured (docs/speed.md).
+# What a forward and backward add to a CPU process's peak resident memory, in bytes per batch_size x block_size x
+# n_embd x n_layer (rotary positions, fused attention), rounded up from the figures in docs/speed.md.
 ACTIVATION_BYTES = {torch.bfloat16: 80, torch.float32: 110}
 # The explicit attention path (--attention explicit, and the additive form, which has no fused kernel) also keeps each
 # layer's attention weights, batch_size x n_head x block_size², about this many bytes each beyond the figures above.
@@ -358,10 +351,9 @@ PARAMETER_BYTES = 16  # a float32 weight, its gradient and two optimizer moments
 
 
 def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
-    """On a CPU, a run whose model and training step need more memory than the machine has free is refused before
-    it is tried: there the system ends the process when memory runs out (exit 137, "Killed"), and no error reaches
-    Python to name the fix (on a GPU it does: see report.out_of_memory). Every process of the machine needs its own.
-    The blocks' weights are 12 x n_layer x n_embd² (the embeddings are left out: small beside them)."""
+    """On a CPU, refuse a run whose model and training step need more memory than is free: there the system kills the
+    process (exit 137, "Killed") and no error reaches Python to name the fix (on a GPU one does: report.out_of_memory).
+    The blocks' weights are 12 x n_layer x n_embd² (the embeddings, small beside them, are left out)."""
     free = free_memory() if rt.device_type == "cpu" else None
     layers = max(cfg.n_layer, 1)
     activation_bytes = ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32])
@@ -369,7 +361,7 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
             + PARAMETER_BYTES * 12 * cfg.n_layer * cfg.n_embd ** 2)
     if cfg.attention == "explicit" or not FORMS[cfg.attention_score].fused:
         need += WEIGHT_BYTES * cfg.batch_size * cfg.n_head * cfg.block_size ** 2 * cfg.n_layer
-    need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: the processes on this machine
+    need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: every process on this machine needs its own
     if free is not None and need > free:
         figures = f" (it would need about {need / 2**30:.1f} GiB; this machine has {free / 2**30:.1f} GiB free)"
         raise UserError(out_of_memory(cfg, saved, figures))
@@ -388,18 +380,15 @@ class Estimate:
         return self.steps + self.evaluations + self.full_validation
 
 
-# A micro-batch of more FLOPs than this (a second or more on a CPU) is timed on one window, the time scaled to the batch.
+# Past this many FLOPs ProbeStep times one window of a micro-batch and scales the time, so the estimate comes quickly.
 PROBE_FLOPS = 1e11
 
 
 class ProbeStep:
-    """A training step timed without touching the run: forward, backward and the optimizer's update on a copy of
-    the run's model with an optimizer of its own, over the first validation batch, in eval mode (no dropout mask is
-    drawn). The run's weights, optimizer state, random streams and batches stay as they were, so a run that times
-    its steps trains exactly as one that does not. Calling it returns the seconds of one of the run's steps (its
-    grad_accum_steps micro-batches). A large model (a micro-batch over PROBE_FLOPS) is timed on one window and the
-    time scaled to the batch, so that its estimate comes within seconds, not after whole steps of a minute. update is
-    the training step's own (train.py's update(): clip, step, clear), handed down since train.py sits above this."""
+    """A training step timed on a copy of the run's model with an optimizer of its own, over the first validation batch,
+    in eval mode (no dropout mask drawn): the run's weights, optimizer state, random streams and batches are untouched,
+    so a run that times its steps trains exactly as one that does not. Calling it returns one run step's seconds (see
+    PROBE_FLOPS). update is train.py's update() (clip, step, clear), passed in since train.py imports this module."""
 
     def __init__(self, run: Run, update: Callable):
         self.rt, self.cfg, self.update = run.rt, run.cfg, update
@@ -421,9 +410,8 @@ class ProbeStep:
 
 
 def choose_run_threads(run: Run, explicit: set[str], d: Dist, update: Callable) -> Threads:
-    """A CPU run's thread count (training.device.choose_threads), with a step timed at it for the estimate (rank 0).
-    Recorded in the run (its config's num_threads, in every checkpoint and summary.json), so that a resume goes on
-    with the count the run began with, as --num_threads would: the count changes a run's last digits."""
+    """A CPU run's thread count (training.device.choose_threads), with a step timed at it on rank 0 for the estimate.
+    Kept in cfg.num_threads (saved with the run), so a resume goes on at it: the count changes a run's last digits."""
     cfg = run.cfg
     threads = choose_threads(cfg.num_threads, ProbeStep(run, update) if d.is_main else None, timed=True)
     if threads.why == "asked" and cfg.resume and "num_threads" not in explicit:
@@ -461,10 +449,9 @@ def durations(low: float, high: float) -> str:
 
 
 def say_estimate(run: Run, progress: Progress, log: Log) -> None:
-    """On a CPU, before the first step: how long the command will take in all, from the steps timed at the run's
-    thread count (the range of their times: on a busy machine they vary), and where the time goes. A run that will
-    take long says so as a note, with the flags that cut its largest parts (a preset made for a CPU only where
-    another preset runs; a thread count that was given, not measured, where it is more than one). The range is kept (Phases.expected) for the command's last line, beside the real time."""
+    """On a CPU, before the first step: how long the command will take, a range over the steps timed (on a busy machine
+    they vary; kept in Phases.expected for the last line), and where the time goes; past SLOW_RUN_SECONDS, as a note
+    with the flags that would cut its largest parts."""
     if run.threads is None or not run.threads.steady or progress.it >= run.cfg.max_iters:
         return
     cfg, steady, so_far = run.cfg, run.threads.steady, run.phases.so_far()
@@ -483,7 +470,7 @@ def say_estimate(run: Run, progress: Progress, log: Log) -> None:
     if so_far + middle.total < SLOW_RUN_SECONDS:
         log.say(f"this run: {expected} in all ({what})")
         return
-    fixes = [fix for _, _, fix in sorted(parts, key=lambda part: -part[0])[:2]]  # the two largest costs
+    fixes = [fix for _, _, fix in sorted(parts, key=lambda part: -part[0])[:2]]
     if cfg.config_name != CPU_PRESET:
         fixes.insert(0, f"--config {CPU_PRESET}")
     if run.threads.why != "measured" and run.threads.count > 1:  # a busy machine: one thread can be many times faster

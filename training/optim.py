@@ -1,6 +1,5 @@
 """The optimizers and their schedule: AdamW with weight decay on matrices only, or Muon for the hidden matrices plus
-AdamW, each stepping only when the gradients are finite; and the learning rate at each step (a linear warm-up, then a
-cosine or warm-up-stable-decay fall to min_lr)."""
+AdamW, each stepping only on finite gradients; and the learning rate at each step (warm-up, then cosine or wsd)."""
 from __future__ import annotations
 
 import math
@@ -41,14 +40,10 @@ def warmup_note(cfg: TrainConfig, it: int) -> str:
 # ---- the optimizers --------------------------------------------------------------------------------------------------
 def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,
                         betas: tuple[float, float], device_type: str, kind: str = "adamw", muon_dtype: str = "auto"):
-    """AdamW; weights of 2 or more dimensions decay, biases and LayerNorm gains do not.
-
-    The fused implementation (one kernel for all parameters) on CUDA and CPU, where it is the faster one.
-
-    kind "muon": the weight matrices inside the blocks go to torch.optim.Muon (momentum, then orthogonalised by
-    Newton-Schulz iterations), with its learning rate scaled to match AdamW's update size, so the same
-    learning_rate and schedule serve both; embeddings, biases and norms stay with AdamW. muon_dtype: the precision of
-    its Newton-Schulz iterations (auto: newton_schulz_dtype's rule)."""
+    """AdamW, fused (one kernel for all parameters) on CUDA and CPU, where that is faster; weights of 2 or more
+    dimensions decay, biases and LayerNorm gains do not. kind "muon": the blocks' weight matrices go to Muon instead,
+    its learning rate scaled to AdamW's update size so that one learning_rate and schedule serve both; the rest stays
+    with AdamW. muon_dtype: see newton_schulz_dtype."""
     fused = device_type in ("cuda", "cpu")
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]  # a tied weight is listed once
     hidden = [p for name, p in named if kind == "muon" and name.startswith("blocks.") and p.dim() == 2]
@@ -65,10 +60,8 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
 
 
 def newton_schulz_dtype(device_type: str, choice: str = "auto") -> torch.dtype:
-    """The precision of Muon's Newton-Schulz iterations: choice ("float32" or "bfloat16"), or for "auto" bfloat16, as
-    torch.optim.Muon does, where the device has it in hardware (--dtype auto's rule, training.device.native_bfloat16),
-    and float32 where PyTorch emulates bfloat16 products (a CPU without bfloat16 units, a V100 or T4), many times slower
-    than float32 ones (docs/speed.md)."""
+    """The precision of Muon's Newton-Schulz iterations: choice ("float32" or "bfloat16"), or for "auto" bfloat16 (as
+    torch.optim.Muon uses) where native_bfloat16(device_type), else float32: emulated bfloat16 is many times slower."""
     if choice != "auto":
         return getattr(torch, choice)
     return torch.bfloat16 if native_bfloat16(device_type) else torch.float32
@@ -76,9 +69,8 @@ def newton_schulz_dtype(device_type: str, choice: str = "auto") -> torch.dtype:
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon with a choice of dtype for its Newton-Schulz iterations. In bfloat16 on a CPU it computes
-    exactly what torch.optim.Muon computes (the tests check it bit for bit); on a GPU its stacked products (one
-    batched product per shape, where torch's takes one matrix at a time) may round differently. float32 is for devices
-    that only emulate bfloat16, and wherever --muon_dtype float32 asks for it (docs/speed.md compares the two)."""
+    exactly what torch.optim.Muon does (the tests check it bit for bit); on a GPU its batched products (one per shape,
+    where torch's takes one matrix at a time) may round differently."""
 
     def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
         super().__init__(params, **kwargs)
@@ -86,16 +78,13 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, finite: torch.Tensor | None = None) -> None:
-        """One Muon step. With finite (a 0-d bool tensor) the step is taken or not on the device, without the host
-        reading the flag: when it is False every weight and momentum buffer keeps its value exactly.
-
-        Matrices of one shape are updated together: the same arithmetic as one at a time (the tests check it bit for
-        bit against torch.optim.Muon), in as many operations for 6 layers as for 2: on a GPU each operation is a
-        kernel launch."""
+        """One Muon step; with finite (a 0-d bool tensor) taken or not on the device, without the host reading it (where
+        False, every weight and momentum buffer keeps its value exactly). Matrices of one shape are updated together:
+        the same arithmetic as one at a time, in as many operations (GPU kernel launches) for 6 layers as for 2."""
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
-            for p in params:  # the momentum buffers are made at the first step, under torch.optim.Muon's state key (so
-                if "momentum_buffer" not in self.state[p]:  # checkpoints are interchangeable with it)
+            for p in params:  # made at the first step, under torch.optim.Muon's key, so checkpoints are interchangeable
+                if "momentum_buffer" not in self.state[p]:
                     self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
             grads, buffers = [p.grad for p in params], [self.state[p]["momentum_buffer"] for p in params]
             lr, decay = group["lr"], 1 - group["lr"] * group["weight_decay"]
@@ -112,8 +101,7 @@ class Muon(torch.optim.Muon):
 
     def _update_in_place(self, group: dict, params: list, grads: list, buffers: list, decay: float,
                          step_size: float) -> None:
-        """Same-shaped matrices' step, each weight and buffer updated in place (on a CPU, new tensors the size of a
-        stack cost more than the Python calls that in-place updates take)."""
+        """Same-shaped matrices' step, updated in place (on a CPU, cheaper than new tensors the size of a stack)."""
         momentum = group["momentum"]
         torch._foreach_lerp_(buffers, grads, 1 - momentum)  # momentum: an exponential average of gradients
         updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers  # a step ahead
@@ -124,8 +112,7 @@ class Muon(torch.optim.Muon):
 
     def _update_stacked(self, group: dict, params: list, grads: list, buffers: list, decay: float, step_size: float,
                         finite: torch.Tensor) -> None:
-        """The same step computed on stacks and written back only where finite (0-d bool tensor) is True: a dozen
-        device operations for all the matrices of a shape (on a GPU each is a kernel launch), not one per matrix."""
+        """The same step on stacks, kept only where finite (0-d bool tensor) is True: a dozen operations per shape."""
         momentum = group["momentum"]
         grad = torch.where(finite, torch.stack(grads), 0.0)  # no NaN into the arithmetic
         buffer = torch.stack(buffers)
@@ -170,9 +157,8 @@ class AdamW(torch.optim.AdamW):
     """torch.optim.AdamW (same state, same checkpoints) with a step skipped when the gradients are not finite."""
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
-        """step(), or nothing at all when the 0-d bool tensor finite is False: weights, moments and step counts stay
-        exactly as they were. The fused kernel skips by itself, given the flag as torch.amp.GradScaler hands it over,
-        so the host never reads it and a GPU never waits; the unfused one lets the host decide."""
+        """step(), or nothing at all (weights, moments, step counts untouched) when the 0-d bool tensor finite is False.
+        The fused kernel skips by itself, given the flag as GradScaler hands it over, so the host never reads it."""
         if self.defaults.get("fused"):
             self.found_inf = (~finite).float()
             try:

@@ -40,9 +40,8 @@ def save_figure(figure, path: str | Path, option: str) -> None:
 
 
 def loss_figure(losses: dict, title: str):
-    """A run's losses against steps, as they were logged: "train", (step, loss) at each log line (one batch each), and
-    "eval", (step, train loss, validation loss) at each evaluation (eval_iters batches each, the same ones every
-    time). Every point is drawn, as a marker on an unsmoothed line, and the y axis covers every finite point."""
+    """A run's losses against steps: losses["train"] holds (step, loss) per log line (one batch), losses["eval"] (step,
+    train loss, validation loss) per evaluation. Every point is drawn, unsmoothed; the y axis spans the finite ones."""
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
     series = [("train loss (each log line's batch)", losses["train"], 1, "C0", "."),
               ("train loss (evaluation)", losses["eval"], 1, "C2", "s"),
@@ -76,8 +75,7 @@ def save_loss_picture(path: Path, losses: dict, title: str) -> None:
 
 
 def grid_of(n_heads: int) -> tuple[int, int]:
-    """(rows, columns) of the heads' panels: near square, so that a picture shown narrow (TensorBoard's cards scale
-    it to their width) keeps its panels large enough to read; at most 3 columns."""
+    """(rows, columns) of the heads' panels: near square, at most 3 columns: legible in a narrow TensorBoard card."""
     cols = n_heads if n_heads <= 2 else 2 if n_heads <= 4 else 3
     return math.ceil(n_heads / cols), cols
 
@@ -91,13 +89,12 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
     panel = max(PANEL_INCHES, 0.16 * len(text)) if every_label else PANEL_INCHES
     width, height = cols * panel + 0.8, rows * panel
     fig, axes = plt.subplots(rows, cols, figsize=(width, height), dpi=DPI, squeeze=False)
-    # Fixed margins in inches (room for tick labels, axis labels, titles and the colour bar on the right): faster
-    # than matplotlib's constrained layout, which draws the same picture.
+    # Fixed margins in inches, room for the labels, titles and colour bar: faster than constrained layout, same picture.
     fig.subplots_adjust(left=0.45 / width, right=1 - 1.05 / width, bottom=0.5 / height, top=1 - 0.3 / height,
                         wspace=0.2, hspace=0.25)
     from matplotlib.patches import Patch, Rectangle
 
-    labels, families, _ = tick_labels(text)  # characters no font draws: their code points
+    labels, families, _ = tick_labels(text)
     step = 1 if every_label else math.ceil(len(labels) / 20)  # at most 20 tick labels per axis: they never overlap
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # masked cells: see through, to the hatch
     image = None
@@ -129,10 +126,9 @@ def causal_cells(weights: torch.Tensor) -> np.ma.MaskedArray:
 
 class AttentionPictures:
     """A run's attention pictures of its fixed probe text, one per layer, as (height, width, 3) arrays. One figure is
-    laid out and drawn once without its heatmaps, their frames and the panels' titles (the characters, axis labels
-    and colour bar: nearly all of the drawing time); every picture, of any layer, then draws only those parts onto
-    that background, the titles naming its layer. The same pixels as drawing the layer's whole figure (tested), in a
-    fraction of the time. Weights of another shape (other heads, another length) are laid out afresh."""
+    drawn once without its heatmaps, their frames and the panels' titles (the rest is nearly all the drawing time);
+    each picture, of any layer, draws only those onto that background, giving the same pixels as its whole figure
+    (tested). Weights of another shape (other heads, another length) are laid out afresh."""
 
     def __init__(self, text: str):
         self.text = text
@@ -148,8 +144,7 @@ class AttentionPictures:
             redrawn = [artist for ax in heatmaps for artist in redrawn_parts(ax)]
             for artist in redrawn:
                 artist.set_visible(False)
-            # The titles are emptied, not hidden: hidden ones were moved off the figure by the drawing; empty ones
-            # stay at the top of their axes, where the whole figure has them (the pixel test checks it).
+            # Emptied, not hidden: drawing moves a hidden title away; an empty one stays where the whole figure has it.
             for ax in heatmaps:
                 ax.title.set_text("")
             fig.canvas.draw()
@@ -173,14 +168,12 @@ def panel_title(layer: int, head: int) -> str:
 
 
 def redrawn_parts(ax) -> tuple:
-    """What a picture draws again on a heatmap's axes besides its title: the heatmap, then its frame over it, as a
-    whole drawing does."""
+    """What a picture redraws on a heatmap's axes besides the title: the heatmap, then its frame over it."""
     return ax.images[0], *ax.spines.values()
 
 
 def finite_or_refused(weights: list[torch.Tensor], path) -> list[torch.Tensor]:
-    """A script's attention weights, or one line where the model's numbers overflowed (a blank picture or page
-    otherwise)."""
+    """A script's attention weights, or one line where the model's numbers overflowed (else a blank picture or page)."""
     if not all(torch.isfinite(w).all() for w in weights):
         raise UserError(f"{path}: the model's attention weights for this text are not numbers (NaN or inf): its "
                         f"numbers overflow; its weights are damaged or too large to compute with")
@@ -213,8 +206,7 @@ def _charmap(path: str) -> frozenset[int]:
 
 @lru_cache(maxsize=None)
 def _fonts() -> tuple[tuple[str, str], ...]:
-    """(family name, file) of every installed font, matplotlib's own monospaced font first. matplotlib's "Last
-    Resort" font maps every code point to a placeholder box: it draws nothing legible, so it does not count."""
+    """(family, file) of every installed font, BASE first; not "Last Resort", whose placeholder boxes are illegible."""
     entries = {(f.name, f.fname) for f in font_manager.fontManager.ttflist if not f.name.startswith("Last Resort")}
     return tuple(sorted(entries, key=lambda e: (e[0] != BASE, e)))
 
@@ -229,8 +221,8 @@ def _system_font_files() -> tuple[str, ...]:
 
 @lru_cache(maxsize=None)
 def font_for(ch: str) -> str | None:
-    """The first installed font (BASE first) that has a glyph for this character, or None. A font installed after
-    matplotlib listed the fonts is found too, and added to its list so that it can draw."""
+    """The first installed font (BASE first) with a glyph for ch, or None; one installed since matplotlib listed the
+    fonts is found too, and added to its list so that it can draw."""
     found = next((name for name, path in _fonts() if ord(ch) in _charmap(path)), None)
     if found is None:
         path = next((path for path in _system_font_files() if ord(ch) in _charmap(path)), None)

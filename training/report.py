@@ -1,5 +1,5 @@
-"""What a run says and records, from rank 0 only: messages, progress bars, TensorBoard (every tag and the layout,
-here), the log line every log_interval steps, the training clock, where the time went, and the closing lines."""
+"""What a run says and records, from rank 0 only: messages, progress bars, TensorBoard (the layout, and every tag but
+the training loop's, which train.py's StepRecord names), the training clock, where the time went, the closing lines."""
 from __future__ import annotations
 
 import contextlib
@@ -21,35 +21,29 @@ from errors import UserError, in_one_line
 from training.device import sync
 from training.run_folder import BEST, LAST, disk_error
 
-# TensorBoard's Time Series with its smoothing at 0 (a query parameter it reads): a validation loss measured at a few
-# evaluations is otherwise drawn well above its values by the default smoothing of 0.6. forceSVG draws the charts as
-# SVG: a browser without WebGL (a headless or remote one, a GPU switched off) draws their lines only so.
+# TensorBoard's Time Series at smoothing 0 (its default 0.6 draws a validation loss of a few evaluations well above
+# its values), with SVG charts (a browser without WebGL, headless or remote, draws their lines only so).
 TENSORBOARD_URL = "http://localhost:6006/?smoothing=0&forceSVG=true#timeseries"
 # The largest model scripts/attention_html.py puts into its page: every weight as float32 is 16 MB, about 21 MB of page.
 PAGE_MAX_PARAMETERS = 4_000_000
-# TensorBoard's HParams table sorts the settings by name and shows the first five: these five, so the model's shape,
-# learning rate, optimizer and steps are all in view, then the figures.
+# TensorBoard's HParams table shows the first five settings by name: these, so the shape, lr, optimizer and steps show.
 HPARAMS = ("learning_rate", "max_iters", "n_embd", "n_layer", "optimizer")
 
 
 class Log:
-    """The run's voice: messages, the progress bar and TensorBoard events, all from rank 0 only (silent elsewhere).
-    Every TensorBoard tag a run writes is named in this class's methods."""
+    """The run's voice: messages, progress bars and TensorBoard events, from rank 0 only (silent elsewhere)."""
 
     def __init__(self, out_dir: Path, active: bool = True, say=tqdm.write):
         self.out_dir, self.active, self._say = out_dir, active, say
         self.plain = not sys.stderr.isatty()  # a log file: a line per log interval instead of a progress bar
-        # What says a line meant for a log file (where a progress bar's updates run together): None in a terminal,
-        # which has the bar, and on other processes than rank 0. The training loop calls it directly.
-        self.lines = say if self.plain and active else None
+        self.lines = say if self.plain and active else None  # what says those lines (StepLog calls it directly)
         self._writer = None  # opened on first use: a run that writes nothing leaves no event file
         self.wandb = None  # --wandb: the Weights & Biases run that gets what TensorBoard gets (start_wandb)
 
     def start_wandb(self, cfg: TrainConfig) -> None:
-        """--wandb: this session in Weights & Biases too, beside TensorBoard: a run of cfg.wandb_project named and
-        grouped after the run folder (a resumed run's sessions are one group), the settings as its config, then every
-        scalar, sample and picture TensorBoard gets, at the same steps, and the final figures in its summary. Where the
-        wandb package is missing (a run resumed on another machine), a note, and TensorBoard alone."""
+        """--wandb: what TensorBoard gets goes to a Weights & Biases run of cfg.wandb_project too, named and grouped
+        after the run folder (a resumed run's sessions are one group). Without wandb or a login: a note, and
+        TensorBoard alone."""
         if not (cfg.wandb and self.active):
             return
         try:
@@ -71,13 +65,12 @@ class Log:
             self._say(message)
 
     def line(self, message: str) -> None:
-        """A line for a log file (where a progress bar's updates run together); a terminal has the bar."""
+        """A line for a log file, where a progress bar's updates run together; a terminal has the bar."""
         if self.lines is not None:
             self.lines(message)
 
     def task(self, what: str, total: int):
-        """Progress of an evaluation: in a terminal a bar with a time estimate that appears only when it lasts more
-        than 2 s; in a log file a line every 30 s."""
+        """An evaluation's progress: in a terminal a bar shown after 2 s; in a log file a line every 30 s."""
         if self.plain and self.active:
             return PlainProgress(self.say, what, total)
         return tqdm(total=total, desc=what, leave=False, delay=2, dynamic_ncols=True, disable=not self.active)
@@ -92,8 +85,7 @@ class Log:
 
     def layout(self) -> None:
         """TensorBoard's Custom Scalars tab: train and validation loss on one chart, then the speed. Its tags are
-        regular expressions, anchored so that each names one series a run (the full validation is its one point in
-        the Scalars tab's summary/ group)."""
+        regular expressions, anchored so that each names one series."""
         self._write("add_custom_scalars", {
             "loss": {"train and validation loss (nats per character)": ["Multiline", ["^loss/train$", "^loss/val$"]]},
             "speed": {"tokens per second": ["Multiline", ["^perf/tokens_per_sec$"]],
@@ -101,8 +93,7 @@ class Log:
                           ["Multiline", ["^perf/mfu$"]]}})
 
     def writer(self):
-        """TensorBoard's SummaryWriter, for the training loop's scalars (train.py's StepRecord names their tags), or
-        None on other processes than rank 0. A write that fails goes to failed()."""
+        """TensorBoard's SummaryWriter for StepLog's scalars, or None off rank 0; a failed write goes to failed()."""
         self._with_writer(lambda writer: None)
         return self._writer
 
@@ -113,17 +104,16 @@ class Log:
         self._text("samples", text, it)
 
     def attention(self, it: int, layer: int, picture) -> None:
-        """picture: a (height, width, 3) uint8 array. A group that TensorBoard's Time Series (alphabetical) lists after
-        loss/, optim/, perf/, summary/; layers counted from 1, as everywhere a person reads them."""
+        """picture: a (height, width, 3) uint8 array. Its group sorts after loss/, optim/, perf/ and summary/ in Time
+        Series; layers count from 1, as a person reads them."""
         self._write("add_image", f"where_attention_looks/layer_{layer + 1}", picture, it, dataformats="HWC")
         if self.wandb is not None:
             import wandb
             self.wandb.log({f"where_attention_looks/layer_{layer + 1}": wandb.Image(picture)}, step=it)
 
     def final(self, cfg: TrainConfig, summary: dict, step: int) -> None:
-        """The run's settings and final figures for the HParams tab, in the run's own event file (torch's add_hparams
-        would make a second run named after a subfolder), the figures at the final step (not as dots at step 0):
-        summary/ scalars, whose single dots come last in the Scalars tab, after loss."""
+        """The settings and final figures for the HParams tab, in the run's own event file (torch's add_hparams makes
+        a second run in a subfolder); the figures also as summary/ scalars at the final step, listed after loss/."""
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         figures = {"summary/full_val_loss": summary.get("full_val_loss"),
@@ -162,8 +152,7 @@ class Log:
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
                 _quiet_writer_threads()
-                # The event file's name ends in a random suffix: its usual name (time, host, pid) can be guessed,
-                # and TensorBoard opens it following links; nobody can plant a link under an unguessable one.
+                # an unguessable suffix: a link planted at the usual, guessable name (time, host, pid) would be followed
                 self._writer = SummaryWriter(log_dir=str(self.out_dir), filename_suffix=f".{secrets.token_hex(8)}")
             write(self._writer)
         except (OSError, RuntimeError) as err:
@@ -208,8 +197,7 @@ class PlainProgress:
 
 
 def _quiet_writer_threads() -> None:
-    """TensorBoard's writer thread prints a traceback when a write fails, then hands the error to the main thread,
-    which reports it in one line: leave the printing to the main thread."""
+    """No thread prints an OSError's traceback (TensorBoard's writer, on a failed write): the main thread says it."""
     default = threading.excepthook
     if getattr(default, "quiet_for_oserror", False):
         return
@@ -228,8 +216,7 @@ PHASES = ("start-up", "data", "opening", "compilation", "training steps", "evalu
 
 
 def seconds_since_process_start() -> float | None:
-    """How long this process has run (the interpreter's start and the imports included), where the system says
-    (Linux's /proc); None elsewhere."""
+    """Seconds this process has run, the interpreter's start and the imports included, from Linux's /proc; else None."""
     try:
         after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time, in ticks since boot
@@ -239,8 +226,8 @@ def seconds_since_process_start() -> float | None:
 
 
 def compile_seconds() -> float:
-    """Seconds torch.compile has spent in this process so far, by dynamo's own account (tracing, and building the
-    forward and backward graphs' kernels, cache lookups included); 0 if dynamo was never imported."""
+    """Seconds torch.compile has spent in this process (tracing, building kernels, cache lookups), by dynamo's own
+    account; 0 if dynamo was never imported."""
     utils = sys.modules.get("torch._dynamo.utils")
     try:
         return float(utils.calculate_time_spent().get("total_wall_time", 0.0)) if utils is not None else 0.0
@@ -249,9 +236,7 @@ def compile_seconds() -> float:
 
 
 class Phases:
-    """Seconds per phase of the whole command (start-up, data, opening, compilation, training steps, evaluations,
-    samples and pictures, checkpoints, full validation), from `started` (perf_counter) on; start-up is what came
-    before. For the closing line and summary.json."""
+    """Seconds per phase of the whole command (PHASES), from `started` (perf_counter) on; start-up came before it."""
 
     def __init__(self, start_up: float | None = None):
         self.started = time.perf_counter()
@@ -299,10 +284,9 @@ class Phases:
 
 
 class TrainClock:
-    """The training clock: it runs only during training steps (evaluations, samples, pictures, checkpoints and
-    torch.compile's work are not training), so tokens/s and MFU describe the steps alone; it also times a session's
-    first step on its own. It starts running when made. Training seconds so far, every session's: trained +
-    (time.perf_counter() - started) while it runs (the training loop reads them so at each log line)."""
+    """The training clock: it runs, from when it is made, only during training steps (not evaluations, samples,
+    pictures, checkpoints or compilation), so that tokens/s and MFU describe the steps alone. While it runs, the
+    training seconds so far (every session's) are trained + time.perf_counter() - started."""
 
     def __init__(self, it: int, train_seconds: float, device: torch.device, phases: Phases):
         self.device, self.phases = device, phases
@@ -311,8 +295,7 @@ class TrainClock:
         self.first_step = it + 1
 
     def pause(self) -> float:
-        """End the stretch since the last start (waiting for the device first); its compilation goes to the phase
-        of that name. Returns the training seconds so far."""
+        """Wait for the device and end the stretch since the last start; returns the training seconds so far."""
         sync(self.device)
         compiling = compile_seconds() - self.compiled
         stretch = time.perf_counter() - self.started - compiling
@@ -326,8 +309,7 @@ class TrainClock:
         self.started, self.compiled = time.perf_counter(), compile_seconds()
 
     def first_step_done(self) -> None:
-        """This session's first step is done (cuDNN's and cuBLAS's set-up on a GPU, and compiling the training graph,
-        are in it): it is timed alone, with one wait for it, and what it spent compiling leaves the running stretch."""
+        """Time this session's first step alone (cuDNN's and cuBLAS's set-up are in it), its compiling left out."""
         sync(self.device)
         compiling = compile_seconds() - self.compiled
         self.started += compiling
@@ -358,8 +340,7 @@ def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
 
 
 def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str = "") -> str:
-    """What a run stopped by a request says: where its step is saved and the command that goes on (with advice's
-    flags, such as the fewer threads a slowdown note advised)."""
+    """The line of a run a stop request ended: where its step is saved, and the resume command with advice's flags."""
     resume = f"python train.py --out_dir {shlex.quote(str(folder))} --resume" + (f" {advice}" if advice else "")
     if in_final_validation:
         return f"stopped during the final validation; step {it} is saved in {folder / LAST}. Finish it with: {resume}"
@@ -367,8 +348,7 @@ def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str =
 
 
 def overfitting_line(evaluations: list, best_step: int) -> str:
-    """The warning of a run whose validation loss rises while its training loss falls (training.evaluation's
-    overfitting), with its figures and what to try."""
+    """The warning for a run that began overfitting (evaluation.began_overfitting): its figures, what to try."""
     last = evaluations[-3:]
     steps = ", ".join(str(step) for step, _, _ in last)
     train = " -> ".join(f"{loss:.3f}" for _, loss, _ in last)
@@ -380,11 +360,9 @@ def overfitting_line(evaluations: list, best_step: int) -> str:
 
 
 def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[str]:
-    """What a finished run says: its steps and time, which step's model it hands over and that model's figures, and
-    the last step's validation estimate beside it."""
+    """What a finished run says: steps, training time, the model it hands over and its figures, the last val loss."""
     it, step = summary["iterations"], summary["model_step"]
-    # The training steps' time, every session's for a resumed run. The whole command's time is one figure, on the
-    # line after these (where the time went: "... s since the command started"), and no other line gives a total.
+    # training time only: the whole command's is Phases.line()'s, on the line after these, and no other line has one
     lines = [f"done: {it} steps, {summary['train_seconds']:.1f} s of training steps"
              + (" in all its sessions" if cfg.resume else "")]
     if summary["stopped_early"]:

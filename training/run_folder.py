@@ -4,19 +4,15 @@ of every file a run or a script writes.
 
 States: empty (a new run starts) -> running (locked by its owner) -> stopped (ckpt_last.pt, resumable) -> finished
 (ckpt_last.pt at max_iters and summary.json). A folder with only ckpt_best.pt can be continued from it; one with only
-the logs of a run that saved no checkpoint can only be replaced. --overwrite sets the old run aside in .replaced/ and
-deletes it only once the new run has something better to keep (an evaluation after step 0, or its end); a stop
-before that puts the old run back, and after a crash the folder's next owner does. The replacing run writes a record
-into .replaced/ before it moves anything (the names and sizes it sets aside, and the identities of the run folder and
-of .replaced/ itself, which no copy or planted folder carries: data.gate.proven_record); an old run is put back only
-when that record proves itself, matches what .replaced/ holds, and the folder holds nothing but an untrained
-replacement (no summary, no checkpoint past step 0), whose files are then moved into a folder named with the time,
-never deleted. Anything else there is one line and exit 2, every file kept: a folder's word alone never moves or
-deletes a file.
+the logs of a run that saved no checkpoint can only be replaced. --overwrite sets the old run aside in .replaced/
+(set_aside) and deletes it only once the new run has something better to keep: an evaluation after step 0, or its
+end. A stop before that puts the old run back, and after a crash the folder's next owner does (put_back), where the
+record written before anything moved proves it; anything else is one line and exit 2, every file kept: a folder's
+word alone never moves or deletes a file.
 
 A run folder may come from someone else, so nothing in it is trusted to be what its name says: the lock is opened
-without following a link, and a folder holding a link, or a device or pipe, among the entries a run reads or writes is
-refused before anything changes. Every file written into it is written whole under a new name (write_atomic)."""
+without following a link; a link, device or pipe among the entries a run reads or writes is refused before anything
+changes; and every file is written whole under a new name (write_atomic)."""
 from __future__ import annotations
 
 import contextlib
@@ -41,12 +37,11 @@ LOSS_PICTURE = "loss.png"  # the run's losses, every point, drawn at its end
 ASIDE = ".replaced"  # where --overwrite keeps the old run until the new one has something better
 
 LOCK = ".lock"
-DISCARDED = ".replaced.discarded"  # .replaced renamed (instantly) before it is deleted, so a crash mid-way is no undo
+DISCARDED = ".replaced.discarded"  # .replaced renamed before it is deleted: a deletion cut short is never put back
 CHECKPOINTS = (LAST, BEST)
 LOGS = ("summary.json", LOSS_PICTURE, "events.out.tfevents.*")
 RECORD = "set_aside.json"  # in .replaced/: what the replacing run moved there, written before it moves anything
-# The names of the temporary files a run writes into its folder (write_atomic: NAME.tmp-XXXXXXXX);
-# only these are removed as leftovers, never another file whose name happens to hold ".tmp-".
+# The temporary files write_atomic makes in a run folder (NAME.tmp-XXXXXXXX): the only ones removed as leftovers.
 OWN_TEMPORARY = re.compile(r"(ckpt_last\.pt|ckpt_best\.pt|summary\.json|loss\.png)\.tmp-[a-z0-9_]{8}")
 
 
@@ -56,9 +51,8 @@ def command_line() -> str:
 
 
 def open_lock(path: Path, create: bool) -> int:
-    """The lock file's descriptor, opened without following a link (O_NOFOLLOW) or waiting on a pipe (O_NONBLOCK);
-    anything but a plain file with one name is refused: a link or a second name (a hard link) would let the owner's
-    note overwrite a file outside the folder."""
+    """The lock file's descriptor. A link, a hard link or anything but a plain file is refused, since the owner's note
+    would overwrite a file outside the folder through it; O_NONBLOCK: a pipe there never blocks the open."""
     flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o644)
@@ -108,8 +102,8 @@ class RunDir:
 
     # ---- ownership ------------------------------------------------------------------------------------------
     def claim(self, say=print, resume: bool = False) -> "RunDir":
-        """Become the folder's only owner, or refuse at once, touching nothing, naming the process that owns it.
-        The owner then clears what earlier owners left half done."""
+        """Own the folder, or refuse at once, touching nothing, naming its owner; then clear up what earlier owners left
+        half done."""
         if resume and not self.path.exists():
             self.resume_from()  # says there is nothing to resume, without creating the folder
         if self.path.exists() and not self.path.is_dir():
@@ -165,7 +159,7 @@ class RunDir:
                     raise UserError(planted(path, "a folder where the run keeps a file"))
 
     def _real_folder(self, path: Path) -> bool:
-        """path is a folder itself, not a link to one; anything else there is refused."""
+        """True where path is a folder itself, False where nothing is there; a link or anything else is refused."""
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
@@ -178,7 +172,7 @@ class RunDir:
         for stale in self.path.iterdir():  # a write cut short; only the owner may remove these, and only its own
             if OWN_TEMPORARY.fullmatch(stale.name) and stale.is_file() and not stale.is_symlink():
                 stale.unlink(missing_ok=True)
-        if self._real_folder(self.path / DISCARDED):  # an old run whose deletion was cut short
+        if self._real_folder(self.path / DISCARDED):
             self._delete_recorded(self.path / DISCARDED)
         for making in self.path.glob(f"{ASIDE}.tmp-*"):  # a .replaced/ cut short before it was named: its record
             if making.is_dir() and not making.is_symlink() and {p.name for p in making.iterdir()} <= {RECORD}:
@@ -193,15 +187,13 @@ class RunDir:
 
     # ---- replacing a run ------------------------------------------------------------------------------------
     def set_aside(self) -> bool:
-        """Move the old run's files into .replaced/ (renames: instant, nothing copied), after writing there the
-        record of what moves, with the identities that prove it was written for this folder. True if there were
-        any."""
+        """Move the old run's files into .replaced/ by renames, after writing there the record of what moves and the
+        identities that prove it was written for this folder (data.gate.proven_record). True if there were any."""
         old = self.checkpoints() + self.logs()
         if not old:
             return False
         moved = {path.name: path.stat().st_size for path in old}
-        # .replaced/ appears with its record already in it (made under another name, then renamed: the rename keeps
-        # its identity): a crash at any moment leaves no .replaced/ without one
+        # made under another name, then renamed (keeping its identity): never a .replaced/ without its record
         making = Path(tempfile.mkdtemp(dir=self.path, prefix=f"{ASIDE}.tmp-"))
         record = {"set_aside": moved, "folder": gate.identity(self.path), "aside": gate.identity(making)}
         write_text_atomic(making / RECORD, json.dumps(record, indent=1) + "\n", "the --overwrite record")
@@ -217,10 +209,8 @@ class RunDir:
         return self._real_folder(self.path / ASIDE)
 
     def recorded_aside(self, folder: Path) -> tuple[dict[str, int] | None, str]:
-        """(the names and sizes a replacing run moved into folder, "") when its record proves that it was written for
-        this folder and this keep-aside (data.gate.proven_record), names only a run's own files, and matches what
-        folder holds (each file moved, or not yet moved and still in the run folder, of its recorded size; nothing
-        else in folder); else (None, why)."""
+        """(the names and sizes moved into folder, "") where its record is proven (data.gate.proven_record) and folder
+        holds only the files it lists, each there or not yet moved, of its recorded size; else (None, why)."""
         moved, why = gate.proven_record(folder / RECORD, self.path, self._own_name)
         if moved is None:
             return None, why
@@ -242,9 +232,9 @@ class RunDir:
         return name in CHECKPOINTS + ("summary.json", LOSS_PICTURE) or own_log
 
     def put_back(self) -> Path | None:
-        """The old run back in the folder, and the replacement's checkpoints and logs moved aside into a folder named
-        with the time (returned; None where it had none), only where the record proves an --overwrite of this folder
-        was cut short before its replacement had anything to keep; else one line, nothing moved."""
+        """The old run back, and the replacement's checkpoints and logs moved into a folder named with the time
+        (returned; None where it had none), only where recorded_aside proves the keep-aside and the replacement is
+        untrained (no summary.json, no checkpoint past step 0); else one line, nothing moved."""
         aside = self.path / ASIDE
         moved, why = self.recorded_aside(aside)
         if moved is None:
@@ -285,8 +275,7 @@ class RunDir:
 
     @staticmethod
     def _step_of(path: Path) -> int | None:
-        """The step of a checkpoint, read through the gate (its zip listing first, unpickled without code, its tensors
-        left on disk); None when it cannot be read."""
+        """A checkpoint's step, read through the gate (data.gate.read_checkpoint); None when it cannot be read."""
         try:
             state, _ = gate.read_checkpoint(path)
             return state["iter"] if isinstance(state, dict) and type(state.get("iter")) is int else None
@@ -302,8 +291,7 @@ class RunDir:
         return True
 
     def replace_old_run(self, say) -> str | None:
-        """--overwrite of a folder that holds a run: set it aside and say so. Returns what a stop request does from
-        now on instead of saving (it puts the old run back); None when there was nothing to replace."""
+        """--overwrite: set the old run aside, said; returns what a stop now does instead of saving (None: no run)."""
         if not self.set_aside():
             return None
         say(f"--overwrite: the run in {self.path} is kept aside until this one's first evaluation after step 0; a "
@@ -311,16 +299,14 @@ class RunDir:
         return "putting back the run that --overwrite is replacing (this run has not saved anything to keep)"
 
     def keep_new_run(self, say, step: int) -> bool:
-        """The new run has something better to keep than its untrained start (an evaluation after step 0, or its
-        end), so the run it replaces is deleted now, said once. True if there was one."""
+        """The new run has something to keep: delete the run it replaces, said once. True if there was one."""
         if not self.discard_aside():
             return False
         say(f"--overwrite: the run this one replaces is deleted now (this run's step {step} is saved in {self.path})")
         return True
 
     def give_back(self, say, step: int) -> bool:
-        """A stop before the new run had anything to keep: the run it was replacing is put back and the new one's
-        files moved apart, said. True if so (False: nothing is set aside, the stopped run is the one to save)."""
+        """A stop before the new run had anything to keep: put_back, said. False: nothing set aside, save this run."""
         if not self.aside_pending():
             return False
         kept = self.put_back()
@@ -330,10 +316,8 @@ class RunDir:
         return True
 
     def _delete_recorded(self, folder: Path) -> None:
-        """An old run whose deletion its replacing run decided (DISCARDED), or a record whose keep-aside was never
-        named: the files its record names are deleted, then the record, then the folder, only where the record
-        proves it was written for this folder and that keep-aside (data.gate.proven_record) and the folder holds
-        nothing it does not name; else one line, nothing deleted."""
+        """Delete folder (DISCARDED, or a keep-aside cut short before it was named): its files, record and itself, only
+        where the record is proven (data.gate.proven_record) and names every file there; else one line, nothing gone."""
         moved, why = gate.proven_record(folder / RECORD, self.path, self._own_name)
         present = {entry.name for entry in os.scandir(folder) if entry.name != RECORD}
         plain = all(entry.is_file(follow_symlinks=False) for entry in os.scandir(folder))
@@ -368,10 +352,8 @@ class RunDir:
                         f"to start a new run")
 
     def check_new_run(self, overwrite: bool, say=print) -> None:
-        """A new run needs an empty folder or --overwrite; the message says what the folder holds and the ways on.
-        A folder holding only the TensorBoard events of a run that stopped before its first checkpoint (Ctrl-C at
-        once, a closed pipe) is taken as it is: those events move into a folder of their own, where TensorBoard
-        still shows them as a run of their own."""
+        """A new run needs an empty folder or --overwrite, else one line saying what is there and the ways on. Events
+        alone (of a run stopped before its first checkpoint) move to a folder of their own, which TensorBoard shows."""
         if overwrite:
             return
         events = [path for path in self.path.glob("events.out.tfevents.*") if path.is_file()]
@@ -405,8 +387,7 @@ def disk_error(err: BaseException) -> str:
 
 
 class _Recording:
-    """A file whose failed write keeps its OSError: torch.save reports a full disk as 'unexpected pos 320512 vs
-    320404', the error it got from write() lost; the message names the real reason."""
+    """A file that keeps a failed write's OSError, which torch.save hides behind its own, so the message names it."""
 
     def __init__(self, file: BinaryIO):
         self.file, self.error = file, None
@@ -418,7 +399,7 @@ class _Recording:
             self.error = err
             raise
 
-    def __getattr__(self, name: str):  # flush, fileno, tell, seek, ...: the file's own
+    def __getattr__(self, name: str):
         return getattr(self.file, name)
 
 
@@ -435,12 +416,11 @@ class WriteFailed(UserError):
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, option: str = "--out_dir") -> None:
-    """Call write(file) on a temporary file beside path, flush it to disk, then rename it over path.
-
-    A full disk, a signal or a crash leaves the previous file exactly as it was and no temporary file behind. The
-    temporary file is new, made with O_EXCL under a name nobody can guess (mkstemp): a link planted in a shared folder
-    cannot send the bytes elsewhere, and the rename replaces a link at path rather than writing through it. option:
-    the flag that chose the place (named in the fix)."""
+    """Call write(file) on a temporary file beside path, flush it to disk, then rename it over path: a full disk, a
+    signal or a crash leaves the previous file as it was (the temporary file is removed; after a crash, by the run
+    folder's next owner). The temporary file is new, made with O_EXCL under a name nobody can guess (mkstemp), so a
+    link planted in a shared folder cannot send the bytes elsewhere, and the rename replaces a link at path rather
+    than writing through it. option: the flag that chose the place (named in the fix)."""
     tmp = None
     try:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.tmp-")
@@ -478,8 +458,7 @@ def write_text_atomic(path: Path, text: str, what: str, option: str = "--out_dir
 
 
 def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:
-    """A file the command will write at its end: its folder must exist and it must not be a folder, checked first,
-    so a long computation never ends in a traceback."""
+    """A file the command writes at its end, checked first so that a long computation never ends in a traceback."""
     target = Path(path)
     if suffixes and target.suffix.lower() not in suffixes:
         raise UserError(f"{option} {path}: the file name must end in one of {', '.join(suffixes)}")
@@ -496,11 +475,9 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
 # ---- the checkpoint a script reads -----------------------------------------------------------------------------------
 def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
          say: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> Path:
-    """The checkpoint a script should read: --ckpt FILE, else the first of names in the run folder (by default the
-    run's model, ckpt_best.pt: the lowest validation loss it measured; ckpt_last.pt only where there is none); with
-    neither, the newest finished or stopped run in out/ (where train.py puts runs; one still training is passed
-    over), so the command after `python train.py` needs no folder name, which depends on the corpus the run could
-    reach: which run, and why, is said."""
+    """The checkpoint a script reads: --ckpt FILE, else the first of names in out_dir (by default ckpt_best.pt, the
+    lowest validation loss, then ckpt_last.pt); with neither, the newest run in out/ not still training, said, so
+    the command after `python train.py` needs no folder name (which depends on the corpus the run could reach)."""
     if ckpt:
         return Path(ckpt)
     if not out_dir:
@@ -546,9 +523,8 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
 
 
 def newest_run(parent: Path, names: tuple[str, ...]) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The run folder in parent whose model (any of names) was written last among those no process holds (finished
-    or stopped), or None; and the folders with a model that a process holds (still training), each with its owner
-    ('process PID (its command)'), newest first."""
+    """The folder in parent with the newest model (any of names) that no process holds, or None; and the folders
+    with a model that a process holds (still training), newest first, each with its holder()."""
     try:
         found = sorted(((max((p / name).stat().st_mtime for name in names if (p / name).is_file()), p)
                         for p in parent.iterdir() if any((p / name).is_file() for name in names)), reverse=True)

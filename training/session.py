@@ -1,7 +1,6 @@
 """The training run in this process, as one object (Session): the run, its state (Progress, which the loop advances),
-its folder, log, stop request and ranks; what the loop asks of it besides a step (save, evaluate and record, the
-clock); the end of a finished run (its best model handed over and fully validated, summary.json); and the stop
-request itself (Ctrl-C, SIGTERM, SIGHUP, a closed output)."""
+folder, log, stop request and ranks; what the loop asks of it besides a step (evaluate, save, the clock); the end of a
+finished run (its best model handed over and fully validated, summary.json); and the stop request (StopRequest)."""
 from __future__ import annotations
 
 import contextlib
@@ -51,13 +50,12 @@ class Session:
         return self.clock
 
     def pause_clock(self) -> None:
-        """The steps pause (an evaluation, or the end): their seconds so far count as training."""
+        """Stop the clock for an evaluation or the end; progress keeps the training seconds so far."""
         self.progress.train_seconds = self.clock.pause()
 
     def evaluate(self) -> dict[str, float] | None:
-        """The quick estimate of both splits at this step; then (rank 0) the sample, the pictures and the checkpoints.
-        None when a stop request came during it (resuming does it again: it reads batches of its own, so the training
-        stream is where it was)."""
+        """Estimate both splits' loss at this step; rank 0 then records it and saves the checkpoints. None if a stop
+        request came during it: a resume redoes it (its batches are its own, so the training stream is untouched)."""
         run, progress, cfg = self.run, self.progress, self.cfg
         batches = run.batches.num_evaluation_batches(cfg.eval_iters)  # on each rank
         with self.log.task(f"evaluating at step {progress.it}", batches) as progress_bar, \
@@ -84,8 +82,7 @@ class Session:
         return losses
 
     def slowdown_watch(self) -> SlowdownWatch | None:
-        """On a CPU (rank 0), the watch on steps that slow down several-fold, against the steps timed before the
-        first one (training.device.SlowdownWatch)."""
+        """Rank 0 on a CPU: a device.SlowdownWatch against the steps timed before training; None elsewhere."""
         threads = self.run.threads
         if threads is None or not threads.steady or not self.d.is_main:
             return None
@@ -98,9 +95,8 @@ class Session:
         return self.stop.requested
 
     def save(self, name: str) -> None:
-        """A checkpoint of this moment (rank 0's work), written atomically. One that cannot be written while an
-        --overwrite's old run waits in .replaced/ (a full disk at the new run's first save) puts that run back at once,
-        and the line says so."""
+        """Rank 0: checkpoint `name` of this moment, written atomically. If it cannot be written while an --overwrite's
+        old run waits in .replaced/ (a full disk at the first save), that run is put back and the UserError says so."""
         try:
             with self.run.phases.timing("checkpoints"):
                 checkpoint.save(checkpoint.capture(self.run, self.progress), self.run_dir.path / name)
@@ -132,8 +128,8 @@ class Session:
         return False
 
     def close_log(self) -> None:
-        """The event file written whole before an --overwrite is undone (its writer creates the file lazily), so that
-        it moves apart with the replacing run's other files; a disk too full to take it is no reason to stop there."""
+        """Close the log before an --overwrite is undone, so that its lazily created event file moves apart with this
+        run's other files; a disk too full to take it does not stop the undoing."""
         with contextlib.suppress(UserError):
             self.log.close()
 
@@ -143,8 +139,7 @@ class Session:
             self.stop.ending = None
 
     def record(self, losses: dict) -> None:
-        """Rank 0: the losses, a generated sample and attention maps to TensorBoard. A stop request while the sample
-        is drawn ends the sample there (it is not logged); the evaluation's checkpoints are saved as usual."""
+        """Rank 0: the losses, a sample and attention maps to TensorBoard; a stop request while sampling drops it."""
         run, cfg, it = self.run, self.cfg, self.progress.it
         self.log.evaluation(it, losses)
         with run.phases.timing("samples and pictures"):
@@ -153,7 +148,7 @@ class Session:
                 generator = torch.Generator(device=run.rt.device).manual_seed(cfg.seed)
                 run.model.eval()  # no dropout while sampling
 
-                def stop_if_asked(tokens: torch.Tensor) -> None:  # called as the characters are drawn
+                def stop_if_asked(tokens: torch.Tensor) -> None:
                     if self.stop.requested:
                         raise SampleStopped
 
@@ -174,8 +169,7 @@ class Session:
                     self.log.attention(it, layer, self.pictures.render(weights, layer))
 
     def draw_losses(self) -> Path | None:
-        """Rank 0, at the run's end (finished or stopped): loss.png in the run folder, every point the run logged in
-        all its sessions (Progress.losses). Its path, or None where nothing was logged or drawn."""
+        """Rank 0, at the run's end: loss.png of every session's losses; its path, or None (other ranks, no losses)."""
         losses = self.progress.losses
         if not self.d.is_main or not (losses["train"] or losses["eval"]):
             return None
@@ -187,8 +181,8 @@ class Session:
         return path
 
     def hand_over_best(self) -> tuple[int, str]:
-        """Put the weights of ckpt_best.pt, the lowest validation loss the run measured, into the model: the run's
-        model, which the full validation measures and the scripts use. (step, file) of the model handed over."""
+        """Load ckpt_best.pt (the lowest validation loss measured) into the model that the full validation measures
+        and the scripts use. Returns (step, file) of the model handed over: the last one where no best is readable."""
         self.d.barrier()  # rank 0 wrote the file; every rank reads it
         path = self.run_dir.path / BEST
         if not path.is_file():  # no evaluation gave a finite loss
@@ -236,8 +230,8 @@ class Session:
             self.log.final(cfg, summary, progress.it)
             self.log.close()
             summary["seconds"] = run.phases.report()
-            summary["first_step_seconds"] = run.phases.first_step  # this session's first step, compilation excluded
-            if run.phases.expected is not None:  # the whole command's seconds as estimated before its first step
+            summary["first_step_seconds"] = run.phases.first_step
+            if run.phases.expected is not None:
                 summary["expected_seconds"] = list(run.phases.expected)
             write_text_atomic(self.run_dir.path / "summary.json", json.dumps(summary, indent=1) + "\n", "summary")
         return summary
@@ -254,16 +248,11 @@ def attention_probe(run: Run) -> list[int]:
 
 # ---- the stop request ------------------------------------------------------------------------------------------------
 class StopRequest:
-    """The first Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed) either aborts at once, while nothing is worth
-    saving yet (preparing data, building the model: `saving` is False), or asks the loop to stop at the next step
-    boundary and save (`saving` True). It is acknowledged at once on stderr. Another one, a second or more later,
-    stops at once. Under torchrun a Ctrl-C reaches each process twice within milliseconds (from the terminal and
-    forwarded by torchrun): that is still one request.
-
-    An output that can take no more (its reader gone, its terminal closed) is a request too, once: the run saves and
-    ends rather than training on unseen, or dying at its next line with its last steps unsaved (errors.py's
-    GuardedOutput calls output_gone()). Outside a `with` block (tests calling train() in-process) it is a flag nobody
-    sets."""
+    """Ctrl-C, SIGTERM or SIGHUP (the terminal closed), acknowledged at once on stderr. The first aborts while nothing
+    is worth saving yet (`saving` False), else asks the loop to stop at a step boundary and save. Another, GRACE_SECONDS
+    or more later, stops at once; one sooner is the same request (under torchrun each process gets a Ctrl-C twice,
+    milliseconds apart). An output that can take no more (errors.GuardedOutput calls output_gone()) is one request too,
+    so that the run saves rather than die unsaved at its next line. Outside a `with` block (tests) nobody sets it."""
 
     GRACE_SECONDS = 1.0
 
@@ -293,8 +282,7 @@ class StopRequest:
         self.previous = {}
 
     def training(self, progress: Progress, agree_every: int) -> None:
-        """The loop is about to start: from now on a request stops at a step boundary and saves; under torchrun the
-        processes agree to stop every agree_every steps."""
+        """The loop starts: a request now stops at a step boundary (under torchrun, every agree_every) and saves."""
         self.saving, self.progress, self.agree_every = True, progress, agree_every
 
     def say(self, text: str) -> None:
