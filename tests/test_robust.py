@@ -200,21 +200,20 @@ def test_a_stop_during_the_final_validation_says_what_it_ends(capfd):
         time.sleep(0.01)
     said = capfd.readouterr().err
     assert stop.requested and "stopping: ending the final validation; step 10 is saved already" in said
-    assert "is the last finished" not in said
+    assert "is done; a step under way" not in said
 
 
 def test_the_stop_note_and_the_stop_line_name_the_last_finished_step(capfd, tmp_path):
-    """A Ctrl-C after step 54 names step 54 as the last finished and says that what is under way ends (step 55, or
-    an evaluation); the closing line names the step the run stopped at as its last finished one, the step
-    ckpt_last.pt holds."""
+    """A Ctrl-C after step 54 names step 54 as done and says that a step under way finishes first (step 55: so the
+    closing line's step, the one ckpt_last.pt holds, may be one more) while an evaluation stops between batches."""
     from training.report import stopped_line
     with train.StopRequest() as stop:
         stop.training(Progress(it=54), agree_every=1)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)
     said = capfd.readouterr().err
-    assert ("stopping: step 54 is the last finished; ending what is under way, then saving ckpt_last.pt (press "
-            "Ctrl-C again to stop at once)") in said
+    assert ("stopping: step 54 is done; a step under way finishes first (an evaluation stops between batches), then "
+            "saving ckpt_last.pt (press Ctrl-C again to stop at once)") in said
     assert stopped_line(55, tmp_path, in_final_validation=False).startswith(
         f"stopped at step 55 (its last finished step); saved {tmp_path / 'ckpt_last.pt'}.")
 

@@ -361,6 +361,27 @@ def test_a_compiled_step_whose_gradients_are_not_finite_falls_back_and_trains_as
     assert result["history"] == plain["history"] and result["full_val_loss"] == plain["full_val_loss"]
 
 
+def test_a_run_whose_compilation_failed_is_not_compiled_again_when_resumed(corpus, tmp_path, monkeypatch):
+    """The fallback is recorded in the run's config (--compile false in its checkpoints, said once), so that a resume
+    does not pay for compiling and failing again; --resume --compile true tries again."""
+    def exploding(graph, inputs):
+        raise RuntimeError("inductor exploded")
+    compiled_with(monkeypatch, exploding)
+    messages = []
+    train_argv(debug_argv(corpus, tmp_path, "run", "--compile", "true", "--max_iters", "6"), say=messages.append)
+    assert "note: the run's config now says --compile false, so a resume does not try again (--resume --compile " \
+           "true does)" in messages
+    assert checkpoint.load(tmp_path / "run" / "ckpt_last.pt")["run_config"]["compile"] == "false"
+    resumed = []
+    train_argv(debug_argv(corpus, tmp_path, "run", "--resume", "--max_iters", "8"), say=resumed.append)
+    assert not [m for m in resumed if "torch.compile" in m], resumed
+    again = []
+    train_argv(debug_argv(corpus, tmp_path, "run", "--resume", "--max_iters", "10", "--compile", "true"),
+               say=again.append)
+    assert "resume: compile changed from 'false' to 'true'" in again
+    assert len([m for m in again if m.startswith("warning: torch.compile failed")]) == 1, again
+
+
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 def test_torch_compile_that_cannot_start_is_a_warning_too(corpus, tmp_path, monkeypatch, scope):
     def unsupported(module, **kwargs):  # e.g. a Python that dynamo does not support yet: torch.compile itself raises

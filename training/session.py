@@ -312,6 +312,6 @@ class StopRequest:
             together = (step // self.agree_every + 1) * self.agree_every
             doing = f"training on to step {together}, where the processes stop together"
         else:  # a step may be under way (the one after step `step`), or an evaluation, which stops between batches
-            doing = f"step {step} is the last finished; ending what is under way"
+            doing = f"step {step} is done; a step under way finishes first (an evaluation stops between batches)"
         doing = self.ending or f"{doing}, then saving ckpt_last.pt"
         self.say(f"stopping: {doing} (press Ctrl-C again to stop at once)")
