@@ -21,6 +21,7 @@ from training.evaluation import evaluations_left
 from training.opening import ProbeStep, build_run, expected_seconds, say_estimate
 from training.checkpoint import Progress
 from training.report import Log, stopped_line
+from training.run_folder import RunDir
 
 
 def by_threads(table: dict[int, float], calls: list[int] | None = None):
@@ -242,7 +243,8 @@ def test_a_long_run_on_threads_it_did_not_measure_names_measuring_first(corpus, 
 
 def test_a_large_model_is_timed_on_one_window_and_its_time_scaled_to_the_step(corpus, tmp_path, monkeypatch):
     """A micro-batch over PROBE_FLOPS (the GPU recipe on a CPU: a minute a step) is timed on one window, not the
-    batch, and the time scaled by the windows of a step (here 8 a micro-batch, 3 micro-batches)."""
+    batch, and the time scaled by the windows of a step (here 8 a micro-batch, 3 micro-batches); the threads line
+    says its times are scaled."""
     run, _ = built_run(corpus, tmp_path, "--grad_accum_steps", "3")
     assert ProbeStep(run, train.update).rows == 8
     monkeypatch.setattr(opening, "PROBE_FLOPS", 0.0)
@@ -250,6 +252,12 @@ def test_a_large_model_is_timed_on_one_window_and_its_time_scaled_to_the_step(co
     clock = iter([10.0, 10.5])  # the call's start and end: half a second for the one window
     monkeypatch.setattr(opening.time, "perf_counter", lambda: next(clock))
     assert probe.rows == 1 and probe() == 0.5 * 8 * 3
+    # what the run then says of its timings names them as scaled, not as timed
+    assert opening.step_timed(run) == ", scaled from 1 of its 8 sequences"
+    run.threads = device.Threads(2, "asked", {2: [12.0, 13.0]})
+    said = []
+    opening.say_what_runs(run, RunDir(tmp_path / "r"), Log(tmp_path, say=said.append), device.Dist())
+    assert "threads: 2 (--num_threads 2); a step, scaled from 1 of its 8 sequences: 12-13 s" in said
 
 
 def test_steps_that_slow_down_several_fold_are_said_once_with_the_flag():

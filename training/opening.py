@@ -334,7 +334,7 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
             f"process{'es' if d.world_size > 1 else ''} = {run.tokens_per_iter:,} tokens per step"
             + (f"; DDP over {d.backend}" if d.enabled else ""))
     if run.threads is not None:
-        log.say(run.threads.line("a step"))
+        log.say(run.threads.line(f"a step{step_timed(run)}"))
     log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open "
             f"{TENSORBOARD_URL} (the loss first, drawn unsmoothed)")
     if compile_wanted(cfg.compile, run.rt.device_type):  # else the wait before step 0 would look like a hang
@@ -405,8 +405,7 @@ class ProbeStep:
         self.optimizer = optimizer_for(self.model, run.cfg, run.rt)
         self.scaler = run.rt.grad_scaler()
         self.x, self.y = next(run.batches.val_windows())
-        micro_batch_flops = run.flops_per_token * run.cfg.batch_size * run.cfg.block_size
-        self.rows = run.cfg.batch_size if micro_batch_flops <= PROBE_FLOPS else 1
+        self.rows = probe_rows(run)
 
     def __call__(self) -> float:
         start = time.perf_counter()
@@ -416,6 +415,17 @@ class ProbeStep:
         self.update(self.model, self.optimizer, self.scaler, self.cfg, self.cfg.learning_rate, self.rt)
         sync(self.rt.device)
         return (time.perf_counter() - start) * self.cfg.batch_size / self.rows * self.cfg.grad_accum_steps
+
+
+def probe_rows(run: Run) -> int:
+    """The sequences of a micro-batch that ProbeStep times: all of them, or 1 (scaled up) past PROBE_FLOPS."""
+    micro_batch_flops = run.flops_per_token * run.cfg.batch_size * run.cfg.block_size
+    return run.cfg.batch_size if micro_batch_flops <= PROBE_FLOPS else 1
+
+
+def step_timed(run: Run) -> str:
+    """What the timings a run says are of: its step, or its step scaled up from one sequence timed."""
+    return "" if probe_rows(run) == run.cfg.batch_size else f", scaled from 1 of its {run.cfg.batch_size} sequences"
 
 
 def choose_run_threads(run: Run, explicit: set[str], d: Dist, update: Callable) -> Threads:
@@ -468,7 +478,7 @@ def say_estimate(run: Run, progress: Progress, log: Log) -> None:
                          (min(steady), statistics.median(steady), max(steady)))
     run.phases.expected = (so_far + low.total, so_far + high.total)
     steps_left = cfg.max_iters - progress.it
-    parts = [(middle.steps, f"{steps_left} steps x {span(steady)}", "a lower --max_iters"),
+    parts = [(middle.steps, f"{steps_left} steps x {span(steady)}{step_timed(run)}", "a lower --max_iters"),
              (middle.evaluations, f"evaluations {duration(middle.evaluations)}",
               "a lower --eval_iters or a larger --eval_interval"),
              (middle.full_validation, f"the final full validation {duration(middle.full_validation)}",
