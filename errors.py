@@ -13,6 +13,7 @@ import signal
 import sys
 import textwrap
 import threading
+from pathlib import Path
 from typing import Callable, Iterator, NoReturn, TextIO
 
 
@@ -148,6 +149,21 @@ def guarded_output(gone: Callable[[], None]) -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = streams
+
+
+def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """A file the command writes at its end, checked first so that a long computation never ends in a traceback."""
+    target = Path(path)
+    if suffixes and target.suffix.lower() not in suffixes:
+        raise UserError(f"{option} {path}: the file name must end in one of {', '.join(suffixes)}")
+    if target.is_dir():
+        raise UserError(f"{option} {path} is a folder; give a file name")
+    folder = target.parent
+    if not folder.is_dir():
+        raise UserError(f"{option} {path}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{option} {path}: the folder {folder} is not writable; choose another place")
+    return target
 
 
 def _interrupt(signum, frame):

@@ -18,12 +18,12 @@ import torch  # noqa: E402
 
 from data.corpus import default_cache_dir  # noqa: E402
 from data.gate import META_MAX_BYTES, open_regular, read_blocks, read_small, recorded_text  # noqa: E402
-from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
 from model.attention import recording_attention  # noqa: E402
 from model.generate import Sampling, generate  # noqa: E402
 from model.scoring import FORMS  # noqa: E402
 from training import checkpoint  # noqa: E402
-from training.run_folder import check_output_file, find, write_text_atomic  # noqa: E402
+from training.run_folder import find, write_text_atomic  # noqa: E402
 from training.report import PAGE_MAX_PARAMETERS as MAX_PARAMETERS  # noqa: E402
 
 PARTS = Path(__file__).with_name("attention_page")  # page.html, and the scripts it takes in: gpt.js (the model),

@@ -6,8 +6,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
-from training.run_folder import check_output_file, find  # noqa: E402
+from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
+from training.run_folder import find  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 from training.pictures import (attention_figure, attention_weights, finite_or_refused, missing_note,  # noqa: E402
                                picture_formats, save_figure)

@@ -18,21 +18,37 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from configs import load_config  # noqa: E402
 from configs.schema import FIELDS  # noqa: E402
 from data import prepare, resolve  # noqa: E402
-from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
 from training.opening import build_run  # noqa: E402
-from training.run_folder import check_output_file, write_text_atomic  # noqa: E402
+from training.run_folder import write_text_atomic  # noqa: E402
 from training.opening import prepare_data  # noqa: E402
-from training.device import CountOperations, for_sampling, measure_peak_flops, setup, sync  # noqa: E402
+from training.device import for_sampling, measure_peak_flops, setup, sync  # noqa: E402
 from train import forward_backward, train_step, update  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prepare import make_corpus  # noqa: E402
 from bench_sample import bench_sampling  # noqa: E402
 
+
+
+class CountOperations(TorchDispatchMode):
+    """Inside `with CountOperations() as ops:`, ops.count is the number of tensor operations that compute or copy (not
+    views or profiler markers, which launch nothing): in eager PyTorch on a GPU, about one kernel launch each."""
+
+    LAUNCH_NOTHING = frozenset({"_unsafe_view", "_record_function_enter_new", "_record_function_exit"})
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not (func.is_view or func.overloadpacket.__name__ in self.LAUNCH_NOTHING)
+        return func(*args, **(kwargs or {}))
 
 def build_training(cfg, rt, say=print) -> dict:
     """The real loader, model, optimizer and train_step of a run with this config (training.build_run): step() takes

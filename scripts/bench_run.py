@@ -28,9 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import parse_compare  # noqa: E402
-from errors import ArgumentParser, Interrupted, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import (ArgumentParser, Interrupted, UserError, check_output_file, exit_without_teardown,  # noqa: E402
+                    run_cli)
 from train_command import run_train  # noqa: E402
-from training.run_folder import RunDir, check_output_file, write_text_atomic  # noqa: E402
+from training.run_folder import RunDir, write_text_atomic  # noqa: E402
 
 # nanoGPT's README, "I only have a laptop": its Shakespeare config shrunk for a CPU (4x4x128, block 64, batch 12,
 # 2,000 steps, float32, no compilation), run in a copy of its checkout.

@@ -21,12 +21,12 @@ from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.gate import recorded_text  # noqa: E402
 from data.prepare import check_encoding, read_text  # noqa: E402
-from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.device import (check_num_threads, choose_threads, free_memory, is_out_of_memory,  # noqa: E402
                              pick_device, setup)
 from training.evaluation import Windows, score  # noqa: E402
-from training.run_folder import check_output_file, find, write_text_atomic  # noqa: E402
+from training.run_folder import find, write_text_atomic  # noqa: E402
 from training.report import PlainProgress  # noqa: E402
 
 
@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = {ch: text.count(ch) for ch in dict.fromkeys(unknown)}
     if counts and args.unknown == "error":
         shown = " ".join(repr(ch) for ch in list(counts)[:20]) + (" ..." if len(counts) > 20 else "")
-        raise UserError(f"--data {args.data or name}: {sum(counts.values())} characters the model never saw ({len(counts)} "
-                        f"different: {shown}); pass --unknown skip to leave them out")
+        raise UserError(f"--data {args.data or name}: {sum(counts.values())} characters the model never saw "
+                        f"({len(counts)} different: {shown}); pass --unknown skip to leave them out")
     known = "".join(ch for ch in text if ch in tokenizer.stoi) if counts else text
     if len(known) < 2:
         raise UserError(f"--data {args.data or name}: no text to score"

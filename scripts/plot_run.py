@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
-from training.run_folder import check_output_file  # noqa: E402
+from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
+
 from training.pictures import picture_formats, save_figure  # noqa: E402
 
 

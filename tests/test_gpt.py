@@ -9,7 +9,7 @@ from model import GPT, ModelConfig
 from model.attention import recording_attention
 from model.kv_cache import Decoding
 from training.optim import configure_optimizer
-from training.device import CountOperations
+from bench import CountOperations
 from conftest import set_attention_path
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16)

@@ -18,7 +18,6 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from configs.choices import DTYPE_NAMES, valid_device
 from configs.schema import MAX_THREADS
@@ -518,21 +517,6 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
 def flops_per_token(n_params: int, cfg: ModelConfig) -> float:
     """Training FLOPs per token, the usual estimate: 6 per parameter (forward + backward) plus attention's 12·L·C·T."""
     return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-
-
-class CountOperations(TorchDispatchMode):
-    """Inside `with CountOperations() as ops:`, ops.count is the number of tensor operations that compute or copy (not
-    views or profiler markers, which launch nothing): in eager PyTorch on a GPU, about one kernel launch each."""
-
-    LAUNCH_NOTHING = frozenset({"_unsafe_view", "_record_function_enter_new", "_record_function_exit"})
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += not (func.is_view or func.overloadpacket.__name__ in self.LAUNCH_NOTHING)
-        return func(*args, **(kwargs or {}))
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]] = (),

@@ -457,21 +457,6 @@ def write_text_atomic(path: Path, text: str, what: str, option: str = "--out_dir
     write_atomic(path, lambda f: f.write(text.encode("utf-8", "backslashreplace")), what, option)  # a non-UTF-8 path
 
 
-def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:
-    """A file the command writes at its end, checked first so that a long computation never ends in a traceback."""
-    target = Path(path)
-    if suffixes and target.suffix.lower() not in suffixes:
-        raise UserError(f"{option} {path}: the file name must end in one of {', '.join(suffixes)}")
-    if target.is_dir():
-        raise UserError(f"{option} {path} is a folder; give a file name")
-    folder = target.parent
-    if not folder.is_dir():
-        raise UserError(f"{option} {path}: the folder {folder} does not exist; create it first")
-    if not os.access(folder, os.W_OK):
-        raise UserError(f"{option} {path}: the folder {folder} is not writable; choose another place")
-    return target
-
-
 # ---- the checkpoint a script reads -----------------------------------------------------------------------------------
 def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
          say: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> Path:
