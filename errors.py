@@ -126,6 +126,16 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
     return target
 
 
+def _tell(line: str) -> None:
+    """The command's last line, on stderr; where stderr's reader has gone too (`... 2>&1 | head`, then a stop), the
+    line goes nowhere and the exit code stays the one it names, not Python's 1 for a failed write."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -144,13 +154,13 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     except QuietExit:
         return 2
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        _tell(f"error: {err}")
         return 2
     except Interrupted as err:
-        print(f"\n{err}", file=sys.stderr)
+        _tell(f"\n{err}")
         return 130
     except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+        _tell("\ninterrupted")
         return 130
     except BrokenPipeError:  # the reader of our output has gone (piped into head, say): end quietly, as shells
         # expect of a writer whose reader left (status 141, 128 + SIGPIPE), with nothing more sent down the pipe
@@ -159,8 +169,8 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         return 141
     except OSError as err:
         where = f" {err.filename}" if err.filename else ""
-        print(f"error: could not read or write{where} ({err.strerror or err}); check the path, its permissions and "
-              f"the free disk space", file=sys.stderr)
+        _tell(f"error: could not read or write{where} ({err.strerror or err}); check the path, its permissions and "
+              f"the free disk space")
         return 2
     finally:
         signal.signal(signal.SIGTERM, previous)

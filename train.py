@@ -107,11 +107,11 @@ def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
 def train_loop(s: Session) -> tuple[list, bool]:
     """Train to max_iters, evaluating and checkpointing when due. Returns the (step, loss) history and whether a stop
     request ended it early. The loop advances the run's state (s.progress); s saves and evaluates it."""
-    run, cfg, progress = s.run, s.cfg, s.progress
-    s.stop.training(progress, cfg.log_interval if s.d.enabled else 1)  # a Ctrl-C now stops at a step and saves
+    run, cfg, progress, ddp = s.run, s.cfg, s.progress, s.d.enabled
+    # a Ctrl-C now stops at a step and saves (a step of several micro-batches is undone: see forward_backward)
+    s.stop.training(progress, cfg.log_interval if ddp else 1, undo=cfg.grad_accum_steps > 1 and not ddp)
     peak_flops = before_the_first_step(s)
     autocast = run.rt.autocast()  # bfloat16 (or float16) matrix products where the device has them
-    ddp = s.d.enabled
     skipped = longest = torch.zeros((), dtype=torch.long, device=run.rt.device)  # non-finite steps in a row, counted
     next_eval, stopping = next_evaluation(progress.it, cfg), False
     plateau = plateaued(progress.evals_since_best, cfg.patience)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import os
 import tomllib
 from pathlib import Path
 
 from configs import nanogpt
 from configs.schema import FIELDS, FIXED, HELP_GROUPS, SHAPE_FIELDS, TYPES, TrainConfig
+from data.corpus import NAMED
 from errors import ArgumentParser, UserError, parse_bool
 from model.config import ModelConfig
 
@@ -152,10 +154,18 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     if said and not overrides.get("resume") and not overrides.get("init_from"):
         notes.append(said)
     values = {"config_name": name, **values, **overrides}
+    if "data" in explicit:  # a path means the same text from wherever the run is later resumed or scored
+        values["data"] = whole_path(values["data"])
     try:
         return TrainConfig(**values), "\n".join([note, *notes]), explicit
     except ValueError as err:
         raise UserError(str(err)) from None
+
+
+def whole_path(data: str) -> str:
+    """--data as the run records it: a named corpus as named, a path made absolute (from the folder the command runs
+    in, links kept as written); an empty one stays empty, for data.resolve to refuse."""
+    return data if data in NAMED or not data.strip() else os.path.abspath(os.path.expanduser(data))
 
 
 def follow_learning_rate(base: dict, overrides: dict, name: str) -> str:

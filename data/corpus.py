@@ -53,6 +53,9 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
     Shakespeare cannot be downloaded, use pystdlib (a new training run on the default corpus, which is then named and
     recorded after it); otherwise that is an error naming the cause (a loss measured on another text than the one
     named would be wrong, and a mistyped --cache_dir must not become a run on Python's sources)."""
+    if not spec.strip():  # a path of nothing would be the folder the command runs in
+        raise UserError("--data is empty; give a text file, a folder of text files, or a named corpus (shakespeare, "
+                        "pystdlib)")
     if spec == "shakespeare":
         try:
             return Corpus("shakespeare", [download_shakespeare(cache_dir)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     p.add_argument("--out_dir", default="", help="a run folder: uses its model, ckpt_best.pt (else ckpt_last.pt)")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir), e.g. RUN/ckpt_last.pt")
-    p.add_argument("--data", default="", help="text file, folder of text files, or a named corpus (as train.py); "
+    p.add_argument("--data", default=None, help="text file, folder of text files, or a named corpus (as train.py); "
                                               "default: the text the run trained on")
     p.add_argument("--split", choices=("val", "all"), default="val",
                    help="val: the text's last part, which training holds out for validation (a model never saw it "
@@ -66,18 +67,26 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
     """No --data: the text the run trained on. A named corpus by its name (from this user's cache); a file the
     checkpoint names only where it is one regular file of the size and checksum the checkpoint records
     (data.gate.recorded_text: a checkpoint may come from someone else); else one line asking for --data."""
+    shown = run.data if run.data.isprintable() else repr(run.data)  # a checkpoint's words, never terminal codes
     if run.data in NAMED:
-        return read_corpus(run.data, args.cache_dir, run.encoding, run.encoding_errors)
+        try:
+            return read_corpus(run.data, args.cache_dir, run.encoding, run.encoding_errors)
+        except UserError as err:
+            raise UserError(f"no --data given; the run trained on {shown}, and "
+                            f"{str(err).removeprefix(f'--data {run.data}: ')}") from None
     record = state.get("data") or {}
     source = Path(run.data).expanduser()
+    if source.is_dir():
+        raise UserError(f"no --data given: {path} was trained on the folder {shown}, which is read only when named; "
+                        f"give --data {shlex.quote(shown)} (or another text)")
     try:
         raw = recorded_text(source, record, 1 << 40) if source.is_file() and record.get("sha256") else None
         if raw is not None:
             return raw.decode(run.encoding, run.encoding_errors), str(source)
     except (OSError, UnicodeError, UserError):
         pass
-    raise UserError(f"no --data given, and the text {path} was trained on, {run.data}, is not here as it was "
-                    f"(missing, changed, or a folder of texts); give the text with --data FILE")
+    raise UserError(f"no --data given, and the text {path} was trained on, {shown}, is not here as it was (missing "
+                    f"or changed); give the text with --data FILE")
 
 
 MAX_EXP = 709.0  # math.exp overflows a float64 just above it
@@ -148,10 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--batch_size {args.batch_size}: must be at least 1")
     batch_size = args.batch_size or run.batch_size
 
-    if args.data:
+    if args.data is not None:
         text, name = read_corpus(args.data, args.cache_dir, run.encoding, run.encoding_errors)
     else:
         text, name = runs_own_text(args, run, state, path)
+        if args.split == "all":
+            print("note: --split all on the run's own text scores the text it was trained on too (--split val: the "
+                  "part it held out)", file=sys.stderr)
     if args.split == "val":  # the same cut as training's: the last val_fraction of the characters
         text = text[int(len(text) * (1 - run.val_fraction)):]
     unknown = tokenizer.unknown(text)

@@ -2,11 +2,13 @@
 worse, unknown characters counted exactly, bad inputs one line."""
 import contextlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import play_text, train_debug
+from training import checkpoint
 from training.evaluation import Windows
 
 
@@ -139,6 +141,47 @@ def test_without_data_the_run_is_scored_on_its_own_text_and_only_as_it_was(run, 
         assert "is not here as it was" in done.stderr and "--data FILE" in done.stderr
     finally:
         corpus.write_bytes(original)
+
+
+def test_a_relative_data_path_is_recorded_whole_so_the_run_is_scored_from_anywhere(tmp_path, monkeypatch, evaluate):
+    """--data given relative to the folder train.py runs in is recorded as an absolute path: evaluate.py without --data,
+    run from another folder, scores that text (a resume finds it the same way)."""
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "play.txt").write_text(play_text(20000), encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "texts")
+    summary = train_debug(Path("play.txt"), tmp_path / "run", "--max_iters", "10")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "figures.json"
+    done = evaluate("--out_dir", str(tmp_path / "run"), "--device", "cpu", "--json", str(out), "--split", "all")
+    assert done.returncode == 0, done.stderr
+    assert "note: --split all on the run's own text scores the text it was trained on too" in done.stderr
+    figures = json.loads(out.read_text(encoding="utf-8"))
+    assert figures["data"] == str(tmp_path / "texts" / "play.txt") and figures["characters"] == 20000 - 1
+    assert summary["corpus"] == str(tmp_path / "texts" / "play.txt")
+
+
+def test_without_data_a_run_on_a_folder_or_an_unreachable_named_corpus_is_one_line(tmp_path, evaluate, monkeypatch):
+    """A folder of texts is read only when named (--data FOLDER, said with its path); a named corpus that cannot be had
+    says that no --data was given and which corpus the run trained on; an empty --data is refused, never the folder
+    the command runs in."""
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text(play_text(20000), encoding="utf-8")
+    train_debug(folder, tmp_path / "run", "--max_iters", "4")
+    done = evaluate("--out_dir", str(tmp_path / "run"), "--device", "cpu")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"was trained on the folder {folder}, which is read only when named; give --data {folder}" in done.stderr
+    done = evaluate("--out_dir", str(tmp_path / "run"), "--data", "")
+    assert done.returncode == 2 and "error: --data is empty; give a text file" in done.stderr
+    import data.corpus as corpus_module
+    monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", "http://127.0.0.1:9/unreachable")
+    ckpt = checkpoint.load(tmp_path / "run" / "ckpt_best.pt")
+    ckpt["run_config"]["data"] = "shakespeare"
+    checkpoint.save({k: v for k, v in ckpt.items() if k != "format"}, tmp_path / "named.pt")
+    done = evaluate("--ckpt", str(tmp_path / "named.pt"), "--cache_dir", str(tmp_path / "empty_cache"))
+    assert done.returncode == 2 and done.stderr.startswith(
+        "error: no --data given; the run trained on shakespeare, and could not download Tiny Shakespeare ("), \
+        done.stderr
 
 
 def test_unknown_characters_are_counted_exactly(run, evaluate, figures):

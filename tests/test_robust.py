@@ -16,7 +16,7 @@ from training.checkpoint import Progress
 from conftest import ROOT, patient
 from configs import load_config
 from data import prepare, resolve
-from errors import UserError, run_cli
+from errors import Interrupted, UserError, run_cli
 from model.gpt import GPT
 from training import checkpoint
 import sample as sample_cli
@@ -218,6 +218,22 @@ def test_the_stop_note_and_the_stop_line_name_the_last_finished_step(capfd, tmp_
         f"stopped at step 55 (its last finished step); saved {tmp_path / 'ckpt_last.pt'}.")
 
 
+@pytest.mark.parametrize("step, undo, words", [
+    (54, True, "stopping: step 54 is done; a step under way is undone, or finishes if in its last micro-batch (an "
+               "evaluation stops between batches), then saving ckpt_last.pt"),
+    (0, False, "stopping: no step is done yet; a step under way finishes first (an evaluation stops between batches)"),
+])
+def test_the_stop_note_says_what_happens_to_a_step_of_several_micro_batches_and_before_any_step(capfd, step, undo,
+                                                                                                 words):
+    """With --grad_accum_steps above 1 a stop between micro-batches undoes the step under way (train.py's
+    forward_backward), so the note cannot promise that it finishes; before step 1 no step is 'done'."""
+    with train.StopRequest() as stop:
+        stop.training(Progress(it=step), agree_every=1, undo=undo)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+    assert words in capfd.readouterr().err
+
+
 def test_a_doubled_signal_is_one_stop_request_and_a_later_one_stops_at_once(monkeypatch):
     """Under torchrun a Ctrl-C arrives twice within milliseconds (terminal + torchrun's forwarding): still one request
     to stop at the step boundary. Another signal after the grace time interrupts at once."""
@@ -280,3 +296,22 @@ exit_without_teardown(run_cli(main))
     writer.stdout.close()  # the reader leaves
     assert writer.wait(timeout=patient(60)) == 141
     assert writer.stderr.read() == b""
+
+
+@pytest.mark.parametrize("error, code", [(UserError("bad input"), 2), (Interrupted("stopped at once"), 130)])
+def test_the_last_line_into_a_pipe_whose_reader_has_gone_keeps_the_exit_code(monkeypatch, error, code):
+    """`train.py ... 2>&1 | head`, then a stop: stderr's reader has gone too, so the closing line cannot be written;
+    the exit code is still the one for the error or the stop (2, 130), not Python's 1 from a failed write."""
+    read, write = os.pipe()
+    os.close(read)
+    stream = os.fdopen(write, "w")
+    monkeypatch.setattr(sys, "stderr", stream)
+
+    def main(argv):
+        raise error
+    try:
+        assert run_cli(main, []) == code
+        stream.flush()  # what the interpreter does at exit: a write error there would make the exit code 1
+    finally:
+        with contextlib.suppress(OSError):
+            stream.close()

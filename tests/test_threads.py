@@ -219,7 +219,7 @@ def test_the_estimate_is_a_range_from_the_steps_timed_and_is_kept_for_the_last_l
     middle = expected_seconds(run, Progress(), 0.5)
     assert messages == [f"this run: about {low:.0f}-{high:.0f} s in all (20 steps x 400-600 ms, evaluations "
                         f"{middle.evaluations:.0f} s, the final full validation {middle.full_validation:.0f} s)"]
-    assert f"(expected before the first step: {low:.0f}-{high:.0f} s)" in run.phases.line(run.phases.report())
+    assert f"(estimated before the first step: {low:.0f}-{high:.0f} s)" in run.phases.line(run.phases.report())
 
 
 def test_a_long_run_says_so_as_a_note_with_the_flags_that_shorten_it(corpus, tmp_path):
@@ -253,11 +253,11 @@ def test_a_large_model_is_timed_on_one_window_and_its_time_scaled_to_the_step(co
     monkeypatch.setattr(opening.time, "perf_counter", lambda: next(clock))
     assert probe.rows == 1 and probe() == 0.5 * 8 * 3
     # what the run then says of its timings names them as scaled, not as timed
-    assert opening.step_timed(run) == ", scaled from 1 of its 8 sequences"
+    assert opening.step_timed(run) == ", scaled from 1 of its 24 sequences"  # 8 a micro-batch, 3 micro-batches
     run.threads = device.Threads(2, "asked", {2: [12.0, 13.0]})
     said = []
     opening.say_what_runs(run, RunDir(tmp_path / "r"), Log(tmp_path, say=said.append), device.Dist())
-    assert "threads: 2 (--num_threads 2); a step, scaled from 1 of its 8 sequences: 12-13 s" in said
+    assert "threads: 2 (--num_threads 2); a step, scaled from 1 of its 24 sequences: 12-13 s" in said
 
 
 def test_steps_that_slow_down_several_fold_are_said_once_with_the_flag():

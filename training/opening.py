@@ -424,8 +424,10 @@ def probe_rows(run: Run) -> int:
 
 
 def step_timed(run: Run) -> str:
-    """What the timings a run says are of: its step, or its step scaled up from one sequence timed."""
-    return "" if probe_rows(run) == run.cfg.batch_size else f", scaled from 1 of its {run.cfg.batch_size} sequences"
+    """What the timings a run says are of: its step, or its step scaled up from the sequences timed (one micro-batch
+    of a step with accumulation, or one sequence past PROBE_FLOPS)."""
+    rows, sequences = probe_rows(run), run.cfg.batch_size * run.cfg.grad_accum_steps
+    return "" if rows == sequences else f", scaled from {rows} of its {sequences} sequences"
 
 
 def choose_run_threads(run: Run, explicit: set[str], d: Dist, update: Callable) -> Threads:

@@ -278,8 +278,8 @@ class Phases:
         expected = ""
         if self.expected is not None:
             low, high = self.expected
-            expected = f" (expected before the first step: {low:.0f}-{high:.0f} s)" if round(low) != round(high) \
-                else f" (expected before the first step: {low:.0f} s)"
+            expected = f" (estimated before the first step: {low:.0f}-{high:.0f} s)" if round(low) != round(high) \
+                else f" (estimated before the first step: {low:.0f} s)"
         return f"where the time went: {', '.join(parts)}; {report['total']:.1f} s {since}{expected}"
 
 

@@ -262,6 +262,7 @@ class StopRequest:
         self.saving = False
         self.progress: Progress | None = None  # where the training loop is, once it runs (for the acknowledgement)
         self.agree_every = 1  # under torchrun the processes agree to stop every log_interval steps
+        self.undo = False  # whether a step of several micro-batches is undone by a stop between them
         self.ending: str | None = None  # what a request ends instead, once the steps are over (the final validation)
         self.saved = "no checkpoint of this run was written"  # what survives a stop at once
         self.first_at = 0.0
@@ -281,9 +282,10 @@ class StopRequest:
             signal.signal(sig, handler)
         self.previous = {}
 
-    def training(self, progress: Progress, agree_every: int) -> None:
-        """The loop starts: a request now stops at a step boundary (under torchrun, every agree_every) and saves."""
-        self.saving, self.progress, self.agree_every = True, progress, agree_every
+    def training(self, progress: Progress, agree_every: int, undo: bool = False) -> None:
+        """The loop starts: a request now stops at a step boundary (under torchrun, every agree_every) and saves; undo:
+        a step of several micro-batches is undone by a request between them."""
+        self.saving, self.progress, self.agree_every, self.undo = True, progress, agree_every, undo
 
     def say(self, text: str) -> None:
         if self.speak:
@@ -312,6 +314,8 @@ class StopRequest:
             together = (step // self.agree_every + 1) * self.agree_every
             doing = f"training on to step {together}, where the processes stop together"
         else:  # a step may be under way (the one after step `step`), or an evaluation, which stops between batches
-            doing = f"step {step} is done; a step under way finishes first (an evaluation stops between batches)"
+            done = f"step {step} is done" if step else "no step is done yet"
+            step_under_way = ("is undone, or finishes if in its last micro-batch" if self.undo else "finishes first")
+            doing = f"{done}; a step under way {step_under_way} (an evaluation stops between batches)"
         doing = self.ending or f"{doing}, then saving ckpt_last.pt"
         self.say(f"stopping: {doing} (press Ctrl-C again to stop at once)")
