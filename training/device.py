@@ -251,10 +251,10 @@ def span(seconds: list[float]) -> str:
     """'41 ms' or '41-47 ms' (the times differ), '5.4 s', '12-30 s': the range of a few timings, as read."""
     low, high = min(seconds), max(seconds)
     if high < 1:
-        low_text, high_text, unit = f"{low * 1000:.0f}", f"{high * 1000:.0f}", "ms"
+        scale, unit, digits = 1000, "ms", 0
     else:
-        digits = 1 if high < 10 else 0
-        low_text, high_text, unit = f"{low:.{digits}f}", f"{high:.{digits}f}", "s"
+        scale, unit, digits = 1, "s", 1 if high < 10 else 0
+    low_text, high_text = f"{low * scale:.{digits}f}", f"{high * scale:.{digits}f}"
     return f"{low_text} {unit}" if low_text == high_text else f"{low_text}-{high_text} {unit}"
 
 
@@ -262,10 +262,9 @@ def choose_threads(asked: int, time_once: Callable[[], float] | None, timed: boo
     """Set and return the thread count for CPU work: asked (--num_threads), else OMP_NUM_THREADS (torchrun sets it for
     several processes), else 1 on one core, else the fastest of thread_counts(cores()) for time_once, measured now. A
     given count is never measured against another (the count changes a run's last digits); timed still times it."""
-    from_environment = os.environ.get("OMP_NUM_THREADS", "")
     if asked:
         counts, why = [asked], "asked"
-    elif from_environment:
+    elif os.environ.get("OMP_NUM_THREADS"):
         counts, why = [torch.get_num_threads()], "OMP_NUM_THREADS"
     elif cores() == 1:
         counts, why = [1], "one core"
@@ -380,7 +379,7 @@ class BlocksCompiled:
         self.view._modules["blocks"] = self.plain
 
 
-DEVICE_ERRORS = tuple(getattr(torch, name) for name in ("AcceleratorError",) if hasattr(torch, name))  # CUDA errors
+DEVICE_ERRORS = (torch.AcceleratorError,) if hasattr(torch, "AcceleratorError") else ()  # CUDA errors
 COMPILE_FAILED = "warning: torch.compile failed ({}); continuing without it (--compile false skips the attempt)"
 
 
@@ -399,13 +398,6 @@ class CompileFallback:
         """Whether err is the compiler's: not out of memory or a broken device, which uncompiled code would meet too."""
         return not (is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS))
 
-    def fall_back(self, err: Exception) -> bool:
-        """Turn compilation off, with the warning, if err is the compiler's (True); False if it is the run's own."""
-        if not self.compilers(err):
-            return False
-        self.give_up(in_one_line(err))
-        return True
-
     def give_up(self, reason: str) -> None:
         """Compilation off from now on, with the warning that gives reason."""
         self.say(COMPILE_FAILED.format(reason))
@@ -417,8 +409,9 @@ class CompileFallback:
             try:
                 return self.compiled(*args, **kwargs)
             except Exception as err:  # an inductor or driver problem must not end the run
-                if not self.fall_back(err):
+                if not self.compilers(err):
                     raise  # (the one-line out-of-memory message)
+                self.give_up(in_one_line(err))
         return self.module(*args, **kwargs)
 
     def __getattr__(self, name: str):
@@ -433,10 +426,11 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
     checked), compilation is turned off and the step reruns uncompiled, with the same batches and dropout. Under DDP
     every rank falls back if any does, keeping collectives matched; the pass runs under no_sync, gradients averaged by
     hand: DDP's hooks would start reducing a failed pass's gradients, and its next forward would refuse to start."""
-    began = batches.state_dict(), random_states(rt.device)
+    batches_began, random_began = batches.state_dict(), random_states(rt.device)
+    no_sync = model.no_sync if d.enabled else contextlib.nullcontext
     failure = None
     try:
-        with model.no_sync() if d.enabled else contextlib.nullcontext():
+        with no_sync():
             loss = forward_backward()
         if rt.dtype != torch.float16 and not all_finite(p.grad for p in model.parameters()):
             failure = ("its first step's gradients came out NaN or infinite, as torch 2.13's compiled bfloat16 code "
@@ -451,15 +445,13 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
         failure = f"rank {d.rank}: {failure}"
         # Out of the except block, the failed attempt's traceback and saved activations are freed before the retry.
     failure = d.first(failure)
-    if failure is None:
-        model.backward_unchecked = False
-    else:
-        batches.load_state_dict(began[0])
-        set_random_states(rt.device, began[1])
-        for p in model.parameters():
-            p.grad = None
+    model.backward_unchecked = False  # checked now: compiled from here on, or (a failure) uncompiled
+    if failure is not None:
+        batches.load_state_dict(batches_began)
+        set_random_states(rt.device, random_began)
+        model.zero_grad(set_to_none=True)
         model.give_up(failure)
-        with model.no_sync() if d.enabled else contextlib.nullcontext():
+        with no_sync():
             loss = forward_backward()
     d.average([p.grad for p in model.parameters() if p.grad is not None])
     return loss
