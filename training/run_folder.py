@@ -127,12 +127,11 @@ class RunDir:
         except BaseException:
             os.close(fd)
             raise
-        try:  # who holds it, for the message above; the lock itself is what counts, so a full disk is no error here
+        # who holds it, for the message above; the lock itself is what counts, so a full disk is no error here
+        with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n{command_line()}\n{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(
                 "utf-8", "surrogateescape"), 0)  # a path in the command that is not UTF-8 goes back as its own bytes
-        except OSError:
-            pass
         self._lock_fd = fd
         self._recover(say)
         return self
@@ -199,9 +198,8 @@ class RunDir:
         write_text_atomic(making / RECORD, json.dumps(record, indent=1) + "\n", "the --overwrite record")
         os.chmod(making, 0o755)
         os.rename(making, self.path / ASIDE)
-        aside = self.path / ASIDE
         for path in old:
-            os.replace(path, aside / path.name)
+            os.replace(path, self.path / ASIDE / path.name)
         return True
 
     def aside_pending(self) -> bool:
@@ -282,14 +280,6 @@ class RunDir:
         except (UserError, OSError):  # any damage: not proven to be an untrained replacement
             return None
 
-    def discard_aside(self) -> bool:
-        """The new run has something to keep: the old run it set aside goes for good. True if there was one."""
-        if not self.aside_pending() or self.recorded_aside(self.path / ASIDE)[0] is None:
-            return False
-        os.replace(self.path / ASIDE, self.path / DISCARDED)
-        self._delete_recorded(self.path / DISCARDED)
-        return True
-
     def replace_old_run(self, say) -> str | None:
         """--overwrite: set the old run aside, said; returns what a stop now does instead of saving (None: no run)."""
         if not self.set_aside():
@@ -300,19 +290,11 @@ class RunDir:
 
     def keep_new_run(self, say, step: int) -> bool:
         """The new run has something to keep: delete the run it replaces, said once. True if there was one."""
-        if not self.discard_aside():
+        if not self.aside_pending() or self.recorded_aside(self.path / ASIDE)[0] is None:
             return False
+        os.replace(self.path / ASIDE, self.path / DISCARDED)
+        self._delete_recorded(self.path / DISCARDED)
         say(f"--overwrite: the run this one replaces is deleted now (this run's step {step} is saved in {self.path})")
-        return True
-
-    def give_back(self, say, step: int) -> bool:
-        """A stop before the new run had anything to keep: put_back, said. False: nothing set aside, save this run."""
-        if not self.aside_pending():
-            return False
-        kept = self.put_back()
-        apart = f"; this run's files are kept apart in {kept}" if kept else "; this run is discarded"
-        say(f"stopped at step {step}, before this run's first evaluation after step 0: the run --overwrite was "
-            f"replacing is back in {self.path}, as it was{apart}")
         return True
 
     def _delete_recorded(self, folder: Path) -> None:
@@ -341,9 +323,8 @@ class RunDir:
 
     def resume_from(self) -> Path:
         """The checkpoint --resume continues: ckpt_last.pt, else ckpt_best.pt; one line saying why not otherwise."""
-        for name in CHECKPOINTS:
-            if (self.path / name).is_file():
-                return self.path / name
+        if found := self.checkpoints():  # in the order of CHECKPOINTS: ckpt_last.pt first
+            return found[0]
         if self.logs():
             raise UserError(f"--resume: {self.path} holds only the logs of a run that stopped before its first "
                             f"checkpoint, so there is nothing to continue; start it again without --resume (its logs "
@@ -435,16 +416,14 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, optio
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private (0600); the file gets the usual permissions
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as err:
+    except BaseException as err:  # the old file stays, the half-written one goes
         if tmp is not None:
             tmp.unlink(missing_ok=True)
+        if not isinstance(err, (OSError, RuntimeError)):
+            raise  # an interrupt
         kept = f"the previous {what.removeprefix('the ')} is untouched" if path.exists() else "nothing was written"
         raise WriteFailed(f"could not write {what} {path} ({disk_error(err)})", kept,
                           space_or_place(err, option)) from None
-    except BaseException:  # an interrupt: the old file stays, the half-written one goes
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-        raise
 
 
 def _umask() -> int:

@@ -120,12 +120,15 @@ class Session:
         (this run has nothing to keep yet), puts that run back. True if it was put back."""
         if not self.d.is_main:
             return False
-        if self.run_dir.aside_pending():
-            self.close_log()
-        if self.run_dir.give_back(self.log.say, self.progress.it):
-            return True
-        self.save(LAST)
-        return False
+        if not self.run_dir.aside_pending():
+            self.save(LAST)
+            return False
+        self.close_log()
+        kept = self.run_dir.put_back()
+        apart = f"; this run's files are kept apart in {kept}" if kept else "; this run is discarded"
+        self.log.say(f"stopped at step {self.progress.it}, before this run's first evaluation after step 0: the run "
+                     f"--overwrite was replacing is back in {self.run_dir.path}, as it was{apart}")
+        return True
 
     def close_log(self) -> None:
         """Close the log before an --overwrite is undone, so that its lazily created event file moves apart with this
@@ -289,10 +292,8 @@ class StopRequest:
 
     def say(self, text: str) -> None:
         if self.speak:
-            try:
+            with contextlib.suppress(OSError):  # no reader left (it got the Ctrl-C too): the stop goes on unsaid
                 os.write(2, f"\n{text}\n".encode())  # a signal handler must not go through Python's buffered streams
-            except OSError:  # no reader left (the pipeline's other end got the Ctrl-C too): the stop goes on unsaid
-                pass
 
     def output_gone(self) -> None:
         """The output can take no more: the first time, a stop as by Ctrl-C; never a second, "at once" one."""
