@@ -30,8 +30,8 @@ from model import GPT, ModelConfig
 from model.scoring import FORMS
 from training import checkpoint
 from training.checkpoint import Progress
-from training.device import (CompileFallback, Dist, Runtime, Threads, choose_threads, compile_wanted, flops_per_token, free_memory,
-                             is_out_of_memory, setup, span, step_and_eval_models, sync)
+from training.device import (CompileFallback, Dist, Runtime, Threads, choose_threads, compile_wanted, flops_per_token,
+                             free_memory, is_out_of_memory, setup, span, step_and_eval_models, sync)
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory
@@ -91,7 +91,7 @@ def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainCo
     trains on: offline, "shakespeare" falls back to "pystdlib" where fallback allows, and cfg.data then says pystdlib,
     so that a later resume, online, does not switch texts. Without --out_dir the run goes to out/<preset>-<corpus>."""
     corpus = resolve(cfg.data, default_cache_dir(cfg.cache_dir), say=say, fallback=fallback)
-    if cfg.data in NAMED and corpus.name != cfg.data:
+    if cfg.data in NAMED:
         cfg.data = corpus.name
     if not cfg.out_dir:
         path = Path(corpus.name)
@@ -104,8 +104,7 @@ def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainCo
     return cfg, corpus
 
 
-def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab: str = "",
-                 check=None) -> Prepared:
+def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab: str = "", check=None) -> Prepared:
     """The token files of the run's corpus (found here unless choose_corpus already found it)."""
     cache_dir = default_cache_dir(cfg.cache_dir)
     corpus = corpus or resolve(cfg.data, cache_dir, say=say)
@@ -116,11 +115,10 @@ def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab
 def same_text(resumed: dict, source: Path, data_named: bool):
     """prepare()'s check for --resume (its docstring says when it runs): a text the checkpoint names (no --data given)
     must match its recorded checksum before it is read further, and any text must have the checkpoint's vocabulary."""
-    record = resumed.get("data") if isinstance(resumed.get("data"), dict) else {}
+    recorded = resumed.get("data", {}).get("sha256")  # a dict and a string where present (checkpoint.load checks)
 
     def check(sha256: str, vocab: str | None) -> None:
-        recorded = record.get("sha256")
-        if not data_named and isinstance(recorded, str) and recorded != sha256:
+        if not data_named and recorded not in (None, sha256):
             raise UserError(f"--resume: the text {source} names is not the text it was trained on (its checksum "
                             f"differs from the checkpoint's record), so nothing was prepared; put the original text "
                             f"back, or give --data to go on with another text")
@@ -136,15 +134,12 @@ def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
     --data, unless it is a regular file of the recorded size (data.gate.recorded_size), so never a folder, a device, a
     file of /proc or a text it has no record of; it is then read only for its checksum, which same_text checks."""
     path = Path(data).expanduser()
-    record = resumed.get("data") if isinstance(resumed.get("data"), dict) else {}
     if not path.exists():
         raise UserError(f"--resume: the text this run trained on, {data}, is no longer there; put it back, or give "
                         f"its new place with --data (the same text)")
-    why = recorded_size(path, record)
-    if why:
-        quoted = shlex.quote(data)
+    if why := recorded_size(path, resumed.get("data", {})):
         raise UserError(f"--resume: {source} names {data} as its text, but {why}, so it was not read; put the "
-                        f"original text back, or give it with --data {quoted} (to go on with that text)")
+                        f"original text back, or give it with --data {shlex.quote(data)} (to go on with that text)")
 
 
 def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
@@ -205,8 +200,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             if note := stretched_schedule(saved, cfg, resumed["iter"]):
                 log.say(note)
             check_same_model(cfg, resumed, source)
-            done = finished_run(run_dir, resumed, cfg)
-            if done:
+            if done := finished_run(run_dir, resumed, cfg):
                 return done
             if "data" not in explicit and cfg.data not in NAMED:
                 check_recorded_text(cfg.data, resumed, source)
@@ -238,9 +232,8 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
         if not d.is_main:
             with phases.timing("data"):
                 prepared = prepare_data(cfg, log.say, base_vocab=base_vocab, check=check)  # rank 0's, in the cache
-        trained_on = resumed.get("data") if resumed is not None else None
-        changed = isinstance(trained_on, dict) and trained_on.get("sha256") not in (None, prepared.meta["sha256"])
-        if d.is_main and changed:
+        recorded = resumed.get("data", {}).get("sha256") if resumed is not None else None
+        if d.is_main and recorded not in (None, prepared.meta["sha256"]):
             log.say(f"note: the text of {prepared.meta['source']} is not the text step {resumed['iter']} was trained "
                     f"on (its checksum differs); the run goes on with this text, so it will not match an uninterrupted "
                     f"run")

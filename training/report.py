@@ -98,7 +98,11 @@ class Log:
         return self._writer
 
     def evaluation(self, it: int, losses: dict[str, float]) -> None:
-        self._scalars(it, {"loss/train_eval": losses["train"], "loss/val": losses["val"]})
+        scalars = {"loss/train_eval": losses["train"], "loss/val": losses["val"]}
+        for tag, value in scalars.items():
+            self._write("add_scalar", tag, value, it)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=it)
 
     def sample(self, it: int, text: str) -> None:
         self._text("samples", text, it)
@@ -130,12 +134,6 @@ class Log:
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
             self.wandb.summary.update(metrics)
-
-    def _scalars(self, step: int, values: dict[str, float]) -> None:
-        for tag, value in values.items():
-            self._write("add_scalar", tag, value, step)
-        if self.wandb is not None:
-            self.wandb.log(values, step=step)
 
     def _text(self, tag: str, text: str, step: int) -> None:
         self._write("add_text", tag, "```\n" + text + "\n```", step)
@@ -270,16 +268,16 @@ class Phases:
         return {**self.seconds, "other": max(0.0, total - sum(self.seconds.values())), "total": total}
 
     def line(self, report: dict[str, float]) -> str:
-        parts = [f"{seconds:.1f} s {phase}" + (f" (the first {self.first_step:.1f} s)" if phase == "training steps"
-                                                and self.first_step is not None else "")
+        first = f" (the first {self.first_step:.1f} s)" if self.first_step is not None else ""
+        parts = [f"{seconds:.1f} s {phase}" + (first if phase == "training steps" else "")
                  for phase, seconds in report.items()
                  if phase != "total" and (seconds >= 0.05 or phase == "training steps")]
         since = "since the command started" if self.seconds["start-up"] else "in this call"
         expected = ""
         if self.expected is not None:
-            low, high = self.expected
-            expected = f" (estimated before the first step: {low:.0f}-{high:.0f} s)" if round(low) != round(high) \
-                else f" (estimated before the first step: {low:.0f} s)"
+            low, high = (f"{seconds:.0f}" for seconds in self.expected)
+            estimate = low if low == high else f"{low}-{high}"
+            expected = f" (estimated before the first step: {estimate} s)"
         return f"where the time went: {', '.join(parts)}; {report['total']:.1f} s {since}{expected}"
 
 
@@ -291,7 +289,7 @@ class TrainClock:
     def __init__(self, it: int, train_seconds: float, device: torch.device, phases: Phases):
         self.device, self.phases = device, phases
         self.trained = train_seconds  # before the stretch now running (earlier sessions' included)
-        self.started, self.compiled = time.perf_counter(), compile_seconds()
+        self.restart()
         self.first_step = it + 1
 
     def pause(self) -> float:
@@ -302,10 +300,11 @@ class TrainClock:
         self.trained += stretch
         self.phases.seconds["compilation"] += compiling
         self.phases.seconds["training steps"] += stretch
-        self.started, self.compiled = time.perf_counter(), compile_seconds()
+        self.restart()
         return self.trained
 
     def restart(self) -> None:
+        """Start a stretch of training steps (the clock was paused, or has just been made)."""
         self.started, self.compiled = time.perf_counter(), compile_seconds()
 
     def first_step_done(self) -> None:
@@ -366,9 +365,8 @@ def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[s
     lines = [f"done: {it} steps, {summary['train_seconds']:.1f} s of training steps"
              + (" in all its sessions" if cfg.resume else "")]
     if summary["stopped_early"]:
-        lines[0] += (f"; stopped early: {evals_since_best} evaluations in a row did not beat step {step}'s "
-                     f"validation loss (--patience {cfg.patience}; --patience 0 trains on to --max_iters "
-                     f"{cfg.max_iters})")
+        lines[0] += (f"; stopped early: {evals_since_best} evaluations in a row did not beat step {step}'s validation "
+                     f"loss (--patience {cfg.patience}; --patience 0 trains on to --max_iters {cfg.max_iters})")
     full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
             if "full_val_loss" in summary else "")
     last = summary["val_loss"]
