@@ -6,7 +6,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,19 +22,8 @@ from training.optim import configure_optimizer
 from training.run_folder import write_atomic
 
 
-class Run(Protocol):
-    """What capture() and restore() read and write of a run: training.opening.Run has all of it (opening builds
-    runs from checkpoints, so this module names the parts instead of importing it)."""
-    model: torch.nn.Module
-    model_cfg: Any
-    cfg: Any
-    tokenizer: Any
-    optimizer: torch.optim.Optimizer
-    scaler: Any
-    batches: Any
-    rt: Any
-    data_info: dict
-    tokens_per_iter: int
+if TYPE_CHECKING:  # for the annotations only: training.opening builds runs from checkpoints, so it imports this module
+    from training.opening import Run
 
 
 FORMAT = 1
@@ -97,8 +86,7 @@ def restore(run: Run, state: dict, d: Dist = Dist()) -> Progress:
     return Progress(it=state["iter"], best_val=state["best_val_loss"], train_seconds=state.get("train_seconds", 0.0),
                     eval_done=state.get("eval_done", True), last_eval=state.get("last_eval", {}),
                     evals_since_best=state.get("evals_since_best", 0),
-                    losses={"train": [tuple(point) for point in losses["train"]],
-                            "eval": [tuple(point) for point in losses["eval"]]})
+                    losses={name: [tuple(point) for point in losses[name]] for name in ("train", "eval")})
 
 
 def non_finite(weights: dict) -> str | None:
@@ -109,13 +97,11 @@ def non_finite(weights: dict) -> str | None:
 
 def save(state: dict, path: Path) -> None:
     """Write state as a checkpoint (write_atomic: never half a file); weights that are not finite are refused."""
-    bad = non_finite(state.get("model", {}))
-    if bad:
+    if bad := non_finite(state.get("model", {})):
         raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}): training "
                         f"diverged; the previous checkpoint is kept; try a lower --learning_rate (or --dtype float32), "
                         f"then --resume")
     write_atomic(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint")
-
 
 
 def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -> dict:
@@ -150,8 +136,7 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
     except (RuntimeError, TypeError) as err:  # the file passed every check: the device (or its dtypes) cannot hold it
         raise UserError(f"{path} is readable, but {target} cannot hold its weights ({in_one_line(err)}); load it "
                         f"onto cpu") from None
-    bad = non_finite(state["model"])
-    if bad:
+    if bad := non_finite(state["model"]):
         raise UserError(f"{path} holds weights that are not finite (NaN or inf in {bad}); it cannot be used: "
                         f"take another checkpoint (ckpt_best.pt or ckpt_last.pt) or train again")
     if resume:
@@ -244,14 +229,12 @@ def unit(value) -> bool:
     return gate.is_number(value) and 0 <= value < 1
 
 
+NON_NEGATIVE = (lambda v: gate.is_number(v) and math.isfinite(v) and v >= 0, "a finite number, 0 or more")
+ON_OFF = (lambda v: v is None or isinstance(v, bool), "true, false or None")
 FREE_SETTINGS = {
-    "lr": (lambda v: gate.is_number(v) and math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
-    "weight_decay": (lambda v: gate.is_number(v) and math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
-    "betas": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(unit, v)),
-              "two numbers in [0, 1)"),
+    "lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "fused": ON_OFF, "foreach": ON_OFF,
     "momentum": (unit, "a number in [0, 1)"),
-    "fused": (lambda v: v is None or isinstance(v, bool), "true, false or None"),
-    "foreach": (lambda v: v is None or isinstance(v, bool), "true, false or None"),
+    "betas": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(unit, v)), "two numbers in [0, 1)"),
 }
 
 
@@ -264,33 +247,32 @@ def check_optimizer(state: dict, config, path: Path) -> None:
         raise gate.damaged(path, "run_config.optimizer", kind, " or ".join(OPTIMIZERS))
     model = skeleton(config, path)
     built = configure_optimizer(model, 1e-3, 0.0, (0.9, 0.99), "meta", kind, "float32")
-    parts = {"muon": built.muon, "adamw": built.adamw} if hasattr(built, "muon") else {"": built}
     saved = state["optimizer"]
-    if set(parts) != {""}:
-        if not (isinstance(saved, dict) and set(saved) == set(parts)):
-            raise gate.damaged(path, "optimizer", saved, f"the state of {' and '.join(parts)}")
-    for name, optimizer in parts.items():
-        found = saved[name] if name else saved
-        field = f"optimizer.{name}" if name else "optimizer"
+    parts = [("optimizer", built, saved)]  # (where in the file, the optimizer built, its saved state)
+    if hasattr(built, "muon"):  # MuonAndAdamW: the state of each under its name
+        if not (isinstance(saved, dict) and set(saved) == {"muon", "adamw"}):
+            raise gate.damaged(path, "optimizer", saved, "the state of muon and adamw")
+        parts = [(f"optimizer.{name}", getattr(built, name), saved[name]) for name in ("muon", "adamw")]
+    for where, optimizer, found in parts:
         expected = optimizer.state_dict()
         if not (isinstance(found, dict) and set(found) == {"state", "param_groups"}
                 and isinstance(found["state"], dict) and isinstance(found["param_groups"], list)
                 and len(found["param_groups"]) == len(expected["param_groups"])):
-            raise gate.damaged(path, field, found, f"an optimizer's state with {len(expected['param_groups'])} "
+            raise gate.damaged(path, where, found, f"an optimizer's state with {len(expected['param_groups'])} "
                                                    f"groups, as --optimizer {kind} writes")
         shapes = {}
         for i, (group, want) in enumerate(zip(found["param_groups"], expected["param_groups"])):
             if not (isinstance(group, dict) and group.get("params") == want["params"]):
-                raise gate.damaged(path, f"{field}.param_groups.{i}", group, "the group of weights this model has")
-            gate.check_settings(group, want, FREE_SETTINGS, path, f"{field}.param_groups.{i}")
-            shapes.update({index: tuple(p.shape) for index, p in zip(want["params"], optimizer.param_groups[i]["params"])})
+                raise gate.damaged(path, f"{where}.param_groups.{i}", group, "the group of weights this model has")
+            gate.check_settings(group, want, FREE_SETTINGS, path, f"{where}.param_groups.{i}")
+            shapes.update(zip(want["params"], [tuple(p.shape) for p in optimizer.param_groups[i]["params"]]))
         names = OPTIMIZER_STATE[type(optimizer).__name__]
         for index, entry in found["state"].items():
             if index not in shapes or not isinstance(entry, dict):
-                raise gate.damaged(path, f"{field}.state.{index}", entry, "the state of one of the model's weights")
+                raise gate.damaged(path, f"{where}.state.{index}", entry, "the state of one of the model's weights")
             wanted = {key: gate.TensorSpec(() if key == "step" else shapes[index],
                                            STEP_DTYPES if key == "step" else (torch.float32,)) for key in names}
-            gate.check_tensors(entry, wanted, path, label="its optimizer's state", prefix=f"{field}.state.{index}.",
+            gate.check_tensors(entry, wanted, path, label="its optimizer's state", prefix=f"{where}.state.{index}.",
                                fits="the optimizer's state does not fit the model", holds=OPTIMIZER_HELD)
 
 
@@ -331,6 +313,7 @@ def check_later(state: dict, path: Path) -> None:
     """The values of the LATER fields (load checks their types): counts and seconds in range, numbers for losses and
     the scaler, and the record of the text (data) whole, as sample.py's default prompt and --resume's checks read it."""
     number = (gate.is_number, "a number")
+    count = (lambda v: type(v) is int and v >= 0, "a count, 0 or more")
     gate.check_values(state, {
         "tokens_per_iter": (lambda v: v >= 1, "a whole number of tokens, 1 or more"),
         "evals_since_best": (lambda v: v >= 0, "a count, 0 or more"),
@@ -340,7 +323,6 @@ def check_later(state: dict, path: Path) -> None:
     if not set(last) <= {"train", "val"}:
         raise gate.damaged(path, "last_eval", last, "the losses of an evaluation (train, val)")
     gate.check_values(last, {"train": number, "val": number}, path, "last_eval.")
-    count = (lambda v: type(v) is int and v >= 0, "a count, 0 or more")
     gate.check_values(state.get("data", {}), {
         "source": (lambda v: isinstance(v, str), "the name of a text"),
         "sha256": (lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
@@ -351,9 +333,8 @@ def check_later(state: dict, path: Path) -> None:
     scaler = state.get("scaler")
     if scaler is not None:
         positive = (lambda v: gate.is_number(v) and math.isfinite(v) and v > 0, "a finite positive number")
-        whole = (lambda v: type(v) is int and v >= 0, "a count, 0 or more")
         gate.check_values(scaler, {"scale": positive, "growth_factor": positive, "backoff_factor": positive,
-                                   "growth_interval": whole, "_growth_tracker": whole}, path, "scaler.")
+                                   "growth_interval": count, "_growth_tracker": count}, path, "scaler.")
 
 
 def check_losses(losses: dict, it: int, path: Path) -> None:
@@ -371,7 +352,6 @@ def check_losses(losses: dict, it: int, path: Path) -> None:
 
 def load_model(path: Path, device: torch.device | str = "cpu"):
     """(model in eval mode on device, tokenizer, state) of a checkpoint that load() has checked, else one line."""
-    from data.tokenizer import CharTokenizer
     from model import GPT
 
     state = load(path, device)

@@ -71,10 +71,9 @@ def evaluate(model, batches, rt: Runtime, eval_iters: int, d: Dist = Dist(),
     out = {}
     try:
         for split in ("train", "val"):
-            if split == "val" and batches.val_fits(eval_iters):
-                out["val"] = full_validation_loss(model, batches, rt, d, stop, progress)
-            else:
-                out[split] = mean_loss(model, batches.fixed_batches(split, eval_iters), rt, d, stop, progress)
+            full = split == "val" and batches.val_fits(eval_iters)  # every validation window: the exact loss
+            windows = batches.val_windows() if full else batches.fixed_batches(split, eval_iters)
+            out[split] = mean_loss(model, windows, rt, d, stop, progress)
             if out[split] is None:
                 return None
     finally:

@@ -83,21 +83,19 @@ class Muon(torch.optim.Muon):
         the same arithmetic as one at a time, in as many operations (GPU kernel launches) for 6 layers as for 2."""
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
+            same_shape: dict[torch.Size, list[torch.Tensor]] = {}
             for p in params:  # made at the first step, under torch.optim.Muon's key, so checkpoints are interchangeable
                 if "momentum_buffer" not in self.state[p]:
                     self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-            grads, buffers = [p.grad for p in params], [self.state[p]["momentum_buffer"] for p in params]
-            lr, decay = group["lr"], 1 - group["lr"] * group["weight_decay"]
-            stacks: dict[torch.Size, list[tuple]] = {}
-            for trio in zip(params, grads, buffers):
-                stacks.setdefault(trio[0].shape, []).append(trio)
-            for shape, stack in stacks.items():
-                step_size = muon_step_size(lr, group["adjust_lr_fn"], shape)
-                params_, grads_, buffers_ = map(list, zip(*stack))
+                same_shape.setdefault(p.shape, []).append(p)
+            decay = 1 - group["lr"] * group["weight_decay"]
+            for shape, matrices in same_shape.items():
+                step_size = muon_step_size(group["lr"], group["adjust_lr_fn"], shape)
+                grads, buffers = [p.grad for p in matrices], [self.state[p]["momentum_buffer"] for p in matrices]
                 if finite is None:
-                    self._update_in_place(group, params_, grads_, buffers_, decay, step_size)
+                    self._update_in_place(group, matrices, grads, buffers, decay, step_size)
                 else:
-                    self._update_stacked(group, params_, grads_, buffers_, decay, step_size, finite)
+                    self._update_stacked(group, matrices, grads, buffers, decay, step_size, finite)
 
     def _update_in_place(self, group: dict, params: list, grads: list, buffers: list, decay: float,
                          step_size: float) -> None:

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.ft2font import FT2Font  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -92,21 +93,18 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
     # Fixed margins in inches, room for the labels, titles and colour bar: faster than constrained layout, same picture.
     fig.subplots_adjust(left=0.45 / width, right=1 - 1.05 / width, bottom=0.5 / height, top=1 - 0.3 / height,
                         wspace=0.2, hspace=0.25)
-    from matplotlib.patches import Patch, Rectangle
-
     labels, families, _ = tick_labels(text)
     step = 1 if every_label else math.ceil(len(labels) / 20)  # at most 20 tick labels per axis: they never overlap
+    ticks = list(range(0, len(labels), step))
+    size = weights.size(-1)  # T
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # masked cells: see through, to the hatch
-    image = None
     for ax in axes.flat[len(heads):]:
         ax.axis("off")
     for ax, head in zip(axes.flat, heads):
-        size = weights.size(-1)
         ax.add_patch(Rectangle((-0.5, -0.5), size, size, facecolor=MASKED_FILL, edgecolor=MASKED_HATCH, hatch="///",
                                linewidth=0, zorder=0))  # under the heatmap: shows only where the mask hides a cell
         image = ax.imshow(causal_cells(weights[head]), cmap=cmap, vmin=0.0, vmax=1.0, zorder=1)
         ax.set_title(panel_title(layer, head), fontsize=9)
-        ticks = list(range(0, len(labels), step))
         ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)
         ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)
         ax.set_xlabel("key (attended to)", fontsize=7)
@@ -214,22 +212,22 @@ def _fonts() -> tuple[tuple[str, str], ...]:
 @lru_cache(maxsize=None)
 def _system_font_files() -> tuple[str, ...]:
     """Font files on this machine that matplotlib's cached font list may not know yet (installed since it was made)."""
-    known = {path for _, path in _fonts()}
-    regular_first = lambda path: ("Regular" not in Path(path).name, path)  # noqa: E731
-    return tuple(sorted(set(font_manager.findSystemFonts()) - known, key=regular_first))
+    new = set(font_manager.findSystemFonts()) - {path for _, path in _fonts()}
+    return tuple(sorted(new, key=lambda path: ("Regular" not in Path(path).name, path)))  # Regular before Bold, Italic
 
 
 @lru_cache(maxsize=None)
 def font_for(ch: str) -> str | None:
     """The first installed font (BASE first) with a glyph for ch, or None; one installed since matplotlib listed the
     fonts is found too, and added to its list so that it can draw."""
-    found = next((name for name, path in _fonts() if ord(ch) in _charmap(path)), None)
-    if found is None:
-        path = next((path for path in _system_font_files() if ord(ch) in _charmap(path)), None)
-        if path is not None:
+    for name, path in _fonts():
+        if ord(ch) in _charmap(path):
+            return name
+    for path in _system_font_files():
+        if ord(ch) in _charmap(path):
             font_manager.fontManager.addfont(path)
-            found = font_manager.FontProperties(fname=path).get_name()
-    return found
+            return font_manager.FontProperties(fname=path).get_name()
+    return None
 
 
 def label(ch: str) -> str:
