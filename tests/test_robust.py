@@ -236,7 +236,8 @@ def test_the_stop_note_says_what_happens_to_a_step_of_several_micro_batches_and_
 
 def test_a_doubled_signal_is_one_stop_request_and_a_later_one_stops_at_once(monkeypatch):
     """Under torchrun a Ctrl-C arrives twice within milliseconds (terminal + torchrun's forwarding): still one request
-    to stop at the step boundary. Another signal after the grace time interrupts at once."""
+    to stop at the step boundary. Another signal after the grace time interrupts at once, naming the checkpoint left
+    and the command that continues from it."""
     monkeypatch.setattr(train.StopRequest, "GRACE_SECONDS", 0.5)
     with train.StopRequest() as stop:
         stop.saving = True  # training: the first signal asks for a stop at the step boundary
@@ -248,7 +249,9 @@ def test_a_doubled_signal_is_one_stop_request_and_a_later_one_stops_at_once(monk
         time.sleep(0.01)
         assert stop.requested
         time.sleep(0.5)
-        with pytest.raises(KeyboardInterrupt):
+        stop.saved, stop.resume = "the last checkpoint, out/x/ckpt_last.pt (step 7), is intact", "python train.py ..."
+        with pytest.raises(KeyboardInterrupt, match=r"^stopped at once; the last checkpoint, out/x/ckpt_last.pt "
+                                                    r"\(step 7\), is intact. Continue with: python train.py \.\.\.$"):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.1)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are given back

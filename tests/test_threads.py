@@ -339,13 +339,13 @@ def test_the_scripts_read_the_newest_run_that_no_process_trains_in_and_say_which
         assert run_folder.find("", "", say=said.append) == Path("out") / "finished" / "ckpt_best.pt"
         assert said[0].startswith("no --out_dir given: out/finished, the newest run in out/ that has finished (its "
                                   "model saved ")
-        assert f"; passed over out/training, still training (process {os.getpid()}" in said[0]
+        assert f"; passed over out/training, which process {os.getpid()} (" in said[0] and "is still training" in said[0]
         (tmp_path / "out" / "finished" / "summary.json").unlink()
         assert run_cli(sample_cli.main, ["--max_new_tokens", "5"]) == 0
         assert "out/finished, the newest run in out/ that has stopped" in capsys.readouterr().err
         shutil.rmtree(tmp_path / "out" / "finished")
         assert run_cli(sample_cli.main, ["--max_new_tokens", "5"]) == 2
         assert capsys.readouterr().err.startswith("error: the runs in out/ are all still training (out/training, "
-                                                  "still training (process ")
+                                                  "which process ")
     finally:
         held.release()

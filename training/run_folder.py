@@ -446,9 +446,9 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
         return Path(ckpt)
     if not out_dir:
         newest, training = newest_run(Path("out"), names)
-        passed_over = "; ".join(f"{folder}, still training ({owner})" for folder, owner in training[:2])
+        passed_over = "; ".join(f"{folder}, which {owner} is still training" for folder, owner in training[:2])
         if newest is None and training:
-            raise UserError(f"the runs in out/ are all still training ({passed_over}): wait for one to finish, or "
+            raise UserError(f"the runs in out/ are all still training ({passed_over}); wait for one to finish, or "
                             f"give --out_dir {training[0][0]} to read the model it saved last")
         if newest is None:
             raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE; out/ holds no "

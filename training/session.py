@@ -114,6 +114,7 @@ class Session:
                                      f"was{apart}")) from None
         if name == LAST:
             self.stop.saved = f"the last checkpoint, {self.run_dir.path / name} (step {self.progress.it}), is intact"
+            self.stop.resume = f"python train.py --out_dir {shlex.quote(str(self.run_dir.path))} --resume"
 
     def save_stopped(self) -> bool:
         """A stop request ended the loop: rank 0 saves ckpt_last.pt, or, while an --overwrite's old run is set aside
@@ -268,6 +269,7 @@ class StopRequest:
         self.undo = False  # whether a step of several micro-batches is undone by a stop between them
         self.ending: str | None = None  # what a request ends instead, once the steps are over (the final validation)
         self.saved = "no checkpoint of this run was written"  # what survives a stop at once
+        self.resume = ""  # the command that continues from it, once there is one
         self.first_at = 0.0
         self.previous: dict = {}
 
@@ -303,7 +305,8 @@ class StopRequest:
     def handle(self, signum, frame) -> None:
         if self.requested:
             if time.monotonic() - self.first_at >= self.GRACE_SECONDS:
-                raise Interrupted(f"stopped at once; {self.saved}")
+                resume = f". Continue with: {self.resume}" if self.resume else ""
+                raise Interrupted(f"stopped at once; {self.saved}{resume}")
             return
         self.requested, self.first_at = True, time.monotonic()
         if not self.saving:
