@@ -39,7 +39,8 @@ def build_parser() -> ArgumentParser:
                                               "default: the text the run trained on")
     p.add_argument("--split", choices=("val", "all"), default="val",
                    help="val: the text's last part, which training holds out for validation (a model never saw it "
-                        "there); all: the whole text (a text the model was not trained on)")
+                        "there); all: the whole text (for a text the model was not trained on: on its own, the "
+                        "training part is scored too)")
     p.add_argument("--stride", type=int, default=None,
                    help="characters between window starts (default and at most: block_size, windows side by side; "
                         "smaller: each character gets at least block_size - stride of context, a lower figure)")
