@@ -241,10 +241,10 @@ def test_a_long_run_on_threads_it_did_not_measure_names_measuring_first(corpus, 
     assert ("; for a shorter one: --num_threads 0, which measures the faster thread count; or " in messages[0]) == named
 
 
-def test_a_large_model_is_timed_on_one_window_and_its_time_scaled_to_the_step(corpus, tmp_path, monkeypatch):
-    """A micro-batch over PROBE_FLOPS (the GPU recipe on a CPU: a minute a step) is timed on one window, not the
-    batch, and the time scaled by the windows of a step (here 8 a micro-batch, 3 micro-batches); the threads line
-    says its times are scaled."""
+def test_a_large_model_is_timed_on_part_of_a_batch_and_its_time_scaled_to_the_step(corpus, tmp_path, monkeypatch):
+    """A micro-batch over PROBE_FLOPS (the GPU recipe on a CPU: a minute a step) is timed on as many windows as
+    PROBE_FLOPS allows (at least one), not the batch, and the time scaled by the windows of a step (here 8 a
+    micro-batch, 3 micro-batches); the threads line says its times are scaled."""
     run, _ = built_run(corpus, tmp_path, "--grad_accum_steps", "3")
     assert ProbeStep(run, train.update).rows == 8
     monkeypatch.setattr(opening, "PROBE_FLOPS", 0.0)
@@ -252,6 +252,10 @@ def test_a_large_model_is_timed_on_one_window_and_its_time_scaled_to_the_step(co
     clock = iter([10.0, 10.5])  # the call's start and end: half a second for the one window
     monkeypatch.setattr(opening.time, "perf_counter", lambda: next(clock))
     assert probe.rows == 1 and probe() == 0.5 * 8 * 3
+    # as many sequences as PROBE_FLOPS allows: a CPU runs a batch faster per sequence than one sequence alone
+    monkeypatch.setattr(opening, "PROBE_FLOPS", 3.5 * run.flops_per_token * run.cfg.block_size)
+    assert ProbeStep(run, train.update).rows == 3
+    monkeypatch.setattr(opening, "PROBE_FLOPS", 0.0)
     # what the run then says of its timings names them as scaled, not as timed
     assert opening.step_timed(run) == ", scaled from 1 of its 24 sequences"  # 8 a micro-batch, 3 micro-batches
     run.threads = device.Threads(2, "asked", {2: [12.0, 13.0]})

@@ -382,7 +382,7 @@ class Estimate:
         return self.steps + self.evaluations + self.full_validation
 
 
-# Past this many FLOPs ProbeStep times one window of a micro-batch and scales the time, so the estimate comes quickly.
+# Past this many FLOPs ProbeStep times part of a micro-batch and scales the time, so the estimate comes quickly.
 PROBE_FLOPS = 1e11
 
 
@@ -411,9 +411,10 @@ class ProbeStep:
 
 
 def probe_rows(run: Run) -> int:
-    """The sequences of a micro-batch that ProbeStep times: all of them, or 1 (scaled up) past PROBE_FLOPS."""
-    micro_batch_flops = run.flops_per_token * run.cfg.batch_size * run.cfg.block_size
-    return run.cfg.batch_size if micro_batch_flops <= PROBE_FLOPS else 1
+    """The sequences of a micro-batch that ProbeStep times: as many as PROBE_FLOPS allows (at least 1), the time then
+    scaled up; one sequence alone runs a CPU's matrix products far below their speed on a batch."""
+    sequence_flops = run.flops_per_token * run.cfg.block_size
+    return max(1, min(run.cfg.batch_size, int(PROBE_FLOPS // sequence_flops)))
 
 
 def step_timed(run: Run) -> str:
