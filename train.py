@@ -266,7 +266,8 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
     speak = say if d.is_main else (lambda message: None)
     if cfg.wandb and "wandb" in explicit and importlib.util.find_spec("wandb") is None:
         raise UserError("--wandb: the wandb package is not installed (pip install wandb; then wandb login, or "
-                        "WANDB_MODE=offline to keep its logs in the run folder); leave --wandb out for TensorBoard alone")
+                        "WANDB_MODE=offline to keep its logs in the run folder); leave --wandb out for TensorBoard "
+                        "alone")
     if cfg.resume or cfg.init_from:  # (the note's later lines, on what the command line set, stay)
         whose = (f"the saved config of {cfg.out_dir or 'the run'}" if cfg.resume else
                  f"the settings of the run {cfg.init_from} starts from")

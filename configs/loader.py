@@ -1,5 +1,5 @@
 """From the command line to a TrainConfig: a preset from configs/ (or any .toml file), then --field overrides; and
-the config of a run resumed, or fine-tuned from another (--init_from), from its checkpoint's with the command's over it."""
+the config of a run resumed, or fine-tuned from another (--init_from): its checkpoint's, with the command's over it."""
 from __future__ import annotations
 
 import argparse
@@ -198,7 +198,7 @@ def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
         raise UserError(f"{where}: its saved config is invalid ({err})") from None
 
 
-# ---- a run's config from a checkpoint: resumed, or fine-tuned from (--init_from) ----------------------------------------
+# ---- a run's config from a checkpoint: resumed, or fine-tuned from (--init_from) ------------------------------------
 # What a fine-tuning run takes from this command, never from the run it starts from: its text, its folders, this
 # machine's device and processes, and whether it resumes.
 OWN_SETTINGS = ("data", "cache_dir", "val_fraction", "encoding", "encoding_errors", "out_dir", "resume", "overwrite",
@@ -247,8 +247,8 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
 def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
                   ) -> tuple[TrainConfig, TrainConfig]:
     """(the run's saved config, the config it resumes with): the saved one with only the fields the user set now.
-    What the weights or the optimizer state fix (the shape, the optimizer) is refused; training settings (dropout, the learning rate, max_iters, ...) change
-    with a note, and the global batch is kept (keep_global_batch)."""
+    What the weights or the optimizer state fix (the shape, the optimizer) is refused; training settings (dropout,
+    the learning rate, max_iters, ...) change with a note, and the global batch is kept (keep_global_batch)."""
     old = config_from_dict(state["run_config"], str(where), say)
     values = old.to_dict()
     # Where a run writes is the user's word, never a checkpoint's: the folder being resumed, and the cache the command

@@ -338,9 +338,14 @@ def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
             f"--n_layer); {saved}")
 
 
+def resume_command(folder: Path, advice: str = "") -> str:
+    """The command that continues the run in folder, with advice's flags (such as fewer threads)."""
+    return f"python train.py --out_dir {shlex.quote(str(folder))} --resume" + (f" {advice}" if advice else "")
+
+
 def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str = "") -> str:
     """The line of a run a stop request ended: where its step is saved, and the resume command with advice's flags."""
-    resume = f"python train.py --out_dir {shlex.quote(str(folder))} --resume" + (f" {advice}" if advice else "")
+    resume = resume_command(folder, advice)
     if in_final_validation:
         return f"stopped during the final validation; step {it} is saved in {folder / LAST}. Finish it with: {resume}"
     return f"stopped at step {it} (its last finished step); saved {folder / LAST}. Continue with: {resume}"

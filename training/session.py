@@ -7,7 +7,6 @@ import contextlib
 import json
 import math
 import os
-import shlex
 import signal
 import statistics
 import time
@@ -24,7 +23,7 @@ from training.checkpoint import Progress
 from training.device import Dist, SlowdownWatch, for_sampling
 from training.evaluation import began_overfitting, evaluate, full_validation_loss
 from training.opening import Run
-from training.report import Log, TrainClock, overfitting_line
+from training.report import Log, TrainClock, overfitting_line, resume_command
 from training.run_folder import ASIDE, BEST, LAST, LOSS_PICTURE, RunDir, WriteFailed, write_text_atomic
 
 
@@ -86,8 +85,7 @@ class Session:
         threads = self.run.threads
         if threads is None or not threads.steady or not self.d.is_main:
             return None
-        resume = f"python train.py --out_dir {shlex.quote(str(self.run_dir.path))} --resume"
-        self.watch = SlowdownWatch(statistics.median(threads.steady), threads.count, resume)
+        self.watch = SlowdownWatch(statistics.median(threads.steady), threads.count, resume_command(self.run_dir.path))
         return self.watch
 
     # ---- what the loop asks besides ----------------------------------------------------------------------------
@@ -114,7 +112,7 @@ class Session:
                                      f"was{apart}")) from None
         if name == LAST:
             self.stop.saved = f"the last checkpoint, {self.run_dir.path / name} (step {self.progress.it}), is intact"
-            self.stop.resume = f"python train.py --out_dir {shlex.quote(str(self.run_dir.path))} --resume"
+            self.stop.resume = resume_command(self.run_dir.path)
 
     def save_stopped(self) -> bool:
         """A stop request ended the loop: rank 0 saves ckpt_last.pt, or, while an --overwrite's old run is set aside
@@ -256,7 +254,8 @@ class StopRequest:
     is worth saving yet (`saving` False), else asks the loop to stop at a step boundary and save. Another, GRACE_SECONDS
     or more later, stops at once; one sooner is the same request (under torchrun each process gets a Ctrl-C twice,
     milliseconds apart). An output that can take no more (train.py's GuardedOutput calls output_gone()) is one request
-    too, so that the run saves rather than die unsaved at its next line. Outside a `with` block (tests) nobody sets it."""
+    too, so that the run saves rather than die unsaved at its next line. Outside a `with` block (tests) nobody sets
+    it."""
 
     GRACE_SECONDS = 1.0
 
