@@ -162,6 +162,34 @@ class HostWaits:
             self._undo.pop()()
 
 
+class GraphRecordings:
+    """with GraphRecordings() as graphs: ... counts the CUDA graphs recorded inside (graphs.count). Every recording goes
+    through torch.cuda.CUDAGraph.capture_begin (torch.cuda.graph's, which inductor's CUDA graph trees use). The empty
+    graph that graph trees' manager captures when it is built, only to keep its memory pool alive, records no step and
+    is left out: the nearest frame in torch's cudagraph_trees.py says who records, the manager or one of its nodes."""
+
+    def __init__(self):
+        self.count = 0
+
+    @staticmethod
+    def pool_keeper(frame) -> bool:
+        while frame is not None and not frame.f_code.co_filename.endswith("cudagraph_trees.py"):
+            frame = frame.f_back
+        return frame is not None and type(frame.f_locals.get("self")).__name__ == "CUDAGraphTreeManager"
+
+    def __enter__(self) -> "GraphRecordings":
+        self._begin = begin = torch.cuda.CUDAGraph.capture_begin
+
+        def counted(graph, *args, **kwargs):
+            self.count += not self.pool_keeper(sys._getframe(1))
+            return begin(graph, *args, **kwargs)
+        torch.cuda.CUDAGraph.capture_begin = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.cuda.CUDAGraph.capture_begin = self._begin
+
+
 def count_host_syncs(step, iters: int, device: torch.device) -> HostWaits:
     """The host's waits for the device over iters training steps (HostWaits: how many, and where)."""
     with HostWaits(device) as waits:

@@ -135,7 +135,7 @@ from model.generate import compiled_step, generate, one_token_step
 from training import checkpoint
 from training.device import pick_dtype
 sys.path.insert(0, "scripts")
-from bench import HostWaits
+from bench import GraphRecordings, HostWaits
 path, kind, n, most = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 model, _, _ = checkpoint.load_model(path, device)
@@ -143,42 +143,30 @@ params = model.num_params(non_embedding=False)
 model = model.to(pick_dtype("auto", device, sampling=True, params=params))
 said = []
 step = compiled_step(device.type, warn=said.append) if kind == "compiled" else one_token_step
-recorded = []
-def pool_keeper():  # graph trees capture one empty graph when their manager is built, to keep its memory pool alive
-    frame = sys._getframe(2)  # the nearest frame in graph trees says who records: the manager or a node
-    while frame and not frame.f_code.co_filename.endswith("cudagraph_trees.py"):
-        frame = frame.f_back
-    return frame is not None and type(frame.f_locals.get("self")).__name__ == "CUDAGraphTreeManager"
-if device.type == "cuda":  # every CUDA graph recording goes through capture_begin (torch.cuda.graph, graph trees)
-    begin = torch.cuda.CUDAGraph.capture_begin
-    def counted_begin(self, *args, **kw):
-        if not pool_keeper():
-            recorded.append(1)
-        return begin(self, *args, **kw)
-    torch.cuda.CUDAGraph.capture_begin = counted_begin
+recorded = GraphRecordings().__enter__()  # counting until the check ends (a CPU records no CUDA graph)
 counters.clear()
 prompts = [[1, 2, 3, 4, 5], [6], [7, 1]]
 warm = generate(model, prompts, n, temperature=0, step=step)
-first = len(recorded), counters["stats"]["unique_graphs"]  # CUDA graphs recorded and graphs compiled by the first call
+first = recorded.count, counters["stats"]["unique_graphs"]  # CUDA graphs recorded and graphs compiled by the first call
 with torch._dynamo.config.patch(error_on_recompile=True), \
         (HostWaits(device) if device.type == "cuda" else contextlib.nullcontext()) as waits:
     text = generate(model, prompts, n, temperature=0, step=step)
 skips = counters["inductor"]["cudagraph_skips"]
 print(*said, sep="\n", file=sys.stderr)
 print(f"{kind}, {model.wte.weight.dtype}: 3 rows x {n} characters, the same text twice: {text == warm}; "
-      + (f"{waits.count} host syncs in the counted call (at most {most}), {len(recorded)} CUDA graph(s) recorded "
+      + (f"{waits.count} host syncs in the counted call (at most {most}), {recorded.count} CUDA graph(s) recorded "
          f"({first[0]} by the first call, of {first[1]} graph(s) compiled), {skips} cudagraph skips{waits.describe()}"
          if device.type == "cuda"
          else "host syncs and CUDA graphs: counted on CUDA only"))
-bad = said or text != warm or (device.type == "cuda" and (waits.count > most or skips or first[0] != len(recorded)
-                                                          or len(recorded) != (kind == "compiled")))
+bad = said or text != warm or (device.type == "cuda" and (waits.count > most or skips or first[0] != recorded.count
+                                                          or recorded.count != (kind == "compiled")))
 sys.exit(1 if bad else 0)'
 
 part_smoke() {
     about_the_machine
     local run_dir=$work/preset whole=2.0
     [ "${QUICK:-0}" = 1 ] && whole=$bound
-    # 1. the GPU preset as a user runs it, compiled (bfloat16 where the GPU has it), end to end: time, loss, MFU
+    # 1. the GPU preset (uncompiled by default) compiled, bfloat16 where the GPU has it, end to end: time, loss, MFU
     check "GPU preset, compiled, end to end" --run "$run_dir" "$whole" python train.py --config shakespeare_char_gpu \
         --data "$corpus" --cache_dir "$work/cache" --out_dir "$run_dir" --compile true "${small[@]}" "${preset[@]}"
     # 2. how often a training step makes the host wait for the GPU: never, by design (compiled, after a warm-up)

@@ -357,6 +357,43 @@ def test_host_waits_on_cuda_count_each_synchronizing_call_where_it_happened_and_
     assert n == 2 and place.startswith("tests/test_bench.py:") and place.endswith(" (read_back)"), place
 
 
+def test_graph_recordings_count_every_cuda_graph_but_the_one_graph_trees_keep_their_memory_pool_with(monkeypatch):
+    """GraphRecordings counts each CUDA graph recorded inside it (each capture_begin, however deep below graph trees'
+    frames), except the empty graph that graph trees' manager records to keep its memory pool alive; capture_begin is
+    as it was after. torch's graph trees and torch.cuda.graph are played by stand-ins compiled under their file names."""
+    import textwrap
+    import torch
+    from bench import GraphRecordings
+
+    begun = []
+
+    def stand_in(graph, *args, **kwargs):
+        begun.append(graph)
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", stand_in)
+    torch_code = {}
+    exec(compile("import torch\ndef graph(name):\n    torch.cuda.CUDAGraph.capture_begin(name)\n",
+                 "/lib/torch/cuda/graphs.py", "exec"), torch_code)  # torch.cuda.graph: the recording one level down
+    exec(compile(textwrap.dedent("""
+        class CUDAGraphTreeManager:
+            def __init__(self):
+                graph("the pool keeper")
+
+        class CUDAGraphNode:
+            def record(self):
+                graph("a step")
+        """), "/lib/torch/_inductor/cudagraph_trees.py", "exec"), torch_code)
+
+    with GraphRecordings() as recorded:
+        torch_code["CUDAGraphTreeManager"]()
+        node = torch_code["CUDAGraphNode"]()
+        node.record()
+        node.record()
+        torch_code["graph"]("torch.cuda.graph in a user's code")
+    assert recorded.count == 3
+    assert begun == ["the pool keeper", "a step", "a step", "torch.cuda.graph in a user's code"]
+    assert torch.cuda.CUDAGraph.capture_begin is stand_in
+
+
 def test_score_nanogpt_scores_in_the_precision_evaluate_py_uses_for_a_run_of_ours(tmp_path, small_text, script):
     """A run of ours trained with --dtype auto is scored by evaluate.py in its own precision (bfloat16 on a CPU with
     bfloat16 units, float32 elsewhere); score_nanogpt.py, left to its default, scores a nanoGPT checkpoint in that same

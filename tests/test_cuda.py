@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mixed_precision_training_learns_and_resumes_exactly(corpus, tmp_path, dtype, optimizer):
     common = ("--device", "cuda:0", "--dtype", dtype, "--log_interval", "1", "--eval_interval", "10",
-              "--optimizer", optimizer)
+              "--optimizer", optimizer, "--lr_decay_iters", "20")  # the 20-step schedule for the run stopped at 10
     whole = train_debug(corpus, tmp_path / "whole", "--max_iters", "20", *common)
     train_debug(corpus, tmp_path / "parts", "--max_iters", "10", *common)
     resumed = train_debug(corpus, tmp_path / "parts", "--max_iters", "20", "--resume", *common)
@@ -78,21 +78,15 @@ def test_sampling_on_the_gpu_equals_the_cpu_and_reads_back_once(sharp_model, hos
 
 
 @pytest.fixture
-def graphs(monkeypatch):
-    """graphs() -> (CUDA graphs recorded, inductor's cudagraph_skips) since the fixture began: every recording goes
-    through torch.cuda.CUDAGraph.capture_begin (torch.cuda.graph's, which inductor's CUDA graph trees use), and a
-    step that inductor could not put in a graph (a mutated input, a CPU tensor, ...) counts a skip and runs
-    without one."""
+def graphs():
+    """graphs() -> (CUDA graphs recorded, inductor's cudagraph_skips) since the fixture began: recordings counted by
+    scripts/bench.py's GraphRecordings (graph trees' empty pool keeper left out), and a step that inductor could not
+    put in a graph (a mutated input, a CPU tensor, ...) counts a skip and runs without one."""
+    from bench import GraphRecordings
     from torch._dynamo.utils import counters
     counters.clear()
-    recorded = []
-    begin = torch.cuda.CUDAGraph.capture_begin
-
-    def counted(self, *args, **kwargs):
-        recorded.append(self)
-        return begin(self, *args, **kwargs)
-    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", counted)
-    return lambda: (len(recorded), counters["inductor"]["cudagraph_skips"])
+    with GraphRecordings() as recorded:
+        yield lambda: (recorded.count, counters["inductor"]["cudagraph_skips"])
 
 
 def test_the_compiled_decoding_step_is_compiled_once_and_agrees(sharp_model, graphs):
