@@ -18,8 +18,8 @@
 #   speed  bench.py on the GPU preset (a step, its halves, the update's operations, sampling), compiled by blocks
 #          against the whole model and against no compilation; bench_sample.py cached, uncached and compiled, in
 #          float32 and bfloat16
-#   runs   the default command with an empty compile cache (evaluations compiled too, and not), then 3 rounds with
-#          and without compilation (the first compiled round fills the cache, so the median is a warm run's);
+#   runs   the default command compiled with an empty compile cache (evaluations compiled too, and not), then 3 rounds
+#          with and without compilation (the first compiled round fills the cache, so the median is a warm run's);
 #          sample.py's whole command for 500 characters with and without --compile
 #   recipe nanoGPT's recipe (the preset shakespeare_char) once, to set beside nanoGPT's own run on the same card
 #   tune   the default preset at 500, 600 and 700 steps, two seeds each (warm cache): how few steps reach <= 1.45
@@ -267,7 +267,7 @@ part_speed() {
 part_runs() {
     local common=(--data "$corpus" --cache_dir "$work/cache" "${shrink[@]}")
     run python scripts/bench_run.py --out_dir "$work/cold" --cold_compile_cache --compare compile_eval=true,false \
-        "${common[@]}"
+        --compile true "${common[@]}"  # (the preset trains uncompiled: compiled here, to weigh its evaluations)
     run python scripts/bench_run.py --out_dir "$work/warm" --repeat 3 --compare compile=true,false "${common[@]}"
     local model
     model=$(find "$work/warm" -name ckpt_best.pt -print -quit)
