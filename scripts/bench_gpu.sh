@@ -12,8 +12,8 @@
 #          sample.py eager and compiled, streamed and a padded batch
 #          A smoke step is FAIL when it exits non-zero, when its output shows a compile that fell back or a refused
 #          recompilation (torch.compile failed, compiling the decoding step failed, skipping cudagraphs, a recompile
-#          limit hit, RecompileError), or when its run's summary.json loss is not finite or not below a sane bound; a
-#          smoke part with a FAIL line exits 1. docs/speed.md says how long each takes and what each FAIL means.
+#          limit hit, RecompileError), when a Python warning reached the screen (a UserWarning, say), or when its run's
+#          summary.json loss is not finite or not below a sane bound; a smoke part with a FAIL line exits 1. docs/speed.md says how long each takes and what each FAIL means.
 #   tests  the whole suite on this machine (every failure, the slowest tests), then the CUDA-only tests alone
 #   speed  bench.py on the GPU preset (a step, its halves, the update's operations, sampling), compiled by blocks
 #          against the whole model and against no compilation; bench_sample.py cached, uncached and compiled, in
@@ -67,6 +67,8 @@ run() {  # prints the command, runs it and times it whole (its output kept in $w
 # sampler's warnings, inductor's log, dynamo's limit and its error_on_recompile check).
 fallback='torch\.compile failed|compiling the decoding step failed|skipping cudagraphs'
 fallback+='|hit config\.(recompile|cache_size)_limit|RecompileError'
+# A Python warning that reached the user's screen (torch's, say): the product says what it has to say in its own lines.
+warned='^[^ ].*(UserWarning|FutureWarning|DeprecationWarning): '
 # python -c "$loss_check" RUN_DIR BOUND: the run's time, loss and MFU in one line; exit 1 when its loss (full
 # validation, else the last evaluation's) is not finite or not below BOUND (a run whose steps were all skipped stays
 # near the uniform guess, ln(vocabulary): 4.2 for Shakespeare)
@@ -92,6 +94,8 @@ check() {  # NAME [--run DIR BOUND] [--expect REGEX] COMMAND...: run() it, then 
         verdict="FAIL $name (exit $code)"
     elif grep -Eq "$fallback" "$work/step.out"; then
         verdict="FAIL $name (fell back: $(grep -Eom1 "$fallback" "$work/step.out"))"
+    elif grep -Eq "$warned" "$work/step.out"; then
+        verdict="FAIL $name (a warning reached the user: $(grep -Em1 "$warned" "$work/step.out" | cut -c1-160))"
     elif [ -n "$expect" ] && ! grep -Eq "$expect" "$work/step.out"; then
         verdict="FAIL $name (its output never says /$expect/)"
     elif [ -n "$dir" ]; then

@@ -672,7 +672,10 @@ def init(d: Dist, device_type: str) -> None:
                                 f"{gpus(torch.cuda.device_count())}; give --nproc_per_node at most "
                                 f"{torch.cuda.device_count()}")
             torch.cuda.set_device(d.local_rank)
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+            # bound to its GPU: NCCL forms the communicator now, and a barrier knows its device (else torch warns)
+            dist.init_process_group(backend="nccl", device_id=torch.device("cuda", d.local_rank))
+        else:
+            dist.init_process_group(backend="gloo")
 
 
 def shutdown() -> None:
