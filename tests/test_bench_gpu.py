@@ -158,3 +158,25 @@ def test_the_quick_smoke_compiles_and_a_compiler_that_fails_is_a_fail_line(tmp_p
     verdicts = [line for line in out.splitlines() if line.startswith(("PASS ", "FAIL "))]
     assert code == 0 and not any(line.startswith("FAIL") for line in verdicts), out + err
     assert len(set(verdicts)) == 5 and "smoke: 5 passed, 0 failed, 0 skipped" in out
+
+
+@pytest.mark.smoke_verdicts
+def test_a_python_warning_that_reaches_the_screen_is_a_fail_line_naming_it(tmp_path, corpus):
+    """A smoke step whose output has a Python warning at a line's start, as torch prints one, is FAIL with the warning
+    named, and the part exits 1; the steps whose commands do not warn still PASS. QUICK=1 smoke3's train.py runs are
+    made to warn by a stand-in sitecustomize (first on PYTHONPATH, warning in train.py alone); its sample.py steps
+    are not."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys, warnings\nif sys.argv[0].endswith('train.py'):\n"
+                                           "    warnings.warn('a stand-in for a warning of torch', UserWarning)\n")
+    python_path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    code, out, err = finish(start("smoke3", str(corpus), str(tmp_path / "logs"), tmp_path=tmp_path,
+                                  PYTHONPATH=python_path), timeout=patient(600))
+    verdicts = sorted({line for line in out.splitlines() if line.startswith(("PASS ", "FAIL "))})
+    trains = [line for line in verdicts if line.startswith(("FAIL train", "FAIL resume"))]
+    assert code == 1, out + err
+    assert len(trains) == 3 and all(line.endswith(": UserWarning: a stand-in for a warning of torch)") and
+                                    "(a warning reached the user: " in line for line in trains), verdicts
+    assert [line for line in verdicts if line not in trains] and \
+        all(line.startswith("PASS sample.py") for line in verdicts if line not in trains), verdicts
