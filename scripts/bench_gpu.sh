@@ -13,7 +13,8 @@
 #          A smoke step is FAIL when it exits non-zero, when its output shows a compile that fell back or a refused
 #          recompilation (torch.compile failed, compiling the decoding step failed, skipping cudagraphs, a recompile
 #          limit hit, RecompileError), when a Python warning reached the screen (a UserWarning, say), or when its run's
-#          summary.json loss is not finite or not below a sane bound; a smoke part with a FAIL line exits 1. docs/speed.md says how long each takes and what each FAIL means.
+#          summary.json loss is not finite or not below a sane bound; a smoke part with a FAIL line exits 1.
+#          docs/speed.md says how long each takes and what each FAIL means.
 #   tests  the whole suite on this machine (every failure, the slowest tests), then the CUDA-only tests alone
 #   speed  bench.py on the GPU preset compiled by blocks (a step, its halves, the update's operations, sampling);
 #          blocks against the whole model, and compiled against not; bench_sample.py cached, uncached and compiled, in
@@ -260,8 +261,9 @@ part_tests() {
 
 part_speed() {
     local common=(--data "$corpus" --cache_dir "$work/cache" "${shrink[@]}")
-    run python scripts/bench.py --config shakespeare_char_gpu "${common[@]}" --iters "$iters" --sample_tokens "$tokens" \
-        --compile true  # the fastest step (the preset itself trains uncompiled: faster for the whole command)
+    # compiled: the fastest step (the preset itself trains uncompiled, which is faster for the whole command)
+    run python scripts/bench.py --config shakespeare_char_gpu "${common[@]}" --iters "$iters" \
+        --sample_tokens "$tokens" --compile true
     run python scripts/bench.py --config shakespeare_char_gpu "${common[@]}" --iters "$iters" --rounds "$rounds" \
         --compile true --compare compile_scope=blocks,model
     run python scripts/bench.py --config shakespeare_char_gpu "${common[@]}" --iters "$iters" --rounds "$rounds" \
