@@ -360,7 +360,8 @@ def test_host_waits_on_cuda_count_each_synchronizing_call_where_it_happened_and_
 def test_graph_recordings_count_every_cuda_graph_but_the_one_graph_trees_keep_their_pool_with(monkeypatch):
     """GraphRecordings counts each CUDA graph recorded inside it (each capture_begin, however deep below graph trees'
     frames), except the empty graph that graph trees' manager records to keep its memory pool alive; capture_begin is
-    as it was after. torch's graph trees and torch.cuda.graph are played by stand-ins compiled under their file names."""
+    as it was after. torch's graph trees and torch.cuda.graph are played by stand-ins compiled under their file
+    names."""
     import textwrap
     import torch
     from bench import GraphRecordings

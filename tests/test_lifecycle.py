@@ -328,7 +328,8 @@ def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, t
     while not ignored.stdout.readline().startswith("step 10/"):
         assert ignored.poll() is None
     ignored.send_signal(signal.SIGHUP)
-    assert ignored.wait(timeout=patient(120)) == 0 and checkpoint.load(tmp_path / "nohup" / "ckpt_last.pt")["iter"] == 60
+    assert ignored.wait(timeout=patient(120)) == 0
+    assert checkpoint.load(tmp_path / "nohup" / "ckpt_last.pt")["iter"] == 60
 
 
 def test_sigterm_while_preparing_removes_its_temporary_folder(tmp_path):

@@ -343,7 +343,8 @@ def test_the_scripts_read_the_newest_run_that_no_process_trains_in_and_say_which
         assert run_folder.find("", "", say=said.append) == Path("out") / "finished" / "ckpt_best.pt"
         assert said[0].startswith("no --out_dir given: out/finished, the newest run in out/ that has finished (its "
                                   "model saved ")
-        assert f"; passed over out/training, which process {os.getpid()} (" in said[0] and "is still training" in said[0]
+        assert f"; passed over out/training, which process {os.getpid()} (" in said[0]
+        assert "is still training" in said[0]
         (tmp_path / "out" / "finished" / "summary.json").unlink()
         assert run_cli(sample_cli.main, ["--max_new_tokens", "5"]) == 0
         assert "out/finished, the newest run in out/ that has stopped" in capsys.readouterr().err
