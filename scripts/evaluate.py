@@ -3,6 +3,7 @@ character on any text (by default the run's own, whose validation split then giv
 every character scored once with the context that --stride gives it."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shlex
@@ -57,25 +58,32 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def read_corpus(spec: str, cache_dir: str, encoding: str, errors: str) -> tuple[str, str]:
+def read_corpus(spec: str, cache_dir: str, encoding: str, errors: str, digest=None) -> tuple[str, str]:
+    """The text of --data (a file, a folder or a named corpus) and its name; digest, when given, takes its bytes."""
     corpus = resolve(spec, Path(cache_dir) if cache_dir else default_cache_dir(),
                      say=lambda message: print(message, file=sys.stderr))
-    text = "".join(read_text(corpus, encoding, errors))
+    text = "".join(read_text(corpus, encoding, errors, digest))
     return text, corpus.name
 
 
 def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str, str]:
-    """No --data: the text the run trained on. A named corpus by its name (from this user's cache); a file the
-    checkpoint names only where it is one regular file of the size and checksum the checkpoint records
-    (data.gate.recorded_text: a checkpoint may come from someone else); else one line asking for --data."""
+    """No --data: the text the run trained on. A named corpus by its name (from this user's cache; a note where it is
+    not the text the checkpoint records, as pystdlib differs between Python versions); a file the checkpoint names
+    only where it is one regular file of the size and checksum the checkpoint records (data.gate.recorded_text: a
+    checkpoint may come from someone else); else one line asking for --data."""
     shown = run.data if run.data.isprintable() else repr(run.data)  # a checkpoint's words, never terminal codes
+    record = state.get("data") or {}
     if run.data in NAMED:
+        digest = hashlib.sha256()
         try:
-            return read_corpus(run.data, args.cache_dir, run.encoding, run.encoding_errors)
+            text, name = read_corpus(run.data, args.cache_dir, run.encoding, run.encoding_errors, digest)
         except UserError as err:
             raise UserError(f"no --data given; the run trained on {shown}, and "
                             f"{str(err).removeprefix(f'--data {run.data}: ')}") from None
-    record = state.get("data") or {}
+        if record.get("sha256") not in (None, digest.hexdigest()):
+            print(f"note: {name} here is not the text {path} was trained on (its checksum differs): these figures "
+                  f"are this text's", file=sys.stderr)
+        return text, name
     source = Path(run.data).expanduser()
     if source.is_dir():
         raise UserError(f"no --data given: {path} was trained on the folder {shown}, which is read only when named; "

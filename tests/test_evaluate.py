@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import play_text, train_debug
+from conftest import SHARED_TEXT, play_text, train_debug
 from training import checkpoint
 from training.evaluation import Windows
 
@@ -182,6 +182,33 @@ def test_without_data_a_run_on_a_folder_or_an_unreachable_named_corpus_is_one_li
     assert done.returncode == 2 and done.stderr.startswith(
         "error: no --data given; the run trained on shakespeare, and could not download Tiny Shakespeare ("), \
         done.stderr
+
+
+@pytest.mark.skipif(not SHARED_TEXT.exists(), reason="needs the shared copy of Tiny Shakespeare")
+def test_without_data_a_named_corpus_that_is_not_the_runs_text_is_scored_with_a_note(run, evaluate, tmp_path):
+    """No --data, a run on a named corpus: the corpus is read by its name from this user's cache, and where its
+    checksum is not the one the checkpoint records (pystdlib differs between Python versions) one note says that the
+    figures are this text's; where it is the same, nothing more is said. The checksum is worked out here as the
+    cache's is: the first file's mark, then its bytes."""
+    import hashlib
+    import shutil
+    tmp, _, _ = run
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    shutil.copy(SHARED_TEXT, cache / "tinyshakespeare.txt")  # found by its checksum: no download
+    ckpt = checkpoint.load(tmp / "run" / "ckpt_best.pt")  # trained on the made-up play
+    ckpt["run_config"]["data"] = "shakespeare"
+    checks = {"other": ckpt["data"]["sha256"],
+              "same": hashlib.sha256(b"\0file0\0" + SHARED_TEXT.read_bytes()).hexdigest()}
+    for name, sha256 in checks.items():
+        ckpt["data"]["sha256"] = sha256
+        checkpoint.save({k: v for k, v in ckpt.items() if k != "format"}, tmp_path / f"{name}.pt")
+        done = evaluate("--ckpt", str(tmp_path / f"{name}.pt"), "--cache_dir", str(cache), "--device", "cpu",
+                        "--unknown", "skip")
+        assert done.returncode == 0, done.stderr
+        note = (f"note: shakespeare here is not the text {tmp_path / 'other.pt'} was trained on (its checksum "
+                f"differs): these figures are this text's")
+        assert (note in done.stderr) == (name == "other"), done.stderr
 
 
 def test_unknown_characters_are_counted_exactly(run, evaluate, figures):
