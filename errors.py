@@ -132,8 +132,16 @@ def _tell(line: str) -> None:
     try:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError):
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+        _to_nowhere(sys.stderr)
+
+
+def _to_nowhere(stream) -> None:
+    """Point stream's file descriptor at /dev/null (its reader has gone), so that later writes and Python's flush at
+    exit fail nowhere; a stream without a file descriptor is left as it is."""
+    with contextlib.suppress(OSError, ValueError):
+        nowhere = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(nowhere, stream.fileno())
+        os.close(nowhere)
 
 
 def _interrupt(signum, frame):
@@ -164,8 +172,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         return 130
     except BrokenPipeError:  # the reader of our output has gone (piped into head, say): end quietly, as shells
         # expect of a writer whose reader left (status 141, 128 + SIGPIPE), with nothing more sent down the pipe
-        with contextlib.suppress(OSError, ValueError):  # (an output without a file descriptor has nothing to close)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _to_nowhere(sys.stdout)
         return 141
     except OSError as err:
         where = f" {err.filename}" if err.filename else ""

@@ -148,8 +148,8 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
             overrides["resume"] = True
         notes += [said] if said else []
     explicit = set(overrides) | (set(values) if given else set())
-    # min_lr follows a learning rate set alone; a resumed or fine-tuned run's follows that run's ratio instead (in
-    # training.opening, which says so), so this note is a new run's only
+    # min_lr follows a learning rate set alone; a resumed or fine-tuned run's follows that run's ratio instead
+    # (follow_new_learning_rate, which says so), so this note is a new run's only
     said = follow_learning_rate(values, overrides, name)
     if said and not overrides.get("resume") and not overrides.get("init_from"):
         notes.append(said)

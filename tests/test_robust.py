@@ -58,6 +58,29 @@ def test_ctrl_c_while_python_loads_torch_is_one_line(corpus, tmp_path):
     assert not out.exists()
 
 
+def test_ctrl_c_while_a_resume_opens_names_the_checkpoint_and_the_command_that_continues(corpus, tmp_path, monkeypatch):
+    """A Ctrl-C while a resume is being opened (its checkpoint read, the device not yet set up): exit 130 and one line
+    saying that the checkpoint it resumes is untouched, with the command that continues it; the checkpoint is as it
+    was, byte for byte."""
+    import training.opening
+    from training.report import resume_command
+    out = tmp_path / "run"
+    assert run_cli(train.main, train_argv(corpus, out, "--max_iters", "10")[2:]) == 0
+    before = (out / "ckpt_last.pt").read_bytes()
+    setup = training.opening.setup
+
+    def interrupted_setup(*args, **kwargs):  # the user's Ctrl-C, arriving while the run is opened
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # the handler runs in this thread between bytecodes
+        return setup(*args, **kwargs)
+    monkeypatch.setattr(training.opening, "setup", interrupted_setup)
+    code, err = resume_here(corpus, out, "--max_iters", "20")
+    assert code == 130, err
+    assert err.strip().splitlines()[-1] == (f"stopped before training began; {out / 'ckpt_last.pt'} (step 10) is "
+                                            f"untouched. Continue with: {resume_command(out)}")
+    assert "--resume" in resume_command(out) and (out / "ckpt_last.pt").read_bytes() == before
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 130)])
 def test_interrupt_saves_and_explains_how_to_resume(corpus, tmp_path, sig, code):
     out = tmp_path / "run"

@@ -34,7 +34,7 @@ from training.device import (CompileFallback, Dist, Runtime, Threads, choose_thr
                              free_memory, is_out_of_memory, setup, span, step_and_eval_models, sync)
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
-from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory
+from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_command
 from training.run_folder import RunDir, find
 
 
@@ -195,7 +195,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
                 raise UserError("--resume continues the run in --out_dir and --overwrite replaces it: give one")
             source = run_dir.resume_from()
             resumed = checkpoint.load(source, resume=True)
-            stop.saved = f"{source} (step {resumed['iter']}) is untouched"
+            stop.saved, stop.resume = f"{source} (step {resumed['iter']}) is untouched", resume_command(run_dir.path)
             saved, cfg = resume_config(cfg, explicit, resumed, log.say, source, d.world_size)
             if note := stretched_schedule(saved, cfg, resumed["iter"]):
                 log.say(note)

@@ -302,14 +302,14 @@ class StopRequest:
             self.handle(0, None)  # (which signal is not read)
 
     def handle(self, signum, frame) -> None:
+        resume = f". Continue with: {self.resume}" if self.resume else ""
         if self.requested:
             if time.monotonic() - self.first_at >= self.GRACE_SECONDS:
-                resume = f". Continue with: {self.resume}" if self.resume else ""
                 raise Interrupted(f"stopped at once; {self.saved}{resume}")
             return
         self.requested, self.first_at = True, time.monotonic()
         if not self.saving:
-            raise Interrupted(f"stopped before training began; {self.saved}")
+            raise Interrupted(f"stopped before training began; {self.saved}{resume}")
         step = None if self.progress is None else self.progress.it
         if step is None:
             doing = "finishing the next step"
