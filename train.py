@@ -67,7 +67,7 @@ def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConf
     """The gradients of grad_accum_steps micro-batches, summed in each parameter's .grad; returns their mean loss."""
     loss_sum = torch.zeros((), device=rt.device)
     # Where the step began (a few KB): a stop between micro-batches undoes the step rather than wait out a long one.
-    began = (batches.state_dict(), device.random_states(rt.device)) if stop and cfg.grad_accum_steps > 1 else None
+    began = (batches.state_dict(), device.random_states(rt.device)) if stop else None
     for micro in range(cfg.grad_accum_steps):
         if began is not None and micro > 0 and stop():
             batches.load_state_dict(began[0])
@@ -108,8 +108,10 @@ def train_loop(s: Session) -> tuple[list, bool]:
     """Train to max_iters, evaluating and checkpointing when due. Returns the (step, loss) history and whether a stop
     request ended it early. The loop advances the run's state (s.progress); s saves and evaluates it."""
     run, cfg, progress, ddp = s.run, s.cfg, s.progress, s.d.enabled
-    # a Ctrl-C now stops at a step and saves (a step of several micro-batches is undone: see forward_backward)
-    s.stop.training(progress, cfg.log_interval if ddp else 1, undo=cfg.grad_accum_steps > 1 and not ddp)
+    # a Ctrl-C now stops at a step and saves; one between the micro-batches of a step undoes it (forward_backward), but
+    # not under DDP, where every process must stop at the same step
+    undo = cfg.grad_accum_steps > 1 and not ddp
+    s.stop.training(progress, cfg.log_interval if ddp else 1, undo=undo)
     peak_flops = before_the_first_step(s)
     autocast = run.rt.autocast()  # bfloat16 (or float16) matrix products where the device has them
     skipped = longest = torch.zeros((), dtype=torch.long, device=run.rt.device)  # non-finite steps in a row, counted
@@ -143,7 +145,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
             lr = get_lr(it, cfg)
             try:
                 loss, grad_norm, finite = train_step(run.step_model, run.optimizer, run.scaler, run.batches, autocast,
-                                                     cfg, lr, run.rt, None if ddp else s.asked_to_stop, s.d)
+                                                     cfg, lr, run.rt, s.asked_to_stop if undo else None, s.d)
             except StepAbandoned:  # a stop between the micro-batches of a long step: the step is undone
                 s.pause_clock()
                 stopping = True
