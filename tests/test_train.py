@@ -384,6 +384,8 @@ def test_a_run_whose_compilation_failed_is_not_compiled_again_when_resumed(corpu
 
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 def test_torch_compile_that_cannot_start_is_a_warning_too(corpus, tmp_path, monkeypatch, scope):
+    """torch.compile refusing at once is the same warning as a compilation failing at first use, and it is recorded
+    the same way: the run's checkpoint says --compile false, with the note."""
     def unsupported(module, **kwargs):  # e.g. a Python that dynamo does not support yet: torch.compile itself raises
         raise RuntimeError("torch.compile is not supported on this Python")
     monkeypatch.setattr(torch, "compile", unsupported)
@@ -394,6 +396,9 @@ def test_torch_compile_that_cannot_start_is_a_warning_too(corpus, tmp_path, monk
     assert [m for m in messages if m.startswith("warning: torch.compile failed")] == \
         ["warning: torch.compile failed (RuntimeError: torch.compile is not supported on this Python); "
          "continuing without it (--compile false skips the attempt)"]
+    assert "note: the run's config now says --compile false, so a resume does not try again (--resume --compile " \
+           "true does)" in messages
+    assert checkpoint.load(tmp_path / "run" / "ckpt_last.pt")["run_config"]["compile"] == "false"
 
 
 @pytest.mark.parametrize("scope", ["blocks", "model"])

@@ -385,7 +385,8 @@ COMPILE_FAILED = "warning: torch.compile failed ({}); continuing without it (--c
 
 class CompileFallback:
     """Calls `compiled` until it fails with the compiler's error (compiling happens at first use); then warns once,
-    calls `uncompile`, and sends the failed call and all later ones to `module`, as it does every other attribute."""
+    calls `uncompile` (what the caller undoes and records), and sends the failed call and all later ones to `module`,
+    as it does every other attribute."""
 
     def __init__(self, module, compiled: Callable, say=print, uncompile: Callable[[], None] = lambda: None):
         self.module, self.compiled, self.say, self.uncompile = module, compiled, say, uncompile
@@ -475,10 +476,12 @@ def set_random_states(device: torch.device, states: tuple) -> None:
 
 
 def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], setting: str, device_type: str,
-                         mode: str = "default", scope: str = "blocks", compile_eval: bool = True, say=print):
+                         mode: str = "default", scope: str = "blocks", compile_eval: bool = True, say=print,
+                         gave_up: Callable[[], None] = lambda: None):
     """The models the training step and evaluations call; wrap adds what the step needs (DDP). Where compile_wanted,
     scope "blocks" compiles each block (BlocksCompiled), "model" the whole model; mode is torch.compile's
-    (configs.choices.COMPILE_MODES, none replaying CUDA graphs); compile_eval false evaluates the plain model."""
+    (configs.choices.COMPILE_MODES, none replaying CUDA graphs); compile_eval false evaluates the plain model.
+    gave_up() is called once if compilation fails, at once or at first use (CompileFallback)."""
     if not compile_wanted(setting, device_type):
         step_model = wrap(model)
         return step_model, step_model
@@ -491,17 +494,23 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
             whole = torch.compile(step_model, mode=mode_arg)
         except RuntimeError as err:
             say(COMPILE_FAILED.format(in_one_line(err)))
+            gave_up()
             return step_model, step_model
-        compiled = CompileFallback(step_model, whole, say)
+        compiled = CompileFallback(step_model, whole, say, gave_up)
     else:
         try:
             blocks = BlocksCompiled(model, mode_arg)
         except RuntimeError as err:
             say(COMPILE_FAILED.format(in_one_line(err)))
+            gave_up()
             step_model = wrap(model)
             return step_model, step_model
         step_model = wrap(blocks.view)
-        compiled = CompileFallback(step_model, step_model, say, blocks.uncompile)
+
+        def uncompile() -> None:
+            blocks.uncompile()
+            gave_up()
+        compiled = CompileFallback(step_model, step_model, say, uncompile)
     return compiled, compiled if compile_eval else model
 
 

@@ -30,7 +30,7 @@ from model import GPT, ModelConfig
 from model.scoring import FORMS
 from training import checkpoint
 from training.checkpoint import Progress
-from training.device import (CompileFallback, Dist, Runtime, Threads, choose_threads, compile_wanted, flops_per_token,
+from training.device import (Dist, Runtime, Threads, choose_threads, compile_wanted, flops_per_token,
                              free_memory, is_out_of_memory, setup, span, step_and_eval_models, sync)
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
@@ -280,17 +280,12 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
                    else {"broadcast_buffers": False})
         return DDP(module, device_ids=[d.local_rank] if rt.device_type == "cuda" else None,
                    **no_sync) if d.enabled else module
+    def gave_up() -> None:  # compilation that failed is not tried again by a resume
+        cfg.compile = "false"  # saved with the run's config in its next checkpoint
+        say("note: the run's config now says --compile false, so a resume does not try again (--resume --compile "
+            "true does)")
     run.step_model, run.eval_model = step_and_eval_models(model, wrap, cfg.compile, rt.device_type, cfg.compile_mode,
-                                                          cfg.compile_scope, cfg.compile_eval, say)
-    if isinstance(run.step_model, CompileFallback):  # compilation that failed is not tried again by a resume
-        uncompile = run.step_model.uncompile
-
-        def gave_up() -> None:
-            uncompile()
-            cfg.compile = "false"  # saved with the run's config in its next checkpoint
-            say("note: the run's config now says --compile false, so a resume does not try again (--resume "
-                "--compile true does)")
-        run.step_model.uncompile = gave_up
+                                                          cfg.compile_scope, cfg.compile_eval, say, gave_up)
     return run, progress
 
 
