@@ -14,7 +14,6 @@ import sys
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterator, TextIO
 
 if __name__ == "__main__":
     import signal
@@ -29,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from configs import TrainConfig, load_config
-from errors import StepAbandoned, UserError, exit_without_teardown, run_cli
+from errors import StepAbandoned, UserError, exit_without_teardown, guarded_output, run_cli
 from training import device
 from training.evaluation import next_evaluation, plateaued
 from training.opening import choose_corpus, open_run, say_estimate, say_what_runs
@@ -350,45 +349,6 @@ def say_loss_picture(s: Session) -> None:
 
 
 # ---- the command line ------------------------------------------------------------------------------------------------
-class GuardedOutput:
-    """sys.stdout or sys.stderr, except that a write that fails (a pipe whose reader has gone: `python train.py |
-    tee log` and then Ctrl-C, which ends tee too, or `| head`; a terminal that has closed) sends this and later
-    output to /dev/null and calls gone(), where it would have raised an error in the middle of the run."""
-
-    def __init__(self, stream: TextIO, gone: Callable[[], None]):
-        self._stream, self._gone = stream, gone
-
-    def write(self, text: str):
-        try:
-            return self._stream.write(text)
-        except OSError:  # EPIPE, EIO (the terminal closed), ...
-            self.went()
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except OSError:
-            self.went()
-
-    def went(self) -> None:
-        self._stream = open(os.devnull, "w", encoding="utf-8")
-        self._gone()
-
-    def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the stream's own
-        return getattr(self._stream, name)
-
-
-@contextlib.contextmanager
-def guarded_output(gone: Callable[[], None]) -> Iterator[None]:
-    """sys.stdout and sys.stderr, each a GuardedOutput inside the block."""
-    streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = (GuardedOutput(stream, gone) for stream in streams)
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = streams
-
-
 def main(argv: list[str] | None = None) -> int:
     start_up = seconds_since_process_start()
     d = device.from_environment()

@@ -1,6 +1,8 @@
-"""Batches: random (B, T) windows of token ids from the prepared files, and every validation window in order."""
+"""Batches: random (B, T) windows of token ids from the prepared files, and every validation window in order; and
+Windows, the sliding windows that score any text's every character once."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -150,3 +152,40 @@ class Batches:
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Windows that score each of ids[1:] once (ids[0] has no context), a batch at a time, nothing kept per window:
+    window k reads ids[begin:end] and predicts ids[begin + 1:end + 1], begin = k x stride, end = begin + block_size
+    (or the text's end), scoring the targets after the previous window's end. stride = block_size: windows side by
+    side (a run's full validation); a smaller stride gives each scored character block_size - stride or more context."""
+    n_ids: int
+    block_size: int
+    stride: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.stride <= self.block_size:
+            raise ValueError(f"stride must be between 1 and block_size ({self.block_size}), got {self.stride}")
+
+    def __len__(self) -> int:
+        if self.n_ids < 2:
+            return 0
+        return max(0, -(-(self.n_ids - 1 - self.block_size) // self.stride)) + 1  # the first to reach the end is last
+
+    def batch(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(begin, end, first scored target) of windows first .. first + count - 1, each an int64 tensor."""
+        k = torch.arange(first, min(first + count, len(self)), dtype=torch.int64)
+        end = (k * self.stride + self.block_size).clamp(max=self.n_ids - 1)
+        before = ((k - 1) * self.stride + self.block_size).clamp(max=self.n_ids - 1)  # the previous window's end
+        return k * self.stride, end, torch.where(k == 0, 1, before + 1)
+
+    def by_length(self, first: int, count: int) -> list[tuple[int, slice]]:
+        """Windows first .. first + count - 1 grouped by length, as (length, their rows of batch()): all block_size
+        long but the text's last, which may be shorter. Arithmetic on the host: no tensor is read."""
+        rows = min(first + count, len(self)) - first
+        last = first + rows - 1
+        last_length = min(last * self.stride + self.block_size, self.n_ids - 1) - last * self.stride
+        if last_length == self.block_size:
+            return [(self.block_size, slice(0, rows))]
+        return [(self.block_size, slice(0, rows - 1))] * (rows > 1) + [(last_length, slice(rows - 1, rows))]

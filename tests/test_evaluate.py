@@ -9,7 +9,7 @@ import torch
 
 from conftest import SHARED_TEXT, play_text, train_debug
 from training import checkpoint
-from training.evaluation import Windows
+from data.loader import Windows
 
 
 

@@ -1,16 +1,15 @@
 """Measuring a model's loss: when a run evaluates, its quick estimate (fixed random batches of each split) and its
 full validation (every non-overlapping validation window), both stoppable between batches; and the scoring of any
-text, every character once, by sliding windows (Windows, score: scripts/evaluate.py)."""
+text, every character once, by sliding windows (score, over data.loader's Windows: scripts/evaluate.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from configs import TrainConfig
-from data.loader import send
+from data.loader import Windows, send
 from training.device import Dist, Runtime
 
 
@@ -107,43 +106,6 @@ def mean_loss(model, windows, rt: Runtime, d: Dist, stop: Callable[[], bool] | N
             progress.update(1)
     total = d.sum(total)
     return (total[0] / total[1]).item()
-
-
-@dataclass(frozen=True)
-class Windows:
-    """Windows that score each of ids[1:] once (ids[0] has no context), a batch at a time, nothing kept per window:
-    window k reads ids[begin:end] and predicts ids[begin + 1:end + 1], begin = k x stride, end = begin + block_size
-    (or the text's end), scoring the targets after the previous window's end. stride = block_size: windows side by
-    side (a run's full validation); a smaller stride gives each scored character block_size - stride or more context."""
-    n_ids: int
-    block_size: int
-    stride: int
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.stride <= self.block_size:
-            raise ValueError(f"stride must be between 1 and block_size ({self.block_size}), got {self.stride}")
-
-    def __len__(self) -> int:
-        if self.n_ids < 2:
-            return 0
-        return max(0, -(-(self.n_ids - 1 - self.block_size) // self.stride)) + 1  # the first to reach the end is last
-
-    def batch(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(begin, end, first scored target) of windows first .. first + count - 1, each an int64 tensor."""
-        k = torch.arange(first, min(first + count, len(self)), dtype=torch.int64)
-        end = (k * self.stride + self.block_size).clamp(max=self.n_ids - 1)
-        before = ((k - 1) * self.stride + self.block_size).clamp(max=self.n_ids - 1)  # the previous window's end
-        return k * self.stride, end, torch.where(k == 0, 1, before + 1)
-
-    def by_length(self, first: int, count: int) -> list[tuple[int, slice]]:
-        """Windows first .. first + count - 1 grouped by length, as (length, their rows of batch()): all block_size
-        long but the text's last, which may be shorter. Arithmetic on the host: no tensor is read."""
-        rows = min(first + count, len(self)) - first
-        last = first + rows - 1
-        last_length = min(last * self.stride + self.block_size, self.n_ids - 1) - last * self.stride
-        if last_length == self.block_size:
-            return [(self.block_size, slice(0, rows))]
-        return [(self.block_size, slice(0, rows - 1))] * (rows > 1) + [(last_length, slice(rows - 1, rows))]
 
 
 @torch.inference_mode()
