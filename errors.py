@@ -104,6 +104,14 @@ def space_or_place(err: BaseException, option: str) -> str:
     return f"free some disk space or choose another {option}"
 
 
+def disk_error(err: BaseException) -> str:
+    """The reason in a few words: 'No space left on device', 'Permission denied', 'File too large', ..."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    return text[:160]  # torch.save's RuntimeError ('[enforce fail at inline_container.cc] ... file write failed')
+
+
 def in_one_line(err: BaseException) -> str:
     """'Type: the first line of its message', for a warning that lets the work go on. Dynamo's BackendCompilerFailed
     says only "backend='inductor' raised:", so the error it carries is named instead."""

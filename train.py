@@ -186,7 +186,6 @@ class StepLog:
 
     def __init__(self, s: Session, bar: tqdm, peak_flops: float):
         self.s, self.bar, self.peak_flops = s, bar, peak_flops
-        self.writer = s.log.writer()
         self.logged = (s.progress.it, s.clock.trained)  # (step, training seconds) at the last log line
         self.history: list[tuple[int, float]] = []
         self.slowdown = s.slowdown_watch()
@@ -214,15 +213,7 @@ class StepLog:
         record = StepRecord(step=it, loss=loss_value, lr=lr, grad_norm=norm_value, tokens_per_sec=tokens_per_sec,
                             tokens_seen=it * run.tokens_per_iter, mfu=mfu * 100, ms_per_step=step_seconds * 1000,
                             skipped=int(skipped))
-        scalars = {f.metadata["tag"]: getattr(record, f.name) for f in fields(record) if "tag" in f.metadata}
-        if self.writer is not None:
-            try:
-                for tag, value in scalars.items():
-                    self.writer.add_scalar(tag, value, it)
-            except (OSError, RuntimeError) as err:
-                s.log.failed(err)
-        if s.log.wandb is not None:
-            s.log.wandb.log(scalars, step=it)
+        s.log.scalars({f.metadata["tag"]: getattr(record, f.name) for f in fields(record) if "tag" in f.metadata}, it)
         if s.log.lines is not None:  # a log file (a terminal has the progress bar)
             s.log.lines(f"step {it}/{run.cfg.max_iters}: loss {loss_value:.4f}, {record.ms_per_step:.1f} ms/step, "
                         f"{tokens_per_sec:,.0f} tokens/s, mfu {record.mfu:.1f}% of {self.peak_flops / 1e12:.3g} "

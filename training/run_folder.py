@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from data import gate
-from errors import UserError, space_or_place
+from errors import UserError, disk_error, space_or_place
 
 BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
 LOSS_PICTURE = "loss.png"  # the run's losses, every point, drawn at its end
@@ -359,14 +359,6 @@ class RunDir:
 
 
 # ---- files written whole or not at all (temporary name, fsync, rename) -----------------------------------------------
-def disk_error(err: BaseException) -> str:
-    """The reason in a few words: 'No space left on device', 'Permission denied', 'File too large', ..."""
-    if isinstance(err, OSError) and err.strerror:
-        return err.strerror
-    text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-    return text[:160]  # torch.save's RuntimeError ('[enforce fail at inline_container.cc] ... file write failed')
-
-
 class _Recording:
     """A file that keeps a failed write's OSError, which torch.save hides behind its own, so the message names it."""
 
