@@ -189,3 +189,15 @@ def recording_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
     finally:
         for layer in layers:
             layer.record = None
+
+
+@torch.inference_mode()
+def attention_weights(model, ids: list[int]) -> list[torch.Tensor]:
+    """Each layer's (n_head, T, T) attention weights for one text (a GPT's), from the explicit path; the model is left
+    in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    with recording_attention(model) as weights:
+        model(torch.tensor([ids], device=model.wte.weight.device))
+    model.train(was_training)
+    return [w[0] for w in weights]

@@ -4,13 +4,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
+from model.attention import attention_weights  # noqa: E402
 from training.run_folder import find  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.pictures import (attention_figure, attention_weights, finite_or_refused, missing_note,  # noqa: E402
-                               picture_formats, save_figure)
+from training.pictures import attention_figure, missing_note, picture_formats, save_figure  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--layer {layer}: the model has layers 1 to {cfg.n_layer}")
     if args.head is not None and not 1 <= args.head <= cfg.n_head:
         raise UserError(f"--head {args.head}: the model has heads 1 to {cfg.n_head}")
-    weights = finite_or_refused(attention_weights(model, tokenizer.encode(args.text)), path)[layer - 1]
+    weights = attention_weights(model, tokenizer.encode(args.text))
+    if not all(torch.isfinite(w).all() for w in weights):  # (else a blank picture)
+        raise UserError(f"{path}: the model's attention weights for this text are not numbers (NaN or inf): its "
+                        f"numbers overflow; its weights are damaged or too large to compute with")
+    weights = weights[layer - 1]
     heads = None if args.head is None else [args.head - 1]
     note = missing_note(args.text)
     if note:

@@ -17,8 +17,6 @@ from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from errors import UserError  # noqa: E402
-from model.attention import recording_attention  # noqa: E402
 from training.run_folder import write_atomic  # noqa: E402
 
 PANEL_INCHES, DPI = 3.6, 100
@@ -168,25 +166,6 @@ def panel_title(layer: int, head: int) -> str:
 def redrawn_parts(ax) -> tuple:
     """What a picture redraws on a heatmap's axes besides the title: the heatmap, then its frame over it."""
     return ax.images[0], *ax.spines.values()
-
-
-def finite_or_refused(weights: list[torch.Tensor], path) -> list[torch.Tensor]:
-    """A script's attention weights, or one line where the model's numbers overflowed (else a blank picture or page)."""
-    if not all(torch.isfinite(w).all() for w in weights):
-        raise UserError(f"{path}: the model's attention weights for this text are not numbers (NaN or inf): its "
-                        f"numbers overflow; its weights are damaged or too large to compute with")
-    return weights
-
-
-@torch.inference_mode()
-def attention_weights(model, ids: list[int]) -> list[torch.Tensor]:
-    """Each layer's (n_head, T, T) attention weights for one text, from the explicit attention path."""
-    was_training = model.training
-    model.eval()
-    with recording_attention(model) as weights:
-        model(torch.tensor([ids], device=model.wte.weight.device))
-    model.train(was_training)
-    return [w[0] for w in weights]
 
 
 # ---- fonts for the characters on the axes ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 
 from configs import TrainConfig
 from errors import Interrupted, UserError
+from model.attention import attention_weights
 from model.generate import generate
 from training import checkpoint
 from training.checkpoint import Progress
@@ -164,7 +165,7 @@ class Session:
                 finally:
                     run.model.train()
             if cfg.log_attention:
-                from training.pictures import AttentionPictures, attention_weights  # matplotlib: only runs that draw
+                from training.pictures import AttentionPictures  # matplotlib: only runs that draw
                 if self.pictures is None:  # laid out at the first evaluation, redrawn at each
                     self.pictures = AttentionPictures(run.tokenizer.decode(attention_probe(run)))
                 for layer, weights in enumerate(attention_weights(run.model, attention_probe(run))):
