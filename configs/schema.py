@@ -8,6 +8,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 
 from configs.choices import (COMPILE_MODES, COMPILE_SCOPES, CUDA_GRAPH_MODES, DDP_CHOICES, DTYPE_NAMES, LR_SCHEDULES,
                               MUON_DTYPES, OPTIMIZERS, valid_device)
+from errors import UserError
 from model.config import Architecture, ModelConfig, setting
 
 # Settings a run does not choose, with the value every run uses: AdamW's beta1 (its first moment's decay; beta2 is a
@@ -16,6 +17,12 @@ FIXED = {"beta1": 0.9}
 SEED_MAX = 2**62  # seeds go to torch.manual_seed (64 bits), with the rank added under torchrun
 MAX_SAMPLE_CHARS = 100_000
 MAX_THREADS = 1024  # more threads than any machine has cores; tens of thousands would each need a stack
+
+
+def check_num_threads(value: int) -> None:
+    """A script's --num_threads: 0 (measured) up to MAX_THREADS, as train.py's."""
+    if not 0 <= value <= MAX_THREADS:
+        raise UserError(f"--num_threads {value}: must be from 0 (the faster count, measured) to {MAX_THREADS}")
 
 
 @dataclass

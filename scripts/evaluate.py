@@ -19,6 +19,7 @@ from tqdm import tqdm  # noqa: E402
 
 from configs import TrainConfig  # noqa: E402
 from configs.loader import config_from_dict  # noqa: E402
+from configs.schema import check_num_threads  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.gate import recorded_text  # noqa: E402
@@ -26,8 +27,7 @@ from data.loader import Windows  # noqa: E402
 from data.prepare import check_encoding, read_text  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
 from training import checkpoint  # noqa: E402
-from training.device import (check_num_threads, choose_threads, free_memory, is_out_of_memory,  # noqa: E402
-                             pick_device, setup)
+from training.device import choose_threads, free_memory, is_out_of_memory, pick_device, setup  # noqa: E402
 from training.evaluation import score  # noqa: E402
 from training.run_folder import find, write_text_atomic  # noqa: E402
 from training.report import PlainProgress  # noqa: E402

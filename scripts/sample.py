@@ -13,11 +13,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from configs.schema import check_num_threads  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.generate import NonFiniteLogits, Sampling, compiled_step, generate, one_token_step  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.device import (check_num_threads, choose_threads, for_sampling, free_memory,  # noqa: E402
-                             is_out_of_memory, setup)
+from training.device import choose_threads, for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
 from training.run_folder import find  # noqa: E402
 
 

@@ -20,7 +20,6 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from configs.choices import DTYPE_NAMES, valid_device
-from configs.schema import MAX_THREADS
 from errors import QuietExit, StepAbandoned, UserError, in_one_line
 from model.config import ModelConfig
 from model.gpt import GPT
@@ -274,12 +273,6 @@ def choose_threads(asked: int, time_once: Callable[[], float] | None, timed: boo
     count = fastest(seconds) if len(seconds) > 1 else counts[0]
     torch.set_num_threads(count)
     return Threads(count, why, seconds)
-
-
-def check_num_threads(value: int) -> None:
-    """A script's --num_threads: 0 (measured) up to configs.schema.MAX_THREADS, as train.py's."""
-    if not 0 <= value <= MAX_THREADS:
-        raise UserError(f"--num_threads {value}: must be from 0 (the faster count, measured) to {MAX_THREADS}")
 
 
 SLOWDOWN = 3.0  # steps this many times as long as those timed before the first step: the machine got busier
