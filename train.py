@@ -311,17 +311,17 @@ def train_opened(s: Session, source: Path | None) -> dict:
     history, stopped = train_loop(s)
     if stopped:
         if not s.save_stopped():  # (an --overwrite stopped before it had anything to keep: the old run is back)
-            say_loss_picture(s)
+            s.draw_losses()
             log.say(stopped_line(progress.it, run_dir.path, False, s.watch.advice if s.watch else ""))
         return {"stopped": True, "iterations": progress.it, "history": history}
     summary = s.finish(time.perf_counter() - run.phases.started)
     if summary.get("stopped"):
-        say_loss_picture(s)
+        s.draw_losses()
         log.say(stopped_line(progress.it, run_dir.path, True, s.watch.advice if s.watch else ""))
         return {**summary, "history": history}
     for line in done_lines(summary, s.cfg, progress.evals_since_best):
         log.say(line)
-    say_loss_picture(s)
+    s.draw_losses()
     if "seconds" in summary:
         log.say(run.phases.line(summary["seconds"]))
     log.say(f"sample it: python scripts/sample.py --out_dir {where}")
@@ -330,13 +330,6 @@ def train_opened(s: Session, source: Path | None) -> dict:
         log.say(f"watch it think: python scripts/attention_html.py --out_dir {where} --html {page}, then open {page} "
                 f"in a browser and type")
     return {**summary, "history": history}
-
-
-def say_loss_picture(s: Session) -> None:
-    """loss.png, every loss the run logged in all its sessions, drawn at its end; its place said."""
-    path = s.draw_losses()
-    if path is not None:
-        s.log.say(f"the losses, every point as logged: {path}")
 
 
 # ---- the command line ------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -37,10 +37,8 @@ from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_command
 from training.run_folder import RunDir, find
 
-
-class StopRequest(Protocol):
-    """What opening a run tells the stop request (training.session.StopRequest, made before the run is opened)."""
-    saved: str  # what a stop at once leaves intact, said when it comes
+if TYPE_CHECKING:  # (session imports this module)
+    from training.session import StopRequest
 
 
 @dataclass
@@ -367,7 +365,6 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
 @dataclass
 class Estimate:
     """Where a CPU run's time would go, in seconds."""
-    step: float  # one training step
     steps: float  # the steps left
     evaluations: float  # the evaluations left (estimates of both splits, or the validation split read whole)
     full_validation: float  # the final one, over every validation window (0 with --full_val false)
@@ -439,7 +436,7 @@ def expected_seconds(run: Run, progress: Progress, step: float) -> Estimate:
     evaluations = evaluations_left(progress.it, cfg)
     val_batches = run.batches.num_val_batches()
     per_evaluation = cfg.eval_iters + min(cfg.eval_iters, val_batches)  # a split that fits is read whole, once
-    return Estimate(step, steps_left * step, evaluations * per_evaluation * forward,
+    return Estimate(steps_left * step, evaluations * per_evaluation * forward,
                     val_batches * forward if cfg.full_val else 0.0)
 
 

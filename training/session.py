@@ -11,7 +11,6 @@ import signal
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -171,17 +170,17 @@ class Session:
                 for layer, weights in enumerate(attention_weights(run.model, attention_probe(run))):
                     self.log.attention(it, layer, self.pictures.render(weights, layer))
 
-    def draw_losses(self) -> Path | None:
-        """Rank 0, at the run's end: loss.png of every session's losses; its path, or None (other ranks, no losses)."""
+    def draw_losses(self) -> None:
+        """Rank 0, at the run's end: loss.png of every loss the run logged in all its sessions; its place said."""
         losses = self.progress.losses
         if not self.d.is_main or not (losses["train"] or losses["eval"]):
-            return None
+            return
         from training.pictures import save_loss_picture  # matplotlib: only at the end
         path = self.run_dir.path / LOSS_PICTURE
         title = f"{self.run_dir.path.resolve().name}: {self.cfg.config_name} preset, step {self.progress.it}"
         with self.run.phases.timing("samples and pictures"):
             save_loss_picture(path, losses, title)
-        return path
+        self.log.say(f"the losses, every point as logged: {path}")
 
     def hand_over_best(self) -> tuple[int, str]:
         """Load ckpt_best.pt (the lowest validation loss measured) into the model that the full validation measures
