@@ -25,7 +25,8 @@ from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.gate import recorded_text  # noqa: E402
 from data.loader import Windows  # noqa: E402
 from data.prepare import check_encoding, read_text  # noqa: E402
-from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
+from errors import (ArgumentParser, UserError, check_output_file, disk_error, exit_without_teardown,  # noqa: E402
+                    run_cli)
 from training import checkpoint  # noqa: E402
 from training.device import choose_threads, free_memory, is_out_of_memory, pick_device, setup  # noqa: E402
 from training.evaluation import score  # noqa: E402
@@ -89,14 +90,21 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
     if source.is_dir():
         raise UserError(f"no --data given: {path} was trained on the folder {shown}, which is read only when named; "
                         f"give --data {shlex.quote(shown)} (or another text)")
-    try:
-        raw = recorded_text(source, record, 1 << 40) if source.is_file() and record.get("sha256") else None
-        if raw is not None:
-            return raw.decode(run.encoding, run.encoding_errors), str(source)
-    except (OSError, UnicodeError, UserError):
-        pass
-    raise UserError(f"no --data given, and the text {path} was trained on, {shown}, is not here as it was (missing "
-                    f"or changed); give the text with --data FILE")
+    why = "is not here as it was: it is missing"
+    if source.is_file() and not record.get("sha256"):
+        why = "cannot be checked: the checkpoint records no checksum of it"
+    elif source.is_file():
+        why = "is not here as it was: it has changed since (another size or checksum)"
+        try:
+            raw = recorded_text(source, record, 1 << 40)
+            if raw is not None:
+                return raw.decode(run.encoding, run.encoding_errors), str(source)
+        except OSError as err:
+            why = f"could not be read ({disk_error(err)})"
+        except (UnicodeError, UserError):
+            pass
+    raise UserError(f"no --data given, and the text {path} was trained on, {shown}, {why}; give the text with "
+                    f"--data FILE")
 
 
 MAX_EXP = 709.0  # math.exp overflows a float64 just above it

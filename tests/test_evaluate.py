@@ -143,6 +143,20 @@ def test_without_data_the_run_is_scored_on_its_own_text_and_only_as_it_was(run, 
         corpus.write_bytes(original)
 
 
+def test_without_data_a_text_that_cannot_be_read_is_said_to_be_unreadable_not_changed(run, evaluate, monkeypatch):
+    """No --data, and the run's text is there but cannot be read (a permission, a failing disk): the one line gives
+    the system's reason, where it said the text was missing or changed."""
+    import evaluate as script
+
+    def unreadable(path, record, max_bytes):  # as open() meets a file this user may not read (root may read any)
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(script, "recorded_text", unreadable)
+    done = evaluate("--out_dir", str(run[0] / "run"), "--device", "cpu")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.rstrip().endswith(f", {run[1]}, could not be read (Permission denied); give the text with "
+                                         f"--data FILE"), done.stderr
+
+
 def test_a_relative_data_path_is_recorded_whole_so_the_run_is_scored_from_anywhere(tmp_path, monkeypatch, evaluate):
     """--data given relative to the folder train.py runs in is recorded as an absolute path: evaluate.py without --data,
     run from another folder, scores that text (a resume finds it the same way)."""
