@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
-from training.device import pick_device, pick_dtype, sync  # noqa: E402
+from training.device import pick_dtype, setup, sync  # noqa: E402
 from training.run_folder import write_text_atomic  # noqa: E402
 
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                           n_embd=args.n_embd)
     except ValueError as err:  # a shape the model refuses (n_embd not divisible by n_head, ...)
         raise UserError(str(err)) from None
-    device = pick_device(args.device)
+    device = setup(args.device, "float32", sampling=True).device  # as sample.py sets it up (TF32 on CUDA, memory kept)
     model = GPT(cfg).to(device)  # random weights: speed does not depend on what the model learned
     params = model.num_params(non_embedding=False)
     dtypes = list(dict.fromkeys(pick_dtype(spec, device, sampling=True, params=params)
