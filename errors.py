@@ -1,7 +1,6 @@
 """UserError: a mistake the user can fix. The command-line tools print it as one line and exit with code 2. Beside it,
 the other ways a command ends early (Interrupted: stop at once; StepAbandoned: a training step undone by a stop), the
-command line's parser and its checks (check_output_file), an output whose reader has gone (GuardedOutput), and how a
-command ends (run_cli)."""
+command line's parser and its checks (check_output_file), and how a command ends (run_cli)."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +13,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn, TextIO
+from typing import Callable, NoReturn
 
 
 class UserError(Exception):
@@ -151,45 +150,6 @@ def _to_nowhere(stream) -> None:
         nowhere = os.open(os.devnull, os.O_WRONLY)
         os.dup2(nowhere, stream.fileno())
         os.close(nowhere)
-
-
-class GuardedOutput:
-    """sys.stdout or sys.stderr, except that a write that fails (a pipe whose reader has gone: `python train.py |
-    tee log` and then Ctrl-C, which ends tee too, or `| head`; a terminal that has closed) sends this and later
-    output to /dev/null and calls gone(), where it would have raised an error in the middle of the run."""
-
-    def __init__(self, stream: TextIO, gone: Callable[[], None]):
-        self._stream, self._gone = stream, gone
-
-    def write(self, text: str):
-        try:
-            return self._stream.write(text)
-        except OSError:  # EPIPE, EIO (the terminal closed), ...
-            self.went()
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except OSError:
-            self.went()
-
-    def went(self) -> None:
-        self._stream = open(os.devnull, "w", encoding="utf-8")
-        self._gone()
-
-    def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the stream's own
-        return getattr(self._stream, name)
-
-
-@contextlib.contextmanager
-def guarded_output(gone: Callable[[], None]) -> Iterator[None]:
-    """sys.stdout and sys.stderr, each a GuardedOutput inside the block."""
-    streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = (GuardedOutput(stream, gone) for stream in streams)
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = streams
 
 
 def _interrupt(signum, frame):

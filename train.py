@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Callable, Iterator, TextIO
 
 if __name__ == "__main__":
     import signal
@@ -28,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 from configs import TrainConfig, load_config
-from errors import StepAbandoned, UserError, exit_without_teardown, guarded_output, run_cli
+from errors import StepAbandoned, UserError, exit_without_teardown, run_cli
 from training import device
 from training.evaluation import next_evaluation, plateaued
 from training.opening import choose_corpus, open_run, say_estimate, say_what_runs
@@ -186,6 +187,7 @@ class StepLog:
 
     def __init__(self, s: Session, bar: tqdm, peak_flops: float):
         self.s, self.bar, self.peak_flops = s, bar, peak_flops
+        self.writer = s.log.writer()
         self.logged = (s.progress.it, s.clock.trained)  # (step, training seconds) at the last log line
         self.history: list[tuple[int, float]] = []
         self.slowdown = s.slowdown_watch()
@@ -213,7 +215,15 @@ class StepLog:
         record = StepRecord(step=it, loss=loss_value, lr=lr, grad_norm=norm_value, tokens_per_sec=tokens_per_sec,
                             tokens_seen=it * run.tokens_per_iter, mfu=mfu * 100, ms_per_step=step_seconds * 1000,
                             skipped=int(skipped))
-        s.log.scalars({f.metadata["tag"]: getattr(record, f.name) for f in fields(record) if "tag" in f.metadata}, it)
+        scalars = {f.metadata["tag"]: getattr(record, f.name) for f in fields(record) if "tag" in f.metadata}
+        if self.writer is not None:
+            try:
+                for tag, value in scalars.items():
+                    self.writer.add_scalar(tag, value, it)
+            except (OSError, RuntimeError) as err:
+                s.log.failed(err)
+        if s.log.wandb is not None:
+            s.log.wandb.log(scalars, step=it)
         if s.log.lines is not None:  # a log file (a terminal has the progress bar)
             s.log.lines(f"step {it}/{run.cfg.max_iters}: loss {loss_value:.4f}, {record.ms_per_step:.1f} ms/step, "
                         f"{tokens_per_sec:,.0f} tokens/s, mfu {record.mfu:.1f}% of {self.peak_flops / 1e12:.3g} "
@@ -333,6 +343,45 @@ def train_opened(s: Session, source: Path | None) -> dict:
 
 
 # ---- the command line ------------------------------------------------------------------------------------------------
+class GuardedOutput:
+    """sys.stdout or sys.stderr, except that a write that fails (a pipe whose reader has gone: `python train.py |
+    tee log` and then Ctrl-C, which ends tee too, or `| head`; a terminal that has closed) sends this and later
+    output to /dev/null and calls gone(), where it would have raised an error in the middle of the run."""
+
+    def __init__(self, stream: TextIO, gone: Callable[[], None]):
+        self._stream, self._gone = stream, gone
+
+    def write(self, text: str):
+        try:
+            return self._stream.write(text)
+        except OSError:  # EPIPE, EIO (the terminal closed), ...
+            self.went()
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            self.went()
+
+    def went(self) -> None:
+        self._stream = open(os.devnull, "w", encoding="utf-8")
+        self._gone()
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the stream's own
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def guarded_output(gone: Callable[[], None]) -> Iterator[None]:
+    """sys.stdout and sys.stderr, each a GuardedOutput inside the block."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (GuardedOutput(stream, gone) for stream in streams)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
 def main(argv: list[str] | None = None) -> int:
     start_up = seconds_since_process_start()
     d = device.from_environment()

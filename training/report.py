@@ -92,15 +92,17 @@ class Log:
                       "model FLOPs utilisation (%), an estimate: against the peak measured at the run's start":
                           ["Multiline", ["^perf/mfu$"]]}})
 
-    def scalars(self, scalars: dict[str, float], it: int) -> None:
-        """Each value under its tag at step it, to TensorBoard and --wandb's run; a failed write goes to failed()."""
+    def writer(self):
+        """TensorBoard's SummaryWriter for StepLog's scalars, or None off rank 0; a failed write goes to failed()."""
+        self._with_writer(lambda writer: None)
+        return self._writer
+
+    def evaluation(self, it: int, losses: dict[str, float]) -> None:
+        scalars = {"loss/train_eval": losses["train"], "loss/val": losses["val"]}
         for tag, value in scalars.items():
             self._write("add_scalar", tag, value, it)
         if self.wandb is not None:
             self.wandb.log(scalars, step=it)
-
-    def evaluation(self, it: int, losses: dict[str, float]) -> None:
-        self.scalars({"loss/train_eval": losses["train"], "loss/val": losses["val"]}, it)
 
     def sample(self, it: int, text: str) -> None:
         self._text("samples", text, it)
@@ -126,9 +128,11 @@ class Log:
         def write(writer) -> None:
             for written in hparams_summaries(hparams, metrics):
                 writer.file_writer.add_summary(written, step)
+            for tag, value in metrics.items():
+                writer.add_scalar(tag, value, step)
         self._with_writer(write)
-        self.scalars(metrics, step)
         if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
             self.wandb.summary.update(metrics)
 
     def _text(self, tag: str, text: str, step: int) -> None:

@@ -253,7 +253,7 @@ class StopRequest:
     """Ctrl-C, SIGTERM or SIGHUP (the terminal closed), acknowledged at once on stderr. The first aborts while nothing
     is worth saving yet (`saving` False), else asks the loop to stop at a step boundary and save. Another, GRACE_SECONDS
     or more later, stops at once; one sooner is the same request (under torchrun each process gets a Ctrl-C twice,
-    milliseconds apart). An output that can take no more (errors.GuardedOutput calls output_gone()) is one request
+    milliseconds apart). An output that can take no more (train.py's GuardedOutput calls output_gone()) is one request
     too, so that the run saves rather than die unsaved at its next line. Outside a `with` block (tests) nobody sets
     it."""
 
