@@ -22,7 +22,7 @@ from configs.loader import config_from_dict  # noqa: E402
 from configs.schema import check_num_threads  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
-from data.gate import recorded_text  # noqa: E402
+from data.gate import recorded_size, recorded_text  # noqa: E402
 from data.loader import Windows  # noqa: E402
 from data.prepare import check_encoding, read_text  # noqa: E402
 from errors import (ArgumentParser, UserError, check_output_file, disk_error, exit_without_teardown,  # noqa: E402
@@ -90,21 +90,21 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
     if source.is_dir():
         raise UserError(f"no --data given: {path} was trained on the folder {shown}, which is read only when named; "
                         f"give --data {shlex.quote(shown)} (or another text)")
-    why = "is not here as it was: it is missing"
-    if source.is_file() and not record.get("sha256"):
-        why = "cannot be checked: the checkpoint records no checksum of it"
-    elif source.is_file():
-        why = "is not here as it was: it has changed since (another size or checksum)"
+    why = "it is not there" if not source.exists() else recorded_size(source, record)  # (the gate's reasons)
+    if why is None:
+        why = "it is not the text it was trained on (its checksum differs)"
         try:
             raw = recorded_text(source, record, 1 << 40)
             if raw is not None:
                 return raw.decode(run.encoding, run.encoding_errors), str(source)
         except OSError as err:
-            why = f"could not be read ({disk_error(err)})"
-        except (UnicodeError, UserError):
-            pass
-    raise UserError(f"no --data given, and the text {path} was trained on, {shown}, {why}; give the text with "
-                    f"--data FILE")
+            why = f"it cannot be read ({disk_error(err)})"
+        except UnicodeError:
+            why = f"it does not decode as {run.encoding}"
+        except UserError:  # the gate's: what is there now is not what was looked at
+            why = "it changed while it was read"
+    raise UserError(f"no --data given, and the text {path} was trained on, {shown}, is not here as it was: {why}; give "
+                    f"the text with --data FILE")
 
 
 MAX_EXP = 709.0  # math.exp overflows a float64 just above it

@@ -153,8 +153,8 @@ def test_without_data_a_text_that_cannot_be_read_is_said_to_be_unreadable_not_ch
     monkeypatch.setattr(script, "recorded_text", unreadable)
     done = evaluate("--out_dir", str(run[0] / "run"), "--device", "cpu")
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
-    assert done.stderr.rstrip().endswith(f", {run[1]}, could not be read (Permission denied); give the text with "
-                                         f"--data FILE"), done.stderr
+    assert done.stderr.rstrip().endswith(f", {run[1]}, is not here as it was: it cannot be read (Permission denied); "
+                                         f"give the text with --data FILE"), done.stderr
 
 
 def test_a_relative_data_path_is_recorded_whole_so_the_run_is_scored_from_anywhere(tmp_path, monkeypatch, evaluate):
