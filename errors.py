@@ -1,6 +1,7 @@
 """UserError: a mistake the user can fix. The command-line tools print it as one line and exit with code 2. Beside it,
 the other ways a command ends early (Interrupted: stop at once; StepAbandoned: a training step undone by a stop), the
-command line's parser and its checks (check_output_file), and how a command ends (run_cli)."""
+command line's parser and its checks (check_output_file), an error in a few words (disk_error, in_one_line) and the fix
+for a failed write (space_or_place), and how a command ends (run_cli)."""
 from __future__ import annotations
 
 import argparse

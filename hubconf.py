@@ -125,8 +125,8 @@ class TrainedRun:
                 runtime = device.Runtime(place, device.pick_dtype(self.run_dtype, place))
             except importlib.import_module("errors").UserError as err:  # (float16 on a CPU)
                 raise ValueError(f"{err}; move the model with to(device) first") from None
-            windows = importlib.import_module("data.loader").Windows(len(ids), self.model.config.block_size,
-                                                                     stride or self.model.config.block_size)
+            block_size = self.model.config.block_size
+            windows = importlib.import_module("data.loader").Windows(len(ids), block_size, stride or block_size)
             nats, scored = evaluation.score(self.model, torch.tensor(ids, dtype=torch.int32), windows,
                                             self.batch_size, runtime.autocast)
         return nats / scored / math.log(2)

@@ -1,5 +1,6 @@
-"""TrainConfig: every setting of a training run, with its type, default and meaning, checked when built.
-The model's settings are not repeated here: TrainConfig takes them, defaults and checks included, from Architecture."""
+"""TrainConfig: every setting of a training run, with its type, default and meaning, checked when built (and the same
+check of a script's --num_threads). The model's settings are not repeated here: TrainConfig takes them, defaults and
+checks included, from Architecture."""
 from __future__ import annotations
 
 import math
@@ -20,7 +21,7 @@ MAX_THREADS = 1024  # more threads than any machine has cores; tens of thousands
 
 
 def check_num_threads(value: int) -> None:
-    """A script's --num_threads: 0 (measured) up to MAX_THREADS, as train.py's."""
+    """A script's --num_threads: 0 (measured) up to MAX_THREADS, as TrainConfig checks a run's."""
     if not 0 <= value <= MAX_THREADS:
         raise UserError(f"--num_threads {value}: must be from 0 (the faster count, measured) to {MAX_THREADS}")
 

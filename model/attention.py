@@ -192,12 +192,14 @@ def recording_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
 
 
 @torch.inference_mode()
-def attention_weights(model, ids: list[int]) -> list[torch.Tensor]:
-    """Each layer's (n_head, T, T) attention weights for one text (a GPT's), from the explicit path; the model is left
-    in the mode it was in."""
+def attention_weights(model: nn.Module, ids: list[int]) -> list[torch.Tensor]:
+    """Each layer's (n_head, T, T) attention weights for one text, from the explicit path; the model is left in the
+    mode it was in."""
     was_training = model.training
     model.eval()
-    with recording_attention(model) as weights:
-        model(torch.tensor([ids], device=model.wte.weight.device))
-    model.train(was_training)
+    try:
+        with recording_attention(model) as weights:
+            model(torch.tensor([ids], device=next(model.parameters()).device))
+    finally:
+        model.train(was_training)
     return [w[0] for w in weights]

@@ -14,7 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -37,8 +37,12 @@ from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_command
 from training.run_folder import RunDir, find
 
-if TYPE_CHECKING:  # (session imports this module)
-    from training.session import StopRequest
+
+
+class StopRequest(Protocol):
+    """What opening a run tells the stop request (training.session.StopRequest, made before the run is opened)."""
+    saved: str  # what a stop at once leaves intact, said when it comes
+    resume: str  # the command that continues from it
 
 
 @dataclass
