@@ -204,11 +204,16 @@ def test_default_preset_follows_the_device():
     assert "CUDA is available" in gpu_note
 
 
+def evaluation_due(it: int, cfg) -> bool:
+    """The rule the loop's arithmetic implements, step by step: every eval_interval steps and at the last step."""
+    return it % cfg.eval_interval == 0 or it == cfg.max_iters
+
+
 @pytest.mark.parametrize("preset", ["shakespeare_char_cpu", "shakespeare_char_cpu_long", "shakespeare_char_gpu"])
 def test_the_default_presets_evaluate_often_enough_for_a_curve(preset):
     """Each default preset evaluates at least 10 times from step 0 to max_iters (loss/val as a curve, not 3 points),
     and --patience covers at least as many steps as 5 evaluations of 150 steps would (it cannot stop them sooner)."""
-    from training.evaluation import evaluation_due, evaluations_left
+    from training.evaluation import evaluations_left
     cfg = load_config(["--config", preset], False)[0]
     assert sum(evaluation_due(it, cfg) for it in range(cfg.max_iters + 1)) == evaluations_left(0, cfg) >= 10
     assert cfg.patience * cfg.eval_interval >= min(5 * 150, cfg.max_iters)
@@ -218,7 +223,7 @@ def test_the_default_presets_evaluate_often_enough_for_a_curve(preset):
 def test_the_loops_next_evaluation_is_the_first_step_from_here_that_evaluation_due_names(interval, max_iters):
     """The loop keeps the step of its next evaluation instead of asking at every step: for every step from 0 to
     max_iters, next_evaluation() is the first step from there on at which evaluation_due() holds."""
-    from training.evaluation import evaluation_due, next_evaluation
+    from training.evaluation import next_evaluation
     cfg = load_config(["--config", "debug", "--eval_interval", str(interval), "--max_iters", str(max_iters)],
                       False)[0]
     for it in range(max_iters + 1):

@@ -13,19 +13,15 @@ from data.loader import Windows, send
 from training.device import Dist, Runtime
 
 
-def evaluation_due(it: int, cfg: TrainConfig) -> bool:
-    """A run evaluates (and saves its checkpoints) every eval_interval steps and at its last step."""
-    return it % cfg.eval_interval == 0 or it == cfg.max_iters
-
-
+# A run evaluates (and saves its checkpoints) every eval_interval steps and at its last step (max_iters).
 def next_evaluation(it: int, cfg: TrainConfig) -> int:
-    """The first step from it on at which a run evaluates, by evaluation_due's rule."""
+    """The first step from it on at which a run evaluates."""
     due = -(-it // cfg.eval_interval) * cfg.eval_interval  # the first multiple of eval_interval from it on
     return min(due, cfg.max_iters) if it <= cfg.max_iters else due
 
 
 def evaluations_left(it: int, cfg: TrainConfig) -> int:
-    """How many evaluations a run at step it has still to make, by evaluation_due's rule (that at step it included)."""
+    """How many evaluations a run at step it has still to make (that at step it included)."""
     if it > cfg.max_iters:
         return 0
     every = cfg.eval_interval
