@@ -9,7 +9,9 @@ description, happen here, the same way for every reader. The rules:
   never beyond the size the system reported when it was opened; a file that changes size while it is read is refused;
 - a checkpoint's zip listing is read first: its records stored (not compressed), their number and the pickle's size
   bounded; it is then unpickled with weights_only=True from a memory map, so that no tensor's bytes are read before
-  every tensor's kind, shape, dtype and storage size has been compared with what the model config implies;
+  every tensor's kind, shape, dtype and storage size has been compared with what the model config implies; each
+  tensor copied out is then compared with the CRC-32 the zip records for its bytes (a disk error, a file written over
+  in place);
 - a record (set_aside.json) acts only where it proves that it was written for this very folder (the folder's and the
   keep-aside's own identities, which a copy or a planted folder cannot carry);
 - a text a checkpoint names is opened only when it is a regular file of the size recorded, and only to check its
@@ -23,6 +25,7 @@ import pickle
 import stat
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -274,8 +277,9 @@ def zip_entry_count(f: BinaryIO, size: int) -> int | None:
     return entries
 
 
-def checkpoint_listing(path: Path) -> dict[str, int]:
-    """name -> size of every record of a checkpoint's zip, read from its directory: each stored, not compressed (so
+def checkpoint_listing(path: Path) -> dict[str, zipfile.ZipInfo]:
+    """name -> the zip's entry (its size, its CRC-32) of every record of a checkpoint, read from its directory: each
+    stored, not compressed (so
     what torch.load maps is what the file holds: a few MB cannot inflate into GBs), under one folder, of the names
     torch.save writes, the pickle at most PICKLE_MAX_BYTES and the others tiny."""
     def refused(why: str) -> UserError:
@@ -300,20 +304,21 @@ def checkpoint_listing(path: Path) -> dict[str, int]:
     folders = {info.filename.split("/", 1)[0] for info in entries}
     if len(folders) != 1 or len(entries) > RECORDS_MAX:
         raise refused("its zip is not laid out as torch.save lays it out")
-    listing: dict[str, int] = {}
+    listing: dict[str, zipfile.ZipInfo] = {}
     for info in entries:
         name = info.filename.split("/", 1)[1] if "/" in info.filename else ""
         if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
             raise refused(f"its record {name[:40]} is compressed, which torch.save never does")
         if name in listing or not (name in OWN_RECORDS or (name.startswith("data/") and name[5:].isdigit())):
             raise refused(f"its zip holds a record torch.save does not write: {name[:40]!r}")
-        listing[name] = info.file_size
+        listing[name] = info
     if "data.pkl" not in listing:
         raise refused("its zip holds no data.pkl")
-    if listing["data.pkl"] > PICKLE_MAX_BYTES:
-        raise refused(f"its pickle is {listing['data.pkl']:,} bytes, more than the {PICKLE_MAX_BYTES:,} a "
+    if listing["data.pkl"].file_size > PICKLE_MAX_BYTES:
+        raise refused(f"its pickle is {listing['data.pkl'].file_size:,} bytes, more than the {PICKLE_MAX_BYTES:,} a "
                       f"checkpoint's settings and records need")
-    if any(size > SMALL_RECORD_BYTES for name, size in listing.items() if name in OWN_RECORDS - {"data.pkl"}):
+    if any(info.file_size > SMALL_RECORD_BYTES for name, info in listing.items()
+           if name in OWN_RECORDS - {"data.pkl"}):
         raise refused("a record of its zip's own is larger than torch.save writes")
     return listing
 
@@ -398,7 +403,7 @@ def tensors_in(value, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
             yield from tensors_in(item, f"{prefix}/{i}")
 
 
-def check_records(state, listing: dict[str, int], where: Path) -> None:
+def check_records(state, listing: dict[str, zipfile.ZipInfo], where: Path) -> None:
     """Every tensor in the contents owns its storage (no view of a larger one), and the zip holds no tensor record
     beyond the storages the contents use: once every tensor has been compared with what the config implies (by its
     shape), the bytes the file maps are bounded by it too."""
@@ -409,24 +414,42 @@ def check_records(state, listing: dict[str, int], where: Path) -> None:
             raise UserError(f"{where} is damaged: {name.lstrip('/')[:80]} is {kind}; take another checkpoint or "
                             f"train again")
         used[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    stored = sum(size for name, size in listing.items() if name.startswith("data/"))
+    stored = sum(info.file_size for name, info in listing.items() if name.startswith("data/"))
     if stored != sum(used.values()):
         raise UserError(f"{where} is damaged: its zip holds {stored:,} bytes of tensors, its contents use "
                         f"{sum(used.values()):,}; take another checkpoint or train again")
 
 
-def materialized(value, device: torch.device | str = "cpu"):
-    """The contents with every tensor copied into memory (on device) from the memory map, once checked."""
+def materialized(value, device: torch.device | str = "cpu", check: Callable[[str, torch.Tensor], None] | None = None,
+                 name: str = ""):
+    """The contents with every tensor copied into memory (on device) from the memory map, once checked; check(where,
+    copy) sees each copy in memory before it goes to the device (stored_intact)."""
     if isinstance(value, torch.Tensor):
         copy = value.clone()
+        if check is not None:
+            check(name, copy)
         return copy if torch.device(device).type == "cpu" else copy.to(device)
     if isinstance(value, dict):
-        return type(value)((key, materialized(item, device)) for key, item in value.items())
-    if isinstance(value, list):
-        return [materialized(item, device) for item in value]
-    if isinstance(value, tuple):
-        return tuple(materialized(item, device) for item in value)
+        return type(value)((key, materialized(item, device, check, f"{name}/{key}")) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        items = [materialized(item, device, check, f"{name}/{i}") for i, item in enumerate(value)]
+        return items if isinstance(value, list) else tuple(items)
     return value
+
+
+def stored_intact(listing: dict[str, zipfile.ZipInfo], where: Path) -> Callable[[str, torch.Tensor], None]:
+    """materialized()'s check that a tensor's bytes are those the zip recorded: their size and CRC-32 are those of one
+    of its tensor records (each tensor owns its whole storage: check_records), else one line naming the tensor. A
+    disk error or a file written over in place is caught so; a checksum is no defence against a forger, who can write
+    it too (the rest of the gate is)."""
+    recorded = {(info.file_size, info.CRC) for name, info in listing.items() if name.startswith("data/")}
+
+    def check(name: str, t: torch.Tensor) -> None:
+        if (t.nbytes, zlib.crc32(t.reshape(-1).view(torch.uint8).numpy())) not in recorded:
+            raise UserError(f"{where} is damaged: the bytes of {name.lstrip('/')[:80]} are not those its zip recorded "
+                            f"(their CRC-32 differs: a disk error, or the file written over in place); take another "
+                            f"checkpoint or train again")
+    return check
 
 
 # ---- a checkpoint's other fields: each of its type ------------------------------------------------------------------

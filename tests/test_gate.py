@@ -10,8 +10,10 @@ import os
 import pickle
 import subprocess
 import sys
+import struct
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -415,3 +417,40 @@ def test_sample_refuses_weights_whose_scores_overflow_instead_of_printing_newlin
 
 def test_config_without_a_value_is_one_line(capsys):
     one_line(capsys, run_cli(train.main, ["--config"]), "argument --config: expected one argument")
+
+
+def written_over(path: Path, name: str) -> bytes:
+    """Finite numbers (four float32 1.5) written in place over the middle of the zip record that holds the model's
+    weight `name`, found by its bytes' CRC-32 (as a disk error or a program writing into the file would): the
+    file's bytes before."""
+    before = path.read_bytes()
+    weight = torch.load(path, weights_only=True)["model"][name]
+    crc = zlib.crc32(weight.reshape(-1).view(torch.uint8).numpy())
+    with zipfile.ZipFile(path) as zf:
+        info = next(i for i in zf.infolist() if i.CRC == crc and "/data/" in i.filename)
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_length, extra_length = struct.unpack("<HH", f.read(4))
+        f.seek(info.header_offset + 30 + name_length + extra_length + info.file_size // 2 // 4 * 4)
+        f.write(np.full(4, 1.5, dtype=np.float32).tobytes())
+    assert path.read_bytes() != before
+    return before
+
+
+def test_weights_written_over_with_ordinary_numbers_are_refused_by_their_zips_checksum(finished, tmp_path, capsys):
+    """Part of a weight overwritten in place with finite numbers passes every check of kind, shape and value; the
+    CRC-32 the zip records for those bytes does not: a reader that samples refuses in one line naming the weight (it
+    scored and sampled the damaged model without a word), and so does --resume, which would train on from it and save
+    over the damage; the damaged file is left as it was."""
+    import sample
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes((finished / "ckpt_best.pt").read_bytes())
+    written_over(damaged, "blocks.0.attn.c_attn.weight")
+    one_line(capsys, run_cli(sample.main, ["--ckpt", str(damaged), "--max_new_tokens", "5"]),
+             "is damaged: the bytes of model/blocks.0.attn.c_attn.weight are not those its zip recorded")
+    out = copy_of(finished, tmp_path / "resumed")
+    written_over(out / "ckpt_last.pt", "wte.weight")
+    kept = files_of(out)
+    one_line(capsys, run_cli(train.main, ["--out_dir", str(out), "--resume", "--max_iters", "6"]),
+             "ckpt_last.pt is damaged: the bytes of model/")
+    assert files_of(out) == kept

@@ -132,7 +132,7 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
     gate.check_records(state, listing, path)  # no tensor's bytes stored beyond its own
     try:
         state = gate.materialized({key: value for key, value in state.items() if resume or key not in RESUME_ONLY},
-                                  target)
+                                  target, gate.stored_intact(listing, path))
     except (RuntimeError, TypeError) as err:  # the file passed every check: the device (or its dtypes) cannot hold it
         raise UserError(f"{path} is readable, but {target} cannot hold its weights ({in_one_line(err)}); load it "
                         f"onto cpu") from None
