@@ -1,7 +1,8 @@
 """UserError: a mistake the user can fix. The command-line tools print it as one line and exit with code 2. Beside it,
 the other ways a command ends early (Interrupted: stop at once; StepAbandoned: a training step undone by a stop), the
-command line's parser and its checks (check_output_file), an error in a few words (disk_error, in_one_line) and the fix
-for a failed write (space_or_place), and how a command ends (run_cli)."""
+command line's parser and its checks (check_output_file), a project script as a command (python_command), an error
+in a few words (disk_error, in_one_line) and the fix for a failed write (space_or_place), and how a command ends
+(run_cli)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,7 @@ import atexit
 import contextlib
 import errno
 import os
+import shlex
 import signal
 import sys
 import textwrap
@@ -118,6 +120,20 @@ def in_one_line(err: BaseException) -> str:
     err = getattr(err, "inner_exception", None) or err
     first_line = (str(err).strip().splitlines() or [""])[0][:160]
     return f"{type(err).__name__}: {first_line}"
+
+
+PROJECT = Path(__file__).resolve().parent
+
+
+def python_command(script: str) -> str:
+    """'python SCRIPT' (train.py, scripts/sample.py) as the user can type it where they are: the script's path from the
+    working folder where it lies inside it, else its full path (a run started as python ~/chargpt/train.py)."""
+    path = PROJECT / script
+    try:
+        shown = str(path.relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):  # outside the working folder, or the working folder is gone
+        shown = str(path)
+    return f"python {shlex.quote(shown)}"
 
 
 def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:

@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 from configs import TrainConfig, load_config
-from errors import StepAbandoned, UserError, exit_without_teardown, run_cli
+from errors import StepAbandoned, UserError, exit_without_teardown, python_command, run_cli
 from training import device
 from training.evaluation import next_evaluation, plateaued
 from training.opening import choose_corpus, open_run, say_estimate, say_what_runs
@@ -334,11 +334,11 @@ def train_opened(s: Session, source: Path | None) -> dict:
     s.draw_losses()
     if "seconds" in summary:
         log.say(run.phases.line(summary["seconds"]))
-    log.say(f"sample it: python scripts/sample.py --out_dir {where}")
+    log.say(f"sample it: {python_command('scripts/sample.py')} --out_dir {where}")
     if s.cfg.n_layer and run.model.num_params(non_embedding=False) <= PAGE_MAX_PARAMETERS:
         page = shlex.quote(str(run_dir.path / "attention.html"))
-        log.say(f"watch it think: python scripts/attention_html.py --out_dir {where} --html {page}, then open {page} "
-                f"in a browser and type")
+        log.say(f"watch it think: {python_command('scripts/attention_html.py')} --out_dir {where} --html {page}, then "
+                f"open {page} in a browser and type")
     return {**summary, "history": history}
 
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from data.tokenizer import CharTokenizer
-from errors import UserError
+from errors import UserError, python_command
 
 BLOCK_BYTES = 1 << 20  # read 1 MiB at a time
 
@@ -287,7 +287,8 @@ def checkpoint_listing(path: Path) -> dict[str, zipfile.ZipInfo]:
     try:
         f, size = open_regular(path, "the checkpoint")
     except FileNotFoundError:
-        raise UserError(f"no checkpoint at {path}; train one first (python train.py) or pass --ckpt FILE") from None
+        raise UserError(f"no checkpoint at {path}; train one first ({python_command('train.py')}) or pass --ckpt "
+                        f"FILE") from None
     with f:
         if size == 0:
             raise refused("it is empty")

@@ -406,13 +406,14 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert '"data": "pystdlib"' in config
     # the folder a command written for the online case names does not exist: the scripts point to the ones that do
-    # (a bare "train first" would train again)
+    # (a bare "train first" would train again); the command they suggest names train.py by its full path, since it is
+    # not under the working folder
     import sample
     assert run_cli(sample.main, ["--out_dir", "out/debug-shakespeare"]) == 2
     assert capsys.readouterr().err == (
-        "error: out/debug-shakespeare holds no ckpt_best.pt or ckpt_last.pt; runs with a model there: "
-        "out/debug-my_corpus, out/debug-my_notes, out/debug-pystdlib; give one of them as --out_dir (or train one "
-        "here: python train.py --out_dir out/debug-shakespeare)\n")
+        "error: out/debug-shakespeare: no such folder; runs with a model beside it: out/debug-my_corpus, "
+        "out/debug-my_notes, out/debug-pystdlib; give one of them as --out_dir (or train one there: "
+        f"python {ROOT / 'train.py'} --out_dir out/debug-shakespeare)\n")
 
 
 @pytest.mark.parametrize("named", [("--data", "shakespeare"), ("--cache_dir", "CACHE"), ("--resume",)])

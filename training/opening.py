@@ -25,7 +25,7 @@ from configs.schema import FIXED
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
 from data.gate import recorded_size
-from errors import UserError
+from errors import UserError, python_command
 from model import GPT, ModelConfig
 from model.scoring import FORMS
 from training import checkpoint
@@ -173,10 +173,11 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
     where = shlex.quote(str(run_dir.path))
     if state["iter"] < cfg.max_iters:
         return (f"{run_dir.path} stopped early at step {state['iter']}{model}{loss}: {since_best} evaluations in a row "
-                f"did not improve on its best; nothing to do. To train on anyway: python train.py --out_dir {where} "
-                f"--resume --patience 0")
+                f"did not improve on its best; nothing to do. To train on anyway: "
+                f"{python_command('train.py')} --out_dir {where} --resume --patience 0")
     return (f"{run_dir.path} finished at step {state['iter']}{model}{loss}; nothing to do. To train further: "
-            f"python train.py --out_dir {where} --resume --max_iters {max(state['iter'], cfg.max_iters) * 2}")
+            f"{python_command('train.py')} --out_dir {where} --resume --max_iters "
+            f"{max(state['iter'], cfg.max_iters) * 2}")
 
 
 def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop: StopRequest,

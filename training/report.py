@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from configs import TrainConfig
-from errors import UserError, disk_error, in_one_line
+from errors import UserError, disk_error, in_one_line, python_command
 from training.device import sync
 from training.run_folder import BEST, LAST
 
@@ -340,7 +340,8 @@ def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
 
 def resume_command(folder: Path, advice: str = "") -> str:
     """The command that continues the run in folder, with advice's flags (such as fewer threads)."""
-    return f"python train.py --out_dir {shlex.quote(str(folder))} --resume" + (f" {advice}" if advice else "")
+    command = f"{python_command('train.py')} --out_dir {shlex.quote(str(folder))} --resume"
+    return command + (f" {advice}" if advice else "")
 
 
 def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str = "") -> str:

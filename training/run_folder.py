@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from data import gate
-from errors import UserError, disk_error, space_or_place
+from errors import UserError, disk_error, python_command, space_or_place
 
 BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
 LOSS_PICTURE = "loss.png"  # the run's losses, every point, drawn at its end
@@ -348,8 +348,9 @@ class RunDir:
             return
         where = shlex.quote(str(self.path))
         if (self.path / LAST).is_file():
-            raise UserError(f"{self.path} already holds a run; pass --resume to continue it (python train.py "
-                            f"--out_dir {where} --resume), --overwrite to replace it, or choose another --out_dir")
+            raise UserError(f"{self.path} already holds a run; pass --resume to continue it "
+                            f"({python_command('train.py')} --out_dir {where} --resume), --overwrite to replace it, or "
+                            f"choose another --out_dir")
         if self.checkpoints():
             raise UserError(f"{self.path} holds a run with ckpt_best.pt but no ckpt_last.pt; --resume continues "
                             f"from ckpt_best.pt, --overwrite replaces it, or choose another --out_dir")
@@ -444,7 +445,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
                             f"give --out_dir {training[0][0]} to read the model it saved last")
         if newest is None:
             raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE; out/ holds no "
-                            "run yet: train one first (python train.py)")
+                            f"run yet: train one first ({python_command('train.py')})")
         state = "finished" if (newest / "summary.json").is_file() else "stopped"
         saved = max((newest / name).stat().st_mtime for name in names if (newest / name).is_file())
         say(f"no --out_dir given: {newest}, the newest run in out/ that has {state} (its model saved "
@@ -462,20 +463,22 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
                             f"wait for that evaluation, or stop the new run (Ctrl-C, or kill -INT) to put the old "
                             f"one back")
         raise UserError(f"{out_dir}: an --overwrite stopped before its first evaluation after step 0, and the run it "
-                        f"was replacing waits in {folder / ASIDE}; python train.py --out_dir {out_dir} --resume puts "
-                        f"it back and continues it")
+                        f"was replacing waits in {folder / ASIDE}; {python_command('train.py')} --out_dir {out_dir} "
+                        f"--resume puts it back and continues it")
     for name in names:
         if (folder / name).exists():
             return folder / name
     if owner:
         raise UserError(f"{out_dir} holds no {' or '.join(names)} yet: {owner} is training there; wait for its first "
                         f"evaluation, which saves one")
+    missing = f"{out_dir}: no such folder" if not folder.exists() else f"{out_dir} holds no {' or '.join(names)}"
+    train = f"{python_command('train.py')} --out_dir {out_dir}"
     others = runs_beside(folder, names)
     if others:  # offline, out/<preset>-shakespeare was trained as out/<preset>-pystdlib: point there, not to training
         shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
-        raise UserError(f"{out_dir} holds no {' or '.join(names)}; runs with a model there: {shown}; give one of them "
-                        f"as --out_dir (or train one here: python train.py --out_dir {out_dir})")
-    raise UserError(f"{out_dir} holds no {' or '.join(names)}; train first: python train.py --out_dir {out_dir}")
+        raise UserError(f"{missing}; runs with a model beside it: {shown}; give one of them as --out_dir (or train one "
+                        f"there: {train})")
+    raise UserError(f"{missing}; train first: {train}")
 
 
 def newest_run(parent: Path, names: tuple[str, ...]) -> tuple[Path | None, list[tuple[Path, str]]]:
