@@ -304,6 +304,17 @@ def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):
     assert not list(out.glob("*.tmp-*"))
 
 
+def test_a_reader_gone_before_the_first_step_is_named_as_the_cause_of_the_stop(corpus, tmp_path):
+    """`python train.py | head -2`: the reader leaves after the first lines, before training begins. The run stops
+    as for a Ctrl-C (130), and its last line on stderr (still the terminal) says why, since nobody pressed a key."""
+    proc = launch(corpus, tmp_path / "run", "--max_iters", "100000")
+    assert proc.stdout.readline().startswith("config: debug")
+    proc.stdout.close()  # the reader goes
+    assert proc.wait(timeout=patient(60)) == 130
+    last = proc.stderr.read().strip().splitlines()[-1]
+    assert last.startswith("the output's reader has gone (a closed pipe or terminal): stop"), last
+
+
 def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, tmp_path):
     """SIGHUP (an ssh connection that drops) stops the run at a step boundary and saves it, as Ctrl-C does, instead
     of ending the process at once, its steps since the last checkpoint lost; under nohup (SIGHUP ignored) it changes

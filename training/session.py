@@ -249,6 +249,9 @@ def attention_probe(run: Run) -> list[int]:
 
 
 # ---- the stop request ------------------------------------------------------------------------------------------------
+OUTPUT_GONE = 0  # the "signal" of a stop that output_gone() makes (no signal has the number 0)
+
+
 class StopRequest:
     """Ctrl-C, SIGTERM or SIGHUP (the terminal closed), acknowledged at once on stderr. The first aborts while nothing
     is worth saving yet (`saving` False), else asks the loop to stop at a step boundary and save. Another, GRACE_SECONDS
@@ -299,7 +302,7 @@ class StopRequest:
     def output_gone(self) -> None:
         """The output can take no more: the first time, a stop as by Ctrl-C; never a second, "at once" one."""
         if not self.requested:
-            self.handle(0, None)  # (which signal is not read)
+            self.handle(OUTPUT_GONE, None)
 
     def handle(self, signum, frame) -> None:
         resume = f". Continue with: {self.resume}" if self.resume else ""
@@ -308,8 +311,10 @@ class StopRequest:
                 raise Interrupted(f"stopped at once; {self.saved}{resume}")
             return
         self.requested, self.first_at = True, time.monotonic()
+        # a stop nobody typed says why it came (`python train.py | head` ends the reader after a few lines)
+        why = "the output's reader has gone (a closed pipe or terminal): " if signum == OUTPUT_GONE else ""
         if not self.saving:
-            raise Interrupted(f"stopped before training began; {self.saved}{resume}")
+            raise Interrupted(f"{why}stopped before training began; {self.saved}{resume}")
         step = None if self.progress is None else self.progress.it
         if step is None:
             doing = "finishing the next step"
@@ -321,4 +326,4 @@ class StopRequest:
             step_under_way = ("is undone, or finishes if in its last micro-batch" if self.undo else "finishes first")
             doing = f"{done}; a step under way {step_under_way} (an evaluation stops between batches)"
         doing = self.ending or f"{doing}, then saving ckpt_last.pt"
-        self.say(f"stopping: {doing} (press Ctrl-C again to stop at once)")
+        self.say(f"{why}stopping: {doing} (press Ctrl-C again to stop at once)")
