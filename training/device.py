@@ -243,7 +243,10 @@ class Threads:
                   "one core": "this process may use one core",
                   "kept": "this run's own, kept on resume so that it goes on as it began; --num_threads 0 measures "
                           "again"}[self.why]
-        return f"threads: {self.count} ({reason})" + (f"; {work}: {timed}" if timed else "")
+        n_cores = cores()
+        over = (f"; more than the {n_cores} cores this process may use, so they wait on each other: {n_cores} or "
+                f"fewer is faster (--num_threads 0 measures)" if self.count > n_cores else "")
+        return f"threads: {self.count} ({reason})" + (f"; {work}: {timed}" if timed else "") + over
 
 
 def span(seconds: list[float]) -> str:
