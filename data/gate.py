@@ -46,13 +46,19 @@ def open_regular(path: Path, what: str) -> tuple[BinaryIO, int]:
     have been swapped in between). The size is the most that read_blocks() reads: a file of /proc that reports 0 is
     read as empty, never for minutes."""
     if not stat.S_ISREG(os.stat(path).st_mode):
-        raise UserError(f"{what} {path}: not a regular file (a device, pipe or socket); save it to a file and give that")
+        raise not_a_file(path, what, os.stat(path).st_mode)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise UserError(f"{what} {path}: not a regular file (a device, pipe or socket); save it to a file and give that")
+        raise not_a_file(path, what, info.st_mode)
     return os.fdopen(fd, "rb"), info.st_size
+
+
+def not_a_file(path: Path, what: str, mode: int) -> UserError:
+    if stat.S_ISDIR(mode):
+        return UserError(f"{what} {path} is a folder, not a file; give a file")
+    return UserError(f"{what} {path}: not a regular file (a device, pipe or socket); save it to a file and give that")
 
 
 def changed(path: Path, size: int, got: int, what: str) -> UserError:

@@ -454,3 +454,20 @@ def test_weights_written_over_with_ordinary_numbers_are_refused_by_their_zips_ch
     one_line(capsys, run_cli(train.main, ["--out_dir", str(out), "--resume", "--max_iters", "6"]),
              "ckpt_last.pt is damaged: the bytes of model/")
     assert files_of(out) == kept
+
+
+def test_a_folder_where_a_file_belongs_is_called_a_folder(finished, tmp_path, capsys):
+    """A folder named ckpt_best.pt is refused as a folder (it was called a device, pipe or socket), and a folder named
+    summary.json in a run folder is refused without the advice to look at where a link points."""
+    import sample
+    out = copy_of(finished, tmp_path / "folders")
+    (out / "ckpt_best.pt").unlink()
+    (out / "ckpt_best.pt").mkdir()
+    one_line(capsys, run_cli(sample.main, ["--ckpt", str(out / "ckpt_best.pt")]),
+             f"the checkpoint {out / 'ckpt_best.pt'} is a folder, not a file; give a file")
+    (out / "ckpt_best.pt").rmdir()
+    (out / "summary.json").unlink()
+    (out / "summary.json").mkdir()
+    err = one_line(capsys, run_cli(train.main, ["--out_dir", str(out), "--resume", "--max_iters", "6"]),
+                   f"{out / 'summary.json'} is a folder where the run keeps a file")
+    assert "points to" not in err

@@ -69,8 +69,9 @@ def open_lock(path: Path, create: bool) -> int:
 
 
 def planted(path: Path, what: str) -> str:
+    look = " (after looking at what it points to)" if "link" in what else ""
     return (f"{path} is {what}, which a run never makes there; a run writes only inside its folder, so it refuses "
-            f"this one: remove {path} (after looking at what it points to), or choose another --out_dir")
+            f"this one: remove {path}{look}, or choose another --out_dir")
 
 
 def holder(folder: Path) -> str | None:
