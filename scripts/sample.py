@@ -71,8 +71,9 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.init_from != "resume":  # nanoGPT's sample.py: resume (a run's checkpoint) or gpt2*
         raise UserError(f"--init_from {args.init_from}: this sampler reads a run of this trainer, given by --out_dir "
                         f"RUN (its best model) or --ckpt FILE; --init_from resume, nanoGPT's, is what it does")
+    args.prompt_flag = "--prompt_file "  # how the prompt's file was named, for its messages
     if args.prompt is not None and args.prompt.startswith("FILE:"):  # nanoGPT's --start=FILE:prompt.txt
-        args.prompt_file, args.prompt = args.prompt.removeprefix("FILE:"), None
+        args.prompt_file, args.prompt, args.prompt_flag = args.prompt.removeprefix("FILE:"), None, "--prompt FILE:"
         if not args.prompt_file:
             raise UserError("--prompt FILE: names no file; give FILE:path, e.g. --start=FILE:prompt.txt")
     if args.prompt is not None and args.prompt_file:
@@ -90,10 +91,10 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
         try:
             text = Path(args.prompt_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            raise UserError(f"--prompt_file {args.prompt_file}: cannot be read as UTF-8 text ({err})") from None
+            raise UserError(f"{args.prompt_flag}{args.prompt_file}: cannot be read as UTF-8 text ({err})") from None
         prompts = [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
         if not any(prompts):
-            raise UserError(f"--prompt_file {args.prompt_file} is empty; put the prompt"
+            raise UserError(f"{args.prompt_flag}{args.prompt_file} is empty; put the prompt"
                             f"{'s, one per line,' if args.prompts_per_line else ''} in it")
         return prompts
     return None if args.prompt is None else [args.prompt]

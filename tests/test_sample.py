@@ -383,6 +383,9 @@ def test_nanogpts_sample_flags_are_understood(run_dir, tmp_path, script):
         "error: --init_from gpt2: this sampler reads a run of this trainer, given by --out_dir RUN")
     assert script("sample.py", *common, "--compile=perhaps").stderr.strip() == (
         "error: argument --compile: expected true or false, got 'perhaps'")
+    missing = tmp_path / "no_such_prompt.txt"  # its message names the flag as given, not --prompt_file
+    assert script("sample.py", *common, "--start=FILE:" + str(missing)).stderr.startswith(
+        f"error: --prompt FILE:{missing}: cannot be read as UTF-8 text")
 
 
 def test_the_sampling_options_are_declared_once_for_the_command_line_and_the_python_api():
