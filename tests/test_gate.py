@@ -471,3 +471,19 @@ def test_a_folder_where_a_file_belongs_is_called_a_folder(finished, tmp_path, ca
     err = one_line(capsys, run_cli(train.main, ["--out_dir", str(out), "--resume", "--max_iters", "6"]),
                    f"{out / 'summary.json'} is a folder where the run keeps a file")
     assert "points to" not in err
+
+
+def test_a_script_refused_a_runs_best_checkpoint_names_its_last_one_when_that_reads_well(finished, tmp_path, capsys):
+    """sample.py --out_dir reads ckpt_best.pt; where that is damaged and ckpt_last.pt reads well, the one line says so
+    with the flag that reads it (which then samples); where both are damaged it does not."""
+    import sample
+    out = copy_of(finished, tmp_path / "best_damaged")
+    (out / "ckpt_best.pt").write_bytes(b"")
+    last = out / "ckpt_last.pt"
+    err = one_line(capsys, run_cli(sample.main, ["--out_dir", str(out), "--max_new_tokens", "5"]), "it is empty")
+    assert err.rstrip().endswith(f"; the run's last checkpoint reads well: --ckpt {last}"), err
+    assert run_cli(sample.main, ["--ckpt", str(last), "--max_new_tokens", "5"]) == 0
+    capsys.readouterr()
+    last.write_bytes(last.read_bytes()[:1000])
+    err = one_line(capsys, run_cli(sample.main, ["--out_dir", str(out), "--max_new_tokens", "5"]), "it is empty")
+    assert "last checkpoint" not in err

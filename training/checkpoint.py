@@ -3,6 +3,7 @@ written atomically and read without unpickling code, every part checked before i
 from __future__ import annotations
 
 import math
+import shlex
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from data.tokenizer import CharTokenizer
 from errors import UserError, in_one_line
 from training.device import Dist, free_memory, random_states, set_random_states, unavailable
 from training.optim import configure_optimizer
-from training.run_folder import write_atomic
+from training.run_folder import BEST, LAST, write_atomic
 
 
 if TYPE_CHECKING:  # for the annotations only: training.opening builds runs from checkpoints, so it imports this module
@@ -351,10 +352,21 @@ def check_losses(losses: dict, it: int, path: Path) -> None:
 
 
 def load_model(path: Path, device: torch.device | str = "cpu"):
-    """(model in eval mode on device, tokenizer, state) of a checkpoint that load() has checked, else one line."""
+    """(model in eval mode on device, tokenizer, state) of a checkpoint that load() has checked, else one line; where
+    a run's ckpt_best.pt is refused and its ckpt_last.pt would be read, the line says so."""
     from model import GPT
 
-    state = load(path, device)
+    try:
+        state = load(path, device)
+    except UserError as err:
+        last = Path(path).parent / LAST
+        if Path(path).name != BEST or not last.is_file():
+            raise
+        try:
+            load(last, device)
+        except UserError:
+            raise err from None
+        raise UserError(f"{err}; the run's last checkpoint reads well: --ckpt {shlex.quote(str(last))}") from None
     model = GPT(model_config_of(state, path))
     model.load_state_dict(state["model"])
     return model.to(device).eval(), CharTokenizer(state["vocab"]), state
