@@ -83,6 +83,8 @@ def test_ctrl_c_while_a_resume_opens_names_the_checkpoint_and_the_command_that_c
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 130)])
 def test_interrupt_saves_and_explains_how_to_resume(corpus, tmp_path, sig, code):
+    """Ctrl-C or SIGTERM mid-run: exit 130, ckpt_last.pt saved at a step, the resume command said; a SIGTERM, which
+    nobody typed at this terminal, is named in the acknowledgement."""
     out = tmp_path / "run"
     proc = subprocess.Popen(train_argv(corpus, out, "--max_iters", "100000", "--eval_interval", "50"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -92,6 +94,8 @@ def test_interrupt_saves_and_explains_how_to_resume(corpus, tmp_path, sig, code)
     stdout, stderr = proc.communicate(timeout=patient(60))
     assert proc.returncode == code, stderr
     assert "--resume" in stdout and "Traceback" not in stderr + stdout
+    named = "SIGTERM (a request to end the process): stopping: " in stderr
+    assert named == (sig == signal.SIGTERM) and "stopping: " in stderr, stderr
     state = checkpoint.load(out / "ckpt_last.pt")
     assert 0 < state["iter"] < 100000
     assert any(out.glob("events.out.tfevents.*"))

@@ -311,8 +311,11 @@ class StopRequest:
                 raise Interrupted(f"stopped at once; {self.saved}{resume}")
             return
         self.requested, self.first_at = True, time.monotonic()
-        # a stop nobody typed says why it came (`python train.py | head` ends the reader after a few lines)
-        why = "the output's reader has gone (a closed pipe or terminal): " if signum == OUTPUT_GONE else ""
+        # a stop nobody typed at this terminal says why it came (`python train.py | head` ends the reader after a few
+        # lines; kill, a scheduler or a container's stop sends SIGTERM; a dropped ssh connection, SIGHUP)
+        why = {OUTPUT_GONE: "the output's reader has gone (a closed pipe or terminal): ",
+               signal.SIGTERM: "SIGTERM (a request to end the process): ",
+               getattr(signal, "SIGHUP", None): "the terminal closed (SIGHUP): "}.get(signum, "")
         if not self.saving:
             raise Interrupted(f"{why}stopped before training began; {self.saved}{resume}")
         step = None if self.progress is None else self.progress.it
