@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -366,6 +367,10 @@ def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
     one_line_error(capsys, plot_run.main, "--out_dir", str(tmp_path / "no_scalars"), "--png", str(tmp_path / "b.png"),
                    words="holds no losses yet")
     assert not (tmp_path / "b.png").exists()
+    (tmp_path / "garbled").mkdir()  # event files of random bytes: not called a run that stopped before its first log
+    (tmp_path / "garbled" / "events.out.tfevents.1.host").write_bytes(np.random.default_rng(0).bytes(5000))
+    one_line_error(capsys, plot_run.main, "--out_dir", str(tmp_path / "garbled"), "--png", str(tmp_path / "c.png"),
+                   words="its TensorBoard event files hold nothing that can be read")
     one_line_error(capsys, bench.main, "--config", "debug", "--json", str(tmp_path / "missing_dir" / "x.json"),
                    words="missing_dir does not exist")
     one_line_error(capsys, bench_prepare.main, "--mb", "0", words="--mb 0: must be at least 1")
