@@ -12,7 +12,7 @@ from pathlib import Path
 from configs import nanogpt
 from configs.schema import FIELDS, FIXED, HELP_GROUPS, SHAPE_FIELDS, TYPES, TrainConfig
 from data.corpus import NAMED
-from errors import ArgumentParser, UserError, parse_bool
+from errors import ArgumentParser, UserError, parse_bool, python_command
 from model.config import ModelConfig
 
 PRESET_DIR = Path(__file__).resolve().parent
@@ -53,7 +53,7 @@ def unknown_option(option: str) -> UserError:
     if name.startswith("--") and (answer := nanogpt.unknown_setting(name[2:])):
         return UserError(f"unknown option {name}: {answer}")
     hint = suggest(name, [f"--{n}" for n in FIELDS if n != "config_name"] + ["--config"])  # (set by --config only)
-    return UserError(f"unknown option {name}{hint or '; see python train.py --help'}")
+    return UserError(f"unknown option {name}{hint or '; see ' + python_command('train.py') + ' --help'}")
 
 
 class Parser(ArgumentParser):

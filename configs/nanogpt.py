@@ -10,7 +10,7 @@ import operator
 from pathlib import Path
 
 from configs.schema import FIELDS, FIXED, TYPES
-from errors import UserError
+from errors import UserError, python_command
 
 # nanoGPT's train.py settings that this trainer names or does otherwise: what to give instead. (The rest of its
 # settings, out_dir to compile, have the same names here.)
@@ -94,7 +94,7 @@ def translate(name: str, value) -> tuple[str | None, str]:
     shown = f"{name} = {value!r}"
     if name == "init_from":
         if value == "resume":
-            return None, f"{shown}: continue a run with python train.py --out_dir DIR --resume"
+            return None, f"{shown}: continue a run with {python_command('train.py')} --out_dir DIR --resume"
         if value == "scratch":
             return None, f"{shown}: a new run, the default"
         if isinstance(value, str) and value.startswith("gpt2"):
@@ -156,7 +156,8 @@ def python_config(spec: str, say=print) -> UserError:
     same settings as TOML are printed (say), and the error to raise names the file to save them to."""
     path = Path(spec)
     if not path.is_file():
-        return UserError(f"--config {spec}: no such file; presets are TOML files (python train.py --help lists them)")
+        return UserError(f"--config {spec}: no such file; presets are TOML files ({python_command('train.py')} --help "
+                         f"lists them)")
     say(as_toml(path).rstrip("\n"))
     return UserError(f"{spec} is a Python config (nanoGPT's configurator runs it); this trainer reads TOML "
                      f"and runs no config: its settings as TOML are printed above; save them as {path.stem}.toml "

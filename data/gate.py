@@ -285,9 +285,8 @@ def zip_entry_count(f: BinaryIO, size: int) -> int | None:
 
 def checkpoint_listing(path: Path) -> dict[str, zipfile.ZipInfo]:
     """name -> the zip's entry (its size, its CRC-32) of every record of a checkpoint, read from its directory: each
-    stored, not compressed (so
-    what torch.load maps is what the file holds: a few MB cannot inflate into GBs), under one folder, of the names
-    torch.save writes, the pickle at most PICKLE_MAX_BYTES and the others tiny."""
+    stored, not compressed (so what torch.load maps is what the file holds: a few MB cannot inflate into GBs), under
+    one folder, of the names torch.save writes, the pickle at most PICKLE_MAX_BYTES and the others tiny."""
     def refused(why: str) -> UserError:
         return UserError(f"{path} is not a readable checkpoint ({why}); take another checkpoint or train again")
     try:
@@ -446,9 +445,9 @@ def materialized(value, device: torch.device | str = "cpu", check: Callable[[str
 
 def stored_intact(listing: dict[str, zipfile.ZipInfo], where: Path) -> Callable[[str, torch.Tensor], None]:
     """materialized()'s check that a tensor's bytes are those the zip recorded: their size and CRC-32 are those of one
-    of its tensor records (each tensor owns its whole storage: check_records), else one line naming the tensor. A
-    disk error or a file written over in place is caught so; a checksum is no defence against a forger, who can write
-    it too (the rest of the gate is)."""
+    of its tensor records (any of them, not necessarily its own: each tensor owns its whole storage, check_records),
+    else one line naming the tensor. A disk error or a file written over in place is caught so; a checksum is no
+    defence against a forger, who can write it too (the rest of the gate is)."""
     recorded = {(info.file_size, info.CRC) for name, info in listing.items() if name.startswith("data/")}
 
     def check(name: str, t: torch.Tensor) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import sys
 import time
@@ -20,13 +19,13 @@ from configs import load_config  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.prepare import corpus_key  # noqa: E402
-from errors import ArgumentParser, QuietExit, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, QuietExit, UserError, exit_without_teardown, python_command, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.run_folder import LAST, write_atomic, write_text_atomic  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_command import TRAIN, run_train  # noqa: E402
+from train_command import run_train  # noqa: E402
 
 
 # Rungs 2-5 take blocks apart: learned positions (so the plain average has something to work with), no
@@ -192,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.full_val:
             raise UserError("the ladder compares the rungs' full-validation losses: leave out --full_val false")
         state, why = state_of(cfg, text_sha256)
-        program = ["python", os.path.relpath(TRAIN)]  # as a user would type it, from where the ladder runs
+        program = shlex.split(python_command("train.py"))  # as a user would type it, from where the ladder runs
         print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
         if state == "finished":
             print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)

@@ -28,9 +28,11 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
         raise UserError(f"{out_dir} holds no TensorBoard events; pass the --out_dir of a training run")
     events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # 0: keep every point
     events.Reload()
-    if not any(events.Tags().get(kind) for kind in ("scalars", "tensors", "images")):  # a run writes its config first
+    try:
+        events.FirstEventTimestamp()  # every event file a writer opens begins with an event (a run killed at once too)
+    except ValueError:
         raise UserError(f"{out_dir}: its TensorBoard event files hold nothing that can be read (damaged, or not "
-                        f"written by a run); nothing to plot")
+                        f"written by a run); nothing to plot") from None
     scalars = {}
     for tag in events.Tags()["scalars"]:
         latest = {}

@@ -371,6 +371,12 @@ def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
     (tmp_path / "garbled" / "events.out.tfevents.1.host").write_bytes(np.random.default_rng(0).bytes(5000))
     one_line_error(capsys, plot_run.main, "--out_dir", str(tmp_path / "garbled"), "--png", str(tmp_path / "c.png"),
                    words="its TensorBoard event files hold nothing that can be read")
+    killed = tmp_path / "killed"  # a run killed at once: its writer's queue never written, but the file's first event
+    subprocess.run([sys.executable, "-c", "import os, sys; from torch.utils.tensorboard import SummaryWriter; "
+                    "w = SummaryWriter(sys.argv[1]); w.add_text('config', 'x', 0); w.add_scalar('loss/train', 1.0, 1); "
+                    "os._exit(0)", str(killed)], check=True)
+    one_line_error(capsys, plot_run.main, "--out_dir", str(killed), "--png", str(tmp_path / "d.png"),
+                   words="holds no losses yet")
     one_line_error(capsys, bench.main, "--config", "debug", "--json", str(tmp_path / "missing_dir" / "x.json"),
                    words="missing_dir does not exist")
     one_line_error(capsys, bench_prepare.main, "--mb", "0", words="--mb 0: must be at least 1")

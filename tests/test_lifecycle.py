@@ -329,6 +329,7 @@ def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, t
     proc.send_signal(signal.SIGHUP)
     stdout, stderr = proc.communicate(timeout=patient(60))
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    assert "the terminal closed (SIGHUP): stopping: " in stderr, stderr  # the cause, which nobody typed, named
     saved = checkpoint.load(out / "ckpt_last.pt")["iter"]
     assert saved >= 10 and f"stopped at step {saved}" in stdout
 

@@ -3,6 +3,7 @@ import contextlib
 import io
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -345,3 +346,21 @@ def test_the_last_line_into_a_pipe_whose_reader_has_gone_keeps_the_exit_code(mon
     finally:
         with contextlib.suppress(OSError):
             stream.close()
+
+
+def test_a_suggested_command_names_the_script_as_it_can_be_typed_where_the_user_is(monkeypatch, tmp_path):
+    """errors.python_command: in the project's folder the script's path from there ('python train.py'); in its
+    scripts/ folder 'python sample.py'; anywhere else, or in a working folder that was deleted, the full path, as the
+    shell reads it."""
+    from errors import python_command
+    monkeypatch.chdir(ROOT)
+    assert (python_command("train.py"), python_command("scripts/sample.py")) == (
+        "python train.py", "python scripts/sample.py")
+    monkeypatch.chdir(ROOT / "scripts")
+    assert (python_command("train.py"), python_command("scripts/sample.py")) == (
+        f"python {shlex.quote(str(ROOT / 'train.py'))}", "python sample.py")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert python_command("train.py") == f"python {shlex.quote(str(ROOT / 'train.py'))}"

@@ -16,7 +16,7 @@ from configs import load_config
 from data import prepare, resolve
 from errors import run_cli
 from training import checkpoint, device, opening, run_folder
-from training.device import SlowdownWatch, choose_threads, measure_threads, thread_counts
+from training.device import SlowdownWatch, Threads, choose_threads, measure_threads, thread_counts
 from training.evaluation import evaluations_left
 from training.opening import ProbeStep, build_run, expected_seconds, say_estimate
 from training.checkpoint import Progress
@@ -94,6 +94,20 @@ def test_a_given_count_is_never_measured_against_another(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setattr(device, "cores", lambda: 1)
     assert choose_threads(0, time_once).why == "one core" and len(calls) == 4
+
+
+def test_more_threads_than_cores_are_kept_and_the_line_says_what_to_change(monkeypatch):
+    """The threads line's note on a count above the cores names the fix for where the count came from (OMP_NUM_THREADS
+    is read again by --num_threads 0), and counts one core in the singular."""
+    monkeypatch.setattr(device, "cores", lambda: 2)
+    assert Threads(3, "OMP_NUM_THREADS", {}).line("a step") == (
+        "threads: 3 (OMP_NUM_THREADS); more than the 2 cores this process may use, so they wait on each other: 2 or "
+        "fewer is faster (unset OMP_NUM_THREADS, or give --num_threads N)")
+    monkeypatch.setattr(device, "cores", lambda: 1)
+    assert Threads(2, "kept", {}).line("a step").endswith(
+        "--num_threads 0 measures again); more than the 1 core this process may use, so they wait on each other: 1 "
+        "or fewer is faster")
+    assert "more than" not in Threads(1, "asked", {}).line("a step")
 
 
 def debug_argv(corpus: Path, out: Path, *extra: str) -> list[str]:

@@ -353,7 +353,8 @@ def check_losses(losses: dict, it: int, path: Path) -> None:
 
 def load_model(path: Path, device: torch.device | str = "cpu"):
     """(model in eval mode on device, tokenizer, state) of a checkpoint that load() has checked, else one line; where
-    a run's ckpt_best.pt is refused and its ckpt_last.pt would be read, the line says so."""
+    a run's ckpt_best.pt is refused and its ckpt_last.pt would be read, the line says so (that file is then read once
+    to find out, onto device, on this failure only)."""
     from model import GPT
 
     try:
@@ -364,7 +365,7 @@ def load_model(path: Path, device: torch.device | str = "cpu"):
             raise
         try:
             load(last, device)
-        except UserError:
+        except Exception:  # (whatever stops it, the refusal of ckpt_best.pt is what the user asked about)
             raise err from None
         raise UserError(f"{err}; the run's last checkpoint reads well: --ckpt {shlex.quote(str(last))}") from None
     model = GPT(model_config_of(state, path))

@@ -243,9 +243,10 @@ class Threads:
                   "one core": "this process may use one core",
                   "kept": "this run's own, kept on resume so that it goes on as it began; --num_threads 0 measures "
                           "again"}[self.why]
-        n_cores = cores()
-        over = (f"; more than the {n_cores} cores this process may use, so they wait on each other: {n_cores} or "
-                f"fewer is faster (--num_threads 0 measures)" if self.count > n_cores else "")
+        n_cores, fix = cores(), {"asked": " (--num_threads 0 measures)",
+                                 "OMP_NUM_THREADS": " (unset OMP_NUM_THREADS, or give --num_threads N)"}
+        over = (f"; more than the {n_cores} core{'s' * (n_cores != 1)} this process may use, so they wait on each "
+                f"other: {n_cores} or fewer is faster{fix.get(self.why, '')}" if self.count > n_cores else "")
         return f"threads: {self.count} ({reason})" + (f"; {work}: {timed}" if timed else "") + over
 
 

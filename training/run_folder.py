@@ -464,8 +464,8 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
                             f"wait for that evaluation, or stop the new run (Ctrl-C, or kill -INT) to put the old "
                             f"one back")
         raise UserError(f"{out_dir}: an --overwrite stopped before its first evaluation after step 0, and the run it "
-                        f"was replacing waits in {folder / ASIDE}; {python_command('train.py')} --out_dir {out_dir} "
-                        f"--resume puts it back and continues it")
+                        f"was replacing waits in {folder / ASIDE}; {python_command('train.py')} --out_dir "
+                        f"{shlex.quote(out_dir)} --resume puts it back and continues it")
     for name in names:
         if (folder / name).exists():
             return folder / name
@@ -473,7 +473,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
         raise UserError(f"{out_dir} holds no {' or '.join(names)} yet: {owner} is training there; wait for its first "
                         f"evaluation, which saves one")
     missing = f"{out_dir}: no such folder" if not folder.exists() else f"{out_dir} holds no {' or '.join(names)}"
-    train = f"{python_command('train.py')} --out_dir {out_dir}"
+    train = f"{python_command('train.py')} --out_dir {shlex.quote(out_dir)}"
     others = runs_beside(folder, names)
     if others:  # offline, out/<preset>-shakespeare was trained as out/<preset>-pystdlib: point there, not to training
         shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
