@@ -45,8 +45,9 @@ def open_regular(path: Path, what: str) -> tuple[BinaryIO, int]:
     device's open may act), and opened without waiting (a pipe would wait for a writer) and looked at again (it may
     have been swapped in between). The size is the most that read_blocks() reads: a file of /proc that reports 0 is
     read as empty, never for minutes."""
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise not_a_file(path, what, os.stat(path).st_mode)
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise not_a_file(path, what, mode)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):

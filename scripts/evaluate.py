@@ -90,7 +90,7 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
     if source.is_dir():
         raise UserError(f"no --data given: {path} was trained on the folder {shown}, which is read only when named; "
                         f"give --data {shlex.quote(shown)} (or another text)")
-    why = "it is not there" if not source.exists() else recorded_size(source, record)  # (the gate's reasons)
+    why = "it is missing" if not source.exists() else recorded_size(source, record)  # (the gate's reasons)
     if why is None:
         why = "it is not the text it was trained on (its checksum differs)"
         try:

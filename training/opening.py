@@ -38,7 +38,6 @@ from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_
 from training.run_folder import RunDir, find
 
 
-
 class StopRequest(Protocol):
     """What opening a run tells the stop request (training.session.StopRequest, made before the run is opened)."""
     saved: str  # what a stop at once leaves intact, said when it comes
@@ -283,6 +282,7 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
                    else {"broadcast_buffers": False})
         return DDP(module, device_ids=[d.local_rank] if rt.device_type == "cuda" else None,
                    **no_sync) if d.enabled else module
+
     def gave_up() -> None:  # compilation that failed is not tried again by a resume
         cfg.compile = "false"  # saved with the run's config in its next checkpoint
         say("note: the run's config now says --compile false, so a resume does not try again (--resume --compile "
