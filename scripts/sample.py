@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from configs.schema import check_num_threads  # noqa: E402
+from data.gate import open_regular, read_blocks  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.generate import NonFiniteLogits, Sampling, compiled_step, generate, one_token_step  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
@@ -78,6 +79,8 @@ def check_settings(args: argparse.Namespace) -> None:
             raise UserError("--prompt FILE: names no file; give FILE:path, e.g. --start=FILE:prompt.txt")
     if args.prompt is not None and args.prompt_file:
         raise UserError("give --prompt or --prompt_file, not both")
+    if args.prompts_per_line and not args.prompt_file:
+        raise UserError("--prompts_per_line reads the prompts of --prompt_file, one per line; give --prompt_file too")
     if args.prompt == "":
         raise UserError("--prompt is empty; give it at least one character, or leave it out for the default prompt")
     if not 0 <= args.seed < 2**64:
@@ -85,13 +88,27 @@ def check_settings(args: argparse.Namespace) -> None:
     check_num_threads(args.num_threads)
 
 
+PROMPT_MAX_BYTES = 16 << 20  # a prompt file beyond this is a corpus, not prompts (and an endless one never ends)
+
+
 def read_prompts(args: argparse.Namespace) -> list[str] | None:
-    """The prompts given (None: none given, so the model's default prompt), read before any model is loaded."""
+    """The prompts given (None: none given, so the model's default prompt), read before any model is loaded: from a
+    regular file of at most PROMPT_MAX_BYTES (a pipe or a device such as /dev/zero is refused, never read)."""
     if args.prompt_file:
+        named = f"{args.prompt_flag}{args.prompt_file}"
         try:
-            text = Path(args.prompt_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise UserError(f"{args.prompt_flag}{args.prompt_file}: cannot be read as UTF-8 text ({err})") from None
+            f, size = open_regular(Path(args.prompt_file), "the prompt file")
+            with f:
+                if size > PROMPT_MAX_BYTES:
+                    raise UserError(f"{named} is {size:,} bytes, more than the {PROMPT_MAX_BYTES:,} prompts may "
+                                    f"take; give the start of the text")
+                text = b"".join(read_blocks(f, size, Path(args.prompt_file), "the prompt file")).decode("utf-8")
+        except FileNotFoundError:
+            raise UserError(f"{named}: no such file") from None
+        except OSError as err:
+            raise UserError(f"{named}: cannot be read ({err.strerror or err})") from None
+        except UnicodeDecodeError as err:
+            raise UserError(f"{named}: not UTF-8 text ({err.reason} at byte {err.start:,}); save it as UTF-8") from None
         prompts = [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
         if not any(prompts):
             raise UserError(f"{args.prompt_flag}{args.prompt_file} is empty; put the prompt"

@@ -2,6 +2,7 @@
 import contextlib
 import copy
 import io
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -385,7 +386,37 @@ def test_nanogpts_sample_flags_are_understood(run_dir, tmp_path, script):
         "error: argument --compile: expected true or false, got 'perhaps'")
     missing = tmp_path / "no_such_prompt.txt"  # its message names the flag as given, not --prompt_file
     assert script("sample.py", *common, "--start=FILE:" + str(missing)).stderr.startswith(
-        f"error: --prompt FILE:{missing}: cannot be read as UTF-8 text")
+        f"error: --prompt FILE:{missing}: no such file")
+
+
+def test_a_prompt_file_is_read_only_as_a_small_regular_utf8_file_and_each_refusal_says_why(run_dir, tmp_path, capsys):
+    """--prompt_file (and --prompt FILE:) is opened only as a regular file: a named pipe is refused at once (it used to
+    wait for a writer for ever) and /dev/zero is refused unread (it used to fill the memory until the process was
+    killed); a file beyond PROMPT_MAX_BYTES, a missing file and bytes that are not UTF-8 each get their own line, and
+    --prompts_per_line without a prompt file is refused instead of ignored. Each is exit 2 before any model loads."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(sample_cli.PROMPT_MAX_BYTES + 1)
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("café au lait".encode("latin-1"))
+    common = ["--out_dir", str(run_dir), "--max_new_tokens", "3"]
+    for args, line in (
+            (["--prompt_file", str(fifo)], f"the prompt file {fifo}: not a regular file (a device, pipe or socket)"),
+            (["--prompt", f"FILE:{fifo}"], f"the prompt file {fifo}: not a regular file (a device, pipe or socket)"),
+            (["--prompt_file", "/dev/zero", "--prompts_per_line"], "the prompt file /dev/zero: not a regular file"),
+            (["--prompt_file", str(tmp_path)], f"the prompt file {tmp_path} is a folder, not a file; give a file"),
+            (["--prompt_file", str(big)], f"--prompt_file {big} is {sample_cli.PROMPT_MAX_BYTES + 1:,} bytes, more "
+                                          f"than the {sample_cli.PROMPT_MAX_BYTES:,} prompts may take"),
+            (["--prompt_file", str(tmp_path / "none.txt")], f"--prompt_file {tmp_path / 'none.txt'}: no such file"),
+            (["--prompt_file", str(latin)], f"--prompt_file {latin}: not UTF-8 text (invalid continuation byte at "
+                                            f"byte 3); save it as UTF-8"),
+            (["--prompts_per_line"], "--prompts_per_line reads the prompts of --prompt_file, one per line; give "
+                                     "--prompt_file too")):
+        assert run_cli(sample_cli.main, common + args) == 2, args
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"error: {line}") and len(err.splitlines()) == 1, (args, err)
 
 
 def test_the_sampling_options_are_declared_once_for_the_command_line_and_the_python_api():
