@@ -36,7 +36,7 @@ from training.opening import choose_corpus, open_run, say_estimate, say_what_run
 from training.optim import get_lr, warmup_note
 from training.report import (PAGE_MAX_PARAMETERS, Log, Phases, done_lines, mfu_basis, out_of_memory,
                              seconds_since_process_start, stopped_line, too_many_nonfinite)
-from training.run_folder import LAST, RunDir
+from training.run_folder import BEST, LAST, RunDir
 from training.session import Session, StopRequest, attention_probe
 
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is stopped_while_loading:
@@ -334,10 +334,13 @@ def train_opened(s: Session, source: Path | None) -> dict:
     s.draw_losses()
     if "seconds" in summary:
         log.say(run.phases.line(summary["seconds"]))
-    log.say(f"sample it: {python_command('scripts/sample.py')} --out_dir {where}")
+    # the model handed over; a ckpt_best.pt left unreadable beside ckpt_last.pt would be the one --out_dir reads
+    model = (f"--ckpt {shlex.quote(str(run_dir.path / LAST))}" if summary["model_checkpoint"] == LAST
+             and (run_dir.path / BEST).exists() else f"--out_dir {where}")
+    log.say(f"sample it: {python_command('scripts/sample.py')} {model}")
     if s.cfg.n_layer and run.model.num_params(non_embedding=False) <= PAGE_MAX_PARAMETERS:
         page = shlex.quote(str(run_dir.path / "attention.html"))
-        log.say(f"watch it think: {python_command('scripts/attention_html.py')} --out_dir {where} --html {page}, then "
+        log.say(f"watch it think: {python_command('scripts/attention_html.py')} {model} --html {page}, then "
                 f"open {page} in a browser and type")
     return {**summary, "history": history}
 

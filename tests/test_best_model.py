@@ -1,12 +1,14 @@
 """A run ends on the model it reports: its best checkpoint, fully validated, named in the done line and summary.json,
 used by the scripts; --patience stops a run that no longer improves, and resuming it has nothing left to do."""
 import json
+import shlex
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import train_debug
+from errors import run_cli
 from training import checkpoint
 from training.checkpoint import load_model
 from training.run_folder import find
@@ -94,3 +96,9 @@ def test_a_damaged_best_checkpoint_hands_over_the_last_model_and_says_so(overfit
     line = next(line for line in said if line.startswith("the run's model:"))
     assert f"its last (ckpt_last.pt; no readable ckpt_best.pt): val {summary['val_loss']:.4f}" in line
     assert (out / "ckpt_best.pt").read_bytes() == damaged  # the user's file is left as it was
+    # the command the run suggests reads the model it handed over, not the damaged file --out_dir would pick
+    words = shlex.split(next(line for line in said if line.startswith("sample it: ")).removeprefix("sample it: "))
+    args = words[next(i for i, word in enumerate(words) if word.endswith("sample.py")) + 1:]
+    assert args == ["--ckpt", str(out / "ckpt_last.pt")]
+    import sample
+    assert run_cli(sample.main, [*args, "--max_new_tokens", "5", "--num_threads", "1"]) == 0
