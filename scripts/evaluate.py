@@ -30,7 +30,7 @@ from errors import (ArgumentParser, UserError, check_output_file, disk_error, ex
 from training import checkpoint  # noqa: E402
 from training.device import choose_threads, free_memory, is_out_of_memory, pick_device, setup  # noqa: E402
 from training.evaluation import score  # noqa: E402
-from training.run_folder import find, write_text_atomic  # noqa: E402
+from training.run_folder import CHECKPOINTS, SUMMARY, find, write_text_atomic  # noqa: E402
 from training.report import PlainProgress  # noqa: E402
 
 
@@ -161,7 +161,10 @@ def batch_seconds(model, ids: torch.Tensor, block_size: int, stride: int, batch_
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.json:
-        check_output_file(args.json, "--json", (".json",))
+        target = check_output_file(args.json, "--json", (".json",))
+        if target.name == SUMMARY and any((target.parent / name).exists() for name in CHECKPOINTS):
+            raise UserError(f"--json {args.json} is the run's own summary, which the figures would replace; give "
+                            f"another file, e.g. --json {shlex.quote(str(target.with_name('evaluation.json')))}")
     check_num_threads(args.num_threads)
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = checkpoint.load_model(path, pick_device(args.device))
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= stride <= block_size:
         raise UserError(f"--stride {args.stride}: must be between 1 and the model's block_size, {block_size}")
     if args.batch_size < 0:
-        raise UserError(f"--batch_size {args.batch_size}: must be at least 1")
+        raise UserError(f"--batch_size {args.batch_size}: must be 1 or more (or 0, the run's own)")
     batch_size = args.batch_size or run.batch_size
 
     if args.data is not None:

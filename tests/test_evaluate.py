@@ -242,12 +242,29 @@ def test_unknown_characters_are_counted_exactly(run, evaluate, figures):
     (lambda tmp: ["--data", str(tmp / "missing.txt")], "missing.txt"),
     (lambda tmp: ["--data", str(tmp / "corpus.txt"), "--stride", "33"], "--stride 33: must be between 1"),
     (lambda tmp: ["--data", str(tmp / "corpus.txt"), "--stride", "0"], "--stride 0: must be between 1"),
+    (lambda tmp: ["--batch_size", "-1"], "--batch_size -1: must be 1 or more (or 0, the run's own)"),
 ])
 def test_bad_inputs_are_one_line(run, make, words, evaluate):
     tmp = run[0]
     (tmp / "empty.txt").write_text("", encoding="utf-8")
     done = evaluate("--out_dir", str(tmp / "run"), *make(tmp))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+
+
+def test_the_figures_are_never_written_over_the_runs_own_summary(run, evaluate):
+    """--json RUN/summary.json, beside the run's checkpoints, is refused before anything is scored, and the summary
+    keeps its bytes; the line names another file, which takes the figures."""
+    tmp = run[0]
+    summary = tmp / "run" / "summary.json"
+    before = summary.read_bytes()
+    done = evaluate("--out_dir", str(tmp / "run"), "--json", str(summary))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: --json {summary} is the run's own summary, which the figures would replace")
+    assert summary.read_bytes() == before
+    other = done.stderr.strip().rsplit("--json ", 1)[1]
+    assert other == str(tmp / "run" / "evaluation.json")
+    assert evaluate("--out_dir", str(tmp / "run"), "--json", other).returncode == 0
+    assert json.loads(Path(other).read_text(encoding="utf-8"))["loss"] > 0 and summary.read_bytes() == before
 
 
 def test_a_named_text_that_cannot_be_had_is_never_replaced_by_another(run, evaluate, monkeypatch):

@@ -35,7 +35,7 @@ from training.device import (Dist, Runtime, Threads, choose_threads, compile_wan
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_command
-from training.run_folder import RunDir, find
+from training.run_folder import SUMMARY, RunDir, find
 
 
 class StopRequest(Protocol):
@@ -158,7 +158,7 @@ def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
 
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
     """For --resume of a run that has nothing left to do: where it finished and how to train further."""
-    summary_path = run_dir.path / "summary.json"
+    summary_path = run_dir.path / SUMMARY
     since_best = state.get("evals_since_best", 0)  # its type and range were checked with the rest (checkpoint.load)
     if (state["iter"] < cfg.max_iters and not plateaued(since_best, cfg.patience)) or not summary_path.is_file():
         return None

@@ -34,12 +34,13 @@ from errors import UserError, disk_error, python_command, space_or_place
 
 BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
 LOSS_PICTURE = "loss.png"  # the run's losses, every point, drawn at its end
+SUMMARY = "summary.json"  # a finished run's figures
 ASIDE = ".replaced"  # where --overwrite keeps the old run until the new one has something better
 
 LOCK = ".lock"
 DISCARDED = ".replaced.discarded"  # .replaced renamed before it is deleted: a deletion cut short is never put back
 CHECKPOINTS = (LAST, BEST)
-LOGS = ("summary.json", LOSS_PICTURE, "events.out.tfevents.*")
+LOGS = (SUMMARY, LOSS_PICTURE, "events.out.tfevents.*")
 RECORD = "set_aside.json"  # in .replaced/: what the replacing run moved there, written before it moves anything
 # The temporary files write_atomic makes in a run folder (NAME.tmp-XXXXXXXX): the only ones removed as leftovers.
 OWN_TEMPORARY = re.compile(r"(ckpt_last\.pt|ckpt_best\.pt|summary\.json|loss\.png)\.tmp-[a-z0-9_]{8}")
@@ -154,7 +155,7 @@ class RunDir:
                     raise UserError(planted(path, "a link"))
                 if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
                     raise UserError(planted(path, "not a plain file or folder"))
-                if entry.is_dir(follow_symlinks=False) and (entry.name in CHECKPOINTS + (LOCK, "summary.json")
+                if entry.is_dir(follow_symlinks=False) and (entry.name in CHECKPOINTS + (LOCK, SUMMARY)
                                                             or entry.name.startswith("events.out.tfevents.")):
                     raise UserError(planted(path, "a folder where the run keeps a file"))
 
@@ -228,7 +229,7 @@ class RunDir:
     @staticmethod
     def _own_name(name: str) -> bool:
         own_log = re.fullmatch(r"events\.out\.tfevents\.[\w.-]+", name) is not None
-        return name in CHECKPOINTS + ("summary.json", LOSS_PICTURE) or own_log
+        return name in CHECKPOINTS + (SUMMARY, LOSS_PICTURE) or own_log
 
     def put_back(self) -> Path | None:
         """The old run back, and the replacement's checkpoints and logs moved into a folder named with the time
@@ -242,7 +243,7 @@ class RunDir:
                             f"and run the command again")
         in_aside = {name for name in moved if (aside / name).is_file()}
         newer = [path for path in self.checkpoints() + self.logs() if path.name not in moved.keys() - in_aside]
-        trained = [path.name for path in newer if path.name == "summary.json" or
+        trained = [path.name for path in newer if path.name == SUMMARY or
                    (path.name in CHECKPOINTS and self._step_of(path) != 0)]
         if trained:
             raise UserError(f"{self.path} holds a run past step 0 ({trained[0]}) beside the run an --overwrite set "
@@ -447,7 +448,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
         if newest is None:
             raise UserError("say which model: --out_dir DIR (a training run's folder) or --ckpt FILE; out/ holds no "
                             f"run yet: train one first ({python_command('train.py')})")
-        state = "finished" if (newest / "summary.json").is_file() else "stopped"
+        state = "finished" if (newest / SUMMARY).is_file() else "stopped"
         saved = max((newest / name).stat().st_mtime for name in names if (newest / name).is_file())
         say(f"no --out_dir given: {newest}, the newest run in out/ that has {state} (its model saved "
             f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(saved))})"

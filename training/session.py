@@ -24,7 +24,7 @@ from training.device import Dist, SlowdownWatch, for_sampling
 from training.evaluation import began_overfitting, evaluate, full_validation_loss
 from training.opening import Run
 from training.report import Log, TrainClock, overfitting_line, resume_command
-from training.run_folder import ASIDE, BEST, LAST, LOSS_PICTURE, RunDir, WriteFailed, write_text_atomic
+from training.run_folder import ASIDE, BEST, LAST, LOSS_PICTURE, SUMMARY, RunDir, WriteFailed, write_text_atomic
 
 
 @dataclass
@@ -235,7 +235,7 @@ class Session:
             summary["first_step_seconds"] = run.phases.first_step
             if run.phases.expected is not None:
                 summary["expected_seconds"] = list(run.phases.expected)
-            write_text_atomic(self.run_dir.path / "summary.json", json.dumps(summary, indent=1) + "\n", "summary")
+            write_text_atomic(self.run_dir.path / SUMMARY, json.dumps(summary, indent=1) + "\n", "summary")
         return summary
 
 
