@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, module_corpus, patient
+from conftest import ROOT, module_corpus, patient, play_text
 from configs import load_config
 from data import prepare, resolve
 from errors import UserError, run_cli
@@ -224,7 +224,7 @@ def test_out_of_memory_names_the_sizes_and_the_flag(run, tmp_path, capsys, monke
 def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, tmp_path, capsys, monkeypatch):
     """On a CPU the system ends a process that runs out of memory (no error reaches Python): a step whose estimate is
     over what the machine has free is refused first, in one line that names the sizes and the fix, before the run
-    writes anything, so the same folder serves the corrected command."""
+    writes anything (the folder it made is removed), so the same folder serves the corrected command."""
     from training import opening
     out = tmp_path / "r"
     # the debug preset: batch 8, block 32, n_embd 32, n_layer 2, float32
@@ -233,7 +233,7 @@ def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, t
     err = one_line_error(capsys, train.main, *train_args(run, out),
                          words="out of memory (it would need about 0.0 GiB; this machine has 0.0 GiB free) for a "
                                "model of n_layer 2 x n_embd 32 with batch_size 8 x block_size 32; lower --batch_size")
-    assert "no checkpoint of this run was written" in err and sorted(p.name for p in out.iterdir()) == [".lock"]
+    assert "no checkpoint of this run was written" in err and not out.exists()  # (the folder it made, removed)
     monkeypatch.setattr(opening, "free_memory", lambda: need)  # just enough
     assert run_cli(train.main, train_args(run, out, "--max_iters", "2")) == 0 and (out / "ckpt_best.pt").is_file()
     cfg = load_config(train_args(run, out), False)[0]
@@ -406,3 +406,24 @@ def test_ctrl_c_in_sample_py_is_one_line_and_exit_130(run):
     finally:
         proc.kill()
     assert proc.returncode == 130 and "Traceback" not in stderr and stderr.strip().endswith("interrupted")
+
+
+def test_a_run_refused_before_it_writes_anything_leaves_no_folder_and_a_users_empty_folder_stays(tmp_path, capsys):
+    """A new run refused after it claimed its folder (an empty text, an unknown encoding, float16 on a CPU) removes
+    the folder it made, which held only its lock; an empty folder the user made is left where it was, and a later run
+    in the same place trains."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(play_text(20_000), encoding="utf-8")
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    common = ["--config", "debug", "--cache_dir", str(tmp_path / "cache"), "--max_iters", "2"]
+    for out, args, words in ((tmp_path / "out" / "a", ["--data", str(tmp_path / "empty.txt")], "empty"),
+                             (tmp_path / "b", ["--data", str(corpus), "--encoding", "nosuchenc"], "nosuchenc"),
+                             (tmp_path / "c", ["--data", str(corpus), "--dtype", "float16"], "float16"),
+                             (mine, ["--data", str(tmp_path / "empty.txt")], "empty")):
+        one_line_error(capsys, train.main, *common, *args, "--out_dir", str(out), words=words)
+        assert out.exists() == (out == mine), out
+    assert list(mine.iterdir()) == [] and (tmp_path / "out").is_dir()  # (only the folder of the run itself goes)
+    assert run_cli(train.main, [*common, "--data", str(corpus), "--out_dir", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "b" / "ckpt_last.pt").is_file()

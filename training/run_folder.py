@@ -101,6 +101,7 @@ class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._lock_fd: int | None = None
+        self.made: tuple[bool, bool] = (False, False)  # whether claim() made the folder, and its lock file
 
     # ---- ownership ------------------------------------------------------------------------------------------
     def claim(self, say=print, resume: bool = False) -> "RunDir":
@@ -111,6 +112,7 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"--out_dir {self.path} is a file, not a folder; choose another --out_dir")
         try:
+            self.made = (not self.path.exists(), not (self.path / LOCK).exists())
             self.path.mkdir(parents=True, exist_ok=True)
             fd = open_lock(self.path / LOCK, create=True)
         except OSError as err:
@@ -139,9 +141,20 @@ class RunDir:
         return self
 
     def release(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor releases the lock (so does the process's end)
-            self._lock_fd = None
+        """Let the folder go. Where it holds only the lock that claim() made (a run refused or stopped before it wrote
+        anything), the lock is removed while still held, and the folder too if claim() made it: no empty run folder is
+        left behind, and a folder the user made is left as it was."""
+        if self._lock_fd is None:
+            return
+        folder_made, lock_made = self.made
+        if lock_made:
+            with contextlib.suppress(OSError):
+                if os.listdir(self.path) == [LOCK]:
+                    os.unlink(self.path / LOCK)
+                    if folder_made:
+                        os.rmdir(self.path)
+        os.close(self._lock_fd)  # closing the descriptor releases the lock (so does the process's end)
+        self._lock_fd = None
 
     def check_entries(self) -> None:
         """Refuse a folder whose entries are not what a run makes: a link anywhere in it or in .replaced/ (the run
