@@ -133,7 +133,15 @@ class TrainedRun:
 
     def to(self, device=None, dtype=None) -> "TrainedRun":
         """The model moved to device and/or its weights cast to dtype (torch.bfloat16, float16, float32), as
-        sample.py --dtype casts them; returns self."""
+        sample.py --dtype casts them; returns self. A device this machine lacks is a ValueError saying so."""
+        if device is not None:
+            with _project():
+                errors = importlib.import_module("errors")
+                try:
+                    device = importlib.import_module("training.device").usable_device(
+                        device, "move the model to", f"keep it on {self.model.wte.weight.device}")
+                except errors.UserError as err:
+                    raise ValueError(str(err)) from None
         self.model.to(device=device, dtype=dtype)
         return self
 

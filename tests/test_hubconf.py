@@ -63,7 +63,7 @@ def test_a_device_that_cannot_hold_the_weights_is_told_apart_from_a_damaged_file
     check on the CPU: said to be the device's, naming its error; a truncated file is still called damaged."""
     import torch
     from errors import UserError
-    from training import checkpoint
+    from training import checkpoint, device
 
     real_to = torch.Tensor.to
 
@@ -73,7 +73,7 @@ def test_a_device_that_cannot_hold_the_weights_is_told_apart_from_a_damaged_file
         return real_to(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "to", to_without_bfloat16_on_mps)
-    monkeypatch.setattr(checkpoint, "unavailable", lambda device: None)  # as if this machine had MPS
+    monkeypatch.setattr(device, "unavailable", lambda place: None)  # as if this machine had MPS
     sound = run_dir / "ckpt_best.pt"
     with pytest.raises(UserError) as refused:
         checkpoint.load(sound, "mps")
@@ -121,3 +121,23 @@ def test_batched_prompts_logits_score_and_to_agree_with_the_scripts_and_the_mode
 
     assert lm.to(dtype=torch.bfloat16) is lm and lm.model.wte.weight.dtype == torch.bfloat16
     assert lm.logits("ROMEO:").dtype == torch.float32 and len(lm.generate("ROMEO:", max_new_tokens=5)) == 5
+
+
+@pytest.fixture(scope="module")
+def lm(run_dir):
+    import torch
+
+    return torch.hub.load(str(ROOT), "chargpt", str(run_dir), source="local")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
+def test_to_a_device_this_machine_lacks_is_one_line_and_leaves_the_model_where_it_was(lm):
+    """to("cuda") without CUDA is the ValueError a load onto cuda gives (training.device.usable_device), in to()'s
+    words, not torch's AssertionError; a name that is no device says so; the model stays on the CPU."""
+    with pytest.raises(ValueError) as refused:
+        lm.to("cuda")
+    assert str(refused.value) == ("cannot move the model to cuda: CUDA is not available on this machine (or this "
+                                  "PyTorch is a CPU build); keep it on cpu")
+    with pytest.raises(ValueError, match=r"^cannot move the model to 'gpu': not a device; give cpu, cuda"):
+        lm.to("gpu")
+    assert lm.model.wte.weight.device.type == "cpu" and lm.to("cpu") is lm
