@@ -141,3 +141,39 @@ def test_to_a_device_this_machine_lacks_is_one_line_and_leaves_the_model_where_i
     with pytest.raises(ValueError, match=r"^cannot move the model to 'gpu': not a device; give cpu, cuda"):
         lm.to("gpu")
     assert lm.model.wte.weight.device.type == "cpu" and lm.to("cpu") is lm
+
+
+@pytest.mark.parametrize("keywords, error, words", [
+    ({"max_new_tokens": -1}, ValueError, "max_new_tokens -1: must be at least 1"),
+    ({"max_new_tokens": 0}, ValueError, "max_new_tokens 0: must be at least 1"),
+    ({"max_new_tokens": 2.5}, TypeError, "max_new_tokens 2.5: must be a whole number, not float"),
+    ({"max_new_tokens": "5"}, TypeError, "max_new_tokens '5': must be a whole number, not str"),
+    ({"max_new_tokens": True}, TypeError, "max_new_tokens True: must be a whole number, not bool"),
+    ({"seed": None}, TypeError, "seed None: must be a whole number, not NoneType"),
+    ({"seed": 1.5}, TypeError, "seed 1.5: must be a whole number, not float"),
+    ({"seed": -1}, ValueError, "seed -1: must be a whole number from 0 to 2^64 - 1"),
+    ({"seed": 2**64}, ValueError, f"seed {2**64}: must be a whole number from 0 to 2^64 - 1"),
+    ({"temperature": "0.8"}, TypeError, "temperature '0.8': must be a number, not str"),
+    ({"temperature": True}, TypeError, "temperature True: must be a number, not bool"),
+    ({"top_k": 2.0}, TypeError, "top_k 2.0: must be a whole number, not float"),
+    ({"top_k": True}, TypeError, "top_k True: must be a whole number, not bool"),
+    ({"top_p": "0.9"}, TypeError, "top_p '0.9': must be a number, not str"),
+])
+def test_generate_refuses_what_sample_py_refuses_in_one_line_naming_the_type_or_range(lm, keywords, error, words):
+    """generate()'s length, seed and sampling options go through sample.py's checks (model.generate's
+    check_length_and_seed and Sampling): a wrong type is a TypeError saying which type is wanted, a value out of
+    range a ValueError, each the whole message, never an error from inside the generate loop or torch."""
+    with pytest.raises(error) as refused:
+        lm.generate("ROMEO:", **{"max_new_tokens": 5, **keywords})
+    assert str(refused.value) == words
+
+
+def test_a_tuple_of_prompts_is_a_batch_like_a_list_and_other_types_are_named(lm):
+    """A tuple of prompts is continued as the same list would be (a list back); a prompt that is no str, alone or in
+    the batch, is a TypeError naming what is accepted."""
+    prompts = ("ROMEO:", "O")
+    assert lm.generate(prompts, max_new_tokens=8, seed=3) == lm.generate(list(prompts), max_new_tokens=8, seed=3)
+    with pytest.raises(TypeError, match=r"^the prompt must be a str, or a list or tuple of them, not int$"):
+        lm.generate(5)
+    with pytest.raises(TypeError, match=r"^the prompt must be a str, not int$"):
+        lm.generate(["ROMEO:", 5])
