@@ -117,7 +117,8 @@ class TrainedRun:
 
     def score(self, text: str, stride: int | None = None) -> float:
         """Bits per character of text under the model, every character but the first scored once, in windows of up to
-        block_size characters that start every stride (default block_size) characters: the figure
+        block_size characters that start every stride (default block_size; from 1 to block_size, as evaluate.py
+        checks its --stride) characters: the figure
         python scripts/evaluate.py --data FILE --stride STRIDE prints for a file holding text (in the run's
         precision, as evaluate.py's default, and its batch size)."""
         ids = self._ids(text, "text")
@@ -134,7 +135,8 @@ class TrainedRun:
             except importlib.import_module("errors").UserError as err:  # (float16 on a CPU)
                 raise ValueError(f"{err}; move the model with to(device) first") from None
             block_size = self.model.config.block_size
-            windows = importlib.import_module("data.loader").Windows(len(ids), block_size, stride or block_size)
+            windows = importlib.import_module("data.loader").Windows(len(ids), block_size,
+                                                                    block_size if stride is None else stride)
             nats, scored = evaluation.score(self.model, torch.tensor(ids, dtype=torch.int32), windows,
                                             self.batch_size, runtime.autocast)
         return nats / scored / math.log(2)

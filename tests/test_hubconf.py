@@ -177,3 +177,17 @@ def test_a_tuple_of_prompts_is_a_batch_like_a_list_and_other_types_are_named(lm)
         lm.generate(5)
     with pytest.raises(TypeError, match=r"^the prompt must be a str, not int$"):
         lm.generate(["ROMEO:", 5])
+
+
+def test_score_checks_the_stride_as_evaluate_py_does(lm):
+    """stride=0 (and one past block_size) is refused, as evaluate.py --stride 0 is (data.loader's check_stride), where
+    it was taken for the default; a stride of another type is a TypeError."""
+    text = "ROMEO: O " * 10
+    block_size = lm.model.config.block_size
+    for stride in (0, block_size + 1):
+        with pytest.raises(ValueError) as refused:
+            lm.score(text, stride=stride)
+        assert str(refused.value) == f"stride {stride}: must be between 1 and the model's block_size, {block_size}"
+    with pytest.raises(TypeError, match=r"^stride 2.5: must be a whole number, not float$"):
+        lm.score(text, stride=2.5)
+    assert lm.score(text, stride=block_size) == lm.score(text)
