@@ -169,7 +169,7 @@ def chargpt(run: str, device: str = "cpu") -> TrainedRun:
         errors = importlib.import_module("errors")
         where = Path(run).expanduser()
         try:
-            path = where if where.is_file() else run_folder.find(str(where), "")
+            path = where if where.is_file() else run_folder.find(str(where), "", option="the run argument")
             model, tokenizer, state = checkpoint.load_model(path, device)
         except errors.UserError as err:
             raise ValueError(str(err)) from None

@@ -191,3 +191,25 @@ def test_score_checks_the_stride_as_evaluate_py_does(lm):
     with pytest.raises(TypeError, match=r"^stride 2.5: must be a whole number, not float$"):
         lm.score(text, stride=2.5)
     assert lm.score(text, stride=block_size) == lm.score(text)
+
+
+def test_a_missing_run_names_the_run_argument_and_a_pipe_is_not_called_an_empty_folder(run_dir, tmp_path):
+    """The API's messages about the run name its own argument (run_folder.find's option), not the scripts' --out_dir
+    flag; a FIFO given as the run is said to be no folder, for the API and the scripts alike."""
+    import os
+    import torch
+    from training.run_folder import find
+    from errors import UserError
+
+    with pytest.raises(ValueError) as refused:
+        torch.hub.load(str(ROOT), "chargpt", str(run_dir.parent / "nosuch"), source="local")
+    assert f"runs with a model beside it: {run_dir}; give one of them as the run argument (" in str(refused.value)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError) as refused:
+        torch.hub.load(str(ROOT), "chargpt", str(fifo), source="local")
+    assert str(refused.value) == (f"{fifo} is a pipe, socket or device, not a run folder; give a run folder as the "
+                                  f"run argument")
+    with pytest.raises(UserError, match=r"is a pipe, socket or device, not a run folder; give a run folder as "
+                                        r"--out_dir$"):
+        find(str(fifo), "")
