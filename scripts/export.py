@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.attention import ROPE_BASE  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.run_folder import find, write_atomic, write_text_atomic  # noqa: E402
+from training.run_folder import find, holder, write_atomic, write_text_atomic  # noqa: E402
 
 FORMAT = 1  # of config.json and vocab.json, as this script writes them
 ONNX_NEEDS = ("onnx", "onnxscript")  # torch.onnx.export(dynamo=True): torch.export's graph, translated by onnxscript
@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.to) if args.to else path.parent / "export"
     if folder.exists() and not folder.is_dir():
         raise UserError(f"--to {folder} is a file, not a folder; choose another --to")
+    if owner := holder(folder):  # a run's folder while it trains: the export's files would land among the run's
+        raise UserError(f"--to {folder} is the folder of a run that {owner} is training; choose another --to")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:

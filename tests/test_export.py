@@ -108,3 +108,21 @@ def test_config_json_holds_the_rotary_base_and_says_whether_the_head_is_tied(run
     written = export.model_config(untied, state, run_dir / "ckpt_best.pt")
     assert "tied" not in written["weights"] and "the head its own (lm_head.weight)" in written["weights"]
     assert "rope_base" not in written
+
+
+def test_export_into_the_folder_of_a_run_in_training_is_refused_in_one_line(run_dir, tmp_path):
+    """--to a run folder that a training process holds (its lock) is refused with exit 2, naming the process, and
+    nothing is written among that run's files."""
+    import os
+
+    from training.run_folder import RunDir
+
+    busy = RunDir(tmp_path / "training").claim(say=lambda message: None)
+    try:
+        done = run_script("export.py", "--out_dir", str(run_dir), "--to", str(busy.path), "--onnx=false")
+    finally:
+        busy.release()
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: --to {busy.path} is the folder of a run that process {os.getpid()} (")
+    assert done.stderr.endswith("is training; choose another --to\n")
+    assert sorted(p.name for p in busy.path.iterdir()) == [".lock"]
