@@ -61,37 +61,45 @@ class TrainedRun:
         self.batch_size = run.get("batch_size", 16)
 
     def _ids(self, text: str, what: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"the {what} must be a str, not {type(text).__name__}")
         unknown = self.tokenizer.unknown(text)
         if not text or unknown:
             raise ValueError(f"the {what} needs at least one character, all of them known to the model; unknown: "
                              f"{sorted(set(unknown))[:10]}")
         return self.tokenizer.encode(text)
 
-    def generate(self, prompt: str | list[str] | None = None, max_new_tokens: int = 500, seed: int = 1337,
-                 **sampling) -> str | list[str]:
+    def generate(self, prompt: str | list[str] | tuple[str, ...] | None = None, max_new_tokens: int = 500,
+                 seed: int = 1337, **sampling) -> str | list[str]:
         """The prompt's continuation (the new text only; the prompt left out: sample.py's default, a newline where
         the text has them): the same seed and settings give the same text as
         python scripts/sample.py --prompt PROMPT --stream with those settings. A list of prompts is continued in one
         batch (left-padded; each row computes what it would alone), a list of texts back: the same texts as
-        sample.py --prompt_file F --prompts_per_line --no-stream with F's lines the prompts. sampling: sample.py's
-        options, model/generate.py's Sampling: temperature (default 0.8; 0 = greedy), top_k, top_p."""
+        sample.py --prompt_file F --prompts_per_line --no-stream with F's lines the prompts (a tuple of prompts is
+        taken as a list). max_new_tokens, seed and sampling are checked as sample.py checks its flags (a TypeError or
+        ValueError naming the option); sampling: sample.py's options, model/generate.py's Sampling: temperature
+        (default 0.8; 0 = greedy), top_k, top_p."""
         import dataclasses
 
         import torch
 
-        prompts = [self.default_prompt if prompt is None else prompt] if not isinstance(prompt, list) else prompt
+        batch = isinstance(prompt, (list, tuple))
+        if not (batch or prompt is None or isinstance(prompt, str)):
+            raise TypeError(f"the prompt must be a str, or a list or tuple of them, not {type(prompt).__name__}")
+        prompts = list(prompt) if batch else [self.default_prompt if prompt is None else prompt]
         if not prompts:
             raise ValueError("generate() needs a prompt, or a list of at least one")
         rows = [self._ids(text, "prompt") for text in prompts]
         with _project():
             generate = importlib.import_module("model.generate")
+            generate.check_length_and_seed(max_new_tokens, seed)
             options = dataclasses.asdict(generate.Sampling(**sampling))  # (a TypeError names an unknown one)
             device = self.model.wte.weight.device
-            generator = torch.Generator(device=device).manual_seed(seed)
-            new = generate.generate(self.model, rows, max_new_tokens, **options, generator=generator,
+            generator = torch.Generator(device=device).manual_seed(int(seed))
+            new = generate.generate(self.model, rows, int(max_new_tokens), **options, generator=generator,
                                     finite_only=True)  # NaN or inf scores: a ValueError, never text drawn from them
         texts = [self.tokenizer.decode(row) for row in new]
-        return texts if isinstance(prompt, list) else texts[0]
+        return texts if batch else texts[0]
 
     def logits(self, text: str):
         """The model's logits after each character of text (at most block_size of them): a float32 tensor (len(text),
@@ -109,7 +117,8 @@ class TrainedRun:
 
     def score(self, text: str, stride: int | None = None) -> float:
         """Bits per character of text under the model, every character but the first scored once, in windows of up to
-        block_size characters that start every stride (default block_size) characters: the figure
+        block_size characters that start every stride (default block_size; from 1 to block_size, as evaluate.py
+        checks its --stride) characters: the figure
         python scripts/evaluate.py --data FILE --stride STRIDE prints for a file holding text (in the run's
         precision, as evaluate.py's default, and its batch size)."""
         ids = self._ids(text, "text")
@@ -126,14 +135,23 @@ class TrainedRun:
             except importlib.import_module("errors").UserError as err:  # (float16 on a CPU)
                 raise ValueError(f"{err}; move the model with to(device) first") from None
             block_size = self.model.config.block_size
-            windows = importlib.import_module("data.loader").Windows(len(ids), block_size, stride or block_size)
+            windows = importlib.import_module("data.loader").Windows(len(ids), block_size,
+                                                                    block_size if stride is None else stride)
             nats, scored = evaluation.score(self.model, torch.tensor(ids, dtype=torch.int32), windows,
                                             self.batch_size, runtime.autocast)
         return nats / scored / math.log(2)
 
     def to(self, device=None, dtype=None) -> "TrainedRun":
         """The model moved to device and/or its weights cast to dtype (torch.bfloat16, float16, float32), as
-        sample.py --dtype casts them; returns self."""
+        sample.py --dtype casts them; returns self. A device this machine lacks is a ValueError saying so."""
+        if device is not None:
+            with _project():
+                errors = importlib.import_module("errors")
+                try:
+                    device = importlib.import_module("training.device").usable_device(
+                        device, "move the model to", f"keep it on {self.model.wte.weight.device}")
+                except errors.UserError as err:
+                    raise ValueError(str(err)) from None
         self.model.to(device=device, dtype=dtype)
         return self
 
@@ -151,7 +169,7 @@ def chargpt(run: str, device: str = "cpu") -> TrainedRun:
         errors = importlib.import_module("errors")
         where = Path(run).expanduser()
         try:
-            path = where if where.is_file() else run_folder.find(str(where), "")
+            path = where if where.is_file() else run_folder.find(str(where), "", option="the run argument")
             model, tokenizer, state = checkpoint.load_model(path, device)
         except errors.UserError as err:
             raise ValueError(str(err)) from None

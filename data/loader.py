@@ -2,6 +2,7 @@
 Windows, the sliding windows that score any text's every character once."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -154,6 +155,15 @@ class Batches:
         self.generator.set_state(state["generator"])
 
 
+def check_stride(stride: object, block_size: int) -> None:
+    """The characters between windows' starts, as evaluate.py's --stride and TrainedRun.score take it: a whole number
+    (else a TypeError) from 1 to the model's block_size (else a ValueError), the line naming it and its value."""
+    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral):
+        raise TypeError(f"stride {stride!r}: must be a whole number, not {type(stride).__name__}")
+    if not 1 <= stride <= block_size:
+        raise ValueError(f"stride {stride}: must be between 1 and the model's block_size, {block_size}")
+
+
 @dataclass(frozen=True)
 class Windows:
     """Windows that score each of ids[1:] once (ids[0] has no context), a batch at a time, nothing kept per window:
@@ -165,8 +175,7 @@ class Windows:
     stride: int
 
     def __post_init__(self) -> None:
-        if not 1 <= self.stride <= self.block_size:
-            raise ValueError(f"stride must be between 1 and block_size ({self.block_size}), got {self.stride}")
+        check_stride(self.stride, self.block_size)
 
     def __len__(self) -> int:
         if self.n_ids < 2:

@@ -20,7 +20,10 @@ from model.scoring import FORMS, additive_scores, dot_product_scores
 # ---------------------------------------------------------------------------------------------
 # Rotary positions (RoPE): q and k turned by angles that grow with position, instead of a position table.
 # ---------------------------------------------------------------------------------------------
-def rope_tables(block_size: int, head_size: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+ROPE_BASE = 10000.0  # the wavelength scale of the rotary angles (RoFormer's): frequency i is base^(-2i/head_size)
+
+
+def rope_tables(block_size: int, head_size: int, base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of position * frequency, each (block_size, head_size): dimension i and i + head_size/2
     form a pair that turns by the same angle, so each half repeats the other's frequencies."""
     frequencies = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)

@@ -3,6 +3,7 @@ tokens kept on the device, an optionally compiled decoding step)."""
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
@@ -37,14 +38,40 @@ class Sampling:
                                                                 "probability"})
 
     def __post_init__(self):
-        """A value out of range is a ValueError naming the option and its value."""
-        number = (int, float)
-        if not (isinstance(self.temperature, number) and math.isfinite(self.temperature) and self.temperature >= 0):
+        """A value of another type is a TypeError, one out of range a ValueError, each naming the option and its
+        value."""
+        check_type("temperature", self.temperature, numbers.Real, "a number")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature {self.temperature}: must be 0 (greedy) or positive")
-        if self.top_k is not None and not (isinstance(self.top_k, int) and self.top_k >= 1):
-            raise ValueError(f"top_k {self.top_k}: must be at least 1")
-        if self.top_p is not None and not (isinstance(self.top_p, number) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p {self.top_p}: must be in (0, 1], e.g. 0.9")
+        if self.top_k is not None:
+            check_type("top_k", self.top_k, numbers.Integral, "a whole number")
+            if self.top_k < 1:
+                raise ValueError(f"top_k {self.top_k}: must be at least 1")
+        if self.top_p is not None:
+            check_type("top_p", self.top_p, numbers.Real, "a number")
+            if not 0 < self.top_p <= 1:
+                raise ValueError(f"top_p {self.top_p}: must be in (0, 1], e.g. 0.9")
+
+
+def check_type(name: str, value: object, kind: type, words: str) -> None:
+    """A TypeError naming the option, its value and the type wanted, unless value is of kind (a bool is no number)."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} {value!r}: must be {words}, not {type(value).__name__}")
+
+
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's largest
+
+
+def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
+    """How many tokens generate() adds and the seed of its generator, as sample.py's --max_new_tokens and --seed and
+    TrainedRun.generate's keywords take them: whole numbers (else a TypeError), at least 1 and from 0 to 2^64 - 1
+    (else a ValueError), each line naming the option and its value."""
+    check_type("max_new_tokens", max_new_tokens, numbers.Integral, "a whole number")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens {max_new_tokens}: must be at least 1")
+    check_type("seed", seed, numbers.Integral, "a whole number")
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed {seed}: must be a whole number from 0 to 2^64 - 1")
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

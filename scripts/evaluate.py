@@ -23,7 +23,7 @@ from configs.schema import check_num_threads  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.gate import recorded_size, recorded_text  # noqa: E402
-from data.loader import Windows  # noqa: E402
+from data.loader import Windows, check_stride  # noqa: E402
 from data.prepare import check_encoding, read_text  # noqa: E402
 from errors import (ArgumentParser, UserError, check_output_file, disk_error, exit_without_teardown,  # noqa: E402
                     run_cli)
@@ -172,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     rt = runtime(args, run, path)
     block_size = model.config.block_size
     stride = block_size if args.stride is None else args.stride
-    if not 1 <= stride <= block_size:
-        raise UserError(f"--stride {args.stride}: must be between 1 and the model's block_size, {block_size}")
+    try:
+        check_stride(stride, block_size)
+    except ValueError as err:
+        raise UserError(f"--{err}") from None
     if args.batch_size < 0:
         raise UserError(f"--batch_size {args.batch_size}: must be 1 or more (or 0, the run's own)")
     batch_size = args.batch_size or run.batch_size

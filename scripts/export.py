@@ -13,8 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
+from model.attention import ROPE_BASE  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.run_folder import find, write_atomic, write_text_atomic  # noqa: E402
+from training.run_folder import find, holder, write_atomic, write_text_atomic  # noqa: E402
 
 FORMAT = 1  # of config.json and vocab.json, as this script writes them
 ONNX_NEEDS = ("onnx", "onnxscript")  # torch.onnx.export(dynamo=True): torch.export's graph, translated by onnxscript
@@ -32,10 +33,13 @@ def build_parser() -> ArgumentParser:
 
 
 def model_config(model, state: dict, path: Path) -> dict:
-    """config.json: every setting the forward pass depends on (this project's ModelConfig, by name), and where the
-    weights came from."""
-    return {"model_type": "chargpt", "format": FORMAT, **model.config.to_dict(),
-            "weights": "model.safetensors: every weight by its PyTorch name, float32, the tied head stored too",
+    """config.json: every setting the forward pass depends on (this project's ModelConfig, by name, and for rotary
+    positions their base, which no setting holds), and where the weights came from."""
+    rope = {"rope_base": ROPE_BASE} if model.config.position == "rope" else {}
+    head = ("the tied head stored too (lm_head.weight, equal to wte.weight)" if model.config.tie_weights else
+            "the head its own (lm_head.weight)")
+    return {"model_type": "chargpt", "format": FORMAT, **model.config.to_dict(), **rope,
+            "weights": f"model.safetensors: every weight by its PyTorch name, float32, {head}",
             "onnx": "model.onnx: input idx, int64 (batch, time) ids with time <= block_size; output logits, float32 "
                     "(batch, time, vocab_size), row t scoring the character after idx[:, :t + 1]",
             "checkpoint": str(path), "step": state["iter"]}
@@ -94,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.to) if args.to else path.parent / "export"
     if folder.exists() and not folder.is_dir():
         raise UserError(f"--to {folder} is a file, not a folder; choose another --to")
+    if owner := holder(folder):  # a run's folder while it trains: the export's files would land among the run's
+        raise UserError(f"--to {folder} is the folder of a run that {owner} is training; choose another --to")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -16,7 +16,8 @@ import torch  # noqa: E402
 from configs.schema import check_num_threads  # noqa: E402
 from data.gate import open_regular, read_blocks  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
-from model.generate import NonFiniteLogits, Sampling, compiled_step, generate, one_token_step  # noqa: E402
+from model.generate import (NonFiniteLogits, Sampling, check_length_and_seed, compiled_step, generate,  # noqa: E402
+                            one_token_step)
 from training.checkpoint import load_model  # noqa: E402
 from training.device import choose_threads, for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
 from training.run_folder import find  # noqa: E402
@@ -65,10 +66,11 @@ def sampling(args: argparse.Namespace) -> Sampling:
 def check_settings(args: argparse.Namespace) -> None:
     try:
         sampling(args)
+        check_length_and_seed(args.max_new_tokens, args.seed)
     except ValueError as err:
         raise UserError(f"--{err}") from None
-    if args.max_new_tokens < 1 or args.num_samples < 1:
-        raise UserError("--max_new_tokens and --num_samples must be at least 1")
+    if args.num_samples < 1:
+        raise UserError(f"--num_samples {args.num_samples}: must be at least 1")
     if args.init_from != "resume":  # nanoGPT's sample.py: resume (a run's checkpoint) or gpt2*
         raise UserError(f"--init_from {args.init_from}: this sampler reads a run of this trainer, given by --out_dir "
                         f"RUN (its best model) or --ckpt FILE; --init_from resume, nanoGPT's, is what it does")
@@ -83,8 +85,6 @@ def check_settings(args: argparse.Namespace) -> None:
         raise UserError("--prompts_per_line reads the prompts of --prompt_file, one per line; give --prompt_file too")
     if args.prompt == "":
         raise UserError("--prompt is empty; give it at least one character, or leave it out for the default prompt")
-    if not 0 <= args.seed < 2**64:
-        raise UserError(f"--seed {args.seed}: must be a whole number from 0 to 2^64 - 1")
     check_num_threads(args.num_threads)
 
 

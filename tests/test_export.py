@@ -85,3 +85,44 @@ def test_asking_for_onnx_without_its_packages_is_one_line_before_anything_is_wri
     assert done.returncode == 2 and done.stderr == (
         "error: --onnx needs no_such_exporter_module: pip install -r requirements-export.txt\n")
     assert not (tmp_path / "x").exists()
+
+
+def test_config_json_holds_the_rotary_base_and_says_whether_the_head_is_tied(run_dir, tmp_path):
+    """config.json of a rope model holds the rotary base, from which a reader rebuilds the model's rotary tables
+    exactly (they are not among the weights); its weights note calls the head tied only where it is: a model with
+    tie_weights false has a head of its own, and a model without rope has no rotary base."""
+    import dataclasses
+
+    import export
+    from model.attention import rope_tables
+    from model.gpt import GPT
+
+    done = run_script("export.py", "--out_dir", str(run_dir), "--to", str(tmp_path / "exported"), "--onnx=false")
+    assert done.returncode == 0, done.stderr
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    model, _, state = load_model(run_dir / "ckpt_best.pt")
+    cos, sin = rope_tables(config["block_size"], config["n_embd"] // config["n_head"], config["rope_base"])
+    assert torch.equal(cos, model.rope_cos) and torch.equal(sin, model.rope_sin)
+    assert model.config.tie_weights and "the tied head stored too" in config["weights"]
+    untied = GPT(dataclasses.replace(model.config, tie_weights=False, position="learned"))
+    written = export.model_config(untied, state, run_dir / "ckpt_best.pt")
+    assert "tied" not in written["weights"] and "the head its own (lm_head.weight)" in written["weights"]
+    assert "rope_base" not in written
+
+
+def test_export_into_the_folder_of_a_run_in_training_is_refused_in_one_line(run_dir, tmp_path):
+    """--to a run folder that a training process holds (its lock) is refused with exit 2, naming the process, and
+    nothing is written among that run's files."""
+    import os
+
+    from training.run_folder import RunDir
+
+    busy = RunDir(tmp_path / "training").claim(say=lambda message: None)
+    try:
+        done = run_script("export.py", "--out_dir", str(run_dir), "--to", str(busy.path), "--onnx=false")
+    finally:
+        busy.release()
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: --to {busy.path} is the folder of a run that process {os.getpid()} (")
+    assert done.stderr.endswith("is training; choose another --to\n")
+    assert sorted(p.name for p in busy.path.iterdir()) == [".lock"]

@@ -63,7 +63,7 @@ def test_a_device_that_cannot_hold_the_weights_is_told_apart_from_a_damaged_file
     check on the CPU: said to be the device's, naming its error; a truncated file is still called damaged."""
     import torch
     from errors import UserError
-    from training import checkpoint
+    from training import checkpoint, device
 
     real_to = torch.Tensor.to
 
@@ -73,7 +73,7 @@ def test_a_device_that_cannot_hold_the_weights_is_told_apart_from_a_damaged_file
         return real_to(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "to", to_without_bfloat16_on_mps)
-    monkeypatch.setattr(checkpoint, "unavailable", lambda device: None)  # as if this machine had MPS
+    monkeypatch.setattr(device, "unavailable", lambda place: None)  # as if this machine had MPS
     sound = run_dir / "ckpt_best.pt"
     with pytest.raises(UserError) as refused:
         checkpoint.load(sound, "mps")
@@ -121,3 +121,95 @@ def test_batched_prompts_logits_score_and_to_agree_with_the_scripts_and_the_mode
 
     assert lm.to(dtype=torch.bfloat16) is lm and lm.model.wte.weight.dtype == torch.bfloat16
     assert lm.logits("ROMEO:").dtype == torch.float32 and len(lm.generate("ROMEO:", max_new_tokens=5)) == 5
+
+
+@pytest.fixture(scope="module")
+def lm(run_dir):
+    import torch
+
+    return torch.hub.load(str(ROOT), "chargpt", str(run_dir), source="local")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
+def test_to_a_device_this_machine_lacks_is_one_line_and_leaves_the_model_where_it_was(lm):
+    """to("cuda") without CUDA is the ValueError a load onto cuda gives (training.device.usable_device), in to()'s
+    words, not torch's AssertionError; a name that is no device says so; the model stays on the CPU."""
+    with pytest.raises(ValueError) as refused:
+        lm.to("cuda")
+    assert str(refused.value) == ("cannot move the model to cuda: CUDA is not available on this machine (or this "
+                                  "PyTorch is a CPU build); keep it on cpu")
+    with pytest.raises(ValueError, match=r"^cannot move the model to 'gpu': not a device; give cpu, cuda"):
+        lm.to("gpu")
+    assert lm.model.wte.weight.device.type == "cpu" and lm.to("cpu") is lm
+
+
+@pytest.mark.parametrize("keywords, error, words", [
+    ({"max_new_tokens": -1}, ValueError, "max_new_tokens -1: must be at least 1"),
+    ({"max_new_tokens": 0}, ValueError, "max_new_tokens 0: must be at least 1"),
+    ({"max_new_tokens": 2.5}, TypeError, "max_new_tokens 2.5: must be a whole number, not float"),
+    ({"max_new_tokens": "5"}, TypeError, "max_new_tokens '5': must be a whole number, not str"),
+    ({"max_new_tokens": True}, TypeError, "max_new_tokens True: must be a whole number, not bool"),
+    ({"seed": None}, TypeError, "seed None: must be a whole number, not NoneType"),
+    ({"seed": 1.5}, TypeError, "seed 1.5: must be a whole number, not float"),
+    ({"seed": -1}, ValueError, "seed -1: must be a whole number from 0 to 2^64 - 1"),
+    ({"seed": 2**64}, ValueError, f"seed {2**64}: must be a whole number from 0 to 2^64 - 1"),
+    ({"temperature": "0.8"}, TypeError, "temperature '0.8': must be a number, not str"),
+    ({"temperature": True}, TypeError, "temperature True: must be a number, not bool"),
+    ({"top_k": 2.0}, TypeError, "top_k 2.0: must be a whole number, not float"),
+    ({"top_k": True}, TypeError, "top_k True: must be a whole number, not bool"),
+    ({"top_p": "0.9"}, TypeError, "top_p '0.9': must be a number, not str"),
+])
+def test_generate_refuses_what_sample_py_refuses_in_one_line_naming_the_type_or_range(lm, keywords, error, words):
+    """generate()'s length, seed and sampling options go through sample.py's checks (model.generate's
+    check_length_and_seed and Sampling): a wrong type is a TypeError saying which type is wanted, a value out of
+    range a ValueError, each the whole message, never an error from inside the generate loop or torch."""
+    with pytest.raises(error) as refused:
+        lm.generate("ROMEO:", **{"max_new_tokens": 5, **keywords})
+    assert str(refused.value) == words
+
+
+def test_a_tuple_of_prompts_is_a_batch_like_a_list_and_other_types_are_named(lm):
+    """A tuple of prompts is continued as the same list would be (a list back); a prompt that is no str, alone or in
+    the batch, is a TypeError naming what is accepted."""
+    prompts = ("ROMEO:", "O")
+    assert lm.generate(prompts, max_new_tokens=8, seed=3) == lm.generate(list(prompts), max_new_tokens=8, seed=3)
+    with pytest.raises(TypeError, match=r"^the prompt must be a str, or a list or tuple of them, not int$"):
+        lm.generate(5)
+    with pytest.raises(TypeError, match=r"^the prompt must be a str, not int$"):
+        lm.generate(["ROMEO:", 5])
+
+
+def test_score_checks_the_stride_as_evaluate_py_does(lm):
+    """stride=0 (and one past block_size) is refused, as evaluate.py --stride 0 is (data.loader's check_stride), where
+    it was taken for the default; a stride of another type is a TypeError."""
+    text = "ROMEO: O " * 10
+    block_size = lm.model.config.block_size
+    for stride in (0, block_size + 1):
+        with pytest.raises(ValueError) as refused:
+            lm.score(text, stride=stride)
+        assert str(refused.value) == f"stride {stride}: must be between 1 and the model's block_size, {block_size}"
+    with pytest.raises(TypeError, match=r"^stride 2.5: must be a whole number, not float$"):
+        lm.score(text, stride=2.5)
+    assert lm.score(text, stride=block_size) == lm.score(text)
+
+
+def test_a_missing_run_names_the_run_argument_and_a_pipe_is_not_called_an_empty_folder(run_dir, tmp_path):
+    """The API's messages about the run name its own argument (run_folder.find's option), not the scripts' --out_dir
+    flag; a FIFO given as the run is said to be no folder, for the API and the scripts alike."""
+    import os
+    import torch
+    from training.run_folder import find
+    from errors import UserError
+
+    with pytest.raises(ValueError) as refused:
+        torch.hub.load(str(ROOT), "chargpt", str(run_dir.parent / "nosuch"), source="local")
+    assert f"runs with a model beside it: {run_dir}; give one of them as the run argument (" in str(refused.value)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError) as refused:
+        torch.hub.load(str(ROOT), "chargpt", str(fifo), source="local")
+    assert str(refused.value) == (f"{fifo} is a pipe, socket or device, not a run folder; give a run folder as the "
+                                  f"run argument")
+    with pytest.raises(UserError, match=r"is a pipe, socket or device, not a run folder; give a run folder as "
+                                        r"--out_dir$"):
+        find(str(fifo), "")

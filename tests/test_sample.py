@@ -293,6 +293,9 @@ def test_auto_samples_a_large_model_in_bfloat16_only_on_a_cpu_with_bfloat16_unit
     (["--top_p", "0"], "--top_p 0.0: must be in (0, 1]"),
     (["--temperature", "-1"], "--temperature -1.0: must be 0"),
     (["--top_k", "0"], "--top_k 0: must be at least 1"),
+    (["--max_new_tokens", "0"], "--max_new_tokens 0: must be at least 1"),
+    (["--num_samples", "0"], "--num_samples 0: must be at least 1"),
+    (["--seed", "-1"], "--seed -1: must be a whole number from 0 to 2^64 - 1"),
     (["--prompt", ""], "--prompt is empty"),
 ])
 def test_invalid_settings(run_dir, args, message):

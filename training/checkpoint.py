@@ -18,7 +18,7 @@ from data import gate
 from data.gate import check_fields, of_type
 from data.tokenizer import CharTokenizer
 from errors import UserError, in_one_line
-from training.device import Dist, free_memory, random_states, set_random_states, unavailable
+from training.device import Dist, free_memory, random_states, set_random_states, usable_device
 from training.optim import configure_optimizer
 from training.run_folder import BEST, LAST, write_atomic
 
@@ -109,7 +109,8 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
     """A checkpoint read through the gate (data.gate.read_checkpoint: no code unpickled), every field and tensor
     checked before any tensor's bytes are read, then copied onto device and its weights checked finite. resume:
     RESUMABLE is required and RESUME_ONLY checked, else never read. A failure is one line naming the file and field."""
-    target = device_to_load_onto(device, path)
+    # the device checked before the file is read, so that a missing one is never mistaken for a damaged file
+    target = usable_device(device, f"load {path} onto", "load it onto cpu")
     state, listing = gate.read_checkpoint(path)
     check_fields(state, REQUIRED, path)
     check_fields(state, {key: kind for key, kind in LATER.items() if key in state}, path)  # present: of their type
@@ -143,18 +144,6 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
     if resume:
         check_optimizer_values(state["optimizer"], state["iter"], path)
     return state
-
-
-def device_to_load_onto(device: torch.device | str, path: Path) -> torch.device:
-    """The device a checkpoint is loaded onto, or one line saying this machine has none (before the file is read, so
-    that it is never mistaken for a damaged file)."""
-    try:
-        target = torch.device(device)
-    except (RuntimeError, ValueError, TypeError):
-        raise UserError(f"cannot load {path} onto {device!r}: not a device; give cpu, cuda, cuda:N or mps") from None
-    if reason := unavailable(target):
-        raise UserError(f"cannot load {path} onto {target}: {reason}; load it onto cpu") from None
-    return target
 
 
 WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

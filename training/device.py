@@ -68,6 +68,18 @@ def pick_device(spec: str) -> torch.device:
     return device
 
 
+def usable_device(device: torch.device | str, doing: str, fix: str) -> torch.device:
+    """device as a torch.device where this machine has it, else one line: 'cannot {doing} {device}: why; {fix}' (the
+    Python API's and the checkpoint loader's check; the scripts' --device is pick_device's)."""
+    try:
+        target = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UserError(f"cannot {doing} {device!r}: not a device; give cpu, cuda, cuda:N or mps") from None
+    if reason := unavailable(target):
+        raise UserError(f"cannot {doing} {target}: {reason}; {fix}") from None
+    return target
+
+
 def unavailable(device: torch.device) -> str | None:
     """Why this machine has no such device (None where it has it)."""
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -446,10 +446,13 @@ def write_text_atomic(path: Path, text: str, what: str, option: str = "--out_dir
 
 # ---- the checkpoint a script reads -----------------------------------------------------------------------------------
 def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
-         say: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> Path:
+         say: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
+         option: str = "--out_dir") -> Path:
     """The checkpoint a script reads: --ckpt FILE, else the first of names in out_dir (by default ckpt_best.pt, the
     lowest validation loss, then ckpt_last.pt); with neither, the newest run in out/ not still training, said, so
-    the command after `python train.py` needs no folder name (which depends on the corpus the run could reach)."""
+    the command after `python train.py` needs no folder name (which depends on the corpus the run could reach).
+    option: how the caller's user gives the folder (the scripts' --out_dir, the Python API's run argument), named
+    where a message asks for another."""
     if ckpt:
         return Path(ckpt)
     if not out_dir:
@@ -468,6 +471,9 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
             + (f"; passed over {passed_over}" if training else ""))
         out_dir = str(newest)
     folder = Path(out_dir)
+    if folder.exists() and not folder.is_dir():
+        what = "a file" if folder.is_file() else "a pipe, socket or device"
+        raise UserError(f"{out_dir} is {what}, not a run folder; give a run folder as {option}")
     owner = holder(folder)
     aside = folder / ASIDE
     if aside.is_dir() and not aside.is_symlink() and RunDir(folder).recorded_aside(aside)[0] is not None:
@@ -491,7 +497,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
     others = runs_beside(folder, names)
     if others:  # offline, out/<preset>-shakespeare was trained as out/<preset>-pystdlib: point there, not to training
         shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
-        raise UserError(f"{missing}; runs with a model beside it: {shown}; give one of them as --out_dir (or train one "
+        raise UserError(f"{missing}; runs with a model beside it: {shown}; give one of them as {option} (or train one "
                         f"there: {train})")
     raise UserError(f"{missing}; train first: {train}")
 
