@@ -147,6 +147,26 @@ def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus
     assert run(moved, tmp_path / "r", "--resume", "--max_iters", "10")["iterations"] == 10
 
 
+def test_resume_on_a_text_with_other_characters_names_a_few_of_them_safely(corpus, tmp_path):
+    """A --data whose vocabulary differs from the checkpoint's (here as many characters, two of them others) is
+    refused naming the characters only on each side, written as repr writes them (a tab as '\\t'); vocabularies of the
+    same characters in another order are said to be that."""
+    run(corpus, tmp_path / "r", "--max_iters", "2")
+    text = corpus.read_text(encoding="utf-8")
+    assert "\t" not in text and "é" not in text and "q" in text and "v" in text
+    other = corpus.with_name("other.txt")
+    other.write_text(text.replace("q", "\t").replace("v", "é"), encoding="utf-8")
+    before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
+    with pytest.raises(UserError) as refused:
+        run(other, tmp_path / "r", "--resume", "--max_iters", "4")
+    assert ("(55 characters, 55 in " in str(refused.value)
+            and "only in the corpus: '\\t' 'é', only in the checkpoint's: 'q' 'v')" in str(refused.value))
+    assert (tmp_path / "r" / "ckpt_last.pt").read_bytes() == before
+    from data.tokenizer import vocabulary_difference
+    assert vocabulary_difference("ab", "ba", ("x", "y")) == "the same characters in another order"
+    assert vocabulary_difference("abcdefgh\x00", "", ("x", "y")) == "only in x: 'a' 'b' 'c' 'd' 'e' 'f' and 3 more"
+
+
 def test_out_dir_with_another_run_needs_resume_or_overwrite(corpus, tmp_path):
     run(corpus, tmp_path / "r", "--max_iters", "2")
     before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
