@@ -85,23 +85,35 @@ def build_parser(preset: str = "", values: dict | None = None, why: str = "") ->
     return parser
 
 
-def read_preset(spec: str) -> tuple[str, dict]:
+def read_preset(spec: str) -> tuple[Path, dict]:
+    """The --config file (a preset's name is a file in configs/) and its settings, each of its field's type."""
     path = Path(spec)
     if path.suffix == ".py":  # nanoGPT's configs are Python, run by its configurator: never run here
         raise nanogpt.python_config(spec)
-    if not path.suffix and not path.exists():
+    if not path.suffix and not path.is_file() and (PRESET_DIR / f"{spec}.toml").is_file():
         path = PRESET_DIR / f"{spec}.toml"
+    if path.is_dir():
+        raise UserError(f"--config {spec}: that is a folder; give a .toml file (a file in it, for example) or a "
+                        f"preset: {', '.join(presets())}")
     if not path.is_file():
         raise UserError(f"--config {spec}: no such preset or file{suggest(spec, presets())}; "
                         f"presets: {', '.join(presets())}")
     try:
-        values = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        data = path.read_bytes()
+    except OSError as err:
+        raise UserError(f"--config {spec}: cannot be read ({err.strerror}); give a file you can read") from None
+    try:
+        values = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        bom = " (it begins with UTF-16's byte-order mark)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise UserError(f"--config {spec}: not UTF-8 text: byte 0x{data[err.start]:02x} at position {err.start} "
+                        f"cannot be decoded{bom}; a TOML file is UTF-8 text: save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as err:
         raise UserError(f"--config {spec}: not valid TOML ({err})") from None
     for key in values:
         if key not in FIELDS:
             raise UserError(f"{path}: unknown field {key}{suggest(key, FIELDS)}")
-    return path.stem, checked_types(values, str(path))
+    return path, checked_types(values, str(path))
 
 
 def checked_types(values: dict, where: str, types: dict[str, type] = TYPES) -> dict:
@@ -127,7 +139,8 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     first.add_argument("--config")
     given = first.parse_known_args(argv)[0].config
     if given:
-        name, values = read_preset(given)
+        path, values = read_preset(given)
+        name = path.stem
         why, note = "", f"config: {name}"
     else:
         name = "shakespeare_char_gpu" if cuda_available else "shakespeare_char_cpu"

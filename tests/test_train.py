@@ -1,6 +1,7 @@
 """Training end to end: outputs, TensorBoard tags, exact resume, the command line and its errors."""
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -294,6 +295,29 @@ def test_the_model_settings_have_one_source(tmp_path):
     preset.write_text("max_iters = 3\n")
     cfg, _, _ = load_config(["--config", str(preset)], False)
     assert cfg.model_config(65) == ModelConfig()
+
+
+def test_a_config_that_is_a_folder_or_not_utf8_text_says_so_and_how_to_fix_it(tmp_path, capsys):
+    """--config DIR says it is a folder (not 'no such preset or file'); a UTF-16 or binary file says that a TOML file
+    is UTF-8 text and to save it so: one line each, exit 2. A folder named like a preset leaves the preset chosen."""
+    utf16, binary = tmp_path / "utf16.toml", tmp_path / "binary.toml"
+    utf16.write_text("max_iters = 3\n", encoding="utf-16")
+    binary.write_bytes(bytes(range(128, 256)))
+    for spec, message in ((tmp_path, f"--config {tmp_path}: that is a folder; give a .toml file"),
+                          (utf16, f"--config {utf16}: not UTF-8 text: byte 0xff at position 0 cannot be decoded (it "
+                                  f"begins with UTF-16's byte-order mark); a TOML file is UTF-8 text: save it as UTF-8"),
+                          (binary, f"--config {binary}: not UTF-8 text: byte 0x80 at position 0 cannot be decoded; a "
+                                   f"TOML file is UTF-8 text: save it as UTF-8")):
+        assert run_cli(train.main, ["--config", str(spec)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    (tmp_path / "debug").mkdir()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert load_config(["--config", "debug"], False)[0].config_name == "debug"
+    finally:
+        os.chdir(cwd)
 
 
 def test_bad_preset_file_names_the_field(tmp_path):
