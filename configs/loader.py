@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import difflib
 import os
+import shlex
 import tomllib
 from pathlib import Path
 
@@ -152,6 +153,9 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     if unknown:
         if python := next((u for u in unknown if not u.startswith("-") and u.endswith(".py")), None):
             raise nanogpt.python_config(python)  # nanoGPT's `python train.py config/train_x.py`
+        if toml := next((u for u in unknown if not u.startswith("-") and u.endswith(".toml")), None):
+            raise UserError(f"{toml}: a config file is given with --config: {python_command('train.py')} --config "
+                            f"{shlex.quote(toml)}")
         raise unknown_option(next((u for u in unknown if u.startswith("-")), unknown[0]))
     overrides = {name: parse_value(name, text) for name, text in vars(args).items() if name != "config"}
     notes = []

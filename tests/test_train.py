@@ -263,6 +263,7 @@ def test_the_loops_next_evaluation_is_the_first_step_from_here_that_evaluation_d
     (["--dtype", "fp8"], "--dtype 'fp8': must be auto"),
     (["--eval_only"], "unknown option --eval_only: evaluating a trained model is python scripts/evaluate.py --out_dir"),
     (["--n_embd", str(2**70)], "n_embd must be at most 2,147,483,647, got 1,180,591,620,717,411,303,424"),
+    (["mine.toml"], "mine.toml: a config file is given with --config: "),
 ])
 def test_bad_command_lines_are_one_line_errors(argv, message, capsys):
     assert run_cli(train.main, argv) == 2
