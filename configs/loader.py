@@ -176,7 +176,20 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     try:
         return TrainConfig(**values), "\n".join([note, *notes]), explicit
     except ValueError as err:
-        raise UserError(str(err)) from None
+        raise UserError(where_from(str(err), set(overrides), path if given else None)) from None
+
+
+def where_from(problem: str, typed: set[str], path: Path | None) -> str:
+    """A setting's check (its first word names the setting: "--max_iters -5: must ..." or "dropout must ...") as the
+    user wrote the value: in the --config file path (its key), or on the command line (its flag)."""
+    name = problem.split(" ", 1)[0].removeprefix("--")
+    if name not in FIELDS:
+        return problem
+    if name in typed or path is None:
+        return problem if problem.startswith("--") else f"--{problem}"
+    if problem.startswith("--"):  # "--max_iters -5: must not be negative" -> "max_iters = -5: must not be negative"
+        problem = problem[2:].replace(" ", " = ", 1)
+    return f"{path}: {problem}; correct it there, or give --{name} to set it"
 
 
 def whole_path(data: str) -> str:

@@ -321,6 +321,25 @@ def test_a_config_that_is_a_folder_or_not_utf8_text_says_so_and_how_to_fix_it(tm
         os.chdir(cwd)
 
 
+def test_a_bad_value_names_the_config_file_and_key_it_came_from_or_the_flag(tmp_path, capsys):
+    """A value a --config file gives is blamed on that file and its key (it was blamed on a flag nobody typed); the
+    same check of a value typed on the command line names the flag."""
+    negative, dropout = tmp_path / "c_neg.toml", tmp_path / "c_drop.toml"
+    negative.write_text("max_iters = -5\n")
+    dropout.write_text("dropout = 1.5\n")
+    for argv, message in ((["--config", str(negative)], f"error: {negative}: max_iters = -5: must not be negative; "
+                                                         "correct it there, or give --max_iters to set it"),
+                          (["--config", str(dropout)], f"error: {dropout}: dropout must be in [0, 1), got 1.5; "
+                                                        "correct it there, or give --dropout to set it"),
+                          (["--config", str(negative), "--max_iters", "-3"], "error: --max_iters -3: must not be "
+                                                                             "negative\n"),
+                          (["--config", "debug", "--dropout", "1"], "error: --dropout must be in [0, 1), got 1.0\n")):
+        assert run_cli(train.main, argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) and err.count("\n") == 1, err
+    assert load_config(["--config", str(negative), "--max_iters", "3"], False)[0].max_iters == 3
+
+
 def test_bad_preset_file_names_the_field(tmp_path):
     bad = tmp_path / "mine.toml"
     bad.write_text("n_layers = 3\n")
