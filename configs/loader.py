@@ -277,8 +277,9 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
 def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
                   ) -> tuple[TrainConfig, TrainConfig]:
     """(the run's saved config, the config it resumes with): the saved one with only the fields the user set now.
-    What the weights or the optimizer state fix (the shape, the optimizer) is refused; training settings (dropout,
-    the learning rate, max_iters, ...) change with a note, and the global batch is kept (keep_global_batch)."""
+    What the weights or the optimizer state fix (the shape, the optimizer) is refused, and so is a max_iters behind the
+    run's step; training settings (dropout, the learning rate, max_iters, ...) change with a note, and the global batch
+    is kept (keep_global_batch)."""
     old = config_from_dict(state["run_config"], str(where), say)
     values = old.to_dict()
     # Where a run writes is the user's word, never a checkpoint's: the folder being resumed, and the cache the command
@@ -289,6 +290,10 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
         new_value = getattr(cfg, name)
         if new_value == values.get(name):
             continue
+        if name == "max_iters" and new_value < state["iter"]:
+            raise UserError(f"--resume: max_iters {new_value} (set on the command line or by --config) is behind this "
+                            f"run's step {state['iter']}; give --max_iters {state['iter']} to end the run there, or "
+                            f"more to train on (its own max_iters is {values[name]})")
         if name in SHAPE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
             what = "the optimizer" if name == "optimizer" else "the architecture"
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
