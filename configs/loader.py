@@ -235,6 +235,17 @@ OWN_SETTINGS = ("data", "cache_dir", "val_fraction", "encoding", "encoding_error
                 "init_from", "device", "num_threads", "ddp")
 
 
+# What a resumed run keeps, whatever the command says, beside its architecture and optimizer: what fixes the text its
+# evaluations measure (each with why, for resume_config's refusal).
+KEPT_ON_RESUME = {
+    "val_fraction": "it fixes the validation split: another would validate on text the model trained on, and choose "
+                    "its best model by losses measured on other text",
+    "encoding": "it fixes how the text's bytes are read as characters: another would go on with other text",
+    "encoding_errors": "it fixes how the text's bytes are read as characters: another would go on with other text",
+    "seed": "it fixes the windows every evaluation measures: another would choose the best model by losses measured "
+            "on other windows"}
+
+
 def saved_model_config(state: dict) -> dict:
     """A checkpoint's model config as a dict, a field it lacks at its default."""
     return {**ModelConfig().to_dict(), **state["model_config"]}
@@ -277,9 +288,9 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
 def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
                   ) -> tuple[TrainConfig, TrainConfig]:
     """(the run's saved config, the config it resumes with): the saved one with only the fields the user set now.
-    What the weights or the optimizer state fix (the shape, the optimizer) is refused, and so is a max_iters behind the
-    run's step; training settings (dropout, the learning rate, max_iters, ...) change with a note, and the global batch
-    is kept (keep_global_batch)."""
+    What the weights or the optimizer state fix (the shape, the optimizer) is refused, and so are a max_iters behind the
+    run's step and a change to what its evaluations measure (KEPT_ON_RESUME); training settings (dropout, the learning
+    rate, max_iters, ...) change with a note, and the global batch is kept (keep_global_batch)."""
     old = config_from_dict(state["run_config"], str(where), say)
     values = old.to_dict()
     # Where a run writes is the user's word, never a checkpoint's: the folder being resumed, and the cache the command
@@ -294,6 +305,10 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
             raise UserError(f"--resume: max_iters {new_value} (set on the command line or by --config) is behind this "
                             f"run's step {state['iter']}; give --max_iters {state['iter']} to end the run there, or "
                             f"more to train on (its own max_iters is {values[name]})")
+        if name in KEPT_ON_RESUME:
+            raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}: "
+                            f"{KEPT_ON_RESUME[name]}; leave --{name} (and any --config that sets it) out, or start a new run in "
+                            f"another --out_dir (--init_from {shlex.quote(cfg.out_dir)} fine-tunes this run's model)")
         if name in SHAPE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
             what = "the optimizer" if name == "optimizer" else "the architecture"
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "

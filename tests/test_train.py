@@ -168,6 +168,25 @@ def test_resume_on_a_text_with_other_characters_names_a_few_of_them_safely(corpu
     assert vocabulary_difference("abcdefgh\x00", "", ("x", "y")) == "only in x: 'a' 'b' 'c' 'd' 'e' 'f' and 3 more"
 
 
+@pytest.mark.parametrize("flag, value, was", [("--val_fraction", "0.5", "0.1"), ("--seed", "7", "1337"),
+                                              ("--encoding", "latin-1", "'utf-8'"),
+                                              ("--encoding_errors", "replace", "'strict'")])
+def test_resume_keeps_what_its_evaluations_measure(corpus, tmp_path, flag, value, was):
+    """A resumed run's validation split, the reading of its text and the seed of its evaluations' windows cannot
+    change (they were accepted with a note: validation could cover text the model trained on, and the best model be
+    chosen by losses measured on other text): one line naming the setting, a new run and --init_from; nothing is
+    written. The run's own value is no change and passes."""
+    run(corpus, tmp_path / "r", "--max_iters", "2")
+    before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
+    name = flag[2:]
+    with pytest.raises(UserError, match=f"^--resume: {name} was {was} in this run and cannot change to .*; leave "
+                       f"{flag} \\(and any --config that sets it\\) out, or start a new run in another --out_dir "
+                       f"\\(--init_from {tmp_path / 'r'} fine-tunes this run's model\\)$"):
+        run(corpus, tmp_path / "r", "--resume", flag, value)
+    assert (tmp_path / "r" / "ckpt_last.pt").read_bytes() == before
+    assert run(corpus, tmp_path / "r", "--resume", flag, was.strip("'"), "--max_iters", "3")["iterations"] == 3
+
+
 def test_out_dir_with_another_run_needs_resume_or_overwrite(corpus, tmp_path):
     run(corpus, tmp_path / "r", "--max_iters", "2")
     before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
