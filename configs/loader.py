@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import difflib
 import os
+import shlex
 import tomllib
 from pathlib import Path
 
@@ -85,23 +86,35 @@ def build_parser(preset: str = "", values: dict | None = None, why: str = "") ->
     return parser
 
 
-def read_preset(spec: str) -> tuple[str, dict]:
+def read_preset(spec: str) -> tuple[Path, dict]:
+    """The --config file (a preset's name is a file in configs/) and its settings, each of its field's type."""
     path = Path(spec)
     if path.suffix == ".py":  # nanoGPT's configs are Python, run by its configurator: never run here
         raise nanogpt.python_config(spec)
-    if not path.suffix and not path.exists():
+    if not path.suffix and not path.is_file() and (PRESET_DIR / f"{spec}.toml").is_file():
         path = PRESET_DIR / f"{spec}.toml"
+    if path.is_dir():
+        raise UserError(f"--config {spec}: that is a folder; give a .toml file (a file in it, for example) or a "
+                        f"preset: {', '.join(presets())}")
     if not path.is_file():
         raise UserError(f"--config {spec}: no such preset or file{suggest(spec, presets())}; "
                         f"presets: {', '.join(presets())}")
     try:
-        values = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        data = path.read_bytes()
+    except OSError as err:
+        raise UserError(f"--config {spec}: cannot be read ({err.strerror}); give a file you can read") from None
+    try:
+        values = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        bom = " (it begins with UTF-16's byte-order mark)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise UserError(f"--config {spec}: not UTF-8 text: byte 0x{data[err.start]:02x} at position {err.start} "
+                        f"cannot be decoded{bom}; a TOML file is UTF-8 text: save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as err:
         raise UserError(f"--config {spec}: not valid TOML ({err})") from None
     for key in values:
         if key not in FIELDS:
             raise UserError(f"{path}: unknown field {key}{suggest(key, FIELDS)}")
-    return path.stem, checked_types(values, str(path))
+    return path, checked_types(values, str(path))
 
 
 def checked_types(values: dict, where: str, types: dict[str, type] = TYPES) -> dict:
@@ -127,7 +140,8 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     first.add_argument("--config")
     given = first.parse_known_args(argv)[0].config
     if given:
-        name, values = read_preset(given)
+        path, values = read_preset(given)
+        name = path.stem
         why, note = "", f"config: {name}"
     else:
         name = "shakespeare_char_gpu" if cuda_available else "shakespeare_char_cpu"
@@ -139,6 +153,9 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     if unknown:
         if python := next((u for u in unknown if not u.startswith("-") and u.endswith(".py")), None):
             raise nanogpt.python_config(python)  # nanoGPT's `python train.py config/train_x.py`
+        if toml := next((u for u in unknown if not u.startswith("-") and u.endswith(".toml")), None):
+            raise UserError(f"{toml}: a config file is given with --config: {python_command('train.py')} --config "
+                            f"{shlex.quote(toml)}")
         raise unknown_option(next((u for u in unknown if u.startswith("-")), unknown[0]))
     overrides = {name: parse_value(name, text) for name, text in vars(args).items() if name != "config"}
     notes = []
@@ -159,7 +176,20 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     try:
         return TrainConfig(**values), "\n".join([note, *notes]), explicit
     except ValueError as err:
-        raise UserError(str(err)) from None
+        raise UserError(where_from(str(err), set(overrides), path if given else None)) from None
+
+
+def where_from(problem: str, typed: set[str], path: Path | None) -> str:
+    """A setting's check (its first word names the setting: "--max_iters -5: must ..." or "dropout must ...") as the
+    user wrote the value: in the --config file path (its key), or on the command line (its flag)."""
+    name = problem.split(" ", 1)[0].removeprefix("--")
+    if name not in FIELDS:
+        return problem
+    if name in typed or path is None:
+        return problem if problem.startswith("--") else f"--{problem}"
+    if problem.startswith("--"):  # "--max_iters -5: must not be negative" -> "max_iters = -5: must not be negative"
+        problem = problem[2:].replace(" ", " = ", 1)
+    return f"{path}: {problem}; correct it there, or give --{name} to set it"
 
 
 def whole_path(data: str) -> str:
@@ -205,6 +235,17 @@ OWN_SETTINGS = ("data", "cache_dir", "val_fraction", "encoding", "encoding_error
                 "init_from", "device", "num_threads", "ddp")
 
 
+# What a resumed run keeps, whatever the command says, beside its architecture and optimizer: what fixes the text its
+# evaluations measure (each with why, for resume_config's refusal).
+KEPT_ON_RESUME = {
+    "val_fraction": "it fixes the validation split: another would validate on text the model trained on, and choose "
+                    "its best model by losses measured on other text",
+    "encoding": "it fixes how the text's bytes are read as characters: another would go on with other text",
+    "encoding_errors": "it fixes how the text's bytes are read as characters: another would go on with other text",
+    "seed": "it fixes the windows every evaluation measures: another would choose the best model by losses measured "
+            "on other windows"}
+
+
 def saved_model_config(state: dict) -> dict:
     """A checkpoint's model config as a dict, a field it lacks at its default."""
     return {**ModelConfig().to_dict(), **state["model_config"]}
@@ -247,8 +288,9 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
 def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
                   ) -> tuple[TrainConfig, TrainConfig]:
     """(the run's saved config, the config it resumes with): the saved one with only the fields the user set now.
-    What the weights or the optimizer state fix (the shape, the optimizer) is refused; training settings (dropout,
-    the learning rate, max_iters, ...) change with a note, and the global batch is kept (keep_global_batch)."""
+    What the weights or the optimizer state fix (the shape, the optimizer) is refused, and so are a max_iters behind the
+    run's step and a change to what its evaluations measure (KEPT_ON_RESUME); training settings (dropout, the learning
+    rate, max_iters, ...) change with a note, and the global batch is kept (keep_global_batch)."""
     old = config_from_dict(state["run_config"], str(where), say)
     values = old.to_dict()
     # Where a run writes is the user's word, never a checkpoint's: the folder being resumed, and the cache the command
@@ -259,6 +301,14 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
         new_value = getattr(cfg, name)
         if new_value == values.get(name):
             continue
+        if name == "max_iters" and new_value < state["iter"]:
+            raise UserError(f"--resume: max_iters {new_value} (set on the command line or by --config) is behind this "
+                            f"run's step {state['iter']}; give --max_iters {state['iter']} to end the run there, or "
+                            f"more to train on (its own max_iters is {values[name]})")
+        if name in KEPT_ON_RESUME:
+            raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}: "
+                            f"{KEPT_ON_RESUME[name]}; leave --{name} (and any --config that sets it) out, or start a new run in "
+                            f"another --out_dir (--init_from {shlex.quote(cfg.out_dir)} fine-tunes this run's model)")
         if name in SHAPE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
             what = "the optimizer" if name == "optimizer" else "the architecture"
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "

@@ -47,12 +47,17 @@ class Batches:
         self.device = torch.device(device)
         dtype = np.dtype(prepared.meta["dtype"])
         self.data = {}
-        for split in ("train", "val"):
-            n = prepared.meta[f"n_{split}"]
-            if n < block_size + 1:
-                raise UserError(
-                    f"the {split} split has {n} characters, fewer than block_size + 1 = {block_size + 1}; "
-                    f"use a longer corpus, a smaller --block_size or a different --val_fraction")
+        sizes = {split: prepared.meta[f"n_{split}"] for split in ("train", "val")}
+        short = next((split for split, n in sizes.items() if n < block_size + 1), None)
+        if short is not None:  # the block_size suggested must fit both splits: a window is block_size + 1 characters
+            largest, n = min(sizes.values()) - 1, sizes[short]
+            both = f"train {sizes['train']:,}, val {sizes['val']:,}"
+            fix = (f"give --block_size {largest} or less (the most both splits allow: {both}), a longer corpus"
+                   if largest else f"no block_size fits both splits ({both}; each needs 2 or more): give a longer "
+                                   f"corpus")
+            raise UserError(f"the {short} split has {n:,} character{'s' * (n != 1)}, fewer than "
+                            f"block_size + 1 = {block_size + 1}; {fix} or a different --val_fraction")
+        for split, n in sizes.items():
             self.data[split] = np.memmap(prepared.path(split), dtype=dtype, mode="r", shape=(n,))
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)

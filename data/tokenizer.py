@@ -21,6 +21,18 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint32)
 
 
+def vocabulary_difference(first: str, second: str, names: tuple[str, str], shown: int = 6) -> str:
+    """How two vocabularies differ, in a few words: up to `shown` characters found in only one of them (names: what
+    each is), each written as repr writes it, so that a newline, a tab or a control character is seen and not
+    printed; or that they hold the same characters in another order."""
+    apart = [[ch for ch in a if ch not in others] for a, others in ((first, set(second)), (second, set(first)))]
+    if not any(apart):
+        return "the same characters in another order"
+    return ", ".join(f"only in {name}: " + " ".join(repr(ch) for ch in chars[:shown])
+                     + (f" and {len(chars) - shown} more" if len(chars) > shown else "")
+                     for name, chars in zip(names, apart) if chars)
+
+
 class CharTokenizer:
     def __init__(self, chars: str):
         if len(set(chars)) != len(chars):

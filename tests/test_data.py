@@ -307,7 +307,19 @@ def test_undecodable_text_can_be_read_with_another_encoding_or_replaced(tmp_path
     assert "\ufffd" in replaced.tokenizer.chars
 
 
-def test_a_split_shorter_than_a_block_is_refused(tmp_path):
+def test_a_split_shorter_than_a_block_is_refused_with_a_block_size_that_fits_both_splits(tmp_path):
+    """The refusal names the largest block_size that fits both splits, and that one works (one more does not); where no
+    block_size fits (9 characters: 8 train, 1 val) it says so, rather than suggesting a smaller --block_size that the
+    other split then refuses."""
     prepared = prepared_from("x" * 200, tmp_path)  # 180 train / 20 val characters
-    with pytest.raises(UserError, match="val split has 20 characters, fewer than block_size \\+ 1 = 33"):
+    with pytest.raises(UserError, match="val split has 20 characters, fewer than block_size \\+ 1 = 33; give "
+                       "--block_size 19 or less \\(the most both splits allow: train 180, val 20\\)"):
         Batches(prepared, block_size=32, batch_size=2, device="cpu")
+    assert Batches(prepared, block_size=19, batch_size=2, device="cpu").get_batch("val")[0].shape == (2, 19)
+    with pytest.raises(UserError, match="val split has 20 characters, fewer than block_size \\+ 1 = 21"):
+        Batches(prepared, block_size=20, batch_size=2, device="cpu")
+    short = prepared_from("abcdefghi", tmp_path, name="short.txt")
+    with pytest.raises(UserError, match="^the train split has 8 characters, fewer than block_size \\+ 1 = 33; no "
+                       "block_size fits both splits \\(train 8, val 1; each needs 2 or more\\): give a longer corpus "
+                       "or a different --val_fraction$"):
+        Batches(short, block_size=32, batch_size=2, device="cpu")

@@ -1,6 +1,7 @@
 """Training end to end: outputs, TensorBoard tags, exact resume, the command line and its errors."""
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -147,6 +148,45 @@ def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus
     assert run(moved, tmp_path / "r", "--resume", "--max_iters", "10")["iterations"] == 10
 
 
+def test_resume_on_a_text_with_other_characters_names_a_few_of_them_safely(corpus, tmp_path):
+    """A --data whose vocabulary differs from the checkpoint's (here as many characters, two of them others) is
+    refused naming the characters only on each side, written as repr writes them (a tab as '\\t'); vocabularies of the
+    same characters in another order are said to be that."""
+    run(corpus, tmp_path / "r", "--max_iters", "2")
+    text = corpus.read_text(encoding="utf-8")
+    assert "\t" not in text and "é" not in text and "q" in text and "v" in text
+    other = corpus.with_name("other.txt")
+    other.write_text(text.replace("q", "\t").replace("v", "é"), encoding="utf-8")
+    before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
+    with pytest.raises(UserError) as refused:
+        run(other, tmp_path / "r", "--resume", "--max_iters", "4")
+    assert ("(55 characters, 55 in " in str(refused.value)
+            and "only in the corpus: '\\t' 'é', only in the checkpoint's: 'q' 'v')" in str(refused.value))
+    assert (tmp_path / "r" / "ckpt_last.pt").read_bytes() == before
+    from data.tokenizer import vocabulary_difference
+    assert vocabulary_difference("ab", "ba", ("x", "y")) == "the same characters in another order"
+    assert vocabulary_difference("abcdefgh\x00", "", ("x", "y")) == "only in x: 'a' 'b' 'c' 'd' 'e' 'f' and 3 more"
+
+
+@pytest.mark.parametrize("flag, value, was", [("--val_fraction", "0.5", "0.1"), ("--seed", "7", "1337"),
+                                              ("--encoding", "latin-1", "'utf-8'"),
+                                              ("--encoding_errors", "replace", "'strict'")])
+def test_resume_keeps_what_its_evaluations_measure(corpus, tmp_path, flag, value, was):
+    """A resumed run's validation split, the reading of its text and the seed of its evaluations' windows cannot
+    change (they were accepted with a note: validation could cover text the model trained on, and the best model be
+    chosen by losses measured on other text): one line naming the setting, a new run and --init_from; nothing is
+    written. The run's own value is no change and passes."""
+    run(corpus, tmp_path / "r", "--max_iters", "2")
+    before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
+    name = flag[2:]
+    with pytest.raises(UserError, match=f"^--resume: {name} was {was} in this run and cannot change to .*; leave "
+                       f"{flag} \\(and any --config that sets it\\) out, or start a new run in another --out_dir "
+                       f"\\(--init_from {tmp_path / 'r'} fine-tunes this run's model\\)$"):
+        run(corpus, tmp_path / "r", "--resume", flag, value)
+    assert (tmp_path / "r" / "ckpt_last.pt").read_bytes() == before
+    assert run(corpus, tmp_path / "r", "--resume", flag, was.strip("'"), "--max_iters", "3")["iterations"] == 3
+
+
 def test_out_dir_with_another_run_needs_resume_or_overwrite(corpus, tmp_path):
     run(corpus, tmp_path / "r", "--max_iters", "2")
     before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
@@ -242,6 +282,7 @@ def test_the_loops_next_evaluation_is_the_first_step_from_here_that_evaluation_d
     (["--dtype", "fp8"], "--dtype 'fp8': must be auto"),
     (["--eval_only"], "unknown option --eval_only: evaluating a trained model is python scripts/evaluate.py --out_dir"),
     (["--n_embd", str(2**70)], "n_embd must be at most 2,147,483,647, got 1,180,591,620,717,411,303,424"),
+    (["mine.toml"], "mine.toml: a config file is given with --config: "),
 ])
 def test_bad_command_lines_are_one_line_errors(argv, message, capsys):
     assert run_cli(train.main, argv) == 2
@@ -274,6 +315,48 @@ def test_the_model_settings_have_one_source(tmp_path):
     preset.write_text("max_iters = 3\n")
     cfg, _, _ = load_config(["--config", str(preset)], False)
     assert cfg.model_config(65) == ModelConfig()
+
+
+def test_a_config_that_is_a_folder_or_not_utf8_text_says_so_and_how_to_fix_it(tmp_path, capsys):
+    """--config DIR says it is a folder (not 'no such preset or file'); a UTF-16 or binary file says that a TOML file
+    is UTF-8 text and to save it so: one line each, exit 2. A folder named like a preset leaves the preset chosen."""
+    utf16, binary = tmp_path / "utf16.toml", tmp_path / "binary.toml"
+    utf16.write_text("max_iters = 3\n", encoding="utf-16")
+    binary.write_bytes(bytes(range(128, 256)))
+    for spec, message in ((tmp_path, f"--config {tmp_path}: that is a folder; give a .toml file"),
+                          (utf16, f"--config {utf16}: not UTF-8 text: byte 0xff at position 0 cannot be decoded (it "
+                                  f"begins with UTF-16's byte-order mark); a TOML file is UTF-8 text: save it as UTF-8"),
+                          (binary, f"--config {binary}: not UTF-8 text: byte 0x80 at position 0 cannot be decoded; a "
+                                   f"TOML file is UTF-8 text: save it as UTF-8")):
+        assert run_cli(train.main, ["--config", str(spec)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    (tmp_path / "debug").mkdir()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert load_config(["--config", "debug"], False)[0].config_name == "debug"
+    finally:
+        os.chdir(cwd)
+
+
+def test_a_bad_value_names_the_config_file_and_key_it_came_from_or_the_flag(tmp_path, capsys):
+    """A value a --config file gives is blamed on that file and its key (it was blamed on a flag nobody typed); the
+    same check of a value typed on the command line names the flag."""
+    negative, dropout = tmp_path / "c_neg.toml", tmp_path / "c_drop.toml"
+    negative.write_text("max_iters = -5\n")
+    dropout.write_text("dropout = 1.5\n")
+    for argv, message in ((["--config", str(negative)], f"error: {negative}: max_iters = -5: must not be negative; "
+                                                         "correct it there, or give --max_iters to set it"),
+                          (["--config", str(dropout)], f"error: {dropout}: dropout must be in [0, 1), got 1.5; "
+                                                        "correct it there, or give --dropout to set it"),
+                          (["--config", str(negative), "--max_iters", "-3"], "error: --max_iters -3: must not be "
+                                                                             "negative\n"),
+                          (["--config", "debug", "--dropout", "1"], "error: --dropout must be in [0, 1), got 1.0\n")):
+        assert run_cli(train.main, argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) and err.count("\n") == 1, err
+    assert load_config(["--config", str(negative), "--max_iters", "3"], False)[0].max_iters == 3
 
 
 def test_bad_preset_file_names_the_field(tmp_path):

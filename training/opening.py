@@ -25,6 +25,7 @@ from configs.schema import FIXED
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
 from data.gate import recorded_size
+from data.tokenizer import vocabulary_difference
 from errors import UserError, python_command
 from model import GPT, ModelConfig
 from model.scoring import FORMS
@@ -124,9 +125,10 @@ def same_text(resumed: dict, source: Path, data_named: bool):
                             f"differs from the checkpoint's record), so nothing was prepared; put the original text "
                             f"back, or give --data to go on with another text")
         if vocab is not None and vocab != resumed["vocab"]:
+            differ = vocabulary_difference(vocab, resumed["vocab"], ("the corpus", "the checkpoint's"))
             raise UserError(f"--resume: the corpus has a different vocabulary from the checkpoint's "
-                            f"({len(vocab)} characters, {len(resumed['vocab'])} in {source}), so nothing was "
-                            f"prepared; resume with the same --data")
+                            f"({len(vocab)} characters, {len(resumed['vocab'])} in {source}; {differ}), so nothing "
+                            f"was prepared; resume with the same --data")
     return check
 
 
