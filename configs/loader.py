@@ -308,7 +308,8 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
         if name in KEPT_ON_RESUME:
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}: "
                             f"{KEPT_ON_RESUME[name]}; leave --{name} (and any --config that sets it) out, or start a "
-                            f"new run in another --out_dir (--init_from {shlex.quote(cfg.out_dir)} fine-tunes this run's model)")
+                            f"new run in another --out_dir (--init_from {shlex.quote(cfg.out_dir)} fine-tunes this "
+                            f"run's model)")
         if name in SHAPE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
             what = "the optimizer" if name == "optimizer" else "the architecture"
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
