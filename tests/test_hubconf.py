@@ -213,3 +213,7 @@ def test_a_missing_run_names_the_run_argument_and_a_pipe_is_not_called_an_empty_
     with pytest.raises(UserError, match=r"is a pipe, socket or device, not a run folder; give a run folder as "
                                         r"--out_dir$"):
         find(str(fifo), "")
+    with pytest.raises(UserError) as refused:  # a script given a checkpoint file as its folder: the flag for a file
+        find(str(run_dir / "ckpt_best.pt"), "")
+    assert str(refused.value) == (f"{run_dir / 'ckpt_best.pt'} is a file, not a run folder; give a run folder as "
+                                  f"--out_dir, or a checkpoint file as --ckpt {run_dir / 'ckpt_best.pt'}")

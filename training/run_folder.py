@@ -472,8 +472,10 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
         out_dir = str(newest)
     folder = Path(out_dir)
     if folder.exists() and not folder.is_dir():
-        what = "a file" if folder.is_file() else "a pipe, socket or device"
-        raise UserError(f"{out_dir} is {what}, not a run folder; give a run folder as {option}")
+        file = folder.is_file()  # (the API takes a file as its run; a script, as --ckpt)
+        raise UserError(f"{out_dir} is {'a file' if file else 'a pipe, socket or device'}, not a run folder; give a "
+                        f"run folder as {option}" + (f", or a checkpoint file as --ckpt {shlex.quote(out_dir)}"
+                                                     if file else ""))
     owner = holder(folder)
     aside = folder / ASIDE
     if aside.is_dir() and not aside.is_symlink() and RunDir(folder).recorded_aside(aside)[0] is not None:
