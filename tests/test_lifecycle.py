@@ -179,31 +179,38 @@ def test_resume_of_a_finished_run_changes_no_byte(finished, tmp_path, capsys):
     assert code == 2 and "is behind this run's step 20" in err and snapshot(out) == before
 
 
-class StopAtStep8(session.StopRequest):
-    """A stop request made as step 8 is done, as by a Ctrl-C then."""
-    requested = property(lambda self: self.progress is not None and self.progress.it >= 8, lambda self, value: None)
+class StopAtStep(session.StopRequest):
+    """A stop request made as step `at` is done, as by a Ctrl-C then; with `evaluated`, once its evaluation is done."""
+    at, evaluated = 8, False
+    requested = property(lambda self: self.progress is not None and self.progress.it >= self.at
+                         and (self.progress.eval_done or not self.evaluated), lambda self, value: None)
 
 
-def test_a_max_iters_behind_a_stopped_runs_step_is_refused_and_one_at_it_ends_the_run_there(corpus, tmp_path, capsys):
-    """A run of 30 steps stopped at step 8, resumed with --max_iters 5, is refused in one line naming the step and the
-    --max_iters that ends it there, and nothing is written (it was finished at step 8 with a summary and max_iters 30
-    still in its checkpoint); --max_iters 8 evaluates step 8 and finishes there, its checkpoint saying 8, so that a
-    plain --resume then finds it finished."""
+@pytest.mark.parametrize("at", [8, 10])
+def test_a_max_iters_behind_a_stopped_runs_step_is_refused_and_one_at_it_ends_the_run_there(corpus, tmp_path, capsys,
+                                                                                          at):
+    """A run of 30 steps stopped at step 8 (or 10, just after its evaluation), resumed with --max_iters 5, is refused
+    in one line naming the step and the --max_iters that ends it there, and nothing is written (it was finished at
+    that step with a summary and max_iters 30 still in its checkpoint); --max_iters at the step finishes there (step
+    8 evaluated first), its checkpoint saying so, so that a plain --resume then finds it finished rather than training
+    on past its summary."""
     cfg, _, explicit = load_config(argv(corpus, tmp_path / "run", "--max_iters", "30", "--eval_interval", "10"), False)
-    assert train.train(cfg, explicit, say=lambda m: None, stop=StopAtStep8(speak=False))["stopped"]
+    stop = StopAtStep(speak=False)
+    stop.at, stop.evaluated = at, at == 10
+    assert train.train(cfg, explicit, say=lambda m: None, stop=stop)["stopped"]
     out = tmp_path / "run"
     before = snapshot(out)
     code, text, err = cli(capsys, "--out_dir", str(out), "--resume", "--max_iters", "5")
-    assert code == 2 and err == ("error: --resume: max_iters 5 (set on the command line or by --config) is behind this "
-                                 "run's step 8; give --max_iters 8 to end the run there, or more to train on (its own "
-                                 "max_iters is 30)\n")
+    assert code == 2 and err == (f"error: --resume: max_iters 5 (set on the command line or by --config) is behind "
+                                 f"this run's step {at}; give --max_iters {at} to end the run there, or more to train "
+                                 f"on (its own max_iters is 30)\n")
     assert snapshot(out) == before and not (out / "summary.json").exists()
-    code, text, err = cli(capsys, "--out_dir", str(out), "--resume", "--max_iters", "8")
-    assert code == 0 and "resume: max_iters changed from 30 to 8" in text and "done: 8 steps" in text
-    assert json.loads((out / "summary.json").read_text())["iterations"] == 8
-    assert checkpoint.load(out / "ckpt_last.pt")["run_config"]["max_iters"] == 8
+    code, text, err = cli(capsys, "--out_dir", str(out), "--resume", "--max_iters", str(at))
+    assert code == 0 and f"resume: max_iters changed from 30 to {at}" in text and f"done: {at} steps" in text
+    assert json.loads((out / "summary.json").read_text())["iterations"] == at
+    assert checkpoint.load(out / "ckpt_last.pt")["run_config"]["max_iters"] == at
     code, text, err = cli(capsys, "--out_dir", str(out), "--resume")
-    assert code == 0 and "finished at step 8" in text
+    assert code == 0 and f"finished at step {at}" in text
 
 
 def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys):

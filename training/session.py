@@ -38,6 +38,7 @@ class Session:
     clock: TrainClock | None = None  # runs during training steps, from start_clock() on
     pictures: object = None  # training.pictures.AttentionPictures, made at the first evaluation that draws
     watch: SlowdownWatch | None = None  # on a CPU: the watch on steps that slow down (slowdown_watch())
+    saved: bool = False  # whether this process has written a checkpoint
 
     @property
     def cfg(self) -> TrainConfig:
@@ -110,6 +111,7 @@ class Session:
             apart = f" (this run's files are kept apart in {kept})" if kept else ""
             raise UserError(err.line(f"the run --overwrite was replacing is back in {self.run_dir.path}, as it "
                                      f"was{apart}")) from None
+        self.saved = True
         if name == LAST:
             self.stop.saved = f"the last checkpoint, {self.run_dir.path / name} (step {self.progress.it}), is intact"
             self.stop.resume = resume_command(self.run_dir.path)
@@ -205,6 +207,8 @@ class Session:
         run, progress, cfg = self.run, self.progress, self.cfg
         if self.d.is_main:
             self.keep_new_run()  # (a run of max_iters 0 has had no evaluation after step 0)
+            if not self.saved:  # resumed at its step, evaluated, with a --max_iters that ends it: it ends with these
+                self.save(LAST)
         model_step, model_file = self.hand_over_best()
         trained = progress.train_seconds
         summary = {
