@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from data.corpus import default_cache_dir  # noqa: E402
 from data.gate import META_MAX_BYTES, open_regular, read_blocks, read_small, recorded_text  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
-from model.attention import recording_attention  # noqa: E402
+from model.attention import ROPE_BASE, recording_attention  # noqa: E402
 from model.generate import Sampling, generate  # noqa: E402
 from model.scoring import FORMS  # noqa: E402
 from training import checkpoint  # noqa: E402
@@ -88,6 +88,7 @@ def page(model, vocab: str, text: str, title: str, about: dict) -> str:
     # them) can merge with its neighbour and shift the ids after it.
     data = {"title": title, "about": about, "text": text, "vocab": [ord(ch) for ch in vocab],
             "config": model.config.to_dict(), "form": asdict(FORMS[model.config.attention_score]),
+            "rope_base": ROPE_BASE,  # (no setting holds it: the page's rotary tables and formula read it here)
             "sampling": [{"name": option.name, "default": option.default} for option in fields(Sampling)],
             "tensors": tensors, "weights": weights}
     html = (PARTS / "page.html").read_text(encoding="utf-8")

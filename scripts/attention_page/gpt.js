@@ -18,7 +18,7 @@
 //     head(config, weights, x)             ln_f, then GPT.head: lm_head   model/gpt.py
 //                                            and the logit soft-cap
 //   linear(xs, layer)                     nn.Linear: the one matrix product
-//   ropeTables(blockSize, headSize)       rope_tables                    model/attention.py
+//   ropeTables(blockSize, headSize, base) rope_tables                    model/attention.py
 //   loadModel(data)                       GPT(config).load_state_dict    training/checkpoint.py
 //
 // Vectors are Float64Arrays, one per position; a Linear's weight is a Float32Array of out x in numbers, row after
@@ -89,10 +89,10 @@ const ACTIVATIONS = {
 };
 
 // Rotary tables as model/attention.py's rope_tables builds them, in float32 as torch does (Math.fround), so the angles are the same.
-function ropeTables(blockSize, headSize) {
+function ropeTables(blockSize, headSize, base) {
   const half = headSize / 2, cos = [], sin = [];
   const frequencies = Array.from({ length: half },
-    (_, i) => Math.fround(10000 ** Math.fround(-(2 * i) / headSize)));
+    (_, i) => Math.fround(base ** Math.fround(-(2 * i) / headSize)));
   for (let position = 0; position < blockSize; position++) {
     const c = new Float64Array(headSize), s = new Float64Array(headSize);
     for (let i = 0; i < half; i++) {  // dimensions i and i + half turn by the same angle
@@ -298,8 +298,10 @@ function loadModel(data) {
     at[path[path.length - 1]] = all.subarray(start, end);
   }
   weights.blocks = Array.from({ length: data.config.n_layer }, (_, l) => weights.blocks[l]);
-  // ModelConfig.head_size, and the form of attention as model/scoring.py declares it (how it scores, whether scaled)
-  const config = { ...data.config, head_size: data.config.n_embd / data.config.n_head, form: data.form };
-  const rope = config.position === "rope" ? ropeTables(config.block_size, config.head_size) : null;
+  // ModelConfig.head_size, the form of attention as model/scoring.py declares it (how it scores, whether scaled), and
+  // model/attention.py's ROPE_BASE
+  const config = { ...data.config, head_size: data.config.n_embd / data.config.n_head, form: data.form,
+                   rope_base: data.rope_base };
+  const rope = config.position === "rope" ? ropeTables(config.block_size, config.head_size, config.rope_base) : null;
   return { config, weights, rope };
 }

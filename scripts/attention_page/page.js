@@ -701,7 +701,7 @@ function buildPositions() {  // what does not change with the text: the sentence
     return;
   }
   // pairs counted from 1, as the table below counts them: pair 1 turns fastest, by 1 radian per character
-  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62", theta = "\u03b8\u1d62 = 10000^(\u22122(i \u2212 1)/" + headSize + ")";
+  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62", theta = "\u03b8\u1d62 = " + config.rope_base + "^(\u22122(i \u2212 1)/" + headSize + ")";
   const middle = Math.floor(config.block_size / 2) + 1;
   about.textContent = say("Rotary positions: before scoring, the query and key of character t are turned, each pair " +
     "of their numbers (i and i + " + headSize / 2 + ") by the angle " + angle + " with " + theta + ", slower for " +
