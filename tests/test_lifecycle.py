@@ -490,3 +490,35 @@ def test_saved_settings_this_version_does_not_know_are_named(finished, tmp_path,
                out / "ckpt_last.pt")
     code, text, _ = cli(capsys, "--out_dir", str(out), "--resume")
     assert code == 0 and "does not know, ignored: old_flag, warmup_ratio" in text and "finished at step 20" in text
+
+
+def test_a_lock_its_owner_removed_as_it_let_go_is_never_taken_for_the_folder(tmp_path, monkeypatch):
+    """The interleaving of two launches on one new folder: B opens the folder's lock file, then A (refused) lets go,
+    removing that lock and the folder it made, then B locks the file it opened. B must not own the folder through a
+    lock on a removed file (a third process would then own it too): it claims the folder anew, and the third is
+    refused."""
+    import os
+    from errors import UserError
+    from training import run_folder
+
+    folder = tmp_path / "run"
+    a = run_folder.RunDir(folder).claim(say=lambda message: None)
+    opened = run_folder.open_lock(folder / run_folder.LOCK, create=False)  # B's open, before A lets go
+    a.release()
+    assert not folder.exists()
+    real_open, handed = run_folder.open_lock, []
+
+    def open_lock(path, create):  # B's first open is the one it made before A let go
+        if not handed:
+            handed.append(path)
+            return opened
+        return real_open(path, create)
+
+    monkeypatch.setattr(run_folder, "open_lock", open_lock)
+    b = run_folder.RunDir(folder).claim(say=lambda message: None)
+    held, there = os.fstat(b._lock_fd), os.stat(folder / run_folder.LOCK)
+    assert (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+    assert run_folder.holder(folder) == f"process {os.getpid()} ({run_folder.command_line()})"
+    with pytest.raises(UserError, match=f"is in use by process {os.getpid()}"):
+        run_folder.RunDir(folder).claim(say=lambda message: None)
+    b.release()

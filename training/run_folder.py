@@ -111,21 +111,7 @@ class RunDir:
             self.resume_from()  # says there is nothing to resume, without creating the folder
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"--out_dir {self.path} is a file, not a folder; choose another --out_dir")
-        try:
-            self.made = (not self.path.exists(), not (self.path / LOCK).exists())
-            self.path.mkdir(parents=True, exist_ok=True)
-            fd = open_lock(self.path / LOCK, create=True)
-        except OSError as err:
-            raise UserError(f"--out_dir {self.path} cannot be written ({disk_error(err)}); "
-                            f"choose another --out_dir") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid, command, since = owner_note(fd)
-            os.close(fd)
-            what = f" ({command}, since {since})" if since else ""
-            raise UserError(f"{self.path} is in use by process {pid}{what}; wait for it to finish, stop it "
-                            f"(kill -INT {pid}), or choose another --out_dir") from None
+        fd = self._lock()
         try:
             self.check_entries()
         except BaseException:
@@ -139,6 +125,36 @@ class RunDir:
         self._lock_fd = fd
         self._recover(say)
         return self
+
+    def _lock(self) -> int:
+        """The folder's lock file, made where missing, opened and locked, or one line naming its owner. A lock file that
+        its last owner removed as it let go (release) locks nothing, nor does one in a folder it removed: the folder is
+        then claimed anew."""
+        for _ in range(5):
+            try:
+                self.made = (not self.path.exists(), not (self.path / LOCK).exists())
+                self.path.mkdir(parents=True, exist_ok=True)
+                fd = open_lock(self.path / LOCK, create=True)
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise UserError(f"--out_dir {self.path} cannot be written ({disk_error(err)}); "
+                                f"choose another --out_dir") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid, command, since = owner_note(fd)
+                os.close(fd)
+                what = f" ({command}, since {since})" if since else ""
+                raise UserError(f"{self.path} is in use by process {pid}{what}; wait for it to finish, stop it "
+                                f"(kill -INT {pid}), or choose another --out_dir") from None
+            with contextlib.suppress(OSError):
+                held, there = os.fstat(fd), os.stat(self.path / LOCK, follow_symlinks=False)
+                if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+                    return fd
+            os.close(fd)
+        raise UserError(f"{self.path} was let go by other processes each time this one claimed it; run the command "
+                        f"again")
 
     def release(self) -> None:
         """Let the folder go. Where it holds only the lock that claim() made (a run refused or stopped before it wrote
