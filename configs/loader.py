@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import difflib
 import os
+import re
 import shlex
 import tomllib
 from pathlib import Path
@@ -181,12 +182,15 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
 
 def where_from(problem: str, typed: set[str], path: Path | None) -> str:
     """A setting's check (its first word names the setting: "--max_iters -5: must ..." or "dropout must ...") as the
-    user wrote the value: in the --config file path (its key), or on the command line (its flag)."""
+    user wrote the value: in their --config file path (its key), or on the command line (its flag). A check of two
+    settings (n_embd by n_head), or of a value from a preset, is said as it is: which to change is the user's call."""
     name = problem.split(" ", 1)[0].removeprefix("--")
-    if name not in FIELDS:
+    if name not in FIELDS or sum(re.search(rf"\b{field}\b", problem) is not None for field in FIELDS) > 1:
         return problem
-    if name in typed or path is None:
+    if name in typed:
         return problem if problem.startswith("--") else f"--{problem}"
+    if path is None or path.resolve().parent == PRESET_DIR.resolve():
+        return problem
     if problem.startswith("--"):  # "--max_iters -5: must not be negative" -> "max_iters = -5: must not be negative"
         problem = problem[2:].replace(" ", " = ", 1)
     return f"{path}: {problem}; correct it there, or give --{name} to set it"

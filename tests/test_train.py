@@ -352,7 +352,11 @@ def test_a_bad_value_names_the_config_file_and_key_it_came_from_or_the_flag(tmp_
                                                         "correct it there, or give --dropout to set it"),
                           (["--config", str(negative), "--max_iters", "-3"], "error: --max_iters -3: must not be "
                                                                              "negative\n"),
-                          (["--config", "debug", "--dropout", "1"], "error: --dropout must be in [0, 1), got 1.0\n")):
+                          (["--config", "debug", "--dropout", "1"], "error: --dropout must be in [0, 1), got 1.0\n"),
+                          # a check of two settings blames neither (nor the preset the other came from)
+                          (["--config", "debug", "--n_head", "5"], "error: n_embd (32) must be divisible by n_head "
+                                                                   "(5); try n_embd=30\n"),
+                          (["--n_head", "7"], "error: n_embd (160) must be divisible by n_head (7); try n_embd=161\n")):
         assert run_cli(train.main, argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(message) and err.count("\n") == 1, err
