@@ -53,7 +53,7 @@ class Batches:
             largest, n = min(sizes.values()) - 1, sizes[short]
             both = f"train {sizes['train']:,}, val {sizes['val']:,}"
             fix = (f"give --block_size {largest} or less (the most both splits allow: {both}), a longer corpus"
-                   if largest else f"no block_size fits both splits ({both}; each needs 2 or more): give a longer "
+                   if largest >= 1 else f"no block_size fits both splits ({both}; each needs 2 or more): give a longer "
                                    f"corpus")
             raise UserError(f"the {short} split has {n:,} character{'s' * (n != 1)}, fewer than "
                             f"block_size + 1 = {block_size + 1}; {fix} or a different --val_fraction")

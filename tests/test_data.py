@@ -323,3 +323,7 @@ def test_a_split_shorter_than_a_block_is_refused_with_a_block_size_that_fits_bot
                        "block_size fits both splits \\(train 8, val 1; each needs 2 or more\\): give a longer corpus "
                        "or a different --val_fraction$"):
         Batches(short, block_size=32, batch_size=2, device="cpu")
+    empty_val = prepared_from("x" * 200, tmp_path, name="tiny_val.txt", val_fraction=1e-17)  # a val split of none
+    with pytest.raises(UserError, match="^the val split has 0 characters, fewer than block_size \\+ 1 = 33; no "
+                       "block_size fits both splits \\(train 200, val 0; each needs 2 or more\\)"):
+        Batches(empty_val, block_size=32, batch_size=2, device="cpu")
