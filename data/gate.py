@@ -43,15 +43,19 @@ BLOCK_BYTES = 1 << 20  # read 1 MiB at a time
 def open_regular(path: Path, what: str) -> tuple[BinaryIO, int]:
     """path opened for reading, with its size, only if it is a regular file: it is looked at before it is opened (a
     device's open may act), and opened without waiting (a pipe would wait for a writer) and looked at again (it may
-    have been swapped in between). The size is the most that read_blocks() reads: a file of /proc that reports 0 is
-    read as empty, never for minutes."""
+    have been swapped in between). The size is the most that read_blocks() reads; a file of /proc or /sys, which
+    reports a size of 0 whatever it shows, is refused, never read as empty nor for minutes."""
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
         raise not_a_file(path, what, mode)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
+    if not stat.S_ISREG(info.st_mode) or (info.st_size == 0 and Path(path).resolve().parts[1:2] in (("proc",),
+                                                                                                  ("sys",))):
         os.close(fd)
+        if stat.S_ISREG(info.st_mode):
+            raise UserError(f"{what} {path} is a file of /proc or /sys, which reports a size of 0 whatever it shows; "
+                            f"copy it into a file and give that")
         raise not_a_file(path, what, info.st_mode)
     return os.fdopen(fd, "rb"), info.st_size
 
@@ -84,13 +88,12 @@ def read_blocks(f: BinaryIO, size: int, path: Path, what: str, block: int = BLOC
         raise changed(path, file_size, now, what)
 
 
-def read_small(path: Path, what: str, max_bytes: int) -> bytes:
-    """The whole of a small regular file, refused beyond max_bytes."""
+def read_small(path: Path, what: str, max_bytes: int, fix: str = "it is not one this project wrote") -> bytes:
+    """The whole of a small regular file, refused beyond max_bytes (the line ending in fix)."""
     f, size = open_regular(path, what)
     with f:
         if size > max_bytes:
-            raise UserError(f"{what} {path} is {size:,} bytes, more than the {max_bytes:,} such a file can hold; it is "
-                            f"not one this project wrote")
+            raise UserError(f"{what} {path} is {size:,} bytes, more than the {max_bytes:,} such a file can hold; {fix}")
         return b"".join(read_blocks(f, size, path, what))
 
 

@@ -160,10 +160,7 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
         n_chars += len(text)
     same_text(corpus.name, sha256, digest, "while its characters were counted")
     if n_chars == 0:
-        virtual = any(path.resolve().parts[1:2] in (("proc",), ("sys",)) for path in corpus.files)
-        raise UserError(f"--data {corpus.name}: the corpus is empty" + (
-            " (a file of /proc or /sys reports a size of 0 whatever it shows, and is read as that: copy it into a "
-            "file and give that)" if virtual else "; give it some text"))
+        raise UserError(f"--data {corpus.name}: the corpus is empty; give it some text")
     known = set(base_vocab)
     new = "".join(ch for ch in map(chr, np.flatnonzero(seen)) if ch not in known)
     tokenizer = CharTokenizer(base_vocab + new)

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from configs.schema import check_num_threads  # noqa: E402
-from data.gate import open_regular, read_blocks  # noqa: E402
+from data.gate import read_small  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.generate import (NonFiniteLogits, Sampling, check_length_and_seed, compiled_step, generate,  # noqa: E402
                             one_token_step)
@@ -97,12 +97,8 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
     if args.prompt_file:
         named = f"{args.prompt_flag}{args.prompt_file}"
         try:
-            f, size = open_regular(Path(args.prompt_file), "the prompt file")
-            with f:
-                if size > PROMPT_MAX_BYTES:
-                    raise UserError(f"{named} is {size:,} bytes, more than the {PROMPT_MAX_BYTES:,} prompts may "
-                                    f"take; give the start of the text")
-                text = b"".join(read_blocks(f, size, Path(args.prompt_file), "the prompt file")).decode("utf-8")
+            text = read_small(Path(args.prompt_file), "the prompt file", PROMPT_MAX_BYTES,
+                              "give the start of the text").decode("utf-8")
         except FileNotFoundError:
             raise UserError(f"{named}: no such file") from None
         except OSError as err:

@@ -410,8 +410,12 @@ def test_a_prompt_file_is_read_only_as_a_small_regular_utf8_file_and_each_refusa
             (["--prompt", f"FILE:{fifo}"], f"the prompt file {fifo}: not a regular file (a device, pipe or socket)"),
             (["--prompt_file", "/dev/zero", "--prompts_per_line"], "the prompt file /dev/zero: not a regular file"),
             (["--prompt_file", str(tmp_path)], f"the prompt file {tmp_path} is a folder, not a file; give a file"),
-            (["--prompt_file", str(big)], f"--prompt_file {big} is {sample_cli.PROMPT_MAX_BYTES + 1:,} bytes, more "
-                                          f"than the {sample_cli.PROMPT_MAX_BYTES:,} prompts may take"),
+            (["--prompt_file", str(big)], f"the prompt file {big} is {sample_cli.PROMPT_MAX_BYTES + 1:,} bytes, "
+                                          f"more than the {sample_cli.PROMPT_MAX_BYTES:,} such a file can hold; give "
+                                          f"the start of the text"),
+            (["--prompt_file", "/proc/self/status"], "the prompt file /proc/self/status is a file of /proc or /sys, "
+                                                     "which reports a size of 0 whatever it shows; copy it into a "
+                                                     "file and give that"),
             (["--prompt_file", str(tmp_path / "none.txt")], f"--prompt_file {tmp_path / 'none.txt'}: no such file"),
             (["--prompt_file", str(latin)], f"--prompt_file {latin}: not UTF-8 text (invalid continuation byte at "
                                             f"byte 3); save it as UTF-8"),
