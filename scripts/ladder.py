@@ -22,7 +22,7 @@ from data.prepare import corpus_key  # noqa: E402
 from errors import ArgumentParser, QuietExit, UserError, exit_without_teardown, python_command, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
-from training.run_folder import LAST, write_atomic, write_text_atomic  # noqa: E402
+from training.run_folder import LAST, SUMMARY, write_atomic, write_text_atomic  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_command import run_train  # noqa: E402
@@ -95,7 +95,7 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     trained_on = state.get("data") if isinstance(state.get("data"), dict) else {}
     if trained_on.get("sha256") != text_sha256:
         return "different", f"{cfg.out_dir} holds a run trained on another text ({trained_on.get('source', '?')})"
-    if not (folder / "summary.json").exists():
+    if not (folder / SUMMARY).exists():
         return "unfinished", ""
     if summary_of(folder) is None:
         return "damaged", f"{folder / 'summary.json'} cannot be read"
@@ -116,7 +116,7 @@ def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:
 def summary_of(folder: Path) -> dict | None:
     """A finished rung's summary.json, or None where it is not a readable one."""
     try:
-        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        summary = json.loads((folder / SUMMARY).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     if not isinstance(summary, dict) or any(type(summary.get(key)) not in (int, float)

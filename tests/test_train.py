@@ -325,7 +325,8 @@ def test_a_config_that_is_a_folder_or_not_utf8_text_says_so_and_how_to_fix_it(tm
     binary.write_bytes(bytes(range(128, 256)))
     for spec, message in ((tmp_path, f"--config {tmp_path}: that is a folder; give a .toml file"),
                           (utf16, f"--config {utf16}: not UTF-8 text: byte 0xff at position 0 cannot be decoded (it "
-                                  f"begins with UTF-16's byte-order mark); a TOML file is UTF-8 text: save it as UTF-8"),
+                                  f"begins with UTF-16's byte-order mark); a TOML file is UTF-8 text: save it as "
+                                  f"UTF-8"),
                           (binary, f"--config {binary}: not UTF-8 text: byte 0x80 at position 0 cannot be decoded; a "
                                    f"TOML file is UTF-8 text: save it as UTF-8")):
         assert run_cli(train.main, ["--config", str(spec)]) == 2

@@ -202,8 +202,9 @@ class Session:
         return state["iter"], BEST
 
     def finish(self, wall: float) -> dict:
-        """The end of a finished run: its best model handed over and fully validated, TensorBoard's HParams figures,
-        and summary.json. Returns the summary, with "stopped" when a stop request came during the full validation."""
+        """The end of a finished run: ckpt_last.pt where this session wrote no checkpoint (so that it holds the settings
+        the run ended with), its best model handed over and fully validated, TensorBoard's HParams figures, and
+        summary.json. Returns the summary, with "stopped" when a stop request came during the full validation."""
         run, progress, cfg = self.run, self.progress, self.cfg
         if self.d.is_main:
             self.keep_new_run()  # (a run of max_iters 0 has had no evaluation after step 0)
