@@ -173,6 +173,26 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def quiet_while_loading(name: str, line: str = "interrupted") -> Callable[[], None]:
+    """For a command's own file (name: its __name__), before it loads torch, which takes a second or more: a Ctrl-C,
+    SIGTERM or SIGHUP then ends the process at once with `line` and exit code 130, where Python printed the import's
+    traceback (or the process ended without a word). Returns what puts the signals back once loaded. Imported as a
+    module (tests, torch.hub) it changes nothing, and a signal the caller ignores stays ignored."""
+    previous = {}
+    if name == "__main__":
+        def stopped(signum, frame):
+            _tell(line)
+            os._exit(130)
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is not None and signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL):
+                previous[sig] = signal.signal(sig, stopped)
+
+    def put_back() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return put_back
+
+
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run a command-line main(): a UserError becomes 'error: ...' on stderr and exit code 2; Ctrl-C or SIGTERM
     becomes one line and exit code 130 (clean-up in `finally` blocks runs first); an OSError that no check foresaw
@@ -218,10 +238,16 @@ def exit_without_teardown(code: int) -> NoReturn:
     if run_exit_handlers is None or any(not t.daemon for t in threading.enumerate()
                                         if t is not threading.main_thread()):
         sys.exit(code)
+
+    def finished(signum=None, frame=None) -> NoReturn:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe (piped into head) or a closed stream: nothing more to show
+                pass
+        os._exit(code)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the work is done: a stop now ends it at once, with its own code
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, finished)
     run_exit_handlers()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (piped into head) or a closed stream: nothing more to show
-            pass
-    os._exit(code)
+    finished()

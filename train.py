@@ -16,14 +16,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterator, TextIO
 
-if __name__ == "__main__":
-    import signal
+from errors import quiet_while_loading
 
-    def stopped_while_loading(signum, frame):  # Ctrl-C while Python loads torch: one line, not torch's traceback
-        sys.stderr.write("stopped before training began; no checkpoint of this run was written\n")
-        os._exit(130)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (a SIGINT ignored by the caller stays so)
-        signal.signal(signal.SIGINT, stopped_while_loading)
+# a Ctrl-C, SIGTERM or SIGHUP while Python loads torch: one line, not the import's traceback
+loaded = quiet_while_loading(__name__, "stopped before training began; no checkpoint of this run was written")
 
 import torch
 from tqdm import tqdm
@@ -39,8 +35,7 @@ from training.report import (PAGE_MAX_PARAMETERS, Log, Phases, done_lines, mfu_b
 from training.run_folder import BEST, LAST, RunDir
 from training.session import Session, StopRequest, attention_probe
 
-if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is stopped_while_loading:
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: from here a Ctrl-C stops the run as it should
+loaded()  # from here a stop request stops the run as it should
 
 
 # ---- one training step -----------------------------------------------------------------------------------------------

@@ -13,6 +13,10 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from errors import quiet_while_loading  # noqa: E402
+
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -25,6 +29,7 @@ from model.scoring import FORMS  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.run_folder import find, write_text_atomic  # noqa: E402
 from training.report import PAGE_MAX_PARAMETERS as MAX_PARAMETERS  # noqa: E402
+loaded()
 
 PARTS = Path(__file__).with_name("attention_page")  # page.html, and the scripts it takes in: gpt.js (the model),
 SCRIPTS = ("GPT_JS", "gpt.js"), ("SAMPLING_JS", "sampling.js"), ("PAGE_JS", "page.js")  # sampling.js, page.js

@@ -4,15 +4,20 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from errors import quiet_while_loading  # noqa: E402
+
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+
+import torch  # noqa: E402
 
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
 from model.attention import attention_weights  # noqa: E402
 from training.run_folder import find  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 from training.pictures import attention_figure, missing_note, picture_formats, save_figure  # noqa: E402
+loaded()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,10 +10,15 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from errors import quiet_while_loading  # noqa: E402
+
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+
 import torch  # noqa: E402
 
 from errors import ArgumentParser, exit_without_teardown, run_cli  # noqa: E402
 from model.textbook import Head  # noqa: E402
+loaded()
 
 # Tutorial 004's example: three tokens of 4 numbers, small integer weights (4 x 3),
 # so every step can be checked by hand.

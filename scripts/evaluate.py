@@ -13,6 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from errors import quiet_while_loading  # noqa: E402
+
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -32,6 +36,7 @@ from training.device import choose_threads, free_memory, is_out_of_memory, pick_
 from training.evaluation import score  # noqa: E402
 from training.run_folder import CHECKPOINTS, SUMMARY, find, write_text_atomic  # noqa: E402
 from training.report import PlainProgress  # noqa: E402
+loaded()
 
 
 def build_parser() -> ArgumentParser:

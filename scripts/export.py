@@ -10,12 +10,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from errors import quiet_while_loading  # noqa: E402
+
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+
 import torch  # noqa: E402
 
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.attention import ROPE_BASE  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 from training.run_folder import find, holder, write_atomic, write_text_atomic  # noqa: E402
+loaded()
 
 FORMAT = 1  # of config.json and vocab.json, as this script writes them
 ONNX_NEEDS = ("onnx", "onnxscript")  # torch.onnx.export(dynamo=True): torch.export's graph, translated by onnxscript

@@ -13,6 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from errors import quiet_while_loading  # noqa: E402
+
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+
 import torch  # noqa: E402
 
 from configs import load_config  # noqa: E402
@@ -26,6 +30,7 @@ from training.run_folder import LAST, SUMMARY, write_atomic, write_text_atomic  
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_command import run_train  # noqa: E402
+loaded()
 
 
 # Rungs 2-5 take blocks apart: learned positions (so the plain average has something to work with), no

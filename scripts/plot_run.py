@@ -8,9 +8,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from errors import quiet_while_loading  # noqa: E402
+
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
 
 from training.pictures import picture_formats, save_figure  # noqa: E402
+loaded()
 
 
 RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "optim/lr"}  # the tags of older runs

@@ -7,8 +7,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from errors import quiet_while_loading  # noqa: E402
+
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+
 from data import default_cache_dir, prepare, resolve  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+loaded()
 
 
 def main(argv: list[str] | None = None) -> int:

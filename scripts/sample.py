@@ -11,6 +11,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from errors import quiet_while_loading  # noqa: E402
+
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+
 import torch  # noqa: E402
 
 from configs.schema import check_num_threads  # noqa: E402
@@ -21,6 +25,7 @@ from model.generate import (NonFiniteLogits, Sampling, check_length_and_seed, co
 from training.checkpoint import load_model  # noqa: E402
 from training.device import choose_threads, for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
 from training.run_folder import find  # noqa: E402
+loaded()
 
 
 def build_parser() -> ArgumentParser:

@@ -11,12 +11,17 @@ from typing import Callable, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from errors import quiet_while_loading  # noqa: E402
+
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.textbook import Head, masked_softmax, valid_key_mask  # noqa: E402
 from model.scoring import additive_scores, attend, dot_product_scores  # noqa: E402
+loaded()
 
 Say = Callable[[str, str], str]  # say(english, chinese): the words in the language asked for
 

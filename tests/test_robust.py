@@ -59,6 +59,26 @@ def test_ctrl_c_while_python_loads_torch_is_one_line(corpus, tmp_path):
     assert not out.exists()
 
 
+LOADING = ["train.py", *(f"scripts/{name}.py" for name in ("sample", "evaluate", "attention_html", "attention_map",
+                                                            "attention_walkthrough", "plot_run", "tutorials", "ladder",
+                                                            "export", "prepare"))]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_while_a_command_loads_its_libraries_is_one_line_and_130(tmp_path, sig):
+    """A Ctrl-C, SIGTERM or SIGHUP that comes while a command imports torch (a second or more: here a stand-in torch
+    that sends it at its import, found first on PYTHONPATH) ends every command with exit 130 and one line, not the
+    import's KeyboardInterrupt traceback, nor (SIGTERM, SIGHUP) an end without a word."""
+    (tmp_path / "torch.py").write_text(f"import os, time\nos.kill(os.getpid(), {int(sig)})\ntime.sleep(30)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    for command in LOADING:
+        done = subprocess.run([sys.executable, str(ROOT / command), "--help"], capture_output=True, text=True,
+                              cwd=tmp_path, env=env, timeout=patient(60))
+        line = ("stopped before training began; no checkpoint of this run was written" if command == "train.py"
+                else "interrupted")
+        assert (done.returncode, done.stdout, done.stderr) == (130, "", line + "\n"), (command, done.stderr[-500:])
+
+
 def test_ctrl_c_while_a_resume_opens_names_the_checkpoint_and_the_command_that_continues(corpus, tmp_path, monkeypatch):
     """A Ctrl-C while a resume is being opened (its checkpoint read, the device not yet set up): exit 130 and one line
     saying that the checkpoint it resumes is untouched, with the command that continues it; the checkpoint is as it
@@ -308,6 +328,23 @@ exit_without_teardown(3)
     assert done.returncode == 3 and done.stdout == "x" * 100_000 and done.stderr == "last words"
     assert (tmp_path / "handler").read_text() == "ran"
     assert (tmp_path / "thread").exists() == (worker == "not a daemon")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_the_exit_handlers_run_ends_with_the_commands_own_code_and_its_output(sig):
+    """A Ctrl-C or SIGTERM that comes while a finished command runs its exit handlers (torch's among them) ends it at
+    once with its own exit code and its output flushed, not 'Exception ignored in atexit callback' with a traceback
+    and exit code 0, nor a second's wait."""
+    program = f"""
+import atexit, os, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from errors import exit_without_teardown
+atexit.register(lambda: (os.kill(os.getpid(), {int(sig)}), time.sleep(30)))
+print("the text", end="")
+exit_without_teardown(3)
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=patient(20))
+    assert (done.returncode, done.stdout, done.stderr) == (3, "the text", "")
 
 
 def test_output_piped_into_a_reader_that_leaves_ends_quietly_with_141():
