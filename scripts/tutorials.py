@@ -474,7 +474,10 @@ def tutorial_003(say: Say = ENGLISH) -> list[Step]:
     seeing = {1: say("entries of 0.04 to 0.24: a change in any input moves every output",
                      "各项在 0.04 到 0.24 之间：任何一个输入变了，每个输出都跟着变"),
               10: say("entries of 1e-4 and less: the gradient has nearly vanished", "各项不超过 1e-4：梯度几乎消失了"),
-              100: say("entries of 1e-44 and 0: no gradient reaches the input at all", "各项是 1e-44 和 0：根本没有梯度回到输入")}
+              100: say("entries of 1e-44 and less, one of them 0 (∂y₃/∂x₃ = y₃(1 - y₃) is about 7e-44, but 1 - y₃ rounds to 0 even in "
+                       "float64): no gradient reaches the input at all",
+                       "各项不超过 1e-44，其中一项是 0（∂y₃/∂x₃ = y₃(1 - y₃) 约为 7e-44，但 1 - y₃ 即使在 float64 中也舍入为 0）："
+                       "根本没有梯度回到输入")}
     return [
         Step("y3", say("y₃ = softmax([a, a, 2a])₃ for a = 1, 10, 100: large inputs put nearly all the weight on the "
                        "largest", "a = 1、10、100 时的 y₃ = softmax([a, a, 2a])₃：输入大了，几乎全部权重都落在最大的一项上"),
@@ -498,8 +501,8 @@ def tutorial_003(say: Say = ENGLISH) -> list[Step]:
         Step("jacobian_formula", say("max |∂y/∂x - (diag(y) - y yᵀ)| over the three: the tutorial's closed form",
                                      "三者的 max |∂y/∂x - (diag(y) - y yᵀ)|：教程推出的公式"),
              torch.stack([(j - c).abs().max() for j, c in zip(jacobians, closed_form)]).max(),
-             say("0: autograd's Jacobian is the tutorial's diag(y) - yᵀy, which is 0 wherever y is one-hot",
-                 "0：autograd 算出的雅可比矩阵就是教程的 diag(y) - yᵀy，y 是 one-hot 时它就是 0")),
+             say("0: autograd's Jacobian is the tutorial's diag(y) - y yᵀ, which is 0 wherever y is one-hot",
+                 "0：autograd 算出的雅可比矩阵就是教程的 diag(y) - y yᵀ，y 是 one-hot 时它就是 0")),
         Step("score_std", say(f"std of q·k for random unit-variance q, k of size d_k = {d}: scaled by 1/√d_k, then "
                               "unscaled", f"随机的单位方差 q、k（d_k = {d}）的 q·k 的标准差：先除以 √d_k，再不除"),
              torch.stack([dot_product_scores(q, k).std(), dot_product_scores(q, k, scaled=False).std()]),
