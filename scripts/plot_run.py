@@ -15,6 +15,7 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
 
 from training.pictures import picture_formats, save_figure  # noqa: E402
+from training.run_folder import CHECKPOINTS  # noqa: E402
 loaded()
 
 
@@ -28,7 +29,8 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not out_dir.is_dir():
-        raise UserError(f"--out_dir {out_dir}: no such folder; pass the --out_dir of a training run")
+        what = "no such folder" if not out_dir.exists() else "a file, not a run folder"
+        raise UserError(f"--out_dir {out_dir}: {what}; pass the --out_dir of a training run")
     if not any(out_dir.glob("events.out.tfevents.*")):
         raise UserError(f"{out_dir} holds no TensorBoard events; pass the --out_dir of a training run")
     events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # 0: keep every point
@@ -45,6 +47,9 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
             latest[e.step] = e.value
         scalars[RENAMED.get(tag, tag)] = sorted(latest.items())
     if not any(scalars.get(tag) for tag in ("loss/train", "loss/val")):
+        if any((out_dir / name).exists() for name in CHECKPOINTS):  # a run that has evaluated has logged its losses
+            raise UserError(f"{out_dir}: its TensorBoard event files hold no losses that can be read, though the run "
+                            f"saved a checkpoint: they are damaged; nothing to plot")
         raise UserError(f"{out_dir} holds no losses yet (the run stopped before its first log); nothing to plot")
     return scalars
 

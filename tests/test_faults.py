@@ -377,6 +377,15 @@ def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
                     "os._exit(0)", str(killed)], check=True)
     one_line_error(capsys, plot_run.main, "--out_dir", str(killed), "--png", str(tmp_path / "d.png"),
                    words="holds no losses yet")
+    damaged = shutil.copytree(run, tmp_path / "damaged")  # a finished run's events written over after their start
+    events = next(damaged.glob("events.out.tfevents.*"))
+    first = 8 + 4 + int.from_bytes(events.read_bytes()[:8], "little") + 4  # its first record: length, data, checks
+    events.write_bytes(events.read_bytes()[:first] + np.random.default_rng(1).bytes(events.stat().st_size - first))
+    one_line_error(capsys, plot_run.main, "--out_dir", str(damaged), "--png", str(tmp_path / "e.png"),
+                   words="its TensorBoard event files hold no losses that can be read, though the run saved a "
+                         "checkpoint: they are damaged")
+    one_line_error(capsys, plot_run.main, "--out_dir", str(events), "--png", str(tmp_path / "f.png"),
+                   words=f"--out_dir {events}: a file, not a run folder")
     one_line_error(capsys, bench.main, "--config", "debug", "--json", str(tmp_path / "missing_dir" / "x.json"),
                    words="missing_dir does not exist")
     one_line_error(capsys, bench_prepare.main, "--mb", "0", words="--mb 0: must be at least 1")
