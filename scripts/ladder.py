@@ -48,7 +48,7 @@ RUNGS = [
      {**TAKEN_APART, "mlp": "true"}),
     ("full_block", "+ residual connections and LayerNorm: the full transformer block",
      {"n_layer": "1", "position": "learned"}),
-    ("default", "the preset itself (rotary positions instead of a position table)", {}),
+    ("default", "the preset itself", {}),  # (its positions said as the preset sets them: POSITIONS)
     ("unscaled", "the default without the 1/sqrt(head_size) scale", {"attention_score": "dot"}),
     ("additive", "the default with additive scores, w·tanh(q + k)", {"attention_score": "additive"}),
     ("shared_qk", "the default with queries and keys from one projection (Q = K)", {"shared_qk": "true"}),
@@ -58,6 +58,8 @@ RUNGS = [
 QUIET = {"sample_chars": "0", "log_attention": "false"}  # the ladder compares losses: no samples or pictures
 ONE_BUDGET = {"patience": "0"}  # every rung trains all its steps (each still hands over its best model)
 NOT_THE_RUN = {"out_dir", "resume", "overwrite"}  # settings that do not change what a rung computes
+POSITIONS = {"rope": "rotary positions instead of a position table", "learned": "a learned position table",
+             "none": "no position information"}  # the default rung's, by its preset's --position
 
 
 def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = ()) -> list[str]:
@@ -196,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.full_val:
             raise UserError("the ladder compares the rungs' full-validation losses: leave out --full_val false")
         state, why = state_of(cfg, text_sha256)
+        if name == "default":
+            what = f"{what} ({POSITIONS[cfg.position]})"
         program = shlex.split(python_command("train.py"))  # as a user would type it, from where the ladder runs
         print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
         if state == "finished":
