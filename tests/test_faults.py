@@ -358,6 +358,8 @@ def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
     for main, args in ((attention_map.main, ["--out_dir", str(run), "--text", "ab"]),
                        (plot_run.main, ["--out_dir", str(run)])):
         one_line_error(capsys, main, *args, "--png", str(tmp_path / "x.xyz"), words="must end in one of")
+        # (.pgf, which matplotlib writes only through a LaTeX installation, is not offered)
+        one_line_error(capsys, main, *args, "--png", str(tmp_path / "x.pgf"), words="must end in one of")
         one_line_error(capsys, main, *args, "--png", str(tmp_path / "missing" / "x.png"), words="does not exist")
     one_line_error(capsys, plot_run.main, "--out_dir", str(tmp_path / "nowhere"), "--png", str(tmp_path / "a.png"),
                    words="no such folder")

@@ -27,9 +27,10 @@ MASKED_LABEL = "masked\n(the future)"
 
 
 def picture_formats() -> tuple[str, ...]:
-    """The file endings matplotlib can write (.png, .svg, .pdf, ...)."""
+    """The file endings matplotlib can write (.png, .svg, .pdf, ...), but .pgf: LaTeX source that needs a LaTeX
+    installation to be written at all."""
     from matplotlib.backend_bases import FigureCanvasBase
-    return tuple(f".{ext}" for ext in FigureCanvasBase.get_supported_filetypes())
+    return tuple(f".{ext}" for ext in FigureCanvasBase.get_supported_filetypes() if ext != "pgf")
 
 
 def save_figure(figure, path: str | Path, option: str) -> None:
