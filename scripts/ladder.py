@@ -179,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("the ladder resumes an unfinished rung and retrains a changed or damaged one by itself: "
                         "leave --resume and --overwrite out")
     chosen = [(number, *rung) for number, rung in enumerate(RUNGS, start=1)]  # (rung number, name, what, settings)
-    if args.rungs:
-        names = [n.strip() for n in args.rungs.split(",")]
+    if args.rungs is not None:
+        names = [n.strip() for n in args.rungs.split(",") if n.strip()]  # (a stray comma names no rung)
         unknown = [n for n in names if n not in {name for name, _, _ in RUNGS}]
-        if unknown:
-            raise UserError(f"--rungs: no rung {unknown[0]}; choose from {', '.join(name for name, _, _ in RUNGS)}")
+        if unknown or not names:
+            raise UserError(f"--rungs: {f'no rung {unknown[0]}' if unknown else 'names no rung'}; choose from "
+                            f"{', '.join(name for name, _, _ in RUNGS)} (leave --rungs out for all of them)")
         chosen = [rung for rung in chosen if rung[1] in names]
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
