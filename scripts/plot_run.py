@@ -73,13 +73,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--png", required=True, help="where to write the picture")
     args = p.parse_args(argv)
     check_output_file(args.png, "--png", picture_formats())
+    folders = run_folders(args.out_dir)
+    save_figure(draw(folders), args.png, "--png")
+    print(f"wrote {args.png} ({len(folders)} run{'s' if len(folders) > 1 else ''})")
+    return 0
+
+
+LEGEND_COLUMNS = 4  # runs side by side in the legend under a picture of several
+
+
+def draw(folders: list[Path]):
+    """The picture of the runs' losses against tokens seen (log-log) and their learning rates. One run's legend names
+    its train and val lines; several runs' legend, under the picture, names each run once (its colour), the title
+    saying which line is which."""
     from matplotlib.ticker import ScalarFormatter
 
     from training.pictures import plt
 
-    lowest = math.inf
-    fig, (loss_ax, lr_ax) = plt.subplots(1, 2, figsize=(11, 4), dpi=100, gridspec_kw={"width_ratios": [2, 1]})
-    folders = run_folders(args.out_dir)
+    lowest, several = math.inf, len(folders) > 1
+    rows = math.ceil(len(folders) / LEGEND_COLUMNS) if several else 0
+    fig, (loss_ax, lr_ax) = plt.subplots(1, 2, figsize=(11, 4 + 0.25 * rows), dpi=100,
+                                         gridspec_kw={"width_ratios": [2, 1]})
     for i, out_dir in enumerate(folders):
         scalars = read_scalars(out_dir)
         seen = dict(scalars.get("perf/tokens_seen", []))
@@ -90,14 +104,17 @@ def main(argv: list[str] | None = None) -> int:
             x_label = "tokens seen"
         color = f"C{i}"
         name = out_dir.name.replace("$", r"\$")  # a folder's name is text, not matplotlib's $math$
+        labelled = False
         for tag, style, what in (("loss/train", "-", "train"), ("loss/val", "o--", "val")):
             points = scalars.get(tag, [])
             points = [(s, v) for s, v in points if s > 0]  # step 0 has no place on a log axis
             if points:
                 lowest = min(lowest, *(v for _, v in points))
                 style = "o" if len(points) == 1 else style  # a line of one point would not show
+                label = f"{name} {what}" if not several else None if labelled else name
                 loss_ax.plot([s * per_step for s, _ in points], [v for _, v in points], style, color=color,
-                             alpha=0.6 if what == "train" else 1.0, markersize=4, label=f"{name} {what}")
+                             alpha=0.6 if what == "train" else 1.0, markersize=4, label=label)
+                labelled = True
         lr = scalars.get("optim/lr", [])
         lr_ax.plot([s for s, _ in lr], [v for _, v in lr], "o" if len(lr) == 1 else "-", color=color, label=name)
     loss_ax.set_xscale("log")
@@ -107,16 +124,19 @@ def main(argv: list[str] | None = None) -> int:
         loss_ax.yaxis.set_minor_formatter(ScalarFormatter())
     loss_ax.set_xlabel(x_label)
     loss_ax.set_ylabel("cross-entropy (nats per character)")
-    loss_ax.set_title("loss")
+    loss_ax.set_title("loss (line: train, dashed with dots: val)" if several else "loss")
     loss_ax.grid(True, which="both", alpha=0.3)
-    loss_ax.legend(fontsize=8)
     lr_ax.set_xlabel("step")
     lr_ax.set_title("learning rate")
     lr_ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, args.png, "--png")
-    print(f"wrote {args.png} ({len(folders)} run{'s' if len(folders) > 1 else ''})")
-    return 0
+    if several:
+        fig.legend(*loss_ax.get_legend_handles_labels(), loc="lower center", ncol=LEGEND_COLUMNS, fontsize=8,
+                   frameon=False)
+        fig.tight_layout(rect=(0, 0.22 * rows / fig.get_figheight(), 1, 1))
+    else:
+        loss_ax.legend(fontsize=8)
+        fig.tight_layout()
+    return fig
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def test_plot_run_writes_a_png_comparing_runs(run_dir, tmp_path, script):
     png = tmp_path / "curves.png"
     result = script("plot_run.py", "--out_dir", str(run_dir), str(run_dir), "--png", str(png))
     assert result.returncode == 0, result.stderr
-    assert Image.open(png).size == (1100, 400)
+    assert Image.open(png).size == (1100, 425)  # (a row of legend under the picture)
     missing = script("plot_run.py", "--out_dir", str(tmp_path), "--png", str(png))
     assert missing.returncode == 2 and "no TensorBoard events" in missing.stderr
     runs = tmp_path / "runs"  # a folder of runs, as out/ or a ladder's folder: every run in it
@@ -92,6 +92,21 @@ def test_plot_run_writes_a_png_comparing_runs(run_dir, tmp_path, script):
     every = script("plot_run.py", "--out_dir", str(runs), "--png", str(png))
     assert every.returncode == 0 and every.stdout.strip() == f"wrote {png} (2 runs)", every.stderr
     assert plot_run.run_folders([str(runs), str(run_dir)]) == [runs / "a", runs / "b", run_dir]
+
+
+def test_the_legend_of_many_runs_names_each_once_inside_the_picture_and_clear_of_the_plots(run_dir, tmp_path):
+    """Twelve runs (a whole ladder): the legend names each run once, in the order given, and lies inside the picture,
+    below both plots (it ran off the top and covered the loss plot, with 24 entries)."""
+    import plot_run
+
+    runs = [shutil.copytree(run_dir, tmp_path / f"{i:02d}-rung") for i in range(1, 13)]
+    fig = plot_run.draw(runs)
+    fig.canvas.draw()
+    legend, = fig.legends
+    assert [text.get_text() for text in legend.get_texts()] == [run.name for run in runs]
+    box, picture = legend.get_window_extent(), fig.bbox
+    assert picture.x0 <= box.x0 and box.x1 <= picture.x1 and picture.y0 <= box.y0 and box.y1 <= picture.y1
+    assert all(box.y1 < ax.get_tightbbox().y0 for ax in fig.axes)
 
 
 def test_plot_run_reads_the_loss_tags_of_older_runs(run_dir, tmp_path):
