@@ -1012,3 +1012,20 @@ def test_a_model_too_large_to_carry_is_refused_in_one_line_naming_the_limit(run,
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "at most 1,000 parameters" in err, err
     assert not html.exists()
+
+
+@needs_browser
+def test_the_overviews_layernorm_row_names_a_bias_only_where_the_model_has_one(run, tmp_path):
+    """The overview's LayerNorm row says 'then its weight and bias' for a model with biases and names --bias false for
+    one without (it said 'and bias' for both), in English and in Chinese."""
+    row = "document.querySelector('#model tr.stage[data-stage=\"block1.ln_1\"]').textContent"
+    for variant, english, chinese in (("learned-gelu-bias-tied", "then its weight and bias", "再乘权重、加偏置"),
+                                      ("rope-qknorm-relu2-nobias-untied", "then its weight (no bias: --bias false)",
+                                       "再乘权重（没有偏置：--bias false）")):
+        html, model, _ = variant_page(run, tmp_path, variant)
+        browser = fresh_tab()
+        browser.open(html.as_uri())
+        assert english in browser.evaluate(row) and (" and bias" in browser.evaluate(row)) == model.config.bias
+        browser.choose("#language", "zh")
+        assert chinese in browser.evaluate(row), browser.evaluate(row)
+        assert browser.errors == []

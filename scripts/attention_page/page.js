@@ -104,8 +104,9 @@ function stages() {
     const b = l + 1, one = seen.stream, heads = nHeads === 1 ? say("1 head", "1 个头") :
       say(nHeads + " heads", nHeads + " 个头");
     if (config.residual) {
-      add("block" + b + ".ln_1", b, say("LayerNorm: each row to mean 0, spread 1, then its weight and bias",
-          "LayerNorm：每一行化为均值 0、标准差 1，再乘权重、加偏置"), "ln_1(x)", one.ln_1);
+      add("block" + b + ".ln_1", b, say("LayerNorm: each row to mean 0, spread 1, then its weight" +
+          (config.bias ? " and bias" : " (no bias: --bias false)"), "LayerNorm：每一行化为均值 0、标准差 1，再乘权重" +
+          (config.bias ? "、加偏置" : "（没有偏置：--bias false）")), "ln_1(x)", one.ln_1);
       add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O): sections 3\u20137 open it",
           "注意力（" + heads + "，再乘 W_O）：第 3\u20137 节展开它"), "attn(ln_1(x))", one.attention);
       add("block" + b + ".residual_1", b, say("residual add: x keeps what it had, plus what attention brought",
