@@ -62,7 +62,7 @@ def run_folders(paths: list[str]) -> list[Path]:
         runs = [] if any(out_dir.glob("events.out.tfevents.*")) else sorted(
             d for d in out_dir.glob("*/") if any(d.glob("events.out.tfevents.*")))
         folders += runs or [out_dir]  # a folder with neither is named by read_scalars
-    return folders
+    return list(dict.fromkeys(folders))  # each run once, where it is named again (or its folder of runs is)
 
 
 def main(argv: list[str] | None = None) -> int:

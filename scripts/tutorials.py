@@ -815,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
         check_chinese_font()
     folder = picture_folder(args.png) if args.png else None
     print(say(*COUNTING))
-    for number in args.tutorial or TUTORIALS:
+    for number in dict.fromkeys(args.tutorial) or TUTORIALS:  # (each once, in the order given)
         titles, steps = TUTORIALS[number]
         print(say(f"=== tutorial {number}: ", f"=== 教程 {number}：") + say(*titles) + "\n")
         for words in (LEGENDS[number], UNSEEDED.get(number)):

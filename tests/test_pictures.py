@@ -81,8 +81,8 @@ def test_plot_run_writes_a_png_comparing_runs(run_dir, tmp_path, script):
 
     png = tmp_path / "curves.png"
     result = script("plot_run.py", "--out_dir", str(run_dir), str(run_dir), "--png", str(png))
-    assert result.returncode == 0, result.stderr
-    assert Image.open(png).size == (1100, 425)  # (a row of legend under the picture)
+    assert result.returncode == 0 and result.stdout.strip() == f"wrote {png} (1 run)", result.stderr  # named twice
+    assert Image.open(png).size == (1100, 400)
     missing = script("plot_run.py", "--out_dir", str(tmp_path), "--png", str(png))
     assert missing.returncode == 2 and "no TensorBoard events" in missing.stderr
     runs = tmp_path / "runs"  # a folder of runs, as out/ or a ladder's folder: every run in it
@@ -92,6 +92,8 @@ def test_plot_run_writes_a_png_comparing_runs(run_dir, tmp_path, script):
     every = script("plot_run.py", "--out_dir", str(runs), "--png", str(png))
     assert every.returncode == 0 and every.stdout.strip() == f"wrote {png} (2 runs)", every.stderr
     assert plot_run.run_folders([str(runs), str(run_dir)]) == [runs / "a", runs / "b", run_dir]
+    assert plot_run.run_folders([str(run_dir), str(runs), str(runs / "b"), str(run_dir)]) == [run_dir, runs / "a",
+                                                                                               runs / "b"]
 
 
 def test_the_legend_of_many_runs_names_each_once_inside_the_picture_and_clear_of_the_plots(run_dir, tmp_path):
