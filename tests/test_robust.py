@@ -69,11 +69,16 @@ def test_a_stop_while_a_command_loads_its_libraries_is_one_line_and_130(tmp_path
     """A Ctrl-C, SIGTERM or SIGHUP that comes while a command imports torch (a second or more: here a stand-in torch
     that sends it at its import, found first on PYTHONPATH) ends every command with exit 130 and one line, not the
     import's KeyboardInterrupt traceback, nor (SIGTERM, SIGHUP) an end without a word."""
-    (tmp_path / "torch.py").write_text(f"import os, time\nos.kill(os.getpid(), {int(sig)})\ntime.sleep(30)\n")
+    (tmp_path / "torch.py").write_text(f"import os, sys, time\nos.kill(os.getpid(), {int(sig)})\ntime.sleep(5)\n"
+                                       f"sys.exit('the stop went unanswered')\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    def as_from_a_terminal():  # (a test run in the background, or under nohup, hands its ignored signals down)
+        for each in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(each, signal.SIG_DFL)
     for command in LOADING:
         done = subprocess.run([sys.executable, str(ROOT / command), "--help"], capture_output=True, text=True,
-                              cwd=tmp_path, env=env, timeout=patient(60))
+                              cwd=tmp_path, env=env, timeout=patient(60), preexec_fn=as_from_a_terminal)
         line = ("stopped before training began; no checkpoint of this run was written" if command == "train.py"
                 else "interrupted")
         assert (done.returncode, done.stdout, done.stderr) == (130, "", line + "\n"), (command, done.stderr[-500:])
