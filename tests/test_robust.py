@@ -348,7 +348,8 @@ atexit.register(lambda: (os.kill(os.getpid(), {int(sig)}), time.sleep(30)))
 print("the text", end="")
 exit_without_teardown(3)
 """
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=patient(20))
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=patient(60),
+                          preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))  # (not ignored, as in a terminal)
     assert (done.returncode, done.stdout, done.stderr) == (3, "the text", "")
 
 
