@@ -464,12 +464,14 @@ def write_text_atomic(path: Path, text: str, what: str, option: str = "--out_dir
 def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
          say: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
          option: str = "--out_dir") -> Path:
-    """The checkpoint a script reads: --ckpt FILE, else the first of names in out_dir (by default ckpt_best.pt, the
+    """The checkpoint a script reads: --ckpt FILE (without --out_dir), else the first of names in out_dir (by default ckpt_best.pt, the
     lowest validation loss, then ckpt_last.pt); with neither, the newest run in out/ not still training, said, so
     the command after `python train.py` needs no folder name (which depends on the corpus the run could reach).
     option: how the caller's user gives the folder (the scripts' --out_dir, the Python API's run argument), named
     where a message asks for another."""
     if ckpt:
+        if out_dir:  # (which of the two was meant is the user's to say)
+            raise UserError("give --out_dir (a run's folder) or --ckpt (a checkpoint file), not both")
         return Path(ckpt)
     if not out_dir:
         newest, training = newest_run(Path("out"), names)
