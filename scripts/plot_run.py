@@ -8,11 +8,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import quiet_while_loading  # noqa: E402
+from errors import (ArgumentParser, UserError, check_output_file, exit_without_teardown,  # noqa: E402
+                    quiet_while_loading, run_cli)
 
 loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
-
-from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
 
 from training.pictures import picture_formats, save_figure  # noqa: E402
 from training.run_folder import CHECKPOINTS  # noqa: E402
