@@ -233,10 +233,12 @@ def exit_without_teardown(code: int) -> NoReturn:
     torch and its compiler loaded that took 0.8-1.0 s after a CPU run of the default preset had finished, while the
     user waited for the prompt. What an exit must do still happens: the exit handlers run (torch's included) and the
     output is flushed; every file the command wrote was closed before. Where a thread that is not a daemon is still
-    running, or Python has no handler list to run, this is sys.exit."""
+    running, where Python has no handler list to run, or where the command was started by another program that
+    expects control back (`python -m cProfile -o F train.py` writes F after the command returns), this is sys.exit."""
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
-    if run_exit_handlers is None or any(not t.daemon for t in threading.enumerate()
-                                        if t is not threading.main_thread()):
+    started_by_another = sys._getframe(1).f_globals is not getattr(sys.modules.get("__main__"), "__dict__", None)
+    if run_exit_handlers is None or started_by_another or any(not t.daemon for t in threading.enumerate()
+                                                             if t is not threading.main_thread()):
         sys.exit(code)
 
     def finished(signum=None, frame=None) -> NoReturn:

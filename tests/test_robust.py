@@ -2,6 +2,7 @@
 import contextlib
 import io
 import os
+import pstats
 import random
 import shlex
 import signal
@@ -333,6 +334,20 @@ exit_without_teardown(3)
     assert done.returncode == 3 and done.stdout == "x" * 100_000 and done.stderr == "last words"
     assert (tmp_path / "handler").read_text() == "ran"
     assert (tmp_path / "thread").exists() == (worker == "not a daemon")
+
+
+def test_a_command_started_by_a_profiler_gives_it_control_back(tmp_path):
+    """`python -m cProfile -o F train.py`: the command's end returns to the program that started it, which then
+    writes its profile (an exit that skips Python's tear-down left no file, and said nothing)."""
+    script = tmp_path / "command.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom errors import exit_without_teardown\n"
+                      f"print('done')\nexit_without_teardown(3)\n")
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(tmp_path / "profile"), str(script)],
+                          capture_output=True, text=True, timeout=patient(60))
+    assert done.stdout == "done\n" and done.stderr == ""
+    assert pstats.Stats(str(tmp_path / "profile")).total_calls > 0
+    alone = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=patient(60))
+    assert (alone.returncode, alone.stdout) == (3, "done\n")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
