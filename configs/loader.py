@@ -12,8 +12,9 @@ import tomllib
 from pathlib import Path
 
 from configs import nanogpt
-from configs.schema import FIELDS, FIXED, HELP_GROUPS, SHAPE_FIELDS, TYPES, TrainConfig
+from configs.schema import CONFIG_MAX_BYTES, FIELDS, FIXED, HELP_GROUPS, SHAPE_FIELDS, TYPES, TrainConfig
 from data.corpus import NAMED
+from data.gate import read_small, utf8_text
 from errors import ArgumentParser, UserError, parse_bool, python_command
 from model.config import ModelConfig
 
@@ -101,15 +102,11 @@ def read_preset(spec: str) -> tuple[Path, dict]:
         raise UserError(f"--config {spec}: no such preset or file{suggest(spec, presets())}; "
                         f"presets: {', '.join(presets())}")
     try:
-        data = path.read_bytes()
+        data = read_small(path, "the config file", CONFIG_MAX_BYTES, "give a TOML file of settings")
     except OSError as err:
         raise UserError(f"--config {spec}: cannot be read ({err.strerror}); give a file you can read") from None
     try:
-        values = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        bom = " (it begins with UTF-16's byte-order mark)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise UserError(f"--config {spec}: not UTF-8 text: byte 0x{data[err.start]:02x} at position {err.start} "
-                        f"cannot be decoded{bom}; a TOML file is UTF-8 text: save it as UTF-8") from None
+        values = tomllib.loads(utf8_text(data, f"--config {spec}"))
     except tomllib.TOMLDecodeError as err:
         raise UserError(f"--config {spec}: not valid TOML ({err})") from None
     for key in values:

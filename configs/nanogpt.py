@@ -9,7 +9,8 @@ import math
 import operator
 from pathlib import Path
 
-from configs.schema import FIELDS, FIXED, TYPES
+from configs.schema import CONFIG_MAX_BYTES, FIELDS, FIXED, TYPES
+from data.gate import read_small
 from errors import UserError, python_command
 
 # nanoGPT's train.py settings that this trainer names or does otherwise: what to give instead. (The rest of its
@@ -123,7 +124,7 @@ def as_toml(path: Path) -> str:
     """A nanoGPT config file (plain `name = value` lines) as this trainer's TOML: each setting under its name here,
     and a comment for each one that has no equivalent, saying what to do instead. The file is parsed, never run."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_small(path, "the nanoGPT config", CONFIG_MAX_BYTES, "give a config file").decode("utf-8")
         tree = ast.parse(text, filename=str(path))
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as err:
         raise UserError(f"--config {path}: cannot be read as a Python config ({type(err).__name__}); write the "

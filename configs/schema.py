@@ -18,6 +18,7 @@ FIXED = {"beta1": 0.9}
 SEED_MAX = 2**62  # seeds go to torch.manual_seed (64 bits), with the rank added under torchrun
 MAX_SAMPLE_CHARS = 100_000
 MAX_THREADS = 1024  # more threads than any machine has cores; tens of thousands would each need a stack
+CONFIG_MAX_BYTES = 1 << 20  # a file of settings (TOML, or nanoGPT's Python); a larger one was given by mistake
 
 
 def check_num_threads(value: int) -> None:

@@ -97,6 +97,16 @@ def read_small(path: Path, what: str, max_bytes: int, fix: str = "it is not one 
         return b"".join(read_blocks(f, size, path, what))
 
 
+def utf8_text(data: bytes, named: str) -> str:
+    """data decoded as UTF-8, or one line naming the first byte that is not (named: how the user gave the file)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        bom = " (it begins with UTF-16's byte-order mark)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise UserError(f"{named}: not UTF-8 text: byte 0x{data[err.start]:02x} at position {err.start:,} cannot be "
+                        f"decoded{bom}; save it as UTF-8") from None
+
+
 def sha256_of(path: Path, what: str) -> str:
     digest = hashlib.sha256()
     f, size = open_regular(path, what)
@@ -193,29 +203,29 @@ CACHE_FORMAT = 1
 META_MAX_BYTES = 16 << 20  # meta.json: every character of Unicode fits in a few MB
 
 
-def cache_entry_damage(entry: Path) -> str | None:
-    """Why a token cache entry cannot be trusted, or None: its metadata typed and consistent with its vocabulary, each
-    token file a regular file of the size its count gives, and every id below the vocabulary size (checked each time
-    an entry is opened: a few seconds for a billion tokens)."""
+def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
+    """A token cache entry's metadata as checked, or why the entry cannot be trusted: its metadata typed and consistent
+    with its vocabulary, each token file a regular file of the size its count gives, and every id below the vocabulary
+    size (checked each time an entry is opened: a few seconds for a billion tokens)."""
     try:
         meta = json.loads(read_small(entry / "meta.json", "the cache entry's", META_MAX_BYTES).decode("utf-8"))
         tokenizer = CharTokenizer(meta["vocab"])
         dtype = np.dtype(meta["dtype"])
         if meta["format"] != CACHE_FORMAT or dtype != tokenizer.dtype or meta["vocab_size"] != tokenizer.vocab_size:
-            return "its metadata does not match its vocabulary"
+            return None, "its metadata does not match its vocabulary"
         for split in ("train", "val"):
             path = entry / f"{split}.bin"
             n = meta[f"n_{split}"]
             if type(n) is not int or n < 0:
-                return f"n_{split} is not a count"
+                return None, f"n_{split} is not a count"
             info = os.lstat(path)
             if not stat.S_ISREG(info.st_mode) or info.st_size != n * dtype.itemsize:
-                return f"{split}.bin is missing, not a plain file or of the wrong size"
+                return None, f"{split}.bin is missing, not a plain file or of the wrong size"
             if n and int(np.memmap(path, dtype=dtype, mode="r").max()) >= tokenizer.vocab_size:
-                return f"{split}.bin holds ids beyond the vocabulary"
+                return None, f"{split}.bin holds ids beyond the vocabulary"
     except (OSError, ValueError, KeyError, TypeError, UserError) as err:
-        return f"{type(err).__name__}: {str(err)[:80]}"
-    return None
+        return None, f"{type(err).__name__}: {str(err)[:80]}"
+    return meta, None
 
 
 # ---- a record in a run folder ----------------------------------------------------------------------------------------

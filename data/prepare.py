@@ -17,7 +17,7 @@ import numpy as np
 
 from data.corpus import Corpus
 from data.gate import CACHE_FORMAT as FORMAT
-from data.gate import cache_entry_damage, corpus_blocks, same_text, text_changed
+from data.gate import cache_entry, corpus_blocks, same_text, text_changed
 from data.tokenizer import CharTokenizer, codepoints
 from errors import UserError, space_or_place
 
@@ -117,9 +117,8 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
     final = cache_dir / "prepared" / key
     remove_stale(final.parent)
     if final.exists():
-        why = cache_entry_damage(final)
-        if why is None:
-            meta = json.loads((final / "meta.json").read_text(encoding="utf-8"))
+        meta, why = cache_entry(final)
+        if meta is not None:
             if check is not None:
                 check(sha256, meta["vocab"])
             meta["source"] = corpus.name  # the cache is keyed by content: the same text under another name is this one

@@ -18,7 +18,7 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 import torch  # noqa: E402
 
 from configs.schema import check_num_threads  # noqa: E402
-from data.gate import read_small  # noqa: E402
+from data.gate import read_small, utf8_text  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.generate import (NonFiniteLogits, Sampling, check_length_and_seed, compiled_step, generate,  # noqa: E402
                             one_token_step)
@@ -102,14 +102,12 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
     if args.prompt_file:
         named = f"{args.prompt_flag}{args.prompt_file}"
         try:
-            text = read_small(Path(args.prompt_file), "the prompt file", PROMPT_MAX_BYTES,
-                              "give the start of the text").decode("utf-8")
+            data = read_small(Path(args.prompt_file), "the prompt file", PROMPT_MAX_BYTES, "give the start of the text")
         except FileNotFoundError:
             raise UserError(f"{named}: no such file") from None
         except OSError as err:
             raise UserError(f"{named}: cannot be read ({err.strerror or err})") from None
-        except UnicodeDecodeError as err:
-            raise UserError(f"{named}: not UTF-8 text ({err.reason} at byte {err.start:,}); save it as UTF-8") from None
+        text = utf8_text(data, named)
         prompts = [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
         if not any(prompts):
             raise UserError(f"{args.prompt_flag}{args.prompt_file} is empty; put the prompt"

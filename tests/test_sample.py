@@ -417,8 +417,8 @@ def test_a_prompt_file_is_read_only_as_a_small_regular_utf8_file_and_each_refusa
                                                      "which reports a size of 0 whatever it shows; copy it into a "
                                                      "file and give that"),
             (["--prompt_file", str(tmp_path / "none.txt")], f"--prompt_file {tmp_path / 'none.txt'}: no such file"),
-            (["--prompt_file", str(latin)], f"--prompt_file {latin}: not UTF-8 text (invalid continuation byte at "
-                                            f"byte 3); save it as UTF-8"),
+            (["--prompt_file", str(latin)], f"--prompt_file {latin}: not UTF-8 text: byte 0xe9 at position 3 "
+                                            f"cannot be decoded; save it as UTF-8"),
             (["--prompts_per_line"], "--prompts_per_line reads the prompts of --prompt_file, one per line; give "
                                      "--prompt_file too")):
         assert run_cli(sample_cli.main, common + args) == 2, args

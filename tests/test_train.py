@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import train
 from configs import load_config
 from configs.loader import keep_global_batch
-from configs.schema import ARCHITECTURE_FIELDS, FIELDS, TrainConfig
+from configs.schema import ARCHITECTURE_FIELDS, CONFIG_MAX_BYTES, FIELDS, TrainConfig
 from data import Batches
 from errors import UserError, run_cli
 from model.config import ModelConfig
@@ -318,17 +318,20 @@ def test_the_model_settings_have_one_source(tmp_path):
 
 
 def test_a_config_that_is_a_folder_or_not_utf8_text_says_so_and_how_to_fix_it(tmp_path, capsys):
-    """--config DIR says it is a folder (not 'no such preset or file'); a UTF-16 or binary file says that a TOML file
-    is UTF-8 text and to save it so: one line each, exit 2. A folder named like a preset leaves the preset chosen."""
+    """--config DIR says it is a folder (not 'no such preset or file'); a UTF-16 or binary file says which byte is not
+    UTF-8 and to save it so; a file beyond CONFIG_MAX_BYTES is refused unread: one line each, exit 2. A folder named like a preset leaves the preset chosen."""
     utf16, binary = tmp_path / "utf16.toml", tmp_path / "binary.toml"
     utf16.write_text("max_iters = 3\n", encoding="utf-16")
     binary.write_bytes(bytes(range(128, 256)))
+    big = tmp_path / "big.toml"
+    big.write_text("#" * CONFIG_MAX_BYTES + "\n")
     for spec, message in ((tmp_path, f"--config {tmp_path}: that is a folder; give a .toml file"),
                           (utf16, f"--config {utf16}: not UTF-8 text: byte 0xff at position 0 cannot be decoded (it "
-                                  f"begins with UTF-16's byte-order mark); a TOML file is UTF-8 text: save it as "
-                                  f"UTF-8"),
-                          (binary, f"--config {binary}: not UTF-8 text: byte 0x80 at position 0 cannot be decoded; a "
-                                   f"TOML file is UTF-8 text: save it as UTF-8")):
+                                  f"begins with UTF-16's byte-order mark); save it as UTF-8"),
+                          (binary, f"--config {binary}: not UTF-8 text: byte 0x80 at position 0 cannot be decoded; "
+                                   f"save it as UTF-8"),
+                          (big, f"the config file {big} is {CONFIG_MAX_BYTES + 1:,} bytes, more than the "
+                                f"{CONFIG_MAX_BYTES:,} such a file can hold; give a TOML file of settings")):
         assert run_cli(train.main, ["--config", str(spec)]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err

@@ -24,7 +24,7 @@ from configs.loader import check_same_model, init_config, resume_config
 from configs.schema import FIXED
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
-from data.gate import recorded_size
+from data.gate import RECORD_MAX_BYTES, read_small, recorded_size
 from data.tokenizer import vocabulary_difference
 from errors import UserError, python_command
 from model import GPT, ModelConfig
@@ -165,12 +165,12 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
     if (state["iter"] < cfg.max_iters and not plateaued(since_best, cfg.patience)) or not summary_path.is_file():
         return None
     try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        summary = json.loads(read_small(summary_path, "the run's summary", RECORD_MAX_BYTES))
         loss = f", full validation {summary['full_val_loss']:.4f}" if "full_val_loss" in summary else ""
         model = (f" (its model: step {summary['model_step']}, {summary['model_checkpoint']})"
                  if "model_step" in summary else "")
-    except (OSError, ValueError, TypeError, KeyError):
-        return None  # a damaged summary is written again by finishing the run
+    except (OSError, ValueError, TypeError, KeyError, UserError):
+        return None  # a damaged summary (or a pipe in its place, never read) is written again by finishing the run
     where = shlex.quote(str(run_dir.path))
     if state["iter"] < cfg.max_iters:
         return (f"{run_dir.path} stopped early at step {state['iter']}{model}{loss}: {since_best} evaluations in a row "
