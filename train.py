@@ -28,7 +28,7 @@ from configs import TrainConfig, load_config
 from errors import StepAbandoned, UserError, exit_without_teardown, python_command, run_cli
 from training import device
 from training.evaluation import next_evaluation, plateaued
-from training.opening import choose_corpus, open_run, say_estimate, say_what_runs
+from training.opening import choose_corpus, estimate_due, open_run, say_estimate, say_what_runs
 from training.optim import get_lr, warmup_note
 from training.report import (PAGE_MAX_PARAMETERS, Log, Phases, done_lines, mfu_basis, out_of_memory,
                              seconds_since_process_start, stopped_line, too_many_nonfinite)
@@ -236,9 +236,13 @@ class StepLog:
 def before_the_first_step(s: Session) -> float:
     """Rank 0's notes (a long CPU run, a font for the pictures), and the peak FLOP/s that MFU is measured against."""
     run, cfg = s.run, s.cfg
+    records = 0.0  # each evaluation's sample and pictures, in seconds: timed where the estimate is said
+    if s.d.is_main and estimate_due(run, s.progress):
+        with run.phases.timing("samples and pictures"):  # (with the pictures' layout, which the evaluations reuse)
+            records = s.record_seconds()
     with run.phases.timing("opening"):
         if s.d.is_main:
-            say_estimate(run, s.progress, s.log)
+            say_estimate(run, s.progress, s.log, records)
             if note := warmup_note(cfg, s.progress.it):
                 s.log.say(note)
             if cfg.log_attention:

@@ -1,12 +1,15 @@
 """python scripts/ladder.py --data FILE --out_dir DIR: what each part of attention buys, measured. Trains a ladder of
 models on one corpus with one budget (the same steps, data order and seed), from a bigram table to the full model
 and then its variants, and writes a table, DIR/ladder.json and DIR/ladder.png; each rung is a TensorBoard run, trained
-by its own `python train.py` command (printed, so any rung can be run again by hand)."""
+by its own `python train.py` command (printed, so any rung can be run again by hand). The table holds every rung
+finished with these settings: with --rungs, those it names and those measured before."""
 from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
+import stat
 import sys
 import time
 from pathlib import Path
@@ -23,7 +26,9 @@ from configs import load_config  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.prepare import corpus_key  # noqa: E402
-from errors import ArgumentParser, QuietExit, UserError, exit_without_teardown, python_command, run_cli  # noqa: E402
+from data.gate import read_small  # noqa: E402
+from errors import ArgumentParser, QuietExit, UserError, disk_error, exit_without_teardown, python_command  # noqa: E402
+from errors import run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.run_folder import LAST, SUMMARY, write_atomic, write_text_atomic  # noqa: E402
@@ -109,6 +114,10 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     return "finished", ""
 
 
+# Why a rung that --rungs does not name is missing from the table, by its state_of.
+LEFT_OUT = {"different": "other settings or another text", "unfinished": "unfinished", "damaged": "damaged"}
+
+
 def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:
     """The --data every rung trains on, decided once, and that text's sha256 (to tell a rung trained on another text
     from one to reuse). Offline, shakespeare falls back to the offline corpus as train.py's would, and the rungs are
@@ -130,6 +139,41 @@ def summary_of(folder: Path) -> dict | None:
                                             for key in ("full_val_loss", "train_seconds", "iterations")):
         return None
     return summary  # its loss may be NaN or infinite (a run that diverged): a result, reported as "no loss"
+
+
+TABLE = "ladder.json"  # in the ladder's folder, beside ladder.png: every rung finished with the ladder's settings
+TABLE_MAX_BYTES = 1 << 20  # twelve rows of a few hundred bytes each; a larger file is no table this script wrote
+ROW_KEYS = {"rung", "name", "full_val_loss", "out_dir"}
+
+
+def check_table(path: Path) -> None:
+    """Refuse, before anything is trained, a ladder.json this script did not write (another file of that name, or one
+    damaged): the table the ladder writes would replace it, and it may be the only copy of what it holds."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return
+    why = ""
+    if not stat.S_ISREG(found.st_mode):
+        why = ("a link" if stat.S_ISLNK(found.st_mode) else "a folder" if stat.S_ISDIR(found.st_mode) else
+               "not a plain file")
+    elif found.st_size > TABLE_MAX_BYTES:
+        why = f"{found.st_size:,} bytes, more than a ladder table holds"
+    else:
+        try:
+            table = json.loads(read_small(path, "the ladder table", TABLE_MAX_BYTES).decode("utf-8"))
+        except OSError as err:
+            raise UserError(f"{path} cannot be read ({disk_error(err)}); the ladder would replace it, so it stops "
+                            f"first: make it readable, or choose another --out_dir") from None
+        except (UnicodeDecodeError, ValueError):
+            why = "not JSON"
+        else:
+            rungs = isinstance(table, list) and all(isinstance(row, dict) and ROW_KEYS <= row.keys() for row in table)
+            why = "" if rungs else "JSON, but not a list of rungs"
+    if why:
+        raise UserError(f"{path} is not a ladder table this script wrote ({why}), and the ladder would replace it; "
+                        f"move it out of {path.parent} (or remove it) and run the command again, or choose another "
+                        f"--out_dir")
 
 
 def finite_or_none(value: float) -> float | None:
@@ -164,6 +208,27 @@ def draw(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def train_rung(name: str, argv: list[str], state: str, why: str, program: list[str]) -> int:
+    """Train a rung that is not finished with these settings (state and why: state_of's), its command printed first;
+    0 once it has finished, 130 where it was stopped (said), one line where it failed."""
+    if why:
+        print(f"  {why}: training this rung again", file=sys.stderr)
+    how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])  # go on, start, or start again
+    print(f"  {shlex.join([*program, *argv, *how])}", file=sys.stderr)
+    started = time.perf_counter()
+    code = run_train(argv + how, each_line=notes_and_warnings)
+    if code == 130:
+        print(f"stopped during rung {name}; run the same command again to go on (finished rungs are "
+              f"reused, this one resumes)", file=sys.stderr)
+        return 130
+    if code == 2:
+        raise QuietExit(f"rung {name} failed")  # train.py has said why, in one line
+    if code != 0:
+        raise UserError(f"rung {name}: train.py ended with exit code {code}; its command is above")
+    print(f"  {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip(),
                             epilog="Any other train.py option (--encoding latin-1, --device cpu, --seed 2, ...) is "
@@ -178,22 +243,25 @@ def main(argv: list[str] | None = None) -> int:
     if any(word.split("=")[0] in ("--resume", "--overwrite") for word in passed):
         raise UserError("the ladder resumes an unfinished rung and retrains a changed or damaged one by itself: "
                         "leave --resume and --overwrite out")
-    chosen = [(number, *rung) for number, rung in enumerate(RUNGS, start=1)]  # (rung number, name, what, settings)
+    chosen = {name for name, _, _ in RUNGS}
     if args.rungs is not None:
         names = [n.strip() for n in args.rungs.split(",") if n.strip()]  # (a stray comma names no rung)
         unknown = [n for n in names if n not in {name for name, _, _ in RUNGS}]
         if unknown or not names:
             raise UserError(f"--rungs: {f'no rung {unknown[0]}' if unknown else 'names no rung'}; choose from "
                             f"{', '.join(name for name, _, _ in RUNGS)} (leave --rungs out for all of them)")
-        chosen = [rung for rung in chosen if rung[1] in names]
+        chosen = set(names)
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file; choose a folder")
+    check_table(out / TABLE)
     out.mkdir(parents=True, exist_ok=True)
     args.data, text_sha256 = decide_corpus(args, say=lambda message: print(message, file=sys.stderr))
 
-    rows = []
-    for index, (number, name, what, overrides) in enumerate(chosen, start=1):
+    # The table holds every rung whose folder has a finished run of these settings: those --rungs names, trained or
+    # reused now, and those measured before (a rung of other settings or another text is no part of one budget).
+    rows, left_out, index = [], [], 0
+    for number, (name, what, overrides) in enumerate(RUNGS, start=1):
         argv = rung_argv(args, number, name, overrides, passed)
         cfg = load_config(argv, torch.cuda.is_available())[0]
         if not cfg.full_val:
@@ -202,25 +270,17 @@ def main(argv: list[str] | None = None) -> int:
         if name == "default":
             what = f"{what} ({POSITIONS[cfg.position]})"
         program = shlex.split(python_command("train.py"))  # as a user would type it, from where the ladder runs
-        print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
-        if state == "finished":
-            print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
-        else:
-            if why:
-                print(f"  {why}: training this rung again", file=sys.stderr)
-            how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])  # go on, start, or start again
-            print(f"  {shlex.join([*program, *argv, *how])}", file=sys.stderr)
-            started = time.perf_counter()
-            code = run_train(argv + how, each_line=notes_and_warnings)
-            if code == 130:
-                print(f"stopped during rung {name}; run the same command again to go on (finished rungs are "
-                      f"reused, this one resumes)", file=sys.stderr)
+        if name in chosen:
+            index += 1
+            print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
+            if state == "finished":
+                print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
+            elif train_rung(name, argv, state, why, program) == 130:
                 return 130
-            if code == 2:
-                raise QuietExit(f"rung {name} failed")  # train.py has said why, in one line
-            if code != 0:
-                raise UserError(f"rung {name}: train.py ended with exit code {code}; its command is above")
-            print(f"  {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        elif state != "finished":
+            if state != "new":
+                left_out.append((name, LEFT_OUT[state]))
+            continue
         summary = summary_of(Path(cfg.out_dir))
         if summary is None:
             raise UserError(f"rung {name}: {Path(cfg.out_dir) / 'summary.json'} cannot be read after training; "
@@ -236,10 +296,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['train_seconds']:>9.1f}")
     table = [{key: finite_or_none(value) if isinstance(value, float) else value for key, value in row.items()}
              for row in rows]
-    write_text_atomic(out / "ladder.json", json.dumps(table, indent=1, allow_nan=False) + "\n", "the ladder table")
+    write_text_atomic(out / TABLE, json.dumps(table, indent=1, allow_nan=False) + "\n", "the ladder table")
     draw(rows, out / "ladder.png")
-    print(f"\nwrote {out / 'ladder.json'} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}",
+    measured_before = len(rows) - len(chosen)
+    before = f" ({measured_before} of its rungs measured before, with the same settings)" if measured_before else ""
+    print(f"\nwrote {out / TABLE}{before} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}",
           file=sys.stderr)
+    if left_out:
+        print(f"note: the table leaves out rungs whose folders hold no finished run of these settings: "
+              f"{', '.join(f'{name} ({why})' for name, why in left_out)}; --rungs "
+              f"{','.join(name for name, _ in left_out)} trains them with these", file=sys.stderr)
     return 0
 
 

@@ -4,10 +4,11 @@ printed with its formula, the tutorial's own names and cell, and what to see in 
 every attention matrix it prints (and 003's curve) is also drawn into DIR."""
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -785,17 +786,30 @@ def check_chinese_font() -> None:
                         f"in English (--lang en)")
 
 
-def picture_folder(folder: str) -> Path:
-    """--png's folder, made if missing; one line where it cannot be."""
+@contextlib.contextmanager
+def picture_folder(folder: str) -> Iterator[Path | None]:
+    """--png's folder (None without --png), made if missing, with its missing parents; one line where it cannot be.
+    Where the command then fails (a full disk) or is stopped, the folders made here are removed again while they are
+    still empty, so that a failed write leaves the place as it was."""
+    if not folder:
+        yield None
+        return
     path = Path(folder)
     if path.exists() and not path.is_dir():
         raise UserError(f"--png {folder} is a file; give a folder for the pictures")
+    made = [p for p in (path, *path.parents) if not p.exists()]  # the innermost first
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"--png {folder}: cannot create the folder ({err.strerror or err}); choose another place") \
-            from None
-    return path
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"--png {folder}: cannot create the folder ({err.strerror or err}); choose another "
+                            f"place") from None
+        yield path
+    except BaseException:
+        for empty in made:
+            with contextlib.suppress(OSError):  # (one that holds a file, or that is not there, stays as it is)
+                empty.rmdir()
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -813,23 +827,23 @@ def main(argv: list[str] | None = None) -> int:
     say, zh = speaker(args.lang), args.lang == "zh"
     if args.png and zh:
         check_chinese_font()
-    folder = picture_folder(args.png) if args.png else None
-    print(say(*COUNTING))
-    for number in dict.fromkeys(args.tutorial) or TUTORIALS:  # (each once, in the order given)
-        titles, steps = TUTORIALS[number]
-        print(say(f"=== tutorial {number}: ", f"=== 教程 {number}：") + say(*titles) + "\n")
-        for words in (LEGENDS[number], UNSEEDED.get(number)):
-            if words:  # one line each, as the steps' sentences: a terminal folds it without breaking a formula
-                print(say(*words) + "\n")
-        for step in steps(say):
-            cell = f" [{number} {step.cell}]" if step.cell else ""
-            print(f"{step.formula}{cell}{say(':', '：')}\n{show(step.value)}\n  {say('what to see: ', '看什么：')}"
-                  f"{step.see}")
-            if folder is not None and step.picture is not None:
-                path = folder / f"{number}-{step.name}.png"
-                draw(step, path, say)
-                print(f"  {say('picture: ', '图：')}{path}")
-            print()
+    with picture_folder(args.png) as folder:
+        print(say(*COUNTING))
+        for number in dict.fromkeys(args.tutorial) or TUTORIALS:  # (each once, in the order given)
+            titles, steps = TUTORIALS[number]
+            print(say(f"=== tutorial {number}: ", f"=== 教程 {number}：") + say(*titles) + "\n")
+            for words in (LEGENDS[number], UNSEEDED.get(number)):
+                if words:  # one line each, as the steps' sentences: a terminal folds it without breaking a formula
+                    print(say(*words) + "\n")
+            for step in steps(say):
+                cell = f" [{number} {step.cell}]" if step.cell else ""
+                print(f"{step.formula}{cell}{say(':', '：')}\n{show(step.value)}\n  {say('what to see: ', '看什么：')}"
+                      f"{step.see}")
+                if folder is not None and step.picture is not None:
+                    path = folder / f"{number}-{step.name}.png"
+                    draw(step, path, say)
+                    print(f"  {say('picture: ', '图：')}{path}")
+                print()
     return 0
 
 

@@ -41,8 +41,9 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
     corpus = tmp_path / "zh.txt"
     corpus.write_text("\n".join(SENTENCES[i % 5] + SENTENCES[(i * 3) % 5] for i in range(400)), encoding="utf-8")
     out = tmp_path / "ladder"
-    common = ["--data", str(corpus), "--out_dir", str(out), "--cache_dir", str(tmp_path / "cache"),
-              "--eval_iters", "3", "--rungs", "bigram,one_head", "--max_iters", "6"]  # eval_iters: train.py's
+    base = ["--data", str(corpus), "--out_dir", str(out), "--cache_dir", str(tmp_path / "cache"),
+            "--eval_iters", "3", "--max_iters", "6"]  # eval_iters: train.py's
+    common = [*base, "--rungs", "bigram,one_head"]
     first = ladder_here(capfd, *common)
     assert first.returncode == 0, first.stderr
     rows = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
@@ -53,6 +54,7 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
         assert f"{row['full_val_loss']:.4f}" in first.stdout  # the printed table
         assert any((ROOT / row["out_dir"]).glob("events.out.tfevents.*"))  # each rung is its own TensorBoard run
     assert Image.open(out / "ladder.png").format == "PNG"
+    two_bars = Image.open(out / "ladder.png").size
     kept = (out / "03-one_head" / "ckpt_last.pt").read_bytes()
 
     damaged = out / "01-bigram" / "ckpt_last.pt"
@@ -64,6 +66,13 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
     healed = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
     figures = [[{k: v for k, v in row.items() if k != "train_seconds"} for row in table] for table in (healed, rows)]
     assert figures[0] == figures[1]  # trained again to exactly the same loss
+
+    # one rung run again: the table and the picture still hold the rung measured before, with the same settings
+    subset = ladder_here(capfd, *base, "--rungs", "bigram")
+    assert subset.returncode == 0 and "[1/1] bigram" in subset.stderr and subset.stderr.count("reused") == 1
+    assert json.loads((out / "ladder.json").read_text(encoding="utf-8")) == healed
+    assert Image.open(out / "ladder.png").size == two_bars  # a bar each (its height grows with the rungs)
+    assert f"wrote {out / 'ladder.json'} (1 of its rungs measured before, with the same settings)" in subset.stderr
 
     # a rung's command, printed and in ladder.json, is train.py's own, with the settings the rung trained with
     words = shlex.split(healed[0]["command"])
@@ -93,6 +102,12 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
     summary.write_text(summary.read_text(encoding="utf-8")[:40], encoding="utf-8")  # cut short: trained again
     assert script.state_of(load_config(argv, False)[0], script.decide_corpus(args)[1]) == (
         "damaged", f"{summary} cannot be read")
+    # a rung left out of --rungs whose folder holds no finished run of these settings is left out of the table, said
+    alone = ladder_here(capfd, *base, "--rungs", "bigram")
+    rows = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
+    assert alone.returncode == 0 and [row["name"] for row in rows] == ["bigram"]
+    assert alone.stderr.endswith("note: the table leaves out rungs whose folders hold no finished run of these "
+                                 "settings: one_head (damaged); --rungs one_head trains them with these\n")
 
 
 def test_an_unknown_rung_is_one_line(tmp_path):
@@ -105,6 +120,40 @@ def test_an_unknown_rung_is_one_line(tmp_path):
         assert empty.returncode == 2 and empty.stderr.startswith("error: --rungs: names no rung; choose from bigram, "
                                                                  "average,"), empty.stderr
     assert not (tmp_path / "l").exists()
+
+
+def test_a_ladder_json_the_ladder_did_not_write_is_kept_and_said_in_one_line(tmp_path, capfd):
+    """A ladder.json that is not a table the ladder wrote (another file of that name, one damaged, a link, a folder)
+    would be replaced by the new table: the ladder refuses in one line before it trains, and every file stays as it
+    was."""
+    out = tmp_path / "ladder"
+    out.mkdir()
+    table = out / "ladder.json"
+    elsewhere = tmp_path / "notes.json"
+    elsewhere.write_text('[{"rung": 1}]', encoding="utf-8")
+    for content, why in ((b"my own notes", "not JSON"), (b'[{"rung": 1, "name": "bigram"', "not JSON"),
+                         (b"\xff\xfe", "not JSON"), (b'{"rung": 1}', "JSON, but not a list of rungs"),
+                         (b'[{"name": "bigram"}]', "JSON, but not a list of rungs"), (elsewhere, "a link"),
+                         (None, "a folder")):
+        if isinstance(content, bytes):
+            table.write_bytes(content)
+        elif content is None:
+            table.mkdir()
+        else:
+            table.symlink_to(content)
+        done = ladder_here(capfd, "--out_dir", str(out), "--rungs", "bigram", "--max_iters", "1")
+        assert (done.returncode, done.stderr) == (2, f"error: {table} is not a ladder table this script wrote ({why}),"
+                                                     f" and the ladder would replace it; move it out of {out} (or "
+                                                     f"remove it) and run the command again, or choose another "
+                                                     f"--out_dir\n")
+        assert [path.name for path in out.iterdir()] == ["ladder.json"]  # no rung folder, no picture
+        if isinstance(content, bytes):
+            assert table.read_bytes() == content
+        elif content is None:
+            assert table.is_dir() and not any(table.iterdir())
+        else:
+            assert table.readlink() == elsewhere and elsewhere.read_text(encoding="utf-8") == '[{"rung": 1}]'
+        table.rmdir() if table.is_dir() and not table.is_symlink() else table.unlink()
 
 
 def strict_json(text: str):

@@ -4,6 +4,7 @@ count; the watch on steps that slow down; the scripts' own thread counts; the ne
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -164,21 +165,35 @@ def test_a_given_thread_count_repeats_a_run_to_the_last_digit(corpus, tmp_path):
     assert first["threads"] == 2
 
 
-def test_timing_steps_changes_nothing_in_the_run_and_a_long_run_says_so_first(corpus, tmp_path, monkeypatch):
-    """The probe steps run on a copy of the model with an optimizer of its own, in eval mode: a run whose probes
-    really ran (with dropout, so a drawn mask would show) trains to the same digits as one whose probe did no work;
-    a run expected to pass SLOW_RUN_SECONDS says so before step 0, with the flags that shorten it."""
-    common = ["--max_iters", "20", "--log_interval", "1", "--dropout", "0.1", "--eval_interval", "10"]
+def test_timing_steps_samples_and_pictures_changes_nothing_in_the_run_and_a_long_run_says_so_first(
+        corpus, tmp_path, monkeypatch):
+    """The probe steps run on a copy of the model with an optimizer of its own, in eval mode, and the sample and
+    picture timed for the estimate draw from generators of their own: a run whose probes and timings really ran (with
+    dropout, so a drawn mask would show) trains to the same digits, and logs the same samples and the same pictures
+    (laid out before step 0 instead of at its evaluation), as one whose probe did no work and that timed nothing; a
+    run expected to pass SLOW_RUN_SECONDS says so before step 0, with the flags that shorten it."""
+    from training.session import Session
+
+    common = ["--max_iters", "20", "--log_interval", "1", "--dropout", "0.1", "--eval_interval", "10",
+              "--sample_chars", "30", "--log_attention", "true"]
+    logged = []
+    monkeypatch.setattr(Log, "sample", lambda self, it, text: logged.append((it, text)))
+    monkeypatch.setattr(Log, "attention",
+                        lambda self, it, layer, picture: logged.append((it, layer, picture.tobytes())))
     with monkeypatch.context() as patch:
         patch.setattr(ProbeStep, "__call__", lambda self: 0.01)  # no model work
+        patch.setattr(Session, "record_seconds", lambda self: 0.0)
         quiet = train_quietly(debug_argv(corpus, tmp_path / "a", *common))
+    quiet_logged, logged[:] = logged[:], []
     monkeypatch.setattr(opening, "SLOW_RUN_SECONDS", 0.0)  # every run counts as long
     said = []
     probed = train_quietly(debug_argv(corpus, tmp_path / "b", *common), said)
     notes = [m for m in said if m.startswith("note: on this CPU this run would take about")]
     assert len(notes) == 1 and "(20 steps x " in notes[0] and "--config shakespeare_char_cpu" in notes[0]
+    assert ", their samples and pictures " in notes[0]
     assert said.index(notes[0]) < next(i for i, m in enumerate(said) if ": evaluation: " in m)  # before step 0
     assert probed["history"] == quiet["history"] and probed["full_val_loss"] == quiet["full_val_loss"]
+    assert logged == quiet_logged and len(logged) == 3 * (1 + 2)  # at steps 0, 10 and 20: a sample, 2 layers
 
 
 def built_run(corpus: Path, tmp_path: Path, *extra: str):
@@ -189,39 +204,42 @@ def built_run(corpus: Path, tmp_path: Path, *extra: str):
 
 def test_the_estimate_is_the_steps_left_at_the_steps_timed(corpus, tmp_path):
     """From the seconds of a step: the steps left, the evaluations left (a forward pass of a batch, a third of a
-    step, per batch read) and the full validation; a resumed run counts the steps it has left, at the same speed
-    (its earlier sessions' speed, measured on another day's machine, is not the figure)."""
+    step, per batch read), each evaluation's sample and pictures at the seconds timed for them, and the full
+    validation; a resumed run counts the steps it has left, at the same speed (its earlier sessions' speed, measured
+    on another day's machine, is not the figure)."""
     run, progress = built_run(corpus, tmp_path, "--max_iters", "100", "--eval_interval", "25")
     forward = 0.5 / 3
     val_batches = run.batches.num_val_batches()
     per_evaluation = run.cfg.eval_iters + min(run.cfg.eval_iters, val_batches)
-    found = expected_seconds(run, progress, 0.5)
+    found = expected_seconds(run, progress, 0.5, 0.2)
     assert found.steps == 100 * 0.5 and found.evaluations == pytest.approx(5 * per_evaluation * forward)
+    assert found.samples_and_pictures == pytest.approx(5 * 0.2)
     assert found.full_validation == pytest.approx(val_batches * forward)
     progress.it, progress.train_seconds = 80, 400.0  # 5 s a step in the sessions before: not the figure
-    resumed = expected_seconds(run, progress, 0.5)
+    resumed = expected_seconds(run, progress, 0.5, 0.2)
     assert resumed.steps == 20 * 0.5 and evaluations_left(80, run.cfg) == 1
     assert resumed.evaluations == pytest.approx(per_evaluation * forward)
+    assert resumed.samples_and_pictures == pytest.approx(0.2)
 
 
-def whole_seconds(run, step: float, so_far: float) -> float:
+def whole_seconds(run, step: float, so_far: float, records: float = 0.0) -> float:
     """The whole command's seconds at `step` seconds a step, counted here: the steps, an evaluation at step 0 and
     every eval_interval (eval_iters batches of each split; the validation split read whole where it is no longer),
-    and the full validation, each batch read a third of a step."""
+    each with its sample and pictures (records seconds), and the full validation, each batch read a third of a step."""
     cfg, val_batches = run.cfg, run.batches.num_val_batches()
     evaluations = len(range(0, cfg.max_iters + 1, cfg.eval_interval))
     batches_read = evaluations * (cfg.eval_iters + min(cfg.eval_iters, val_batches)) + val_batches
-    return so_far + step * (cfg.max_iters + batches_read / 3)
+    return so_far + step * (cfg.max_iters + batches_read / 3) + evaluations * records
 
 
-def estimate_said(corpus, tmp_path, preset: str, steady: list[float],
-                  threads: tuple[int, str] = (1, "asked")) -> tuple[object, list[str]]:
+def estimate_said(corpus, tmp_path, preset: str, steady: list[float], threads: tuple[int, str] = (1, "asked"),
+                  records: float = 0.0) -> tuple[object, list[str]]:
     run, progress = built_run(corpus, tmp_path, "--max_iters", "20", "--eval_interval", "10")
     run.cfg.config_name = preset  # as --config would set it
     run.threads = device.Threads(*threads, {threads[0]: steady})
     run.phases.so_far = lambda: 2.0
     messages = []
-    say_estimate(run, progress, Log(tmp_path, say=messages.append))
+    say_estimate(run, progress, Log(tmp_path, say=messages.append), records)
     return run, messages
 
 
@@ -231,10 +249,52 @@ def test_the_estimate_is_a_range_from_the_steps_timed_and_is_kept_for_the_last_l
     run, messages = estimate_said(corpus, tmp_path, "debug", [0.4, 0.5, 0.6])
     low, high = whole_seconds(run, 0.4, 2.0), whole_seconds(run, 0.6, 2.0)
     assert run.phases.expected == (pytest.approx(low), pytest.approx(high))
-    middle = expected_seconds(run, Progress(), 0.5)
+    middle = expected_seconds(run, Progress(), 0.5, 0.0)
     assert messages == [f"this run: about {low:.0f}-{high:.0f} s in all (20 steps x 400-600 ms, evaluations "
                         f"{middle.evaluations:.0f} s, the final full validation {middle.full_validation:.0f} s)"]
     assert f"(estimated before the first step: {low:.0f}-{high:.0f} s)" in run.phases.line(run.phases.report())
+
+
+def test_the_estimate_counts_each_evaluations_sample_and_pictures(corpus, tmp_path):
+    """The sample and attention pictures each evaluation makes (here 3 s each, at steps 0, 10 and 20, as
+    Session.record_seconds timed them) are part of the whole and said; where they are a long run's largest part, its
+    note names the flags that cut them first."""
+    run, messages = estimate_said(corpus, tmp_path, "debug", [0.4, 0.5, 0.6], records=3.0)
+    low, high = whole_seconds(run, 0.4, 2.0, 3.0), whole_seconds(run, 0.6, 2.0, 3.0)
+    assert run.phases.expected == (pytest.approx(low), pytest.approx(high))
+    middle = expected_seconds(run, Progress(), 0.5, 3.0)
+    assert messages == [f"this run: about {low:.0f}-{high:.0f} s in all (20 steps x 400-600 ms, evaluations "
+                        f"{middle.evaluations:.0f} s, their samples and pictures 9 s, the final full validation "
+                        f"{middle.full_validation:.0f} s)"]
+    _, long = estimate_said(corpus, tmp_path, "shakespeare_char_cpu", [30.0], records=1000.0)
+    assert ", their samples and pictures 50 min, the final full validation " in long[0]
+    assert long[0].endswith("; for a shorter one: a lower --sample_chars or --log_attention false; or a lower "
+                            "--max_iters")
+
+
+def test_a_sample_is_timed_on_a_few_characters_and_a_picture_once_laid_out(corpus, tmp_path, monkeypatch):
+    """Session.record_seconds: a sample of --sample_chars characters is timed on SAMPLE_TIMED_CHARS of them and
+    counted at that cost for every one (a stand-in sample here takes 5 ms a character); the pictures are laid out
+    there, once, for the evaluations to reuse, and one layer's picture, drawn and encoded, counts for each layer."""
+    from training import pictures, session
+
+    run, progress = built_run(corpus, tmp_path, "--sample_chars", "400", "--log_attention", "false")
+    timed = session.Session(run, progress, RunDir(tmp_path / "run"), Log(tmp_path / "run", say=print),
+                            session.StopRequest(speak=False), device.Dist())
+    drawn = []
+    monkeypatch.setattr(session.Session, "sample", lambda self, chars: drawn.append(chars) or time.sleep(chars / 200))
+    assert 400 / 200 <= timed.record_seconds() < 3 * 400 / 200 and drawn == [session.SAMPLE_TIMED_CHARS]
+
+    run.cfg.sample_chars, run.cfg.log_attention = 0, True
+    laid_out = []
+    lay_out = pictures.AttentionPictures.lay_out
+    monkeypatch.setattr(pictures.AttentionPictures, "lay_out",
+                        lambda self, weights, layer: laid_out.append(weights.shape) or lay_out(self, weights, layer))
+    monkeypatch.setattr(Log, "picture_seconds", lambda self, picture: 0.5)  # TensorBoard's encoding of each picture
+    seconds = timed.record_seconds()
+    assert 2 * 0.5 < seconds < 2 * 0.5 + 1.0 and laid_out == [(2, 32, 32)]  # 2 layers; 2 heads of the 32 characters
+    timed.record({"train": 4.0, "val": 4.0})  # step 0's evaluation draws on that layout
+    assert laid_out == [(2, 32, 32)]
 
 
 def test_a_long_run_says_so_as_a_note_with_the_flags_that_shorten_it(corpus, tmp_path):

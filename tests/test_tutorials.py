@@ -262,6 +262,33 @@ def test_png_into_a_file_is_one_line(script, tmp_path):
     assert taken.read_text(encoding="utf-8") == "mine"
 
 
+def test_png_on_a_full_disk_is_one_line_and_removes_only_the_empty_folders_it_made(tmp_path, capsys, monkeypatch):
+    """--png DIR on a full disk: one line naming the picture, the disk and the fix, exit 2; the folders it made for DIR
+    (DIR and its missing parents) are gone again, a folder that was there before stays, and so does a folder that
+    already holds a picture this command drew before the disk filled."""
+    import errno
+    import os
+
+    from errors import run_cli
+    from training import run_folder
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    there = tmp_path / "there"
+    there.mkdir()
+    monkeypatch.setattr(run_folder.os, "fsync", full)  # each picture is written, then the disk is found full
+    for folder in (tmp_path / "new" / "pictures", there / "pictures"):
+        code = run_cli(tutorials.main, ["000", "--png", str(folder)])
+        assert code == 2 and capsys.readouterr().err == (
+            f"error: could not write the picture {folder / '000-averaging.png'} (No space left on device); nothing "
+            f"was written; free some disk space or choose another --png\n")
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["there"] and not any(there.iterdir())
+    written = []
+    monkeypatch.setattr(run_folder.os, "fsync", lambda fd: full() if written else written.append(fd))
+    assert run_cli(tutorials.main, ["000", "--png", str(tmp_path / "some")]) == 2
+    assert [path.name for path in (tmp_path / "some").iterdir()] == ["000-averaging.png"]  # (a whole picture)
+
+
 # 001's whole matrices as it prints them: the scores In [29] and the weights In [30] (masked_simple, In [33], is the
 # weights' lower triangle).
 SCORES_29 = [[0.0613, -0.3491, 0.1443, -0.0437, -0.1303, 0.1076], [-0.6004, 3.4707, -1.5023, 0.4991, 1.2903, -1.3374],

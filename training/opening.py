@@ -374,11 +374,12 @@ class Estimate:
     """Where a CPU run's time would go, in seconds."""
     steps: float  # the steps left
     evaluations: float  # the evaluations left (estimates of both splits, or the validation split read whole)
+    samples_and_pictures: float  # the sample and attention pictures each of those evaluations makes
     full_validation: float  # the final one, over every validation window (0 with --full_val false)
 
     @property
     def total(self) -> float:
-        return self.steps + self.evaluations + self.full_validation
+        return self.steps + self.evaluations + self.samples_and_pictures + self.full_validation
 
 
 # Past this many FLOPs ProbeStep times part of a micro-batch and scales the time, so the estimate comes quickly.
@@ -434,16 +435,22 @@ def choose_run_threads(run: Run, explicit: set[str], d: Dist, update: Callable) 
     return threads
 
 
-def expected_seconds(run: Run, progress: Progress, step: float) -> Estimate:
+def estimate_due(run: Run, progress: Progress) -> bool:
+    """Whether say_estimate() says one: on a CPU, with steps timed, and steps left."""
+    return run.threads is not None and bool(run.threads.steady) and progress.it < run.cfg.max_iters
+
+
+def expected_seconds(run: Run, progress: Progress, step: float, records: float) -> Estimate:
     """Where the rest of the run's time would go at `step` seconds a step: the steps left, the evaluations left (a
-    forward pass of one batch is about a third of a micro-batch's step) and the final full validation."""
+    forward pass of one batch is about a third of a micro-batch's step), their samples and pictures at `records`
+    seconds each evaluation (session.Session.record_seconds), and the final full validation."""
     cfg = run.cfg
     forward = step / cfg.grad_accum_steps / 3  # validation batches are full size (the last one padded)
     steps_left = cfg.max_iters - progress.it
     evaluations = evaluations_left(progress.it, cfg)
     val_batches = run.batches.num_val_batches()
     per_evaluation = cfg.eval_iters + min(cfg.eval_iters, val_batches)  # a split that fits is read whole, once
-    return Estimate(steps_left * step, evaluations * per_evaluation * forward,
+    return Estimate(steps_left * step, evaluations * per_evaluation * forward, evaluations * records,
                     val_batches * forward if cfg.full_val else 0.0)
 
 
@@ -462,20 +469,22 @@ def durations(low: float, high: float) -> str:
     return f"about {first}-{last}"
 
 
-def say_estimate(run: Run, progress: Progress, log: Log) -> None:
+def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None:
     """On a CPU, before the first step: how long the command will take, a range over the steps timed (on a busy machine
     they vary; kept in Phases.expected for the last line), and where the time goes; past SLOW_RUN_SECONDS, as a note
-    with the flags that would cut its largest parts."""
-    if run.threads is None or not run.threads.steady or progress.it >= run.cfg.max_iters:
+    with the flags that would cut its largest parts. records: the seconds of each evaluation's sample and pictures."""
+    if not estimate_due(run, progress):
         return
     cfg, steady, so_far = run.cfg, run.threads.steady, run.phases.so_far()
-    low, middle, high = (expected_seconds(run, progress, step) for step in
+    low, middle, high = (expected_seconds(run, progress, step, records) for step in
                          (min(steady), statistics.median(steady), max(steady)))
     run.phases.expected = (so_far + low.total, so_far + high.total)
     steps_left = cfg.max_iters - progress.it
     parts = [(middle.steps, f"{steps_left} steps x {span(steady)}{step_timed(run)}", "a lower --max_iters"),
              (middle.evaluations, f"evaluations {duration(middle.evaluations)}",
               "a lower --eval_iters or a larger --eval_interval"),
+             (middle.samples_and_pictures, f"their samples and pictures {duration(middle.samples_and_pictures)}",
+              "a lower --sample_chars or --log_attention false"),
              (middle.full_validation, f"the final full validation {duration(middle.full_validation)}",
               "--full_val false")]
     parts = [part for part in parts if part[0] > 0]

@@ -131,24 +131,29 @@ class AttentionPictures:
         self.text = text
         self.laid_out: tuple | None = None  # (the weights' shape, the figure, its heatmap axes, the background)
 
+    def lay_out(self, weights: torch.Tensor, layer: int) -> None:
+        """The figure for weights of this shape, drawn once without what each picture redraws; render() calls it for
+        a new shape, and a run that times a picture calls it first, so that the time is a picture's alone."""
+        fig = attention_figure(weights, self.text, layer)
+        plt.close(fig)  # out of pyplot's list of open figures (it warns past 20) ...
+        FigureCanvasAgg(fig)  # ... and onto a canvas of its own
+        heatmaps = [ax for ax in fig.axes if ax.images]  # one per head, in order (the colour bar has none)
+        redrawn = [artist for ax in heatmaps for artist in redrawn_parts(ax)]
+        for artist in redrawn:
+            artist.set_visible(False)
+        # Emptied, not hidden: drawing moves a hidden title away; an empty one stays where the whole figure has it.
+        for ax in heatmaps:
+            ax.title.set_text("")
+        fig.canvas.draw()
+        background = fig.canvas.copy_from_bbox(fig.bbox)
+        for artist in redrawn:
+            artist.set_visible(True)
+        self.laid_out = (weights.shape, fig, heatmaps, background)
+
     def render(self, weights: torch.Tensor, layer: int):
         """weights (n_head, T, T) of one layer -> the picture, a (height, width, 3) uint8 array."""
         if self.laid_out is None or self.laid_out[0] != weights.shape:
-            fig = attention_figure(weights, self.text, layer)
-            plt.close(fig)  # out of pyplot's list of open figures (it warns past 20) ...
-            FigureCanvasAgg(fig)  # ... and onto a canvas of its own
-            heatmaps = [ax for ax in fig.axes if ax.images]  # one per head, in order (the colour bar has none)
-            redrawn = [artist for ax in heatmaps for artist in redrawn_parts(ax)]
-            for artist in redrawn:
-                artist.set_visible(False)
-            # Emptied, not hidden: drawing moves a hidden title away; an empty one stays where the whole figure has it.
-            for ax in heatmaps:
-                ax.title.set_text("")
-            fig.canvas.draw()
-            background = fig.canvas.copy_from_bbox(fig.bbox)
-            for artist in redrawn:
-                artist.set_visible(True)
-            self.laid_out = (weights.shape, fig, heatmaps, background)
+            self.lay_out(weights, layer)
         _, fig, heatmaps, background = self.laid_out
         fig.canvas.restore_region(background)
         for head, (ax, head_weights) in enumerate(zip(heatmaps, weights)):

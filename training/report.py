@@ -115,6 +115,17 @@ class Log:
             import wandb
             self.wandb.log({f"where_attention_looks/layer_{layer + 1}": wandb.Image(picture)}, step=it)
 
+    def picture_seconds(self, picture) -> float:
+        """What attention() spends on a picture before the write: TensorBoard's PNG encoding of it, timed here (0 where
+        nothing is logged)."""
+        if not self.active:
+            return 0.0
+        from torch.utils.tensorboard.summary import image
+
+        start = time.perf_counter()
+        image("timed", picture, dataformats="HWC")
+        return time.perf_counter() - start
+
     def final(self, cfg: TrainConfig, summary: dict, step: int) -> None:
         """The settings and final figures for the HParams tab, in the run's own event file (torch's add_hparams makes
         a second run in a subfolder); the figures also as summary/ scalars at the final step, listed after loss/."""

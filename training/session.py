@@ -27,6 +27,9 @@ from training.report import Log, TrainClock, overfitting_line, resume_command
 from training.run_folder import ASIDE, BEST, LAST, LOSS_PICTURE, SUMMARY, RunDir, WriteFailed, write_text_atomic
 
 
+SAMPLE_TIMED_CHARS = 16  # the characters of a sample that the estimate times (Session.record_seconds)
+
+
 @dataclass
 class Session:
     run: Run
@@ -36,7 +39,7 @@ class Session:
     stop: StopRequest
     d: Dist
     clock: TrainClock | None = None  # runs during training steps, from start_clock() on
-    pictures: object = None  # training.pictures.AttentionPictures, made at the first evaluation that draws
+    pictures: object = None  # training.pictures.AttentionPictures, made when the first pictures are drawn or timed
     watch: SlowdownWatch | None = None  # on a CPU: the watch on steps that slow down (slowdown_watch())
     saved: bool = False  # whether this process has written a checkpoint
 
@@ -147,30 +150,62 @@ class Session:
         run, cfg, it = self.run, self.cfg, self.progress.it
         self.log.evaluation(it, losses)
         with run.phases.timing("samples and pictures"):
-            if cfg.sample_chars:
-                prompt = run.tokenizer.encode(run.tokenizer.default_prompt(run.data_info["first_char"]))
-                generator = torch.Generator(device=run.rt.device).manual_seed(cfg.seed)
-                run.model.eval()  # no dropout while sampling
-
-                def stop_if_asked(tokens: torch.Tensor) -> None:
-                    if self.stop.requested:
-                        raise SampleStopped
-
-                try:
-                    with for_sampling(run.rt, cfg.dtype).autocast():  # float32 weights: on a CPU, auto is float32
-                        text = generate(run.model, [prompt], cfg.sample_chars, generator=generator,
-                                        on_tokens=stop_if_asked)
-                    self.log.sample(it, run.tokenizer.decode(text[0]))
-                except SampleStopped:
-                    pass
-                finally:
-                    run.model.train()
+            if cfg.sample_chars and (text := self.sample(cfg.sample_chars)) is not None:
+                self.log.sample(it, text)
             if cfg.log_attention:
-                from training.pictures import AttentionPictures  # matplotlib: only runs that draw
-                if self.pictures is None:  # laid out at the first evaluation, redrawn at each
-                    self.pictures = AttentionPictures(run.tokenizer.decode(attention_probe(run)))
-                for layer, weights in enumerate(attention_weights(run.model, attention_probe(run))):
+                for layer, weights in enumerate(self.attention_weights()):
                     self.log.attention(it, layer, self.pictures.render(weights, layer))
+
+    def sample(self, chars: int) -> str | None:
+        """chars characters drawn by the model from sample.py's default prompt, with a generator of its own seeded with
+        --seed, in eval mode (no dropout mask drawn); None if a stop request came while they were drawn."""
+        run = self.run
+        prompt = run.tokenizer.encode(run.tokenizer.default_prompt(run.data_info["first_char"]))
+        generator = torch.Generator(device=run.rt.device).manual_seed(self.cfg.seed)
+        run.model.eval()
+
+        def stop_if_asked(tokens: torch.Tensor) -> None:
+            if self.stop.requested:
+                raise SampleStopped
+
+        try:
+            with for_sampling(run.rt, self.cfg.dtype).autocast():  # float32 weights: on a CPU, auto is float32
+                text = generate(run.model, [prompt], chars, generator=generator, on_tokens=stop_if_asked)
+            return run.tokenizer.decode(text[0])
+        except SampleStopped:
+            return None
+        finally:
+            run.model.train()
+
+    def attention_weights(self) -> list[torch.Tensor]:
+        """Each layer's attention weights on the probe text, for self.pictures (made at the first call, laid out at
+        its first picture and redrawn at each)."""
+        from training.pictures import AttentionPictures  # matplotlib: only runs that draw
+        probe = attention_probe(self.run)
+        if self.pictures is None:
+            self.pictures = AttentionPictures(self.run.tokenizer.decode(probe))
+        return attention_weights(self.run.model, probe)
+
+    def record_seconds(self) -> float:
+        """Rank 0 on a CPU, before the first step, for the estimate: the seconds each evaluation's sample and attention
+        pictures (record) will take. Timed on the first SAMPLE_TIMED_CHARS characters of the sample (each character
+        costs about the same) and on one layer's picture, drawn and encoded, once the pictures are laid out (here, for
+        the evaluations to reuse). The weights, optimizer and random streams of the run are untouched: sample()
+        draws from a generator of its own, in eval mode, and the pictures' forward pass (milliseconds, not counted)
+        draws nothing."""
+        cfg, seconds = self.cfg, 0.0
+        if cfg.sample_chars:
+            chars = min(cfg.sample_chars, SAMPLE_TIMED_CHARS)
+            start = time.perf_counter()
+            self.sample(chars)
+            seconds += (time.perf_counter() - start) * cfg.sample_chars / chars
+        weights = self.attention_weights() if cfg.log_attention else []
+        if weights:
+            self.pictures.lay_out(weights[0], 0)
+            start = time.perf_counter()
+            picture = self.pictures.render(weights[0], 0)
+            seconds += (time.perf_counter() - start + self.log.picture_seconds(picture)) * len(weights)
+        return seconds
 
     def draw_losses(self) -> None:
         """Rank 0, at the run's end: loss.png of every loss the run logged in all its sessions; its place said."""
