@@ -34,6 +34,15 @@ class Prepared:
         return self.dir / f"{split}.bin"
 
 
+class ShortSplit(UserError):
+    """A split too short for one window (short_split). Its line says what a new run can change; sizes (each split's
+    characters) let a run that keeps its block_size say what it can (training.opening)."""
+
+    def __init__(self, line: str, sizes: dict[str, int]):
+        super().__init__(line)
+        self.sizes = sizes
+
+
 def short_split(sizes: dict[str, int], block_size: int = 1) -> str | None:
     """The first split (train, then val) with fewer than block_size + 1 characters, the length of one window, or None.
     At block_size 1, the smallest a model has, that is a split of fewer than 2 characters: one no model trains on."""
@@ -50,10 +59,10 @@ def check_splits(name: str, n_chars: int, n_train: int, val_fraction: float) -> 
         return
     # from 4 characters on, another --val_fraction helps (0.5 leaves 2 or more on each side)
     other = f" or a {'larger' if short == 'val' else 'smaller'} --val_fraction" if n_chars >= 4 else ""
-    raise UserError(f"--data {name}: too short: --val_fraction {val_fraction:g} splits its {n_chars:,} "
-                    f"character{'s' * (n_chars != 1)} into {sizes['train']:,} for training and {sizes['val']:,} for "
-                    f"validation, and a model needs 2 or more in each (a character and the one after it); give a "
-                    f"longer text{other}")
+    raise ShortSplit(f"--data {name}: too short: --val_fraction {val_fraction:g} splits its {n_chars:,} "
+                     f"character{'s' * (n_chars != 1)} into {sizes['train']:,} for training and {sizes['val']:,} for "
+                     f"validation, and a model needs 2 or more in each (a character and the one after it); give a "
+                     f"longer text{other}", sizes)
 
 
 def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterator[str]:

@@ -168,6 +168,27 @@ def test_resume_on_a_text_with_other_characters_names_a_few_of_them_safely(corpu
     assert vocabulary_difference("abcdefgh\x00", "", ("x", "y")) == "only in x: 'a' 'b' 'c' 'd' 'e' 'f' and 3 more"
 
 
+def test_resume_on_a_text_too_short_for_its_windows_names_what_a_resume_can_change(tmp_path):
+    """A resume keeps the run's block_size and val_fraction, so a --data too short for its windows is refused with the
+    ways a resume has (a longer text, such as the run's own; a new run in another folder with a block_size that fits,
+    where one does), never a --block_size or --val_fraction, which it would refuse; the checkpoint is untouched."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("ab\n" * 400)
+    run(corpus, tmp_path / "r", "--max_iters", "1", "--full_val", "false")
+    before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
+    for repeats, split, new_run in ((30, "val split of {} has 9 characters", ", or train a new run on this text with "
+                                     "--block_size 8 or less in another --out_dir"),  # too short for block_size 32
+                                    (3, "train split of {} has 8 characters", "")):  # val 1: too short for any
+        other = tmp_path / f"other{repeats}.txt"
+        other.write_text("ab\n" * repeats)
+        with pytest.raises(UserError) as refused:
+            run(other, tmp_path / "r", "--resume", "--max_iters", "4")
+        assert str(refused.value) == (f"--resume: the {split.format(other)}, fewer than block_size + 1 = 33, and a "
+                                      f"resume keeps the run's block_size (32) and val_fraction (0.1); resume on a "
+                                      f"longer text (this run was trained on {corpus}){new_run}")
+        assert (tmp_path / "r" / "ckpt_last.pt").read_bytes() == before
+
+
 @pytest.mark.parametrize("flag, value, was", [("--val_fraction", "0.5", "0.1"), ("--seed", "7", "1337"),
                                               ("--encoding", "latin-1", "'utf-8'"),
                                               ("--encoding_errors", "replace", "'strict'")])
