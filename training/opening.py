@@ -148,25 +148,37 @@ def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
 
 
 @contextlib.contextmanager
-def short_text_on_resume(cfg: TrainConfig, resumed: dict | None) -> Iterator[None]:
-    """On --resume, a text too short for the run's windows (data.prepare.ShortSplit, whose line suggests a smaller
-    --block_size or another --val_fraction, which a resume refuses: KEPT_ON_RESUME and the model's shape) is said as a
-    resume can fix it: with a longer text, such as the one it was trained on; or a new run, in another folder, with a
-    block_size that fits this text, where one does."""
+def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict | None) -> Iterator[None]:
+    """A text too short for the windows of a run that keeps a trained model's block_size, resumed or fine-tuned
+    (data.prepare.ShortSplit, whose line suggests a smaller --block_size, which such a run refuses), said as that run
+    can fix it: a resume, which keeps its val_fraction too (KEPT_ON_RESUME), with a longer text, such as the one it
+    was trained on; a fine-tuned run with a longer text, or another --val_fraction where one fits; either by training
+    a new model with a block_size that fits this text, where one does."""
     try:
         yield
     except ShortSplit as err:
-        if resumed is None:
+        if resumed is None and init is None:
             raise
-        sizes = err.sizes
+        sizes, least = err.sizes, cfg.block_size + 1
         short, largest = short_split(sizes, cfg.block_size), min(sizes.values()) - 1
-        n, source = sizes[short], resumed.get("data", {}).get("source")
-        new_run = (f", or train a new run on this text with --block_size {largest} or less in another --out_dir"
-                   if largest >= 1 else "")
-        raise UserError(f"--resume: the {short} split of {cfg.data} has {n:,} character{'s' * (n != 1)}, fewer than "
-                        f"block_size + 1 = {cfg.block_size + 1}, and a resume keeps the run's block_size "
-                        f"({cfg.block_size}) and val_fraction ({cfg.val_fraction:g}); resume on a longer text"
-                        f"{f' (this run was trained on {source})' if source else ''}{new_run}") from None
+        n = sizes[short]
+        problem = (f"the {short} split of {cfg.data} has {n:,} character{'s' * (n != 1)}, fewer than block_size + 1 = "
+                   f"{least}")
+        if resumed is not None:
+            source = resumed.get("data", {}).get("source")
+            line = (f"--resume: {problem}, and a resume keeps the run's block_size ({cfg.block_size}) and val_fraction "
+                    f"({cfg.val_fraction:g}); resume on a longer text"
+                    f"{f' (this run was trained on {source})' if source else ''}")
+            new_run = "in another --out_dir"
+        else:  # --val_fraction 0.5 gives both splits a window from 2 x least characters on
+            other = (f" or a {'larger' if short == 'val' else 'smaller'} --val_fraction"
+                     if sum(sizes.values()) >= 2 * least else "")
+            line = (f"--init_from: {problem}, and fine-tuning keeps the model's block_size ({cfg.block_size}); give a "
+                    f"longer text{other}")
+            new_run = "without --init_from"
+        if largest >= 1:
+            line += f", or train a new run on this text with --block_size {largest} or less {new_run}"
+        raise UserError(line) from None
 
 
 def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
@@ -243,7 +255,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
         # A fine-tuned run's vocabulary begins with its first model's, so that the old ids keep their meaning.
         base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
         check = same_text(resumed, source, "data" in explicit) if resumed is not None else None
-        with phases.timing("data"), short_text_on_resume(cfg, resumed):
+        with phases.timing("data"), short_text_for_kept_model(cfg, resumed, init):
             prepared = prepare_data(cfg, log.say, corpus, base_vocab, check) if d.is_main else None
         if d.is_main and prepared.tokenizer.vocab_size == 1:
             log.say(f"note: {prepared.meta['source']} holds one distinct character, {prepared.tokenizer.chars!r}, so "
@@ -268,7 +280,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
         rt = setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
         refuse_if_too_big(cfg, rt, stop.saved)
         try:
-            with short_text_on_resume(cfg, resumed):
+            with short_text_for_kept_model(cfg, resumed, init):
                 run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init, phases)
         except (RuntimeError, KeyError, ValueError, TypeError) as err:
             if resumed is None or is_out_of_memory(err):
