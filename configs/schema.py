@@ -10,7 +10,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from configs.choices import (COMPILE_MODES, COMPILE_SCOPES, CUDA_GRAPH_MODES, DDP_CHOICES, DTYPE_NAMES, LR_SCHEDULES,
                               MUON_DTYPES, OPTIMIZERS, valid_device)
 from errors import UserError
-from model.config import Architecture, ModelConfig, setting
+from model.config import MAX_SIZE, Architecture, ModelConfig, setting
 
 # Settings a run does not choose, with the value every run uses: AdamW's beta1 (its first moment's decay; beta2 is a
 # setting). A saved config may hold them, at these values.
@@ -19,6 +19,15 @@ SEED_MAX = 2**62  # seeds go to torch.manual_seed (64 bits), with the rank added
 MAX_SAMPLE_CHARS = 100_000
 MAX_THREADS = 1024  # more threads than any machine has cores; tens of thousands would each need a stack
 CONFIG_MAX_BYTES = 1 << 20  # a file of settings (TOML, or nanoGPT's Python); a larger one was given by mistake
+# The most a count of steps may give (max_iters, the schedule's, the intervals; patience too, in evaluations, at most
+# one a step): at a millisecond a step, a tiny model's on a fast GPU, 10^12 steps take 32 years, so a larger count is a
+# slip; past 10^308 the time estimate and the learning rate would overflow a float.
+MAX_STEPS = 10**12
+STEP_COUNTS = ("max_iters", "warmup_iters", "lr_decay_iters", "eval_interval", "log_interval", "max_nonfinite_steps",
+               "patience")
+# Each evaluation draws the windows of all its eval_iters batches of a split at once (data.loader's fixed_batches:
+# under a kilobyte a batch), and at a millisecond a batch a million batches of each split take over half an hour.
+MAX_EVAL_ITERS = 1_000_000
 
 
 def check_num_threads(value: int) -> None:
@@ -108,6 +117,14 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
             check(getattr(self, name) >= 1, name, "must be at least 1")
         for name in ("max_iters", "warmup_iters", "lr_decay_iters", "sample_chars", "num_threads", "patience"):
             check(getattr(self, name) >= 0, name, "must not be negative")
+        for name in STEP_COUNTS:
+            check(getattr(self, name) <= MAX_STEPS, name, f"must be at most {MAX_STEPS:,} (10^12: at a millisecond a "
+                  f"step, a run that long would take 32 years)")
+        for name in ("batch_size", "grad_accum_steps"):  # the global batch's sizes, as the model's (model.config)
+            check(getattr(self, name) <= MAX_SIZE, name, f"must be at most {MAX_SIZE:,}")
+        check(self.eval_iters <= MAX_EVAL_ITERS, "eval_iters", f"must be at most {MAX_EVAL_ITERS:,} (each evaluation "
+              f"draws the windows of all its batches at once, and a million batches of each split take over half an "
+              f"hour at a millisecond each)")
         check(self.sample_chars <= MAX_SAMPLE_CHARS, "sample_chars", f"must be at most {MAX_SAMPLE_CHARS:,} (a sample "
               f"is drawn and logged as text at every evaluation)")
         check(self.num_threads <= MAX_THREADS, "num_threads", f"must be at most {MAX_THREADS} (0: the faster count, "

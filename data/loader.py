@@ -9,8 +9,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from data.prepare import Prepared
-from errors import UserError
+from data.prepare import Prepared, ShortSplit, short_split
 
 
 RESIDENT_MAX_BYTES = 1 << 30  # corpora up to 128M characters are kept on the GPU
@@ -48,15 +47,13 @@ class Batches:
         dtype = np.dtype(prepared.meta["dtype"])
         self.data = {}
         sizes = {split: prepared.meta[f"n_{split}"] for split in ("train", "val")}
-        short = next((split for split, n in sizes.items() if n < block_size + 1), None)
-        if short is not None:  # the block_size suggested must fit both splits: a window is block_size + 1 characters
+        short = short_split(sizes, block_size)
+        if short is not None:  # the block_size suggested fits both splits (prepare saw to it that one does: 1)
             largest, n = min(sizes.values()) - 1, sizes[short]
-            both = f"train {sizes['train']:,}, val {sizes['val']:,}"
-            fix = (f"give --block_size {largest} or less (the most both splits allow: {both}), a longer corpus"
-                   if largest >= 1 else f"no block_size fits both splits ({both}; each needs 2 or more): give a longer "
-                                   f"corpus")
-            raise UserError(f"the {short} split has {n:,} character{'s' * (n != 1)}, fewer than "
-                            f"block_size + 1 = {block_size + 1}; {fix} or a different --val_fraction")
+            raise ShortSplit(f"the {short} split has {n:,} character{'s' * (n != 1)}, fewer than block_size + 1 = "
+                             f"{block_size + 1}; give --block_size {largest} or less (the most both splits allow: "
+                             f"train {sizes['train']:,}, val {sizes['val']:,}), a longer corpus or a different "
+                             f"--val_fraction", sizes)
         for split, n in sizes.items():
             self.data[split] = np.memmap(prepared.path(split), dtype=dtype, mode="r", shape=(n,))
         self.seed = seed

@@ -34,6 +34,37 @@ class Prepared:
         return self.dir / f"{split}.bin"
 
 
+class ShortSplit(UserError):
+    """A split too short for one window (short_split). Its line says what a new run can change; sizes (each split's
+    characters) let a run that keeps its block_size say what it can (training.opening)."""
+
+    def __init__(self, line: str, sizes: dict[str, int]):
+        super().__init__(line)
+        self.sizes = sizes
+
+
+def short_split(sizes: dict[str, int], block_size: int = 1) -> str | None:
+    """The first split (train, then val) with fewer than block_size + 1 characters, the length of one window, or None.
+    At block_size 1, the smallest a model has, that is a split of fewer than 2 characters: one no model trains on."""
+    return next((split for split, n in sizes.items() if n < block_size + 1), None)
+
+
+def check_splits(name: str, n_chars: int, n_train: int, val_fraction: float) -> None:
+    """A text whose split leaves either part too short for any model (short_split at block_size 1) is refused,
+    before its token files are written or a cached entry of it is used; the block_size a run asks for is checked
+    where its batches are drawn (data.loader.Batches)."""
+    sizes = {"train": n_train, "val": n_chars - n_train}
+    short = short_split(sizes)
+    if short is None:
+        return
+    # from 4 characters on, another --val_fraction helps (0.5 leaves 2 or more on each side)
+    other = f" or a {'larger' if short == 'val' else 'smaller'} --val_fraction" if n_chars >= 4 else ""
+    raise ShortSplit(f"--data {name}: too short: --val_fraction {val_fraction:g} splits its {n_chars:,} "
+                     f"character{'s' * (n_chars != 1)} into {sizes['train']:,} for training and {sizes['val']:,} for "
+                     f"validation, and a model needs 2 or more in each (a character and the one after it); give a "
+                     f"longer text{other}", sizes)
+
+
 def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterator[str]:
     """The corpus as a stream of text chunks: files joined by a newline, decoded incrementally, each read to the size
     it had when opened (data.gate.corpus_blocks). digest, when given, takes the bytes read: their checksum, to compare
@@ -119,6 +150,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
     if final.exists():
         meta, why = cache_entry(final)
         if meta is not None:
+            check_splits(corpus.name, meta["n_chars"], meta["n_train"], val_fraction)
             if check is not None:
                 check(sha256, meta["vocab"])
             meta["source"] = corpus.name  # the cache is keyed by content: the same text under another name is this one
@@ -166,6 +198,7 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
     n_train = int(n_chars * (1 - val_fraction))
     if check is not None:
         check(sha256, tokenizer.chars)
+    check_splits(corpus.name, n_chars, n_train, val_fraction)
 
     # Pass 2: encode and write, the first n_train characters to train.bin and the rest to val.bin.
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,9 @@ from dataclasses import asdict, dataclass, field
 from configs.choices import ACTIVATIONS, ATTENTION_IMPLS, POSITIONS
 from model.scoring import FORMS
 
-MAX_SIZE = 2**31 - 1  # the largest block_size, n_layer, n_head or n_embd (and vocab_size) a config may give
+# the largest block_size, n_layer, n_head or n_embd (and vocab_size) a config may give; a run's batch_size and
+# grad_accum_steps too (configs.schema)
+MAX_SIZE = 2**31 - 1
 
 
 def setting(default, help: str):

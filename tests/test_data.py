@@ -2,6 +2,7 @@
 import contextlib
 import io
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -308,22 +309,47 @@ def test_undecodable_text_can_be_read_with_another_encoding_or_replaced(tmp_path
 
 
 def test_a_split_shorter_than_a_block_is_refused_with_a_block_size_that_fits_both_splits(tmp_path):
-    """The refusal names the largest block_size that fits both splits, and that one works (one more does not); where no
-    block_size fits (9 characters: 8 train, 1 val) it says so, rather than suggesting a smaller --block_size that the
-    other split then refuses."""
+    """The refusal names the largest block_size that fits both splits, and that one works (one more does not)."""
     prepared = prepared_from("x" * 200, tmp_path)  # 180 train / 20 val characters
-    with pytest.raises(UserError, match="val split has 20 characters, fewer than block_size \\+ 1 = 33; give "
-                       "--block_size 19 or less \\(the most both splits allow: train 180, val 20\\)"):
+    with pytest.raises(UserError, match="^the val split has 20 characters, fewer than block_size \\+ 1 = 33; give "
+                       "--block_size 19 or less \\(the most both splits allow: train 180, val 20\\), a longer corpus "
+                       "or a different --val_fraction$"):
         Batches(prepared, block_size=32, batch_size=2, device="cpu")
     assert Batches(prepared, block_size=19, batch_size=2, device="cpu").get_batch("val")[0].shape == (2, 19)
     with pytest.raises(UserError, match="val split has 20 characters, fewer than block_size \\+ 1 = 21"):
         Batches(prepared, block_size=20, batch_size=2, device="cpu")
-    short = prepared_from("abcdefghi", tmp_path, name="short.txt")
-    with pytest.raises(UserError, match="^the train split has 8 characters, fewer than block_size \\+ 1 = 33; no "
-                       "block_size fits both splits \\(train 8, val 1; each needs 2 or more\\): give a longer corpus "
-                       "or a different --val_fraction$"):
-        Batches(short, block_size=32, batch_size=2, device="cpu")
-    empty_val = prepared_from("x" * 200, tmp_path, name="tiny_val.txt", val_fraction=1e-17)  # a val split of none
-    with pytest.raises(UserError, match="^the val split has 0 characters, fewer than block_size \\+ 1 = 33; no "
-                       "block_size fits both splits \\(train 200, val 0; each needs 2 or more\\)"):
-        Batches(empty_val, block_size=32, batch_size=2, device="cpu")
+
+
+def test_a_text_too_short_for_any_model_is_refused_when_prepared_and_nothing_is_written(tmp_path, monkeypatch):
+    """A text that leaves either split under 2 characters (no model of any block_size trains on it) is refused by
+    prepare in one line, exit 2, with no token files written; the line names --val_fraction, the way to change, where
+    one can help (from 4 characters). A cache entry of such a text made without the check is refused as well."""
+    cache = tmp_path / "cache"
+    one = tmp_path / "one.txt"
+    one.write_text("a")
+    result = run_prepare("--data", str(one), cache=cache)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"error: --data {one}: too short: --val_fraction 0.1 splits its 1 character into 0 for "
+                             f"training and 1 for validation, and a model needs 2 or more in each (a character and the "
+                             f"one after it); give a longer text\n")
+    assert not [p for p in cache.rglob("*") if p.is_file()]
+    for text, fraction, said in (("abcdefghi", 0.1, "its 9 characters into 8 for training and 1 for validation, and "
+                                  "a model needs 2 or more in each (a character and the one after it); give a longer "
+                                  "text or a larger --val_fraction"),
+                                 ("x" * 200, 1e-17, "its 200 characters into 200 for training and 0 for validation"),
+                                 ("abcd", 0.9, "its 4 characters into 0 for training and 4 for validation, and a "
+                                  "model needs 2 or more in each (a character and the one after it); give a longer "
+                                  "text or a smaller --val_fraction")):
+        with pytest.raises(UserError) as refused:
+            prepared_from(text, tmp_path, name="short.txt", val_fraction=fraction)
+        assert f"--data {tmp_path / 'short.txt'}: too short: --val_fraction {fraction:g} splits {said}" in str(
+            refused.value)
+    assert prepared_from("abcd", tmp_path, name="short.txt", val_fraction=0.5).meta["n_val"] == 2  # what it named
+    with monkeypatch.context() as patch:  # an entry prepared without the check
+        patch.setattr(sys.modules["data.prepare"], "check_splits", lambda *args: None)  # (data.prepare: prepare())
+        entry = prepared_from("abc", tmp_path, name="short.txt").dir
+    before = {p: p.read_bytes() for p in entry.iterdir()}
+    with pytest.raises(UserError, match="splits its 3 characters into 2 for training and 1 for validation, and a model "
+                       "needs 2 or more in each \\(a character and the one after it\\); give a longer text$"):
+        prepared_from("abc", tmp_path, name="short.txt")
+    assert {p: p.read_bytes() for p in entry.iterdir()} == before

@@ -81,6 +81,22 @@ def test_conflicts_and_missing_models_are_one_line(base, extra, words):
         run(base, "second.txt", "refused", *argv, "--max_iters", "5")
 
 
+def test_a_text_too_short_for_the_models_windows_names_what_fine_tuning_can_change(base):
+    """Fine-tuning keeps the model's block_size, so a text too short for its windows is refused with what such a run
+    can change (a longer text; a --val_fraction, where one fits both splits; a new run without --init_from, with a
+    block_size that fits), never a smaller --block_size, which it would refuse."""
+    for n_chars, val_fraction in ((100, " or a larger --val_fraction"), (40, "")):  # 66 give 33 to each split at 0.5
+        short = base / f"short{n_chars}.txt"
+        short.write_text(texts()[1][:n_chars], encoding="utf-8")
+        with pytest.raises(UserError) as refused:
+            run(base, short.name, "refused", "--init_from", str(base / "base"), "--max_iters", "5")
+        n_val = n_chars - int(n_chars * 0.9)
+        assert str(refused.value) == (f"--init_from: the val split of {short} has {n_val} characters, fewer than "
+                                      f"block_size + 1 = 33, and fine-tuning keeps the model's block_size (32); give a "
+                                      f"longer text{val_fraction}, or train a new run on this text with --block_size "
+                                      f"{n_val - 1} or less without --init_from")
+
+
 def test_fine_tuning_starts_from_the_base_runs_settings_and_says_so(base):
     """Without --config a command takes the default (CPU) preset: Muon at 0.015, bfloat16 where the CPU has the units.
     A fine-tuning run takes the settings of the run it starts from instead (the debug preset's AdamW at 0.003 in

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import train
 from configs import load_config
 from configs.loader import keep_global_batch
-from configs.schema import ARCHITECTURE_FIELDS, CONFIG_MAX_BYTES, FIELDS, TrainConfig
+from configs.schema import ARCHITECTURE_FIELDS, CONFIG_MAX_BYTES, FIELDS, TYPES, TrainConfig
 from data import Batches
 from errors import UserError, run_cli
 from model.config import ModelConfig
@@ -168,6 +168,27 @@ def test_resume_on_a_text_with_other_characters_names_a_few_of_them_safely(corpu
     assert vocabulary_difference("abcdefgh\x00", "", ("x", "y")) == "only in x: 'a' 'b' 'c' 'd' 'e' 'f' and 3 more"
 
 
+def test_resume_on_a_text_too_short_for_its_windows_names_what_a_resume_can_change(tmp_path):
+    """A resume keeps the run's block_size and val_fraction, so a --data too short for its windows is refused with the
+    ways a resume has (a longer text, such as the run's own; a new run in another folder with a block_size that fits,
+    where one does), never a --block_size or --val_fraction, which it would refuse; the checkpoint is untouched."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("ab\n" * 400)
+    run(corpus, tmp_path / "r", "--max_iters", "1", "--full_val", "false")
+    before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
+    for repeats, split, new_run in ((30, "val split of {} has 9 characters", ", or train a new run on this text with "
+                                     "--block_size 8 or less in another --out_dir"),  # too short for block_size 32
+                                    (3, "train split of {} has 8 characters", "")):  # val 1: too short for any
+        other = tmp_path / f"other{repeats}.txt"
+        other.write_text("ab\n" * repeats)
+        with pytest.raises(UserError) as refused:
+            run(other, tmp_path / "r", "--resume", "--max_iters", "4")
+        assert str(refused.value) == (f"--resume: the {split.format(other)}, fewer than block_size + 1 = 33, and a "
+                                      f"resume keeps the run's block_size (32) and val_fraction (0.1); resume on a "
+                                      f"longer text (this run was trained on {corpus}){new_run}")
+        assert (tmp_path / "r" / "ckpt_last.pt").read_bytes() == before
+
+
 @pytest.mark.parametrize("flag, value, was", [("--val_fraction", "0.5", "0.1"), ("--seed", "7", "1337"),
                                               ("--encoding", "latin-1", "'utf-8'"),
                                               ("--encoding_errors", "replace", "'strict'")])
@@ -288,6 +309,35 @@ def test_bad_command_lines_are_one_line_errors(argv, message, capsys):
     assert run_cli(train.main, argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("error: ")
+
+
+def test_every_count_has_a_ceiling_named_in_one_line_and_the_ceiling_itself_is_accepted(corpus, tmp_path, capsys):
+    """--max_iters 10^20 was accepted (its estimate: 18 billion years), and past 10^308 it, warmup_iters, batch_size,
+    grad_accum_steps and eval_iters ended in an OverflowError (the estimate, the learning rate, the memory check), and
+    eval_iters 2^63 in the OOM killer. Every integer setting now has a ceiling: a value past it is one line naming the
+    setting, exit 2, before anything runs; the new ceilings are named in their lines and are themselves accepted."""
+    where = ["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"), "--out_dir",
+             str(tmp_path / "run")]
+    for name, kind in TYPES.items():
+        if kind is int:
+            assert run_cli(train.main, [*where, f"--{name}", str(10**400)]) == 2, name
+            err = capsys.readouterr().err
+            assert err.startswith(f"error: --{name} ")
+            assert err.count("\n") == 1 and "Traceback" not in err, err
+    steps = "must be at most 1,000,000,000,000 (10^12: at a millisecond a step, a run that long would take 32 years)"
+    ceilings = {**{name: (10**12, steps) for name in ("max_iters", "warmup_iters", "lr_decay_iters", "eval_interval",
+                                                      "log_interval", "max_nonfinite_steps", "patience")},
+                **{name: (2**31 - 1, "must be at most 2,147,483,647") for name in ("batch_size", "grad_accum_steps")},
+                "eval_iters": (10**6, "must be at most 1,000,000 (each evaluation draws the windows of all its batches "
+                                      "at once, and a million batches of each split take over half an hour at a "
+                                      "millisecond each)")}
+    for name, (ceiling, said) in ceilings.items():
+        assert run_cli(train.main, [*where, f"--{name}", str(ceiling + 1)]) == 2
+        assert capsys.readouterr().err == f"error: --{name} {ceiling + 1}: {said}\n"
+        assert getattr(load_config([*where, f"--{name}", str(ceiling)], False)[0], name) == ceiling
+    assert run_cli(train.main, [*where, "--max_iters", str(10**20)]) == 2
+    assert capsys.readouterr().err == f"error: --max_iters {10**20}: {steps}\n"
+    assert not (tmp_path / "run").exists()
 
 
 def test_help_lists_every_field_with_default(capsys):

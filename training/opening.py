@@ -3,6 +3,7 @@ the checkpoint to resume read and checked, the data prepared and the Run built; 
 thread count chosen and its time estimated before the first step."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -14,7 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -25,6 +26,7 @@ from configs.schema import FIXED
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
 from data.gate import RECORD_MAX_BYTES, read_small, recorded_size
+from data.prepare import ShortSplit, short_split
 from data.tokenizer import vocabulary_difference
 from errors import UserError, python_command
 from model import GPT, ModelConfig
@@ -145,6 +147,40 @@ def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
                         f"original text back, or give it with --data {shlex.quote(data)} (to go on with that text)")
 
 
+@contextlib.contextmanager
+def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict | None) -> Iterator[None]:
+    """A text too short for the windows of a run that keeps a trained model's block_size, resumed or fine-tuned
+    (data.prepare.ShortSplit, whose line suggests a smaller --block_size, which such a run refuses), said as that run
+    can fix it: a resume, which keeps its val_fraction too (KEPT_ON_RESUME), with a longer text, such as the one it
+    was trained on; a fine-tuned run with a longer text, or another --val_fraction where one fits; either by training
+    a new model with a block_size that fits this text, where one does."""
+    try:
+        yield
+    except ShortSplit as err:
+        if resumed is None and init is None:
+            raise
+        sizes, least = err.sizes, cfg.block_size + 1
+        short, largest = short_split(sizes, cfg.block_size), min(sizes.values()) - 1
+        n = sizes[short]
+        problem = (f"the {short} split of {cfg.data} has {n:,} character{'s' * (n != 1)}, fewer than block_size + 1 = "
+                   f"{least}")
+        if resumed is not None:
+            source = resumed.get("data", {}).get("source")
+            line = (f"--resume: {problem}, and a resume keeps the run's block_size ({cfg.block_size}) and val_fraction "
+                    f"({cfg.val_fraction:g}); resume on a longer text"
+                    f"{f' (this run was trained on {source})' if source else ''}")
+            new_run = "in another --out_dir"
+        else:  # --val_fraction 0.5 gives both splits a window from 2 x least characters on
+            other = (f" or a {'larger' if short == 'val' else 'smaller'} --val_fraction"
+                     if sum(sizes.values()) >= 2 * least else "")
+            line = (f"--init_from: {problem}, and fine-tuning keeps the model's block_size ({cfg.block_size}); give a "
+                    f"longer text{other}")
+            new_run = "without --init_from"
+        if largest >= 1:
+            line += f", or train a new run on this text with --block_size {largest} or less {new_run}"
+        raise UserError(line) from None
+
+
 def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
     """A note when a new max_iters moves the learning-rate schedule under a resumed run (its decay follows
     max_iters unless lr_decay_iters is set): the rate at this step before and after, and how to keep the old one."""
@@ -219,7 +255,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
         # A fine-tuned run's vocabulary begins with its first model's, so that the old ids keep their meaning.
         base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
         check = same_text(resumed, source, "data" in explicit) if resumed is not None else None
-        with phases.timing("data"):
+        with phases.timing("data"), short_text_for_kept_model(cfg, resumed, init):
             prepared = prepare_data(cfg, log.say, corpus, base_vocab, check) if d.is_main else None
         if d.is_main and prepared.tokenizer.vocab_size == 1:
             log.say(f"note: {prepared.meta['source']} holds one distinct character, {prepared.tokenizer.chars!r}, so "
@@ -244,7 +280,8 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
         rt = setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
         refuse_if_too_big(cfg, rt, stop.saved)
         try:
-            run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init, phases)
+            with short_text_for_kept_model(cfg, resumed, init):
+                run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init, phases)
         except (RuntimeError, KeyError, ValueError, TypeError) as err:
             if resumed is None or is_out_of_memory(err):
                 raise
