@@ -60,36 +60,6 @@ def limited_file_size(limit):
     return apply
 
 
-@pytest.mark.parametrize("links", [True, False])
-def test_a_checkpoint_saved_under_two_names_is_written_once_and_each_name_stays_whole(tmp_path, monkeypatch, links):
-    """An evaluation that improves saves ckpt_last.pt and ckpt_best.pt with one write (one file under two names, where
-    hard links exist; written twice where they do not); the next save of ckpt_last.pt alone leaves ckpt_best.pt's
-    bytes as they were; a full disk during such a save leaves both old files whole and no temporary file."""
-    from training import run_folder
-    if not links:
-        def no_links(*args):
-            raise OSError(errno.EPERM, "Operation not permitted")
-        monkeypatch.setattr(run_folder.os, "link", no_links)
-    best, last = tmp_path / "ckpt_best.pt", tmp_path / "ckpt_last.pt"
-    writes = []
-
-    def write(text):
-        return lambda f: (writes.append(text), f.write(text))
-    run_folder.write_atomic(last, write(b"step 10"), "checkpoint", also=best)
-    assert (best.read_bytes(), last.read_bytes()) == (b"step 10", b"step 10")
-    assert writes == [b"step 10"] * (1 if links else 2) and best.samefile(last) == links
-    run_folder.write_atomic(last, write(b"step 20"), "checkpoint")
-    assert (best.read_bytes(), last.read_bytes()) == (b"step 10", b"step 20")
-
-    def no_space(*args):
-        raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(run_folder.os, "fsync", no_space)
-    with pytest.raises(run_folder.WriteFailed, match="No space left on device.*previous checkpoint is untouched"):
-        run_folder.write_atomic(last, write(b"step 30"), "checkpoint", also=best)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_best.pt", "ckpt_last.pt"]
-    assert (best.read_bytes(), last.read_bytes()) == (b"step 10", b"step 20")
-
-
 def test_a_full_disk_while_checkpointing_or_preparing_is_one_line_and_loses_nothing(run, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(run, out)

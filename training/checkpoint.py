@@ -96,14 +96,13 @@ def non_finite(weights: dict) -> str | None:
                  if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()), None)
 
 
-def save(state: dict, path: Path, also: Path | None = None) -> None:
-    """Write state as a checkpoint (write_atomic: never half a file), at also too where given (the same bytes, written
-    once); weights that are not finite are refused."""
+def save(state: dict, path: Path) -> None:
+    """Write state as a checkpoint (write_atomic: never half a file); weights that are not finite are refused."""
     if bad := non_finite(state.get("model", {})):
         raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}): training "
                         f"diverged; the previous checkpoint is kept; try a lower --learning_rate (or --dtype float32), "
                         f"then --resume")
-    write_atomic(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint", also=also)
+    write_atomic(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint")
 
 
 def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -> dict:

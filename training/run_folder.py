@@ -21,7 +21,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import shlex
 import stat
 import sys
@@ -45,7 +44,6 @@ LOGS = (SUMMARY, LOSS_PICTURE, "events.out.tfevents.*")
 RECORD = "set_aside.json"  # in .replaced/: what the replacing run moved there, written before it moves anything
 # The temporary files write_atomic makes in a run folder (NAME.tmp-XXXXXXXX): the only ones removed as leftovers.
 OWN_TEMPORARY = re.compile(r"(ckpt_last\.pt|ckpt_best\.pt|summary\.json|loss\.png)\.tmp-[a-z0-9_]{8}")
-TEMPORARY_LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789_"  # those of mkstemp's names
 
 
 def command_line() -> str:
@@ -422,16 +420,13 @@ class WriteFailed(UserError):
         return f"{self.failed}; {kept}; {self.fix}"
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, option: str = "--out_dir",
-                 also: Path | None = None) -> None:
+def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, option: str = "--out_dir") -> None:
     """Call write(file) on a temporary file beside path, flush it to disk, then rename it over path: a full disk, a
     signal or a crash leaves the previous file as it was (the temporary file is removed; after a crash, by the run
     folder's next owner). The temporary file is new, made with O_EXCL under a name nobody can guess (mkstemp), so a
     link planted in a shared folder cannot send the bytes elsewhere, and the rename replaces a link at path rather
-    than writing through it. option: the flag that chose the place (named in the fix). also: a second name in the
-    same folder for the same bytes, renamed into place first; a hard link, so the bytes are written once (written
-    again where the file system has no hard links)."""
-    tmp = twin = None
+    than writing through it. option: the flag that chose the place (named in the fix)."""
+    tmp = None
     try:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.tmp-")
         tmp = Path(name)
@@ -444,20 +439,10 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, optio
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private (0600); the file gets the usual permissions
-        if also is not None:
-            twin = also.parent / f"{also.name}.tmp-{''.join(secrets.choice(TEMPORARY_LETTERS) for _ in range(8))}"
-            try:
-                os.link(tmp, twin)  # a new name, never one that exists (EEXIST), so nothing planted is followed
-            except OSError:
-                twin = None
-                write_atomic(also, write, what, option)
-            if twin is not None:
-                os.replace(twin, also)
         os.replace(tmp, path)
     except BaseException as err:  # the old file stays, the half-written one goes
-        for left in (tmp, twin):
-            if left is not None:
-                left.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         if not isinstance(err, (OSError, RuntimeError)):
             raise  # an interrupt
         kept = f"the previous {what.removeprefix('the ')} is untouched" if path.exists() else "nothing was written"

@@ -76,7 +76,9 @@ class Session:
             self.log.say(overfitting_line(progress.losses["eval"], best))
         if self.d.is_main:
             self.record(losses)
-            self.save(LAST, also_best=improved)
+            if improved:
+                self.save(BEST)
+            self.save(LAST)
             if progress.it > 0:
                 self.keep_new_run()
         self.log.line(f"step {progress.it}: evaluation: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
@@ -94,14 +96,12 @@ class Session:
     def asked_to_stop(self) -> bool:
         return self.stop.requested
 
-    def save(self, name: str, also_best: bool = False) -> None:
-        """Rank 0: checkpoint `name` of this moment, written atomically (and as ckpt_best.pt too, with also_best). If it
-        cannot be written while an --overwrite's old run waits in .replaced/ (a full disk at the first save), that run
-        is put back and the UserError says so."""
+    def save(self, name: str) -> None:
+        """Rank 0: checkpoint `name` of this moment, written atomically. If it cannot be written while an --overwrite's
+        old run waits in .replaced/ (a full disk at the first save), that run is put back and the UserError says so."""
         try:
             with self.run.phases.timing("checkpoints"):
-                checkpoint.save(checkpoint.capture(self.run, self.progress), self.run_dir.path / name,
-                                also=self.run_dir.path / BEST if also_best else None)
+                checkpoint.save(checkpoint.capture(self.run, self.progress), self.run_dir.path / name)
         except WriteFailed as err:
             if not self.run_dir.aside_pending():
                 raise
