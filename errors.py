@@ -234,10 +234,13 @@ def exit_without_teardown(code: int) -> NoReturn:
     user waited for the prompt. What an exit must do still happens: the exit handlers run (torch's included) and the
     output is flushed; every file the command wrote was closed before. Where a thread that is not a daemon is still
     running, where Python has no handler list to run, or where the command was started by another program that
-    expects control back (`python -m cProfile -o F train.py` writes F after the command returns), this is sys.exit."""
+    expects control back (a profiler, a debugger, IPython's %run, a harness's runpy.run_path: anything below the
+    command's own top level but `python -m`'s runpy), this is sys.exit."""
     run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
-    started_by_another = sys._getframe(1).f_globals is not getattr(sys.modules.get("__main__"), "__dict__", None)
-    if run_exit_handlers is None or started_by_another or any(not t.daemon for t in threading.enumerate()
+    below = sys._getframe(1).f_back
+    while below is not None and below.f_globals.get("__name__") == "runpy":
+        below = below.f_back
+    if run_exit_handlers is None or below is not None or any(not t.daemon for t in threading.enumerate()
                                                              if t is not threading.main_thread()):
         sys.exit(code)
 

@@ -336,18 +336,27 @@ exit_without_teardown(3)
     assert (tmp_path / "thread").exists() == (worker == "not a daemon")
 
 
-def test_a_command_started_by_a_profiler_gives_it_control_back(tmp_path):
-    """`python -m cProfile -o F train.py`: the command's end returns to the program that started it, which then
-    writes its profile (an exit that skips Python's tear-down left no file, and said nothing)."""
+def test_a_command_started_by_another_program_gives_it_control_back(tmp_path):
+    """`python -m cProfile -o F train.py`, or a harness that runs a command with runpy.run_path: the command's end
+    returns to the program that started it (which then writes its profile, or goes on), where the exit that skips
+    Python's tear-down ended the process first. Run alone, or with python -m, the command still skips it."""
     script = tmp_path / "command.py"
     script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom errors import exit_without_teardown\n"
-                      f"print('done')\nexit_without_teardown(3)\n")
-    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(tmp_path / "profile"), str(script)],
-                          capture_output=True, text=True, timeout=patient(60))
-    assert done.stdout == "done\n" and done.stderr == ""
+                      f"class Loud:\n    def __del__(self):\n        print('torn down')\n"
+                      f"kept = Loud()\nprint('done')\nexit_without_teardown(3)\n")
+    profiled = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(tmp_path / "profile"), str(script)],
+                              capture_output=True, text=True, timeout=patient(60))
+    assert profiled.stdout.startswith("done\n") and profiled.stderr == ""
     assert pstats.Stats(str(tmp_path / "profile")).total_calls > 0
-    alone = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=patient(60))
-    assert (alone.returncode, alone.stdout) == (3, "done\n")
+    harness = ("import runpy, sys\ntry:\n    runpy.run_path(sys.argv[1], run_name='__main__')\n"
+               "except SystemExit as end:\n    print('back with', end.code)\n")
+    hosted = subprocess.run([sys.executable, "-c", harness, str(script)], capture_output=True, text=True,
+                            timeout=patient(60))
+    assert "back with 3\n" in hosted.stdout
+    for alone in ([str(script)], ["-m", "command"]):
+        done = subprocess.run([sys.executable, *alone], capture_output=True, text=True, timeout=patient(60),
+                              cwd=tmp_path)
+        assert (done.returncode, done.stdout) == (3, "done\n")  # no tear-down: the object is never collected
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
