@@ -31,7 +31,7 @@ from bench import parse_compare  # noqa: E402
 from errors import (ArgumentParser, Interrupted, UserError, check_output_file, exit_without_teardown,  # noqa: E402
                     run_cli)
 from train_command import run_train  # noqa: E402
-from training.run_folder import SUMMARY, RunDir, write_text_atomic  # noqa: E402
+from training.run_folder import SUMMARY, RunDir, read_summary, write_text_atomic  # noqa: E402
 
 # nanoGPT's README, "I only have a laptop": its Shakespeare config shrunk for a CPU (4x4x128, block 64, batch 12,
 # 2,000 steps, float32, no compilation), run in a copy of its checkout.
@@ -80,7 +80,9 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
     if code != 0:
         raise UserError(f"{shlex.join(['python', 'train.py', *argv])}: {last_line(log).removeprefix('error: ')[:300]} "
                         f"(exit code {code}; its output: {log})")
-    summary = json.loads((folder / SUMMARY).read_text(encoding="utf-8"))
+    summary = read_summary(folder)
+    if summary is None:
+        raise UserError(f"{folder / SUMMARY} cannot be read after the run; its output: {log}")
     seconds = summary.get("seconds", {})
     return {"whole_seconds": whole, "train_seconds": summary["train_seconds"],
             "first_step_seconds": summary.get("first_step_seconds"), "full_val_loss": summary.get("full_val_loss"),

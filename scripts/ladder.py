@@ -31,7 +31,7 @@ from errors import ArgumentParser, QuietExit, UserError, disk_error, exit_withou
 from errors import run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
-from training.run_folder import LAST, SUMMARY, write_atomic, write_text_atomic  # noqa: E402
+from training.run_folder import LAST, SUMMARY, read_summary, write_atomic, write_text_atomic  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_command import run_train  # noqa: E402
@@ -131,12 +131,9 @@ def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:
 
 def summary_of(folder: Path) -> dict | None:
     """A finished rung's summary.json, or None where it is not a readable one."""
-    try:
-        summary = json.loads((folder / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(summary, dict) or any(type(summary.get(key)) not in (int, float)
-                                            for key in ("full_val_loss", "train_seconds", "iterations")):
+    summary = read_summary(folder)
+    if summary is None or any(type(summary.get(key)) not in (int, float)
+                              for key in ("full_val_loss", "train_seconds", "iterations")):
         return None
     return summary  # its loss may be NaN or infinite (a run that diverged): a result, reported as "no loss"
 

@@ -2,6 +2,7 @@
 rungs are reused byte for byte, changed settings retrain, each rung's train.py command is printed, and a Chinese
 corpus works as well as an English one."""
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -102,6 +103,13 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
     summary.write_text(summary.read_text(encoding="utf-8")[:40], encoding="utf-8")  # cut short: trained again
     assert script.state_of(load_config(argv, False)[0], script.decide_corpus(args)[1]) == (
         "damaged", f"{summary} cannot be read")
+    kept_summary = summary.read_bytes()
+    summary.unlink()
+    os.mkfifo(summary)  # a pipe in its place is never waited on (it would hang the ladder for ever)
+    assert script.state_of(load_config(argv, False)[0], script.decide_corpus(args)[1]) == (
+        "damaged", f"{summary} cannot be read")
+    summary.unlink()
+    summary.write_bytes(kept_summary)
     # a rung left out of --rungs whose folder holds no finished run of these settings is left out of the table, said
     alone = ladder_here(capfd, *base, "--rungs", "bigram")
     rows = json.loads((out / "ladder.json").read_text(encoding="utf-8"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-import json
 import math
 import os
 import re
@@ -25,7 +24,7 @@ from configs.loader import check_same_model, init_config, resume_config
 from configs.schema import FIXED
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
 from data.corpus import NAMED
-from data.gate import RECORD_MAX_BYTES, read_small, recorded_size
+from data.gate import recorded_size
 from data.prepare import ShortSplit, short_split
 from data.tokenizer import vocabulary_difference
 from errors import UserError, python_command
@@ -38,7 +37,7 @@ from training.device import (Dist, Runtime, Threads, choose_threads, compile_wan
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_command
-from training.run_folder import SUMMARY, RunDir, find
+from training.run_folder import RunDir, find, read_summary
 
 
 class StopRequest(Protocol):
@@ -196,17 +195,18 @@ def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
 
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
     """For --resume of a run that has nothing left to do: where it finished and how to train further."""
-    summary_path = run_dir.path / SUMMARY
     since_best = state.get("evals_since_best", 0)  # its type and range were checked with the rest (checkpoint.load)
-    if (state["iter"] < cfg.max_iters and not plateaued(since_best, cfg.patience)) or not summary_path.is_file():
+    if state["iter"] < cfg.max_iters and not plateaued(since_best, cfg.patience):
         return None
+    summary = read_summary(run_dir.path)
+    if summary is None:
+        return None  # missing or damaged: finishing the run writes it
     try:
-        summary = json.loads(read_small(summary_path, "the run's summary", RECORD_MAX_BYTES))
         loss = f", full validation {summary['full_val_loss']:.4f}" if "full_val_loss" in summary else ""
         model = (f" (its model: step {summary['model_step']}, {summary['model_checkpoint']})"
                  if "model_step" in summary else "")
-    except (OSError, ValueError, TypeError, KeyError, UserError):
-        return None  # a damaged summary (or a pipe in its place, never read) is written again by finishing the run
+    except (ValueError, TypeError, KeyError):
+        return None
     where = shlex.quote(str(run_dir.path))
     if state["iter"] < cfg.max_iters:
         return (f"{run_dir.path} stopped early at step {state['iter']}{model}{loss}: {since_best} evaluations in a row "

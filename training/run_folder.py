@@ -461,6 +461,16 @@ def write_text_atomic(path: Path, text: str, what: str, option: str = "--out_dir
 
 
 # ---- the checkpoint a script reads -----------------------------------------------------------------------------------
+def read_summary(folder: Path) -> dict | None:
+    """A run's summary.json, read through the gate (a small regular file: a pipe in its place is never waited on), or
+    None where it is missing or not a JSON object."""
+    try:
+        summary = json.loads(gate.read_small(folder / SUMMARY, "the run's summary", gate.RECORD_MAX_BYTES))
+    except (OSError, ValueError, UserError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
          say: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
          option: str = "--out_dir") -> Path:
