@@ -98,17 +98,18 @@ def read_preset(spec: str) -> tuple[Path, dict]:
     if path.is_dir():
         raise UserError(f"--config {spec}: that is a folder; give a .toml file (a file in it, for example) or a "
                         f"preset: {', '.join(presets())}")
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"--config {spec}: no such preset or file{suggest(spec, presets())}; "
                         f"presets: {', '.join(presets())}")
     try:
-        data = read_small(path, "the config file", CONFIG_MAX_BYTES, "give a TOML file of settings")
+        data = read_small(path, "--config", CONFIG_MAX_BYTES, "give a TOML file of settings")
     except OSError as err:
         raise UserError(f"--config {spec}: cannot be read ({err.strerror}); give a file you can read") from None
     try:
         values = tomllib.loads(utf8_text(data, f"--config {spec}"))
-    except tomllib.TOMLDecodeError as err:
-        raise UserError(f"--config {spec}: not valid TOML ({err})") from None
+    except (tomllib.TOMLDecodeError, RecursionError, MemoryError) as err:  # (nesting deeper than Python's stack)
+        raise UserError(f"--config {spec}: not valid TOML ({err if isinstance(err, ValueError) else 'nested too deep'})"
+                        f"; give a TOML file of settings") from None
     for key in values:
         if key not in FIELDS:
             raise UserError(f"{path}: unknown field {key}{suggest(key, FIELDS)}")

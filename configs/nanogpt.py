@@ -10,7 +10,7 @@ import operator
 from pathlib import Path
 
 from configs.schema import CONFIG_MAX_BYTES, FIELDS, FIXED, TYPES
-from data.gate import read_small
+from data.gate import read_small, utf8_text
 from errors import UserError, python_command
 
 # nanoGPT's train.py settings that this trainer names or does otherwise: what to give instead. (The rest of its
@@ -123,10 +123,10 @@ def translate(name: str, value) -> tuple[str | None, str]:
 def as_toml(path: Path) -> str:
     """A nanoGPT config file (plain `name = value` lines) as this trainer's TOML: each setting under its name here,
     and a comment for each one that has no equivalent, saying what to do instead. The file is parsed, never run."""
+    text = utf8_text(read_small(path, "--config", CONFIG_MAX_BYTES, "give a config file"), f"--config {path}")
     try:
-        text = read_small(path, "the nanoGPT config", CONFIG_MAX_BYTES, "give a config file").decode("utf-8")
         tree = ast.parse(text, filename=str(path))
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as err:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:  # (the last two: nesting past the stack)
         raise UserError(f"--config {path}: cannot be read as a Python config ({type(err).__name__}); write the "
                         f"settings as TOML (name = value lines) and pass that file") from None
     lines = [f"# {path.stem}.toml: the settings of {path} (nanoGPT's Python config) as this trainer reads them"]
@@ -156,7 +156,7 @@ def python_config(spec: str, say=print) -> UserError:
     """--config FILE.py (or nanoGPT's `python train.py config/FILE.py`): this trainer never runs a config; the
     same settings as TOML are printed (say), and the error to raise names the file to save them to."""
     path = Path(spec)
-    if not path.is_file():
+    if not path.exists():
         return UserError(f"--config {spec}: no such file; presets are TOML files ({python_command('train.py')} --help "
                          f"lists them)")
     say(as_toml(path).rstrip("\n"))

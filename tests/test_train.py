@@ -368,19 +368,31 @@ def test_the_model_settings_have_one_source(tmp_path):
 
 
 def test_a_config_that_is_a_folder_or_not_utf8_text_says_so_and_how_to_fix_it(tmp_path, capsys):
-    """--config DIR says it is a folder (not 'no such preset or file'); a UTF-16 or binary file says which byte is not
-    UTF-8 and to save it so; a file beyond CONFIG_MAX_BYTES is refused unread: one line each, exit 2. A folder named like a preset leaves the preset chosen."""
-    utf16, binary = tmp_path / "utf16.toml", tmp_path / "binary.toml"
+    """--config DIR says it is a folder (not 'no such preset or file'); a UTF-16 or binary file (a nanoGPT .py config
+    too) says which byte is not UTF-8 and to save it so; a file beyond CONFIG_MAX_BYTES, a pipe or a device is refused
+    unread, and TOML or Python nested deeper than Python's stack is not valid: one line each, exit 2. A folder named
+    like a preset leaves the preset chosen."""
+    utf16, binary, utf16_py = tmp_path / "utf16.toml", tmp_path / "binary.toml", tmp_path / "utf16.py"
     utf16.write_text("max_iters = 3\n", encoding="utf-16")
+    utf16_py.write_text("max_iters = 3\n", encoding="utf-16")
     binary.write_bytes(bytes(range(128, 256)))
-    big = tmp_path / "big.toml"
+    big, fifo, deep, deep_py = (tmp_path / name for name in ("big.toml", "fifo.toml", "deep.toml", "deep.py"))
     big.write_text("#" * CONFIG_MAX_BYTES + "\n")
+    os.mkfifo(fifo)
+    deep.write_text("max_iters = " + "[" * 5000 + "]" * 5000 + "\n")
+    deep_py.write_text("max_iters = " + "1+" * 100_000 + "1\n")
     for spec, message in ((tmp_path, f"--config {tmp_path}: that is a folder; give a .toml file"),
+                          (fifo, f"--config {fifo}: not a regular file (a device, pipe or socket); save it to a file"),
+                          ("/dev/zero", "--config /dev/zero: not a regular file (a device, pipe or socket)"),
+                          (deep, f"--config {deep}: not valid TOML (nested too deep); give a TOML file of settings"),
+                          (deep_py, f"--config {deep_py}: cannot be read as a Python config (RecursionError)"),
+                          (utf16_py, f"--config {utf16_py}: not UTF-8 text: byte 0xff at position 0 cannot be decoded "
+                                     f"(it begins with UTF-16's byte-order mark); save it as UTF-8"),
                           (utf16, f"--config {utf16}: not UTF-8 text: byte 0xff at position 0 cannot be decoded (it "
                                   f"begins with UTF-16's byte-order mark); save it as UTF-8"),
                           (binary, f"--config {binary}: not UTF-8 text: byte 0x80 at position 0 cannot be decoded; "
                                    f"save it as UTF-8"),
-                          (big, f"the config file {big} is {CONFIG_MAX_BYTES + 1:,} bytes, more than the "
+                          (big, f"--config {big} is {CONFIG_MAX_BYTES + 1:,} bytes, more than the "
                                 f"{CONFIG_MAX_BYTES:,} such a file can hold; give a TOML file of settings")):
         assert run_cli(train.main, ["--config", str(spec)]) == 2
         err = capsys.readouterr().err
