@@ -223,6 +223,8 @@ def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
                 return None, f"{split}.bin is missing, not a plain file or of the wrong size"
             if n and int(np.memmap(path, dtype=dtype, mode="r").max()) >= tokenizer.vocab_size:
                 return None, f"{split}.bin holds ids beyond the vocabulary"
+        if meta["n_chars"] != meta["n_train"] + meta["n_val"]:
+            return None, "n_chars is not n_train + n_val"
     except (OSError, ValueError, KeyError, TypeError, UserError) as err:
         return None, f"{type(err).__name__}: {str(err)[:80]}"
     return meta, None

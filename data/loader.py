@@ -47,13 +47,10 @@ class Batches:
         dtype = np.dtype(prepared.meta["dtype"])
         self.data = {}
         sizes = {split: prepared.meta[f"n_{split}"] for split in ("train", "val")}
-        short = short_split(sizes, block_size)
-        if short is not None:  # the block_size suggested fits both splits (prepare saw to it that one does: 1)
-            largest, n = min(sizes.values()) - 1, sizes[short]
-            raise ShortSplit(f"the {short} split has {n:,} character{'s' * (n != 1)}, fewer than block_size + 1 = "
-                             f"{block_size + 1}; give --block_size {largest} or less (the most both splits allow: "
-                             f"train {sizes['train']:,}, val {sizes['val']:,}), a longer corpus or a different "
-                             f"--val_fraction", sizes)
+        if (short := short_split(sizes, block_size)) is not None:  # (prepare saw to it that block_size 1 fits)
+            raise ShortSplit(f"{short.problem()}; give --block_size {short.largest} or less (the most both splits "
+                             f"allow: train {sizes['train']:,}, val {sizes['val']:,}), a longer corpus or a different "
+                             f"--val_fraction", short)
         for split, n in sizes.items():
             self.data[split] = np.memmap(prepared.path(split), dtype=dtype, mode="r", shape=(n,))
         self.seed = seed

@@ -34,35 +34,56 @@ class Prepared:
         return self.dir / f"{split}.bin"
 
 
+@dataclass
+class Shortfall:
+    """The first split (train, then val) too short for one window of block_size + 1 characters, and what can help."""
+    split: str
+    sizes: dict[str, int]  # each split's characters
+    block_size: int
+
+    def problem(self, of: str = "") -> str:
+        n = self.sizes[self.split]
+        return (f"the {self.split} split{of} has {n:,} character{'s' * (n != 1)}, fewer than block_size + 1 = "
+                f"{self.block_size + 1}")
+
+    @property
+    def largest(self) -> int:
+        """The largest block_size both splits allow (0: none)."""
+        return min(self.sizes.values()) - 1
+
+    @property
+    def other_fraction(self) -> str:
+        """Another --val_fraction, where one helps (0.5 gives both splits a window from twice its length on)."""
+        return (f" or a {'larger' if self.split == 'val' else 'smaller'} --val_fraction"
+                if sum(self.sizes.values()) >= 2 * (self.block_size + 1) else "")
+
+
+def short_split(sizes: dict[str, int], block_size: int = 1) -> Shortfall | None:
+    """The shortfall of splits of these sizes for block_size, or None. At block_size 1, the smallest a model has, a
+    split of fewer than 2 characters: one no model trains on."""
+    split = next((split for split, n in sizes.items() if n < block_size + 1), None)
+    return None if split is None else Shortfall(split, sizes, block_size)
+
+
 class ShortSplit(UserError):
-    """A split too short for one window (short_split). Its line says what a new run can change; sizes (each split's
-    characters) let a run that keeps its block_size say what it can (training.opening)."""
+    """A split too short for one window. Its line says what a new run can change; its shortfall lets a run that keeps
+    its block_size say what it can (training.opening)."""
 
-    def __init__(self, line: str, sizes: dict[str, int]):
+    def __init__(self, line: str, shortfall: Shortfall):
         super().__init__(line)
-        self.sizes = sizes
+        self.shortfall = shortfall
 
 
-def short_split(sizes: dict[str, int], block_size: int = 1) -> str | None:
-    """The first split (train, then val) with fewer than block_size + 1 characters, the length of one window, or None.
-    At block_size 1, the smallest a model has, that is a split of fewer than 2 characters: one no model trains on."""
-    return next((split for split, n in sizes.items() if n < block_size + 1), None)
-
-
-def check_splits(name: str, n_chars: int, n_train: int, val_fraction: float) -> None:
+def check_splits(name: str, n_train: int, n_val: int, val_fraction: float) -> None:
     """A text whose split leaves either part too short for any model (short_split at block_size 1) is refused,
     before its token files are written or a cached entry of it is used; the block_size a run asks for is checked
     where its batches are drawn (data.loader.Batches)."""
-    sizes = {"train": n_train, "val": n_chars - n_train}
-    short = short_split(sizes)
-    if short is None:
-        return
-    # from 4 characters on, another --val_fraction helps (0.5 leaves 2 or more on each side)
-    other = f" or a {'larger' if short == 'val' else 'smaller'} --val_fraction" if n_chars >= 4 else ""
-    raise ShortSplit(f"--data {name}: too short: --val_fraction {val_fraction:g} splits its {n_chars:,} "
-                     f"character{'s' * (n_chars != 1)} into {sizes['train']:,} for training and {sizes['val']:,} for "
-                     f"validation, and a model needs 2 or more in each (a character and the one after it); give a "
-                     f"longer text{other}", sizes)
+    if (short := short_split({"train": n_train, "val": n_val})) is not None:
+        n_chars = n_train + n_val
+        raise ShortSplit(f"--data {name}: too short: --val_fraction {val_fraction:g} splits its {n_chars:,} "
+                         f"character{'s' * (n_chars != 1)} into {n_train:,} for training and {n_val:,} for "
+                         f"validation, and a model needs 2 or more in each (a character and the one after it); give "
+                         f"a longer text{short.other_fraction}", short)
 
 
 def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterator[str]:
@@ -150,7 +171,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
     if final.exists():
         meta, why = cache_entry(final)
         if meta is not None:
-            check_splits(corpus.name, meta["n_chars"], meta["n_train"], val_fraction)
+            check_splits(corpus.name, meta["n_train"], meta["n_val"], val_fraction)
             if check is not None:
                 check(sha256, meta["vocab"])
             meta["source"] = corpus.name  # the cache is keyed by content: the same text under another name is this one
@@ -198,7 +219,7 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
     n_train = int(n_chars * (1 - val_fraction))
     if check is not None:
         check(sha256, tokenizer.chars)
-    check_splits(corpus.name, n_chars, n_train, val_fraction)
+    check_splits(corpus.name, n_train, n_chars - n_train, val_fraction)
 
     # Pass 2: encode and write, the first n_train characters to train.bin and the rest to val.bin.
     final.parent.mkdir(parents=True, exist_ok=True)

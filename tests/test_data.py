@@ -1,6 +1,7 @@
 """Data: tokenizer round-trips, preparation and its cache, batches, named corpora, and bad input."""
 import contextlib
 import io
+import json
 import os
 import sys
 from pathlib import Path
@@ -318,6 +319,20 @@ def test_a_split_shorter_than_a_block_is_refused_with_a_block_size_that_fits_bot
     assert Batches(prepared, block_size=19, batch_size=2, device="cpu").get_batch("val")[0].shape == (2, 19)
     with pytest.raises(UserError, match="val split has 20 characters, fewer than block_size \\+ 1 = 21"):
         Batches(prepared, block_size=20, batch_size=2, device="cpu")
+
+
+@pytest.mark.parametrize("n_chars", ["100", 101])
+def test_a_cache_entry_whose_character_count_is_not_its_splits_is_prepared_again(tmp_path, n_chars):
+    """A cached meta.json whose n_chars is not n_train + n_val (a string, or one more) is a damaged entry, prepared
+    again with a note: not a TypeError traceback, nor a 'too short' refusal of a text that is long enough."""
+    first = prepared_from("x" * 100, tmp_path)
+    meta = json.loads((first.dir / "meta.json").read_text(encoding="utf-8"))
+    (first.dir / "meta.json").write_text(json.dumps({**meta, "n_chars": n_chars}), encoding="utf-8")
+    notes = []
+    again = prepare(resolve(str(tmp_path / "corpus.txt"), tmp_path / "cache"), tmp_path / "cache", say=notes.append)
+    assert not again.reused and (again.meta["n_train"], again.meta["n_val"]) == (90, 10)
+    assert notes == [f"note: the cached token files in {first.dir} are damaged (n_chars is not n_train + n_val); "
+                     f"preparing them again"]
 
 
 def test_a_text_too_short_for_any_model_is_refused_when_prepared_and_nothing_is_written(tmp_path, monkeypatch):

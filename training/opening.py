@@ -158,25 +158,20 @@ def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict
     except ShortSplit as err:
         if resumed is None and init is None:
             raise
-        sizes, least = err.sizes, cfg.block_size + 1
-        short, largest = short_split(sizes, cfg.block_size), min(sizes.values()) - 1
-        n = sizes[short]
-        problem = (f"the {short} split of {cfg.data} has {n:,} character{'s' * (n != 1)}, fewer than block_size + 1 = "
-                   f"{least}")
+        short = short_split(err.shortfall.sizes, cfg.block_size)  # (prepare's refusal measured block_size 1)
+        problem = short.problem(f" of {cfg.data}")
         if resumed is not None:
             source = resumed.get("data", {}).get("source")
             line = (f"--resume: {problem}, and a resume keeps the run's block_size ({cfg.block_size}) and val_fraction "
                     f"({cfg.val_fraction:g}); resume on a longer text"
                     f"{f' (this run was trained on {source})' if source else ''}")
             new_run = "in another --out_dir"
-        else:  # --val_fraction 0.5 gives both splits a window from 2 x least characters on
-            other = (f" or a {'larger' if short == 'val' else 'smaller'} --val_fraction"
-                     if sum(sizes.values()) >= 2 * least else "")
+        else:
             line = (f"--init_from: {problem}, and fine-tuning keeps the model's block_size ({cfg.block_size}); give a "
-                    f"longer text{other}")
+                    f"longer text{short.other_fraction}")
             new_run = "without --init_from"
-        if largest >= 1:
-            line += f", or train a new run on this text with --block_size {largest} or less {new_run}"
+        if short.largest >= 1:
+            line += f", or train a new run on this text with --block_size {short.largest} or less {new_run}"
         raise UserError(line) from None
 
 
