@@ -25,8 +25,9 @@ CONFIG_MAX_BYTES = 1 << 20  # a file of settings (TOML, or nanoGPT's Python); a 
 MAX_STEPS = 10**12
 STEP_COUNTS = ("max_iters", "warmup_iters", "lr_decay_iters", "eval_interval", "log_interval", "max_nonfinite_steps",
                "patience")
-# Each evaluation draws the windows of all its eval_iters batches of a split at once (data.loader's fixed_batches:
-# under a kilobyte a batch), and at a millisecond a batch a million batches of each split take over half an hour.
+# Each evaluation draws the starts of all its eval_iters batches of a split at once (data.loader's fixed_batches: 8
+# bytes a window, batch_size windows a batch), and at a millisecond a batch a million batches of each split take over
+# half an hour.
 MAX_EVAL_ITERS = 1_000_000
 
 

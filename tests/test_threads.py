@@ -257,8 +257,8 @@ def test_the_estimate_is_a_range_from_the_steps_timed_and_is_kept_for_the_last_l
 
 def test_the_estimate_counts_each_evaluations_sample_and_pictures(corpus, tmp_path):
     """The sample and attention pictures each evaluation makes (here 3 s each, at steps 0, 10 and 20, as
-    Session.record_seconds timed them) are part of the whole and said; where they are a long run's largest part, its
-    note names the flags that cut them first."""
+    Session.record_seconds timed them) are part of the whole and said (not where they would be said as "0 s"); where
+    they are a long run's largest part, its note names the flags that cut them first."""
     run, messages = estimate_said(corpus, tmp_path, "debug", [0.4, 0.5, 0.6], records=3.0)
     low, high = whole_seconds(run, 0.4, 2.0, 3.0), whole_seconds(run, 0.6, 2.0, 3.0)
     assert run.phases.expected == (pytest.approx(low), pytest.approx(high))
@@ -270,6 +270,8 @@ def test_the_estimate_counts_each_evaluations_sample_and_pictures(corpus, tmp_pa
     assert ", their samples and pictures 50 min, the final full validation " in long[0]
     assert long[0].endswith("; for a shorter one: a lower --sample_chars or --log_attention false; or a lower "
                             "--max_iters")
+    _, brief = estimate_said(corpus, tmp_path, "debug", [0.4, 0.5, 0.6], records=0.01)  # 0.03 s: said as "0 s"
+    assert "samples and pictures" not in brief[0] and brief[0].startswith("this run: about ")
 
 
 def test_a_sample_is_timed_on_a_few_characters_and_a_picture_once_laid_out(corpus, tmp_path, monkeypatch):

@@ -519,7 +519,7 @@ def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None
               "a lower --sample_chars or --log_attention false"),
              (middle.full_validation, f"the final full validation {duration(middle.full_validation)}",
               "--full_val false")]
-    parts = [part for part in parts if part[0] > 0]
+    parts = parts[:1] + [part for part in parts[1:] if part[0] >= 0.5]  # (a part said as "0 s" says nothing)
     what = ", ".join(what for _, what, _ in parts)
     expected = durations(*run.phases.expected)
     if so_far + middle.total < SLOW_RUN_SECONDS:
