@@ -118,13 +118,13 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
                                  "settings: one_head (damaged); --rungs one_head trains them with these\n")
 
 
-def test_an_unknown_rung_is_one_line(tmp_path):
+def test_an_unknown_rung_is_one_line(tmp_path, capfd):
     """An unknown rung, or a --rungs naming none (empty, or commas alone), is one line and trains nothing; a stray
     comma beside a rung is no rung of its own."""
-    wrong = ladder("--out_dir", str(tmp_path / "l"), "--rungs", "bigram,,trigram")
+    wrong = ladder_here(capfd, "--out_dir", str(tmp_path / "l"), "--rungs", "bigram,,trigram")
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "--rungs: no rung trigram;" in wrong.stderr
     for none in ("", ",", " , "):
-        empty = ladder("--out_dir", str(tmp_path / "l"), "--rungs", none)
+        empty = ladder_here(capfd, "--out_dir", str(tmp_path / "l"), "--rungs", none)
         assert empty.returncode == 2 and empty.stderr.startswith("error: --rungs: names no rung; choose from bigram, "
                                                                  "average,"), empty.stderr
     assert not (tmp_path / "l").exists()
