@@ -16,7 +16,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import Callable, Iterator, NoReturn
 
 
 class UserError(Exception):
@@ -149,6 +149,28 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
     if not os.access(folder, os.W_OK):
         raise UserError(f"{option} {path}: the folder {folder} is not writable; choose another place")
     return target
+
+
+@contextlib.contextmanager
+def output_folder(folder: Path, option: str) -> Iterator[Path]:
+    """The folder a command writes its files into, made with its missing parents (one line where it cannot be). Where
+    the command then fails (a full disk) or is stopped, the folders made here are removed again while they are still
+    empty, so that a failed write leaves the place as it was."""
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{option} {folder} is a file, not a folder; choose another {option}")
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # the innermost first
+    try:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"{option} {folder}: cannot create the folder ({err.strerror or err}); choose another "
+                            f"place") from None
+        yield folder
+    except BaseException:
+        for empty in made:
+            with contextlib.suppress(OSError):  # (one that holds a file, or that is not there, stays as it is)
+                empty.rmdir()
+        raise
 
 
 def _tell(line: str) -> None:

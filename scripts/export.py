@@ -16,7 +16,7 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 
 import torch  # noqa: E402
 
-from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, output_folder, run_cli  # noqa: E402
 from model.attention import ROPE_BASE  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 from training.run_folder import find, holder, write_atomic, write_text_atomic  # noqa: E402
@@ -93,6 +93,20 @@ def write_onnx(model, target: Path) -> None:
         write_atomic(target, lambda f: f.write(graph.read_bytes()), "the ONNX graph", "--to")
 
 
+def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: bool) -> list[str]:
+    """The weights, config.json, vocab.json and, with onnx, the ONNX graph, written into folder; their names."""
+    write_safetensors(model, folder / "model.safetensors")
+    write_text_atomic(folder / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
+                      "config.json", "--to")
+    vocab = {"format": FORMAT, "chars": list(tokenizer.chars),
+             "meaning": "id i is chars[i]: a text is encoded character by character"}
+    write_text_atomic(folder / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False) + "\n", "vocab.json",
+                      "--to")
+    if onnx:
+        write_onnx(model, folder / "model.onnx")
+    return ["model.safetensors", "config.json", "vocab.json"] + ["model.onnx"] * onnx
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     missing = [name for name in ONNX_NEEDS if importlib.util.find_spec(name) is None]
@@ -101,25 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = load_model(path, "cpu")
     folder = Path(args.to) if args.to else path.parent / "export"
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"--to {folder} is a file, not a folder; choose another --to")
-    if owner := holder(folder):  # a run's folder while it trains: the export's files would land among the run's
-        raise UserError(f"--to {folder} is the folder of a run that {owner} is training; choose another --to")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"--to {folder}: cannot create it ({err.strerror}); choose another --to") from None
-    write_safetensors(model, folder / "model.safetensors")
-    write_text_atomic(folder / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
-                      "config.json", "--to")
-    vocab = {"format": FORMAT, "chars": list(tokenizer.chars),
-             "meaning": "id i is chars[i]: a text is encoded character by character"}
-    write_text_atomic(folder / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False) + "\n", "vocab.json",
-                      "--to")
-    written = ["model.safetensors", "config.json", "vocab.json"]
-    if args.onnx is not False and not missing:
-        write_onnx(model, folder / "model.onnx")
-        written.append("model.onnx")
+    with output_folder(folder, "--to"):
+        if owner := holder(folder):  # a run's folder while it trains: the export's files would land among the run's
+            raise UserError(f"--to {folder} is the folder of a run that {owner} is training; choose another --to")
+        written = write_all(model, tokenizer, state, path, folder, args.onnx is not False and not missing)
     print(f"{path}: step {state['iter']}, {model.num_params(non_embedding=False):,} parameters; wrote "
           f"{', '.join(written)} into {folder}")
     if args.onnx is None and missing:

@@ -8,7 +8,7 @@ import contextlib
 import math
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -19,7 +19,7 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, exit_without_teardown, output_folder, run_cli  # noqa: E402
 from model.textbook import Head, masked_softmax, valid_key_mask  # noqa: E402
 from model.scoring import additive_scores, attend, dot_product_scores  # noqa: E402
 loaded()
@@ -786,32 +786,6 @@ def check_chinese_font() -> None:
                         f"in English (--lang en)")
 
 
-@contextlib.contextmanager
-def picture_folder(folder: str) -> Iterator[Path | None]:
-    """--png's folder (None without --png), made if missing, with its missing parents; one line where it cannot be.
-    Where the command then fails (a full disk) or is stopped, the folders made here are removed again while they are
-    still empty, so that a failed write leaves the place as it was."""
-    if not folder:
-        yield None
-        return
-    path = Path(folder)
-    if path.exists() and not path.is_dir():
-        raise UserError(f"--png {folder} is a file; give a folder for the pictures")
-    made = [p for p in (path, *path.parents) if not p.exists()]  # the innermost first
-    try:
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise UserError(f"--png {folder}: cannot create the folder ({err.strerror or err}); choose another "
-                            f"place") from None
-        yield path
-    except BaseException:
-        for empty in made:
-            with contextlib.suppress(OSError):  # (one that holds a file, or that is not there, stays as it is)
-                empty.rmdir()
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description="Recompute the tutorials' worked examples step by step.")
     parser.add_argument("tutorial", nargs="*", metavar="NNN", help=f"which ones ({', '.join(TUTORIALS)}; default: all)")
@@ -827,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     say, zh = speaker(args.lang), args.lang == "zh"
     if args.png and zh:
         check_chinese_font()
-    with picture_folder(args.png) as folder:
+    with output_folder(Path(args.png), "--png") if args.png else contextlib.nullcontext() as folder:
         print(say(*COUNTING))
         for number in dict.fromkeys(args.tutorial) or TUTORIALS:  # (each once, in the order given)
             titles, steps = TUTORIALS[number]

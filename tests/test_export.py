@@ -126,3 +126,26 @@ def test_export_into_the_folder_of_a_run_in_training_is_refused_in_one_line(run_
     assert done.stderr.startswith(f"error: --to {busy.path} is the folder of a run that process {os.getpid()} (")
     assert done.stderr.endswith("is training; choose another --to\n")
     assert not busy.path.exists()  # it held only the lock, so its release removed it: the export wrote nothing there
+
+
+def test_a_failed_export_removes_the_folders_it_made_and_keeps_one_that_was_there(run_dir, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """A full disk while exporting is one line, exit 2, and leaves the place as it was: the --to folder the export
+    made (with its missing parents) is removed again, where a folder that was there before stays, with its files."""
+    import errno
+
+    import export
+    from errors import run_cli
+    from training import run_folder
+
+    def no_space(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(run_folder.os, "fsync", no_space)
+    new = tmp_path / "new" / "export"
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(new), "--onnx=false"]) == 2
+    assert "No space left on device" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    there = tmp_path / "there"
+    there.mkdir()
+    (there / "notes.txt").write_text("the user's")
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(there), "--onnx=false"]) == 2
+    assert [p.name for p in there.iterdir()] == ["notes.txt"]
