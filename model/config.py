@@ -53,11 +53,10 @@ class Architecture:
                 raise ValueError(f"{name} must be {rule}, got {value!r}")
             if value > MAX_SIZE:  # a tensor's sizes are 64-bit; far below that, no machine holds the model anyway
                 raise ValueError(f"{name} must be at most {MAX_SIZE:,}, got {value:,}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
-                f"try n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))}"
-            )
+        if self.n_embd % self.n_head != 0:  # the suggestion: the nearest n_embd that fits, rope's even heads too
+            step = self.n_head * (2 if self.position == "rope" else 1)
+            fits = max(step, min(step * round(self.n_embd / step), MAX_SIZE // step * step))
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); try n_embd={fits}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.logit_softcap < float("inf"):  # (NaN fails both comparisons)

@@ -422,11 +422,15 @@ def test_a_bad_value_names_the_config_file_and_key_it_came_from_or_the_flag(tmp_
                           # a check of two settings blames neither (nor the preset the other came from)
                           (["--config", "debug", "--n_head", "5"], "error: n_embd (32) must be divisible by n_head "
                                                                    "(5); try n_embd=30\n"),
-                          (["--n_head", "7"], "error: n_embd (160) must be divisible by n_head (7); try n_embd=161\n")):
+                          # the n_embd suggested fits rope's even heads (161 / 7 is 23), and the ceiling on sizes
+                          (["--n_head", "7"], "error: n_embd (160) must be divisible by n_head (7); try n_embd=154\n"),
+                          (["--n_head", "2", "--n_embd", "2147483647"], "error: n_embd (2147483647) must be divisible "
+                                                                        "by n_head (2); try n_embd=2147483644\n")):
         assert run_cli(train.main, argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(message) and err.count("\n") == 1, err
     assert load_config(["--config", str(negative), "--max_iters", "3"], False)[0].max_iters == 3
+    assert load_config(["--n_head", "7", "--n_embd", "154"], False)[0].n_embd == 154  # the suggestion is taken
 
 
 def test_bad_preset_file_names_the_field(tmp_path):
