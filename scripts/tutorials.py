@@ -475,8 +475,8 @@ def tutorial_003(say: Say = ENGLISH) -> list[Step]:
     seeing = {1: say("entries of 0.04 to 0.24: a change in any input moves every output",
                      "各项在 0.04 到 0.24 之间：任何一个输入变了，每个输出都跟着变"),
               10: say("entries of 1e-4 and less: the gradient has nearly vanished", "各项不超过 1e-4：梯度几乎消失了"),
-              100: say("entries of 1e-44 and less, one of them 0 (∂y₃/∂x₃ = y₃(1 - y₃) is about 7e-44, but 1 - y₃ rounds to 0 even in "
-                       "float64): no gradient reaches the input at all",
+              100: say("entries of 1e-44 and less, one of them 0 (∂y₃/∂x₃ = y₃(1 - y₃) is about 7e-44, but 1 - y₃ "
+                       "rounds to 0 even in float64): no gradient reaches the input at all",
                        "各项不超过 1e-44，其中一项是 0（∂y₃/∂x₃ = y₃(1 - y₃) 约为 7e-44，但 1 - y₃ 即使在 float64 中也舍入为 0）："
                        "根本没有梯度回到输入")}
     return [

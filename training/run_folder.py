@@ -474,9 +474,10 @@ def read_summary(folder: Path) -> dict | None:
 def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
          say: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
          option: str = "--out_dir") -> Path:
-    """The checkpoint a script reads: --ckpt FILE (without --out_dir), else the first of names in out_dir (by default ckpt_best.pt, the
-    lowest validation loss, then ckpt_last.pt); with neither, the newest run in out/ not still training, said, so
-    the command after `python train.py` needs no folder name (which depends on the corpus the run could reach).
+    """The checkpoint a script reads: --ckpt FILE (without --out_dir), else the first of names in out_dir (by default
+    ckpt_best.pt, the lowest validation loss, then ckpt_last.pt); with neither, the newest run in out/ not still
+    training, said, so the command after `python train.py` needs no folder name (which depends on the corpus the run
+    could reach).
     option: how the caller's user gives the folder (the scripts' --out_dir, the Python API's run argument), named
     where a message asks for another."""
     if ckpt:
