@@ -750,6 +750,53 @@ def test_a_log_file_gets_a_line_per_log_interval_and_mfu_never_passes_100(corpus
     assert max(e.value for e in events.Scalars("perf/mfu")) == 100.0  # a percentage, as on the console
 
 
+def test_the_peak_never_times_a_shapes_first_product(monkeypatch):
+    """The peak FLOP/s the MFU divides by never times a shape's first product, which on a GPU carries the library's
+    set-up: with the first product made half a second slower, the peak is still this machine's rate (timing it gave
+    one product per half second, 1/30 of it here; on an H200 the MFU came out 15-20x too high)."""
+    cpu = torch.device("cpu")
+    rate = device.measure_peak_flops(cpu, torch.float32)
+    products, matmul = [], torch.Tensor.__matmul__
+
+    def slow_first(a, b):  # a device that sets itself up at its first product
+        if not products:
+            time.sleep(0.5)
+        products.append(a.shape)
+        return matmul(a, b)
+    monkeypatch.setattr(torch.Tensor, "__matmul__", slow_first)
+    assert device.measure_peak_flops(cpu, torch.float32) > rate / 8
+    assert len(products) > 2  # the warm-up, then trials
+
+
+def test_max_autotune_keeps_torchs_asides_off_the_screen(monkeypatch):
+    """A max-autotune mode hides what torch says to itself: the TypedStorage warning torch's autotuner raises (a smoke
+    FAIL on an H200) is not shown where a torch module raises it, but still is where a user's code does; inductor's
+    tables of kernel timings are turned off, unless an environment variable of torch's asks for them."""
+    import warnings
+    from torch._inductor import config
+    from torch.storage import _reset_warn_typed_storage_removal
+    for name in device.AUTOTUNE_TABLES:
+        monkeypatch.setattr(config, name, getattr(config, name))  # put back after the test
+    displayed, stats = device.AUTOTUNE_TABLES.values()
+    monkeypatch.delenv(displayed[0], raising=False)
+    monkeypatch.setenv(stats[0], "1")  # asked for: kept
+    report = config.max_autotune_report_choices_stats
+
+    def storage_called_from(module: str) -> list[str]:
+        _reset_warn_typed_storage_removal()  # torch warns once a process
+        with warnings.catch_warnings(record=True) as caught:
+            exec(compile("torch.zeros(2).storage()", f"{module}.py", "exec"), {"__name__": module, "torch": torch})
+        return [str(w.message).split(".")[0] for w in caught]
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert storage_called_from("torch._inductor.select_algorithm") == ["TypedStorage is deprecated"]
+        device.quiet_autotuning()
+        assert storage_called_from("torch._inductor.select_algorithm") == []
+        assert storage_called_from("my_tool") == ["TypedStorage is deprecated"]
+    assert config.autotune_num_choices_displayed == 0
+    assert config.max_autotune_report_choices_stats == report
+
+
 @pytest.mark.parametrize("argv, preset, n_layer, max_iters", [
     ([], "shakespeare_char_cpu", 2, 300),  # no CUDA here: the CPU preset is what would run
     (["--config", "shakespeare_char_cpu_long"], "shakespeare_char_cpu_long", 5, 2000),
