@@ -2,6 +2,12 @@
 train.bin / val.bin token files; the entry is kept only where each pass read the bytes the key sums."""
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as a file, as nanoGPT's data/*/prepare.py scripts are
+    import sys
+    print("error: data/prepare.py is the library the commands use, not a command; prepare a corpus with: python "
+          "scripts/prepare.py --data FILE (python train.py --data FILE also prepares it)", file=sys.stderr)
+    raise SystemExit(2)
+
 import codecs
 import hashlib
 import json

@@ -368,3 +368,13 @@ def test_a_text_too_short_for_any_model_is_refused_when_prepared_and_nothing_is_
                        "needs 2 or more in each \\(a character and the one after it\\); give a longer text$"):
         prepared_from("abc", tmp_path, name="short.txt")
     assert {p: p.read_bytes() for p in entry.iterdir()} == before
+
+
+def test_data_prepare_run_as_a_file_names_the_command_in_one_line():
+    """`python data/prepare.py`, as nanoGPT's data/*/prepare.py are run, is one line naming scripts/prepare.py and exit
+    2, not a ModuleNotFoundError traceback (the file is a module of the data package)."""
+    import subprocess
+    from conftest import ROOT
+    done = subprocess.run([sys.executable, "data/prepare.py"], cwd=ROOT, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.count("\n") == 1 and "python scripts/prepare.py --data FILE" in done.stderr
