@@ -28,7 +28,7 @@ from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.prepare import corpus_key  # noqa: E402
 from data.gate import read_small  # noqa: E402
 from errors import ArgumentParser, QuietExit, UserError, disk_error, exit_without_teardown, python_command  # noqa: E402
-from errors import run_cli  # noqa: E402
+from errors import output_folder, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
 from training.run_folder import LAST, SUMMARY, read_summary, write_atomic, write_text_atomic  # noqa: E402
@@ -252,7 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file; choose a folder")
     check_table(out / TABLE)
-    out.mkdir(parents=True, exist_ok=True)
+    with output_folder(out, "--out_dir"):  # (made here, it goes again if the ladder ends before a rung wrote in it)
+        return climb(args, out, chosen, passed)
+
+
+def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
+    """Each chosen rung trained (or its finished run reused), then the table and ladder.png written in out."""
     args.data, text_sha256 = decide_corpus(args, say=lambda message: print(message, file=sys.stderr))
 
     # The table holds every rung whose folder has a finished run of these settings: those --rungs names, trained or

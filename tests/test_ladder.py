@@ -130,6 +130,18 @@ def test_an_unknown_rung_is_one_line(tmp_path, capfd):
     assert not (tmp_path / "l").exists()
 
 
+def test_a_ladder_that_fails_before_its_first_rung_leaves_no_folder_it_made(tmp_path, capfd):
+    """A ladder that ends before its first rung (a text that is not there) removes the --out_dir folders it made, its
+    missing parents included, and keeps a folder that was there before."""
+    missing = str(tmp_path / "no such.txt")
+    failed = ladder_here(capfd, "--out_dir", str(tmp_path / "new" / "ladder"), "--data", missing)
+    assert failed.returncode == 2 and failed.stderr.count("\n") == 1 and "no such.txt" in failed.stderr
+    assert sorted(tmp_path.iterdir()) == []
+    (tmp_path / "mine").mkdir()
+    assert ladder_here(capfd, "--out_dir", str(tmp_path / "mine"), "--data", missing).returncode == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]
+
+
 def test_a_ladder_json_the_ladder_did_not_write_is_kept_and_said_in_one_line(tmp_path, capfd):
     """A ladder.json that is not a table the ladder wrote (another file of that name, one damaged, a link, a folder)
     would be replaced by the new table: the ladder refuses in one line before it trains, and every file stays as it
