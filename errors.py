@@ -153,9 +153,9 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
 
 @contextlib.contextmanager
 def output_folder(folder: Path, option: str) -> Iterator[Path]:
-    """The folder a command writes its files into, made with its missing parents (one line where it cannot be). Where
-    the command then fails (a full disk) or is stopped, the folders made here are removed again while they are still
-    empty, so that a failed write leaves the place as it was."""
+    """The folder a command writes its files into, made with its missing parents (one line where it cannot be). The
+    folders made here that are still empty when the command ends (it failed, a full disk, or was stopped before it
+    wrote) are removed again, so that a command that wrote nothing leaves the place as it was."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{option} {folder} is a file, not a folder; choose another {option}")
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # the innermost first
@@ -166,11 +166,10 @@ def output_folder(folder: Path, option: str) -> Iterator[Path]:
             raise UserError(f"{option} {folder}: cannot create the folder ({err.strerror or err}); choose another "
                             f"place") from None
         yield folder
-    except BaseException:
+    finally:
         for empty in made:
             with contextlib.suppress(OSError):  # (one that holds a file, or that is not there, stays as it is)
                 empty.rmdir()
-        raise
 
 
 def _tell(line: str) -> None:

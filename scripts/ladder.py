@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file; choose a folder")
     check_table(out / TABLE)
-    with output_folder(out, "--out_dir"):  # (made here, it goes again if the ladder ends before a rung wrote in it)
+    with output_folder(out, "--out_dir"):  # (made here, it goes again if the ladder ends before a rung writes in it)
         return climb(args, out, chosen, passed)
 
 

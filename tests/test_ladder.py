@@ -130,16 +130,21 @@ def test_an_unknown_rung_is_one_line(tmp_path, capfd):
     assert not (tmp_path / "l").exists()
 
 
-def test_a_ladder_that_fails_before_its_first_rung_leaves_no_folder_it_made(tmp_path, capfd):
-    """A ladder that ends before its first rung (a text that is not there) removes the --out_dir folders it made, its
-    missing parents included, and keeps a folder that was there before."""
+def test_a_ladder_that_ends_before_a_rung_wrote_leaves_no_folder_it_made(tmp_path, corpus, capfd, monkeypatch):
+    """A ladder that ends before a rung wrote in its --out_dir (a text that is not there; its first rung's train.py
+    stopped while loading) removes the folders it made, missing parents included, and keeps one that was there."""
+    import ladder as script
     missing = str(tmp_path / "no such.txt")
     failed = ladder_here(capfd, "--out_dir", str(tmp_path / "new" / "ladder"), "--data", missing)
     assert failed.returncode == 2 and failed.stderr.count("\n") == 1 and "no such.txt" in failed.stderr
-    assert sorted(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+    monkeypatch.setattr(script, "train_rung", lambda *args: 130)  # (train.py: "stopped before training began")
+    stopped = ladder_here(capfd, "--out_dir", str(tmp_path / "new" / "ladder"), "--data", str(corpus),
+                          "--cache_dir", str(tmp_path / "cache"))
+    assert stopped.returncode == 130 and not (tmp_path / "new").exists()
     (tmp_path / "mine").mkdir()
     assert ladder_here(capfd, "--out_dir", str(tmp_path / "mine"), "--data", missing).returncode == 2
-    assert [p.name for p in tmp_path.iterdir()] == ["mine"]
+    assert (tmp_path / "mine").is_dir()
 
 
 def test_a_ladder_json_the_ladder_did_not_write_is_kept_and_said_in_one_line(tmp_path, capfd):

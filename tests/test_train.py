@@ -752,20 +752,20 @@ def test_a_log_file_gets_a_line_per_log_interval_and_mfu_never_passes_100(corpus
 
 def test_the_peak_never_times_a_shapes_first_product(monkeypatch):
     """The peak FLOP/s the MFU divides by never times a shape's first product, which on a GPU carries the library's
-    set-up: with the first product made half a second slower, the peak is still this machine's rate (timing it gave
-    one product per half second, 1/30 of it here; on an H200 the MFU came out 15-20x too high)."""
+    set-up: with the first product made a second slower, the peak is still this machine's rate (timing it gave one
+    product a second, 1/60 of it here; on an H200 a small model's MFU came out 23-35x too high)."""
     cpu = torch.device("cpu")
     rate = device.measure_peak_flops(cpu, torch.float32)
     products, matmul = [], torch.Tensor.__matmul__
 
     def slow_first(a, b):  # a device that sets itself up at its first product
         if not products:
-            time.sleep(0.5)
+            time.sleep(1.0)
         products.append(a.shape)
         return matmul(a, b)
     monkeypatch.setattr(torch.Tensor, "__matmul__", slow_first)
     assert device.measure_peak_flops(cpu, torch.float32) > rate / 8
-    assert len(products) > 2  # the warm-up, then trials
+    assert len(products) >= 2  # the warm-up, then at least one timed
 
 
 def test_max_autotune_keeps_torchs_asides_off_the_screen(monkeypatch):

@@ -492,8 +492,8 @@ AUTOTUNE_TABLES = {"autotune_num_choices_displayed": ("TORCHINDUCTOR_AUTOTUNE_NU
 def quiet_autotuning() -> None:
     """A max-autotune mode's compiling without torch's asides among the run's lines: inductor writes a table of kernel
     timings for each matrix product it tunes (250 lines for a 2-layer model), kept where its environment variable asks
-    for it (AUTOTUNE_TABLES); and its autotuner calls torch's own deprecated TypedStorage (torch 2.11), whose
-    UserWarning is hidden where torch's modules raise it (a user's code that calls it is still warned)."""
+    for it (AUTOTUNE_TABLES); and its autotuner calls torch's own deprecated TypedStorage (torch 2.11 and 2.13), whose
+    UserWarning is hidden where a module of torch's raises it, and only there."""
     from torch._inductor import config
     for name, (variable, quiet) in AUTOTUNE_TABLES.items():
         if variable not in os.environ and hasattr(config, name):
