@@ -105,6 +105,8 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
         try:
             text = decoder.decode(block, final=not block)
         except UnicodeDecodeError as err:
+            if b"\0" in err.object:  # not text in another encoding: --encoding would not help
+                raise binary(path) from None
             pending = len(err.object) - len(block)  # bytes the decoder held back from the last block
             raise UserError(
                 f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
@@ -113,10 +115,14 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
             raise UserError(f"{path} is not valid {encoding} ({err}); pass the file's own --encoding, "
                             f"e.g. utf-8") from None
         if "\0" in text:
-            raise UserError(f"{path} looks like a binary file (it contains NUL bytes); --data needs text")
+            raise binary(path)
         offset += len(block)
         if text:
             yield text
+
+
+def binary(path: Path) -> UserError:
+    return UserError(f"{path} looks like a binary file (it contains NUL bytes); --data needs text")
 
 
 def corpus_key(corpus: Corpus, encoding: str, errors: str, val_fraction: float) -> tuple[str, str, int]:
