@@ -241,6 +241,28 @@ def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys
     assert code == 2 and "drop --resume" in err and not (tmp_path / "nothing").exists()
 
 
+def test_a_folder_of_a_runs_logs_without_its_checkpoints_names_them_and_the_way_that_works(corpus, finished, tmp_path,
+                                                                                             capsys):
+    """A run folder whose checkpoints were removed (its summary.json and loss.png kept): a new run there is refused in
+    one line naming what is there, and the folder is left as it was, with no .lock added; the scripts' suggestion to
+    train there carries --overwrite, and that command trains."""
+    import sample
+    folder = copy_of(finished, tmp_path)
+    for path in folder.iterdir():
+        if path.name.startswith(("ckpt_", "events.")) or path.name == ".lock":
+            path.unlink()
+    before = sorted(p.name for p in folder.iterdir())
+    code, _, err = cli(capsys, *argv(corpus, folder))
+    assert code == 2 and err == (f"error: {folder} holds a run's logs (loss.png, summary.json) but no checkpoint; "
+                                 f"--overwrite replaces them, or choose another --out_dir\n")
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert run_cli(sample.main, ["--out_dir", str(folder)]) == 2
+    suggested = capsys.readouterr().err.split("train first: ")[1].rstrip(")\n")
+    assert suggested.endswith(f"--out_dir {folder} --overwrite")
+    code, _, _ = cli(capsys, *argv(corpus, folder, "--overwrite", "--max_iters", "2"))
+    assert code == 0 and checkpoint.load(folder / "ckpt_last.pt")["iter"] == 2
+
+
 def test_an_evaluation_stopped_midway_resumes_exactly(corpus, tmp_path, monkeypatch):
     common = ("--dropout", "0.1", "--log_interval", "1", "--eval_interval", "10", "--eval_iters", "3")
     whole = train.train(*load_config(argv(corpus, tmp_path / "whole", "--max_iters", "30", *common), False)[::2],

@@ -102,6 +102,7 @@ class RunDir:
         self.path = Path(path)
         self._lock_fd: int | None = None
         self.made: tuple[bool, bool] = (False, False)  # whether claim() made the folder, and its lock file
+        self.found: set[str] = set()  # the folder's entries before claim() (its lock aside)
 
     # ---- ownership ------------------------------------------------------------------------------------------
     def claim(self, say=print, resume: bool = False) -> "RunDir":
@@ -134,6 +135,7 @@ class RunDir:
             try:
                 self.made = (not self.path.exists(), not (self.path / LOCK).exists())
                 self.path.mkdir(parents=True, exist_ok=True)
+                self.found = set(os.listdir(self.path)) - {LOCK}
                 fd = open_lock(self.path / LOCK, create=True)
             except FileNotFoundError:
                 continue
@@ -157,15 +159,15 @@ class RunDir:
                         f"again")
 
     def release(self) -> None:
-        """Let the folder go. Where it holds only the lock that claim() made (a run refused or stopped before it wrote
-        anything), the lock is removed while still held, and the folder too if claim() made it: no empty run folder is
-        left behind, and a folder the user made is left as it was."""
+        """Let the folder go. Where it holds what it held before claim() and the lock claim() made (a run refused or
+        stopped before it wrote anything), the lock is removed while still held, and the folder too if claim() made it:
+        no empty run folder is left behind, and a folder the user made is left as it was."""
         if self._lock_fd is None:
             return
         folder_made, lock_made = self.made
         if lock_made:
             with contextlib.suppress(OSError):
-                if os.listdir(self.path) == [LOCK]:
+                if set(os.listdir(self.path)) == self.found | {LOCK}:
                     os.unlink(self.path / LOCK)
                     if folder_made:
                         os.rmdir(self.path)
@@ -385,9 +387,9 @@ class RunDir:
         if self.checkpoints():
             raise UserError(f"{self.path} holds a run with ckpt_best.pt but no ckpt_last.pt; --resume continues "
                             f"from ckpt_best.pt, --overwrite replaces it, or choose another --out_dir")
-        if self.logs():
-            raise UserError(f"{self.path} holds the logs of a run that stopped before its first checkpoint; "
-                            f"--overwrite replaces them, or choose another --out_dir")
+        if logs := self.logs():
+            raise UserError(f"{self.path} holds a run's logs ({', '.join(sorted(p.name for p in logs)[:3])}) but no "
+                            f"checkpoint; --overwrite replaces them, or choose another --out_dir")
 
 
 # ---- files written whole or not at all (temporary name, fsync, rename) -----------------------------------------------
@@ -525,6 +527,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
                         f"evaluation, which saves one")
     missing = f"{out_dir}: no such folder" if not folder.exists() else f"{out_dir} holds no {' or '.join(names)}"
     train = f"{python_command('train.py')} --out_dir {shlex.quote(out_dir)}"
+    train += " --overwrite" * bool(RunDir(folder).logs())  # (a new run refuses to start beside a run's logs)
     others = runs_beside(folder, names)
     if others:  # offline, out/<preset>-shakespeare was trained as out/<preset>-pystdlib: point there, not to training
         shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
