@@ -60,15 +60,18 @@ def check_type(name: str, value: object, kind: type, words: str) -> None:
 
 
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's largest
+MAX_NEW_TOKENS = 2**40  # past any machine's memory (8 bytes a token), short of sizes torch cannot hold (2^63)
 
 
 def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
     """How many tokens generate() adds and the seed of its generator, as sample.py's --max_new_tokens and --seed and
-    TrainedRun.generate's keywords take them: whole numbers (else a TypeError), at least 1 and from 0 to 2^64 - 1
+    TrainedRun.generate's keywords take them: whole numbers (else a TypeError), from 1 to 2^40 and from 0 to 2^64 - 1
     (else a ValueError), each line naming the option and its value."""
     check_type("max_new_tokens", max_new_tokens, numbers.Integral, "a whole number")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens {max_new_tokens}: must be at least 1")
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise ValueError(f"max_new_tokens {max_new_tokens}: must be at most 2^40 (and fit in memory)")
     check_type("seed", seed, numbers.Integral, "a whole number")
     if not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed {seed}: must be a whole number from 0 to 2^64 - 1")

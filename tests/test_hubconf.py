@@ -149,6 +149,7 @@ def test_to_a_device_this_machine_lacks_is_one_line_and_leaves_the_model_where_i
     ({"max_new_tokens": 2.5}, TypeError, "max_new_tokens 2.5: must be a whole number, not float"),
     ({"max_new_tokens": "5"}, TypeError, "max_new_tokens '5': must be a whole number, not str"),
     ({"max_new_tokens": True}, TypeError, "max_new_tokens True: must be a whole number, not bool"),
+    ({"max_new_tokens": 2**63}, ValueError, f"max_new_tokens {2**63}: must be at most 2^40 (and fit in memory)"),
     ({"seed": None}, TypeError, "seed None: must be a whole number, not NoneType"),
     ({"seed": 1.5}, TypeError, "seed 1.5: must be a whole number, not float"),
     ({"seed": -1}, ValueError, "seed -1: must be a whole number from 0 to 2^64 - 1"),
@@ -166,6 +167,26 @@ def test_generate_refuses_what_sample_py_refuses_in_one_line_naming_the_type_or_
     with pytest.raises(error) as refused:
         lm.generate("ROMEO:", **{"max_new_tokens": 5, **keywords})
     assert str(refused.value) == words
+
+
+def test_generate_past_the_memory_is_a_memory_error_in_one_line(lm, monkeypatch):
+    """A generate() whose tokens the allocator refuses (max_new_tokens=10**12 on a CPU: torch's 'can't allocate
+    memory', here a stand-in) is a MemoryError naming the sizes and the way out, not torch's RuntimeError; other
+    RuntimeErrors pass as they are."""
+    import importlib
+    with type(lm).generate.__globals__["_project"]():  # the hub's own copy of the project's modules
+        generate = importlib.import_module("model.generate")
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+    monkeypatch.setattr(generate, "generate", refused)
+    with pytest.raises(MemoryError) as refused_error:
+        lm.generate(["ROMEO:", "O"], max_new_tokens=10**12)
+    assert str(refused_error.value) == ("out of memory: 2 prompt(s) and 1,000,000,000,000 new characters do not fit "
+                                        "on cpu; ask for fewer max_new_tokens")
+    monkeypatch.setattr(generate, "generate", lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="^other$"):
+        lm.generate("ROMEO:", max_new_tokens=5)
 
 
 def test_a_tuple_of_prompts_is_a_batch_like_a_list_and_other_types_are_named(lm):
