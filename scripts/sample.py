@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from configs.schema import check_num_threads  # noqa: E402
 from data.gate import read_small, utf8_text  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.generate import (NonFiniteLogits, Sampling, check_length_and_seed, compiled_step, generate,  # noqa: E402
                             one_token_step)
 from training.checkpoint import load_model  # noqa: E402
@@ -160,8 +160,16 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
 
             generate(model, [row], args.max_new_tokens, on_tokens=show, **settings)
         print()
-    else:  # every row in one batch (prompts of different lengths are left-padded and masked)
-        new = generate(model, rows, args.max_new_tokens, **settings)
+    else:  # every row in one batch (prompts of different lengths are left-padded and masked), printed at its end
+        drawn: list[torch.Tensor] = []
+
+        try:  # (on_tokens: (B, n), the next n characters of every row)
+            new = generate(model, rows, args.max_new_tokens, on_tokens=drawn.append, **settings)
+        except KeyboardInterrupt:  # (Ctrl-C, SIGTERM): what was drawn is printed, not lost
+            new = torch.cat(drawn, dim=1).tolist() if drawn else [[] for _ in rows]
+            print("\n---\n".join(text + tokenizer.decode(n) for text, n in zip(texts, new)), flush=True)
+            raise Interrupted(f"stopped after {len(new[0]):,} of the {args.max_new_tokens:,} new characters of each "
+                              f"sample; those are printed") from None
         print("\n---\n".join(text + tokenizer.decode(n) for text, n in zip(texts, new)))
 
 

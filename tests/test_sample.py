@@ -191,6 +191,36 @@ def test_cli_is_deterministic_and_streaming_prints_the_same_text(run_dir):
     assert greedy[0] == greedy[1]
 
 
+def test_a_stopped_batch_prints_the_characters_drawn_so_far(run_dir, monkeypatch):
+    """Ctrl-C (or SIGTERM) while a batch is drawn (--no-stream, the default into a file) prints every row as far as it
+    was drawn, the same characters the whole run gives first, then one line saying so, exit 130: nothing drawn is
+    lost. A stop before the first character prints each prompt alone."""
+    common = ("--out_dir", str(run_dir), "--prompt", "The", "--num_samples", "2", "--max_new_tokens", "40", "--seed",
+              "3", "--no-stream")
+    whole = sample(*common).stdout.removesuffix("\n").split("\n---\n")
+
+    def stopped_after(chunks: int):
+        def drawing(*args, on_tokens=None, **kwargs):  # the real drawing, stopped as by Ctrl-C after `chunks` chunks
+            seen = []
+            if on_tokens and not chunks:
+                raise KeyboardInterrupt
+
+            def hand_on(ids):
+                on_tokens(ids)
+                seen.append(ids)
+                if len(seen) == chunks:
+                    raise KeyboardInterrupt
+            return generate(*args, on_tokens=on_tokens and hand_on, **kwargs)  # (the thread count's timing: as is)
+        return drawing
+    monkeypatch.setattr(sample_cli, "generate", stopped_after(7))  # (one character a chunk on a CPU)
+    stopped = sample(*common)
+    assert stopped.returncode == 130
+    assert stopped.stdout.removesuffix("\n").split("\n---\n") == [row[:len("The") + 7] for row in whole]
+    assert stopped.stderr.endswith("\nstopped after 7 of the 40 new characters of each sample; those are printed\n")
+    monkeypatch.setattr(sample_cli, "generate", stopped_after(0))
+    assert sample(*common).stdout == "The\n---\nThe\n" and whole[0] != "The"
+
+
 def test_cli_batches_prompts_per_line(run_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The\nCitizen:\nI\n")
