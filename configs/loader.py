@@ -245,7 +245,9 @@ KEPT_ON_RESUME = {
     "encoding": "it fixes how the text's bytes are read as characters: another would go on with other text",
     "encoding_errors": "it fixes how the text's bytes are read as characters: another would go on with other text",
     "seed": "it fixes the windows every evaluation measures: another would choose the best model by losses measured "
-            "on other windows"}
+            "on other windows",
+    "init_from": "a resume goes on from this run's own checkpoint, and the model a run starts from is read only at "
+                 "its start"}
 
 
 def saved_model_config(state: dict) -> dict:

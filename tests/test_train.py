@@ -191,12 +191,14 @@ def test_resume_on_a_text_too_short_for_its_windows_names_what_a_resume_can_chan
 
 @pytest.mark.parametrize("flag, value, was", [("--val_fraction", "0.5", "0.1"), ("--seed", "7", "1337"),
                                               ("--encoding", "latin-1", "'utf-8'"),
-                                              ("--encoding_errors", "replace", "'strict'")])
+                                              ("--encoding_errors", "replace", "'strict'"),
+                                              ("--init_from", "/elsewhere/run", "''")])
 def test_resume_keeps_what_its_evaluations_measure(corpus, tmp_path, flag, value, was):
     """A resumed run's validation split, the reading of its text and the seed of its evaluations' windows cannot
     change (they were accepted with a note: validation could cover text the model trained on, and the best model be
-    chosen by losses measured on other text): one line naming the setting, a new run and --init_from; nothing is
-    written. The run's own value is no change and passes."""
+    chosen by losses measured on other text), nor the model it started from (--init_from was accepted and ignored):
+    one line naming the setting, a new run and --init_from; nothing is written. The run's own value is no change and
+    passes."""
     run(corpus, tmp_path / "r", "--max_iters", "2")
     before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
     name = flag[2:]
