@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,10 +17,11 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 
 import torch  # noqa: E402
 
-from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, output_folder, run_cli  # noqa: E402
+from errors import ArgumentParser, BooleanFlag, UserError, disk_error, exit_without_teardown  # noqa: E402
+from errors import output_folder, run_cli, space_or_place  # noqa: E402
 from model.attention import ROPE_BASE  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.run_folder import find, holder, write_atomic, write_text_atomic  # noqa: E402
+from training.run_folder import WriteFailed, find, holder, write_atomic, write_text_atomic  # noqa: E402
 loaded()
 
 FORMAT = 1  # of config.json and vocab.json, as this script writes them
@@ -87,24 +89,37 @@ def write_onnx(model, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch, warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # (torch.export's own, on a pytree class it renamed)
         graph = Path(scratch) / "model.onnx"
-        torch.onnx.export(Logits(model).eval(), (example,), str(graph), dynamo=True, input_names=["idx"],
-                          output_names=["logits"], dynamic_shapes=shapes, opset_version=ONNX_OPSET,
-                          external_data=False, verbose=False)
+        try:
+            torch.onnx.export(Logits(model).eval(), (example,), str(graph), dynamo=True, input_names=["idx"],
+                              output_names=["logits"], dynamic_shapes=shapes, opset_version=ONNX_OPSET,
+                              external_data=False, verbose=False)
+        except OSError as err:  # (the exporter's write names no file)
+            raise WriteFailed(f"could not write the ONNX graph {target} ({disk_error(err)})", "nothing was written",
+                              space_or_place(err, "--to")) from None
         write_atomic(target, lambda f: f.write(graph.read_bytes()), "the ONNX graph", "--to")
 
 
 def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: bool) -> list[str]:
-    """The weights, config.json, vocab.json and, with onnx, the ONNX graph, written into folder; their names."""
-    write_safetensors(model, folder / "model.safetensors")
-    write_text_atomic(folder / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
-                      "config.json", "--to")
-    vocab = {"format": FORMAT, "chars": list(tokenizer.chars),
-             "meaning": "id i is chars[i]: a text is encoded character by character"}
-    write_text_atomic(folder / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False) + "\n", "vocab.json",
-                      "--to")
-    if onnx:
-        write_onnx(model, folder / "model.onnx")
-    return ["model.safetensors", "config.json", "vocab.json"] + ["model.onnx"] * onnx
+    """The weights, config.json, vocab.json and, with onnx, the ONNX graph, written into folder; their names. Each is
+    written in a scratch folder beside them first and all are moved in at the end, so that an export that fails (a full
+    disk) leaves an earlier export there whole, not part replaced by another model's files."""
+    import tempfile
+
+    names = ["model.safetensors", "config.json", "vocab.json"] + ["model.onnx"] * onnx
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".export-") as scratch:
+        new = Path(scratch)
+        write_safetensors(model, new / names[0])
+        write_text_atomic(new / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
+                          "config.json", "--to")
+        vocab = {"format": FORMAT, "chars": list(tokenizer.chars),
+                 "meaning": "id i is chars[i]: a text is encoded character by character"}
+        write_text_atomic(new / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False) + "\n", "vocab.json",
+                          "--to")
+        if onnx:
+            write_onnx(model, new / "model.onnx")
+        for name in names:
+            os.replace(new / name, folder / name)
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     with output_folder(folder, "--to"):
         if owner := holder(folder):  # a run's folder while it trains: the export's files would land among the run's
             raise UserError(f"--to {folder} is the folder of a run that {owner} is training; choose another --to")
-        written = write_all(model, tokenizer, state, path, folder, args.onnx is not False and not missing)
+        onnx = args.onnx is not False and not missing
+        if not onnx and (folder / "model.onnx").exists():  # it would stay, beside another model's weights
+            raise UserError(f"--to {folder} holds a model.onnx that this export (without ONNX) would leave beside "
+                            f"another model's files; move it away, or choose another --to")
+        written = write_all(model, tokenizer, state, path, folder, onnx)
     print(f"{path}: step {state['iter']}, {model.num_params(non_embedding=False):,} parameters; wrote "
           f"{', '.join(written)} into {folder}")
     if args.onnx is None and missing:

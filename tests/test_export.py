@@ -149,3 +149,45 @@ def test_a_failed_export_removes_the_folders_it_made_and_keeps_one_that_was_ther
     (there / "notes.txt").write_text("the user's")
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(there), "--onnx=false"]) == 2
     assert [p.name for p in there.iterdir()] == ["notes.txt"]
+
+
+def test_an_export_over_an_earlier_one_replaces_it_whole_or_not_at_all(run_dir, tmp_path, capsys, monkeypatch):
+    """Exporting another model into a folder that holds an earlier export: a full disk midway leaves the earlier export
+    byte for byte (its weights were replaced before the failure, beside the old config); a model.onnx this export
+    would not write (--onnx=false) is refused in one line before anything is written, not left beside the other
+    model's weights; a write that succeeds replaces every file."""
+    import errno
+
+    import export
+    from errors import run_cli
+    from training import run_folder
+
+    from conftest import play_text
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(play_text(20000), encoding="utf-8")
+    other = tmp_path / "other"
+    train_debug(corpus, other, "--max_iters", "4", "--n_embd", "48")
+    folder = tmp_path / "export"
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"]) == 0
+    earlier = {p.name: p.read_bytes() for p in folder.iterdir()}
+    fsyncs = []
+
+    def full_at_the_second(fd):
+        fsyncs.append(fd)
+        if len(fsyncs) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(run_folder.os, "fsync", full_at_the_second)
+    assert run_cli(export.main, ["--out_dir", str(other), "--to", str(folder), "--onnx=false"]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == earlier
+    monkeypatch.undo()
+    (folder / "model.onnx").write_bytes(b"an earlier export's graph")
+    assert run_cli(export.main, ["--out_dir", str(other), "--to", str(folder), "--onnx=false"]) == 2
+    assert capsys.readouterr().err == (f"error: --to {folder} holds a model.onnx that this export (without ONNX) would "
+                                       f"leave beside another model's files; move it away, or choose another --to\n")
+    (folder / "model.onnx").unlink()
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == earlier
+    assert run_cli(export.main, ["--out_dir", str(other), "--to", str(folder), "--onnx=false"]) == 0
+    now = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert now.keys() == earlier.keys() and all(now[name] != earlier[name] for name in ("model.safetensors",
+                                                                                         "config.json"))
