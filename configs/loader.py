@@ -250,6 +250,15 @@ KEPT_ON_RESUME = {
                  "its start"}
 
 
+def same_model(given: str, saved: str | None) -> bool:
+    """Whether two --init_from values name the same model: one path however spelled (relative, ./, a trailing slash),
+    or a run's folder and a checkpoint file in it."""
+    if not given or not saved:
+        return False
+    one, other = (Path(value).expanduser().resolve() for value in (given, saved))
+    return one == other or one.parent == other or other.parent == one
+
+
 def saved_model_config(state: dict) -> dict:
     """A checkpoint's model config as a dict, a field it lacks at its default."""
     return {**ModelConfig().to_dict(), **state["model_config"]}
@@ -303,7 +312,7 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
     values["ddp"] = cfg.ddp  # as this command starts its processes (train() has read it already)
     for name in sorted(explicit - {"resume", "overwrite"}):
         new_value = getattr(cfg, name)
-        if new_value == values.get(name):
+        if new_value == values.get(name) or name == "init_from" and same_model(new_value, values.get(name)):
             continue
         if name == "max_iters" and new_value < state["iter"]:
             raise UserError(f"--resume: max_iters {new_value} (set on the command line or by --config) is behind this "

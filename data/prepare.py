@@ -105,8 +105,11 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
         try:
             text = decoder.decode(block, final=not block)
         except UnicodeDecodeError as err:
-            if b"\0" in err.object:  # not text in another encoding: --encoding would not help
-                raise binary(path) from None
+            if offset == 0 and (bom := unicode_bom(err.object)) and bom.lower() not in codecs.lookup(encoding).name:
+                raise UserError(f"{path} is {bom} text (it begins with a byte-order mark), not {encoding}; pass "
+                                f"--encoding {bom.lower()}") from None
+            if b"\0" in err.object and codecs.decode(b"\0", encoding, "ignore") == "\0":  # binary, not text in
+                raise binary(path) from None  # another encoding: --encoding would not help
             pending = len(err.object) - len(block)  # bytes the decoder held back from the last block
             raise UserError(
                 f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
@@ -119,6 +122,14 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
         offset += len(block)
         if text:
             yield text
+
+
+def unicode_bom(start: bytes) -> str:
+    """'UTF-32' or 'UTF-16' where the bytes begin with that encoding's byte-order mark (a Windows "Unicode" file), else
+    ''."""
+    if start.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
+        return "UTF-32"
+    return "UTF-16" if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else ""
 
 
 def binary(path: Path) -> UserError:

@@ -161,12 +161,16 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
             generate(model, [row], args.max_new_tokens, on_tokens=show, **settings)
         print()
     else:  # every row in one batch (prompts of different lengths are left-padded and masked), printed at its end
-        drawn: list[torch.Tensor] = []
+        drawn, done = torch.empty(len(rows), args.max_new_tokens, dtype=torch.long), 0  # (8 bytes a character)
 
-        try:  # (on_tokens: (B, n), the next n characters of every row)
-            new = generate(model, rows, args.max_new_tokens, on_tokens=drawn.append, **settings)
+        def keep(ids: torch.Tensor) -> None:  # (B, n): the next n characters of every row
+            nonlocal done
+            drawn[:, done:done + ids.shape[1]] = ids
+            done += ids.shape[1]
+        try:
+            new = generate(model, rows, args.max_new_tokens, on_tokens=keep, **settings)
         except KeyboardInterrupt:  # (Ctrl-C, SIGTERM): what was drawn is printed, not lost
-            new = torch.cat(drawn, dim=1).tolist() if drawn else [[] for _ in rows]
+            new = drawn[:, :done].tolist()
             print("\n---\n".join(text + tokenizer.decode(n) for text, n in zip(texts, new)), flush=True)
             raise Interrupted(f"stopped after {len(new[0]):,} of the {args.max_new_tokens:,} new characters of each "
                               f"sample; those are printed") from None
@@ -194,7 +198,7 @@ def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: 
     rows, cfg = len(prompts) * args.num_samples, model.config
     fits = (f"out of memory: {rows:,} sample(s) of {args.max_new_tokens:,} new characters do not fit on "
             f"{device.type}; lower --max_new_tokens or --num_samples")
-    per_row = 8 * (max(map(len, prompts)) + args.max_new_tokens)
+    per_row = 8 * (max(map(len, prompts)) + args.max_new_tokens * (1 if streams(args) else 2))  # (a batch keeps a copy)
     if not args.no_cache:
         per_row += 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * model.wte.weight.element_size()
     free = free_memory() if device.type == "cpu" else None

@@ -268,6 +268,7 @@ def bad_inputs(tmp_path):
     (tmp_path / "latin1.txt").write_bytes("caf".encode() + "é au lait".encode("latin-1"))
     (tmp_path / "nul.txt").write_bytes(b"text\x00more")
     (tmp_path / "random.dat").write_bytes(b"\x00\x8f\xff\x01" * 8)  # binary: a NUL and undecodable bytes, not an encoding
+    (tmp_path / "notepad.txt").write_bytes("a Windows 'Unicode' text\n".encode("utf-16"))  # NULs, and text
     (tmp_path / "binaries").mkdir()
     (tmp_path / "binaries" / "x.bin").write_bytes(b"\x00" * 10)
     os.mkfifo(tmp_path / "pipe")  # what --data <(zcat corpus.gz) hands over
@@ -277,6 +278,7 @@ def bad_inputs(tmp_path):
         "latin1.txt": "byte 3 cannot be decoded",
         "nul.txt": "NUL",
         "random.dat": "looks like a binary file (it contains NUL bytes); --data needs text",
+        "notepad.txt": "is UTF-16 text (it begins with a byte-order mark), not utf-8; pass --encoding utf-16",
         "binaries": "no text files",
         "pipe": "not a regular file or folder",
     }

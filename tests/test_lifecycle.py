@@ -240,6 +240,16 @@ def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys
     code, _, err = cli(capsys, *argv(corpus, tmp_path / "nothing", "--resume"))
     assert code == 2 and "drop --resume" in err and not (tmp_path / "nothing").exists()
 
+    # the scripts' way to train in a folder of events alone needs no --overwrite (which would delete them)
+    import sample
+    events_only = tmp_path / "events_only"
+    events_only.mkdir()
+    for events in finished.glob("events.out.tfevents.*"):
+        shutil.copy(events, events_only)
+    assert run_cli(sample.main, ["--out_dir", str(events_only)]) == 2
+    err = capsys.readouterr().err
+    assert f"train.py --out_dir {events_only}" in err and "--overwrite" not in err
+
 
 def test_a_folder_of_a_runs_logs_without_its_checkpoints_names_them_and_the_way_that_works(corpus, finished, tmp_path,
                                                                                              capsys):

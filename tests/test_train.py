@@ -210,6 +210,20 @@ def test_resume_keeps_what_its_evaluations_measure(corpus, tmp_path, flag, value
     assert run(corpus, tmp_path / "r", "--resume", flag, was.strip("'"), "--max_iters", "3")["iterations"] == 3
 
 
+def test_a_fine_tuned_run_resumes_with_its_init_from_however_spelled(corpus, tmp_path, monkeypatch):
+    """A run fine-tuned --init_from a folder resumes with that --init_from given again, spelled relatively, with ./ or
+    a trailing slash, absolutely, or as the checkpoint file in it; another model's folder is refused."""
+    run(corpus, tmp_path / "base", "--max_iters", "2")
+    run(corpus, tmp_path / "other", "--max_iters", "2")
+    monkeypatch.chdir(tmp_path)
+    run(corpus, tmp_path / "tuned", "--init_from", "base", "--max_iters", "3")
+    for steps, spelling in enumerate(["base", "./base/", str(tmp_path / "base"), "base/ckpt_best.pt"], start=4):
+        assert run(corpus, tmp_path / "tuned", "--resume", "--init_from", spelling, "--max_iters",
+                   str(steps))["iterations"] == steps
+    with pytest.raises(UserError, match="^--resume: init_from was 'base' in this run and cannot change to 'other'"):
+        run(corpus, tmp_path / "tuned", "--resume", "--init_from", "other", "--max_iters", "9")
+
+
 def test_out_dir_with_another_run_needs_resume_or_overwrite(corpus, tmp_path):
     run(corpus, tmp_path / "r", "--max_iters", "2")
     before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()

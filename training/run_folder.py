@@ -527,7 +527,8 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
                         f"evaluation, which saves one")
     missing = f"{out_dir}: no such folder" if not folder.exists() else f"{out_dir} holds no {' or '.join(names)}"
     train = f"{python_command('train.py')} --out_dir {shlex.quote(out_dir)}"
-    train += " --overwrite" * bool(RunDir(folder).logs())  # (a new run refuses to start beside a run's logs)
+    logs = [p for p in RunDir(folder).logs() if not p.name.startswith("events.out.tfevents.")]  # (events alone: kept
+    train += " --overwrite" * bool(logs)  # aside by a new run) a new run refuses to start beside a run's logs
     others = runs_beside(folder, names)
     if others:  # offline, out/<preset>-shakespeare was trained as out/<preset>-pystdlib: point there, not to training
         shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
