@@ -153,7 +153,7 @@ def test_a_failed_export_removes_the_folders_it_made_and_keeps_one_that_was_ther
 
 def test_an_export_over_an_earlier_one_replaces_it_whole_or_not_at_all(run_dir, tmp_path, capsys, monkeypatch):
     """Exporting another model into a folder that holds an earlier export: a full disk midway leaves the earlier export
-    byte for byte (its weights were replaced before the failure, beside the old config); a model.onnx this export
+    byte for byte, none of its files replaced by the other model's; a model.onnx this export
     would not write (--onnx=false) is refused in one line before anything is written, not left beside the other
     model's weights; a write that succeeds replaces every file."""
     import errno

@@ -552,8 +552,8 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tu
                        seconds: float = 0.03, trials: int = 3) -> float:
     """The best FLOP/s of matrix products in dtype on this device: a large square one and the model's (m, k, n) shapes,
     each the best of `trials` short trials, lest a busy moment lower the ceiling (MFU over 100%); every run pays it.
-    The first product of a shape is a warm-up, never timed: on a GPU it carries the library's set-up (cuBLAS took 36 ms
-    for an 8192-square bfloat16 product an H200 then does in 1.4 ms)."""
+    The first product of a shape is a warm-up, never timed: on a GPU it carries the library's set-up, which can outlast
+    a trial many times over."""
     size = 8192 if device.type == "cuda" else 1024
     gen = torch.Generator(device=device).manual_seed(0)  # leaves the global RNG (dropout, resume) untouched
     best = 0.0

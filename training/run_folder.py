@@ -354,6 +354,10 @@ class RunDir:
     def logs(self) -> list[Path]:
         return [p for pattern in LOGS for p in self.path.glob(pattern)]
 
+    def logs_besides_events(self) -> list[Path]:
+        """The logs a new run refuses to start beside (TensorBoard events alone it keeps in a folder of their own)."""
+        return [p for p in self.logs() if not p.name.startswith("events.out.tfevents.")]
+
     def resume_from(self) -> Path:
         """The checkpoint --resume continues: ckpt_last.pt, else ckpt_best.pt; one line saying why not otherwise."""
         if found := self.checkpoints():  # in the order of CHECKPOINTS: ckpt_last.pt first
@@ -371,7 +375,7 @@ class RunDir:
         if overwrite:
             return
         events = [path for path in self.path.glob("events.out.tfevents.*") if path.is_file()]
-        if events and not self.checkpoints() and set(self.logs()) == set(events):
+        if events and not self.checkpoints() and not self.logs_besides_events():
             kept = self.path / time.strftime("events_before_%Y%m%d-%H%M%S")
             kept.mkdir()
             for path in events:
@@ -527,8 +531,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
                         f"evaluation, which saves one")
     missing = f"{out_dir}: no such folder" if not folder.exists() else f"{out_dir} holds no {' or '.join(names)}"
     train = f"{python_command('train.py')} --out_dir {shlex.quote(out_dir)}"
-    logs = [p for p in RunDir(folder).logs() if not p.name.startswith("events.out.tfevents.")]  # (events alone: kept
-    train += " --overwrite" * bool(logs)  # aside by a new run) a new run refuses to start beside a run's logs
+    train += " --overwrite" * bool(RunDir(folder).logs_besides_events())  # (as check_new_run refuses)
     others = runs_beside(folder, names)
     if others:  # offline, out/<preset>-shakespeare was trained as out/<preset>-pystdlib: point there, not to training
         shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
