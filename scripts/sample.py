@@ -48,7 +48,7 @@ def build_parser() -> ArgumentParser:
                                                   "once (auto: bfloat16 on CUDA; on a CPU float32, or bfloat16 for a "
                                                   "model of over 4M parameters where the CPU has bfloat16 units)")
     p.add_argument("--stream", default=None, action=BooleanFlag,
-                   help="print characters as they come (default: on when writing to a terminal)")
+                   help="print characters as they come (default: on when writing to a terminal, or drawing one sample)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
                    help="prompt characters outside the vocabulary: stop with an error, or skip them")
     p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (slow; for checks)")
@@ -130,16 +130,18 @@ def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]
     return encoded
 
 
-def streams(args: argparse.Namespace) -> bool:
-    """Whether the rows are printed as they are drawn, one at a time (else all at once, in one batch)."""
-    return sys.stdout.isatty() if args.stream is None else args.stream
+def streams(args: argparse.Namespace, rows: int) -> bool:
+    """Whether the rows are printed as they are drawn, one at a time (else all at once, in one batch). Unasked: to a
+    terminal, and a single row anywhere (one row is drawn alike either way, and `sample.py | head` then ends when head
+    has its lines instead of after the whole sample)."""
+    return (sys.stdout.isatty() or rows == 1) if args.stream is None else args.stream
 
 
 def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.device, prompts: list[str]) -> None:
     """Each prompt continued --num_samples times, to stdout: streamed row by row, or all rows in one batch."""
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]
-    stream = streams(args)
+    stream = streams(args, len(rows))
     if device.type == "cpu":  # (measured as the rows are drawn: one at a time when streamed)
         probe = rows[:1] if stream else rows
         threads = choose_threads(args.num_threads, lambda: decoding_seconds(model, probe, args, device))
@@ -198,11 +200,12 @@ def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: 
     rows, cfg = len(prompts) * args.num_samples, model.config
     fits = (f"out of memory: {rows:,} sample(s) of {args.max_new_tokens:,} new characters do not fit on "
             f"{device.type}; lower --max_new_tokens or --num_samples")
-    per_row = 8 * (max(map(len, prompts)) + args.max_new_tokens * (1 if streams(args) else 2))  # (a batch keeps a copy)
+    stream = streams(args, rows)
+    per_row = 8 * (max(map(len, prompts)) + args.max_new_tokens * (1 if stream else 2))  # (a batch keeps a copy)
     if not args.no_cache:
         per_row += 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * model.wte.weight.element_size()
     free = free_memory() if device.type == "cpu" else None
-    if free is not None and rows * 64 + (1 if streams(args) else rows) * per_row > free:
+    if free is not None and rows * 64 + (1 if stream else rows) * per_row > free:
         raise UserError(fits)
     try:
         yield
@@ -231,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             write_samples(args, model, tokenizer, rt.device, prompts)
         except NonFiniteLogits:
-            if streams(args):
+            if streams(args, len(prompts) * args.num_samples):
                 print()  # (the stream has printed the prompt: the line ends there)
             raise UserError(f"{path}: the model's scores for the next character are not numbers (NaN or inf): its "
                             f"numbers overflow; its weights are damaged or too large to compute with") from None

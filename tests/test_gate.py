@@ -398,19 +398,25 @@ def test_evaluate_names_the_checkpoint_for_a_value_it_took_from_it(finished, cor
 
 
 def test_sample_refuses_weights_whose_scores_overflow_instead_of_printing_newlines(finished, tmp_path, capsys):
-    """Weights multiplied by 1e30 (finite, but every score of the next character overflows): one line, as evaluate.py
-    and the page say it, and nothing printed; hubconf raises a ValueError."""
+    """Weights multiplied by 1e30 (finite, but the scores of the next character overflow within a few characters): one
+    line, as evaluate.py and the page say it; a batch prints nothing, and a stream (one sample, the default) only the
+    characters drawn before the scores overflowed, its line ended; hubconf raises a ValueError."""
     import hubconf
     import sample
     state = torch.load(finished / "ckpt_best.pt", weights_only=True)
     for name in [n for n in state["model"] if n.endswith("attn.c_attn.weight")]:
         state["model"][name] = state["model"][name] * 1e30
     torch.save(state, tmp_path / "loud.pt")
-    code = run_cli(sample.main, ["--ckpt", str(tmp_path / "loud.pt"), "--max_new_tokens", "30"])
-    said = capsys.readouterr()
-    assert code == 2 and said.out == "" and said.err.splitlines()[-1] == (
-        f"error: {tmp_path / 'loud.pt'}: the model's scores for the next character are not numbers (NaN or inf): its "
-        f"numbers overflow; its weights are damaged or too large to compute with"), said
+    for stream in ("false", "true"):
+        code = run_cli(sample.main, ["--ckpt", str(tmp_path / "loud.pt"), "--max_new_tokens", "30", "--stream", stream])
+        said = capsys.readouterr()
+        assert code == 2 and said.err.splitlines()[-1] == (
+            f"error: {tmp_path / 'loud.pt'}: the model's scores for the next character are not numbers (NaN or inf): "
+            f"its numbers overflow; its weights are damaged or too large to compute with"), said
+        if stream == "false":
+            assert said.out == ""
+        else:  # the prompt and fewer than the 30 characters asked, then the end of the line
+            assert said.out.startswith("\n") and said.out.endswith("\n") and len(said.out) < 1 + 30 + 1, said.out
     with pytest.raises(ValueError, match="not finite"):
         hubconf.chargpt(str(tmp_path / "loud.pt")).generate(max_new_tokens=30)
 

@@ -3,6 +3,9 @@ import contextlib
 import copy
 import io
 import os
+import select
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +20,7 @@ from model.kv_cache import Decoding
 from errors import UserError, run_cli
 from training.checkpoint import load_model
 import sample as sample_cli
-from conftest import set_attention_path
+from conftest import ROOT, patient, set_attention_path
 
 CFG = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=2, n_embd=16)
 
@@ -189,6 +192,26 @@ def test_cli_is_deterministic_and_streaming_prints_the_same_text(run_dir):
     assert streamed.stdout == plain.stdout and sample(*common).stdout == plain.stdout
     greedy = [sample(*common, "--temperature", "0").stdout for _ in range(2)]
     assert greedy[0] == greedy[1]
+
+
+def test_one_sample_into_a_pipe_is_streamed_so_head_ends_it(run_dir):
+    """`sample.py --max_new_tokens 100000000 | head -c 100` (hours of drawing): one sample unasked is streamed into a
+    pipe too, so its first characters arrive at once and the command ends, quietly with 141, when the reader leaves;
+    a batch would draw every character before printing one."""
+    one = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "sample.py"), "--out_dir", str(run_dir), "--device",
+                            "cpu", "--num_threads", "1", "--max_new_tokens", "100000000"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    try:
+        got = b""
+        while len(got) < 100:  # (a batch would print nothing for hours: waited for a minute at most)
+            assert select.select([one.stdout], [], [], patient(15))[0], "nothing printed"
+            got += os.read(one.stdout.fileno(), 100 - len(got))
+        one.stdout.close()  # the reader leaves
+        assert one.wait(timeout=patient(60)) == 141
+        assert "Traceback" not in one.stderr.read().decode()
+    finally:
+        one.kill()
+        one.wait()
 
 
 def test_a_stopped_batch_prints_the_characters_drawn_so_far(run_dir, monkeypatch):
