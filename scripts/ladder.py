@@ -31,7 +31,7 @@ from errors import ArgumentParser, QuietExit, UserError, disk_error, exit_withou
 from errors import output_folder, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
-from training.run_folder import LAST, SUMMARY, read_summary, write_atomic, write_text_atomic  # noqa: E402
+from training.run_folder import LAST, SUMMARY, RunDir, read_summary, write_atomic, write_text_atomic  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_command import run_train  # noqa: E402
@@ -251,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file; choose a folder")
+    if held := [path.name for path in (*RunDir(out).checkpoints(), *RunDir(out).logs())]:
+        raise UserError(f"--out_dir {out} holds a training run ({', '.join(sorted(held)[:3])}); the ladder keeps its "
+                        f"rungs' run folders and its table in a folder of their own: choose another --out_dir "
+                        f"(default out/ladder)")
     check_table(out / TABLE)
     with output_folder(out, "--out_dir"):  # (made here, it goes again if the ladder ends before a rung writes in it)
         return climb(args, out, chosen, passed)

@@ -130,6 +130,21 @@ def test_an_unknown_rung_is_one_line(tmp_path, capfd):
     assert not (tmp_path / "l").exists()
 
 
+def test_an_out_dir_that_holds_a_training_run_is_refused_and_left_as_it_was(tmp_path, corpus, capfd):
+    """--out_dir naming a training run's folder (a checkpoint there, or a run's logs alone) is one line and writes
+    nothing there: the rungs' folders and the table would be mixed into the run's."""
+    for held in ("ckpt_last.pt", "summary.json"):
+        run = tmp_path / held.split(".")[0]
+        run.mkdir()
+        (run / held).write_bytes(b"the run's own bytes")
+        refused = ladder_here(capfd, "--out_dir", str(run), "--data", str(corpus), "--cache_dir",
+                              str(tmp_path / "cache"))
+        assert refused.returncode == 2 and refused.stderr == (
+            f"error: --out_dir {run} holds a training run ({held}); the ladder keeps its rungs' run folders and its "
+            f"table in a folder of their own: choose another --out_dir (default out/ladder)\n")
+        assert [p.name for p in run.iterdir()] == [held] and (run / held).read_bytes() == b"the run's own bytes"
+
+
 def test_a_ladder_that_ends_before_a_rung_wrote_leaves_no_folder_it_made(tmp_path, corpus, capfd, monkeypatch):
     """A ladder that ends before a rung wrote in its --out_dir (a text that is not there; its first rung's train.py
     stopped while loading) removes the folders it made, missing parents included, and keeps one that was there."""
