@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from configs import TrainConfig, load_config
-from errors import StepAbandoned, UserError, exit_without_teardown, python_command, run_cli
+from errors import Interrupted, StepAbandoned, UserError, exit_without_teardown, python_command, run_cli
 from training import device
 from training.evaluation import next_evaluation, plateaued
 from training.opening import choose_corpus, estimate_due, open_run, say_estimate, say_what_runs
@@ -311,13 +311,16 @@ def train_opened(s: Session, source: Path | None) -> dict:
         log.say(f"resuming {source} at step {progress.it}")
     elif s.d.is_main:  # --overwrite: the old run waits in .replaced/ until this one has something to keep
         s.stop.ending = run_dir.replace_old_run(log.say)
-    log.start_wandb(s.cfg)
-    if source is None:
-        log.config(json.dumps(s.cfg.to_dict(), indent=1))
-    log.layout()
-    say_what_runs(run, run_dir, log, s.d)
-    run.phases.opened()
-    history, stopped = train_loop(s)
+    try:
+        log.start_wandb(s.cfg)
+        if source is None:
+            log.config(json.dumps(s.cfg.to_dict(), indent=1))
+        log.layout()
+        say_what_runs(run, run_dir, log, s.d)
+        run.phases.opened()
+        history, stopped = train_loop(s)
+    except Interrupted as err:  # a stop before the loop began, or at once
+        raise s.put_back_on_stop(err) from None
     if stopped:
         if not s.save_stopped():  # (an --overwrite stopped before it had anything to keep: the old run is back)
             s.draw_losses()

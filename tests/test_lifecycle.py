@@ -3,6 +3,7 @@ state, and Ctrl-C or SIGTERM at every stage."""
 import contextlib
 import io
 import json
+import os
 import shlex
 import shutil
 import signal
@@ -165,6 +166,26 @@ def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_af
     assert code == 0, err
     assert f"--overwrite: the run this one replaces is deleted now (this run's step 2 is saved in {out})" in text + err
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 4 and not (out / ".replaced").exists()
+
+
+def test_a_stop_before_training_began_puts_an_overwrites_old_run_back_and_says_so(corpus, finished, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """Ctrl-C after --overwrite set the old run aside but before the loop began: the old run is back in its folder at
+    once, every byte as it was, and the stop's one line says so (the next command would otherwise have restored it
+    unsaid)."""
+    out = copy_of(finished, tmp_path)
+    before = snapshot(out)
+
+    def interrupted(*args):  # a Ctrl-C while the run says what it runs, just before its loop
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # (the handler raises first)
+    monkeypatch.setattr(train, "say_what_runs", interrupted)
+    code, text, err = cli(capsys, *argv(corpus, out, "--overwrite", "--max_iters", "4"))
+    assert code == 130 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith(
+        f"stopped before training began; no checkpoint of this run was written; the run --overwrite was replacing is "
+        f"back in {out}, as it was; this run's files are kept apart in {out}/undone_overwrite_"), err  # (its events)
+    assert restored(out) == before and not (out / ".replaced").exists()
 
 
 def test_resume_of_a_finished_run_changes_no_byte(finished, tmp_path, capsys):

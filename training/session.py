@@ -127,12 +127,23 @@ class Session:
         if not self.run_dir.aside_pending():
             self.save(LAST)
             return False
+        self.log.say(f"stopped at step {self.progress.it}, before this run's first evaluation after step 0: "
+                     f"{self.put_back()}")
+        return True
+
+    def put_back_on_stop(self, err: Interrupted) -> Interrupted:
+        """A stop that ends the run without saving (before the loop began, or a second Ctrl-C): an --overwrite's old
+        run, still set aside, is put back now, and the line says so."""
+        if not (self.d.is_main and self.run_dir.aside_pending()):
+            return err
+        return Interrupted(f"{err}; {self.put_back()}")
+
+    def put_back(self) -> str:
+        """An --overwrite's old run put back (this run has nothing to keep yet): the words that say so."""
         self.close_log()
         kept = self.run_dir.put_back()
         apart = f"; this run's files are kept apart in {kept}" if kept else "; this run is discarded"
-        self.log.say(f"stopped at step {self.progress.it}, before this run's first evaluation after step 0: the run "
-                     f"--overwrite was replacing is back in {self.run_dir.path}, as it was{apart}")
-        return True
+        return f"the run --overwrite was replacing is back in {self.run_dir.path}, as it was{apart}"
 
     def close_log(self) -> None:
         """Close the log before an --overwrite is undone, so that its lazily created event file moves apart with this
