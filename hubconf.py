@@ -96,15 +96,20 @@ class TrainedRun:
             options = dataclasses.asdict(generate.Sampling(**sampling))  # (a TypeError names an unknown one)
             device = self.model.wte.weight.device
             generator = torch.Generator(device=device).manual_seed(int(seed))
+            fits = (f"out of memory: {len(rows):,} prompt(s) and {int(max_new_tokens):,} new characters do not fit on "
+                    f"{device.type}; ask for fewer max_new_tokens or fewer prompts")
+            training_device = importlib.import_module("training.device")
+            free = training_device.free_memory() if device.type == "cpu" else None  # (checked first, as sample.py)
+            if free is not None and generate.bytes_needed(self.model, len(rows), max(map(len, rows)),
+                                                          int(max_new_tokens)) > free:
+                raise MemoryError(fits)
             try:
                 new = generate.generate(self.model, rows, int(max_new_tokens), **options, generator=generator,
                                         finite_only=True)  # NaN or inf scores: a ValueError, never text drawn from them
             except (MemoryError, RuntimeError) as err:
-                out_of_memory = importlib.import_module("training.device").is_out_of_memory
-                if isinstance(err, RuntimeError) and not out_of_memory(err):
+                if isinstance(err, RuntimeError) and not training_device.is_out_of_memory(err):
                     raise
-                raise MemoryError(f"out of memory: {len(rows):,} prompt(s) and {int(max_new_tokens):,} new characters "
-                                  f"do not fit on {device.type}; ask for fewer max_new_tokens") from None
+                raise MemoryError(fits) from None
         texts = [self.tokenizer.decode(row) for row in new]
         return texts if batch else texts[0]
 

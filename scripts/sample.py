@@ -20,8 +20,8 @@ import torch  # noqa: E402
 from configs.schema import check_num_threads  # noqa: E402
 from data.gate import read_small, utf8_text  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, exit_without_teardown, run_cli  # noqa: E402
-from model.generate import (NonFiniteLogits, Sampling, check_length_and_seed, compiled_step, generate,  # noqa: E402
-                            one_token_step)
+from model.generate import (NonFiniteLogits, Sampling, bytes_needed, check_length_and_seed, compiled_step,  # noqa: E402
+                            generate, one_token_step)
 from training.checkpoint import load_model  # noqa: E402
 from training.device import choose_threads, for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
 from training.run_folder import find  # noqa: E402
@@ -193,19 +193,14 @@ def decoding_seconds(model, rows: list[list[int]], args: argparse.Namespace, dev
 
 @contextlib.contextmanager
 def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: torch.device):
-    """Samples that do not fit in memory are one line, not a traceback: on a CPU checked first (each row of a batch
-    holds its tokens, 8 bytes each, and with the cache each layer's keys and values for block_size positions; a
-    stream draws one row at a time; every row costs about 64 bytes of Python), where a billion rows would first
-    have filled the memory with Python lists; anywhere, when an allocation fails."""
-    rows, cfg = len(prompts) * args.num_samples, model.config
+    """Samples that do not fit in memory are one line, not a traceback: on a CPU checked first (bytes_needed), where
+    a billion rows would first have filled the memory with Python lists; anywhere, when an allocation fails."""
+    rows = len(prompts) * args.num_samples
     fits = (f"out of memory: {rows:,} sample(s) of {args.max_new_tokens:,} new characters do not fit on "
             f"{device.type}; lower --max_new_tokens or --num_samples")
-    stream = streams(args, rows)
-    per_row = 8 * (max(map(len, prompts)) + args.max_new_tokens * (1 if stream else 2))  # (a batch keeps a copy)
-    if not args.no_cache:
-        per_row += 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * model.wte.weight.element_size()
     free = free_memory() if device.type == "cpu" else None
-    if free is not None and rows * 64 + (1 if stream else rows) * per_row > free:
+    if free is not None and bytes_needed(model, rows, max(map(len, prompts)), args.max_new_tokens,
+                                         not args.no_cache, streams(args, rows)) > free:
         raise UserError(fits)
     try:
         yield

@@ -170,23 +170,34 @@ def test_generate_refuses_what_sample_py_refuses_in_one_line_naming_the_type_or_
 
 
 def test_generate_past_the_memory_is_a_memory_error_in_one_line(lm, monkeypatch):
-    """A generate() whose tokens the allocator refuses (max_new_tokens=10**12 on a CPU: torch's 'can't allocate
-    memory', here a stand-in) is a MemoryError naming the sizes and the way out, not torch's RuntimeError; other
-    RuntimeErrors pass as they are."""
+    """A generate() that cannot fit in memory is a MemoryError naming the sizes and the way out: on a CPU checked
+    before anything is drawn (a million prompts, or 10**12 new characters), where the memory would first fill with
+    Python lists and the machine end the process; where the free memory is not known, when the allocator refuses
+    (torch's 'can't allocate memory', here a stand-in). Other RuntimeErrors pass as they are."""
     import importlib
     with type(lm).generate.__globals__["_project"]():  # the hub's own copy of the project's modules
         generate = importlib.import_module("model.generate")
+        device = importlib.import_module("training.device")
+    real = generate.generate
 
     def refused(*args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
     monkeypatch.setattr(generate, "generate", refused)
-    with pytest.raises(MemoryError) as refused_error:
-        lm.generate(["ROMEO:", "O"], max_new_tokens=10**12)
-    assert str(refused_error.value) == ("out of memory: 2 prompt(s) and 1,000,000,000,000 new characters do not fit "
-                                        "on cpu; ask for fewer max_new_tokens")
+    for prompts, new, words in ((["ROMEO:", "O"], 10**12, "2 prompt(s) and 1,000,000,000,000"),
+                                (["O"] * 10**6, 10**5, "1,000,000 prompt(s) and 100,000")):
+        for free in (device.free_memory, lambda: None):  # checked first; the allocator's refusal
+            monkeypatch.setattr(device, "free_memory", free)
+            with pytest.raises(MemoryError) as refused_error:
+                lm.generate(prompts, max_new_tokens=new)
+            assert str(refused_error.value) == (f"out of memory: {words} new characters do not fit on cpu; ask for "
+                                                f"fewer max_new_tokens or fewer prompts")
     monkeypatch.setattr(generate, "generate", lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="^other$"):
         lm.generate("ROMEO:", max_new_tokens=5)
+    monkeypatch.setattr(generate, "generate", real)
+    monkeypatch.setattr(device, "free_memory", lambda: 10**5)  # a machine with 100 kB free: checked, not drawn
+    with pytest.raises(MemoryError):
+        lm.generate(["O"] * 1000, max_new_tokens=10)
 
 
 def test_a_tuple_of_prompts_is_a_batch_like_a_list_and_other_types_are_named(lm):
