@@ -113,6 +113,26 @@ def test_resume_gives_bit_identical_losses(corpus, tmp_path, optimizer, dtype, t
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resume_on_another_text_chooses_the_best_model_anew_on_its_validation(corpus, tmp_path):
+    """--resume --data with another text of the same characters (random ones, far harder): the best model is chosen
+    again among the evaluations on the new text, so ckpt_best.pt and the summary's best are of that text, and the
+    note says so; a validation loss of the first text would otherwise have kept its model as the best."""
+    first = run(corpus, tmp_path / "r", "--max_iters", "20", "--eval_interval", "10")
+    chars = sorted(set(corpus.read_text(encoding="utf-8")))
+    noise = corpus.with_name("noise.txt")
+    generator = torch.Generator().manual_seed(0)
+    noise.write_text("".join(chars) + "".join(chars[i] for i in torch.randint(len(chars), (20000,),
+                                                                              generator=generator)), encoding="utf-8")
+    said = []
+    resumed = run(noise, tmp_path / "r", "--resume", "--max_iters", "30", say=said.append)
+    best = checkpoint.load(tmp_path / "r" / "ckpt_best.pt")
+    assert best["iter"] == 30 and best["best_val_loss"] == resumed["val_loss"] > first["best_val_loss"]
+    assert resumed["best_val_loss"] == resumed["val_loss"]
+    assert any(line.endswith(f"its best model is chosen anew on this text's validation: ckpt_best.pt (val "
+                             f"{first['best_val_loss']:.4f} on the other text) is replaced at the next evaluation")
+               for line in said), said
+
+
 def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus, tmp_path):
     run(corpus, tmp_path / "r", "--max_iters", "4")
     with pytest.raises(UserError, match="n_embd was 32 in this run and cannot change to 64; leave --n_embd "

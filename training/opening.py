@@ -37,7 +37,7 @@ from training.device import (Dist, Runtime, Threads, choose_threads, compile_wan
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_command
-from training.run_folder import RunDir, find, read_summary
+from training.run_folder import BEST, RunDir, find, read_summary
 
 
 class StopRequest(Protocol):
@@ -268,15 +268,21 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             with phases.timing("data"):
                 prepared = prepare_data(cfg, log.say, base_vocab=base_vocab, check=check)  # rank 0's, in the cache
         recorded = resumed.get("data", {}).get("sha256") if resumed is not None else None
-        if d.is_main and recorded not in (None, prepared.meta["sha256"]):
+        other_text = recorded not in (None, prepared.meta["sha256"])
+        if d.is_main and other_text:
+            best = resumed["best_val_loss"]
             log.say(f"note: the text of {prepared.meta['source']} is not the text step {resumed['iter']} was trained "
                     f"on (its checksum differs); the run goes on with this text, so it will not match an uninterrupted "
-                    f"run")
+                    f"run, and its best model is chosen anew on this text's validation: {BEST}"
+                    f"{f' (val {best:.4f} on the other text)' if math.isfinite(best) else ''} is replaced at the next "
+                    f"evaluation")
         rt = setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
         refuse_if_too_big(cfg, rt, stop.saved)
         try:
             with short_text_for_kept_model(cfg, resumed, init):
                 run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init, phases)
+            if other_text:  # a validation loss of the other text is no measure on this one
+                progress.best_val, progress.evals_since_best = math.inf, 0
         except (RuntimeError, KeyError, ValueError, TypeError) as err:
             if resumed is None or is_out_of_memory(err):
                 raise
