@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -99,6 +100,24 @@ def write_onnx(model, target: Path) -> None:
         write_atomic(target, lambda f: f.write(graph.read_bytes()), "the ONNX graph", "--to")
 
 
+SCRATCH = ".export-"  # a scratch folder's name: this prefix, the exporting process's id, a dash, tempfile's letters
+
+
+def remove_abandoned_scratch(folder: Path) -> None:
+    """Scratch folders that an export killed outright (kill -9, a power cut) left in folder: those whose process is
+    gone, each named by its process id; one of a running export stays."""
+    for scratch in folder.glob(f"{SCRATCH}*-*"):
+        pid = scratch.name.removeprefix(SCRATCH).split("-")[0]
+        if not (pid.isdigit() and scratch.is_dir() and not scratch.is_symlink()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(scratch, ignore_errors=True)
+        except (OSError, OverflowError):  # another user's process (PermissionError): alive
+            pass
+
+
 def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: bool) -> list[str]:
     """The weights, config.json, vocab.json and, with onnx, the ONNX graph, written into folder; their names. Each is
     written in a scratch folder beside them first and all are moved in at the end, so that an export that fails (a full
@@ -106,17 +125,21 @@ def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: boo
     import tempfile
 
     names = ["model.safetensors", "config.json", "vocab.json"] + ["model.onnx"] * onnx
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".export-") as scratch:
+    remove_abandoned_scratch(folder)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=f"{SCRATCH}{os.getpid()}-") as scratch:
         new = Path(scratch)
-        write_safetensors(model, new / names[0])
-        write_text_atomic(new / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
-                          "config.json", "--to")
-        vocab = {"format": FORMAT, "chars": list(tokenizer.chars),
-                 "meaning": "id i is chars[i]: a text is encoded character by character"}
-        write_text_atomic(new / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False) + "\n", "vocab.json",
-                          "--to")
-        if onnx:
-            write_onnx(model, new / "model.onnx")
+        try:
+            write_safetensors(model, new / names[0])
+            write_text_atomic(new / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
+                              "config.json", "--to")
+            vocab = {"format": FORMAT, "chars": list(tokenizer.chars),
+                     "meaning": "id i is chars[i]: a text is encoded character by character"}
+            write_text_atomic(new / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False) + "\n",
+                              "vocab.json", "--to")
+            if onnx:
+                write_onnx(model, new / "model.onnx")
+        except WriteFailed as err:  # named as the user knows the file, not by its scratch folder
+            raise WriteFailed(err.failed.replace(str(new), str(folder)), err.kept, err.fix) from None
         for name in names:
             os.replace(new / name, folder / name)
     return names
@@ -135,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--to {folder} is the folder of a run that {owner} is training; choose another --to")
         onnx = args.onnx is not False and not missing
         if not onnx and (folder / "model.onnx").exists():  # it would stay, beside another model's weights
+            ways = (f"move it away, choose another --to, or install what ONNX needs ({' and '.join(missing)}: pip "
+                    f"install -r requirements-export.txt)") if missing else "move it away, or choose another --to"
             raise UserError(f"--to {folder} holds a model.onnx that this export (without ONNX) would leave beside "
-                            f"another model's files; move it away, or choose another --to")
+                            f"another model's files; {ways}")
         written = write_all(model, tokenizer, state, path, folder, onnx)
     print(f"{path}: step {state['iter']}, {model.num_params(non_embedding=False):,} parameters; wrote "
           f"{', '.join(written)} into {folder}")

@@ -3,6 +3,7 @@ the weights with safetensors alone (each equal to the checkpoint's), the vocabul
 the ONNX graph with onnxruntime: its logits equal PyTorch's for batches of other sizes and lengths than the export's
 example. The ONNX part is skipped where the optional export packages are not installed."""
 import json
+import os
 import subprocess
 import sys
 
@@ -85,6 +86,34 @@ def test_asking_for_onnx_without_its_packages_is_one_line_before_anything_is_wri
     assert done.returncode == 2 and done.stderr == (
         "error: --onnx needs no_such_exporter_module: pip install -r requirements-export.txt\n")
     assert not (tmp_path / "x").exists()
+
+
+def test_an_export_removes_the_scratch_of_one_killed_outright_and_keeps_a_running_ones(run_dir, tmp_path, capsys,
+                                                                                         monkeypatch):
+    """A scratch folder left by an export killed with kill -9 (its process gone) is removed by the next export into
+    that folder; one of an export still running, or a folder of the user's that only looks alike, is kept. Without the
+    ONNX packages, a model.onnx there is refused with the reason it would not be replaced and the way to install them."""
+    import export
+    from errors import run_cli
+    folder = tmp_path / "export"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    abandoned = folder / f".export-{int(gone.stdout)}-abcd1234"  # (that process has ended)
+    running = folder / f".export-{os.getpid()}-efgh5678"
+    users = folder / ".export-notes"
+    for scratch in (abandoned, running, users):
+        scratch.mkdir(parents=True)
+        (scratch / "model.safetensors").write_bytes(b"half a model")
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted([running.name, users.name, "config.json",
+                                                               "model.safetensors", "vocab.json"])
+    (folder / "model.onnx").write_bytes(b"an earlier export's graph")
+    monkeypatch.setattr(export, "ONNX_NEEDS", ("onnx", "no_such_exporter_module"))
+    capsys.readouterr()
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --to {folder} holds a model.onnx that this export (without ONNX) would leave beside another model's "
+        f"files; move it away, choose another --to, or install what ONNX needs (no_such_exporter_module: pip install "
+        f"-r requirements-export.txt)\n")
 
 
 def test_config_json_holds_the_rotary_base_and_says_whether_the_head_is_tied(run_dir, tmp_path):
@@ -178,7 +207,8 @@ def test_an_export_over_an_earlier_one_replaces_it_whole_or_not_at_all(run_dir, 
             raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(run_folder.os, "fsync", full_at_the_second)
     assert run_cli(export.main, ["--out_dir", str(other), "--to", str(folder), "--onnx=false"]) == 2
-    assert "No space left on device" in capsys.readouterr().err
+    err = capsys.readouterr().err  # (the file named as the user knows it, not by the export's scratch folder)
+    assert "No space left on device" in err and f" {folder}/config.json (" in err and ".export-" not in err, err
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == earlier
     monkeypatch.undo()
     (folder / "model.onnx").write_bytes(b"an earlier export's graph")
