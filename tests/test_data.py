@@ -147,6 +147,15 @@ def test_fixed_batches_are_the_same_at_every_call_and_leave_the_training_stream_
     assert window in prepared.tokenizer.decode(torch.from_numpy(batches.data["val"].astype("int64")))
     other_seed = Batches(prepared, 16, 4, "cpu", seed=4)
     assert not torch.equal(next(other_seed.fixed_batches("val", 1))[0], first["val"][0][0])
+    # Written here: the windows start where batch_size draws a batch from a generator seeded by the seed and the split
+    # begin (so every evaluation of checkpoints saved by earlier versions measures the same windows).
+    for index, split in enumerate(("train", "val")):
+        generator = torch.Generator().manual_seed(3 + 1 + index)
+        data = torch.from_numpy(batches.data[split].astype("int64"))
+        for x, y in first[split]:
+            starts = torch.randint(len(data) - 16, (4,), generator=generator)
+            assert torch.equal(x, torch.stack([data[i:i + 16] for i in starts]))
+            assert torch.equal(y, torch.stack([data[i + 1:i + 17] for i in starts]))
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

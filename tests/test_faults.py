@@ -227,13 +227,17 @@ def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, t
     writes anything (the folder it made is removed), so the same folder serves the corrected command."""
     from training import opening
     out = tmp_path / "r"
-    # the debug preset: batch 8, block 32, n_embd 32, n_layer 2, float32
-    need = opening.ACTIVATION_BYTES[torch.float32] * 8 * 32 * 32 * 2 + opening.PARAMETER_BYTES * 12 * 2 * 32 ** 2
+    # the debug preset: batch 8, block 32, n_embd 32, n_layer 2, eval_iters 4, float32
+    need = (opening.ACTIVATION_BYTES[torch.float32] * 8 * 32 * 32 * 2 + opening.PARAMETER_BYTES * 12 * 2 * 32 ** 2
+            + 8 * 4 * 8)  # (an evaluation's window starts: 8 bytes each)
     monkeypatch.setattr(opening, "free_memory", lambda: need - 1)
     err = one_line_error(capsys, train.main, *train_args(run, out),
                          words="out of memory (it would need about 0.0 GiB; this machine has 0.0 GiB free) for a "
                                "model of n_layer 2 x n_embd 32 with batch_size 8 x block_size 32; lower --batch_size")
     assert "no checkpoint of this run was written" in err and not out.exists()  # (the folder it made, removed)
+    one_line_error(capsys, train.main, *train_args(run, out, "--eval_iters", "1000000"),
+                   words="(it would need about 0.1 GiB, most of it for each evaluation's eval_iters x batch_size "
+                         "windows: lower --eval_iters; this machine has 0.0 GiB free)")
     monkeypatch.setattr(opening, "free_memory", lambda: need)  # just enough
     assert run_cli(train.main, train_args(run, out, "--max_iters", "2")) == 0 and (out / "ckpt_best.pt").is_file()
     cfg = load_config(train_args(run, out), False)[0]

@@ -393,17 +393,21 @@ PARAMETER_BYTES = 16  # a float32 weight, its gradient and two optimizer moments
 def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
     """On a CPU, refuse a run whose model and training step need more memory than is free: there the system kills the
     process (exit 137, "Killed") and no error reaches Python to name the fix (on a GPU one does: report.out_of_memory).
-    The blocks' weights are 12 x n_layer x n_embd² (the embeddings, small beside them, are left out)."""
+    The blocks' weights are 12 x n_layer x n_embd² (the embeddings, small beside them, are left out); an evaluation
+    draws the starts of its eval_iters x batch_size windows at once, 8 bytes each."""
     free = free_memory() if rt.device_type == "cpu" else None
     layers = max(cfg.n_layer, 1)
     activation_bytes = ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32])
     need = (activation_bytes * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
-            + PARAMETER_BYTES * 12 * cfg.n_layer * cfg.n_embd ** 2)
+            + PARAMETER_BYTES * 12 * cfg.n_layer * cfg.n_embd ** 2
+            + (windows := 8 * cfg.eval_iters * cfg.batch_size))  # an evaluation's window starts, drawn at once
     if cfg.attention == "explicit" or not FORMS[cfg.attention_score].fused:
         need += WEIGHT_BYTES * cfg.batch_size * cfg.n_head * cfg.block_size ** 2 * cfg.n_layer
+    most = ", most of it for each evaluation's eval_iters x batch_size windows: lower --eval_iters" \
+        if windows > need / 2 else ""
     need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: every process on this machine needs its own
     if free is not None and need > free:
-        figures = f" (it would need about {need / 2**30:.1f} GiB; this machine has {free / 2**30:.1f} GiB free)"
+        figures = f" (it would need about {need / 2**30:.1f} GiB{most}; this machine has {free / 2**30:.1f} GiB free)"
         raise UserError(out_of_memory(cfg, saved, figures))
 
 
