@@ -237,6 +237,28 @@ def test_unknown_characters_are_counted_exactly(run, evaluate, figures):
     assert (skipped["unknown"], skipped["unknown_distinct"], skipped["characters"]) == (8, 2, len(text) - 1)
 
 
+def test_a_text_in_another_encoding_is_scored_with_encoding_as_its_utf8_copy_is(run, evaluate, figures):
+    """A latin-1 text scored by a run trained on UTF-8: refused in one line naming --encoding, which evaluate.py
+    takes; with --encoding latin-1 its figures are those of the same characters written in UTF-8 (--encoding_errors
+    replace reads it too, its undecodable bytes as U+FFFD, which the model never saw)."""
+    tmp, corpus, _ = run
+    text = corpus.read_text(encoding="utf-8")[:3000] + "caf\u00e9"  # é: not in the run's vocabulary
+    (tmp / "latin.txt").write_bytes(text.encode("latin-1"))
+    (tmp / "utf8.txt").write_bytes(text.encode("utf-8"))
+    refused = evaluate("--out_dir", str(tmp / "run"), "--data", str(tmp / "latin.txt"))
+    assert refused.returncode == 2 and refused.stderr.endswith("cannot be decoded; pass --encoding (e.g. latin-1) or "
+                                                               "--encoding_errors replace\n"), refused.stderr
+    common = ("--split", "all", "--unknown", "skip")
+    latin = figures(tmp, "--data", str(tmp / "latin.txt"), "--encoding", "latin-1", *common)
+    utf8 = figures(tmp, "--data", str(tmp / "utf8.txt"), *common)
+    assert {**latin, "data": ""} == {**utf8, "data": ""} and latin["unknown"] == 1
+    replaced = figures(tmp, "--data", str(tmp / "latin.txt"), "--encoding_errors", "replace", *common)
+    assert replaced["characters"] == latin["characters"] and replaced["unknown"] == 1
+    wrong = evaluate("--out_dir", str(tmp / "run"), "--data", str(tmp / "utf8.txt"), "--encoding", "rot13")
+    assert wrong.returncode == 2 and wrong.stderr == ("error: --encoding rot13: not a text encoding; try utf-8 or "
+                                                      "latin-1\n")
+
+
 @pytest.mark.parametrize("make, words", [
     (lambda tmp: ["--data", str(tmp / "empty.txt")], "no text to score"),
     (lambda tmp: ["--data", str(tmp / "missing.txt")], "missing.txt"),
