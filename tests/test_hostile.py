@@ -81,6 +81,24 @@ def test_a_planted_link_at_any_name_a_run_writes_is_refused_and_touches_nothing_
                 assert (out / name).is_symlink()  # the user's folder is left as it was, link included
 
 
+def test_a_folder_of_the_users_with_a_link_is_refused_as_it_was_without_advice_to_remove_it(corpus, tmp_path, capsys):
+    """--out_dir a folder that holds no run but a link and the user's files (as / or a home folder does): refused in
+    one line that asks for a new or empty folder, not to remove the user's link, and the folder is left exactly as it
+    was (no lock file of the run's)."""
+    victim, _ = outside(tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's notes")
+    (mine / "sbin").symlink_to(victim)
+    before = state_of(mine, victim)
+    for how in ([], ["--overwrite"], ["--resume"]):
+        assert run_cli(train.main, argv(corpus, mine, *how)) == 2
+        assert capsys.readouterr().err == (f"error: {mine / 'sbin'} is a link, which a run never makes there; a run "
+                                           f"writes only inside its folder, so it refuses this one: choose a new or "
+                                           f"empty --out_dir\n"), how
+        assert state_of(mine, victim) == before and sorted(os.listdir(mine)) == ["notes.txt", "sbin"]
+
+
 def test_a_hard_linked_lock_or_a_pipe_is_refused(corpus, finished, tmp_path, capsys):
     victim, _ = outside(tmp_path)
     out = copy_of(finished, tmp_path)

@@ -69,10 +69,13 @@ def open_lock(path: Path, create: bool) -> int:
     return fd
 
 
-def planted(path: Path, what: str) -> str:
+def planted(path: Path, what: str, run_there: bool = True) -> str:
+    """The refusal of an entry a run never makes; the advice to remove it only in a folder that holds a run (/, a home
+    folder or a folder of texts holds nothing a user should remove for a run)."""
     look = " (after looking at what it points to)" if "link" in what else ""
+    way = f"remove {path}{look}, or choose another --out_dir" if run_there else "choose a new or empty --out_dir"
     return (f"{path} is {what}, which a run never makes there; a run writes only inside its folder, so it refuses "
-            f"this one: remove {path}{look}, or choose another --out_dir")
+            f"this one: {way}")
 
 
 def holder(folder: Path) -> str | None:
@@ -116,6 +119,9 @@ class RunDir:
         try:
             self.check_entries()
         except BaseException:
+            if self.made[1]:  # a refused folder keeps no lock file of ours
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path / LOCK)
             os.close(fd)
             raise
         # who holds it, for the message above; the lock itself is what counts, so a full disk is no error here
@@ -177,15 +183,17 @@ class RunDir:
     def check_entries(self) -> None:
         """Refuse a folder whose entries are not what a run makes: a link anywhere in it or in .replaced/ (the run
         would write, move or delete through it), a pipe or device, or a folder where the run keeps a file."""
+        run_there = bool(self.found & {*CHECKPOINTS, SUMMARY, LOSS_PICTURE, ASIDE}) or any(
+            name.startswith("events.out.tfevents.") for name in self.found)
         for folder in (self.path, self.path / ASIDE):
             if folder != self.path and not self._real_folder(folder):
                 continue
             for entry in os.scandir(folder):
                 path = Path(entry.path)
                 if entry.is_symlink():
-                    raise UserError(planted(path, "a link"))
+                    raise UserError(planted(path, "a link", run_there))
                 if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
-                    raise UserError(planted(path, "not a plain file or folder"))
+                    raise UserError(planted(path, "not a plain file or folder", run_there))
                 if entry.is_dir(follow_symlinks=False) and (entry.name in CHECKPOINTS + (LOCK, SUMMARY)
                                                             or entry.name.startswith("events.out.tfevents.")):
                     raise UserError(planted(path, "a folder where the run keeps a file"))
