@@ -199,35 +199,74 @@ def recorded_text(path: Path, record: dict, max_bytes: int) -> bytes | None:
 
 
 # ---- a token cache entry ---------------------------------------------------------------------------------------------
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # an entry of another format (1: no checksum of its vocabulary) is prepared again
 META_MAX_BYTES = 16 << 20  # meta.json: every character of Unicode fits in a few MB
 
 
+def vocab_sha256(vocab: str) -> str:
+    """The checksum of a vocabulary that a cache entry's meta.json records beside it."""
+    return hashlib.sha256(vocab.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
-    """A token cache entry's metadata as checked, or why the entry cannot be trusted: its metadata typed and consistent
-    with its vocabulary, each token file a regular file of the size its count gives, and every id below the vocabulary
-    size (checked each time an entry is opened: a few seconds for a billion tokens)."""
+    """A token cache entry's metadata as checked, or why the entry cannot be used, in the words that follow its path in
+    a note ("are damaged (val.bin is missing)"). Checked each time an entry is opened (a few seconds for a billion
+    tokens): its format; its metadata typed and consistent with its vocabulary, whose characters beyond the base
+    vocabulary (base_vocab_size) are in code-point order, each once, as prepared, and whose checksum is the one recorded
+    (a character replaced may keep that order); each token file a regular file of the size its count gives; every id
+    below the vocabulary size."""
+    path = entry / "meta.json"
     try:
-        meta = json.loads(read_small(entry / "meta.json", "the cache entry's", META_MAX_BYTES).decode("utf-8"))
-        tokenizer = CharTokenizer(meta["vocab"])
-        dtype = np.dtype(meta["dtype"])
-        if meta["format"] != CACHE_FORMAT or dtype != tokenizer.dtype or meta["vocab_size"] != tokenizer.vocab_size:
-            return None, "its metadata does not match its vocabulary"
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None, "are damaged (meta.json is not a file)"
+        meta = json.loads(read_small(path, "the cache entry's", META_MAX_BYTES).decode("utf-8"))
+    except FileNotFoundError:
+        return None, "are damaged (meta.json is missing)"
+    except (OSError, UserError):  # unreadable, over META_MAX_BYTES, or written to while it was read
+        return None, "are damaged (meta.json cannot be read)"
+    except ValueError:
+        return None, "are damaged (meta.json is not UTF-8 JSON)"
+    if not isinstance(meta, dict):
+        return None, "are damaged (meta.json is not a JSON object)"
+    if type(meta.get("format")) is int and meta["format"] != CACHE_FORMAT:
+        return None, f"were written in cache format {meta['format']}, not this version's {CACHE_FORMAT}"
+    why = entry_damage(entry, meta)
+    return (meta, None) if why is None else (None, f"are damaged ({why})")
+
+
+def entry_damage(entry: Path, meta: dict) -> str | None:
+    """What is wrong with a cache entry whose meta.json holds meta, in a few words; None where nothing is."""
+    try:
+        vocab, base = meta["vocab"], meta["base_vocab_size"]
+        if meta["format"] != CACHE_FORMAT or not isinstance(vocab, str) or type(base) is not int \
+                or not 0 <= base <= len(vocab):
+            return "its format, vocab or base_vocab_size is malformed"
+        if len(set(vocab)) != len(vocab) or vocab[base:] != "".join(sorted(vocab[base:])):
+            return "its vocabulary repeats a character or is out of order"
+        if meta["vocab_sha256"] != vocab_sha256(vocab):
+            return "its vocabulary does not match its checksum"
+        tokenizer = CharTokenizer(vocab)
+        if meta["dtype"] != tokenizer.dtype.name or meta["vocab_size"] != tokenizer.vocab_size:
+            return "its dtype or vocab_size does not match its vocabulary"
         for split in ("train", "val"):
-            path = entry / f"{split}.bin"
             n = meta[f"n_{split}"]
             if type(n) is not int or n < 0:
-                return None, f"n_{split} is not a count"
+                return f"n_{split} is not a count"
+            path = entry / f"{split}.bin"
             info = os.lstat(path)
-            if not stat.S_ISREG(info.st_mode) or info.st_size != n * dtype.itemsize:
-                return None, f"{split}.bin is missing, not a plain file or of the wrong size"
-            if n and int(np.memmap(path, dtype=dtype, mode="r").max()) >= tokenizer.vocab_size:
-                return None, f"{split}.bin holds ids beyond the vocabulary"
+            if not stat.S_ISREG(info.st_mode) or info.st_size != n * tokenizer.dtype.itemsize:
+                return f"{split}.bin is not a file of n_{split} tokens"
+            if n and int(np.memmap(path, dtype=tokenizer.dtype, mode="r").max()) >= tokenizer.vocab_size:
+                return f"{split}.bin holds ids beyond the vocabulary"
         if meta["n_chars"] != meta["n_train"] + meta["n_val"]:
-            return None, "n_chars is not n_train + n_val"
-    except (OSError, ValueError, KeyError, TypeError, UserError) as err:
-        return None, f"{type(err).__name__}: {str(err)[:80]}"
-    return meta, None
+            return "n_chars is not n_train + n_val"
+    except KeyError as err:
+        return f"meta.json has no {err.args[0]}"
+    except FileNotFoundError as err:
+        return f"{Path(err.filename).name} is missing"
+    except OSError as err:
+        return f"{Path(err.filename).name if err.filename else 'a token file'} cannot be read"
+    return None
 
 
 # ---- a record in a run folder ----------------------------------------------------------------------------------------

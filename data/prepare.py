@@ -23,7 +23,7 @@ import numpy as np
 
 from data.corpus import Corpus
 from data.gate import CACHE_FORMAT as FORMAT
-from data.gate import cache_entry, corpus_blocks, same_text, text_changed
+from data.gate import cache_entry, corpus_blocks, same_text, text_changed, vocab_sha256
 from data.tokenizer import CharTokenizer, codepoints
 from errors import UserError, space_or_place
 
@@ -200,7 +200,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             meta["source"] = corpus.name  # the cache is keyed by content: the same text under another name is this one
             meta["bytes"] = n_bytes  # (an entry written before the byte count was kept lacks it)
             return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
-        say(f"note: the cached token files in {final} are damaged ({why}); preparing them again")
+        say(f"note: the cached token files in {final} {why}; preparing them again")
         discard(final)
     try:
         return build(corpus, final, key, sha256, n_bytes, val_fraction, encoding, errors, start, base_vocab, check)
@@ -272,7 +272,8 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
         meta = {
             "format": FORMAT, "source": corpus.name, "files": len(corpus.files), "sha256": sha256, "bytes": n_bytes,
             "encoding": encoding, "encoding_errors": errors, "vocab": tokenizer.chars,
-            "vocab_size": tokenizer.vocab_size, "dtype": tokenizer.dtype.name, "n_chars": n_chars,
+            "vocab_sha256": vocab_sha256(tokenizer.chars), "vocab_size": tokenizer.vocab_size,
+            "dtype": tokenizer.dtype.name, "n_chars": n_chars,
             "val_fraction": val_fraction, "n_train": n_train, "n_val": n_chars - n_train,
             "base_vocab_size": len(base_vocab),
         }

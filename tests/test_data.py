@@ -348,6 +348,51 @@ def test_a_cache_entry_whose_character_count_is_not_its_splits_is_prepared_again
                      f"preparing them again"]
 
 
+@pytest.mark.parametrize("base_vocab", ["", "zyx"])
+def test_a_cache_entry_whose_vocabulary_was_altered_is_prepared_again(tmp_path, base_vocab):
+    """A cached meta.json whose vocabulary was rotated by one character, or had one character replaced in its
+    code-point order or in a fine-tuned run's base vocabulary (which is not sorted, and is accepted as it was), is
+    refused by its order or its checksum and prepared again with a note: the same token files and vocabulary."""
+    first = prepared_from("the quick brown fox\n" * 10, tmp_path, base_vocab=base_vocab)
+    files = {name: (first.dir / name).read_bytes() for name in ("meta.json", "train.bin", "val.bin")}
+    meta, vocab = json.loads(files["meta.json"]), first.tokenizer.chars
+    assert prepared_from("the quick brown fox\n" * 10, tmp_path, base_vocab=base_vocab).reused
+    order = "its vocabulary repeats a character or is out of order"
+    checksum = "its vocabulary does not match its checksum"
+    # (a fine-tuned vocabulary rotated may leave its part beyond the base in order: its checksum tells)
+    altered = {"rotated": (vocab[1:] + vocab[:1], checksum if base_vocab else order),
+               "replaced in order": (vocab.replace("c", "d"), checksum)}
+    if base_vocab:
+        altered["replaced in the base"] = (vocab.replace("y", "a"), checksum)
+    for what, (garbled, why) in altered.items():
+        (first.dir / "meta.json").write_text(json.dumps({**meta, "vocab": garbled}), encoding="utf-8")
+        notes = []
+        again = prepare(resolve(str(tmp_path / "corpus.txt"), tmp_path / "cache"), tmp_path / "cache",
+                        say=notes.append, base_vocab=base_vocab)
+        assert notes == [f"note: the cached token files in {first.dir} are damaged ({why}); preparing them again"], what
+        assert not again.reused and again.tokenizer.chars == vocab, what
+        assert {name: (first.dir / name).read_bytes() for name in files} == files, what
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda d: (d / "meta.json").unlink(), "are damaged (meta.json is missing)"),
+    (lambda d: ((d / "meta.json").unlink(), (d / "meta.json").mkdir()), "are damaged (meta.json is not a file)"),
+    (lambda d: (d / "meta.json").write_text("[]"), "are damaged (meta.json is not a JSON object)"),
+    (lambda d: (d / "val.bin").unlink(), "are damaged (val.bin is missing)"),
+    (lambda d: (d / "meta.json").write_text(json.dumps({**json.loads((d / "meta.json").read_text()), "format": 1})),
+     "were written in cache format 1, not this version's 2")])
+def test_a_cache_entry_that_cannot_be_used_is_named_in_a_few_words(tmp_path, damage, why):
+    """The note on a cache entry prepared again says what is wrong in a few words (no exception's name, no cut path);
+    an entry of the earlier cache format, which recorded no checksum of its vocabulary, is prepared again once."""
+    first = prepared_from("x" * 100, tmp_path)
+    damage(first.dir)
+    notes = []
+    again = prepare(resolve(str(tmp_path / "corpus.txt"), tmp_path / "cache"), tmp_path / "cache", say=notes.append)
+    assert notes == [f"note: the cached token files in {first.dir} {why}; preparing them again"]
+    assert not again.reused and prepare(resolve(str(tmp_path / "corpus.txt"), tmp_path / "cache"),
+                                        tmp_path / "cache").reused
+
+
 def test_a_text_too_short_for_any_model_is_refused_when_prepared_and_nothing_is_written(tmp_path, monkeypatch):
     """A text that leaves either split under 2 characters (no model of any block_size trains on it) is refused by
     prepare in one line, exit 2, with no token files written; the line names --val_fraction, the way to change, where
