@@ -122,9 +122,9 @@ class Opening(NamedTuple):
 def validation_start(state: dict) -> tuple[str | None, str]:
     """The first VAL_SEARCHED characters of the run's validation text: from its prepared token cache in this user's
     cache folder (a checkpoint's cache_dir is never taken: the file may come from someone else), found by the corpus
-    checksum the checkpoint records, with the same encoding and split; else from its corpus file, where that is one
-    regular file of the size and checksum recorded (data.gate.recorded_text). Where neither is there: None, and why
-    (Opening's why)."""
+    checksum the checkpoint records, with the same encoding, split and vocabulary (ids read through another are
+    another text); else from its corpus file, where that is one regular file of the size and checksum recorded
+    (data.gate.recorded_text). Where neither is there: None, and why (Opening's why)."""
     data, run = state.get("data") or {}, state.get("run_config") or {}
     sha256, n_train = data.get("sha256"), data.get("n_train")
     if not sha256 or n_train is None:
@@ -134,7 +134,8 @@ def validation_start(state: dict) -> tuple[str | None, str]:
     for entry in sorted((default_cache_dir() / "prepared").glob(f"{sha256[:20]}-*")):
         try:
             meta = json.loads(read_small(entry / "meta.json", "the cache entry's", META_MAX_BYTES).decode("utf-8"))
-            if meta["sha256"] != sha256 or any(meta[key] != value for key, value in settings.items()):
+            if meta["sha256"] != sha256 or meta["vocab"] != state.get("vocab") or any(
+                    meta[key] != value for key, value in settings.items()):
                 continue
             dtype = np.dtype(meta["dtype"])
             f, size = open_regular(entry / "val.bin", "the cache entry's")

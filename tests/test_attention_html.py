@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import patient, run_script, set_attention_path, train_debug
+from data import prepare, resolve
 from data.tokenizer import CharTokenizer
 from errors import run_cli
 from model import GPT
@@ -944,6 +945,23 @@ def test_the_page_opens_on_a_line_of_the_runs_own_validation_text(source_run, tm
     assert text == "".join(ch for ch in attention_html.DEFAULT_TEXT if ch in known)[:32]
     about = embedded((tmp_path / "c.html").read_text(encoding="utf-8"))["about"]
     assert (about["opening"], about["why"]) == ("default", "changed")
+
+
+def test_the_page_reads_no_cache_entry_whose_vocabulary_is_not_the_runs(tmp_path, monkeypatch):
+    """The run's validation text is read from a cache entry only where its vocabulary is the checkpoint's: an entry
+    whose meta.json has its vocabulary rotated by one character (every id read as another) is passed over."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i}: to be or not to be\n" for i in range(100)), encoding="utf-8")
+    meta = prepare(resolve(str(corpus), tmp_path), tmp_path / "home" / "chargpt").meta
+    state = {"data": {"source": str(corpus), "sha256": meta["sha256"], "n_train": meta["n_train"]},
+             "run_config": {}, "vocab": meta["vocab"]}
+    validation = corpus.read_text(encoding="utf-8")[meta["n_train"]:]
+    corpus.unlink()  # (the cache alone can give the text)
+    assert attention_html.validation_start(state) == (validation[:attention_html.VAL_SEARCHED], "")
+    entry = next((tmp_path / "home" / "chargpt" / "prepared").iterdir())
+    (entry / "meta.json").write_text(json.dumps({**meta, "vocab": meta["vocab"][1:] + meta["vocab"][:1]}))
+    assert attention_html.validation_start(state) == (None, "missing")
 
 
 def poem_lines(n: int) -> str:
