@@ -20,6 +20,7 @@ SHAKESPEARE_URL = os.environ.get(
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
 )
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SHAKESPEARE_BYTES = 1_115_394
 NAMED = ("shakespeare", "pystdlib")
 
 
@@ -60,13 +61,20 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
         try:
             return Corpus("shakespeare", [download_shakespeare(cache_dir)])
         except OSError as err:
+            target = cache_dir / "tinyshakespeare.txt"
+            if differs := copy_differs(target):
+                found = f"{target} is not the expected Tiny Shakespeare ({differs})"
+                fix = f"replace it with the original (char-rnn's input.txt), or train on it as it is: --data {target}"
+            else:
+                found = f"{target} holds no copy"
+                fix = ("connect to the network, put your copy there (or give --cache_dir of the cache that has it), or "
+                       "give a text you have (--data FILE, or --data pystdlib: Python's own sources, offline)")
             if not fallback:
-                raise UserError(f"--data shakespeare: could not download Tiny Shakespeare ({err}), and "
-                                f"{cache_dir / 'tinyshakespeare.txt'} holds no copy; connect to the network, put your "
-                                f"copy there (or give --cache_dir of the cache that has it), or give a text you have "
-                                f"(--data FILE, or --data pystdlib: Python's own sources, offline)") from None
-            say(f"note: could not download Tiny Shakespeare ({err}); using the offline corpus "
-                f"'pystdlib' instead. Use --data FILE to choose your own text.")
+                raise UserError(f"--data shakespeare: could not download Tiny Shakespeare ({err}), and {found}; "
+                                f"{fix}") from None
+            say(f"note: could not download Tiny Shakespeare ({err}){f', and {found}' if differs else ''}; using the "
+                f"offline corpus 'pystdlib' instead. Use --data FILE to choose your own text"
+                f"{f', or --data {target} to train on that copy as it is' if differs else ''}.")
             spec = "pystdlib"
     if spec == "pystdlib":
         try:
@@ -103,6 +111,20 @@ def new_partial(target: Path) -> Path:
     os.close(fd)
     os.chmod(name, 0o644)
     return Path(name)
+
+
+def copy_differs(target: Path) -> str:
+    """How the file at target differs from Tiny Shakespeare, in a few words; '' where it is the original, or no
+    regular file that can be read."""
+    try:
+        f, size = open_regular(target, "the cached")
+        f.close()
+        if size != SHAKESPEARE_BYTES:
+            return f"{size:,} bytes, where the original has {SHAKESPEARE_BYTES:,}"
+        same = sha256_of(target, "the cached") == SHAKESPEARE_SHA256
+        return "" if same else f"{size:,} bytes as the original, but another checksum"
+    except (OSError, UserError):
+        return ""
 
 
 def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:

@@ -247,6 +247,31 @@ def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkey
         assert corpus.name == "shakespeare" and corpus.files[0].read_bytes() == SHARED_TEXT.read_bytes()
 
 
+@pytest.mark.parametrize("copy, differs", [
+    (b"First Citizen:\r\n" * 100, "1,600 bytes, where the original has 1,115,394"),
+    (b"x" * 1_115_394, "1,115,394 bytes as the original, but another checksum")])
+def test_a_cached_copy_of_tiny_shakespeare_that_differs_is_named_offline(tmp_path, monkeypatch, copy, differs):
+    """Offline, a tinyshakespeare.txt in the cache that is not the original (Windows line endings, another size; or
+    the size with other bytes) is named as such, not as no copy: --data shakespeare is refused saying how it differs
+    and what to do, and the default's fallback to pystdlib says it too. The copy is kept as it was."""
+    monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", (tmp_path / "nowhere.txt").as_uri())  # offline, in effect
+    target = tmp_path / "cache" / "tinyshakespeare.txt"
+    target.parent.mkdir()
+    target.write_bytes(copy)
+    with pytest.raises(UserError) as refused:
+        resolve("shakespeare", tmp_path / "cache")
+    cause = str(refused.value).removeprefix("--data shakespeare: could not download Tiny Shakespeare (").split("), ")[0]
+    found = (f"could not download Tiny Shakespeare ({cause}), and {target} is not the expected Tiny Shakespeare "
+             f"({differs})")
+    assert str(refused.value) == (f"--data shakespeare: {found}; replace it with the original (char-rnn's input.txt), "
+                                  f"or train on it as it is: --data {target}")
+    notes = []
+    assert resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True).name == "pystdlib"
+    assert notes == [f"note: {found}; using the offline corpus 'pystdlib' instead. Use --data FILE to choose your own "
+                     f"text, or --data {target} to train on that copy as it is."]
+    assert target.read_bytes() == copy
+
+
 def test_the_cache_follows_xdg_cache_home_when_it_is_absolute(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert corpus_module.default_cache_dir() == tmp_path / "chargpt"
