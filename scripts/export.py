@@ -101,21 +101,59 @@ def write_onnx(model, target: Path) -> None:
 
 
 SCRATCH = ".export-"  # a scratch folder's name: this prefix, the exporting process's id, a dash, tempfile's letters
+NAMES = ("model.safetensors", "config.json", "vocab.json", "model.onnx")  # the files an export writes
+
+
+def scratch_pid(entry: Path) -> int | None:
+    """The id of the process whose scratch folder entry is (named as SCRATCH says, a folder, no link), else None."""
+    pid, dash, _ = entry.name.removeprefix(SCRATCH).partition("-")
+    ours = entry.name.startswith(SCRATCH) and dash and pid.isdigit() and entry.is_dir() and not entry.is_symlink()
+    return int(pid) if ours else None
 
 
 def remove_abandoned_scratch(folder: Path) -> None:
     """Scratch folders that an export killed outright (kill -9, a power cut) left in folder: those whose process is
     gone, each named by its process id; one of a running export stays."""
-    for scratch in folder.glob(f"{SCRATCH}*-*"):
-        pid = scratch.name.removeprefix(SCRATCH).split("-")[0]
-        if not (pid.isdigit() and scratch.is_dir() and not scratch.is_symlink()):
+    for scratch in folder.iterdir():
+        if (pid := scratch_pid(scratch)) is None:
             continue
         try:
-            os.kill(int(pid), 0)
+            os.kill(pid, 0)
         except ProcessLookupError:
             shutil.rmtree(scratch, ignore_errors=True)
         except (OSError, OverflowError):  # another user's process (PermissionError): alive
             pass
+
+
+def exported(file: Path) -> bool:
+    """Whether file is as an export writes it: a plain file (no link), and a config.json or vocab.json with the marks
+    export puts in them (config.json's model_type chargpt and format; vocab.json's format and chars)."""
+    if file.is_symlink() or not file.is_file():
+        return False
+    if file.suffix != ".json":
+        return True
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("format"), int) and (
+        data.get("model_type") == "chargpt" if file.name == "config.json" else isinstance(data.get("chars"), list))
+
+
+def refuse_others(folder: Path) -> None:
+    """An export writes into a new or empty folder, or over an earlier export: a folder whose config.json or vocab.json
+    export wrote, and whose other files of the export's names are plain files; files of other names beside an earlier
+    export stay as they are. Anything else is refused in one line, naming the files in the way: the user's files that
+    export would replace, else those its files would land among. Scratch folders of exports are passed over."""
+    entries = sorted(p.name for p in folder.iterdir() if scratch_pid(p) is None)
+    earlier = any(name in entries and exported(folder / name) for name in ("config.json", "vocab.json"))
+    replaced = [name for name in NAMES if name in entries and not (earlier and exported(folder / name))]
+    if replaced or (entries and not earlier):
+        shown = replaced or entries[:3] + ["..."] * (len(entries) > 3)
+        them = ("it" if len(shown) == 1 else "them") if replaced else "among them"
+        raise UserError(f"--to {folder} holds {', '.join(shown)}, not an earlier export's; exporting there would "
+                        f"{'replace' if replaced else 'put its files'} {them}: choose another --to, a new or empty "
+                        f"folder")
 
 
 def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: bool) -> list[str]:
@@ -124,7 +162,7 @@ def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: boo
     disk) leaves an earlier export there whole, not part replaced by another model's files."""
     import tempfile
 
-    names = ["model.safetensors", "config.json", "vocab.json"] + ["model.onnx"] * onnx
+    names = list(NAMES[:3 + onnx])
     remove_abandoned_scratch(folder)
     with tempfile.TemporaryDirectory(dir=folder, prefix=f"{SCRATCH}{os.getpid()}-") as scratch:
         new = Path(scratch)
@@ -156,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     with output_folder(folder, "--to"):
         if owner := holder(folder):  # a run's folder while it trains: the export's files would land among the run's
             raise UserError(f"--to {folder} is the folder of a run that {owner} is training; choose another --to")
+        refuse_others(folder)
         onnx = args.onnx is not False and not missing
         if not onnx and (folder / "model.onnx").exists():  # it would stay, beside another model's weights
             ways = (f"move it away, choose another --to, or install what ONNX needs ({' and '.join(missing)}: pip "

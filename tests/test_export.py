@@ -91,8 +91,9 @@ def test_asking_for_onnx_without_its_packages_is_one_line_before_anything_is_wri
 def test_an_export_removes_the_scratch_of_one_killed_outright_and_keeps_a_running_ones(run_dir, tmp_path, capsys,
                                                                                          monkeypatch):
     """A scratch folder left by an export killed with kill -9 (its process gone) is removed by the next export into
-    that folder; one of an export still running, or a folder of the user's that only looks alike, is kept. Without the
-    ONNX packages, a model.onnx there is refused with the reason it would not be replaced and the way to install them."""
+    that folder; one of an export still running is kept, and a folder holding only these counts as empty; a folder of
+    the user's that only looks alike, beside an earlier export, is kept. Without the ONNX packages, a model.onnx there
+    is refused with the reason it would not be replaced and the way to install them."""
     import export
     from errors import run_cli
     folder = tmp_path / "export"
@@ -100,9 +101,15 @@ def test_an_export_removes_the_scratch_of_one_killed_outright_and_keeps_a_runnin
     abandoned = folder / f".export-{int(gone.stdout)}-abcd1234"  # (that process has ended)
     running = folder / f".export-{os.getpid()}-efgh5678"
     users = folder / ".export-notes"
-    for scratch in (abandoned, running, users):
+    for scratch in (abandoned, running):
         scratch.mkdir(parents=True)
         (scratch / "model.safetensors").write_bytes(b"half a model")
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted([running.name, "config.json", "model.safetensors",
+                                                               "vocab.json"])
+    abandoned.mkdir()
+    users.mkdir()
+    (users / "model.safetensors").write_bytes(b"the user's")
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"]) == 0
     assert sorted(p.name for p in folder.iterdir()) == sorted([running.name, users.name, "config.json",
                                                                "model.safetensors", "vocab.json"])
@@ -160,12 +167,18 @@ def test_export_into_the_folder_of_a_run_in_training_is_refused_in_one_line(run_
 def test_a_failed_export_removes_the_folders_it_made_and_keeps_one_that_was_there(run_dir, tmp_path, capsys,
                                                                                  monkeypatch):
     """A full disk while exporting is one line, exit 2, and leaves the place as it was: the --to folder the export
-    made (with its missing parents) is removed again, where a folder that was there before stays, with its files."""
+    made (with its missing parents) is removed again, where a folder that was there before stays, with its files (an
+    earlier export, and a file of the user's beside it)."""
     import errno
 
     import export
     from errors import run_cli
     from training import run_folder
+
+    there = tmp_path / "there"
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(there), "--onnx=false"]) == 0
+    (there / "notes.txt").write_text("the user's")
+    before = {p.name: p.read_bytes() for p in there.iterdir()}
 
     def no_space(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -173,11 +186,9 @@ def test_a_failed_export_removes_the_folders_it_made_and_keeps_one_that_was_ther
     new = tmp_path / "new" / "export"
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(new), "--onnx=false"]) == 2
     assert "No space left on device" in capsys.readouterr().err and not (tmp_path / "new").exists()
-    there = tmp_path / "there"
-    there.mkdir()
-    (there / "notes.txt").write_text("the user's")
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(there), "--onnx=false"]) == 2
-    assert [p.name for p in there.iterdir()] == ["notes.txt"]
+    assert "No space left on device" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in there.iterdir()} == before
 
 
 def test_an_export_over_an_earlier_one_replaces_it_whole_or_not_at_all(run_dir, tmp_path, capsys, monkeypatch):
@@ -221,3 +232,42 @@ def test_an_export_over_an_earlier_one_replaces_it_whole_or_not_at_all(run_dir, 
     now = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert now.keys() == earlier.keys() and all(now[name] != earlier[name] for name in ("model.safetensors",
                                                                                          "config.json"))
+
+
+def test_an_export_refuses_a_folder_of_the_users_files_and_keeps_them_byte_for_byte(run_dir, tmp_path, capsys):
+    """--to a folder that holds a file of the user's with a name export writes (a config.json not written by export; a
+    link named model.onnx beside an earlier export) is refused in one line naming it, as is a folder of the user's
+    other files, which the export's would land among; nothing there changes. An earlier export (config.json and
+    vocab.json as export writes them) is replaced, a file of the user's beside it kept as it was."""
+    import export
+    from errors import run_cli
+
+    def export_to(folder):
+        code = run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"])
+        return code, capsys.readouterr().err
+    mine, texts, earlier = tmp_path / "mine", tmp_path / "texts", tmp_path / "earlier"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"my": 1}\n')
+    texts.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
+        (texts / name).write_text(name)
+    assert export_to(earlier) == (0, "")
+    weights = (earlier / "model.safetensors").read_bytes()
+    (earlier / "model.safetensors").write_bytes(b"an earlier model's weights")
+    (earlier / "README.md").write_text("my notes on this model")
+    (tmp_path / "graph").write_bytes(b"the user's graph")
+    (earlier / "model.onnx").symlink_to(tmp_path / "graph")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    way = "choose another --to, a new or empty folder"
+    assert export_to(mine) == (2, f"error: --to {mine} holds config.json, not an earlier export's; exporting there "
+                                  f"would replace it: {way}\n")
+    assert export_to(texts) == (2, f"error: --to {texts} holds a.txt, b.txt, c.txt, ..., not an earlier export's; "
+                                   f"exporting there would put its files among them: {way}\n")
+    assert export_to(earlier) == (2, f"error: --to {earlier} holds model.onnx, not an earlier export's; exporting "
+                                     f"there would replace it: {way}\n")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    (earlier / "model.onnx").unlink()
+    assert export_to(earlier) == (0, "")
+    assert (earlier / "model.safetensors").read_bytes() == weights
+    assert (earlier / "README.md").read_text() == "my notes on this model"
+
