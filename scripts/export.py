@@ -97,6 +97,11 @@ def write_onnx(model, target: Path) -> None:
         except OSError as err:  # (the exporter's write names no file)
             raise WriteFailed(f"could not write the ONNX graph {target} ({disk_error(err)})", "nothing was written",
                               space_or_place(err, "--to")) from None
+        except Exception as err:  # an onnx or onnxscript that does not match this torch fails to import, or translates
+            first = (str(err).strip().splitlines() or [""])[0]  # the graph wrongly: the exporter's own first line
+            raise UserError(f"the ONNX graph could not be exported ({type(err).__name__}: {first}), so nothing was "
+                            f"written; pip install --upgrade -r requirements-export.txt (versions that match torch "
+                            f"{torch.__version__}), or export without it: --onnx=false") from None
         write_atomic(target, lambda f: f.write(graph.read_bytes()), "the ONNX graph", "--to")
 
 

@@ -271,3 +271,28 @@ def test_an_export_refuses_a_folder_of_the_users_files_and_keeps_them_byte_for_b
     assert (earlier / "model.safetensors").read_bytes() == weights
     assert (earlier / "README.md").read_text() == "my notes on this model"
 
+def test_an_onnx_exporter_that_fails_is_one_line_and_leaves_an_earlier_export_whole(run_dir, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """ONNX packages that are there but fail (an onnxscript that does not match torch fails to import inside
+    torch.onnx.export) make one line naming the failure and both fixes, exit 2; an earlier export stays byte for byte
+    and a new folder is not left behind."""
+    import export
+    from errors import run_cli
+
+    folder = tmp_path / "export"
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"]) == 0
+    earlier = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def mismatched(*args, **kwargs):
+        raise ImportError("cannot import name 'ir' from 'onnxscript'\n(most likely a circular import)")
+    monkeypatch.setattr(export, "ONNX_NEEDS", ())  # (as where the packages are installed)
+    monkeypatch.setattr(torch.onnx, "export", mismatched)
+    capsys.readouterr()
+    for to in (folder, tmp_path / "new"):
+        assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(to), "--onnx=true"]) == 2
+        assert capsys.readouterr().err == (
+            "error: the ONNX graph could not be exported (ImportError: cannot import name 'ir' from 'onnxscript'), so "
+            "nothing was written; pip install --upgrade -r requirements-export.txt (versions that match torch "
+            f"{torch.__version__}), or export without it: --onnx=false\n")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == earlier and not (tmp_path / "new").exists()
+
