@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer, state = load_model(path, "cpu")
     folder = Path(args.to) if args.to else path.parent / "export"
     with output_folder(folder, "--to"):
-        if owner := holder(folder):  # a run's folder while it trains: the export's files would land among the run's
+        if owner := holder(folder):  # a run's folder while it trains (a folder inside it, export/, is the export's own)
             raise UserError(f"--to {folder} is the folder of a run that {owner} is training; choose another --to")
         refuse_others(folder)
         onnx = args.onnx is not False and not missing
@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         written = write_all(model, tokenizer, state, path, folder, onnx)
     print(f"{path}: step {state['iter']}, {model.num_params(non_embedding=False):,} parameters; wrote "
           f"{', '.join(written)} into {folder}")
+    if owner := holder(path.parent):  # the run goes on: its ckpt_best.pt may be replaced by a better model
+        print(f"note: {owner} is still training {path.parent}; this export is of its {path.name} at step "
+              f"{state['iter']}", file=sys.stderr)
     if args.onnx is None and missing:
         print(f"model.onnx was not written: it needs {' and '.join(missing)} (pip install -r requirements-export.txt)",
               file=sys.stderr)

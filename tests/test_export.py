@@ -271,6 +271,7 @@ def test_an_export_refuses_a_folder_of_the_users_files_and_keeps_them_byte_for_b
     assert (earlier / "model.safetensors").read_bytes() == weights
     assert (earlier / "README.md").read_text() == "my notes on this model"
 
+
 def test_an_onnx_exporter_that_fails_is_one_line_and_leaves_an_earlier_export_whole(run_dir, tmp_path, capsys,
                                                                                      monkeypatch):
     """ONNX packages that are there but fail (an onnxscript that does not match torch fails to import inside
@@ -296,3 +297,28 @@ def test_an_onnx_exporter_that_fails_is_one_line_and_leaves_an_earlier_export_wh
             f"{torch.__version__}), or export without it: --onnx=false\n")
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == earlier and not (tmp_path / "new").exists()
 
+
+def test_exporting_a_run_still_training_says_which_step_it_exports(run_dir, tmp_path, capsys):
+    """A run that a process holds (still training) is exported into its export/ folder (the default --to, the
+    export's own), with a note naming the process and the step of the checkpoint exported; a run not held has none."""
+    import shutil
+
+    import export
+    from errors import run_cli
+    from training.run_folder import RunDir
+
+    training = tmp_path / "training"
+    training.mkdir()
+    shutil.copy(run_dir / "ckpt_best.pt", training / "ckpt_best.pt")
+    step = load_model(training / "ckpt_best.pt")[2]["iter"]
+    busy = RunDir(training).claim(say=lambda message: None)
+    try:
+        assert run_cli(export.main, ["--out_dir", str(training), "--onnx=false"]) == 0
+    finally:
+        busy.release()
+    err = capsys.readouterr().err
+    assert err.startswith(f"note: process {os.getpid()} (") and err.count("\n") == 1, err
+    assert err.endswith(f") is still training {training}; this export is of its ckpt_best.pt at step {step}\n")
+    assert sorted(p.name for p in (training / "export").iterdir()) == ["config.json", "model.safetensors",
+                                                                       "vocab.json"]
+    assert run_cli(export.main, ["--out_dir", str(training), "--onnx=false"]) == 0 and capsys.readouterr().err == ""
