@@ -275,8 +275,8 @@ def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys
 def test_a_folder_of_a_runs_logs_without_its_checkpoints_names_them_and_the_way_that_works(corpus, finished, tmp_path,
                                                                                              capsys):
     """A run folder whose checkpoints were removed (its summary.json and loss.png kept): a new run there is refused in
-    one line naming what is there, and the folder is left as it was, with no .lock added; the scripts' suggestion to
-    train there carries --overwrite, and that command trains."""
+    one line naming what is there, and the folder is left as it was, with no .lock added; --resume says to start again
+    with --overwrite; the scripts' suggestion to train there carries --overwrite, and that command trains."""
     import sample
     folder = copy_of(finished, tmp_path)
     for path in folder.iterdir():
@@ -286,6 +286,10 @@ def test_a_folder_of_a_runs_logs_without_its_checkpoints_names_them_and_the_way_
     code, _, err = cli(capsys, *argv(corpus, folder))
     assert code == 2 and err == (f"error: {folder} holds a run's logs (loss.png, summary.json) but no checkpoint; "
                                  f"--overwrite replaces them, or choose another --out_dir\n")
+    assert sorted(p.name for p in folder.iterdir()) == before
+    code, _, err = cli(capsys, *argv(corpus, folder, "--resume"))
+    assert code == 2 and err.endswith("nothing to continue; start it again with --overwrite instead of --resume (it "
+                                      "replaces them)\n")
     assert sorted(p.name for p in folder.iterdir()) == before
     assert run_cli(sample.main, ["--out_dir", str(folder)]) == 2
     suggested = capsys.readouterr().err.split("train first: ")[1].rstrip(")\n")

@@ -371,9 +371,10 @@ class RunDir:
         if found := self.checkpoints():  # in the order of CHECKPOINTS: ckpt_last.pt first
             return found[0]
         if self.logs():
+            again = ("with --overwrite instead of --resume (it replaces them)" if self.logs_besides_events() else
+                     "without --resume (its logs are kept in a folder of their own)")
             raise UserError(f"--resume: {self.path} holds only the logs of a run that stopped before its first "
-                            f"checkpoint, so there is nothing to continue; start it again without --resume (its logs "
-                            f"are kept in a folder of their own)")
+                            f"checkpoint, so there is nothing to continue; start it again {again}")
         raise UserError(f"--resume: there is no {self.path / LAST} to continue (no run there); drop --resume "
                         f"to start a new run")
 
