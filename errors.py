@@ -12,6 +12,7 @@ import errno
 import os
 import shlex
 import signal
+import stat
 import sys
 import textwrap
 import threading
@@ -190,6 +191,23 @@ def _to_nowhere(stream) -> None:
         os.close(nowhere)
 
 
+def _failed_output(err: OSError) -> str | None:
+    """Standard output's file (its path where the system says it) when err, a write that names no file, is a full
+    disk and that file's disk is the full one; the output then goes to /dev/null, so that Python's own flush at exit
+    fails nowhere. None otherwise."""
+    if err.errno != errno.ENOSPC:
+        return None
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstatvfs(fd).f_bavail:
+            return None
+        name = os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else "standard output"
+    except (OSError, ValueError):
+        return None
+    _to_nowhere(sys.stdout)
+    return name
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -241,6 +259,10 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         _to_nowhere(sys.stdout)
         return 141
     except OSError as err:
+        if err.filename is None and (output := _failed_output(err)):
+            _tell(f"error: could not write the output to {output} ({err.strerror or err}); free some disk space "
+                  f"there, or send the output elsewhere")
+            return 2
         where = f" {err.filename}" if err.filename else ""
         _tell(f"error: could not read or write{where} ({err.strerror or err}); check the path, its permissions and "
               f"the free disk space")

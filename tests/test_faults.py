@@ -330,6 +330,30 @@ def test_paths_that_are_not_utf8_train_and_are_named(run, tmp_path, capsys, monk
     assert not wrong.exists()
 
 
+def test_output_to_a_file_on_a_full_disk_names_the_file(tmp_path, monkeypatch, capsys):
+    """`sample.py > FILE` on a full disk (a write that names no file fails with ENOSPC, and the disk FILE is on has no
+    free block, as os.fstatvfs says: here a stand-in for a full disk): one line naming FILE as the output and the fix;
+    the same failure where the output's disk has room is the general line, naming no file."""
+    import types
+
+    import errors
+    target = tmp_path / "samples.txt"
+
+    def writes_on_a_full_disk(argv):
+        print("some text")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    for free, words in ((0, f"error: could not write the output to {target} (No space left on device); free some "
+                             f"disk space there, or send the output elsewhere"),
+                        (100, "error: could not read or write (No space left on device); check the path, its "
+                              "permissions and the free disk space")):
+        with open(target, "w", encoding="utf-8") as output:
+            monkeypatch.setattr(sys, "stdout", output)
+            monkeypatch.setattr(errors.os, "fstatvfs", lambda fd: types.SimpleNamespace(f_bavail=free))
+            assert run_cli(writes_on_a_full_disk) == 2
+        monkeypatch.undo()
+        assert capsys.readouterr().err.strip() == words
+
+
 def test_a_terminal_that_cannot_show_a_character_shows_its_code(monkeypatch):
     """A latin-1 or ASCII terminal and a Chinese sample: the character's code, as stderr shows it, not a traceback."""
     raw = io.BytesIO()
