@@ -901,8 +901,11 @@ def test_a_small_text_that_overfits_is_warned_once_with_what_to_try(tmp_path):
     assert first < len(evaluations)  # it went on overfitting after the warning: still said once
     warnings = [m for m in said if m.startswith("warning: the model is learning the training text by heart")]
     assert len(warnings) == 1, warnings
-    steps = ", ".join(str(step) for step, _, _ in evaluations[first - 3:first])
-    assert f"at steps {steps} the validation loss rose" in warnings[0]
+    window = evaluations[first - 3:first]
+    val = " -> ".join(f"{loss:.3f}" for _, _, loss in window)
+    steps = ", ".join(str(step) for step, _, _ in window)
+    assert (f"from step {window[0][0]} to step {window[-1][0]} the validation loss rose ({val}, at steps {steps})"
+            in warnings[0]), warnings[0]
     for advice in ("a smaller model (--n_layer, --n_embd)", "--dropout 0.2", "fewer steps (--max_iters)",
                    "more text", 'docs/training.md, "Small texts"'):
         assert advice in warnings[0]

@@ -369,10 +369,11 @@ def overfitting_line(evaluations: list, best_step: int) -> str:
     steps = ", ".join(str(step) for step, _, _ in last)
     train = " -> ".join(f"{loss:.3f}" for _, loss, _ in last)
     val = " -> ".join(f"{loss:.3f}" for _, _, loss in last)
-    return (f"warning: the model is learning the training text by heart (overfitting): at steps {steps} the "
-            f"validation loss rose ({val}) while the training loss fell ({train}). Try a smaller model (--n_layer, "
-            f"--n_embd), --dropout 0.2, fewer steps (--max_iters), or more text; the run hands over its best model "
-            f"(step {best_step} so far). docs/training.md, \"Small texts\", says more")
+    return (f"warning: the model is learning the training text by heart (overfitting): from step {last[0][0]} to "
+            f"step {last[-1][0]} the validation loss rose ({val}, at steps {steps}) while the training loss fell "
+            f"({train}). Try a smaller model (--n_layer, --n_embd), --dropout 0.2, fewer steps (--max_iters), or "
+            f"more text; the run hands over its best model (step {best_step} so far). docs/training.md, \"Small "
+            f"texts\", says more")
 
 
 def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[str]:
