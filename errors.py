@@ -145,6 +145,8 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
     if target.is_dir():
         raise UserError(f"{option} {path} is a folder; give a file name")
     folder = target.parent
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{option} {path}: {folder} is a file, not a folder; give a file in a folder")
     if not folder.is_dir():
         raise UserError(f"{option} {path}: the folder {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK):

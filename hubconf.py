@@ -93,7 +93,11 @@ class TrainedRun:
         with _project():
             generate = importlib.import_module("model.generate")
             generate.check_length_and_seed(max_new_tokens, seed)
-            options = dataclasses.asdict(generate.Sampling(**sampling))  # (a TypeError names an unknown one)
+            known = [option.name for option in dataclasses.fields(generate.Sampling)]
+            if unknown := [name for name in sampling if name not in known]:
+                raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}; it takes the prompt, "
+                                f"max_new_tokens, seed and the sampling settings {', '.join(known)}")
+            options = dataclasses.asdict(generate.Sampling(**sampling))
             device = self.model.wte.weight.device
             generator = torch.Generator(device=device).manual_seed(int(seed))
             fits = (f"out of memory: {len(rows):,} prompt(s) and {int(max_new_tokens):,} new characters do not fit on "

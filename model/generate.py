@@ -42,7 +42,7 @@ class Sampling:
         value."""
         check_type("temperature", self.temperature, numbers.Real, "a number")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature {self.temperature}: must be 0 (greedy) or positive")
+            raise ValueError(f"temperature {self.temperature}: must be 0 (greedy) or a positive number, not infinite")
         if self.top_k is not None:
             check_type("top_k", self.top_k, numbers.Integral, "a whole number")
             if self.top_k < 1:

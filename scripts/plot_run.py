@@ -32,6 +32,10 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
         raise UserError(f"--out_dir {out_dir}: {what}; pass the --out_dir of a training run")
     if not any(out_dir.glob("events.out.tfevents.*")):
         raise UserError(f"{out_dir} holds no TensorBoard events; pass the --out_dir of a training run")
+    for path in out_dir.glob("events.out.tfevents.*"):  # (the reader would fail on it with its name as bytes)
+        if path.is_symlink() or not path.is_file():
+            raise UserError(f"{path} is not a plain file, as a run's event files are; move it out of {out_dir}, or "
+                            f"leave that run out")
     events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # 0: keep every point
     events.Reload()
     try:

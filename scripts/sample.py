@@ -107,7 +107,7 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
             raise UserError(f"{named}: no such file") from None
         except OSError as err:
             raise UserError(f"{named}: cannot be read ({err.strerror or err})") from None
-        text = utf8_text(data, named)
+        text = utf8_text(data, named).removeprefix("\ufeff")  # (the byte-order mark Notepad writes: no character)
         prompts = [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
         if not any(prompts):
             raise UserError(f"{args.prompt_flag}{args.prompt_file} is empty; put the prompt"

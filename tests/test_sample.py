@@ -253,6 +253,9 @@ def test_cli_batches_prompts_per_line(run_dir, tmp_path):
     assert [p[:len(q)] for p, q in zip(parts, ["The", "Citizen:", "I"])] == ["The", "Citizen:", "I"]
     alone = sample("--out_dir", str(run_dir), "--prompt", "Citizen:", "--max_new_tokens", "20", "--temperature", "0")
     assert alone.stdout.removesuffix("\n") == parts[1] and len(parts[1]) == len("Citizen:") + 20
+    prompts.write_text("The\nCitizen:\nI\n", encoding="utf-8-sig")  # Notepad's UTF-8: a byte-order mark first
+    assert sample("--out_dir", str(run_dir), "--prompt_file", str(prompts), "--prompts_per_line", "--max_new_tokens",
+                  "20", "--temperature", "0").stdout == out
 
 
 def test_unknown_prompt_characters(run_dir):
@@ -344,7 +347,9 @@ def test_auto_samples_a_large_model_in_bfloat16_only_on_a_cpu_with_bfloat16_unit
 @pytest.mark.parametrize("args, message", [
     (["--top_p", "1.5"], "--top_p 1.5: must be in (0, 1]"),
     (["--top_p", "0"], "--top_p 0.0: must be in (0, 1]"),
-    (["--temperature", "-1"], "--temperature -1.0: must be 0"),
+    (["--temperature", "-1"], "--temperature -1.0: must be 0 (greedy) or a positive number, not infinite"),
+    (["--temperature", "inf"], "--temperature inf: must be 0 (greedy) or a positive number, not infinite"),
+    (["--temperature", "nan"], "--temperature nan: must be 0 (greedy) or a positive number, not infinite"),
     (["--top_k", "0"], "--top_k 0: must be at least 1"),
     (["--max_new_tokens", "0"], "--max_new_tokens 0: must be at least 1"),
     (["--num_samples", "0"], "--num_samples 0: must be at least 1"),

@@ -468,11 +468,28 @@ def test_a_bad_value_names_the_config_file_and_key_it_came_from_or_the_flag(tmp_
     assert load_config(["--n_head", "7", "--n_embd", "154"], False)[0].n_embd == 154  # the suggestion is taken
 
 
+def test_two_presets_are_refused_in_one_line_and_one_named_twice_is_taken():
+    """--config debug --config shakespeare_char_cpu: one line naming both (the second replaced the first, unsaid);
+    the same preset twice (a repeated flag in a script) is that preset."""
+    with pytest.raises(UserError) as refused:
+        load_config(["--config", "debug", "--config", "shakespeare_char_cpu"], False)
+    assert str(refused.value) == ("--config is given 2 times (debug, shakespeare_char_cpu); give one, and set single "
+                                  "settings on the command line (--n_layer 2 ...)")
+    assert load_config(["--config", "debug", "--config=debug"], False)[0] == load_config(["--config", "debug"],
+                                                                                         False)[0]
+
+
 def test_bad_preset_file_names_the_field(tmp_path):
     bad = tmp_path / "mine.toml"
     bad.write_text("n_layers = 3\n")
     with pytest.raises(UserError, match="unknown field n_layers; did you mean n_layer"):
         load_config(["--config", str(bad)], False)
+    for table in ("[model]\nn_layer = 3\n", "model.n_layer = 3\n"):  # a TOML table, or a dotted key that makes one
+        bad.write_text("max_iters = 5\n" + table)
+        with pytest.raises(UserError) as refused:
+            load_config(["--config", str(bad)], False)
+        assert str(refused.value) == (f"{bad}: [model] is a table, and a config holds only settings, one name = value "
+                                      f"a line (as the presets in configs/ do); move its settings to the top level")
 
 
 def compiled_with(monkeypatch, backend) -> list:
