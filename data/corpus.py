@@ -6,6 +6,7 @@ import os
 import sys
 import sysconfig
 import tempfile
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,7 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
                         "pystdlib)")
     if spec == "shakespeare":
         try:
-            return Corpus("shakespeare", [download_shakespeare(cache_dir)])
+            return Corpus("shakespeare", [download_shakespeare(cache_dir, say=say)])
         except OSError as err:
             target = cache_dir / "tinyshakespeare.txt"
             if differs := copy_differs(target):
@@ -127,8 +128,9 @@ def copy_differs(target: Path) -> str:
         return ""
 
 
-def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
-    """Tiny Shakespeare, fetched once into the cache and checked against its known sha256."""
+def download_shakespeare(cache_dir: Path, timeout: float = 5.0, say=print) -> Path:
+    """Tiny Shakespeare, fetched once into the cache and checked against its known sha256. A copy there that differs
+    (a user's, with other line endings, say) is kept under a name of its own, said, never written over."""
     target = cache_dir / "tinyshakespeare.txt"
     if target.exists() and sha256_of(target, "the cached") == SHAKESPEARE_SHA256:
         return target
@@ -143,6 +145,11 @@ def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
                     bar.update(len(block))
         if sha256_of(partial, "the download") != SHAKESPEARE_SHA256:
             raise OSError("the download's checksum does not match")  # never use a damaged copy
+        if differs := copy_differs(target):
+            kept = target.with_name(time.strftime("tinyshakespeare-differing-%Y%m%d-%H%M%S.txt"))
+            os.replace(target, kept)
+            say(f"note: {target} was not the original Tiny Shakespeare ({differs}); it is kept as {kept}, and the "
+                f"original downloaded in its place (--data {kept} trains on that copy)")
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)

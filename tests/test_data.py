@@ -228,6 +228,8 @@ def test_every_rank_reads_as_many_validation_batches(tmp_path, small_text):
 
 # --- named corpora -----------------------------------------------------------------------------
 def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkeypatch):
+    """A download that is not Tiny Shakespeare is never kept or used; asked for by name it is an error, as the default
+    it falls back to pystdlib, said; a good download over a copy of the user's that differs keeps that copy, said."""
     notes = []
     bad = tmp_path / "bad.txt"
     bad.write_text("not shakespeare")
@@ -243,8 +245,16 @@ def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkey
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [corpus.files[0].name]
     if SHARED_TEXT.exists():
         monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", SHARED_TEXT.as_uri())
+        mine = tmp_path / "cache" / "tinyshakespeare.txt"  # the user's copy with Windows line endings
+        mine.write_bytes(SHARED_TEXT.read_bytes().replace(b"\n", b"\r\n"))
+        users = mine.read_bytes()
         corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True)
         assert corpus.name == "shakespeare" and corpus.files[0].read_bytes() == SHARED_TEXT.read_bytes()
+        kept = list((tmp_path / "cache").glob("tinyshakespeare-differing-*.txt"))  # downloaded over: kept, said
+        assert len(kept) == 1 and kept[0].read_bytes() == users
+        assert notes[-1] == (f"note: {mine} was not the original Tiny Shakespeare ({len(users):,} bytes, where the "
+                             f"original has 1,115,394); it is kept as {kept[0]}, and the original downloaded in its "
+                             f"place (--data {kept[0]} trains on that copy)")
 
 
 @pytest.mark.parametrize("copy, differs", [
