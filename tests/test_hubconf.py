@@ -175,7 +175,7 @@ def test_generate_refuses_what_sample_py_refuses_in_one_line_naming_the_type_or_
 
 def test_generate_past_the_memory_is_a_memory_error_in_one_line(lm, monkeypatch):
     """A generate() that cannot fit in memory is a MemoryError naming the sizes and the way out: on a CPU checked
-    before anything is drawn (a million prompts, or 10**12 new characters), where the memory would first fill with
+    before anything is drawn (100,000 prompts, or 10**12 new characters), where the memory would first fill with
     Python lists and the machine end the process; where the free memory is not known, when the allocator refuses
     (torch's 'can't allocate memory', here a stand-in). Other RuntimeErrors pass as they are."""
     import importlib
@@ -188,7 +188,7 @@ def test_generate_past_the_memory_is_a_memory_error_in_one_line(lm, monkeypatch)
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
     monkeypatch.setattr(generate, "generate", refused)
     for prompts, new, words in ((["ROMEO:", "O"], 10**12, "2 prompt(s) and 1,000,000,000,000"),
-                                (["O"] * 10**6, 10**5, "1,000,000 prompt(s) and 100,000")):
+                                (["O"] * 10**5, 10**6, "100,000 prompt(s) and 1,000,000")):
         for free in (device.free_memory, lambda: None):  # checked first; the allocator's refusal
             monkeypatch.setattr(device, "free_memory", free)
             with pytest.raises(MemoryError) as refused_error:
