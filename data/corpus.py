@@ -6,7 +6,6 @@ import os
 import sys
 import sysconfig
 import tempfile
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,24 +58,23 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
         raise UserError("--data is empty; give a text file, a folder of text files, or a named corpus (shakespeare, "
                         "pystdlib)")
     if spec == "shakespeare":
-        try:
-            return Corpus("shakespeare", [download_shakespeare(cache_dir, say=say)])
-        except OSError as err:
-            target = cache_dir / "tinyshakespeare.txt"
-            if differs := copy_differs(target):
-                found = f"{target} is not the expected Tiny Shakespeare ({differs})"
-                fix = f"replace it with the original (char-rnn's input.txt), or train on it as it is: --data {target}"
-            else:
-                found = f"{target} holds no copy"
+        target = cache_dir / "tinyshakespeare.txt"
+        if differs := copy_differs(target):  # a copy of the user's that is not the original: never downloaded over
+            why = f"{target} is not the expected Tiny Shakespeare ({differs})"
+            fix = (f"move it away (the original is then downloaded) or put the original there (char-rnn's input.txt), "
+                   f"or train on it as it is: --data {target}")
+        else:
+            try:
+                return Corpus("shakespeare", [download_shakespeare(cache_dir)])
+            except OSError as err:
+                why = f"could not download Tiny Shakespeare ({err}), and {target} holds no copy"
                 fix = ("connect to the network, put your copy there (or give --cache_dir of the cache that has it), or "
                        "give a text you have (--data FILE, or --data pystdlib: Python's own sources, offline)")
-            if not fallback:
-                raise UserError(f"--data shakespeare: could not download Tiny Shakespeare ({err}), and {found}; "
-                                f"{fix}") from None
-            say(f"note: could not download Tiny Shakespeare ({err}){f', and {found}' if differs else ''}; using the "
-                f"offline corpus 'pystdlib' instead. Use --data FILE to choose your own text"
-                f"{f', or --data {target} to train on that copy as it is' if differs else ''}.")
-            spec = "pystdlib"
+        if not fallback:
+            raise UserError(f"--data shakespeare: {why}; {fix}")
+        say(f"note: {why}; using the offline corpus 'pystdlib' instead. Use --data FILE to choose your own text"
+            f"{f', or --data {target} to train on that copy as it is' if differs else ''}.")
+        spec = "pystdlib"
     if spec == "pystdlib":
         try:
             return Corpus("pystdlib", [build_pystdlib(cache_dir)])
@@ -128,9 +126,8 @@ def copy_differs(target: Path) -> str:
         return ""
 
 
-def download_shakespeare(cache_dir: Path, timeout: float = 5.0, say=print) -> Path:
-    """Tiny Shakespeare, fetched once into the cache and checked against its known sha256. A copy there that differs
-    (a user's, with other line endings, say) is kept under a name of its own, said, never written over."""
+def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
+    """Tiny Shakespeare, fetched once into the cache and checked against its known sha256."""
     target = cache_dir / "tinyshakespeare.txt"
     if target.exists() and sha256_of(target, "the cached") == SHAKESPEARE_SHA256:
         return target
@@ -145,11 +142,6 @@ def download_shakespeare(cache_dir: Path, timeout: float = 5.0, say=print) -> Pa
                     bar.update(len(block))
         if sha256_of(partial, "the download") != SHAKESPEARE_SHA256:
             raise OSError("the download's checksum does not match")  # never use a damaged copy
-        if differs := copy_differs(target):
-            kept = target.with_name(time.strftime("tinyshakespeare-differing-%Y%m%d-%H%M%S.txt"))
-            os.replace(target, kept)
-            say(f"note: {target} was not the original Tiny Shakespeare ({differs}); it is kept as {kept}, and the "
-                f"original downloaded in its place (--data {kept} trains on that copy)")
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)

@@ -229,7 +229,7 @@ def test_every_rank_reads_as_many_validation_batches(tmp_path, small_text):
 # --- named corpora -----------------------------------------------------------------------------
 def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkeypatch):
     """A download that is not Tiny Shakespeare is never kept or used; asked for by name it is an error, as the default
-    it falls back to pystdlib, said; a good download over a copy of the user's that differs keeps that copy, said."""
+    it falls back to pystdlib, said."""
     notes = []
     bad = tmp_path / "bad.txt"
     bad.write_text("not shakespeare")
@@ -245,41 +245,38 @@ def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkey
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [corpus.files[0].name]
     if SHARED_TEXT.exists():
         monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", SHARED_TEXT.as_uri())
-        mine = tmp_path / "cache" / "tinyshakespeare.txt"  # the user's copy with Windows line endings
-        mine.write_bytes(SHARED_TEXT.read_bytes().replace(b"\n", b"\r\n"))
-        users = mine.read_bytes()
         corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True)
         assert corpus.name == "shakespeare" and corpus.files[0].read_bytes() == SHARED_TEXT.read_bytes()
-        kept = list((tmp_path / "cache").glob("tinyshakespeare-differing-*.txt"))  # downloaded over: kept, said
-        assert len(kept) == 1 and kept[0].read_bytes() == users
-        assert notes[-1] == (f"note: {mine} was not the original Tiny Shakespeare ({len(users):,} bytes, where the "
-                             f"original has 1,115,394); it is kept as {kept[0]}, and the original downloaded in its "
-                             f"place (--data {kept[0]} trains on that copy)")
 
 
 @pytest.mark.parametrize("copy, differs", [
     (b"First Citizen:\r\n" * 100, "1,600 bytes, where the original has 1,115,394"),
     (b"x" * 1_115_394, "1,115,394 bytes as the original, but another checksum")])
-def test_a_cached_copy_of_tiny_shakespeare_that_differs_is_named_offline(tmp_path, monkeypatch, copy, differs):
-    """Offline, a tinyshakespeare.txt in the cache that is not the original (Windows line endings, another size; or
-    the size with other bytes) is named as such, not as no copy: --data shakespeare is refused saying how it differs
-    and what to do, and the default's fallback to pystdlib says it too. The copy is kept as it was."""
-    monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", (tmp_path / "nowhere.txt").as_uri())  # offline, in effect
+def test_a_cached_copy_of_tiny_shakespeare_that_differs_is_named_and_never_downloaded_over(tmp_path, monkeypatch, copy,
+                                                                                            differs):
+    """A tinyshakespeare.txt in the cache that is not the original (Windows line endings, another size; or the size
+    with other bytes), online or not, is named as such: --data shakespeare is refused saying how it differs and what
+    to do, and the default's fallback to pystdlib says it too. Nothing is downloaded over it: the copy stays as it was
+    (two processes downloading at once would otherwise move it aside in turn)."""
+    fetched = tmp_path / "original.txt"  # online, in effect: a source that would be fetched, and fails the test if read
+    monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", fetched.as_uri())
+    monkeypatch.setattr(corpus_module, "download_shakespeare", lambda *args, **kwargs: pytest.fail("downloaded"))
     target = tmp_path / "cache" / "tinyshakespeare.txt"
     target.parent.mkdir()
     target.write_bytes(copy)
+    found = f"{target} is not the expected Tiny Shakespeare ({differs})"
     with pytest.raises(UserError) as refused:
         resolve("shakespeare", tmp_path / "cache")
-    cause = str(refused.value).removeprefix("--data shakespeare: could not download Tiny Shakespeare (").split("), ")[0]
-    found = (f"could not download Tiny Shakespeare ({cause}), and {target} is not the expected Tiny Shakespeare "
-             f"({differs})")
-    assert str(refused.value) == (f"--data shakespeare: {found}; replace it with the original (char-rnn's input.txt), "
-                                  f"or train on it as it is: --data {target}")
+    assert str(refused.value) == (f"--data shakespeare: {found}; move it away (the original is then downloaded) or "
+                                  f"put the original there (char-rnn's input.txt), or train on it as it is: --data "
+                                  f"{target}")
     notes = []
     assert resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True).name == "pystdlib"
     assert notes == [f"note: {found}; using the offline corpus 'pystdlib' instead. Use --data FILE to choose your own "
                      f"text, or --data {target} to train on that copy as it is."]
-    assert target.read_bytes() == copy
+    names = sorted(p.name for p in target.parent.iterdir())  # the copy, as it was, and the pystdlib text
+    assert target.read_bytes() == copy and len(names) == 2 and names[0].startswith("pystdlib-") and \
+        names[1] == "tinyshakespeare.txt"
 
 
 def test_the_cache_follows_xdg_cache_home_when_it_is_absolute(tmp_path, monkeypatch):
