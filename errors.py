@@ -145,8 +145,8 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
     if target.is_dir():
         raise UserError(f"{option} {path} is a folder; give a file name")
     folder = target.parent
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"{option} {path}: {folder} is a file, not a folder; give a file in a folder")
+    if (there := next((up for up in (folder, *folder.parents) if up.exists()), None)) and not there.is_dir():
+        raise UserError(f"{option} {path}: {there} is a file, not a folder; give a file in a folder")
     if not folder.is_dir():
         raise UserError(f"{option} {path}: the folder {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK):
@@ -244,7 +244,9 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         if callable(getattr(stream, "reconfigure", None)):  # sample; a file name that is not UTF-8) shows its code
             stream.reconfigure(errors="backslashreplace")  # (Python's own stderr does already)
     try:
-        return main(argv) or 0
+        code = main(argv) or 0
+        sys.stdout.flush()  # (output to a file is buffered: a full disk then fails here, said, not at exit, unsaid)
+        return code
     except QuietExit:
         return 2
     except UserError as err:

@@ -389,8 +389,9 @@ def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
         # (.pgf, which matplotlib writes only through a LaTeX installation, is not offered)
         one_line_error(capsys, main, *args, "--png", str(tmp_path / "x.pgf"), words="must end in one of")
         one_line_error(capsys, main, *args, "--png", str(tmp_path / "missing" / "x.png"), words="does not exist")
-        one_line_error(capsys, main, *args, "--png", str(empty / "x.png"),
-                       words=f"--png {empty / 'x.png'}: {empty} is a file, not a folder; give a file in a folder")
+        for under in (empty / "x.png", empty / "sub" / "x.png"):
+            one_line_error(capsys, main, *args, "--png", str(under),
+                           words=f"--png {under}: {empty} is a file, not a folder; give a file in a folder")
     one_line_error(capsys, plot_run.main, "--out_dir", str(tmp_path / "nowhere"), "--png", str(tmp_path / "a.png"),
                    words="no such folder")
     from torch.utils.tensorboard import SummaryWriter
