@@ -57,7 +57,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--json", default="", help="also write the figures to this JSON file")
     p.add_argument("--batch_size", type=int, default=0, help="windows per batch (default: the run's batch_size)")
     p.add_argument("--cache_dir", default="", help="where named corpora are downloaded (as train.py)")
-    p.add_argument("--encoding", default=None, help="the text's encoding, e.g. latin-1 (default: the run's own)")
+    p.add_argument("--encoding", default=None, help="--data's encoding, e.g. latin-1 (default: the run's own)")
     p.add_argument("--encoding_errors", default=None, choices=("strict", "replace", "ignore"),
                    help="undecodable bytes: stop, replace or ignore them (default: the run's own)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
@@ -177,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = checkpoint.load_model(path, pick_device(args.device))
     run = saved_settings(state, path)
-    if args.encoding is not None or args.encoding_errors is not None:  # the text's own, over the run's
+    if args.encoding is not None or args.encoding_errors is not None:  # a --data text's own, over the run's
+        if args.data is None:
+            raise UserError(f"--encoding and --encoding_errors read a text given with --data; the run's own text is "
+                            f"read as it was trained on ({run.encoding}, {run.encoding_errors}): leave them out, or "
+                            f"give --data FILE")
         run.encoding, run.encoding_errors = args.encoding or run.encoding, args.encoding_errors or run.encoding_errors
         check_encoding(run.encoding, run.encoding_errors)
     rt = runtime(args, run, path)

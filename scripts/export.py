@@ -18,10 +18,12 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 
 import torch  # noqa: E402
 
+from data.gate import read_small  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, UserError, disk_error, exit_without_teardown  # noqa: E402
 from errors import output_folder, run_cli, space_or_place  # noqa: E402
 from model.attention import ROPE_BASE  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
+from training.device import is_out_of_memory  # noqa: E402
 from training.run_folder import WriteFailed, find, holder, write_atomic, write_text_atomic  # noqa: E402
 loaded()
 
@@ -98,7 +100,10 @@ def write_onnx(model, target: Path) -> None:
             raise WriteFailed(f"could not write the ONNX graph {target} ({disk_error(err)})", "nothing was written",
                               space_or_place(err, "--to")) from None
         except Exception as err:  # an onnx or onnxscript that does not match this torch fails to import, or translates
-            first = (str(err).strip().splitlines() or [""])[0]  # the graph wrongly: the exporter's own first line
+            if isinstance(err, MemoryError) or is_out_of_memory(err):  # the graph wrongly: the exporter's first line
+                raise UserError(f"out of memory while exporting the ONNX graph; nothing was written; free some "
+                                f"memory, or export without it: --onnx=false") from None
+            first = (str(err).strip().splitlines() or [""])[0]
             raise UserError(f"the ONNX graph could not be exported ({type(err).__name__}: {first}), so nothing was "
                             f"written; pip install --upgrade -r requirements-export.txt (versions that match torch "
                             f"{torch.__version__}), or export without it: --onnx=false") from None
@@ -137,9 +142,9 @@ def exported(file: Path) -> bool:
         return False
     if file.suffix != ".json":
         return True
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # (vocab.json holds at most every character of Unicode: a few MB)
+        data = json.loads(read_small(file, "the export's", 16 << 20).decode("utf-8"))
+    except (OSError, ValueError, RecursionError, UserError):
         return False
     return isinstance(data, dict) and isinstance(data.get("format"), int) and (
         data.get("model_type") == "chargpt" if file.name == "config.json" else isinstance(data.get("chars"), list))

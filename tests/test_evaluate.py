@@ -240,7 +240,8 @@ def test_unknown_characters_are_counted_exactly(run, evaluate, figures):
 def test_a_text_in_another_encoding_is_scored_with_encoding_as_its_utf8_copy_is(run, evaluate, figures):
     """A latin-1 text scored by a run trained on UTF-8: refused in one line naming --encoding, which evaluate.py
     takes; with --encoding latin-1 its figures are those of the same characters written in UTF-8 (--encoding_errors
-    replace reads it too, its undecodable bytes as U+FFFD, which the model never saw)."""
+    replace reads it too, its undecodable bytes as U+FFFD, which the model never saw). The run's own text is read as
+    it was trained on: --encoding without --data is refused."""
     tmp, corpus, _ = run
     text = corpus.read_text(encoding="utf-8")[:3000] + "caf\u00e9"  # é: not in the run's vocabulary
     (tmp / "latin.txt").write_bytes(text.encode("latin-1"))
@@ -254,6 +255,10 @@ def test_a_text_in_another_encoding_is_scored_with_encoding_as_its_utf8_copy_is(
     assert {**latin, "data": ""} == {**utf8, "data": ""} and latin["unknown"] == 1
     replaced = figures(tmp, "--data", str(tmp / "latin.txt"), "--encoding_errors", "replace", *common)
     assert replaced["characters"] == latin["characters"] and replaced["unknown"] == 1
+    own = evaluate("--out_dir", str(tmp / "run"), "--encoding", "latin-1")  # the run's own text: as it was trained on
+    assert own.returncode == 2 and own.stderr == ("error: --encoding and --encoding_errors read a text given with "
+                                                  "--data; the run's own text is read as it was trained on (utf-8, "
+                                                  "strict): leave them out, or give --data FILE\n")
     wrong = evaluate("--out_dir", str(tmp / "run"), "--data", str(tmp / "utf8.txt"), "--encoding", "rot13")
     assert wrong.returncode == 2 and wrong.stderr == ("error: --encoding rot13: not a text encoding; try utf-8 or "
                                                       "latin-1\n")

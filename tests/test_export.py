@@ -276,7 +276,7 @@ def test_an_onnx_exporter_that_fails_is_one_line_and_leaves_an_earlier_export_wh
                                                                                      monkeypatch):
     """ONNX packages that are there but fail (an onnxscript that does not match torch fails to import inside
     torch.onnx.export) make one line naming the failure and both fixes, exit 2; an earlier export stays byte for byte
-    and a new folder is not left behind."""
+    and a new folder is not left behind. Memory running out while exporting says so, without the packages' advice."""
     import export
     from errors import run_cli
 
@@ -296,6 +296,12 @@ def test_an_onnx_exporter_that_fails_is_one_line_and_leaves_an_earlier_export_wh
             "nothing was written; pip install --upgrade -r requirements-export.txt (versions that match torch "
             f"{torch.__version__}), or export without it: --onnx=false\n")
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == earlier and not (tmp_path / "new").exists()
+    monkeypatch.setattr(torch.onnx, "export", lambda *args, **kwargs: (_ for _ in ()).throw(
+        RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")))
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=true"]) == 2
+    assert capsys.readouterr().err == ("error: out of memory while exporting the ONNX graph; nothing was written; free "
+                                       "some memory, or export without it: --onnx=false\n")  # (no package advice)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == earlier
 
 
 def test_exporting_a_run_still_training_says_which_step_it_exports(run_dir, tmp_path, capsys):
