@@ -224,7 +224,7 @@ def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
         return None, "are damaged (meta.json is missing)"
     except (OSError, UserError):  # unreadable, over META_MAX_BYTES, or written to while it was read
         return None, "are damaged (meta.json cannot be read)"
-    except ValueError:
+    except (ValueError, RecursionError):  # (JSON nested deeper than Python's stack)
         return None, "are damaged (meta.json is not UTF-8 JSON)"
     if not isinstance(meta, dict):
         return None, "are damaged (meta.json is not a JSON object)"

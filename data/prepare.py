@@ -189,7 +189,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
         check(sha256, None)
     if base_vocab:
         key += "-base" + hashlib.sha256(base_vocab.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    final = cache_dir / "prepared" / key
+    final = cache_dir / "prepared" / f"{key}-f{FORMAT}"  # (each format its own entry: versions sharing a cache coexist)
     remove_stale(final.parent)
     if final.exists():
         meta, why = cache_entry(final)
@@ -198,7 +198,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             if check is not None:
                 check(sha256, meta["vocab"])
             meta["source"] = corpus.name  # the cache is keyed by content: the same text under another name is this one
-            meta["bytes"] = n_bytes  # (an entry written before the byte count was kept lacks it)
+            meta["bytes"] = n_bytes
             return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
         say(f"note: the cached token files in {final} {why}; preparing them again")
         discard(final)

@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from data.corpus import default_cache_dir  # noqa: E402
-from data.gate import META_MAX_BYTES, open_regular, read_blocks, read_small, recorded_text  # noqa: E402
+from data.gate import cache_entry, open_regular, read_blocks, recorded_text  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
 from model.attention import ROPE_BASE, recording_attention  # noqa: E402
 from model.generate import Sampling, generate  # noqa: E402
@@ -122,8 +122,8 @@ class Opening(NamedTuple):
 def validation_start(state: dict) -> tuple[str | None, str]:
     """The first VAL_SEARCHED characters of the run's validation text: from its prepared token cache in this user's
     cache folder (a checkpoint's cache_dir is never taken: the file may come from someone else), found by the corpus
-    checksum the checkpoint records, with the same encoding, split and vocabulary (ids read through another are
-    another text); else from its corpus file, where that is one regular file of the size and checksum recorded
+    checksum the checkpoint records, one that data.gate.cache_entry passes, with the same encoding, split and
+    vocabulary (ids read through another are another text); else from its corpus file, where that is one regular file of the size and checksum recorded
     (data.gate.recorded_text). Where neither is there: None, and why (Opening's why)."""
     data, run = state.get("data") or {}, state.get("run_config") or {}
     sha256, n_train = data.get("sha256"), data.get("n_train")
@@ -133,8 +133,8 @@ def validation_start(state: dict) -> tuple[str | None, str]:
                 "val_fraction": run.get("val_fraction", 0.1)}
     for entry in sorted((default_cache_dir() / "prepared").glob(f"{sha256[:20]}-*")):
         try:
-            meta = json.loads(read_small(entry / "meta.json", "the cache entry's", META_MAX_BYTES).decode("utf-8"))
-            if meta["sha256"] != sha256 or meta["vocab"] != state.get("vocab") or any(
+            meta = cache_entry(entry)[0]  # (checked as training checks an entry: format, vocabulary, files, ids)
+            if meta is None or meta["sha256"] != sha256 or meta["vocab"] != state.get("vocab") or any(
                     meta[key] != value for key, value in settings.items()):
                 continue
             dtype = np.dtype(meta["dtype"])

@@ -410,6 +410,7 @@ def test_a_cache_entry_whose_vocabulary_was_altered_is_prepared_again(tmp_path, 
     (lambda d: (d / "meta.json").unlink(), "are damaged (meta.json is missing)"),
     (lambda d: ((d / "meta.json").unlink(), (d / "meta.json").mkdir()), "are damaged (meta.json is not a file)"),
     (lambda d: (d / "meta.json").write_text("[]"), "are damaged (meta.json is not a JSON object)"),
+    (lambda d: (d / "meta.json").write_text("[" * 100_000), "are damaged (meta.json is not UTF-8 JSON)"),  # too deep
     (lambda d: (d / "val.bin").unlink(), "are damaged (val.bin is missing)"),
     (lambda d: (d / "meta.json").write_text(json.dumps({**json.loads((d / "meta.json").read_text()), "format": 1})),
      "were written in cache format 1, not this version's 2")])
