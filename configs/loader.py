@@ -110,12 +110,11 @@ def read_preset(spec: str) -> tuple[Path, dict]:
     except (tomllib.TOMLDecodeError, RecursionError, MemoryError) as err:  # (nesting deeper than Python's stack)
         raise UserError(f"--config {spec}: not valid TOML ({err if isinstance(err, ValueError) else 'nested too deep'})"
                         f"; give a TOML file of settings") from None
-    for key in values:
+    for key in [key for key in values if key not in FIELDS]:
         if isinstance(values[key], dict):  # a [table] (or a dotted key): the settings are plain name = value lines
             raise UserError(f"{path}: [{key}] is a table, and a config holds only settings, one name = value a line "
                             f"(as the presets in configs/ do); move its settings to the top level")
-        if key not in FIELDS:
-            raise UserError(f"{path}: unknown field {key}{suggest(key, FIELDS)}")
+        raise UserError(f"{path}: unknown field {key}{suggest(key, FIELDS)}")
     return path, checked_types(values, str(path))
 
 
@@ -141,7 +140,7 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     first = ArgumentParser(add_help=False, allow_abbrev=False)  # which preset, before anything else
     first.add_argument("--config", action="append")
     named = first.parse_known_args(argv)[0].config or []
-    if len(set(named)) > 1:  # one preset: a second would silently replace the first, not add to it
+    if len({read_preset(spec)[0].resolve() for spec in named}) > 1:  # a second would replace the first, unsaid
         raise UserError(f"--config is given {len(named)} times ({', '.join(named)}); give one, and set single "
                         f"settings on the command line (--n_layer 2 ...)")
     given = named[-1] if named else None

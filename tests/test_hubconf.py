@@ -182,15 +182,16 @@ def test_generate_past_the_memory_is_a_memory_error_in_one_line(lm, monkeypatch)
     with type(lm).generate.__globals__["_project"]():  # the hub's own copy of the project's modules
         generate = importlib.import_module("model.generate")
         device = importlib.import_module("training.device")
-    real = generate.generate
+    real, machines = generate.generate, device.free_memory
 
     def refused(*args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
-    monkeypatch.setattr(generate, "generate", refused)
     for prompts, new, words in ((["ROMEO:", "O"], 10**12, "2 prompt(s) and 1,000,000,000,000"),
                                 (["O"] * 10**5, 10**6, "100,000 prompt(s) and 1,000,000")):
-        for free in (device.free_memory, lambda: None):  # checked first; the allocator's refusal
+        for free, drawing in ((machines, lambda *args, **kwargs: pytest.fail("drawn before the check")),
+                              (lambda: None, refused)):  # checked first; where the free memory is unknown, allocated
             monkeypatch.setattr(device, "free_memory", free)
+            monkeypatch.setattr(generate, "generate", drawing)
             with pytest.raises(MemoryError) as refused_error:
                 lm.generate(prompts, max_new_tokens=new)
             assert str(refused_error.value) == (f"out of memory: {words} new characters do not fit on cpu; ask for "

@@ -470,13 +470,13 @@ def test_a_bad_value_names_the_config_file_and_key_it_came_from_or_the_flag(tmp_
 
 def test_two_presets_are_refused_in_one_line_and_one_named_twice_is_taken():
     """--config debug --config shakespeare_char_cpu: one line naming both (the second replaced the first, unsaid);
-    the same preset twice (a repeated flag in a script) is that preset."""
+    the same preset twice, however named (a repeated flag in a script), is that preset."""
     with pytest.raises(UserError) as refused:
         load_config(["--config", "debug", "--config", "shakespeare_char_cpu"], False)
     assert str(refused.value) == ("--config is given 2 times (debug, shakespeare_char_cpu); give one, and set single "
                                   "settings on the command line (--n_layer 2 ...)")
-    assert load_config(["--config", "debug", "--config=debug"], False)[0] == load_config(["--config", "debug"],
-                                                                                         False)[0]
+    assert load_config(["--config", "debug", "--config=configs/debug.toml"], False)[0] == load_config(
+        ["--config", "debug"], False)[0]  # (one preset, named two ways)
 
 
 def test_bad_preset_file_names_the_field(tmp_path):
@@ -490,6 +490,9 @@ def test_bad_preset_file_names_the_field(tmp_path):
             load_config(["--config", str(bad)], False)
         assert str(refused.value) == (f"{bad}: [model] is a table, and a config holds only settings, one name = value "
                                       f"a line (as the presets in configs/ do); move its settings to the top level")
+    bad.write_text("n_layer = {x = 1}\n")  # a setting's name with a table for its value: the wrong type
+    with pytest.raises(UserError, match="n_layer"):
+        load_config(["--config", str(bad)], False)
 
 
 def compiled_with(monkeypatch, backend) -> list:

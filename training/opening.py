@@ -276,13 +276,13 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
                     f"run, and its best model is chosen anew on this text's validation: {BEST}"
                     f"{f' (val {best:.4f} on the other text)' if math.isfinite(best) else ''} is replaced at the next "
                     f"evaluation")
+        if other_text:  # a validation loss of the other text is no measure on this one: the best starts anew
+            resumed = {**resumed, "best_val_loss": math.inf, "evals_since_best": 0}
         rt = setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
         refuse_if_too_big(cfg, rt, stop.saved)
         try:
             with short_text_for_kept_model(cfg, resumed, init):
                 run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init, phases)
-            if other_text:  # a validation loss of the other text is no measure on this one
-                progress.best_val, progress.evals_since_best = math.inf, 0
         except (RuntimeError, KeyError, ValueError, TypeError) as err:
             if resumed is None or is_out_of_memory(err):
                 raise

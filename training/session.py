@@ -105,15 +105,7 @@ class Session:
         except WriteFailed as err:
             if not self.run_dir.aside_pending():
                 raise
-            try:
-                self.close_log()
-                kept = self.run_dir.put_back()
-            except UserError as why:
-                raise UserError(err.line(f"the run --overwrite was replacing waits in {self.run_dir.path / ASIDE}, "
-                                         f"untouched, and the next run in this folder puts it back ({why})")) from None
-            apart = f" (this run's files are kept apart in {kept})" if kept else ""
-            raise UserError(err.line(f"the run --overwrite was replacing is back in {self.run_dir.path}, as it "
-                                     f"was{apart}")) from None
+            raise UserError(err.line(self.put_back())) from None
         self.saved = True
         if name == LAST:
             self.stop.saved = f"the last checkpoint, {self.run_dir.path / name} (step {self.progress.it}), is intact"
@@ -139,9 +131,14 @@ class Session:
         return Interrupted(f"{err}; {self.put_back()}")
 
     def put_back(self) -> str:
-        """An --overwrite's old run put back (this run has nothing to keep yet): the words that say so."""
+        """An --overwrite's old run put back (this run has nothing to keep yet): the words that say so, or, where it
+        cannot be put back now, where it waits, untouched."""
         self.close_log()
-        kept = self.run_dir.put_back()
+        try:
+            kept = self.run_dir.put_back()
+        except UserError as why:
+            return (f"the run --overwrite was replacing waits in {self.run_dir.path / ASIDE}, untouched, and the next "
+                    f"run in this folder puts it back ({why})")
         apart = f"; this run's files are kept apart in {kept}" if kept else "; this run is discarded"
         return f"the run --overwrite was replacing is back in {self.run_dir.path}, as it was{apart}"
 
