@@ -183,8 +183,7 @@ class RunDir:
     def check_entries(self) -> None:
         """Refuse a folder whose entries are not what a run makes: a link anywhere in it or in .replaced/ (the run
         would write, move or delete through it), a pipe or device, or a folder where the run keeps a file."""
-        run_there = bool(self.found & {*CHECKPOINTS, SUMMARY, LOSS_PICTURE, ASIDE}) or any(
-            name.startswith("events.out.tfevents.") for name in self.found)
+        run_there = bool(self.checkpoints() or self.logs() or ASIDE in self.found)
         for folder in (self.path, self.path / ASIDE):
             if folder != self.path and not self._real_folder(folder):
                 continue
