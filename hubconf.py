@@ -18,7 +18,7 @@ from typing import Iterator
 dependencies = ["torch", "numpy"]  # what torch.hub checks before it calls an entry
 
 HERE = str(Path(__file__).resolve().parent)
-OWN = ("model", "data", "training", "configs", "errors")
+OWN = ("model", "data", "common", "training", "configs", "errors")
 _ours: dict = {}  # this checkout's modules, once imported
 
 
@@ -102,8 +102,8 @@ class TrainedRun:
             generator = torch.Generator(device=device).manual_seed(int(seed))
             fits = (f"out of memory: {len(rows):,} prompt(s) and {int(max_new_tokens):,} new characters do not fit on "
                     f"{device.type}; ask for fewer max_new_tokens or fewer prompts")
-            training_device = importlib.import_module("training.device")
-            free = training_device.free_memory() if device.type == "cpu" else None  # (checked first, as sample.py)
+            machine = importlib.import_module("common.machine")
+            free = machine.free_memory() if device.type == "cpu" else None  # (checked first, as sample.py)
             if free is not None and generate.bytes_needed(self.model, len(rows), max(map(len, rows)),
                                                           int(max_new_tokens)) > free:
                 raise MemoryError(fits)
@@ -111,7 +111,7 @@ class TrainedRun:
                 new = generate.generate(self.model, rows, int(max_new_tokens), **options, generator=generator,
                                         finite_only=True)  # NaN or inf scores: a ValueError, never text drawn from them
             except (MemoryError, RuntimeError) as err:
-                if isinstance(err, RuntimeError) and not training_device.is_out_of_memory(err):
+                if isinstance(err, RuntimeError) and not machine.is_out_of_memory(err):
                     raise
                 raise MemoryError(fits) from None
         texts = [self.tokenizer.decode(row) for row in new]
@@ -144,10 +144,10 @@ class TrainedRun:
 
         with _project():
             evaluation = importlib.import_module("training.evaluation")
-            device = importlib.import_module("training.device")
+            machine = importlib.import_module("common.machine")
             place = self.model.wte.weight.device
             try:
-                runtime = device.Runtime(place, device.pick_dtype(self.run_dtype, place))
+                runtime = machine.Runtime(place, machine.pick_dtype(self.run_dtype, place))
             except importlib.import_module("errors").UserError as err:  # (float16 on a CPU)
                 raise ValueError(f"{err}; move the model with to(device) first") from None
             block_size = self.model.config.block_size
@@ -164,7 +164,7 @@ class TrainedRun:
             with _project():
                 errors = importlib.import_module("errors")
                 try:
-                    device = importlib.import_module("training.device").usable_device(
+                    device = importlib.import_module("common.machine").usable_device(
                         device, "move the model to", f"keep it on {self.model.wte.weight.device}")
                 except errors.UserError as err:
                     raise ValueError(str(err)) from None
@@ -181,7 +181,7 @@ def chargpt(run: str, device: str = "cpu") -> TrainedRun:
     read with weights_only=True and checked as every script checks it; on device ("cpu", "cuda", "cuda:N")."""
     with _project():
         checkpoint = importlib.import_module("training.checkpoint")
-        run_folder = importlib.import_module("training.run_folder")
+        run_folder = importlib.import_module("common.run_folder")
         errors = importlib.import_module("errors")
         where = Path(run).expanduser()
         try:

@@ -24,6 +24,8 @@ loaded = quiet_while_loading(__name__, "stopped before training began; no checkp
 import torch
 from tqdm import tqdm
 
+from common import machine
+from common.run_folder import BEST, LAST, RunDir
 from configs import TrainConfig, load_config
 from errors import Interrupted, StepAbandoned, UserError, exit_without_teardown, python_command, run_cli
 from training import device
@@ -32,14 +34,13 @@ from training.opening import choose_corpus, estimate_due, open_run, say_estimate
 from training.optim import get_lr, warmup_note
 from training.report import (PAGE_MAX_PARAMETERS, Log, Phases, done_lines, mfu_basis, out_of_memory,
                              seconds_since_process_start, stopped_line, too_many_nonfinite)
-from training.run_folder import BEST, LAST, RunDir
 from training.session import Session, StopRequest, attention_probe
 
 loaded()  # from here a stop request stops the run as it should
 
 
 # ---- one training step -----------------------------------------------------------------------------------------------
-def train_step(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, lr: float, rt: device.Runtime,
+def train_step(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, lr: float, rt: machine.Runtime,
                stop=None, d: device.Dist = device.Dist()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer step over grad_accum_steps micro-batches: (mean loss, gradient norm, whether it was finite), on
     the device so that a step never waits for it. A stop() between micro-batches undoes it, raising StepAbandoned."""
@@ -57,7 +58,7 @@ def train_step(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, lr
     return loss, grad_norm, finite
 
 
-def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, rt: device.Runtime,
+def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, rt: machine.Runtime,
                      stop=None) -> torch.Tensor:
     """The gradients of grad_accum_steps micro-batches, summed in each parameter's .grad; returns their mean loss."""
     loss_sum = torch.zeros((), device=rt.device)
@@ -82,7 +83,7 @@ def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConf
 
 
 def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
-           rt: device.Runtime) -> tuple[torch.Tensor, torch.Tensor]:
+           rt: machine.Runtime) -> tuple[torch.Tensor, torch.Tensor]:
     """Clip the gradients, step the optimizer at learning rate lr, clear the gradients: (grad norm, whether it was
     finite), on the device. A step with a non-finite gradient is skipped, so NaN never reaches the weights."""
     for group in optimizer.param_groups:
@@ -246,7 +247,7 @@ def before_the_first_step(s: Session) -> float:
             if note := warmup_note(cfg, s.progress.it):
                 s.log.say(note)
             if cfg.log_attention:
-                from training.pictures import missing_note  # matplotlib: only runs that draw
+                from common.pictures import missing_note  # matplotlib: only runs that draw
                 if note := missing_note(run.tokenizer.decode(attention_probe(run))):
                     s.log.say(note)
         largest = (cfg.batch_size * cfg.block_size, cfg.n_embd, 4 * cfg.n_embd)  # the feed-forward's first product
@@ -283,7 +284,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
             cfg, corpus = choose_corpus(cfg, speak, fallback)  # names the default run folder after preset and corpus
     run_dir = RunDir(Path(cfg.out_dir))
     log = Log(run_dir.path, d.is_main, say)
-    device.init(d, device.pick_device(cfg.device).type)
+    device.init(d, machine.pick_device(cfg.device).type)
     try:
         opened = open_run(cfg, explicit, d, run_dir, log, stop, phases, None if cfg.resume else corpus, update)
         if isinstance(opened, str):
@@ -295,7 +296,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
         if d.enabled and device.peer_lost(err):
             raise UserError(f"another process of this run ended unexpectedly ({device.first_line(err)}); "
                             f"{stop.saved}; run the same torchrun command with --resume") from None
-        if not device.is_out_of_memory(err):
+        if not machine.is_out_of_memory(err):
             raise
         raise UserError(out_of_memory(cfg, stop.saved)) from None
     finally:

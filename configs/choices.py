@@ -1,6 +1,6 @@
 """Every setting's allowed values, in one place: the model's (attention, positions, activation), the run's
 (optimizers, schedules, precisions, compile modes, devices, DDP). model/config.py and configs/schema.py check against
-them; training/ builds on them. One exception: attention_score's values are the names of model/scoring.py's FORMS,
+them; common/ and training/ build on them. One exception: attention_score's values are the names of model/scoring.py's FORMS,
 where each form is declared once with what it computes."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ COMPILE_SCOPES = ("blocks", "model")
 
 
 def valid_device(spec: str) -> bool:
-    """auto, cpu, cuda, cuda:N or mps (whether this machine has it is training.device.pick_device's question)."""
+    """auto, cpu, cuda, cuda:N or mps (whether this machine has it is common.machine.pick_device's question)."""
     if spec == "auto":
         return True
     try:

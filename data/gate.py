@@ -3,7 +3,7 @@ keep-aside, a token cache entry, a corpus, a text a checkpoint names) is checked
 it, read from it or moved on its word; a file that fails is one line naming it (and the field) and the fix.
 
 What a kind of file must hold is described by its owner (training.checkpoint derives a checkpoint's tensors from its
-model config; training.run_folder names the files a run writes); reading, and comparing what was read with that
+model config; common.run_folder names the files a run writes); reading, and comparing what was read with that
 description, happen here, the same way for every reader. The rules:
 - a file is read only if it is a regular file (never a device, pipe or socket, which may block or never end), and
   never beyond the size the system reported when it was opened; a file that changes size while it is read is refused;

@@ -20,6 +20,7 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from common.run_folder import find, write_text_atomic  # noqa: E402
 from data.corpus import default_cache_dir  # noqa: E402
 from data.gate import cache_entry, open_regular, read_blocks, recorded_text  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
@@ -27,7 +28,6 @@ from model.attention import ROPE_BASE, recording_attention  # noqa: E402
 from model.generate import Sampling, generate  # noqa: E402
 from model.scoring import FORMS  # noqa: E402
 from training import checkpoint  # noqa: E402
-from training.run_folder import find, write_text_atomic  # noqa: E402
 from training.report import PAGE_MAX_PARAMETERS as MAX_PARAMETERS  # noqa: E402
 loaded()
 

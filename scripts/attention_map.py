@@ -12,11 +12,11 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 
 import torch  # noqa: E402
 
+from common.pictures import attention_figure, missing_note, picture_formats, save_figure  # noqa: E402
+from common.run_folder import find  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
 from model.attention import attention_weights  # noqa: E402
-from training.run_folder import find  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.pictures import attention_figure, missing_note, picture_formats, save_figure  # noqa: E402
 loaded()
 
 

@@ -20,14 +20,15 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from common.machine import for_sampling, setup, sync  # noqa: E402
+from common.run_folder import write_text_atomic  # noqa: E402
 from configs import load_config  # noqa: E402
 from configs.schema import FIELDS  # noqa: E402
 from data import prepare, resolve  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
+from training.device import measure_peak_flops  # noqa: E402
 from training.opening import build_run  # noqa: E402
-from training.run_folder import write_text_atomic  # noqa: E402
 from training.opening import prepare_data  # noqa: E402
-from training.device import for_sampling, measure_peak_flops, setup, sync  # noqa: E402
 from train import forward_backward, train_step, update  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -138,7 +138,7 @@ from pathlib import Path
 from torch._dynamo.utils import counters
 from model.generate import compiled_step, generate, one_token_step
 from training import checkpoint
-from training.device import pick_dtype
+from common.machine import pick_dtype
 sys.path.insert(0, "scripts")
 from bench import GraphRecordings, HostWaits
 path, kind, n, most = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

@@ -11,8 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common.run_folder import write_text_atomic  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
-from training.run_folder import write_text_atomic  # noqa: E402
 CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})

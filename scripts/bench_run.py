@@ -31,7 +31,7 @@ from bench import parse_compare  # noqa: E402
 from errors import (ArgumentParser, Interrupted, UserError, check_output_file, exit_without_teardown,  # noqa: E402
                     run_cli)
 from train_command import run_train  # noqa: E402
-from training.run_folder import SUMMARY, RunDir, read_summary, write_text_atomic  # noqa: E402
+from common.run_folder import SUMMARY, RunDir, read_summary, write_text_atomic  # noqa: E402
 
 # nanoGPT's README, "I only have a laptop": its Shakespeare config shrunk for a CPU (4x4x128, block 64, batch 12,
 # 2,000 steps, float32, no compilation), run in a copy of its checkout.
@@ -167,7 +167,7 @@ def run_nanogpt(code: Path, folder: Path, dtype: str) -> dict:
     figures compared are measured alike. Its output goes to folder.log."""
     import numpy as np
     from score_nanogpt import full_validation, load_nanogpt
-    from training.device import setup
+    from common.machine import setup
 
     log = folder.with_name(folder.name + ".log")
     shutil.rmtree(folder, ignore_errors=True)  # an earlier bench_run's (RunDir.claim refused a link planted here)

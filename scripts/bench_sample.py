@@ -15,11 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from common.machine import pick_dtype, setup, sync  # noqa: E402
+from common.run_folder import write_text_atomic  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
-from training.device import pick_dtype, setup, sync  # noqa: E402
-from training.run_folder import write_text_atomic  # noqa: E402
 
 
 class Variant(NamedTuple):

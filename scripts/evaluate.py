@@ -21,6 +21,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from common.machine import choose_threads, free_memory, is_out_of_memory, pick_device, setup  # noqa: E402
+from common.run_folder import CHECKPOINTS, SUMMARY, find, write_text_atomic  # noqa: E402
 from configs import TrainConfig  # noqa: E402
 from configs.loader import config_from_dict  # noqa: E402
 from configs.schema import check_num_threads  # noqa: E402
@@ -32,9 +34,7 @@ from data.prepare import check_encoding, read_text  # noqa: E402
 from errors import (ArgumentParser, UserError, check_output_file, disk_error, exit_without_teardown,  # noqa: E402
                     run_cli)
 from training import checkpoint  # noqa: E402
-from training.device import choose_threads, free_memory, is_out_of_memory, pick_device, setup  # noqa: E402
 from training.evaluation import score  # noqa: E402
-from training.run_folder import CHECKPOINTS, SUMMARY, find, write_text_atomic  # noqa: E402
 from training.report import PlainProgress  # noqa: E402
 loaded()
 

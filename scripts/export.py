@@ -18,13 +18,13 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 
 import torch  # noqa: E402
 
+from common.machine import is_out_of_memory  # noqa: E402
+from common.run_folder import WriteFailed, find, holder, write_atomic, write_text_atomic  # noqa: E402
 from data.gate import read_small  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, UserError, disk_error, exit_without_teardown  # noqa: E402
 from errors import output_folder, run_cli, space_or_place  # noqa: E402
 from model.attention import ROPE_BASE  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
-from training.device import is_out_of_memory  # noqa: E402
-from training.run_folder import WriteFailed, find, holder, write_atomic, write_text_atomic  # noqa: E402
 loaded()
 
 FORMAT = 1  # of config.json and vocab.json, as this script writes them

@@ -22,16 +22,16 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 
 import torch  # noqa: E402
 
+from common.run_folder import LAST, SUMMARY, RunDir, read_summary, write_atomic, write_text_atomic  # noqa: E402
 from configs import load_config  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
-from data.prepare import corpus_key  # noqa: E402
 from data.gate import read_small  # noqa: E402
+from data.prepare import corpus_key  # noqa: E402
 from errors import ArgumentParser, QuietExit, UserError, disk_error, exit_without_teardown, python_command  # noqa: E402
 from errors import output_folder, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
-from training.run_folder import LAST, SUMMARY, RunDir, read_summary, write_atomic, write_text_atomic  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_command import run_train  # noqa: E402
@@ -184,7 +184,7 @@ def parameters(cfg) -> int:
 
 
 def draw(rows: list[dict], path: Path) -> None:
-    from training.pictures import plt
+    from common.pictures import plt
 
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2), dpi=100)
     names = [f"{row['rung']}. {row['name']}" for row in rows]

@@ -13,8 +13,8 @@ from errors import (ArgumentParser, UserError, check_output_file, exit_without_t
 
 loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
 
-from training.pictures import picture_formats, save_figure  # noqa: E402
-from training.run_folder import CHECKPOINTS  # noqa: E402
+from common.pictures import picture_formats, save_figure  # noqa: E402
+from common.run_folder import CHECKPOINTS  # noqa: E402
 loaded()
 
 
@@ -91,7 +91,7 @@ def draw(folders: list[Path]):
     saying which line is which."""
     from matplotlib.ticker import ScalarFormatter
 
-    from training.pictures import plt
+    from common.pictures import plt
 
     lowest, several = math.inf, len(folders) > 1
     rows = math.ceil(len(folders) / LEGEND_COLUMNS) if several else 0

@@ -17,14 +17,14 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 
 import torch  # noqa: E402
 
+from common.machine import choose_threads, for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
+from common.run_folder import find  # noqa: E402
 from configs.schema import check_num_threads  # noqa: E402
 from data.gate import read_small, utf8_text  # noqa: E402
 from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, exit_without_teardown, run_cli  # noqa: E402
 from model.generate import (NonFiniteLogits, Sampling, bytes_needed, check_length_and_seed, compiled_step,  # noqa: E402
                             generate, one_token_step)
 from training.checkpoint import load_model  # noqa: E402
-from training.device import choose_threads, for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
-from training.run_folder import find  # noqa: E402
 loaded()
 
 

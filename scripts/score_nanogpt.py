@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from common.machine import Runtime, setup  # noqa: E402
 from data.gate import checkpoint_listing  # noqa: E402
 from data.loader import val_window_starts  # noqa: E402
 from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
-from training.device import Runtime, setup  # noqa: E402
 
 
 def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):

@@ -20,8 +20,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from errors import ArgumentParser, UserError, exit_without_teardown, output_folder, run_cli  # noqa: E402
-from model.textbook import Head, masked_softmax, valid_key_mask  # noqa: E402
 from model.scoring import additive_scores, attend, dot_product_scores  # noqa: E402
+from model.textbook import Head, masked_softmax, valid_key_mask  # noqa: E402
 loaded()
 
 Say = Callable[[str, str], str]  # say(english, chinese): the words in the language asked for
@@ -686,7 +686,7 @@ GRADIENT_RANGE = 0.25  # one scale for every Jacobian (its largest entry at x = 
 
 def curve_figure(step: Step):
     """A kind "curve" step: its two rows (x, y) as points over the finely sampled line."""
-    from training.pictures import plt
+    from common.pictures import plt
 
     picture = step.picture
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100, layout="constrained")
@@ -704,7 +704,7 @@ def figure_of(step: Step, say: Say = ENGLISH):
     curve for kind "curve")."""
     from matplotlib.patches import Patch, Rectangle
 
-    from training.pictures import plt
+    from common.pictures import plt
 
     picture = step.picture
     if picture.kind == "curve":
@@ -762,7 +762,7 @@ def figure_of(step: Step, say: Say = ENGLISH):
 
 def draw(step: Step, path: Path, say: Say = ENGLISH) -> None:
     """figure_of(step) written to path (whole or not at all), in fonts that draw every character of its words."""
-    from training.pictures import plt, save_figure
+    from common.pictures import plt, save_figure
 
     with plt.rc_context({"font.family": picture_fonts()}):
         fig = figure_of(step, say)
@@ -772,14 +772,14 @@ def draw(step: Step, path: Path, say: Say = ENGLISH) -> None:
 
 def picture_fonts() -> list[str]:
     """matplotlib's own sans-serif font, then an installed font that draws Chinese, where there is one."""
-    from training.pictures import font_for
+    from common.pictures import font_for
 
     return ["DejaVu Sans", *filter(None, [font_for("注")])]
 
 
 def check_chinese_font() -> None:
     """--png with --lang zh draws Chinese words: refused in one line where no installed font has them."""
-    from training.pictures import INSTALL_HINT, font_for
+    from common.pictures import INSTALL_HINT, font_for
 
     if font_for("注") is None:
         raise UserError(f"--png --lang zh: no installed font draws Chinese; {INSTALL_HINT}, or draw the pictures "

@@ -101,7 +101,7 @@ def test_bench_run_times_the_whole_command_and_reports_the_runs_own_figures(tmp_
     assert run["whole_seconds"] >= summary["seconds"]["total"] - 0.02
     assert f"{summary['full_val_loss']:.4f}" in done.stdout and "step 6" in (out / "01-r1.log").read_text()
 
-    from training.run_folder import RunDir
+    from common.run_folder import RunDir
     held = RunDir(out).claim(say=print)  # another bench_run at work in the folder: its runs' logs are not touched
     busy = script("bench_run.py", "--config", "debug", "--data", str(corpus), "--out_dir", str(out))
     held.release()
@@ -266,7 +266,7 @@ def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, sc
     assert done.returncode == 0, done.stderr
     assert f"step {state['iter']}" in done.stdout and "full validation " in done.stdout
     import score_nanogpt  # the figure to more places than it prints: float32 sums in another order, nothing more
-    from training.device import setup
+    from common.machine import setup
     rt = setup("cpu", "float32")
     scored = score_nanogpt.full_validation(score_nanogpt.load_nanogpt(nanogpt, nanogpt / "ckpt.pt", rt.device)[0],
                                            np.fromfile(nanogpt / "data" / "chars" / "val.bin", dtype=np.uint16),

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import train_debug
+from common.run_folder import find
 from errors import run_cli
 from training import checkpoint
 from training.checkpoint import load_model
-from training.run_folder import find
 
 
 @pytest.fixture

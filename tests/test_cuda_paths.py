@@ -4,7 +4,7 @@ import contextlib
 
 import pytest
 import torch
-from training.device import Runtime, pick_dtype, setup
+from common.machine import Runtime, pick_dtype, setup
 from training.optim import AdamW
 
 
@@ -33,6 +33,7 @@ def test_a_gpu_index_past_the_machines_count_is_one_line_and_exit_2(a_gpu_that_e
     are each one line, exit 2, before the run folder is made: not CUDA's raw error (a traceback) when the run makes
     the device current."""
     import train
+    from common import machine
     from errors import UserError, run_cli
     from training import device
     out = tmp_path / "run"
@@ -42,7 +43,7 @@ def test_a_gpu_index_past_the_machines_count_is_one_line_and_exit_2(a_gpu_that_e
     assert capsys.readouterr().err.splitlines() == ["error: --device cuda:2: this machine has 2 GPUs (cuda:0 to "
                                                     "cuda:1); give one of them, or --device cuda"]
     assert not out.exists() and a_gpu_that_emulates_bfloat16 == []  # nothing made, no device made current
-    assert device.pick_device("cuda:1") == torch.device("cuda", 1)
+    assert machine.pick_device("cuda:1") == torch.device("cuda", 1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     with pytest.raises(UserError, match=r"^torchrun started 3 processes on this machine, which has 2 GPUs \(cuda:0 "
                                         r"to cuda:1\); give --nproc_per_node at most 2$"):

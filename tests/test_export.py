@@ -30,7 +30,7 @@ if sys.argv[4] == "onnx":
     batch = np.concatenate([ids, ids[:, ::-1]])  # two rows, as long as the text
     results["logits"] = session.run(["logits"], {"idx": batch})[0]
     results["one"] = session.run(["logits"], {"idx": ids[:, :config["block_size"] // 2 + 1]})[0]
-ours = {"torch", "model", "training", "configs", "errors", "hubconf"} & {name.split(".")[0] for name in sys.modules}
+ours = {"torch", "model", "common", "training", "configs", "errors", "hubconf"} & {name.split(".")[0] for name in sys.modules}
 assert not ours, ours
 np.savez(out, **results)
 """
@@ -80,8 +80,10 @@ def test_the_exported_model_is_read_and_run_without_this_project(run_dir, tmp_pa
 
 
 def test_asking_for_onnx_without_its_packages_is_one_line_before_anything_is_written(run_dir, tmp_path, monkeypatch):
+    """--onnx where one of the packages it needs is missing: one line naming the missing one only (json stands for a
+    package that is there, so the test holds whether or not the optional extras are installed), exit 2, no folder."""
     import export
-    monkeypatch.setattr(export, "ONNX_NEEDS", ("onnx", "no_such_exporter_module"))
+    monkeypatch.setattr(export, "ONNX_NEEDS", ("json", "no_such_exporter_module"))
     done = run_script("export.py", "--out_dir", str(run_dir), "--to", str(tmp_path / "x"), "--onnx=True")
     assert done.returncode == 2 and done.stderr == (
         "error: --onnx needs no_such_exporter_module: pip install -r requirements-export.txt\n")
@@ -151,7 +153,7 @@ def test_export_into_the_folder_of_a_run_in_training_is_refused_in_one_line(run_
     nothing is written among that run's files."""
     import os
 
-    from training.run_folder import RunDir
+    from common.run_folder import RunDir
 
     busy = RunDir(tmp_path / "training").claim(say=lambda message: None)
     try:
@@ -172,8 +174,8 @@ def test_a_failed_export_removes_the_folders_it_made_and_keeps_one_that_was_ther
     import errno
 
     import export
+    from common import run_folder
     from errors import run_cli
-    from training import run_folder
 
     there = tmp_path / "there"
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(there), "--onnx=false"]) == 0
@@ -199,8 +201,8 @@ def test_an_export_over_an_earlier_one_replaces_it_whole_or_not_at_all(run_dir, 
     import errno
 
     import export
+    from common import run_folder
     from errors import run_cli
-    from training import run_folder
 
     from conftest import play_text
     corpus = tmp_path / "corpus.txt"
@@ -310,8 +312,8 @@ def test_exporting_a_run_still_training_says_which_step_it_exports(run_dir, tmp_
     import shutil
 
     import export
+    from common.run_folder import RunDir
     from errors import run_cli
-    from training.run_folder import RunDir
 
     training = tmp_path / "training"
     training.mkdir()

@@ -17,11 +17,11 @@ import torch
 
 import train
 from conftest import ROOT, module_corpus, patient, play_text
+from common.machine import Runtime
 from configs import load_config
 from data import prepare, resolve
 from errors import UserError, run_cli
 from training import checkpoint
-from training.device import Runtime
 
 import attention_map
 import bench
@@ -83,7 +83,7 @@ def test_a_full_disk_while_checkpointing_or_preparing_is_one_line_and_loses_noth
 
 def test_failed_writes_of_events_or_summary_keep_the_checkpoints(run, tmp_path, monkeypatch):
     from torch.utils.tensorboard import SummaryWriter
-    from training import run_folder
+    from common import run_folder
     out = tmp_path / "run"
     shutil.copytree(run, out)
 
@@ -286,7 +286,7 @@ def test_bad_sampling_values_are_one_line(run, capsys, args, words):
 def test_a_full_disk_keeps_the_old_picture_page_or_figures_and_names_the_flag(run, tmp_path, capsys, monkeypatch):
     import attention_html
     import evaluate
-    from training import run_folder
+    from common import run_folder
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -47,9 +47,9 @@ def test_fine_tuning_keeps_the_old_ids_and_beats_the_same_steps_from_scratch(bas
 
 
 def test_the_trained_rows_are_copied_and_new_rows_start_as_their_mean(base):
+    from common.machine import setup
     from data import prepare, resolve
     from training.opening import build_run
-    from training.device import setup
     old = checkpoint.load(base / "base" / "ckpt_best.pt")
     cfg, _, _ = load_config(["--config", "debug", "--data", str(base / "second.txt"), "--out_dir", str(base / "x")],
                             False)

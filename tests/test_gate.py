@@ -331,7 +331,7 @@ def test_an_overwrite_on_a_full_disk_puts_the_old_run_back_and_says_so(corpus, f
     """--overwrite whose first checkpoint cannot be written (the disk is full): the line says the run it was replacing
     is back, not that nothing was written while it waited in .replaced/; the old run is there byte for byte."""
     import errno
-    from training import run_folder
+    from common import run_folder
     out = copy_of(finished, tmp_path)
     before = files_of(out)
     real = run_folder.os.fdopen

@@ -330,8 +330,8 @@ def test_muon_runs_newton_schulz_in_float32_on_cpus_without_bfloat16_units_unles
                                                                                         expected):
     """--muon_dtype auto: bfloat16 where the CPU has the units, float32 where it has not; float32 or bfloat16 named
     are used on either."""
-    import training.device as device
-    monkeypatch.setattr(device, "cpu_has_bfloat16_units", lambda: has_units)
+    from common import machine
+    monkeypatch.setattr(machine, "cpu_has_bfloat16_units", lambda: has_units)
     opt = configure_optimizer(GPT(ModelConfig(**TINY)), 1e-2, 0.1, (0.9, 0.95), "cpu", kind="muon", muon_dtype=choice)
     assert opt.muon.ns_dtype == expected
 

@@ -12,10 +12,10 @@ import torch
 
 import train
 from conftest import ROOT, module_corpus, patient
+from common.run_folder import find, write_text_atomic
 from errors import UserError, run_cli
 from training import checkpoint
 from training.checkpoint import Progress
-from training.run_folder import find, write_text_atomic
 
 
 def argv(corpus, out_dir, *extra):
@@ -210,7 +210,7 @@ def test_a_record_that_proves_an_interrupted_overwrite_puts_the_old_run_back(cor
     (tmp_path / "new").mkdir()
     replacement = tmp_path / "new" / "run"
     assert run_cli(train.main, argv(corpus, replacement, "--max_iters", "0")) == 0  # step 0 only
-    from training.run_folder import RunDir
+    from common.run_folder import RunDir
     with_lock = RunDir(out).claim(lambda m: None)
     assert with_lock.set_aside()
     with_lock.release()
@@ -432,7 +432,7 @@ def test_a_checkpoint_on_a_full_disk_names_the_full_disk(finished, tmp_path, mon
     """torch.save reports a failed write as 'unexpected pos 320512 vs 320404'; the line says what the disk said."""
     import errno
     import io
-    from training import run_folder
+    from common import run_folder
 
     class Full(io.BytesIO):
         def write(self, data):

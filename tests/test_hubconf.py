@@ -62,8 +62,9 @@ def test_a_device_that_cannot_hold_the_weights_is_told_apart_from_a_damaged_file
     """A copy onto a device failing (as bfloat16 weights onto an MPS without bfloat16) once the file has passed every
     check on the CPU: said to be the device's, naming its error; a truncated file is still called damaged."""
     import torch
+    from common import machine
     from errors import UserError
-    from training import checkpoint, device
+    from training import checkpoint
 
     real_to = torch.Tensor.to
 
@@ -73,7 +74,7 @@ def test_a_device_that_cannot_hold_the_weights_is_told_apart_from_a_damaged_file
         return real_to(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "to", to_without_bfloat16_on_mps)
-    monkeypatch.setattr(device, "unavailable", lambda place: None)  # as if this machine had MPS
+    monkeypatch.setattr(machine, "unavailable", lambda place: None)  # as if this machine had MPS
     sound = run_dir / "ckpt_best.pt"
     with pytest.raises(UserError) as refused:
         checkpoint.load(sound, "mps")
@@ -132,7 +133,7 @@ def lm(run_dir):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
 def test_to_a_device_this_machine_lacks_is_one_line_and_leaves_the_model_where_it_was(lm):
-    """to("cuda") without CUDA is the ValueError a load onto cuda gives (training.device.usable_device), in to()'s
+    """to("cuda") without CUDA is the ValueError a load onto cuda gives (common.machine.usable_device), in to()'s
     words, not torch's AssertionError; a name that is no device says so; the model stays on the CPU."""
     with pytest.raises(ValueError) as refused:
         lm.to("cuda")
@@ -181,8 +182,8 @@ def test_generate_past_the_memory_is_a_memory_error_in_one_line(lm, monkeypatch)
     import importlib
     with type(lm).generate.__globals__["_project"]():  # the hub's own copy of the project's modules
         generate = importlib.import_module("model.generate")
-        device = importlib.import_module("training.device")
-    real, machines = generate.generate, device.free_memory
+        machine = importlib.import_module("common.machine")
+    real, machines = generate.generate, machine.free_memory
 
     def refused(*args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
@@ -190,7 +191,7 @@ def test_generate_past_the_memory_is_a_memory_error_in_one_line(lm, monkeypatch)
                                 (["O"] * 10**5, 10**6, "100,000 prompt(s) and 1,000,000")):
         for free, drawing in ((machines, lambda *args, **kwargs: pytest.fail("drawn before the check")),
                               (lambda: None, refused)):  # checked first; where the free memory is unknown, allocated
-            monkeypatch.setattr(device, "free_memory", free)
+            monkeypatch.setattr(machine, "free_memory", free)
             monkeypatch.setattr(generate, "generate", drawing)
             with pytest.raises(MemoryError) as refused_error:
                 lm.generate(prompts, max_new_tokens=new)
@@ -200,7 +201,7 @@ def test_generate_past_the_memory_is_a_memory_error_in_one_line(lm, monkeypatch)
     with pytest.raises(RuntimeError, match="^other$"):
         lm.generate("ROMEO:", max_new_tokens=5)
     monkeypatch.setattr(generate, "generate", real)
-    monkeypatch.setattr(device, "free_memory", lambda: 10**5)  # a machine with 100 kB free: checked, not drawn
+    monkeypatch.setattr(machine, "free_memory", lambda: 10**5)  # a machine with 100 kB free: checked, not drawn
     with pytest.raises(MemoryError):
         lm.generate(["O"] * 1000, max_new_tokens=10)
 
@@ -235,7 +236,7 @@ def test_a_missing_run_names_the_run_argument_and_a_pipe_is_not_called_an_empty_
     flag; a FIFO given as the run is said to be no folder, for the API and the scripts alike."""
     import os
     import torch
-    from training.run_folder import find
+    from common.run_folder import find
     from errors import UserError
 
     with pytest.raises(ValueError) as refused:

@@ -555,8 +555,8 @@ def test_a_lock_its_owner_removed_as_it_let_go_is_never_taken_for_the_folder(tmp
     lock on a removed file (a third process would then own it too): it claims the folder anew, and the third is
     refused."""
     import os
+    from common import run_folder
     from errors import UserError
-    from training import run_folder
 
     folder = tmp_path / "run"
     a = run_folder.RunDir(folder).claim(say=lambda message: None)

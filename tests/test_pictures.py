@@ -9,7 +9,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import train_debug
-from training.pictures import DPI, PANEL_INCHES, grid_of
+from common.pictures import DPI, PANEL_INCHES, grid_of
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_attention_map_labels_every_character_it_draws(run_dir, tmp_path, script
     """A text of 32 characters (the debug model's block_size): each panel's axes carry a label at every position,
     not every other one, the characters in order, and no two labels overlap."""
     import attention_map
-    from training.pictures import tick_labels
+    from common.pictures import tick_labels
 
     drawn = []
     monkeypatch.setattr(attention_map, "save_figure", lambda figure, path, option: drawn.append(figure))
@@ -201,8 +201,8 @@ def test_characters_are_drawn_by_an_installed_font_or_labelled_by_code_point_wit
     import warnings
 
     import torch
-    from training.pictures import missing_note, tick_labels
-    from training.pictures import attention_figure
+    from common.pictures import missing_note, tick_labels
+    from common.pictures import attention_figure
     text = "ab 花落知"
     shown, families, missing = tick_labels(text)
     assert shown[:3] == ["a", "b", "␣"] and families[0] == "DejaVu Sans Mono"
@@ -225,7 +225,7 @@ def test_the_runs_attention_pictures_have_the_pixels_of_the_whole_figure():
     again: the same pixels as drawing each layer's whole figure, at the first picture and at later ones, for every
     layer in turn (the titles name the picture's layer, up to two digits), and again for a layer drawn before; weights
     with fewer heads, then more again, are laid out afresh."""
-    from training.pictures import AttentionPictures, attention_figure, plt
+    from common.pictures import AttentionPictures, attention_figure, plt
 
     text = "ROMEO: but soft, what light"
     pick = torch.Generator().manual_seed(0)
@@ -249,8 +249,8 @@ def test_a_run_leaves_loss_png_drawing_every_logged_loss_of_all_its_sessions(tmp
     import train
     from configs import load_config
     from conftest import play_text
+    from common.pictures import loss_figure, plt
     from training import checkpoint
-    from training.pictures import loss_figure, plt
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(play_text(20000), encoding="utf-8")
@@ -297,7 +297,7 @@ def test_the_masked_future_is_hatched_grey_never_the_colour_of_a_weight_of_0():
     says what it is; a weight of exactly 0 before the query (which a model can give) keeps the scale's colour for 0.
     The same in attention_map's figure and TensorBoard's pictures (one drawing)."""
     from matplotlib.colors import to_rgb
-    from training.pictures import MASKED_FILL, MASKED_HATCH, MASKED_LABEL, AttentionPictures, attention_figure, plt
+    from common.pictures import MASKED_FILL, MASKED_HATCH, MASKED_LABEL, AttentionPictures, attention_figure, plt
 
     text = "ROMEO: but soft"
     T = len(text)

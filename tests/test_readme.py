@@ -36,7 +36,7 @@ def test_every_script_the_readme_names_exists_and_every_preset_is_listed():
 def test_no_page_names_what_the_code_does_not_have():
     """A preset, a run-folder entry or a TensorBoard tag named in backticks must exist: a reader who copies one
     gets a preset --config accepts, a folder a run writes, a tag a run logs."""
-    code = "".join(p.read_text(encoding="utf-8") for folder in ("training", "scripts", "configs", "data", "model")
+    code = "".join(p.read_text(encoding="utf-8") for folder in ("common", "training", "scripts", "configs", "data", "model")
                    for p in (ROOT / folder).rglob("*.py")) + (ROOT / "train.py").read_text(encoding="utf-8")
     every_page = "".join(PAGES.values())
     for name in set(re.findall(r"`(shakespeare_char\w*|debug)`", every_page)):

@@ -14,10 +14,10 @@ import torch
 
 import train
 from configs import load_config
+from errors import UserError, run_cli
 from model import GPT, ModelConfig
 from model.generate import compiled_step, draw, generate, logits_to_probs, one_token_step
 from model.kv_cache import Decoding
-from errors import UserError, run_cli
 from training.checkpoint import load_model
 import sample as sample_cli
 from conftest import ROOT, patient, set_attention_path
@@ -330,17 +330,17 @@ def test_auto_samples_a_large_model_in_bfloat16_only_on_a_cpu_with_bfloat16_unit
     """--dtype auto on a CPU: for a model above the size limit (lowered below this toy's size) on a CPU with bfloat16
     units, the weights are cast to bfloat16 and the text is --dtype bfloat16's; elsewhere nothing is cast and the
     text is --dtype float32's. The line before the text says which."""
-    from training import device
+    from common import machine
     params = load_model(run_dir / "ckpt_last.pt")[0].num_params(non_embedding=False)
-    monkeypatch.setattr(device, "CPU_BFLOAT16_SAMPLING_PARAMS", params - 1)
-    monkeypatch.setattr(device, "cpu_has_bfloat16_units", lambda: has_units)
+    monkeypatch.setattr(machine, "CPU_BFLOAT16_SAMPLING_PARAMS", params - 1)
+    monkeypatch.setattr(machine, "cpu_has_bfloat16_units", lambda: has_units)
     common = ("--out_dir", str(run_dir), "--prompt", "The", "--max_new_tokens", "60", "--seed", "5", "--no-stream")
     with weight_casts(load_model(run_dir / "ckpt_last.pt")[0].config.n_embd) as casts:
         auto = sample(*common)
     dtype = "bfloat16" if has_units else "float32"
     assert auto.returncode == 0 and auto.stdout == sample(*common, "--dtype", dtype).stdout
     assert f"sampling on cpu in {dtype}\nthreads: " in auto.stderr and (len(casts.seen) > 0) == has_units
-    monkeypatch.setattr(device, "CPU_BFLOAT16_SAMPLING_PARAMS", params)  # a model of just the limit: float32
+    monkeypatch.setattr(machine, "CPU_BFLOAT16_SAMPLING_PARAMS", params)  # a model of just the limit: float32
     assert "sampling on cpu in float32\nthreads: " in sample(*common).stderr
 
 
@@ -413,7 +413,7 @@ def test_with_no_folder_named_the_scripts_read_the_newest_run_in_out(run_dir, tm
     import os
     import shutil
 
-    from training import run_folder
+    from common import run_folder
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(run_folder.UserError, match="out/ holds no run yet: train one first"):

@@ -13,16 +13,18 @@ import torch
 import evaluate as evaluate_cli
 import sample as sample_cli
 import train
+from common import machine, run_folder
+from common.machine import Threads, choose_threads, measure_threads, thread_counts
+from common.run_folder import RunDir
 from configs import load_config
 from data import prepare, resolve
 from errors import run_cli
-from training import checkpoint, device, opening, run_folder
-from training.device import SlowdownWatch, Threads, choose_threads, measure_threads, thread_counts
+from training import checkpoint, device, opening
+from training.checkpoint import Progress
+from training.device import SlowdownWatch
 from training.evaluation import evaluations_left
 from training.opening import ProbeStep, build_run, expected_seconds, say_estimate
-from training.checkpoint import Progress
 from training.report import Log, stopped_line
-from training.run_folder import RunDir
 
 
 def by_threads(table: dict[int, float], calls: list[int] | None = None):
@@ -52,7 +54,7 @@ def test_the_faster_count_is_chosen_and_set(monkeypatch, table, chosen, timed, o
     """The decision from the timings alone (handed in: no clock is read): a warm-up at one thread, one counted call
     there, each other count's first (cold) call not counted unless it is far slower, then rounds in turn; the count
     with the lowest median is set."""
-    monkeypatch.setattr(device, "cores", lambda: 2)
+    monkeypatch.setattr(machine, "cores", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     calls = []
     threads = choose_threads(0, by_threads(table, calls))
@@ -66,7 +68,7 @@ def test_a_cold_first_call_does_not_drop_a_count_that_is_faster_warm():
     threads, faster once warm, are chosen; a first call beyond FAR_SLOWER is."""
     calls = iter([0.05, 0.05, 0.10, 0.04, 0.05, 0.04, 0.05, 0.04])  # warm-up, one thread, two cold, then in turn
     seconds = measure_threads(lambda: next(calls), [2, 1])
-    assert seconds == {2: [0.04, 0.04, 0.04], 1: [0.05, 0.05, 0.05]} and device.fastest(seconds) == 2
+    assert seconds == {2: [0.04, 0.04, 0.04], 1: [0.05, 0.05, 0.05]} and machine.fastest(seconds) == 2
     calls = iter([0.05, 0.05, 0.16, 0.05, 0.05])
     assert measure_threads(lambda: next(calls), [2, 1]) == {2: [0.16], 1: [0.05, 0.05, 0.05]}
 
@@ -79,7 +81,7 @@ def test_slow_work_stops_the_rounds_at_the_budget_once_the_leader_has_two_timing
 def test_a_given_count_is_never_measured_against_another(monkeypatch):
     """--num_threads N, OMP_NUM_THREADS and a one-core process: that count, set, and timed only when asked (for an
     estimate)."""
-    monkeypatch.setattr(device, "cores", lambda: 2)
+    monkeypatch.setattr(machine, "cores", lambda: 2)
     calls = []
     time_once = by_threads({1: 0.1, 2: 0.2, 3: 0.3}, calls)
     threads = choose_threads(2, time_once)
@@ -93,18 +95,18 @@ def test_a_given_count_is_never_measured_against_another(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert choose_threads(0, time_once).why == "OMP_NUM_THREADS" and torch.get_num_threads() == 1
     monkeypatch.delenv("OMP_NUM_THREADS")
-    monkeypatch.setattr(device, "cores", lambda: 1)
+    monkeypatch.setattr(machine, "cores", lambda: 1)
     assert choose_threads(0, time_once).why == "one core" and len(calls) == 4
 
 
 def test_more_threads_than_cores_are_kept_and_the_line_says_what_to_change(monkeypatch):
     """The threads line's note on a count above the cores names the fix for where the count came from (OMP_NUM_THREADS
     is read again by --num_threads 0), and counts one core in the singular."""
-    monkeypatch.setattr(device, "cores", lambda: 2)
+    monkeypatch.setattr(machine, "cores", lambda: 2)
     assert Threads(3, "OMP_NUM_THREADS", {}).line("a step") == (
         "threads: 3 (OMP_NUM_THREADS); more than the 2 cores this process may use, so they wait on each other: 2 or "
         "fewer is faster (unset OMP_NUM_THREADS, or give --num_threads N)")
-    monkeypatch.setattr(device, "cores", lambda: 1)
+    monkeypatch.setattr(machine, "cores", lambda: 1)
     assert Threads(2, "kept", {}).line("a step").endswith(
         "--num_threads 0 measures again); more than the 1 core this process may use, so they wait on each other: 1 "
         "or fewer is faster")
@@ -125,7 +127,7 @@ def test_a_run_measures_its_threads_says_them_records_them_and_keeps_them_on_res
     """With steps that (by the timings handed in) run faster on one thread than on two, a run of the debug preset
     with --num_threads 0 trains on one: it says so and why, records 1 in its checkpoints and summary, and trains to
     the last digit as --num_threads 1 does. Its resume measures nothing: it times steps at the count it kept."""
-    monkeypatch.setattr(device, "cores", lambda: 2)
+    monkeypatch.setattr(machine, "cores", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     calls = []
     monkeypatch.setattr(ProbeStep, "__call__", by_threads({2: 0.2, 1: 0.05}, calls))
@@ -200,7 +202,7 @@ def test_timing_steps_samples_and_pictures_changes_nothing_in_the_run_and_a_long
 def built_run(corpus: Path, tmp_path: Path, *extra: str):
     cfg = load_config(debug_argv(corpus, tmp_path / "run", *extra), False)[0]
     prepared = prepare(resolve(str(corpus), tmp_path / "c"), tmp_path / "c", say=lambda m: None)
-    return build_run(cfg, device.setup("cpu", "float32"), prepared, say=lambda m: None)
+    return build_run(cfg, machine.setup("cpu", "float32"), prepared, say=lambda m: None)
 
 
 def test_the_estimate_is_the_steps_left_at_the_steps_timed(corpus, tmp_path):
@@ -237,7 +239,7 @@ def estimate_said(corpus, tmp_path, preset: str, steady: list[float], threads: t
                   records: float = 0.0) -> tuple[object, list[str]]:
     run, progress = built_run(corpus, tmp_path, "--max_iters", "20", "--eval_interval", "10")
     run.cfg.config_name = preset  # as --config would set it
-    run.threads = device.Threads(*threads, {threads[0]: steady})
+    run.threads = machine.Threads(*threads, {threads[0]: steady})
     run.phases.so_far = lambda: 2.0
     messages = []
     say_estimate(run, progress, Log(tmp_path, say=messages.append), records)
@@ -279,7 +281,8 @@ def test_a_sample_is_timed_on_a_few_characters_and_a_picture_once_laid_out(corpu
     """Session.record_seconds: a sample of --sample_chars characters is timed on SAMPLE_TIMED_CHARS of them and
     counted at that cost for every one (a stand-in sample here takes 5 ms a character); the pictures are laid out
     there, once, for the evaluations to reuse, and one layer's picture, drawn and encoded, counts for each layer."""
-    from training import pictures, session
+    from common import pictures
+    from training import session
 
     run, progress = built_run(corpus, tmp_path, "--sample_chars", "400", "--log_attention", "false")
     timed = session.Session(run, progress, RunDir(tmp_path / "run"), Log(tmp_path / "run", say=print),
@@ -336,7 +339,7 @@ def test_a_large_model_is_timed_on_part_of_a_batch_and_its_time_scaled_to_the_st
     monkeypatch.setattr(opening, "PROBE_FLOPS", 0.0)
     # what the run then says of its timings names them as scaled, not as timed
     assert opening.step_timed(run) == ", scaled from 1 of its 24 sequences"  # 8 a micro-batch, 3 micro-batches
-    run.threads = device.Threads(2, "asked", {2: [12.0, 13.0]})
+    run.threads = machine.Threads(2, "asked", {2: [12.0, 13.0]})
     said = []
     opening.say_what_runs(run, RunDir(tmp_path / "r"), Log(tmp_path, say=said.append), device.Dist())
     assert "threads: 2 (--num_threads 2); a step, scaled from 1 of its 24 sequences: 12-13 s" in said
@@ -386,7 +389,7 @@ def test_evaluate_and_sample_measure_their_threads_on_their_own_work(corpus, tmp
     """Each script times its own work (a batch scored, a few characters drawn) at each count and says which it
     chose; --num_threads N times nothing; a count out of range is one line, exit 2."""
     train_quietly(debug_argv(corpus, tmp_path / "run", "--max_iters", "4"))
-    monkeypatch.setattr(device, "cores", lambda: 2)
+    monkeypatch.setattr(machine, "cores", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     calls = []
     monkeypatch.setattr(evaluate_cli, "batch_seconds", by_threads({2: 0.3, 1: 0.1}, calls))

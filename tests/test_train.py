@@ -13,6 +13,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
+from common import machine
+from common.machine import CPU_BFLOAT16_SAMPLING_PARAMS, pick_dtype
 from configs import load_config
 from configs.loader import keep_global_batch
 from configs.schema import ARCHITECTURE_FIELDS, CONFIG_MAX_BYTES, FIELDS, TYPES, TrainConfig
@@ -20,7 +22,6 @@ from data import Batches
 from errors import UserError, run_cli
 from model.config import ModelConfig
 from training import checkpoint, device
-from training.device import CPU_BFLOAT16_SAMPLING_PARAMS, pick_dtype
 from training.opening import prepare_data
 from training.optim import get_lr
 from conftest import ROOT, num_val_windows
@@ -735,7 +736,7 @@ def train_batches(cfg):
 @pytest.mark.parametrize("has_units", [True, False])
 def test_auto_dtype_on_cpu_is_bfloat16_only_with_bfloat16_units_and_for_sampling_only_a_large_model(monkeypatch,
                                                                                                     has_units):
-    monkeypatch.setattr(device, "cpu_has_bfloat16_units", lambda: has_units)
+    monkeypatch.setattr(machine, "cpu_has_bfloat16_units", lambda: has_units)
     cpu = torch.device("cpu")
     assert pick_dtype("auto", cpu) == (torch.bfloat16 if has_units else torch.float32)
     limit = CPU_BFLOAT16_SAMPLING_PARAMS
@@ -751,7 +752,7 @@ def test_auto_dtype_on_cpu_is_bfloat16_only_with_bfloat16_units_and_for_sampling
 
 PAGE_FAULTS = """
 import resource, sys, torch
-from training.device import setup
+from common.machine import setup
 if sys.argv[1] == "setup":
     setup("cpu", "float32")
 
@@ -774,7 +775,7 @@ def test_a_cpu_run_keeps_the_memory_it_frees_for_the_next_request_instead_of_fau
         return int(subprocess.run([sys.executable, "-c", PAGE_FAULTS, mode], cwd=ROOT, capture_output=True,
                                   text=True, check=True).stdout)
 
-    assert device.keep_freed_memory()
+    assert machine.keep_freed_memory()
     plain, kept = faults("plain"), faults("setup")
     assert plain > 0 and kept * 4 < plain
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.textbook import masked_softmax
 from model.scoring import additive_scores, attend, dot_product_scores
+from model.textbook import masked_softmax
 import tutorials
 
 
@@ -233,7 +233,7 @@ def test_a_picture_hatches_exactly_the_masked_cells_in_no_colour_of_the_weights_
     column carries its label (words for 001)."""
     import matplotlib
 
-    from training.pictures import plt
+    from common.pictures import plt
 
     by_name = {f"{number}-{step.name}": step for number, (_, make) in tutorials.TUTORIALS.items() for step in make()}
     grey = np.array(matplotlib.colors.to_rgb(tutorials.MASKED_FILL))
@@ -269,8 +269,8 @@ def test_png_on_a_full_disk_is_one_line_and_removes_only_the_empty_folders_it_ma
     import errno
     import os
 
+    from common import run_folder
     from errors import run_cli
-    from training import run_folder
 
     def full(*args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -372,7 +372,7 @@ def test_every_tutorial_is_printed_in_chinese_with_its_legend_and_cells(script):
 
 def test_chinese_pictures_need_a_chinese_font_and_say_so_in_one_line(script, tmp_path, monkeypatch):
     """--png --lang zh where no installed font draws Chinese: one line naming the fix, nothing printed or drawn."""
-    from training import pictures
+    from common import pictures
     monkeypatch.setattr(pictures, "font_for", lambda ch: None)
     done = script("tutorials.py", "003", "--lang", "zh", "--png", str(tmp_path / "p"))
     assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from common.machine import free_memory, usable_device
+from common.run_folder import BEST, LAST, write_atomic
 from configs.choices import OPTIMIZERS
 from configs.loader import checked_types
 from configs.schema import FIELDS, TYPES
@@ -18,9 +20,8 @@ from data import gate
 from data.gate import check_fields, of_type
 from data.tokenizer import CharTokenizer
 from errors import UserError, in_one_line
-from training.device import Dist, free_memory, random_states, set_random_states, usable_device
+from training.device import Dist, random_states, set_random_states
 from training.optim import configure_optimizer
-from training.run_folder import BEST, LAST, write_atomic
 
 
 if TYPE_CHECKING:  # for the annotations only: training.opening builds runs from checkpoints, so it imports this module

@@ -8,9 +8,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from common.machine import Runtime
 from configs import TrainConfig
 from data.loader import Windows, send
-from training.device import Dist, Runtime
+from training.device import Dist
 
 
 # A run evaluates (and saves its checkpoints) every eval_interval steps and at its last step (max_iters).

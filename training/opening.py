@@ -19,6 +19,8 @@ from typing import Callable, Iterator, Protocol
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.machine import Runtime, Threads, choose_threads, free_memory, is_out_of_memory, setup, span, sync
+from common.run_folder import BEST, RunDir, find, read_summary
 from configs import TrainConfig
 from configs.loader import check_same_model, init_config, resume_config
 from configs.schema import FIXED
@@ -32,12 +34,10 @@ from model import GPT, ModelConfig
 from model.scoring import FORMS
 from training import checkpoint
 from training.checkpoint import Progress
-from training.device import (Dist, Runtime, Threads, choose_threads, compile_wanted, flops_per_token,
-                             free_memory, is_out_of_memory, setup, span, step_and_eval_models, sync)
+from training.device import Dist, compile_wanted, flops_per_token, step_and_eval_models
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_command
-from training.run_folder import BEST, RunDir, find, read_summary
 
 
 class StopRequest(Protocol):
@@ -467,7 +467,7 @@ def step_timed(run: Run) -> str:
 
 
 def choose_run_threads(run: Run, explicit: set[str], d: Dist, update: Callable) -> Threads:
-    """A CPU run's thread count (training.device.choose_threads), with a step timed at it on rank 0 for the estimate.
+    """A CPU run's thread count (common.machine.choose_threads), with a step timed at it on rank 0 for the estimate.
     Kept in cfg.num_threads (saved with the run), so a resume goes on at it: the count changes a run's last digits."""
     cfg = run.cfg
     threads = choose_threads(cfg.num_threads, ProbeStep(run, update) if d.is_main else None, timed=True)

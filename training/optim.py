@@ -7,8 +7,8 @@ import math
 import torch
 import torch.nn as nn
 
+from common.machine import native_bfloat16
 from configs import TrainConfig
-from training.device import native_bfloat16
 
 
 # ---- the learning-rate schedule --------------------------------------------------------------------------------------

@@ -16,10 +16,10 @@ from typing import Iterator
 import torch
 from tqdm import tqdm
 
+from common.machine import sync
+from common.run_folder import BEST, LAST
 from configs import TrainConfig
 from errors import UserError, disk_error, in_one_line, python_command
-from training.device import sync
-from training.run_folder import BEST, LAST
 
 # TensorBoard's Time Series at smoothing 0 (its default 0.6 draws a validation loss of a few evaluations well above
 # its values), with SVG charts (a browser without WebGL, headless or remote, draws their lines only so).

@@ -14,17 +14,18 @@ from dataclasses import dataclass
 
 import torch
 
+from common.machine import for_sampling
+from common.run_folder import ASIDE, BEST, LAST, LOSS_PICTURE, SUMMARY, RunDir, WriteFailed, write_text_atomic
 from configs import TrainConfig
 from errors import Interrupted, UserError
 from model.attention import attention_weights
 from model.generate import generate
 from training import checkpoint
 from training.checkpoint import Progress
-from training.device import Dist, SlowdownWatch, for_sampling
+from training.device import Dist, SlowdownWatch
 from training.evaluation import began_overfitting, evaluate, full_validation_loss
 from training.opening import Run
 from training.report import Log, TrainClock, overfitting_line, resume_command
-from training.run_folder import ASIDE, BEST, LAST, LOSS_PICTURE, SUMMARY, RunDir, WriteFailed, write_text_atomic
 
 
 SAMPLE_TIMED_CHARS = 16  # the characters of a sample that the estimate times (Session.record_seconds)
@@ -39,7 +40,7 @@ class Session:
     stop: StopRequest
     d: Dist
     clock: TrainClock | None = None  # runs during training steps, from start_clock() on
-    pictures: object = None  # training.pictures.AttentionPictures, made when the first pictures are drawn or timed
+    pictures: object = None  # common.pictures.AttentionPictures, made when the first pictures are drawn or timed
     watch: SlowdownWatch | None = None  # on a CPU: the watch on steps that slow down (slowdown_watch())
     saved: bool = False  # whether this process has written a checkpoint
 
@@ -188,7 +189,7 @@ class Session:
     def attention_weights(self) -> list[torch.Tensor]:
         """Each layer's attention weights on the probe text, for self.pictures (made at the first call, laid out at
         its first picture and redrawn at each)."""
-        from training.pictures import AttentionPictures  # matplotlib: only runs that draw
+        from common.pictures import AttentionPictures  # matplotlib: only runs that draw
         probe = attention_probe(self.run)
         if self.pictures is None:
             self.pictures = AttentionPictures(self.run.tokenizer.decode(probe))
@@ -220,7 +221,7 @@ class Session:
         losses = self.progress.losses
         if not self.d.is_main or not (losses["train"] or losses["eval"]):
             return
-        from training.pictures import save_loss_picture  # matplotlib: only at the end
+        from common.pictures import save_loss_picture  # matplotlib: only at the end
         path = self.run_dir.path / LOSS_PICTURE
         title = f"{self.run_dir.path.resolve().name}: {self.cfg.config_name} preset, step {self.progress.it}"
         with self.run.phases.timing("samples and pictures"):

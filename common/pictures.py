@@ -17,7 +17,7 @@ from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from training.run_folder import write_atomic  # noqa: E402
+from common.run_folder import write_atomic  # noqa: E402
 
 PANEL_INCHES, DPI = 3.6, 100
 # The causal mask's cells (the future, which a query never sees): light grey, hatched, a colour the weights' scale

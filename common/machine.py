@@ -1,0 +1,328 @@
+"""The machine a command computes on, for training and the scripts alike: the device and its precision (autocast, the
+gradient scaler), CPU threads (measured on the machine as it is), free memory and memory kept for reuse on a CPU."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import platform
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from configs.choices import DTYPE_NAMES, valid_device
+from errors import UserError
+
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
+
+
+# ---- device and precision --------------------------------------------------------------------------------------------
+@dataclass
+class Runtime:
+    device: torch.device
+    dtype: torch.dtype  # what matrix products run in (autocast); weights and optimizer stay float32
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """float16 needs loss scaling so small gradients do not underflow; bfloat16 and float32 do not."""
+        return torch.amp.GradScaler(self.device_type, enabled=self.dtype == torch.float16)
+
+    def describe(self) -> str:
+        name = torch.cuda.get_device_name(self.device) if self.device_type == "cuda" else self.device_type
+        return f"{name}, {str(self.dtype).removeprefix('torch.')}"
+
+
+def pick_device(spec: str) -> torch.device:
+    if not valid_device(spec):
+        raise UserError(f"--device {spec}: must be auto, cpu, cuda, cuda:N or mps")
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    device = torch.device(spec)
+    if reason := unavailable(device):
+        fix = ("give one of them, or --device cuda" if device.type == "cuda" and torch.cuda.is_available() else
+               "use --device cpu")
+        raise UserError(f"--device {spec}: {reason}; {fix}")
+    return device
+
+
+def usable_device(device: torch.device | str, doing: str, fix: str) -> torch.device:
+    """device as a torch.device where this machine has it, else one line: 'cannot {doing} {device}: why; {fix}' (the
+    Python API's and the checkpoint loader's check; the scripts' --device is pick_device's)."""
+    try:
+        target = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UserError(f"cannot {doing} {device!r}: not a device; give cpu, cuda, cuda:N or mps") from None
+    if reason := unavailable(target):
+        raise UserError(f"cannot {doing} {target}: {reason}; {fix}") from None
+    return target
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why this machine has no such device (None where it has it)."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return "CUDA is not available on this machine (or this PyTorch is a CPU build)"
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        return "Apple MPS is not available here"
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        return f"this machine has {gpus(torch.cuda.device_count())}"
+    return None
+
+
+def gpus(count: int) -> str:
+    """'1 GPU (cuda:0)', '4 GPUs (cuda:0 to cuda:3)'."""
+    return "1 GPU (cuda:0)" if count == 1 else f"{count} GPUs (cuda:0 to cuda:{count - 1})"
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError when RAM runs out."""
+    text = str(err)
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text
+
+
+def cpu_has_bfloat16_units() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX); elsewhere torch emulates it."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own probes (used by inductor)
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def native_bfloat16(device_type: str) -> bool:
+    """Whether the device multiplies bfloat16 matrices in hardware (a GPU of compute capability 8 and up, a CPU with
+    bfloat16 units); where torch only emulates it (a V100 or T4, though is_bf16_supported() says yes) it is slow."""
+    if device_type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return device_type == "cpu" and cpu_has_bfloat16_units()
+
+
+# Above this many parameters (16 MB of float32), auto samples in bfloat16 on a CPU with bfloat16 units: a character
+# reads every weight once, and a smaller model stays in the CPU's caches, where float32 is faster (docs/speed.md).
+CPU_BFLOAT16_SAMPLING_PARAMS = 4_000_000
+
+
+def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: int = 0) -> torch.dtype:
+    """auto: bfloat16 (float16 on older GPUs) on CUDA; bfloat16 on CPUs with bfloat16 units; float32 otherwise.
+    Sampling casts the weights once (`model.to(dtype)`, no autocast), so it may use float16 on a CPU, and with auto
+    takes bfloat16 there only above CPU_BFLOAT16_SAMPLING_PARAMS parameters (params). UserError for an unknown dtype,
+    or float16 training on a CPU."""
+    if spec == "auto":
+        if device.type == "cuda":  # float16 with the scaler where bfloat16 is only emulated
+            return torch.bfloat16 if native_bfloat16("cuda") else torch.float16
+        large = params > CPU_BFLOAT16_SAMPLING_PARAMS
+        if device.type == "cpu" and native_bfloat16("cpu") and (not sampling or large):
+            return torch.bfloat16
+        return torch.float32
+    if spec not in DTYPES:
+        raise UserError(f"--dtype {spec}: must be auto, {', '.join(DTYPES)}")
+    if spec == "float16" and device.type == "cpu" and not sampling:
+        raise UserError("--dtype float16: not supported on CPU; use float32 or bfloat16")
+    return DTYPES[spec]
+
+
+def for_sampling(rt: Runtime, dtype_spec: str, params: int = 0) -> Runtime:
+    """The runtime scripts/sample.py uses on rt's device for this --dtype and a model of params parameters."""
+    return Runtime(rt.device, pick_dtype(dtype_spec, rt.device, sampling=True, params=params))
+
+
+def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: int = 0,
+          sampling: bool = False) -> Runtime:
+    device = pick_device(device_spec)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)  # under torchrun: one GPU per process on this node
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    if device.type == "cpu":
+        keep_freed_memory()
+    if device.type == "cuda":
+        # Made current (cuda:1 too), so what takes no device argument (RNG state, streams, is_bf16_supported) means it.
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
+        torch.backends.cudnn.allow_tf32 = True
+    return Runtime(device, pick_dtype(dtype_spec, device, sampling))
+
+
+# ---- CPU threads: measured on the machine as it is -------------------------------------------------------------------
+def cores() -> int:
+    """The cores this process may use: its affinity (taskset's, a container's), up to cgroup v2's cpu.max rounded up."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        count = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]  # "max 100000" where there is none
+        if quota != "max":
+            count = min(count, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(count, 1)
+
+
+def thread_counts(n_cores: int) -> list[int]:
+    """The intra-op thread counts tried on n_cores cores, most first: all, then halving down to one (6: 6, 3, 1)."""
+    counts = [n_cores]
+    while counts[-1] > 1:
+        counts.append(counts[-1] // 2)
+    return counts
+
+
+FAR_SLOWER = 3.0  # a count whose first (cold) call is this many times one thread's warm call is not tried further
+CLEARLY_SLOWER = 1.5  # a count whose fastest warm call is this many times the leader's median is tried no further
+PROBE_ROUNDS = 3  # warm calls per count
+PROBE_BUDGET = 4.0  # seconds of calls after which no further round begins, once the leader has two
+
+
+def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: int = PROBE_ROUNDS,
+                    budget: float = PROBE_BUDGET) -> dict[int, list[float]]:
+    """Seconds of the same work (time_once() does it once, returns its seconds) at each of counts (most first), warm
+    calls only: the first call at the fewest threads, and each other count's first (its threads start), pay one-off
+    costs and are not counted, and a count whose first is FAR_SLOWER than a warm call at the fewest is not tried again.
+    The rest take turns, round by round, so that a change in load falls on each alike, and after each round any
+    CLEARLY_SLOWER than the fastest is dropped, until each left has `rounds` warm calls or the calls took `budget`
+    seconds and the fastest has two. Returns the counted calls (a count not tried again: its cold call); the thread
+    count is left at the last one timed."""
+    fewest, spent = counts[-1], 0.0
+    seconds: dict[int, list[float]] = {n: [] for n in counts}
+    torch.set_num_threads(fewest)
+    time_once()
+    seconds[fewest].append(time_once())
+    alive = [fewest]
+    for n in reversed(counts[:-1]):
+        torch.set_num_threads(n)
+        first = time_once()
+        spent += first
+        if first > FAR_SLOWER * seconds[fewest][0]:
+            seconds[n].append(first)
+        else:
+            alive.insert(0, n)
+    while True:
+        for n in alive:
+            if len(seconds[n]) < rounds:
+                torch.set_num_threads(n)
+                seconds[n].append(time_once())
+                spent += seconds[n][-1]
+        leader = fastest({n: seconds[n] for n in alive})
+        alive = [n for n in alive if min(seconds[n]) < CLEARLY_SLOWER * statistics.median(seconds[leader])]
+        if all(len(seconds[n]) >= rounds for n in alive) or (spent >= budget and len(seconds[leader]) >= 2):
+            return {n: times for n, times in seconds.items() if times}
+
+
+def fastest(seconds: dict[int, list[float]]) -> int:
+    """The count whose median time is lowest; of two alike, the fewer threads, which leaves the machine more room."""
+    return min(seconds, key=lambda n: (statistics.median(seconds[n]), n))
+
+
+@dataclass
+class Threads:
+    """The intra-op thread count, why, and the seconds of each count's warm calls (empty where none was timed)."""
+    count: int
+    why: str  # "measured", "asked" (--num_threads), "kept" (a resumed run's own), "OMP_NUM_THREADS", "one core"
+    seconds: dict[int, list[float]]
+
+    @property
+    def steady(self) -> list[float]:
+        """The timed calls at the chosen count."""
+        return self.seconds.get(self.count, [])
+
+    def line(self, work: str) -> str:
+        """What a command says of its threads: the count, why, and what the work (e.g. "a step") took at each count."""
+        each = [f"{span(self.seconds[n])} with {n}" for n in sorted(self.seconds, reverse=True)]
+        timed = "; ".join(each) if len(each) > 1 else span(self.steady) if self.steady else ""
+        if self.why == "measured":
+            return (f"threads: {self.count} of {cores()} cores, the faster just now ({work}: {timed}); "
+                    f"--num_threads N sets the count")
+        reason = {"asked": f"--num_threads {self.count}", "OMP_NUM_THREADS": "OMP_NUM_THREADS",
+                  "one core": "this process may use one core",
+                  "kept": "this run's own, kept on resume so that it goes on as it began; --num_threads 0 measures "
+                          "again"}[self.why]
+        n_cores, fix = cores(), {"asked": " (--num_threads 0 measures)",
+                                 "OMP_NUM_THREADS": " (unset OMP_NUM_THREADS, or give --num_threads N)"}
+        over = (f"; more than the {n_cores} core{'s' * (n_cores != 1)} this process may use, so they wait on each "
+                f"other: {n_cores} or fewer is faster{fix.get(self.why, '')}" if self.count > n_cores else "")
+        return f"threads: {self.count} ({reason})" + (f"; {work}: {timed}" if timed else "") + over
+
+
+def span(seconds: list[float]) -> str:
+    """'41 ms' or '41-47 ms' (the times differ), '5.4 s', '12-30 s': the range of a few timings, as read."""
+    low, high = min(seconds), max(seconds)
+    if high < 1:
+        scale, unit, digits = 1000, "ms", 0
+    else:
+        scale, unit, digits = 1, "s", 1 if high < 10 else 0
+    low_text, high_text = f"{low * scale:.{digits}f}", f"{high * scale:.{digits}f}"
+    return f"{low_text} {unit}" if low_text == high_text else f"{low_text}-{high_text} {unit}"
+
+
+def choose_threads(asked: int, time_once: Callable[[], float] | None, timed: bool = False) -> Threads:
+    """Set and return the thread count for CPU work: asked (--num_threads), else OMP_NUM_THREADS (torchrun sets it for
+    several processes), else 1 on one core, else the fastest of thread_counts(cores()) for time_once, measured now. A
+    given count is never measured against another (the count changes a run's last digits); timed still times it."""
+    if asked:
+        counts, why = [asked], "asked"
+    elif os.environ.get("OMP_NUM_THREADS"):
+        counts, why = [torch.get_num_threads()], "OMP_NUM_THREADS"
+    elif cores() == 1:
+        counts, why = [1], "one core"
+    else:
+        counts, why = thread_counts(cores()), "measured"
+    seconds = measure_threads(time_once, counts) if time_once is not None and (timed or len(counts) > 1) else {}
+    count = fastest(seconds) if len(seconds) > 1 else counts[0]
+    torch.set_num_threads(count)
+    return Threads(count, why, seconds)
+
+
+# glibc's malloc.h: free heap top kept before it is trimmed; size from which a block is mapped (unmapped when freed).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+KEPT_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Linux with glibc: keep memory the process frees (blocks up to KEPT_BYTES) for its next request, since a step
+    frees and allocates the same megabyte tensors every time, which glibc would hand back and fault in afresh
+    (docs/speed.md has the count); the peak does not grow. True if set; False elsewhere (macOS, Windows, musl)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
+    except (OSError, AttributeError):
+        return False
+    # Setting the map threshold stops glibc raising either threshold by itself, so both are set. mallopt(3) documents
+    # 32 MiB as the highest on 64-bit systems, but glibc 2.36 takes 1 GiB: where 1 GiB is refused, 32 MiB.
+    mapped = mallopt(M_MMAP_THRESHOLD, KEPT_BYTES) or mallopt(M_MMAP_THRESHOLD, 32 << 20)
+    return bool(mapped and mallopt(M_TRIM_THRESHOLD, KEPT_BYTES))
+
+
+def free_memory() -> int | None:
+    """Bytes this machine can still give a process without ending one (Linux: MemAvailable plus free swap, and no
+    more than a container's own limit allows, cgroup v2); None where the system does not say."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        free = sum(int(fields[name].split()[0]) * 1024 for name in ("MemAvailable", "SwapFree") if name in fields)
+    except (OSError, ValueError):
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()  # "max" where there is none
+        if limit != "max":
+            free = min(free, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return free
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
