@@ -2,8 +2,8 @@
 model and tokenizer, with generate(prompt or prompts), logits(text), score(text) and to(device, dtype), from any Python
 program, without putting this checkout on its path.
 
-This project's modules have plain top-level names (model, data, training, configs, errors), which a program may
-use for its own modules. So they are imported here under those names only while this file's code runs, and the
+This project's modules have plain top-level names (model, data, common, training, configs, errors), which a program
+may use for its own modules. So they are imported here under those names only while this file's code runs, and the
 program's own modules of the same names are put back in sys.modules afterwards; every call that may import
 (loading, generating) runs inside the same swap."""
 from __future__ import annotations

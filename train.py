@@ -1,7 +1,7 @@
 """train.py: train a character-level GPT. Read it top to bottom: one training step (a batch, forward, loss, backward,
 clipping, the update), the loop around it, then train(), which opens the run and finishes it. What a product needs
 besides (checkpoints, the clock, TensorBoard, stop requests, the compile fallback, several processes) sits behind the
-calls into training/, whose files a learner may skip (docs/code.md is the map)."""
+calls into training/ and common/, whose files a learner may skip (docs/code.md is the map)."""
 from __future__ import annotations
 
 import contextlib

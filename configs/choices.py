@@ -1,7 +1,7 @@
 """Every setting's allowed values, in one place: the model's (attention, positions, activation), the run's
 (optimizers, schedules, precisions, compile modes, devices, DDP). model/config.py and configs/schema.py check against
-them; common/ and training/ build on them. One exception: attention_score's values are the names of model/scoring.py's FORMS,
-where each form is declared once with what it computes."""
+them; common/ and training/ build on them. One exception: attention_score's values are the names of
+model/scoring.py's FORMS, where each form is declared once with what it computes."""
 from __future__ import annotations
 
 import torch

@@ -30,7 +30,8 @@ if sys.argv[4] == "onnx":
     batch = np.concatenate([ids, ids[:, ::-1]])  # two rows, as long as the text
     results["logits"] = session.run(["logits"], {"idx": batch})[0]
     results["one"] = session.run(["logits"], {"idx": ids[:, :config["block_size"] // 2 + 1]})[0]
-ours = {"torch", "model", "common", "training", "configs", "errors", "hubconf"} & {name.split(".")[0] for name in sys.modules}
+ours = ({"torch", "model", "common", "training", "configs", "errors", "hubconf"}
+        & {name.split(".")[0] for name in sys.modules})
 assert not ours, ours
 np.savez(out, **results)
 """

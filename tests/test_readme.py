@@ -36,7 +36,8 @@ def test_every_script_the_readme_names_exists_and_every_preset_is_listed():
 def test_no_page_names_what_the_code_does_not_have():
     """A preset, a run-folder entry or a TensorBoard tag named in backticks must exist: a reader who copies one
     gets a preset --config accepts, a folder a run writes, a tag a run logs."""
-    code = "".join(p.read_text(encoding="utf-8") for folder in ("common", "training", "scripts", "configs", "data", "model")
+    folders = ("common", "training", "scripts", "configs", "data", "model")
+    code = "".join(p.read_text(encoding="utf-8") for folder in folders
                    for p in (ROOT / folder).rglob("*.py")) + (ROOT / "train.py").read_text(encoding="utf-8")
     every_page = "".join(PAGES.values())
     for name in set(re.findall(r"`(shakespeare_char\w*|debug)`", every_page)):
@@ -124,3 +125,40 @@ def test_every_picture_the_docs_show_is_there_and_its_alt_text_names_what_it_sho
             assert named and set(named) <= set(presets()), named
         else:
             assert "ladder" in alt
+
+
+# docs/code.md's order of the packages: a module imports from its own level or below, never above (configs and model
+# share a level: the settings' allowed values list the model's attention forms, and the model checks its settings).
+LEVELS = {"errors": 0, "data": 1, "configs": 2, "model": 2, "common": 3, "training": 4, "train": 5, "hubconf": 5,
+          "scripts": 6}
+
+
+def imported(path) -> set[str]:
+    """The top-level names a file imports: import and from-import statements anywhere in it (inside functions too), and
+    importlib.import_module("...") calls with a written name."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant)):
+            names.add(node.args[0].value)
+    return {name.split(".")[0] for name in names}
+
+
+def test_imports_run_one_way_as_the_map_says():
+    """docs/code.md's order (data -> model -> common -> training -> scripts) holds in every file of the project: no
+    import runs back up, so that common/ and the packages below it can be read, and used, without training/."""
+    files = [ROOT / "train.py", ROOT / "hubconf.py", ROOT / "errors.py"]
+    files += [p for folder in LEVELS if (ROOT / folder).is_dir() for p in (ROOT / folder).rglob("*.py")]
+    upward = []
+    for path in files:
+        part = path.relative_to(ROOT).parts[0].removesuffix(".py")
+        upward += [f"{path.relative_to(ROOT)} imports {name}" for name in imported(path) & LEVELS.keys()
+                   if LEVELS[name] > LEVELS[part]]
+    assert len(files) > 40 and not upward, upward
+    assert "data -> model -> common -> training -> scripts" in PAGES["docs/code.md"]
