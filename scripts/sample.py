@@ -156,11 +156,19 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
     if stream:  # one row at a time, each character printed as it is drawn
         for i, (row, text) in enumerate(zip(rows, texts)):
             print(("\n---\n" if i else "") + text, end="", flush=True)
+            shown = 0
 
             def show(ids: torch.Tensor) -> None:  # (1, n): the next n characters of the row
+                nonlocal shown
                 print(tokenizer.decode(ids[0].tolist()), end="", flush=True)
-
-            generate(model, [row], args.max_new_tokens, on_tokens=show, **settings)
+                shown += ids.shape[1]
+            try:
+                generate(model, [row], args.max_new_tokens, on_tokens=show, **settings)
+            except KeyboardInterrupt:  # (Ctrl-C, SIGTERM): the line ends where the stream stopped
+                print(flush=True)
+                which = f" of sample {i + 1} of {len(rows)}" if len(rows) > 1 else ""
+                raise Interrupted(f"stopped after {shown:,} of the {args.max_new_tokens:,} new characters{which}; "
+                                  f"those are printed") from None
         print()
     else:  # every row in one batch (prompts of different lengths are left-padded and masked), printed at its end
         drawn, done = torch.empty(len(rows), args.max_new_tokens, dtype=torch.long), 0  # (8 bytes a character)

@@ -214,12 +214,14 @@ def test_one_sample_into_a_pipe_is_streamed_so_head_ends_it(run_dir):
         one.wait()
 
 
-def test_a_stopped_batch_prints_the_characters_drawn_so_far(run_dir, monkeypatch):
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stopped_sampling_prints_the_characters_drawn_so_far(run_dir, monkeypatch, stream):
     """Ctrl-C (or SIGTERM) while a batch is drawn (--no-stream, the default into a file) prints every row as far as it
     was drawn, the same characters the whole run gives first, then one line saying so, exit 130: nothing drawn is
-    lost. A stop before the first character prints each prompt alone."""
-    common = ("--out_dir", str(run_dir), "--prompt", "The", "--num_samples", "2", "--max_new_tokens", "40", "--seed",
-              "3", "--no-stream")
+    lost. A stop before the first character prints each prompt alone. Streamed (one sample, or --stream), the stop
+    ends the line where the sample stopped and says how far it got."""
+    common = ("--out_dir", str(run_dir), "--prompt", "The", "--num_samples", "1" if stream else "2",
+              "--max_new_tokens", "40", "--seed", "3", "--stream" if stream else "--no-stream")
     whole = sample(*common).stdout.removesuffix("\n").split("\n---\n")
 
     def stopped_after(chunks: int):
@@ -239,9 +241,10 @@ def test_a_stopped_batch_prints_the_characters_drawn_so_far(run_dir, monkeypatch
     stopped = sample(*common)
     assert stopped.returncode == 130
     assert stopped.stdout.removesuffix("\n").split("\n---\n") == [row[:len("The") + 7] for row in whole]
-    assert stopped.stderr.endswith("\nstopped after 7 of the 40 new characters of each sample; those are printed\n")
+    each = "" if stream else " of each sample"
+    assert stopped.stderr.endswith(f"\nstopped after 7 of the 40 new characters{each}; those are printed\n")
     monkeypatch.setattr(sample_cli, "generate", stopped_after(0))
-    assert sample(*common).stdout == "The\n---\nThe\n" and whole[0] != "The"
+    assert sample(*common).stdout == ("The\n" if stream else "The\n---\nThe\n") and whole[0] != "The"
 
 
 def test_cli_batches_prompts_per_line(run_dir, tmp_path):
