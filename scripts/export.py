@@ -3,6 +3,8 @@ its weights as safetensors, its settings as config.json, its vocabulary as vocab
 installed: pip install -r requirements-export.txt) the forward pass as an ONNX graph."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import json
 import os
@@ -166,6 +168,22 @@ def refuse_others(folder: Path) -> None:
                         f"folder")
 
 
+@contextlib.contextmanager
+def alone_in(folder: Path):
+    """folder held by this export alone (an OS lock on the folder itself) from its checks to its last move, so that
+    two exports into one folder at once never mix two models' files: the second is one line."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"--to {folder}: another export is writing into it now; wait for it to finish, or choose "
+                            f"another --to") from None
+        yield
+    finally:
+        os.close(fd)  # (closing the descriptor lets the lock go)
+
+
 def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: bool) -> list[str]:
     """The weights, config.json, vocab.json and, with onnx, the ONNX graph, written into folder; their names. Each is
     written in a scratch folder beside them first and all are moved in at the end, so that an export that fails (a full
@@ -201,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = load_model(path, "cpu")
     folder = Path(args.to) if args.to else path.parent / "export"
-    with output_folder(folder, "--to"):
+    with output_folder(folder, "--to"), alone_in(folder):
         if owner := holder(folder):  # a run's folder while it trains (a folder inside it, export/, is the export's own)
             raise UserError(f"--to {folder} is the folder of a run that {owner} is training; choose another --to")
         refuse_others(folder)

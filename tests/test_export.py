@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import module_corpus, run_script, train_debug
+from conftest import ROOT, module_corpus, run_script, train_debug
 from training.checkpoint import load_model
 
 # The program outside: standard library, numpy, safetensors and onnxruntime only.
@@ -235,6 +235,41 @@ def test_an_export_over_an_earlier_one_replaces_it_whole_or_not_at_all(run_dir, 
     now = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert now.keys() == earlier.keys() and all(now[name] != earlier[name] for name in ("model.safetensors",
                                                                                          "config.json"))
+
+
+def test_a_second_export_into_a_folder_an_export_is_writing_is_one_line_and_changes_nothing(run_dir, tmp_path,
+                                                                                            monkeypatch):
+    """Two exports into one folder at once: while the first is between its checks and its last move (held there), the
+    second, in another process, is refused in one line (exit 2) and writes nothing; the first then finishes whole."""
+    import threading
+
+    import export
+
+    folder = tmp_path / "export"
+    inside, go_on = threading.Event(), threading.Event()
+    real = export.write_all
+
+    def held(*args, **kwargs):
+        inside.set()
+        assert go_on.wait(timeout=120)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(export, "write_all", held)
+    first: list[int] = []
+    thread = threading.Thread(target=lambda: first.append(  # (main: run_cli sets signal handlers, in the main thread)
+        export.main(["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"])))
+    thread.start()
+    try:
+        assert inside.wait(timeout=120)
+        second = subprocess.run([sys.executable, str(ROOT / "scripts" / "export.py"), "--out_dir", str(run_dir),
+                                 "--to", str(folder), "--onnx=false"], capture_output=True, text=True, timeout=120)
+        assert list(folder.iterdir()) == []
+    finally:
+        go_on.set()
+        thread.join()
+    assert second.returncode == 2 and second.stderr == (f"error: --to {folder}: another export is writing into it "
+                                                        f"now; wait for it to finish, or choose another --to\n")
+    assert first == [0] and sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors",
+                                                                        "vocab.json"]
 
 
 def test_an_export_refuses_a_folder_of_the_users_files_and_keeps_them_byte_for_byte(run_dir, tmp_path, capsys):
