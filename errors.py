@@ -9,6 +9,7 @@ import argparse
 import atexit
 import contextlib
 import errno
+import fcntl
 import os
 import shlex
 import signal
@@ -158,7 +159,8 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
 def output_folder(folder: Path, option: str) -> Iterator[Path]:
     """The folder a command writes its files into, made with its missing parents (one line where it cannot be). The
     folders made here that are still empty when the command ends (it failed, a full disk, or was stopped before it
-    wrote) are removed again, so that a command that wrote nothing leaves the place as it was."""
+    wrote) are removed again, so that a command that wrote nothing leaves the place as it was; not one that another
+    process holds (its OS lock: a second export refused while the first is about to write into it)."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{option} {folder} is a file, not a folder; choose another {option}")
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # the innermost first
@@ -172,7 +174,12 @@ def output_folder(folder: Path, option: str) -> Iterator[Path]:
     finally:
         for empty in made:
             with contextlib.suppress(OSError):  # (one that holds a file, or that is not there, stays as it is)
-                empty.rmdir()
+                held = os.open(empty, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError: another process holds it)
+                    empty.rmdir()
+                finally:
+                    os.close(held)
 
 
 def _tell(line: str) -> None:

@@ -167,8 +167,9 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
             except KeyboardInterrupt:  # (Ctrl-C, SIGTERM): the line ends where the stream stopped
                 print(flush=True)
                 which = f" of sample {i + 1} of {len(rows)}" if len(rows) > 1 else ""
+                kept = "those and the samples before it are printed" if i else "those are printed"
                 raise Interrupted(f"stopped after {shown:,} of the {args.max_new_tokens:,} new characters{which}; "
-                                  f"those are printed") from None
+                                  f"{kept}") from None
         print()
     else:  # every row in one batch (prompts of different lengths are left-padded and masked), printed at its end
         drawn, done = torch.empty(len(rows), args.max_new_tokens, dtype=torch.long), 0  # (8 bytes a character)

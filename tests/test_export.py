@@ -272,6 +272,27 @@ def test_a_second_export_into_a_folder_an_export_is_writing_is_one_line_and_chan
                                                                         "vocab.json"]
 
 
+def test_a_folder_a_refused_export_made_stays_while_another_export_holds_it(tmp_path):
+    """Two exports into a new folder at once, the one refused having made it: its folder stays, since the other holds
+    it (its lock) and is about to write into it; a folder made by an export refused alone is removed."""
+    import fcntl
+
+    from errors import UserError, output_folder
+
+    folder = tmp_path / "new" / "export"
+    with pytest.raises(UserError):
+        with output_folder(folder, "--to"):
+            other = os.open(folder, os.O_RDONLY)  # the other export's lock, taken once this one made the folder
+            fcntl.flock(other, fcntl.LOCK_EX)
+            raise UserError("another export is writing into it now")
+    assert folder.is_dir()
+    os.close(other)
+    with pytest.raises(UserError):
+        with output_folder(tmp_path / "alone" / "export", "--to"):
+            raise UserError("refused")
+    assert not (tmp_path / "alone").exists()
+
+
 def test_an_export_refuses_a_folder_of_the_users_files_and_keeps_them_byte_for_byte(run_dir, tmp_path, capsys):
     """--to a folder that holds a file of the user's with a name export writes (a config.json not written by export; a
     link named model.onnx beside an earlier export) is refused in one line naming it, as is a folder of the user's
