@@ -104,7 +104,7 @@ def write_onnx(model, target: Path) -> None:
         except Exception as err:  # an onnx or onnxscript that does not match this torch fails to import, or translates
             if isinstance(err, MemoryError) or is_out_of_memory(err):  # the graph wrongly: the exporter's first line
                 raise UserError("out of memory while exporting the ONNX graph; nothing was written; free some "
-                                f"memory, or export without it: --onnx=false") from None
+                                "memory, or export without it: --onnx=false") from None
             first = (str(err).strip().splitlines() or [""])[0]
             raise UserError(f"the ONNX graph could not be exported ({type(err).__name__}: {first}), so nothing was "
                             f"written; pip install --upgrade -r requirements-export.txt (versions that match torch "
