@@ -78,15 +78,15 @@ def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
 
 
 def bytes_needed(model: GPT, rows: int, longest_prompt: int, max_new_tokens: int, use_cache: bool = True,
-                 one_at_a_time: bool = False) -> int:
+                 handed_back: bool = True) -> int:
     """About the memory sampling rows needs, beyond the model: each row's tokens, 8 bytes each, and the new ones
-    again as they are handed back; with the cache, each layer's keys and values for block_size positions; about 64
-    bytes of Python per row. one_at_a_time: rows drawn one after another (a stream), each row's share needed once."""
+    again as they are handed back (not where a single row is printed as it is drawn: handed_back false); with the
+    cache, each layer's keys and values for block_size positions; about 64 bytes of Python per row."""
     cfg = model.config
-    per_row = 8 * (longest_prompt + max_new_tokens * (1 if one_at_a_time else 2))
+    per_row = 8 * (longest_prompt + max_new_tokens * (2 if handed_back else 1))
     if use_cache:
         per_row += 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * model.wte.weight.element_size()
-    return rows * 64 + (1 if one_at_a_time else rows) * per_row
+    return rows * (64 + per_row)
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

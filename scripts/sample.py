@@ -48,7 +48,8 @@ def build_parser() -> ArgumentParser:
                                                   "once (auto: bfloat16 on CUDA; on a CPU float32, or bfloat16 for a "
                                                   "model of over 4M parameters where the CPU has bfloat16 units)")
     p.add_argument("--stream", default=None, action=BooleanFlag,
-                   help="print characters as they come (default: on when writing to a terminal, or drawing one sample)")
+                   help="print the first sample's characters as they come, the rest at the end (the same text either "
+                        "way; default: on when writing to a terminal, or drawing one sample)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
                    help="prompt characters outside the vocabulary: stop with an error, or skip them")
     p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (slow; for checks)")
@@ -131,20 +132,20 @@ def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]
 
 
 def streams(args: argparse.Namespace, rows: int) -> bool:
-    """Whether the rows are printed as they are drawn, one at a time (else all at once, in one batch). Unasked: to a
-    terminal, and a single row anywhere (one row is drawn alike either way, and `sample.py | head` then ends when head
-    has its lines instead of after the whole sample)."""
+    """Whether the first row is printed as it is drawn (else every row at the end). Unasked: to a terminal, and a
+    single row anywhere (`sample.py | head` then ends when head has its lines instead of after the whole sample)."""
     return (sys.stdout.isatty() or rows == 1) if args.stream is None else args.stream
 
 
 def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.device, prompts: list[str]) -> None:
-    """Each prompt continued --num_samples times, to stdout: streamed row by row, or all rows in one batch."""
+    """Each prompt continued --num_samples times, to stdout, every row drawn in one batch (prompts of different lengths
+    left-padded and masked): streamed, the first row is printed as it is drawn and the others at the end, so that the
+    text is the same either way; not streamed, every row at the end."""
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]
     stream = streams(args, len(rows))
-    if device.type == "cpu":  # (measured as the rows are drawn: one at a time when streamed)
-        probe = rows[:1] if stream else rows
-        threads = choose_threads(args.num_threads, lambda: decoding_seconds(model, probe, args, device))
+    if device.type == "cpu":  # (measured on the batch as it is drawn)
+        threads = choose_threads(args.num_threads, lambda: decoding_seconds(model, rows, args, device))
         print(threads.line(f"{PROBE_CHARACTERS} characters"), file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     step = compiled_step(device.type) if args.compile else one_token_step
@@ -153,39 +154,29 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
         print(f"--compile: the decoding step is compiled before the first new character ({took})", file=sys.stderr)
     settings = dict(**asdict(sampling(args)), generator=generator,
                     use_cache=not args.no_cache, step=step, finite_only=True)
-    if stream:  # one row at a time, each character printed as it is drawn
-        for i, (row, text) in enumerate(zip(rows, texts)):
-            print(("\n---\n" if i else "") + text, end="", flush=True)
-            shown = 0
+    # the rows printed at the end, as far as they are drawn (8 bytes a character; a streamed first row is printed)
+    kept, done = torch.empty(len(rows) - stream, args.max_new_tokens, dtype=torch.long), 0
+    if stream:
+        print(texts[0], end="", flush=True)
 
-            def show(ids: torch.Tensor) -> None:  # (1, n): the next n characters of the row
-                nonlocal shown
-                print(tokenizer.decode(ids[0].tolist()), end="", flush=True)
-                shown += ids.shape[1]
-            try:
-                generate(model, [row], args.max_new_tokens, on_tokens=show, **settings)
-            except KeyboardInterrupt:  # (Ctrl-C, SIGTERM): the line ends where the stream stopped
-                print(flush=True)
-                which = f" of sample {i + 1} of {len(rows)}" if len(rows) > 1 else ""
-                kept = "those and the samples before it are printed" if i else "those are printed"
-                raise Interrupted(f"stopped after {shown:,} of the {args.max_new_tokens:,} new characters{which}; "
-                                  f"{kept}") from None
-        print()
-    else:  # every row in one batch (prompts of different lengths are left-padded and masked), printed at its end
-        drawn, done = torch.empty(len(rows), args.max_new_tokens, dtype=torch.long), 0  # (8 bytes a character)
+    def keep(ids: torch.Tensor) -> None:  # (B, n): the next n characters of every row
+        nonlocal done
+        if stream:
+            print(tokenizer.decode(ids[0].tolist()), end="", flush=True)
+        kept[:, done:done + ids.shape[1]] = ids[int(stream):]
+        done += ids.shape[1]
 
-        def keep(ids: torch.Tensor) -> None:  # (B, n): the next n characters of every row
-            nonlocal done
-            drawn[:, done:done + ids.shape[1]] = ids
-            done += ids.shape[1]
-        try:
-            new = generate(model, rows, args.max_new_tokens, on_tokens=keep, **settings)
-        except KeyboardInterrupt:  # (Ctrl-C, SIGTERM): what was drawn is printed, not lost
-            new = drawn[:, :done].tolist()
-            print("\n---\n".join(text + tokenizer.decode(n) for text, n in zip(texts, new)), flush=True)
-            raise Interrupted(f"stopped after {len(new[0]):,} of the {args.max_new_tokens:,} new characters of each "
-                              f"sample; those are printed") from None
-        print("\n---\n".join(text + tokenizer.decode(n) for text, n in zip(texts, new)))
+    def the_rest() -> str:  # the kept rows as far as they are drawn (after a streamed row, each begins a new part)
+        parts = [text + tokenizer.decode(ids) for text, ids in zip(texts[int(stream):], kept[:, :done].tolist())]
+        return "".join("\n---\n" + part for part in parts) if stream else "\n---\n".join(parts)
+    try:
+        generate(model, rows, args.max_new_tokens, on_tokens=keep, **settings)
+    except KeyboardInterrupt:  # (Ctrl-C, SIGTERM): what was drawn is printed, not lost
+        print(the_rest(), flush=True)
+        each = " of each sample" if len(rows) > 1 else ""
+        raise Interrupted(f"stopped after {done:,} of the {args.max_new_tokens:,} new characters{each}; those are "
+                          f"printed") from None
+    print(the_rest())
 
 
 PROBE_CHARACTERS = 8  # characters drawn per timed call when the thread count is measured
@@ -209,7 +200,7 @@ def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: 
             f"{device.type}; lower --max_new_tokens or --num_samples")
     free = free_memory() if device.type == "cpu" else None
     if free is not None and bytes_needed(model, rows, max(map(len, prompts)), args.max_new_tokens,
-                                         not args.no_cache, streams(args, rows)) > free:
+                                         not args.no_cache, handed_back=not (rows == 1 and streams(args, rows))) > free:
         raise UserError(fits)
     try:
         yield

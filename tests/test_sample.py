@@ -184,11 +184,17 @@ def sample(*args):
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
-def test_cli_is_deterministic_and_streaming_prints_the_same_text(run_dir):
-    common = ("--out_dir", str(run_dir), "--prompt", "The", "--max_new_tokens", "40", "--seed", "3")
+@pytest.mark.parametrize("samples", [1, 3])
+def test_cli_is_deterministic_and_streaming_prints_the_same_text(run_dir, samples):
+    """The same seed gives the same text streamed or not, one sample or several (a command's text does not depend on
+    whether its output goes to a terminal or a file), and greedy decoding repeats itself."""
+    common = ("--out_dir", str(run_dir), "--prompt", "The", "--max_new_tokens", "40", "--seed", "3", "--num_samples",
+              str(samples))
     plain = sample(*common, "--no-stream")
     streamed = sample(*common, "--stream")
-    assert plain.returncode == 0 and plain.stdout.startswith("The") and len(plain.stdout) == 3 + 40 + 1
+    parts = plain.stdout.removesuffix("\n").split("\n---\n")
+    assert plain.returncode == 0 and len(parts) == samples and all(len(p) == 3 + 40 and p[:3] == "The" for p in parts)
+    assert len(set(parts)) == samples  # (several samples of one prompt differ)
     assert streamed.stdout == plain.stdout and sample(*common).stdout == plain.stdout
     greedy = [sample(*common, "--temperature", "0").stdout for _ in range(2)]
     assert greedy[0] == greedy[1]
@@ -214,14 +220,14 @@ def test_one_sample_into_a_pipe_is_streamed_so_head_ends_it(run_dir):
         one.wait()
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_stopped_sampling_prints_the_characters_drawn_so_far(run_dir, monkeypatch, stream):
-    """Ctrl-C (or SIGTERM) while a batch is drawn (--no-stream, the default into a file) prints every row as far as it
-    was drawn, the same characters the whole run gives first, then one line saying so, exit 130: nothing drawn is
-    lost. A stop before the first character prints each prompt alone. Streamed (one sample, or --stream), the stop
-    ends the line where the sample stopped and says how far it got."""
-    common = ("--out_dir", str(run_dir), "--prompt", "The", "--num_samples", "1" if stream else "2",
-              "--max_new_tokens", "40", "--seed", "3", "--stream" if stream else "--no-stream")
+@pytest.mark.parametrize("stream, samples", [(False, 2), (True, 1), (True, 2)])
+def test_a_stopped_sampling_prints_the_characters_drawn_so_far(run_dir, monkeypatch, stream, samples):
+    """Ctrl-C (or SIGTERM) while the samples are drawn prints every row as far as it was drawn, the same characters
+    the whole run gives first, then one line saying so, exit 130: nothing drawn is lost, streamed (the first sample
+    printed as it is drawn, the line ended where it stopped) or not (--no-stream, the default into a file). A stop
+    before the first character prints each prompt alone."""
+    common = ("--out_dir", str(run_dir), "--prompt", "The", "--num_samples", str(samples), "--max_new_tokens", "40",
+              "--seed", "3", "--stream" if stream else "--no-stream")
     whole = sample(*common).stdout.removesuffix("\n").split("\n---\n")
 
     def stopped_after(chunks: int):
@@ -241,10 +247,10 @@ def test_a_stopped_sampling_prints_the_characters_drawn_so_far(run_dir, monkeypa
     stopped = sample(*common)
     assert stopped.returncode == 130
     assert stopped.stdout.removesuffix("\n").split("\n---\n") == [row[:len("The") + 7] for row in whole]
-    each = "" if stream else " of each sample"
+    each = " of each sample" if samples > 1 else ""
     assert stopped.stderr.endswith(f"\nstopped after 7 of the 40 new characters{each}; those are printed\n")
     monkeypatch.setattr(sample_cli, "generate", stopped_after(0))
-    assert sample(*common).stdout == ("The\n" if stream else "The\n---\nThe\n") and whole[0] != "The"
+    assert sample(*common).stdout == "\n---\n".join(["The"] * samples) + "\n" and whole[0] != "The"
 
 
 def test_cli_batches_prompts_per_line(run_dir, tmp_path):
