@@ -56,6 +56,13 @@ class HelpFormatter(argparse.HelpFormatter):
     def _split_lines(self, text: str, width: int) -> list[str]:
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        """A BooleanFlag as it is given: "--stream [true|false], --no-stream" (the --no- form takes no value)."""
+        if isinstance(action, BooleanFlag):
+            positive, *negative = action.option_strings
+            return ", ".join([f"{positive} [{action.metavar}]", *negative])
+        return super()._format_action_invocation(action)
+
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a bad command line is a UserError (one line, exit 2) instead of usage text, and help lines keep
@@ -80,11 +87,12 @@ def parse_bool(text: str) -> bool:
 
 class BooleanFlag(argparse.BooleanOptionalAction):
     """--flag and --no-flag, as argparse's BooleanOptionalAction, and also --flag=VALUE or --flag VALUE with any value
-    parse_bool takes: nanoGPT's scripts are driven with --compile=False."""
+    parse_bool takes: nanoGPT's scripts are driven with --compile=False. Help shows "--flag [true|false], --no-flag"
+    (HelpFormatter)."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, **kwargs)
-        self.nargs = "?"  # (BooleanOptionalAction takes no value)
+        self.nargs, self.metavar = "?", "true|false"  # (BooleanOptionalAction takes no value)
 
     def __call__(self, parser, namespace, values, option_string=None):
         if values is None:
