@@ -171,6 +171,9 @@ def output_folder(folder: Path, option: str) -> Iterator[Path]:
     process holds (its OS lock: a second export refused while the first is about to write into it)."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{option} {folder} is a file, not a folder; choose another {option}")
+    if folder.is_symlink() and not folder.exists():
+        raise UserError(f"{option} {folder} is a link to {os.readlink(folder)}, which is not there; choose another "
+                        f"{option}")
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # the innermost first
     try:
         try:

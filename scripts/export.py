@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from common.machine import is_out_of_memory  # noqa: E402
 from common.run_folder import WriteFailed, find, holder, write_atomic, write_text_atomic  # noqa: E402
 from data.gate import read_small  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, UserError, disk_error, exit_without_teardown  # noqa: E402
+from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, disk_error, exit_without_teardown  # noqa: E402
 from errors import output_folder, run_cli, space_or_place  # noqa: E402
 from model.attention import ROPE_BASE  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
@@ -113,14 +113,20 @@ def write_onnx(model, target: Path) -> None:
 
 
 SCRATCH = ".export-"  # a scratch folder's name: this prefix, the exporting process's id, a dash, tempfile's letters
+SCRATCH_MARK = "export-scratch"  # the empty file an export puts first into its scratch folder
 NAMES = ("model.safetensors", "config.json", "vocab.json", "model.onnx")  # the files an export writes
 
 
 def scratch_pid(entry: Path) -> int | None:
-    """The id of the process whose scratch folder entry is (named as SCRATCH says, a folder, no link), else None."""
+    """The id of the process whose scratch folder entry is, else None: named as SCRATCH says, a folder (no link), and
+    holding the SCRATCH_MARK file (or nothing: an export stopped as it made it), so that a folder of the user's that
+    only has such a name is never taken for one."""
     pid, dash, _ = entry.name.removeprefix(SCRATCH).partition("-")
-    ours = entry.name.startswith(SCRATCH) and dash and pid.isdigit() and entry.is_dir() and not entry.is_symlink()
-    return int(pid) if ours else None
+    if not (entry.name.startswith(SCRATCH) and dash and pid.isdigit() and entry.is_dir() and not entry.is_symlink()):
+        return None
+    mark = entry / SCRATCH_MARK
+    marked = mark.is_file() and not mark.is_symlink()
+    return int(pid) if marked or not any(entry.iterdir()) else None
 
 
 def remove_abandoned_scratch(folder: Path) -> None:
@@ -184,16 +190,26 @@ def alone_in(folder: Path):
         os.close(fd)  # (closing the descriptor lets the lock go)
 
 
-def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: bool) -> list[str]:
+def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: bool, moved: list[str]) -> list[str]:
     """The weights, config.json, vocab.json and, with onnx, the ONNX graph, written into folder; their names. Each is
-    written in a scratch folder beside them first and all are moved in at the end, so that an export that fails (a full
-    disk) leaves an earlier export there whole, not part replaced by another model's files."""
+    written in a scratch folder beside them first and all are moved in at the end (each name added to moved), so that
+    an export that fails (a full disk) leaves an earlier export there whole, not part replaced by another model's
+    files."""
     import tempfile
 
     names = list(NAMES[:3 + onnx])
     remove_abandoned_scratch(folder)
-    with tempfile.TemporaryDirectory(dir=folder, prefix=f"{SCRATCH}{os.getpid()}-") as scratch:
-        new = Path(scratch)
+    cannot = "--to {} cannot be written ({}); nothing was written; {}"
+    try:
+        scratch = tempfile.TemporaryDirectory(dir=folder, prefix=f"{SCRATCH}{os.getpid()}-")
+    except OSError as err:
+        raise UserError(cannot.format(folder, disk_error(err), space_or_place(err, "--to"))) from None
+    with scratch:
+        new = Path(scratch.name)
+        try:
+            (new / SCRATCH_MARK).touch()
+        except OSError as err:
+            raise UserError(cannot.format(folder, disk_error(err), space_or_place(err, "--to"))) from None
         try:
             write_safetensors(model, new / names[0])
             write_text_atomic(new / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
@@ -208,6 +224,7 @@ def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: boo
             raise WriteFailed(err.failed.replace(str(new), str(folder)), err.kept, err.fix) from None
         for name in names:
             os.replace(new / name, folder / name)
+            moved.append(name)
     return names
 
 
@@ -229,7 +246,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"install -r requirements-export.txt)") if missing else "move it away, or choose another --to"
             raise UserError(f"--to {folder} holds a model.onnx that this export (without ONNX) would leave beside "
                             f"another model's files; {ways}")
-        written = write_all(model, tokenizer, state, path, folder, onnx)
+        moved: list[str] = []
+        try:
+            written = write_all(model, tokenizer, state, path, folder, onnx, moved)
+        except KeyboardInterrupt:  # (Ctrl-C, SIGTERM): what the folder holds now, said
+            if not moved:
+                raise Interrupted(f"interrupted before anything was written into {folder}; what was there is as it "
+                                  f"was") from None
+            raise Interrupted(f"interrupted as the export's files were moved into {folder}: {', '.join(moved)} are "
+                              f"this export's, and any other of its files an earlier export's; export again") from None
     print(f"{path}: step {state['iter']}, {model.num_params(non_embedding=False):,} parameters; wrote "
           f"{', '.join(written)} into {folder}")
     if owner := holder(path.parent):  # the run goes on: its ckpt_best.pt may be replaced by a better model

@@ -95,8 +95,10 @@ def test_an_export_removes_the_scratch_of_one_killed_outright_and_keeps_a_runnin
                                                                                          monkeypatch):
     """A scratch folder left by an export killed with kill -9 (its process gone) is removed by the next export into
     that folder; one of an export still running is kept, and a folder holding only these counts as empty; a folder of
-    the user's that only looks alike, beside an earlier export, is kept. Without the ONNX packages, a model.onnx there
-    is refused with the reason it would not be replaced and the way to install them."""
+    the user's that only looks alike, beside an earlier export, is kept, and one named exactly as a scratch folder of a
+    process gone (but without an export's mark in it) is the user's: the export is refused, the file kept. Without the
+    ONNX packages, a model.onnx there is refused with the reason it would not be replaced and the way to install
+    them."""
     import export
     from errors import run_cli
     folder = tmp_path / "export"
@@ -106,6 +108,7 @@ def test_an_export_removes_the_scratch_of_one_killed_outright_and_keeps_a_runnin
     users = folder / ".export-notes"
     for scratch in (abandoned, running):
         scratch.mkdir(parents=True)
+        (scratch / export.SCRATCH_MARK).touch()
         (scratch / "model.safetensors").write_bytes(b"half a model")
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"]) == 0
     assert sorted(p.name for p in folder.iterdir()) == sorted([running.name, "config.json", "model.safetensors",
@@ -116,8 +119,18 @@ def test_an_export_removes_the_scratch_of_one_killed_outright_and_keeps_a_runnin
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"]) == 0
     assert sorted(p.name for p in folder.iterdir()) == sorted([running.name, users.name, "config.json",
                                                                "model.safetensors", "vocab.json"])
+    thesis = tmp_path / "thesis" / f".export-{int(gone.stdout)}-chapters"
+    thesis.mkdir(parents=True)
+    (thesis / "chapter1.txt").write_text("the user's")
+    capsys.readouterr()
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(thesis.parent), "--onnx=false"]) == 2
+    assert capsys.readouterr().err == (f"error: --to {thesis.parent} holds {thesis.name}, not an earlier export's; "
+                                       f"exporting there would put its files among them: choose another --to, a new "
+                                       f"or empty folder\n")
+    assert [p.name for p in thesis.parent.iterdir()] == [thesis.name] and list(thesis.iterdir()) == [
+        thesis / "chapter1.txt"] and (thesis / "chapter1.txt").read_text() == "the user's"
     (folder / "model.onnx").write_bytes(b"an earlier export's graph")
-    monkeypatch.setattr(export, "ONNX_NEEDS", ("onnx", "no_such_exporter_module"))
+    monkeypatch.setattr(export, "ONNX_NEEDS", ("json", "no_such_exporter_module"))  # (json: a package that is there)
     capsys.readouterr()
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder)]) == 2
     assert capsys.readouterr().err == (
@@ -291,6 +304,47 @@ def test_a_folder_a_refused_export_made_stays_while_another_export_holds_it(tmp_
         with output_folder(tmp_path / "alone" / "export", "--to"):
             raise UserError("refused")
     assert not (tmp_path / "alone").exists()
+
+
+def test_an_unwritable_or_missing_place_and_a_stop_are_each_one_line_naming_the_folder(run_dir, tmp_path, capsys,
+                                                                                         monkeypatch):
+    """--to a folder this process may not write into is one line naming that folder (not the export's scratch folder
+    inside it); --to a link to a place that is not there says so; a stop (Ctrl-C, SIGTERM) while the files are written
+    says nothing was written and leaves an earlier export byte for byte, exit 130."""
+    import tempfile
+
+    import export
+    from errors import run_cli
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+
+    def refused(*args, **kwargs):  # as mkdtemp in a folder without write permission (root may write anywhere)
+        raise PermissionError(13, "Permission denied")
+    with monkeypatch.context() as patch:
+        patch.setattr(tempfile, "mkdtemp", refused)
+        assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(locked), "--onnx=false"]) == 2
+    assert capsys.readouterr().err == (f"error: --to {locked} cannot be written (Permission denied); nothing was "
+                                       f"written; choose another --to\n")
+    assert list(locked.iterdir()) == []
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(link), "--onnx=false"]) == 2
+    assert capsys.readouterr().err == (f"error: --to {link} is a link to {tmp_path / 'nowhere'}, which is not there; "
+                                       f"choose another --to\n")
+    assert not (tmp_path / "nowhere").exists()
+    folder = tmp_path / "export"
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"]) == 0
+    earlier = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def stopped(model, target):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(export, "write_safetensors", stopped)
+    capsys.readouterr()
+    assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"]) == 130
+    assert capsys.readouterr().err.endswith(f"interrupted before anything was written into {folder}; what was there "
+                                            f"is as it was\n")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == earlier
 
 
 def test_an_export_refuses_a_folder_of_the_users_files_and_keeps_them_byte_for_byte(run_dir, tmp_path, capsys):
