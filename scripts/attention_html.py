@@ -123,8 +123,9 @@ def validation_start(state: dict) -> tuple[str | None, str]:
     """The first VAL_SEARCHED characters of the run's validation text: from its prepared token cache in this user's
     cache folder (a checkpoint's cache_dir is never taken: the file may come from someone else), found by the corpus
     checksum the checkpoint records, one that data.gate.cache_entry passes, with the same encoding, split and
-    vocabulary (ids read through another are another text); else from its corpus file, where that is one regular file of the size and checksum recorded
-    (data.gate.recorded_text). Where neither is there: None, and why (Opening's why)."""
+    vocabulary (ids read through another are another text); else from its corpus file, where that is one regular file
+    of the size and checksum recorded (data.gate.recorded_text). Where neither is there: None, and why (Opening's
+    why)."""
     data, run = state.get("data") or {}, state.get("run_config") or {}
     sha256, n_train = data.get("sha256"), data.get("n_train")
     if not sha256 or n_train is None:

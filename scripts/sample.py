@@ -154,8 +154,10 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
         print(f"--compile: the decoding step is compiled before the first new character ({took})", file=sys.stderr)
     settings = dict(**asdict(sampling(args)), generator=generator,
                     use_cache=not args.no_cache, step=step, finite_only=True)
-    # the rows printed at the end, as far as they are drawn (8 bytes a character; a streamed first row is printed)
-    kept, done = torch.empty(len(rows) - stream, args.max_new_tokens, dtype=torch.long), 0
+    # the rows printed at the end, as far as they are drawn (8 bytes a character), from row `first` on: a streamed
+    # first row is printed instead
+    first = int(stream)
+    kept, done = torch.empty(len(rows) - first, args.max_new_tokens, dtype=torch.long), 0
     if stream:
         print(texts[0], end="", flush=True)
 
@@ -163,11 +165,12 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
         nonlocal done
         if stream:
             print(tokenizer.decode(ids[0].tolist()), end="", flush=True)
-        kept[:, done:done + ids.shape[1]] = ids[int(stream):]
+        if len(kept):  # (none for a single streamed row: nothing done per character but its print)
+            kept[:, done:done + ids.shape[1]] = ids[first:]
         done += ids.shape[1]
 
     def the_rest() -> str:  # the kept rows as far as they are drawn (after a streamed row, each begins a new part)
-        parts = [text + tokenizer.decode(ids) for text, ids in zip(texts[int(stream):], kept[:, :done].tolist())]
+        parts = [text + tokenizer.decode(ids) for text, ids in zip(texts[first:], kept[:, :done].tolist())]
         return "".join("\n---\n" + part for part in parts) if stream else "\n---\n".join(parts)
     try:
         generate(model, rows, args.max_new_tokens, on_tokens=keep, **settings)
