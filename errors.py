@@ -1,12 +1,7 @@
-"""UserError: a mistake the user can fix. The command-line tools print it as one line and exit with code 2. Beside it,
-the other ways a command ends early (Interrupted: stop at once; StepAbandoned: a training step undone by a stop), the
-command line's parser and its checks (check_output_file), a project script as a command (python_command), an error
-in a few words (disk_error, in_one_line) and the fix for a failed write (space_or_place), and how a command ends
-(run_cli)."""
+"""How a command ends: UserError (one line, exit 2), Interrupted (130), the command-line parser, and run_cli."""
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import errno
 import fcntl
@@ -16,33 +11,28 @@ import signal
 import stat
 import sys
 import textwrap
-import threading
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn
+from typing import Callable, Iterator
 
 
 class UserError(Exception):
-    """The message names the problem and the fix; no traceback is shown for it."""
+    """A mistake the user can fix: its message names the problem and the fix."""
 
 
 class QuietExit(UserError):
-    """A UserError another process of the same job reports (under torchrun, rank 0): exit 2 without a word."""
+    """A UserError another process reports (under torchrun, rank 0): exit 2 without a word."""
 
 
 class Interrupted(KeyboardInterrupt):
-    """Stop at once (a second Ctrl-C, or one before anything is worth saving); the message says what is left on
-    disk. The command exits with 130. A KeyboardInterrupt, so no `except Exception` on the way swallows it."""
+    """Stop at once; the message says what is left on disk. Exit 130; no `except Exception` swallows it."""
 
 
 class StepAbandoned(Exception):
-    """A stop request came between the micro-batches of a training step: the step is undone (no weight changed, the
-    batch and dropout streams back where the step began), so the run saves the state before it and resumes exactly."""
+    """A stop came between a step's micro-batches: the step is undone, so the run resumes exactly."""
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """argparse's, but every option's help ends with the value it takes when left out, "(default: 0.8)", unless
-    it has none or the help already says it; and a line never breaks inside a hyphenated word
-    (max-autotune-no-cudagraphs, top-k), so every value a help line names can be copied whole."""
+    """argparse's, with "(default: X)" after each option's help, and no line broken inside a hyphenated word."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -57,7 +47,6 @@ class HelpFormatter(argparse.HelpFormatter):
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
     def _format_action_invocation(self, action: argparse.Action) -> str:
-        """A BooleanFlag as it is given: "--stream [true|false], --no-stream" (the --no- form takes no value)."""
         if isinstance(action, BooleanFlag):
             positive, *negative = action.option_strings
             return ", ".join([f"{positive} [{action.metavar}]", *negative])
@@ -65,8 +54,7 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad command line is a UserError (one line, exit 2) instead of usage text, and help lines keep
-    hyphenated words whole."""
+    """argparse, but a bad command line is a UserError (one line, exit 2), not usage text."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, formatter_class=kwargs.pop("formatter_class", HelpFormatter), **kwargs)
@@ -76,7 +64,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def parse_bool(text: str) -> bool:
-    """true | false in any case, and 1 | 0, yes | no, on | off (nanoGPT's --compile=False too); else ValueError."""
+    """true/false, 1/0, yes/no or on/off, in any case (nanoGPT's --compile=False); else ValueError."""
     value = text.strip().lower()
     if value in ("true", "1", "yes", "on"):
         return True
@@ -86,13 +74,11 @@ def parse_bool(text: str) -> bool:
 
 
 class BooleanFlag(argparse.BooleanOptionalAction):
-    """--flag and --no-flag, as argparse's BooleanOptionalAction, and also --flag=VALUE or --flag VALUE with any value
-    parse_bool takes: nanoGPT's scripts are driven with --compile=False. Help shows "--flag [true|false], --no-flag"
-    (HelpFormatter)."""
+    """--flag, --no-flag, and --flag=VALUE with any value parse_bool takes (nanoGPT's --compile=False)."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, **kwargs)
-        self.nargs, self.metavar = "?", "true|false"  # (BooleanOptionalAction takes no value)
+        self.nargs, self.metavar = "?", "true|false"
 
     def __call__(self, parser, namespace, values, option_string=None):
         if values is None:
@@ -109,7 +95,7 @@ class BooleanFlag(argparse.BooleanOptionalAction):
 
 
 def space_or_place(err: BaseException, option: str) -> str:
-    """The fix for a failed write: free disk space when the disk is full (or we cannot tell), else another place."""
+    """The fix for a failed write: free disk space if the disk may be full, else another place."""
     if (isinstance(err, OSError) and err.errno is not None
             and err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)):
         return f"choose another {option}"
@@ -117,16 +103,15 @@ def space_or_place(err: BaseException, option: str) -> str:
 
 
 def disk_error(err: BaseException) -> str:
-    """The reason in a few words: 'No space left on device', 'Permission denied', 'File too large', ..."""
+    """The reason in a few words: 'No space left on device', 'Permission denied', ..."""
     if isinstance(err, OSError) and err.strerror:
         return err.strerror
     text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-    return text[:160]  # torch.save's RuntimeError ('[enforce fail at inline_container.cc] ... file write failed')
+    return text[:160]
 
 
 def in_one_line(err: BaseException) -> str:
-    """'Type: the first line of its message', for a warning that lets the work go on. Dynamo's BackendCompilerFailed
-    says only "backend='inductor' raised:", so the error it carries is named instead."""
+    """'Type: first line of the message', for a warning. A compiler failure names the error it carries."""
     err = getattr(err, "inner_exception", None) or err
     first_line = (str(err).strip().splitlines() or [""])[0][:160]
     return f"{type(err).__name__}: {first_line}"
@@ -136,18 +121,17 @@ PROJECT = Path(__file__).resolve().parent
 
 
 def python_command(script: str) -> str:
-    """'python SCRIPT' (train.py, scripts/sample.py) as the user can type it where they are: the script's path from the
-    working folder where it lies inside it, else its full path (a run started as python ~/chargpt/train.py)."""
+    """'python SCRIPT' as the user can type it here: the path from the working folder, else the full path."""
     path = PROJECT / script
     try:
         shown = str(path.relative_to(Path.cwd().resolve()))
-    except (ValueError, OSError):  # outside the working folder, or the working folder is gone
+    except (ValueError, OSError):
         shown = str(path)
     return f"python {shlex.quote(shown)}"
 
 
 def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:
-    """A file the command writes at its end, checked first so that a long computation never ends in a traceback."""
+    """A file the command writes at its end, checked before the work begins."""
     target = Path(path)
     if suffixes and target.suffix.lower() not in suffixes:
         raise UserError(f"{option} {path}: the file name must end in one of {', '.join(suffixes)}")
@@ -165,16 +149,14 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
 
 @contextlib.contextmanager
 def output_folder(folder: Path, option: str) -> Iterator[Path]:
-    """The folder a command writes its files into, made with its missing parents (one line where it cannot be). The
-    folders made here that are still empty when the command ends (it failed, a full disk, or was stopped before it
-    wrote) are removed again, so that a command that wrote nothing leaves the place as it was; not one that another
-    process holds (its OS lock: a second export refused while the first is about to write into it)."""
+    """The folder a command writes into, made with its parents. Folders made here and still empty at the end are
+    removed, unless another process holds their lock."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{option} {folder} is a file, not a folder; choose another {option}")
     if folder.is_symlink() and not folder.exists():
         raise UserError(f"{option} {folder} is a link to {os.readlink(folder)}, which is not there; choose another "
                         f"{option}")
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # the innermost first
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -184,18 +166,17 @@ def output_folder(folder: Path, option: str) -> Iterator[Path]:
         yield folder
     finally:
         for empty in made:
-            with contextlib.suppress(OSError):  # (one that holds a file, or that is not there, stays as it is)
+            with contextlib.suppress(OSError):
                 held = os.open(empty, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                 try:
-                    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError: another process holds it)
+                    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     empty.rmdir()
                 finally:
                     os.close(held)
 
 
 def _tell(line: str) -> None:
-    """The command's last line, on stderr; where stderr's reader has gone too (`... 2>&1 | head`, then a stop), the
-    line goes nowhere and the exit code stays the one it names, not Python's 1 for a failed write."""
+    """The command's last line, on stderr; if stderr's reader has gone, nowhere, and the exit code stays."""
     try:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError):
@@ -203,8 +184,7 @@ def _tell(line: str) -> None:
 
 
 def _to_nowhere(stream) -> None:
-    """Point stream's file descriptor at /dev/null (its reader has gone), so that later writes and Python's flush at
-    exit fail nowhere; a stream without a file descriptor is left as it is."""
+    """Point stream at /dev/null (its reader has gone), so later writes and the flush at exit cannot fail."""
     with contextlib.suppress(OSError, ValueError):
         nowhere = os.open(os.devnull, os.O_WRONLY)
         os.dup2(nowhere, stream.fileno())
@@ -212,9 +192,8 @@ def _to_nowhere(stream) -> None:
 
 
 def _failed_output(err: OSError) -> str | None:
-    """Standard output's file (its path where the system says it) when err, a write that names no file, is a full
-    disk and that file's disk is the full one; the output then goes to /dev/null, so that Python's own flush at exit
-    fails nowhere. None otherwise."""
+    """Standard output's file name when err is a full disk and stdout is a file on it (stdout then goes to
+    /dev/null); else None."""
     if err.errno != errno.ENOSPC:
         return None
     try:
@@ -233,10 +212,8 @@ def _interrupt(signum, frame):
 
 
 def quiet_while_loading(name: str, line: str = "interrupted") -> Callable[[], None]:
-    """For a command's own file (name: its __name__), before it loads torch, which takes a second or more: a Ctrl-C,
-    SIGTERM or SIGHUP then ends the process at once with `line` and exit code 130, where Python printed the import's
-    traceback (or the process ended without a word). Returns what puts the signals back once loaded. Imported as a
-    module (tests, torch.hub) it changes nothing, and a signal the caller ignores stays ignored."""
+    """While a command (name == "__main__") loads torch, a Ctrl-C, SIGTERM or SIGHUP ends it at once with `line` and
+    exit 130, not a traceback. Returns what puts the signals back. As a module import it changes nothing."""
     previous = {}
     if name == "__main__":
         def stopped(signum, frame):
@@ -253,17 +230,15 @@ def quiet_while_loading(name: str, line: str = "interrupted") -> Callable[[], No
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run a command-line main(): a UserError becomes 'error: ...' on stderr and exit code 2; Ctrl-C or SIGTERM
-    becomes one line and exit code 130 (clean-up in `finally` blocks runs first); an OSError that no check foresaw
-    (a full disk, a permission) becomes one line naming the file; output piped into a reader that has gone ends
-    quietly with 141."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM is treated as Ctrl-C
-    for stream in (sys.stdout, sys.stderr):  # a terminal whose encoding lacks a character (a latin-1 locale, a Chinese
-        if callable(getattr(stream, "reconfigure", None)):  # sample; a file name that is not UTF-8) shows its code
-            stream.reconfigure(errors="backslashreplace")  # (Python's own stderr does already)
+    """Run main(): a UserError is 'error: ...' and exit 2; Ctrl-C or SIGTERM one line and 130; an unforeseen OSError
+    one line naming the file; a reader of our output that has gone, a quiet 141."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    for stream in (sys.stdout, sys.stderr):  # a character the terminal cannot show is shown as its code
+        if callable(getattr(stream, "reconfigure", None)):
+            stream.reconfigure(errors="backslashreplace")
     try:
         code = main(argv) or 0
-        sys.stdout.flush()  # (output to a file is buffered: a full disk then fails here, said, not at exit, unsaid)
+        sys.stdout.flush()  # a full disk fails here, where it is said, not at exit
         return code
     except QuietExit:
         return 2
@@ -276,8 +251,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     except KeyboardInterrupt:
         _tell("\ninterrupted")
         return 130
-    except BrokenPipeError:  # the reader of our output has gone (piped into head, say): end quietly, as shells
-        # expect of a writer whose reader left (status 141, 128 + SIGPIPE), with nothing more sent down the pipe
+    except BrokenPipeError:  # piped into head, say: end quietly with 128 + SIGPIPE
         _to_nowhere(sys.stdout)
         return 141
     except OSError as err:
@@ -285,39 +259,14 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
             _tell(f"error: could not write the output to {output} ({err.strerror or err}); free some disk space "
                   f"there, or send the output elsewhere")
             return 2
+        if err.filename is None:  # output the disk refused must not fail again at exit
+            try:
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                _to_nowhere(sys.stdout)
         where = f" {err.filename}" if err.filename else ""
         _tell(f"error: could not read or write{where} ({err.strerror or err}); check the path, its permissions and "
               f"the free disk space")
         return 2
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def exit_without_teardown(code: int) -> NoReturn:
-    """End the command with code, as sys.exit would, minus Python's tear-down of every loaded module one by one: with
-    torch and its compiler loaded that took 0.8-1.0 s after a CPU run of the default preset had finished, while the
-    user waited for the prompt. What an exit must do still happens: the exit handlers run (torch's included) and the
-    output is flushed; every file the command wrote was closed before. Where a thread that is not a daemon is still
-    running, where Python has no handler list to run, or where the command was started by another program that
-    expects control back (a profiler, a debugger, IPython's %run, a harness's runpy.run_path: anything below the
-    command's own top level but `python -m`'s runpy), this is sys.exit."""
-    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
-    below = sys._getframe(1).f_back
-    while below is not None and below.f_globals.get("__name__") == "runpy":
-        below = below.f_back
-    if run_exit_handlers is None or below is not None or any(not t.daemon for t in threading.enumerate()
-                                                             if t is not threading.main_thread()):
-        sys.exit(code)
-
-    def finished(signum=None, frame=None) -> NoReturn:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # a closed pipe (piped into head) or a closed stream: nothing more to show
-                pass
-        os._exit(code)
-    for sig in (signal.SIGINT, signal.SIGTERM):  # the work is done: a stop now ends it at once, with its own code
-        if signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, finished)
-    run_exit_handlers()
-    finished()

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from common import machine
 from common.run_folder import BEST, LAST, RunDir
 from configs import TrainConfig, load_config
-from errors import Interrupted, StepAbandoned, UserError, exit_without_teardown, python_command, run_cli
+from errors import Interrupted, StepAbandoned, UserError, python_command, run_cli
 from training import device
 from training.evaluation import next_evaluation, plateaued
 from training.opening import choose_corpus, estimate_due, open_run, say_estimate, say_what_runs
@@ -406,4 +406,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

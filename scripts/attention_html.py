@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from common.run_folder import find, write_text_atomic  # noqa: E402
 from data.corpus import default_cache_dir  # noqa: E402
 from data.gate import cache_entry, open_regular, read_blocks, recorded_text  # noqa: E402
-from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, check_output_file, run_cli  # noqa: E402
 from model.attention import ROPE_BASE, recording_attention  # noqa: E402
 from model.generate import Sampling, generate  # noqa: E402
 from model.scoring import FORMS  # noqa: E402
@@ -260,4 +260,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

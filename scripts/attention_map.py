@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 from common.pictures import attention_figure, missing_note, picture_formats, save_figure  # noqa: E402
 from common.run_folder import find  # noqa: E402
-from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, check_output_file, run_cli  # noqa: E402
 from model.attention import attention_weights  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 loaded()
@@ -63,4 +63,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -16,7 +16,7 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 
 import torch  # noqa: E402
 
-from errors import ArgumentParser, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, run_cli  # noqa: E402
 from model.textbook import Head  # noqa: E402
 loaded()
 
@@ -104,4 +104,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -25,7 +25,7 @@ from common.run_folder import write_text_atomic  # noqa: E402
 from configs import load_config  # noqa: E402
 from configs.schema import FIELDS  # noqa: E402
 from data import prepare, resolve  # noqa: E402
-from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, check_output_file, run_cli  # noqa: E402
 from training.device import measure_peak_flops  # noqa: E402
 from training.opening import build_run  # noqa: E402
 from training.opening import prepare_data  # noqa: E402
@@ -377,4 +377,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -20,7 +20,7 @@ from urllib.parse import quote
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.run_folder import find, write_text_atomic  # noqa: E402
-from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 from training import checkpoint  # noqa: E402
 
 import attention_html  # noqa: E402
@@ -140,4 +140,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.run_folder import write_text_atomic  # noqa: E402
-from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, check_output_file, run_cli  # noqa: E402
 CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
@@ -74,4 +74,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import parse_compare  # noqa: E402
-from errors import (ArgumentParser, Interrupted, UserError, check_output_file, exit_without_teardown,  # noqa: E402
+from errors import (ArgumentParser, Interrupted, UserError, check_output_file,  # noqa: E402
                     run_cli)
 from train_command import run_train  # noqa: E402
 from common.run_folder import SUMMARY, RunDir, read_summary, write_text_atomic  # noqa: E402
@@ -331,4 +331,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from common.machine import pick_dtype, setup, sync  # noqa: E402
 from common.run_folder import write_text_atomic  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, BooleanFlag, UserError, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 
@@ -165,4 +165,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -31,7 +31,7 @@ from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.gate import recorded_size, recorded_text  # noqa: E402
 from data.loader import Windows, check_stride  # noqa: E402
 from data.prepare import check_encoding, read_text  # noqa: E402
-from errors import (ArgumentParser, UserError, check_output_file, disk_error, exit_without_teardown,  # noqa: E402
+from errors import (ArgumentParser, UserError, check_output_file, disk_error,  # noqa: E402
                     run_cli)
 from training import checkpoint  # noqa: E402
 from training.evaluation import score  # noqa: E402
@@ -259,4 +259,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

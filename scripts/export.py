@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from common.machine import is_out_of_memory  # noqa: E402
 from common.run_folder import WriteFailed, find, holder, write_atomic, write_text_atomic  # noqa: E402
 from data.gate import read_small  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, disk_error, exit_without_teardown  # noqa: E402
+from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, disk_error  # noqa: E402
 from errors import output_folder, run_cli, space_or_place  # noqa: E402
 from model.attention import ROPE_BASE  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
@@ -267,4 +267,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -28,7 +28,7 @@ from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.gate import read_small  # noqa: E402
 from data.prepare import corpus_key  # noqa: E402
-from errors import ArgumentParser, QuietExit, UserError, disk_error, exit_without_teardown, python_command  # noqa: E402
+from errors import ArgumentParser, QuietExit, UserError, disk_error, python_command  # noqa: E402
 from errors import output_folder, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
@@ -316,4 +316,4 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import (ArgumentParser, UserError, check_output_file, exit_without_teardown,  # noqa: E402
+from errors import (ArgumentParser, UserError, check_output_file,  # noqa: E402
                     quiet_while_loading, run_cli)
 
 loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
@@ -143,4 +143,4 @@ def draw(folders: list[Path]):
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -12,7 +12,7 @@ from errors import quiet_while_loading  # noqa: E402
 loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
 
 from data import default_cache_dir, prepare, resolve  # noqa: E402
-from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 loaded()
 
 
@@ -43,4 +43,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -21,7 +21,7 @@ from common.machine import choose_threads, for_sampling, free_memory, is_out_of_
 from common.run_folder import find  # noqa: E402
 from configs.schema import check_num_threads  # noqa: E402
 from data.gate import read_small, utf8_text  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, run_cli  # noqa: E402
 from model.generate import (NonFiniteLogits, Sampling, bytes_needed, check_length_and_seed, compiled_step,  # noqa: E402
                             generate, one_token_step)
 from training.checkpoint import load_model  # noqa: E402
@@ -240,4 +240,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from common.machine import Runtime, setup  # noqa: E402
 from data.gate import checkpoint_listing  # noqa: E402
 from data.loader import val_window_starts  # noqa: E402
-from errors import ArgumentParser, UserError, exit_without_teardown, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 
 
 def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
@@ -111,4 +111,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

@@ -19,7 +19,7 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from errors import ArgumentParser, UserError, exit_without_teardown, output_folder, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, output_folder, run_cli  # noqa: E402
 from model.scoring import additive_scores, attend, dot_product_scores  # noqa: E402
 from model.textbook import Head, masked_softmax, valid_key_mask  # noqa: E402
 loaded()
@@ -822,4 +822,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))

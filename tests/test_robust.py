@@ -2,7 +2,6 @@
 import contextlib
 import io
 import os
-import pstats
 import random
 import shlex
 import signal
@@ -320,72 +319,6 @@ def test_a_doubled_signal_is_one_stop_request_and_a_later_one_stops_at_once(monk
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are given back
 
 
-@pytest.mark.parametrize("worker", ["none", "daemon", "not a daemon"])
-def test_an_exit_without_teardown_keeps_the_exit_handlers_the_output_and_running_threads(tmp_path, worker):
-    """Every command ends through errors.exit_without_teardown: the exit code, output still in Python's
-    buffers, exit handlers and a thread that is not a daemon (it would be cut off) all come through; a daemon thread
-    does not hold the exit up, as with sys.exit."""
-    program = f"""
-import atexit, pathlib, sys, threading, time
-sys.path.insert(0, {str(ROOT)!r})
-from errors import exit_without_teardown
-atexit.register(lambda: pathlib.Path({str(tmp_path / 'handler')!r}).write_text('ran'))
-def work():
-    time.sleep(0.5)
-    pathlib.Path({str(tmp_path / 'thread')!r}).write_text('done')
-if {worker!r} != "none":
-    threading.Thread(target=work, daemon={worker!r} == "daemon").start()
-print("x" * 100_000, end="")  # more than one buffer's worth, and no newline to flush it
-sys.stderr.write("last words")
-exit_without_teardown(3)
-"""
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=patient(60))
-    assert done.returncode == 3 and done.stdout == "x" * 100_000 and done.stderr == "last words"
-    assert (tmp_path / "handler").read_text() == "ran"
-    assert (tmp_path / "thread").exists() == (worker == "not a daemon")
-
-
-def test_a_command_started_by_another_program_gives_it_control_back(tmp_path):
-    """`python -m cProfile -o F train.py`, or a harness that runs a command with runpy.run_path: the command's end
-    returns to the program that started it (which then writes its profile, or goes on), where the exit that skips
-    Python's tear-down ended the process first. Run alone, or with python -m, the command still skips it."""
-    script = tmp_path / "command.py"
-    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom errors import exit_without_teardown\n"
-                      f"class Loud:\n    def __del__(self):\n        print('torn down')\n"
-                      f"kept = Loud()\nprint('done')\nexit_without_teardown(3)\n")
-    profiled = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(tmp_path / "profile"), str(script)],
-                              capture_output=True, text=True, timeout=patient(60))
-    assert profiled.stdout.startswith("done\n") and profiled.stderr == ""
-    assert pstats.Stats(str(tmp_path / "profile")).total_calls > 0
-    harness = ("import runpy, sys\ntry:\n    runpy.run_path(sys.argv[1], run_name='__main__')\n"
-               "except SystemExit as end:\n    print('back with', end.code)\n")
-    hosted = subprocess.run([sys.executable, "-c", harness, str(script)], capture_output=True, text=True,
-                            timeout=patient(60))
-    assert "back with 3\n" in hosted.stdout
-    for alone in ([str(script)], ["-m", "command"]):
-        done = subprocess.run([sys.executable, *alone], capture_output=True, text=True, timeout=patient(60),
-                              cwd=tmp_path)
-        assert (done.returncode, done.stdout) == (3, "done\n")  # no tear-down: the object is never collected
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_while_the_exit_handlers_run_ends_with_the_commands_own_code_and_its_output(sig):
-    """A Ctrl-C or SIGTERM that comes while a finished command runs its exit handlers (torch's among them) ends it at
-    once with its own exit code and its output flushed, not 'Exception ignored in atexit callback' with a traceback
-    and exit code 0, nor a second's wait."""
-    program = f"""
-import atexit, os, sys, time
-sys.path.insert(0, {str(ROOT)!r})
-from errors import exit_without_teardown
-atexit.register(lambda: (os.kill(os.getpid(), {int(sig)}), time.sleep(30)))
-print("the text", end="")
-exit_without_teardown(3)
-"""
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=patient(60),
-                          preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))  # (not ignored, as in a terminal)
-    assert (done.returncode, done.stdout, done.stderr) == (3, "the text", "")
-
-
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full, a file every write to fails")
 def test_output_held_in_the_buffer_that_cannot_be_written_is_one_line_and_exit_2():
     """A command whose output, a few bytes held in the buffer of a redirected stdout, is written only after its main
@@ -394,8 +327,8 @@ def test_output_held_in_the_buffer_that_cannot_be_written_is_one_line_and_exit_2
     program = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
-from errors import exit_without_teardown, run_cli
-exit_without_teardown(run_cli(lambda argv: print("a small sample")))
+from errors import run_cli
+sys.exit(run_cli(lambda argv: print("a small sample")))
 """
     env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
     with open("/dev/full", "w") as full:
@@ -411,11 +344,11 @@ def test_output_piped_into_a_reader_that_leaves_ends_quietly_with_141():
     program = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
-from errors import exit_without_teardown, run_cli
+from errors import run_cli
 def main(argv):
     for i in range(10**7):
         print("line", i)
-exit_without_teardown(run_cli(main))
+sys.exit(run_cli(main))
 """
     writer = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert writer.stdout.readline() == b"line 0\n"
