@@ -1,19 +1,19 @@
-"""The decoder's settings: Architecture (its shape, also a section of every training run's settings) and
-ModelConfig (the shape plus the vocabulary size, which comes from the data); each value is checked once, here."""
+"""The model's settings: Architecture (its shape, part of every run's settings) and ModelConfig (plus the vocabulary
+size); each value is checked here, once."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from configs.choices import ACTIVATIONS, ATTENTION_IMPLS, POSITIONS
 from model.scoring import FORMS
 
-# the largest block_size, n_layer, n_head or n_embd (and vocab_size) a config may give; a run's batch_size and
-# grad_accum_steps too (configs.schema)
-MAX_SIZE = 2**31 - 1
+ATTENTION_IMPLS = ("auto", "sdpa", "explicit")
+POSITIONS = ("learned", "rope", "none")
+ACTIVATIONS = ("gelu", "relu2")
+MAX_SIZE = 2**31 - 1  # the largest size a setting may give
 
 
 def setting(default, help: str):
-    """A dataclass field with the sentence that train.py --help shows for it."""
+    """A dataclass field with its train.py --help sentence."""
     return field(default=default, metadata={"help": help})
 
 
@@ -51,15 +51,15 @@ class Architecture:
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 rule = "a whole number, 0 or more" if least == 0 else "a positive integer"
                 raise ValueError(f"{name} must be {rule}, got {value!r}")
-            if value > MAX_SIZE:  # a tensor's sizes are 64-bit; far below that, no machine holds the model anyway
+            if value > MAX_SIZE:
                 raise ValueError(f"{name} must be at most {MAX_SIZE:,}, got {value:,}")
-        if self.n_embd % self.n_head != 0:  # the suggestion: the nearest n_embd that fits, rope's even heads too
+        if self.n_embd % self.n_head != 0:  # suggest the nearest n_embd that fits
             step = self.n_head * (2 if self.position == "rope" else 1)
             fits = max(step, min(step * round(self.n_embd / step), MAX_SIZE // step * step))
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); try n_embd={fits}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not 0.0 <= self.logit_softcap < float("inf"):  # (NaN fails both comparisons)
+        if not 0.0 <= self.logit_softcap < float("inf"):
             raise ValueError(f"logit_softcap must be 0 (off) or a positive number, got {self.logit_softcap!r}")
         if self.position not in POSITIONS:
             raise ValueError(f"position must be one of {', '.join(POSITIONS)}, got {self.position!r}")

@@ -127,9 +127,9 @@ def test_every_picture_the_docs_show_is_there_and_its_alt_text_names_what_it_sho
             assert "ladder" in alt
 
 
-# docs/code.md's order of the packages: a module imports from its own level or below, never above (configs and model
-# share a level: the settings' allowed values list the model's attention forms, and the model checks its settings).
-LEVELS = {"errors": 0, "data": 1, "configs": 2, "model": 2, "common": 3, "training": 4, "train": 5, "hubconf": 5,
+# docs/code.md's order of the packages: a module imports from its own level or below, never above (configs reads the
+# model's settings, never the other way).
+LEVELS = {"errors": 0, "data": 1, "model": 2, "configs": 3, "common": 3, "training": 4, "train": 5, "hubconf": 5,
           "scripts": 6}
 
 
