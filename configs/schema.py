@@ -1,6 +1,5 @@
-"""TrainConfig: every setting of a training run, with its type, default and meaning, checked when built (and the same
-check of a script's --num_threads). The model's settings are not repeated here: TrainConfig takes them, defaults and
-checks included, from Architecture."""
+"""TrainConfig: every setting of a run, with its type, default and meaning, checked when built. The model's settings
+come from Architecture."""
 from __future__ import annotations
 
 import math
@@ -12,33 +11,25 @@ from configs.choices import (COMPILE_MODES, COMPILE_SCOPES, CUDA_GRAPH_MODES, DD
 from errors import UserError
 from model.config import MAX_SIZE, Architecture, ModelConfig, setting
 
-# Settings a run does not choose, with the value every run uses: AdamW's beta1 (its first moment's decay; beta2 is a
-# setting). A saved config may hold them, at these values.
-FIXED = {"beta1": 0.9}
-SEED_MAX = 2**62  # seeds go to torch.manual_seed (64 bits), with the rank added under torchrun
+FIXED = {"beta1": 0.9}  # not a setting: the value every run uses (a saved config may hold it)
+SEED_MAX = 2**62  # torch.manual_seed takes 64 bits, and the rank is added under torchrun
 MAX_SAMPLE_CHARS = 100_000
-MAX_THREADS = 1024  # more threads than any machine has cores; tens of thousands would each need a stack
-CONFIG_MAX_BYTES = 1 << 20  # a file of settings (TOML, or nanoGPT's Python); a larger one was given by mistake
-# The most a count of steps may give (max_iters, the schedule's, the intervals; patience too, in evaluations, at most
-# one a step): at a millisecond a step, a tiny model's on a fast GPU, 10^12 steps take 32 years, so a larger count is a
-# slip; past 10^308 the time estimate and the learning rate would overflow a float.
-MAX_STEPS = 10**12
+MAX_THREADS = 1024
+CONFIG_MAX_BYTES = 1 << 20
+MAX_STEPS = 10**12  # a step count past this is a slip
 STEP_COUNTS = ("max_iters", "warmup_iters", "lr_decay_iters", "eval_interval", "log_interval", "max_nonfinite_steps",
                "patience")
-# Each evaluation draws the starts of all its eval_iters batches of a split at once (data.loader's fixed_batches: 8
-# bytes a window, batch_size windows a batch), and at a millisecond a batch a million batches of each split take over
-# half an hour.
-MAX_EVAL_ITERS = 1_000_000
+MAX_EVAL_ITERS = 1_000_000  # an evaluation draws all its windows at once
 
 
 def check_num_threads(value: int) -> None:
-    """A script's --num_threads: 0 (measured) up to MAX_THREADS, as TrainConfig checks a run's."""
+    """A script's --num_threads, checked as TrainConfig checks a run's."""
     if not 0 <= value <= MAX_THREADS:
         raise UserError(f"--num_threads {value}: must be from 0 (the faster count, measured) to {MAX_THREADS}")
 
 
 @dataclass
-class TrainConfig(Architecture):  # the model's fields (block_size .. activation) come first, from Architecture
+class TrainConfig(Architecture):  # the model's fields first
     # data
     data: str = setting("shakespeare", "text file, folder of text files, or a named corpus: shakespeare | pystdlib")
     cache_dir: str = setting("", "where downloads and token files are cached (empty: ~/.cache/chargpt)")
@@ -51,13 +42,13 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     max_iters: int = setting(5000, "optimizer steps to train for")
     optimizer: str = setting("adamw", "adamw | muon (Muon for the blocks' weight matrices, AdamW for the rest)")
     muon_dtype: str = setting("auto", "muon: the precision of its Newton-Schulz iterations: auto (bfloat16 where the "
-                                      "device has bfloat16 units, else float32) | float32 | bfloat16")
+                                      "device has bfloat16 units) | float32 | bfloat16")
     learning_rate: float = setting(1e-3, "peak learning rate")
     min_lr: float = setting(1e-4, "learning rate at the end of the decay")
     warmup_iters: int = setting(100, "steps of linear warm-up from 0 to learning_rate")
     lr_schedule: str = setting("cosine", "after the warm-up: cosine (a cosine decay to min_lr) | wsd (warm-up, "
                                          "stable, decay: hold learning_rate, then fall in a straight line to min_lr)")
-    warmdown_fraction: float = setting(0.3, "wsd: the share of the steps after the warm-up spent falling to min_lr")
+    warmdown_fraction: float = setting(0.3, "wsd: the share of the steps after the warm-up spent decaying")
     lr_decay_iters: int = setting(0, "step at which the decay reaches min_lr (0: max_iters)")
     weight_decay: float = setting(0.1, "weight decay (decoupled, as in AdamW) on weight matrices only, Muon's too")
     beta2: float = setting(0.99, "AdamW beta2")
@@ -66,45 +57,39 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
     # evaluation and logging
     eval_interval: int = setting(250, "evaluate (and checkpoint) every this many steps")
     eval_iters: int = setting(200, "random batches per split in each evaluation")
-    log_interval: int = setting(10, "update the progress bar and the loss/train, optim/* and perf/* scalars every "
-                                    "this many steps")
+    log_interval: int = setting(10, "update the progress bar and the logged scalars every this many steps")
     sample_chars: int = setting(200, "characters of generated text logged to TensorBoard at each evaluation (0: none)")
-    log_attention: bool = setting(True, "log each layer's attention heatmap for a fixed validation text at each "
-                                        "evaluation")
-    wandb: bool = setting(False, "also log the run to Weights & Biases, beside TensorBoard (needs the wandb package, "
-                                 "which this trainer does not install; WANDB_MODE=offline keeps it on this machine)")
-    wandb_project: str = setting("chargpt", "wandb: the project the run is logged in (the run is named after its "
-                                            "folder)")
+    log_attention: bool = setting(True, "log each layer's attention heatmap at each evaluation")
+    wandb: bool = setting(False, "also log the run to Weights & Biases (needs the wandb package; WANDB_MODE=offline "
+                                 "keeps it on this machine)")
+    wandb_project: str = setting("chargpt", "wandb: the project the run is logged in")
     full_val: bool = setting(True, "at the end, compute the run's model's exact loss over every validation window")
-    patience: int = setting(5, "stop early once this many evaluations in a row have not beaten the best validation "
-                               "loss (0: never; train to max_iters). Either way the run hands over its best model")
+    patience: int = setting(5, "stop once this many evaluations in a row have not beaten the best validation loss "
+                               "(0: never)")
     # run
     out_dir: str = setting("", "output folder for checkpoints, TensorBoard events and summary.json (empty: "
                                "out/<config>)")
     resume: bool = setting(False, "continue the run in out_dir from its ckpt_last.pt")
     overwrite: bool = setting(False, "replace a different run already in out_dir")
-    init_from: str = setting("", "fine-tune: start a new run from a trained model (a run folder or checkpoint); its "
-                                 "architecture is kept and the vocabulary grows by the new text's unseen characters")
+    init_from: str = setting("", "fine-tune: start a new run from a trained model (a run folder or checkpoint), "
+                                 "keeping its architecture")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
-    dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 for matrix products (auto: bfloat16 on CUDA, "
-                                 "float16 on GPUs without it, bfloat16 on CPUs with bfloat16 units, float32 otherwise)")
+    dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 for matrix products (auto: bfloat16 where the "
+                                 "device has it, float16 on older GPUs, else float32)")
     compile: str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
     compile_mode: str = setting("default", "torch.compile mode: default | max-autotune-no-cudagraphs (searches more "
-                                           "kernels); the CUDA-graph modes are not offered until a GPU measures them")
-    compile_scope: str = setting("blocks", "what torch.compile compiles: blocks (each block; one graph serves every "
-                                           "layer, so it compiles ~3x faster) | model (the whole model as one graph)")
-    compile_eval: bool = setting(True, "with compile on: evaluate with the compiled model too (false: evaluations and "
-                                       "full validation run uncompiled, sparing the compilation of a second graph)")
-    num_threads: int = setting(0, "CPU threads for PyTorch (0: the faster count on this machine as it is, measured "
-                                  "before the first step and kept on resume; N: N threads, the same last digits "
-                                  "whatever else the machine runs)")
-    ddp: str = setting("auto", "data-parallel under torchrun: auto (a process group and DDP with 2 or more processes) "
-                               "| always (for one process too, so DDP's hooks and no_sync run on one GPU)")
+                                           "kernels)")
+    compile_scope: str = setting("blocks", "what torch.compile compiles: blocks (one graph serves every block) | model")
+    compile_eval: bool = setting(True, "with compile on: evaluate with the compiled model too (false: uncompiled)")
+    num_threads: int = setting(0, "CPU threads for PyTorch (0: the faster count, measured before the first step; "
+                                  "N: N threads, the same last digits on any load)")
+    ddp: str = setting("auto", "data-parallel under torchrun: auto (DDP with 2 or more processes) | always (for "
+                               "one process too)")
     seed: int = setting(1337, "random seed for initialisation and batches")
     config_name: str = setting("custom", "name of the preset this run started from (set by --config)")
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # the model's own checks (n_embd % n_head, attention, position, activation, ...)
+        super().__post_init__()
 
         def check(ok: bool, name: str, rule: str) -> None:
             if not ok:
@@ -119,17 +104,12 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
         for name in ("max_iters", "warmup_iters", "lr_decay_iters", "sample_chars", "num_threads", "patience"):
             check(getattr(self, name) >= 0, name, "must not be negative")
         for name in STEP_COUNTS:
-            check(getattr(self, name) <= MAX_STEPS, name, f"must be at most {MAX_STEPS:,} (10^12: at a millisecond a "
-                  f"step, a run that long would take 32 years)")
-        for name in ("batch_size", "grad_accum_steps"):  # the global batch's sizes, as the model's (model.config)
+            check(getattr(self, name) <= MAX_STEPS, name, f"must be at most {MAX_STEPS:,}")
+        for name in ("batch_size", "grad_accum_steps"):
             check(getattr(self, name) <= MAX_SIZE, name, f"must be at most {MAX_SIZE:,}")
-        check(self.eval_iters <= MAX_EVAL_ITERS, "eval_iters", f"must be at most {MAX_EVAL_ITERS:,} (each evaluation "
-              f"draws the windows of all its batches at once, and a million batches of each split take over half an "
-              f"hour at a millisecond each)")
-        check(self.sample_chars <= MAX_SAMPLE_CHARS, "sample_chars", f"must be at most {MAX_SAMPLE_CHARS:,} (a sample "
-              f"is drawn and logged as text at every evaluation)")
-        check(self.num_threads <= MAX_THREADS, "num_threads", f"must be at most {MAX_THREADS} (0: the faster count, "
-              f"measured)")
+        check(self.eval_iters <= MAX_EVAL_ITERS, "eval_iters", f"must be at most {MAX_EVAL_ITERS:,}")
+        check(self.sample_chars <= MAX_SAMPLE_CHARS, "sample_chars", f"must be at most {MAX_SAMPLE_CHARS:,}")
+        check(self.num_threads <= MAX_THREADS, "num_threads", f"must be at most {MAX_THREADS}")
         check(0 < self.val_fraction < 1, "val_fraction", "must be between 0 and 1, e.g. 0.1")
         check(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-3")
         check(0 <= self.min_lr <= self.learning_rate, "min_lr",
@@ -144,8 +124,8 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
         check(self.dtype in ("auto", *DTYPE_NAMES), "dtype", f"must be auto, {', '.join(DTYPE_NAMES)}")
         check(self.compile in ("auto", "true", "false"), "compile", "must be auto, true or false")
         check(self.compile_mode not in CUDA_GRAPH_MODES, "compile_mode",
-              "replays CUDA graphs, which training does not offer until a GPU has measured it correct (a replay "
-              "overwrites the outputs the loop still holds); use default or max-autotune-no-cudagraphs")
+              "replays CUDA graphs, which training does not offer; use default or "
+              "max-autotune-no-cudagraphs")
         check(self.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {', '.join(COMPILE_MODES)}")
         check(self.compile_scope in COMPILE_SCOPES, "compile_scope", f"must be one of {', '.join(COMPILE_SCOPES)}")
         check(self.ddp in DDP_CHOICES, "ddp", f"must be one of {', '.join(DDP_CHOICES)}")
@@ -162,11 +142,10 @@ class TrainConfig(Architecture):  # the model's fields (block_size .. activation
 
 
 ARCHITECTURE_FIELDS = tuple(f.name for f in fields(Architecture))
-# fixed by the weights (dropout and the attention path are how they are used; zero_proj only how they began)
+# fixed by the weights
 SHAPE_FIELDS = tuple(name for name in ARCHITECTURE_FIELDS if name not in ("dropout", "attention", "zero_proj"))
 FIELDS = {f.name: f for f in fields(TrainConfig)}
-# train.py --help shows the settings in these groups, in this order: the everyday ones first, the tutorials' attention
-# forms and the benchmarks' knobs apart. Every setting is in exactly one group (checked below).
+# train.py --help's groups, the everyday settings first; every setting is in exactly one (checked below)
 HELP_GROUPS = {
     "everyday settings": ("data", "out_dir", "resume", "overwrite", "init_from", "max_iters", "batch_size",
                           "block_size", "n_layer", "n_head", "n_embd", "dropout", "learning_rate", "eval_interval",
@@ -183,6 +162,6 @@ HELP_GROUPS = {
     "speed and benchmark knobs (docs/speed.md)": ("compile", "compile_mode", "compile_scope", "compile_eval",
                                                   "num_threads", "ddp"),
 }
-TYPES: dict[str, type] = typing.get_type_hints(TrainConfig)  # the real types (the annotations are strings here)
+TYPES: dict[str, type] = typing.get_type_hints(TrainConfig)
 assert all(f.default is not MISSING for f in FIELDS.values())
 assert sorted(n for group in HELP_GROUPS.values() for n in group) == sorted(set(FIELDS) - {"config_name"})

@@ -360,13 +360,11 @@ def test_every_count_has_a_ceiling_named_in_one_line_and_the_ceiling_itself_is_a
             err = capsys.readouterr().err
             assert err.startswith(f"error: --{name} ")
             assert err.count("\n") == 1 and "Traceback" not in err, err
-    steps = "must be at most 1,000,000,000,000 (10^12: at a millisecond a step, a run that long would take 32 years)"
+    steps = "must be at most 1,000,000,000,000"
     ceilings = {**{name: (10**12, steps) for name in ("max_iters", "warmup_iters", "lr_decay_iters", "eval_interval",
                                                       "log_interval", "max_nonfinite_steps", "patience")},
                 **{name: (2**31 - 1, "must be at most 2,147,483,647") for name in ("batch_size", "grad_accum_steps")},
-                "eval_iters": (10**6, "must be at most 1,000,000 (each evaluation draws the windows of all its batches "
-                                      "at once, and a million batches of each split take over half an hour at a "
-                                      "millisecond each)")}
+                "eval_iters": (10**6, "must be at most 1,000,000")}
     for name, (ceiling, said) in ceilings.items():
         assert run_cli(train.main, [*where, f"--{name}", str(ceiling + 1)]) == 2
         assert capsys.readouterr().err == f"error: --{name} {ceiling + 1}: {said}\n"
