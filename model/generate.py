@@ -1,7 +1,8 @@
-"""Sampling as small functions: logits -> probabilities -> next token -> the generate loop (a fixed-size KV cache, the
-tokens kept on the device, an optionally compiled decoding step)."""
+"""Sampling as small functions: logits -> probabilities -> next token -> the generate loop; then its cases: the
+key/value cache, windows that slide past block_size, a compiled decoding step, chunks handed back."""
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import sys
@@ -20,15 +21,13 @@ DecodeStep = Callable[[GPT, torch.Tensor, Decoding], torch.Tensor]
 
 
 class NonFiniteLogits(ValueError):
-    """A row's next-token scores held NaN or inf (weights too large to compute with, or damaged): what would be drawn
-    from them is not the model's text."""
+    """A row's next-token scores held NaN or inf: what would be drawn from them is not the model's text."""
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """How the next character is drawn from the logits, declared once: scripts/sample.py's flags, TrainedRun.generate's
-    keyword arguments (hubconf.py) and the attention page's controls take their names, defaults and meanings from
-    these fields, and their checks from here. generate() takes them as keyword arguments: **asdict(Sampling(...))."""
+    """How the next character is drawn, declared once: sample.py's flags, TrainedRun.generate's keywords and the
+    attention page take their names, defaults, meanings and checks from here. generate(**asdict(Sampling(...)))."""
     temperature: float = field(default=0.8, metadata={"type": float,
                                                       "help": "0 = greedy; below 1 = safer, above 1 = wilder"})
     top_k: int | None = field(default=None, metadata={"type": int,
@@ -38,8 +37,6 @@ class Sampling:
                                                                 "probability"})
 
     def __post_init__(self):
-        """A value of another type is a TypeError, one out of range a ValueError, each naming the option and its
-        value."""
         check_type("temperature", self.temperature, numbers.Real, "a number")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature {self.temperature}: must be 0 (greedy) or a positive number, not infinite")
@@ -54,19 +51,17 @@ class Sampling:
 
 
 def check_type(name: str, value: object, kind: type, words: str) -> None:
-    """A TypeError naming the option, its value and the type wanted, unless value is of kind (a bool is no number)."""
+    """A TypeError naming the option unless value is of kind (a bool is no number)."""
     if isinstance(value, bool) or not isinstance(value, kind):
         raise TypeError(f"{name} {value!r}: must be {words}, not {type(value).__name__}")
 
 
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's largest
-MAX_NEW_TOKENS = 2**40  # past any machine's memory (8 bytes a token), short of sizes torch cannot hold (2^63)
+MAX_NEW_TOKENS = 2**40  # past any machine's memory
 
 
 def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
-    """How many tokens generate() adds and the seed of its generator, as sample.py's --max_new_tokens and --seed and
-    TrainedRun.generate's keywords take them: whole numbers (else a TypeError), from 1 to 2^40 and from 0 to 2^64 - 1
-    (else a ValueError), each line naming the option and its value."""
+    """sample.py's --max_new_tokens and --seed, and TrainedRun.generate's: a TypeError or ValueError naming them."""
     check_type("max_new_tokens", max_new_tokens, numbers.Integral, "a whole number")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens {max_new_tokens}: must be at least 1")
@@ -79,9 +74,8 @@ def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
 
 def bytes_needed(model: GPT, rows: int, longest_prompt: int, max_new_tokens: int, use_cache: bool = True,
                  handed_back: bool = True) -> int:
-    """About the memory sampling rows needs, beyond the model: each row's tokens, 8 bytes each, and the new ones
-    again as they are handed back (not where a single row is printed as it is drawn: handed_back false); with the
-    cache, each layer's keys and values for block_size positions; about 64 bytes of Python per row."""
+    """About the memory sampling needs beyond the model: 8 bytes a token (the new ones twice where handed back),
+    the caches, and 64 bytes of Python a row."""
     cfg = model.config
     per_row = 8 * (longest_prompt + max_new_tokens * (2 if handed_back else 1))
     if use_cache:
@@ -109,10 +103,8 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """(B, vocab) probabilities -> (B,) token ids, one draw per row, without leaving the device.
 
-    The exponential race: give every token an Exp(1) waiting time divided by its probability, and take the first to
-    arrive; token i wins with probability p_i. torch.multinomial draws one sample the same way, from the same random
-    numbers (on a CPU the two agree token for token), but first checks the probabilities on the host, which on a GPU
-    makes every character wait for the device."""
+    The exponential race: each token waits Exp(1) / p_i and the first to arrive wins, with probability p_i. It is
+    torch.multinomial's draw, without multinomial's check on the host, which makes a GPU wait."""
     waits = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / waits).argmax(dim=-1)
 
@@ -125,12 +117,107 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return draw(logits_to_probs(logits, temperature, top_k, top_p), generator)
 
 
+def one_token_step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
+    """The decoding step: (B, 1) new tokens at slot state.input_pos -> (B, vocab) logits, the same shapes each call."""
+    return model(ids, decoding=state)[0][:, -1]
+
+
+@torch.inference_mode()
+def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+             use_cache: bool = True, on_tokens: Callable[[torch.Tensor], None] | None = None,
+             step: DecodeStep = one_token_step, chunk: int = 0, finite_only: bool = False) -> list[list[int]]:
+    """Continue each prompt by max_new_tokens tokens and return the new ones. Prompts may differ in length.
+
+    on_tokens receives the new tokens on the host, (B, n) at a time: every token on a CPU, chunk (default 16) on a
+    GPU. step is the decoding step (compiled_step() for a compiled one). finite_only: NaN or inf scores raise
+    NonFiniteLogits instead of giving tokens drawn from them."""
+    rows = Rows(model, prompts, max_new_tokens, use_cache, step)
+    finite = torch.ones(len(prompts), dtype=torch.bool, device=rows.device) if finite_only else None
+    chunks = Chunks(rows.tokens, rows.first, on_tokens, chunk or (16 if rows.device.type == "cuda" else 1), finite)
+    logits = rows.prefill()
+    for i in range(max_new_tokens):
+        if finite is not None:
+            finite.logical_and_(torch.isfinite(logits).all(dim=-1))
+        next_ids = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), on the device
+        rows.tokens[:, rows.first + i] = next_ids
+        last = i == max_new_tokens - 1
+        chunks.drawn(rows.first + i + 1, last)
+        if not last:
+            logits = rows.decode(next_ids)
+    return new_tokens(rows.tokens[:, rows.first:], finite)
+
+
+# ---- the product's cases: the rows and their caches, sliding windows, a compiled step, chunks handed back ----------
+def new_tokens(tokens: torch.Tensor, finite: torch.Tensor | None) -> list[list[int]]:
+    """(B, n) new tokens as lists, read with the rows' finite flags in one read; a row not finite raises."""
+    if finite is None:
+        return tokens.tolist()
+    rows = torch.cat([tokens, finite[:, None].long()], dim=1).tolist()
+    if not all(row[-1] for row in rows):
+        raise NonFiniteLogits("the next-token scores are not finite (NaN or inf)")
+    return [row[:-1] for row in rows]
+
+
+class Rows:
+    """The rows being generated: their tokens, left-padded so that all end in the same column, and what the model
+    reads of them. Nothing is read back from the device: lengths are counted here; positions and masks are tensors."""
+
+    def __init__(self, model: GPT, prompts: list[list[int]], max_new_tokens: int, use_cache: bool, step: DecodeStep):
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.model, self.step = model, step
+        self.block_size, self.device = model.config.block_size, model.wte.weight.device
+        self.lengths = [len(p) for p in prompts]
+        self.starts = [window_start(0, n, self.block_size) for n in self.lengths]
+        self.first = self.end = max(self.lengths)  # the first new column; the column after the last token
+        self.tokens = torch.zeros(len(prompts), self.first + max_new_tokens, dtype=torch.long, device=self.device)
+        self.tokens[:, :self.first] = left_pad(prompts, self.device)
+        self.state = Decoding()
+        if use_cache and model.config.n_layer > 0:
+            dtype = torch.get_autocast_dtype(self.device.type) if torch.is_autocast_enabled(self.device.type) \
+                else model.wte.weight.dtype
+            self.state = Decoding(model_caches(model, len(prompts), self.device, dtype))
+        self.in_use = 0  # slots of the caches filled so far
+        self.slot = torch.zeros(1, dtype=torch.long, device=self.device)  # the decoding step's slot, on the device
+        # Eager on a CPU, attention reads only the slots in use; elsewhere the whole cache, so shapes stay fixed.
+        self.trim = self.device.type == "cpu" and step is one_token_step
+
+    def use(self, n: int | None) -> None:
+        for cache in self.state.caches or ():
+            cache.in_use = n
+
+    def prefill(self) -> torch.Tensor:
+        """Run the model over every row's whole window, which ends at column self.end: (B, vocab) logits."""
+        first = [self.end - (n - s) for n, s in zip(self.lengths, self.starts)]  # where each row's window begins
+        left = min(first)
+        pad = [f - left for f in first]
+        self.state.pad = on_device(pad, self.device) if any(pad) else None
+        if self.state.caches:
+            self.state.input_pos = torch.arange(self.end - left, device=self.device)
+            self.in_use = self.end - left
+            self.use(self.in_use if self.trim else None)
+        return self.model(self.tokens[:, left:self.end], decoding=self.state)[0][:, -1]
+
+    def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
+        """The logits after next_ids (B,): one token per row at the caches' next slot, or the windows read again
+        where there is no cache or a window slides."""
+        self.end += 1
+        self.lengths = [n + 1 for n in self.lengths]
+        moved = [window_start(s, n, self.block_size) for s, n in zip(self.starts, self.lengths)]
+        if not self.state.caches or moved != self.starts:
+            self.starts = moved
+            return self.prefill()
+        self.in_use += 1
+        self.state.input_pos = self.slot.fill_(self.in_use - 1)  # the same tensor every step (a CUDA graph's input)
+        if self.trim:
+            self.use(self.in_use)
+        return self.step(self.model, next_ids[:, None], self.state)  # (B, 1): the same strides every call
+
+
 def model_caches(model: GPT, batch_size: int, device: torch.device, dtype: torch.dtype) -> list[LayerCache]:
-    """The model's key/value caches for batch_size rows, allocated at the first generate() call of that shape and
-    reused by the next ones (gpt-fast's setup_caches): a GPU allocates them once, and a compiled step's CUDA graph,
-    which reads them at fixed addresses, is recorded once (sample.py --stream calls generate() once per row). What a
-    previous call left in them is never read: attention sees only the slots this call has written (the mask by slot,
-    or the slots in use). One shape is kept per model; another replaces it."""
+    """The model's key/value caches for batch_size rows, kept for the next generate() of that shape, so that a CUDA
+    graph reading them is recorded once. Attention never reads what an earlier call left in them."""
     cfg, shape = model.config, (batch_size, device, dtype)
     if model.decode_caches is None or model.decode_caches[0] != shape:
         model.decode_caches = None  # the old caches go before the new ones are allocated
@@ -140,17 +227,13 @@ def model_caches(model: GPT, batch_size: int, device: torch.device, dtype: torch
 
 
 def window_start(start: int, length: int, block_size: int) -> int:
-    """Where a row's context begins once it has `length` tokens.
-
-    The context may not outgrow the position table, so when it would, it slides forward to keep the last
-    half block: the model then re-reads (prefills) those tokens at positions 0.. and decoding resumes with
-    the cache. Cached and uncached generation use this same rule, so they produce the same text.
-    """
+    """Where a row's context begins once it has `length` tokens: where it would outgrow block_size, it slides to keep
+    the last half block, read again from position 0. Cached and uncached generation share this rule."""
     return start if length - start <= block_size else length - block_size // 2
 
 
 def on_device(values: list, device: torch.device) -> torch.Tensor:
-    """Host numbers -> a long tensor on device, without making the host wait (data.loader.send)."""
+    """Host numbers -> a long tensor on device, without making the host wait."""
     return send(torch.tensor(values, dtype=torch.long), device)
 
 
@@ -160,26 +243,14 @@ def left_pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     return on_device([[0] * (longest - len(r)) + r for r in rows], device)
 
 
-def one_token_step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
-    """The decoding step: (B, 1) new tokens at slot state.input_pos -> (B, vocab) next-token logits. Every call has
-    the same shapes, so a compiled copy of it is compiled once (and on CUDA replayed as a CUDA graph)."""
-    return model(ids, decoding=state)[0][:, -1]
-
-
 def compiled_step(device_type: str, backend: str | Callable = "inductor",
                   warn: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> DecodeStep:
-    """one_token_step through torch.compile: the whole model in one graph, for fixed shapes. On CUDA with CUDA graphs
-    (mode reduce-overhead), so a step is one launch instead of a hundred. On a CPU with the weights frozen into the
-    graph, packed once, and read by matrix products generated for their shapes (inductor's freezing, and max-autotune
-    with its C++ template only, which needs no benchmarking), where eager calls a library routine per product: on a
-    2-core CPU about 2.5x the characters per second of eager decoding (docs/sampling.md has the figures). It costs
-    17-21 s of compilation per batch size there, in every process (frozen graphs are not cached). If compiling fails
-    (no C++ compiler, a driver problem), it warns once and decodes uncompiled: the same text, only slower. A
-    recompilation refused by torch._dynamo.config.error_on_recompile is not a compiler's failure but a check's
-    (compiled once per shape): its RecompileError goes through to the caller."""
+    """one_token_step through torch.compile, for fixed shapes: with CUDA graphs on CUDA; on a CPU with the weights
+    frozen into the graph and max-autotune's C++ matrix products. If compiling fails it warns once and decodes
+    uncompiled: the same text, slower. A RecompileError is a check's refusal, and goes through."""
     from torch._dynamo.exc import RecompileError
-    settings: dict = {}
     cpu_inductor = backend == "inductor" and device_type != "cuda"
+    settings: dict = {}
     if backend == "inductor":
         settings = {"options": {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}} if cpu_inductor \
             else {"mode": "reduce-overhead"}
@@ -191,12 +262,9 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
     def step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
         nonlocal compiled
         if compiled is not None:
-            try:
-                if cpu_inductor:  # freezing is read by dynamo's tracing too, where options= does not reach, and a
-                    # call may trace (a new batch size): set around every call, 27 us, under 1% of a 3 ms step
-                    with inductor_config.patch(freezing=True):
-                        return compiled(model, ids, state)
-                return compiled(model, ids, state)
+            try:  # freezing is read while tracing too, where options= does not reach: set around every call
+                with inductor_config.patch(freezing=True) if cpu_inductor else contextlib.nullcontext():
+                    return compiled(model, ids, state)
             except RecompileError:
                 raise
             except Exception as err:  # the step writes only this slot of the caches: running it again is harmless
@@ -208,10 +276,9 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
 
 
 class Chunks:
-    """Hands the new tokens to a callback in chunks, copied off the device without waiting for it: a chunk's copy
-    is started when its last token is drawn and read a chunk later, by when the device has long finished it. With
-    finite (a (B,) bool tensor on the device, False for a row once its scores were not finite) copied with each chunk,
-    a chunk drawn from such scores is refused (NonFiniteLogits) instead of handed over."""
+    """Hands the new tokens to a callback in chunks, copied off the device without waiting: a chunk's copy starts when
+    its last token is drawn and is read a chunk later. With finite (a (B,) flag on the device), a chunk drawn from
+    scores that were not finite raises NonFiniteLogits instead."""
 
     def __init__(self, buffer: torch.Tensor, first: int, on_tokens: Callable[[torch.Tensor], None] | None, size: int,
                  finite: torch.Tensor | None = None):
@@ -243,86 +310,3 @@ class Chunks:
             if finite is not None and not finite.all():
                 raise NonFiniteLogits("the next-token scores are not finite (NaN or inf)")
             self.on_tokens(host)
-
-
-@torch.inference_mode()
-def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
-             use_cache: bool = True, on_tokens: Callable[[torch.Tensor], None] | None = None,
-             step: DecodeStep = one_token_step, chunk: int = 0, finite_only: bool = False) -> list[list[int]]:
-    """Continue each prompt by max_new_tokens tokens; prompts may differ in length (they are batched, left-padded).
-
-    Returns the new tokens of each row. on_tokens receives (B, n) tensors of new tokens, in order, on the host:
-    every token as it is drawn on a CPU, chunk (default 16) at a time on a GPU. step is the decoding step
-    (compiled_step() for a compiled one). Between windows nothing is read back from the device: the tokens stay
-    there, positions and masks are tensors, and the token is chosen on the device. finite_only: scores that are not
-    finite (NaN or inf) anywhere raise NonFiniteLogits rather than give tokens drawn from them: a flag kept on the
-    device and read with the tokens (still one read at the end), or with each chunk handed to on_tokens.
-    """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    cfg, device = model.config, model.wte.weight.device
-    lengths = [len(p) for p in prompts]  # every row's token count is known without reading a token back
-    starts = [window_start(0, n, cfg.block_size) for n in lengths]
-    longest = max(lengths)
-    # Every row's tokens, left-padded so that all rows end in the same column: (B, longest + max_new_tokens).
-    buffer = torch.zeros(len(prompts), longest + max_new_tokens, dtype=torch.long, device=device)
-    buffer[:, :longest] = left_pad(prompts, device)
-    state = Decoding()
-    if use_cache and cfg.n_layer > 0:  # no blocks, nothing to cache
-        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) \
-            else model.wte.weight.dtype
-        state = Decoding(model_caches(model, len(prompts), device, dtype))
-    in_use = 0  # slots of the caches filled so far: known here without reading the device
-    slot = torch.zeros(1, dtype=torch.long, device=device)  # the decoding step's slot, in_use - 1, on the device
-    # Eager on a CPU, attention reads only the slots in use (shapes may change there at no cost); on a GPU, or with a
-    # compiled step, every step reads the whole cache: the same shapes every time.
-    trim = device.type == "cpu" and step is one_token_step
-
-    def use(n: int) -> None:
-        for cache in state.caches or ():
-            cache.in_use = n
-
-    def read_windows(end: int) -> torch.Tensor:
-        """Run the model over every row's whole window, which ends at column end (a prefill when caching)."""
-        first = [end - (n - s) for n, s in zip(lengths, starts)]  # the column where each row's window begins
-        left = min(first)
-        pad = [f - left for f in first]
-        state.pad = on_device(pad, device) if any(pad) else None
-        nonlocal in_use
-        width = end - left
-        if state.caches:
-            state.input_pos = torch.arange(width, device=device)
-            in_use = width
-            use(in_use if trim else None)
-        return model(buffer[:, left:end], decoding=state)[0][:, -1]
-
-    finite = torch.ones(len(prompts), dtype=torch.bool, device=device) if finite_only else None
-    chunks = Chunks(buffer, longest, on_tokens, chunk or (16 if device.type == "cuda" else 1), finite)
-    logits = read_windows(longest)
-    for i in range(max_new_tokens):
-        column = longest + i
-        if finite is not None:
-            finite.logical_and_(torch.isfinite(logits).all(dim=-1))
-        next_ids = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), on the device
-        buffer[:, column] = next_ids
-        chunks.drawn(column + 1, last=i == max_new_tokens - 1)
-        if i == max_new_tokens - 1:
-            break
-        lengths = [n + 1 for n in lengths]
-        moved = [window_start(s, n, cfg.block_size) for s, n in zip(starts, lengths)]
-        if not state.caches or moved != starts:
-            starts = moved
-            logits = read_windows(column + 1)
-        else:  # one new token per row, written at the next slot of the caches
-            in_use += 1
-            state.input_pos = slot.fill_(in_use - 1)  # in place: the same tensor every step (a CUDA graph's input)
-            if trim:
-                use(in_use)
-            logits = step(model, next_ids[:, None], state)  # a (B, 1) tensor of its own: the same strides every call
-    if finite is None:
-        return buffer[:, longest:].tolist()
-    rows = torch.cat([buffer[:, longest:], finite[:, None].long()], dim=1).tolist()  # tokens and flag: one read
-    if not all(row[-1] for row in rows):
-        raise NonFiniteLogits("the next-token scores are not finite (NaN or inf)")
-    return [row[:-1] for row in rows]
