@@ -14,8 +14,7 @@ from model.scoring import FORMS
 
 
 class ReLUSquared(nn.Module):
-    """relu(x)², the nonlinearity of some recent speedrun recipes (--activation relu2); no preset uses it (docs/speed.md
-    has its figures beside GELU's)."""
+    """relu(x)², the speedruns' nonlinearity (--activation relu2)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(x).square()
@@ -36,10 +35,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x + attention(norm(x)), then x + mlp(norm(x)): tokens talk to each other, then each thinks alone.
-
-    For the ladder of scripts/ladder.py a block can lose its feed-forward half (mlp false), and its residual
-    connections with their LayerNorms (residual false: x = attention(x), then x = mlp(x))."""
+    """x + attention(norm(x)), then x + mlp(norm(x)): tokens talk to each other, then each thinks alone. For
+    scripts/ladder.py, mlp false drops the feed-forward half and residual false the residuals and their norms."""
 
     def __init__(self, config: ModelConfig, path: str):
         super().__init__()
@@ -65,19 +62,16 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         path = config.attention
-        if path == "auto":  # the fused kernel wherever the form allows it
+        if path == "auto":
             path = "sdpa" if FORMS[config.attention_score].fused else "explicit"
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
-        # Where each token is: a learned table added to the token embedding, rotations of q and k (RoPE), or nothing
-        # (then only the causal mask tells positions apart).
+        # positions: a learned table, rotations of q and k (RoPE), or none (the causal mask alone)
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
         if config.position == "rope":
             cos, sin = rope_tables(config.block_size, config.head_size)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(config.dropout)
-        # Sampling's key/value caches, kept between generate() calls of one shape (model/generate.py: model_caches);
-        # not weights, so not in the state dict.
         self.decode_caches: tuple | None = None
         self.blocks = nn.ModuleList(Block(config, path) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -85,9 +79,8 @@ class GPT(nn.Module):
         if config.tie_weights:
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
-        # GPT-2: residual projections start smaller, so the residual stream's variance does not grow with depth;
-        # zero_proj starts them at 0 (each block adds nothing at first, and learns what to add), after the same
-        # draw, so that every other weight is the one the seed gives without it.
+        # GPT-2: residual projections start smaller, so the residual stream does not grow with depth. zero_proj
+        # zeroes them after the same draw, so every other weight stays the seed's.
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
@@ -102,20 +95,14 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; by convention without the position table (the token table is shared with the head)."""
+        """Parameter count, by convention without the position table."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 decoding: Decoding | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> (logits, loss).
-
-        Training and evaluation: forward(idx, targets) gives logits (B, T, vocab) and the mean cross-entropy.
-        Without targets: logits (B, T, vocab) and None.
-        Sampling: forward(idx, decoding=state) gives only the next-token logits (B, 1, vocab). With caches, this
-        call's keys and values are written at the slots state.input_pos and attention reads every slot up to each
-        token's own; state.pad marks left-padded rows, each of which then computes exactly what it would alone.
-        """
+        """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy or None without targets). Sampling,
+        forward(idx, decoding=state), gives only the next-token logits (B, 1, vocab)."""
         T = idx.size(1)
         positions, mask = self.positions_and_mask(T, decoding, idx.device)
         x = self.wte(idx)  # (B, T, n_embd)
@@ -133,7 +120,7 @@ class GPT(nn.Module):
         if decoding is not None and targets is None:
             x = x[:, -1:, :]  # sampling needs only the next-token distribution
         logits = self.lm_head(x)  # (B, T, vocab)
-        if self.config.logit_softcap:  # squashed smoothly into (-cap, cap): no logit can grow without bound
+        if self.config.logit_softcap:  # squashed smoothly into (-cap, cap)
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)
         if targets is None:
@@ -143,11 +130,9 @@ class GPT(nn.Module):
 
     def positions_and_mask(self, T: int, decoding: Decoding | None, device: torch.device
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Each token's position, (1, T) or (B, T), and the attention mask over the keys (None: plain causal).
-
-        Without caches the keys are this call's T tokens, at slots 0..T-1; with caches they are every slot of the
-        cache, and the slots of this call's tokens are decoding.input_pos (tensors: no host sync, fixed shapes)."""
-        # len(), not bool(): dynamo (torch.compile's tracer) cannot trace bool() of a list
+        """Each token's position, (1, T) or (B, T), and the mask over the keys (None: plain causal). The keys are
+        this call's T tokens, or with caches every slot, this call's at decoding.input_pos."""
+        # len(), not bool(): dynamo cannot trace bool() of a list
         cached = decoding is not None and decoding.caches is not None and len(decoding.caches) > 0
         pad = decoding.pad if decoding is not None else None
         if not cached:
@@ -164,7 +149,7 @@ class GPT(nn.Module):
                                  f"{self.config.block_size}")
         if pad is None:
             if cached and T == 1 and decoding.caches[0].in_use is not None:  # one query after the slots in use
-                return slots[None, :], None  # sees them all: no mask needed (eager on a CPU, where slots are trimmed)
+                return slots[None, :], None  # sees them all
             return slots[None, :], attention_mask(slots, n_keys)
-        positions = (slots[None, :] - pad[:, None]).clamp(min=0)  # (B, T): each row counts from its first real token
+        positions = (slots[None, :] - pad[:, None]).clamp(min=0)  # (B, T): from each row's first real token
         return positions, attention_mask(slots, n_keys, pad)

@@ -1,5 +1,5 @@
-"""The decoding state GPT.forward takes while sampling: a key/value cache of fixed size per layer, written at the
-slots of the tokens being read, and the left padding of each row, from which the model derives positions and masks."""
+"""The decoding state GPT.forward takes while sampling: a fixed-size key/value cache per layer and each row's left
+padding."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,23 +8,17 @@ import torch
 
 
 class LayerCache:
-    """One layer's keys and values: (B, n_head, capacity, head_size), allocated once. A call writes its keys and values
-    at its tokens' slots and attends over the whole capacity, with a mask that hides the slots not yet reached; so
-    every decoding step has the same shapes (a GPU kernel is planned once, a compiled step never recompiles). Eager on
-    a CPU, in_use trims attention to the slots filled so far instead."""
+    """One layer's keys and values, (B, n_head, capacity, head_size), allocated once. A call writes at its tokens'
+    slots and attends over the whole capacity, the slots not reached masked: every step has the same shapes. Eager on
+    a CPU, in_use trims attention to the slots filled so far."""
 
     def __init__(self, batch_size: int, n_head: int, capacity: int, head_size: int,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         shape = (batch_size, n_head, capacity, head_size)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        # On a CPU, where a new shape costs nothing, attention may read only the slots in use (None: all of them, the
-        # fixed shapes a GPU and a compiled step need). Reading 256 slots instead of the ~190 in use made sampling the
-        # 6x6x384 model 12% slower on a 2-core CPU.
-        self.in_use: int | None = None
-        if self.keys.device.type == "cuda":  # a CUDA graph may replay a step that writes these: the same address always
-            # (guard=False: caches of another shape, which replace these, re-record the graph instead of recompiling;
-            # generate() reuses a model's caches while the shape stays, see model/generate.py's model_caches)
+        self.in_use: int | None = None  # the slots attention reads (None: all, the fixed shapes a GPU needs)
+        if self.keys.device.type == "cuda":  # a CUDA graph replays a step that writes these: keep their address
             torch._dynamo.mark_static_address(self.keys, guard=False)
             torch._dynamo.mark_static_address(self.values, guard=False)
 
@@ -39,7 +33,7 @@ class LayerCache:
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this call's (B, n_head, T, head_size) keys and values at slots (T,); return the n_keys first slots.
-        (With in_use, this call's slots are the last T of them, and a plain slice writes them: cheaper on a CPU.)"""
+        With in_use, the slots are the last T in use, written by a slice."""
         if self.in_use is None:
             self.keys.index_copy_(2, slots, k.to(self.keys.dtype))
             self.values.index_copy_(2, slots, v.to(self.values.dtype))
@@ -52,14 +46,8 @@ class LayerCache:
 
 @dataclass
 class Decoding:
-    """What sampling passes to GPT.forward (keyword decoding=).
-
-    caches: one LayerCache per layer, or None to read the whole window at every step.
-    input_pos: (T,) the slots of this call's tokens in the caches, on the device (with caches; a prefill reads slots
-    0..T-1, a decoding step one slot). Positions and the mask are derived from it, on the device.
-    pad: (B,) how many slots on the left of each row are padding (prompts of different lengths), or None when no
-    row is padded. A padded row then computes exactly what it would alone.
-    """
+    """What sampling passes to GPT.forward (decoding=): caches, one LayerCache per layer (None: the whole window is
+    read every step); input_pos (T,), the slots of this call's tokens; pad (B,), each row's left padding, or None."""
 
     caches: list[LayerCache] | None = None
     input_pos: torch.Tensor | None = None

@@ -1,7 +1,5 @@
-"""Attention as the tutorials write it, for any number of queries and keys and values of any width: the forms of
-scoring a run can choose (FORMS, each declared once), the two scoring functions (dot-product, scaled by 1/√d_k or
-not, and additive) and attend(), which turns scores into weights and the weights into a weighted sum of values. The
-model's attention scores with the same functions, and the attention page computes what the form declares."""
+"""Attention as the tutorials write it, for any lengths and widths: the forms of scoring (FORMS, each declared once),
+dot-product and additive scores, and attend(), scores -> weights -> a weighted sum of values."""
 from __future__ import annotations
 
 import math
@@ -13,9 +11,8 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class Form:
-    """One way of scoring a query against the keys (the setting attention_score), declared here once: the model's
-    attention (model/attention.py), the setting's allowed values (configs/choices.py) and the attention page's data
-    (scripts/attention_html.py, read by gpt.js and page.js) all take it from FORMS."""
+    """One way of scoring a query against the keys (the setting attention_score): the model, the setting's check and
+    the attention page all read it from FORMS."""
     name: str
     scores: str  # how a score is made: "dot" (q·k), "additive" (w·tanh(q + k)), or "none" (no q or k: every score 0)
     scaled: bool  # divided by √d_k before the softmax
@@ -35,28 +32,23 @@ FORMS = {form.name: form for form in (
 
 
 def dot_product_scores(q: torch.Tensor, k: torch.Tensor, scaled: bool = True) -> torch.Tensor:
-    """Queries (..., T_q, d_k) and keys (..., T_k, d_k) -> scores (..., T_q, T_k): q·k, divided by √d_k when scaled,
-    so that scores of unit-variance q and k keep unit variance whatever d_k is."""
+    """Queries (..., T_q, d_k) and keys (..., T_k, d_k) -> scores (..., T_q, T_k): q·k, over √d_k when scaled, so
+    that the scores keep unit variance whatever d_k is."""
     scores = q @ k.transpose(-2, -1)
     return scores / math.sqrt(k.size(-1)) if scaled else scores
 
 
 def additive_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Additive attention (Bahdanau): score(q, k) = wᵀ · tanh(q + k), for queries and keys already brought to the
-    same h hidden units (W_q q and W_k k, whatever widths q and k started with).
-
-    q (..., T_q, h), k (..., T_k, h), w (h,) or one per leading index, e.g. (n_head, h). Returns (..., T_q, T_k).
-    """
+    """Additive attention (Bahdanau): wᵀ · tanh(q + k). q (..., T_q, h), k (..., T_k, h), w (h,) or one per leading
+    index, e.g. (n_head, h) -> (..., T_q, T_k)."""
     hidden = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3))  # (..., T_q, T_k, h): every query-key pair
     return torch.einsum("...qkh,...h->...qk", hidden, w)
 
 
 def attend(scores: torch.Tensor, values: torch.Tensor, keep: torch.Tensor | None = None
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores (..., T_q, T_k) and values (..., T_k, d_v) -> (output (..., T_q, d_v), weights (..., T_q, T_k)).
-
-    keep (broadcastable to the scores) is True where a query may look at a key; the others get weight 0.
-    """
+    """Scores (..., T_q, T_k) and values (..., T_k, d_v) -> (output (..., T_q, d_v), weights). keep is True where a
+    query may look at a key; the others get weight 0."""
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     weights = F.softmax(scores, dim=-1)  # each row sums to 1

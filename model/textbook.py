@@ -1,6 +1,5 @@
-"""The textbook form of attention the tutorials teach: one head written exactly as the formula reads, several heads side
-by side and concatenated, and the softmax of padded rows (right- or left-padded). tests/test_attention.py proves them
-equal to the model's batched attention in model/attention.py."""
+"""The textbook attention the tutorials teach: one head as the formula reads, heads side by side, and the softmax of
+padded rows. tests/test_attention.py proves them equal to model/attention.py."""
 from __future__ import annotations
 
 import math
@@ -12,20 +11,13 @@ import torch.nn.functional as F
 from model.config import ModelConfig
 
 
-# ---------------------------------------------------------------------------------------------
-# Padding. A boolean mask is True where a query may attend to a key.
-# ---------------------------------------------------------------------------------------------
+# ---- padding: a mask is True where a query may attend to a key ----
 PADDING_SIDES = ("left", "right")
 
 
 def valid_key_mask(valid_lens: torch.Tensor, n_keys: int, padding: str) -> torch.Tensor:
-    """Real-token counts (any shape, e.g. (B,) or (B, n_queries)) -> a mask of shape valid_lens.shape + (n_keys,)
-    that is True on the real keys.
-
-    padding="right": a row's real tokens are its first valid_lens positions (the tutorials' and d2l's convention).
-    padding="left": its last valid_lens positions (this project's sampler, which left-pads prompts so that every
-    row's next token is in the same, last, column).
-    """
+    """Real-token counts (e.g. (B,) or (B, n_queries)) -> valid_lens.shape + (n_keys,), True on the real keys: the
+    first valid_lens with padding "right" (d2l's convention), the last with "left" (this project's sampler)."""
     if padding not in PADDING_SIDES:
         raise ValueError(f"padding must be one of {', '.join(PADDING_SIDES)}, got {padding!r}")
     slots = torch.arange(n_keys, device=valid_lens.device)
@@ -34,23 +26,18 @@ def valid_key_mask(valid_lens: torch.Tensor, n_keys: int, padding: str) -> torch
 
 
 def masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor | None, *, padding: str) -> torch.Tensor:
-    """Softmax over the last axis of (B, ..., n_keys) scores, giving zero weight to padding keys.
-
-    valid_lens: None (no padding), (B,) one length per row, or (B, n_queries) one per query. Rows with no valid
-    key at all come out as zeros instead of NaN.
-    """
+    """Softmax over the last axis of (B, ..., n_keys) scores, zero on padding keys. valid_lens: None, (B,) or
+    (B, n_queries). A row with no valid key is zeros, not NaN."""
     if valid_lens is None:
         return F.softmax(scores, dim=-1)
     keep = valid_key_mask(valid_lens, scores.size(-1), padding)
-    while keep.dim() < scores.dim():  # (B, K) or (B, Q, K): broadcast over the axes between batch and queries
+    while keep.dim() < scores.dim():
         keep = keep.unsqueeze(1)
     weights = F.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
     return weights.nan_to_num(0.0)
 
 
-# ---------------------------------------------------------------------------------------------
-# The textbook form: one head at a time, heads run side by side and concatenated.
-# ---------------------------------------------------------------------------------------------
+# ---- one head at a time; heads side by side, concatenated ----
 class Head(nn.Module):
     """One head of causal self-attention, written exactly as the formula reads."""
 
