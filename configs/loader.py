@@ -1,5 +1,5 @@
-"""From the command line to a TrainConfig: a preset from configs/ (or any .toml file), then --field overrides; and
-the config of a run resumed, or fine-tuned from another (--init_from): its checkpoint's, with the command's over it."""
+"""From the command line to a TrainConfig: a preset (or any .toml file), then --field overrides; and the config of a
+run resumed or fine-tuned (--init_from): its checkpoint's, with the command's over it."""
 from __future__ import annotations
 
 import argparse
@@ -30,11 +30,11 @@ EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "t
 
 
 def parse_value(name: str, text) -> object:
-    """One command-line value as its field's type, or a one-line error naming the option and what it expects."""
+    """One command-line value as its field's type, or a one-line error."""
     kind = TYPES[name]
-    if not isinstance(text, str):  # a bare --resume is already True
+    if not isinstance(text, str):
         return text
-    if name == "compile":  # auto | true | false, in any case, and parse_bool's other words (nanoGPT's --compile=False)
+    if name == "compile":  # auto | true | false
         with contextlib.suppress(ValueError):
             return "auto" if text.strip().lower() == "auto" else str(parse_bool(text)).lower()
         return text  # (TrainConfig names the choices)
@@ -50,25 +50,20 @@ def suggest(name: str, candidates) -> str:
 
 
 def unknown_option(option: str) -> UserError:
-    """The one line for an option train.py does not have: nanoGPT's names answered through their explicit map
-    (configs/nanogpt.py), a close match among this trainer's own names suggested, or else --help."""
+    """The one line for an unknown option: nanoGPT's names answered (configs/nanogpt.py), else a close match or
+    --help."""
     name = option.split("=", 1)[0]
     if name.startswith("--") and (answer := nanogpt.unknown_setting(name[2:])):
         return UserError(f"unknown option {name}: {answer}")
-    hint = suggest(name, [f"--{n}" for n in FIELDS if n != "config_name"] + ["--config"])  # (set by --config only)
+    hint = suggest(name, [f"--{n}" for n in FIELDS if n != "config_name"] + ["--config"])
     return UserError(f"unknown option {name}{hint or '; see ' + python_command('train.py') + ' --help'}")
 
 
-class Parser(ArgumentParser):
-    def error(self, message: str):  # e.g. "argument --n_layer: expected one argument", as one line, exit 2
-        raise UserError(message)
-
-
-def build_parser(preset: str = "", values: dict | None = None, why: str = "") -> Parser:
-    """The command line; --help shows each field's value under the preset this command would use (and which)."""
+def build_parser(preset: str = "", values: dict | None = None, why: str = "") -> ArgumentParser:
+    """The command line; --help shows each field's value under the preset this command would use."""
     values = values or {}
     chosen = f" The defaults below are what this command would use: preset {preset}{why}." if preset else ""
-    parser = Parser(
+    parser = ArgumentParser(
         prog="train.py", allow_abbrev=False,
         description="Train a character-level GPT. Settings come from --config (a preset name or .toml file), "
                     "then from --field value / --field=value overrides." + chosen,
@@ -89,9 +84,9 @@ def build_parser(preset: str = "", values: dict | None = None, why: str = "") ->
 
 
 def read_preset(spec: str) -> tuple[Path, dict]:
-    """The --config file (a preset's name is a file in configs/) and its settings, each of its field's type."""
+    """The --config file (a preset's name is a file in configs/) and its settings."""
     path = Path(spec)
-    if path.suffix == ".py":  # nanoGPT's configs are Python, run by its configurator: never run here
+    if path.suffix == ".py":  # nanoGPT's Python configs: never run
         raise nanogpt.python_config(spec)
     if not path.suffix and not path.is_file() and (PRESET_DIR / f"{spec}.toml").is_file():
         path = PRESET_DIR / f"{spec}.toml"
@@ -107,40 +102,38 @@ def read_preset(spec: str) -> tuple[Path, dict]:
         raise UserError(f"--config {spec}: cannot be read ({err.strerror}); give a file you can read") from None
     try:
         values = tomllib.loads(utf8_text(data, f"--config {spec}"))
-    except (tomllib.TOMLDecodeError, RecursionError, MemoryError) as err:  # (nesting deeper than Python's stack)
+    except (tomllib.TOMLDecodeError, RecursionError, MemoryError) as err:
         raise UserError(f"--config {spec}: not valid TOML ({err if isinstance(err, ValueError) else 'nested too deep'})"
                         f"; give a TOML file of settings") from None
     for key in [key for key in values if key not in FIELDS]:
-        if isinstance(values[key], dict):  # a [table] (or a dotted key): the settings are plain name = value lines
-            raise UserError(f"{path}: [{key}] is a table, and a config holds only settings, one name = value a line "
-                            f"(as the presets in configs/ do); move its settings to the top level")
+        if isinstance(values[key], dict):  # a [table], or a dotted key
+            raise UserError(f"{path}: [{key}] is a table, but a config holds only name = value lines; move its "
+                            f"settings to the top level")
         raise UserError(f"{path}: unknown field {key}{suggest(key, FIELDS)}")
     return path, checked_types(values, str(path))
 
 
 def checked_types(values: dict, where: str, types: dict[str, type] = TYPES) -> dict:
-    """Each value of the type its field has (a TOML true is no number), or a one-line error naming the field: the one
-    check of a setting's type, for presets, saved run configs and saved model configs (types: the fields' types).
-    compile is auto | true | false, so a TOML boolean is taken for it too."""
+    """Each value of its field's type (a TOML true is no number), or a one-line error naming the field: the one type
+    check, for presets and saved configs. compile takes a TOML boolean too."""
     values = dict(values)
     for key, value in values.items():
         if key == "compile" and isinstance(value, bool):
             values[key] = str(value).lower()
             continue
         kind = types[key]
-        expected = (int, float) if kind is float else kind  # a TOML 2 is a fine float
+        expected = (int, float) if kind is float else kind
         if not isinstance(value, expected) or (kind is not bool and isinstance(value, bool)):
             raise UserError(f"{where}: {key} = {value!r} should be of type {kind.__name__}")
     return values
 
 
 def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConfig, str, set[str]]:
-    """Returns the config, a line saying which preset was used and why, and the fields the user set
-    (on the command line, or in a --config file named on it): a resumed run applies only those."""
-    first = ArgumentParser(add_help=False, allow_abbrev=False)  # which preset, before anything else
+    """The config, a line naming the preset used and why, and the fields the user set (a resume applies only those)."""
+    first = ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument("--config", action="append")
     named = first.parse_known_args(argv)[0].config or []
-    if len({read_preset(spec)[0].resolve() for spec in named}) > 1:  # a second would replace the first, unsaid
+    if len({read_preset(spec)[0].resolve() for spec in named}) > 1:
         raise UserError(f"--config is given {len(named)} times ({', '.join(named)}); give one, and set single "
                         f"settings on the command line (--n_layer 2 ...)")
     given = named[-1] if named else None
@@ -157,7 +150,7 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         if python := next((u for u in unknown if not u.startswith("-") and u.endswith(".py")), None):
-            raise nanogpt.python_config(python)  # nanoGPT's `python train.py config/train_x.py`
+            raise nanogpt.python_config(python)
         if toml := next((u for u in unknown if not u.startswith("-") and u.endswith(".toml")), None):
             raise UserError(f"{toml}: a config file is given with --config: {python_command('train.py')} --config "
                             f"{shlex.quote(toml)}")
@@ -170,13 +163,12 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
             overrides["resume"] = True
         notes += [said] if said else []
     explicit = set(overrides) | (set(values) if given else set())
-    # min_lr follows a learning rate set alone; a resumed or fine-tuned run's follows that run's ratio instead
-    # (follow_new_learning_rate, which says so), so this note is a new run's only
+    # min_lr follows a learning rate set alone (a resumed or fine-tuned run's note comes later)
     said = follow_learning_rate(values, overrides, name)
     if said and not overrides.get("resume") and not overrides.get("init_from"):
         notes.append(said)
     values = {"config_name": name, **values, **overrides}
-    if "data" in explicit:  # a path means the same text from wherever the run is later resumed or scored
+    if "data" in explicit:  # the same text from any folder
         values["data"] = whole_path(values["data"])
     try:
         return TrainConfig(**values), "\n".join([note, *notes]), explicit
@@ -185,9 +177,8 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
 
 
 def where_from(problem: str, typed: set[str], path: Path | None) -> str:
-    """A setting's check (its first word names the setting: "--max_iters -5: must ..." or "dropout must ...") as the
-    user wrote the value: in their --config file path (its key), or on the command line (its flag). A check of two
-    settings (n_embd by n_head), or of a value from a preset, is said as it is: which to change is the user's call."""
+    """A setting's check said where the user wrote the value: their --config file (its key) or the command line (its
+    flag). A check of two settings, or of a preset's value, is said as it is."""
     name = problem.split(" ", 1)[0].removeprefix("--")
     if name not in FIELDS or sum(re.search(rf"\b{field}\b", problem) is not None for field in FIELDS) > 1:
         return problem
@@ -195,22 +186,19 @@ def where_from(problem: str, typed: set[str], path: Path | None) -> str:
         return problem if problem.startswith("--") else f"--{problem}"
     if path is None or path.resolve().parent == PRESET_DIR.resolve():
         return problem
-    if problem.startswith("--"):  # "--max_iters -5: must not be negative" -> "max_iters = -5: must not be negative"
+    if problem.startswith("--"):
         problem = problem[2:].replace(" ", " = ", 1)
     return f"{path}: {problem}; correct it there, or give --{name} to set it"
 
 
 def whole_path(data: str) -> str:
-    """--data as the run records it: a named corpus as named, a path made absolute (from the folder the command runs
-    in, links kept as written); an empty one stays empty, for data.resolve to refuse."""
+    """--data as the run records it: a named corpus as named, a path made absolute, an empty one empty."""
     return data if data in NAMED or not data.strip() else os.path.abspath(os.path.expanduser(data))
 
 
 def follow_learning_rate(base: dict, overrides: dict, name: str) -> str:
-    """A learning rate set without min_lr: min_lr keeps its ratio to the learning rate in base (a preset, or the
-    settings of the run resumed or fine-tuned, name): a preset's floor of 0.0015 under its rate of 0.015 is a tenth of
-    it, not a number that a lower rate must stay above. Sets it in overrides; returns the note that says so ("" when
-    nothing follows)."""
+    """A learning rate set without min_lr: min_lr keeps its ratio to base's learning rate (a preset, or the run
+    resumed or fine-tuned, name). Sets it in overrides and returns the note ("" when nothing follows)."""
     if "learning_rate" not in overrides or "min_lr" in overrides:
         return ""
     rate, floor = (base.get(field, FIELDS[field].default) for field in ("learning_rate", "min_lr"))
@@ -222,10 +210,9 @@ def follow_learning_rate(base: dict, overrides: dict, name: str) -> str:
 
 
 def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
-    """Rebuild a config saved in a checkpoint: fields this version does not have are ignored, and said so (one it
-    fixes, FIXED, is ignored silently where it holds the value this version uses); missing fields take their
-    defaults; wrong types or values are a one-line error naming the checkpoint."""
-    fixed = {k for k, v in values.items() if k in FIXED and v == FIXED[k]}  # what this version always uses
+    """A config saved in a checkpoint: unknown fields ignored and said (FIXED ones silently), missing ones at their
+    defaults, a wrong one a one-line error naming the checkpoint."""
+    fixed = {k for k, v in values.items() if k in FIXED and v == FIXED[k]}
     ignored = sorted(k for k in values if k not in FIELDS and k not in fixed)
     if ignored:
         say(f"note: {where} has settings this version does not know, ignored: {', '.join(ignored)}")
@@ -236,29 +223,20 @@ def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
         raise UserError(f"{where}: its saved config is invalid ({err})") from None
 
 
-# ---- a run's config from a checkpoint: resumed, or fine-tuned from (--init_from) ------------------------------------
-# What a fine-tuning run takes from this command, never from the run it starts from: its text, its folders, this
-# machine's device and processes, and whether it resumes.
+# ---- a run's config from a checkpoint: resumed, or fine-tuned from (--init_from) ----
+# What a fine-tuning run takes from its own command, never from the run it starts from.
 OWN_SETTINGS = ("data", "cache_dir", "val_fraction", "encoding", "encoding_errors", "out_dir", "resume", "overwrite",
                 "init_from", "device", "num_threads", "ddp")
 
 
-# What a resumed run keeps, whatever the command says, beside its architecture and optimizer: what fixes the text its
-# evaluations measure (each with why, for resume_config's refusal).
-KEPT_ON_RESUME = {
-    "val_fraction": "it fixes the validation split: another would validate on text the model trained on, and choose "
-                    "its best model by losses measured on other text",
-    "encoding": "it fixes how the text's bytes are read as characters: another would go on with other text",
-    "encoding_errors": "it fixes how the text's bytes are read as characters: another would go on with other text",
-    "seed": "it fixes the windows every evaluation measures: another would choose the best model by losses measured "
-            "on other windows",
-    "init_from": "a resume goes on from this run's own checkpoint, and the model a run starts from is read only at "
-                 "its start"}
+# What a resumed run keeps beside its architecture and optimizer, and why.
+KEPT_ON_RESUME = {"val_fraction": "it fixes the validation split", "encoding": "it fixes the text",
+                  "encoding_errors": "it fixes the text", "seed": "it fixes the windows evaluations measure",
+                  "init_from": "a run's first model is read only at its start"}
 
 
 def same_model(given: str, saved: str | None) -> bool:
-    """Whether two --init_from values name the same model: one path however spelled (relative, ./, a trailing slash),
-    or a run's folder and a checkpoint file in it."""
+    """Whether two --init_from values name the same model: one path however spelled, or a folder and a file in it."""
     if not given or not saved:
         return False
     one, other = (Path(value).expanduser().resolve() for value in (given, saved))
@@ -271,8 +249,7 @@ def saved_model_config(state: dict) -> dict:
 
 
 def follow_new_learning_rate(base: dict, values: dict, explicit: set[str], name: str) -> str:
-    """follow_learning_rate for a config rebuilt from a checkpoint's settings (base) with the command's over them
-    (values, min_lr set there when it follows); the note, or ""."""
+    """follow_learning_rate for a checkpoint's settings (base) with the command's over them (values); the note."""
     changed = {field: values[field] for field in ("learning_rate", "min_lr") if field in explicit}
     note = follow_learning_rate(base, changed, name)
     if note:
@@ -281,10 +258,8 @@ def follow_new_learning_rate(base: dict, values: dict, explicit: set[str], name:
 
 
 def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, say=print) -> TrainConfig:
-    """A fine-tuning run's config: the trained model's architecture, and the settings of the run that trained it
-    (its optimizer, learning rate, precision, steps, ...), with what this command sets over them (on its command line,
-    or in a --config file it names; min_lr follows a new learning rate); the text, the folders and the machine are
-    this command's (OWN_SETTINGS). A shape given explicitly that differs is refused (the weights would not fit)."""
+    """A fine-tuning run's config: the trained model's architecture and its run's settings, with this command's over
+    them (OWN_SETTINGS always). A different shape set explicitly is refused: the weights would not fit."""
     saved = saved_model_config(state)
     base = config_from_dict(state["run_config"], str(where), say).to_dict()
     values = cfg.to_dict()
@@ -306,16 +281,13 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
 
 def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
                   ) -> tuple[TrainConfig, TrainConfig]:
-    """(the run's saved config, the config it resumes with): the saved one with only the fields the user set now.
-    What the weights or the optimizer state fix (the shape, the optimizer) is refused, and so are a max_iters behind the
-    run's step and a change to what its evaluations measure (KEPT_ON_RESUME); training settings (dropout, the learning
-    rate, max_iters, ...) change with a note, and the global batch is kept (keep_global_batch)."""
+    """(the run's saved config, the config it resumes with: the saved one with the fields the user set now). A change
+    the weights, optimizer or evaluations cannot take is refused; others are said; the global batch is kept."""
     old = config_from_dict(state["run_config"], str(where), say)
     values = old.to_dict()
-    # Where a run writes is the user's word, never a checkpoint's: the folder being resumed, and the cache the command
-    # line names (or the default one).
+    # where a run writes, and how it starts its processes, are this command's
     values["out_dir"], values["cache_dir"] = cfg.out_dir, cfg.cache_dir
-    values["ddp"] = cfg.ddp  # as this command starts its processes (train() has read it already)
+    values["ddp"] = cfg.ddp
     for name in sorted(explicit - {"resume", "overwrite"}):
         new_value = getattr(cfg, name)
         if new_value == values.get(name) or name == "init_from" and same_model(new_value, values.get(name)):
@@ -329,12 +301,12 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
                             f"{KEPT_ON_RESUME[name]}; leave --{name} (and any --config that sets it) out, or start a "
                             f"new run in another --out_dir (--init_from {shlex.quote(cfg.out_dir)} fine-tunes this "
                             f"run's model)")
-        if name in SHAPE_FIELDS or name == "optimizer":  # the saved weights / optimizer state would not fit
+        if name in SHAPE_FIELDS or name == "optimizer":
             what = "the optimizer" if name == "optimizer" else "the architecture"
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
                             f"leave --{name} (and any --config that sets it) out, as --resume keeps the run's own "
                             f"settings, or start a new run in another --out_dir to change {what}")
-        if name == "num_threads" and new_value == 0:  # not a count: the word to measure one again
+        if name == "num_threads" and new_value == 0:
             say(f"resume: the thread count is measured again (--num_threads 0; this run had {values.get(name)})")
         else:
             say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
@@ -349,8 +321,7 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
 
 
 def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
-    """The model --resume builds (from the run's config) is the one the weights were checked against (the
-    checkpoint's model config): a run config that asks for more is refused before it is built."""
+    """The model --resume builds from the run's config must be the checkpoint's model config."""
     built, saved = cfg.model_config(len(state["vocab"])).to_dict(), saved_model_config(state)
     differ = [name for name in SHAPE_FIELDS if built[name] != saved[name]]
     if differ:
@@ -359,15 +330,14 @@ def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
 
 
 def keep_global_batch(cfg: TrainConfig, explicit: set[str], state: dict, world_size: int, say) -> TrainConfig:
-    """--resume under another number of processes keeps the run's tokens per step: the accumulation steps take up
-    the difference where the run's micro-batches per step divide among the processes, and the resume is refused in
-    one line where they do not (unless the command line sets the batch itself)."""
+    """--resume under another number of processes keeps the tokens per step through grad_accum_steps, or is
+    refused where the micro-batches do not divide (unless the command sets the batch)."""
     saved = state.get("tokens_per_iter")
     micro = cfg.batch_size * cfg.block_size
     now = micro * cfg.grad_accum_steps * world_size
     if saved is None or saved == now or {"grad_accum_steps", "batch_size"} & explicit or saved % micro:
         return cfg
-    per_step = saved // micro  # micro-batches in one step, summed over the processes
+    per_step = saved // micro
     processes = f"{world_size} process{'es' if world_size > 1 else ''}"
     if per_step % world_size:
         raise UserError(f"--resume: this run took {saved:,} tokens per step ({per_step} micro-batches of "

@@ -487,8 +487,8 @@ def test_bad_preset_file_names_the_field(tmp_path):
         bad.write_text("max_iters = 5\n" + table)
         with pytest.raises(UserError) as refused:
             load_config(["--config", str(bad)], False)
-        assert str(refused.value) == (f"{bad}: [model] is a table, and a config holds only settings, one name = value "
-                                      f"a line (as the presets in configs/ do); move its settings to the top level")
+        assert str(refused.value) == (f"{bad}: [model] is a table, but a config holds only name = value lines; "
+                                      f"move its settings to the top level")
     bad.write_text("n_layer = {x = 1}\n")  # a setting's name with a table for its value: the wrong type
     with pytest.raises(UserError, match="n_layer"):
         load_config(["--config", str(bad)], False)
