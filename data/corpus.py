@@ -26,16 +26,14 @@ NAMED = ("shakespeare", "pystdlib")
 
 @dataclass
 class Corpus:
-    """What will be read: files in order, joined by a newline. name is what the run records."""
+    """Files read in order, joined by a newline; name is what the run records."""
 
     name: str
     files: list[Path]
 
 
 def default_cache_dir(chosen: str = "") -> Path:
-    """The cache folder: chosen (a --cache_dir, ~ expanded) if given, else $XDG_CACHE_HOME/chargpt, else
-    ~/.cache/chargpt (a relative XDG_CACHE_HOME is ignored, as its specification asks: it would put a cache in
-    whatever folder the command runs from)."""
+    """--cache_dir if given, else $XDG_CACHE_HOME/chargpt (if absolute), else ~/.cache/chargpt."""
     if chosen:
         return Path(chosen).expanduser()
     base = os.environ.get("XDG_CACHE_HOME", "")
@@ -43,23 +41,21 @@ def default_cache_dir(chosen: str = "") -> Path:
 
 
 def is_binary(path: Path) -> bool:
-    """A NUL byte in the first 8 KB; only a regular file is opened (a device or pipe is refused: data.gate)."""
+    """A NUL byte in the first 8 KB."""
     f, size = open_regular(path, "--data:")
     with f:
         return b"\0" in f.read(min(size, 8192))
 
 
 def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Corpus:
-    """Turn a --data value into a Corpus, downloading or building a named one on first use. fallback: where Tiny
-    Shakespeare cannot be downloaded, use pystdlib (a new training run on the default corpus, which is then named and
-    recorded after it); otherwise that is an error naming the cause (a loss measured on another text than the one
-    named would be wrong, and a mistyped --cache_dir must not become a run on Python's sources)."""
-    if not spec.strip():  # a path of nothing would be the folder the command runs in
+    """A --data value as a Corpus, a named one downloaded or built on first use. fallback: where Tiny Shakespeare
+    cannot be had, use pystdlib (a new run on the default corpus); otherwise that is an error."""
+    if not spec.strip():
         raise UserError("--data is empty; give a text file, a folder of text files, or a named corpus (shakespeare, "
                         "pystdlib)")
     if spec == "shakespeare":
         target = cache_dir / "tinyshakespeare.txt"
-        if differs := copy_differs(target):  # a copy of the user's that is not the original: never downloaded over
+        if differs := copy_differs(target):  # the user's own copy: never replaced
             why = f"{target} is not the expected Tiny Shakespeare ({differs})"
             fix = (f"move it away (the original is then downloaded) or put the original there (char-rnn's input.txt), "
                    f"or train on it as it is: --data {target}")
@@ -96,7 +92,7 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
         return Corpus(str(path), text_files)
     if path.is_file():
         return Corpus(str(path), [path])
-    if path.exists():  # /dev/null, a pipe such as <(zcat corpus.gz), a socket: read more than once, so not usable
+    if path.exists():  # a device, pipe or socket: it cannot be read twice
         raise UserError(f"--data {spec}: not a regular file or folder (a device, pipe or socket); save the text to a "
                         f"file and give that")
     raise UserError(f"--data {spec}: no such file or folder; give a text file, a folder of text files, "
@@ -104,8 +100,7 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
 
 
 def new_partial(target: Path) -> Path:
-    """A new, empty file beside target under a name nobody can guess (mkstemp, O_EXCL), to be written and renamed
-    over target: a link planted in a shared cache cannot redirect the download."""
+    """A new empty file beside target that nobody can guess (mkstemp), so a planted link cannot redirect a write."""
     fd, name = tempfile.mkstemp(dir=target.parent, prefix=f"{target.name}.part-")
     os.close(fd)
     os.chmod(name, 0o644)
@@ -113,8 +108,7 @@ def new_partial(target: Path) -> Path:
 
 
 def copy_differs(target: Path) -> str:
-    """How the file at target differs from Tiny Shakespeare, in a few words; '' where it is the original, or no
-    regular file that can be read."""
+    """How the file at target differs from Tiny Shakespeare; '' where it is the original or cannot be read."""
     try:
         f, size = open_regular(target, "the cached")
         f.close()
@@ -141,20 +135,19 @@ def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
                     out.write(block)
                     bar.update(len(block))
         if sha256_of(partial, "the download") != SHAKESPEARE_SHA256:
-            raise OSError("the download's checksum does not match")  # never use a damaged copy
+            raise OSError("the download's checksum does not match")
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
     return target
 
 
-PYSTDLIB_CHARS = 1_115_394  # as long as Tiny Shakespeare: an offline first run takes as long as an online one
+PYSTDLIB_CHARS = 1_115_394  # as long as Tiny Shakespeare
 
 
 def build_pystdlib(cache_dir: Path) -> Path:
-    """About PYSTDLIB_CHARS characters of the running Python's standard-library sources (tests excluded): text that
-    needs no network. Whole files, in an order set by a hash of their names (so the text mixes the library's corners
-    rather than reading only its first modules alphabetically), the same for the same Python."""
+    """About PYSTDLIB_CHARS characters of this Python's standard library (tests excluded), offline: whole files in
+    the order of a hash of their names, so the text mixes the library's corners."""
     version = ".".join(map(str, sys.version_info[:3]))
     target = cache_dir / f"pystdlib-{version}-{PYSTDLIB_CHARS}.txt"
     if target.exists():

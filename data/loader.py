@@ -1,5 +1,5 @@
 """Batches: random (B, T) windows of token ids from the prepared files, and every validation window in order; and
-Windows, the sliding windows that score any text's every character once."""
+Windows, the sliding windows that score any text."""
 from __future__ import annotations
 
 import numbers
@@ -12,32 +12,27 @@ import torch
 from data.prepare import Prepared, ShortSplit, short_split
 
 
-RESIDENT_MAX_BYTES = 1 << 30  # corpora up to 128M characters are kept on the GPU
+RESIDENT_MAX_BYTES = 1 << 30  # a corpus up to this is kept on the GPU
 
 
 def send(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on the device. To CUDA it goes from pinned memory without waiting: a plain .to() from ordinary
-    memory would make the host wait until the GPU has finished all the work queued before it."""
+    """A host tensor on the device; to CUDA from pinned memory, so the host does not wait for the GPU."""
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
 
 
 def val_window_starts(n_ids: int, block_size: int) -> np.ndarray:
-    """Where the full validation's windows begin in a split of n_ids: side by side, each block_size inputs and the
-    character after them (the tail too short for a window is left out)."""
+    """Where the full validation's windows begin: side by side, each block_size inputs and one target more."""
     return np.arange(0, n_ids - block_size, block_size)
 
 
 class Batches:
-    """x (B, T) int64 token ids and y, the same windows shifted by one character, on the training device.
+    """x (B, T) int64 token ids and y, the same windows shifted by one, on the training device.
 
-    Training windows are drawn with a torch.Generator, so a seed fixes them and state_dict() lets a resumed run
-    continue the same stream. Under DDP every rank draws the same global batch of batch_size * world_size
-    windows and keeps its own slice: the ranks see different windows, the union is exactly what one process
-    with the whole global batch would see, and the stream resumes with any number of processes. Evaluations read
-    fixed_batches(), drawn apart from that stream, and the same windows whatever the number of processes.
-    """
+    A seeded torch.Generator draws the training windows, and state_dict() resumes the stream. Under DDP every rank
+    draws the whole global batch and keeps its slice, so the windows do not depend on the number of processes.
+    Evaluations read fixed_batches(), apart from that stream."""
 
     def __init__(self, prepared: Prepared, block_size: int, batch_size: int, device: torch.device | str,
                  seed: int = 0, rank: int = 0, world_size: int = 1, resident: bool | None = None):
@@ -47,7 +42,7 @@ class Batches:
         dtype = np.dtype(prepared.meta["dtype"])
         self.data = {}
         sizes = {split: prepared.meta[f"n_{split}"] for split in ("train", "val")}
-        if (short := short_split(sizes, block_size)) is not None:  # (prepare saw to it that block_size 1 fits)
+        if (short := short_split(sizes, block_size)) is not None:
             raise ShortSplit(f"{short.problem()}; give --block_size {short.largest} or less (the most both splits "
                              f"allow: train {sizes['train']:,}, val {sizes['val']:,}), a longer corpus or a different "
                              f"--val_fraction", short)
@@ -56,8 +51,7 @@ class Batches:
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
         self._steps = np.arange(block_size + 1)
-        # On CUDA a corpus that fits is copied to the GPU once, and each batch is gathered there: no pinned
-        # host copy and no transfer per step. Elsewhere (or for corpora over RESIDENT_MAX_BYTES) windows are
+        # On CUDA a corpus that fits is copied to the GPU once and batches are gathered there; elsewhere they are
         # read from the memory-mapped files.
         if resident is None:
             size = sum(len(d) for d in self.data.values()) * 8  # held as int64
@@ -69,82 +63,72 @@ class Batches:
             self._steps_t = torch.arange(block_size + 1, device=self.device)
 
     def get_batch(self, split: str, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random windows of a split, from the training stream (or from generator): x (B, T) and y (B, T), y[b, t]
-        the character that follows x[b, t]."""
+        """Random windows of a split from the training stream (or generator): x (B, T) and y (B, T)."""
         data = self.data[split]
         starts = torch.randint(len(data) - self.block_size, (self.batch_size * self.world_size,),
                                generator=generator or self.generator)
         mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]  # this rank's share
-        if self.resident is not None:  # gathered on the GPU from the copy there
+        if self.resident is not None:
             tokens = self.resident[split][send(mine, self.device)[:, None] + self._steps_t]  # (B, T+1)
         else:
             tokens = send(torch.from_numpy(data[mine.numpy()[:, None] + self._steps].astype(np.int64)), self.device)
         return tokens[:, :-1], tokens[:, 1:]
 
     def fixed_batches(self, split: str, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """n x batch_size random windows of a split, the same at every call: drawn with a generator of their own,
-        seeded by the run's seed and the split. So every evaluation measures its checkpoint on the same windows (two
-        estimates then differ by what the model learned, not by which windows were drawn), and evaluating more or
-        less often never changes the batches training reads.
-
-        The windows are the same whatever the number of processes: under DDP each rank reads its share (every
-        world_size-th window) in batches of batch_size, padded as val_windows() pads, so that every rank reads as
-        many batches and the ranks' sum is the sum over all the windows, as one process measures it."""
+        """n x batch_size random windows of a split, the same at every call (their own generator, seeded by the seed
+        and the split), so every evaluation measures the same windows. Under DDP each rank reads every
+        world_size-th window, padded as val_windows() pads."""
         generator = torch.Generator().manual_seed(self.seed + 1 + ("train", "val").index(split))
         draws = len(self.data[split]) - self.block_size
-        starts = torch.randint(draws, (n * self.batch_size,), generator=generator)  # (8 bytes a window)
+        starts = torch.randint(draws, (n * self.batch_size,), generator=generator)
         mine = starts.numpy()[self.rank::self.world_size]
         yield from self._padded(split, mine, self.num_fixed_batches(n), self.batch_size)
 
     def num_fixed_batches(self, n: int) -> int:
-        """How many batches fixed_batches(split, n) yields on each rank: rank 0's share, which is the largest."""
+        """How many batches fixed_batches(split, n) yields on each rank (rank 0's share, the largest)."""
         share = -(-n * self.batch_size // self.world_size)  # rounded up
         return -(-share // self.batch_size)
 
     def val_windows(self, batch_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Every non-overlapping block_size window of the validation split, in order, batch by batch (under DDP, this
-        rank's share: every world_size-th window). Every batch has the same size (see _padded): a compiled model sees
-        one shape (a smaller last batch would make it compile again), and every rank reads as many batches as the
-        others (they meet batch by batch)."""
+        """Every block_size window of the validation split side by side, in batches of one size (a compiled model
+        sees one shape, and every rank reads as many). Under DDP, every world_size-th window."""
         step = batch_size or self.batch_size
         yield from self._padded("val", self._val_starts(), self.num_val_batches(step), step)
 
     def _padded(self, split: str, starts: np.ndarray, n_batches: int,
                 step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The windows of a split that begin at starts, in n_batches batches of step rows: the rows after the last
-        window read the first one again (or the split's start), with targets -1, which the loss ignores."""
+        """The windows at starts, in n_batches batches of step rows; rows past the last window have targets -1, which
+        the loss ignores."""
         data = self.data[split]
         for i in range(0, n_batches * step, step):
             mine = starts[i:i + step]
             n_pad = step - len(mine)
-            mine = np.pad(mine, (0, n_pad))  # padding rows read the first window again
+            mine = np.pad(mine, (0, n_pad))
             windows = data[mine[:, None] + self._steps]  # (B, T+1)
             tokens = send(torch.from_numpy(windows.astype(np.int64)), self.device)
             x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
-            if n_pad:  # (y shares its memory with x) a new y, laid out as every other batch's: rows of T + 1
+            if n_pad:  # a new y (y shares x's memory), laid out as every other batch's
                 padded = y.new_full((step, self.block_size + 1), -1)[:, 1:]
                 padded[:step - n_pad] = y[:step - n_pad]
                 y = padded
             yield x, y
 
     def _val_starts(self, rank: int | None = None) -> np.ndarray:
-        """Where this rank's windows (or another rank's) begin."""
+
         return val_window_starts(len(self.data["val"]), self.block_size)[self.rank if rank is None else
                                                                          rank::self.world_size]
 
     def val_fits(self, n_batches: int) -> bool:
-        """Whether the validation split has no more windows than n_batches batches of random ones (fixed_batches):
-        counted over all ranks, so that the answer is the same whatever the number of processes."""
+        """Whether the validation split has no more windows than n_batches random batches, over all ranks."""
         return len(val_window_starts(len(self.data["val"]), self.block_size)) <= n_batches * self.batch_size
 
     def num_evaluation_batches(self, eval_iters: int) -> int:
-        """How many batches an evaluation (training.evaluation.evaluate) reads on each rank: the training split's
-        estimate, and the validation split's, or that split whole where it fits."""
+        """How many batches an evaluation reads on each rank (the validation split whole where it fits)."""
         estimate = self.num_fixed_batches(eval_iters)
         return estimate + (self.num_val_batches() if self.val_fits(eval_iters) else estimate)
 
     def num_val_batches(self, batch_size: int | None = None) -> int:
-        """How many batches val_windows() yields: the same on every rank (rank 0 has the most windows)."""
+        """How many batches val_windows() yields, the same on every rank."""
         return -(-len(self._val_starts(rank=0)) // (batch_size or self.batch_size))  # rounded up
 
     def state_dict(self) -> dict:
@@ -155,8 +139,7 @@ class Batches:
 
 
 def check_stride(stride: object, block_size: int) -> None:
-    """The characters between windows' starts, as evaluate.py's --stride and TrainedRun.score take it: a whole number
-    (else a TypeError) from 1 to the model's block_size (else a ValueError), the line naming it and its value."""
+    """evaluate.py's --stride and TrainedRun.score's: a whole number from 1 to block_size."""
     if isinstance(stride, bool) or not isinstance(stride, numbers.Integral):
         raise TypeError(f"stride {stride!r}: must be a whole number, not {type(stride).__name__}")
     if not 1 <= stride <= block_size:
@@ -165,10 +148,8 @@ def check_stride(stride: object, block_size: int) -> None:
 
 @dataclass(frozen=True)
 class Windows:
-    """Windows that score each of ids[1:] once (ids[0] has no context), a batch at a time, nothing kept per window:
-    window k reads ids[begin:end] and predicts ids[begin + 1:end + 1], begin = k x stride, end = begin + block_size
-    (or the text's end), scoring the targets after the previous window's end. stride = block_size: windows side by
-    side (a run's full validation); a smaller stride gives each scored character block_size - stride or more context."""
+    """Windows that score each of ids[1:] once: window k reads ids[k*stride : k*stride + block_size] (or to the end)
+    and scores the targets after the previous window's end. A smaller stride gives more context."""
     n_ids: int
     block_size: int
     stride: int
@@ -179,18 +160,18 @@ class Windows:
     def __len__(self) -> int:
         if self.n_ids < 2:
             return 0
-        return max(0, -(-(self.n_ids - 1 - self.block_size) // self.stride)) + 1  # the first to reach the end is last
+        return max(0, -(-(self.n_ids - 1 - self.block_size) // self.stride)) + 1
 
     def batch(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(begin, end, first scored target) of windows first .. first + count - 1, each an int64 tensor."""
         k = torch.arange(first, min(first + count, len(self)), dtype=torch.int64)
         end = (k * self.stride + self.block_size).clamp(max=self.n_ids - 1)
-        before = ((k - 1) * self.stride + self.block_size).clamp(max=self.n_ids - 1)  # the previous window's end
+        before = ((k - 1) * self.stride + self.block_size).clamp(max=self.n_ids - 1)
         return k * self.stride, end, torch.where(k == 0, 1, before + 1)
 
     def by_length(self, first: int, count: int) -> list[tuple[int, slice]]:
-        """Windows first .. first + count - 1 grouped by length, as (length, their rows of batch()): all block_size
-        long but the text's last, which may be shorter. Arithmetic on the host: no tensor is read."""
+        """Windows first .. first + count - 1 as (length, their rows of batch()): all block_size long but maybe the
+        text's last. No tensor is read."""
         rows = min(first + count, len(self)) - first
         last = first + rows - 1
         last_length = min(last * self.stride + self.block_size, self.n_ids - 1) - last * self.stride

@@ -1,11 +1,11 @@
-"""Preparing a corpus: stream it once for its checksum (the cache's key), once for its characters, once more to write
-train.bin / val.bin token files; the entry is kept only where each pass read the bytes the key sums."""
+"""Preparing a corpus into cached token files (train.bin, val.bin): one pass for its checksum (the cache's key), one
+for its characters, one to write the tokens; an entry is kept only where each pass read the bytes the key sums."""
 from __future__ import annotations
 
-if __name__ == "__main__":  # run as a file, as nanoGPT's data/*/prepare.py scripts are
+if __name__ == "__main__":  # run as nanoGPT's data/*/prepare.py scripts are
     import sys
-    print("error: data/prepare.py is the library the commands use, not a command; prepare a corpus with: python "
-          "scripts/prepare.py --data FILE (python train.py --data FILE also prepares it)", file=sys.stderr)
+    print("error: data/prepare.py is a library, not a command; prepare a corpus with: python scripts/prepare.py "
+          "--data FILE", file=sys.stderr)
     raise SystemExit(2)
 
 import codecs
@@ -33,7 +33,7 @@ class Prepared:
     dir: Path
     meta: dict
     tokenizer: CharTokenizer
-    reused: bool = False  # True when the cache was already up to date
+    reused: bool = False
     seconds: float = 0.0
 
     def path(self, split: str) -> Path:
@@ -42,7 +42,7 @@ class Prepared:
 
 @dataclass
 class Shortfall:
-    """The first split (train, then val) too short for one window of block_size + 1 characters, and what can help."""
+    """The first split too short for one window of block_size + 1 characters, and what can help."""
     split: str
     sizes: dict[str, int]  # each split's characters
     block_size: int
@@ -59,21 +59,19 @@ class Shortfall:
 
     @property
     def other_fraction(self) -> str:
-        """Another --val_fraction, where one helps (0.5 gives both splits a window from twice its length on)."""
+        """Another --val_fraction, where one helps."""
         return (f" or a {'larger' if self.split == 'val' else 'smaller'} --val_fraction"
                 if sum(self.sizes.values()) >= 2 * (self.block_size + 1) else "")
 
 
 def short_split(sizes: dict[str, int], block_size: int = 1) -> Shortfall | None:
-    """The shortfall of splits of these sizes for block_size, or None. At block_size 1, the smallest a model has, a
-    split of fewer than 2 characters: one no model trains on."""
+    """The shortfall of splits of these sizes for block_size, or None."""
     split = next((split for split, n in sizes.items() if n < block_size + 1), None)
     return None if split is None else Shortfall(split, sizes, block_size)
 
 
 class ShortSplit(UserError):
-    """A split too short for one window. Its line says what a new run can change; its shortfall lets a run that keeps
-    its block_size say what it can (training.opening)."""
+    """A split too short for one window; its shortfall lets a resumed run say what it can change."""
 
     def __init__(self, line: str, shortfall: Shortfall):
         super().__init__(line)
@@ -81,9 +79,7 @@ class ShortSplit(UserError):
 
 
 def check_splits(name: str, n_train: int, n_val: int, val_fraction: float) -> None:
-    """A text whose split leaves either part too short for any model (short_split at block_size 1) is refused,
-    before its token files are written or a cached entry of it is used; the block_size a run asks for is checked
-    where its batches are drawn (data.loader.Batches)."""
+    """Refuse a text whose split leaves a part too short for any model, before anything is written or used."""
     if (short := short_split({"train": n_train, "val": n_val})) is not None:
         n_chars = n_train + n_val
         raise ShortSplit(f"--data {name}: too short: --val_fraction {val_fraction:g} splits its {n_chars:,} "
@@ -93,10 +89,8 @@ def check_splits(name: str, n_train: int, n_val: int, val_fraction: float) -> No
 
 
 def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterator[str]:
-    """The corpus as a stream of text chunks: files joined by a newline, decoded incrementally, each read to the size
-    it had when opened (data.gate.corpus_blocks). digest, when given, takes the bytes read: their checksum, to compare
-    with the one the cache is keyed by."""
-    current, decoder, offset = -1, None, 0  # offset: bytes of this file handed to the decoder so far
+    """The corpus as text chunks: files joined by a newline, decoded incrementally. digest takes the bytes read."""
+    current, decoder, offset = -1, None, 0  # offset: bytes of this file decoded so far
     for i, path, block in corpus_blocks(corpus.files, digest):
         if i != current:
             if i:
@@ -108,13 +102,13 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
             if offset == 0 and (bom := unicode_bom(err.object)) and bom.lower() not in codecs.lookup(encoding).name:
                 raise UserError(f"{path} is {bom} text (it begins with a byte-order mark), not {encoding}; pass "
                                 f"--encoding {bom.lower()}") from None
-            if b"\0" in err.object and codecs.decode(b"\0", encoding, "ignore") == "\0":  # binary, not text in
-                raise binary(path) from None  # another encoding: --encoding would not help
-            pending = len(err.object) - len(block)  # bytes the decoder held back from the last block
+            if b"\0" in err.object and codecs.decode(b"\0", encoding, "ignore") == "\0":  # binary
+                raise binary(path) from None
+            pending = len(err.object) - len(block)
             raise UserError(
                 f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
                 f"pass --encoding (e.g. latin-1) or --encoding_errors replace") from None
-        except UnicodeError as err:  # e.g. utf-16 without a byte-order mark
+        except UnicodeError as err:
             raise UserError(f"{path} is not valid {encoding} ({err}); pass the file's own --encoding, "
                             f"e.g. utf-8") from None
         if "\0" in text:
@@ -125,8 +119,7 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
 
 
 def unicode_bom(start: bytes) -> str:
-    """'UTF-32' or 'UTF-16' where the bytes begin with that encoding's byte-order mark (a Windows "Unicode" file), else
-    ''."""
+    """'UTF-32' or 'UTF-16' where the bytes begin with its byte-order mark, else ''."""
     if start.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
         return "UTF-32"
     return "UTF-16" if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else ""
@@ -137,8 +130,7 @@ def binary(path: Path) -> UserError:
 
 
 def corpus_key(corpus: Corpus, encoding: str, errors: str, val_fraction: float) -> tuple[str, str, int]:
-    """(sha256 of the bytes read, cache folder name: that hash plus the settings that change the tokens, the number
-    of bytes read)."""
+    """(sha256 of the bytes, the cache folder's name, the number of bytes)."""
     digest, n_bytes = hashlib.sha256(), 0
     for _, _, block in corpus_blocks(corpus.files, digest):
         n_bytes += len(block)
@@ -147,7 +139,7 @@ def corpus_key(corpus: Corpus, encoding: str, errors: str, val_fraction: float) 
 
 def check_encoding(encoding: str, errors: str) -> None:
     try:
-        "a".encode(encoding)  # codecs.lookup alone would accept rot13 or base64, which are not text encodings
+        "a".encode(encoding)  # codecs.lookup would take rot13
     except LookupError:
         raise UserError(f"--encoding {encoding}: not a text encoding; try utf-8 or latin-1") from None
     if errors not in ("strict", "replace", "ignore"):
@@ -155,7 +147,7 @@ def check_encoding(encoding: str, errors: str) -> None:
 
 
 def remove_stale(folder: Path) -> None:
-    """Temporary folders of preparations whose process no longer runs (killed, or the machine went down)."""
+    """Remove temporary folders of preparations whose process is gone."""
     for tmp in folder.glob("*.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not process_alive(int(pid)):
@@ -175,13 +167,11 @@ def process_alive(pid: int) -> bool:
 def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             encoding: str = "utf-8", errors: str = "strict", say=print, base_vocab: str = "",
             check: Callable[[str, str | None], None] | None = None) -> Prepared:
-    """Write (or reuse) the token files of a corpus. Returns where they are and what they hold.
+    """Write (or reuse) the token files of a corpus.
 
-    base_vocab (fine-tuning): the vocabulary starts with these characters, in this order, so a trained model's ids
-    keep their meaning; the corpus's other characters follow. check(sha256, vocabulary), when given, is called with
-    the text's checksum as soon as it is known (vocabulary None), before the text is read a second time, and again
-    with its vocabulary before any file is written (or a cached entry is used); it may refuse them (--resume checks
-    the text against its checkpoint's record this way, so a refused resume reads no more and writes nothing)."""
+    base_vocab (fine-tuning): the vocabulary starts with these characters, so a trained model's ids keep their
+    meaning. check(sha256, vocabulary) may refuse the text: called once the checksum is known (vocabulary None), and
+    again before anything is written or used (--resume checks its text this way)."""
     check_encoding(encoding, errors)
     start = time.perf_counter()
     sha256, key, n_bytes = corpus_key(corpus, encoding, errors, val_fraction)
@@ -189,7 +179,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
         check(sha256, None)
     if base_vocab:
         key += "-base" + hashlib.sha256(base_vocab.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    final = cache_dir / "prepared" / f"{key}-f{FORMAT}"  # (each format its own entry: versions sharing a cache coexist)
+    final = cache_dir / "prepared" / f"{key}-f{FORMAT}"
     remove_stale(final.parent)
     if final.exists():
         meta, why = cache_entry(final)
@@ -197,7 +187,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             check_splits(corpus.name, meta["n_train"], meta["n_val"], val_fraction)
             if check is not None:
                 check(sha256, meta["vocab"])
-            meta["source"] = corpus.name  # the cache is keyed by content: the same text under another name is this one
+            meta["source"] = corpus.name
             meta["bytes"] = n_bytes
             return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
         say(f"note: the cached token files in {final} {why}; preparing them again")
@@ -212,7 +202,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
 
 
 def discard(entry: Path) -> None:
-    """Take a damaged entry out of the way at once (a rename), then delete it."""
+    """Rename a damaged entry out of the way, then delete it."""
     trash = entry.with_name(f"{entry.name}.damaged-{os.getpid()}")
     try:
         os.replace(entry, trash)
@@ -224,9 +214,8 @@ def discard(entry: Path) -> None:
 def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_fraction: float, encoding: str,
           errors: str, start: float, base_vocab: str = "", check: Callable[[str, str | None], None] | None = None
           ) -> Prepared:
-    """Two more passes over the text, each read with its checksum: the entry keyed by sha256 is kept only if both
-    read exactly the bytes that sha256 sums (a file edited, truncated or replaced meanwhile leaves no entry)."""
-    # Pass 1: which characters occur, and how many there are.
+    """Two more passes, each checked against sha256: a file changed meanwhile leaves no entry."""
+    # Pass 1: which characters occur, and how many.
     seen = np.zeros(0x110000, dtype=bool)
     n_chars = 0
     digest = hashlib.sha256()
@@ -244,10 +233,9 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
         check(sha256, tokenizer.chars)
     check_splits(corpus.name, n_train, n_chars - n_train, val_fraction)
 
-    # Pass 2: encode and write, the first n_train characters to train.bin and the rest to val.bin.
+    # Pass 2: the first n_train characters to train.bin, the rest to val.bin.
     final.parent.mkdir(parents=True, exist_ok=True)
-    # A new folder under a name nobody can guess (mkdtemp: O_EXCL-like, mode 0700): a link planted in a shared cache
-    # cannot redirect the writes. The pid ends the name, for remove_stale.
+    # A folder nobody can guess (mkdtemp), so a planted link cannot redirect the writes; the pid ends its name.
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f"{key}.tmp-", suffix=f"-{os.getpid()}"))
     os.chmod(tmp, 0o755)
     try:
@@ -257,16 +245,16 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
             for text in read_text(corpus, encoding, errors, digest):
                 cut = max(0, min(len(text), n_train - written))
                 try:
-                    # write(tobytes()) rather than tofile(): a Ctrl-C inside tofile surfaces as a TypeError
+                    # tobytes(), not tofile(): a Ctrl-C inside tofile surfaces as a TypeError
                     if cut:
                         train.write(tokenizer.encode_array(text[:cut]).tobytes())
                     if cut < len(text):
                         val.write(tokenizer.encode_array(text[cut:]).tobytes())
-                except ValueError:  # a character the first pass did not see: the text changed in between
+                except ValueError:  # the text changed in between
                     raise text_changed(corpus.name, "while it was written as tokens") from None
                 written += len(text)
         same_text(corpus.name, sha256, digest, "while it was written as tokens")
-        if written != n_chars:  # (the same bytes decode to the same characters)
+        if written != n_chars:
             raise UserError(f"--data {corpus.name}: {written:,} characters decoded where the first pass counted "
                             f"{n_chars:,}; nothing was cached; run the command again")
         meta = {
@@ -277,15 +265,14 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
             "val_fraction": val_fraction, "n_train": n_train, "n_val": n_chars - n_train,
             "base_vocab_size": len(base_vocab),
         }
-        # errors: a file name that is not UTF-8 (a surrogate in Python) is written as its JSON escape,
-        # read back the same
+        # a file name that is not UTF-8 is written as its escape
         (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8",
                                        errors="backslashreplace")
-        os.replace(tmp, final)  # all at once: an interrupted prepare never leaves a cache that looks done
+        os.replace(tmp, final)  # all at once: no half-done entry
     except OSError:
         if not (final / "meta.json").exists():
             raise
-        # another process finished the same cache first; theirs is identical
-    finally:  # also on Ctrl-C or SIGTERM (both raise here): no temporary folder is left behind
+        # another process finished the same entry first
+    finally:  # also on Ctrl-C or SIGTERM
         shutil.rmtree(tmp, ignore_errors=True)
     return Prepared(final, meta, tokenizer, reused=False, seconds=time.perf_counter() - start)

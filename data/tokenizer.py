@@ -1,5 +1,5 @@
-"""CharTokenizer: one token per character; the vocabulary is the sorted set of the corpus's characters (for a
-fine-tuned model: its first model's vocabulary, then the new text's other characters, sorted)."""
+"""CharTokenizer: one token per character; the vocabulary is the corpus's characters, sorted (a fine-tuned model's:
+its first model's, then the new ones)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,7 @@ from errors import UserError
 
 
 def codepoints(text: str) -> np.ndarray:
-    """The Unicode code points of a string as a uint32 array (vectorised ord)."""
+    """A string's code points as a uint32 array."""
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
 
 
@@ -22,9 +22,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def vocabulary_difference(first: str, second: str, names: tuple[str, str], shown: int = 6) -> str:
-    """How two vocabularies differ, in a few words: up to `shown` characters found in only one of them (names: what
-    each is), each written as repr writes it, so that a newline, a tab or a control character is seen and not
-    printed; or that they hold the same characters in another order."""
+    """How two vocabularies differ, in a few words: up to `shown` characters only in one of them, as repr writes
+    them."""
     apart = [[ch for ch in a if ch not in others] for a, others in ((first, set(second)), (second, set(first)))]
     if not any(apart):
         return "the same characters in another order"
@@ -39,8 +38,8 @@ class CharTokenizer:
             raise ValueError("the vocabulary must not repeat a character")
         self.chars = chars
         self.stoi = {ch: i for i, ch in enumerate(chars)}
-        self._table: np.ndarray | None = None  # code point -> id, built on first encode_array()
-        self._known: np.ndarray | None = None  # code point -> whether it is in the vocabulary, built with it
+        self._table: np.ndarray | None = None  # code point -> id
+        self._known: np.ndarray | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -51,15 +50,14 @@ class CharTokenizer:
         return token_dtype(self.vocab_size)
 
     def default_prompt(self, first_char: str | None = None) -> str:
-        """What to start a sample from when the user gives nothing: a newline where the text has lines, else the
-        character the training text starts with (a one-line text, Chinese say, may have no newline at all)."""
+        """A sample's start when none is given: a newline where the text has one, else its first character."""
         for candidate in ("\n", first_char):
             if candidate and candidate in self.stoi:
                 return candidate
         return self.chars[0]
 
     def unknown(self, text: str) -> list[str]:
-        """The characters of text that are not in the vocabulary, each once, in order of appearance."""
+        """The characters of text not in the vocabulary, each once, in order."""
         return list(dict.fromkeys(ch for ch in text if ch not in self.stoi))
 
     def encode(self, text: str) -> list[int]:
@@ -69,9 +67,8 @@ class CharTokenizer:
         return [self.stoi[ch] for ch in text]
 
     def encode_array(self, text: str) -> np.ndarray:
-        """Encode a (large) string whose characters are all in the vocabulary, vectorised; a character outside it is a
-        ValueError (its id would otherwise be read as 0, another character)."""
-        if self._table is None:  # a gather through a table beats a dict lookup per character by ~100x
+        """Encode a large string through a table; a character outside the vocabulary is a ValueError."""
+        if self._table is None:
             self._table = np.zeros(0x110000, dtype=self.dtype)
             self._table[[ord(c) for c in self.chars]] = np.arange(self.vocab_size)
             self._known = np.zeros(0x110000, dtype=bool)
