@@ -1,11 +1,6 @@
-"""torch.hub's entry to a trained run: torch.hub.load(CHECKOUT, "chargpt", RUN_FOLDER, source="local") gives the run's
-model and tokenizer, with generate(prompt or prompts), logits(text), score(text) and to(device, dtype), from any Python
-program, without putting this checkout on its path.
-
-This project's modules have plain top-level names (model, data, common, training, configs, errors), which a program
-may use for its own modules. So they are imported here under those names only while this file's code runs, and the
-program's own modules of the same names are put back in sys.modules afterwards; every call that may import
-(loading, generating) runs inside the same swap."""
+"""torch.hub's entry to a trained run: torch.hub.load(CHECKOUT, "chargpt", RUN_FOLDER, source="local") gives its model
+and tokenizer, with generate, logits, score and to. The project's modules (model, data, ...) are in sys.modules only
+while this file's code runs, so a program's own modules of those names are put back afterwards."""
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +23,7 @@ def _owned(name: str) -> bool:
 
 @contextlib.contextmanager
 def _project() -> Iterator[None]:
-    """This checkout's modules in sys.modules (and the checkout on sys.path) for the duration; the caller's own
-    modules of those names, if any, back afterwards."""
+    """This checkout's modules in sys.modules for the duration; the caller's own back afterwards."""
     theirs = {name: module for name, module in sys.modules.items() if _owned(name)}
     for name in theirs:
         del sys.modules[name]
@@ -45,9 +39,8 @@ def _project() -> Iterator[None]:
 
 
 class TrainedRun:
-    """A trained run's model (a torch.nn.Module, in eval mode) and tokenizer: text generation with sample.py's settings
-    and defaults, one prompt or a batch of them; the logits of a text; its score in bits per character, as
-    scripts/evaluate.py measures it; and to(device, dtype)."""
+    """A trained run's model (in eval mode) and tokenizer: generate as sample.py does, logits, score as evaluate.py
+    does, and to(device, dtype)."""
 
     def __init__(self, model, tokenizer, state: dict, path: Path):
         self.model, self.tokenizer, self.path = model, tokenizer, path
@@ -57,7 +50,7 @@ class TrainedRun:
         loss = state.get("best_val_loss")
         self.val_loss = loss if isinstance(loss, float) and math.isfinite(loss) else None
         run = state.get("run_config") if isinstance(state.get("run_config"), dict) else {}
-        self.run_dtype = run.get("dtype", "auto")  # what the run trained in: scoring's autocast, as evaluate.py's
+        self.run_dtype = run.get("dtype", "auto")  # scoring's autocast, as evaluate.py's
         self.batch_size = run.get("batch_size", 16)
 
     def _ids(self, text: str, what: str) -> list[int]:
@@ -71,14 +64,9 @@ class TrainedRun:
 
     def generate(self, prompt: str | list[str] | tuple[str, ...] | None = None, max_new_tokens: int = 500,
                  seed: int = 1337, **sampling) -> str | list[str]:
-        """The prompt's continuation (the new text only; the prompt left out: sample.py's default, a newline where
-        the text has them): the same seed and settings give the same text as
-        python scripts/sample.py --prompt PROMPT --stream with those settings. A list of prompts is continued in one
-        batch (left-padded; each row computes what it would alone), a list of texts back: the same texts as
-        sample.py --prompt_file F --prompts_per_line --no-stream with F's lines the prompts (a tuple of prompts is
-        taken as a list). max_new_tokens, seed and sampling are checked as sample.py checks its flags (a TypeError or
-        ValueError naming the option); sampling: sample.py's options, model/generate.py's Sampling: temperature
-        (default 0.8; 0 = greedy), top_k, top_p."""
+        """The prompt's continuation (the new text only), the text sample.py --prompt PROMPT --stream gives with the
+        same seed and settings. A list of prompts is one batch, and gives a list of texts. sampling: temperature
+        (default 0.8; 0 = greedy), top_k, top_p, checked as sample.py checks them."""
         import dataclasses
 
         import torch
@@ -103,13 +91,13 @@ class TrainedRun:
             fits = (f"out of memory: {len(rows):,} prompt(s) and {int(max_new_tokens):,} new characters do not fit on "
                     f"{device.type}; ask for fewer max_new_tokens or fewer prompts")
             machine = importlib.import_module("common.machine")
-            free = machine.free_memory() if device.type == "cpu" else None  # (checked first, as sample.py)
+            free = machine.free_memory() if device.type == "cpu" else None
             if free is not None and generate.bytes_needed(self.model, len(rows), max(map(len, rows)),
                                                           int(max_new_tokens)) > free:
                 raise MemoryError(fits)
             try:
                 new = generate.generate(self.model, rows, int(max_new_tokens), **options, generator=generator,
-                                        finite_only=True)  # NaN or inf scores: a ValueError, never text drawn from them
+                                        finite_only=True)
             except (MemoryError, RuntimeError) as err:
                 if isinstance(err, RuntimeError) and not machine.is_out_of_memory(err):
                     raise
@@ -118,9 +106,8 @@ class TrainedRun:
         return texts if batch else texts[0]
 
     def logits(self, text: str):
-        """The model's logits after each character of text (at most block_size of them): a float32 tensor (len(text),
-        vocab_size) whose row i scores the character that would follow text[:i + 1] (softmax for probabilities;
-        self.tokenizer.chars names the columns)."""
+        """The logits after each character of text (at most block_size): float32 (len(text), vocab_size); row i
+        scores the character after text[:i + 1], and self.tokenizer.chars names the columns."""
         import torch
 
         ids = self._ids(text, "text")
@@ -132,11 +119,8 @@ class TrainedRun:
             return self.model(idx)[0][0].float()
 
     def score(self, text: str, stride: int | None = None) -> float:
-        """Bits per character of text under the model, every character but the first scored once, in windows of up to
-        block_size characters that start every stride (default block_size; from 1 to block_size, as evaluate.py
-        checks its --stride) characters: the figure
-        python scripts/evaluate.py --data FILE --stride STRIDE prints for a file holding text (in the run's
-        precision, as evaluate.py's default, and its batch size)."""
+        """Bits per character of text, every character but the first scored once in windows that start every stride
+        (default block_size) characters: what scripts/evaluate.py --data FILE --stride STRIDE prints."""
         ids = self._ids(text, "text")
         if len(ids) < 2:
             raise ValueError("score() needs at least two characters: the first is only context")
@@ -148,7 +132,7 @@ class TrainedRun:
             place = self.model.wte.weight.device
             try:
                 runtime = machine.Runtime(place, machine.pick_dtype(self.run_dtype, place))
-            except importlib.import_module("errors").UserError as err:  # (float16 on a CPU)
+            except importlib.import_module("errors").UserError as err:
                 raise ValueError(f"{err}; move the model with to(device) first") from None
             block_size = self.model.config.block_size
             windows = importlib.import_module("data.loader").Windows(len(ids), block_size,
@@ -158,8 +142,7 @@ class TrainedRun:
         return nats / scored / math.log(2)
 
     def to(self, device=None, dtype=None) -> "TrainedRun":
-        """The model moved to device and/or its weights cast to dtype (torch.bfloat16, float16, float32), as
-        sample.py --dtype casts them; returns self. A device this machine lacks is a ValueError saying so."""
+        """The model moved to device and/or cast to dtype, as sample.py --dtype casts it; returns self."""
         if device is not None:
             with _project():
                 errors = importlib.import_module("errors")
@@ -177,8 +160,7 @@ class TrainedRun:
 
 
 def chargpt(run: str, device: str = "cpu") -> TrainedRun:
-    """The model of a run folder written by train.py (its ckpt_best.pt, else ckpt_last.pt), or of a checkpoint file,
-    read with weights_only=True and checked as every script checks it; on device ("cpu", "cuda", "cuda:N")."""
+    """The model of a run folder (its ckpt_best.pt, else ckpt_last.pt) or of a checkpoint file, on device."""
     with _project():
         checkpoint = importlib.import_module("training.checkpoint")
         run_folder = importlib.import_module("common.run_folder")

@@ -114,7 +114,6 @@ class Batches:
             yield x, y
 
     def _val_starts(self, rank: int | None = None) -> np.ndarray:
-
         return val_window_starts(len(self.data["val"]), self.block_size)[self.rank if rank is None else
                                                                          rank::self.world_size]
 
