@@ -149,8 +149,7 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
 
 @contextlib.contextmanager
 def output_folder(folder: Path, option: str) -> Iterator[Path]:
-    """The folder a command writes into, made with its parents. Folders made here and still empty at the end are
-    removed, unless another process holds their lock."""
+    """The folder a command writes into, made with its parents; removed again if still empty."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{option} {folder} is a file, not a folder; choose another {option}")
     if folder.is_symlink() and not folder.exists():
@@ -230,8 +229,7 @@ def quiet_while_loading(name: str, line: str = "interrupted") -> Callable[[], No
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run main(): a UserError is 'error: ...' and exit 2; Ctrl-C or SIGTERM one line and 130; an unforeseen OSError
-    one line naming the file; a reader of our output that has gone, a quiet 141."""
+    """Run main(): a UserError or an OSError is one line and exit 2; a stop one line and 130."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
     for stream in (sys.stdout, sys.stderr):  # a character the terminal cannot show is shown as its code
         if callable(getattr(stream, "reconfigure", None)):

@@ -64,9 +64,7 @@ class TrainedRun:
 
     def generate(self, prompt: str | list[str] | tuple[str, ...] | None = None, max_new_tokens: int = 500,
                  seed: int = 1337, **sampling) -> str | list[str]:
-        """The prompt's continuation (the new text only), the text sample.py --prompt PROMPT --stream gives with the
-        same seed and settings. A list of prompts is one batch, and gives a list of texts. sampling: temperature
-        (default 0.8; 0 = greedy), top_k, top_p, checked as sample.py checks them."""
+        """The prompt's continuation, or a list of prompts' continuations, as sample.py draws them."""
         import dataclasses
 
         import torch
@@ -106,8 +104,7 @@ class TrainedRun:
         return texts if batch else texts[0]
 
     def logits(self, text: str):
-        """The logits after each character of text (at most block_size): float32 (len(text), vocab_size); row i
-        scores the character after text[:i + 1], and self.tokenizer.chars names the columns."""
+        """The float32 logits after each character of text (at most block_size), (len(text), vocab)."""
         import torch
 
         ids = self._ids(text, "text")
@@ -119,8 +116,7 @@ class TrainedRun:
             return self.model(idx)[0][0].float()
 
     def score(self, text: str, stride: int | None = None) -> float:
-        """Bits per character of text, every character but the first scored once in windows that start every stride
-        (default block_size) characters: what scripts/evaluate.py --data FILE --stride STRIDE prints."""
+        """Bits per character of text, as scripts/evaluate.py --stride STRIDE measures it."""
         ids = self._ids(text, "text")
         if len(ids) < 2:
             raise ValueError("score() needs at least two characters: the first is only context")

@@ -114,8 +114,7 @@ def read_preset(spec: str) -> tuple[Path, dict]:
 
 
 def checked_types(values: dict, where: str, types: dict[str, type] = TYPES) -> dict:
-    """Each value of its field's type (a TOML true is no number), or a one-line error naming the field: the one type
-    check, for presets and saved configs. compile takes a TOML boolean too."""
+    """Each value of its field's type, or a one-line error naming the field."""
     values = dict(values)
     for key, value in values.items():
         if key == "compile" and isinstance(value, bool):
@@ -177,8 +176,7 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
 
 
 def where_from(problem: str, typed: set[str], path: Path | None) -> str:
-    """A setting's check said where the user wrote the value: their --config file (its key) or the command line (its
-    flag). A check of two settings, or of a preset's value, is said as it is."""
+    """A setting's check said where the user set it: a --config file's key or a flag."""
     name = problem.split(" ", 1)[0].removeprefix("--")
     if name not in FIELDS or sum(re.search(rf"\b{field}\b", problem) is not None for field in FIELDS) > 1:
         return problem
@@ -197,8 +195,7 @@ def whole_path(data: str) -> str:
 
 
 def follow_learning_rate(base: dict, overrides: dict, name: str) -> str:
-    """A learning rate set without min_lr: min_lr keeps its ratio to base's learning rate (a preset, or the run
-    resumed or fine-tuned, name). Sets it in overrides and returns the note ("" when nothing follows)."""
+    """min_lr keeps its ratio to base's learning rate when only the rate is set."""
     if "learning_rate" not in overrides or "min_lr" in overrides:
         return ""
     rate, floor = (base.get(field, FIELDS[field].default) for field in ("learning_rate", "min_lr"))
@@ -210,8 +207,7 @@ def follow_learning_rate(base: dict, overrides: dict, name: str) -> str:
 
 
 def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
-    """A config saved in a checkpoint: unknown fields ignored and said (FIXED ones silently), missing ones at their
-    defaults, a wrong one a one-line error naming the checkpoint."""
+    """A config saved in a checkpoint: unknown fields ignored and said."""
     fixed = {k for k, v in values.items() if k in FIXED and v == FIXED[k]}
     ignored = sorted(k for k in values if k not in FIELDS and k not in fixed)
     if ignored:
@@ -258,8 +254,7 @@ def follow_new_learning_rate(base: dict, values: dict, explicit: set[str], name:
 
 
 def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, say=print) -> TrainConfig:
-    """A fine-tuning run's config: the trained model's architecture and its run's settings, with this command's over
-    them (OWN_SETTINGS always). A different shape set explicitly is refused: the weights would not fit."""
+    """A fine-tuning run's config: the model's architecture and its run's settings, under this command's."""
     saved = saved_model_config(state)
     base = config_from_dict(state["run_config"], str(where), say).to_dict()
     values = cfg.to_dict()
@@ -281,8 +276,7 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
 
 def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
                   ) -> tuple[TrainConfig, TrainConfig]:
-    """(the run's saved config, the config it resumes with: the saved one with the fields the user set now). A change
-    the weights, optimizer or evaluations cannot take is refused; others are said; the global batch is kept."""
+    """(the run's saved config, the config it resumes with): only the fields the user set change."""
     old = config_from_dict(state["run_config"], str(where), say)
     values = old.to_dict()
     # where a run writes, and how it starts its processes, are this command's
@@ -330,8 +324,7 @@ def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
 
 
 def keep_global_batch(cfg: TrainConfig, explicit: set[str], state: dict, world_size: int, say) -> TrainConfig:
-    """--resume under another number of processes keeps the tokens per step through grad_accum_steps, or is
-    refused where the micro-batches do not divide (unless the command sets the batch)."""
+    """A resume under another number of processes keeps the tokens per step."""
     saved = state.get("tokens_per_iter")
     micro = cfg.batch_size * cfg.block_size
     now = micro * cfg.grad_accum_steps * world_size

@@ -48,8 +48,7 @@ def is_binary(path: Path) -> bool:
 
 
 def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Corpus:
-    """A --data value as a Corpus, a named one downloaded or built on first use. fallback: where Tiny Shakespeare
-    cannot be had, use pystdlib (a new run on the default corpus); otherwise that is an error."""
+    """A --data value as a Corpus; fallback: pystdlib where Tiny Shakespeare cannot be had."""
     if not spec.strip():
         raise UserError("--data is empty; give a text file, a folder of text files, or a named corpus (shakespeare, "
                         "pystdlib)")
@@ -146,8 +145,7 @@ PYSTDLIB_CHARS = 1_115_394  # as long as Tiny Shakespeare
 
 
 def build_pystdlib(cache_dir: Path) -> Path:
-    """About PYSTDLIB_CHARS characters of this Python's standard library (tests excluded), offline: whole files in
-    the order of a hash of their names, so the text mixes the library's corners."""
+    """About PYSTDLIB_CHARS characters of this Python's standard library, offline."""
     version = ".".join(map(str, sys.version_info[:3]))
     target = cache_dir / f"pystdlib-{version}-{PYSTDLIB_CHARS}.txt"
     if target.exists():

@@ -75,9 +75,7 @@ class Batches:
         return tokens[:, :-1], tokens[:, 1:]
 
     def fixed_batches(self, split: str, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """n x batch_size random windows of a split, the same at every call (their own generator, seeded by the seed
-        and the split), so every evaluation measures the same windows. Under DDP each rank reads every
-        world_size-th window, padded as val_windows() pads."""
+        """n x batch_size random windows, the same at every call; a rank's share under DDP."""
         generator = torch.Generator().manual_seed(self.seed + 1 + ("train", "val").index(split))
         draws = len(self.data[split]) - self.block_size
         starts = torch.randint(draws, (n * self.batch_size,), generator=generator)
@@ -90,8 +88,7 @@ class Batches:
         return -(-share // self.batch_size)
 
     def val_windows(self, batch_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Every block_size window of the validation split side by side, in batches of one size (a compiled model
-        sees one shape, and every rank reads as many). Under DDP, every world_size-th window."""
+        """Every validation window side by side, in batches of one size; a rank's share under DDP."""
         step = batch_size or self.batch_size
         yield from self._padded("val", self._val_starts(), self.num_val_batches(step), step)
 
@@ -147,8 +144,7 @@ def check_stride(stride: object, block_size: int) -> None:
 
 @dataclass(frozen=True)
 class Windows:
-    """Windows that score each of ids[1:] once: window k reads ids[k*stride : k*stride + block_size] (or to the end)
-    and scores the targets after the previous window's end. A smaller stride gives more context."""
+    """Windows that score each of ids[1:] once, starting every stride characters."""
     n_ids: int
     block_size: int
     stride: int

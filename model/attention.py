@@ -29,16 +29,14 @@ def rope_tables(block_size: int, head_size: int, base: float = ROPE_BASE) -> tup
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each pair (x[i], x[i + head_size/2]) of x (..., head_size) by its position's angle: then q·k depends
-    only on the distance between their positions."""
+    """Rotate each pair (x[i], x[i + head_size/2]) by its position's angle."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 # ---- the mask: True where a query may attend to a key ----
 def attention_mask(slots: torch.Tensor, n_keys: int, pad: torch.Tensor | None = None) -> torch.Tensor:
-    """The tril by slot: queries at slots (T,) see keys at slots up to their own, (B or 1, 1, T, n_keys). With pad
-    (B,), not the first pad[b] keys of row b; a padding query still sees itself, so no row is all masked (NaN)."""
+    """The tril by slot, (B or 1, 1, T, n_keys), hiding each row's pad; a pad query sees itself."""
     key_slots = torch.arange(n_keys, device=slots.device)
     mask = key_slots[None, :] <= slots[:, None]  # (T, n_keys)
     if pad is None:
@@ -50,8 +48,7 @@ def attention_mask(slots: torch.Tensor, n_keys: int, pad: torch.Tensor | None = 
 
 # ---- the batched form the model trains with ----
 def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float | None = None) -> torch.Tensor:
-    """torch's scaled_dot_product_attention. On a CPU it runs in float32, even under bfloat16 autocast, where its
-    bfloat16 backward is far slower (docs/speed.md)."""
+    """torch's scaled_dot_product_attention; float32 on a CPU, where bfloat16's backward is slow."""
     if q.device.type == "cpu" and (torch.is_autocast_enabled("cpu") or v.dtype != torch.float32):
         with torch.autocast("cpu", enabled=False):
             y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
@@ -90,8 +87,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None,
                 slots: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """x (B, T, n_embd) -> (B, T, n_embd). mask: None for plain causal, else attention_mask() over all keys;
-        cache: this call's keys and values are written at slots (T,); rope: (cos, sin) at each token's position."""
+        """x (B, T, n_embd) -> (B, T, n_embd); mask None means plain causal."""
         B, T, C = x.shape
         q, k, v = self.projections(x)  # (B, T, n_head, head_size) each
         if self.qk_norm:
@@ -120,8 +116,7 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def fused_here(self, q: torch.Tensor) -> bool:
-        """Whether the fused kernel computes this call: path sdpa, a form it computes, and no weights recorded. Not
-        inside torch.compile on a CPU under bfloat16 autocast, where inductor fuses the textbook steps faster."""
+        """Whether the fused kernel runs (not compiled on a CPU in bfloat16: inductor is faster)."""
         if self.path == "explicit" or self.record is not None or not self.fusable:
             return False
         return not (torch.compiler.is_compiling() and q.device.type == "cpu" and torch.is_autocast_enabled("cpu"))

@@ -26,8 +26,7 @@ class NonFiniteLogits(ValueError):
 
 @dataclass(frozen=True)
 class Sampling:
-    """How the next character is drawn, declared once: sample.py's flags, TrainedRun.generate's keywords and the
-    attention page take their names, defaults, meanings and checks from here. generate(**asdict(Sampling(...)))."""
+    """How the next character is drawn: sample.py, TrainedRun.generate and the page read it."""
     temperature: float = field(default=0.8, metadata={"type": float,
                                                       "help": "0 = greedy; below 1 = safer, above 1 = wilder"})
     top_k: int | None = field(default=None, metadata={"type": int,
@@ -74,8 +73,7 @@ def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
 
 def bytes_needed(model: GPT, rows: int, longest_prompt: int, max_new_tokens: int, use_cache: bool = True,
                  handed_back: bool = True) -> int:
-    """About the memory sampling needs beyond the model: 8 bytes a token (the new ones twice where handed back),
-    the caches, and 64 bytes of Python a row."""
+    """About the memory sampling needs beyond the model: tokens, caches, Python's rows."""
     cfg = model.config
     per_row = 8 * (longest_prompt + max_new_tokens * (2 if handed_back else 1))
     if use_cache:
@@ -160,8 +158,7 @@ def new_tokens(tokens: torch.Tensor, finite: torch.Tensor | None) -> list[list[i
 
 
 class Rows:
-    """The rows being generated: their tokens, left-padded so that all end in the same column, and what the model
-    reads of them. Nothing is read back from the device: lengths are counted here; positions and masks are tensors."""
+    """The rows' tokens, left-padded to end in one column, and what the model reads of them."""
 
     def __init__(self, model: GPT, prompts: list[list[int]], max_new_tokens: int, use_cache: bool, step: DecodeStep):
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -200,8 +197,7 @@ class Rows:
         return self.model(self.tokens[:, left:self.end], decoding=self.state)[0][:, -1]
 
     def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
-        """The logits after next_ids (B,): one token per row at the caches' next slot, or the windows read again
-        where there is no cache or a window slides."""
+        """The logits after next_ids: a cached step, or the windows read again."""
         self.end += 1
         self.lengths = [n + 1 for n in self.lengths]
         moved = [window_start(s, n, self.block_size) for s, n in zip(self.starts, self.lengths)]
@@ -216,8 +212,7 @@ class Rows:
 
 
 def model_caches(model: GPT, batch_size: int, device: torch.device, dtype: torch.dtype) -> list[LayerCache]:
-    """The model's key/value caches for batch_size rows, kept for the next generate() of that shape, so that a CUDA
-    graph reading them is recorded once. Attention never reads what an earlier call left in them."""
+    """The model's key/value caches, kept for the next call of the same shape."""
     cfg, shape = model.config, (batch_size, device, dtype)
     if model.decode_caches is None or model.decode_caches[0] != shape:
         model.decode_caches = None  # the old caches go before the new ones are allocated
@@ -227,8 +222,7 @@ def model_caches(model: GPT, batch_size: int, device: torch.device, dtype: torch
 
 
 def window_start(start: int, length: int, block_size: int) -> int:
-    """Where a row's context begins once it has `length` tokens: where it would outgrow block_size, it slides to keep
-    the last half block, read again from position 0. Cached and uncached generation share this rule."""
+    """Where a row's context begins: past block_size it slides to keep the last half block."""
     return start if length - start <= block_size else length - block_size // 2
 
 

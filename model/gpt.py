@@ -35,8 +35,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x + attention(norm(x)), then x + mlp(norm(x)): tokens talk to each other, then each thinks alone. For
-    scripts/ladder.py, mlp false drops the feed-forward half and residual false the residuals and their norms."""
+    """x + attention(norm(x)), then x + mlp(norm(x)); mlp and residual false drop those parts."""
 
     def __init__(self, config: ModelConfig, path: str):
         super().__init__()
@@ -101,8 +100,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 decoding: Decoding | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy or None without targets). Sampling,
-        forward(idx, decoding=state), gives only the next-token logits (B, 1, vocab)."""
+        """idx (B, T) -> (logits (B, T, vocab), loss or None); with decoding=, the next-token logits only."""
         T = idx.size(1)
         positions, mask = self.positions_and_mask(T, decoding, idx.device)
         x = self.wte(idx)  # (B, T, n_embd)
@@ -130,8 +128,7 @@ class GPT(nn.Module):
 
     def positions_and_mask(self, T: int, decoding: Decoding | None, device: torch.device
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Each token's position, (1, T) or (B, T), and the mask over the keys (None: plain causal). The keys are
-        this call's T tokens, or with caches every slot, this call's at decoding.input_pos."""
+        """Each token's position, (1, T) or (B, T), and the mask over the keys (None: plain causal)."""
         # len(), not bool(): dynamo cannot trace bool() of a list
         cached = decoding is not None and decoding.caches is not None and len(decoding.caches) > 0
         pad = decoding.pad if decoding is not None else None

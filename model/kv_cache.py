@@ -8,9 +8,7 @@ import torch
 
 
 class LayerCache:
-    """One layer's keys and values, (B, n_head, capacity, head_size), allocated once. A call writes at its tokens'
-    slots and attends over the whole capacity, the slots not reached masked: every step has the same shapes. Eager on
-    a CPU, in_use trims attention to the slots filled so far."""
+    """One layer's keys and values, (B, n_head, capacity, head_size), allocated once."""
 
     def __init__(self, batch_size: int, n_head: int, capacity: int, head_size: int,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
@@ -32,8 +30,7 @@ class LayerCache:
         return self.capacity if self.in_use is None else self.in_use
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this call's (B, n_head, T, head_size) keys and values at slots (T,); return the n_keys first slots.
-        With in_use, the slots are the last T in use, written by a slice."""
+        """Store (B, n_head, T, head_size) keys and values at slots (T,); return the n_keys first."""
         if self.in_use is None:
             self.keys.index_copy_(2, slots, k.to(self.keys.dtype))
             self.values.index_copy_(2, slots, v.to(self.values.dtype))
@@ -46,8 +43,7 @@ class LayerCache:
 
 @dataclass
 class Decoding:
-    """What sampling passes to GPT.forward (decoding=): caches, one LayerCache per layer (None: the whole window is
-    read every step); input_pos (T,), the slots of this call's tokens; pad (B,), each row's left padding, or None."""
+    """What sampling passes to GPT.forward: caches, input_pos (T,) slots, pad (B,) or None."""
 
     caches: list[LayerCache] | None = None
     input_pos: torch.Tensor | None = None

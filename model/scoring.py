@@ -11,8 +11,7 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class Form:
-    """One way of scoring a query against the keys (the setting attention_score): the model, the setting's check and
-    the attention page all read it from FORMS."""
+    """One way of scoring a query against the keys (the setting attention_score)."""
     name: str
     scores: str  # how a score is made: "dot" (q·k), "additive" (w·tanh(q + k)), or "none" (no q or k: every score 0)
     scaled: bool  # divided by √d_k before the softmax
@@ -32,23 +31,20 @@ FORMS = {form.name: form for form in (
 
 
 def dot_product_scores(q: torch.Tensor, k: torch.Tensor, scaled: bool = True) -> torch.Tensor:
-    """Queries (..., T_q, d_k) and keys (..., T_k, d_k) -> scores (..., T_q, T_k): q·k, over √d_k when scaled, so
-    that the scores keep unit variance whatever d_k is."""
+    """q (..., T_q, d_k), k (..., T_k, d_k) -> (..., T_q, T_k): q·k, over √d_k when scaled."""
     scores = q @ k.transpose(-2, -1)
     return scores / math.sqrt(k.size(-1)) if scaled else scores
 
 
 def additive_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Additive attention (Bahdanau): wᵀ · tanh(q + k). q (..., T_q, h), k (..., T_k, h), w (h,) or one per leading
-    index, e.g. (n_head, h) -> (..., T_q, T_k)."""
+    """Bahdanau's wᵀ · tanh(q + k): q (..., T_q, h), k (..., T_k, h), w (h,) or (n_head, h)."""
     hidden = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3))  # (..., T_q, T_k, h): every query-key pair
     return torch.einsum("...qkh,...h->...qk", hidden, w)
 
 
 def attend(scores: torch.Tensor, values: torch.Tensor, keep: torch.Tensor | None = None
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores (..., T_q, T_k) and values (..., T_k, d_v) -> (output (..., T_q, d_v), weights). keep is True where a
-    query may look at a key; the others get weight 0."""
+    """scores (..., T_q, T_k), values (..., T_k, d_v) -> (output, weights); keys not kept weigh 0."""
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     weights = F.softmax(scores, dim=-1)  # each row sums to 1

@@ -16,8 +16,7 @@ PADDING_SIDES = ("left", "right")
 
 
 def valid_key_mask(valid_lens: torch.Tensor, n_keys: int, padding: str) -> torch.Tensor:
-    """Real-token counts (e.g. (B,) or (B, n_queries)) -> valid_lens.shape + (n_keys,), True on the real keys: the
-    first valid_lens with padding "right" (d2l's convention), the last with "left" (this project's sampler)."""
+    """valid_lens -> valid_lens.shape + (n_keys,), True on the real keys."""
     if padding not in PADDING_SIDES:
         raise ValueError(f"padding must be one of {', '.join(PADDING_SIDES)}, got {padding!r}")
     slots = torch.arange(n_keys, device=valid_lens.device)
@@ -26,8 +25,7 @@ def valid_key_mask(valid_lens: torch.Tensor, n_keys: int, padding: str) -> torch
 
 
 def masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor | None, *, padding: str) -> torch.Tensor:
-    """Softmax over the last axis of (B, ..., n_keys) scores, zero on padding keys. valid_lens: None, (B,) or
-    (B, n_queries). A row with no valid key is zeros, not NaN."""
+    """Softmax over the last axis, zero on padding keys; an empty row is zeros, not NaN."""
     if valid_lens is None:
         return F.softmax(scores, dim=-1)
     keep = valid_key_mask(valid_lens, scores.size(-1), padding)
