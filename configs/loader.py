@@ -260,9 +260,8 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
     values = cfg.to_dict()
     for name in SHAPE_FIELDS:
         if name in explicit and values[name] != saved[name]:
-            raise UserError(f"{name} {values[name]!r} (set on the command line or by --config) does not fit the "
-                            f"model in {where} ({name} {saved[name]!r}); leave it out, or choose a --config without "
-                            f"it: --init_from keeps that model's architecture")
+            raise UserError(f"{name} {values[name]!r} does not fit the model in {where} ({name} {saved[name]!r}); "
+                            f"leave it out: --init_from keeps that model's architecture")
         values[name] = saved[name]
     values.update({name: value for name, value in base.items()
                    if name not in explicit and name not in OWN_SETTINGS and name not in SHAPE_FIELDS})
@@ -287,9 +286,8 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
         if new_value == values.get(name) or name == "init_from" and same_model(new_value, values.get(name)):
             continue
         if name == "max_iters" and new_value < state["iter"]:
-            raise UserError(f"--resume: max_iters {new_value} (set on the command line or by --config) is behind this "
-                            f"run's step {state['iter']}; give --max_iters {state['iter']} to end the run there, or "
-                            f"more to train on (its own max_iters is {values[name]})")
+            raise UserError(f"--resume: max_iters {new_value} is behind this run's step {state['iter']}; give "
+                            f"--max_iters {state['iter']} or more")
         if name in KEPT_ON_RESUME:
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}: "
                             f"{KEPT_ON_RESUME[name]}; leave --{name} (and any --config that sets it) out, or start a "
@@ -333,10 +331,8 @@ def keep_global_batch(cfg: TrainConfig, explicit: set[str], state: dict, world_s
     per_step = saved // micro
     processes = f"{world_size} process{'es' if world_size > 1 else ''}"
     if per_step % world_size:
-        raise UserError(f"--resume: this run took {saved:,} tokens per step ({per_step} micro-batches of "
-                        f"{cfg.batch_size} sequences); {processes} cannot share {per_step} micro-batches evenly; "
-                        f"resume with a number of processes that divides {per_step}, or give --grad_accum_steps to "
-                        f"change the global batch")
+        raise UserError(f"--resume: {processes} cannot share {per_step} micro-batches evenly; resume with a number "
+                        f"of processes that divides {per_step}, or give --grad_accum_steps")
     accum = per_step // world_size
     say(f"resume: {processes} now, so grad_accum_steps goes from {cfg.grad_accum_steps} to {accum}, keeping the "
         f"run's {saved:,} tokens per step")

@@ -84,8 +84,8 @@ def check_splits(name: str, n_train: int, n_val: int, val_fraction: float) -> No
         n_chars = n_train + n_val
         raise ShortSplit(f"--data {name}: too short: --val_fraction {val_fraction:g} splits its {n_chars:,} "
                          f"character{'s' * (n_chars != 1)} into {n_train:,} for training and {n_val:,} for "
-                         f"validation, and a model needs 2 or more in each (a character and the one after it); give "
-                         f"a longer text{short.other_fraction}", short)
+                         f"validation, and a model needs 2 or more in each; give a longer text"
+                         f"{short.other_fraction}", short)
 
 
 def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterator[str]:

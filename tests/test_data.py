@@ -436,16 +436,13 @@ def test_a_text_too_short_for_any_model_is_refused_when_prepared_and_nothing_is_
     result = run_prepare("--data", str(one), cache=cache)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (f"error: --data {one}: too short: --val_fraction 0.1 splits its 1 character into 0 for "
-                             f"training and 1 for validation, and a model needs 2 or more in each (a character and the "
-                             f"one after it); give a longer text\n")
+                             f"training and 1 for validation, and a model needs 2 or more in each; give a longer text\n")
     assert not [p for p in cache.rglob("*") if p.is_file()]
     for text, fraction, said in (("abcdefghi", 0.1, "its 9 characters into 8 for training and 1 for validation, and "
-                                  "a model needs 2 or more in each (a character and the one after it); give a longer "
-                                  "text or a larger --val_fraction"),
+                                  "a model needs 2 or more in each; give a longer text or a larger --val_fraction"),
                                  ("x" * 200, 1e-17, "its 200 characters into 200 for training and 0 for validation"),
                                  ("abcd", 0.9, "its 4 characters into 0 for training and 4 for validation, and a "
-                                  "model needs 2 or more in each (a character and the one after it); give a longer "
-                                  "text or a smaller --val_fraction")):
+                                  "model needs 2 or more in each; give a longer text or a smaller --val_fraction")):
         with pytest.raises(UserError) as refused:
             prepared_from(text, tmp_path, name="short.txt", val_fraction=fraction)
         assert f"--data {tmp_path / 'short.txt'}: too short: --val_fraction {fraction:g} splits {said}" in str(
@@ -456,7 +453,7 @@ def test_a_text_too_short_for_any_model_is_refused_when_prepared_and_nothing_is_
         entry = prepared_from("abc", tmp_path, name="short.txt").dir
     before = {p: p.read_bytes() for p in entry.iterdir()}
     with pytest.raises(UserError, match="splits its 3 characters into 2 for training and 1 for validation, and a model "
-                       "needs 2 or more in each \\(a character and the one after it\\); give a longer text$"):
+                       "needs 2 or more in each; give a longer text$"):
         prepared_from("abc", tmp_path, name="short.txt")
     assert {p: p.read_bytes() for p in entry.iterdir()} == before
 

@@ -962,8 +962,8 @@ def test_resume_under_another_number_of_processes_keeps_the_tokens_per_step_or_r
     assert kept.grad_accum_steps == 4 and kept.batch_size * kept.block_size * 4 == state["tokens_per_iter"]
     assert said == [f"resume: 1 process now, so grad_accum_steps goes from 2 to 4, keeping the run's "
                     f"{state['tokens_per_iter']:,} tokens per step"]
-    with pytest.raises(UserError, match="3 processes cannot share 4 micro-batches evenly; resume with a number of "
-                                        "processes that divides 4, or give --grad_accum_steps"):
+    with pytest.raises(UserError, match="^--resume: 3 processes cannot share 4 micro-batches evenly; resume with a "
+                                        "number of processes that divides 4, or give --grad_accum_steps$"):
         keep_global_batch(cfg, set(), state, 3, said.append)
     assert keep_global_batch(cfg, {"grad_accum_steps"}, state, 1, said.append) is cfg
     assert keep_global_batch(cfg, set(), {}, 1, said.append) is cfg  # a checkpoint that does not record it
