@@ -94,6 +94,12 @@ class BooleanFlag(argparse.BooleanOptionalAction):
         setattr(namespace, self.dest, value)
 
 
+def check_type(name: str, value: object, kind: type, words: str) -> None:
+    """A TypeError naming the option unless value is of kind (a bool is no number)."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} {value!r}: must be {words}, not {type(value).__name__}")
+
+
 def space_or_place(err: BaseException, option: str) -> str:
     """The fix for a failed write: free disk space if the disk may be full, else another place."""
     if (isinstance(err, OSError) and err.errno is not None

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from data.prepare import Prepared, ShortSplit, short_split
+from errors import check_type
 
 
 RESIDENT_MAX_BYTES = 1 << 30  # a corpus up to this is kept on the GPU
@@ -136,8 +137,7 @@ class Batches:
 
 def check_stride(stride: object, block_size: int) -> None:
     """evaluate.py's --stride and TrainedRun.score's: a whole number from 1 to block_size."""
-    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral):
-        raise TypeError(f"stride {stride!r}: must be a whole number, not {type(stride).__name__}")
+    check_type("stride", stride, numbers.Integral, "a whole number")
     if not 1 <= stride <= block_size:
         raise ValueError(f"stride {stride}: must be between 1 and the model's block_size, {block_size}")
 

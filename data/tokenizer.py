@@ -14,11 +14,7 @@ def codepoints(text: str) -> np.ndarray:
 
 def token_dtype(vocab_size: int) -> np.dtype:
     """The smallest unsigned integer type that holds every token id."""
-    if vocab_size <= 1 << 8:
-        return np.dtype(np.uint8)
-    if vocab_size <= 1 << 16:
-        return np.dtype(np.uint16)
-    return np.dtype(np.uint32)
+    return np.min_scalar_type(vocab_size - 1)
 
 
 def vocabulary_difference(first: str, second: str, names: tuple[str, str], shown: int = 6) -> str:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from data.loader import send
-from errors import in_one_line
+from errors import check_type, in_one_line
 from model.gpt import GPT
 from model.kv_cache import Decoding, LayerCache
 
@@ -47,12 +47,6 @@ class Sampling:
             check_type("top_p", self.top_p, numbers.Real, "a number")
             if not 0 < self.top_p <= 1:
                 raise ValueError(f"top_p {self.top_p}: must be in (0, 1], e.g. 0.9")
-
-
-def check_type(name: str, value: object, kind: type, words: str) -> None:
-    """A TypeError naming the option unless value is of kind (a bool is no number)."""
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise TypeError(f"{name} {value!r}: must be {words}, not {type(value).__name__}")
 
 
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's largest
