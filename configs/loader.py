@@ -288,16 +288,11 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
         if name == "max_iters" and new_value < state["iter"]:
             raise UserError(f"--resume: max_iters {new_value} is behind this run's step {state['iter']}; give "
                             f"--max_iters {state['iter']} or more")
-        if name in KEPT_ON_RESUME:
+        if name in KEPT_ON_RESUME or name in SHAPE_FIELDS or name == "optimizer":
+            why = KEPT_ON_RESUME.get(name, "the saved weights and optimizer state fix it")
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}: "
-                            f"{KEPT_ON_RESUME[name]}; leave --{name} (and any --config that sets it) out, or start a "
-                            f"new run in another --out_dir (--init_from {shlex.quote(cfg.out_dir)} fine-tunes this "
-                            f"run's model)")
-        if name in SHAPE_FIELDS or name == "optimizer":
-            what = "the optimizer" if name == "optimizer" else "the architecture"
-            raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}; "
-                            f"leave --{name} (and any --config that sets it) out, as --resume keeps the run's own "
-                            f"settings, or start a new run in another --out_dir to change {what}")
+                            f"{why}; leave --{name} (and any --config that sets it) out, or start a new run in "
+                            f"another --out_dir (--init_from {shlex.quote(cfg.out_dir)} fine-tunes this run's model)")
         if name == "num_threads" and new_value == 0:
             say(f"resume: the thread count is measured again (--num_threads 0; this run had {values.get(name)})")
         else:

@@ -63,8 +63,7 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
                 return Corpus("shakespeare", [download_shakespeare(cache_dir)])
             except OSError as err:
                 why = f"could not download Tiny Shakespeare ({err}), and {target} holds no copy"
-                fix = ("connect to the network, put your copy there (or give --cache_dir of the cache that has it), or "
-                       "give a text you have (--data FILE, or --data pystdlib: Python's own sources, offline)")
+                fix = "connect to the network, put a copy there, or give --data FILE (or --data pystdlib, offline)"
         if not fallback:
             raise UserError(f"--data shakespeare: {why}; {fix}")
         say(f"note: {why}; using the offline corpus 'pystdlib' instead. Use --data FILE to choose your own text"

@@ -44,9 +44,8 @@ class Batches:
         self.data = {}
         sizes = {split: prepared.meta[f"n_{split}"] for split in ("train", "val")}
         if (short := short_split(sizes, block_size)) is not None:
-            raise ShortSplit(f"{short.problem()}; give --block_size {short.largest} or less (the most both splits "
-                             f"allow: train {sizes['train']:,}, val {sizes['val']:,}), a longer corpus or a different "
-                             f"--val_fraction", short)
+            raise ShortSplit(f"{short.problem()}; give --block_size {short.largest} or less, a longer corpus or "
+                             f"another --val_fraction", short)
         for split, n in sizes.items():
             self.data[split] = np.memmap(prepared.path(split), dtype=dtype, mode="r", shape=(n,))
         self.seed = seed

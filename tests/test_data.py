@@ -236,7 +236,7 @@ def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkey
     monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", bad.as_uri())
     with pytest.raises(UserError, match=r"--data shakespeare: could not download Tiny Shakespeare \(the download's "
                        r"checksum does not match\), and .*tinyshakespeare.txt holds no copy; connect to the network, "
-                       r"put your copy there \(or give --cache_dir of the cache that has it\), or give a text"):
+                       r"put a copy there, or give --data FILE \(or --data pystdlib, offline\)$"):
         resolve("shakespeare", tmp_path / "cache", say=notes.append)  # asked for by name: never another text
     assert not notes and not (tmp_path / "cache" / "tinyshakespeare.txt").exists()
     corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True)  # a default: pystdlib
@@ -358,8 +358,7 @@ def test_a_split_shorter_than_a_block_is_refused_with_a_block_size_that_fits_bot
     """The refusal names the largest block_size that fits both splits, and that one works (one more does not)."""
     prepared = prepared_from("x" * 200, tmp_path)  # 180 train / 20 val characters
     with pytest.raises(UserError, match="^the val split has 20 characters, fewer than block_size \\+ 1 = 33; give "
-                       "--block_size 19 or less \\(the most both splits allow: train 180, val 20\\), a longer corpus "
-                       "or a different --val_fraction$"):
+                       "--block_size 19 or less, a longer corpus or another --val_fraction$"):
         Batches(prepared, block_size=32, batch_size=2, device="cpu")
     assert Batches(prepared, block_size=19, batch_size=2, device="cpu").get_batch("val")[0].shape == (2, 19)
     with pytest.raises(UserError, match="val split has 20 characters, fewer than block_size \\+ 1 = 21"):

@@ -534,7 +534,7 @@ def test_offline_only_a_new_run_on_the_default_corpus_and_cache_trains_on_pystdl
     code, out, err = cli(capsys, "--config", "debug", *[str(cache) if arg == "CACHE" else arg for arg in named])
     where = (cache if "--cache_dir" in named else tmp_path / "xdg" / "chargpt") / "tinyshakespeare.txt"
     assert code == 2 and err.startswith("error: --data shakespeare: could not download Tiny Shakespeare (") and \
-        f"), and {where} holds no copy; connect to the network, put your copy there" in err, err
+        f"), and {where} holds no copy; connect to the network, put a copy there" in err, err
     assert "pystdlib'" not in out + err and not (tmp_path / "out").exists()
     assert not (tmp_path / "xdg" / "chargpt").exists() or not list((tmp_path / "xdg" / "chargpt").glob("pystdlib*"))
 

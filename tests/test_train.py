@@ -136,8 +136,8 @@ def test_resume_on_another_text_chooses_the_best_model_anew_on_its_validation(co
 
 def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus, tmp_path):
     run(corpus, tmp_path / "r", "--max_iters", "4")
-    with pytest.raises(UserError, match="n_embd was 32 in this run and cannot change to 64; leave --n_embd "
-                       r"\(and any --config that sets it\) out, as --resume keeps the run's own settings"):
+    with pytest.raises(UserError, match="^--resume: n_embd was 32 in this run and cannot change to 64: the saved "
+                       r"weights and optimizer state fix it; leave --n_embd \(and any --config that sets it\) out"):
         run(corpus, tmp_path / "r", "--resume", "--n_embd", "64")
     with pytest.raises(UserError, match="optimizer was 'adamw' in this run and cannot change to 'muon'"):
         run(corpus, tmp_path / "r", "--resume", "--optimizer", "muon")
