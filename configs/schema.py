@@ -114,7 +114,6 @@ class TrainConfig(Architecture):  # the model's fields first
         check(self.learning_rate > 0, "learning_rate", "must be positive, e.g. 1e-3")
         check(0 <= self.min_lr <= self.learning_rate, "min_lr",
               f"must be between 0 and learning_rate ({self.learning_rate:g})")
-        check(self.lr_schedule in LR_SCHEDULES, "lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}")
         check(0 < self.warmdown_fraction <= 1, "warmdown_fraction", "must be in (0, 1], e.g. 0.3")
         check(0 <= self.beta2 < 1, "beta2", "must be in [0, 1)")
         check(self.grad_clip >= 0, "grad_clip", "must not be negative (0 turns clipping off)")
@@ -126,11 +125,10 @@ class TrainConfig(Architecture):  # the model's fields first
         check(self.compile_mode not in CUDA_GRAPH_MODES, "compile_mode",
               "replays CUDA graphs, which training does not offer; use default or "
               "max-autotune-no-cudagraphs")
-        check(self.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {', '.join(COMPILE_MODES)}")
-        check(self.compile_scope in COMPILE_SCOPES, "compile_scope", f"must be one of {', '.join(COMPILE_SCOPES)}")
-        check(self.ddp in DDP_CHOICES, "ddp", f"must be one of {', '.join(DDP_CHOICES)}")
-        check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}")
-        check(self.muon_dtype in MUON_DTYPES, "muon_dtype", f"must be one of {', '.join(MUON_DTYPES)}")
+        for name, allowed in (("lr_schedule", LR_SCHEDULES), ("compile_mode", COMPILE_MODES),
+                              ("compile_scope", COMPILE_SCOPES), ("ddp", DDP_CHOICES), ("optimizer", OPTIMIZERS),
+                              ("muon_dtype", MUON_DTYPES)):
+            check(getattr(self, name) in allowed, name, f"must be one of {', '.join(allowed)}")
         check(valid_device(self.device), "device", "must be auto, cpu, cuda, cuda:N or mps")
         check(0 <= self.seed <= SEED_MAX, "seed", f"must be a whole number from 0 to {SEED_MAX} (2^62)")
 

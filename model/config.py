@@ -61,16 +61,12 @@ class Architecture:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.logit_softcap < float("inf"):
             raise ValueError(f"logit_softcap must be 0 (off) or a positive number, got {self.logit_softcap!r}")
-        if self.position not in POSITIONS:
-            raise ValueError(f"position must be one of {', '.join(POSITIONS)}, got {self.position!r}")
+        for name, allowed in (("position", POSITIONS), ("activation", ACTIVATIONS), ("attention", ATTENTION_IMPLS),
+                              ("attention_score", tuple(FORMS))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.position == "rope" and self.head_size % 2:
             raise ValueError(f"rope needs an even head_size; n_embd / n_head = {self.head_size}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
-        if self.attention not in ATTENTION_IMPLS:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention!r}")
-        if self.attention_score not in FORMS:
-            raise ValueError(f"attention_score must be one of {', '.join(FORMS)}, got {self.attention_score!r}")
         form = FORMS[self.attention_score]
         if not form.fused and self.attention == "sdpa":
             raise ValueError(f"attention_score {form.name} has no fused kernel; use attention auto or explicit")

@@ -271,30 +271,29 @@ class Chunks:
     def __init__(self, buffer: torch.Tensor, first: int, on_tokens: Callable[[torch.Tensor], None] | None, size: int,
                  finite: torch.Tensor | None = None):
         self.buffer, self.done, self.on_tokens, self.size, self.finite = buffer, first, on_tokens, size, finite
-        self.pending: list[tuple[torch.Tensor, torch.Tensor | None, object]] = []
+        self.pending: list[tuple[torch.Tensor, torch.Tensor | None, torch.cuda.Event]] = []
 
     def drawn(self, end: int, last: bool = False) -> None:
         """The tokens up to column end are drawn (their kernels queued)."""
         if self.on_tokens is None or (end - self.done < self.size and not last):
             return
-        chunk = self.buffer[:, self.done:end]
-        if chunk.device.type == "cuda":
-            host = torch.empty(chunk.shape, dtype=chunk.dtype, pin_memory=True)
-            host.copy_(chunk, non_blocking=True)
-            finite = None
-            if self.finite is not None:
-                finite = torch.empty(self.finite.shape, dtype=torch.bool, pin_memory=True)
-                finite.copy_(self.finite, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self.pending.append((host, finite, event))
-        else:
-            self.pending.append((chunk.clone(), None if self.finite is None else self.finite.clone(), None))
+        chunk, finite = self.buffer[:, self.done:end], self.finite
         self.done = end
-        while self.pending and (last or len(self.pending) > 1 or self.pending[0][2] is None):
+        if chunk.device.type != "cuda":
+            return self.hand_over(chunk.clone(), None if finite is None else finite.clone())
+        host = torch.empty(chunk.shape, dtype=chunk.dtype, pin_memory=True)
+        host.copy_(chunk, non_blocking=True)
+        if finite is not None:
+            finite = torch.empty(finite.shape, dtype=torch.bool, pin_memory=True).copy_(finite, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.pending.append((host, finite, event))
+        while self.pending and (last or len(self.pending) > 1):
             host, finite, event = self.pending.pop(0)
-            if event is not None:
-                event.synchronize()
-            if finite is not None and not finite.all():
-                raise NonFiniteLogits("the next-token scores are not finite (NaN or inf)")
-            self.on_tokens(host)
+            event.synchronize()
+            self.hand_over(host, finite)
+
+    def hand_over(self, tokens: torch.Tensor, finite: torch.Tensor | None) -> None:
+        if finite is not None and not finite.all():
+            raise NonFiniteLogits("the next-token scores are not finite (NaN or inf)")
+        self.on_tokens(tokens)
