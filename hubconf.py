@@ -1,6 +1,5 @@
-"""torch.hub's entry to a trained run: torch.hub.load(CHECKOUT, "chargpt", RUN_FOLDER, source="local") gives its model
-and tokenizer, with generate, logits, score and to. The project's modules (model, data, ...) are in sys.modules only
-while this file's code runs, so a program's own modules of those names are put back afterwards."""
+"""torch.hub's entry to a trained run: torch.hub.load(CHECKOUT, "chargpt", RUN_FOLDER, source="local"). The project's
+modules are in sys.modules only while this file's code runs, so a program's own of the same names come back."""
 from __future__ import annotations
 
 import contextlib

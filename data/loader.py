@@ -29,11 +29,7 @@ def val_window_starts(n_ids: int, block_size: int) -> np.ndarray:
 
 
 class Batches:
-    """x (B, T) int64 token ids and y, the same windows shifted by one, on the training device.
-
-    A seeded torch.Generator draws the training windows, and state_dict() resumes the stream. Under DDP every rank
-    draws the whole global batch and keeps its slice, so the windows do not depend on the number of processes.
-    Evaluations read fixed_batches(), apart from that stream."""
+    """x (B, T) token ids and y, shifted by one, from a seeded stream; under DDP each rank slices the same global batch."""
 
     def __init__(self, prepared: Prepared, block_size: int, batch_size: int, device: torch.device | str,
                  seed: int = 0, rank: int = 0, world_size: int = 1, resident: bool | None = None):

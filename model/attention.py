@@ -58,12 +58,7 @@ def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float 
 
 
 class CausalSelfAttention(nn.Module):
-    """All heads at once: one projection for q, k and v, and (B, n_head, T, head_size) tensors.
-
-    path "explicit" spells out the textbook steps (and can record the weights); path "sdpa" calls torch's fused
-    kernel where it computes the same (fused_here). The tutorials' forms change only projections() or scores():
-    attention_score (model/scoring.py's FORMS), shared_qk (q = k), attention_values false (v is the input itself).
-    qk_norm scales every query and key to the same root-mean-square."""
+    """All heads at once, (B, n_head, T, head_size): the textbook steps, or torch's fused kernel where it computes the same."""
 
     def __init__(self, config: ModelConfig, path: str = "sdpa"):
         super().__init__()

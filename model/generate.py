@@ -264,9 +264,7 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
 
 
 class Chunks:
-    """Hands the new tokens to a callback in chunks, copied off the device without waiting: a chunk's copy starts when
-    its last token is drawn and is read a chunk later. With finite (a (B,) flag on the device), a chunk drawn from
-    scores that were not finite raises NonFiniteLogits instead."""
+    """Hands the new tokens to on_tokens in chunks, a GPU's read a chunk later so the host never waits."""
 
     def __init__(self, buffer: torch.Tensor, first: int, on_tokens: Callable[[torch.Tensor], None] | None, size: int,
                  finite: torch.Tensor | None = None):
