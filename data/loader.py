@@ -29,7 +29,7 @@ def val_window_starts(n_ids: int, block_size: int) -> np.ndarray:
 
 
 class Batches:
-    """x (B, T) token ids and y, shifted by one, from a seeded stream; under DDP each rank slices the same global batch."""
+    """x (B, T) token ids and y, shifted by one, from a seeded stream; under DDP each rank slices one global batch."""
 
     def __init__(self, prepared: Prepared, block_size: int, batch_size: int, device: torch.device | str,
                  seed: int = 0, rank: int = 0, world_size: int = 1, resident: bool | None = None):

@@ -58,7 +58,7 @@ def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float 
 
 
 class CausalSelfAttention(nn.Module):
-    """All heads at once, (B, n_head, T, head_size): the textbook steps, or torch's fused kernel where it computes the same."""
+    """All heads at once, (B, n_head, T, head_size): the textbook steps, or the fused kernel computing the same."""
 
     def __init__(self, config: ModelConfig, path: str = "sdpa"):
         super().__init__()

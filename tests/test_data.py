@@ -435,7 +435,8 @@ def test_a_text_too_short_for_any_model_is_refused_when_prepared_and_nothing_is_
     result = run_prepare("--data", str(one), cache=cache)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (f"error: --data {one}: too short: --val_fraction 0.1 splits its 1 character into 0 for "
-                             f"training and 1 for validation, and a model needs 2 or more in each; give a longer text\n")
+                             f"training and 1 for validation, and a model needs 2 or more in each; give a longer "
+                             f"text\n")
     assert not [p for p in cache.rglob("*") if p.is_file()]
     for text, fraction, said in (("abcdefghi", 0.1, "its 9 characters into 8 for training and 1 for validation, and "
                                   "a model needs 2 or more in each; give a longer text or a larger --val_fraction"),
