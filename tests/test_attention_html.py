@@ -495,11 +495,11 @@ TUTORIAL_NAMES = {
     "K": ["000 In [28] k = key(x)", "001 In [8] keys = x @ W_key"],
     "V": ["000 In [36] v = value(x)", "001 In [8] values = x @ W_value"],
     "S": ["000 In [31] wei = q @ k.transpose(-2, -1)", "001 In [29] \u03c9, attn_scores", "002 In [None]"],
-    "scaled": ["001 In [30] \u03c9 / \u221ad_k", "004 \u03b1\u1d62,\u2c7c = q\u2071\u00b7k\u02b2 / \u221ad",
+    "scaled": ["001 In [30] \u03c9 / \u221ad_k", "004 \u03b1i,j = q\u2071\u00b7k\u02b2 / \u221ad",
                "000 In [48] none: its last cell scales the output instead"],
     "masked": ["000 In [33] wei.masked_fill(tril == 0, float('-inf'))", "001 In [33] masked_simple",
                "\u22121e6 where the page has \u2212\u221e"],
-    "A": ["000 In [33] wei = F.softmax(wei, dim=-1)", "001 In [30] \u03b1, attn_weights", "004 \u03b1\u0302"],
+    "A": ["000 In [33] wei = F.softmax(wei, dim=-1)", "001 In [30] \u03b1, attn_weights", "004 \u03b1i,j"],
     "AV": ["000 In [36] out = wei @ v", "001 In [15] z, context_vec", "004 b\u2071"],
 }
 
@@ -553,6 +553,9 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
             assert shown == f"masked[4][2] = {expected['masked'][3, 1].item():.4f}"
         named = browser.evaluate("document.getElementById('matrix-tutorials').textContent")
         assert all(part in named for part in TUTORIAL_NAMES[name]), (name, named)
+        if name in ("A", "AV"):  # 004's α̂ᵢ,ⱼ as markup: a monospace font has no combining hat, nor ⱼ
+            assert '004 <span class="hat">\u03b1</span><sub>i,j</sub>' in browser.evaluate(
+                "document.getElementById('matrix-tutorials').innerHTML").replace("b\u2071 = \u03a3<sub>j</sub> ", "")
         assert browser.evaluate("document.querySelector('#legend tr.chosen').dataset.symbol") == name
         browser.click("#matrix-next")
     browser.click("#matrix tr:nth-child(6) th")  # the row of character 5
@@ -837,10 +840,18 @@ def test_the_page_says_what_to_install_when_the_browser_has_no_font_for_a_charac
     html = tmp_path / "page.html"
     assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", "\u0380\u0381ME", "--html", str(html)]) == 0
     note = re.search(r'<p class="note warn" id="font-note"( hidden="")?>(.*?)</p>', dom(html))
+    fix = "so they show as boxes. Fix (Debian/Ubuntu): sudo apt-get install fonts-noto-cjk, then reload the page."
+    n = len(state["vocab"]) - 2  # less the newline and the space
     assert note.group(1) is None
-    assert note.group(2).startswith("This browser has no font for 2 of the characters here (\u0381 \u0380): ")
-    assert "apt-get install fonts-noto-cjk" in note.group(2)
+    assert note.group(2) == f"This browser has no font for 2 of the model's {n} characters (U+0381 U+0380), {fix}"
     assert re.search(r'<p class="note warn" id="font-note" hidden="">', dom(page))
+    no_chinese = subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True).stdout.strip() == ""
+    chinese = re.search(r'<p class="note warn" id="font-note"( hidden="")?>(.*?)</p>', dom(page, "#lang=zh"))
+    assert (chinese.group(1) is None) == no_chinese
+    if no_chinese:  # in Chinese the page's own words need a font too; the line says so in both languages
+        assert chinese.group(2) == (f"This browser has no font for this page's Chinese text, {fix} 这个浏览器缺少显示"
+                                    "这些字符的字体，它们会显示成方框。请安装字体（Debian/Ubuntu：sudo apt-get install "
+                                    "fonts-noto-cjk），然后重新打开页面。")
 
 
 @needs_browser

@@ -23,7 +23,10 @@ function shown(ch) {  // characters that would be invisible get a visible stand-
   return ch === "\n" ? "\u21b5" : ch === " " ? "\u00a0" : ch === "\t" ? "\u2192" : ch;
 }
 function key(ch) { return ch === " " ? "\u2423" : shown(ch); }  // in a table a space shows as ␣
-function quoted(ch) { return "\u201c" + shown(ch) + "\u201d"; }
+function quoted(ch) {  // a quote mark in quotes would be ambiguous (“””): it is named by its code point instead
+  return /^["'`\p{Pi}\p{Pf}]$/u.test(ch) ? ch + " (U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0") +
+    ")" : "\u201c" + shown(ch) + "\u201d";
+}
 function fixed(value) { return value === -Infinity ? "\u2212\u221e" : value.toFixed(4); }
 function color(head, weight) {  // the square root, so that small weights still show
   return "rgba(" + headColors[head % headColors.length] + "," + Math.sqrt(weight).toFixed(3) + ")";
@@ -90,14 +93,14 @@ function stages() {
   const r = state.result, list = [], learned = config.position === "learned";
   const add = (name, block, label, code, values) => list.push({ name, block, label, code, values });
   const act = config.activation === "gelu" ? "gelu" : "relu\u00b2";
-  add("embedding.token", 0, learned ? say("token embedding: the row of each character's id", "词元嵌入：每个字符" +
+  add("embedding.token", 0, learned ? say("token embedding: the row of each character's id", "token 嵌入：每个字符" +
       "的编号所选的那一行") : say("token embedding: the residual stream x begins (positions: " +
-      (config.position === "rope" ? "rotary, inside attention" : "none") + ")", "词元嵌入：残差流 x 从这里开始（位置：" +
+      (config.position === "rope" ? "rotary, inside attention" : "none") + ")", "token 嵌入：残差流 x 从这里开始（位置：" +
       (config.position === "rope" ? "旋转，在注意力里面" : "没有") + "）"), "wte[id]", r.embedded.tokens);
   if (learned) {
     add("embedding.position", 0, say("position embedding: the row of each place t", "位置嵌入：每个位置 t 的那一行"),
         "wpe[t]", r.embedded.positions);
-    add("embedding.sum", 0, say("x = token + position: the residual stream begins", "x = 词元 + 位置：残差流从这里开始"),
+    add("embedding.sum", 0, say("x = token + position: the residual stream begins", "x = token + 位置：残差流从这里开始"),
         "wte[id] + wpe[t]", r.embedded.x);
   }
   r.layers.forEach((seen, l) => {
@@ -425,7 +428,7 @@ function tutorialNames() {
              ["002", say("sequence_mask(X, valid_lens, -1e6): padding, not the future, and \u22121e6 where the page " +
                          "has \u2212\u221e (both give weight 0)", "sequence_mask(X, valid_lens, -1e6)：遮住的是填充，不是未来；" +
                          "用 \u22121e6，页面用 \u2212\u221e（两者都给权重 0）"), "In [3]"],
-             ["004", say("none: its example lets every token see all three", "没有：它的例子里每个词元都看得到全部三个"),
+             ["004", say("none: its example lets every token see all three", "没有：它的例子里每个 token 都看得到全部三个"),
               ""]],
     A: form === "none" ? [["000", "wei = tril / wei.sum(1)", "In [17]"]] :
       [["000", "wei = F.softmax(wei, dim=-1)", "In [33]"], ["001", "\u03b1, attn_weights", "In [30]"],
@@ -444,9 +447,20 @@ function tutorialsLine(...symbols) {  // the tutorials' names for a step's symbo
   const box = element("div", undefined, "hint mono");
   symbols.map(namedIn).filter(Boolean).forEach((line, at) => {
     if (at) box.appendChild(element("br"));
-    box.appendChild(document.createTextNode(line));
+    written(box, line);
   });
   return box;
+}
+
+// A monospace font puts a combining hat beside its letter and lacks ⱼ: α̂ gets a drawn hat, ᵢ,ⱼ and ₁,ⱼ a <sub>.
+const SUBSCRIPTS = { "\u1d62": "i", "\u2c7c": "j", "\u2081": "1", ",": "," }, SUBSCRIPT = /^[\u1d62\u2c7c\u2081]/u;
+function written(node, text) {
+  for (const part of text.split(/(\u03b1\u0302|[\u1d62\u2c7c\u2081](?:,[\u1d62\u2c7c\u2081])?)/u)) {
+    if (part === "\u03b1\u0302") node.appendChild(element("span", "\u03b1", "hat"));
+    else if (SUBSCRIPT.test(part)) node.appendChild(element("sub", [...part].map(c => SUBSCRIPTS[c]).join("")));
+    else if (part) node.appendChild(document.createTextNode(part));
+  }
+  return node;
 }
 
 function namedIn(symbol) {  // one line: each tutorial's name for symbol, with the cell that computes it
@@ -468,7 +482,7 @@ function buildLegend() {  // the table of every page symbol against each tutoria
     row.appendChild(element("th", shownName));
     for (const tutorial of tutorials) {
       const found = (names[symbol] ?? []).find(entry => entry[0] === tutorial);
-      row.appendChild(element("td", found ? found[1] + (found[2] ? " (" + found[2] + ")" : "") : "\u2014"));
+      written(row.appendChild(element("td")), found ? found[1] + (found[2] ? " (" + found[2] + ")" : "") : "\u2014");
     }
   }
 }
@@ -534,7 +548,8 @@ function renderMatrix() {
   select.value = String(at);
   $("matrix-formula").textContent = say("Layer " + (l + 1) + ", head " + (h + 1) + ": ",
                                         "第 " + (l + 1) + " 层，头 " + (h + 1) + "：") + shownMatrix.formula;
-  $("matrix-tutorials").textContent = namedIn(shownMatrix.name);
+  $("matrix-tutorials").replaceChildren();
+  written($("matrix-tutorials"), namedIn(shownMatrix.name));
   $("legend").querySelectorAll("tr[data-symbol]").forEach(row => {
     row.classList.toggle("chosen", row.dataset.symbol === shownMatrix.name);
   });
@@ -927,7 +942,7 @@ function renderNext() {
   probs.map((p, id) => [p, id]).filter(([p]) => p > 0).sort((a, b) => b[0] - a[0]).slice(0, 12)
     .forEach(([p, id]) => {
       const row = table.insertRow();
-      row.appendChild(element("td", quoted(vocab[id]), "mono"));
+      row.appendChild(element("td")).appendChild(element("span", key(vocab[id]), "mono box"));
       const bar = row.insertCell().appendChild(element("span", undefined, "bar"));
       bar.style.width = (p * 20).toFixed(2) + "rem";
       row.appendChild(element("td", (100 * p).toFixed(1) + "%"));
@@ -951,10 +966,11 @@ function appendSampled() {
 function render() {
   $("what-if").hidden = !whatIf();
   if (whatIf()) {
-    $("what-if").textContent = say("What-if: every q·k multiplied by " + factorName() + ", not by the model's own " +
-      FACTORS[OWN_FACTOR][0] + " that it was trained with" + times() + "; every number on the page, the next " +
-      "character too, is what the model would compute so.", "假设：每个 q·k 都乘以 " + factorName() + "，而不是模型训练时" +
-      "用的 " + FACTORS[OWN_FACTOR][0] + times() + "；页面上的每个数，包括下一个字符，都是模型在这种缩放下会算出的结果。");
+    const own = "q\u00b7k " + FACTORS[OWN_FACTOR][0];
+    $("what-if").textContent = say("What-if: the scores are q\u00b7k " + factorName() + ", not " + own + " as in " +
+      "training" + times() + "; every number on the page, the next character too, is what the model computes so.",
+      "假设：注意力分数改为 q\u00b7k " + factorName() + "，而不是训练时的 " + own + times() + "；页面上的每个数，" +
+      "包括下一个字符，都按这个缩放重新计算。");
   }
   if (state.result) { renderStrip(); renderMatrix(); renderModelChoice(); } else {
     $("readout").textContent = "";
@@ -983,11 +999,11 @@ function aboutLine(a) {  // the checkpoint, the model's shape and its corpus, un
 function openingLine(a) {  // what the page opened on, and why not on the run's validation text where it did not
   const why = {
     unrecorded: say("the checkpoint records no corpus", "检查点没有记录语料"),
-    missing: say("neither the run's token cache nor its corpus file is there", "找不到这次训练的词元缓存，也找不到它的语料文件"),
+    missing: say("neither the run's token cache nor its corpus file is there", "找不到这次训练的 token 缓存，也找不到它的语料文件"),
     changed: say("its token cache is gone and its corpus file has changed since training",
-                 "词元缓存已不在，语料文件在训练之后又改过"),
+                 "token 缓存已不在，语料文件在训练之后又改过"),
     large: say("its token cache is gone and its corpus file is too large to read again (over 100 MB)",
-               "词元缓存已不在，语料文件太大，不再重读（超过 100 MB）"),
+               "token 缓存已不在，语料文件太大，不再重读（超过 100 MB）"),
     short: say("no stretch of it of 20 characters or more has only characters the model knows",
                "其中没有一段 20 个字符以上、且每个字符模型都认识的文本"),
   }[a.why];
@@ -1001,6 +1017,7 @@ function openingLine(a) {  // what the page opened on, and why not on the run's 
       say(".", "。"),
     written: say("Opened on text the model wrote itself", "打开时是模型自己写的文本") + notValidation + why + say(".", "。"),
     given: say("Opened on the text given to attention_html.py (--text).", "打开时是交给 attention_html.py 的文本（--text）。"),
+    address: say("Opened on the text in the address (#text=).", "打开时是地址里给出的文本（#text=）。"),
   }[a.opening] ?? "";
 }
 
@@ -1047,20 +1064,33 @@ function missingGlyphs(characters) {
   return characters.filter(ch => draw(ch).every((pixel, at) => pixel === box[at]));
 }
 
-function noteMissingFonts() {  // one line naming what to install, in both languages when the page is Chinese
+function noteMissingFonts() {  // which characters show as boxes, and the package that draws them, in both languages
   const drawable = vocab.filter(ch => !/^[\p{Cc}\p{Cf}\p{Cs}\s]$/u.test(ch));  // not spaces, controls, lone surrogates
-  const missing = missingGlyphs(state.language === "zh" ? [...drawable, "\u4e2d"] : drawable);
-  const note = $("font-note"), shownMissing = missing.slice(0, 12).join(" ") + (missing.length > 12 ? " \u2026" : "");
-  note.hidden = missing.length === 0;
-  const english = "This browser has no font for " + missing.length + " of the characters here (" + shownMissing +
-    "): they show as boxes. Install a font that has them (Debian/Ubuntu: sudo apt-get install fonts-noto-cjk) " +
-    "and reload the page.";
-  note.textContent = state.language === "zh" ? english + " 这个浏览器没有显示这些字符的字体，请安装一个" +
-    "（Debian/Ubuntu：sudo apt-get install fonts-noto-cjk）后重新打开页面。" : english;
+  const missing = missingGlyphs(drawable), chinese = state.language === "zh" && missingGlyphs(["\u4e2d"]).length > 0;
+  const named = missing.slice(0, 12).map(ch => "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0"));
+  const what = [missing.length ? missing.length + " of the model's " + drawable.length + " characters (" +
+    named.join(" ") + (missing.length > 12 ? " \u2026" : "") + ")" : "", chinese ? "this page's Chinese text" : ""];
+  $("font-note").hidden = !missing.length && !chinese;
+  $("font-note").textContent = "This browser has no font for " + what.filter(Boolean).join(", nor for ") +
+    ", so they show as boxes. Fix (Debian/Ubuntu): sudo apt-get install fonts-noto-cjk, then reload the page." +
+    (state.language === "zh" ? " 这个浏览器缺少显示这些字符的字体，它们会显示成方框。请安装字体（Debian/Ubuntu：" +
+    "sudo apt-get install fonts-noto-cjk），然后重新打开页面。" : "");
+}
+
+function headsLook() {  // what to look for in the heads: the text's commonest mark ("，" in poems, a space in English)
+  const counts = new Map();
+  state.text.filter(ch => !/[\p{L}\p{N}\n]/u.test(ch)).forEach(ch => counts.set(ch, (counts.get(ch) ?? 0) + 1));
+  const mark = [...counts].sort((a, b) => b[1] - a[1])[0]?.[0];
+  const at = mark === undefined ? "" : mark === " " ? say(", at spaces (a column)", "、盯着空格的头（一条竖列）") :
+    say(", at " + quoted(mark) + " (a column; the commonest mark in your text)",
+        "、盯着" + quoted(mark) + "的头（一条竖列；它是你的文本里最常见的符号）");
+  $("heads-look").textContent = say("Look for heads that look one character back (a line under the diagonal)" + at +
+    ", or at the start of a line.", "找一找：只看前一个字符的头（对角线下方的一条斜线）" + at + "，或看行首的头。");
 }
 
 function update() {
   readText();
+  headsLook();
   buildStrip();
   if (state.result) renderModel(); else $("model").replaceChildren();
   render();
@@ -1110,7 +1140,11 @@ $("seed").addEventListener("input", () => { state.random = null; });
 $("append").addEventListener("click", appendSampled);
 
 const wanted = new URLSearchParams(location.hash.slice(1));
-if (wanted.has("text")) $("input").value = wanted.get("text");
+if (wanted.has("text")) {  // the opening note then says the text came from the address
+  $("input").value = wanted.get("text");
+  data.text = $("input").value;
+  data.about.opening = "address";
+}
 function choose(select, value) {  // an option the address names, if the page has it
   if (Array.from(select.options).some(option => option.value === value)) select.value = value;
 }
