@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from urllib.parse import quote
 
@@ -1001,8 +1002,32 @@ def test_a_model_of_short_lines_opens_on_its_own_validation_lines_and_says_so(tm
     assert embedded((tmp_path / "poems.html").read_text(encoding="utf-8"))["about"]["opening"] == "lines"
     note = re.search(r'<p class="note" id="opening-note">(.*?)</p>', dom(tmp_path / "poems.html", "#lang=zh"))
     assert note.group(1) == "打开时是这次训练的验证文本中的几整行，连同换行（\u21b5）：它的行都很短。"
-    other = dom(tmp_path / "poems.html", "#text=" + quote(text[:5]))  # another text: the line is not about it
-    assert re.search(r'<p class="note" id="opening-note" hidden="">', other)
+    marks = Counter(ch for ch in text if not (ch.isalpha() or ch.isdigit() or ch == "\n"))
+    look = re.search(r'<p class="hint" id="heads-look">(.*?)</p>', dom(tmp_path / "poems.html", "#lang=zh")).group(1)
+    assert look == ("找一找：只看前一个字符的头（对角线下方的一条斜线）、盯着\u201c" + marks.most_common(1)[0][0] +
+                    "\u201d的头（一条竖列；它是你的文本里最常见的符号），或看行首的头。")  # (，or 。: no spaces here)
+    other = dom(tmp_path / "poems.html", "#text=" + quote(text[:5]))  # another text: the note says where it came from
+    assert re.search(r'<p class="note" id="opening-note">Opened on the text in the address \(#text=\)\.</p>', other)
+
+
+@needs_browser
+def test_quote_marks_are_named_by_code_point_and_section_4_names_the_texts_commonest_mark(page):
+    """A quote mark is written with its code point, not inside quotes (“”” would be ambiguous); the next characters
+    are in boxes; section 4's hint names the text's commonest mark that is not a letter, a digit or a newline."""
+    browser = fresh_tab()
+    browser.open(page.as_uri() + "#text=" + quote("a,b,c d\n\n\n"))
+    assert browser.evaluate("[quoted('\u201d'), quoted(\"'\"), quoted('f')]") == [
+        "\u201d (U+201D)", "' (U+0027)", "\u201cf\u201d"]
+    assert browser.evaluate("document.getElementById('heads-look').textContent") == (
+        "Look for heads that look one character back (a line under the diagonal), at \u201c,\u201d (a column; the "
+        "commonest mark in your text), or at the start of a line.")
+    assert browser.evaluate("document.querySelectorAll('#next td span.box').length") > 0
+    assert browser.errors == []
+    browser = fresh_tab()  # (a new address that differs only after # would not load the page again)
+    browser.open(page.as_uri() + "#text=" + quote("to be or not, to be"))
+    assert browser.evaluate("document.getElementById('heads-look').textContent").endswith(
+        "(a line under the diagonal), at spaces (a column), or at the start of a line.")
+    assert browser.errors == []
 
 
 @needs_browser

@@ -447,14 +447,14 @@ function tutorialsLine(...symbols) {  // the tutorials' names for a step's symbo
   const box = element("div", undefined, "hint mono");
   symbols.map(namedIn).filter(Boolean).forEach((line, at) => {
     if (at) box.appendChild(element("br"));
-    written(box, line);
+    marked(box, line);
   });
   return box;
 }
 
 // A monospace font puts a combining hat beside its letter and lacks ⱼ: α̂ gets a drawn hat, ᵢ,ⱼ and ₁,ⱼ a <sub>.
 const SUBSCRIPTS = { "\u1d62": "i", "\u2c7c": "j", "\u2081": "1", ",": "," }, SUBSCRIPT = /^[\u1d62\u2c7c\u2081]/u;
-function written(node, text) {
+function marked(node, text) {
   for (const part of text.split(/(\u03b1\u0302|[\u1d62\u2c7c\u2081](?:,[\u1d62\u2c7c\u2081])?)/u)) {
     if (part === "\u03b1\u0302") node.appendChild(element("span", "\u03b1", "hat"));
     else if (SUBSCRIPT.test(part)) node.appendChild(element("sub", [...part].map(c => SUBSCRIPTS[c]).join("")));
@@ -482,7 +482,7 @@ function buildLegend() {  // the table of every page symbol against each tutoria
     row.appendChild(element("th", shownName));
     for (const tutorial of tutorials) {
       const found = (names[symbol] ?? []).find(entry => entry[0] === tutorial);
-      written(row.appendChild(element("td")), found ? found[1] + (found[2] ? " (" + found[2] + ")" : "") : "\u2014");
+      marked(row.appendChild(element("td")), found ? found[1] + (found[2] ? " (" + found[2] + ")" : "") : "\u2014");
     }
   }
 }
@@ -549,7 +549,7 @@ function renderMatrix() {
   $("matrix-formula").textContent = say("Layer " + (l + 1) + ", head " + (h + 1) + ": ",
                                         "第 " + (l + 1) + " 层，头 " + (h + 1) + "：") + shownMatrix.formula;
   $("matrix-tutorials").replaceChildren();
-  written($("matrix-tutorials"), namedIn(shownMatrix.name));
+  marked($("matrix-tutorials"), namedIn(shownMatrix.name));
   $("legend").querySelectorAll("tr[data-symbol]").forEach(row => {
     row.classList.toggle("chosen", row.dataset.symbol === shownMatrix.name);
   });
