@@ -242,6 +242,7 @@ def missing_note(text: str) -> str | None:
     missing = tick_labels(text)[2]
     if not missing:
         return None
-    listed = ", ".join(f"{ch} U+{ord(ch):04X}" for ch in missing[:10]) + (", ..." if len(missing) > 10 else "")
+    listed = ", ".join(f"{ch} U+{ord(ch):04X}" for ch in missing[:10]) + (
+        f" and {len(missing) - 10} more" if len(missing) > 10 else "")
     return (f"note: no installed font draws {len(missing)} of the characters, so the attention pictures label them by "
             f"code point: {listed}. Fix: {INSTALL_HINT}, and run again.")

@@ -602,7 +602,7 @@ def test_a_learner_sees_every_head_at_once_points_at_a_weight_and_opens_a_head(r
     expected = attention_html.attention_of(model, ids)  # [layer][head][query][key <= query]
     browser = fresh_tab()
     browser.open(html.as_uri())
-    palette = [[int(c) for c in rgb.split(",")] for rgb in browser.evaluate("headColors")]
+    palette = browser.evaluate("HEAD_RGB")
     for layer in range(model.config.n_layer):
         for head in range(model.config.n_head):
             canvas = f'#heads canvas[data-layer="{layer}"][data-head="{head}"]'
@@ -705,7 +705,7 @@ def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(r
     about = browser.evaluate("document.getElementById('positions-about').textContent")
     assert about.startswith("This model has no position information")
     first = browser.evaluate("document.querySelector('#steps .step .formula').textContent")
-    assert first == f"x14 = the embedding of character 14 (no LayerNorm, no residual), {model.config.n_embd} numbers"
+    assert first == f"x14 = its embedding (no LayerNorm, no residual), {model.config.n_embd} numbers"
     assert browser.evaluate("document.getElementById('positions').children.length") == 0
     assert browser.errors == []
     strength = similarity.abs().clamp(max=1).numpy()[..., None]
