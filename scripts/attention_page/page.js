@@ -376,7 +376,7 @@ function tutorialNames() {
        ["001", "\u03c9, attn_scores = queries @ keys.T", "In [29]"],
        ["002", "torch.bmm(queries, keys.transpose(1, 2))", "In [None]"], ["003", "q\u00b7k", ""],
        ["004", "q\u2071\u00b7k\u02b2", ""]],
-    scaled: [["000", say("none: its last cell scales the output instead", "没有：它最后一格缩放的是输出"), "In [48]"],
+    scaled: [["000", say("none: its last cell scales the output instead", "没有：它最后一个单元格缩放的是输出"), "In [48]"],
              ["001", "\u03c9 / \u221ad_k", "In [30]"], ["002", "scores = \u2026 / math.sqrt(d)", "In [None]"],
              ["003", "q\u00b7k / \u221ad_k", ""], ["004", "\u03b1\u1d62,\u2c7c = q\u2071\u00b7k\u02b2 / \u221ad", ""]],
     masked: [["000", "wei.masked_fill(tril == 0, float('-inf'))", "In [33]"],
@@ -801,21 +801,22 @@ function renderSteps() {
   }
   steps.appendChild(step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
     keyFormula() + say("; ", "；") + "v\u2c7c = " + (config.attention_values ? "x\u2c7c W_V" + (config.bias ? " + b_V" :
-      "") : say("head " + v.head + "'s slice of x\u2c7c", "x\u2c7c 中属于头 " + v.head + " 的一段")) + ", j = 1\u2026" + i,
+      "") : say("head " + v.head + "'s slice of x\u2c7c", "x\u2c7c 中属于头 " + v.head + " 的一段")) + say(", ", "，") + "j = 1\u2026" + i,
     keysAndValues(v), tutorialsLine("K", "V")));
   const scoring = form === "additive" ? "s\u2c7c = w\u00b7tanh(q + k\u2c7c)" : form === "none" ? "s\u2c7c = 0" :
     "s\u2c7c = q\u00b7k\u2c7c" + (FORM.scaled ? " / \u221ad, d = " + headSize : say(" (not scaled)", "（不缩放）"));
   steps.appendChild(step(say("Scores, the causal mask and the softmax over the keys k\u2c7c",
                              "注意力分数、因果掩码和对键 k\u2c7c 的 softmax"),
     scoring + say("; keys after " + i + ": \u2212\u221e (weight 0)", "；" + i + " 之后的键：\u2212\u221e（权重 0）") +
-    "; \u03b1 = softmax(s)", table, tutorialsLine("S", "scaled", "masked", "A")));
+    say("; ", "；") + "\u03b1 = softmax(s)", table, tutorialsLine("S", "scaled", "masked", "A")));
   steps.appendChild(step(say("The weighted sum of the values v\u2c7c", "对值 v\u2c7c 的加权求和"),
     "y" + i + " = \u03a3\u2c7c \u03b1" + i + "\u2c7c v\u2c7c", vector("y" + i, v.out),
     tutorialsLine("AV")));
   steps.appendChild(nHeads === 1 ? step(say("The one head's output", "唯一一个头的输出"), "concat = y" + i + sized,
     vector("concat", v.joined)) : step(say("All " + nHeads + " heads side by side", "全部 " + nHeads + " 个头并排"),
-    "concat(" + say("head", "头") + " 1, \u2026, " + nHeads + ")" + sized + say("; head " + v.head + ": ", "；头 " +
-      v.head + "：") + ((v.head - 1) * headSize + 1) + "\u2026" + v.head * headSize, vector("concat", v.joined),
+    "concat(" + say("head 1, \u2026, head ", "头 1, \u2026, 头 ") + nHeads + ")" + sized + say("; head " + v.head +
+      "'s: ", "；头 " + v.head + " 占第 ") + ((v.head - 1) * headSize + 1) + "\u2026" + v.head * headSize + say("", " 个"),
+    vector("concat", v.joined),
     tutorialsLine("heads")));
   steps.appendChild(step(say("The output projection", "输出投影"), "o" + i + " = concat W_O" +
     (config.bias ? " + b_O" : "") + (config.residual ? "; x \u2190 x + o" + i : ""), vector("o" + i, v.output),
