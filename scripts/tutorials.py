@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -93,7 +93,7 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
     steps: list[Step] = [
         Step("x", say("x: 2 sequences of 8 tokens of 2 numbers; sequence 1 (x[0])",
                       "x：2 个序列，各 8 个 token，每个 2 维；这里是第 1 个序列 x[0]"), x[0],
-             say("random, one row per token: only the shape matters", "随机数，每个 token 一行；只有形状要紧"),
+             say("random, one row per token: only the shape matters", "随机数，每个 token 一行；后面只用到它的形状"),
              cell="In [5]-[6]"),
         Step("loop", say("xbow: the mean of tokens 1..t of sequence 1, by a loop",
                          "xbow：用循环求第 1 个序列中 token 1..t 的平均"), loop[0],
@@ -212,7 +212,7 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
              cell="In [1]-[2]"),
         Step("embedding", "x = embedded_sentence = Embedding(50000, 3)(ids), seed 123", x,
              say("a row x⁽ⁱ⁾ of 3 per word: the tutorial's numbers", "每个词一行 x⁽ⁱ⁾，3 维：和教程的数相同"), cell="In [4]"),
-        Step("W_q", "W_q (W_query, 3 x 2)", w_q, say("the embedding's 3 by d_q = 2", "嵌入的 3 维乘 d_q = 2"),
+        Step("W_q", "W_q (W_query, 3 x 2)", w_q, say("3 rows (the embedding) by d_q = 2", "3 行（嵌入的维度）、2 列（d_q）"),
              cell="In [5]"),
         Step("W_k", "W_k (W_key, 3 x 2)", w_k, say("d_k = d_q, so that q·k exists", "d_k = d_q，查询和键才能做点积"),
              cell="In [5]"),
@@ -308,7 +308,7 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
     dot, _ = attend(dot_product_scores(dot_queries, keys), values, keep)
     lens_23 = torch.tensor([[2, 2], [3, 3]])
     return [
-        Step("sequence_mask", "sequence_mask(valid_lens = [1, 2, 3]), 4 " + say("slots", "个位置"), mask,
+        Step("sequence_mask", "sequence_mask(valid_lens = [1, 2, 3])" + say(", 4 slots", "，共 4 个位置"), mask,
              say("row i: i real slots (True), then padding (False)", "第 i 行前 i 个位置有效（True），其余是填充（False）"),
              Picture("sequence_mask(valid_len = [1, 2, 3])", ["valid_len 1", "valid_len 2", "valid_len 3"],
                      counted(4), say("row", "行"), say("slot", "位置"), ~mask, kind="mask",
@@ -371,7 +371,7 @@ def tutorial_003(say: Say = ENGLISH) -> list[Step]:
         return scores.grad[rows].norm(dim=-1).median(), weights.max(-1).values[rows].mean().detach()
 
     (scaled_grad, scaled_peak), (raw_grad, raw_peak) = through_softmax(True), through_softmax(False)
-    seeing = {1: say("0.04 to 0.24: any input moves every output", "0.04 到 0.24：任何一个输入变，所有输出都变"),
+    seeing = {1: say("0.04 to 0.24: any input moves every output", "0.04 到 0.24：任何一个输入变化，所有输出都会变"),
               10: say("1e-4 and less: the gradient nearly vanished", "不超过 1e-4：梯度几乎消失"),
               100: say("1e-44 and less, or 0: no gradient at all", "不超过 1e-44，甚至是 0：梯度完全传不回去")}
     return [
@@ -521,8 +521,8 @@ COUNTING = ("Tokens, rows and columns are counted from 1 here, as on the attenti
 
 
 def show(value) -> str:
-    """A value as printed: 4 decimals (scientific where every entry is below 0.001), whole numbers as torch prints
-    them (1., 0.), integers as integers, booleans as True/False."""
+    """A value as printed: 4 decimals (scientific where all are below 0.001), whole numbers as torch prints them
+    (1., 0.), integers as integers, booleans as True/False."""
     if not isinstance(value, torch.Tensor):
         return f"  {value}"
     value = value.detach()
@@ -651,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--png --lang zh: no installed font draws Chinese; {INSTALL_HINT}, or use --lang en")
     with output_folder(Path(args.png), "--png") if args.png else contextlib.nullcontext() as folder:
         print(say(*COUNTING))
-        for number in dict.fromkeys(args.tutorial) or TUTORIALS:  # (each once, in the order given)
+        for number in dict.fromkeys(args.tutorial) or TUTORIALS:  # each once, in the order given
             titles, steps = TUTORIALS[number]
             print(say(f"=== tutorial {number}: ", f"=== 教程 {number}：") + say(*titles) + "\n")
             for words in (LEGENDS[number], UNSEEDED.get(number)):

@@ -752,7 +752,7 @@ def test_a_learner_walks_the_whole_model_clicks_a_step_and_reads_it_in_both_lang
         f"{v:.4f}" for v in hidden[query - 1, :8].tolist()))
     browser.choose("#language", "zh")
     assert browser.evaluate("document.querySelector('#model tr[data-stage=\"block2.mlp_hidden\"] td.label')"
-                            ".textContent") == "MLP 的隐藏层，宽 4 倍，经过 gelu"
+                            ".textContent") == "MLP 的隐藏层，维度是 4 倍，经过 gelu"
     browser.point("#model-picture", at=((d - 0.5) / width, (t - 0.5) / T))
     assert browser.evaluate(readout) == f"第 {t} 个字符\u201cO\u201d，第 {d} 个数：{hidden[t - 1, d - 1]:.4f}"
     assert browser.evaluate(f"{rows}.map(tr => tr.querySelector('td.length').textContent)") == lengths
@@ -794,7 +794,7 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
     english_about = browser.evaluate(about)
     browser.choose("#language", "zh")
     assert browser.evaluate(about) == (f"{ckpt}：第 {state['iter']} 步，{cfg.n_layer} 层 × {cfg.n_head} "
-                                       f"个头（每个 {cfg.head_size} 维），宽 {cfg.n_embd}，"
+                                       f"个头（每个 {cfg.head_size} 维），嵌入维度 {cfg.n_embd}，"
                                        f"{millions}M 个参数，训练于 "
                                        f"{state['data']['source']}")
     assert browser.evaluate("document.title") == "chargpt：你的模型，正在思考"

@@ -19,9 +19,9 @@ function shown(ch) {  // characters that would be invisible get a visible stand-
   return ch === "\n" ? "\u21b5" : ch === " " ? "\u00a0" : ch === "\t" ? "\u2192" : ch;
 }
 function key(ch) { return ch === " " ? "\u2423" : shown(ch); }
+function codePoint(ch) { return "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0"); }
 function quoted(ch) {  // a quote mark in quotes would be ambiguous (“””): it is named by its code point instead
-  return /^["'`\p{Pi}\p{Pf}]$/u.test(ch) ? ch + " (U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0") +
-    ")" : "\u201c" + shown(ch) + "\u201d";
+  return /^["'`\p{Pi}\p{Pf}]$/u.test(ch) ? ch + " (" + codePoint(ch) + ")" : "\u201c" + shown(ch) + "\u201d";
 }
 function fixed(value) { return value === -Infinity ? "\u2212\u221e" : value.toFixed(4); }
 function tint(rgb, strength) { return rgb.map(c => Math.round(255 + (c - 255) * strength)); }  // over white
@@ -103,26 +103,21 @@ function stages() {
           "注意力（" + heads + "，再乘 W_O）：第 3\u20137 节展开它"), "attn(ln_1(x))", one.attention);
       add("block" + b + ".residual_1", b, say("residual add: x keeps what it had, plus what attention brought",
           "残差相加：x 保留原有的，加上注意力带来的"), "x + attn(ln_1(x))", one.afterAttention);
-      if (one.mlp) {
-        add("block" + b + ".ln_2", b, say("LayerNorm again, before the MLP", "再一次 LayerNorm，在 MLP 之前"),
-            "ln_2(x)", one.ln_2);
-        add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层，" +
-            "宽 4 倍，经过 " + act), act + "(c_fc(ln_2(x)))", one.hidden);
-        add("block" + b + ".mlp", b, say("MLP output: each character alone, back to " + config.n_embd + " numbers",
-            "MLP 的输出：每个字符单独计算，回到 " + config.n_embd + " 个数"), "c_proj(hidden)", one.mlp);
-        add("block" + b + ".residual_2", b, say("residual add: the block's output", "残差相加：块的输出"),
-            "x + mlp(ln_2(x))", one.output);
-      }
+      if (one.mlp) add("block" + b + ".ln_2", b, say("LayerNorm again, before the MLP", "再一次 LayerNorm，在 MLP 之前"),
+                       "ln_2(x)", one.ln_2);
     } else {  // the ladder's block without residual connections: each part replaces x
       add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O), no residual: it replaces x",
           "注意力（" + heads + "，再乘 W_O），没有残差：它取代 x"), "x = attn(x)", one.attention);
-      if (one.mlp) {
-        add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层，" +
-            "宽 4 倍，经过 " + act), act + "(c_fc(x))", one.hidden);
-        add("block" + b + ".mlp", b, say("MLP output: the block's output, no residual", "MLP 的输出：块的输出，没有残差"),
-            "x = mlp(x)", one.mlp);
-      }
     }
+    if (!one.mlp) return;
+    const res = config.residual;
+    add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层，维度是 " +
+        "4 倍，经过 " + act), act + (res ? "(c_fc(ln_2(x)))" : "(c_fc(x))"), one.hidden);
+    add("block" + b + ".mlp", b, res ? say("MLP output: each character alone, back to " + config.n_embd + " numbers",
+        "MLP 的输出：每个字符单独计算，回到 " + config.n_embd + " 个数") : say("MLP output: the block's output, no " +
+        "residual", "MLP 的输出：块的输出，没有残差"), res ? "c_proj(hidden)" : "x = mlp(x)", one.mlp);
+    if (res) add("block" + b + ".residual_2", b, say("residual add: the block's output", "残差相加：块的输出"),
+                 "x + mlp(ln_2(x))", one.output);
   });
   add("ln_f", 0, say("final LayerNorm", "最后的 LayerNorm"), "ln_f(x)", r.normed);
   add("logits", 0, say("logits: one score per character of the vocabulary; softmax makes them section 8's odds",
@@ -156,7 +151,7 @@ function renderModel() {
   const table = $("model"), list = stages();
   table.replaceChildren();
   const top = table.insertRow();
-  [say("block", "块"), say("step", "步骤"), say("code", "代码"), say("size", "大小"), say("every number", "全部数值")]
+  [say("block", "块"), say("step", "步骤"), say("code", "代码"), say("size", "形状"), say("every number", "全部数值")]
     .forEach(name => top.appendChild(element("th", name)));
   top.appendChild(element("th", "|x|", "length")).title = say("the length of the chosen character's row",
                                                              "所选字符那一行的长度");
@@ -360,16 +355,16 @@ function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
 // ---- Section 5: one head's whole matrices, in the tutorials' order
 // The tutorials' names for each page symbol: [tutorial, its name, its notebook cell]; 002's In [None] never ran.
 function tutorialNames() {
-  const form = FORM.scores;
+  const form = FORM.scores, cell = form === "additive" ? "In [9]" : "In [None]";
   return {
     Q: [["000", "q = query(x)", "In [28]"], ["001", "queries = x @ W_query", "In [29]"],
-        ["002", "queries", form === "additive" ? "In [9]" : "In [None]"], ["003", "Q", ""],
+        ["002", "queries", cell], ["003", "Q", ""],
         ["004", "q\u2071 = W_q a\u2071", ""]],
     K: [["000", "k = key(x)", "In [28]"], ["001", "keys = x @ W_key", "In [8]"],
-        ["002", "keys", form === "additive" ? "In [9]" : "In [None]"], ["003", "K", ""],
+        ["002", "keys", cell], ["003", "K", ""],
         ["004", "k\u2071 = W_k a\u2071", ""]],
     V: [["000", "v = value(x)", "In [36]"], ["001", "values = x @ W_value", "In [8]"],
-        ["002", "values", form === "additive" ? "In [9]" : "In [None]"], ["003", "V", ""],
+        ["002", "values", cell], ["003", "V", ""],
         ["004", "v\u2071 = W_v a\u2071", ""]],
     S: form === "additive" ? [["002", "scores = w_v(tanh(W_q q + W_k k))", "In [9]"]] :
       [["000", "wei = q @ k.transpose(-2, -1)", "In [31]"],
@@ -380,21 +375,19 @@ function tutorialNames() {
              ["001", "\u03c9 / \u221ad_k", "In [30]"], ["002", "scores = \u2026 / math.sqrt(d)", "In [None]"],
              ["003", "q\u00b7k / \u221ad_k", ""], ["004", "\u03b1\u1d62,\u2c7c = q\u2071\u00b7k\u02b2 / \u221ad", ""]],
     masked: [["000", "wei.masked_fill(tril == 0, float('-inf'))", "In [33]"],
-             ["001", say("masked_simple = attn_weights * mask_simple: after the softmax, then each row renormalised " +
-                         "(In [34]): the same weights", "masked_simple = attn_weights * mask_simple：在 softmax 之后，" +
-                         "再把每行重新归一化（In [34]）：权重相同"), "In [33]"],
-             ["002", say("sequence_mask(X, valid_lens, -1e6): padding, not the future, and \u22121e6 where the page " +
-                         "has \u2212\u221e (both give weight 0)", "sequence_mask(X, valid_lens, -1e6)：遮住的是填充，不是未来；" +
-                         "用 \u22121e6，页面用 \u2212\u221e（两者都给权重 0）"), "In [3]"],
+             ["001", "masked_simple = attn_weights * mask_simple" + say(", after the softmax, renormalised in " +
+                         "In [34]", "，在 softmax 之后，In [34] 再逐行归一化"), "In [33]"],
+             ["002", "sequence_mask(X, valid_lens, -1e6)" + say(": padding, \u22121e6 where the page has \u2212\u221e",
+                         "：遮住填充，用 \u22121e6，页面用 \u2212\u221e"), "In [3]"],
              ["004", say("none: its example lets every token see all three", "没有：它的例子里每个 token 都看得到全部三个"),
               ""]],
     A: form === "none" ? [["000", "wei = tril / wei.sum(1)", "In [17]"]] :
       [["000", "wei = F.softmax(wei, dim=-1)", "In [33]"], ["001", "\u03b1, attn_weights", "In [30]"],
-       ["002", "attention_weights = masked_softmax(scores, valid_lens)", form === "additive" ? "In [9]" : "In [None]"],
+       ["002", "attention_weights = masked_softmax(scores, valid_lens)", cell],
        ["003", "y = softmax(x)", ""], ["004", "\u03b1\u0302\u1d62,\u2c7c", ""]],
     AV: form === "none" ? [["000", "xbow = wei @ x", "In [18]"]] :
       [["000", "out = wei @ v", "In [36]"], ["001", "z, context_vec = attn_weights @ values", "In [15]"],
-       ["002", "torch.bmm(attention_weights, values)", form === "additive" ? "In [9]" : "In [None]"],
+       ["002", "torch.bmm(attention_weights, values)", cell],
        ["004", "b\u2071 = \u03a3\u2c7c \u03b1\u0302\u1d62,\u2c7c v\u02b2", ""]],
     x: [["000", "x", "In [26]"], ["001", "embedded_sentence, x\u207d\u2071\u207e", "In [4]"], ["004", "a\u2071", ""]],
     heads: [["001", "torch.cat([head(x) for head in self.heads], dim=-1)", "In [20]"]],
@@ -889,7 +882,7 @@ function aboutLine(a) {
   return say(`${a.path}: step ${a.step}, ${a.n_layer} layers x ${a.n_head} heads of ${a.head_size}, ` +
              `${a.n_embd} wide, ${a.millions}M parameters, trained on ${corpus}`,
              `${a.path}：第 ${a.step} 步，${a.n_layer} 层 × ${a.n_head} 个头（每个 ${a.head_size} 维），` +
-             `宽 ${a.n_embd}，${a.millions}M 个参数，训练于 ${corpus}`);
+             `嵌入维度 ${a.n_embd}，${a.millions}M 个参数，训练于 ${corpus}`);
 }
 
 function openingLine(a) {
@@ -961,7 +954,7 @@ function missingGlyphs(characters) {
 function noteMissingFonts() {
   const drawable = vocab.filter(ch => !/^[\p{Cc}\p{Cf}\p{Cs}\s]$/u.test(ch));
   const missing = missingGlyphs(drawable), chinese = state.language === "zh" && missingGlyphs(["\u4e2d"]).length > 0;
-  const named = missing.slice(0, 12).map(ch => "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0"));
+  const named = missing.slice(0, 12).map(codePoint);
   const what = [missing.length ? missing.length + " of the model's " + drawable.length + " characters (" +
     named.join(" ") + (missing.length > 12 ? " \u2026" : "") + ")" : "", chinese ? "this page's Chinese text" : ""];
   $("font-note").hidden = !missing.length && !chinese;
