@@ -442,7 +442,7 @@ function matrices(l, h) {
   const head = state.result.layers[l].heads[h], scaled = FORM.scores !== "additive";
   const list = [];
   if (FORM.scores !== "none") {
-    const after = [config.qk_norm ? "QK-norm" : "", config.position === "rope" ? "RoPE" : ""].filter(Boolean).join(", ");
+    const after = [config.qk_norm && "QK-norm", config.position === "rope" && "RoPE"].filter(Boolean).join(", ");
     list.push({ name: "Q", label: say("Q", "查询 Q"), formula: say("Q: one query per character (row), " + headSize +
                 " numbers each", "查询 Q：每个字符（行）一个查询，各 " + headSize + " 个数") + (after && " (" + after + ")"),
                 values: head.q, columns: "dims" });
@@ -645,7 +645,8 @@ function buildPositions() {
     });
     return;
   }
-  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62, \u03b8\u1d62 = " + config.rope_base + "^(\u22122(i \u2212 1)/" + headSize + ")";
+  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62, \u03b8\u1d62 = " + config.rope_base + "^(\u22122(i \u2212 1)/" +
+    headSize + ")";
   const middle = Math.floor(config.block_size / 2) + 1, additive = FORM.scores === "additive";
   about.textContent = say("Rotary positions: before scoring, each pair i, i + " + headSize / 2 + " of character t's " +
     "query and key turns by " + angle + ". A turn keeps lengths, so q\u00b7k depends only on the distance: for q = k " +
@@ -794,7 +795,8 @@ function renderSteps() {
   }
   steps.appendChild(step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
     keyFormula() + say("; ", "；") + "v\u2c7c = " + (config.attention_values ? "x\u2c7c W_V" + (config.bias ? " + b_V" :
-      "") : say("head " + v.head + "'s slice of x\u2c7c", "x\u2c7c 中属于头 " + v.head + " 的一段")) + say(", ", "，") + "j = 1\u2026" + i,
+      "") : say("head " + v.head + "'s slice of x\u2c7c", "x\u2c7c 中属于头 " + v.head + " 的一段")) + say(", ", "，") +
+      "j = 1\u2026" + i,
     keysAndValues(v), tutorialsLine("K", "V")));
   const scoring = form === "additive" ? "s\u2c7c = w\u00b7tanh(q + k\u2c7c)" : form === "none" ? "s\u2c7c = 0" :
     "s\u2c7c = q\u00b7k\u2c7c" + (FORM.scaled ? " / \u221ad, d = " + headSize : say(" (not scaled)", "（不缩放）"));
