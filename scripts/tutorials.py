@@ -210,7 +210,7 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
         Step("vocabulary", f"dc = {vocabulary}; sentence_int", ids,
              say("the sentence's words as their numbers in the sorted dc", "句中每个词换成它在排好序的 dc 里的编号"),
              cell="In [1]-[2]"),
-        Step("embedding", "x = embedded_sentence = Embedding(50000, 3)(ids), seed 123", x,
+        Step("embedding", "x = embedded_sentence = Embedding(50000, 3)(ids)" + say(", seed 123", "，种子 123"), x,
              say("a row x⁽ⁱ⁾ of 3 per word: the tutorial's numbers", "每个词一行 x⁽ⁱ⁾，3 维：和教程的数相同"), cell="In [4]"),
         Step("W_q", "W_q (W_query, 3 x 2)", w_q, say("3 rows (the embedding) by d_q = 2", "3 行（嵌入的维度）、2 列（d_q）"),
              cell="In [5]"),
@@ -313,7 +313,7 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
              Picture("sequence_mask(valid_len = [1, 2, 3])", ["valid_len 1", "valid_len 2", "valid_len 3"],
                      counted(4), say("row", "行"), say("slot", "位置"), ~mask, kind="mask",
                      masked_means=say("padding (False)", "填充（False）")), cell="In [2]"),
-        Step("scores", "X = torch.rand(2, 2, 4), seed 0", scores,
+        Step("scores", "X = torch.rand(2, 2, 4)" + say(", seed 0", "，种子 0"), scores,
              say("the scores: 2 batches of 2 queries by 4 keys", "注意力分数：2 批，每批 2 个查询、4 个键")),
         Step("per_row", "masked_softmax(X, [2, 3], padding='right')", per_row,
              say("one length per batch: batch 1 weighs keys 1-2, batch 2 keys 1-3",
@@ -464,7 +464,7 @@ TUTORIALS = {
              "softmax 的输入、它的梯度，以及 q·k 为什么要除以 √d_k"), tutorial_003),
     "004": (("the blog's three-token example, without its rounding", "博客里三个 token 的例子，不做舍入"), tutorial_004),
 }
-# Each tutorial's names for what it computes, and the attention page's names for the same (S, A and A·V).
+# Each tutorial's names, and the attention page's (S, A and A·V).
 LEGENDS = {
     "000": ("000's names: x the input; xbow the average of the past (a loop, then wei @ x); wei the weights: "
             "tril(ones) / row sums, then softmax of zeros with the future at -inf, then q @ kᵀ and its softmax; "
@@ -498,7 +498,7 @@ LEGENDS = {
             "004 中的记号：aⁱ 是嵌入后的输入；qⁱ、kⁱ、vⁱ；α₁,ⱼ = q¹·kʲ / √d 是缩放后的注意力分数（它的算例漏掉了 √d）；"
             "α̂₁,ⱼ = softmax(α₁) 是权重；b¹ = Σⱼ α̂₁,ⱼ vʲ 是输出。在注意力页面上，α 是缩放后的 S，α̂ 叫 A，b 叫 A·V。"),
 }
-# Where a tutorial drew random numbers without a seed, its figures cannot be repeated: one line says so.
+# Where a tutorial drew random numbers without a seed, one line says which figures cannot be repeated.
 UNSEEDED = {
     "000": ("note: tutorial 000 set no seed, so its x (x[0][0] = 0.0687 there) and what comes from x cannot be "
             "matched; this script seeds torch.manual_seed(1337) (x[0][0] = 0.0783 here). The rest matches: the "
@@ -552,7 +552,7 @@ def show(value) -> str:
 
 # ---- --png: each attention matrix drawn as a heatmap -------------------------------------------------------------
 MASKED_FILL, MASKED_HATCH = "#d9d9d9", "#8c8c8c"  # light grey, hatched: no colour of the weights' scale
-GRADIENT_RANGE = 0.25  # one scale for every Jacobian (its largest entry at x = [1, 1, 2] is 0.24): small looks small
+GRADIENT_RANGE = 0.25  # one scale for every Jacobian (the largest entry is 0.24): small looks small
 
 
 def figure_of(step: Step, say: Say = ENGLISH):
