@@ -93,7 +93,7 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
     steps: list[Step] = [
         Step("x", say("x: 2 sequences of 8 tokens of 2 numbers; sequence 1 (x[0])",
                       "x：2 个序列，各 8 个 token，每个 2 维；这里是第 1 个序列 x[0]"), x[0],
-             say("random, one row per token: only the shape matters", "随机数，每个 token 一行；后面只用到它的形状"),
+             say("random, one row per token: only the shape matters", "随机数，每个 token 一行；要紧的只是它的形状"),
              cell="In [5]-[6]"),
         Step("loop", say("xbow: the mean of tokens 1..t of sequence 1, by a loop",
                          "xbow：用循环求第 1 个序列中 token 1..t 的平均"), loop[0],
@@ -168,7 +168,7 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
                  "远不为 0：教程的 out = wei @ v * head_size**-0.5 缩放的是输出，不是注意力分数"), cell="In [48]"),
         Step("head_gap", "max |softmax(q·kᵀ/√d) v - Head(x)|", (right - head(x)).abs().max().detach(),
              say("0: this project's Head scales before the softmax", "0：本项目的 Head 在 softmax 之前缩放")),
-        Step("sharpest", say("the last row's largest weight, scaled and not", "最后一行的最大权重：缩放的和不缩放的"),
+        Step("sharpest", say("the last row's largest weight, scaled and not", "最后一行的最大权重，缩放、不缩放"),
              torch.stack([right_weights[0, -1].max(), wrong_weights[0, -1].max()]),
              say("unscaled, one key takes more", "不缩放时权重更集中在一个键上")),
     ]
@@ -217,14 +217,14 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
         Step("W_k", "W_k (W_key, 3 x 2)", w_k, say("d_k = d_q, so that q·k exists", "d_k = d_q，查询和键才能做点积"),
              cell="In [5]"),
         Step("W_v", "W_v (W_value, 3 x 4)", w_v, say("d_v = 4 may differ: the output has 4 numbers",
-                                                    "d_v = 4 可以不同：输出的上下文向量就是 4 维"), cell="In [5]"),
+                                                    "d_v 可以和 d_k 不同：这里是 4，上下文向量就是 4 维"), cell="In [5]"),
         Step("q_2", "query_2 = x⁽²⁾ @ W_q", q[1], say("the query of 'is'", "第 2 个词 'is' 的查询"), cell="In [7]"),
         Step("keys", "keys = x @ W_k", k, say("one key per word", "每个词一个键"), cell="In [8]"),
         Step("values", "values = x @ W_v", v, say("one value per word, to be mixed", "每个词一个值，之后按权重相加"),
              cell="In [8]"),
         Step("omega_24", "ω_24 = query_2 · keys[4]", omega_2[4],
              say("'is' against 'dessert', the 5th word: keys[4] counts from 0",
-                 "'is' 对第 5 个词 'dessert'：keys[4] 从 0 数"), cell="In [11]"),
+                 "'is' 对第 5 个词 'dessert'：keys[4] 的下标从 0 数起"), cell="In [11]"),
         Step("omega_2", say("ω_2 = query_2 @ keysᵀ: the unnormalised attention weights",
                             "ω_2 = query_2 @ keysᵀ：非归一化的注意力权重"), omega_2,
              say("the largest is 'is' against itself", "最大的是 'is' 对它自己"), cell="In [13]"),
@@ -248,7 +248,7 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
         Step("cross", "context_vectors", cross, say("one row per word of the sentence", "句子的每个词一行"),
              cell="In [28]"),
         Step("scores", "attn_scores = queries @ keysᵀ", omega,
-             say("every ω; row 2 is ω_2; no mask yet", "全部的 ω，第 2 行就是 ω_2；还没有掩码"), cell="In [29]"),
+             say("every ω; row 2 is ω_2; no mask yet", "全部的 ω，第 2 行就是 ω_2；还没有加掩码"), cell="In [29]"),
         Step("weights", "attn_weights = softmax(attn_scores / √d_k)", weights,
              say("every α; row 2 is α_2", "全部的 α，第 2 行就是 α_2；每个词也看后面的词"),
              Picture("attn_weights = softmax(ω / √d_k)", words, words, word_query, word_key), cell="In [30]"),
@@ -264,7 +264,7 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
              cell="In [34]"),
         Step("causal", say("softmax(ω / √d_k, the future -inf), as this project masks",
                            "softmax(ω / √d_k，未来为 -inf)，本项目的掩码做法"), causal_weights,
-             say("the same: -inf before = zero after, renormalised", "结果相同：之前填 -inf，等于之后置 0 再归一化"),
+             say("the same: -inf before = zero after, renormalised", "结果相同：softmax 前填 -inf，和 softmax 后置 0 再归一化一样"),
              Picture("softmax(ω / √d_k, future = -inf) (masked before the softmax)", words, words, word_query,
                      word_key, ~causal(6), masked_means=future(say))),
     ]
@@ -333,9 +333,9 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
                         "masked_softmax(X, valid_lens = [2, 3])，填充在左边"), lens_23, "left", say)),
         Step("additive_weights", say("additive attention: softmax(w_vᵀ tanh(W_q q + W_k k))",
                                      "加性注意力：softmax(w_vᵀ tanh(W_q q + W_k k))"), additive_weights[:, 0],
-             say("identical keys, equal weights: 1/2, then 1/6", "键都一样，权重就相等：1/2，然后 1/6"),
+             say("identical keys, equal weights: 1/2, then 1/6", "键都一样，权重就相等：第 1 批各 1/2，第 2 批各 1/6"),
              Picture(say("additive attention weights, valid_lens = [2, 6]", "加性注意力的权重，valid_lens = [2, 6]"),
-                     [say("batch 1", "第 1 批"), say("batch 2", "第 2 批")], counted(10), say("the query of", "查询所在"),
+                     [say("batch 1", "第 1 批"), say("batch 2", "第 2 批")], counted(10), say("the query of", "查询所在的批"),
                      say("key", "键"), ~keep[:, 0], masked_means=padding_means(say)), cell="In [9]-[10]"),
         Step("additive", "AdditiveAttention", additive,
              say("the mean of the first 2, and 6, values, as the tutorial prints", "前 2 个、前 6 个值的平均，与教程相同"),
@@ -377,7 +377,8 @@ def tutorial_003(say: Say = ENGLISH) -> list[Step]:
     return [
         Step("y3", "y₃ = softmax([a, a, 2a])₃, a = 1, 10, 100", y3_of(a),
              say("large inputs make the output one-hot", "输入越大，输出越接近 one-hot")),
-        Step("y3_curve", say("a and y₃: the tutorial's curve", "a 和 y₃：教程画的曲线"), torch.stack([curve_a, y3_of(curve_a)]),
+        Step("y3_curve", say("a and y₃: the tutorial's curve", "a 和 y₃（教程画的曲线）"),
+             torch.stack([curve_a, y3_of(curve_a)]),
              say("0.9 by a = 3: it saturates early", "a = 3 时已到 0.9：很早就饱和了"),
              Picture(say("y₃ = softmax([a, a, 2a])₃ against a", "y₃ = softmax([a, a, 2a])₃ 随 a 的变化"), [], [], "y₃",
                      "a", kind="curve", line=torch.stack([fine_a, y3_of(fine_a)]))),
@@ -388,14 +389,14 @@ def tutorial_003(say: Say = ENGLISH) -> list[Step]:
         Step("jacobian_formula", "max |∂y/∂x - (diag(y) - y yᵀ)|",
              torch.stack([(j - c).abs().max() for j, c in zip(jacobians, closed_form)]).max(),
              say("0: autograd agrees with the tutorial's closed form", "0：autograd 的结果就是教程推导的公式")),
-        Step("score_std", say(f"std of q·k, d_k = {d}: scaled, unscaled", f"q·k 的标准差，d_k = {d}：缩放、不缩放"),
+        Step("score_std", say(f"std of q·k, d_k = {d}: scaled, unscaled", f"q·k 的标准差（d_k = {d}），缩放、不缩放"),
              torch.stack([dot_product_scores(q, k).std(), dot_product_scores(q, k, scaled=False).std()]),
              say("about 1, and √512 = 22.6", "约为 1 和 √512 = 22.6")),
-        Step("peak", say("mean largest weight per row: scaled, unscaled", "每行最大权重的平均：缩放、不缩放"),
+        Step("peak", say("mean largest weight per row: scaled, unscaled", "每行最大权重的平均，缩放、不缩放"),
              torch.stack([scaled_peak, raw_peak]),
              say("unscaled, nearly one-hot rows", "不缩放时，每行几乎只看一个键")),
         Step("gradient_norms", say("median |∂loss/∂scores| per row: scaled, unscaled",
-                                   "每行 |∂loss/∂scores| 的中位数：缩放、不缩放"), torch.stack([scaled_grad, raw_grad]),
+                                   "每行 |∂loss/∂scores| 的中位数，缩放、不缩放"), torch.stack([scaled_grad, raw_grad]),
              say("unscaled, about 2000 times smaller: the gradient vanishes", "不缩放时小了约 2000 倍：梯度消失")),
     ]
 
@@ -425,7 +426,7 @@ def tutorial_004(say: Say = ENGLISH) -> list[Step]:
         Step("keys", say("kⁱ = aⁱ W_k, every token's key", "kⁱ = aⁱ W_k，每个 token 的键"), k,
              say("one key per token (3 x 3)", "每个 token 一个键（3 x 3），都是整数")),
         Step("queries", "qⁱ = aⁱ W_q", q, say("token 1's query is [1, 0, 2]", "每个 token 一个查询：token 1 的是 [1, 0, 2]")),
-        Step("values", "vⁱ = aⁱ W_v", v, say("one value per token: what the weights mix", "每个 token 一个值：权重要加权求和的就是它们")),
+        Step("values", "vⁱ = aⁱ W_v", v, say("one value per token: what the weights mix", "每个 token 一个值：输出就是它们的加权和")),
         Step("scores_1", say("token 1's scores q¹ · kʲ (the blog's α₁,ⱼ without its / √d)",
                              "token 1 的注意力分数 q¹ · kʲ（博客的 α₁,ⱼ，但没有除以 √d）"), scores_1,
              say("[2, 4, 4]: tokens 2 and 3 match equally, better than token 1 itself",
@@ -495,7 +496,7 @@ LEGENDS = {
     "004": ("004's names: aⁱ the embedded input; qⁱ, kⁱ, vⁱ; α₁,ⱼ = q¹·kʲ / √d the scaled scores (its worked numbers "
             "leave the √d out); α̂₁,ⱼ = softmax(α₁) the weights; b¹ = Σⱼ α̂₁,ⱼ vʲ the output. On the attention page "
             "α is the scaled S, α̂ is A and b is A·V.",
-            "004 中的记号：aⁱ 是嵌入后的输入；qⁱ、kⁱ、vⁱ；α₁,ⱼ = q¹·kʲ / √d 是缩放后的注意力分数（它的算例漏掉了 √d）；"
+            "004 中的记号：aⁱ 是嵌入后的输入；qⁱ、kⁱ、vⁱ 是查询、键和值；α₁,ⱼ = q¹·kʲ / √d 是缩放后的注意力分数（它的算例漏掉了 √d）；"
             "α̂₁,ⱼ = softmax(α₁) 是权重；b¹ = Σⱼ α̂₁,ⱼ vʲ 是输出。在注意力页面上，α 是缩放后的 S，α̂ 叫 A，b 叫 A·V。"),
 }
 # Where a tutorial drew random numbers without a seed, one line says which figures cannot be repeated.
@@ -505,13 +506,13 @@ UNSEEDED = {
             "three averages agree, var(q·k) is about 16, and softmax(a), softmax(10a) use its a",
             "注意：教程 000 没有设随机种子，它的 x（那里 x[0][0] = 0.0687）和由 x 算出的数都无法重现；本脚本用 "
             "torch.manual_seed(1337)（这里 x[0][0] = 0.0783）。其余都能对上：三种平均一致，var(q·k) 约为 16，"
-            "softmax(a) 和 softmax(10a) 用的是教程自己的 a"),
+            "softmax(a) 和 softmax(10a) 用的是教程自己的 a。"),
     "002": ("note: tutorial 002 drew its scores with torch.rand and no seed (0.4497 0.5503 there); this script seeds "
             "torch.manual_seed(0). The rest matches: zeros past each valid length, 1.0000 for a length of 1, "
             "outputs [2, 3, 4, 5], [10, 11, 12, 13]",
-            "注意：教程 002 用 torch.rand 生成注意力分数，没有设随机种子（那里是 0.4497 0.5503）；本脚本用 "
-            "torch.manual_seed(0)。其余都能对上：有效长度之后都是 0，长度为 1 时是 1.0000，输出是 [2, 3, 4, 5] 和 "
-            "[10, 11, 12, 13]"),
+            "注意：教程 002 用 torch.rand 生成注意力分数，没有设随机种子（它的第一行权重是 0.4497、0.5503）；本脚本用 "
+            "torch.manual_seed(0)。其余都能对上：超出有效长度的权重都是 0，长度为 1 时是 1.0000，输出是 [2, 3, 4, 5] "
+            "和 [10, 11, 12, 13]。"),
 }
 COUNTING = ("Tokens, rows and columns are counted from 1 here, as on the attention page and in the walkthrough; a "
             "tutorial's own\nnames and subscripts (001's ω_24, 000's x[0]) are kept as it writes them, and its "

@@ -752,9 +752,9 @@ def test_a_learner_walks_the_whole_model_clicks_a_step_and_reads_it_in_both_lang
         f"{v:.4f}" for v in hidden[query - 1, :8].tolist()))
     browser.choose("#language", "zh")
     assert browser.evaluate("document.querySelector('#model tr[data-stage=\"block2.mlp_hidden\"] td.label')"
-                            ".textContent") == "MLP 的隐藏层，维度是 4 倍，经过 gelu"
+                            ".textContent") == "MLP 的隐藏层：维度扩大到 4 倍，再经过 gelu"
     browser.point("#model-picture", at=((d - 0.5) / width, (t - 0.5) / T))
-    assert browser.evaluate(readout) == f"第 {t} 个字符\u201cO\u201d，第 {d} 个数：{hidden[t - 1, d - 1]:.4f}"
+    assert browser.evaluate(readout) == f"第 {t} 个字符\u201cO\u201d，第 {d} 维：{hidden[t - 1, d - 1]:.4f}"
     assert browser.evaluate(f"{rows}.map(tr => tr.querySelector('td.length').textContent)") == lengths
     browser.click('#model tr[data-stage="logits"] td.label')
     logits = stream["logits"].double()
@@ -801,14 +801,14 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
     headings = browser.evaluate(HEADINGS)
     assert [h[:len(c)] for h, c in zip(headings, CHINESE_HEADINGS)] == CHINESE_HEADINGS
     assert headings[6] == ("7. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，"
-                           "头 1（在上面选一个头，看别的头）")
+                           "头 1（要看别的头，请在上面选择）")
     steps = browser.evaluate("Array.from(document.getElementById('matrix-step').options).map(o => o.text)")
     assert steps == ["1. 查询 Q", "2. 键 K", "3. 值 V", "4. 注意力分数 S", "5. 缩放", "6. 掩码",
                      "7. 注意力权重 A", "8. A\u00b7V"]
     labels = browser.evaluate("Array.from(document.querySelectorAll('label > span')).map(s => s.textContent)")
     assert labels[:3] == ["层", "头", "每个 q·k 乘以"]
     assert browser.evaluate("document.getElementById('view').options[0].text") == "所有头"
-    assert browser.evaluate("document.getElementById('append').textContent") == "追加一个采样的字符"
+    assert browser.evaluate("document.getElementById('append').textContent") == "采样一个字符，接在后面"
     torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), expected.double(),
                                atol=1e-4, rtol=0)
     browser.choose("#language", "en")
@@ -852,7 +852,7 @@ def test_the_page_says_what_to_install_when_the_browser_has_no_font_for_a_charac
     if no_chinese:  # in Chinese the page's own words need a font too; the line says so in both languages
         assert chinese.group(2) == (f"This browser has no font for this page's Chinese text, {fix} 这个浏览器缺少显示"
                                     "这些字符的字体，它们会显示成方框。请安装字体（Debian/Ubuntu：sudo apt-get install "
-                                    "fonts-noto-cjk），然后重新打开页面。")
+                                    "fonts-noto-cjk），然后刷新页面。")
 
 
 @needs_browser
@@ -1005,7 +1005,7 @@ def test_a_model_of_short_lines_opens_on_its_own_validation_lines_and_says_so(tm
     marks = Counter(ch for ch in text if not (ch.isalpha() or ch.isdigit() or ch == "\n"))
     look = re.search(r'<p class="hint" id="heads-look">(.*?)</p>', dom(tmp_path / "poems.html", "#lang=zh")).group(1)
     assert look == ("找一找：只看前一个字符的头（对角线下方的一条斜线）、盯着\u201c" + marks.most_common(1)[0][0] +
-                    "\u201d的头（一条竖列；它是你的文本里最常见的符号），或看行首的头。")  # (，or 。: no spaces here)
+                    "\u201d的头（一条竖列；它是你的文本里最常见的符号），或盯着行首的头。")  # (，or 。: no spaces here)
     other = dom(tmp_path / "poems.html", "#text=" + quote(text[:5]))  # another text: the note says where it came from
     assert re.search(r'<p class="note" id="opening-note">Opened on the text in the address \(#text=\)\.</p>', other)
 

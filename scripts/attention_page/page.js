@@ -56,7 +56,7 @@ function readText() {
   }
   if (cut) {
     notes.push(say("the first " + cut + " left out: the model reads at most " + config.block_size,
-                   "去掉了前 " + cut + " 个：模型最多读 " + config.block_size + " 个"));
+                   "去掉了前 " + cut + " 个：模型最多只读 " + config.block_size + " 个"));
   }
   $("input-note").textContent = notes.join(say("; ", "；"));
   $("input-note").classList.toggle("warn", unknown.length > 0 || cut > 0);
@@ -82,12 +82,12 @@ function stages() {
   const r = state.result, list = [], learned = config.position === "learned";
   const add = (name, block, label, code, values) => list.push({ name, block, label, code, values });
   const act = config.activation === "gelu" ? "gelu" : "relu\u00b2";
-  add("embedding.token", 0, learned ? say("token embedding: the row of each character's id", "token 嵌入：每个字符" +
-      "的编号所选的那一行") : say("token embedding: the residual stream x begins (positions: " +
+  add("embedding.token", 0, learned ? say("token embedding: the row of each character's id", "token 嵌入：按每个字符的" +
+      "编号取出 wte 的一行") : say("token embedding: the residual stream x begins (positions: " +
       (config.position === "rope" ? "rotary, inside attention" : "none") + ")", "token 嵌入：残差流 x 从这里开始（位置：" +
-      (config.position === "rope" ? "旋转，在注意力里面" : "没有") + "）"), "wte[id]", r.embedded.tokens);
+      (config.position === "rope" ? "旋转，在注意力内部" : "没有") + "）"), "wte[id]", r.embedded.tokens);
   if (learned) {
-    add("embedding.position", 0, say("position embedding: the row of each place t", "位置嵌入：每个位置 t 的那一行"),
+    add("embedding.position", 0, say("position embedding: the row of each place t", "位置嵌入：取出第 t 个位置的那一行"),
         "wpe[t]", r.embedded.positions);
     add("embedding.sum", 0, say("x = token + position: the residual stream begins", "x = token + 位置：残差流从这里开始"),
         "wte[id] + wpe[t]", r.embedded.x);
@@ -100,23 +100,23 @@ function stages() {
           (config.bias ? " and bias" : " (no bias: --bias false)"), "LayerNorm：每一行化为均值 0、标准差 1，再乘权重" +
           (config.bias ? "、加偏置" : "（没有偏置：--bias false）")), "ln_1(x)", one.ln_1);
       add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O): sections 3\u20137 open it",
-          "注意力（" + heads + "，再乘 W_O）：第 3\u20137 节展开它"), "attn(ln_1(x))", one.attention);
+          "注意力（" + heads + "，再乘 W_O）：第 3\u20137 节细讲"), "attn(ln_1(x))", one.attention);
       add("block" + b + ".residual_1", b, say("residual add: x keeps what it had, plus what attention brought",
-          "残差相加：x 保留原有的，加上注意力带来的"), "x + attn(ln_1(x))", one.afterAttention);
-      if (one.mlp) add("block" + b + ".ln_2", b, say("LayerNorm again, before the MLP", "再一次 LayerNorm，在 MLP 之前"),
+          "残差相加：x 保留原值，再加上注意力的输出"), "x + attn(ln_1(x))", one.afterAttention);
+      if (one.mlp) add("block" + b + ".ln_2", b, say("LayerNorm again, before the MLP", "MLP 之前再做一次 LayerNorm"),
                        "ln_2(x)", one.ln_2);
     } else {  // the ladder's block without residual connections: each part replaces x
       add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O), no residual: it replaces x",
-          "注意力（" + heads + "，再乘 W_O），没有残差：它取代 x"), "x = attn(x)", one.attention);
+          "注意力（" + heads + "，再乘 W_O），没有残差：输出直接取代 x"), "x = attn(x)", one.attention);
     }
     if (!one.mlp) return;
     const res = config.residual;
-    add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层，维度是 " +
-        "4 倍，经过 " + act), act + (res ? "(c_fc(ln_2(x)))" : "(c_fc(x))"), one.hidden);
+    add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层：维度扩大到 " +
+        "4 倍，再经过 " + act), act + (res ? "(c_fc(ln_2(x)))" : "(c_fc(x))"), one.hidden);
     add("block" + b + ".mlp", b, res ? say("MLP output: each character alone, back to " + config.n_embd + " numbers",
-        "MLP 的输出：每个字符单独计算，回到 " + config.n_embd + " 个数") : say("MLP output: the block's output, no " +
-        "residual", "MLP 的输出：块的输出，没有残差"), res ? "c_proj(hidden)" : "x = mlp(x)", one.mlp);
-    if (res) add("block" + b + ".residual_2", b, say("residual add: the block's output", "残差相加：块的输出"),
+        "MLP 的输出：每个字符各自计算，变回 " + config.n_embd + " 维") : say("MLP output: the block's output, no " +
+        "residual", "MLP 的输出：即块的输出，没有残差"), res ? "c_proj(hidden)" : "x = mlp(x)", one.mlp);
+    if (res) add("block" + b + ".residual_2", b, say("residual add: the block's output", "残差相加：即块的输出"),
                  "x + mlp(ln_2(x))", one.output);
   });
   add("ln_f", 0, say("final LayerNorm", "最后的 LayerNorm"), "ln_f(x)", r.normed);
@@ -200,7 +200,7 @@ function pointAtModel(event) {
   if (!state.result) return;
   const chosen = chosenStage(stages()), [t, d] = cellUnder(event), value = chosen.values[t][d];
   const column = chosen.name === "logits" ? say("next character ", "下一个字符 ") + quoted(vocab[d]) :
-    say("number " + (d + 1), "第 " + (d + 1) + " 个数");
+    say("number " + (d + 1), "第 " + (d + 1) + " 维");
   $("model-readout").textContent = say("character " + (t + 1) + " " + quoted(state.text[t]) + ", " + column + ": ",
     "第 " + (t + 1) + " 个字符" + quoted(state.text[t]) + "，" + column + "：") + value.toFixed(4);
 }
@@ -211,7 +211,7 @@ function modelScope() {
     "LayerNorm's mean and spread, and the weights themselves. Sections 3\u20137 open attention. The tutorials show " +
     "only the embedding (001's embedded_sentence, In [4]; 004's a\u2071) and attention.",
     "这里显示：前向计算为你的文本算出的每个向量，与 PyTorch 相同（只差浮点舍入）。不显示：dropout（只在训练时用）、" +
-    "损失和梯度、键/值缓存（算出的数相同）、LayerNorm 的均值和标准差，以及权重本身。第 3\u20137 节展开注意力。" +
+    "损失和梯度、键/值缓存（算出的数相同）、LayerNorm 的均值和标准差，以及权重本身。第 3\u20137 节细讲注意力。" +
     "教程只讲了嵌入（001 的 embedded_sentence，In [4]；004 的 a\u2071）和注意力。");
 }
 
@@ -416,7 +416,7 @@ function marked(node, text) {
 
 function namedIn(symbol) {
   const named = tutorialNames()[symbol] ?? [];
-  return named.length ? say("In the tutorials: ", "教程里的名字：") + named.map(([tutorial, name, cell]) =>
+  return named.length ? say("In the tutorials: ", "教程中的记号：") + named.map(([tutorial, name, cell]) =>
     tutorial + (cell ? " " + cell : "") + " " + name).join(say(" \u00b7 ", " \u00b7 ")) : "";
 }
 
@@ -425,7 +425,7 @@ function buildLegend() {
   table.replaceChildren();
   const top = table.insertRow();
   [say("page", "页面"), ...tutorials].forEach(name => top.appendChild(element("th", name)));
-  const symbols = { Q: "Q", K: "K", V: "V", S: "S", scaled: say("S scaled", "缩放的 S"), masked: say("masked", "掩码"),
+  const symbols = { Q: "Q", K: "K", V: "V", S: "S", scaled: say("S scaled", "缩放后的 S"), masked: say("masked", "掩码"),
                     A: "A", AV: "A\u00b7V" };
   for (const [symbol, shownName] of Object.entries(symbols)) {
     const row = table.insertRow();
@@ -442,9 +442,10 @@ function matrices(l, h) {
   const head = state.result.layers[l].heads[h], scaled = FORM.scores !== "additive";
   const list = [];
   if (FORM.scores !== "none") {
-    const after = [config.qk_norm && "QK-norm", config.position === "rope" && "RoPE"].filter(Boolean).join(", ");
+    const after = [config.qk_norm && "QK-norm", config.position === "rope" && "RoPE"].filter(Boolean).join(say(", ", "、"));
     list.push({ name: "Q", label: say("Q", "查询 Q"), formula: say("Q: one query per character (row), " + headSize +
-                " numbers each", "查询 Q：每个字符（行）一个查询，各 " + headSize + " 个数") + (after && " (" + after + ")"),
+                " numbers each", "查询 Q：每个字符（行）一个查询，各 " + headSize + " 维") +
+                (after && say(" (" + after + ")", "（" + after + "）")),
                 values: head.q, columns: "dims" });
     list.push({ name: "K", label: say("K", "键 K"), formula: say("K: one key per character", "键 K：每个字符一个键"),
                 values: head.k, columns: "dims" });
@@ -460,14 +461,14 @@ function matrices(l, h) {
   if (scaled && FORM.scores !== "none") {
     list.push({ name: "scaled", label: say("scaled", "缩放"), formula: "S " + factorName() +
                 (whatIf() ? say(" (what-if)", "（假设）") : "") + say(": the scores the softmax will see",
-                                                                     "：softmax 将看到的分数"),
+                                                                     "：送进 softmax 的分数"),
                 values: head.raw.map(row => row.map(s => s * scoreFactor())), columns: "text" });
   }
   list.push({ name: "masked", label: say("masked", "掩码"), formula: say("the causal mask: keys after the query " +
               "\u2212\u221e (hatched), weight 0", "因果掩码：查询之后的键设为 \u2212\u221e（斜线），权重为 0"),
               values: head.scores, columns: "text" });
   list.push({ name: "A", label: say("A", "注意力权重 A"), formula: say("A = softmax of each row: the attention " +
-              "weights", "A = 每一行的 softmax：注意力权重"), values: head.weights, columns: "text" });
+              "weights", "A = 对每一行做 softmax：注意力权重"), values: head.weights, columns: "text" });
   list.push({ name: "AV", label: "A\u00b7V", formula: say("A\u00b7V: the head's output", "A\u00b7V：这个头的输出" +
               "（上下文向量）"), values: head.out, columns: "dims" });
   return list;
@@ -610,7 +611,7 @@ function distancePlot(curves) {
       dot.dataset.value = String(value);
       dot.appendChild(document.createElementNS(svgNs, "title")).textContent = say("key at character " +
         (curve.from + 1) + ", query " + d + " later", "键在第 " + (curve.from + 1) + " 个字符，查询在其后 " + d + " 个") +
-        ": q\u00b7k = " + value.toFixed(4);
+        say(": ", "：") + "q\u00b7k = " + value.toFixed(4);
     });
   }
   return svg;
@@ -627,9 +628,9 @@ function buildPositions() {
   if (config.position === "learned") {
     about.textContent = say("Learned positions: a vector p\u209c added to the embedding at each of the " +
       config.block_size + " places. The picture shows cos(p\u209b, p\u209c) for every pair: red alike, blue " +
-      "opposite; a band along the diagonal means neighbours were learned alike.", "学习的位置编码：在 " +
-      config.block_size + " 个位置上，各给嵌入加一个向量 p\u209c。图中是每一对的 cos(p\u209b, p\u209c)：红色相似，" +
-      "蓝色相反；沿对角线的亮带表示相邻的位置学得相似。");
+      "opposite; a band along the diagonal means neighbours were learned alike.", "可学习的位置编码：" +
+      config.block_size + " 个位置各有一个向量 p\u209c，加到该位置的嵌入上。图中是每一对的 cos(p\u209b, p\u209c)：" +
+      "红色相似，蓝色相反；沿对角线的亮带表示相邻的位置学得相似。");
     const similarities = positionSimilarities(), n = similarities.length;
     const canvas = box.appendChild(element("canvas"));
     canvas.id = "similarity";
@@ -652,8 +653,8 @@ function buildPositions() {
     "query and key turns by " + angle + ". A turn keeps lengths, so q\u00b7k depends only on the distance: for q = k " +
     "= (1, \u2026, 1), the line (key at character 1) and the red dots (key at " + middle + ") fall on one curve." +
     (additive ? " (This model scores with w\u00b7tanh(q + k), not q\u00b7k.)" : ""), "旋转位置编码（RoPE）：打分之前，" +
-    "第 t 个字符的查询和键的每一对数（i 和 i + " + headSize / 2 + "）转过 " + angle + "。旋转不改变长度，所以 q\u00b7k " +
-    "只取决于距离：q = k = (1, \u2026, 1) 时，线（键在第 1 个字符）和红点（键在第 " + middle + " 个）落在同一条曲线上。" +
+    "第 t 个字符的查询和键的每一对数（i 和 i + " + headSize / 2 + "）旋转 " + angle + "。旋转不改变长度，所以 q\u00b7k " +
+    "只取决于距离：q = k = (1, \u2026, 1) 时，蓝线（键在第 1 个字符）和红点（键在第 " + middle + " 个）落在同一条曲线上。" +
     (additive ? "（这个模型用 w\u00b7tanh(q + k) 打分，不是 q\u00b7k。）" : ""));
   box.appendChild(distancePlot(rotaryDotsByDistance()));
   const table = box.appendChild(element("table", undefined, "numbers"));
@@ -665,7 +666,7 @@ function renderPositions() {
   if (!table) return;
   table.replaceChildren();
   const top = table.insertRow(), t = q === null ? 1 : q + 1;
-  [say("pair i", "第 i 对"), say("numbers", "数"), say("\u03b8\u1d62 (radians per character)",
+  [say("pair i", "第 i 对"), say("numbers", "分量"), say("\u03b8\u1d62 (radians per character)",
    "\u03b8\u1d62（每个字符的弧度）"), say("angle at character " + t + " (radians)", "第 " + t + " 个字符的角度（弧度）"),
    say("in degrees", "角度（度）"), say("one whole turn every", "转一整圈需要")]
     .forEach(name => top.appendChild(element("th", name)));
@@ -743,9 +744,9 @@ function renderSteps() {
   const v = stepValues(), i = q + 1, form = FORM.scores, scaled = FORM.scaled || whatIf();
   $("step-title").textContent = quoted(state.text[q]) + say(" (character " + i + "), layer " + v.layer + ", head " +
     v.head + (viewedHead() === null ? " (choose a head above to see another)" : ""), "（第 " + i + " 个字符），第 " +
-    v.layer + " 层，头 " + v.head + (viewedHead() === null ? "（在上面选一个头，看别的头）" : ""));
+    v.layer + " 层，头 " + v.head + (viewedHead() === null ? "（要看别的头，请在上面选择）" : ""));
   const head = state.result.layers[v.layer - 1].heads[v.head - 1];
-  const sized = say(", " + config.n_embd + " numbers", "，" + config.n_embd + " 个数");
+  const sized = say(", " + config.n_embd + " numbers", "，" + config.n_embd + " 维");
   steps.appendChild(step(say("The input: character " + i + " as the block sees it", "输入：块看到的第 " + i + " 个字符"),
     "x" + i + " = " + (config.residual ? say("LayerNorm(residual stream)", "LayerNorm(残差流)") : v.layer === 1 ?
       say("its embedding (no LayerNorm, no residual)", "它的嵌入（没有 LayerNorm，没有残差）") :
@@ -765,7 +766,7 @@ function renderSteps() {
     if (config.qk_norm || config.position === "rope") projected.push(vector("q" + i, v.q));
     steps.appendChild(step(say("The query: what character " + i + " is looking for", "查询：第 " + i + " 个字符在找什么"),
       "q" + i + " = x" + i + " W_Q" + (config.bias ? " + b_Q" : "") + say(", " + headSize + " numbers" +
-      (config.shared_qk ? "; keys use the same W" : ""), "，" + headSize + " 个数" + (config.shared_qk ? "；键用同一个 W" : "")),
+      (config.shared_qk ? "; keys use the same W" : ""), "，" + headSize + " 维" + (config.shared_qk ? "；键也用同一个 W" : "")),
       ...projected, tutorialsLine("Q")));
   }
   const table = element("table", undefined, "numbers");
@@ -802,15 +803,15 @@ function renderSteps() {
     "s\u2c7c = q\u00b7k\u2c7c" + (FORM.scaled ? " / \u221ad, d = " + headSize : say(" (not scaled)", "（不缩放）"));
   steps.appendChild(step(say("Scores, the causal mask and the softmax over the keys k\u2c7c",
                              "注意力分数、因果掩码和对键 k\u2c7c 的 softmax"),
-    scoring + say("; keys after " + i + ": \u2212\u221e (weight 0)", "；" + i + " 之后的键：\u2212\u221e（权重 0）") +
+    scoring + say("; keys after " + i + ": \u2212\u221e (weight 0)", "；第 " + i + " 个之后的键：\u2212\u221e（权重 0）") +
     say("; ", "；") + "\u03b1 = softmax(s)", table, tutorialsLine("S", "scaled", "masked", "A")));
   steps.appendChild(step(say("The weighted sum of the values v\u2c7c", "对值 v\u2c7c 的加权求和"),
     "y" + i + " = \u03a3\u2c7c \u03b1" + i + "\u2c7c v\u2c7c", vector("y" + i, v.out),
     tutorialsLine("AV")));
   steps.appendChild(nHeads === 1 ? step(say("The one head's output", "唯一一个头的输出"), "concat = y" + i + sized,
-    vector("concat", v.joined)) : step(say("All " + nHeads + " heads side by side", "全部 " + nHeads + " 个头并排"),
+    vector("concat", v.joined)) : step(say("All " + nHeads + " heads side by side", "拼接全部 " + nHeads + " 个头"),
     "concat(" + say("head 1, \u2026, head ", "头 1, \u2026, 头 ") + nHeads + ")" + sized + say("; head " + v.head +
-      "'s: ", "；头 " + v.head + " 占第 ") + ((v.head - 1) * headSize + 1) + "\u2026" + v.head * headSize + say("", " 个"),
+      "'s: ", "；头 " + v.head + " 占第 ") + ((v.head - 1) * headSize + 1) + "\u2026" + v.head * headSize + say("", " 维"),
     vector("concat", v.joined),
     tutorialsLine("heads")));
   steps.appendChild(step(say("The output projection", "输出投影"), "o" + i + " = concat W_O" +
@@ -963,7 +964,7 @@ function noteMissingFonts() {
   $("font-note").textContent = "This browser has no font for " + what.filter(Boolean).join(", nor for ") +
     ", so they show as boxes. Fix (Debian/Ubuntu): sudo apt-get install fonts-noto-cjk, then reload the page." +
     (state.language === "zh" ? " 这个浏览器缺少显示这些字符的字体，它们会显示成方框。请安装字体（Debian/Ubuntu：" +
-    "sudo apt-get install fonts-noto-cjk），然后重新打开页面。" : "");
+    "sudo apt-get install fonts-noto-cjk），然后刷新页面。" : "");
 }
 
 function headsLook() {  // what to look for in the heads: the text's commonest mark ("，" in poems, a space in English)
@@ -974,7 +975,7 @@ function headsLook() {  // what to look for in the heads: the text's commonest m
     say(", at " + quoted(mark) + " (a column; the commonest mark in your text)",
         "、盯着" + quoted(mark) + "的头（一条竖列；它是你的文本里最常见的符号）");
   $("heads-look").textContent = say("Look for heads that look one character back (a line under the diagonal)" + at +
-    ", or at the start of a line.", "找一找：只看前一个字符的头（对角线下方的一条斜线）" + at + "，或看行首的头。");
+    ", or at the start of a line.", "找一找：只看前一个字符的头（对角线下方的一条斜线）" + at + "，或盯着行首的头。");
 }
 
 function update() {
