@@ -85,7 +85,7 @@ function stages() {
   add("embedding.token", 0, learned ? say("token embedding: the row of each character's id", "token 嵌入：按每个字符的" +
       "编号取出 wte 的一行") : say("token embedding: the residual stream x begins (positions: " +
       (config.position === "rope" ? "rotary, inside attention" : "none") + ")", "token 嵌入：残差流 x 从这里开始（位置：" +
-      (config.position === "rope" ? "旋转，在注意力内部" : "没有") + "）"), "wte[id]", r.embedded.tokens);
+      (config.position === "rope" ? "旋转位置编码，在注意力内部" : "没有") + "）"), "wte[id]", r.embedded.tokens);
   if (learned) {
     add("embedding.position", 0, say("position embedding: the row of each place t", "位置嵌入：取出第 t 个位置的那一行"),
         "wpe[t]", r.embedded.positions);
@@ -442,7 +442,8 @@ function matrices(l, h) {
   const head = state.result.layers[l].heads[h], scaled = FORM.scores !== "additive";
   const list = [];
   if (FORM.scores !== "none") {
-    const after = [config.qk_norm && "QK-norm", config.position === "rope" && "RoPE"].filter(Boolean).join(say(", ", "、"));
+    const after = [config.qk_norm && "QK-norm", config.position === "rope" && "RoPE"].filter(Boolean)
+      .join(say(", ", "、"));
     list.push({ name: "Q", label: say("Q", "查询 Q"), formula: say("Q: one query per character (row), " + headSize +
                 " numbers each", "查询 Q：每个字符（行）一个查询，各 " + headSize + " 维") +
                 (after && say(" (" + after + ")", "（" + after + "）")),
