@@ -176,7 +176,7 @@ def redrawn_parts(ax) -> tuple:
 
 # ---- fonts for the characters on the axes ----------------------------------------------------------------------------
 BASE = "DejaVu Sans Mono"  # matplotlib's own monospaced font: Latin, Greek, Cyrillic, no Chinese
-INSTALL_HINT = "install a font that has them (Debian/Ubuntu: apt-get install fonts-noto-cjk) and run again"
+INSTALL_HINT = "install a font that has them (Debian/Ubuntu: sudo apt-get install fonts-noto-cjk)"
 
 
 @lru_cache(maxsize=None)
@@ -242,5 +242,7 @@ def missing_note(text: str) -> str | None:
     missing = tick_labels(text)[2]
     if not missing:
         return None
-    return (f"note: no installed font draws {''.join(missing[:10])}{'...' if len(missing) > 10 else ''}; the "
-            f"attention pictures label them by code point; {INSTALL_HINT}")
+    listed = ", ".join(f"{ch} U+{ord(ch):04X}" for ch in missing[:10]) + (
+        f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+    return (f"note: no installed font draws {len(missing)} of the characters, so the attention pictures label them by "
+            f"code point: {listed}. Fix: {INSTALL_HINT}, and run again.")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from urllib.parse import quote
 
@@ -495,11 +496,11 @@ TUTORIAL_NAMES = {
     "K": ["000 In [28] k = key(x)", "001 In [8] keys = x @ W_key"],
     "V": ["000 In [36] v = value(x)", "001 In [8] values = x @ W_value"],
     "S": ["000 In [31] wei = q @ k.transpose(-2, -1)", "001 In [29] \u03c9, attn_scores", "002 In [None]"],
-    "scaled": ["001 In [30] \u03c9 / \u221ad_k", "004 \u03b1\u1d62,\u2c7c = q\u2071\u00b7k\u02b2 / \u221ad",
+    "scaled": ["001 In [30] \u03c9 / \u221ad_k", "004 \u03b1i,j = q\u2071\u00b7k\u02b2 / \u221ad",
                "000 In [48] none: its last cell scales the output instead"],
     "masked": ["000 In [33] wei.masked_fill(tril == 0, float('-inf'))", "001 In [33] masked_simple",
                "\u22121e6 where the page has \u2212\u221e"],
-    "A": ["000 In [33] wei = F.softmax(wei, dim=-1)", "001 In [30] \u03b1, attn_weights", "004 \u03b1\u0302"],
+    "A": ["000 In [33] wei = F.softmax(wei, dim=-1)", "001 In [30] \u03b1, attn_weights", "004 \u03b1i,j"],
     "AV": ["000 In [36] out = wei @ v", "001 In [15] z, context_vec", "004 b\u2071"],
 }
 
@@ -553,6 +554,9 @@ def test_a_learner_steps_through_the_matrices_points_clicks_and_changes_the_scal
             assert shown == f"masked[4][2] = {expected['masked'][3, 1].item():.4f}"
         named = browser.evaluate("document.getElementById('matrix-tutorials').textContent")
         assert all(part in named for part in TUTORIAL_NAMES[name]), (name, named)
+        if name in ("A", "AV"):  # 004's α̂ᵢ,ⱼ as markup: a monospace font has no combining hat, nor ⱼ
+            assert '004 <span class="hat">\u03b1</span><sub>i,j</sub>' in browser.evaluate(
+                "document.getElementById('matrix-tutorials').innerHTML").replace("b\u2071 = \u03a3<sub>j</sub> ", "")
         assert browser.evaluate("document.querySelector('#legend tr.chosen').dataset.symbol") == name
         browser.click("#matrix-next")
     browser.click("#matrix tr:nth-child(6) th")  # the row of character 5
@@ -598,7 +602,7 @@ def test_a_learner_sees_every_head_at_once_points_at_a_weight_and_opens_a_head(r
     expected = attention_html.attention_of(model, ids)  # [layer][head][query][key <= query]
     browser = fresh_tab()
     browser.open(html.as_uri())
-    palette = [[int(c) for c in rgb.split(",")] for rgb in browser.evaluate("headColors")]
+    palette = browser.evaluate("HEAD_RGB")
     for layer in range(model.config.n_layer):
         for head in range(model.config.n_head):
             canvas = f'#heads canvas[data-layer="{layer}"][data-head="{head}"]'
@@ -701,7 +705,7 @@ def test_a_learner_sees_how_alike_learned_positions_are_and_that_none_has_none(r
     about = browser.evaluate("document.getElementById('positions-about').textContent")
     assert about.startswith("This model has no position information")
     first = browser.evaluate("document.querySelector('#steps .step .formula').textContent")
-    assert first == f"x14 = the embedding of character 14 (no LayerNorm, no residual), {model.config.n_embd} numbers"
+    assert first == f"x14 = its embedding (no LayerNorm, no residual), {model.config.n_embd} numbers"
     assert browser.evaluate("document.getElementById('positions').children.length") == 0
     assert browser.errors == []
     strength = similarity.abs().clamp(max=1).numpy()[..., None]
@@ -748,9 +752,9 @@ def test_a_learner_walks_the_whole_model_clicks_a_step_and_reads_it_in_both_lang
         f"{v:.4f}" for v in hidden[query - 1, :8].tolist()))
     browser.choose("#language", "zh")
     assert browser.evaluate("document.querySelector('#model tr[data-stage=\"block2.mlp_hidden\"] td.label')"
-                            ".textContent") == "MLP 的隐藏层，宽 4 倍，经过 gelu"
+                            ".textContent") == "MLP 的隐藏层：维度扩大到 4 倍，再经过 gelu"
     browser.point("#model-picture", at=((d - 0.5) / width, (t - 0.5) / T))
-    assert browser.evaluate(readout) == f"第 {t} 个字符\u201cO\u201d，第 {d} 个数：{hidden[t - 1, d - 1]:.4f}"
+    assert browser.evaluate(readout) == f"第 {t} 个字符\u201cO\u201d，第 {d} 维：{hidden[t - 1, d - 1]:.4f}"
     assert browser.evaluate(f"{rows}.map(tr => tr.querySelector('td.length').textContent)") == lengths
     browser.click('#model tr[data-stage="logits"] td.label')
     logits = stream["logits"].double()
@@ -790,21 +794,21 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
     english_about = browser.evaluate(about)
     browser.choose("#language", "zh")
     assert browser.evaluate(about) == (f"{ckpt}：第 {state['iter']} 步，{cfg.n_layer} 层 × {cfg.n_head} "
-                                       f"个头（每个 {cfg.head_size} 维），宽 {cfg.n_embd}，"
+                                       f"个头（每个 {cfg.head_size} 维），嵌入维度 {cfg.n_embd}，"
                                        f"{millions}M 个参数，训练于 "
                                        f"{state['data']['source']}")
     assert browser.evaluate("document.title") == "chargpt：你的模型，正在思考"
     headings = browser.evaluate(HEADINGS)
     assert [h[:len(c)] for h, c in zip(headings, CHINESE_HEADINGS)] == CHINESE_HEADINGS
     assert headings[6] == ("7. 逐步计算：\u201cf\u201d（第 14 个字符），第 1 层，"
-                           "头 1（在上面选一个头，看别的头）")
+                           "头 1（要看别的头，请在上面选择）")
     steps = browser.evaluate("Array.from(document.getElementById('matrix-step').options).map(o => o.text)")
     assert steps == ["1. 查询 Q", "2. 键 K", "3. 值 V", "4. 注意力分数 S", "5. 缩放", "6. 掩码",
                      "7. 注意力权重 A", "8. A\u00b7V"]
     labels = browser.evaluate("Array.from(document.querySelectorAll('label > span')).map(s => s.textContent)")
     assert labels[:3] == ["层", "头", "每个 q·k 乘以"]
     assert browser.evaluate("document.getElementById('view').options[0].text") == "所有头"
-    assert browser.evaluate("document.getElementById('append').textContent") == "追加一个采样的字符"
+    assert browser.evaluate("document.getElementById('append').textContent") == "采样一个字符，接在后面"
     torch.testing.assert_close(exact(browser.evaluate("JSON.parse(numbers({})).logits")), expected.double(),
                                atol=1e-4, rtol=0)
     browser.choose("#language", "en")
@@ -837,10 +841,18 @@ def test_the_page_says_what_to_install_when_the_browser_has_no_font_for_a_charac
     html = tmp_path / "page.html"
     assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", "\u0380\u0381ME", "--html", str(html)]) == 0
     note = re.search(r'<p class="note warn" id="font-note"( hidden="")?>(.*?)</p>', dom(html))
+    fix = "so they show as boxes. Fix (Debian/Ubuntu): sudo apt-get install fonts-noto-cjk, then reload the page."
+    n = len(state["vocab"]) - 2  # less the newline and the space
     assert note.group(1) is None
-    assert note.group(2).startswith("This browser has no font for 2 of the characters here (\u0381 \u0380): ")
-    assert "apt-get install fonts-noto-cjk" in note.group(2)
+    assert note.group(2) == f"This browser has no font for 2 of the model's {n} characters (U+0381 U+0380), {fix}"
     assert re.search(r'<p class="note warn" id="font-note" hidden="">', dom(page))
+    no_chinese = subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True).stdout.strip() == ""
+    chinese = re.search(r'<p class="note warn" id="font-note"( hidden="")?>(.*?)</p>', dom(page, "#lang=zh"))
+    assert (chinese.group(1) is None) == no_chinese
+    if no_chinese:  # in Chinese the page's own words need a font too; the line says so in both languages
+        assert chinese.group(2) == (f"This browser has no font for this page's Chinese text, {fix} 这个浏览器缺少显示"
+                                    "这些字符的字体，它们会显示成方框。请安装字体（Debian/Ubuntu：sudo apt-get install "
+                                    "fonts-noto-cjk），然后刷新页面。")
 
 
 @needs_browser
@@ -990,8 +1002,32 @@ def test_a_model_of_short_lines_opens_on_its_own_validation_lines_and_says_so(tm
     assert embedded((tmp_path / "poems.html").read_text(encoding="utf-8"))["about"]["opening"] == "lines"
     note = re.search(r'<p class="note" id="opening-note">(.*?)</p>', dom(tmp_path / "poems.html", "#lang=zh"))
     assert note.group(1) == "打开时是这次训练的验证文本中的几整行，连同换行（\u21b5）：它的行都很短。"
-    other = dom(tmp_path / "poems.html", "#text=" + quote(text[:5]))  # another text: the line is not about it
-    assert re.search(r'<p class="note" id="opening-note" hidden="">', other)
+    marks = Counter(ch for ch in text if not (ch.isalpha() or ch.isdigit() or ch == "\n"))
+    look = re.search(r'<p class="hint" id="heads-look">(.*?)</p>', dom(tmp_path / "poems.html", "#lang=zh")).group(1)
+    assert look == ("找一找：只看前一个字符的头（对角线下方的一条斜线）、盯着\u201c" + marks.most_common(1)[0][0] +
+                    "\u201d的头（一条竖列；它是你的文本里最常见的符号），或盯着行首的头。")  # (，or 。: no spaces here)
+    other = dom(tmp_path / "poems.html", "#text=" + quote(text[:5]))  # another text: the note says where it came from
+    assert re.search(r'<p class="note" id="opening-note">Opened on the text in the address \(#text=\)\.</p>', other)
+
+
+@needs_browser
+def test_quote_marks_are_named_by_code_point_and_section_4_names_the_texts_commonest_mark(page):
+    """A quote mark is written with its code point, not inside quotes (“”” would be ambiguous); the next characters
+    are in boxes; section 4's hint names the text's commonest mark that is not a letter, a digit or a newline."""
+    browser = fresh_tab()
+    browser.open(page.as_uri() + "#text=" + quote("a,b,c d\n\n\n"))
+    assert browser.evaluate("[quoted('\u201d'), quoted(\"'\"), quoted('f')]") == [
+        "\u201d (U+201D)", "' (U+0027)", "\u201cf\u201d"]
+    assert browser.evaluate("document.getElementById('heads-look').textContent") == (
+        "Look for heads that look one character back (a line under the diagonal), at \u201c,\u201d (a column; the "
+        "commonest mark in your text), or at the start of a line.")
+    assert browser.evaluate("document.querySelectorAll('#next td span.box').length") > 0
+    assert browser.errors == []
+    browser = fresh_tab()  # (a new address that differs only after # would not load the page again)
+    browser.open(page.as_uri() + "#text=" + quote("to be or not, to be"))
+    assert browser.evaluate("document.getElementById('heads-look').textContent").endswith(
+        "(a line under the diagonal), at spaces (a column), or at the start of a line.")
+    assert browser.errors == []
 
 
 @needs_browser

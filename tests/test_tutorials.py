@@ -355,7 +355,7 @@ def test_every_tutorial_is_printed_in_chinese_with_its_legend_and_cells(script):
     english, chinese = script("tutorials.py"), script("tutorials.py", "--lang", "zh")
     assert english.returncode == chinese.returncode == 0, chinese.stderr
     text = chinese.stdout
-    assert text.startswith("这里的词元、行和列都从 1 开始数") and "what to see" not in text and "=== tutorial" not in text
+    assert text.startswith("这里的 token、行和列都从 1 开始数") and "what to see" not in text and "=== tutorial" not in text
     zh = tutorials.speaker("zh")
     for number, (titles, make) in tutorials.TUTORIALS.items():
         assert f"=== 教程 {number}：{titles[1]}\n\n{tutorials.LEGENDS[number][1]}\n" in text
@@ -364,7 +364,7 @@ def test_every_tutorial_is_printed_in_chinese_with_its_legend_and_cells(script):
         assert "On the attention page" in tutorials.LEGENDS[number][0] or number == "003"
         for step in make(zh):
             cell = f" [{number} {step.cell}]" if step.cell else ""
-            assert f"{step.formula}{cell}：\n{tutorials.show(step.value)}\n  看什么：{step.see}\n" in text
+            assert f"{step.formula}{cell}：\n{tutorials.show(step.value)}\n  要点：{step.see}\n" in text
             assert any("\u4e00" <= ch <= "\u9fff" for ch in step.formula + step.see), step.name
     numbers = lambda out: re.findall(r"-?\d+\.\d{4}(?:e[-+]\d+)?", out)  # noqa: E731
     assert numbers(text) == numbers(english.stdout)

@@ -1,33 +1,33 @@
-// The page's views: the text box, the attention strip and grid, every head at once, the whole matrices of one head,
-// the step-by-step attention of one character and head, and the next character; each recomputed from gpt.js's
-// forward pass whenever the text changes.
+// The page's views, each recomputed from gpt.js's forward pass whenever the text changes.
 "use strict";
 
 const data = JSON.parse(document.getElementById("data").textContent);
 const model = loadModel(data);
 const config = model.config, nLayers = config.n_layer, nHeads = config.n_head, headSize = config.head_size;
 const vocab = data.vocab.map(code => String.fromCodePoint(code)), idOf = new Map(vocab.map((ch, i) => [ch, i]));
-const MAX_APPEND = config.block_size, MAX_BENCH = 1000;  // what the address may ask for: a window, 1000 passes
-const headColors = ["214,39,40", "31,119,180", "44,160,44", "148,103,189", "255,127,14", "23,190,207",
-                    "140,86,75", "227,119,194"];
+const MAX_APPEND = config.block_size, MAX_BENCH = 1000;
+const BLUE = [31, 119, 180], RED = [214, 39, 40], HEAD_RGB = [RED, BLUE, [44, 160, 44], [148, 103, 189],
+  [255, 127, 14], [23, 190, 207], [140, 86, 75], [227, 119, 194]];
 const $ = id => document.getElementById(id);
 const state = { text: [], result: null, pinned: null, hovered: null, random: null, language: "en", stage: null };
 
-// The page's language: English, or Chinese in the tutorials' own terms (查询 query, 键 key, 值 value, 注意力权重
-// attention weights, 掩码 mask, 缩放 scale). say(english, chinese) is the one switch for what the script writes; the
-// fixed text of page.html carries its Chinese in data-zh.
+// The page's language: say(english, chinese) for the script's words; page.html's fixed text has its Chinese in data-zh.
 function say(english, chinese) { return state.language === "zh" ? chinese : english; }
 
 function shown(ch) {  // characters that would be invisible get a visible stand-in; a lone surrogate, its code
   if (ch.length === 1 && ch >= "\ud800" && ch <= "\udfff") return "\\u" + ch.charCodeAt(0).toString(16);
   return ch === "\n" ? "\u21b5" : ch === " " ? "\u00a0" : ch === "\t" ? "\u2192" : ch;
 }
-function key(ch) { return ch === " " ? "\u2423" : shown(ch); }  // in a table a space shows as ␣
-function quoted(ch) { return "\u201c" + shown(ch) + "\u201d"; }
-function fixed(value) { return value === -Infinity ? "\u2212\u221e" : value.toFixed(4); }
-function color(head, weight) {  // the square root, so that small weights still show
-  return "rgba(" + headColors[head % headColors.length] + "," + Math.sqrt(weight).toFixed(3) + ")";
+function key(ch) { return ch === " " ? "\u2423" : shown(ch); }
+function codePoint(ch) { return "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0"); }
+function quoted(ch) {  // a quote mark in quotes would be ambiguous (“””): it is named by its code point instead
+  return /^["'`\p{Pi}\p{Pf}]$/u.test(ch) ? ch + " (" + codePoint(ch) + ")" : "\u201c" + shown(ch) + "\u201d";
 }
+function fixed(value) { return value === -Infinity ? "\u2212\u221e" : value.toFixed(4); }
+function tint(rgb, strength) { return rgb.map(c => Math.round(255 + (c - 255) * strength)); }  // over white
+function weightRgb(h, weight) { return tint(HEAD_RGB[h % HEAD_RGB.length], Math.sqrt(weight)); }  // small ones show
+function signedRgb(value) { return tint(value < 0 ? BLUE : RED, Math.min(1, Math.abs(value))); }  // -1 blue, +1 red
+function color(head, weight) { return "rgb(" + weightRgb(head, weight) + ")"; }
 function element(tag, text, className) {
   const node = document.createElement(tag);
   if (text !== undefined) node.textContent = text;
@@ -35,13 +35,9 @@ function element(tag, text, className) {
   return node;
 }
 
-// ---------------------------------------------------------------------------------------------
-// The text: the characters the model knows, at most block_size of them (the last ones, as sample.py reads).
-// ---------------------------------------------------------------------------------------------
+// ---- Section 1: the text, the characters the model knows, the last block_size of them (as sample.py reads)
 function characters(text) {
-  // The text's characters, by code point (never by UTF-16 unit). A vocabulary read with unicode_escape can hold lone
-  // surrogates, which a text box joins into one character when they meet: such a character, unknown to the model
-  // while both its halves are known, is read as those two halves.
+  // By code point; two lone surrogates a text box joined are read as the two halves the vocabulary knows.
   return Array.from(text).flatMap(ch => (ch.length === 2 && !idOf.has(ch) && idOf.has(ch[0]) && idOf.has(ch[1]) ?
     [ch[0], ch[1]] : [ch]));
 }
@@ -60,19 +56,18 @@ function readText() {
   }
   if (cut) {
     notes.push(say("the first " + cut + " left out: the model reads at most " + config.block_size,
-                   "去掉了前 " + cut + " 个：模型最多读 " + config.block_size + " 个"));
+                   "去掉了前 " + cut + " 个：模型最多只读 " + config.block_size + " 个"));
   }
   $("input-note").textContent = notes.join(say("; ", "；"));
   $("input-note").classList.toggle("warn", unknown.length > 0 || cut > 0);
-  $("opening-note").hidden = $("input").value !== data.text;  // it says where the opening text came from
+  $("opening-note").hidden = $("input").value !== data.text;
   state.text = known;
   state.result = known.length ? forward(model, known.map(ch => idOf.get(ch)), { scoreFactor: scoreFactor() }) : null;
   if (state.pinned !== null && state.pinned >= known.length) state.pinned = null;
 }
 
 function query() {
-  // The chosen character: the one pointed at, else the one clicked, else the middle one (the last one's mask keeps
-  // every key, so it shows nothing of the mask).
+  // The character pointed at, else clicked, else the middle one (the last one's mask hides nothing).
   return state.hovered ?? state.pinned ?? (state.text.length ? Math.floor((state.text.length - 1) / 2) : null);
 }
 function layer() { return Number($("layer").value); }
@@ -81,23 +76,20 @@ function weightOf(l, head, q, key) {
   return q !== null && key <= q ? state.result.layers[l].heads[head].weights[q][key] : 0;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Section 2: the whole model, step by step along the residual stream, each step's T vectors at the model's size.
-// ---------------------------------------------------------------------------------------------
+// ---- Section 2: the whole model, step by step along the residual stream
 function stages() {
-  // Every step of gpt.js's forward pass, in order: its name (what #numbers reports), the block it belongs to (0:
-  // none), what the page calls it, the code it runs (as model/gpt.py names it) and its values, T rows.
+  // Every step of the forward pass: name (#numbers), block (0: none), label, code (as model/gpt.py) and T rows.
   const r = state.result, list = [], learned = config.position === "learned";
   const add = (name, block, label, code, values) => list.push({ name, block, label, code, values });
   const act = config.activation === "gelu" ? "gelu" : "relu\u00b2";
-  add("embedding.token", 0, learned ? say("token embedding: the row of each character's id", "词元嵌入：每个字符" +
-      "的编号所选的那一行") : say("token embedding: the residual stream x begins (positions: " +
-      (config.position === "rope" ? "rotary, inside attention" : "none") + ")", "词元嵌入：残差流 x 从这里开始（位置：" +
-      (config.position === "rope" ? "旋转，在注意力里面" : "没有") + "）"), "wte[id]", r.embedded.tokens);
+  add("embedding.token", 0, learned ? say("token embedding: the row of each character's id", "token 嵌入：按每个字符的" +
+      "编号取出 wte 的一行") : say("token embedding: the residual stream x begins (positions: " +
+      (config.position === "rope" ? "rotary, inside attention" : "none") + ")", "token 嵌入：残差流 x 从这里开始（位置：" +
+      (config.position === "rope" ? "旋转位置编码，在注意力内部" : "没有") + "）"), "wte[id]", r.embedded.tokens);
   if (learned) {
-    add("embedding.position", 0, say("position embedding: the row of each place t", "位置嵌入：每个位置 t 的那一行"),
+    add("embedding.position", 0, say("position embedding: the row of each place t", "位置嵌入：取出第 t 个位置的那一行"),
         "wpe[t]", r.embedded.positions);
-    add("embedding.sum", 0, say("x = token + position: the residual stream begins", "x = 词元 + 位置：残差流从这里开始"),
+    add("embedding.sum", 0, say("x = token + position: the residual stream begins", "x = token + 位置：残差流从这里开始"),
         "wte[id] + wpe[t]", r.embedded.x);
   }
   r.layers.forEach((seen, l) => {
@@ -108,29 +100,24 @@ function stages() {
           (config.bias ? " and bias" : " (no bias: --bias false)"), "LayerNorm：每一行化为均值 0、标准差 1，再乘权重" +
           (config.bias ? "、加偏置" : "（没有偏置：--bias false）")), "ln_1(x)", one.ln_1);
       add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O): sections 3\u20137 open it",
-          "注意力（" + heads + "，再乘 W_O）：第 3\u20137 节展开它"), "attn(ln_1(x))", one.attention);
+          "注意力（" + heads + "，再乘 W_O）：第 3\u20137 节细讲"), "attn(ln_1(x))", one.attention);
       add("block" + b + ".residual_1", b, say("residual add: x keeps what it had, plus what attention brought",
-          "残差相加：x 保留原有的，加上注意力带来的"), "x + attn(ln_1(x))", one.afterAttention);
-      if (one.mlp) {
-        add("block" + b + ".ln_2", b, say("LayerNorm again, before the MLP", "再一次 LayerNorm，在 MLP 之前"),
-            "ln_2(x)", one.ln_2);
-        add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层，" +
-            "宽 4 倍，经过 " + act), act + "(c_fc(ln_2(x)))", one.hidden);
-        add("block" + b + ".mlp", b, say("MLP output: each character alone, back to " + config.n_embd + " numbers",
-            "MLP 的输出：每个字符单独计算，回到 " + config.n_embd + " 个数"), "c_proj(hidden)", one.mlp);
-        add("block" + b + ".residual_2", b, say("residual add: the block's output", "残差相加：块的输出"),
-            "x + mlp(ln_2(x))", one.output);
-      }
+          "残差相加：x 保留原值，再加上注意力的输出"), "x + attn(ln_1(x))", one.afterAttention);
+      if (one.mlp) add("block" + b + ".ln_2", b, say("LayerNorm again, before the MLP", "MLP 之前再做一次 LayerNorm"),
+                       "ln_2(x)", one.ln_2);
     } else {  // the ladder's block without residual connections: each part replaces x
       add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O), no residual: it replaces x",
-          "注意力（" + heads + "，再乘 W_O），没有残差：它取代 x"), "x = attn(x)", one.attention);
-      if (one.mlp) {
-        add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层，" +
-            "宽 4 倍，经过 " + act), act + "(c_fc(x))", one.hidden);
-        add("block" + b + ".mlp", b, say("MLP output: the block's output, no residual", "MLP 的输出：块的输出，没有残差"),
-            "x = mlp(x)", one.mlp);
-      }
+          "注意力（" + heads + "，再乘 W_O），没有残差：输出直接取代 x"), "x = attn(x)", one.attention);
     }
+    if (!one.mlp) return;
+    const res = config.residual;
+    add("block" + b + ".mlp_hidden", b, say("MLP hidden layer, 4 times wider, after " + act, "MLP 的隐藏层：维度扩大到 " +
+        "4 倍，再经过 " + act), act + (res ? "(c_fc(ln_2(x)))" : "(c_fc(x))"), one.hidden);
+    add("block" + b + ".mlp", b, res ? say("MLP output: each character alone, back to " + config.n_embd + " numbers",
+        "MLP 的输出：每个字符各自计算，变回 " + config.n_embd + " 维") : say("MLP output: the block's output, no " +
+        "residual", "MLP 的输出：即块的输出，没有残差"), res ? "c_proj(hidden)" : "x = mlp(x)", one.mlp);
+    if (res) add("block" + b + ".residual_2", b, say("residual add: the block's output", "残差相加：即块的输出"),
+                 "x + mlp(ln_2(x))", one.output);
   });
   add("ln_f", 0, say("final LayerNorm", "最后的 LayerNorm"), "ln_f(x)", r.normed);
   add("logits", 0, say("logits: one score per character of the vocabulary; softmax makes them section 8's odds",
@@ -139,27 +126,20 @@ function stages() {
   return list;
 }
 
-function largestOf(values) {  // the largest |number| of a list of vectors: a picture's colour scale
+function largestOf(values) {
   let largest = 0;
   for (const row of values) for (const value of row) largest = Math.max(largest, Math.abs(value));
   return largest;
 }
 
 function drawValues(canvas, values) {  // one pixel per number, row t for character t: red positive, blue negative
-  // (signedRgb's colours, written straight into the picture: a step of the MLP has 64 x 640 of them, every keystroke)
   const T = values.length, width = values[0].length, largest = largestOf(values) || 1;
   canvas.width = width;
   canvas.height = T;
   const context = canvas.getContext("2d"), picture = context.createImageData(width, T), pixels = picture.data;
   for (let t = 0, at = 0; t < T; t++) {
     const row = values[t];
-    for (let d = 0; d < width; d++, at += 4) {
-      const value = row[d] / largest, strength = Math.min(1, Math.abs(value)), rgb = value < 0 ? BLUE : RED;
-      pixels[at] = Math.round(255 + (rgb[0] - 255) * strength);
-      pixels[at + 1] = Math.round(255 + (rgb[1] - 255) * strength);
-      pixels[at + 2] = Math.round(255 + (rgb[2] - 255) * strength);
-      pixels[at + 3] = 255;
-    }
+    for (let d = 0; d < width; d++, at += 4) pixels.set([...signedRgb(row[d] / largest), 255], at);
   }
   context.putImageData(picture, 0, 0);
   return largest;
@@ -167,11 +147,11 @@ function drawValues(canvas, values) {  // one pixel per number, row t for charac
 
 function chosenStage(list) { return list.find(one => one.name === state.stage) ?? list[0]; }
 
-function renderModel() {  // the table of steps, with every step's picture (when the text changes: update())
+function renderModel() {
   const table = $("model"), list = stages();
   table.replaceChildren();
   const top = table.insertRow();
-  [say("block", "块"), say("step", "步骤"), say("code", "代码"), say("size", "大小"), say("every number", "全部数值")]
+  [say("block", "块"), say("step", "步骤"), say("code", "代码"), say("size", "形状"), say("every number", "全部数值")]
     .forEach(name => top.appendChild(element("th", name)));
   top.appendChild(element("th", "|x|", "length")).title = say("the length of the chosen character's row",
                                                              "所选字符那一行的长度");
@@ -179,7 +159,7 @@ function renderModel() {  // the table of steps, with every step's picture (when
     const row = table.insertRow(), first = one.block && (at === 0 || list[at - 1].block !== one.block);
     row.className = "stage" + (first ? " block-start" : "");
     row.dataset.stage = one.name;
-    if (first) {  // the block's name once, beside all its steps
+    if (first) {
       const cell = row.appendChild(element("td", say("block " + one.block, "第 " + one.block + " 块"), "block"));
       cell.rowSpan = list.filter(other => other.block === one.block).length;
     } else if (!one.block) row.appendChild(element("td"));
@@ -190,20 +170,19 @@ function renderModel() {  // the table of steps, with every step's picture (when
     row.appendChild(element("td", "", "length"));
     row.addEventListener("click", () => {
       state.stage = one.name;
-      if (one.name.endsWith(".attention")) $("layer").value = String(one.block - 1);  // the views below follow
+      if (one.name.endsWith(".attention")) $("layer").value = String(one.block - 1);
       render();
     });
   });
 }
 
-function renderModelChoice() {  // what follows the chosen step and character (render())
+function renderModelChoice() {
   const list = stages(), chosen = chosenStage(list), q = query();
   $("model").querySelectorAll("tr.stage").forEach((row, at) => {
     row.classList.toggle("chosen", list[at].name === chosen.name);
     const values = list[at].values[q];
     row.querySelector("td.length").textContent = q === null ? "" : Math.sqrt(dot(values, values)).toFixed(2);
   });
-  // Pixels a number: at most 960 wide and at least one pixel each; rows at least as tall, up to 400 in all
   const largest = drawValues($("model-picture"), chosen.values), T = chosen.values.length;
   const cell = Math.max(1, Math.min(12, Math.floor(960 / chosen.values[0].length)));
   $("model-picture").style.width = chosen.values[0].length * cell + "px";
@@ -221,29 +200,22 @@ function pointAtModel(event) {
   if (!state.result) return;
   const chosen = chosenStage(stages()), [t, d] = cellUnder(event), value = chosen.values[t][d];
   const column = chosen.name === "logits" ? say("next character ", "下一个字符 ") + quoted(vocab[d]) :
-    say("number " + (d + 1), "第 " + (d + 1) + " 个数");
+    say("number " + (d + 1), "第 " + (d + 1) + " 维");
   $("model-readout").textContent = say("character " + (t + 1) + " " + quoted(state.text[t]) + ", " + column + ": ",
     "第 " + (t + 1) + " 个字符" + quoted(state.text[t]) + "，" + column + "：") + value.toFixed(4);
 }
 
-function modelScope() {  // what the overview shows, and what it leaves out, said once
-  return say("Shown: every vector the forward pass computes for your text, from the weights the page carries, as " +
-    "PyTorch computes them (within float rounding). Not shown here: dropout (used only in training; the page, like " +
-    "sample.py, runs without it), the loss and its gradients (training), the key/value cache (a shortcut for " +
-    "sampling that gives the same numbers), each LayerNorm's mean and spread (only its result), and the weights " +
-    "themselves (only what they compute). Inside attention, sections 3\u20137 show every head. Of these steps the " +
-    "five tutorials show the embedding (001's embedded_sentence, In [4]; 004's a\u2071) and attention alone: " +
-    "LayerNorm, the MLP, the residual sums and the logits are beyond them.",
-    "这里显示：前向计算为你的文本算出的每个向量，用页面携带的权重，与 PyTorch 算的相同（只差浮点舍入）。这里不显示：dropout" +
-    "（只在训练时用；页面和 sample.py 一样不用它）、损失和梯度（训练的事）、键/值缓存（采样的捷径，算出的数相同）、每个 " +
-    "LayerNorm 的均值和标准差（只显示结果），以及权重本身（只显示它们算出的东西）。注意力的内部见第 3\u20137 节，每个头都有。" +
-    "这些步骤里，五篇教程只讲了嵌入（001 的 embedded_sentence，In [4]；004 的 a\u2071）和注意力：LayerNorm、MLP、" +
-    "残差相加和 logits 都在它们之外。");
+function modelScope() {
+  return say("Shown: every vector the forward pass computes for your text, as PyTorch does (within float rounding). " +
+    "Not shown: dropout (training only), the loss and gradients, the key/value cache (same numbers), each " +
+    "LayerNorm's mean and spread, and the weights themselves. Sections 3\u20137 open attention. The tutorials show " +
+    "only the embedding (001's embedded_sentence, In [4]; 004's a\u2071) and attention.",
+    "这里显示：前向计算为你的文本算出的每个向量，与 PyTorch 相同（只差浮点舍入）。不显示：dropout（只在训练时用）、" +
+    "损失和梯度、键/值缓存（算出的数相同）、LayerNorm 的均值和标准差，以及权重本身。第 3\u20137 节细讲注意力。" +
+    "教程只讲了嵌入（001 的 embedded_sentence，In [4]；004 的 a\u2071）和注意力。");
 }
 
-// ---------------------------------------------------------------------------------------------
-// Section 3: the strip of characters and the grid of heads.
-// ---------------------------------------------------------------------------------------------
+// ---- Section 3: the strip of characters and the grid of heads
 function buildStrip() {
   const strip = $("strip"), grid = $("grid");
   strip.replaceChildren();
@@ -291,23 +263,15 @@ function renderStrip() {
         .sort((a, b) => b[0] - a[0]).slice(0, 3);
       return say("head " + (h + 1) + " looks most at ", "头 " + (h + 1) + " 最多看 ") +
         top.map(([w, key]) => quoted(state.text[key]) + say(" (" + (key + 1) + ") ", "（" + (key + 1) + "）") +
-          w.toFixed(2)).join(say(", ", "，"));  // with its place: a text has many "n"s
+          w.toFixed(2)).join(say(", ", "，"));
     }).join(say("; ", "；"));
 }
 
-// ---------------------------------------------------------------------------------------------
-// Section 4: every layer and head at once, each head's weights A as a small picture, one pixel per weight.
-// ---------------------------------------------------------------------------------------------
+// ---- Section 4: every head's weights A as a picture, one pixel per weight
 const MASKED_RGB = [85, 85, 85];  // the masked future: dark grey, which no weight's colour (white to a hue) reaches
 
-const HEAD_RGB = headColors.map(rgb => rgb.split(",").map(Number));
 
-function weightRgb(h, weight) {  // head h's colour laid over white with strength √weight (small weights still show)
-  const strength = Math.sqrt(weight);
-  return HEAD_RGB[h % HEAD_RGB.length].map(c => Math.round(255 + (c - 255) * strength));
-}
-
-function buildHeads() {  // a row per layer, a column per head, a canvas in each cell
+function buildHeads() {
   const table = $("heads");
   table.replaceChildren();
   const top = table.insertRow();
@@ -326,7 +290,7 @@ function buildHeads() {  // a row per layer, a column per head, a canvas in each
   }
 }
 
-function renderHeads() {  // each head's T x T weights: row i, column j is A[i][j]; the future dark grey
+function renderHeads() {
   const T = state.text.length;
   $("heads").querySelectorAll("canvas").forEach(canvas => {
     canvas.width = canvas.height = Math.max(T, 1);
@@ -344,7 +308,7 @@ function renderHeads() {  // each head's T x T weights: row i, column j is A[i][
   });
 }
 
-function cellUnder(event) {  // the [row, column] of the pixel under the mouse in one of the page's pictures
+function cellUnder(event) {
   const canvas = event.target, box = canvas.getBoundingClientRect();
   const at = (offset, size, n) => Math.min(n - 1, Math.max(0, Math.floor(offset / size * n)));
   return [at(event.clientY - box.top, box.height, canvas.height),
@@ -361,7 +325,7 @@ function pointAtHeads(event) {
     say(" looking at ", "看") + quoted(state.text[j]);
 }
 
-function openHead(event) {  // a click on a head's picture: that layer and head in the matrix view, at its weights A
+function openHead(event) {
   if (event.target.tagName !== "CANVAS") return;
   $("layer").value = event.target.dataset.layer;
   $("view").value = event.target.dataset.head;
@@ -370,12 +334,8 @@ function openHead(event) {  // a click on a head's picture: that layer and head 
   $("matrix-section").scrollIntoView();
 }
 
-// ---------------------------------------------------------------------------------------------
-// The what-if scale: the factor on every q·k, the model's own unless the reader picks another.
-// ---------------------------------------------------------------------------------------------
+// ---- The what-if scale: the factor on every q·k
 const FACTORS = { sqrt: ["\u00f7\u221a" + headSize, 1 / Math.sqrt(headSize)], 1: ["\u00d71", 1], 10: ["\u00d710", 10] };
-// How this model scores a query against the keys: its form of attention, as model/scoring.py's FORMS declares it
-// (scores "dot", "additive" or "none"; scaled by 1/√d or not; the formula the headings write).
 const FORM = config.form;
 const OWN_FACTOR = FORM.scaled ? "sqrt" : "1";
 const SCALABLE = FORM.scores === "dot";
@@ -385,82 +345,87 @@ function factorName() {
   const value = $("scale").value || OWN_FACTOR;
   return FACTORS[value][0] + (value === "1" ? say(", no scale", "，不缩放") : "");
 }
-function times() {  // how many times the model's own factor the what-if factor is, where that is not plain
+function times() {
   const ratio = scoreFactor() / FACTORS[OWN_FACTOR][1];
   return Math.abs(ratio - Math.round(ratio)) < 1e-9 && ratio < 10 ? "" : say(" (" + ratio.toFixed(1) + " times it)",
                                                                              "（是它的 " + ratio.toFixed(1) + " 倍）");
 }
 function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
 
-// ---------------------------------------------------------------------------------------------
-// Section 5: the chosen layer and head as whole matrices, in the tutorials' order, one step at a time.
-// ---------------------------------------------------------------------------------------------
-// The tutorials' own names for what the page computes, one list per page symbol: [tutorial, its name, the cell of
-// its notebook that computes it]. 003 (a text) and 004 (a blog post) have no cells; 002's scaled dot-product cell,
-// In [None], was defined but never run. The names are the tutorials' facts; the words around them are the page's.
+// ---- Section 5: one head's whole matrices, in the tutorials' order
+// The tutorials' names for each page symbol: [tutorial, its name, its notebook cell]; 002's In [None] never ran.
 function tutorialNames() {
-  const form = FORM.scores;
+  const form = FORM.scores, cell = form === "additive" ? "In [9]" : "In [None]";
   return {
     Q: [["000", "q = query(x)", "In [28]"], ["001", "queries = x @ W_query", "In [29]"],
-        ["002", "queries", form === "additive" ? "In [9]" : "In [None]"], ["003", "Q", ""],
+        ["002", "queries", cell], ["003", "Q", ""],
         ["004", "q\u2071 = W_q a\u2071", ""]],
     K: [["000", "k = key(x)", "In [28]"], ["001", "keys = x @ W_key", "In [8]"],
-        ["002", "keys", form === "additive" ? "In [9]" : "In [None]"], ["003", "K", ""],
+        ["002", "keys", cell], ["003", "K", ""],
         ["004", "k\u2071 = W_k a\u2071", ""]],
     V: [["000", "v = value(x)", "In [36]"], ["001", "values = x @ W_value", "In [8]"],
-        ["002", "values", form === "additive" ? "In [9]" : "In [None]"], ["003", "V", ""],
+        ["002", "values", cell], ["003", "V", ""],
         ["004", "v\u2071 = W_v a\u2071", ""]],
     S: form === "additive" ? [["002", "scores = w_v(tanh(W_q q + W_k k))", "In [9]"]] :
       [["000", "wei = q @ k.transpose(-2, -1)", "In [31]"],
        ["001", "\u03c9, attn_scores = queries @ keys.T", "In [29]"],
        ["002", "torch.bmm(queries, keys.transpose(1, 2))", "In [None]"], ["003", "q\u00b7k", ""],
        ["004", "q\u2071\u00b7k\u02b2", ""]],
-    scaled: [["000", say("none: its last cell scales the output instead", "没有：它最后一格缩放的是输出"), "In [48]"],
+    scaled: [["000", say("none: its last cell scales the output instead", "没有：它最后一个单元格缩放的是输出"), "In [48]"],
              ["001", "\u03c9 / \u221ad_k", "In [30]"], ["002", "scores = \u2026 / math.sqrt(d)", "In [None]"],
              ["003", "q\u00b7k / \u221ad_k", ""], ["004", "\u03b1\u1d62,\u2c7c = q\u2071\u00b7k\u02b2 / \u221ad", ""]],
     masked: [["000", "wei.masked_fill(tril == 0, float('-inf'))", "In [33]"],
-             ["001", say("masked_simple = attn_weights * mask_simple: after the softmax, then each row renormalised " +
-                         "(In [34]): the same weights", "masked_simple = attn_weights * mask_simple：在 softmax 之后，" +
-                         "再把每行重新归一化（In [34]）：权重相同"), "In [33]"],
-             ["002", say("sequence_mask(X, valid_lens, -1e6): padding, not the future, and \u22121e6 where the page " +
-                         "has \u2212\u221e (both give weight 0)", "sequence_mask(X, valid_lens, -1e6)：遮住的是填充，不是未来；" +
-                         "用 \u22121e6，页面用 \u2212\u221e（两者都给权重 0）"), "In [3]"],
-             ["004", say("none: its example lets every token see all three", "没有：它的例子里每个词元都看得到全部三个"),
+             ["001", "masked_simple = attn_weights * mask_simple" + say(", after the softmax, renormalised in " +
+                         "In [34]", "，在 softmax 之后，In [34] 再逐行归一化"), "In [33]"],
+             ["002", "sequence_mask(X, valid_lens, -1e6)" + say(": padding, \u22121e6 where the page has \u2212\u221e",
+                         "：遮住填充，用 \u22121e6，页面用 \u2212\u221e"), "In [3]"],
+             ["004", say("none: its example lets every token see all three", "没有：它的例子里每个 token 都看得到全部三个"),
               ""]],
     A: form === "none" ? [["000", "wei = tril / wei.sum(1)", "In [17]"]] :
       [["000", "wei = F.softmax(wei, dim=-1)", "In [33]"], ["001", "\u03b1, attn_weights", "In [30]"],
-       ["002", "attention_weights = masked_softmax(scores, valid_lens)", form === "additive" ? "In [9]" : "In [None]"],
+       ["002", "attention_weights = masked_softmax(scores, valid_lens)", cell],
        ["003", "y = softmax(x)", ""], ["004", "\u03b1\u0302\u1d62,\u2c7c", ""]],
     AV: form === "none" ? [["000", "xbow = wei @ x", "In [18]"]] :
       [["000", "out = wei @ v", "In [36]"], ["001", "z, context_vec = attn_weights @ values", "In [15]"],
-       ["002", "torch.bmm(attention_weights, values)", form === "additive" ? "In [9]" : "In [None]"],
+       ["002", "torch.bmm(attention_weights, values)", cell],
        ["004", "b\u2071 = \u03a3\u2c7c \u03b1\u0302\u1d62,\u2c7c v\u02b2", ""]],
     x: [["000", "x", "In [26]"], ["001", "embedded_sentence, x\u207d\u2071\u207e", "In [4]"], ["004", "a\u2071", ""]],
     heads: [["001", "torch.cat([head(x) for head in self.heads], dim=-1)", "In [20]"]],
   };
 }
 
-function tutorialsLine(...symbols) {  // the tutorials' names for a step's symbols, one line each
+function tutorialsLine(...symbols) {
   const box = element("div", undefined, "hint mono");
   symbols.map(namedIn).filter(Boolean).forEach((line, at) => {
     if (at) box.appendChild(element("br"));
-    box.appendChild(document.createTextNode(line));
+    marked(box, line);
   });
   return box;
 }
 
-function namedIn(symbol) {  // one line: each tutorial's name for symbol, with the cell that computes it
+// A monospace font puts a combining hat beside its letter and lacks ⱼ: α̂ gets a drawn hat, ᵢ,ⱼ and ₁,ⱼ a <sub>.
+const SUBSCRIPTS = { "\u1d62": "i", "\u2c7c": "j", "\u2081": "1", ",": "," }, SUBSCRIPT = /^[\u1d62\u2c7c\u2081]/u;
+function marked(node, text) {
+  for (const part of text.split(/(\u03b1\u0302|[\u1d62\u2c7c\u2081](?:,[\u1d62\u2c7c\u2081])?)/u)) {
+    if (part === "\u03b1\u0302") node.appendChild(element("span", "\u03b1", "hat"));
+    else if (SUBSCRIPT.test(part)) node.appendChild(element("sub", [...part].map(c => SUBSCRIPTS[c]).join("")));
+    else if (part) node.appendChild(document.createTextNode(part));
+  }
+  return node;
+}
+
+function namedIn(symbol) {
   const named = tutorialNames()[symbol] ?? [];
-  return named.length ? say("In the tutorials: ", "教程里的名字：") + named.map(([tutorial, name, cell]) =>
+  return named.length ? say("In the tutorials: ", "教程中的记号：") + named.map(([tutorial, name, cell]) =>
     tutorial + (cell ? " " + cell : "") + " " + name).join(say(" \u00b7 ", " \u00b7 ")) : "";
 }
 
-function buildLegend() {  // the table of every page symbol against each tutorial's names (applyLanguage)
+function buildLegend() {
   const table = $("legend"), names = tutorialNames(), tutorials = ["000", "001", "002", "003", "004"];
   table.replaceChildren();
   const top = table.insertRow();
   [say("page", "页面"), ...tutorials].forEach(name => top.appendChild(element("th", name)));
-  const symbols = { Q: "Q", K: "K", V: "V", S: "S", scaled: say("S scaled", "缩放的 S"), masked: say("masked", "掩码"),
+  const symbols = { Q: "Q", K: "K", V: "V", S: "S", scaled: say("S scaled", "缩放后的 S"), masked: say("masked", "掩码"),
                     A: "A", AV: "A\u00b7V" };
   for (const [symbol, shownName] of Object.entries(symbols)) {
     const row = table.insertRow();
@@ -468,23 +433,20 @@ function buildLegend() {  // the table of every page symbol against each tutoria
     row.appendChild(element("th", shownName));
     for (const tutorial of tutorials) {
       const found = (names[symbol] ?? []).find(entry => entry[0] === tutorial);
-      row.appendChild(element("td", found ? found[1] + (found[2] ? " (" + found[2] + ")" : "") : "\u2014"));
+      marked(row.appendChild(element("td")), found ? found[1] + (found[2] ? " (" + found[2] + ")" : "") : "\u2014");
     }
   }
 }
 
-function matrices(l, h) {  // each step's name, formula and T x d or T x T values (-Infinity where masked)
+function matrices(l, h) {
   const head = state.result.layers[l].heads[h], scaled = FORM.scores !== "additive";
   const list = [];
   if (FORM.scores !== "none") {
-    // what the model does to q and k before scoring (in Chinese, spaces only between Chinese and Latin words)
-    const after = [config.qk_norm ? "QK-norm" : "", config.position === "rope" ? say("rotary turns", "旋转") : ""]
-      .filter(Boolean);
-    const afterZh = after.length ? "，经过" + (config.qk_norm ? " QK-norm " : "") + (after.length === 2 ? "和" : "") +
-      (config.position === "rope" ? "旋转" : "") + "之后" : "";
+    const after = [config.qk_norm && "QK-norm", config.position === "rope" && "RoPE"].filter(Boolean)
+      .join(say(", ", "、"));
     list.push({ name: "Q", label: say("Q", "查询 Q"), formula: say("Q: one query per character (row), " + headSize +
-                " numbers each" + (after.length ? ", after " + after.join(" and ") : ""),
-                "查询 Q：每个字符（行）一个查询，各 " + headSize + " 个数" + afterZh),
+                " numbers each", "查询 Q：每个字符（行）一个查询，各 " + headSize + " 维") +
+                (after && say(" (" + after + ")", "（" + after + "）")),
                 values: head.q, columns: "dims" });
     list.push({ name: "K", label: say("K", "键 K"), formula: say("K: one key per character", "键 K：每个字符一个键"),
                 values: head.k, columns: "dims" });
@@ -500,32 +462,28 @@ function matrices(l, h) {  // each step's name, formula and T x d or T x T value
   if (scaled && FORM.scores !== "none") {
     list.push({ name: "scaled", label: say("scaled", "缩放"), formula: "S " + factorName() +
                 (whatIf() ? say(" (what-if)", "（假设）") : "") + say(": the scores the softmax will see",
-                                                                     "：softmax 将看到的分数"),
+                                                                     "：送进 softmax 的分数"),
                 values: head.raw.map(row => row.map(s => s * scoreFactor())), columns: "text" });
   }
-  list.push({ name: "masked", label: say("masked", "掩码"), formula: say("the causal mask: every key after the query " +
-              "set to \u2212\u221e (drawn hatched), so the softmax gives it weight 0", "因果掩码：查询之后的每个键都设为 " +
-              "\u2212\u221e（画成斜线），softmax 给它权重 0"), values: head.scores, columns: "text" });
+  list.push({ name: "masked", label: say("masked", "掩码"), formula: say("the causal mask: keys after the query " +
+              "\u2212\u221e (hatched), weight 0", "因果掩码：查询之后的键设为 \u2212\u221e（斜线），权重为 0"),
+              values: head.scores, columns: "text" });
   list.push({ name: "A", label: say("A", "注意力权重 A"), formula: say("A = softmax of each row: the attention " +
-              "weights, each row sums to 1", "A = 每一行的 softmax：注意力权重，每行之和为 1"),
-              values: head.weights, columns: "text" });
-  list.push({ name: "AV", label: "A\u00b7V", formula: say("A\u00b7V: each character's weighted sum of the values, " +
-              "the head's output", "A\u00b7V：每个字符对值的加权求和，即这个头的输出（上下文向量）"),
-              values: head.out, columns: "dims" });
+              "weights", "A = 对每一行做 softmax：注意力权重"), values: head.weights, columns: "text" });
+  list.push({ name: "AV", label: "A\u00b7V", formula: say("A\u00b7V: the head's output", "A\u00b7V：这个头的输出" +
+              "（上下文向量）"), values: head.out, columns: "dims" });
   return list;
 }
 
-function cellColor(value, largest, weights) {  // weights: white to blue; others: blue (negative) to red (positive)
-  if (weights) return "rgba(31,119,180," + Math.sqrt(value).toFixed(3) + ")";
-  const strength = largest ? Math.min(1, Math.abs(value) / largest) : 0;
-  return (value < 0 ? "rgba(31,119,180," : "rgba(214,39,40,") + strength.toFixed(3) + ")";
+function cellColor(value, largest, weights) {
+  return "rgb(" + (weights ? tint(BLUE, Math.sqrt(value)) : signedRgb(largest ? value / largest : 0)) + ")";
 }
 
 function renderMatrix() {
   const table = $("matrix"), l = layer(), h = viewedHead() ?? 0, list = matrices(l, h);
   const select = $("matrix-step");
   if (select.options.length !== list.length || select.options[0].text !== "1. " + list[0].label) {
-    // the first time, the weights A: Q, K and V of a trained model look like noise; after, the step chosen
+    // A first; Q, K and V of a trained model look like noise
     const chosen = select.options.length ? select.value : String(list.findIndex(m => m.name === "A"));
     select.replaceChildren(...list.map((m, i) => new Option((i + 1) + ". " + m.label, String(i))));
     select.value = chosen;
@@ -534,7 +492,8 @@ function renderMatrix() {
   select.value = String(at);
   $("matrix-formula").textContent = say("Layer " + (l + 1) + ", head " + (h + 1) + ": ",
                                         "第 " + (l + 1) + " 层，头 " + (h + 1) + "：") + shownMatrix.formula;
-  $("matrix-tutorials").textContent = namedIn(shownMatrix.name);
+  $("matrix-tutorials").replaceChildren();
+  marked($("matrix-tutorials"), namedIn(shownMatrix.name));
   $("legend").querySelectorAll("tr[data-symbol]").forEach(row => {
     row.classList.toggle("chosen", row.dataset.symbol === shownMatrix.name);
   });
@@ -547,7 +506,7 @@ function renderMatrix() {
   const top = table.insertRow();
   top.appendChild(element("th"));
   const width = values[0].length, written = values.length <= SMALL_MATRIX && width <= SMALL_MATRIX;
-  table.classList.toggle("written", written);  // a small matrix: every cell's number written in it
+  table.classList.toggle("written", written);
   colourBar(largest, weights, values.some(row => Array.prototype.includes.call(row, -Infinity)));
   for (let j = 0; j < width; j++) {
     top.appendChild(element("th", shownMatrix.columns === "text" ? key(state.text[j]) : String(j + 1)));
@@ -567,7 +526,7 @@ function renderMatrix() {
       if (written) {
         cell.textContent = value === -Infinity ? "\u2212\u221e" : value.toFixed(2);
         const strength = weights ? Math.sqrt(value) : Math.abs(value) / (largest || 1);
-        if (value !== -Infinity && strength > 0.7) cell.style.color = "#fff";  // on a dark cell
+        if (value !== -Infinity && strength > 0.7) cell.style.color = "#fff";
       }
       cell.title = say(shownMatrix.name, shownMatrix.label) + "[" + (i + 1) + "][" + (j + 1) + "] = " + fixed(value);
     });
@@ -579,9 +538,9 @@ function renderMatrix() {
   });
 }
 
-const SMALL_MATRIX = 12;  // up to 12 rows and columns, each cell's number is written in it
+const SMALL_MATRIX = 12;
 
-function colourBar(largest, weights, masked) {  // the scale of the matrix's colours (and the mask's), under it
+function colourBar(largest, weights, masked) {
   const bar = $("matrix-bar");
   bar.replaceChildren();
   const ramp = element("span", undefined, "ramp");
@@ -596,23 +555,14 @@ function colourBar(largest, weights, masked) {  // the scale of the matrix's col
   }
 }
 
-function pointAtMatrix(event) {  // the number of the cell pointed at, in a line below the matrix
+function pointAtMatrix(event) {
   const cell = event.target.closest("td");
   if (cell) $("matrix-readout").textContent = cell.title;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Section 6: positions. Rotary: each pair's angle and frequency, and q·k against the distance; learned: how alike
-// the position vectors are; none: a sentence.
-// ---------------------------------------------------------------------------------------------
-const BLUE = [31, 119, 180], RED = [214, 39, 40];
+// ---- Section 6: positions (rotary angles and q·k by distance; learned vectors' likeness; none)
 
-function signedRgb(value) {  // red for +1, white for 0, blue for -1
-  const rgb = value < 0 ? BLUE : RED, strength = Math.min(1, Math.abs(value));
-  return rgb.map(c => Math.round(255 + (c - 255) * strength));
-}
-
-function positionSimilarities() {  // cos(p_s, p_t) for every pair of the learned position vectors (block_size of them)
+function positionSimilarities() {
   const table = model.weights.wpe.weight, n = config.block_size, nEmbd = config.n_embd;
   const rows = Array.from({ length: n }, (_, t) => table.subarray(t * nEmbd, (t + 1) * nEmbd));
   const norms = rows.map(row => Math.sqrt(dot(row, row)));
@@ -620,16 +570,15 @@ function positionSimilarities() {  // cos(p_s, p_t) for every pair of the learne
 }
 
 function rotaryDotsByDistance() {
-  // q·k of two fixed vectors q = k = (1, ..., 1), turned as characters at 1 + distance (q) and at `from` (k), for
-  // keys at the first character and at the middle of the window: both lists are the same function of the distance.
+  // q·k of q = k = (1, ..., 1) turned at 1 + distance and at `from`: the same function of the distance for both keys.
   const ones = new Float64Array(headSize).fill(1), { cos, sin } = model.rope;
   const turned = cos.map((_, t) => applyRope(ones, cos[t], sin[t]));
   return [0, Math.floor(config.block_size / 2)].map(from => ({
     from, values: turned.slice(from).map(q => dot(q, turned[from])) }));
 }
 
-function distancePlot(curves) {  // an SVG line (key at the first character) and dots (key at the middle)
-  // The SVG namespace as the HTML parser gives it: the page's text names no web address, even one only used as a name
+function distancePlot(curves) {
+  // The SVG namespace from the parser: the page names no web address.
   const parsed = document.createElement("div");
   parsed.innerHTML = "<svg></svg>";
   const svgNs = parsed.firstChild.namespaceURI, width = 480, height = 160, pad = 28, n = config.block_size;
@@ -646,7 +595,7 @@ function distancePlot(curves) {  // an SVG line (key at the first character) and
     return node;
   };
   add("line", { x1: pad, x2: width - pad, y1: y(0), y2: y(0), stroke: "#ccc" });
-  add("text", { x: pad + 4, y: 10 }, "q\u00b7k");  // the y axis
+  add("text", { x: pad + 4, y: 10 }, "q\u00b7k");
   add("text", { x: 2, y: y(headSize) + 4 }, String(headSize));
   add("text", { x: 2, y: y(0) + 4 }, "0");
   add("text", { x: 2, y: y(-headSize) + 4 }, String(-headSize));
@@ -663,29 +612,26 @@ function distancePlot(curves) {  // an SVG line (key at the first character) and
       dot.dataset.value = String(value);
       dot.appendChild(document.createElementNS(svgNs, "title")).textContent = say("key at character " +
         (curve.from + 1) + ", query " + d + " later", "键在第 " + (curve.from + 1) + " 个字符，查询在其后 " + d + " 个") +
-        ": q\u00b7k = " + value.toFixed(4);
+        say(": ", "：") + "q\u00b7k = " + value.toFixed(4);
     });
   }
   return svg;
 }
 
-function buildPositions() {  // what does not change with the text: the sentences, the picture, the similarities
+function buildPositions() {
   const box = $("positions"), about = $("positions-about");
   box.replaceChildren();
   if (config.position === "none") {
-    about.textContent = say("This model has no position information (position none): nothing tells it where a " +
-      "character is, except the causal mask, which lets each character see only those before it.",
-      "这个模型没有位置信息（position none）：除了因果掩码（每个字符只能看到它前面的字符），没有任何东西告诉它字符在哪里。");
+    about.textContent = say("This model has no position information (position none): only the causal mask tells " +
+      "it where a character is.", "这个模型没有位置信息（position none）：只有因果掩码告诉它字符在哪里。");
     return;
   }
   if (config.position === "learned") {
-    about.textContent = say("Learned positions: the model adds a vector p\u209c of its own to the t-th character's " +
-      "embedding, one per place in the window (" + config.block_size + " of them). The picture shows how alike " +
-      "they are, cos(p\u209b, p\u209c) for every pair: red alike, blue opposite. A bright band along the diagonal " +
-      "means neighbouring places were learned alike. Point at it for a number.",
-      "学习的位置编码：模型给第 t 个字符的嵌入加上它自己学到的向量 p\u209c，窗口里每个位置一个（共 " +
-      config.block_size + " 个）。图中是每一对的相似度 cos(p\u209b, p\u209c)：红色相似，蓝色相反。沿对角线的亮带" +
-      "表示相邻的位置学得相似。指向图看数值。");
+    about.textContent = say("Learned positions: a vector p\u209c added to the embedding at each of the " +
+      config.block_size + " places. The picture shows cos(p\u209b, p\u209c) for every pair: red alike, blue " +
+      "opposite; a band along the diagonal means neighbours were learned alike.", "可学习的位置编码：" +
+      config.block_size + " 个位置各有一个向量 p\u209c，加到该位置的嵌入上。图中是每一对的 cos(p\u209b, p\u209c)：" +
+      "红色相似，蓝色相反；沿对角线的亮带表示相邻的位置学得相似。");
     const similarities = positionSimilarities(), n = similarities.length;
     const canvas = box.appendChild(element("canvas"));
     canvas.id = "similarity";
@@ -701,31 +647,27 @@ function buildPositions() {  // what does not change with the text: the sentence
     });
     return;
   }
-  // pairs counted from 1, as the table below counts them: pair 1 turns fastest, by 1 radian per character
-  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62", theta = "\u03b8\u1d62 = " + config.rope_base + "^(\u22122(i \u2212 1)/" + headSize + ")";
-  const middle = Math.floor(config.block_size / 2) + 1;
-  about.textContent = say("Rotary positions: before scoring, the query and key of character t are turned, each pair " +
-    "of their numbers (i and i + " + headSize / 2 + ") by the angle " + angle + " with " + theta + ", slower for " +
-    "later pairs. A turn keeps lengths, so q\u00b7k depends only on how far apart the two characters are, as the " +
-    "picture shows for q = k = (1, \u2026, 1): the line has the key at the first character, the red dots at " +
-    "character " + middle + ", and both fall on one curve." + (FORM.scores === "additive" ? " (This " +
-    "model scores with w\u00b7tanh(q + k), not q\u00b7k, so its scores are not a function of the distance alone.)" :
-    ""), "旋转位置编码（RoPE）：打分之前，第 t 个字符的查询和键被旋转，它们的每一对数（i 和 i + " + headSize / 2 +
-    "）转过角度 " + angle + "，其中 " + theta + "，越后面的对转得越慢。旋转不改变长度，所以 q\u00b7k 只取决于两个字符" +
-    "相距多远，如图中 q = k = (1, \u2026, 1) 所示：线是键在第 1 个字符，红点是键在第 " + middle + " 个字符，两者落在" +
-    "同一条曲线上。" + (FORM.scores === "additive" ? "（这个模型用 w\u00b7tanh(q + k) 打分，不是 q\u00b7k，" +
-    "所以它的分数不只取决于距离。）" : ""));
+  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62, \u03b8\u1d62 = " + config.rope_base + "^(\u22122(i \u2212 1)/" +
+    headSize + ")";
+  const middle = Math.floor(config.block_size / 2) + 1, additive = FORM.scores === "additive";
+  about.textContent = say("Rotary positions: before scoring, each pair i, i + " + headSize / 2 + " of character t's " +
+    "query and key turns by " + angle + ". A turn keeps lengths, so q\u00b7k depends only on the distance: for q = k " +
+    "= (1, \u2026, 1), the line (key at character 1) and the red dots (key at " + middle + ") fall on one curve." +
+    (additive ? " (This model scores with w\u00b7tanh(q + k), not q\u00b7k.)" : ""), "旋转位置编码（RoPE）：打分之前，" +
+    "第 t 个字符的查询和键的每一对数（i 和 i + " + headSize / 2 + "）旋转 " + angle + "。旋转不改变长度，所以 q\u00b7k " +
+    "只取决于距离：q = k = (1, \u2026, 1) 时，蓝线（键在第 1 个字符）和红点（键在第 " + middle + " 个）落在同一条曲线上。" +
+    (additive ? "（这个模型用 w\u00b7tanh(q + k) 打分，不是 q\u00b7k。）" : ""));
   box.appendChild(distancePlot(rotaryDotsByDistance()));
   const table = box.appendChild(element("table", undefined, "numbers"));
   table.id = "rotary";
 }
 
-function renderPositions() {  // rotary: each pair's frequency, and its angle at the chosen character
+function renderPositions() {
   const table = $("rotary"), q = query();
   if (!table) return;
   table.replaceChildren();
   const top = table.insertRow(), t = q === null ? 1 : q + 1;
-  [say("pair i", "第 i 对"), say("numbers", "数"), say("\u03b8\u1d62 (radians per character)",
+  [say("pair i", "第 i 对"), say("numbers", "分量"), say("\u03b8\u1d62 (radians per character)",
    "\u03b8\u1d62（每个字符的弧度）"), say("angle at character " + t + " (radians)", "第 " + t + " 个字符的角度（弧度）"),
    say("in degrees", "角度（度）"), say("one whole turn every", "转一整圈需要")]
     .forEach(name => top.appendChild(element("th", name)));
@@ -740,10 +682,8 @@ function renderPositions() {  // rotary: each pair's frequency, and its angle at
   });
 }
 
-// ---------------------------------------------------------------------------------------------
-// Section 7: one character's attention in one head, step by step.
-// ---------------------------------------------------------------------------------------------
-const SHOWN_VALUES = 8;  // a vector shows its first few numbers until asked for all of them
+// ---- Section 7: one character's attention in one head, step by step
+const SHOWN_VALUES = 8;
 
 function vector(name, values) {
   const line = element("div", undefined, "vector");
@@ -767,7 +707,7 @@ function step(title, formula, ...contents) {
   return box;
 }
 
-function stepValues() {  // the numbers section 7 shows, also what #numbers reports
+function stepValues() {
   const q = query(), l = layer(), h = viewedHead() ?? 0, seen = state.result.layers[l], head = seen.heads[h];
   return { layer: l + 1, head: h + 1, query: q + 1, input: Array.from(seen.input[q]),
            q: Array.from(head.q[q]), keys: head.k.slice(0, q + 1).map(k => Array.from(k)),
@@ -778,8 +718,6 @@ function stepValues() {  // the numbers section 7 shows, also what #numbers repo
 }
 
 function keyFormula() {
-  // How the model computes key j: its projection (W_Q itself when queries and keys share it), then QK-norm and the
-  // rotary turn where the model has them, as for the query.
   if (FORM.scores === "none") return say("no keys: every score is 0", "没有键：每个分数都是 0");
   let key = "x\u2c7c " + (config.shared_qk ? "W_Q" : "W_K") + (config.bias ? (config.shared_qk ? " + b_Q" : " + b_K")
     : "");
@@ -788,7 +726,7 @@ function keyFormula() {
   return "k\u2c7c = " + key;
 }
 
-function keysAndValues(v) {  // k_j and v_j for every key the chosen query sees, in a box that folds
+function keysAndValues(v) {
   const box = element("details");
   box.open = v.keys.length <= 8;
   box.appendChild(element("summary", say(v.keys.length + " keys and values", v.keys.length + " 个键和值")));
@@ -807,35 +745,29 @@ function renderSteps() {
   const v = stepValues(), i = q + 1, form = FORM.scores, scaled = FORM.scaled || whatIf();
   $("step-title").textContent = quoted(state.text[q]) + say(" (character " + i + "), layer " + v.layer + ", head " +
     v.head + (viewedHead() === null ? " (choose a head above to see another)" : ""), "（第 " + i + " 个字符），第 " +
-    v.layer + " 层，头 " + v.head + (viewedHead() === null ? "（在上面选一个头，看别的头）" : ""));
+    v.layer + " 层，头 " + v.head + (viewedHead() === null ? "（要看别的头，请在上面选择）" : ""));
   const head = state.result.layers[v.layer - 1].heads[v.head - 1];
+  const sized = say(", " + config.n_embd + " numbers", "，" + config.n_embd + " 维");
   steps.appendChild(step(say("The input: character " + i + " as the block sees it", "输入：块看到的第 " + i + " 个字符"),
-    config.residual ? say("x" + i + " = LayerNorm(residual stream at character " + i + "), " + config.n_embd +
-      " numbers", "x" + i + " = LayerNorm(第 " + i + " 个字符的残差流)，" + config.n_embd + " 个数") :
-      v.layer === 1 ? say("x" + i + " = the embedding of character " + i + " (no LayerNorm, no residual), " +
-        config.n_embd + " numbers", "x" + i + " = 第 " + i + " 个字符的嵌入（没有 LayerNorm，没有残差），" + config.n_embd +
-        " 个数") : say("x" + i + " = the previous layer's output (no residual), " + config.n_embd + " numbers", "x" +
-        i + " = 上一层的输出（没有残差），" + config.n_embd + " 个数"),
+    "x" + i + " = " + (config.residual ? say("LayerNorm(residual stream)", "LayerNorm(残差流)") : v.layer === 1 ?
+      say("its embedding (no LayerNorm, no residual)", "它的嵌入（没有 LayerNorm，没有残差）") :
+      say("the previous layer's output (no residual)", "上一层的输出（没有残差）")) + sized,
     vector("x" + i, v.input), tutorialsLine("x")));
   if (form === "none") {
     const setting = "attention_score " + config.attention_score;
     steps.appendChild(step(say("No queries or keys (" + setting + ")", "没有查询和键（" + setting + "）"),
-      say("every visible key scores 0, so the softmax gives each of the " + i + " the same weight 1/" + i,
-          "每个看得见的键分数都是 0，所以 softmax 给这 " + i + " 个键同样的权重 1/" + i)));
+      say("every score is 0, so each of the " + i + " keys gets 1/" + i, "每个分数都是 0，所以 " + i + " 个键各得 1/" + i)));
   } else {
     const projected = [vector("q" + i, head.projected.q[q])];
     if (config.qk_norm) projected.push(element("div", "QK-norm: q \u2190 q / rms(q)", "formula"));
     if (config.position === "rope") {
-      projected.push(element("div", say("rotary positions: q \u2190 R(" + i + ") q (each pair of numbers turned by " +
-        "an angle that grows with the position; section 6 shows the angles)", "旋转位置编码：q \u2190 R(" + i + ") q（每一对数" +
-        "转过一个随位置增大的角度；第 6 节列出这些角度）"), "formula"));
+      projected.push(element("div", say("rotary: q \u2190 R(" + i + ") q (section 6 shows the angles)",
+        "旋转位置编码：q \u2190 R(" + i + ") q（角度见第 6 节）"), "formula"));
     }
     if (config.qk_norm || config.position === "rope") projected.push(vector("q" + i, v.q));
     steps.appendChild(step(say("The query: what character " + i + " is looking for", "查询：第 " + i + " 个字符在找什么"),
-      "q" + i + " = x" + i + " W_Q" + (config.bias ? " + b_Q" : "") + say(", " + headSize + " numbers (head " +
-      v.head + "'s share of the " + config.n_embd + ")" + (config.shared_qk ? "; keys come from the same W" : ""),
-      "，" + headSize + " 个数（" + config.n_embd + " 个中属于头 " + v.head + " 的部分）" +
-      (config.shared_qk ? "；键来自同一个 W" : "")),
+      "q" + i + " = x" + i + " W_Q" + (config.bias ? " + b_Q" : "") + say(", " + headSize + " numbers" +
+      (config.shared_qk ? "; keys use the same W" : ""), "，" + headSize + " 维" + (config.shared_qk ? "；键也用同一个 W" : "")),
       ...projected, tutorialsLine("Q")));
   }
   const table = element("table", undefined, "numbers");
@@ -850,11 +782,11 @@ function renderSteps() {
     if (scaled) cells.push(fixed(v.scores[j]));
     cells.push(say("kept", "保留"), v.weights[j].toFixed(4));
     cells.forEach(text => row.appendChild(element("td", text)));
-    const bar = row.insertCell().appendChild(element("span", undefined, "bar"));  // the weight, drawn
+    const bar = row.insertCell().appendChild(element("span", undefined, "bar"));
     bar.style.width = (v.weights[j] * 8).toFixed(2) + "rem";
     bar.parentNode.style.textAlign = "left";
   });
-  if (q + 1 < state.text.length) {  // the future keys, in one row: the mask gives them all weight 0
+  if (q + 1 < state.text.length) {
     const row = table.insertRow(), after = state.text.slice(q + 1);
     row.className = "masked";
     const keys = (q + 2) + (after.length > 1 ? "\u2013" + state.text.length : "");
@@ -864,48 +796,32 @@ function renderSteps() {
     cells.forEach(text => row.appendChild(element("td", text)));
   }
   steps.appendChild(step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
-    keyFormula() + say("; ", "；") + "v\u2c7c = " + (config.attention_values ?
-      "x\u2c7c W_V" + (config.bias ? " + b_V" : "") :
-      say("head " + v.head + "'s slice of x\u2c7c", "x\u2c7c 中属于头 " + v.head + " 的一段")) +
-      say(", for j = 1 to " + i + " (the keys after " + i + " are masked)",
-          "，j = 1 到 " + i + "（" + i + " 之后的键被掩码遮住）"),
+    keyFormula() + say("; ", "；") + "v\u2c7c = " + (config.attention_values ? "x\u2c7c W_V" + (config.bias ? " + b_V" :
+      "") : say("head " + v.head + "'s slice of x\u2c7c", "x\u2c7c 中属于头 " + v.head + " 的一段")) + say(", ", "，") +
+      "j = 1\u2026" + i,
     keysAndValues(v), tutorialsLine("K", "V")));
-  const scoring = form === "additive" ? say("additive scores: s\u2c7c = w\u00b7tanh(q + k\u2c7c), one w per head",
-      "加性注意力分数：s\u2c7c = w\u00b7tanh(q + k\u2c7c)，每个头一个 w") :
-    form === "dot" && !FORM.scaled ? say("dot-product scores, not scaled (attention_score " + config.attention_score +
-      "): s\u2c7c = q\u00b7k\u2c7c", "点积注意力分数，不缩放（attention_score " + config.attention_score +
-      "）：s\u2c7c = q\u00b7k\u2c7c") :
-    form === "none" ? say("every score is 0", "每个分数都是 0") :
-    say("scaled dot-product scores: s\u2c7c = q\u00b7k\u2c7c / \u221ad, d = " + headSize + ", so their spread does " +
-      "not grow with d", "缩放点积注意力分数：s\u2c7c = q\u00b7k\u2c7c / \u221ad，d = " + headSize + "，这样分数的" +
-      "方差不随 d 增大");
+  const scoring = form === "additive" ? "s\u2c7c = w\u00b7tanh(q + k\u2c7c)" : form === "none" ? "s\u2c7c = 0" :
+    "s\u2c7c = q\u00b7k\u2c7c" + (FORM.scaled ? " / \u221ad, d = " + headSize : say(" (not scaled)", "（不缩放）"));
   steps.appendChild(step(say("Scores, the causal mask and the softmax over the keys k\u2c7c",
                              "注意力分数、因果掩码和对键 k\u2c7c 的 softmax"),
-    scoring + say("; keys after character " + i + " are masked to \u2212\u221e (weight 0)", "；第 " + i + " 个字符之后" +
-      "的键被掩码设为 \u2212\u221e（权重 0）") + "; \u03b1 = softmax(s) = " +
-    "exp(s\u2c7c) / \u03a3 exp(s)", table, tutorialsLine("S", "scaled", "masked", "A")));
+    scoring + say("; keys after " + i + ": \u2212\u221e (weight 0)", "；第 " + i + " 个之后的键：\u2212\u221e（权重 0）") +
+    say("; ", "；") + "\u03b1 = softmax(s)", table, tutorialsLine("S", "scaled", "masked", "A")));
   steps.appendChild(step(say("The weighted sum of the values v\u2c7c", "对值 v\u2c7c 的加权求和"),
-    say("head output", "头的输出") + " = \u03a3\u2c7c \u03b1" + i + "\u2c7c v\u2c7c" + (config.attention_values ? "" :
-      say(" (no value projection: v\u2c7c is head " + v.head + "'s slice of x\u2c7c)",
-          "（没有值投影：v\u2c7c 是 x\u2c7c 中属于头 " + v.head + " 的一段）")), vector("y" + i, v.out),
+    "y" + i + " = \u03a3\u2c7c \u03b1" + i + "\u2c7c v\u2c7c", vector("y" + i, v.out),
     tutorialsLine("AV")));
-  steps.appendChild(nHeads === 1 ? step(say("The one head's output", "唯一一个头的输出"), say("this model has one " +
-    "head: its output is all " + config.n_embd + " numbers", "这个模型只有一个头：它的输出就是全部 " + config.n_embd +
-    " 个数"), vector("concat", v.joined)) : step(say("All " + nHeads + " heads side by side", "全部 " + nHeads +
-    " 个头并排"), say("concat(head 1, \u2026, head " + nHeads + "): " + config.n_embd + " numbers; head " + v.head +
-      "'s are " + ((v.head - 1) * headSize + 1) + " to " + v.head * headSize, "concat(头 1, \u2026, 头 " + nHeads +
-      ")：" + config.n_embd + " 个数；头 " + v.head + " 的是第 " + ((v.head - 1) * headSize + 1) + " 到 " +
-      v.head * headSize + " 个"), vector("concat", v.joined), tutorialsLine("heads")));
+  steps.appendChild(nHeads === 1 ? step(say("The one head's output", "唯一一个头的输出"), "concat = y" + i + sized,
+    vector("concat", v.joined)) : step(say("All " + nHeads + " heads side by side", "拼接全部 " + nHeads + " 个头"),
+    "concat(" + say("head 1, \u2026, head ", "头 1, \u2026, 头 ") + nHeads + ")" + sized + say("; head " + v.head +
+      "'s: ", "；头 " + v.head + " 占第 ") + ((v.head - 1) * headSize + 1) + "\u2026" + v.head * headSize + say("", " 维"),
+    vector("concat", v.joined),
+    tutorialsLine("heads")));
   steps.appendChild(step(say("The output projection", "输出投影"), "o" + i + " = concat W_O" +
-    (config.bias ? " + b_O" : "") + (config.residual ? say(", added to the residual stream: x \u2190 x + o",
-      "，加到残差流上：x \u2190 x + o") : say(", the block's attention output", "，块的注意力输出")),
-    vector("o" + i, v.output), element("div", say("In the tutorials: none has W_O; 001's heads are only " +
-      "concatenated (In [20])", "教程里：没有一篇有 W_O；001 的多个头只是拼接起来（In [20]）"), "hint mono")));
+    (config.bias ? " + b_O" : "") + (config.residual ? "; x \u2190 x + o" + i : ""), vector("o" + i, v.output),
+    element("div", say("In the tutorials: no W_O; 001 only concatenates (In [20])",
+                       "教程里：没有 W_O；001 只是拼接（In [20]）"), "hint mono")));
 }
 
-// ---------------------------------------------------------------------------------------------
-// Section 8: the next character after the whole text.
-// ---------------------------------------------------------------------------------------------
+// ---- Section 8: the next character
 function sampling() {
   return { temperature: Number($("temperature").value), top_k: Math.max(0, Math.floor(Number($("top-k").value))),
            top_p: Number($("top-p").value) };
@@ -927,7 +843,7 @@ function renderNext() {
   probs.map((p, id) => [p, id]).filter(([p]) => p > 0).sort((a, b) => b[0] - a[0]).slice(0, 12)
     .forEach(([p, id]) => {
       const row = table.insertRow();
-      row.appendChild(element("td", quoted(vocab[id]), "mono"));
+      row.appendChild(element("td")).appendChild(element("span", key(vocab[id]), "mono box"));
       const bar = row.insertCell().appendChild(element("span", undefined, "bar"));
       bar.style.width = (p * 20).toFixed(2) + "rem";
       row.appendChild(element("td", (100 * p).toFixed(1) + "%"));
@@ -941,20 +857,15 @@ function appendSampled() {
   update();
 }
 
-// ---------------------------------------------------------------------------------------------
-// Wiring, and the address: #text=...&layer=2&view=3&query=5&temperature=0.8&top_k=5&top_p=0.9&seed=7&append=10
-// opens the page in that state (layers, heads and characters counted from 1; append at most MAX_APPEND characters);
-// &lang=en|zh picks the language (else the browser's); &hover=N points at character N with a real mouse event;
-// &numbers shows the page's numbers as JSON; &bench=N times N forward passes (at most MAX_BENCH). The line
-// #address-help says the same to the reader.
-// ---------------------------------------------------------------------------------------------
+// ---- Wiring. The address (#text=...&layer=2&view=3&query=5...; #address-help lists it) opens a state.
 function render() {
   $("what-if").hidden = !whatIf();
   if (whatIf()) {
-    $("what-if").textContent = say("What-if: every q·k multiplied by " + factorName() + ", not by the model's own " +
-      FACTORS[OWN_FACTOR][0] + " that it was trained with" + times() + "; every number on the page, the next " +
-      "character too, is what the model would compute so.", "假设：每个 q·k 都乘以 " + factorName() + "，而不是模型训练时" +
-      "用的 " + FACTORS[OWN_FACTOR][0] + times() + "；页面上的每个数，包括下一个字符，都是模型在这种缩放下会算出的结果。");
+    const own = "q\u00b7k " + FACTORS[OWN_FACTOR][0];
+    $("what-if").textContent = say("What-if: the scores are q\u00b7k " + factorName() + ", not " + own + " as in " +
+      "training" + times() + "; every number on the page, the next character too, is what the model computes so.",
+      "假设：注意力分数改为 q\u00b7k " + factorName() + "，而不是训练时的 " + own + times() + "；页面上的每个数，" +
+      "包括下一个字符，都按这个缩放重新计算。");
   }
   if (state.result) { renderStrip(); renderMatrix(); renderModelChoice(); } else {
     $("readout").textContent = "";
@@ -965,29 +876,27 @@ function render() {
   renderNext();
 }
 
-// ---------------------------------------------------------------------------------------------
-// The language switch, and a line when this browser has no font for some of the model's characters.
-// ---------------------------------------------------------------------------------------------
-function formFormula() {  // the model's form of attention (its attention_score), as the headings write it
+// ---- The language, and the fonts this browser lacks
+function formFormula() {
   return say(FORM.formula[0], FORM.formula[1]);
 }
 
-function aboutLine(a) {  // the checkpoint, the model's shape and its corpus, under the title
+function aboutLine(a) {
   const corpus = a.corpus ?? say("an unrecorded corpus", "未记录的语料");
   return say(`${a.path}: step ${a.step}, ${a.n_layer} layers x ${a.n_head} heads of ${a.head_size}, ` +
              `${a.n_embd} wide, ${a.millions}M parameters, trained on ${corpus}`,
              `${a.path}：第 ${a.step} 步，${a.n_layer} 层 × ${a.n_head} 个头（每个 ${a.head_size} 维），` +
-             `宽 ${a.n_embd}，${a.millions}M 个参数，训练于 ${corpus}`);
+             `嵌入维度 ${a.n_embd}，${a.millions}M 个参数，训练于 ${corpus}`);
 }
 
-function openingLine(a) {  // what the page opened on, and why not on the run's validation text where it did not
+function openingLine(a) {
   const why = {
     unrecorded: say("the checkpoint records no corpus", "检查点没有记录语料"),
-    missing: say("neither the run's token cache nor its corpus file is there", "找不到这次训练的词元缓存，也找不到它的语料文件"),
+    missing: say("neither the run's token cache nor its corpus file is there", "找不到这次训练的 token 缓存，也找不到它的语料文件"),
     changed: say("its token cache is gone and its corpus file has changed since training",
-                 "词元缓存已不在，语料文件在训练之后又改过"),
+                 "token 缓存已不在，语料文件在训练之后又改过"),
     large: say("its token cache is gone and its corpus file is too large to read again (over 100 MB)",
-               "词元缓存已不在，语料文件太大，不再重读（超过 100 MB）"),
+               "token 缓存已不在，语料文件太大，不再重读（超过 100 MB）"),
     short: say("no stretch of it of 20 characters or more has only characters the model knows",
                "其中没有一段 20 个字符以上、且每个字符模型都认识的文本"),
   }[a.why];
@@ -1001,16 +910,16 @@ function openingLine(a) {  // what the page opened on, and why not on the run's 
       say(".", "。"),
     written: say("Opened on text the model wrote itself", "打开时是模型自己写的文本") + notValidation + why + say(".", "。"),
     given: say("Opened on the text given to attention_html.py (--text).", "打开时是交给 attention_html.py 的文本（--text）。"),
+    address: say("Opened on the text in the address (#text=).", "打开时是地址里给出的文本（#text=）。"),
   }[a.opening] ?? "";
 }
 
-function applyLanguage(language) {  // every fixed text and every label in English or Chinese (then update())
+function applyLanguage(language) {
   state.language = language;
   $("language").value = language;
   document.documentElement.lang = say("en", "zh-CN");
   document.querySelectorAll("[data-zh]").forEach(node => {
-    if (node.dataset.en === undefined) node.dataset.en = node.innerHTML;  // the English, as page.html has it
-    // (page.html folds a long Chinese text over lines: Chinese needs no space where a line breaks)
+    if (node.dataset.en === undefined) node.dataset.en = node.innerHTML;
     if (language === "zh") node.textContent = node.dataset.zh.replace(/\s*\n\s*/g, "");
     else node.innerHTML = node.dataset.en;
   });
@@ -1032,8 +941,7 @@ function applyLanguage(language) {  // every fixed text and every label in Engli
 }
 
 function missingGlyphs(characters) {
-  // The characters this browser draws as its missing-glyph box: each is drawn on a canvas in the page's text font and
-  // compared pixel for pixel with U+0378, a code point Unicode leaves unassigned, which no font draws.
+  // Each character drawn on a canvas and compared with unassigned U+0378, which every font draws as its box.
   const size = 28, canvas = document.createElement("canvas");
   canvas.width = canvas.height = size;
   const context = canvas.getContext("2d", { willReadFrequently: true });
@@ -1047,24 +955,37 @@ function missingGlyphs(characters) {
   return characters.filter(ch => draw(ch).every((pixel, at) => pixel === box[at]));
 }
 
-function noteMissingFonts() {  // one line naming what to install, in both languages when the page is Chinese
-  const drawable = vocab.filter(ch => !/^[\p{Cc}\p{Cf}\p{Cs}\s]$/u.test(ch));  // not spaces, controls, lone surrogates
-  const missing = missingGlyphs(state.language === "zh" ? [...drawable, "\u4e2d"] : drawable);
-  const note = $("font-note"), shownMissing = missing.slice(0, 12).join(" ") + (missing.length > 12 ? " \u2026" : "");
-  note.hidden = missing.length === 0;
-  const english = "This browser has no font for " + missing.length + " of the characters here (" + shownMissing +
-    "): they show as boxes. Install a font that has them (Debian/Ubuntu: sudo apt-get install fonts-noto-cjk) " +
-    "and reload the page.";
-  note.textContent = state.language === "zh" ? english + " 这个浏览器没有显示这些字符的字体，请安装一个" +
-    "（Debian/Ubuntu：sudo apt-get install fonts-noto-cjk）后重新打开页面。" : english;
+function noteMissingFonts() {
+  const drawable = vocab.filter(ch => !/^[\p{Cc}\p{Cf}\p{Cs}\s]$/u.test(ch));
+  const missing = missingGlyphs(drawable), chinese = state.language === "zh" && missingGlyphs(["\u4e2d"]).length > 0;
+  const named = missing.slice(0, 12).map(codePoint);
+  const what = [missing.length ? missing.length + " of the model's " + drawable.length + " characters (" +
+    named.join(" ") + (missing.length > 12 ? " \u2026" : "") + ")" : "", chinese ? "this page's Chinese text" : ""];
+  $("font-note").hidden = !missing.length && !chinese;
+  $("font-note").textContent = "This browser has no font for " + what.filter(Boolean).join(", nor for ") +
+    ", so they show as boxes. Fix (Debian/Ubuntu): sudo apt-get install fonts-noto-cjk, then reload the page." +
+    (state.language === "zh" ? " 这个浏览器缺少显示这些字符的字体，它们会显示成方框。请安装字体（Debian/Ubuntu：" +
+    "sudo apt-get install fonts-noto-cjk），然后刷新页面。" : "");
+}
+
+function headsLook() {  // what to look for in the heads: the text's commonest mark ("，" in poems, a space in English)
+  const counts = new Map();
+  state.text.filter(ch => !/[\p{L}\p{N}\n]/u.test(ch)).forEach(ch => counts.set(ch, (counts.get(ch) ?? 0) + 1));
+  const mark = [...counts].sort((a, b) => b[1] - a[1])[0]?.[0];
+  const at = mark === undefined ? "" : mark === " " ? say(", at spaces (a column)", "、盯着空格的头（一条竖列）") :
+    say(", at " + quoted(mark) + " (a column; the commonest mark in your text)",
+        "、盯着" + quoted(mark) + "的头（一条竖列；它是你的文本里最常见的符号）");
+  $("heads-look").textContent = say("Look for heads that look one character back (a line under the diagonal)" + at +
+    ", or at the start of a line.", "找一找：只看前一个字符的头（对角线下方的一条斜线）" + at + "，或盯着行首的头。");
 }
 
 function update() {
   readText();
+  headsLook();
   buildStrip();
   if (state.result) renderModel(); else $("model").replaceChildren();
   render();
-  renderHeads();  // (not in render, nor the model's pictures: pointing at characters changes nothing in them)
+  renderHeads();
 }
 
 function numbers(extra) {
@@ -1072,7 +993,7 @@ function numbers(extra) {
   const shownMatrices = state.result ? Object.fromEntries(matrices(layer(), viewedHead() ?? 0).map(m => [m.name,
     m.values.map(row => Array.from(row, value => (value === -Infinity ? null : value)))])) : null;
   const overview = state.result ? Object.fromEntries(stages().map(one => [one.name,
-    one.values.map(row => Array.from(row))])) : null;  // the overview's every step
+    one.values.map(row => Array.from(row))])) : null;
   return JSON.stringify({ text: state.text.join(""), ids: state.text.map(ch => idOf.get(ch)), logits,
                           matrices: shownMatrices, scale: scoreFactor(), step: state.result ? stepValues() : null,
                           model: overview, sampling: sampling(),
@@ -1080,13 +1001,13 @@ function numbers(extra) {
 }
 
 for (let l = 0; l < nLayers; l++) $("layer").add(new Option(String(l + 1), String(l)));
-$("view").add(new Option("all heads", "all"));  // (its words: applyLanguage)
+$("view").add(new Option("all heads", "all"));
 for (let h = 0; h < nHeads; h++) $("view").add(new Option(String(h + 1), String(h)));
 $("append-most").textContent = String(MAX_APPEND);
 $("input").value = data.text;
 $("input").addEventListener("input", update);
 ["layer", "view", "matrix-step"].forEach(id => $(id).addEventListener("change", render));
-for (const value of Object.keys(FACTORS)) $("scale").add(new Option("", value));  // (its words: applyLanguage)
+for (const value of Object.keys(FACTORS)) $("scale").add(new Option("", value));
 $("scale").value = OWN_FACTOR;
 $("scale-control").hidden = !SCALABLE;
 $("scale").addEventListener("change", update);
@@ -1110,8 +1031,12 @@ $("seed").addEventListener("input", () => { state.random = null; });
 $("append").addEventListener("click", appendSampled);
 
 const wanted = new URLSearchParams(location.hash.slice(1));
-if (wanted.has("text")) $("input").value = wanted.get("text");
-function choose(select, value) {  // an option the address names, if the page has it
+if (wanted.has("text")) {
+  $("input").value = wanted.get("text");
+  data.text = $("input").value;
+  data.about.opening = "address";
+}
+function choose(select, value) {
   if (Array.from(select.options).some(option => option.value === value)) select.value = value;
 }
 if (wanted.has("layer")) choose($("layer"), String(Number(wanted.get("layer")) - 1));
@@ -1119,20 +1044,19 @@ if (wanted.has("view")) {
   choose($("view"), wanted.get("view") === "all" ? "all" : String(Number(wanted.get("view")) - 1));
 }
 if (wanted.has("scale")) choose($("scale"), wanted.get("scale"));
-// The sampling options, as model/generate.py's Sampling declares them (sample.py's --temperature, --top_k, --top_p):
-// each control starts at its default (a default of none: the control's own "all"), and the address names it so.
+// The sampling controls start at model/generate.py's defaults; the address may set them.
 for (const { name, default: initial } of data.sampling) {
   const id = name.replace("_", "-");
   if (initial !== null) $(id).value = initial;
   if (wanted.has(name)) $(id).value = wanted.get(name);
 }
 if (wanted.has("seed")) $("seed").value = wanted.get("seed");
-const browserLanguage = navigator.language.toLowerCase().startsWith("zh") ? "zh" : "en";  // zh, zh-CN, zh-TW...
+const browserLanguage = navigator.language.toLowerCase().startsWith("zh") ? "zh" : "en";
 applyLanguage(["en", "zh"].includes(wanted.get("lang")) ? wanted.get("lang") : browserLanguage);
 update();
-const asked = Number(wanted.get("query")) - 1;  // a character of the text, or none
+const asked = Number(wanted.get("query")) - 1;
 if (Number.isInteger(asked) && asked >= 0 && asked < state.text.length) { state.pinned = asked; render(); }
-const appends = Math.min(Math.floor(Number(wanted.get("append"))) || 0, MAX_APPEND);  // NaN, negative: none
+const appends = Math.min(Math.floor(Number(wanted.get("append"))) || 0, MAX_APPEND);
 for (let n = 0; n < appends; n++) appendSampled();
 if (wanted.has("hover")) {
   const span = $("strip").querySelectorAll(".ch")[Number(wanted.get("hover")) - 1];
@@ -1140,7 +1064,7 @@ if (wanted.has("hover")) {
 }
 if (wanted.has("numbers") || wanted.has("bench")) {
   const extra = {};
-  if (wanted.has("bench")) {  // the median of N forward passes over the text, in milliseconds
+  if (wanted.has("bench")) {
     const ids = state.text.map(ch => idOf.get(ch)), times = [];
     for (let n = 0; n < Math.min(Number(wanted.get("bench")), MAX_BENCH); n++) {
       const start = performance.now();
