@@ -48,6 +48,27 @@ def test_no_page_names_what_the_code_does_not_have():
         assert entry.rstrip("/") in code, entry
 
 
+def test_the_chinese_readme_is_linked_both_ways_and_runs_only_commands_the_walk_runs():
+    """README.md's first line links README.zh-CN.md and that page's first line links back; its links are there, and
+    each of its commands is one that README.md or the docs give, so the README walk runs it too."""
+    chinese = (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+    assert PAGES["README.md"].splitlines()[0] == "[中文说明](README.zh-CN.md)"
+    assert chinese.splitlines()[0] == "[English](README.md)"
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", chinese):
+        assert (ROOT / target).exists(), target
+    commands = [line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", chinese, flags=re.S)
+                for line in block.splitlines() if line.strip()]
+    assert len(commands) >= 8 and set(commands) <= set(COMMANDS), set(commands) - set(COMMANDS)
+
+
+def test_the_checkpoint_names_the_pages_give_are_the_ones_a_run_writes():
+    """A reader who types a checkpoint's name from a page finds that file in the run folder."""
+    from common.run_folder import BEST, LAST
+    pages = [*PAGES.values(), (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")]
+    named = {name for text in pages for name in re.findall(r"ckpt_(?:best|last)\.\w+", text)}
+    assert {BEST, LAST} <= named and named - {"ckpt_best.pt"} <= {BEST, LAST}, named
+
+
 def test_the_pictures_the_readme_draws_are_not_added_to_git(tmp_path):
     pictures = [word for line in COMMANDS for word in re.findall(r"--(?:png|html) (\S+)", line)]
     assert pictures

@@ -12,13 +12,16 @@ import urllib.request
 
 import pytest
 
+from common.run_folder import BEST
 from conftest import README_COMMANDS, ROOT, SHARED_TEXT, patient
 
 # What each kind of command gets appended (or replaced) to run in seconds; the order and the rest are the README's.
 SHORT_TRAINING = ["--max_iters", "4", "--eval_interval", "4", "--eval_iters", "2"]
 SMALL_MODEL = ["--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4"]
 SKIPPED = {
-    "pip install -r requirements.txt": "CI installs it into a fresh virtual environment before the suite",
+    "python3 -m venv": "the suite already runs in a virtual environment (CI makes a fresh one)",
+    ". .venv/bin/activate": "as above",
+    "pip install": "CI installs requirements.txt into a fresh virtual environment before the suite",
     "python -m pytest": "this is the suite",
     "torchrun": "needs GPUs; tests/test_distributed.py runs torchrun on the CPU",
 }
@@ -153,16 +156,23 @@ def test_the_readme_runs_in_order_from_a_fresh_clone(fresh_clone, tmp_path):
 
 
 def test_the_first_screen_runs_as_written_without_a_network(fresh_clone, tmp_path):
-    """The README's first code block, copied as written on a machine that cannot reach Tiny Shakespeare: training
-    falls back to pystdlib (shortened here, its only change), and the sample command, exactly as written, writes text
-    from that run."""
-    first_block = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
-    commands = [line.strip() for line in first_block.group(1).splitlines() if line.strip()]
-    assert commands[0] == "pip install -r requirements.txt" and len(commands) == 3, commands
+    """The README's first screen, in its order: a virtual environment, then the install (the CPU wheel's line before
+    requirements.txt), then train and sample. Its train and sample commands, copied as written on a machine that
+    cannot reach Tiny Shakespeare: training falls back to pystdlib (shortened here, its only change), and the sample
+    command, exactly as written, writes text from that run."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.splitlines()[0] == "[中文说明](README.zh-CN.md)"
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    commands = [line.split("#")[0].strip() for block in blocks[:3] for line in block.splitlines() if line.strip()]
+    assert commands[:4] == ["python3 -m venv .venv", ". .venv/bin/activate",
+                            "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu",
+                            "pip install -r requirements.txt"], commands
+    assert commands[4] == "python train.py" and commands[5].startswith("python scripts/sample.py") \
+        and len(commands) == 6, commands
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": "",
            "CHARGPT_SHAKESPEARE_URL": "http://127.0.0.1:9/unreachable"}
     said = []
-    for command in commands[1:]:
+    for command in commands[4:]:
         words = shlex.split(command)
         if words[1] == "train.py":
             words += SHORT_TRAINING + SMALL_MODEL
@@ -171,5 +181,5 @@ def test_the_first_screen_runs_as_written_without_a_network(fresh_clone, tmp_pat
         assert done.returncode == 0 and "Traceback" not in done.stderr, f"{command}\n{done.stderr[-3000:]}"
         said.append(done.stdout + done.stderr)
     assert "using the offline corpus 'pystdlib'" in said[0]
-    assert (fresh_clone / "out" / "shakespeare_char_cpu-pystdlib" / "ckpt_best.pt").is_file()
+    assert (fresh_clone / "out" / "shakespeare_char_cpu-pystdlib" / BEST).is_file()
     assert "shakespeare_char_cpu-pystdlib" in said[1] and said[1].count("ROMEO:") >= 1
