@@ -84,6 +84,7 @@ def test_mfu_never_passes_100_percent_when_the_peak_was_measured_low():
     assert bench.speed(run, seconds=0.01, peak_flops=4e11)["mfu"] == pytest.approx(0.25)  # an honest peak: uncapped
 
 
+@pytest.mark.slow
 def test_bench_run_times_the_whole_command_and_reports_the_runs_own_figures(tmp_path, small_text, script):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_text, encoding="utf-8")
