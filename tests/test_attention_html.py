@@ -357,6 +357,7 @@ def test_the_page_benchmark_reports_the_forward_pass_in_the_browser(run, tmp_pat
     assert "ms (median of 3" in done.stdout and done.stderr == ""
 
 
+@pytest.mark.slow
 @needs_browser
 def test_the_page_benchmark_stopped_by_sigterm_leaves_no_folder_and_no_chromium(run, tmp_path):
     """bench_page.py sent SIGTERM while Chromium runs the page: it exits with 130, Chromium and its helpers are gone,

@@ -84,6 +84,7 @@ def test_mfu_never_passes_100_percent_when_the_peak_was_measured_low():
     assert bench.speed(run, seconds=0.01, peak_flops=4e11)["mfu"] == pytest.approx(0.25)  # an honest peak: uncapped
 
 
+@pytest.mark.slow
 def test_bench_run_times_the_whole_command_and_reports_the_runs_own_figures(tmp_path, small_text, script):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_text, encoding="utf-8")
@@ -119,6 +120,7 @@ def test_bench_run_times_the_whole_command_and_reports_the_runs_own_figures(tmp_
     assert "no such file or folder" in said and said.endswith("01-r1.log)")
 
 
+@pytest.mark.slow
 def test_bench_run_busy_runs_cpu_bound_processes_beside_the_runs_and_ends_them(tmp_path, small_text, script,
                                                                               monkeypatch):
     """--busy 1: one process keeps a core busy when the run starts, and is gone when the sitting ends; the figures
@@ -146,6 +148,7 @@ def test_bench_run_busy_runs_cpu_bound_processes_beside_the_runs_and_ends_them(t
     assert script("bench_run.py", "--busy", "-1").returncode == 2
 
 
+@pytest.mark.slow
 def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_they_made(tmp_path, small_text, script,
                                                                                           monkeypatch):
     """bench_run.py --seeds A,B --nanogpt DIR runs the variant once per seed (each run's config holds its seed) and,

@@ -90,6 +90,7 @@ def test_a_log_or_log_folder_that_is_a_link_is_refused_and_nothing_is_written_th
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code, name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
 def test_a_stop_ends_every_process_of_the_sitting_and_removes_its_temp_folder(tmp_path, corpus, sig, code, name):
     """SIGTERM (or Ctrl-C) during a step: every process the script started ends, its temp folder is removed, and no

@@ -238,6 +238,7 @@ def test_an_export_over_an_earlier_one_replaces_it_whole_or_not_at_all(run_dir, 
     assert "No space left on device" in err and f" {folder}/config.json (" in err and ".export-" not in err, err
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == earlier
     monkeypatch.undo()
+    monkeypatch.setattr(export, "ONNX_NEEDS", ())  # (as where the packages are installed: the message's plain form)
     (folder / "model.onnx").write_bytes(b"an earlier export's graph")
     assert run_cli(export.main, ["--out_dir", str(other), "--to", str(folder), "--onnx=false"]) == 2
     assert capsys.readouterr().err == (f"error: --to {folder} holds a model.onnx that this export (without ONNX) would "

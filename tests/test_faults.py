@@ -61,6 +61,7 @@ def limited_file_size(limit):
     return apply
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_checkpointing_or_preparing_is_one_line_and_loses_nothing(run, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(run, out)
@@ -444,6 +445,7 @@ def test_the_default_sample_works_on_a_corpus_without_newlines(tmp_path, capsys)
     assert "step 4" in err and "one_line.txt" in err  # what was loaded, on stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_sample_py_is_one_line_and_exit_130(run):
     """A real Ctrl-C (SIGINT) while a sample streams: no traceback, exit 130, and the last line says how far it got."""
     proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "sample.py"), "--out_dir", str(run), "--stream",

@@ -87,6 +87,7 @@ def test_each_form_learns_and_resumes_exactly(form):
     assert train_steps(resumed, resumed_optimizer, 3) == straight
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
 def test_each_form_samples_the_same_with_and_without_the_cache_and_compiled_once(form):
     """Uncached (every window read whole), cached, and cached with the decoding step captured by torch.compile: the

@@ -18,6 +18,7 @@ def run_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_docs_example_runs_from_a_program_elsewhere_and_matches_sample_py(run_dir, tmp_path):
     example = re.search(r"## From your own Python code.*?```python\n(.*?)```",
                         (ROOT / "docs" / "sampling.md").read_text(encoding="utf-8"), flags=re.S).group(1)

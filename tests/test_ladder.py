@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from PIL import Image
 
 from conftest import ROOT, patient
@@ -38,6 +39,7 @@ def ladder_here(capfd, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["ladder.py", *args], code, out, err)
 
 
+@pytest.mark.slow
 def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_rungs(tmp_path, capfd):
     corpus = tmp_path / "zh.txt"
     corpus.write_text("\n".join(SENTENCES[i % 5] + SENTENCES[(i * 3) % 5] for i in range(400)), encoding="utf-8")
@@ -203,6 +205,7 @@ def strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
+@pytest.mark.slow
 def test_a_rung_whose_loss_is_not_a_number_gives_valid_json_and_a_picture(tmp_path, corpus, capfd):
     """A finished rung whose summary holds NaN (a run that diverged): ladder.json stays strict JSON (null for the
     loss), and the picture is drawn, that rung's bar empty and labelled, instead of a traceback."""
@@ -224,6 +227,7 @@ def test_a_rung_whose_loss_is_not_a_number_gives_valid_json_and_a_picture(tmp_pa
     assert Image.open(out / "ladder.png").format == "PNG"
 
 
+@pytest.mark.slow
 def test_offline_the_ladder_decides_the_corpus_once_and_its_commands_name_it(tmp_path, capfd,
                                                                              monkeypatch):
     """Without a network the default --data shakespeare falls back to the offline corpus once, for the whole ladder,

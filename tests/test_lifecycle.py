@@ -95,6 +95,7 @@ def copy_of(finished, tmp_path):
     return tmp_path / "run"
 
 
+@pytest.mark.slow
 def test_a_second_process_is_refused_at_once_and_the_running_one_loses_nothing(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     proc = launch(corpus, out, "--max_iters", "100000", "--eval_interval", "1")  # a checkpoint write every step
@@ -122,6 +123,7 @@ def test_overwrite_checks_everything_before_touching_the_old_run(corpus, finishe
         assert snapshot(out) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["during its step-0 evaluation", "after its step-0 checkpoints"])
 def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, capsys, when):
     out = copy_of(finished, tmp_path)
@@ -145,6 +147,7 @@ def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, ca
     assert restored(out) == before and not (out / ".replaced").exists()
 
 
+@pytest.mark.slow
 def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_after_step_0(corpus, finished, tmp_path,
                                                                                              capsys):
     """Ctrl-C soon after an --overwrite started (a mistyped command undone) gives the old run back, even once the new
@@ -339,6 +342,7 @@ def test_a_stop_in_the_final_validation_is_finished_by_resume(corpus, tmp_path, 
     assert any(m.startswith("done: 10 steps") for m in messages)
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_long_evaluation_then_in_a_long_step(corpus, tmp_path):
     out = tmp_path / "run"
     proc = launch(corpus, out, "--eval_iters", "1000000")  # the step-0 evaluation would take hours
@@ -379,6 +383,7 @@ def cli_quiet(corpus, out, *extra):
         return run_cli(train.main, argv(corpus, out, *extra))
 
 
+@pytest.mark.slow
 def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):
     """`python train.py 2>&1 | tee log`, then Ctrl-C: tee ends too, and the run's next line meets a closed pipe. It
     saves and ends as for a Ctrl-C: a run that died there would lose its steps since the last checkpoint."""
@@ -396,6 +401,7 @@ def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):
     assert not list(out.glob("*.tmp-*"))
 
 
+@pytest.mark.slow
 def test_a_reader_gone_before_the_first_step_is_named_as_the_cause_of_the_stop(corpus, tmp_path):
     """`python train.py | head -2`: the reader leaves after the first lines, before training begins. The run stops
     as for a Ctrl-C (130), and its last line on stderr (still the terminal) says why, since nobody pressed a key."""
@@ -407,6 +413,7 @@ def test_a_reader_gone_before_the_first_step_is_named_as_the_cause_of_the_stop(c
     assert last.startswith("the output's reader has gone (a closed pipe or terminal): stop"), last
 
 
+@pytest.mark.slow
 def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, tmp_path):
     """SIGHUP (an ssh connection that drops) stops the run at a step boundary and saves it, as Ctrl-C does, instead
     of ending the process at once, its steps since the last checkpoint lost; under nohup (SIGHUP ignored) it changes
@@ -436,6 +443,7 @@ def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, t
     assert checkpoint.load(tmp_path / "nohup" / "ckpt_last.pt")["iter"] == 60
 
 
+@pytest.mark.slow
 def test_sigterm_while_preparing_removes_its_temporary_folder(tmp_path):
     corpus = tmp_path / "big.txt"
     corpus.write_text(("the quick brown fox jumps over the lazy dog; 東京 café\n" * 700_000), encoding="utf-8")

@@ -73,6 +73,7 @@ LOADING = ["train.py", *(f"scripts/{name}.py" for name in ("sample", "evaluate",
                                                             "export", "prepare"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_while_a_command_loads_its_libraries_is_one_line_and_130(tmp_path, sig):
     """A Ctrl-C, SIGTERM or SIGHUP that comes while a command imports torch (a second or more: here a stand-in torch
@@ -116,6 +117,7 @@ def test_ctrl_c_while_a_resume_opens_names_the_checkpoint_and_the_command_that_c
     assert "--resume" in resume_command(out) and (out / "ckpt_last.pt").read_bytes() == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 130)])
 def test_interrupt_saves_and_explains_how_to_resume(corpus, tmp_path, sig, code):
     """Ctrl-C or SIGTERM mid-run: exit 130, ckpt_last.pt saved at a step, the resume command said; a SIGTERM, which
@@ -139,6 +141,7 @@ def test_interrupt_saves_and_explains_how_to_resume(corpus, tmp_path, sig, code)
     assert checkpoint.load(out / "ckpt_last.pt")["iter"] == state["iter"] + 5
 
 
+@pytest.mark.slow
 def test_kill_9_at_any_moment_never_loses_the_last_checkpoint(corpus, tmp_path):
     out = tmp_path / "run"
     target = 150

@@ -200,6 +200,7 @@ def test_cli_is_deterministic_and_streaming_prints_the_same_text(run_dir, sample
     assert greedy[0] == greedy[1]
 
 
+@pytest.mark.slow
 def test_one_sample_into_a_pipe_is_streamed_so_head_ends_it(run_dir):
     """`sample.py --max_new_tokens 100000000 | head -c 100` (hours of drawing): one sample unasked is streamed into a
     pipe too, so its first characters arrive at once and the command ends, quietly with 141, when the reader leaves;
@@ -274,6 +275,7 @@ def test_unknown_prompt_characters(run_dir):
     assert skipped.returncode == 0 and skipped.stdout.startswith("The") and "skipped 1" in skipped.stderr
 
 
+@pytest.mark.slow
 def test_the_cpu_compiled_step_gives_the_eager_text_and_compiles_once():
     """compiled_step("cpu") as shipped (inductor, the real compiler: weights frozen, C++ matrix products), on the
     presets' rotary model: greedy and seeded, batched with left padding and past the window's slide, the same tokens
@@ -393,6 +395,7 @@ def test_bad_checkpoints_are_one_line_errors(run_dir, tmp_path):
         assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_decoding_step_that_fails_to_compile_warns_once_and_gives_the_same_text(model):
     torch.compiler.reset()
 

@@ -158,6 +158,7 @@ def test_a_run_measures_its_threads_says_them_records_them_and_keeps_them_on_res
     assert not [line for line in said if "num_threads changed" in line]
 
 
+@pytest.mark.slow
 def test_a_given_thread_count_repeats_a_run_to_the_last_digit(corpus, tmp_path):
     """--num_threads 2, twice: the same losses at every step and the same full validation, exactly (one and two
     threads may differ in the last digits: that is why the count is recorded and kept)."""

@@ -517,6 +517,7 @@ def train_argv(argv: list[str], say=lambda message: None) -> dict:
     return train.train(cfg, explicit, say=say)
 
 
+@pytest.mark.slow
 def test_a_run_compiled_by_inductor_trains_as_the_uncompiled_one_to_rounding(corpus, tmp_path):
     """The real compiler, as a GPU run uses it (each block compiled, forward and backward; inductor generates C++
     here where it generates Triton on CUDA): no fallback, and the losses and weights of the uncompiled run to
@@ -534,6 +535,7 @@ def test_a_run_compiled_by_inductor_trains_as_the_uncompiled_one_to_rounding(cor
         torch.testing.assert_close(weights[0][name], weights[1][name], rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 def test_a_failing_torch_compile_falls_back_to_eager_with_a_warning(corpus, tmp_path, monkeypatch, scope):
     def exploding(graph, inputs):  # what inductor does when it cannot build a kernel: it raises at the first call
@@ -548,6 +550,7 @@ def test_a_failing_torch_compile_falls_back_to_eager_with_a_warning(corpus, tmp_
     assert result["history"] == plain["history"] and result["full_val_loss"] == plain["full_val_loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 def test_a_compiled_step_whose_gradients_are_not_finite_falls_back_and_trains_as_the_uncompiled_run(
         corpus, tmp_path, monkeypatch, scope):
@@ -577,6 +580,7 @@ def test_a_compiled_step_whose_gradients_are_not_finite_falls_back_and_trains_as
     assert result["history"] == plain["history"] and result["full_val_loss"] == plain["full_val_loss"]
 
 
+@pytest.mark.slow
 def test_a_run_whose_compilation_failed_is_not_compiled_again_when_resumed(corpus, tmp_path, monkeypatch):
     """The fallback is recorded in the run's config (--compile false in its checkpoints, said once), so that a resume
     does not pay for compiling and failing again; --resume --compile true tries again."""
@@ -617,6 +621,7 @@ def test_torch_compile_that_cannot_start_is_a_warning_too(corpus, tmp_path, monk
     assert checkpoint.load(tmp_path / "run" / "ckpt_last.pt")["run_config"]["compile"] == "false"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 def test_a_compiled_run_trains_the_model_it_saves_step_for_step_as_an_uncompiled_one(corpus, tmp_path, monkeypatch,
                                                                                       scope):
@@ -684,6 +689,7 @@ def test_muon_dtype_reaches_the_newton_schulz_iterations_of_a_run(corpus, tmp_pa
         load_config(debug_argv(corpus, tmp_path, "bad") + ["--muon_dtype", "float16"], False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scope", ["blocks", "model"])
 @pytest.mark.parametrize("compile_eval, graphs", [("true", 2), ("false", 1)])
 def test_a_compiled_run_compiles_its_model_once_for_training_and_once_for_evaluation(corpus, tmp_path, monkeypatch,
@@ -711,6 +717,7 @@ def test_a_compiled_run_compiles_its_model_once_for_training_and_once_for_evalua
     assert summary["full_val_loss"] == pytest.approx(by_hand, rel=1e-5)  # the padding rows count for nothing
 
 
+@pytest.mark.slow
 def test_compilation_is_a_phase_of_its_own_and_never_training_time(corpus, tmp_path, monkeypatch):
     """What torch.compile takes (here a backend that needs 1 s per graph: the training graph at the first step,
     the evaluation graph at the first evaluation) is counted as compilation, not as training steps, evaluations or
@@ -764,6 +771,7 @@ print(sum(rounds[24:]))  # the second half: once the heap has grown to hold the 
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_a_cpu_run_keeps_the_memory_it_frees_for_the_next_request_instead_of_faulting_in_new_pages():
     """After setup() on a CPU, a 40 MB block freed and asked for again (larger than any threshold glibc picks by
@@ -902,6 +910,7 @@ def test_where_the_validation_split_fits_in_an_estimate_it_is_measured_exactly(c
     assert not train_batches(cfg).val_fits(batches.num_val_batches() - 1)
 
 
+@pytest.mark.slow
 def test_a_small_text_that_overfits_is_warned_once_with_what_to_try(tmp_path):
     """4,000 characters whose validation part (the last 10%) holds other lines than the training part: a 96-wide model
     learns the training lines by heart within 300 steps. The run says so once, at the first evaluation where the

@@ -61,6 +61,7 @@ def test_a_run_logs_to_wandb_what_it_logs_to_tensorboard(corpus, tmp_path, monke
     assert set(logged["samples"]) == {0, 5, 10} and all(isinstance(t, str) for t in logged["samples"].values())
 
 
+@pytest.mark.slow
 def test_wandb_asked_for_where_it_is_missing_is_one_line_and_never_imported_otherwise(corpus, tmp_path):
     """In a fresh interpreter where importing wandb fails: --wandb is refused before any folder is made, and a run
     without it never imports wandb."""
