@@ -30,7 +30,7 @@ print(json.dumps({{"seconds": seconds, "rss_after_imports_mb": base / 1024,
 
 
 def make_corpus(path: Path, megabytes: int) -> None:
-    """Lines of varied text (ASCII with some accents and CJK), written until the file reaches the size."""
+    """Varied text (ASCII, accents, CJK) up to the size."""
     import random
     rng = random.Random(0)
     words = ["the", "king", "hath", "spoken", "naïve", "café", "東京", "言葉", "ROMEO:", "thou", "art", "\n"]
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         size_mb = corpus.stat().st_size / 1e6
         code = CHILD.format(root=str(ROOT), corpus=str(corpus), cache=str(Path(tmp) / "cache"))
         child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        if child.returncode != 0:  # its own last line says why (a full disk for the cache, say)
+        if child.returncode != 0:
             last = (child.stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
             raise UserError(f"preparing the {size_mb:.0f} MB corpus failed: {last.removeprefix('error: ')[:300]}")
         figures = json.loads(child.stdout)
