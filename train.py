@@ -31,7 +31,8 @@ from training.opening import choose_corpus, estimate_due, open_run, say_estimate
 from training.optim import get_lr, warmup_note
 from training.report import (PAGE_MAX_PARAMETERS, Log, Phases, done_lines, mfu_basis, out_of_memory,
                              seconds_since_process_start, stopped_line, too_many_nonfinite)
-from training.session import Session, StopRequest, attention_probe
+from training.session import Session, attention_probe
+from training.stop import StopRequest
 
 loaded()
 
