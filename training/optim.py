@@ -149,9 +149,9 @@ class AdamW(torch.optim.AdamW):
     """torch.optim.AdamW with a step skipped when the gradients are not finite."""
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
-        """step(), or nothing at all when the 0-d bool tensor finite is False. On a device, the fused kernel takes
-        the flag as GradScaler hands it over (found_inf), so the host never waits; on a CPU the host reads it."""
-        if on_device and self.defaults.get("fused"):
+        """step(), or nothing at all when the 0-d bool tensor finite is False. The fused kernel takes the flag as
+        GradScaler hands it over (found_inf), so the host never waits; unfused, the host reads it."""
+        if self.defaults.get("fused"):
             self.found_inf = (~finite).float()
             try:
                 self.step()
@@ -173,12 +173,13 @@ class MuonAndAdamW:
         self.adamw.step()
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
-        """Both steps, or neither when the gradients are not finite (on_device: see AdamW's)."""
+        """Both steps, or neither when the gradients are not finite. on_device: the host never reads the flag (Muon
+        keeps its old values by torch.where); else it reads it once."""
         if on_device:
             self.muon.step(finite)
+            self.adamw.step_if_finite(finite)
         elif bool(finite):
-            self.muon.step()
-        self.adamw.step_if_finite(finite, on_device)
+            self.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.muon.zero_grad(set_to_none=set_to_none)
