@@ -35,16 +35,18 @@ from bench_sample import bench_sampling  # noqa: E402
 
 
 class CountOperations(TorchDispatchMode):
-    """ops.count: the tensor operations that compute or copy inside the block (on a GPU, about a kernel launch each)."""
+    """ops.count: the tensor operations that compute or copy inside the block (on a GPU, about a kernel launch each).
+    Each operation is handed to seen(func) too."""
 
     LAUNCH_NOTHING = frozenset({"_unsafe_view", "_record_function_enter_new", "_record_function_exit"})
 
-    def __init__(self):
+    def __init__(self, seen=lambda func: None):
         super().__init__()
-        self.count = 0
+        self.count, self.seen = 0, seen
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += not (func.is_view or func.overloadpacket.__name__ in self.LAUNCH_NOTHING)
+        self.seen(func)
         return func(*args, **(kwargs or {}))
 
 
@@ -118,14 +120,8 @@ class HostWaits:
     def __enter__(self) -> "HostWaits":
         sync(self.device)
         if self.device.type != "cuda":
-            waits = self
-
-            class Reads(TorchDispatchMode):
-                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                    if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
-                        waits.seen()
-                    return func(*args, **(kwargs or {}))
-            mode = Reads()
+            reads = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
+            mode = CountOperations(lambda func: func in reads and self.seen())
             mode.__enter__()
             self._undo.append(lambda: mode.__exit__(None, None, None))
             return self
@@ -276,11 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     parser.add_argument("--iters", type=int, default=20, help="timed training steps (per round with --compare)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed training steps first")
-    parser.add_argument("--sample_tokens", type=int, default=500, help="characters generated per sampling measurement")
-    parser.add_argument("--prepare_mb", type=int, default=50, help="size of the generated corpus for the prepare speed")
+    parser.add_argument("--sample_tokens", type=int, default=500, help="characters generated per sampling figure")
+    parser.add_argument("--prepare_mb", type=int, default=50, help="MB of generated text for the prepare speed")
     parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
-                        help="time training under each value of a train.py field, in turn, round after round "
-                             "(repeat for more fields: every combination); training only")
+                        help="time training under each value of a train.py field, in turn (repeat for more fields)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of --compare")
     parser.add_argument("--host_syncs", type=float, default=None, metavar="MOST",
                         help="only count the host's waits for the device over --iters training steps: exit 1 "

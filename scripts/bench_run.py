@@ -243,20 +243,15 @@ def print_seed_table(rows: list[dict], yardstick: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     # allow_abbrev off: train.py's --seed must not be read as --seeds
     parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip(), allow_abbrev=False)
-    parser.add_argument("--out_dir", default="out/bench_run", help="one run folder (and .log) per variant and repeat")
+    parser.add_argument("--out_dir", default="out/bench_run", help="a run folder (and .log) per variant and round")
     parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
-                        help="run under each value of a train.py field (repeat for more fields: every combination)")
-    parser.add_argument("--seeds", default="", metavar="1,2,3",
-                        help="run every variant once per seed; report the mean and spread of the full validation")
+                        help="run under each value of a train.py field (repeat for more fields)")
+    parser.add_argument("--seeds", default="", metavar="1,2,3", help="run every variant once per seed")
     parser.add_argument("--nanogpt", type=Path, default=None, metavar="DIR",
-                        help="a checkout of karpathy/nanoGPT: time its CPU recipe on the same --data FILE once per "
-                             "seed and round, in between, and give each variant's time as a multiple of it")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds: every variant once per round, in turn")
-    parser.add_argument("--cold_compile_cache", action="store_true",
-                        help="an empty torch.compile cache for every run (by default this machine's cache is used)")
-    parser.add_argument("--busy", type=int, default=0, metavar="N",
-                        help="N CPU-bound processes beside every run (a busy machine), started before the first run "
-                             "and ended after the last")
+                        help="a checkout of karpathy/nanoGPT: time its CPU recipe on the same --data FILE too")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds: every variant once per round")
+    parser.add_argument("--cold_compile_cache", action="store_true", help="an empty torch.compile cache for every run")
+    parser.add_argument("--busy", type=int, default=0, metavar="N", help="N CPU-bound processes beside every run")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     args, rest = parser.parse_known_args(argv)
     if args.repeat < 1:
