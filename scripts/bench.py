@@ -7,7 +7,6 @@ import itertools
 import json
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -23,14 +22,13 @@ from common.machine import for_sampling, setup, sync  # noqa: E402
 from common.run_folder import write_text_atomic  # noqa: E402
 from configs import load_config  # noqa: E402
 from configs.schema import FIELDS  # noqa: E402
-from data import prepare, resolve  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, exit_without_teardown, run_cli  # noqa: E402
 from training.device import measure_peak_flops  # noqa: E402
 from training.opening import build_run, prepare_data  # noqa: E402
 from train import forward_backward, train_step, update  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_prepare import make_corpus  # noqa: E402
+from bench_prepare import measure  # noqa: E402
 from bench_sample import bench_sampling  # noqa: E402
 
 
@@ -194,15 +192,6 @@ def speed(run: dict, seconds: float, peak_flops: float) -> dict:
             "peak_flops": peak_flops, "mfu": achieved / peak_flops}
 
 
-def bench_prepare(megabytes: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        corpus = Path(tmp) / "corpus.txt"
-        make_corpus(corpus, megabytes)
-        start = time.perf_counter()
-        prepare(resolve(str(corpus), Path(tmp)), Path(tmp))
-        return corpus.stat().st_size / 1e6 / (time.perf_counter() - start)
-
-
 COMPARABLE = (set(FIELDS) - {"config_name"}) | {"config"}  # every train.py option, --config included
 
 
@@ -325,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     figures.update(bench_sampling(model, rt.device_type, [sample_rt.dtype], args.sample_tokens,
                                   compile=rt.device_type == "cuda"))
     figures["sample_dtype"] = str(sample_rt.dtype).removeprefix("torch.")
-    figures["prepare_mb_per_sec"] = bench_prepare(args.prepare_mb)
+    figures["prepare_mb_per_sec"] = measure(args.prepare_mb)["mb_per_s"]
 
     print(note)
     rows = [("device", figures["device"] + f" ({figures['threads']} threads)"),

@@ -43,6 +43,21 @@ def make_corpus(path: Path, megabytes: int) -> None:
             written += len(block.encode("utf-8"))
 
 
+def measure(megabytes: int) -> dict:
+    """Prepare a generated corpus of this size in a process of its own: its seconds, MB/s and peak memory."""
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        make_corpus(corpus, megabytes)
+        size_mb = corpus.stat().st_size / 1e6
+        code = CHILD.format(root=str(ROOT), corpus=str(corpus), cache=str(Path(tmp) / "cache"))
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if child.returncode != 0:
+            last = (child.stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
+            raise UserError(f"preparing the {size_mb:.0f} MB corpus failed: {last.removeprefix('error: ')[:300]}")
+        figures = json.loads(child.stdout)
+    return {**figures, "corpus_mb": size_mb, "mb_per_s": size_mb / figures["seconds"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     parser.add_argument("--mb", type=int, default=200, help="size of the generated corpus in MB")
@@ -52,18 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--mb {args.mb}: must be at least 1")
     if args.json:
         check_output_file(args.json, "--json")
-    with tempfile.TemporaryDirectory() as tmp:
-        corpus = Path(tmp) / "corpus.txt"
-        make_corpus(corpus, args.mb)
-        size_mb = corpus.stat().st_size / 1e6
-        code = CHILD.format(root=str(ROOT), corpus=str(corpus), cache=str(Path(tmp) / "cache"))
-        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        if child.returncode != 0:
-            last = (child.stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
-            raise UserError(f"preparing the {size_mb:.0f} MB corpus failed: {last.removeprefix('error: ')[:300]}")
-        figures = json.loads(child.stdout)
-    figures["corpus_mb"] = size_mb
-    figures["mb_per_s"] = size_mb / figures["seconds"]
+    figures = measure(args.mb)
+    size_mb = figures["corpus_mb"]
     print(f"corpus {size_mb:.0f} MB, {figures['n_chars']:,} characters, vocabulary {figures['vocab_size']}")
     print(f"prepare {figures['seconds']:.2f} s = {figures['mb_per_s']:.1f} MB/s; "
           f"peak RSS {figures['peak_rss_mb']:.0f} MB "
