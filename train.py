@@ -63,11 +63,6 @@ def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConf
     loss_sum = torch.zeros((), device=rt.device)
     began = (batches.state_dict(), device.random_states(rt.device)) if stop else None  # to undo the step
     for micro in range(cfg.grad_accum_steps):
-        if began is not None and micro > 0 and stop():
-            batches.load_state_dict(began[0])
-            device.set_random_states(rt.device, began[1])
-            optimizer.zero_grad(set_to_none=True)
-            raise StepAbandoned
         x, y = batches.get_batch("train")  # (B, T) character ids, and (B, T) the character after each
         last = micro == cfg.grad_accum_steps - 1  # DDP averages the gradients once, at the last backward
         with model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext():
@@ -76,6 +71,11 @@ def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConf
                 loss = loss / cfg.grad_accum_steps
             scaler.scale(loss).backward()  # d loss / d weight, added into each .grad (scaled, with float16)
         loss_sum += loss.detach().float()
+        if began is not None and not last and stop():  # a stop between micro-batches undoes the step
+            batches.load_state_dict(began[0])
+            device.set_random_states(rt.device, began[1])
+            optimizer.zero_grad(set_to_none=True)
+            raise StepAbandoned
     return loss_sum
 
 
