@@ -35,10 +35,13 @@ def variant_name(variant: dict[str, str]) -> str:
     return ",".join(f"{field}={value}" for field, value in variant.items()) or "as given"
 
 
-def open_log(log: Path):
-    """The log file, written afresh; a link under its name is refused, never written through."""
+def logged_run(log: Path, argv: list[str], **how) -> tuple[int, float]:
+    """run_train(argv, **how), its output in log (a link under that name is refused): (exit code, seconds)."""
+    started = time.perf_counter()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    return open(fd, "w", encoding="utf-8")
+    with open(fd, "w", encoding="utf-8") as out:
+        code = run_train(argv, output=out, **how)
+    return code, time.perf_counter() - started
 
 
 def last_line(log: Path) -> str:
@@ -59,10 +62,7 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
     log = folder.with_name(folder.name + ".log")
-    started = time.perf_counter()
-    with open_log(log) as out:
-        code = run_train([*argv, "--out_dir", str(folder), "--overwrite"], output=out, env=env)
-    whole = time.perf_counter() - started
+    code, whole = logged_run(log, [*argv, "--out_dir", str(folder), "--overwrite"], env=env)
     if code == 130:
         raise Interrupted(f"stopped; the run in {folder} saved its last step (its output: {log})")
     if code != 0:
@@ -134,8 +134,7 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
                 "if importlib.util.find_spec('requests') is None:\n"
                 "    sys.modules['requests'] = types.ModuleType('requests')\n"
                 "runpy.run_path('prepare.py', run_name='__main__')")
-    with open_log(log) as out:
-        exit_code = run_train([], output=out, program=["-c", stand_in], cwd=data)
+    exit_code, _ = logged_run(log, [], program=["-c", stand_in], cwd=data)
     if stopped(exit_code):
         raise Interrupted(f"stopped during nanoGPT's prepare.py (its output: {log})")
     if exit_code != 0:
@@ -152,11 +151,8 @@ def run_nanogpt(code: Path, folder: Path, dtype: str) -> dict:
 
     log = folder.with_name(folder.name + ".log")
     shutil.rmtree(folder, ignore_errors=True)
-    started = time.perf_counter()
-    with open_log(log) as out:
-        exit_code = run_train([*NANOGPT_CPU_RECIPE, f"--out_dir={folder}"], output=out,
-                              program=[str(code / "train.py")], cwd=code)
-    whole = time.perf_counter() - started
+    exit_code, whole = logged_run(log, [*NANOGPT_CPU_RECIPE, f"--out_dir={folder}"], program=[str(code / "train.py")],
+                                  cwd=code)
     if stopped(exit_code):
         raise Interrupted(f"stopped during nanoGPT's train.py (exit code {exit_code}; its output: {log})")
     if exit_code != 0:

@@ -186,24 +186,18 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
     if mode.startswith("max-autotune"):
         quiet_autotuning()
     # torch.compile may refuse at once: a warning. Only the compiling is inside the try.
-    if scope == "model":  # compiled with its DDP wrapper
-        step_model = wrap(model)
-        try:
-            whole = torch.compile(step_model, mode=mode_arg)
-        except RuntimeError as err:
-            say(COMPILE_FAILED.format(in_one_line(err)))
-            gave_up()
-            return step_model, step_model
-        compiled = CompileFallback(step_model, whole, say, gave_up)
+    whole = wrap(model) if scope == "model" else None  # the whole model is compiled with its DDP wrapper
+    try:
+        compiled = torch.compile(whole, mode=mode_arg) if whole is not None else BlocksCompiled(model, mode_arg)
+    except RuntimeError as err:
+        say(COMPILE_FAILED.format(in_one_line(err)))
+        gave_up()
+        step_model = whole if whole is not None else wrap(model)
+        return step_model, step_model
+    if whole is not None:
+        compiled = CompileFallback(whole, compiled, say, gave_up)
     else:
-        try:
-            blocks = BlocksCompiled(model, mode_arg)
-        except RuntimeError as err:
-            say(COMPILE_FAILED.format(in_one_line(err)))
-            gave_up()
-            step_model = wrap(model)
-            return step_model, step_model
-        step_model = wrap(blocks.view)
+        blocks, step_model = compiled, wrap(compiled.view)
 
         def uncompile() -> None:
             blocks.uncompile()
