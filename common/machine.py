@@ -1,5 +1,5 @@
-"""The machine a command computes on, for training and the scripts alike: the device and its precision (autocast, the
-gradient scaler), CPU threads (measured on the machine as it is), free memory and memory kept for reuse on a CPU."""
+"""The machine a command computes on: the device and its precision, CPU threads (measured on the machine as it is),
+free memory, and memory kept for reuse on a CPU."""
 from __future__ import annotations
 
 import contextlib
@@ -61,8 +61,7 @@ def pick_device(spec: str) -> torch.device:
 
 
 def usable_device(device: torch.device | str, doing: str, fix: str) -> torch.device:
-    """device as a torch.device where this machine has it, else one line: 'cannot {doing} {device}: why; {fix}' (the
-    Python API's and the checkpoint loader's check; the scripts' --device is pick_device's)."""
+    """device as a torch.device where this machine has it, else 'cannot {doing} {device}: why; {fix}'."""
     try:
         target = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
@@ -96,30 +95,27 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 def cpu_has_bfloat16_units() -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX); elsewhere torch emulates it."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own probes (used by inductor)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own probes
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
 def native_bfloat16(device_type: str) -> bool:
-    """Whether the device multiplies bfloat16 matrices in hardware (a GPU of compute capability 8 and up, a CPU with
-    bfloat16 units); where torch only emulates it (a V100 or T4, though is_bf16_supported() says yes) it is slow."""
+    """Whether the device multiplies bfloat16 matrices in hardware; where torch emulates it, it is slow."""
     if device_type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
     return device_type == "cpu" and cpu_has_bfloat16_units()
 
 
-# Above this many parameters (16 MB of float32), auto samples in bfloat16 on a CPU with bfloat16 units: a character
-# reads every weight once, and a smaller model stays in the CPU's caches, where float32 is faster (docs/speed.md).
+# Above this many parameters, auto samples in bfloat16 on a CPU with bfloat16 units; a smaller model stays in the CPU's
+# caches, where float32 is faster.
 CPU_BFLOAT16_SAMPLING_PARAMS = 4_000_000
 
 
 def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: int = 0) -> torch.dtype:
-    """auto: bfloat16 (float16 on older GPUs) on CUDA; bfloat16 on CPUs with bfloat16 units; float32 otherwise.
-    Sampling casts the weights once (`model.to(dtype)`, no autocast), so it may use float16 on a CPU, and with auto
-    takes bfloat16 there only above CPU_BFLOAT16_SAMPLING_PARAMS parameters (params). UserError for an unknown dtype,
-    or float16 training on a CPU."""
+    """auto: bfloat16 (float16 on older GPUs) on CUDA; bfloat16 on CPUs with bfloat16 units (for sampling, only above
+    CPU_BFLOAT16_SAMPLING_PARAMS parameters); float32 otherwise. Sampling may use float16 on a CPU; training not."""
     if spec == "auto":
-        if device.type == "cuda":  # float16 with the scaler where bfloat16 is only emulated
+        if device.type == "cuda":
             return torch.bfloat16 if native_bfloat16("cuda") else torch.float16
         large = params > CPU_BFLOAT16_SAMPLING_PARAMS
         if device.type == "cpu" and native_bfloat16("cpu") and (not sampling or large):
@@ -133,7 +129,7 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: 
 
 
 def for_sampling(rt: Runtime, dtype_spec: str, params: int = 0) -> Runtime:
-    """The runtime scripts/sample.py uses on rt's device for this --dtype and a model of params parameters."""
+    """The runtime sample.py uses on rt's device for this --dtype and a model of params parameters."""
     return Runtime(rt.device, pick_dtype(dtype_spec, rt.device, sampling=True, params=params))
 
 
@@ -141,28 +137,27 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
           sampling: bool = False) -> Runtime:
     device = pick_device(device_spec)
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local_rank)  # under torchrun: one GPU per process on this node
+        device = torch.device("cuda", local_rank)  # under torchrun: one GPU per process
     if num_threads:
         torch.set_num_threads(num_threads)
     if device.type == "cpu":
         keep_freed_memory()
     if device.type == "cuda":
-        # Made current (cuda:1 too), so what takes no device argument (RNG state, streams, is_bf16_supported) means it.
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores for any float32 matmuls left
+        torch.cuda.set_device(device)  # so that what takes no device argument means it
+        torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return Runtime(device, pick_dtype(dtype_spec, device, sampling))
 
 
 # ---- CPU threads: measured on the machine as it is -------------------------------------------------------------------
 def cores() -> int:
-    """The cores this process may use: its affinity (taskset's, a container's), up to cgroup v2's cpu.max rounded up."""
+    """The cores this process may use: its affinity, up to cgroup v2's cpu.max."""
     try:
         count = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         count = os.cpu_count() or 1
     try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]  # "max 100000" where there is none
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]  # "max 100000": none
         if quota != "max":
             count = min(count, -(-int(quota) // int(period)))
     except (OSError, ValueError):
@@ -171,28 +166,24 @@ def cores() -> int:
 
 
 def thread_counts(n_cores: int) -> list[int]:
-    """The intra-op thread counts tried on n_cores cores, most first: all, then halving down to one (6: 6, 3, 1)."""
+    """The thread counts tried, most first: all, then halving down to one (6: 6, 3, 1)."""
     counts = [n_cores]
     while counts[-1] > 1:
         counts.append(counts[-1] // 2)
     return counts
 
 
-FAR_SLOWER = 3.0  # a count whose first (cold) call is this many times one thread's warm call is not tried further
-CLEARLY_SLOWER = 1.5  # a count whose fastest warm call is this many times the leader's median is tried no further
+FAR_SLOWER = 3.0  # a count whose cold call is this many times one thread's warm call is not tried further
+CLEARLY_SLOWER = 1.5  # a count whose fastest call is this many times the leader's median is dropped
 PROBE_ROUNDS = 3  # warm calls per count
 PROBE_BUDGET = 4.0  # seconds of calls after which no further round begins, once the leader has two
 
 
 def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: int = PROBE_ROUNDS,
                     budget: float = PROBE_BUDGET) -> dict[int, list[float]]:
-    """Seconds of the same work (time_once() does it once, returns its seconds) at each of counts (most first), warm
-    calls only: the first call at the fewest threads, and each other count's first (its threads start), pay one-off
-    costs and are not counted, and a count whose first is FAR_SLOWER than a warm call at the fewest is not tried again.
-    The rest take turns, round by round, so that a change in load falls on each alike, and after each round any
-    CLEARLY_SLOWER than the fastest is dropped, until each left has `rounds` warm calls or the calls took `budget`
-    seconds and the fastest has two. Returns the counted calls (a count not tried again: its cold call); the thread
-    count is left at the last one timed."""
+    """Seconds of time_once() at each of counts, warm calls only, the counts taking turns so that a change in load
+    falls on each alike. A count FAR_SLOWER at its first call, or CLEARLY_SLOWER after a round, is dropped; it ends
+    when each count left has `rounds` calls, or after `budget` seconds once the fastest has two."""
     fewest, spent = counts[-1], 0.0
     seconds: dict[int, list[float]] = {n: [] for n in counts}
     torch.set_num_threads(fewest)
@@ -220,13 +211,13 @@ def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: i
 
 
 def fastest(seconds: dict[int, list[float]]) -> int:
-    """The count whose median time is lowest; of two alike, the fewer threads, which leaves the machine more room."""
+    """The count whose median time is lowest; of two alike, the fewer threads."""
     return min(seconds, key=lambda n: (statistics.median(seconds[n]), n))
 
 
 @dataclass
 class Threads:
-    """The intra-op thread count, why, and the seconds of each count's warm calls (empty where none was timed)."""
+    """The thread count, why, and the seconds of each count's warm calls."""
     count: int
     why: str  # "measured", "asked" (--num_threads), "kept" (a resumed run's own), "OMP_NUM_THREADS", "one core"
     seconds: dict[int, list[float]]
@@ -237,7 +228,7 @@ class Threads:
         return self.seconds.get(self.count, [])
 
     def line(self, work: str) -> str:
-        """What a command says of its threads: the count, why, and what the work (e.g. "a step") took at each count."""
+        """What a command says of its threads: the count, why, and what the work took at each count."""
         each = [f"{span(self.seconds[n])} with {n}" for n in sorted(self.seconds, reverse=True)]
         timed = "; ".join(each) if len(each) > 1 else span(self.steady) if self.steady else ""
         if self.why == "measured":
@@ -255,7 +246,7 @@ class Threads:
 
 
 def span(seconds: list[float]) -> str:
-    """'41 ms' or '41-47 ms' (the times differ), '5.4 s', '12-30 s': the range of a few timings, as read."""
+    """'41 ms', '41-47 ms', '5.4 s', '12-30 s': the range of a few timings."""
     low, high = min(seconds), max(seconds)
     if high < 1:
         scale, unit, digits = 1000, "ms", 0
@@ -266,9 +257,8 @@ def span(seconds: list[float]) -> str:
 
 
 def choose_threads(asked: int, time_once: Callable[[], float] | None, timed: bool = False) -> Threads:
-    """Set and return the thread count for CPU work: asked (--num_threads), else OMP_NUM_THREADS (torchrun sets it for
-    several processes), else 1 on one core, else the fastest of thread_counts(cores()) for time_once, measured now. A
-    given count is never measured against another (the count changes a run's last digits); timed still times it."""
+    """Set and return the thread count: asked (--num_threads), else OMP_NUM_THREADS, else 1 on one core, else the
+    fastest for time_once, measured now. timed: time a given count too."""
     if asked:
         counts, why = [asked], "asked"
     elif os.environ.get("OMP_NUM_THREADS"):
@@ -283,37 +273,35 @@ def choose_threads(asked: int, time_once: Callable[[], float] | None, timed: boo
     return Threads(count, why, seconds)
 
 
-# glibc's malloc.h: free heap top kept before it is trimmed; size from which a block is mapped (unmapped when freed).
+# glibc's malloc.h
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 KEPT_BYTES = 1 << 30
 
 
 def keep_freed_memory() -> bool:
-    """Linux with glibc: keep memory the process frees (blocks up to KEPT_BYTES) for its next request, since a step
-    frees and allocates the same megabyte tensors every time, which glibc would hand back and fault in afresh
-    (docs/speed.md has the count); the peak does not grow. True if set; False elsewhere (macOS, Windows, musl)."""
+    """Linux with glibc: keep freed blocks up to KEPT_BYTES for the next request, as a step frees and allocates the
+    same tensors every time (docs/speed.md: page faults). True if set; False elsewhere."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
     except (OSError, AttributeError):
         return False
-    # Setting the map threshold stops glibc raising either threshold by itself, so both are set. mallopt(3) documents
-    # 32 MiB as the highest on 64-bit systems, but glibc 2.36 takes 1 GiB: where 1 GiB is refused, 32 MiB.
+    # both thresholds set; where 1 GiB is refused, 32 MiB (mallopt(3)'s highest on 64-bit systems)
     mapped = mallopt(M_MMAP_THRESHOLD, KEPT_BYTES) or mallopt(M_MMAP_THRESHOLD, 32 << 20)
     return bool(mapped and mallopt(M_TRIM_THRESHOLD, KEPT_BYTES))
 
 
 def free_memory() -> int | None:
-    """Bytes this machine can still give a process without ending one (Linux: MemAvailable plus free swap, and no
-    more than a container's own limit allows, cgroup v2); None where the system does not say."""
+    """Bytes this machine can still give a process (Linux: MemAvailable plus free swap, within cgroup v2's limit);
+    None where the system does not say."""
     try:
         fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
         free = sum(int(fields[name].split()[0]) * 1024 for name in ("MemAvailable", "SwapFree") if name in fields)
     except (OSError, ValueError):
         return None
     try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()  # "max" where there is none
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         if limit != "max":
             free = min(free, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
     except (OSError, ValueError):

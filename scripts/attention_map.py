@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+loaded = quiet_while_loading(__name__)
 
 import torch  # noqa: E402
 
@@ -40,14 +40,14 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--text has {len(args.text)} characters; give 1 to {cfg.block_size} (the model's block_size)")
     if cfg.n_layer == 0:
         raise UserError(f"{path} has no attention layers (n_layer 0); choose a model with blocks")
-    # Layers and heads are counted from 1, as on the attention page, the pictures and in TensorBoard
+    # layers and heads counted from 1, as on the attention page
     layer = cfg.n_layer if args.layer is None else args.layer
     if not 1 <= layer <= cfg.n_layer:
         raise UserError(f"--layer {layer}: the model has layers 1 to {cfg.n_layer}")
     if args.head is not None and not 1 <= args.head <= cfg.n_head:
         raise UserError(f"--head {args.head}: the model has heads 1 to {cfg.n_head}")
     weights = attention_weights(model, tokenizer.encode(args.text))
-    if not all(torch.isfinite(w).all() for w in weights):  # (else a blank picture)
+    if not all(torch.isfinite(w).all() for w in weights):
         raise UserError(f"{path}: the model's attention weights for this text are not numbers (NaN or inf): its "
                         f"numbers overflow; its weights are damaged or too large to compute with")
     weights = weights[layer - 1]
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     note = missing_note(args.text)
     if note:
         print(note, file=sys.stderr)
-    figure = attention_figure(weights, args.text, layer - 1, heads, every_label=True)  # a label per character
+    figure = attention_figure(weights, args.text, layer - 1, heads, every_label=True)
     save_figure(figure, args.png, "--png")
     print(f"wrote {args.png}: layer {layer}, {'head ' + str(args.head) if heads else f'{cfg.n_head} heads'}, "
           f"{len(args.text)} characters")

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+loaded = quiet_while_loading(__name__)
 
 import torch  # noqa: E402
 
@@ -20,8 +20,7 @@ from errors import ArgumentParser, run_cli  # noqa: E402
 from model.textbook import Head  # noqa: E402
 loaded()
 
-# Tutorial 004's example: three tokens of 4 numbers, small integer weights (4 x 3),
-# so every step can be checked by hand.
+# Tutorial 004's example: three tokens of 4 numbers, small integer weights, checked by hand.
 X = [[1.0, 0.0, 1.0, 0.0],
      [0.0, 2.0, 0.0, 2.0],
      [1.0, 1.0, 1.0, 1.0]]
@@ -40,8 +39,7 @@ def build_head() -> Head:
 
 
 def walkthrough(say: Callable[[str, str], str] = lambda english, chinese: english) -> list[tuple[str, torch.Tensor]]:
-    """Every intermediate of one head, computed with the project's own Head module's layers and buffer, each with its
-    name and 004's."""
+    """Every intermediate of one head, computed with the project's Head, each with its name and 004's."""
     head = build_head()
     x = torch.tensor(X)
     q, k, v = head.query(x), head.key(x), head.value(x)
@@ -51,7 +49,7 @@ def walkthrough(say: Callable[[str, str], str] = lambda english, chinese: englis
     masked = scaled.masked_fill(mask == 0, float("-inf"))
     weights = torch.softmax(masked, dim=-1)
     out = weights @ v
-    assert torch.allclose(out, head(x[None])[0])  # the step-by-step numbers are what the module computes
+    assert torch.allclose(out, head(x[None])[0])
     return [(say("x (3 tokens x 4 numbers): 004's a¹, a², a³", "x（3 个词元 x 4 个数）：004 的 a¹、a²、a³"), x),
             (say("q = x @ W_query: 004's qⁱ", "q = x @ W_query：004 的 qⁱ"), q),
             (say("k = x @ W_key: 004's kⁱ", "k = x @ W_key：004 的 kⁱ"), k),

@@ -1,14 +1,12 @@
 """python scripts/bench.py [--config NAME] [--device D] [--json FILE]: training, sampling and data speed, with MFU.
-
---compare FIELD=A,B times training under each value in turn, round after round, in one process: on a shared, noisy
-machine the ratio of two settings measured that way is far steadier than two figures taken minutes apart."""
+--compare FIELD=A,B times training under each value in turn, round after round, in one process."""
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -24,36 +22,34 @@ from common.machine import for_sampling, setup, sync  # noqa: E402
 from common.run_folder import write_text_atomic  # noqa: E402
 from configs import load_config  # noqa: E402
 from configs.schema import FIELDS  # noqa: E402
-from data import prepare, resolve  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, run_cli  # noqa: E402
 from training.device import measure_peak_flops  # noqa: E402
-from training.opening import build_run  # noqa: E402
-from training.opening import prepare_data  # noqa: E402
+from training.opening import build_run, prepare_data  # noqa: E402
 from train import forward_backward, train_step, update  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_prepare import make_corpus  # noqa: E402
+from bench_prepare import measure  # noqa: E402
 from bench_sample import bench_sampling  # noqa: E402
 
 
-
 class CountOperations(TorchDispatchMode):
-    """Inside `with CountOperations() as ops:`, ops.count is the number of tensor operations that compute or copy (not
-    views or profiler markers, which launch nothing): in eager PyTorch on a GPU, about one kernel launch each."""
+    """ops.count: the tensor operations that compute or copy inside the block (on a GPU, about a kernel launch each).
+    Each operation is handed to seen(func) too."""
 
     LAUNCH_NOTHING = frozenset({"_unsafe_view", "_record_function_enter_new", "_record_function_exit"})
 
-    def __init__(self):
+    def __init__(self, seen=lambda func: None):
         super().__init__()
-        self.count = 0
+        self.count, self.seen = 0, seen
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += not (func.is_view or func.overloadpacket.__name__ in self.LAUNCH_NOTHING)
+        self.seen(func)
         return func(*args, **(kwargs or {}))
 
+
 def build_training(cfg, rt, say=print) -> dict:
-    """The real loader, model, optimizer and train_step of a run with this config (training.build_run): step() takes
-    one training step."""
+    """A run's model and its training step, as train.py builds them."""
     run, _ = build_run(cfg, rt, prepare_data(cfg, say), say=say)
     autocast = rt.autocast()
     return {"model": run.model, "params": run.model.num_params(non_embedding=False),
@@ -67,8 +63,7 @@ def build_training(cfg, rt, say=print) -> dict:
 
 
 def time_parts(parts: tuple, iters: int, device: torch.device) -> tuple[float, float]:
-    """Seconds of a step's two halves, each timed alone (waiting for the device after each): the forward and backward
-    passes, and the update (clipping, the optimizer, clearing the gradients), over iters steps."""
+    """Seconds of a step's two halves (forward and backward; the update), each timed alone."""
     halves = [0.0, 0.0]
     for _ in range(iters):
         for half, part in enumerate(parts):
@@ -90,18 +85,12 @@ def time_steps(step, iters: int, device: torch.device) -> float:
     return (time.perf_counter() - start) / iters
 
 
-# What torch.cuda.set_sync_debug_mode("warn") says at each wait. Only that: setting the mode also warns, once a process,
-# that "Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations", which
-# is no wait.
 SYNC_WARNING = "called a synchronizing CUDA operation"
 
 
 class HostWaits:
-    """with HostWaits(device) as waits: ... counts how often the code inside made the host wait for the device, and
-    where: on CUDA every synchronizing call, as torch.cuda.set_sync_debug_mode("warn") reports it; elsewhere every
-    value read from a tensor into Python (item, bool, tolist, ...: what would wait on a GPU), seen below autograd (so
-    count an uncompiled step there). waits.places maps each place to its count: the innermost line of this project's
-    code that led to the wait, and the innermost line of any code (torch's) where they differ."""
+    """Counts the host's waits for the device inside the block, by place: on CUDA as set_sync_debug_mode("warn")
+    reports them; elsewhere each value read from a tensor into Python (what would wait on a GPU)."""
 
     def __init__(self, device: torch.device):
         self.device, self.places, self._undo = device, {}, []
@@ -111,7 +100,7 @@ class HostWaits:
         return sum(self.places.values())
 
     def seen(self) -> None:
-        """One wait, at the Python stack as it is now."""
+        """One wait, at the project's innermost line on the stack (and torch's, where it differs)."""
         frames = [f for f in traceback.extract_stack()[:-1]
                   if Path(f.filename).resolve() != Path(__file__).resolve() and f.filename != warnings.__file__]
         ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(ROOT) and
@@ -123,25 +112,17 @@ class HostWaits:
         self.places[place] = self.places.get(place, 0) + 1
 
     def describe(self) -> str:
-        """Each place and its count, one line each ("" when there was no wait)."""
+        """A line per place and its count."""
         return "".join(f"\n  {n} x {place}" for place, n in sorted(self.places.items(), key=lambda kv: -kv[1]))
 
     def __enter__(self) -> "HostWaits":
-        from torch.utils._python_dispatch import TorchDispatchMode
         sync(self.device)
         if self.device.type != "cuda":
-            waits = self
-
-            class Reads(TorchDispatchMode):
-                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                    if func in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
-                        waits.seen()
-                    return func(*args, **(kwargs or {}))
-            mode = Reads()
+            reads = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
+            mode = CountOperations(lambda func: func in reads and self.seen())
             mode.__enter__()
             self._undo.append(lambda: mode.__exit__(None, None, None))
             return self
-        # the warning is shown while the synchronizing call is still on the stack: that stack says where it came from
         caught = warnings.catch_warnings()
         caught.__enter__()
         warnings.simplefilter("always")
@@ -150,7 +131,7 @@ class HostWaits:
         def show(message, category, *rest, **kw):
             if SYNC_WARNING in str(message):
                 self.seen()
-            elif "debug mode is a prototype" not in str(message):  # (torch's note, once a process, when set)
+            elif "debug mode is a prototype" not in str(message):  # torch's note when the mode is set: no wait
                 shown(message, category, *rest, **kw)
         warnings.showwarning = show
         torch.cuda.set_sync_debug_mode("warn")
@@ -164,10 +145,8 @@ class HostWaits:
 
 
 class GraphRecordings:
-    """with GraphRecordings() as graphs: ... counts the CUDA graphs recorded inside (graphs.count). Every recording goes
-    through torch.cuda.CUDAGraph.capture_begin (torch.cuda.graph's, which inductor's CUDA graph trees use). The empty
-    graph that graph trees' manager captures when it is built, only to keep its memory pool alive, records no step and
-    is left out: the nearest frame in torch's cudagraph_trees.py says who records, the manager or one of its nodes."""
+    """graphs.count: the CUDA graphs recorded inside the block (CUDAGraph.capture_begin), less the empty one that
+    graph trees' manager records to keep its memory pool alive."""
 
     def __init__(self):
         self.count = 0
@@ -182,7 +161,7 @@ class GraphRecordings:
         self._begin = begin = torch.cuda.CUDAGraph.capture_begin
 
         def counted(graph, *args, **kwargs):
-            self.count += not self.pool_keeper(sys._getframe(1))
+            self.count += not self.pool_keeper(inspect.currentframe().f_back)
             return begin(graph, *args, **kwargs)
         torch.cuda.CUDAGraph.capture_begin = counted
         return self
@@ -192,7 +171,7 @@ class GraphRecordings:
 
 
 def count_host_syncs(step, iters: int, device: torch.device) -> HostWaits:
-    """The host's waits for the device over iters training steps (HostWaits: how many, and where)."""
+    """The host's waits for the device over iters training steps."""
     with HostWaits(device) as waits:
         for _ in range(iters):
             step()
@@ -200,7 +179,7 @@ def count_host_syncs(step, iters: int, device: torch.device) -> HostWaits:
 
 
 def warm_up(run: dict, steps: int) -> None:
-    for _ in range(steps):  # compilation, allocator and cache warm-up
+    for _ in range(steps):  # compilation, allocator, caches
         run["step"]()
 
 
@@ -208,41 +187,32 @@ def speed(run: dict, seconds: float, peak_flops: float) -> dict:
     """ms/iter, tokens/s, achieved FLOP/s and MFU of a training step that took this many seconds."""
     tokens_per_sec = run["tokens_per_iter"] / seconds
     achieved = run["flops_per_token"] * tokens_per_sec
-    peak_flops = max(peak_flops, achieved)  # the step itself ran faster than the ceiling measured: it is the ceiling
+    peak_flops = max(peak_flops, achieved)  # a step faster than the measured ceiling is the ceiling
     return {"ms_per_iter": seconds * 1000, "tokens_per_sec": tokens_per_sec, "achieved_flops": achieved,
             "peak_flops": peak_flops, "mfu": achieved / peak_flops}
-
-
-def bench_prepare(megabytes: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        corpus = Path(tmp) / "corpus.txt"
-        make_corpus(corpus, megabytes)
-        start = time.perf_counter()
-        prepare(resolve(str(corpus), Path(tmp)), Path(tmp))
-        return corpus.stat().st_size / 1e6 / (time.perf_counter() - start)
 
 
 COMPARABLE = (set(FIELDS) - {"config_name"}) | {"config"}  # every train.py option, --config included
 
 
 def parse_compare(specs: list[str]) -> list[dict[str, str]]:
-    """["dtype=float32,bfloat16", "compile=false,true"] -> every combination, as {field: value} dicts. config is a
-    field here too: config=A,B compares two presets (names or TOML files), each with its own settings."""
+    """["dtype=float32,bfloat16", "compile=false,true"] -> every combination, as {field: value} dicts (config=A,B
+    compares presets)."""
     axes = []
     for spec in specs:
         field, _, values = spec.partition("=")
         if field not in COMPARABLE or not values or not all(values.split(",")):
-            raise UserError(f"--compare {spec}: expected FIELD=VALUE,VALUE with a train.py field (or config), "
-                            f"e.g. --compare dtype=float32,bfloat16")
+            raise UserError(f"--compare {spec}: not FIELD=VALUE,VALUE with a train.py field. Give e.g. --compare "
+                            f"dtype=float32,bfloat16")
         axes.append([(field, value) for value in values.split(",")])
     variants = [dict(combination) for combination in itertools.product(*axes)]
     if len(variants) < 2:
-        raise UserError("--compare: give at least two values to compare, e.g. --compare dtype=float32,bfloat16")
+        raise UserError("--compare: one value is no comparison. Give two, e.g. --compare dtype=float32,bfloat16")
     return variants
 
 
 def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters: int, warmup: int) -> list[dict]:
-    """Each variant's training step, timed in turn for iters steps, rounds times: medians and ratios to the first."""
+    """Each variant's step, timed in turn, rounds times: medians and ratios to the first."""
     default_threads = torch.get_num_threads()
     runs, peaks = [], {}
     for variant in variants:
@@ -256,7 +226,7 @@ def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters:
         runs.append(run)
     for _ in range(rounds):
         for run in runs:
-            torch.set_num_threads(run["threads"])  # a variant may set num_threads; the others keep the default
+            torch.set_num_threads(run["threads"])
             run["seconds"].append(time_steps(run["step"], iters, run["rt"].device))
     torch.set_num_threads(default_threads)
     results = []
@@ -291,24 +261,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     parser.add_argument("--iters", type=int, default=20, help="timed training steps (per round with --compare)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed training steps first")
-    parser.add_argument("--sample_tokens", type=int, default=500, help="characters generated per sampling measurement")
-    parser.add_argument("--prepare_mb", type=int, default=50, help="size of the generated corpus for the prepare speed")
+    parser.add_argument("--sample_tokens", type=int, default=500, help="characters generated per sampling figure")
+    parser.add_argument("--prepare_mb", type=int, default=50, help="MB of generated text for the prepare speed")
     parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
-                        help="time training under each value of a train.py field, in turn, round after round "
-                             "(repeat for more fields: every combination); training only")
+                        help="time training under each value of a train.py field, in turn (repeat for more fields)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of --compare")
     parser.add_argument("--host_syncs", type=float, default=None, metavar="MOST",
-                        help="only count the host's waits for the device over --iters training steps after --warmup "
-                             "(on CUDA under torch.cuda.set_sync_debug_mode): exit 1 when a step waits more than MOST "
-                             "times on average")
+                        help="only count the host's waits for the device over --iters training steps: exit 1 "
+                             "when a step waits more than MOST times on average")
     args, rest = parser.parse_known_args(argv)
     if min(args.iters, args.sample_tokens, args.prepare_mb, args.rounds) < 1 or args.warmup < 0:
         raise UserError("--iters, --sample_tokens, --prepare_mb and --rounds must be at least 1, --warmup at least 0")
     if args.json:
-        check_output_file(args.json, "--json")  # before the benchmark runs, not after
+        check_output_file(args.json, "--json")
     if args.compare:
         variants = parse_compare(args.compare)
-        cfg, note, _ = load_config(rest, torch.cuda.is_available())  # the shared settings, checked once
+        cfg, note, _ = load_config(rest, torch.cuda.is_available())
         results = compare(rest, variants, args.rounds, args.iters, args.warmup)
         print(note)
         print_comparison(results, args.rounds, args.iters)
@@ -321,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     rt = setup(cfg.device, cfg.dtype, cfg.num_threads)
     if args.host_syncs is not None:
         run = build_training(cfg, rt)
-        warm_up(run, args.warmup)  # compiled, and every shape seen, before counting
+        warm_up(run, args.warmup)
         waits = count_host_syncs(run["step"], args.iters, rt.device)
         print(f"host waits for the device: {waits.count} in {args.iters} training steps "
               f"({waits.count / args.iters:.2f} per step, at most {args.host_syncs:g} allowed), {rt.describe()}"
@@ -336,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     halves = time_parts((forward_backward, update), args.iters, rt.device)
     figures["ms_forward_backward"], figures["ms_update"] = (half * 1000 for half in halves)
     forward_backward()
-    with CountOperations() as ops:  # on a GPU, about one kernel launch each
+    with CountOperations() as ops:
         update()
     figures["update_operations"] = ops.count
     model = run.pop("model")
@@ -346,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     figures.update(bench_sampling(model, rt.device_type, [sample_rt.dtype], args.sample_tokens,
                                   compile=rt.device_type == "cuda"))
     figures["sample_dtype"] = str(sample_rt.dtype).removeprefix("torch.")
-    figures["prepare_mb_per_sec"] = bench_prepare(args.prepare_mb)
+    figures["prepare_mb_per_sec"] = measure(args.prepare_mb)["mb_per_s"]
 
     print(note)
     rows = [("device", figures["device"] + f" ({figures['threads']} threads)"),

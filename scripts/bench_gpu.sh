@@ -1,61 +1,37 @@
 #!/usr/bin/env bash
-# The GPU figures the README reports, measured in one sitting: bash scripts/bench_gpu.sh PART CORPUS LOGDIR
-#
-# PART is one of smoke | smoke2 | smoke3 | tests | speed | runs | recipe | tune | nanogpt (each made to end within 10
-# minutes on one H100), or all (nanogpt only where NANOGPT is set). CORPUS is Tiny Shakespeare (or any text); every
-# command and what it printed goes to LOGDIR/PART.log, one file per part.
-#   smoke  the first thing to run on a lent GPU: the GPU preset compiled, end to end (its time, loss and MFU); the
-#          host's waits per training step in bfloat16 and float16; sampling eager and compiled (a padded batch, CUDA
-#          graphs recorded once, host syncs counted after a warm-up at the counted shape). One PASS or FAIL line a step
-#   smoke2 the CUDA tests; torchrun with one process; DDP over NCCL at world size 1 (where train.py offers it)
-#   smoke3 bfloat16 uncompiled, float16 compiled and not (on cuda:0 by name), a resume; each compile mode and scope;
-#          sample.py eager and compiled, streamed and a padded batch
-#          A smoke step is FAIL when it exits non-zero, when its output shows a compile that fell back or a refused
-#          recompilation (torch.compile failed, compiling the decoding step failed, skipping cudagraphs, a recompile
-#          limit hit, RecompileError), when a Python warning reached the screen (a UserWarning, say), or when its run's
-#          summary.json loss is not finite or not below a sane bound; a smoke part with a FAIL line exits 1.
-#          docs/speed.md says how long each takes and what each FAIL means.
-#   tests  the whole suite on this machine (every failure, the slowest tests), then the CUDA-only tests alone
-#   speed  bench.py on the GPU preset compiled by blocks (a step, its halves, the update's operations, sampling);
-#          blocks against the whole model, and compiled against not; bench_sample.py cached, uncached and compiled, in
-#          float32 and bfloat16
-#   runs   the default command compiled with an empty compile cache (evaluations compiled too, and not), then 3 rounds
-#          with and without compilation (the first compiled round fills the cache, so the median is a warm run's);
-#          sample.py's whole command for 500 characters with and without --compile
-#   recipe nanoGPT's recipe (the preset shakespeare_char) once, to set beside nanoGPT's own run on the same card
-#   tune   the default preset at 500, 600 and 700 steps, two seeds each: how few steps reach <= 1.45
-#   nanogpt nanoGPT's own run of that recipe, timed whole, its checkpoint then scored as our full validation is
-#          (scripts/score_nanogpt.py); NANOGPT=DIR names a checkout of karpathy/nanoGPT (not part of this project)
-# QUICK=1 shrinks every run and round to check the script itself on any machine, a CPU included (figures meaningless).
+# The GPU figures, measured in one sitting: bash scripts/bench_gpu.sh PART CORPUS LOGDIR
+# PART: smoke | smoke2 | smoke3 | tests | speed | runs | recipe | tune | nanogpt, or all (nanogpt only where NANOGPT
+# names a checkout of karpathy/nanoGPT). Each part's commands and output go to LOGDIR/PART.log. A smoke step says PASS
+# or FAIL (a non-zero exit, a compile that fell back, a Python warning on the screen, a loss not finite or too high);
+# a smoke part with a FAIL exits 1. docs/speed.md says what each part measures. QUICK=1 shrinks every run to check
+# the script itself on any machine, a CPU included (the figures then mean nothing).
 set -u -o pipefail
 if [ $# -ne 3 ] || [ ! -f "$2" ]; then
     echo "usage: [NANOGPT=DIR] bash scripts/bench_gpu.sh smoke|smoke2|smoke3|tests|speed|runs|recipe|tune|nanogpt|all" \
-         "CORPUS LOGDIR" \
-         "(CORPUS: a text file)" >&2
+         "CORPUS LOGDIR (CORPUS: a text file)" >&2
     exit 2
 fi
 part=$1 corpus=$(realpath "$2") logs=${3%/}
 if [ -L "$logs" ]; then  # its logs would land wherever the link points
-    echo "error: the log folder $3 is a symbolic link; name a real folder" >&2
+    echo "error: the log folder $3 is a symbolic link. Name a real folder" >&2
     exit 2
 fi
 logs=$(realpath -m "$logs")
 
 if [ "${QUICK:-0}" = 1 ]; then
     shrink=(--batch_size 2 --max_iters 4 --eval_interval 2 --eval_iters 1 --full_val false)
-    # the smoke parts' runs: a tiny model; the preset's run and the decoding check still compiled (inductor's C++)
     small=(--n_layer 1 --n_head 2 --n_embd 32 --block_size 32 --batch_size 4 --eval_iters 1 --full_val false)
     preset=(--max_iters 4 --eval_interval 4 --log_interval 2 --compile_eval false) steps=4 more=6 bound=4.6
-    compiled=--no-compile syncs=1  # a CPU reads each step's finite flag, free there
+    compiled=--no-compile syncs=1  # a CPU reads each step's finite flag
     rounds=1 iters=2 tokens=20
     nano_shrink=(--batch_size=2 --max_iters=4 --lr_decay_iters=4 --eval_interval=2 --eval_iters=1 --log_interval=1)
 else
     shrink=() rounds=3 iters=20 tokens=500 nano_shrink=()
-    small=() preset=() steps=100 more=150 compiled=--compile bound=3.0 syncs=0  # after 100 steps; the preset: 2.0
+    small=() preset=() steps=100 more=150 compiled=--compile bound=3.0 syncs=0
 fi
 
 TIMEFORMAT='[%R s whole]'
-run() {  # prints the command, runs it and times it whole (its output kept in $work/step.out); the part goes on
+run() {  # print the command, run it and time it (its output kept in $work/step.out)
     echo "\$ $*"
     time "$@" 2>&1 | tee "$work/step.out"
     local code=$?
@@ -64,15 +40,12 @@ run() {  # prints the command, runs it and times it whole (its output kept in $w
     return $code
 }
 
-# What a compile that fell back, a CUDA graph not taken or a refused recompilation print (training's and the
-# sampler's warnings, inductor's log, dynamo's limit and its error_on_recompile check).
+# what a compile that fell back, a CUDA graph not taken or a refused recompilation print
 fallback='torch\.compile failed|compiling the decoding step failed|skipping cudagraphs'
 fallback+='|hit config\.(recompile|cache_size)_limit|RecompileError'
-# A Python warning that reached the user's screen (torch's, say): the product says what it has to say in its own lines.
+# a Python warning that reached the user's screen
 warned='^[^ ].*(UserWarning|FutureWarning|DeprecationWarning): '
-# python -c "$loss_check" RUN_DIR BOUND: the run's time, loss and MFU in one line; exit 1 when its loss (full
-# validation, else the last evaluation's) is not finite or not below BOUND (a run whose steps were all skipped stays
-# near the uniform guess, ln(vocabulary): 4.2 for Shakespeare)
+# python -c "$loss_check" RUN_DIR BOUND: the run's time, loss and MFU; exit 1 unless its loss is finite and below BOUND
 loss_check='import json, math, re, sys
 from pathlib import Path
 run, bound = Path(sys.argv[1]), float(sys.argv[2])
@@ -84,7 +57,7 @@ print(f"loss {loss}, {whole:.1f} s whole, {training:.1f} s training, {compiling:
 sys.exit(0 if loss is not None and math.isfinite(loss) and loss < bound else 1)'
 
 verdicts=()
-check() {  # NAME [--run DIR BOUND] [--expect REGEX] COMMAND...: run() it, then one line PASS NAME or FAIL NAME (why)
+check() {  # NAME [--run DIR BOUND] [--expect REGEX] COMMAND...: run() it, then PASS NAME or FAIL NAME (why)
     local name=$1 dir= most= expect= verdict= figures
     shift
     if [ "$1" = --run ]; then dir=$2 most=$3; shift 3; fi
@@ -111,7 +84,7 @@ check() {  # NAME [--run DIR BOUND] [--expect REGEX] COMMAND...: run() it, then 
     echo
 }
 
-verdict_summary() {  # PART: the count of each verdict, every line again; exit 1 if one is FAIL
+verdict_summary() {  # PART: the verdicts counted and repeated; exit 1 if one is FAIL
     local failed
     failed=$(printf '%s\n' "${verdicts[@]}" | grep -c '^FAIL')
     echo "$1: $(printf '%s\n' "${verdicts[@]}" | grep -c '^PASS') passed, $failed failed," \
@@ -127,12 +100,8 @@ about_the_machine() {
     python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || gpu=0
 }
 
-# Sampling checked: python -c "$decoding" CHECKPOINT eager|compiled CHARACTERS MOST_SYNCS. A padded batch (three rows,
-# prompts of 5, 1 and 2 tokens), greedy, weights in sample.py's dtype; a first call at that shape compiles and
-# records, then the counted call runs under error_on_recompile (and, on CUDA, scripts/bench.py's HostWaits: every wait
-# of the host for the GPU, and where it came from). Exit 1 when the compiled step fell back, recompiled, recorded more
-# than one CUDA graph (graph trees' empty graph that keeps their memory pool alive not counted) or skipped one, or the
-# host waited more than MOST_SYNCS times.
+# python -c "$decoding" CHECKPOINT eager|compiled CHARACTERS MOST_SYNCS: a padded batch of three rows, greedy, called
+# twice; exit 1 when the second call recompiled, recorded or skipped a CUDA graph, or waited more than MOST_SYNCS times.
 decoding='import contextlib, sys, torch
 from pathlib import Path
 from torch._dynamo.utils import counters
@@ -148,11 +117,11 @@ params = model.num_params(non_embedding=False)
 model = model.to(pick_dtype("auto", device, sampling=True, params=params))
 said = []
 step = compiled_step(device.type, warn=said.append) if kind == "compiled" else one_token_step
-recorded = GraphRecordings().__enter__()  # counting until the check ends (a CPU records no CUDA graph)
+recorded = GraphRecordings().__enter__()
 counters.clear()
 prompts = [[1, 2, 3, 4, 5], [6], [7, 1]]
 warm = generate(model, prompts, n, temperature=0, step=step)
-first = recorded.count, counters["stats"]["unique_graphs"]  # CUDA graphs recorded and graphs compiled by the first call
+first = recorded.count, counters["stats"]["unique_graphs"]
 with torch._dynamo.config.patch(error_on_recompile=True), \
         (HostWaits(device) if device.type == "cuda" else contextlib.nullcontext()) as waits:
     text = generate(model, prompts, n, temperature=0, step=step)
@@ -171,18 +140,15 @@ part_smoke() {
     about_the_machine
     local run_dir=$work/preset whole=2.0
     [ "${QUICK:-0}" = 1 ] && whole=$bound
-    # 1. the GPU preset (uncompiled by default) compiled, bfloat16 where the GPU has it, end to end: time, loss, MFU
     check "GPU preset, compiled, end to end" --run "$run_dir" "$whole" python train.py --config shakespeare_char_gpu \
         --data "$corpus" --cache_dir "$work/cache" --out_dir "$run_dir" --compile true "${small[@]}" "${preset[@]}"
-    # 2. how often a training step makes the host wait for the GPU: never, by design (compiled, after a warm-up)
     local dtypes=(bfloat16 float16) compile=true
-    [ $gpu = 1 ] || dtypes=(float32 bfloat16) compile=false  # a CPU has no float16 training; reads counted uncompiled
+    [ $gpu = 1 ] || dtypes=(float32 bfloat16) compile=false  # a CPU: no float16 training; reads counted uncompiled
     for dtype in "${dtypes[@]}"; do
         check "host waits per training step, $dtype" python scripts/bench.py --config shakespeare_char_gpu \
             --data "$corpus" --cache_dir "$work/cache" "${small[@]}" --dtype "$dtype" --compile "$compile" \
             --warmup 3 --iters "$iters" --host_syncs "$syncs"
     done
-    # 3. decoding, eager then compiled (CUDA graphs on a GPU, inductor's C++ on a CPU), a padded batch
     for kind in eager compiled; do
         check "sampling $kind: a padded batch, host syncs counted" python -c "$decoding" "$run_dir/ckpt_best.pt" \
             $kind "$tokens" 1
@@ -202,15 +168,9 @@ part_smoke2() {
                   --eval_iters 5 --max_iters "$steps" "${small[@]}" --compile "$compile")
     check "torchrun, one process (no process group)" --run "$work/torchrun" "$bound" torchrun --standalone \
         --nproc_per_node 1 train.py "${common[@]}" --out_dir "$work/torchrun"
-    # DDP over NCCL (gloo on a CPU) at world size 1: no_sync, compiled blocks under DDP and their fallback on one GPU.
-    # It needs train.py's opt-in that builds the process group and the DDP wrapper even for one process.
-    if python -c "import sys; from configs.schema import FIELDS; sys.exit('ddp' not in FIELDS)"; then
-        check "DDP at world size 1" --run "$work/ddp" "$bound" --expect "DDP over (nccl|gloo)" torchrun --standalone \
-            --nproc_per_node 1 train.py "${common[@]}" --ddp always --grad_accum_steps 2 --out_dir "$work/ddp"
-    else
-        verdicts+=("SKIP DDP at world size 1 (train.py has no --ddp always yet: the opt-in is training's to add)")
-        echo "${verdicts[-1]}"
-    fi
+    # DDP over NCCL (gloo on a CPU) at world size 1: no_sync and compiled blocks under DDP on one GPU
+    check "DDP at world size 1" --run "$work/ddp" "$bound" --expect "DDP over (nccl|gloo)" torchrun --standalone \
+        --nproc_per_node 1 train.py "${common[@]}" --ddp always --grad_accum_steps 2 --out_dir "$work/ddp"
     verdict_summary smoke2
 }
 
@@ -218,8 +178,7 @@ part_smoke3() {
     about_the_machine
     local common=(--config shakespeare_char_gpu --data "$corpus" --cache_dir "$work/cache" --eval_interval 50
                   --eval_iters 5 --max_iters "$steps" "${small[@]}")
-    # bfloat16 uncompiled; float16 (the scaler) compiled and not, on a GPU chosen by its index. A CPU has no float16
-    # training: there float32 and bfloat16, uncompiled.
+    # float16 (the scaler) on a GPU named by its index; a CPU has no float16 training
     local runs=("bfloat16 false" "float16 true" "float16 false")
     [ $gpu = 1 ] || runs=("float32 false" "bfloat16 false")
     for one in "${runs[@]}"; do
@@ -232,7 +191,7 @@ part_smoke3() {
     local model=$work/bfloat16-false
     check "resume (bfloat16)" --run "$model" "$bound" python train.py "${common[@]}" --dtype bfloat16 \
         --compile false --out_dir "$model" --max_iters "$more" --resume
-    # every compile mode and scope still offered, on a small shape (max-autotune-no-cudagraphs times kernels)
+    # every compile mode and scope offered, on a small shape
     if [ $gpu = 1 ]; then
         for mode in default max-autotune-no-cudagraphs; do
             for scope in blocks model; do
@@ -252,16 +211,14 @@ part_smoke3() {
 }
 
 part_tests() {
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
-    run python -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"
-    # every failure, not the first only, and the slowest tests; cut off in time for the CUDA tests to run after it
+    about_the_machine
+    # every failure and the slowest tests, cut off in time for the CUDA tests
     run timeout 420 python -m pytest -q -p no:cacheprovider --durations=15
     run python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py
 }
 
 part_speed() {
     local common=(--data "$corpus" --cache_dir "$work/cache" "${shrink[@]}")
-    # compiled: the fastest step (the preset itself trains uncompiled, which is faster for the whole command)
     run python scripts/bench.py --config shakespeare_char_gpu "${common[@]}" --iters "$iters" \
         --sample_tokens "$tokens" --compile true
     run python scripts/bench.py --config shakespeare_char_gpu "${common[@]}" --iters "$iters" --rounds "$rounds" \
@@ -274,7 +231,7 @@ part_speed() {
 part_runs() {
     local common=(--data "$corpus" --cache_dir "$work/cache" "${shrink[@]}")
     run python scripts/bench_run.py --out_dir "$work/cold" --cold_compile_cache --compare compile_eval=true,false \
-        --compile true "${common[@]}"  # (the preset trains uncompiled: compiled here, to weigh its evaluations)
+        --compile true "${common[@]}"
     run python scripts/bench_run.py --out_dir "$work/warm" --repeat 3 --compare compile=true,false "${common[@]}"
     local model
     model=$(find "$work/warm" -name ckpt_best.pt -print -quit)
@@ -296,19 +253,12 @@ part_tune() {
 }
 
 part_nanogpt() {
-    # A copy of the checkout's code (its Python files, configs and this dataset's prepare.py) in $work: nothing in
-    # the user's checkout is written or removed. Its data folders are left out (OpenWebText's are gigabytes).
-    local dir=$work/nanogpt-checkout data
-    data=$dir/data/shakespeare_char
-    run mkdir -p "$data"
-    run cp -r "$NANOGPT"/*.py "$NANOGPT/config" "$dir/"
-    run cp "$NANOGPT/data/shakespeare_char/prepare.py" "$data/"
-    cp "$corpus" "$data/input.txt"  # else its prepare.py downloads it; offline here
-    # prepare.py imports requests only to download, which it then does not: a stand-in where it is not installed
-    run env -C "$data" python -c 'import importlib.util, runpy, sys, types
-if importlib.util.find_spec("requests") is None:
-    sys.modules["requests"] = types.ModuleType("requests")
-runpy.run_path("prepare.py", run_name="__main__")'
+    # bench_run.py's copy of the checkout's code, prepared on the corpus: the user's checkout is left as it is
+    local dir=$work/nanogpt-code
+    run python -c 'import sys; from pathlib import Path; sys.path[:0] = ["scripts", "."]
+from bench_run import prepare_nanogpt
+from errors import run_cli
+sys.exit(run_cli(lambda argv: prepare_nanogpt(*map(Path, argv)) and 0, sys.argv[1:]))' "$NANOGPT" "$corpus" "$work"
     local device=()
     python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || device=(--device=cpu --compile=False)
     run env -C "$dir" python train.py config/train_shakespeare_char.py --out_dir="$work/nanogpt" "${device[@]}" \
@@ -342,8 +292,7 @@ export PYTHONUNBUFFERED=1
 work=$(mktemp -d)  # run folders and copies: the logs keep what matters
 trap 'rm -rf "$work"' EXIT
 
-# The log is opened without following a link, its folder too (a link planted after the checks above is refused).
-tee_log() {  # LOGFILE: stdin to stdout and to LOGFILE
+tee_log() {  # LOGFILE: stdin to stdout and to LOGFILE, opened without following a link
     python -c 'import os, sys
 folder, name = os.path.split(sys.argv[1])
 folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -356,12 +305,12 @@ while chunk := os.read(0, 1 << 16):
         try:
             out.write(chunk)
             out.flush()
-        except BrokenPipeError:  # the reader of stdout has gone: the log is still written
+        except BrokenPipeError:  # the log is still written
             out = None' "$1"
 }
 
-# A part runs as a job in its own process group (set -m): SIGTERM or Ctrl-C ends that group, every process the part
-# started, and waits for it, so no step goes on (or says FAIL) after the stop; then the EXIT trap removes $work.
+# A part runs in its own process group (set -m): a stop ends every process it started, then the EXIT trap removes
+# $work.
 set -m
 job=
 stop() {  # SIGNAL EXIT_CODE

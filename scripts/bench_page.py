@@ -1,5 +1,5 @@
-"""python scripts/bench_page.py --out_dir RUN: how live the attention page is: its size, and the milliseconds of one
-forward pass over 64 characters in a real browser (headless Chromium), the median of many, as a learner typing waits."""
+"""python scripts/bench_page.py --out_dir RUN: the attention page's size and the milliseconds of one forward pass in
+headless Chromium (the median of many)."""
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +26,7 @@ from training import checkpoint  # noqa: E402
 import attention_html  # noqa: E402
 
 BROWSER_SECONDS = 600
-MAX_PASSES = 1000  # the page runs them all before Chromium writes the page out: minutes for a large model
+MAX_PASSES = 1000
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpeak, speak."
 
 
@@ -34,17 +34,15 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best.pt, else ckpt_last.pt")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
-    p.add_argument("--chars", type=int, default=64, help="characters of text the forward pass reads (at most the "
-                                                         "model's block_size)")
+    p.add_argument("--chars", type=int, default=64, help="characters the forward pass reads")
     p.add_argument("--passes", type=int, default=30, help="forward passes timed (the median is reported)")
     p.add_argument("--json", default="", help="also write the figures to this file")
     return p
 
 
 def run_browser(command: list[str], seconds: float, profile: Path | None = None) -> subprocess.CompletedProcess:
-    """Chromium in a process group of its own, its output captured. Interrupted (Ctrl-C, SIGTERM) or past seconds,
-    the whole group (the browser, its renderer and helpers) is killed and gone before this returns, so that the
-    caller can remove the profile folder, and the folder of the profile's singleton socket is removed."""
+    """Chromium in a process group of its own, its output captured. Stopped or past seconds, the whole group is
+    killed before this returns, and its profile's socket folder removed."""
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as process:
         try:
@@ -58,8 +56,7 @@ def run_browser(command: list[str], seconds: float, profile: Path | None = None)
 
 
 def remove_socket_folder(profile: Path) -> None:
-    """Chromium keeps a profile's singleton socket in a folder of its own in the temporary directory, named by the
-    profile's link SingletonSocket; killed, it cannot remove that folder itself."""
+    """The temporary folder of a killed Chromium's singleton socket, which it cannot remove itself."""
     with contextlib.suppress(OSError):
         folder = Path(os.readlink(profile / "SingletonSocket")).parent
         if folder.name.startswith("org.chromium.Chromium."):
@@ -67,7 +64,7 @@ def remove_socket_folder(profile: Path) -> None:
 
 
 def stop_group(process: subprocess.Popen) -> None:
-    """SIGKILL to the process's group, then wait (at most 10 s) until none of it runs any more."""
+    """SIGKILL to the process's group, then wait (at most 10 s) until none of it runs."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
@@ -77,13 +74,12 @@ def stop_group(process: subprocess.Popen) -> None:
 
 
 def running_in_group(group: int) -> bool:
-    """Whether a process of the group is still running. Read from /proc, where a dead process that no one has reaped
-    yet (a zombie: Chromium's helpers, handed to an init that may never reap them) shows as state Z and writes no
-    more; os.killpg(group, 0) would count it. Without /proc: False."""
+    """Whether a process of the group is still running, zombies aside (os.killpg(group, 0) counts them). Read from
+    /proc; without it, False."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             state, _, process_group = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after the command's name
-        except (OSError, ValueError):  # the process ended while being read
+        except (OSError, ValueError):  # it ended meanwhile
             continue
         if state != "Z" and int(process_group) == group:
             return True
@@ -96,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--chars must be positive and --passes from 1 to {MAX_PASSES}")
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if not browser:
-        raise UserError("this benchmark runs the page in Chromium, which is not installed (Debian/Ubuntu: "
-                        "apt-get install chromium)")
+        raise UserError("Chromium is not installed. Install it (apt-get install chromium)")
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, _ = checkpoint.load_model(path, "cpu")
     if args.chars > model.config.block_size:
@@ -107,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         html = Path(folder) / "page.html"
         said = io.StringIO()
-        with contextlib.redirect_stderr(said):  # its "wrote ..." line is not this command's; its error is
+        with contextlib.redirect_stderr(said):  # its error is said, its "wrote ..." line is not
             code = run_cli(attention_html.main, ["--ckpt", str(path), "--html", str(html)])
         if code:
             print(said.getvalue(), end="", file=sys.stderr)
@@ -120,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{html.as_uri()}#text={quote(text, safe='')}&bench={args.passes}"], BROWSER_SECONDS,
                                profile)
         except subprocess.TimeoutExpired:
-            raise UserError(f"Chromium ran the page for more than {BROWSER_SECONDS} s; ask for fewer --passes or "
+            raise UserError(f"Chromium ran the page for more than {BROWSER_SECONDS} s. Ask for fewer --passes or "
                             f"--chars") from None
         version = run_browser([browser, "--version"], BROWSER_SECONDS).stdout.strip()
     found = re.search(r'<pre id="numbers">(.*?)</pre>', done.stdout, flags=re.S)

@@ -30,7 +30,7 @@ print(json.dumps({{"seconds": seconds, "rss_after_imports_mb": base / 1024,
 
 
 def make_corpus(path: Path, megabytes: int) -> None:
-    """Lines of varied text (ASCII with some accents and CJK), written until the file reaches the size."""
+    """Varied text (ASCII, accents, CJK) up to the size."""
     import random
     rng = random.Random(0)
     words = ["the", "king", "hath", "spoken", "naïve", "café", "東京", "言葉", "ROMEO:", "thou", "art", "\n"]
@@ -43,6 +43,21 @@ def make_corpus(path: Path, megabytes: int) -> None:
             written += len(block.encode("utf-8"))
 
 
+def measure(megabytes: int) -> dict:
+    """Prepare a generated corpus of this size in a process of its own: its seconds, MB/s and peak memory."""
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        make_corpus(corpus, megabytes)
+        size_mb = corpus.stat().st_size / 1e6
+        code = CHILD.format(root=str(ROOT), corpus=str(corpus), cache=str(Path(tmp) / "cache"))
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if child.returncode != 0:
+            last = (child.stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
+            raise UserError(f"preparing the {size_mb:.0f} MB corpus failed: {last.removeprefix('error: ')[:300]}")
+        figures = json.loads(child.stdout)
+    return {**figures, "corpus_mb": size_mb, "mb_per_s": size_mb / figures["seconds"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     parser.add_argument("--mb", type=int, default=200, help="size of the generated corpus in MB")
@@ -52,18 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--mb {args.mb}: must be at least 1")
     if args.json:
         check_output_file(args.json, "--json")
-    with tempfile.TemporaryDirectory() as tmp:
-        corpus = Path(tmp) / "corpus.txt"
-        make_corpus(corpus, args.mb)
-        size_mb = corpus.stat().st_size / 1e6
-        code = CHILD.format(root=str(ROOT), corpus=str(corpus), cache=str(Path(tmp) / "cache"))
-        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        if child.returncode != 0:  # its own last line says why (a full disk for the cache, say)
-            last = (child.stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
-            raise UserError(f"preparing the {size_mb:.0f} MB corpus failed: {last.removeprefix('error: ')[:300]}")
-        figures = json.loads(child.stdout)
-    figures["corpus_mb"] = size_mb
-    figures["mb_per_s"] = size_mb / figures["seconds"]
+    figures = measure(args.mb)
+    size_mb = figures["corpus_mb"]
     print(f"corpus {size_mb:.0f} MB, {figures['n_chars']:,} characters, vocabulary {figures['vocab_size']}")
     print(f"prepare {figures['seconds']:.2f} s = {figures['mb_per_s']:.1f} MB/s; "
           f"peak RSS {figures['peak_rss_mb']:.0f} MB "

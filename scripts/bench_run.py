@@ -1,15 +1,7 @@
 """python scripts/bench_run.py [train.py options] [--compare FIELD=A,B] [--seeds 1,2,3] [--nanogpt DIR] [--repeat N]
-[--busy N]:
-whole training commands, timed as a user lives them: `python train.py ...` from the command to the prompt (start-up,
-data, compilation, evaluations and the final validation included), with the loss of the model each run hands over and
-where its time went. The question it answers: which recipe reaches a given loss soonest, whole command. Variants run
-in turn, each in its own folder under --out_dir; --cold_compile_cache gives every run an empty compiler cache (what a
-first run pays). --seeds runs every variant once per seed and reports the mean and spread of the losses; --nanogpt
-times nanoGPT's own CPU recipe (its README's laptop command) on the same text once per seed in between, and gives each
-variant's time as a multiple of it. --busy N runs N CPU-bound processes beside every run of the sitting (a machine
-whose user has other work going), e.g. --busy 1 --compare num_threads=0,1,2: the measured thread count against each
-fixed one. Each run's thread count and its estimate of its own time, said before its first step, are printed beside
-its whole time."""
+[--busy N]: whole training commands timed from the command to the prompt, with the loss of the model each run hands
+over and where its time went. Variants run in turn, each in its own folder; --nanogpt times nanoGPT's CPU recipe on the
+same text between them; --busy N runs N CPU-bound processes beside every run."""
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +25,7 @@ from errors import (ArgumentParser, Interrupted, UserError, check_output_file,  
 from train_command import run_train  # noqa: E402
 from common.run_folder import SUMMARY, RunDir, read_summary, write_text_atomic  # noqa: E402
 
-# nanoGPT's README, "I only have a laptop": its Shakespeare config shrunk for a CPU (4x4x128, block 64, batch 12,
-# 2,000 steps, float32, no compilation), run in a copy of its checkout.
+# nanoGPT's README, "I only have a laptop": its Shakespeare config shrunk for a CPU
 NANOGPT_CPU_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
                       "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
                       "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
@@ -44,11 +35,13 @@ def variant_name(variant: dict[str, str]) -> str:
     return ",".join(f"{field}={value}" for field, value in variant.items()) or "as given"
 
 
-def open_log(log: Path):
-    """The log file, written afresh; O_NOFOLLOW: a link planted under its name is refused (ELOOP), never written
-    through."""
+def logged_run(log: Path, argv: list[str], **how) -> tuple[int, float]:
+    """run_train(argv, **how), its output in log (a link under that name is refused): (exit code, seconds)."""
+    started = time.perf_counter()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    return open(fd, "w", encoding="utf-8")
+    with open(fd, "w", encoding="utf-8") as out:
+        code = run_train(argv, output=out, **how)
+    return code, time.perf_counter() - started
 
 
 def last_line(log: Path) -> str:
@@ -56,33 +49,28 @@ def last_line(log: Path) -> str:
 
 
 def stopped(exit_code: int) -> bool:
-    """A nanoGPT step that Ctrl-C, SIGTERM or a closed terminal ended (it dies by the signal, -N; the prepare step's
-    Python exits 130 on Ctrl-C): the user stopped the benchmark."""
+    """Whether a signal (Ctrl-C, SIGTERM, SIGHUP) ended a nanoGPT step: the user stopped the benchmark."""
     return exit_code in (130, -signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP)
 
 
 def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
-    """One `python train.py argv --out_dir folder --overwrite`, timed from outside; its summary.json figures. Its output
-    goes to folder.log."""
+    """One `python train.py argv --out_dir folder --overwrite`, timed whole: its summary's figures. Output: folder.log."""
     env = dict(os.environ)
-    if cold_cache:  # an empty compiler cache for this run alone: inductor's, and triton's kernels inside it
+    if cold_cache:  # an empty compiler cache for this run alone
         cache = folder.with_name(folder.name + ".compile_cache")
-        shutil.rmtree(cache, ignore_errors=True)  # left by an earlier bench_run in the same --out_dir
+        shutil.rmtree(cache, ignore_errors=True)
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
-        env["TRITON_CACHE_DIR"] = str(cache / "triton")  # where inductor puts it, unless the user's setting says
+        env["TRITON_CACHE_DIR"] = str(cache / "triton")
     log = folder.with_name(folder.name + ".log")
-    started = time.perf_counter()
-    with open_log(log) as out:
-        code = run_train([*argv, "--out_dir", str(folder), "--overwrite"], output=out, env=env)
-    whole = time.perf_counter() - started
-    if code == 130:  # the run was stopped (and saved what it had): so is the benchmark
+    code, whole = logged_run(log, [*argv, "--out_dir", str(folder), "--overwrite"], env=env)
+    if code == 130:
         raise Interrupted(f"stopped; the run in {folder} saved its last step (its output: {log})")
     if code != 0:
         raise UserError(f"{shlex.join(['python', 'train.py', *argv])}: {last_line(log).removeprefix('error: ')[:300]} "
                         f"(exit code {code}; its output: {log})")
     summary = read_summary(folder)
     if summary is None:
-        raise UserError(f"{folder / SUMMARY} cannot be read after the run; its output: {log}")
+        raise UserError(f"{folder / SUMMARY} cannot be read after the run. See its output: {log}")
     seconds = summary.get("seconds", {})
     return {"whole_seconds": whole, "train_seconds": summary["train_seconds"],
             "first_step_seconds": summary.get("first_step_seconds"), "full_val_loss": summary.get("full_val_loss"),
@@ -92,8 +80,7 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
 
 
 def threads_and_estimate(r: dict, before: str) -> str:
-    """'2 threads, expected 15-18 s' after `before` for a run on a CPU (its thread count and its own estimate of its
-    whole time, said before its first step); "" elsewhere."""
+    """'2 threads, expected 15-18 s' after `before` for a run on a CPU; "" elsewhere."""
     parts = [f"{r['threads']} thread{'s' if r['threads'] != 1 else ''}"] if r.get("threads") else []
     if r.get("expected_seconds"):
         low, high = (f"{seconds:.0f}" for seconds in r["expected_seconds"])
@@ -103,9 +90,7 @@ def threads_and_estimate(r: dict, before: str) -> str:
 
 @contextlib.contextmanager
 def cpu_bound(count: int):
-    """count processes that keep a core busy each (a loop in Python) while the block runs, each already looping
-    when it begins (it says so first); ended after it, even on Ctrl-C (which, in sessions of their own, they never
-    see themselves)."""
+    """count processes that each keep a core busy while the block runs; ended after it, even on Ctrl-C."""
     hogs = [subprocess.Popen([sys.executable, "-c", "print(flush=True)\nwhile True: pass"], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, start_new_session=True) for _ in range(count)]
     try:
@@ -121,24 +106,21 @@ def cpu_bound(count: int):
 
 # ---- nanoGPT's CPU recipe, the yardstick ----------------------------------------------------------------------------
 def corpus_file(rest: list[str]) -> Path:
-    """The text file the train.py options name (--data FILE or --data=FILE): nanoGPT trains on the same one."""
+    """The text file --data names: nanoGPT trains on the same one."""
     named = [rest[i + 1] for i, word in enumerate(rest[:-1]) if word == "--data"]
     named += [word.split("=", 1)[1] for word in rest if word.startswith("--data=")]
     if not named or not Path(named[-1]).is_file():
-        raise UserError("--nanogpt trains nanoGPT on the same text: name it as a file with --data FILE "
-                        "(e.g. --data tinyshakespeare.txt)")
+        raise UserError("--nanogpt trains nanoGPT on the same text, which is no file here. Name it with --data FILE")
     return Path(named[-1])
 
 
 def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
-    """A copy of the checkout's code (its Python files, configs and the Shakespeare prepare.py: nothing in the user's
-    checkout is written) with corpus as its input.txt, prepared by its own prepare.py (offline: input.txt is there, so
-    it downloads nothing). The copy's folder."""
+    """A copy of the checkout's code with corpus as its input.txt, prepared by its own prepare.py: the copy's folder.
+    Nothing in the user's checkout is written."""
     if not (checkout / "train.py").is_file() or not (checkout / "data" / "shakespeare_char" / "prepare.py").is_file():
-        raise UserError(f"--nanogpt {checkout}: not a checkout of karpathy/nanoGPT (no train.py and "
-                        f"data/shakespeare_char/prepare.py); clone it and name its folder")
+        raise UserError(f"--nanogpt {checkout}: not a checkout of karpathy/nanoGPT. Clone it and name its folder")
     code = work / "nanogpt-code"
-    shutil.rmtree(code, ignore_errors=True)  # an earlier bench_run's copy (RunDir.claim refused a link planted here)
+    shutil.rmtree(code, ignore_errors=True)  # an earlier bench_run's copy
     data = code / "data" / "shakespeare_char"
     data.mkdir(parents=True)
     for source in checkout.glob("*.py"):
@@ -152,8 +134,7 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
                 "if importlib.util.find_spec('requests') is None:\n"
                 "    sys.modules['requests'] = types.ModuleType('requests')\n"
                 "runpy.run_path('prepare.py', run_name='__main__')")
-    with open_log(log) as out:
-        exit_code = run_train([], output=out, program=["-c", stand_in], cwd=data)
+    exit_code, _ = logged_run(log, [], program=["-c", stand_in], cwd=data)
     if stopped(exit_code):
         raise Interrupted(f"stopped during nanoGPT's prepare.py (its output: {log})")
     if exit_code != 0:
@@ -162,20 +143,16 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
 
 
 def run_nanogpt(code: Path, folder: Path, dtype: str) -> dict:
-    """nanoGPT's CPU recipe, `python train.py ...` in the copy, timed whole; its checkpoint (the best evaluation's
-    model) scored as our full validation is (scripts/score_nanogpt.py), in dtype, our runs' precision, so that the
-    figures compared are measured alike. Its output goes to folder.log."""
+    """nanoGPT's CPU recipe in the copy, timed whole; its checkpoint scored as our full validation is, in dtype (our
+    runs')."""
     import numpy as np
     from score_nanogpt import full_validation, load_nanogpt
     from common.machine import setup
 
     log = folder.with_name(folder.name + ".log")
-    shutil.rmtree(folder, ignore_errors=True)  # an earlier bench_run's (RunDir.claim refused a link planted here)
-    started = time.perf_counter()
-    with open_log(log) as out:
-        exit_code = run_train([*NANOGPT_CPU_RECIPE, f"--out_dir={folder}"], output=out,
-                              program=[str(code / "train.py")], cwd=code)
-    whole = time.perf_counter() - started
+    shutil.rmtree(folder, ignore_errors=True)
+    exit_code, whole = logged_run(log, [*NANOGPT_CPU_RECIPE, f"--out_dir={folder}"], program=[str(code / "train.py")],
+                                  cwd=code)
     if stopped(exit_code):
         raise Interrupted(f"stopped during nanoGPT's train.py (exit code {exit_code}; its output: {log})")
     if exit_code != 0:
@@ -189,12 +166,11 @@ def run_nanogpt(code: Path, folder: Path, dtype: str) -> dict:
 
 def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], out: Path, repeat: int,
             cold_cache: bool, nanogpt: Path | None) -> tuple[dict, list[dict]]:
-    """Every variant once per seed and round, in turn, nanoGPT's recipe first in each seed's turn:
-    ({variant name: its runs' figures}, nanoGPT's runs)."""
+    """Every variant once per seed and round, nanoGPT's recipe first: ({variant: its runs}, nanoGPT's runs)."""
     runs, yardstick = {variant_name(v): [] for v in variants}, []
     import torch
     from configs import load_config
-    dtype = load_config(rest, torch.cuda.is_available())[0].dtype  # our runs': nanoGPT's model is scored alike
+    dtype = load_config(rest, torch.cuda.is_available())[0].dtype
     for round_ in range(1, repeat + 1):
         for seed in seeds or [None]:
             where = f"-s{seed}-r{round_}" if seed is not None else f"-r{round_}"
@@ -221,13 +197,12 @@ def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], o
 
 
 def losses_of(done: list[dict]) -> list[float]:
-    """The full validations the runs reported (a run that ended without one has None)."""
+    """The runs' full validation losses, where they have one."""
     return [r["full_val_loss"] for r in done if r["full_val_loss"] is not None]
 
 
 def median_row(name: str, done: list[dict]) -> dict:
-    """A variant's runs (rounds and seeds) as one row of medians, its loss too, so the row never pairs one run's time
-    with another's loss."""
+    """A variant's runs as one row of medians."""
     losses = losses_of(done)
     return {"variant": name, "whole_seconds": statistics.median(r["whole_seconds"] for r in done),
             "train_seconds": statistics.median(r["train_seconds"] for r in done),
@@ -235,8 +210,7 @@ def median_row(name: str, done: list[dict]) -> dict:
 
 
 def spread_row(name: str, done: list[dict], yardstick: float | None) -> dict:
-    """A variant's runs over the seeds: each loss and whole time, their means, the losses' spread (largest minus
-    smallest) and the mean time as a multiple of nanoGPT's."""
+    """A variant's runs over the seeds: losses and times, their means and spread, the time against nanoGPT's."""
     losses = losses_of(done)
     wholes = [r["whole_seconds"] for r in done]
     row = {"variant": name, "losses": losses, "whole": wholes, "mean_whole_seconds": statistics.fmean(wholes),
@@ -263,43 +237,37 @@ def print_seed_table(rows: list[dict], yardstick: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # allow_abbrev off: the train.py options pass through, and --seed (theirs) must not be read as --seeds (ours)
+    # allow_abbrev off: train.py's --seed must not be read as --seeds
     parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip(), allow_abbrev=False)
-    parser.add_argument("--out_dir", default="out/bench_run", help="one run folder (and .log) per variant and repeat")
+    parser.add_argument("--out_dir", default="out/bench_run", help="a run folder (and .log) per variant and round")
     parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
-                        help="run under each value of a train.py field (repeat for more fields: every combination)")
-    parser.add_argument("--seeds", default="", metavar="1,2,3",
-                        help="run every variant once per seed; report the mean and spread of the full validation")
+                        help="run under each value of a train.py field (repeat for more fields)")
+    parser.add_argument("--seeds", default="", metavar="1,2,3", help="run every variant once per seed")
     parser.add_argument("--nanogpt", type=Path, default=None, metavar="DIR",
-                        help="a checkout of karpathy/nanoGPT: time its CPU recipe on the same --data FILE once per "
-                             "seed and round, in between, and give each variant's time as a multiple of it")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds: every variant once per round, in turn")
-    parser.add_argument("--cold_compile_cache", action="store_true",
-                        help="an empty torch.compile cache for every run (by default this machine's cache is used)")
-    parser.add_argument("--busy", type=int, default=0, metavar="N",
-                        help="N CPU-bound processes beside every run (a busy machine), started before the first run "
-                             "and ended after the last")
+                        help="a checkout of karpathy/nanoGPT: time its CPU recipe on the same --data FILE too")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds: every variant once per round")
+    parser.add_argument("--cold_compile_cache", action="store_true", help="an empty torch.compile cache for every run")
+    parser.add_argument("--busy", type=int, default=0, metavar="N", help="N CPU-bound processes beside every run")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     args, rest = parser.parse_known_args(argv)
     if args.repeat < 1:
         raise UserError("--repeat must be at least 1")
     if not 0 <= args.busy <= 64:
-        raise UserError(f"--busy {args.busy}: must be from 0 to 64 (CPU-bound processes beside the runs)")
+        raise UserError(f"--busy {args.busy}: must be from 0 to 64")
     if any(word in ("--out_dir", "--resume", "--overwrite") for word in rest):
-        raise UserError("bench_run.py chooses each run's folder (under its own --out_dir) and starts it afresh: "
-                        "leave --out_dir, --resume and --overwrite out of the train.py options")
+        raise UserError("bench_run.py chooses each run's folder. Leave --out_dir, --resume and --overwrite out")
     if args.seeds and ("--seed" in rest or any(word.startswith("--seed=") for word in rest)):
-        raise UserError("--seeds chooses each run's seed: leave --seed out of the train.py options")
+        raise UserError("--seeds chooses each run's seed. Leave --seed out")
     seeds = [seed.strip() for seed in args.seeds.split(",")] if args.seeds else []
     if not all(seed.isdigit() for seed in seeds):
-        raise UserError(f"--seeds {args.seeds}: expected whole numbers separated by commas, e.g. --seeds 1,2,3")
+        raise UserError(f"--seeds {args.seeds}: not whole numbers. Give e.g. --seeds 1,2,3")
     if args.json:
         check_output_file(args.json, "--json")
     corpus = corpus_file(rest) if args.nanogpt is not None else None
     variants = parse_compare(args.compare) if args.compare else [{}]
-    # absolute: nanoGPT's train.py runs in its copy's folder, and a relative folder would be read from there
+    # absolute: nanoGPT's train.py runs in its copy's folder
     out = Path(args.out_dir).absolute()
-    owner = RunDir(out).claim(say=lambda message: None)  # one bench_run per folder: the runs' logs lie side by side
+    owner = RunDir(out).claim(say=lambda message: None)  # one bench_run per folder
     try:
         nanogpt = prepare_nanogpt(args.nanogpt.resolve(), corpus, out) if args.nanogpt is not None else None
         with cpu_bound(args.busy):

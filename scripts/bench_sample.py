@@ -1,6 +1,5 @@
-"""python scripts/bench_sample.py: characters/s of generation (6x6x384, block 256): one stream and a batch, with and
-without the KV cache, eager and with a compiled decoding step, in one or more weight dtypes, timed in turn, round after
-round, in one process."""
+"""python scripts/bench_sample.py: characters/s of generation: one stream and a batch, with and without the KV cache,
+eager and compiled, in one or more dtypes, timed in turn."""
 from __future__ import annotations
 
 import copy
@@ -31,8 +30,7 @@ class Variant(NamedTuple):
 
 
 def variants_of(batch: int, compile: bool, dtypes: list[torch.dtype]) -> list[Variant]:
-    """Each measurement; the whole-window recompute only for one stream in the first dtype (it is slow). With more
-    than one dtype, every name ends in its dtype (cached_bfloat16)."""
+    """Each measurement; the slow uncached one only for one stream in the first dtype."""
     out = []
     for dtype in dtypes:
         tag = "" if len(dtypes) == 1 else "_" + dtype_name(dtype)
@@ -47,7 +45,7 @@ def variants_of(batch: int, compile: bool, dtypes: list[torch.dtype]) -> list[Va
 
 
 def own_caches(model: GPT) -> GPT:
-    """A shallow copy of the model: the same parameters and modules, its own decoding caches (none yet)."""
+    """The model with decoding caches of its own."""
     view = copy.copy(model)
     view.decode_caches = None
     return view
@@ -59,28 +57,24 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def bench_sampling(model: GPT, device_type: str, dtypes: list[torch.dtype], new_tokens: int, batch: int = 8,
                    compile: bool = False, rounds: int = 1, say=lambda message: None) -> dict:
-    """sample_chars_per_sec_<variant> (characters of all rows per second, the median of the rounds), the cache's
-    speed-up for one stream, and whether every variant of a dtype drew the same tokens (greedy) for the first row.
-    Each dtype samples as scripts/sample.py does: a copy of the model with its weights cast to it, no autocast."""
+    """sample_chars_per_sec_<variant> (the median of the rounds), the cache's speed-up, and whether every variant of
+    a dtype drew the same greedy tokens. Weights are cast to each dtype, as sample.py does."""
     model.eval()
-    models = {dtype: model if dtype == model.wte.weight.dtype else  # a copy only where the weights are cast
-              copy.deepcopy(model).to(dtype) for dtype in dtypes}
-    # generate() keeps one shape of caches per model, and the variants alternate 1 row and `batch`: each shape gets a
-    # view of its own (the same weights), so its caches are allocated once and a compiled step's CUDA graph, which
-    # reads them at fixed addresses, is recorded once, in the warm-up, not again in every timed run.
+    models = {dtype: model if dtype == model.wte.weight.dtype else copy.deepcopy(model).to(dtype) for dtype in dtypes}
+    # a view per shape, so that its caches (and a CUDA graph reading them) are made once, in the warm-up
     views = {(dtype, rows): own_caches(models[dtype]) for dtype in dtypes for rows in (1, batch)}
     steps = {(dtype, False): one_token_step for dtype in dtypes}
     if compile:
         steps.update({(dtype, True): compiled_step(device_type) for dtype in dtypes})
     variants = variants_of(batch, compile, dtypes)
     seconds = {v.name: [] for v in variants}
-    texts = {dtype: set() for dtype in dtypes}  # the greedy texts each dtype's variants drew (one, if they agree)
+    texts = {dtype: set() for dtype in dtypes}  # the greedy texts each dtype's variants drew
 
     def run(v: Variant, n: int) -> list[int]:
         return generate(views[v.dtype, v.rows], [[0]] * v.rows, n, temperature=0, use_cache=v.cached,
                         step=steps[v.dtype, v.compiled])[0]
 
-    for v in variants:  # warm-up: compilation, allocator, kernels' plans
+    for v in variants:  # warm-up
         start = time.perf_counter()
         run(v, 8)
         sync(model.wte.weight.device)
@@ -116,12 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="rows of the batched measurement")
     parser.add_argument("--rounds", type=int, default=3, help="times each variant is timed, in turn")
     parser.add_argument("--compile", action=BooleanFlag, default=None,
-                        help="also time a compiled decoding step (default: on CUDA only; on a CPU compiling takes "
-                             "about half a minute)")
+                        help="also time a compiled decoding step (default: on CUDA only)")
     parser.add_argument("--device", default="auto", help="auto (a GPU where there is one), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", default="float32",
-                        help="the weights' dtype, as sample.py --dtype: float32 | bfloat16 | float16 | auto, or "
-                             "several to compare in turn, e.g. float32,bfloat16")
+                        help="the weights' dtype, as sample.py's, or several, e.g. float32,bfloat16")
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
     if min(args.new_tokens, args.batch, args.rounds) < 1:
@@ -130,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = ModelConfig(vocab_size=65, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                           n_embd=args.n_embd)
-    except ValueError as err:  # a shape the model refuses (n_embd not divisible by n_head, ...)
+    except ValueError as err:
         raise UserError(str(err)) from None
-    device = setup(args.device, "float32", sampling=True).device  # as sample.py sets it up (TF32 on CUDA, memory kept)
-    model = GPT(cfg).to(device)  # random weights: speed does not depend on what the model learned
+    device = setup(args.device, "float32", sampling=True).device  # as sample.py sets it up
+    model = GPT(cfg).to(device)  # random weights: the speed is the same
     params = model.num_params(non_embedding=False)
     dtypes = list(dict.fromkeys(pick_dtype(spec, device, sampling=True, params=params)
                                 for spec in args.dtype.split(",")))

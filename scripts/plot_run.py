@@ -11,20 +11,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from errors import (ArgumentParser, UserError, check_output_file,  # noqa: E402
                     quiet_while_loading, run_cli)
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+loaded = quiet_while_loading(__name__)
 
 from common.pictures import picture_formats, save_figure  # noqa: E402
 from common.run_folder import CHECKPOINTS  # noqa: E402
 loaded()
 
 
-RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "optim/lr"}  # the tags of older runs
+RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "optim/lr"}  # older runs' tags
 
 
 def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series of a run, as (step, value) pairs in step order, one per step (the last written). A resumed
-    run's sessions each leave an event file, and the reader takes them in name order, which is not always the
-    order they were written in (two sessions of one process within a second are numbered 9, 10: "10" sorts first)."""
+    """Every scalar series of a run, as (step, value) pairs in step order, the last written for a step (by time: a
+    resumed run's event files are not always in name order)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not out_dir.is_dir():
@@ -32,17 +31,15 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
         raise UserError(f"--out_dir {out_dir}: {what}; pass the --out_dir of a training run")
     if not any(out_dir.glob("events.out.tfevents.*")):
         raise UserError(f"{out_dir} holds no TensorBoard events; pass the --out_dir of a training run")
-    for path in out_dir.glob("events.out.tfevents.*"):  # (the reader would fail on it with its name as bytes)
+    for path in out_dir.glob("events.out.tfevents.*"):
         if path.is_symlink() or not path.is_file():
-            raise UserError(f"{path} is not a plain file, as a run's event files are; move it out of {out_dir}, or "
-                            f"leave that run out")
-    events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # 0: keep every point
+            raise UserError(f"{path} is not a plain file. Move it out of {out_dir}, or leave that run out")
+    events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # every point
     events.Reload()
     try:
-        events.FirstEventTimestamp()  # every event file a writer opens begins with an event (a run killed at once too)
+        events.FirstEventTimestamp()  # every event file begins with one
     except ValueError:
-        raise UserError(f"{out_dir}: its TensorBoard event files hold nothing that can be read (damaged, or not "
-                        f"written by a run); nothing to plot") from None
+        raise UserError(f"{out_dir}: its TensorBoard event files hold nothing readable; nothing to plot") from None
     scalars = {}
     for tag in events.Tags()["scalars"]:
         latest = {}
@@ -50,7 +47,7 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
             latest[e.step] = e.value
         scalars[RENAMED.get(tag, tag)] = sorted(latest.items())
     if not any(scalars.get(tag) for tag in ("loss/train", "loss/val")):
-        if any((out_dir / name).exists() for name in CHECKPOINTS):  # a run that has evaluated has logged its losses
+        if any((out_dir / name).exists() for name in CHECKPOINTS):  # it has evaluated, so it logged losses
             raise UserError(f"{out_dir}: its TensorBoard event files hold no losses that can be read, though the run "
                             f"saved a checkpoint: they are damaged; nothing to plot")
         raise UserError(f"{out_dir} holds no losses yet (the run stopped before its first log); nothing to plot")
@@ -58,14 +55,13 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def run_folders(paths: list[str]) -> list[Path]:
-    """The run folders to plot: each folder given, or, for a folder of runs (out/, a ladder's folder), the runs in
-    it."""
+    """The run folders to plot: each folder given, or the runs in a folder of runs."""
     folders = []
     for out_dir in map(Path, paths):
         runs = [] if any(out_dir.glob("events.out.tfevents.*")) else sorted(
             d for d in out_dir.glob("*/") if any(d.glob("events.out.tfevents.*")))
         folders += runs or [out_dir]  # a folder with neither is named by read_scalars
-    return list(dict.fromkeys(folders))  # each run once, where it is named again (or its folder of runs is)
+    return list(dict.fromkeys(folders))  # each run once
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,9 +82,8 @@ LEGEND_COLUMNS = 4  # runs side by side in the legend under a picture of several
 
 
 def draw(folders: list[Path]):
-    """The picture of the runs' losses against tokens seen (log-log) and their learning rates. One run's legend names
-    its train and val lines; several runs' legend, under the picture, names each run once (its colour), the title
-    saying which line is which."""
+    """The runs' losses against tokens seen (log-log) and their learning rates; several runs' legend under the
+    picture names each run once."""
     from matplotlib.ticker import ScalarFormatter
 
     from common.pictures import plt
@@ -101,7 +96,7 @@ def draw(folders: list[Path]):
         scalars = read_scalars(out_dir)
         seen = dict(scalars.get("perf/tokens_seen", []))
         per_step = next((tokens / step for step, tokens in seen.items() if step), None)
-        if per_step is None:  # a run without the tokens_seen scalar: plot against steps instead
+        if per_step is None:  # no tokens_seen scalar: against steps
             per_step, x_label = 1.0, "step"
         else:
             x_label = "tokens seen"
@@ -110,10 +105,10 @@ def draw(folders: list[Path]):
         labelled = False
         for tag, style, what in (("loss/train", "-", "train"), ("loss/val", "o--", "val")):
             points = scalars.get(tag, [])
-            points = [(s, v) for s, v in points if s > 0]  # step 0 has no place on a log axis
+            points = [(s, v) for s, v in points if s > 0]  # not step 0, on a log axis
             if points:
                 lowest = min(lowest, *(v for _, v in points))
-                style = "o" if len(points) == 1 else style  # a line of one point would not show
+                style = "o" if len(points) == 1 else style  # a line of one point does not show
                 label = f"{name} {what}" if not several else None if labelled else name
                 loss_ax.plot([s * per_step for s, _ in points], [v for _, v in points], style, color=color,
                              alpha=0.6 if what == "train" else 1.0, markersize=4, label=label)
@@ -121,7 +116,7 @@ def draw(folders: list[Path]):
         lr = scalars.get("optim/lr", [])
         lr_ax.plot([s for s, _ in lr], [v for _, v in lr], "o" if len(lr) == 1 else "-", color=color, label=name)
     loss_ax.set_xscale("log")
-    if lowest > 0:  # a loss of 0 (a text of one character: nothing to predict) has no place on a log axis
+    if lowest > 0:  # a loss of 0 has no place on a log axis
         loss_ax.set_yscale("log")
         loss_ax.yaxis.set_major_formatter(ScalarFormatter())
         loss_ax.yaxis.set_minor_formatter(ScalarFormatter())

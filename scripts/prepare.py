@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+loaded = quiet_while_loading(__name__)
 
 from data import default_cache_dir, prepare, resolve  # noqa: E402
 from errors import ArgumentParser, UserError, run_cli  # noqa: E402
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.val_fraction < 1:
         raise UserError(f"--val_fraction {args.val_fraction}: must be between 0 and 1, e.g. 0.1")
-    corpus = resolve(args.data, Path(args.cache_dir))  # offline, shakespeare is an error naming the cause
+    corpus = resolve(args.data, Path(args.cache_dir))
     prepared = prepare(corpus, Path(args.cache_dir), args.val_fraction, args.encoding, args.encoding_errors)
     meta = prepared.meta
     size_mb = sum(p.stat().st_size for p in corpus.files) / 1e6

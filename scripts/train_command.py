@@ -1,6 +1,5 @@
-"""`python train.py ...` run by another command (the ladder, bench_run.py) as a child process: a Ctrl-C reaches it
-from the terminal and it finishes its step and saves; a signal sent to the parent alone is passed on to it; the
-parent waits for it either way (instead of killing it in the middle of a checkpoint) and gets its exit code."""
+"""`python train.py ...` run by another command as a child: a signal sent to the parent is passed on, and the parent
+waits for it to save and end."""
 from __future__ import annotations
 
 import signal
@@ -14,9 +13,8 @@ TRAIN = Path(__file__).resolve().parents[1] / "train.py"
 
 def run_train(argv: list[str], output: TextIO | None = None, each_line: Callable[[str], None] | None = None,
               env: dict | None = None, program: list[str] | None = None, cwd: Path | None = None) -> int:
-    """Run `python train.py argv` (or `python *program argv`: another script, or -c CODE) and wait for it. Its output:
-    into output (stdout and stderr), or its stdout line by line to each_line (stderr, with the progress bar and
-    errors, to the terminal), or all to the terminal."""
+    """Run `python train.py argv` (or `python *program argv`) and wait for it. Its output goes to output, or its
+    stdout line by line to each_line, or to the terminal."""
     if output is not None:
         streams = {"stdout": output, "stderr": subprocess.STDOUT}
     else:

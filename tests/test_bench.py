@@ -113,7 +113,8 @@ def test_bench_run_times_the_whole_command_and_reports_the_runs_own_figures(tmp_
     assert f"; 1 thread, expected {run['expected_seconds'][0]:.0f}" in done.stdout
 
     refused = script("bench_run.py", "--config", "debug", "--out_dir", str(tmp_path / "x"), "--resume")
-    assert refused.returncode == 2 and "leave --out_dir, --resume and --overwrite out" in refused.stderr
+    assert refused.returncode == 2 and refused.stderr == ("error: bench_run.py chooses each run's folder. Leave --out_dir, "
+                                                          "--resume and --overwrite out\n")
     failed = script("bench_run.py", "--config", "debug", "--data", str(tmp_path / "missing.txt"), "--out_dir", str(out))
     said = failed.stderr.strip().splitlines()[-1]  # after the progress line, one line: the run's own error, its log
     assert failed.returncode == 2 and said.startswith("error: python train.py --config debug --data"), failed.stderr
@@ -216,12 +217,14 @@ def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_
     import bench  # --compare config=A,B: two presets, a name and a file, each a variant of its own
     assert bench.parse_compare(["config=debug,my.toml"]) == [{"config": "debug"}, {"config": "my.toml"}]
     seeded = script("bench_run.py", "--config", "debug", "--seed", "2", "--seeds", "1,2", "--out_dir", str(out))
-    assert seeded.returncode == 2 and "leave --seed out" in seeded.stderr
+    assert seeded.returncode == 2 and seeded.stderr == "error: --seeds chooses each run's seed. Leave --seed out\n"
     nameless = script("bench_run.py", "--config", "debug", "--nanogpt", str(checkout), "--out_dir", str(out))
-    assert nameless.returncode == 2 and "name it as a file with --data FILE" in nameless.stderr
+    assert nameless.returncode == 2 and nameless.stderr == ("error: --nanogpt trains nanoGPT on the same text, which is "
+                                                            "no file here. Name it with --data FILE\n")
     elsewhere = script("bench_run.py", "--config", "debug", "--data", str(corpus), "--nanogpt", str(tmp_path),
                        "--out_dir", str(out))
-    assert elsewhere.returncode == 2 and "not a checkout of karpathy/nanoGPT" in elsewhere.stderr
+    assert elsewhere.returncode == 2 and elsewhere.stderr == (f"error: --nanogpt {tmp_path}: not a checkout of "
+                                                              f"karpathy/nanoGPT. Clone it and name its folder\n")
 
     # a link planted where the runs go is refused, never written through; a nanoGPT stopped by SIGTERM stops the bench
     target = tmp_path / "target"

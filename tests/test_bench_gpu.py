@@ -134,7 +134,7 @@ def test_the_nanogpt_part_works_on_a_copy_of_the_checkout_and_changes_nothing_in
                                   NANOGPT=str(checkout)), timeout=patient(120))
     assert files() == before
     ran = [line for line in out.splitlines() if line.startswith("stand-in train.py in ")]
-    assert len(ran) == 1 and str(checkout) not in ran[0] and "nanogpt-checkout" in ran[0], out
+    assert len(ran) == 1 and str(checkout) not in ran[0] and "nanogpt-code" in ran[0], out
     assert list((tmp_path / "tmp").iterdir()) == []
 
 

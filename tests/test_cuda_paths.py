@@ -46,7 +46,7 @@ def test_a_gpu_index_past_the_machines_count_is_one_line_and_exit_2(a_gpu_that_e
     assert machine.pick_device("cuda:1") == torch.device("cuda", 1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     with pytest.raises(UserError, match=r"^torchrun started 3 processes on this machine, which has 2 GPUs \(cuda:0 "
-                                        r"to cuda:1\); give --nproc_per_node at most 2$"):
+                                        r"to cuda:1\)\. Give --nproc_per_node at most 2$"):
         device.init(device.Dist(rank=2, local_rank=2, world_size=3), "cuda")
     assert a_gpu_that_emulates_bfloat16 == []
 

@@ -405,12 +405,11 @@ def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
     (tmp_path / "garbled").mkdir()  # event files of random bytes: not called a run that stopped before its first log
     (tmp_path / "garbled" / "events.out.tfevents.1.host").write_bytes(np.random.default_rng(0).bytes(5000))
     one_line_error(capsys, plot_run.main, "--out_dir", str(tmp_path / "garbled"), "--png", str(tmp_path / "c.png"),
-                   words="its TensorBoard event files hold nothing that can be read")
+                   words=f"{tmp_path / 'garbled'}: its TensorBoard event files hold nothing readable; nothing to plot")
     odd = tmp_path / "no_scalars" / "events.out.tfevents.2.host"
     odd.mkdir()  # a folder under an event file's name
     one_line_error(capsys, plot_run.main, "--out_dir", str(tmp_path / "no_scalars"), "--png", str(tmp_path / "c.png"),
-                   words=f"{odd} is not a plain file, as a run's event files are; move it out of "
-                         f"{tmp_path / 'no_scalars'}, or leave that run out")
+                   words=f"{odd} is not a plain file. Move it out of {tmp_path / 'no_scalars'}, or leave that run out")
     killed = tmp_path / "killed"  # a run killed at once: its writer's queue never written, but the file's first event
     subprocess.run([sys.executable, "-c", "import os, sys; from torch.utils.tensorboard import SummaryWriter; "
                     "w = SummaryWriter(sys.argv[1]); w.add_text('config', 'x', 0); w.add_scalar('loss/train', 1.0, 1); "

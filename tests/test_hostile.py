@@ -506,7 +506,7 @@ def test_a_torchrun_worker_killed_leaves_one_line_from_the_other(corpus, tmp_pat
     assert "[rank0]: Traceback" not in stderr, stderr[-3000:]
     line = next((line for line in stderr.splitlines() if line.startswith("error: ")), stderr[-3000:])
     assert line.startswith("error: another process of this run ended unexpectedly (") and "peer" in line, line
-    assert line.endswith("(step 0), is intact; run the same torchrun command with --resume"), line
+    assert line.endswith("(step 0), is intact. Run the same torchrun command with --resume"), line
 
 
 def test_attention_of_a_model_whose_numbers_overflow_is_one_line_not_a_blank_picture(finished, tmp_path, script):

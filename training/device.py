@@ -1,6 +1,5 @@
-"""The training run on its device: torch.compile with its fallback, the random streams a step draws from, performance
-figures (FLOPs, peak rate, MFU), the watch on steps that slow down, and data-parallel training under torchrun. The
-machine itself (device, precision, threads, memory) is common/machine.py."""
+"""The training run on its device: torch.compile with its fallback, the random streams, FLOPs and peak rate, the
+watch on steps that slow down, and data-parallel training under torchrun."""
 from __future__ import annotations
 
 import contextlib
@@ -23,22 +22,20 @@ from model.gpt import GPT
 
 
 SLOWDOWN = 3.0  # steps this many times as long as those timed before the first step: the machine got busier
-SLOW_FOR = 20.0  # seconds of such steps in one log interval: said at once, without waiting for the next line
+SLOW_FOR = 20.0  # seconds of such steps in one log interval: said at once
 
 
 class SlowdownWatch:
-    """Steps over `limit` (SLOWDOWN times those timed before the first step) at two log lines in a row, or through a
-    log interval of SLOW_FOR seconds, mean other work shares the CPU: said once, advising fewer threads by a resume
-    (`advice` keeps the flag for the stopped line), as a run changing its own count would change its last digits."""
+    """Slow steps at two log lines in a row, or for SLOW_FOR seconds, mean other work shares the CPU: said once,
+    advising fewer threads by a resume (a run changing its own count would change its last digits)."""
 
     def __init__(self, step_seconds: float, threads: int, resume: str):
         self.step_seconds, self.threads, self.resume = step_seconds, threads, resume
         self.limit = SLOWDOWN * step_seconds
-        self.last_slow, self.said, self.advice = None, False, ""  # the step of the last slow log line
+        self.last_slow, self.said, self.advice = None, False, ""
 
     def seen(self, previous: int, it: int, step_seconds: float) -> str | None:
-        """Called at step `it`'s log line only when its steps are slow (previous: the step of the line before): the
-        note, the first time two lines in a row were slow or one interval lasted SLOW_FOR seconds; None otherwise."""
+        """At a slow log line (previous: the step of the line before): the note, the first time; None otherwise."""
         in_a_row, self.last_slow = self.last_slow == previous, it
         if self.said or not (in_a_row or step_seconds * (it - previous) >= SLOW_FOR):
             return None
@@ -60,14 +57,13 @@ def compile_wanted(setting: str, device_type: str) -> bool:
 
 
 class BlocksCompiled:
-    """A view of a GPT sharing its parameters, buffers and submodules, but with torch.compile'd copies of its `blocks`:
-    they have the same code and shapes, so one graph compiles and every layer runs it ("regional compilation", faster
-    to compile than the whole model). The model is untouched (sampling, checkpoints); uncompile() unwraps the view."""
+    """A view of a GPT sharing everything but its blocks, which are compiled: one graph that every layer runs
+    ("regional compilation"). The model is untouched; uncompile() unwraps the view."""
 
     def __init__(self, model: GPT, mode: str | None):
         self.plain = model.blocks
-        self.view = copy.copy(model)  # a shallow copy: it shares every parameter, buffer and submodule ...
-        self.view._modules = dict(model._modules)  # ... except the list of blocks, replaced below
+        self.view = copy.copy(model)  # shares every parameter, buffer and submodule ...
+        self.view._modules = dict(model._modules)  # ... but the list of blocks
         self.view._modules["blocks"] = nn.ModuleList(torch.compile(block, mode=mode) for block in model.blocks)
 
     def uncompile(self) -> None:
@@ -79,19 +75,17 @@ COMPILE_FAILED = "warning: torch.compile failed ({}); continuing without it (--c
 
 
 class CompileFallback:
-    """Calls `compiled` until it fails with the compiler's error (compiling happens at first use); then warns once,
-    calls `uncompile` (what the caller undoes and records), and sends the failed call and all later ones to `module`,
-    as it does every other attribute."""
+    """Calls `compiled` until it fails with the compiler's error; then warns once, calls `uncompile`, and sends that
+    call and all later ones to `module`, as every other attribute."""
 
     def __init__(self, module, compiled: Callable, say=print, uncompile: Callable[[], None] = lambda: None):
         self.module, self.compiled, self.say, self.uncompile = module, compiled, say, uncompile
-        # AOTAutograd compiles the backward lazily, at the first .backward(), outside this call: the training step hands
-        # that one to first_compiled_backward(). An attribute, not a property: the step reads it every time.
+        # the backward compiles at the first .backward(), outside this call: first_compiled_backward() checks it
         self.backward_unchecked = True
 
     @staticmethod
     def compilers(err: Exception) -> bool:
-        """Whether err is the compiler's: not out of memory or a broken device, which uncompiled code would meet too."""
+        """Whether err is the compiler's: not out of memory or a broken device."""
         return not (is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS))
 
     def give_up(self, reason: str) -> None:
@@ -106,7 +100,7 @@ class CompileFallback:
                 return self.compiled(*args, **kwargs)
             except Exception as err:  # an inductor or driver problem must not end the run
                 if not self.compilers(err):
-                    raise  # (the one-line out-of-memory message)
+                    raise
                 self.give_up(in_one_line(err))
         return self.module(*args, **kwargs)
 
@@ -116,12 +110,9 @@ class CompileFallback:
 
 def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Dist",
                             forward_backward: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """forward_backward() (the step's micro-batches: returns their mean loss, gradients in .grad) through a compiled
-    model whose backward compiles at this first .backward(). If that fails, or the gradients are not finite (inductor's
-    bfloat16 code gives NaN on some Intel CPUs; float16's overflow by design while its scaler finds a scale, so are not
-    checked), compilation is turned off and the step reruns uncompiled, with the same batches and dropout. Under DDP
-    every rank falls back if any does, keeping collectives matched; the pass runs under no_sync, gradients averaged by
-    hand: DDP's hooks would start reducing a failed pass's gradients, and its next forward would refuse to start."""
+    """forward_backward() through a model whose backward compiles now. If that fails, or its gradients are not finite
+    (float16's may overflow by design), the step reruns uncompiled with the same batches and dropout. Under DDP every
+    rank falls back if any does, and the pass runs under no_sync with gradients averaged by hand."""
     batches_began, random_began = batches.state_dict(), random_states(rt.device)
     no_sync = model.no_sync if d.enabled else contextlib.nullcontext
     failure = None
@@ -129,8 +120,8 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
         with no_sync():
             loss = forward_backward()
         if rt.dtype != torch.float16 and not all_finite(p.grad for p in model.parameters()):
-            failure = ("its first step's gradients came out NaN or infinite, as torch 2.13's compiled bfloat16 code "
-                       "does on some Intel CPUs; that step is computed again uncompiled, so nothing is lost")
+            failure = ("its first step's gradients came out NaN or infinite; that step is computed again uncompiled, so "
+                       "nothing is lost")
     except StepAbandoned:
         raise
     except Exception as err:
@@ -138,10 +129,9 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
             raise
         failure = in_one_line(err)
     if failure is not None and d.world_size > 1:
-        failure = f"rank {d.rank}: {failure}"
-        # Out of the except block, the failed attempt's traceback and saved activations are freed before the retry.
+        failure = f"rank {d.rank}: {failure}"  # (out of the except block: the failed attempt is freed first)
     failure = d.first(failure)
-    model.backward_unchecked = False  # checked now: compiled from here on, or (a failure) uncompiled
+    model.backward_unchecked = False
     if failure is not None:
         batches.load_state_dict(batches_began)
         set_random_states(rt.device, random_began)
@@ -154,7 +144,7 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
 
 
 def all_finite(tensors) -> bool:
-    """Whether every element of every tensor (None skipped) is finite: one read of the device."""
+    """Whether every element of every tensor (None skipped) is finite: one read."""
     flags = [torch.isfinite(t).all() for t in tensors if t is not None]
     return bool(torch.stack(flags).all()) if flags else True
 
@@ -175,10 +165,8 @@ AUTOTUNE_TABLES = {"autotune_num_choices_displayed": ("TORCHINDUCTOR_AUTOTUNE_NU
 
 
 def quiet_autotuning() -> None:
-    """A max-autotune mode's compiling without torch's asides among the run's lines: inductor writes a table of kernel
-    timings for each matrix product it tunes (250 lines for a 2-layer model), kept where its environment variable asks
-    for it (AUTOTUNE_TABLES); and its autotuner calls torch's own deprecated TypedStorage (torch 2.11 and 2.13), whose
-    UserWarning is hidden where a module of torch's raises it, and only there."""
+    """max-autotune without inductor's tables of kernel timings (unless their environment variable asks) and without
+    the TypedStorage warning torch's own autotuner raises."""
     from torch._inductor import config
     for name, (variable, quiet) in AUTOTUNE_TABLES.items():
         if variable not in os.environ and hasattr(config, name):
@@ -189,36 +177,27 @@ def quiet_autotuning() -> None:
 def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], setting: str, device_type: str,
                          mode: str = "default", scope: str = "blocks", compile_eval: bool = True, say=print,
                          gave_up: Callable[[], None] = lambda: None):
-    """The models the training step and evaluations call; wrap adds what the step needs (DDP). Where compile_wanted,
-    scope "blocks" compiles each block (BlocksCompiled), "model" the whole model; mode is torch.compile's
-    (configs.choices.COMPILE_MODES, none replaying CUDA graphs); compile_eval false evaluates the plain model.
-    gave_up() is called once if compilation fails, at once or at first use (CompileFallback)."""
+    """The models the training step and evaluations call; wrap adds DDP. Where compile_wanted, scope "blocks" compiles
+    each block, "model" the whole model. gave_up() is called once if compilation fails."""
     if not compile_wanted(setting, device_type):
         step_model = wrap(model)
         return step_model, step_model
     mode_arg = None if mode == "default" else mode
     if mode.startswith("max-autotune"):
         quiet_autotuning()
-    # torch.compile may refuse at once (say, a Python dynamo does not support yet): only a warning. Only the compiling
-    # is inside the try, so that a failure of the DDP wrapping is never called a compile failure.
-    if scope == "model":  # the whole model is compiled with its DDP wrapper
-        step_model = wrap(model)
-        try:
-            whole = torch.compile(step_model, mode=mode_arg)
-        except RuntimeError as err:
-            say(COMPILE_FAILED.format(in_one_line(err)))
-            gave_up()
-            return step_model, step_model
-        compiled = CompileFallback(step_model, whole, say, gave_up)
+    # torch.compile may refuse at once: a warning. Only the compiling is inside the try.
+    whole = wrap(model) if scope == "model" else None  # the whole model is compiled with its DDP wrapper
+    try:
+        compiled = torch.compile(whole, mode=mode_arg) if whole is not None else BlocksCompiled(model, mode_arg)
+    except RuntimeError as err:
+        say(COMPILE_FAILED.format(in_one_line(err)))
+        gave_up()
+        step_model = whole if whole is not None else wrap(model)
+        return step_model, step_model
+    if whole is not None:
+        compiled = CompileFallback(whole, compiled, say, gave_up)
     else:
-        try:
-            blocks = BlocksCompiled(model, mode_arg)
-        except RuntimeError as err:
-            say(COMPILE_FAILED.format(in_one_line(err)))
-            gave_up()
-            step_model = wrap(model)
-            return step_model, step_model
-        step_model = wrap(blocks.view)
+        blocks, step_model = compiled, wrap(compiled.view)
 
         def uncompile() -> None:
             blocks.uncompile()
@@ -235,12 +214,10 @@ def flops_per_token(n_params: int, cfg: ModelConfig) -> float:
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]] = (),
                        seconds: float = 0.03, trials: int = 3) -> float:
-    """The best FLOP/s of matrix products in dtype on this device: a large square one and the model's (m, k, n) shapes,
-    each the best of `trials` short trials, lest a busy moment lower the ceiling (MFU over 100%); every run pays it.
-    The first product of a shape is a warm-up, never timed: on a GPU it carries the library's set-up, which can outlast
-    a trial many times over."""
+    """The best FLOP/s of matrix products in dtype: a large square one and the model's (m, k, n) shapes, each the best
+    of `trials` short trials after an untimed warm-up."""
     size = 8192 if device.type == "cuda" else 1024
-    gen = torch.Generator(device=device).manual_seed(0)  # leaves the global RNG (dropout, resume) untouched
+    gen = torch.Generator(device=device).manual_seed(0)  # the global RNG untouched
     best = 0.0
     for m, k, n in [(size, size, size), *shapes]:
         a = torch.randn(m, k, device=device, dtype=dtype, generator=gen)
@@ -250,7 +227,7 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tu
         start = time.perf_counter()
         a @ b
         sync(device)
-        if time.perf_counter() - start >= seconds:  # one product outlasts a trial (bfloat16 emulated on a CPU)
+        if time.perf_counter() - start >= seconds:  # one product outlasts a trial
             best = max(best, 2 * m * k * n / (time.perf_counter() - start))
             continue
         for _ in range(trials):
@@ -259,7 +236,7 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tu
             while True:
                 a @ b
                 reps += 1
-                if reps % 4 == 0 or device.type == "cpu":  # a GPU is read every few products, a CPU after each
+                if reps % 4 == 0 or device.type == "cpu":
                     sync(device)
                     elapsed = time.perf_counter() - start
                     if elapsed >= seconds:
@@ -278,8 +255,7 @@ class Dist:
 
     @property
     def enabled(self) -> bool:
-        """Whether the run is data-parallel (a process group, DDP, collectives): 2 or more processes, or one with --ddp
-        always. Where only the number of processes matters (RNG streams, plurals), use world_size."""
+        """Whether the run is data-parallel: 2 or more processes, or one with --ddp always."""
         return self.world_size > 1 or self.always
 
     @property
@@ -307,7 +283,7 @@ class Dist:
         return bool(self.sum(torch.tensor(float(flag), device=device)).item() > 0)
 
     def average(self, tensors: list[torch.Tensor]) -> None:
-        """Each tensor replaced in place by its average over the ranks, divided then summed as DDP does gradients."""
+        """Each tensor averaged in place over the ranks, as DDP averages gradients."""
         if self.enabled:
             for tensor in tensors:
                 tensor.div_(self.world_size)
@@ -327,8 +303,7 @@ class Dist:
 
     @contextlib.contextmanager
     def together(self):
-        """A stage that any rank may fail with a UserError: at its end every rank learns whether one did, so that
-        rank 0 prints that one line and the others leave quietly, instead of their peers' broken connections."""
+        """A stage any rank may fail with a UserError: then rank 0 says it and the others leave quietly."""
         error = None
         try:
             yield
@@ -345,41 +320,38 @@ RANK_ZERO_WAIT = 30.0  # seconds a rank waits for rank 0 to say a mistake and le
 
 
 def leave_to_rank_zero(d: Dist, err: UserError) -> None:
-    """A mistake on a rank other than 0: ranks usually meet the same one, so this one waits silently for torchrun to end
-    it once rank 0 has said it (had it left first, torchrun could stop rank 0 before it spoke: ranks can reach a
-    mistake seconds apart). If rank 0 has not left after RANK_ZERO_WAIT seconds, this rank says it."""
+    """A mistake on a rank other than 0: wait silently for torchrun to end this rank once rank 0 has said it; after
+    RANK_ZERO_WAIT seconds, say it here."""
 
     def ended(signum, frame):
-        raise QuietExit(str(err))  # torchrun ends this rank (SIGTERM), or a Ctrl-C: rank 0 has said it
+        raise QuietExit(str(err))  # rank 0 has said it
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, ended)
     time.sleep(RANK_ZERO_WAIT)
-    if isinstance(err, QuietExit):  # Dist.together() told every rank: rank 0 has it
+    if isinstance(err, QuietExit):
         raise err
     raise UserError(f"rank {d.rank}: {err}") from None
 
 
 def peer_lost(err: BaseException) -> bool:
-    """The error a collective raises when another process of the job has died (killed, out of memory): gloo says
-    'Connection closed by peer' (a plain RuntimeError), NCCL raises a DistBackendError."""
+    """Whether err is a collective's when another process of the job has died."""
     backend_error = getattr(dist, "DistBackendError", ())
     return isinstance(err, backend_error) or any(words in str(err) for words in ("closed by peer", "reset by peer"))
 
 
 def first_line(err: BaseException) -> str:
-    """The backend's message without its source path: '[.../gloo/transport/tcp/pair.cc:553] Connection closed ...'."""
+    """The backend's message without its source path."""
     text = (str(err).strip().splitlines() or [type(err).__name__])[0]
     return text.split("] ", 1)[-1].split(". ")[0][:160]
 
 
 def from_environment(ddp: str = "auto") -> Dist:
-    """Read torchrun's RANK / LOCAL_RANK / WORLD_SIZE; a plain `python train.py` is rank 0 of 1. ddp "always" (the
-    --ddp setting) makes one torchrun process data-parallel too."""
+    """torchrun's RANK, LOCAL_RANK and WORLD_SIZE; a plain `python train.py` is rank 0 of 1."""
     under_torchrun = "RANK" in os.environ
     if ddp == "always" and not under_torchrun:
-        raise UserError("--ddp always: needs torchrun, which starts the process group's processes; run torchrun "
-                        "--standalone --nproc_per_node 1 train.py ..., or leave --ddp out")
+        raise UserError("--ddp always: needs torchrun. Run torchrun --standalone --nproc_per_node 1 train.py ..., or "
+                        "leave --ddp out")
     if not under_torchrun or (int(os.environ.get("WORLD_SIZE", "1")) == 1 and ddp != "always"):
         return Dist()
     return Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]),
@@ -390,13 +362,13 @@ def init(d: Dist, device_type: str) -> None:
     """Join the process group: NCCL between GPUs, Gloo on CPUs."""
     if d.enabled and not dist.is_initialized():
         if device_type == "cuda":
-            processes = int(os.environ.get("LOCAL_WORLD_SIZE", d.local_rank + 1))  # on this machine (every rank's)
+            processes = int(os.environ.get("LOCAL_WORLD_SIZE", d.local_rank + 1))  # on this machine
             if processes > torch.cuda.device_count():
                 raise UserError(f"torchrun started {processes} processes on this machine, which has "
-                                f"{gpus(torch.cuda.device_count())}; give --nproc_per_node at most "
+                                f"{gpus(torch.cuda.device_count())}. Give --nproc_per_node at most "
                                 f"{torch.cuda.device_count()}")
             torch.cuda.set_device(d.local_rank)
-            # bound to its GPU: NCCL forms the communicator now, and a barrier knows its device (else torch warns)
+            # bound to its GPU, so that a barrier knows its device
             dist.init_process_group(backend="nccl", device_id=torch.device("cuda", d.local_rank))
         else:
             dist.init_process_group(backend="gloo")

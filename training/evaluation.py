@@ -1,6 +1,5 @@
-"""Measuring a model's loss: when a run evaluates, its quick estimate (fixed random batches of each split) and its
-full validation (every non-overlapping validation window), both stoppable between batches; and the scoring of any
-text, every character once, by sliding windows (score, over data.loader's Windows: scripts/evaluate.py)."""
+"""Measuring a model's loss: when a run evaluates, its estimate on fixed batches, its full validation, and the scoring
+of any text by sliding windows (scripts/evaluate.py)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -14,15 +13,15 @@ from data.loader import Windows, send
 from training.device import Dist
 
 
-# A run evaluates (and saves its checkpoints) every eval_interval steps and at its last step (max_iters).
+# A run evaluates (and saves) every eval_interval steps and at max_iters.
 def next_evaluation(it: int, cfg: TrainConfig) -> int:
     """The first step from it on at which a run evaluates."""
-    due = -(-it // cfg.eval_interval) * cfg.eval_interval  # the first multiple of eval_interval from it on
+    due = -(-it // cfg.eval_interval) * cfg.eval_interval  # rounded up
     return min(due, cfg.max_iters) if it <= cfg.max_iters else due
 
 
 def evaluations_left(it: int, cfg: TrainConfig) -> int:
-    """How many evaluations a run at step it has still to make (that at step it included)."""
+    """The evaluations a run at step it has still to make, that at step it included."""
     if it > cfg.max_iters:
         return 0
     every = cfg.eval_interval
@@ -30,13 +29,13 @@ def evaluations_left(it: int, cfg: TrainConfig) -> int:
 
 
 def plateaued(evals_since_best: int, patience: int) -> bool:
-    """--patience: the last `patience` evaluations in a row did not beat the best validation loss (0: never)."""
+    """--patience: `patience` evaluations in a row did not beat the best (0: never)."""
     return patience > 0 and evals_since_best >= patience
 
 
 def overfitting(evaluations: list, window: int = 3, margin: float = 0.02) -> bool:
-    """Over the last `window` evaluations (step, train loss, validation loss), all on the same batches, the validation
-    loss rose past (1 + margin) x the run's lowest while the training loss fell: the model learns its text by heart."""
+    """Over the last `window` evaluations (step, train, val), the validation loss rose past (1 + margin) x the lowest
+    while the training loss fell."""
     if len(evaluations) < window:
         return False
     first, last = evaluations[-window], evaluations[-1]
@@ -45,12 +44,12 @@ def overfitting(evaluations: list, window: int = 3, margin: float = 0.02) -> boo
 
 
 def began_overfitting(evaluations: list) -> bool:
-    """overfitting() holds now, at the latest evaluation, and held at no earlier one of the run: said once a run."""
+    """overfitting() holds now and held at no earlier evaluation."""
     return overfitting(evaluations) and not any(overfitting(evaluations[:n]) for n in range(len(evaluations)))
 
 
 def asked_to_stop(stop: Callable[[], bool] | None, d: Dist, device: torch.device, batch: int) -> bool:
-    """Between evaluation batches; under DDP the ranks agree every 10 batches (a collective), so all stop together."""
+    """Between evaluation batches; under DDP the ranks agree every 10 batches."""
     if stop is None:
         return False
     if not d.enabled:
@@ -61,13 +60,13 @@ def asked_to_stop(stop: Callable[[], bool] | None, d: Dist, device: torch.device
 @torch.inference_mode()
 def evaluate(model, batches, rt: Runtime, eval_iters: int, d: Dist = Dist(),
              stop: Callable[[], bool] | None = None, progress=None) -> dict[str, float] | None:
-    """{"train", "val"}: the mean loss per character over eval_iters x batch_size fixed random windows of each split
-    (Batches.fixed_batches), val the full validation where it has no more windows than that; None if asked to stop."""
+    """{"train", "val"}: the mean loss over eval_iters fixed batches of each split (val: every window, where that is
+    no more); None if asked to stop."""
     model.eval()
     out = {}
     try:
         for split in ("train", "val"):
-            full = split == "val" and batches.val_fits(eval_iters)  # every validation window: the exact loss
+            full = split == "val" and batches.val_fits(eval_iters)
             windows = batches.val_windows() if full else batches.fixed_batches(split, eval_iters)
             out[split] = mean_loss(model, windows, rt, d, stop, progress)
             if out[split] is None:
@@ -80,7 +79,7 @@ def evaluate(model, batches, rt: Runtime, eval_iters: int, d: Dist = Dist(),
 @torch.inference_mode()
 def full_validation_loss(model, batches, rt: Runtime, d: Dist = Dist(),
                          stop: Callable[[], bool] | None = None, progress=None) -> float | None:
-    """The exact mean loss over every non-overlapping validation window (shared out among the ranks)."""
+    """The mean loss over every validation window, shared among the ranks."""
     model.eval()
     try:
         return mean_loss(model, batches.val_windows(), rt, d, stop, progress)
@@ -89,15 +88,15 @@ def full_validation_loss(model, batches, rt: Runtime, d: Dist = Dist(),
 
 
 def mean_loss(model, windows, rt: Runtime, d: Dist, stop: Callable[[], bool] | None, progress) -> float | None:
-    """The mean loss per character over batches of (x, y) windows on every rank, each batch's loss weighted by the
-    targets it scores (padding, target -1, scores none), the device read once at the end; None if asked to stop."""
+    """The mean loss per character over (x, y) batches on every rank, each weighted by the targets it scores (-1:
+    padding); None if asked to stop."""
     total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # (sum of losses, number of characters)
     for batch, (x, y) in enumerate(windows):
         if asked_to_stop(stop, d, rt.device, batch):
             return None
         with rt.autocast():
-            loss = model(x, y)[1]  # the mean over the targets that are not -1
-        scored = (y >= 0).sum().double()  # all padding (a rank with fewer windows): its loss is 0/0, counted as 0
+            loss = model(x, y)[1]
+        scored = (y >= 0).sum().double()  # all padding: its loss is 0/0, counted as 0
         total += torch.stack([torch.where(scored > 0, loss.double() * scored, 0.0), scored])
         if progress is not None:
             progress.update(1)
@@ -107,8 +106,7 @@ def mean_loss(model, windows, rt: Runtime, d: Dist, stop: Callable[[], bool] | N
 
 @torch.inference_mode()
 def score(model, ids: torch.Tensor, todo: Windows, batch_size: int, autocast, progress=None) -> tuple[float, int]:
-    """(the summed cross-entropy in nats of the characters the windows score, their count: every one but the first).
-    The device is read once, at the end: the batches' shapes come from the windows' arithmetic (by_length)."""
+    """(the summed cross-entropy in nats of the characters the windows score, their count). The device is read once."""
     model.eval()
     device = next(model.parameters()).device
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -119,7 +117,7 @@ def score(model, ids: torch.Tensor, todo: Windows, batch_size: int, autocast, pr
             offsets = torch.arange(length + 1)
             tokens = send(ids[begin[:, None] + offsets].long(), device)  # (windows, length + 1)
             x, y = tokens[:, :-1], tokens[:, 1:]
-            scored_from = send(firsts[rows] - begin - 1, device)  # each window's first unscored target, as a column
+            scored_from = send(firsts[rows] - begin - 1, device)  # each window's first scored target
             with autocast():
                 logits, _ = model(x)
             losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none")

@@ -14,7 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -38,12 +38,7 @@ from training.device import Dist, compile_wanted, flops_per_token, step_and_eval
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_command
-
-
-class StopRequest(Protocol):
-    """What opening a run tells the stop request (training.session.StopRequest, made before the run is opened)."""
-    saved: str  # what a stop at once leaves intact, said when it comes
-    resume: str  # the command that continues from it
+from training.stop import StopRequest
 
 
 @dataclass

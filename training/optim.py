@@ -1,5 +1,5 @@
-"""The optimizers and their schedule: AdamW with weight decay on matrices only, or Muon for the hidden matrices plus
-AdamW, each stepping only on finite gradients; and the learning rate at each step (warm-up, then cosine or wsd)."""
+"""The learning-rate schedule and the optimizers: AdamW, or Muon for the blocks' matrices plus AdamW; each steps only
+on finite gradients."""
 from __future__ import annotations
 
 import math
@@ -13,8 +13,8 @@ from configs import TrainConfig
 
 # ---- the learning-rate schedule --------------------------------------------------------------------------------------
 def get_lr(it: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to learning_rate, then down to min_lr at lr_decay_iters (default: max_iters): along a cosine,
-    or (wsd) flat until the last warmdown_fraction of the way, then in a straight line."""
+    """Linear warm-up, then down to min_lr at lr_decay_iters (default max_iters): a cosine, or (wsd) flat, then a
+    straight line over the last warmdown_fraction."""
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
@@ -28,22 +28,19 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
 
 
 def warmup_note(cfg: TrainConfig, it: int) -> str:
-    """A note when the run ends inside its warm-up: its learning rate only rises and never decays ("" otherwise)."""
+    """A note when the run ends inside its warm-up, so its learning rate never decays ("" otherwise)."""
     if not it < cfg.max_iters <= cfg.warmup_iters:
         return ""
     last = get_lr(cfg.max_iters - 1, cfg)
     return (f"note: --warmup_iters {cfg.warmup_iters} is not shorter than --max_iters {cfg.max_iters}, so the learning "
-            f"rate only rises (to {last:.2g} at the last step, of --learning_rate {cfg.learning_rate:g}) and never "
-            f"decays; give a shorter warm-up, e.g. --warmup_iters {max(1, cfg.max_iters // 10)}")
+            f"rate only rises, to {last:.2g}. Give a shorter warm-up, e.g. --warmup_iters {max(1, cfg.max_iters // 10)}")
 
 
 # ---- the optimizers --------------------------------------------------------------------------------------------------
 def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,
                         betas: tuple[float, float], device_type: str, kind: str = "adamw", muon_dtype: str = "auto"):
-    """AdamW, fused (one kernel for all parameters) on CUDA and CPU, where that is faster; weights of 2 or more
-    dimensions decay, biases and LayerNorm gains do not. kind "muon": the blocks' weight matrices go to Muon instead,
-    its learning rate scaled to AdamW's update size so that one learning_rate and schedule serve both; the rest stays
-    with AdamW. muon_dtype: see newton_schulz_dtype."""
+    """AdamW (fused on CUDA and CPU); matrices decay, biases and LayerNorm gains do not. kind "muon": the blocks'
+    matrices go to Muon, its step scaled to AdamW's size so that one learning rate serves both."""
     fused = device_type in ("cuda", "cpu")
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]  # a tied weight is listed once
     hidden = [p for name, p in named if kind == "muon" and name.startswith("blocks.") and p.dim() == 2]
@@ -60,31 +57,29 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
 
 
 def newton_schulz_dtype(device_type: str, choice: str = "auto") -> torch.dtype:
-    """The precision of Muon's Newton-Schulz iterations: choice ("float32" or "bfloat16"), or for "auto" bfloat16 (as
-    torch.optim.Muon uses) where native_bfloat16(device_type), else float32: emulated bfloat16 is many times slower."""
+    """The dtype of Muon's Newton-Schulz iterations. auto: bfloat16 where the device has it natively, else float32
+    (emulated bfloat16 is slow)."""
     if choice != "auto":
         return getattr(torch, choice)
     return torch.bfloat16 if native_bfloat16(device_type) else torch.float32
 
 
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon with a choice of dtype for its Newton-Schulz iterations. In bfloat16 on a CPU it computes
-    exactly what torch.optim.Muon does (the tests check it bit for bit); on a GPU its batched products (one per shape,
-    where torch's takes one matrix at a time) may round differently."""
+    """torch.optim.Muon with a choice of dtype for Newton-Schulz, and matrices of one shape updated together. In
+    bfloat16 on a CPU it equals torch's bit for bit (the tests check it)."""
 
     def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
         super().__init__(params, **kwargs)
-        self.ns_dtype = ns_dtype  # not a group setting: a checkpoint resumed on another machine takes that machine's
+        self.ns_dtype = ns_dtype  # not a group setting: a resume on another machine takes that machine's
 
     @torch.no_grad()
     def step(self, finite: torch.Tensor | None = None) -> None:
-        """One Muon step; with finite (a 0-d bool tensor) taken or not on the device, without the host reading it (where
-        False, every weight and momentum buffer keeps its value exactly). Matrices of one shape are updated together:
-        the same arithmetic as one at a time, in as many operations (GPU kernel launches) for 6 layers as for 2."""
+        """One Muon step. Given finite (a 0-d bool tensor), the step is kept or dropped on the device, unread by the
+        host."""
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             same_shape: dict[torch.Size, list[torch.Tensor]] = {}
-            for p in params:  # made at the first step, under torch.optim.Muon's key, so checkpoints are interchangeable
+            for p in params:  # torch.optim.Muon's key, so checkpoints are interchangeable
                 if "momentum_buffer" not in self.state[p]:
                     self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
                 same_shape.setdefault(p.shape, []).append(p)
@@ -99,7 +94,7 @@ class Muon(torch.optim.Muon):
 
     def _update_in_place(self, group: dict, params: list, grads: list, buffers: list, decay: float,
                          step_size: float) -> None:
-        """Same-shaped matrices' step, updated in place (on a CPU, cheaper than new tensors the size of a stack)."""
+        """The step in place (on a CPU, cheaper than stacks)."""
         momentum = group["momentum"]
         torch._foreach_lerp_(buffers, grads, 1 - momentum)  # momentum: an exponential average of gradients
         updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers  # a step ahead
@@ -110,7 +105,7 @@ class Muon(torch.optim.Muon):
 
     def _update_stacked(self, group: dict, params: list, grads: list, buffers: list, decay: float, step_size: float,
                         finite: torch.Tensor) -> None:
-        """The same step on stacks, kept only where finite (0-d bool tensor) is True: a dozen operations per shape."""
+        """The same step on stacks, kept only where finite is True."""
         momentum = group["momentum"]
         grad = torch.where(finite, torch.stack(grads), 0.0)  # no NaN into the arithmetic
         buffer = torch.stack(buffers)
@@ -124,9 +119,8 @@ class Muon(torch.optim.Muon):
 
 
 def muon_step_size(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
-    """torch.optim.Muon's learning rate for a (rows, columns) matrix, as its documentation gives it: "original"
-    (or None) lr·√max(1, rows/columns), "match_rms_adamw" lr·0.2·√max(rows, columns) (the update size AdamW's
-    would have), anything else lr. Written here: torch's own function is private, free to change between releases."""
+    """torch.optim.Muon's learning rate for a (rows, columns) matrix, as its documentation gives it (torch's own
+    function is private)."""
     rows, columns = shape[:2]
     if adjust_lr_fn is None or adjust_lr_fn == "original":
         return lr * math.sqrt(max(1, rows / columns))
@@ -137,8 +131,8 @@ def muon_step_size(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> fl
 
 def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
                   dtype: torch.dtype) -> torch.Tensor:
-    """Newton-Schulz iterations that push every singular value of the matrix towards 1 (about U·Vᵀ of its SVD).
-    matrix: (rows, columns), or a stack of them (n, rows, columns), each orthogonalised on its own."""
+    """Newton-Schulz iterations that push every singular value towards 1 (about U·Vᵀ of the SVD). matrix: (rows,
+    columns) or a stack (n, rows, columns)."""
     a, b, c = coefficients
     x = matrix.to(dtype).reshape(-1, *matrix.shape[-2:])  # (n, rows, columns); nothing below writes into it
     tall = matrix.size(-2) > matrix.size(-1)
@@ -152,11 +146,11 @@ def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float]
 
 
 class AdamW(torch.optim.AdamW):
-    """torch.optim.AdamW (same state, same checkpoints) with a step skipped when the gradients are not finite."""
+    """torch.optim.AdamW with a step skipped when the gradients are not finite."""
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
-        """step(), or nothing at all (weights, moments, step counts untouched) when the 0-d bool tensor finite is False.
-        The fused kernel skips by itself, given the flag as GradScaler hands it over, so the host never reads it."""
+        """step(), or nothing at all when the 0-d bool tensor finite is False. The fused kernel takes the flag as
+        GradScaler hands it over (found_inf), so the host never waits; unfused, the host reads it."""
         if self.defaults.get("fused"):
             self.found_inf = (~finite).float()
             try:
@@ -168,8 +162,7 @@ class AdamW(torch.optim.AdamW):
 
 
 class MuonAndAdamW:
-    """Two optimizers stepped as one: what train.py needs of an optimizer (param_groups for the learning-rate
-    schedule, step, zero_grad, state_dict / load_state_dict for checkpoints)."""
+    """Two optimizers stepped as one."""
 
     def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer):
         self.muon, self.adamw = muon, adamw
@@ -181,12 +174,12 @@ class MuonAndAdamW:
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
         """Both steps, or neither when the gradients are not finite. on_device: the host never reads the flag (Muon
-        selects the old values on the device); without it the host reads it, free on a CPU, and Muon saves copies."""
+        keeps its old values by torch.where); else it reads it once."""
         if on_device:
             self.muon.step(finite)
+            self.adamw.step_if_finite(finite)
         elif bool(finite):
-            self.muon.step()
-        self.adamw.step_if_finite(finite, on_device)
+            self.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.muon.zero_grad(set_to_none=set_to_none)

@@ -1,13 +1,10 @@
-"""The training run in this process, as one object (Session): the run, its state (Progress, which the loop advances),
-folder, log, stop request and ranks; what the loop asks of it besides a step (evaluate, save, the clock); the end of a
-finished run (its best model handed over and fully validated, summary.json); and the stop request (StopRequest)."""
+"""The training run in this process (Session): what the loop asks of it besides a step (evaluate, save, the clock),
+and the end of a finished run (its best model handed over and fully validated, summary.json)."""
 from __future__ import annotations
 
 import contextlib
 import json
 import math
-import os
-import signal
 import statistics
 import time
 from dataclasses import dataclass
@@ -26,9 +23,10 @@ from training.device import Dist, SlowdownWatch
 from training.evaluation import began_overfitting, evaluate, full_validation_loss
 from training.opening import Run
 from training.report import Log, TrainClock, overfitting_line, resume_command
+from training.stop import StopRequest
 
 
-SAMPLE_TIMED_CHARS = 16  # the characters of a sample that the estimate times (Session.record_seconds)
+SAMPLE_TIMED_CHARS = 16  # the characters of a sample that the estimate times
 
 
 @dataclass
@@ -40,8 +38,8 @@ class Session:
     stop: StopRequest
     d: Dist
     clock: TrainClock | None = None  # runs during training steps, from start_clock() on
-    pictures: object = None  # common.pictures.AttentionPictures, made when the first pictures are drawn or timed
-    watch: SlowdownWatch | None = None  # on a CPU: the watch on steps that slow down (slowdown_watch())
+    pictures: object = None  # common.pictures.AttentionPictures, made at the first pictures
+    watch: SlowdownWatch | None = None  # on a CPU: the watch on steps that slow down
     saved: bool = False  # whether this process has written a checkpoint
 
     @property
@@ -54,12 +52,12 @@ class Session:
         return self.clock
 
     def pause_clock(self) -> None:
-        """Stop the clock for an evaluation or the end; progress keeps the training seconds so far."""
+        """Stop the clock; progress keeps the training seconds so far."""
         self.progress.train_seconds = self.clock.pause()
 
     def evaluate(self) -> dict[str, float] | None:
-        """Estimate both splits' loss at this step; rank 0 then records it and saves the checkpoints. None if a stop
-        request came during it: a resume redoes it (its batches are its own, so the training stream is untouched)."""
+        """Both splits' loss at this step; rank 0 records it and saves the checkpoints. None if a stop request came
+        during it (a resume redoes it)."""
         run, progress, cfg = self.run, self.progress, self.cfg
         batches = run.batches.num_evaluation_batches(cfg.eval_iters)  # on each rank
         with self.log.task(f"evaluating at step {progress.it}", batches) as progress_bar, \
@@ -72,7 +70,7 @@ class Session:
         progress.best_val, progress.last_eval, progress.eval_done = min(progress.best_val, losses["val"]), losses, True
         progress.evals_since_best = 0 if improved else progress.evals_since_best + 1
         progress.losses["eval"].append((progress.it, losses["train"], losses["val"]))
-        if began_overfitting(progress.losses["eval"]):  # said once a run, at the evaluation where it begins
+        if began_overfitting(progress.losses["eval"]):
             best = min(progress.losses["eval"], key=lambda point: point[2])[0]
             self.log.say(overfitting_line(progress.losses["eval"], best))
         if self.d.is_main:
@@ -86,7 +84,7 @@ class Session:
         return losses
 
     def slowdown_watch(self) -> SlowdownWatch | None:
-        """Rank 0 on a CPU: a device.SlowdownWatch against the steps timed before training; None elsewhere."""
+        """Rank 0 on a CPU: the watch against the steps timed before training; None elsewhere."""
         threads = self.run.threads
         if threads is None or not threads.steady or not self.d.is_main:
             return None
@@ -98,8 +96,8 @@ class Session:
         return self.stop.requested
 
     def save(self, name: str) -> None:
-        """Rank 0: checkpoint `name` of this moment, written atomically. If it cannot be written while an --overwrite's
-        old run waits in .replaced/ (a full disk at the first save), that run is put back and the UserError says so."""
+        """Rank 0: checkpoint `name`, written atomically. If it cannot be written while an --overwrite's old run waits
+        aside, that run is put back and the UserError says so."""
         try:
             with self.run.phases.timing("checkpoints"):
                 checkpoint.save(checkpoint.capture(self.run, self.progress), self.run_dir.path / name)
@@ -113,8 +111,7 @@ class Session:
             self.stop.resume = resume_command(self.run_dir.path)
 
     def save_stopped(self) -> bool:
-        """A stop request ended the loop: rank 0 saves ckpt_last.pt, or, while an --overwrite's old run is set aside
-        (this run has nothing to keep yet), puts that run back. True if it was put back."""
+        """A stop ended the loop: rank 0 saves ckpt_last.pt, or puts back an --overwrite's old run still aside (True)."""
         if not self.d.is_main:
             return False
         if not self.run_dir.aside_pending():
@@ -125,15 +122,13 @@ class Session:
         return True
 
     def put_back_on_stop(self, err: Interrupted) -> Interrupted:
-        """A stop that ends the run without saving (before the loop began, or a second Ctrl-C): an --overwrite's old
-        run, still set aside, is put back now, and the line says so."""
+        """A stop without a save: an --overwrite's old run still aside is put back, and the line says so."""
         if not (self.d.is_main and self.run_dir.aside_pending()):
             return err
         return Interrupted(f"{err}; {self.put_back()}")
 
     def put_back(self) -> str:
-        """An --overwrite's old run put back (this run has nothing to keep yet): the words that say so, or, where it
-        cannot be put back now, where it waits, untouched."""
+        """An --overwrite's old run put back: the words that say so, or where it waits if it cannot be."""
         self.close_log()
         try:
             kept = self.run_dir.put_back()
@@ -144,18 +139,17 @@ class Session:
         return f"the run --overwrite was replacing is back in {self.run_dir.path}, as it was{apart}"
 
     def close_log(self) -> None:
-        """Close the log before an --overwrite is undone, so that its lazily created event file moves apart with this
-        run's other files; a disk too full to take it does not stop the undoing."""
+        """Close the log before an --overwrite is undone, so that its event file moves apart with this run's files."""
         with contextlib.suppress(UserError):
             self.log.close()
 
     def keep_new_run(self) -> None:
-        """--overwrite: the run it replaces goes for good once this one has something to keep; a stop then saves."""
+        """--overwrite: the replaced run goes once this one has something to keep."""
         if self.run_dir.keep_new_run(self.log.say, self.progress.it):
             self.stop.ending = None
 
     def record(self, losses: dict) -> None:
-        """Rank 0: the losses, a sample and attention maps to TensorBoard; a stop request while sampling drops it."""
+        """Rank 0: the losses, a sample and attention maps to TensorBoard."""
         run, cfg, it = self.run, self.cfg, self.progress.it
         self.log.evaluation(it, losses)
         with run.phases.timing("samples and pictures"):
@@ -166,8 +160,8 @@ class Session:
                     self.log.attention(it, layer, self.pictures.render(weights, layer))
 
     def sample(self, chars: int) -> str | None:
-        """chars characters drawn by the model from sample.py's default prompt, with a generator of its own seeded with
-        --seed, in eval mode (no dropout mask drawn); None if a stop request came while they were drawn."""
+        """chars characters from sample.py's default prompt, with a generator of its own seeded with --seed; None if
+        a stop request came meanwhile."""
         run = self.run
         prompt = run.tokenizer.encode(run.tokenizer.default_prompt(run.data_info["first_char"]))
         generator = torch.Generator(device=run.rt.device).manual_seed(self.cfg.seed)
@@ -178,7 +172,7 @@ class Session:
                 raise SampleStopped
 
         try:
-            with for_sampling(run.rt, self.cfg.dtype).autocast():  # float32 weights: on a CPU, auto is float32
+            with for_sampling(run.rt, self.cfg.dtype).autocast():
                 text = generate(run.model, [prompt], chars, generator=generator, on_tokens=stop_if_asked)
             return run.tokenizer.decode(text[0])
         except SampleStopped:
@@ -187,8 +181,7 @@ class Session:
             run.model.train()
 
     def attention_weights(self) -> list[torch.Tensor]:
-        """Each layer's attention weights on the probe text, for self.pictures (made at the first call, laid out at
-        its first picture and redrawn at each)."""
+        """Each layer's attention weights on the probe text."""
         from common.pictures import AttentionPictures  # matplotlib: only runs that draw
         probe = attention_probe(self.run)
         if self.pictures is None:
@@ -196,12 +189,8 @@ class Session:
         return attention_weights(self.run.model, probe)
 
     def record_seconds(self) -> float:
-        """Rank 0 on a CPU, before the first step, for the estimate: the seconds each evaluation's sample and attention
-        pictures (record) will take. Timed on the first SAMPLE_TIMED_CHARS characters of the sample (each character
-        costs about the same) and on one layer's picture, drawn and encoded, once the pictures are laid out (here, for
-        the evaluations to reuse). The weights, optimizer and random streams of the run are untouched: sample()
-        draws from a generator of its own, in eval mode, and the pictures' forward pass (milliseconds, not counted)
-        draws nothing."""
+        """For the estimate: the seconds each evaluation's sample and pictures will take, timed on a few characters and
+        one layer's picture. The run's weights and random streams are untouched."""
         cfg, seconds = self.cfg, 0.0
         if cfg.sample_chars:
             chars = min(cfg.sample_chars, SAMPLE_TIMED_CHARS)
@@ -217,7 +206,7 @@ class Session:
         return seconds
 
     def draw_losses(self) -> None:
-        """Rank 0, at the run's end: loss.png of every loss the run logged in all its sessions; its place said."""
+        """Rank 0, at the end: loss.png of every loss the run logged."""
         losses = self.progress.losses
         if not self.d.is_main or not (losses["train"] or losses["eval"]):
             return
@@ -229,8 +218,8 @@ class Session:
         self.log.say(f"the losses, every point as logged: {path}")
 
     def hand_over_best(self) -> tuple[int, str]:
-        """Load ckpt_best.pt (the lowest validation loss measured) into the model that the full validation measures
-        and the scripts use. Returns (step, file) of the model handed over: the last one where no best is readable."""
+        """Load ckpt_best.pt into the model: (step, file) of the model handed over, the last one where no best is
+        readable."""
         self.d.barrier()  # rank 0 wrote the file; every rank reads it
         path = self.run_dir.path / BEST
         if not path.is_file():  # no evaluation gave a finite loss
@@ -238,7 +227,7 @@ class Session:
         try:
             state = checkpoint.load(path, self.run.rt.device)
             self.run.model.load_state_dict(state["model"])
-        except (UserError, RuntimeError) as err:  # a UserError names the file; a RuntimeError (weights) does not
+        except (UserError, RuntimeError) as err:  # a RuntimeError does not name the file
             first = str(err).splitlines()[0]
             what = first[:200] if isinstance(err, UserError) else f"{path}: {first[:150]}"
             self.log.say(f"warning: {what}; the run hands over its last model instead")
@@ -246,13 +235,12 @@ class Session:
         return state["iter"], BEST
 
     def finish(self, wall: float) -> dict:
-        """The end of a finished run: ckpt_last.pt where this session wrote no checkpoint (so that it holds the settings
-        the run ended with), its best model handed over and fully validated, TensorBoard's HParams figures, and
-        summary.json. Returns the summary, with "stopped" when a stop request came during the full validation."""
+        """The end of a finished run: its best model handed over and fully validated, and summary.json. Returns the
+        summary, with "stopped" when a stop request came during the full validation."""
         run, progress, cfg = self.run, self.progress, self.cfg
         if self.d.is_main:
             self.keep_new_run()  # (a run of max_iters 0 has had no evaluation after step 0)
-            if not self.saved:  # resumed at its step, evaluated, with a --max_iters that ends it: it ends with these
+            if not self.saved:  # so that ckpt_last.pt holds the settings the run ended with
                 self.save(LAST)
         model_step, model_file = self.hand_over_best()
         trained = progress.train_seconds
@@ -266,7 +254,7 @@ class Session:
             "tokens_per_sec": progress.it * run.tokens_per_iter / trained if trained > 0 else None,
             "device": run.rt.describe(), "processes": self.d.world_size,
         }
-        if run.threads is not None:  # a CPU run: the thread count it trained with (its last digits depend on it)
+        if run.threads is not None:  # its last digits depend on it
             summary["threads"] = run.threads.count
         if cfg.full_val:
             self.stop.ending = f"ending the final validation; step {progress.it} is saved already"
@@ -295,87 +283,3 @@ class SampleStopped(Exception):
 def attention_probe(run: Run) -> list[int]:
     """The fixed text whose attention is pictured at every evaluation: the start of the validation split."""
     return [int(t) for t in run.batches.data["val"][: min(run.cfg.block_size, 48)]]
-
-
-# ---- the stop request ------------------------------------------------------------------------------------------------
-OUTPUT_GONE = 0  # the "signal" of a stop that output_gone() makes (no signal has the number 0)
-
-
-class StopRequest:
-    """Ctrl-C, SIGTERM or SIGHUP (the terminal closed), acknowledged at once on stderr. The first aborts while nothing
-    is worth saving yet (`saving` False), else asks the loop to stop at a step boundary and save. Another, GRACE_SECONDS
-    or more later, stops at once; one sooner is the same request (under torchrun each process gets a Ctrl-C twice,
-    milliseconds apart). An output that can take no more (train.py's GuardedOutput calls output_gone()) is one request
-    too, so that the run saves rather than die unsaved at its next line. Outside a `with` block (tests) nobody sets
-    it."""
-
-    GRACE_SECONDS = 1.0
-
-    def __init__(self, speak: bool = True):
-        self.speak = speak  # under torchrun only rank 0 acknowledges
-        self.requested = False
-        self.saving = False
-        self.progress: Progress | None = None  # where the training loop is, once it runs (for the acknowledgement)
-        self.agree_every = 1  # under torchrun the processes agree to stop every log_interval steps
-        self.undo = False  # whether a step of several micro-batches is undone by a stop between them
-        self.ending: str | None = None  # what a request ends instead, once the steps are over (the final validation)
-        self.saved = "no checkpoint of this run was written"  # what survives a stop at once
-        self.resume = ""  # the command that continues from it, once there is one
-        self.first_at = 0.0
-        self.previous: dict = {}
-
-    def __enter__(self) -> "StopRequest":
-        signals = [signal.SIGINT, signal.SIGTERM]
-        hangup = getattr(signal, "SIGHUP", None)  # the terminal closed (an ssh connection dropped); POSIX only
-        if hangup is not None and signal.getsignal(hangup) is signal.SIG_DFL:  # under nohup it stays ignored
-            signals.append(hangup)
-        for sig in signals:
-            self.previous[sig] = signal.signal(sig, self.handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        self.previous = {}
-
-    def training(self, progress: Progress, agree_every: int, undo: bool = False) -> None:
-        """The loop starts: a request now stops at a step boundary (under torchrun, every agree_every) and saves; undo:
-        a step of several micro-batches is undone by a request between them."""
-        self.saving, self.progress, self.agree_every, self.undo = True, progress, agree_every, undo
-
-    def say(self, text: str) -> None:
-        if self.speak:
-            with contextlib.suppress(OSError):  # no reader left (it got the Ctrl-C too): the stop goes on unsaid
-                os.write(2, f"\n{text}\n".encode())  # a signal handler must not go through Python's buffered streams
-
-    def output_gone(self) -> None:
-        """The output can take no more: the first time, a stop as by Ctrl-C; never a second, "at once" one."""
-        if not self.requested:
-            self.handle(OUTPUT_GONE, None)
-
-    def handle(self, signum, frame) -> None:
-        resume = f". Continue with: {self.resume}" if self.resume else ""
-        if self.requested:
-            if time.monotonic() - self.first_at >= self.GRACE_SECONDS:
-                raise Interrupted(f"stopped at once; {self.saved}{resume}")
-            return
-        self.requested, self.first_at = True, time.monotonic()
-        # a stop nobody typed at this terminal says why it came (`python train.py | head` ends the reader after a few
-        # lines; kill, a scheduler or a container's stop sends SIGTERM; a dropped ssh connection, SIGHUP)
-        why = {OUTPUT_GONE: "the output's reader has gone (a closed pipe or terminal): ",
-               signal.SIGTERM: "SIGTERM (a request to end the process): ",
-               getattr(signal, "SIGHUP", None): "the terminal closed (SIGHUP): "}.get(signum, "")
-        if not self.saving:
-            raise Interrupted(f"{why}stopped before training began; {self.saved}{resume}")
-        step = None if self.progress is None else self.progress.it
-        if step is None:
-            doing = "finishing the next step"
-        elif self.agree_every > 1:  # the step at which the processes next ask each other
-            together = (step // self.agree_every + 1) * self.agree_every
-            doing = f"training on to step {together}, where the processes stop together"
-        else:  # a step may be under way (the one after step `step`), or an evaluation, which stops between batches
-            done = f"step {step} is done" if step else "no step is done yet"
-            step_under_way = ("is undone, or finishes if in its last micro-batch" if self.undo else "finishes first")
-            doing = f"{done}; a step under way {step_under_way} (an evaluation stops between batches)"
-        doing = self.ending or f"{doing}, then saving ckpt_last.pt"
-        self.say(f"{why}stopping: {doing} (press Ctrl-C again to stop at once)")
