@@ -50,7 +50,7 @@ def walkthrough(say: Callable[[str, str], str] = lambda english, chinese: englis
     weights = torch.softmax(masked, dim=-1)
     out = weights @ v
     assert torch.allclose(out, head(x[None])[0])
-    return [(say("x (3 tokens x 4 numbers): 004's a¹, a², a³", "x（3 个词元 x 4 个数）：004 的 a¹、a²、a³"), x),
+    return [(say("x (3 tokens x 4 numbers): 004's a¹, a², a³", "x（3 个 token x 4 个数）：004 的 a¹、a²、a³"), x),
             (say("q = x @ W_query: 004's qⁱ", "q = x @ W_query：004 的 qⁱ"), q),
             (say("k = x @ W_key: 004's kⁱ", "k = x @ W_key：004 的 kⁱ"), k),
             (say("v = x @ W_value: 004's vⁱ", "v = x @ W_value：004 的 vⁱ"), v),
@@ -59,7 +59,7 @@ def walkthrough(say: Callable[[str, str], str] = lambda english, chinese: englis
             (say("scaled = scores / sqrt(head_size=3): 004's αᵢ,ⱼ = qⁱ·kʲ/√d (its worked numbers leave the √d out)",
                  "scaled = scores / sqrt(head_size=3)：004 的 αᵢ,ⱼ = qⁱ·kʲ/√d（它的算例省掉了 √d）"), scaled),
             (say("causal mask (tril: 1 = may look): not in 004, whose tokens all see all three",
-                 "因果掩码（tril：1 = 可以看）：004 没有，它的每个词元都看得到全部三个"), mask),
+                 "因果掩码（tril：1 = 可以看）：004 没有，它的每个 token都看得到全部三个"), mask),
             (say("masked scores (future = -inf)", "掩码后的分数（未来 = -inf）"), masked),
             (say("weights = softmax(masked, over each row): 004's α̂ᵢ,ⱼ",
                  "weights = softmax(masked，对每一行)：004 的 α̂ᵢ,ⱼ"), weights),
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda english, chinese: chinese) if args.lang == "zh" else (lambda english, chinese: english)
     print(say("One head of causal self-attention, step by step. Tokens are counted from 1, as on the attention page "
               "and in\ntutorials.py: row 1 of each matrix is token 1, and in the weights column s is token s.\n",
-              "一个因果自注意力头，一步一步算。词元从 1 开始数，和注意力页面、tutorials.py 一样：每个矩阵的第 1 行是词元 1，\n"
-              "权重的第 s 列是词元 s。\n"))
+              "一个因果自注意力头，一步一步算。token 从 1 开始数，和注意力页面、tutorials.py 一样：每个矩阵的第 1 行是 token 1，\n"
+              "权重的第 s 列是 token s。\n"))
     for name, tensor in walkthrough(say):
         print(show(name, tensor, say(":", "：")) + "\n")
     print(say("Row t of the weights says how much token t takes from tokens 1..t: each row sums to 1, and the\n"
@@ -91,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
               "and its output is its own value v¹ = [1, 2, 3]. 004's blog lets token 1 see all three tokens and gets\n"
               "[2.0, 7.0, 1.5] (from weights rounded to [0, 0.5, 0.5]; exactly [1.9366, 6.6831, 1.5951], and\n"
               "[1.8639, 6.3194, 1.7042] with the 1/√3 of its own formula): python scripts/tutorials.py 004.",
-              "权重的第 t 行表示词元 t 从词元 1..t 各取多少：每行之和为 1，对角线以上的 0 是它不许看的未来。\n"
+              "权重的第 t 行表示 token t 从 token 1..t 各取多少：每行之和为 1，对角线以上的 0 是它不许看的未来。\n"
               "输出就是按这些权重把值混合起来。\n"
               "\n"
-              "和 004 不同的地方：这个头是因果的（GPT 的注意力就是这样），所以词元 1 只看得到它自己，输出就是它自己的值\n"
-              "v¹ = [1, 2, 3]。004 的博客让词元 1 看到全部三个词元，得到 [2.0, 7.0, 1.5]（来自舍入成 [0, 0.5, 0.5] 的\n"
+              "和 004 不同的地方：这个头是因果的（GPT 的注意力就是这样），所以 token 1 只看得到它自己，输出就是它自己的值\n"
+              "v¹ = [1, 2, 3]。004 的博客让 token 1 看到全部三个 token，得到 [2.0, 7.0, 1.5]（来自舍入成 [0, 0.5, 0.5] 的\n"
               "权重；精确值是 [1.9366, 6.6831, 1.5951]，按它自己公式里的 1/√3 是 [1.8639, 6.3194, 1.7042]）：\n"
               "python scripts/tutorials.py 004。"))
     return 0

@@ -191,7 +191,7 @@ def test_walkthrough_says_where_it_parts_from_004_with_004s_numbers_and_speaks_c
     for symbol in ("a¹", "qⁱ", "kⁱ", "vⁱ", "αᵢ,ⱼ", "α̂ᵢ,ⱼ", "bⁱ"):
         assert symbol in out and symbol in chinese.stdout
     numbers = lambda text: re.findall(r"-?\d+\.\d{4}|-inf", text)  # noqa: E731
-    assert numbers(chinese.stdout) == numbers(out) and "词元从 1 开始数" in chinese.stdout
+    assert numbers(chinese.stdout) == numbers(out) and "token 从 1 开始数" in chinese.stdout
     assert "output = weights @ v：004 的 bⁱ：" in chinese.stdout and "what" not in chinese.stdout
 
 
