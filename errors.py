@@ -11,6 +11,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shlex
 import signal
 import stat
@@ -124,6 +125,15 @@ def disk_error(err: BaseException) -> str:
     return text[:160]  # torch.save's RuntimeError ('[enforce fail at inline_container.cc] ... file write failed')
 
 
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def shown(text: str) -> str:
+    """text as it may reach a terminal: control characters (ESC, BEL, CR, ...) written as visible escapes (\\x1b),
+    newlines and tabs kept. Every text read from a file reaches the terminal through it."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
 def in_one_line(err: BaseException) -> str:
     """'Type: the first line of its message', for a warning that lets the work go on. Dynamo's BackendCompilerFailed
     says only "backend='inductor' raised:", so the error it carries is named instead."""
@@ -197,7 +207,7 @@ def _tell(line: str) -> None:
     """The command's last line, on stderr; where stderr's reader has gone too (`... 2>&1 | head`, then a stop), the
     line goes nowhere and the exit code stays the one it names, not Python's 1 for a failed write."""
     try:
-        print(line, file=sys.stderr, flush=True)
+        print(shown(line), file=sys.stderr, flush=True)
     except (OSError, ValueError):
         _to_nowhere(sys.stderr)
 

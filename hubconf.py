@@ -177,7 +177,7 @@ class TrainedRun:
 
 
 def chargpt(run: str, device: str = "cpu") -> TrainedRun:
-    """The model of a run folder written by train.py (its ckpt_best.pt, else ckpt_last.pt), or of a checkpoint file,
+    """The model of a run folder written by train.py (its ckpt_best.safetensors, else ckpt_last.safetensors), or of a checkpoint file,
     read with weights_only=True and checked as every script checks it; on device ("cpu", "cuda", "cuda:N")."""
     with _project():
         checkpoint = importlib.import_module("training.checkpoint")

@@ -171,5 +171,5 @@ def test_the_first_screen_runs_as_written_without_a_network(fresh_clone, tmp_pat
         assert done.returncode == 0 and "Traceback" not in done.stderr, f"{command}\n{done.stderr[-3000:]}"
         said.append(done.stdout + done.stderr)
     assert "using the offline corpus 'pystdlib'" in said[0]
-    assert (fresh_clone / "out" / "shakespeare_char_cpu-pystdlib" / "ckpt_best.pt").is_file()
+    assert (fresh_clone / "out" / "shakespeare_char_cpu-pystdlib" / "ckpt_best.safetensors").is_file()
     assert "shakespeare_char_cpu-pystdlib" in said[1] and said[1].count("ROMEO:") >= 1
