@@ -104,16 +104,19 @@ class Session:
             with self.run.phases.timing("checkpoints"):
                 checkpoint.save(checkpoint.capture(self.run, self.progress), self.run_dir.path / name)
         except WriteFailed as err:
-            if not self.run_dir.aside_pending():
-                raise
-            raise UserError(err.line(self.put_back())) from None
+            if self.run_dir.aside_pending():
+                raise UserError(err.line(self.put_back())) from None
+            best, last = self.run_dir.path / BEST, self.run_dir.path / LAST
+            if name == LAST and best.is_file() and not last.exists():  # (this run wrote its best: not nothing)
+                raise UserError(err.line(f"only {best} was written")) from None
+            raise
         self.saved = True
         if name == LAST:
             self.stop.saved = f"the last checkpoint, {self.run_dir.path / name} (step {self.progress.it}), is intact"
             self.stop.resume = resume_command(self.run_dir.path)
 
     def save_stopped(self) -> bool:
-        """A stop request ended the loop: rank 0 saves ckpt_last.pt, or, while an --overwrite's old run is set aside
+        """A stop request ended the loop: rank 0 saves ckpt_last.safetensors, or, while an --overwrite's old run is set aside
         (this run has nothing to keep yet), puts that run back. True if it was put back."""
         if not self.d.is_main:
             return False
@@ -229,7 +232,7 @@ class Session:
         self.log.say(f"the losses, every point as logged: {path}")
 
     def hand_over_best(self) -> tuple[int, str]:
-        """Load ckpt_best.pt (the lowest validation loss measured) into the model that the full validation measures
+        """Load ckpt_best.safetensors (the lowest validation loss measured) into the model that the full validation measures
         and the scripts use. Returns (step, file) of the model handed over: the last one where no best is readable."""
         self.d.barrier()  # rank 0 wrote the file; every rank reads it
         path = self.run_dir.path / BEST
@@ -246,7 +249,7 @@ class Session:
         return state["iter"], BEST
 
     def finish(self, wall: float) -> dict:
-        """The end of a finished run: ckpt_last.pt where this session wrote no checkpoint (so that it holds the settings
+        """The end of a finished run: ckpt_last.safetensors where this session wrote no checkpoint (so that it holds the settings
         the run ended with), its best model handed over and fully validated, TensorBoard's HParams figures, and
         summary.json. Returns the summary, with "stopped" when a stop request came during the full validation."""
         run, progress, cfg = self.run, self.progress, self.cfg
@@ -377,5 +380,5 @@ class StopRequest:
             done = f"step {step} is done" if step else "no step is done yet"
             step_under_way = ("is undone, or finishes if in its last micro-batch" if self.undo else "finishes first")
             doing = f"{done}; a step under way {step_under_way} (an evaluation stops between batches)"
-        doing = self.ending or f"{doing}, then saving ckpt_last.pt"
+        doing = self.ending or f"{doing}, then saving ckpt_last.safetensors"
         self.say(f"{why}stopping: {doing} (press Ctrl-C again to stop at once)")
