@@ -177,8 +177,8 @@ class TrainedRun:
 
 
 def chargpt(run: str, device: str = "cpu") -> TrainedRun:
-    """The model of a run folder written by train.py (its ckpt_best.safetensors, else ckpt_last.safetensors), or of a checkpoint file,
-    read with weights_only=True and checked as every script checks it; on device ("cpu", "cuda", "cuda:N")."""
+    """The model of a run folder written by train.py (its ckpt_best, else ckpt_last), or of a checkpoint file, read
+    and checked as every script reads it (training.checkpoint.load); on device ("cpu", "cuda", "cuda:N")."""
     with _project():
         checkpoint = importlib.import_module("training.checkpoint")
         run_folder = importlib.import_module("common.run_folder")

@@ -25,7 +25,7 @@ TRAIN_SETTINGS = {
     "dataset": "here it is --data: a text file, a folder of text files, or a named corpus, shakespeare (nanoGPT's "
                "shakespeare_char) or pystdlib; the characters are prepared on the fly, no prepare.py first",
     "eval_only": "evaluating a trained model is python scripts/evaluate.py --out_dir RUN (its loss on any text)",
-    "always_save_checkpoint": "every evaluation saves ckpt_last.safetensors, and ckpt_best.safetensors when it beats the best "
+    "always_save_checkpoint": "every evaluation saves ckpt_last, and ckpt_best when it beats the best "
                               "validation loss; the run's model is its best: nothing to set",
     "decay_lr": "the learning rate always falls from --learning_rate to --min_lr; give --min_lr equal to "
                 "--learning_rate for a constant rate",

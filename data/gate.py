@@ -1,8 +1,6 @@
-"""The gate: every file read from disk that someone else may have made (the record of a run folder's keep-aside, a
-token cache entry, a corpus, a text a checkpoint names) is checked here before anything is read from it or moved on
-its word; a file that fails is one line naming it and the fix. A file is read only if it is a regular file (never a
-device, pipe or socket, which may block or never end), and never beyond the size it had when it was opened.
-(A checkpoint is a safetensors file, read by training.checkpoint.load through safetensors alone.)"""
+"""The gate: files someone else may have made (a run folder's keep-aside record, a token cache entry, a corpus, a text
+a checkpoint names), checked before anything is read from them or moved on their word; else one line and the fix.
+Only regular files are read, never beyond the size they had when opened. (Checkpoints: training.checkpoint.load.)"""
 from __future__ import annotations
 
 import hashlib
@@ -24,25 +22,19 @@ def open_regular(path: Path, what: str) -> tuple[BinaryIO, int]:
     """path opened for reading, with its size, only if it is a regular file: looked at before it is opened (a
     device's open may act), opened without waiting (a pipe would wait) and looked at again. A file of /proc or /sys,
     which reports a size of 0 whatever it shows, is refused."""
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        raise not_a_file(path, what, mode)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or (info.st_size == 0 and Path(path).resolve().parts[1:2] in (("proc",),
-                                                                                                  ("sys",))):
+    info = os.stat(path)
+    if stat.S_ISREG(info.st_mode):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and (info.st_size or Path(path).resolve().parts[1] not in ("proc", "sys")):
+            return os.fdopen(fd, "rb"), info.st_size
         os.close(fd)
         if stat.S_ISREG(info.st_mode):
             raise UserError(f"{what} {path} is a file of /proc or /sys, which reports a size of 0 whatever it shows; "
                             f"copy it into a file and give that")
-        raise not_a_file(path, what, info.st_mode)
-    return os.fdopen(fd, "rb"), info.st_size
-
-
-def not_a_file(path: Path, what: str, mode: int) -> UserError:
-    if stat.S_ISDIR(mode):
-        return UserError(f"{what} {path} is a folder, not a file; give a file")
-    return UserError(f"{what} {path}: not a regular file (a device, pipe or socket); save it to a file and give that")
+    if stat.S_ISDIR(info.st_mode):
+        raise UserError(f"{what} {path} is a folder, not a file; give a file")
+    raise UserError(f"{what} {path}: not a regular file (a device, pipe or socket); save it to a file and give that")
 
 
 def changed(path: Path, size: int, got: int, what: str) -> UserError:
@@ -68,7 +60,6 @@ def read_blocks(f: BinaryIO, size: int, path: Path, what: str, block: int = BLOC
 
 
 def read_small(path: Path, what: str, max_bytes: int, fix: str = "it is not one this project wrote") -> bytes:
-    """The whole of a small regular file, refused beyond max_bytes (the line ending in fix)."""
     f, size = open_regular(path, what)
     with f:
         if size > max_bytes:
@@ -76,8 +67,7 @@ def read_small(path: Path, what: str, max_bytes: int, fix: str = "it is not one 
         return b"".join(read_blocks(f, size, path, what))
 
 
-def utf8_text(data: bytes, named: str) -> str:
-    """data decoded as UTF-8, or one line naming the first byte that is not (named: how the user gave the file)."""
+def utf8_text(data: bytes, named: str) -> str:  # or one line naming the first byte that is not UTF-8
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -95,8 +85,7 @@ def sha256_of(path: Path, what: str) -> str:
     return digest.hexdigest()
 
 
-def file_mark(i: int) -> bytes:
-    """What a corpus's checksum takes before the bytes of its i-th file (so that moving bytes between files changes it)."""
+def file_mark(i: int) -> bytes:  # taken by a corpus's checksum before its i-th file's bytes
     return f"\0file{i}\0".encode()
 
 
@@ -127,8 +116,7 @@ def text_changed(corpus_name: str, when: str) -> UserError:
                      f"read), so no token files were kept; run the command again once nothing is writing to it")
 
 
-def same_text(corpus_name: str, sha256: str, digest, when: str) -> None:
-    """The corpus read again gave its checksum; else it changed while it was prepared."""
+def same_text(corpus_name: str, sha256: str, digest, when: str) -> None:  # the corpus read again, unchanged
     if digest.hexdigest() != sha256:
         raise text_changed(corpus_name, when)
 
@@ -178,8 +166,7 @@ CACHE_FORMAT = 2  # an entry of another format (1: no checksum of its vocabulary
 META_MAX_BYTES = 16 << 20  # meta.json: every character of Unicode fits in a few MB
 
 
-def vocab_sha256(vocab: str) -> str:
-    """The checksum of a vocabulary that a cache entry's meta.json records beside it."""
+def vocab_sha256(vocab: str) -> str:  # recorded beside a cache entry's vocabulary
     return hashlib.sha256(vocab.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -206,8 +193,7 @@ def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
     return (meta, None) if why is None else (None, f"are damaged ({why})")
 
 
-def entry_damage(entry: Path, meta: dict) -> str | None:
-    """What is wrong with a cache entry whose meta.json holds meta, in a few words; None where nothing is."""
+def entry_damage(entry: Path, meta: dict) -> str | None:  # what is wrong with a cache entry, in a few words
     try:
         vocab, base = meta["vocab"], meta["base_vocab_size"]
         if meta["format"] != CACHE_FORMAT or not isinstance(vocab, str) or type(base) is not int \
@@ -244,10 +230,8 @@ def entry_damage(entry: Path, meta: dict) -> str | None:
 RECORD_MAX_BYTES = 1 << 16
 
 
-def identity(path: Path) -> list[int]:
-    """A folder's identity on this machine (device and inode): a copy, or a folder made elsewhere, has another."""
-    info = os.lstat(path)
-    return [info.st_dev, info.st_ino]
+def identity(path: Path) -> list[int]:  # (device, inode): a copy, or a folder made elsewhere, has another
+    return [os.lstat(path).st_dev, os.lstat(path).st_ino]
 
 
 def proven_record(record: Path, folder: Path, own_name: Callable[[str], bool]) -> tuple[dict[str, int] | None, str]:

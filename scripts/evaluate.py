@@ -41,8 +41,8 @@ loaded()
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    p.add_argument("--out_dir", default="", help="a run folder: uses its model, ckpt_best.safetensors (else ckpt_last.safetensors)")
-    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir), e.g. RUN/ckpt_last.safetensors")
+    p.add_argument("--out_dir", default="", help="a run folder: uses its model, ckpt_best (else ckpt_last)")
+    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir), such as RUN/ckpt_last.safetensors")
     p.add_argument("--data", default=None, help="text file, folder of text files, or a named corpus (as train.py); "
                                               "default: the text the run trained on")
     p.add_argument("--split", choices=("val", "all"), default="val",
@@ -95,7 +95,8 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
         return text, name
     source = Path(run.data).expanduser()
     if source.is_dir():
-        raise UserError(f"no --data given: {path} was trained on the folder {shown(run.data)}, which is read only when named; "
+        raise UserError(f"no --data given: {path} was trained on the folder {shown(run.data)}, which is read only "
+                        f"when named; "
                         f"give --data {shlex.quote(shown(run.data))} (or another text)")
     why = "it is missing" if not source.exists() else recorded_size(source, record)  # (the gate's reasons)
     if why is None:
@@ -110,7 +111,8 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
             why = f"it does not decode as {run.encoding}"
         except UserError:  # the gate's: what is there now is not what was looked at
             why = "it changed while it was read"
-    raise UserError(f"no --data given, and the text {path} was trained on, {shown(run.data)}, is not here as it was: {why}; give "
+    raise UserError(f"no --data given, and the text {path} was trained on, {shown(run.data)}, is not here as it was: "
+                    f"{why}; give "
                     f"the text with --data FILE")
 
 

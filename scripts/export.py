@@ -36,7 +36,7 @@ ONNX_OPSET = 18
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    p.add_argument("--out_dir", default="", help="a run folder: exports its model, ckpt_best.safetensors (else ckpt_last.safetensors)")
+    p.add_argument("--out_dir", default="", help="a run folder: exports its model, ckpt_best (else ckpt_last)")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--to", default="", help="the folder to write into (default: export/ in the run's folder)")
     p.add_argument("--onnx", default=None, action=BooleanFlag,

@@ -31,7 +31,7 @@ loaded()
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description="Generate text from a checkpoint written by train.py.")
-    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best.safetensors, else ckpt_last.safetensors")
+    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best, else ckpt_last")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--prompt", "--start", default=None,
                    help="text to continue, or FILE:path to read it from a file (--start, as nanoGPT's, is the same) "
@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     data = state.get("data") if isinstance(state.get("data"), dict) else {}
     val = state.get("best_val_loss")
     loss = f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else ""
-    print(f"{path}: step {state['iter']}{loss}, trained on {shown(str(data.get('source', 'an unrecorded corpus')))}; sampling on "
+    source = shown(str(data.get('source', 'an unrecorded corpus')))  # (a checkpoint's words, never terminal codes)
+    print(f"{path}: step {state['iter']}{loss}, trained on {source}; sampling on "
           f"{rt.device_type} in {str(rt.dtype).removeprefix('torch.')}", file=sys.stderr)  # stdout stays the text
     prompts = prompts or [tokenizer.default_prompt(data.get("first_char"))]
     with memory_checked(model, prompts, args, rt.device):

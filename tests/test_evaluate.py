@@ -220,7 +220,7 @@ def test_without_data_a_named_corpus_that_is_not_the_runs_text_is_scored_with_a_
         done = evaluate("--ckpt", str(tmp_path / f"{name}.safetensors"), "--cache_dir", str(cache), "--device", "cpu",
                         "--unknown", "skip")
         assert done.returncode == 0, done.stderr
-        note = (f"note: shakespeare here is not the text {tmp_path / 'other.pt'} was trained on (its checksum "
+        note = (f"note: shakespeare here is not the text {tmp_path / 'other.safetensors'} was trained on (its checksum "
                 f"differs): these figures are this text's")
         assert (note in done.stderr) == (name == "other"), done.stderr
 

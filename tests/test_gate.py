@@ -276,7 +276,7 @@ def test_an_overwrite_on_a_full_disk_puts_the_old_run_back_and_says_so(corpus, f
 @pytest.mark.parametrize("changes, words", [
     ({"tokens_per_iter": 0}, "tokens_per_iter is 0, where it must be 1 or more"),
     ({"tokens_per_iter": -256}, "tokens_per_iter is -256, where it must be 1 or more"),
-    ({"last_eval": {"train": "low"}}, "last_eval.train is 'low', where it must be a number"),
+    ({"last_eval": {"train": "low"}}, "last_eval is a dict, where it must be losses (train, val)"),
     ({"data": {"sha256": 5}}, "data.sha256 is 5, where it must be a sha256 checksum"),
     ({"scaler": {"scale": float("nan")}}, "scaler.scale is nan, where it must be a finite positive number"),
 ])

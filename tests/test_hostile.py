@@ -329,16 +329,17 @@ def hostile_checkpoints(finished, rotary, tmp_path):
     return [
         (old_checkpoint(last, tmp_path / "old.pt"), "convert it once: python scripts/convert_checkpoint.py"),
         (with_header(tmp_path / "huge_header", b"{}", 2**60), f"its header says {2**60:,} bytes"),
-        (with_header(tmp_path / "big_header", b" " * (17 << 20)), "at most 16,777,216 fit"),
+        (with_header(tmp_path / "big_header", b" " * (17 << 20)), "a checkpoint's takes at most 16,777,216"),
         (with_header(tmp_path / "garbage", b"{not json"), "not a readable checkpoint (SafetensorError"),
         (with_header(tmp_path / "nested", json.dumps({"__metadata__": {"chargpt": deep}}).encode()),
          "nested 100,000 deep"),
         (with_header(tmp_path / "digits", json.dumps({"__metadata__": {"chargpt": text.replace(
             '"iter": ', '"iter": ' + "9" * 10_000 + ', "x": ', 1)}}).encode()), "its settings are not JSON"),
         (forged(last, tmp_path / "deep.pt", model_config={"n_layer": 200, "n_embd": 8192}),
-         "its model would need about"),
+         "optimizer.param_groups.0 is a dict, where it must be the group of weights this model has"),
         (forged(last, tmp_path / "wide.pt", model_config={"n_embd": 8192, "n_head": 2}),
-         "model.blocks.0.attn.c_attn.bias: the settings give (24576,) of F32/F16/BF16/F64, the file holds (96,) of F32"),
+         f"(model.wte.weight: the settings give ({len(vocab)}, 8192) of F32/F16/BF16/F64, the file holds "
+         f"({len(vocab)}, 32) of F32)"),
         (forged(rotary, tmp_path / "long.pt", model_config={"block_size": 10**9}),  # rotary tables are not saved
          "its model would need about"),
         (forged(last, tmp_path / "extra.pt", model={"extra.weight": torch.zeros(3)}),
@@ -357,11 +358,11 @@ def hostile_checkpoints(finished, rotary, tmp_path):
         (forged(last, tmp_path / "later.pt", losses={"eval": [(10**6, 1.0, 1.0)]}),  # a step past the checkpoint's
          "is damaged: its record of the losses so far is malformed"),
         (forged(last, tmp_path / "twice.pt", vocab=vocab[:-1] + vocab[0]),
-         "(the vocabulary must not repeat a character)"),
+         "(ValueError: the vocabulary must not repeat a character)"),
         (forged(last, tmp_path / "short.pt", vocab=vocab[:-1]),
          f"its vocabulary has {len(vocab) - 1} characters but its model expects {len(vocab)}"),
         (forged(last, tmp_path / "huge.pt", model_config={"n_embd": 2**70}),
-         "(n_embd must be at most 2,147,483,647, got 1,180,591,620,717,411,303,424)"),
+         "(ValueError: n_embd must be at most 2,147,483,647, got 1,180,591,620,717,411,303,424)"),
         (forged(last, tmp_path / "title.pt", data={"source": "\x1b]2;OWNED\x07\x1b[2J"}, iter="\x1b[2J"),
          "iter is '\\x1b[2J'"),
     ]

@@ -111,7 +111,7 @@ def test_a_python_config_is_never_run_and_its_settings_come_back_as_toml_that_lo
                                   f"train_small.toml and pass --config train_small.toml")
     toml = capsys.readouterr().out
     assert "# open(" in toml and "# seed = len('run me'): not a plain value" in toml
-    assert "# always_save_checkpoint = False: every evaluation saves ckpt_last.safetensors" in toml
+    assert "# always_save_checkpoint = False: every evaluation saves ckpt_last" in toml
     (tmp_path / "train_small.toml").write_text(toml, encoding="utf-8")
     cfg, _, _ = load_config(["--config", str(tmp_path / "train_small.toml")], False)
     taken = {"out_dir": "out-small", "eval_interval": 100, "eval_iters": 20, "data": "shakespeare",
@@ -153,7 +153,7 @@ def test_a_resumed_run_given_a_learning_rate_alone_takes_its_own_min_lr_along():
     ("block_size = ((((10**64)**64)**64)**64)**64", "# block_size = ((((10**64)**64)**64)**64)**64: not a plain value"),
     ("block_size = ((10**64)**64)**2", "not a plain value; set block_size by hand"),
     ("block_size = " + "+".join(["1"] * 2500), "not a plain value; set block_size by hand"),
-    ("block_size = [" * 150 + "]" * 150, "not a plain value; set block_size by hand"),
+    ("block_size = " + "[" * 150 + "]" * 150, "not a plain value; set block_size by hand"),
     ('out_dir = "\\ud800"', "# out_dir = '\\ud800': out_dir here takes str; set it by hand"),
     ('out_dir = "a\\x7fb\\x1b[2J"', 'out_dir = "a\\u007fb\\u001b[2J"'),
 ])

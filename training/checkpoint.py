@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save as safetensors_bytes
 
 from common.machine import free_memory, usable_device
 from common.run_folder import BEST, LAST, RunDir, old_format, write_atomic
@@ -34,14 +33,12 @@ HEADER_MAX = 16 << 20  # the header: each tensor's name and shape, and the JSON 
 DEPTH_MAX = 16  # the JSON's nesting (a checkpoint's deepest is 5: optimizer.muon.param_groups.0.betas)
 # What a checkpoint holds: key -> (its types, who needs it): "sample" every reader, "resume" --resume besides,
 # "later" optional (read with a default). model, optimizer and rng hold the tensors; the rest is the JSON.
-CONTENTS = {
-    "format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
-    "run_config": (dict, "sample"), "vocab": (str, "sample"), "iter": (int, "sample"),
-    "optimizer": (dict, "resume"), "rng": (dict, "resume"), "best_val_loss": ((int, float), "resume"),
-    "scaler": ((dict, type(None)), "later"), "train_seconds": ((int, float), "later"), "eval_done": (bool, "later"),
-    "last_eval": (dict, "later"), "evals_since_best": (int, "later"), "data": (dict, "later"),
-    "tokens_per_iter": (int, "later"), "losses": (dict, "later"),
-}
+CONTENTS = {"format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
+            "run_config": (dict, "sample"), "vocab": (str, "sample"), "iter": (int, "sample"),
+            "optimizer": (dict, "resume"), "rng": (dict, "resume"), "best_val_loss": ((int, float), "resume"),
+            "scaler": ((dict, type(None)), "later"), "train_seconds": ((int, float), "later"),
+            "eval_done": (bool, "later"), "last_eval": (dict, "later"), "evals_since_best": (int, "later"),
+            "data": (dict, "later"), "tokens_per_iter": (int, "later"), "losses": (dict, "later")}
 OPTIMIZER_STATE = {"AdamW": ("step", "exp_avg", "exp_avg_sq"), "Muon": ("momentum_buffer",)}  # per stepped weight
 WEIGHT_DTYPES = ("F32", "F16", "BF16", "F64")
 
@@ -100,7 +97,7 @@ def optimizer_parts(saved: dict) -> list[tuple[str, dict]]:
 
 
 def save(state: dict, path: Path) -> None:
-    """Write state as a checkpoint (write_atomic: never half a file); weights that are not finite are refused."""
+    """state written as a checkpoint, whole or not at all (write_atomic); weights that are not finite are refused."""
     if bad := non_finite(state["model"]):
         raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}); the previous "
                         f"checkpoint is kept; try a lower --learning_rate (or --dtype float32), then --resume")
@@ -118,12 +115,31 @@ def save(state: dict, path: Path) -> None:
         tensors.update({"rng.torch": rng["torch"], "rng.batches.generator": rng["batches"]["generator"]})
         tensors.update({"rng.cuda": rng["cuda"]} if rng.get("cuda") is not None else {})
     tensors = {k: t.detach().to("cpu", copy=False).contiguous() for k, t in tensors.items()}
-    data = safetensors_bytes(tensors, metadata={META: json.dumps(doc)})
-    write_atomic(path, lambda f: f.write(data), "checkpoint")
+    write_atomic(path, lambda f: write_safetensors(f, tensors, {META: json.dumps(doc)}), "checkpoint")
 
 
-def refused(path: Path, why: str) -> UserError:
-    return UserError(f"{path} is not a readable checkpoint ({why}); take another checkpoint or train again")
+SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                      torch.uint8: "U8"}
+
+
+def write_safetensors(f, tensors: dict, metadata: dict) -> None:
+    """tensors in safetensors' layout, streamed into f: the header (each tensor's dtype, shape and byte range, then
+    the metadata), padded to 8 bytes, then each tensor's bytes where they lie. (safetensors.torch.save makes one bytes
+    object of them all first, which made a checkpoint slower to write than torch.save's.) safe_open reads it back."""
+    header, end = {"__metadata__": metadata}, 0
+    tensors = dict(sorted(tensors.items(), key=lambda item: (-item[1].element_size(), item[0])))  # each one aligned
+    for name, t in tensors.items():
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [end, end := end + t.nbytes]}
+    text = json.dumps(header).encode()
+    f.write(struct.pack("<Q", len(text) + -len(text) % 8) + text + b" " * (-len(text) % 8))
+    for t in tensors.values():
+        f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+
+
+def refused(path: Path, why: str) -> UserError:  # a file that is no checkpoint of this format
+    return UserError(f"{path} is not a readable checkpoint ({why}): it may be truncated, or not a checkpoint; take "
+                     f"another checkpoint or train again")
 
 
 def damaged(path: Path, name: str, value, rule: str) -> UserError:  # a field whose value breaks its rule
@@ -144,8 +160,9 @@ def read_document(path: Path) -> dict:
     if start.startswith(b"PK\x03\x04"):
         raise old_format(path)
     length = struct.unpack("<Q", start)[0] if len(start) == 8 else size
-    if length > min(HEADER_MAX, size - 8):
-        raise refused(path, f"its header says {length:,} bytes, in a file of {size:,}; at most {HEADER_MAX:,} fit")
+    if length > HEADER_MAX or length > size - 8:
+        raise refused(path, "it is empty" if not size else f"its header says {length:,} bytes, in a file of {size:,}; "
+                                                           f"a checkpoint's takes at most {HEADER_MAX:,}")
     try:
         with safe_open(path, "pt") as st:
             text = (st.metadata() or {}).get(META)
@@ -170,8 +187,8 @@ def of_type(value, kind) -> bool:  # isinstance, but a bool is no number
     return isinstance(value, kind) and (not isinstance(value, bool) or kind is bool)
 
 
-def number(v) -> bool:
-    return of_type(v, (int, float))
+def number(v) -> bool:  # (JSON's numbers: int and float exactly)
+    return type(v) in (int, float)
 
 
 def check_values(values: dict, rules: dict, path: Path, prefix: str = "") -> None:  # name -> (test, what it is)
@@ -210,10 +227,12 @@ def check_document(doc: dict, path: Path, resume: bool):
     check_values(doc.get("data", {}), DATA, path, "data.")
     check_values(doc.get("scaler") or {}, SCALER, path, "scaler.")
     losses, it = doc.get("losses", {"train": [], "eval": []}), doc["iter"]
-    if not (set(losses) == {"train", "eval"} and all(
-            isinstance(losses[name], list) and all(isinstance(p, list) and len(p) == width and type(p[0]) is int
-                                                   and 0 <= p[0] <= it and all(map(number, p[1:])) for p in losses[name])
-            for name, width in (("train", 2), ("eval", 3)))):
+
+    def points(name: str, width: int) -> bool:  # (step from 0 to the checkpoint's, then losses)
+        return isinstance(losses[name], list) and all(isinstance(p, list) and len(p) == width and type(p[0]) is int
+                                                      and 0 <= p[0] <= it and all(map(number, p[1:]))
+                                                      for p in losses[name])
+    if not (set(losses) == {"train", "eval"} and points("train", 2) and points("eval", 3)):
         raise UserError(f"{path} is damaged: its record of the losses so far is malformed; take another checkpoint "
                         f"or train again")
     checked_types({k: v for k, v in doc["run_config"].items() if k in FIELDS}, f"{path} is damaged")
@@ -267,13 +286,14 @@ def optimizer_shapes(doc: dict, model, path: Path) -> dict[str, tuple[str, dict[
                     raise damaged(path, f"{name}.{key}", value, repr(wanted[key]))
                 if key not in wanted and not isinstance(value, (bool, int, float, str, type(None))):
                     raise damaged(path, f"{name}.{key}", value, "a plain value")
-            shapes[where][1].update(zip(wanted["params"], [tuple(p.shape) for p in optimizer.param_groups[i]["params"]]))
+            weights = optimizer.param_groups[i]["params"]
+            shapes[where][1].update((n, tuple(p.shape)) for n, p in zip(wanted["params"], weights))
     return shapes
 
 
 def expected_tensors(doc: dict, config, model, names: set[str], path: Path) -> dict[str, tuple[tuple, tuple]]:
-    """name -> (shape, dtypes) of every tensor the settings imply: the model's weights (a tied head stored once), the
-    optimizer's state of each weight that has stepped (those the file names), the random states."""
+    """name -> (shape, dtypes) of each tensor the settings imply: the weights (a tied head once), the optimizer's
+    state of each weight that has stepped (as the file names them), the random states."""
     wanted = {f"model.{k}": (tuple(t.shape), WEIGHT_DTYPES) for k, t in model.state_dict().items()
               if not (config.tie_weights and k == "lm_head.weight")}
     for where, (kind, shapes) in optimizer_shapes(doc, model, path).items() if "optimizer" in doc else ():
@@ -305,10 +325,17 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
     """A checkpoint's state (CONTENTS), each part checked before it is used: the JSON document, then each tensor's name,
     shape and dtype against those its settings imply, then free memory, then the values. resume: the optimizer and
     random states are required and read, else never read. A failure is one line naming the file and the field."""
+    from model import GPT
+
     target = usable_device(device, f"load {path} onto", "load it onto cpu")  # (before the file: a missing device)
     doc = read_document(path)
     config = check_document(doc, path, resume)
-    model = skeleton(config, path)
+    try:
+        with torch.device("meta"):  # the model's skeleton: shapes, no memory
+            model = GPT(config)
+    except (OverflowError, RuntimeError, ValueError) as err:
+        raise UserError(f"{path}: its model config describes a model that cannot be built "
+                        f"({shown(in_one_line(err)[:120])}); it is damaged") from None
     with safe_open(path, "pt") as st:
         wanted = expected_tensors(doc, config, model, set(st.keys()), path)
         check_tensors(st, wanted, path)
@@ -353,18 +380,6 @@ def optimizer_state(settings: dict, tensors: dict, it: int, path: Path) -> dict:
     return {where[10:]: part for where, part in parts.items()} if len(parts) == 2 else parts["optimizer"]
 
 
-def skeleton(config, path: Path):
-    """The model that config describes, on the meta device (shapes, no memory); one line for impossible sizes."""
-    from model import GPT
-
-    try:
-        with torch.device("meta"):
-            return GPT(config)
-    except (OverflowError, RuntimeError, ValueError) as err:
-        raise UserError(f"{path}: its model config describes a model that cannot be built "
-                        f"({shown(in_one_line(err)[:120])}); it is damaged") from None
-
-
 def step_of(path: Path) -> int | None:  # a checkpoint's step, None where it cannot be read
     try:
         return load(path)["iter"]
@@ -372,7 +387,7 @@ def step_of(path: Path) -> int | None:  # a checkpoint's step, None where it can
         return None
 
 
-RunDir.step_of = staticmethod(step_of)  # (common/ cannot import training/: the run folder reads steps here)
+RunDir.step_of = staticmethod(step_of)  # (common/ cannot import training/, so the run folder reads steps here)
 
 
 def load_model(path: Path, device: torch.device | str = "cpu"):

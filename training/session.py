@@ -116,7 +116,7 @@ class Session:
             self.stop.resume = resume_command(self.run_dir.path)
 
     def save_stopped(self) -> bool:
-        """A stop request ended the loop: rank 0 saves ckpt_last.safetensors, or, while an --overwrite's old run is set aside
+        """A stop request ended the loop: rank 0 saves ckpt_last, or, while an --overwrite's old run is set aside
         (this run has nothing to keep yet), puts that run back. True if it was put back."""
         if not self.d.is_main:
             return False
@@ -232,7 +232,7 @@ class Session:
         self.log.say(f"the losses, every point as logged: {path}")
 
     def hand_over_best(self) -> tuple[int, str]:
-        """Load ckpt_best.safetensors (the lowest validation loss measured) into the model that the full validation measures
+        """Load ckpt_best (the lowest validation loss measured) into the model that the full validation measures
         and the scripts use. Returns (step, file) of the model handed over: the last one where no best is readable."""
         self.d.barrier()  # rank 0 wrote the file; every rank reads it
         path = self.run_dir.path / BEST
@@ -249,7 +249,7 @@ class Session:
         return state["iter"], BEST
 
     def finish(self, wall: float) -> dict:
-        """The end of a finished run: ckpt_last.safetensors where this session wrote no checkpoint (so that it holds the settings
+        """The end of a finished run: ckpt_last where this session wrote no checkpoint (so that it holds the settings
         the run ended with), its best model handed over and fully validated, TensorBoard's HParams figures, and
         summary.json. Returns the summary, with "stopped" when a stop request came during the full validation."""
         run, progress, cfg = self.run, self.progress, self.cfg
