@@ -425,6 +425,15 @@ def test_an_old_checkpoint_converts_once_and_samples_the_same_text(finished, tmp
     refused = script("sample.py", "--ckpt", str(old))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert f"convert it once: python scripts/convert_checkpoint.py {old}" in refused.stderr
+    folder = tmp_path / "old_run"  # a run folder of the old format: --resume and --out_dir name the converter too
+    folder.mkdir()
+    (folder / "ckpt_last.pt").write_bytes(before)
+    for refused in (script("sample.py", "--out_dir", str(folder)),
+                    subprocess.run([sys.executable, str(ROOT / "train.py"), "--out_dir", str(folder), "--resume"],
+                                   capture_output=True, text=True, timeout=300)):
+        assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == (
+            f"error: {folder / 'ckpt_last.pt'} is a checkpoint of the old format, which this version does not read; "
+            f"convert it once: python scripts/convert_checkpoint.py {folder / 'ckpt_last.pt'}"), refused.stderr
     done = script("convert_checkpoint.py", str(old))
     assert done.returncode == 0 and f"wrote {tmp_path / 'ckpt_last.safetensors'}" in done.stdout, done.stderr
     assert old.read_bytes() == before
@@ -522,8 +531,8 @@ def test_a_checkpoint_on_a_full_disk_names_the_full_disk(finished, tmp_path, mon
     def full_disk(fd, mode):
         os.close(fd)
         return Full()
-    monkeypatch.setattr(run_folder.os, "fdopen", full_disk)
     state = checkpoint.load(finished / "ckpt_last.safetensors", resume=True)
+    monkeypatch.setattr(run_folder.os, "fdopen", full_disk)
     with pytest.raises(UserError, match=r"could not write checkpoint .*ckpt\.safetensors \(No space left on device\); "
                                         r"nothing was written; free some disk space"):
         checkpoint.save(state, tmp_path / "ckpt.safetensors")

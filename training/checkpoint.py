@@ -101,7 +101,7 @@ def save(state: dict, path: Path) -> None:
     if bad := non_finite(state["model"]):
         raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}); the previous "
                         f"checkpoint is kept; try a lower --learning_rate (or --dtype float32), then --resume")
-    tied = state["model_config"].get("tie_weights")  # lm_head.weight is wte.weight: safetensors stores it once
+    tied = state.get("model_config", {}).get("tie_weights")  # lm_head.weight is wte.weight: safetensors stores it once
     tensors = {f"model.{k}": t for k, t in state["model"].items() if not (tied and k == "lm_head.weight")}
     doc = {"format": FORMAT, **{k: v for k, v in state.items() if k not in ("model", "optimizer", "rng")}}
     if "optimizer" in state:
