@@ -99,8 +99,9 @@ def optimizer_parts(saved: dict) -> list[tuple[str, dict]]:
 def save(state: dict, path: Path) -> None:
     """state written as a checkpoint, whole or not at all (write_atomic); weights that are not finite are refused."""
     if bad := non_finite(state["model"]):
-        raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}); the previous "
-                        f"checkpoint is kept; try a lower --learning_rate (or --dtype float32), then --resume")
+        raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}): training "
+                        f"diverged; the previous checkpoint is kept; try a lower --learning_rate (or --dtype float32), "
+                        f"then --resume")
     tied = state.get("model_config", {}).get("tie_weights")  # lm_head.weight is wte.weight: safetensors stores it once
     tensors = {f"model.{k}": t for k, t in state["model"].items() if not (tied and k == "lm_head.weight")}
     doc = {"format": FORMAT, **{k: v for k, v in state.items() if k not in ("model", "optimizer", "rng")}}
