@@ -333,6 +333,8 @@ def hostile_checkpoints(finished, rotary, tmp_path):
         (with_header(tmp_path / "garbage", b"{not json"), "not a readable checkpoint (SafetensorError"),
         (with_header(tmp_path / "nested", json.dumps({"__metadata__": {"chargpt": deep}}).encode()),
          "nested 100,000 deep"),
+        (with_header(tmp_path / "objects", json.dumps({"__metadata__": {"chargpt": "[" + "{}," * 2_000_000 + "{}]"}})
+                     .encode()), "in 2,000,002 lists and objects (at most 2,000,000)"),
         (with_header(tmp_path / "digits", json.dumps({"__metadata__": {"chargpt": text.replace(
             '"iter": ', '"iter": ' + "9" * 10_000 + ', "x": ', 1)}}).encode()), "its settings are not JSON"),
         (forged(last, tmp_path / "deep.pt", model_config={"n_layer": 200, "n_embd": 8192}),

@@ -31,6 +31,7 @@ FORMAT = 2
 META = "chargpt"  # the metadata key of the JSON document
 HEADER_MAX = 16 << 20  # the header: each tensor's name and shape, and the JSON (about 15 bytes per logged loss)
 DEPTH_MAX = 16  # the JSON's nesting (a checkpoint's deepest is 5: optimizer.muon.param_groups.0.betas)
+CONTAINERS_MAX = 2_000_000  # the JSON's lists and objects: one per logged loss, besides a few
 # What a checkpoint holds: key -> (its types, who needs it): "sample" every reader, "resume" --resume besides,
 # "later" optional (read with a default). model, optimizer and rng hold the tensors; the rest is the JSON.
 CONTENTS = {"format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
@@ -172,9 +173,11 @@ def read_document(path: Path) -> dict:
     if not isinstance(text, str):
         raise refused(path, "its header holds no settings")
     brackets = np.frombuffer(re.sub(r'"[^"\\]*(?:\\.[^"\\]*)*"', "", text).encode("utf-8", "surrogatepass"), np.uint8)
-    depth = np.cumsum(np.isin(brackets, (91, 123)).astype(np.int64) - np.isin(brackets, (93, 125)))
-    if depth.size and depth.max() > DEPTH_MAX:
-        raise refused(path, f"its settings are nested {depth.max():,} deep, more than {DEPTH_MAX}")
+    opens = np.isin(brackets, (91, 123))  # [ and {: a list or an object each, ~100 bytes once parsed
+    depth = np.cumsum(opens.astype(np.int32) - np.isin(brackets, (93, 125)), dtype=np.int32)
+    if depth.size and (depth.max() > DEPTH_MAX or opens.sum() > CONTAINERS_MAX):
+        raise refused(path, f"its settings are nested {depth.max():,} deep (at most {DEPTH_MAX}), in {opens.sum():,} "
+                            f"lists and objects (at most {CONTAINERS_MAX:,})")
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as err:  # (an integer of more than 4,300 digits is a ValueError)
