@@ -6,6 +6,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shlex
 import signal
 import stat
@@ -116,6 +117,15 @@ def disk_error(err: BaseException) -> str:
     return text[:160]
 
 
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def shown(text: str) -> str:
+    """text as it may reach a terminal: control characters (ESC, BEL, CR, ...) written as visible escapes (\\x1b),
+    newlines and tabs kept. Every text read from a file reaches the terminal through it."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
 def in_one_line(err: BaseException) -> str:
     """'Type: first line of the message', for a warning. A compiler failure names the error it carries."""
     err = getattr(err, "inner_exception", None) or err
@@ -183,7 +193,7 @@ def output_folder(folder: Path, option: str) -> Iterator[Path]:
 def _tell(line: str) -> None:
     """The command's last line, on stderr; if stderr's reader has gone, nowhere, and the exit code stays."""
     try:
-        print(line, file=sys.stderr, flush=True)
+        print(shown(line), file=sys.stderr, flush=True)
     except (OSError, ValueError):
         _to_nowhere(sys.stderr)
 

@@ -155,7 +155,7 @@ class TrainedRun:
 
 
 def chargpt(run: str, device: str = "cpu") -> TrainedRun:
-    """The model of a run folder (its ckpt_best.pt, else ckpt_last.pt) or of a checkpoint file, on device."""
+    """The model of a run folder (its ckpt_best, else ckpt_last) or of a checkpoint file, on device."""
     with _project():
         checkpoint = importlib.import_module("training.checkpoint")
         run_folder = importlib.import_module("common.run_folder")

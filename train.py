@@ -334,7 +334,7 @@ def train_opened(s: Session, source: Path | None) -> dict:
     s.draw_losses()
     if "seconds" in summary:
         log.say(run.phases.line(summary["seconds"]))
-    # the model handed over: --out_dir would read an unreadable ckpt_best.pt before ckpt_last.pt
+    # the model handed over; a ckpt_best left unreadable beside ckpt_last would be the one --out_dir reads
     model = (f"--ckpt {shlex.quote(str(run_dir.path / LAST))}" if summary["model_checkpoint"] == LAST
              and (run_dir.path / BEST).exists() else f"--out_dir {where}")
     log.say(f"sample it: {python_command('scripts/sample.py')} {model}")

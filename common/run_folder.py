@@ -2,8 +2,8 @@
 replacement of the run in it (--overwrite's keep-aside), the checkpoint a script reads from it, and the atomic writes
 of every file a run or a script writes.
 
-States: empty (a new run starts) -> running (locked by its owner) -> stopped (ckpt_last.pt, resumable) -> finished
-(ckpt_last.pt at max_iters and summary.json). A folder with only ckpt_best.pt can be continued from it; one with only
+States: empty (a new run starts) -> running (locked by its owner) -> stopped (ckpt_last, resumable) -> finished
+(ckpt_last at max_iters and summary.json). A folder with only ckpt_best can be continued from it; one with only
 the logs of a run that saved no checkpoint can only be replaced. --overwrite sets the old run aside in .replaced/
 (set_aside) and deletes it only once the new run has something better to keep: an evaluation after step 0, or its
 end. A stop before that puts the old run back, and after a crash the folder's next owner does (put_back), where the
@@ -32,7 +32,8 @@ from typing import BinaryIO, Callable
 from data import gate
 from errors import UserError, disk_error, python_command, space_or_place
 
-BEST, LAST = "ckpt_best.pt", "ckpt_last.pt"  # a run folder's two checkpoints: its model, and the latest state
+BEST, LAST = "ckpt_best.safetensors", "ckpt_last.safetensors"  # a run's two checkpoints: its model, its latest state
+OLD_CHECKPOINTS = ("ckpt_last.pt", "ckpt_best.pt")  # the format before: scripts/convert_checkpoint.py converts them
 LOSS_PICTURE = "loss.png"  # the run's losses, every point, drawn at its end
 SUMMARY = "summary.json"  # a finished run's figures
 ASIDE = ".replaced"  # where --overwrite keeps the old run until the new one has something better
@@ -43,7 +44,13 @@ CHECKPOINTS = (LAST, BEST)
 LOGS = (SUMMARY, LOSS_PICTURE, "events.out.tfevents.*")
 RECORD = "set_aside.json"  # in .replaced/: what the replacing run moved there, written before it moves anything
 # The temporary files write_atomic makes in a run folder (NAME.tmp-XXXXXXXX): the only ones removed as leftovers.
-OWN_TEMPORARY = re.compile(r"(ckpt_last\.pt|ckpt_best\.pt|summary\.json|loss\.png)\.tmp-[a-z0-9_]{8}")
+OWN_TEMPORARY = re.compile(r"(ckpt_last\.safetensors|ckpt_best\.safetensors|summary\.json|loss\.png)\.tmp-[a-z0-9_]{8}")
+
+
+def old_format(path: Path) -> UserError:
+    """The refusal of a checkpoint of the format before (a zip that only torch.load reads), naming its converter."""
+    return UserError(f"{path} is a checkpoint of the old format, which this version does not read; convert it once: "
+                     f"{python_command('scripts/convert_checkpoint.py')} {shlex.quote(str(path))}")
 
 
 def command_line() -> str:
@@ -141,6 +148,10 @@ class RunDir:
             try:
                 self.made = (not self.path.exists(), not (self.path / LOCK).exists())
                 self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as err:  # (a folder of /proc: "no such file", each time)
+                raise UserError(f"--out_dir {self.path} cannot be written ({disk_error(err)}); "
+                                f"choose another --out_dir") from None
+            try:
                 self.found = set(os.listdir(self.path)) - {LOCK}
                 fd = open_lock(self.path / LOCK, create=True)
             except FileNotFoundError:
@@ -282,7 +293,7 @@ class RunDir:
         in_aside = {name for name in moved if (aside / name).is_file()}
         newer = [path for path in self.checkpoints() + self.logs() if path.name not in moved.keys() - in_aside]
         trained = [path.name for path in newer if path.name == SUMMARY or
-                   (path.name in CHECKPOINTS and self._step_of(path) != 0)]
+                   (path.name in CHECKPOINTS and self.step_of(path) != 0)]
         if trained:
             raise UserError(f"{self.path} holds a run past step 0 ({trained[0]}) beside the run an --overwrite set "
                             f"aside in {aside}, so neither is deleted; keep the one you want: remove {aside} to keep "
@@ -311,14 +322,8 @@ class RunDir:
             os.replace(path, kept / path.name)
         return kept
 
-    @staticmethod
-    def _step_of(path: Path) -> int | None:
-        """A checkpoint's step, read through the gate (data.gate.read_checkpoint); None when it cannot be read."""
-        try:
-            state, _ = gate.read_checkpoint(path)
-            return state["iter"] if isinstance(state, dict) and type(state.get("iter")) is int else None
-        except (UserError, OSError):  # any damage: not proven to be an untrained replacement
-            return None
+    # A checkpoint's step, or None (not proven an untrained replacement): training.checkpoint sets its reader here.
+    step_of: Callable[[Path], int | None] = staticmethod(lambda path: None)
 
     def replace_old_run(self, say) -> str | None:
         """--overwrite: set the old run aside, said; returns what a stop now does instead of saving (None: no run)."""
@@ -366,9 +371,10 @@ class RunDir:
         return [p for p in self.logs() if not p.name.startswith("events.out.tfevents.")]
 
     def resume_from(self) -> Path:
-        """The checkpoint --resume continues: ckpt_last.pt, else ckpt_best.pt; one line saying why not otherwise."""
-        if found := self.checkpoints():  # in the order of CHECKPOINTS: ckpt_last.pt first
+        """The checkpoint --resume continues: ckpt_last, else ckpt_best; one line saying why not otherwise."""
+        if found := self.checkpoints():  # in the order of CHECKPOINTS: ckpt_last first
             return found[0]
+        self.refuse_old()
         if self.logs():
             again = ("with --overwrite instead of --resume (it replaces them)" if self.logs_besides_events() else
                      "without --resume (its logs are kept in a folder of their own)")
@@ -376,6 +382,11 @@ class RunDir:
                             f"checkpoint, so there is nothing to continue; start it again {again}")
         raise UserError(f"--resume: there is no {self.path / LAST} to continue (no run there); drop --resume "
                         f"to start a new run")
+
+    def refuse_old(self) -> None:
+        """A folder whose only checkpoints are of the old format: one line naming the converter."""
+        if old := [self.path / name for name in OLD_CHECKPOINTS if (self.path / name).is_file()]:
+            raise old_format(old[0])
 
     def check_new_run(self, overwrite: bool, say=print) -> None:
         """A new run needs an empty folder or --overwrite, else one line saying what is there and the ways on. Events
@@ -392,13 +403,15 @@ class RunDir:
                 f"are kept in {kept}")
             return
         where = shlex.quote(str(self.path))
+        if not self.checkpoints():
+            self.refuse_old()
         if (self.path / LAST).is_file():
             raise UserError(f"{self.path} already holds a run; pass --resume to continue it "
                             f"({python_command('train.py')} --out_dir {where} --resume), --overwrite to replace it, or "
                             f"choose another --out_dir")
         if self.checkpoints():
-            raise UserError(f"{self.path} holds a run with ckpt_best.pt but no ckpt_last.pt; --resume continues "
-                            f"from ckpt_best.pt, --overwrite replaces it, or choose another --out_dir")
+            raise UserError(f"{self.path} holds a run with {BEST} but no {LAST}; --resume continues from {BEST}, "
+                            f"--overwrite replaces it, or choose another --out_dir")
         if logs := self.logs():
             raise UserError(f"{self.path} holds a run's logs ({', '.join(sorted(p.name for p in logs)[:3])}) but no "
                             f"checkpoint; --overwrite replaces them, or choose another --out_dir")
@@ -489,7 +502,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
          say: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
          option: str = "--out_dir") -> Path:
     """The checkpoint a script reads: --ckpt FILE (without --out_dir), else the first of names in out_dir (by default
-    ckpt_best.pt, the lowest validation loss, then ckpt_last.pt); with neither, the newest run in out/ not still
+    ckpt_best, the lowest validation loss, then ckpt_last); with neither, the newest run in out/ not still
     training, said, so the command after `python train.py` needs no folder name (which depends on the corpus the run
     could reach).
     option: how the caller's user gives the folder (the scripts' --out_dir, the Python API's run argument), named
@@ -534,6 +547,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
     for name in names:
         if (folder / name).exists():
             return folder / name
+    RunDir(folder).refuse_old()
     if owner:
         raise UserError(f"{out_dir} holds no {' or '.join(names)} yet: {owner} is training there; wait for its first "
                         f"evaluation, which saves one")

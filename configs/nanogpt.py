@@ -7,11 +7,12 @@ import ast
 import json
 import math
 import operator
+import re
 from pathlib import Path
 
 from configs.schema import CONFIG_MAX_BYTES, FIELDS, FIXED, TYPES
 from data.gate import read_small, utf8_text
-from errors import UserError, python_command
+from errors import UserError, python_command, shown
 
 # nanoGPT's train.py settings that this trainer names or does otherwise: what to give instead. (The rest of its
 # settings, out_dir to compile, have the same names here.)
@@ -24,7 +25,7 @@ TRAIN_SETTINGS = {
     "dataset": "here it is --data: a text file, a folder of text files, or a named corpus, shakespeare (nanoGPT's "
                "shakespeare_char) or pystdlib; the characters are prepared on the fly, no prepare.py first",
     "eval_only": "evaluating a trained model is python scripts/evaluate.py --out_dir RUN (its loss on any text)",
-    "always_save_checkpoint": "every evaluation saves ckpt_last.pt, and ckpt_best.pt when it beats the best "
+    "always_save_checkpoint": "every evaluation saves ckpt_last, and ckpt_best when it beats the best "
                               "validation loss; the run's model is its best: nothing to set",
     "decay_lr": "the learning rate always falls from --learning_rate to --min_lr; give --min_lr equal to "
                 "--learning_rate for a constant rate",
@@ -66,27 +67,37 @@ ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.m
               ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
 
 
-def plain_value(node: ast.AST):
-    """A literal, or arithmetic on numbers (nanoGPT writes gradient_accumulation_steps = 5 * 8); ValueError for
-    anything else (a name, a call): nothing of the file is ever run."""
+VALUE_BITS, STRING_MAX, NODES_MAX = 256, 4096, 100  # a setting's bounds, on the way to its value too
+
+
+def plain_value(node: ast.AST, top: bool = True):
+    """A literal, or arithmetic on numbers (nanoGPT writes gradient_accumulation_steps = 5 * 8), every value on the way
+    bounded (VALUE_BITS, STRING_MAX, NODES_MAX); ValueError for anything else: nothing of the file is ever run."""
+    if top and sum(1 for _ in ast.walk(node)) > NODES_MAX:
+        raise ValueError("too long an expression")
     if isinstance(node, ast.BinOp) and type(node.op) in ARITHMETIC:
-        left, right = plain_value(node.left), plain_value(node.right)
+        left, right = plain_value(node.left, False), plain_value(node.right, False)
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (left, right)):
             raise ValueError("arithmetic on something other than numbers")
-        if isinstance(node.op, ast.Pow) and abs(right) > 64:
+        if isinstance(node.op, ast.Pow) and (abs(right) > 64 or isinstance(left, int)
+                                             and left.bit_length() * abs(right) > VALUE_BITS):
             raise ValueError("too large a power")
-        return ARITHMETIC[type(node.op)](left, right)
-    return ast.literal_eval(node)
+        value = ARITHMETIC[type(node.op)](left, right)
+    else:
+        value = ast.literal_eval(node)
+    if isinstance(value, int) and value.bit_length() > VALUE_BITS or isinstance(value, str) and len(value) > STRING_MAX:
+        raise ValueError("too large a value")
+    return value
 
 
 def toml_value(value) -> str | None:
-    """value as a TOML value (None where TOML has none for it)."""
+    """value as a TOML value (None where TOML has none for it, such as a string holding a lone surrogate)."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
         return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    if isinstance(value, str) and not re.search("[\ud800-\udfff]", value):  # a JSON string is a TOML basic string
+        return re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m[0]):04x}", json.dumps(value, ensure_ascii=False))
     return None
 
 
@@ -159,7 +170,7 @@ def python_config(spec: str, say=print) -> UserError:
     if not path.exists():
         return UserError(f"--config {spec}: no such file; presets are TOML files ({python_command('train.py')} --help "
                          f"lists them)")
-    say(as_toml(path).rstrip("\n"))
+    say(shown(as_toml(path).rstrip("\n")))
     return UserError(f"{spec} is a Python config (nanoGPT's configurator runs it); this trainer reads TOML "
                      f"and runs no config: its settings as TOML are printed above; save them as {path.stem}.toml "
                      f"and pass --config {path.stem}.toml")

@@ -69,7 +69,7 @@ class TrainConfig(Architecture):  # the model's fields first
     # run
     out_dir: str = setting("", "output folder for checkpoints, TensorBoard events and summary.json (empty: "
                                "out/<config>)")
-    resume: bool = setting(False, "continue the run in out_dir from its ckpt_last.pt")
+    resume: bool = setting(False, "continue the run in out_dir from its ckpt_last.safetensors")
     overwrite: bool = setting(False, "replace a different run already in out_dir")
     init_from: str = setting("", "fine-tune: start a new run from a trained model (a run folder or checkpoint), "
                                  "keeping its architecture")

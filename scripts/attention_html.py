@@ -42,7 +42,7 @@ MAX_CORPUS_BYTES = 100_000_000  # a corpus file read again for its validation te
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best.pt, else ckpt_last.pt")
+    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best, else ckpt_last")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--text", default=None, help="the text the page opens with (at most the model's block_size "
                                                 "characters; the page lets you type another); by default a line of "

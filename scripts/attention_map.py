@@ -22,7 +22,7 @@ loaded()
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description="Render the attention weights of a trained model for a text, one panel per head.")
-    p.add_argument("--out_dir", default="", help="a run folder (uses ckpt_best.pt, else ckpt_last.pt)")
+    p.add_argument("--out_dir", default="", help="a run folder (uses its ckpt_best, else ckpt_last)")
     p.add_argument("--ckpt", default="", help="a checkpoint file instead of --out_dir")
     p.add_argument("--text", required=True, help="the text to look at (at most block_size characters)")
     p.add_argument("--png", required=True, help="where to write the picture")

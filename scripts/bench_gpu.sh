@@ -150,7 +150,7 @@ part_smoke() {
             --warmup 3 --iters "$iters" --host_syncs "$syncs"
     done
     for kind in eager compiled; do
-        check "sampling $kind: a padded batch, host syncs counted" python -c "$decoding" "$run_dir/ckpt_best.pt" \
+        check "sampling $kind: a padded batch, host syncs counted" python -c "$decoding" "$run_dir/ckpt_best.safetensors" \
             $kind "$tokens" 1
     done
     verdict_summary smoke
@@ -234,7 +234,7 @@ part_runs() {
         --compile true "${common[@]}"
     run python scripts/bench_run.py --out_dir "$work/warm" --repeat 3 --compare compile=true,false "${common[@]}"
     local model
-    model=$(find "$work/warm" -name ckpt_best.pt -print -quit)
+    model=$(find "$work/warm" -name ckpt_best.safetensors -print -quit)
     for compiled in --no-compile --compile; do
         run python scripts/sample.py --ckpt "$model" --max_new_tokens "$tokens" --no-stream "$compiled"
     done

@@ -32,7 +32,7 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpe
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best.pt, else ckpt_last.pt")
+    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best, else ckpt_last")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--chars", type=int, default=64, help="characters the forward pass reads")
     p.add_argument("--passes", type=int, default=30, help="forward passes timed (the median is reported)")

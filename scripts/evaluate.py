@@ -32,7 +32,7 @@ from data.gate import recorded_size, recorded_text  # noqa: E402
 from data.loader import Windows, check_stride  # noqa: E402
 from data.prepare import check_encoding, read_text  # noqa: E402
 from errors import (ArgumentParser, UserError, check_output_file, disk_error,  # noqa: E402
-                    run_cli)
+                    run_cli, shown)
 from training import checkpoint  # noqa: E402
 from training.evaluation import score  # noqa: E402
 from training.report import PlainProgress  # noqa: E402
@@ -41,8 +41,8 @@ loaded()
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    p.add_argument("--out_dir", default="", help="a run folder: uses its model, ckpt_best.pt (else ckpt_last.pt)")
-    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir), e.g. RUN/ckpt_last.pt")
+    p.add_argument("--out_dir", default="", help="a run folder: uses its model, ckpt_best (else ckpt_last)")
+    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir), such as RUN/ckpt_last.safetensors")
     p.add_argument("--data", default=None, help="text file, folder of text files, or a named corpus (as train.py); "
                                               "default: the text the run trained on")
     p.add_argument("--split", choices=("val", "all"), default="val",
@@ -81,23 +81,23 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
     not the text the checkpoint records, as pystdlib differs between Python versions); a file the checkpoint names
     only where it is one regular file of the size and checksum the checkpoint records (data.gate.recorded_text: a
     checkpoint may come from someone else); else one line asking for --data."""
-    shown = run.data if run.data.isprintable() else repr(run.data)  # a checkpoint's words, never terminal codes
     record = state.get("data") or {}
     if run.data in NAMED:
         digest = hashlib.sha256()
         try:
             text, name = read_corpus(run.data, args.cache_dir, run.encoding, run.encoding_errors, digest)
         except UserError as err:
-            raise UserError(f"no --data given; the run trained on {shown}, and "
+            raise UserError(f"no --data given; the run trained on {shown(run.data)}, and "
                             f"{str(err).removeprefix(f'--data {run.data}: ')}") from None
         if record.get("sha256") not in (None, digest.hexdigest()):
-            print(f"note: {name} here is not the text {path} was trained on (its checksum differs): these figures "
-                  f"are this text's", file=sys.stderr)
+            print(shown(f"note: {name} here is not the text {path} was trained on (its checksum differs): these "
+                        f"figures are this text's"), file=sys.stderr)
         return text, name
     source = Path(run.data).expanduser()
     if source.is_dir():
-        raise UserError(f"no --data given: {path} was trained on the folder {shown}, which is read only when named; "
-                        f"give --data {shlex.quote(shown)} (or another text)")
+        raise UserError(f"no --data given: {path} was trained on the folder {shown(run.data)}, which is read only "
+                        f"when named; "
+                        f"give --data {shlex.quote(shown(run.data))} (or another text)")
     why = "it is missing" if not source.exists() else recorded_size(source, record)  # (the gate's reasons)
     if why is None:
         why = "it is not the text it was trained on (its checksum differs)"
@@ -111,7 +111,8 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
             why = f"it does not decode as {run.encoding}"
         except UserError:  # the gate's: what is there now is not what was looked at
             why = "it changed while it was read"
-    raise UserError(f"no --data given, and the text {path} was trained on, {shown}, is not here as it was: {why}; give "
+    raise UserError(f"no --data given, and the text {path} was trained on, {shown(run.data)}, is not here as it was: "
+                    f"{why}; give "
                     f"the text with --data FILE")
 
 
@@ -207,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = tokenizer.unknown(text)
     counts = {ch: text.count(ch) for ch in dict.fromkeys(unknown)}
     if counts and args.unknown == "error":
-        shown = " ".join(repr(ch) for ch in list(counts)[:20]) + (" ..." if len(counts) > 20 else "")
+        listed = " ".join(repr(ch) for ch in list(counts)[:20]) + (" ..." if len(counts) > 20 else "")
         raise UserError(f"--data {args.data or name}: {sum(counts.values())} characters the model never saw "
-                        f"({len(counts)} different: {shown}); pass --unknown skip to leave them out")
+                        f"({len(counts)} different: {listed}); pass --unknown skip to leave them out")
     known = "".join(ch for ch in text if ch in tokenizer.stoi) if counts else text
     if len(known) < 2:
         raise UserError(f"--data {args.data or name}: no text to score"
@@ -218,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.from_numpy(tokenizer.encode_array(known).astype(np.int32))  # 4 bytes a character, not a list's 36
 
     dtype = str(rt.dtype).removeprefix("torch.")
-    print(f"{path}: step {state['iter']}, block_size {block_size}; scoring {len(ids) - 1:,} characters of {name} "
-          f"({args.split}), stride {stride}, in {dtype}", file=sys.stderr)
+    print(shown(f"{path}: step {state['iter']}, block_size {block_size}; scoring {len(ids) - 1:,} characters of "
+                f"{name} ({args.split}), stride {stride}, in {dtype}"), file=sys.stderr)
     todo = Windows(len(ids), block_size, stride)
     check_memory(model, batch_size, block_size, rt.device)
     try:
@@ -249,9 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                "block_size": block_size, "split": args.split, "dtype": dtype, "data": name, "checkpoint": str(path),
                "step": state["iter"]}
     skipped = f"; {figures['unknown']:,} unknown characters left out" if counts else ""
-    shown = f"{perplexity:.2f}" if perplexity is not None else f"e^{loss:.0f} (too large for a number)"
+    perplexity_text = f"{perplexity:.2f}" if perplexity is not None else f"e^{loss:.0f} (too large for a number)"
     print(f"loss {loss:.4f} nats per character, {figures['bits_per_char']:.3f} bits per character, perplexity "
-          f"{shown}, over {scored:,} characters{skipped}")
+          f"{perplexity_text}, over {scored:,} characters{skipped}")
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(figures, indent=1, allow_nan=False) + "\n", "the figures file",
                           "--json")

@@ -36,7 +36,7 @@ ONNX_OPSET = 18
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    p.add_argument("--out_dir", default="", help="a run folder: exports its model, ckpt_best.pt (else ckpt_last.pt)")
+    p.add_argument("--out_dir", default="", help="a run folder: exports its model, ckpt_best (else ckpt_last)")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--to", default="", help="the folder to write into (default: export/ in the run's folder)")
     p.add_argument("--onnx", default=None, action=BooleanFlag,
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"this export's, and any other of its files an earlier export's; export again") from None
     print(f"{path}: step {state['iter']}, {model.num_params(non_embedding=False):,} parameters; wrote "
           f"{', '.join(written)} into {folder}")
-    if owner := holder(path.parent):  # the run goes on: its ckpt_best.pt may be replaced by a better model
+    if owner := holder(path.parent):  # the run goes on: its ckpt_best.safetensors may be replaced by a better model
         print(f"note: {owner} is still training {path.parent}; this export is of its {path.name} at step "
               f"{state['iter']}", file=sys.stderr)
     if args.onnx is None and missing:

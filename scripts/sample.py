@@ -21,7 +21,7 @@ from common.machine import choose_threads, for_sampling, free_memory, is_out_of_
 from common.run_folder import find  # noqa: E402
 from configs.schema import check_num_threads  # noqa: E402
 from data.gate import read_small, utf8_text  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, run_cli, shown  # noqa: E402
 from model.generate import (NonFiniteLogits, Sampling, bytes_needed, check_length_and_seed, compiled_step,  # noqa: E402
                             generate, one_token_step)
 from training.checkpoint import load_model  # noqa: E402
@@ -30,7 +30,7 @@ loaded()
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description="Generate text from a checkpoint written by train.py.")
-    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best.pt, else ckpt_last.pt")
+    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best, else ckpt_last")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--prompt", "--start", default=None,
                    help="text to continue, or FILE:path to read it from a file (--start, as nanoGPT's, is the same) "
@@ -159,12 +159,12 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
     first = int(stream)
     kept, done = torch.empty(len(rows) - first, args.max_new_tokens, dtype=torch.long), 0
     if stream:
-        print(texts[0], end="", flush=True)
+        print(shown(texts[0]), end="", flush=True)
 
     def keep(ids: torch.Tensor) -> None:  # (B, n): the next n characters of every row
         nonlocal done
         if stream:
-            print(tokenizer.decode(ids[0].tolist()), end="", flush=True)
+            print(shown(tokenizer.decode(ids[0].tolist())), end="", flush=True)
         if len(kept):  # (none for a single streamed row: nothing done per character but its print)
             kept[:, done:done + ids.shape[1]] = ids[first:]
         done += ids.shape[1]
@@ -175,11 +175,11 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
     try:
         generate(model, rows, args.max_new_tokens, on_tokens=keep, **settings)
     except KeyboardInterrupt:  # (Ctrl-C, SIGTERM): what was drawn is printed, not lost
-        print(the_rest(), flush=True)
+        print(shown(the_rest()), flush=True)
         each = " of each sample" if len(rows) > 1 else ""
         raise Interrupted(f"stopped after {done:,} of the {args.max_new_tokens:,} new characters{each}; those are "
                           f"printed") from None
-    print(the_rest())
+    print(shown(the_rest()))  # (a model may draw ESC or BEL: the terminal sees them escaped)
 
 
 PROBE_CHARACTERS = 8  # characters drawn per timed call when the thread count is measured
@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     data = state.get("data") if isinstance(state.get("data"), dict) else {}
     val = state.get("best_val_loss")
     loss = f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else ""
-    print(f"{path}: step {state['iter']}{loss}, trained on {data.get('source', 'an unrecorded corpus')}; sampling on "
+    source = shown(str(data.get('source', 'an unrecorded corpus')))  # (a checkpoint's words, never terminal codes)
+    print(f"{path}: step {state['iter']}{loss}, trained on {source}; sampling on "
           f"{rt.device_type} in {str(rt.dtype).removeprefix('torch.')}", file=sys.stderr)  # stdout stays the text
     prompts = prompts or [tokenizer.default_prompt(data.get("first_char"))]
     with memory_checked(model, prompts, args, rt.device):

@@ -117,6 +117,22 @@ def train_debug(corpus: Path, out_dir: Path, *extra: str) -> dict:
     return train.train(cfg, explicit, say=lambda message: None)
 
 
+def checkpoint_parts(path: Path) -> tuple[dict, dict]:
+    """(tensors, settings) of a checkpoint file as stored, read with safetensors alone: for damaged copies."""
+    import json
+    from safetensors import safe_open
+    with safe_open(path, "pt") as f:
+        return {name: f.get_tensor(name) for name in f.keys()}, json.loads(f.metadata()["chargpt"])
+
+
+def write_checkpoint(path: Path, tensors: dict, settings: dict) -> Path:
+    """A checkpoint file of exactly these tensors and settings, however wrong they are."""
+    import json
+    from safetensors.torch import save
+    path.write_bytes(save(tensors, metadata={"chargpt": json.dumps(settings)}))
+    return path
+
+
 def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     """A script's main() through run_cli, as its command runs it, in this process (a new interpreter would spend
     seconds importing torch again): its exit code and what it printed."""

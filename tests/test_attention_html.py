@@ -68,7 +68,7 @@ def page(run):
 
 def test_the_page_carries_every_weight_of_the_model_bit_for_bit(run, page):
     data = embedded(page.read_text(encoding="utf-8"))
-    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.safetensors")
     carried = np.frombuffer(base64.b64decode(data["weights"]), dtype="<f4")
     weights = model.state_dict()
     assert set(data["tensors"]) == set(weights) - {"lm_head.weight"}  # tied: the head is the token embedding
@@ -82,7 +82,7 @@ def test_the_page_references_nothing_outside_itself(run, page):
     html = page.read_text(encoding="utf-8")
     for outside in ("http:", "https:", "src=", "href=", "@import", "url(", "//cdn", "<link", "fetch("):
         assert outside not in html, outside
-    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.safetensors")
     text = "</script><b>x"  # user text cannot end the data script or inject markup
     hostile = attention_html.page(model, tokenizer.chars, text, "</script>t", {"path": "</script><b>run"})
     assert "</script><b>" not in hostile and embedded(hostile)["text"] == text
@@ -142,7 +142,7 @@ def span_weights(html: str) -> list[tuple[str, float]]:
 
 @needs_browser
 def test_in_a_real_browser_the_text_shows_and_a_hover_highlights_that_characters_weights(run, page):
-    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.safetensors")
     weights = attention_html.attention_of(model, tokenizer.encode(TEXT))
     still = span_weights(dom(page, "#view=2"))
     shown = "".join(ch for ch, _ in still).replace("&nbsp;", " ").replace("\u00a0", " ").replace("\u21b5", "\n")
@@ -165,7 +165,7 @@ VARIANTS = {  # every architecture option, each in some variant
 def variant_checkpoint(run, name: str):
     """The trained debug run's checkpoint with a model of the variant's shape in it, its weights drawn large enough
     that attention is far from uniform and every nonlinearity is used over its range."""
-    state = checkpoint.load(run / "run" / "ckpt_best.pt")
+    state = checkpoint.load(run / "run" / "ckpt_best.safetensors")
     config = ModelConfig(**{**state["model_config"], **VARIANTS[name]})
     torch.manual_seed(len(name))
     model = GPT(config)
@@ -174,8 +174,8 @@ def variant_checkpoint(run, name: str):
             param.copy_(torch.randn_like(param) * (0.2 if "ln" not in param_name else 0.3)
                         + (1.0 if param_name.endswith("ln_1.weight") or param_name.endswith("ln_2.weight")
                            or param_name == "ln_f.weight" else 0.0))
-    path = run / f"{name}.pt"
-    torch.save({**state, "model": model.state_dict(), "model_config": config.to_dict()}, path)
+    path = run / f"{name}.safetensors"
+    checkpoint.save({**state, "model": model.state_dict(), "model_config": config.to_dict()}, path)
     return path, model.eval(), CharTokenizer(state["vocab"])
 
 
@@ -334,7 +334,7 @@ def test_in_a_real_browser_the_rotary_query_is_the_projection_normalised_and_tur
 
 @needs_browser
 def test_in_a_real_browser_greedy_appending_is_generate_and_a_seed_repeats_its_draws(run, page):
-    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.safetensors")
     greedy = numbers(page, text="ROMEO", temperature=0, append=6)["text"]
     expected = generate(model, [tokenizer.encode("ROMEO")], 6, temperature=0)[0]
     assert greedy == "ROMEO" + tokenizer.decode(expected)
@@ -362,10 +362,10 @@ def test_the_page_benchmark_reports_the_forward_pass_in_the_browser(run, tmp_pat
 def test_the_page_benchmark_stopped_by_sigterm_leaves_no_folder_and_no_chromium(run, tmp_path):
     """bench_page.py sent SIGTERM while Chromium runs the page: it exits with 130, Chromium and its helpers are gone,
     and its temporary folder (the page, Chromium's profile and singleton socket) is removed."""
-    state = checkpoint.load(run / "run" / "ckpt_best.pt")
+    state = checkpoint.load(run / "run" / "ckpt_best.safetensors")
     config = ModelConfig(**{**state["model_config"], "n_layer": 4, "n_head": 4, "n_embd": 192, "block_size": 64})
-    path = tmp_path / "wide.pt"  # a model whose 1000 forward passes take Chromium a minute or more
-    torch.save({**state, "model": GPT(config).state_dict(), "model_config": config.to_dict()}, path)
+    path = tmp_path / "wide.safetensors"  # a model whose 1000 forward passes take Chromium a minute or more
+    checkpoint.save({**state, "model": GPT(config).state_dict(), "model_config": config.to_dict()}, path)
     # A short temporary directory: Chromium aborts where the path of its singleton socket in it is too long for a
     # Unix socket (108 bytes), as pytest's own tmp_path can be.
     temp = Path(tempfile.mkdtemp(prefix="bench-", dir="/tmp"))
@@ -403,7 +403,7 @@ def test_a_learner_types_clicks_and_appends_and_every_view_follows(run, page):
     """Driven as a person drives it (keys typed one by one, real mouse clicks): each keystroke recomputes the model,
     whose logits equal PyTorch's for the text typed so far; a click picks the character the steps explain; the button
     appends a character the model finds possible."""
-    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    model, tokenizer, _ = checkpoint.load_model(run / "run" / "ckpt_best.safetensors")
     browser = fresh_tab()
     browser.open(page.as_uri())
     browser.type("soft, wh", into="#input", replace=True)  # over the opening text
@@ -432,9 +432,9 @@ ASTRAL = str.maketrans({"R": "\U0001f389", "O": "\U0001d4b3", "M": "\ud83d", "E"
 def test_in_a_real_browser_characters_beyond_the_basic_plane_keep_their_ids(run, tmp_path):
     """With astral characters and lone surrogates in the vocabulary, the page reads the opening text as the model's
     own ids, computes PyTorch's logits, and appends greedily exactly the ids generate() appends (none undefined)."""
-    state = checkpoint.load(run / "run" / "ckpt_best.pt")
-    path = tmp_path / "astral.pt"
-    torch.save({**state, "vocab": state["vocab"].translate(ASTRAL)}, path)
+    state = checkpoint.load(run / "run" / "ckpt_best.safetensors")
+    path = tmp_path / "astral.safetensors"
+    checkpoint.save({**state, "vocab": state["vocab"].translate(ASTRAL)}, path)
     model, tokenizer, _ = checkpoint.load_model(path)
     text = TEXT.translate(ASTRAL)
     html = tmp_path / "page.html"
@@ -778,10 +778,10 @@ def test_a_learner_switches_the_page_to_chinese_and_back(run, page):
     """The English / 中文 switch: every heading, the labels and the matrix steps in the tutorials' terms (查询 Q,
     注意力权重 A, 掩码), the line under the title and the tab's title, the numbers unchanged (the logits still
     PyTorch's); switching back gives the English page's headings and lines exactly."""
-    model, tokenizer, state = checkpoint.load_model(run / "run" / "ckpt_best.pt")
+    model, tokenizer, state = checkpoint.load_model(run / "run" / "ckpt_best.safetensors")
     with torch.no_grad():
         expected = model(torch.tensor([tokenizer.encode(TEXT)]))[0][0]
-    cfg, ckpt = model.config, run / "run" / "ckpt_best.pt"
+    cfg, ckpt = model.config, run / "run" / "ckpt_best.safetensors"
     millions = f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}"
     about = "document.getElementById('about').textContent"
     browser = fresh_tab()
@@ -836,9 +836,9 @@ def test_a_browser_set_to_chinese_opens_the_page_in_chinese(page):
 def test_the_page_says_what_to_install_when_the_browser_has_no_font_for_a_character(run, page, tmp_path):
     """A model whose vocabulary holds characters no font draws (U+0380 and U+0381, which Unicode leaves unassigned)
     gets one line naming them (in the vocabulary's order) and fonts-noto-cjk; a model of plain ASCII gets none."""
-    state = checkpoint.load(run / "run" / "ckpt_best.pt")
-    path = tmp_path / "unassigned.pt"
-    torch.save({**state, "vocab": state["vocab"].translate(str.maketrans({"R": "\u0380", "O": "\u0381"}))}, path)
+    state = checkpoint.load(run / "run" / "ckpt_best.safetensors")
+    path = tmp_path / "unassigned.safetensors"
+    checkpoint.save({**state, "vocab": state["vocab"].translate(str.maketrans({"R": "\u0380", "O": "\u0381"}))}, path)
     html = tmp_path / "page.html"
     assert run_cli(attention_html.main, ["--ckpt", str(path), "--text", "\u0380\u0381ME", "--html", str(html)]) == 0
     note = re.search(r'<p class="note warn" id="font-note"( hidden="")?>(.*?)</p>', dom(html))
@@ -897,9 +897,9 @@ def test_a_model_that_cannot_read_the_default_line_opens_on_a_line_it_writes(run
 def test_where_the_validation_text_is_unusable_the_page_says_why(run, tmp_path, monkeypatch, capsys):
     """A checkpoint that records no corpus, and validation text with no usable stretch (its long line has a character
     the model never saw, its short lines too few characters): the page opens on Romeo and Juliet and says which."""
-    state = checkpoint.load(run / "run" / "ckpt_best.pt")
-    unrecorded = tmp_path / "unrecorded.pt"
-    torch.save({**state, "data": {}}, unrecorded)
+    state = checkpoint.load(run / "run" / "ckpt_best.safetensors")
+    unrecorded = tmp_path / "unrecorded.safetensors"
+    checkpoint.save({**state, "data": {}}, unrecorded)
     html = tmp_path / "a.html"
     assert run_cli(attention_html.main, ["--ckpt", str(unrecorded), "--html", str(html)]) == 0
     assert [embedded(html.read_text(encoding="utf-8"))["about"][key] for key in ("opening", "why")] == \
@@ -939,19 +939,19 @@ def test_the_page_opens_on_a_line_of_the_runs_own_validation_text(source_run, tm
     on Romeo: read from the token cache in the user's cache folder (the one the command line would use; never one a
     checkpoint names), and from the corpus file alone when the cache is gone; once the corpus file has changed (and
     no cache is left) on the default line (a line of Romeo, less the characters the model does not know)."""
-    state = checkpoint.load(source_run / "run" / "ckpt_best.pt")
+    state = checkpoint.load(source_run / "run" / "ckpt_best.safetensors")
     assert state["data"]["n_train"] > 47 * 40  # (the split falls inside the validation lines)
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "chargpt").symlink_to(source_run / "cache")  # the run's cache as this user's
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
-    assert opening_of(source_run / "run" / "ckpt_best.pt", tmp_path / "a.html") == VALIDATION_LINE[:32]
+    assert opening_of(source_run / "run" / "ckpt_best.safetensors", tmp_path / "a.html") == VALIDATION_LINE[:32]
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty"))
-    assert opening_of(source_run / "run" / "ckpt_best.pt", tmp_path / "b.html") == VALIDATION_LINE[:32]
+    assert opening_of(source_run / "run" / "ckpt_best.safetensors", tmp_path / "b.html") == VALIDATION_LINE[:32]
     corpus = Path(state["data"]["source"])
     kept = corpus.read_bytes()
     try:
         corpus.write_bytes(kept.replace(b"counter", b"Counter"))
-        text = opening_of(source_run / "run" / "ckpt_best.pt", tmp_path / "c.html")
+        text = opening_of(source_run / "run" / "ckpt_best.safetensors", tmp_path / "c.html")
     finally:
         corpus.write_bytes(kept)
     known = set(state["vocab"])
@@ -996,9 +996,9 @@ def test_a_model_of_short_lines_opens_on_its_own_validation_lines_and_says_so(tm
     corpus = tmp_path / "poems.txt"
     corpus.write_text(poem_lines(600), encoding="utf-8")
     train_debug(corpus, tmp_path / "run", "--max_iters", "2")
-    state = checkpoint.load(tmp_path / "run" / "ckpt_best.pt")
+    state = checkpoint.load(tmp_path / "run" / "ckpt_best.safetensors")
     validation = corpus.read_text(encoding="utf-8")[state["data"]["n_train"]:]
-    text = opening_of(tmp_path / "run" / "ckpt_best.pt", tmp_path / "poems.html")
+    text = opening_of(tmp_path / "run" / "ckpt_best.safetensors", tmp_path / "poems.html")
     assert 20 <= len(text) <= 32 and "\n" in text and ("\n" + text + "\n") in validation
     assert embedded((tmp_path / "poems.html").read_text(encoding="utf-8"))["about"]["opening"] == "lines"
     note = re.search(r'<p class="note" id="opening-note">(.*?)</p>', dom(tmp_path / "poems.html", "#lang=zh"))

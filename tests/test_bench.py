@@ -162,12 +162,12 @@ def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_
     import torch
     import bench_run
     from conftest import train_debug
-    from training.checkpoint import load_model
+    from training.checkpoint import load, load_model
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_text, encoding="utf-8")
     summary = train_debug(corpus, tmp_path / "ours", "--max_iters", "10")
-    model, tokenizer, state = load_model(tmp_path / "ours" / "ckpt_best.pt")
+    model, tokenizer, state = load_model(tmp_path / "ours" / "ckpt_best.safetensors")
     checkout = tmp_path / "nanoGPT"
     (checkout / "config").mkdir(parents=True)
     (checkout / "data" / "shakespeare_char").mkdir(parents=True)
@@ -199,7 +199,7 @@ def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_
     assert [r["full_val_loss"] for r in got["nanogpt"]] == pytest.approx([summary["full_val_loss"]] * 2, rel=1e-6)
     [row] = got["over_seeds"]
     runs = {seed: json.loads((out / f"01-s{seed}-r1" / "summary.json").read_text()) for seed in (3, 5)}
-    assert [torch.load(out / f"01-s{seed}-r1" / "ckpt_last.pt", weights_only=True)["run_config"]["seed"]
+    assert [load(out / f"01-s{seed}-r1" / "ckpt_last.safetensors")["run_config"]["seed"]
             for seed in (3, 5)] == [3, 5]
     losses = [runs[3]["full_val_loss"], runs[5]["full_val_loss"]]
     assert row["losses"] == losses and losses[0] != losses[1]  # two seeds: two models
@@ -258,7 +258,7 @@ def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, sc
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_text, encoding="utf-8")
     summary = train_debug(corpus, tmp_path / "run", "--max_iters", "30")  # debug: cpu, float32
-    model, tokenizer, state = load_model(tmp_path / "run" / "ckpt_best.pt")
+    model, tokenizer, state = load_model(tmp_path / "run" / "ckpt_best.safetensors")
     nanogpt = tmp_path / "nanogpt"
     (nanogpt / "data" / "chars").mkdir(parents=True)
     (nanogpt / "model.py").write_text("from model import GPT, ModelConfig as GPTConfig\n")  # our GPT, its names
@@ -280,7 +280,7 @@ def test_score_nanogpt_gives_a_runs_own_full_validation(tmp_path, small_text, sc
     assert scored == pytest.approx(summary["full_val_loss"], rel=1e-6)
     missing = script("score_nanogpt.py", str(tmp_path), str(nanogpt / "ckpt.pt"))
     assert missing.returncode == 2 and "has no model.py" in missing.stderr
-    ours = script("score_nanogpt.py", str(nanogpt), str(tmp_path / "run" / "ckpt_best.pt"))  # not nanoGPT's layout
+    ours = script("score_nanogpt.py", str(nanogpt), str(tmp_path / "run" / "ckpt_best.safetensors"))  # not nanoGPT's layout
     assert ours.returncode == 2 and ours.stderr.count("\n") == 1 and "not a readable nanoGPT checkpoint" in ours.stderr
     for args, said in (({"n_layer": 200, "n_embd": 8192}, "(n_layer 200) do not fit its "),  # before anything is built
                        ({"n_embd": 8192, "n_head": 2}, "do not fit its weights (blocks.0.attn.c_attn.bias: (24576,)")):
@@ -419,7 +419,7 @@ def test_score_nanogpt_scores_in_the_precision_evaluate_py_uses_for_a_run_of_our
     assert done.returncode == 0, done.stderr
     ours = json.loads((tmp_path / "figures.json").read_text())["dtype"]
     assert f", in {ours}\n" in done.stderr
-    model, tokenizer, state = load_model(tmp_path / "run" / "ckpt_best.pt")
+    model, tokenizer, state = load_model(tmp_path / "run" / "ckpt_best.safetensors")
     nanogpt = tmp_path / "nanogpt"
     (nanogpt / "data" / "chars").mkdir(parents=True)
     (nanogpt / "model.py").write_text("from model import GPT, ModelConfig as GPTConfig\n")

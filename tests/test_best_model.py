@@ -46,17 +46,17 @@ def test_an_overfit_run_hands_over_its_best_model_and_says_which(overfitting_cor
                                     str(tmp_path / "cache"), "--out_dir", str(out), "--max_iters", "40",
                                     "--eval_interval", "5", "--patience", "0"], False)
     summary = train.train(cfg, explicit, say=said.append)
-    best, last = checkpoint.load(out / "ckpt_best.pt"), checkpoint.load(out / "ckpt_last.pt")
+    best, last = checkpoint.load(out / "ckpt_best.safetensors"), checkpoint.load(out / "ckpt_last.safetensors")
     assert summary["iterations"] == last["iter"] == 40 and not summary["stopped_early"]
-    assert summary["model_step"] == best["iter"] < 40 and summary["model_checkpoint"] == "ckpt_best.pt"
+    assert summary["model_step"] == best["iter"] < 40 and summary["model_checkpoint"] == "ckpt_best.safetensors"
     assert summary["best_val_loss"] == best["best_val_loss"] < summary["val_loss"]  # the last step measured worse
     text = overfitting_corpus.read_text(encoding="utf-8")
-    by_hand = {name: full_validation(out / name, text) for name in ("ckpt_best.pt", "ckpt_last.pt")}
-    assert summary["full_val_loss"] == pytest.approx(by_hand["ckpt_best.pt"], rel=1e-5)
-    assert by_hand["ckpt_best.pt"] < by_hand["ckpt_last.pt"]  # the two models differ, and the better one is handed over
-    assert find(str(out), "") == out / "ckpt_best.pt"  # what sample.py, evaluate.py and the pictures read
+    by_hand = {name: full_validation(out / name, text) for name in ("ckpt_best.safetensors", "ckpt_last.safetensors")}
+    assert summary["full_val_loss"] == pytest.approx(by_hand["ckpt_best.safetensors"], rel=1e-5)
+    assert by_hand["ckpt_best.safetensors"] < by_hand["ckpt_last.safetensors"]  # the two models differ, and the better one is handed over
+    assert find(str(out), "") == out / "ckpt_best.safetensors"  # what sample.py, evaluate.py and the pictures read
     line = next(line for line in said if line.startswith("the run's model:"))
-    assert f"step {best['iter']}, its best (ckpt_best.pt)" in line and f"{summary['full_val_loss']:.4f}" in line
+    assert f"step {best['iter']}, its best (ckpt_best.safetensors)" in line and f"{summary['full_val_loss']:.4f}" in line
     assert f"the last step's val {summary['val_loss']:.4f}" in line
     assert json.loads((out / "summary.json").read_text())["model_step"] == best["iter"]
 
@@ -70,7 +70,7 @@ def test_patience_stops_the_run_and_resuming_it_has_nothing_to_do(overfitting_co
     out = tmp_path / "run"
     summary = train_debug(overfitting_corpus, out, "--max_iters", "200", "--eval_interval", "5", "--patience", "3")
     assert summary["stopped_early"] and summary["iterations"] == summary["model_step"] + 3 * 5 < 200
-    assert checkpoint.load(out / "ckpt_last.pt")["iter"] == summary["iterations"]
+    assert checkpoint.load(out / "ckpt_last.safetensors")["iter"] == summary["iterations"]
     before = folder_bytes(out)
     assert train_debug(overfitting_corpus, out, "--resume") == {"finished": True}
     assert folder_bytes(out) == before  # nothing touched
@@ -82,23 +82,23 @@ def test_patience_stops_the_run_and_resuming_it_has_nothing_to_do(overfitting_co
 def test_a_damaged_best_checkpoint_hands_over_the_last_model_and_says_so(overfitting_corpus, tmp_path):
     out = tmp_path / "run"
     train_debug(overfitting_corpus, out, "--max_iters", "30", "--eval_interval", "5", "--patience", "0")
-    damaged = (out / "ckpt_best.pt").read_bytes()[:1000]  # cut short
-    (out / "ckpt_best.pt").write_bytes(damaged)
+    damaged = (out / "ckpt_best.safetensors").read_bytes()[:1000]  # cut short
+    (out / "ckpt_best.safetensors").write_bytes(damaged)
     said = []
     import train
     from configs import load_config
     cfg, _, explicit = load_config(["--out_dir", str(out), "--resume", "--max_iters", "40"], False)
     summary = train.train(cfg, explicit, say=said.append)  # validation only rises from here: no new best
-    assert summary["model_checkpoint"] == "ckpt_last.pt" and summary["model_step"] == summary["iterations"] == 40
+    assert summary["model_checkpoint"] == "ckpt_last.safetensors" and summary["model_step"] == summary["iterations"] == 40
     text = overfitting_corpus.read_text(encoding="utf-8")
-    assert summary["full_val_loss"] == pytest.approx(full_validation(out / "ckpt_last.pt", text), rel=1e-5)
-    assert any(line.startswith("warning: ") and "ckpt_best.pt is not a readable checkpoint" in line for line in said)
+    assert summary["full_val_loss"] == pytest.approx(full_validation(out / "ckpt_last.safetensors", text), rel=1e-5)
+    assert any(line.startswith("warning: ") and "ckpt_best.safetensors is not a readable checkpoint" in line for line in said)
     line = next(line for line in said if line.startswith("the run's model:"))
-    assert f"its last (ckpt_last.pt; no readable ckpt_best.pt): val {summary['val_loss']:.4f}" in line
-    assert (out / "ckpt_best.pt").read_bytes() == damaged  # the user's file is left as it was
+    assert f"its last (ckpt_last.safetensors; no readable ckpt_best.safetensors): val {summary['val_loss']:.4f}" in line
+    assert (out / "ckpt_best.safetensors").read_bytes() == damaged  # the user's file is left as it was
     # the command the run suggests reads the model it handed over, not the damaged file --out_dir would pick
     words = shlex.split(next(line for line in said if line.startswith("sample it: ")).removeprefix("sample it: "))
     args = words[next(i for i, word in enumerate(words) if word.endswith("sample.py")) + 1:]
-    assert args == ["--ckpt", str(out / "ckpt_last.pt")]
+    assert args == ["--ckpt", str(out / "ckpt_last.safetensors")]
     import sample
     assert run_cli(sample.main, [*args, "--max_new_tokens", "5", "--num_threads", "1"]) == 0

@@ -23,7 +23,7 @@ def test_mixed_precision_training_learns_and_resumes_exactly(corpus, tmp_path, d
     resumed = train_debug(corpus, tmp_path / "parts", "--max_iters", "20", "--resume", *common)
     assert whole["history"][-1][1] < whole["history"][0][1]
     assert [loss for _, loss in resumed["history"]] == [loss for it, loss in whole["history"] if it > 10]
-    state = checkpoint.load(tmp_path / "whole" / "ckpt_last.pt")
+    state = checkpoint.load(tmp_path / "whole" / "ckpt_last.safetensors")
     assert (state["scaler"] is not None) == (dtype == "float16")  # float16 scales its loss, bfloat16 needs not
 
 

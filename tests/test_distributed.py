@@ -72,8 +72,8 @@ def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path, ca
     assert "global batch: 4 sequences x 2 accumulation steps x 2 processes = 512 tokens per step" in ddp.stdout
     single = here(capsys, *debug_args(corpus, tmp_path / "one", *common, "--grad_accum_steps", "4"))
     assert single.returncode == 0, single.stderr[-2000:]
-    a = checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")["model"]
-    b = checkpoint.load(tmp_path / "one" / "ckpt_last.pt")["model"]
+    a = checkpoint.load(tmp_path / "ddp" / "ckpt_last.safetensors")["model"]
+    b = checkpoint.load(tmp_path / "one" / "ckpt_last.safetensors")["model"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-5)
     ddp_losses, single_losses = logged_losses(ddp.stdout), logged_losses(single.stdout)
@@ -88,13 +88,13 @@ def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path, ca
     single_summary = json.loads((tmp_path / "one" / "summary.json").read_text())
     for figure in ("full_val_loss", "best_val_loss", "train_loss"):
         assert summary[figure] == pytest.approx(single_summary[figure], rel=1e-5), figure
-    state = checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")
+    state = checkpoint.load(tmp_path / "ddp" / "ckpt_last.safetensors")
     assert state["best_val_loss"] < 3.9  # the loss fell from about ln(vocab) = 4.06
 
     # resume the two-process run with one process
     resumed = here(capsys, "--out_dir", str(tmp_path / "ddp"), "--resume", "--max_iters", "10")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")["iter"] == 10
+    assert checkpoint.load(tmp_path / "ddp" / "ckpt_last.safetensors")["iter"] == 10
     # the same tokens per step with one process: the accumulation steps took up the difference, said in one line
     assert "resume: 1 process now, so grad_accum_steps goes from 2 to 4, keeping the run's 512 tokens per step" in \
         resumed.stdout
@@ -137,8 +137,8 @@ def test_ddp_always_builds_the_process_group_for_one_process_and_trains_as_a_pla
     assert plain.returncode == 0, plain.stderr[-2000:]
     assert "DDP over" not in plain.stdout
     assert step_lines(ddp.stdout) == step_lines(plain.stdout) and len(step_lines(plain.stdout)) == 6 + 3
-    a = checkpoint.load(tmp_path / "ddp" / "ckpt_last.pt")["model"]
-    b = checkpoint.load(tmp_path / "plain" / "ckpt_last.pt")["model"]
+    a = checkpoint.load(tmp_path / "ddp" / "ckpt_last.safetensors")["model"]
+    b = checkpoint.load(tmp_path / "plain" / "ckpt_last.safetensors")["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
     alone = launch(corpus, tmp_path / "alone", *common, "--ddp", "always", processes=1)
     assert alone.returncode == 2 and alone.stderr.strip().splitlines() == [
@@ -196,6 +196,6 @@ def test_a_backward_that_fails_to_compile_under_ddp_falls_back_on_every_rank(cor
     assert warnings == ["warning: torch.compile failed (rank 1: RuntimeError: inductor exploded in the backward "
                         "(stand-in)); continuing without it (--compile false skips the attempt)"]
     assert run.stdout.count("done: 4 steps") == 1 and step_lines(run.stdout) == step_lines(plain.stdout)
-    a = checkpoint.load(out / "ckpt_last.pt")["model"]
-    b = checkpoint.load(tmp_path / "plain" / "ckpt_last.pt")["model"]
+    a = checkpoint.load(out / "ckpt_last.safetensors")["model"]
+    b = checkpoint.load(tmp_path / "plain" / "ckpt_last.safetensors")["model"]
     assert all(torch.equal(a[name], b[name]) for name in b)

@@ -189,10 +189,10 @@ def test_without_data_a_run_on_a_folder_or_an_unreachable_named_corpus_is_one_li
     assert done.returncode == 2 and "error: --data is empty; give a text file" in done.stderr
     import data.corpus as corpus_module
     monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", "http://127.0.0.1:9/unreachable")
-    ckpt = checkpoint.load(tmp_path / "run" / "ckpt_best.pt")
+    ckpt = checkpoint.load(tmp_path / "run" / "ckpt_best.safetensors")
     ckpt["run_config"]["data"] = "shakespeare"
-    checkpoint.save({k: v for k, v in ckpt.items() if k != "format"}, tmp_path / "named.pt")
-    done = evaluate("--ckpt", str(tmp_path / "named.pt"), "--cache_dir", str(tmp_path / "empty_cache"))
+    checkpoint.save({k: v for k, v in ckpt.items() if k != "format"}, tmp_path / "named.safetensors")
+    done = evaluate("--ckpt", str(tmp_path / "named.safetensors"), "--cache_dir", str(tmp_path / "empty_cache"))
     assert done.returncode == 2 and done.stderr.startswith(
         "error: no --data given; the run trained on shakespeare, and could not download Tiny Shakespeare ("), \
         done.stderr
@@ -210,17 +210,17 @@ def test_without_data_a_named_corpus_that_is_not_the_runs_text_is_scored_with_a_
     cache = tmp_path / "cache"
     cache.mkdir()
     shutil.copy(SHARED_TEXT, cache / "tinyshakespeare.txt")  # found by its checksum: no download
-    ckpt = checkpoint.load(tmp / "run" / "ckpt_best.pt")  # trained on the made-up play
+    ckpt = checkpoint.load(tmp / "run" / "ckpt_best.safetensors")  # trained on the made-up play
     ckpt["run_config"]["data"] = "shakespeare"
     checks = {"other": ckpt["data"]["sha256"],
               "same": hashlib.sha256(b"\0file0\0" + SHARED_TEXT.read_bytes()).hexdigest()}
     for name, sha256 in checks.items():
         ckpt["data"]["sha256"] = sha256
-        checkpoint.save({k: v for k, v in ckpt.items() if k != "format"}, tmp_path / f"{name}.pt")
-        done = evaluate("--ckpt", str(tmp_path / f"{name}.pt"), "--cache_dir", str(cache), "--device", "cpu",
+        checkpoint.save({k: v for k, v in ckpt.items() if k != "format"}, tmp_path / f"{name}.safetensors")
+        done = evaluate("--ckpt", str(tmp_path / f"{name}.safetensors"), "--cache_dir", str(cache), "--device", "cpu",
                         "--unknown", "skip")
         assert done.returncode == 0, done.stderr
-        note = (f"note: shakespeare here is not the text {tmp_path / 'other.pt'} was trained on (its checksum "
+        note = (f"note: shakespeare here is not the text {tmp_path / 'other.safetensors'} was trained on (its checksum "
                 f"differs): these figures are this text's")
         assert (note in done.stderr) == (name == "other"), done.stderr
 
@@ -320,16 +320,16 @@ def test_batches_that_do_not_fit_in_memory_are_one_line(run, evaluate, monkeypat
 
 def test_a_folder_that_is_not_a_run_is_one_line(tmp_path, evaluate):
     done = evaluate("--out_dir", str(tmp_path), "--data", "x.txt")
-    assert done.returncode == 2 and "holds no ckpt_best.pt or ckpt_last.pt" in done.stderr
+    assert done.returncode == 2 and "holds no ckpt_best.safetensors or ckpt_last.safetensors" in done.stderr
 
 
 def scaled(run, where, factor):
     """A copy of the run's model whose token table (tied to the output head) is multiplied by factor: finite weights
     whose logits grow past what float32 holds (inf, then NaN) or give a loss beyond e^709."""
-    state = torch.load(run[0] / "run" / "ckpt_best.pt", weights_only=True)
+    state = checkpoint.load(run[0] / "run" / "ckpt_best.safetensors", resume=True)
     state["model"]["wte.weight"] = state["model"]["wte.weight"] * factor
     state["model"]["lm_head.weight"] = state["model"]["wte.weight"]
-    torch.save(state, where)
+    checkpoint.save(state, where)
     return where
 
 

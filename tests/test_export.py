@@ -62,7 +62,7 @@ def test_the_exported_model_is_read_and_run_without_this_project(run_dir, tmp_pa
     written = ["model.safetensors", "config.json", "vocab.json"] + ["model.onnx"] * onnx
     assert done.stdout.strip().endswith(f"wrote {', '.join(written)} into {tmp_path / 'exported'}")
     assert sorted(p.name for p in (tmp_path / "exported").iterdir()) == sorted(written)
-    model, tokenizer, _ = load_model(run_dir / "ckpt_best.pt")
+    model, tokenizer, _ = load_model(run_dir / "ckpt_best.safetensors")
     config = json.loads((tmp_path / "exported" / "config.json").read_text())
     assert {k: config[k] for k in model.config.to_dict()} == model.config.to_dict()
     text = "ROMEO:\nWhat light through yonder"[:model.config.block_size]
@@ -152,12 +152,12 @@ def test_config_json_holds_the_rotary_base_and_says_whether_the_head_is_tied(run
     done = run_script("export.py", "--out_dir", str(run_dir), "--to", str(tmp_path / "exported"), "--onnx=false")
     assert done.returncode == 0, done.stderr
     config = json.loads((tmp_path / "exported" / "config.json").read_text())
-    model, _, state = load_model(run_dir / "ckpt_best.pt")
+    model, _, state = load_model(run_dir / "ckpt_best.safetensors")
     cos, sin = rope_tables(config["block_size"], config["n_embd"] // config["n_head"], config["rope_base"])
     assert torch.equal(cos, model.rope_cos) and torch.equal(sin, model.rope_sin)
     assert model.config.tie_weights and "the tied head stored too" in config["weights"]
     untied = GPT(dataclasses.replace(model.config, tie_weights=False, position="learned"))
-    written = export.model_config(untied, state, run_dir / "ckpt_best.pt")
+    written = export.model_config(untied, state, run_dir / "ckpt_best.safetensors")
     assert "tied" not in written["weights"] and "the head its own (lm_head.weight)" in written["weights"]
     assert "rope_base" not in written
 
@@ -429,8 +429,8 @@ def test_exporting_a_run_still_training_says_which_step_it_exports(run_dir, tmp_
 
     training = tmp_path / "training"
     training.mkdir()
-    shutil.copy(run_dir / "ckpt_best.pt", training / "ckpt_best.pt")
-    step = load_model(training / "ckpt_best.pt")[2]["iter"]
+    shutil.copy(run_dir / "ckpt_best.safetensors", training / "ckpt_best.safetensors")
+    step = load_model(training / "ckpt_best.safetensors")[2]["iter"]
     busy = RunDir(training).claim(say=lambda message: None)
     try:
         assert run_cli(export.main, ["--out_dir", str(training), "--onnx=false"]) == 0
@@ -438,7 +438,7 @@ def test_exporting_a_run_still_training_says_which_step_it_exports(run_dir, tmp_
         busy.release()
     err = capsys.readouterr().err
     assert err.startswith(f"note: process {os.getpid()} (") and err.count("\n") == 1, err
-    assert err.endswith(f") is still training {training}; this export is of its ckpt_best.pt at step {step}\n")
+    assert err.endswith(f") is still training {training}; this export is of its ckpt_best.safetensors at step {step}\n")
     assert sorted(p.name for p in (training / "export").iterdir()) == ["config.json", "model.safetensors",
                                                                        "vocab.json"]
     assert run_cli(export.main, ["--out_dir", str(training), "--onnx=false"]) == 0 and capsys.readouterr().err == ""

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, module_corpus, patient, play_text
+from conftest import ROOT, checkpoint_parts, module_corpus, patient, play_text, write_checkpoint
 from common.machine import Runtime
 from configs import load_config
 from data import prepare, resolve
@@ -65,13 +65,13 @@ def limited_file_size(limit):
 def test_a_full_disk_while_checkpointing_or_preparing_is_one_line_and_loses_nothing(run, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(run, out)
-    before = (out / "ckpt_last.pt").read_bytes()
+    before = (out / "ckpt_last.safetensors").read_bytes()
     limit = len(before) // 2  # an event file fits, a checkpoint does not
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *train_args(run, out, "--resume", "--max_iters",
                              "30")], capture_output=True, text=True, timeout=patient(120), preexec_fn=limited_file_size(limit))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "could not write checkpoint" in result.stderr and "previous checkpoint is untouched" in result.stderr
-    assert (out / "ckpt_last.pt").read_bytes() == before and not list(out.glob("*.tmp-*"))
+    assert (out / "ckpt_last.safetensors").read_bytes() == before and not list(out.glob("*.tmp-*"))
 
     big = tmp_path / "big.txt"
     big.write_text("some text to prepare\n" * 20000)
@@ -96,7 +96,7 @@ def test_failed_writes_of_events_or_summary_keep_the_checkpoints(run, tmp_path, 
         patch.setattr(SummaryWriter, "add_scalar", no_space)
         with pytest.raises(train.UserError, match="could not write TensorBoard events .*No space left on device"):
             train.train(cfg, explicit, say=lambda m: None)
-    assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 10
+    assert checkpoint.load(out / "ckpt_last.safetensors")["iter"] == 10
     summary = (out / "summary.json").read_bytes()
     with monkeypatch.context() as patch:
         patch.setattr(run_folder.os, "fsync", no_space)  # every atomic write fails: checkpoints and summary alike
@@ -105,14 +105,6 @@ def test_failed_writes_of_events_or_summary_keep_the_checkpoints(run, tmp_path, 
             train.train(cfg, explicit, say=lambda m: None)
     assert (out / "summary.json").read_bytes() == summary and not list(out.glob("*.tmp-*"))
 
-    def torch_save_fails(obj, f):  # what torch.save raises on a full disk: a RuntimeError, not an OSError
-        f.write(b"partial")
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file")
-    before = (out / "ckpt_last.pt").read_bytes()
-    monkeypatch.setattr(torch, "save", torch_save_fails)
-    with pytest.raises(train.UserError, match="could not write checkpoint .*PytorchStreamWriter failed"):
-        checkpoint.save(checkpoint.load(out / "ckpt_last.pt"), out / "ckpt_last.pt")
-    assert (out / "ckpt_last.pt").read_bytes() == before and not list(out.glob("*.tmp-*"))
 
 
 def test_unwritable_or_wrong_places_are_refused_before_anything_runs(run, tmp_path, capsys, monkeypatch):
@@ -172,24 +164,29 @@ def test_damaged_cache_entries_are_rebuilt_identically(run, tmp_path):
 
 
 def test_damaged_checkpoints_are_refused_by_name(run, tmp_path, capsys):
-    state = torch.load(run / "ckpt_last.pt", weights_only=True)
-    nan_weights = {**state["model"], "wte.weight": torch.full_like(state["model"]["wte.weight"], float("nan"))}
+    tensors, state = checkpoint_parts(run / "ckpt_last.safetensors")
+    nan = {**tensors, "model.wte.weight": torch.full_like(tensors["model.wte.weight"], float("nan"))}
+
+    def without(prefix: str) -> dict:
+        return {name: t for name, t in tensors.items() if not name.startswith(prefix)}
     cases = {  # what --resume needs; what both need
-        "no_optimizer": ({k: v for k, v in state.items() if k != "optimizer"}, "missing optimizer", True),
-        "no_rng": ({k: v for k, v in state.items() if k != "rng"}, "missing rng", True),
-        "no_best": ({k: v for k, v in state.items() if k != "best_val_loss"}, "missing best_val_loss", True),
-        "bad_rng": ({**state, "rng": {"torch": 1}}, "random-number states", True),
-        "config_type": ({**state, "run_config": {**state["run_config"], "learning_rate": "fast"}},
+        "no_optimizer": (without("optimizer."), {k: v for k, v in state.items() if k != "optimizer"},
+                         "missing optimizer", True),
+        "no_rng": (without("rng."), {k: v for k, v in state.items() if k != "rng"}, "missing rng", True),
+        "no_best": (tensors, {k: v for k, v in state.items() if k != "best_val_loss"}, "missing best_val_loss", True),
+        "bad_rng": (without("rng.torch"), state, "rng.torch: the settings give (5056,)", False),
+        "config_type": (tensors, {**state, "run_config": {**state["run_config"], "learning_rate": "fast"}},
                         "learning_rate = 'fast' should be of type float", False),  # every reader checks types
-        "config_value": ({**state, "run_config": {**state["run_config"], "batch_size": -1}}, "--batch_size -1", True),
-        "iter_float": ({**state, "iter": 3.5}, "iter is a float", False),
-        "later_type": ({**state, "evals_since_best": "three"}, "evals_since_best is a str", False),
-        "nan": ({**state, "model": nan_weights}, "not finite (NaN or inf in wte.weight)", False),
+        "config_value": (tensors, {**state, "run_config": {**state["run_config"], "batch_size": -1}},
+                         "--batch_size -1", True),
+        "iter_float": (tensors, {**state, "iter": 3.5}, "iter is 3.5", False),
+        "later_type": (tensors, {**state, "evals_since_best": "three"}, "evals_since_best is 'three'", False),
+        "nan": (nan, state, "not finite (NaN or inf in wte.weight)", False),
     }
-    for name, (damaged, words, resume_only) in cases.items():
+    for name, (held, settings, words, resume_only) in cases.items():
         folder = tmp_path / name
         folder.mkdir()
-        torch.save(damaged, folder / "ckpt_last.pt")
+        write_checkpoint(folder / "ckpt_last.safetensors", held, settings)
         one_line_error(capsys, train.main, "--out_dir", str(folder), "--resume", "--max_iters", "20", words=words)
         if resume_only:
             assert run_cli(sample_cli.main, ["--out_dir", str(folder), "--max_new_tokens", "5"]) == 0
@@ -241,7 +238,7 @@ def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, t
                    words="(it would need about 0.1 GiB, most of it for each evaluation's eval_iters x batch_size "
                          "windows: lower --eval_iters; this machine has 0.0 GiB free)")
     monkeypatch.setattr(opening, "free_memory", lambda: need)  # just enough
-    assert run_cli(train.main, train_args(run, out, "--max_iters", "2")) == 0 and (out / "ckpt_best.pt").is_file()
+    assert run_cli(train.main, train_args(run, out, "--max_iters", "2")) == 0 and (out / "ckpt_best.safetensors").is_file()
     cfg = load_config(train_args(run, out), False)[0]
     explicit = load_config(train_args(run, out, "--attention", "explicit"), False)[0]
     cpu = Runtime(torch.device("cpu"), torch.float32)
@@ -478,4 +475,4 @@ def test_a_run_refused_before_it_writes_anything_leaves_no_folder_and_a_users_em
         assert out.exists() == (out == mine), out
     assert list(mine.iterdir()) == [] and (tmp_path / "out").is_dir()  # (only the folder of the run itself goes)
     assert run_cli(train.main, [*common, "--data", str(corpus), "--out_dir", str(tmp_path / "b")]) == 0
-    assert (tmp_path / "b" / "ckpt_last.pt").is_file()
+    assert (tmp_path / "b" / "ckpt_last.safetensors").is_file()

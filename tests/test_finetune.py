@@ -32,15 +32,15 @@ def run(tmp, data, out, *extra):
 
 
 def test_fine_tuning_keeps_the_old_ids_and_beats_the_same_steps_from_scratch(base):
-    old = checkpoint.load(base / "base" / "ckpt_best.pt")
+    old = checkpoint.load(base / "base" / "ckpt_best.safetensors")
     tuned = run(base, "second.txt", "tuned", "--init_from", str(base / "base"), "--max_iters", "30")
     scratch = run(base, "second.txt", "scratch", "--max_iters", "30")
     assert tuned["full_val_loss"] < scratch["full_val_loss"] - 0.1, (tuned["full_val_loss"], scratch["full_val_loss"])
-    new = checkpoint.load(base / "tuned" / "ckpt_last.pt")
+    new = checkpoint.load(base / "tuned" / "ckpt_last.safetensors")
     added = set("éþ{}~ÆøüZ") - set(old["vocab"])
     assert new["vocab"].startswith(old["vocab"]) and added <= set(new["vocab"][len(old["vocab"]):])
     assert new["run_config"]["init_from"] == str(base / "base") and new["iter"] == 30  # a new run from step 0
-    model, tokenizer, _ = checkpoint.load_model(base / "tuned" / "ckpt_last.pt")
+    model, tokenizer, _ = checkpoint.load_model(base / "tuned" / "ckpt_last.safetensors")
     prompt = tokenizer.encode("ROMEO: Zürich þé")  # old and new characters together
     out = generate(model, [prompt], 40, generator=torch.Generator().manual_seed(0))
     assert len(out[0]) == 40
@@ -50,7 +50,7 @@ def test_the_trained_rows_are_copied_and_new_rows_start_as_their_mean(base):
     from common.machine import setup
     from data import prepare, resolve
     from training.opening import build_run
-    old = checkpoint.load(base / "base" / "ckpt_best.pt")
+    old = checkpoint.load(base / "base" / "ckpt_best.safetensors")
     cfg, _, _ = load_config(["--config", "debug", "--data", str(base / "second.txt"), "--out_dir", str(base / "x")],
                             False)
     prepared = prepare(resolve(cfg.data, base / "cache"), base / "cache", base_vocab=old["vocab"])
@@ -109,14 +109,14 @@ def test_fine_tuning_starts_from_the_base_runs_settings_and_says_so(base):
                                        "--max_iters", "2", "--learning_rate", "1e-3"], False)
     assert cfg.optimizer == "muon"  # the default preset's, before the base run is read
     train.train(cfg, explicit, say=said.append, note=note)
-    saved = checkpoint.load(base / "settings" / "ckpt_last.pt")["run_config"]
-    old = checkpoint.load(base / "base" / "ckpt_last.pt")["run_config"]
+    saved = checkpoint.load(base / "settings" / "ckpt_last.safetensors")["run_config"]
+    old = checkpoint.load(base / "base" / "ckpt_last.safetensors")["run_config"]
     assert old["optimizer"] == "adamw" and old["learning_rate"] == 3e-3 and old["dtype"] == "float32"
     inherited = ("optimizer", "dtype", "batch_size", "eval_interval", "warmup_iters", "sample_chars", "compile")
     assert {name: saved[name] for name in inherited} == {name: old[name] for name in inherited}
     assert saved["learning_rate"] == 1e-3 and saved["min_lr"] == pytest.approx(1e-3 * old["min_lr"] / 3e-3)
     assert saved["max_iters"] == 2 and saved["data"] == str(base / "second.txt")
     assert said[0] == f"config: the settings of the run {base / 'base'} starts from, with what this command line sets"
-    assert any(line.startswith(f"fine-tuning {base / 'base' / 'ckpt_best.pt'} (step ") and
+    assert any(line.startswith(f"fine-tuning {base / 'base' / 'ckpt_best.safetensors'} (step ") and
                "with its architecture and its run's settings (optimizer adamw, learning_rate 0.001, dtype float32, "
                "max_iters 2; what this command sets goes over them)" in line for line in said), said

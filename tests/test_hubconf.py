@@ -33,7 +33,7 @@ def test_the_docs_example_runs_from_a_program_elsewhere_and_matches_sample_py(ru
                           timeout=patient(120))
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert lines[0].startswith(f"TrainedRun('{run_dir / 'ckpt_best.pt'}', step ")
+    assert lines[0].startswith(f"TrainedRun('{run_dir / 'ckpt_best.safetensors'}', step ")
     assert lines[-1] == "the program keeps its own model module"
     text = "\n".join(lines[1:-1])
     sample = run_script("sample.py", "--out_dir", str(run_dir), "--prompt", "ROMEO:", "--max_new_tokens", "60",
@@ -44,7 +44,7 @@ def test_the_docs_example_runs_from_a_program_elsewhere_and_matches_sample_py(ru
 def test_a_damaged_checkpoint_is_a_value_error_with_the_scripts_reason(tmp_path):
     import torch
 
-    (tmp_path / "ckpt_last.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "ckpt_last.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="is not a readable checkpoint"):
         torch.hub.load(str(ROOT), "chargpt", str(tmp_path), source="local")
 
@@ -55,7 +55,7 @@ def test_a_device_this_machine_lacks_is_said_as_such_not_as_damage(run_dir):
 
     with pytest.raises(ValueError) as refused:
         torch.hub.load(str(ROOT), "chargpt", str(run_dir), source="local", device="cuda")
-    assert str(refused.value) == (f"cannot load {run_dir / 'ckpt_best.pt'} onto cuda: CUDA is not available on this "
+    assert str(refused.value) == (f"cannot load {run_dir / 'ckpt_best.safetensors'} onto cuda: CUDA is not available on this "
                                   f"machine (or this PyTorch is a CPU build); load it onto cpu")
 
 
@@ -76,7 +76,7 @@ def test_a_device_that_cannot_hold_the_weights_is_told_apart_from_a_damaged_file
 
     monkeypatch.setattr(torch.Tensor, "to", to_without_bfloat16_on_mps)
     monkeypatch.setattr(machine, "unavailable", lambda place: None)  # as if this machine had MPS
-    sound = run_dir / "ckpt_best.pt"
+    sound = run_dir / "ckpt_best.safetensors"
     with pytest.raises(UserError) as refused:
         checkpoint.load(sound, "mps")
     assert str(refused.value) == (f"{sound} is readable, but mps cannot hold its weights (TypeError: BFloat16 is not "
@@ -253,9 +253,9 @@ def test_a_missing_run_names_the_run_argument_and_a_pipe_is_not_called_an_empty_
                                         r"--out_dir$"):
         find(str(fifo), "")
     with pytest.raises(UserError) as refused:  # a script given a checkpoint file as its folder: the flag for a file
-        find(str(run_dir / "ckpt_best.pt"), "")
-    assert str(refused.value) == (f"{run_dir / 'ckpt_best.pt'} is a file, not a run folder; give a run folder as "
-                                  f"--out_dir, or a checkpoint file as --ckpt {run_dir / 'ckpt_best.pt'}")
+        find(str(run_dir / "ckpt_best.safetensors"), "")
+    assert str(refused.value) == (f"{run_dir / 'ckpt_best.safetensors'} is a file, not a run folder; give a run folder as "
+                                  f"--out_dir, or a checkpoint file as --ckpt {run_dir / 'ckpt_best.safetensors'}")
     with pytest.raises(UserError, match=r"^give --out_dir \(a run's folder\) or --ckpt \(a checkpoint file\), not "
                                         r"both$"):  # (either could be the one meant: neither is taken)
-        find(str(run_dir), str(run_dir / "ckpt_last.pt"))
+        find(str(run_dir), str(run_dir / "ckpt_last.safetensors"))

@@ -58,14 +58,14 @@ def test_a_small_ladder_on_chinese_text_writes_its_table_and_reuses_finished_run
         assert any((ROOT / row["out_dir"]).glob("events.out.tfevents.*"))  # each rung is its own TensorBoard run
     assert Image.open(out / "ladder.png").format == "PNG"
     two_bars = Image.open(out / "ladder.png").size
-    kept = (out / "03-one_head" / "ckpt_last.pt").read_bytes()
+    kept = (out / "03-one_head" / "ckpt_last.safetensors").read_bytes()
 
-    damaged = out / "01-bigram" / "ckpt_last.pt"
+    damaged = out / "01-bigram" / "ckpt_last.safetensors"
     damaged.write_bytes(damaged.read_bytes()[:100])  # cut short
     again = ladder_here(capfd, *common)  # the finished rung is reused, byte for byte; the damaged one is trained again
     assert again.returncode == 0 and again.stderr.count("reused") == 1, again.stderr
     assert "not a readable checkpoint" in again.stderr, again.stderr
-    assert (out / "03-one_head" / "ckpt_last.pt").read_bytes() == kept
+    assert (out / "03-one_head" / "ckpt_last.safetensors").read_bytes() == kept
     healed = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
     figures = [[{k: v for k, v in row.items() if k != "train_seconds"} for row in table] for table in (healed, rows)]
     assert figures[0] == figures[1]  # trained again to exactly the same loss
@@ -135,7 +135,7 @@ def test_an_unknown_rung_is_one_line(tmp_path, capfd):
 def test_an_out_dir_that_holds_a_training_run_is_refused_and_left_as_it_was(tmp_path, corpus, capfd):
     """--out_dir naming a training run's folder (a checkpoint there, or a run's logs alone) is one line and writes
     nothing there: the rungs' folders and the table would be mixed into the run's."""
-    for held in ("ckpt_last.pt", "summary.json"):
+    for held in ("ckpt_last.safetensors", "summary.json"):
         run = tmp_path / held.split(".")[0]
         run.mkdir()
         (run / held).write_bytes(b"the run's own bytes")
@@ -248,6 +248,6 @@ def test_offline_the_ladder_decides_the_corpus_once_and_its_commands_name_it(tmp
         words = shlex.split(row["command"])
         assert row["command"] in done.stderr and words[words.index("--data") + 1] == "pystdlib"
         assert load_config(words[2:], False)[0].data == "pystdlib"
-        trained_on = checkpoint.load(ROOT / row["out_dir"] / "ckpt_last.pt")["data"]
+        trained_on = checkpoint.load(ROOT / row["out_dir"] / "ckpt_last.safetensors")["data"]
         assert trained_on["source"] == "pystdlib" and row["corpus"] == "pystdlib", trained_on
     assert "--data shakespeare" not in done.stderr

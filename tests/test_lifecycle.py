@@ -99,7 +99,7 @@ def copy_of(finished, tmp_path):
 def test_a_second_process_is_refused_at_once_and_the_running_one_loses_nothing(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     proc = launch(corpus, out, "--max_iters", "100000", "--eval_interval", "1")  # a checkpoint write every step
-    wait_for(lambda: (out / "ckpt_last.pt").exists())
+    wait_for(lambda: (out / "ckpt_last.safetensors").exists())
     for extra in ([], ["--resume"], ["--overwrite"]):
         code, _, err = cli(capsys, *argv(corpus, out, *extra))
         assert code == 2 and f"is in use by process {proc.pid}" in err and err.count("\n") == 1, err
@@ -109,7 +109,7 @@ def test_a_second_process_is_refused_at_once_and_the_running_one_loses_nothing(c
     assert proc.returncode == 130 and "Traceback" not in stderr and "could not write" not in stderr, stderr
     assert "stopping: " in stderr and "a step under way finishes first" in stderr  # (on a busy machine, at step 0)
     assert "stopped at step" in stdout
-    assert checkpoint.load(out / "ckpt_last.pt")["iter"] > 0 and not list(out.glob("*.tmp-*"))
+    assert checkpoint.load(out / "ckpt_last.safetensors")["iter"] > 0 and not list(out.glob("*.tmp-*"))
 
 
 def test_overwrite_checks_everything_before_touching_the_old_run(corpus, finished, tmp_path, capsys):
@@ -130,10 +130,10 @@ def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, ca
     before = snapshot(out)
     if when == "during its step-0 evaluation":
         proc = launch(corpus, out, "--overwrite", "--eval_iters", "1000000")  # its step-0 evaluation never ends
-        wait_for(lambda: (out / ".replaced" / "ckpt_last.pt").is_file())  # the old run is set aside
+        wait_for(lambda: (out / ".replaced" / "ckpt_last.safetensors").is_file())  # the old run is set aside
     else:  # the new run has saved its untrained step 0 (best and last) and trains on towards a far evaluation
         proc = launch(corpus, out, "--overwrite", "--max_iters", "1000000", "--eval_interval", "100000")
-        wait_for(lambda: (out / ".replaced" / "ckpt_last.pt").is_file() and (out / "ckpt_last.pt").is_file())
+        wait_for(lambda: (out / ".replaced" / "ckpt_last.safetensors").is_file() and (out / "ckpt_last.safetensors").is_file())
     proc.kill()
     proc.wait()
     import sample  # the scripts say where the old run waits and how it comes back
@@ -156,7 +156,7 @@ def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_af
     out = copy_of(finished, tmp_path)
     before = snapshot(out)
     proc = launch(corpus, out, "--overwrite", "--max_iters", "1000000", "--eval_interval", "100000")
-    wait_for(lambda: (out / ".replaced" / "ckpt_last.pt").is_file() and (out / "ckpt_last.pt").is_file())
+    wait_for(lambda: (out / ".replaced" / "ckpt_last.safetensors").is_file() and (out / "ckpt_last.safetensors").is_file())
     proc.send_signal(signal.SIGINT)
     text, err = proc.communicate(timeout=patient(60))
     assert proc.returncode == 130
@@ -168,7 +168,7 @@ def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_af
     code, text, err = cli(capsys, *argv(corpus, out, "--overwrite", "--max_iters", "4", "--eval_interval", "2"))
     assert code == 0, err
     assert f"--overwrite: the run this one replaces is deleted now (this run's step 2 is saved in {out})" in text + err
-    assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 4 and not (out / ".replaced").exists()
+    assert checkpoint.load(out / "ckpt_last.safetensors")["iter"] == 4 and not (out / ".replaced").exists()
 
 
 def test_a_stop_before_training_began_puts_an_overwrites_old_run_back_and_says_so(corpus, finished, tmp_path, capsys,
@@ -231,19 +231,19 @@ def test_a_max_iters_behind_a_stopped_runs_step_is_refused_and_one_at_it_ends_th
     code, text, err = cli(capsys, "--out_dir", str(out), "--resume", "--max_iters", str(at))
     assert code == 0 and f"resume: max_iters changed from 30 to {at}" in text and f"done: {at} steps" in text
     assert json.loads((out / "summary.json").read_text())["iterations"] == at
-    assert checkpoint.load(out / "ckpt_last.pt")["run_config"]["max_iters"] == at
+    assert checkpoint.load(out / "ckpt_last.safetensors")["run_config"]["max_iters"] == at
     code, text, err = cli(capsys, "--out_dir", str(out), "--resume")
     assert code == 0 and f"finished at step {at}" in text
 
 
 def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys):
     best_only = copy_of(finished, tmp_path)
-    (best_only / "ckpt_last.pt").unlink()
+    (best_only / "ckpt_last.safetensors").unlink()
     code, _, err = cli(capsys, *argv(corpus, best_only))
-    assert code == 2 and "--resume continues from ckpt_best.pt" in err
+    assert code == 2 and "--resume continues from ckpt_best.safetensors" in err
     code, text, _ = cli(capsys, *argv(corpus, best_only, "--resume", "--max_iters", "24"))
-    assert code == 0 and "resuming" in text and "ckpt_best.pt" in text
-    assert checkpoint.load(best_only / "ckpt_last.pt")["iter"] == 24
+    assert code == 0 and "resuming" in text and "ckpt_best.safetensors" in text
+    assert checkpoint.load(best_only / "ckpt_last.safetensors")["iter"] == 24
 
     logs_only = tmp_path / "logs_only"
     logs_only.mkdir()
@@ -255,7 +255,7 @@ def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys
     # A folder holding only a stopped run's events (Ctrl-C at once, `train.py | head`) takes a new run as it is; the
     # events are kept, byte for byte, in a folder of their own.
     code, text, _ = cli(capsys, *argv(corpus, logs_only, "--max_iters", "2"))
-    assert code == 0 and checkpoint.load(logs_only / "ckpt_last.pt")["iter"] == 2
+    assert code == 0 and checkpoint.load(logs_only / "ckpt_last.safetensors")["iter"] == 2
     kept = [path for path in logs_only.iterdir() if path.name.startswith("events_before_")]
     assert len(kept) == 1 and f"they are kept in {kept[0]}" in text
     assert {path.name: path.read_bytes() for path in kept[0].iterdir()} == events
@@ -297,7 +297,7 @@ def test_a_folder_of_a_runs_logs_without_its_checkpoints_names_them_and_the_way_
     suggested = capsys.readouterr().err.split("train first: ")[1].rstrip(")\n")
     assert suggested.endswith(f"--out_dir {folder} --overwrite")
     code, _, _ = cli(capsys, *argv(corpus, folder, "--overwrite", "--max_iters", "2"))
-    assert code == 0 and checkpoint.load(folder / "ckpt_last.pt")["iter"] == 2
+    assert code == 0 and checkpoint.load(folder / "ckpt_last.safetensors")["iter"] == 2
 
 
 def test_an_evaluation_stopped_midway_resumes_exactly(corpus, tmp_path, monkeypatch):
@@ -312,7 +312,7 @@ def test_an_evaluation_stopped_midway_resumes_exactly(corpus, tmp_path, monkeypa
     monkeypatch.setattr(evaluation, "asked_to_stop", stop_in_the_step_20_evaluation)
     cfg, _, explicit = load_config(argv(corpus, tmp_path / "parts", "--max_iters", "30", *common), False)
     stopped = train.train(cfg, explicit, say=lambda m: None)
-    assert stopped["stopped"] and checkpoint.load(tmp_path / "parts" / "ckpt_last.pt")["eval_done"] is False
+    assert stopped["stopped"] and checkpoint.load(tmp_path / "parts" / "ckpt_last.safetensors")["eval_done"] is False
     monkeypatch.undo()
     cfg, _, explicit = load_config(argv(corpus, tmp_path / "parts", "--resume", "--max_iters", "30", *common), False)
     resumed = train.train(cfg, explicit, say=lambda m: None)
@@ -351,26 +351,26 @@ def test_ctrl_c_in_a_long_evaluation_then_in_a_long_step(corpus, tmp_path):
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=patient(30))
     assert proc.returncode == 130 and "Traceback" not in stderr and "stopped at step 0" in stdout
-    assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 0
+    assert checkpoint.load(out / "ckpt_last.safetensors")["iter"] == 0
 
     # A step of a hundred million accumulated micro-batches (hours): one Ctrl-C, between two of them, undoes the step
     # and saves the state before it, without waiting hours for the step to end.
     slow = tmp_path / "slow"
     proc = launch(corpus, slow, "--grad_accum_steps", "100000000", "--max_iters", "2")
-    wait_for(lambda: (slow / "ckpt_last.pt").exists())
+    wait_for(lambda: (slow / "ckpt_last.safetensors").exists())
     time.sleep(0.5)  # past the step boundary, into step 0's micro-batches
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=patient(30))
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr
     assert "stopped at step 0" in stdout and "stopped at once" not in stderr
-    assert checkpoint.load(slow / "ckpt_last.pt")["iter"] == 0 and not list(slow.glob("*.tmp-*"))
+    assert checkpoint.load(slow / "ckpt_last.safetensors")["iter"] == 0 and not list(slow.glob("*.tmp-*"))
 
     # Nothing of the undone step is left: resumed with 2 micro-batches a step, the run is the one that had 2 from the
     # start, weight for weight.
     assert cli_quiet(corpus, slow, "--resume", "--grad_accum_steps", "2", "--max_iters", "2") == 0
     straight = tmp_path / "straight"
     assert cli_quiet(corpus, straight, "--grad_accum_steps", "2", "--max_iters", "2") == 0
-    resumed, uninterrupted = (checkpoint.load(folder / "ckpt_last.pt") for folder in (slow, straight))
+    resumed, uninterrupted = (checkpoint.load(folder / "ckpt_last.safetensors") for folder in (slow, straight))
     assert resumed["iter"] == uninterrupted["iter"] == 2
     for name, weight in uninterrupted["model"].items():
         assert torch.equal(resumed["model"][name], weight), name
@@ -396,7 +396,7 @@ def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):
         assert proc.poll() is None
     proc.stdout.close()  # the reader goes
     assert proc.wait(timeout=patient(60)) == 130
-    saved = checkpoint.load(out / "ckpt_last.pt")["iter"]
+    saved = checkpoint.load(out / "ckpt_last.safetensors")["iter"]
     assert saved > 10 and saved % 5 == 0  # the step of the first line that found the pipe closed
     assert not list(out.glob("*.tmp-*"))
 
@@ -429,7 +429,7 @@ def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, t
     stdout, stderr = proc.communicate(timeout=patient(60))
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr
     assert "the terminal closed (SIGHUP): stopping: " in stderr, stderr  # the cause, which nobody typed, named
-    saved = checkpoint.load(out / "ckpt_last.pt")["iter"]
+    saved = checkpoint.load(out / "ckpt_last.safetensors")["iter"]
     assert saved >= 10 and f"stopped at step {saved}" in stdout
 
     ignored = subprocess.Popen(["nohup", sys.executable, str(ROOT / "train.py"), *argv(corpus, tmp_path / "nohup",
@@ -440,7 +440,7 @@ def test_a_closed_terminal_saves_the_run_first_unless_nohup_ignores_it(corpus, t
         assert ignored.poll() is None
     ignored.send_signal(signal.SIGHUP)
     assert ignored.wait(timeout=patient(120)) == 0
-    assert checkpoint.load(tmp_path / "nohup" / "ckpt_last.pt")["iter"] == 60
+    assert checkpoint.load(tmp_path / "nohup" / "ckpt_last.safetensors")["iter"] == 60
 
 
 @pytest.mark.slow
@@ -483,7 +483,7 @@ def test_samples_in_tensorboard_are_drawn_without_dropout(corpus, tmp_path):
     cfg, _, explicit = load_config(argv(corpus, out, "--dropout", "0.5", "--max_iters", "10", "--eval_interval", "10",
                                         "--sample_chars", "30", "--full_val", "false"), False)
     train.train(cfg, explicit, say=lambda m: None)
-    model, tokenizer, state = checkpoint.load_model(out / "ckpt_last.pt")  # eval mode: no dropout
+    model, tokenizer, state = checkpoint.load_model(out / "ckpt_last.safetensors")  # eval mode: no dropout
     prompt = tokenizer.encode(tokenizer.default_prompt(state["data"]["first_char"]))
     expected = tokenizer.decode(generate(model, [prompt], 30, generator=torch.Generator().manual_seed(cfg.seed))[0])
     events = EventAccumulator(str(out))
@@ -504,7 +504,7 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     for data, folder in (("my_corpus.txt", "debug-my_corpus"), ("my_notes", "debug-my_notes")):
         code, text, _ = cli(capsys, *quick, "--data", data)  # after one run, the README's next commands are not refused
         assert code == 0 and f"run folder: out/{folder};" in text \
-            and (tmp_path / "out" / folder / "ckpt_last.pt").exists()
+            and (tmp_path / "out" / folder / "ckpt_last.safetensors").exists()
     bad = tmp_path / "not_shakespeare.txt"
     bad.write_text("not shakespeare")
     monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", bad.as_uri())  # offline, in effect
@@ -512,7 +512,7 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     code, text, _ = cli(capsys, *[arg for arg in quick if "cache" not in arg])
     out = tmp_path / "out" / "debug-pystdlib"
     assert code == 0 and "using the offline corpus 'pystdlib'" in text and "run folder: out/debug-pystdlib;" in text
-    assert checkpoint.load(out / "ckpt_last.pt")["run_config"]["data"] == "pystdlib"
+    assert checkpoint.load(out / "ckpt_last.safetensors")["run_config"]["data"] == "pystdlib"
     events = EventAccumulator(str(out))
     events.Reload()
     config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
@@ -549,9 +549,9 @@ def test_offline_only_a_new_run_on_the_default_corpus_and_cache_trains_on_pystdl
 
 def test_saved_settings_this_version_does_not_know_are_named(finished, tmp_path, capsys):
     out = copy_of(finished, tmp_path)
-    state = torch.load(out / "ckpt_last.pt", weights_only=True)
-    torch.save({**state, "run_config": {**state["run_config"], "warmup_ratio": 0.1, "old_flag": True}},
-               out / "ckpt_last.pt")
+    state = checkpoint.load(out / "ckpt_last.safetensors", resume=True)
+    checkpoint.save({**state, "run_config": {**state["run_config"], "warmup_ratio": 0.1, "old_flag": True}},
+               out / "ckpt_last.safetensors")
     code, text, _ = cli(capsys, "--out_dir", str(out), "--resume")
     assert code == 0 and "does not know, ignored: old_flag, warmup_ratio" in text and "finished at step 20" in text
 

@@ -2,8 +2,14 @@
 one line naming this trainer's way (never a guess among look-alike names); its Python config files are refused without
 being run, their settings printed as TOML that loads to the same values; --compile=False in any case; its init_from
 values; and a preset's min_lr follows a learning rate set alone."""
+import re
+import subprocess
+import sys
+import time
+
 import pytest
 
+from conftest import ROOT
 from configs import load_config
 from configs.nanogpt import TRAIN_SETTINGS
 from errors import UserError
@@ -105,7 +111,7 @@ def test_a_python_config_is_never_run_and_its_settings_come_back_as_toml_that_lo
                                   f"train_small.toml and pass --config train_small.toml")
     toml = capsys.readouterr().out
     assert "# open(" in toml and "# seed = len('run me'): not a plain value" in toml
-    assert "# always_save_checkpoint = False: every evaluation saves ckpt_last.pt" in toml
+    assert "# always_save_checkpoint = False: every evaluation saves ckpt_last" in toml
     (tmp_path / "train_small.toml").write_text(toml, encoding="utf-8")
     cfg, _, _ = load_config(["--config", str(tmp_path / "train_small.toml")], False)
     taken = {"out_dir": "out-small", "eval_interval": 100, "eval_iters": 20, "data": "shakespeare",
@@ -137,7 +143,29 @@ def test_a_resumed_run_given_a_learning_rate_alone_takes_its_own_min_lr_along():
     state = {"run_config": saved.to_dict(), "iter": 50, "tokens_per_iter": None}
     cfg, _, explicit = load_config(["--resume", "--out_dir", "out/x", "--learning_rate", "1e-4"], False)
     said = []
-    _, resumed = resume_config(cfg, explicit, state, said.append, "out/x/ckpt_last.pt")
+    _, resumed = resume_config(cfg, explicit, state, said.append, "out/x/ckpt_last.safetensors")
     assert resumed.learning_rate == 1e-4 and resumed.min_lr == pytest.approx(1e-5)
     assert "resume: min_lr follows --learning_rate: 1e-05, 0.1 of it as in this run (0.0015 of 0.015); --min_lr sets " \
            "it" in said
+
+
+@pytest.mark.parametrize("line, said", [
+    ("block_size = ((((10**64)**64)**64)**64)**64", "# block_size = ((((10**64)**64)**64)**64)**64: not a plain value"),
+    ("block_size = ((10**64)**64)**2", "not a plain value; set block_size by hand"),
+    ("block_size = " + "+".join(["1"] * 2500), "not a plain value; set block_size by hand"),
+    ("block_size = " + "[" * 150 + "]" * 150, "not a plain value; set block_size by hand"),
+    ('out_dir = "\\ud800"', "# out_dir = '\\ud800': out_dir here takes str; set it by hand"),
+    ('out_dir = "a\\x7fb\\x1b[2J"', 'out_dir = "a\\u007fb\\u001b[2J"'),
+])
+def test_a_python_config_whose_values_grow_without_bound_is_one_line_at_once(tmp_path, line, said):
+    """A power tower of 42 bytes, a sum of 2,500 terms, deep nesting, a lone surrogate, control characters: each comes
+    back at once as TOML that loads (the value left out, or escaped) and one line, exit 2, no control character."""
+    config = tmp_path / "hostile.py"
+    config.write_text(line + "\n", encoding="utf-8")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(config)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and time.monotonic() - started < 30, done.stderr
+    assert said in done.stdout and not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", done.stdout), done.stdout
+    (tmp_path / "hostile.toml").write_text(done.stdout, encoding="utf-8")
+    load_config(["--config", str(tmp_path / "hostile.toml")], False)  # TOML this trainer reads

@@ -281,7 +281,7 @@ def test_a_run_leaves_loss_png_drawing_every_logged_loss_of_all_its_sessions(tmp
                                                                                         "loss/train_eval")}
     assert [s for s, _ in logged["loss/train"]] == list(range(5, 46, 5))  # both sessions, no step twice
     assert [s for s, _ in logged["loss/val"]] == [0, 10, 20, 25, 30, 40, 45]
-    losses = checkpoint.load(out / "ckpt_last.pt")["losses"]
+    losses = checkpoint.load(out / "ckpt_last.safetensors")["losses"]
     figure = loss_figure(losses, "run")
     lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
     for label, tag in (("train loss (each log line's batch)", "loss/train"), ("train loss (evaluation)",

@@ -20,7 +20,7 @@ from model.generate import compiled_step, draw, generate, logits_to_probs, one_t
 from model.kv_cache import Decoding
 from training.checkpoint import load_model
 import sample as sample_cli
-from conftest import ROOT, patient, set_attention_path
+from conftest import ROOT, checkpoint_parts, patient, set_attention_path, write_checkpoint
 
 CFG = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=2, n_embd=16)
 
@@ -104,7 +104,7 @@ def test_streamed_chunks_are_the_returned_tokens_in_order(model, chunk):
 
 
 def test_cached_decoding_equals_full_recompute_past_block_size(run_dir):
-    trained, tokenizer, _ = load_model(run_dir / "ckpt_last.pt")  # block_size 32
+    trained, tokenizer, _ = load_model(run_dir / "ckpt_last.safetensors")  # block_size 32
     prompts = [tokenizer.encode("The"), tokenizer.encode("First Citizen:\nBefore we proceed any")]
     cached = generate(trained, prompts, 100, temperature=0)
     uncached = generate(trained, prompts, 100, temperature=0, use_cache=False)
@@ -320,7 +320,7 @@ def weight_casts(n_embd: int):
 def test_sampling_in_half_precision_casts_each_weight_once_not_at_every_character(run_dir, dtype):
     """sample.py --dtype bfloat16|float16 holds the weights in that dtype (cast at load) and decodes without autocast,
     which would read and cast every float32 weight again for each new character (what the count checks)."""
-    n_embd = load_model(run_dir / "ckpt_last.pt")[0].config.n_embd
+    n_embd = load_model(run_dir / "ckpt_last.safetensors")[0].config.n_embd
     counts, texts = [], []
     for new_tokens in (10, 30):
         with weight_casts(n_embd) as casts:
@@ -332,7 +332,7 @@ def test_sampling_in_half_precision_casts_each_weight_once_not_at_every_characte
     assert counts[0] == counts[1] > 0  # the load's casts, whatever the length of the text
     assert len(texts[1]) == 3 + 30 + 1 and texts[1].startswith(texts[0][:-1])  # greedy: the longer text goes on
     with weight_casts(n_embd) as casts, torch.autocast("cpu", dtype=torch.bfloat16):
-        generate(load_model(run_dir / "ckpt_last.pt")[0], [[1, 2]], 10, temperature=0)
+        generate(load_model(run_dir / "ckpt_last.safetensors")[0], [[1, 2]], 10, temperature=0)
     assert len(casts.seen) > 10 * counts[0] // 2  # autocast, for comparison: weights cast again at each character
 
 
@@ -342,11 +342,11 @@ def test_auto_samples_a_large_model_in_bfloat16_only_on_a_cpu_with_bfloat16_unit
     units, the weights are cast to bfloat16 and the text is --dtype bfloat16's; elsewhere nothing is cast and the
     text is --dtype float32's. The line before the text says which."""
     from common import machine
-    params = load_model(run_dir / "ckpt_last.pt")[0].num_params(non_embedding=False)
+    params = load_model(run_dir / "ckpt_last.safetensors")[0].num_params(non_embedding=False)
     monkeypatch.setattr(machine, "CPU_BFLOAT16_SAMPLING_PARAMS", params - 1)
     monkeypatch.setattr(machine, "cpu_has_bfloat16_units", lambda: has_units)
     common = ("--out_dir", str(run_dir), "--prompt", "The", "--max_new_tokens", "60", "--seed", "5", "--no-stream")
-    with weight_casts(load_model(run_dir / "ckpt_last.pt")[0].config.n_embd) as casts:
+    with weight_casts(load_model(run_dir / "ckpt_last.safetensors")[0].config.n_embd) as casts:
         auto = sample(*common)
     dtype = "bfloat16" if has_units else "float32"
     assert auto.returncode == 0 and auto.stdout == sample(*common, "--dtype", dtype).stdout
@@ -373,15 +373,16 @@ def test_invalid_settings(run_dir, args, message):
 
 
 def test_bad_checkpoints_are_one_line_errors(run_dir, tmp_path):
-    good = (run_dir / "ckpt_last.pt").read_bytes()
+    good = (run_dir / "ckpt_last.safetensors").read_bytes()
     cases = {"missing.pt": None, "random.pt": bytes(range(256)) * 40, "truncated.pt": good[: len(good) // 2]}
     future = tmp_path / "future.pt"
-    state = torch.load(run_dir / "ckpt_last.pt", weights_only=True)
-    torch.save({**state, "format": 99}, future)
+    tensors, settings = checkpoint_parts(run_dir / "ckpt_last.safetensors")
+    write_checkpoint(future, tensors, {**settings, "format": 99})
     inconsistent = tmp_path / "inconsistent.pt"
-    torch.save({**state, "vocab": state["vocab"][:-1]}, inconsistent)
-    torch.save({k: v for k, v in state.items() if k != "vocab"}, tmp_path / "no_vocab.pt")
-    torch.save({**state, "model_config": {**state["model_config"], "n_head": 5}}, tmp_path / "bad_config.pt")
+    write_checkpoint(inconsistent, tensors, {**settings, "vocab": settings["vocab"][:-1]})
+    write_checkpoint(tmp_path / "no_vocab.pt", tensors, {k: v for k, v in settings.items() if k != "vocab"})
+    write_checkpoint(tmp_path / "bad_config.pt", tensors,
+                     {**settings, "model_config": {**settings["model_config"], "n_head": 5}})
     for name, content in cases.items():
         if content is not None:
             (tmp_path / name).write_bytes(content)
@@ -432,9 +433,9 @@ def test_with_no_folder_named_the_scripts_read_the_newest_run_in_out(run_dir, tm
         run_folder.find("", "")
     for name in ("older", "newer"):
         shutil.copytree(run_dir, tmp_path / "out" / name)
-    os.utime(tmp_path / "out" / "older" / "ckpt_best.pt", (1, 1))
-    os.utime(tmp_path / "out" / "older" / "ckpt_last.pt", (1, 1))
-    assert run_folder.find("", "") == Path("out") / "newer" / "ckpt_best.pt"
+    os.utime(tmp_path / "out" / "older" / "ckpt_best.safetensors", (1, 1))
+    os.utime(tmp_path / "out" / "older" / "ckpt_last.safetensors", (1, 1))
+    assert run_folder.find("", "") == Path("out") / "newer" / "ckpt_best.safetensors"
     assert run_cli(sample_cli.main, ["--max_new_tokens", "5"]) == 0
     assert "newer" in capsys.readouterr().err
 

@@ -136,7 +136,7 @@ def test_a_run_measures_its_threads_says_them_records_them_and_keeps_them_on_res
                              said)
     assert "threads: 1 of 2 cores, the faster just now (a step: 200 ms with 2; 50 ms with 1); --num_threads N sets " \
            "the count" in said
-    assert checkpoint.load(tmp_path / "measured" / "ckpt_last.pt")["run_config"]["num_threads"] == 1
+    assert checkpoint.load(tmp_path / "measured" / "ckpt_last.safetensors")["run_config"]["num_threads"] == 1
     assert json.loads((tmp_path / "measured" / "summary.json").read_text())["threads"] == 1 == measured["threads"]
     assert 2 in calls
 
@@ -418,11 +418,11 @@ def test_the_scripts_read_the_newest_run_that_no_process_trains_in_and_say_which
     monkeypatch.chdir(tmp_path)
     for name in ("finished", "training"):
         shutil.copytree(tmp_path / "trained", tmp_path / "out" / name)
-    os.utime(tmp_path / "out" / "finished" / "ckpt_best.pt", (1, 1))  # the older
+    os.utime(tmp_path / "out" / "finished" / "ckpt_best.safetensors", (1, 1))  # the older
     held = run_folder.RunDir(tmp_path / "out" / "training").claim(lambda m: None)
     try:
         said = []
-        assert run_folder.find("", "", say=said.append) == Path("out") / "finished" / "ckpt_best.pt"
+        assert run_folder.find("", "", say=said.append) == Path("out") / "finished" / "ckpt_best.safetensors"
         assert said[0].startswith("no --out_dir given: out/finished, the newest run in out/ that has finished (its "
                                   "model saved ")
         assert f"; passed over out/training, which process {os.getpid()} (" in said[0]

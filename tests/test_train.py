@@ -40,17 +40,17 @@ def test_debug_run_end_to_end(corpus, tmp_path):
     result = run(corpus, out, "--max_iters", "60", "--eval_interval", "30", "--sample_chars", "40")
     history = result["history"]
     assert history[-1][1] < history[0][1] - 0.3  # the loss fell
-    for name in ("ckpt_last.pt", "ckpt_best.pt"):
+    for name in ("ckpt_last.safetensors", "ckpt_best.safetensors"):
         state = checkpoint.load(out / name, resume=True)  # weights_only=True inside; all of it, as --resume reads it
         assert not any(key.startswith("_orig_mod.") for key in state["model"])
         assert set(state) == set(checkpoint.CONTENTS)  # a checkpoint holds what the contract says, no more, no less
         assert all(checkpoint.of_type(state[key], kind) for key, (kind, _) in checkpoint.CONTENTS.items())
-    assert checkpoint.load(out / "ckpt_last.pt")["iter"] == 60
+    assert checkpoint.load(out / "ckpt_last.safetensors")["iter"] == 60
     summary = json.loads((out / "summary.json").read_text())
     assert summary["iterations"] == 60 and summary["tokens_seen"] == 60 * 8 * 32
     assert summary["best_val_loss"] <= summary["val_loss"]
     assert summary["full_val_bits_per_char"] == pytest.approx(summary["full_val_loss"] / math.log(2))
-    assert 0 < summary["full_val_loss"] < math.log(checkpoint.load(out / "ckpt_last.pt")["model_config"]["vocab_size"])
+    assert 0 < summary["full_val_loss"] < math.log(checkpoint.load(out / "ckpt_last.safetensors")["model_config"]["vocab_size"])
     # where the time went: every phase measured, none negative, together the whole; training is the trained seconds
     seconds = summary["seconds"]
     assert list(seconds) == ["start-up", "data", "opening", "compilation", "training steps", "evaluations",
@@ -94,7 +94,7 @@ def test_how_often_and_on_how_much_a_run_evaluates_never_changes_what_it_trains_
                 "--sample_chars", "8", "--log_attention", "true")
     rarely = run(corpus, tmp_path / "rarely", *common, "--eval_interval", "12", "--eval_iters", "5")
     assert often["history"] == rarely["history"] and len(often["history"]) == 12
-    a, b = (checkpoint.load(tmp_path / name / "ckpt_last.pt")["model"] for name in ("often", "rarely"))
+    a, b = (checkpoint.load(tmp_path / name / "ckpt_last.safetensors")["model"] for name in ("often", "rarely"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -109,14 +109,14 @@ def test_resume_gives_bit_identical_losses(corpus, tmp_path, optimizer, dtype, t
     resumed = run(corpus, tmp_path / "parts", "--max_iters", str(total), "--resume", *common)
     tail = [loss for it, loss in whole["history"] if it > split]
     assert [loss for _, loss in resumed["history"]] == tail and len(tail) == total - split
-    a = checkpoint.load(tmp_path / "whole" / "ckpt_last.pt")["model"]
-    b = checkpoint.load(tmp_path / "parts" / "ckpt_last.pt")["model"]
+    a = checkpoint.load(tmp_path / "whole" / "ckpt_last.safetensors")["model"]
+    b = checkpoint.load(tmp_path / "parts" / "ckpt_last.safetensors")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_resume_on_another_text_chooses_the_best_model_anew_on_its_validation(corpus, tmp_path):
     """--resume --data with another text of the same characters (random ones, far harder): the best model is chosen
-    again among the evaluations on the new text, so ckpt_best.pt and the summary's best are of that text, and the
+    again among the evaluations on the new text, so ckpt_best.safetensors and the summary's best are of that text, and the
     note says so; a validation loss of the first text would otherwise have kept its model as the best."""
     first = run(corpus, tmp_path / "r", "--max_iters", "20", "--eval_interval", "10")
     chars = sorted(set(corpus.read_text(encoding="utf-8")))
@@ -126,10 +126,10 @@ def test_resume_on_another_text_chooses_the_best_model_anew_on_its_validation(co
                                                                               generator=generator)), encoding="utf-8")
     said = []
     resumed = run(noise, tmp_path / "r", "--resume", "--max_iters", "30", say=said.append)
-    best = checkpoint.load(tmp_path / "r" / "ckpt_best.pt")
+    best = checkpoint.load(tmp_path / "r" / "ckpt_best.safetensors")
     assert best["iter"] == 30 and best["best_val_loss"] == resumed["val_loss"] > first["best_val_loss"]
     assert resumed["best_val_loss"] == resumed["val_loss"]
-    assert any(line.endswith(f"its best model is chosen anew on this text's validation: ckpt_best.pt (val "
+    assert any(line.endswith(f"its best model is chosen anew on this text's validation: ckpt_best.safetensors (val "
                              f"{first['best_val_loss']:.4f} on the other text) is replaced at the next evaluation")
                for line in said), said
 
@@ -144,7 +144,7 @@ def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus
     said = []  # dropout is a training setting: it changes, said in one line, and the model trains with it
     result = run(corpus, tmp_path / "r", "--resume", "--max_iters", "5", "--dropout", "0.1", say=said.append)
     assert result["iterations"] == 5 and "resume: dropout changed from 0.0 to 0.1" in said
-    assert checkpoint.load(tmp_path / "r" / "ckpt_last.pt")["model_config"]["dropout"] == 0.1
+    assert checkpoint.load(tmp_path / "r" / "ckpt_last.safetensors")["model_config"]["dropout"] == 0.1
     said = []
     result = run(corpus, tmp_path / "r", "--resume", "--max_iters", "6", "--learning_rate", "1e-3", say=said.append)
     assert result["iterations"] == 6
@@ -178,12 +178,12 @@ def test_resume_on_a_text_with_other_characters_names_a_few_of_them_safely(corpu
     assert "\t" not in text and "é" not in text and "q" in text and "v" in text
     other = corpus.with_name("other.txt")
     other.write_text(text.replace("q", "\t").replace("v", "é"), encoding="utf-8")
-    before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
+    before = (tmp_path / "r" / "ckpt_last.safetensors").read_bytes()
     with pytest.raises(UserError) as refused:
         run(other, tmp_path / "r", "--resume", "--max_iters", "4")
     assert ("(55 characters, 55 in " in str(refused.value)
             and "only in the corpus: '\\t' 'é', only in the checkpoint's: 'q' 'v')" in str(refused.value))
-    assert (tmp_path / "r" / "ckpt_last.pt").read_bytes() == before
+    assert (tmp_path / "r" / "ckpt_last.safetensors").read_bytes() == before
     from data.tokenizer import vocabulary_difference
     assert vocabulary_difference("ab", "ba", ("x", "y")) == "the same characters in another order"
     assert vocabulary_difference("abcdefgh\x00", "", ("x", "y")) == "only in x: 'a' 'b' 'c' 'd' 'e' 'f' and 3 more"
@@ -196,7 +196,7 @@ def test_resume_on_a_text_too_short_for_its_windows_names_what_a_resume_can_chan
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("ab\n" * 400)
     run(corpus, tmp_path / "r", "--max_iters", "1", "--full_val", "false")
-    before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
+    before = (tmp_path / "r" / "ckpt_last.safetensors").read_bytes()
     for repeats, split, new_run in ((30, "val split of {} has 9 characters", ", or train a new run on this text with "
                                      "--block_size 8 or less in another --out_dir"),  # too short for block_size 32
                                     (3, "train split of {} has 8 characters", "")):  # val 1: too short for any
@@ -207,7 +207,7 @@ def test_resume_on_a_text_too_short_for_its_windows_names_what_a_resume_can_chan
         assert str(refused.value) == (f"--resume: the {split.format(other)}, fewer than block_size + 1 = 33, and a "
                                       f"resume keeps the run's block_size (32) and val_fraction (0.1); resume on a "
                                       f"longer text (this run was trained on {corpus}){new_run}")
-        assert (tmp_path / "r" / "ckpt_last.pt").read_bytes() == before
+        assert (tmp_path / "r" / "ckpt_last.safetensors").read_bytes() == before
 
 
 @pytest.mark.parametrize("flag, value, was", [("--val_fraction", "0.5", "0.1"), ("--seed", "7", "1337"),
@@ -220,13 +220,13 @@ def test_resume_keeps_what_its_evaluations_measure(corpus, tmp_path, flag, value
     other text), nor the model it started from: one line naming the setting, a new run and --init_from; nothing is
     written. The run's own value is no change and passes."""
     run(corpus, tmp_path / "r", "--max_iters", "2")
-    before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
+    before = (tmp_path / "r" / "ckpt_last.safetensors").read_bytes()
     name = flag[2:]
     with pytest.raises(UserError, match=f"^--resume: {name} was {was} in this run and cannot change to .*; leave "
                        f"{flag} \\(and any --config that sets it\\) out, or start a new run in another --out_dir "
                        f"\\(--init_from {tmp_path / 'r'} fine-tunes this run's model\\)$"):
         run(corpus, tmp_path / "r", "--resume", flag, value)
-    assert (tmp_path / "r" / "ckpt_last.pt").read_bytes() == before
+    assert (tmp_path / "r" / "ckpt_last.safetensors").read_bytes() == before
     assert run(corpus, tmp_path / "r", "--resume", flag, was.strip("'"), "--max_iters", "3")["iterations"] == 3
 
 
@@ -237,7 +237,7 @@ def test_a_fine_tuned_run_resumes_with_its_init_from_however_spelled(corpus, tmp
     run(corpus, tmp_path / "other", "--max_iters", "2")
     monkeypatch.chdir(tmp_path)
     run(corpus, tmp_path / "tuned", "--init_from", "base", "--max_iters", "3")
-    for steps, spelling in enumerate(["base", "./base/", str(tmp_path / "base"), "base/ckpt_best.pt"], start=4):
+    for steps, spelling in enumerate(["base", "./base/", str(tmp_path / "base"), "base/ckpt_best.safetensors"], start=4):
         assert run(corpus, tmp_path / "tuned", "--resume", "--init_from", spelling, "--max_iters",
                    str(steps))["iterations"] == steps
     with pytest.raises(UserError, match="^--resume: init_from was 'base' in this run and cannot change to 'other'"):
@@ -246,12 +246,12 @@ def test_a_fine_tuned_run_resumes_with_its_init_from_however_spelled(corpus, tmp
 
 def test_out_dir_with_another_run_needs_resume_or_overwrite(corpus, tmp_path):
     run(corpus, tmp_path / "r", "--max_iters", "2")
-    before = (tmp_path / "r" / "ckpt_last.pt").read_bytes()
+    before = (tmp_path / "r" / "ckpt_last.safetensors").read_bytes()
     with pytest.raises(UserError, match="already holds a run; pass --resume .* --overwrite"):
         run(corpus, tmp_path / "r", "--max_iters", "2")
-    assert (tmp_path / "r" / "ckpt_last.pt").read_bytes() == before
+    assert (tmp_path / "r" / "ckpt_last.safetensors").read_bytes() == before
     assert run(corpus, tmp_path / "r", "--max_iters", "3", "--overwrite")["iterations"] == 3
-    with pytest.raises(UserError, match="no .*ckpt_last.pt to continue"):
+    with pytest.raises(UserError, match="no .*ckpt_last.safetensors to continue"):
         run(corpus, tmp_path / "empty", "--resume")
 
 
@@ -531,7 +531,7 @@ def test_a_run_compiled_by_inductor_trains_as_the_uncompiled_one_to_rounding(cor
     plain = train_argv(debug_argv(corpus, tmp_path, "eager", "--compile", "false", *common))
     assert [it for it, _ in compiled["history"]] == [it for it, _ in plain["history"]]
     assert [loss for _, loss in compiled["history"]] == pytest.approx([loss for _, loss in plain["history"]], rel=1e-4)
-    weights = [checkpoint.load(tmp_path / name / "ckpt_last.pt")["model"] for name in ("inductor", "eager")]
+    weights = [checkpoint.load(tmp_path / name / "ckpt_last.safetensors")["model"] for name in ("inductor", "eager")]
     for name in weights[1]:
         torch.testing.assert_close(weights[0][name], weights[1][name], rtol=1e-3, atol=1e-4)
 
@@ -591,7 +591,7 @@ def test_a_run_whose_compilation_failed_is_not_compiled_again_when_resumed(corpu
     train_argv(debug_argv(corpus, tmp_path, "run", "--compile", "true", "--max_iters", "6"), say=messages.append)
     assert "note: the run's config now says --compile false, so a resume does not try again (--resume --compile " \
            "true does)" in messages
-    assert checkpoint.load(tmp_path / "run" / "ckpt_last.pt")["run_config"]["compile"] == "false"
+    assert checkpoint.load(tmp_path / "run" / "ckpt_last.safetensors")["run_config"]["compile"] == "false"
     resumed = []
     train_argv(debug_argv(corpus, tmp_path, "run", "--resume", "--max_iters", "8"), say=resumed.append)
     assert not [m for m in resumed if "torch.compile" in m], resumed
@@ -618,7 +618,7 @@ def test_torch_compile_that_cannot_start_is_a_warning_too(corpus, tmp_path, monk
          "continuing without it (--compile false skips the attempt)"]
     assert "note: the run's config now says --compile false, so a resume does not try again (--resume --compile " \
            "true does)" in messages
-    assert checkpoint.load(tmp_path / "run" / "ckpt_last.pt")["run_config"]["compile"] == "false"
+    assert checkpoint.load(tmp_path / "run" / "ckpt_last.safetensors")["run_config"]["compile"] == "false"
 
 
 @pytest.mark.slow
@@ -636,7 +636,7 @@ def test_a_compiled_run_trains_the_model_it_saves_step_for_step_as_an_uncompiled
     assert len(calls) == (2 if scope == "blocks" else 1)  # debug has 2 blocks: one torch.compile each
     assert runs[scope]["history"] == runs["plain"]["history"] and len(runs["plain"]["history"]) == 12
     assert runs[scope]["full_val_loss"] == runs["plain"]["full_val_loss"]
-    weights = [checkpoint.load(tmp_path / name / "ckpt_last.pt")["model"] for name in ("plain", scope)]
+    weights = [checkpoint.load(tmp_path / name / "ckpt_last.safetensors")["model"] for name in ("plain", scope)]
     assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
@@ -888,7 +888,7 @@ def test_every_evaluation_and_the_full_validation_report_progress(corpus, tmp_pa
     result = train.train(*load_config(["--config", "debug", "--data", str(corpus), "--cache_dir", str(tmp_path / "c"),
                                        "--out_dir", str(tmp_path / "r"), "--max_iters", "10", "--eval_interval", "10",
                                        "--eval_iters", "3"], False)[::2], say=messages.append)
-    n_val = checkpoint.load(tmp_path / "r" / "ckpt_last.pt")["data"]["n_val"]
+    n_val = checkpoint.load(tmp_path / "r" / "ckpt_last.safetensors")["data"]["n_val"]
     windows = -(-len(range(0, n_val - 32, 32)) // 8)  # non-overlapping windows of block 32, in batches of 8
     assert result["iterations"] == 10
     assert [(t.what, t.total, t.done) for t in tasks] == [("evaluating at step 0", 6, 6),
@@ -926,7 +926,7 @@ def test_a_small_text_that_overfits_is_warned_once_with_what_to_try(tmp_path):
                                     "--n_embd", "96", "--n_head", "4", "--learning_rate", "5e-3", "--min_lr", "5e-3",
                                     "--patience", "0", "--full_val", "false"], False)
     train.train(cfg, explicit, say=said.append)
-    evaluations = checkpoint.load(tmp_path / "run" / "ckpt_last.pt")["losses"]["eval"]
+    evaluations = checkpoint.load(tmp_path / "run" / "ckpt_last.safetensors")["losses"]["eval"]
     first = next(n for n in range(len(evaluations) + 1) if overfitting(evaluations[:n]))
     assert first < len(evaluations)  # it went on overfitting after the warning: still said once
     warnings = [m for m in said if m.startswith("warning: the model is learning the training text by heart")]

@@ -1,56 +1,53 @@
-"""Checkpoints: what one holds (CONTENTS), captured from a run and restored into one, and the self-describing file,
-written atomically and read without unpickling code, every part checked before it is used."""
+"""Checkpoints: what one holds, captured from a run and restored into one. A checkpoint is one safetensors file: every
+tensor under a dotted name, and everything else one JSON document in its metadata. load() reads it, and every reader
+calls load(): nothing is unpickled, and each part is checked before anything is allocated for it."""
 from __future__ import annotations
 
+import json
 import math
+import re
 import shlex
+import struct
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
+from safetensors import safe_open
 
 from common.machine import free_memory, usable_device
-from common.run_folder import BEST, LAST, write_atomic
+from common.run_folder import BEST, LAST, RunDir, old_format, write_atomic
 from configs.choices import OPTIMIZERS
 from configs.loader import checked_types
 from configs.schema import FIELDS, TYPES
-from data import gate
-from data.gate import check_fields, of_type
+from data.gate import open_regular
 from data.tokenizer import CharTokenizer
-from errors import UserError, in_one_line
+from errors import UserError, in_one_line, shown
 from training.device import Dist, random_states, set_random_states
 from training.optim import configure_optimizer
 
-
-if TYPE_CHECKING:  # for the annotations only: training.opening builds runs from checkpoints, so it imports this module
-    from training.opening import Run
-
-
-FORMAT = 1
-# Everything a checkpoint holds: key -> (its types, who needs it): "sample" every reader, "resume" --resume besides,
-# "later" optional (read with a default). capture() writes exactly these keys (tested); restore() reads them.
-CONTENTS = {
-    "format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
-    "run_config": (dict, "sample"), "vocab": (str, "sample"), "iter": (int, "sample"),
-    "optimizer": (dict, "resume"), "rng": (dict, "resume"), "best_val_loss": ((int, float), "resume"),
-    "scaler": ((dict, type(None)), "later"), "train_seconds": ((int, float), "later"), "eval_done": (bool, "later"),
-    "last_eval": (dict, "later"), "evals_since_best": (int, "later"), "data": (dict, "later"),
-    "tokens_per_iter": (int, "later"), "losses": (dict, "later"),
-}
-REQUIRED = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "sample"}
-RESUMABLE = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "resume"}
-LATER = {key: kind for key, (kind, needed_by) in CONTENTS.items() if needed_by == "later"}
-RESUME_ONLY = ("optimizer", "rng")  # tensors only --resume uses: a reader that samples leaves them on disk
+FORMAT = 2
+META = "chargpt"  # the metadata key of the JSON document
+HEADER_MAX = 16 << 20  # the header: each tensor's name and shape, and the JSON (about 15 bytes per logged loss)
+DEPTH_MAX = 16  # the JSON's nesting (a checkpoint's deepest is 5: optimizer.muon.param_groups.0.betas)
+CONTAINERS_MAX = 2_000_000  # the JSON's lists and objects: one per logged loss, besides a few
+# What a checkpoint holds: key -> (its types, who needs it): "sample" every reader, "resume" --resume besides,
+# "later" optional (read with a default). model, optimizer and rng hold the tensors; the rest is the JSON.
+CONTENTS = {"format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
+            "run_config": (dict, "sample"), "vocab": (str, "sample"), "iter": (int, "sample"),
+            "optimizer": (dict, "resume"), "rng": (dict, "resume"), "best_val_loss": ((int, float), "resume"),
+            "scaler": ((dict, type(None)), "later"), "train_seconds": ((int, float), "later"),
+            "eval_done": (bool, "later"), "last_eval": (dict, "later"), "evals_since_best": (int, "later"),
+            "data": (dict, "later"), "tokens_per_iter": (int, "later"), "losses": (dict, "later")}
+OPTIMIZER_STATE = {"AdamW": ("step", "exp_avg", "exp_avg_sq"), "Muon": ("momentum_buffer",)}  # per stepped weight
+WEIGHT_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
 @dataclass
 class Progress:
-    """The training loop's state, saved whole in every checkpoint; train.py advances it, training.session records
-    evaluations in it. train_seconds: training steps only (no evaluations, samples, pictures or checkpoint writes);
-    eval_done: whether the evaluation due at this step is made; evals_since_best: for --patience; losses: every
-    session's, for loss.png: "train" (step, loss) per log line, "eval" (step, train, validation loss) per evaluation."""
+    """The training loop's state, saved in every checkpoint; train.py advances it. losses: "train" (step, loss) per log
+    line, "eval" (step, train, validation loss) per evaluation."""
     it: int = 0
     best_val: float = math.inf
     train_seconds: float = 0.0
@@ -60,8 +57,8 @@ class Progress:
     losses: dict = field(default_factory=lambda: {"train": [], "eval": []})
 
 
-def capture(run: Run, progress: Progress) -> dict:
-    """Everything a checkpoint holds (CONTENTS; save() adds the format); restore() is its inverse."""
+def capture(run, progress: Progress) -> dict:
+    """Everything a checkpoint holds (CONTENTS but the format) of run (a training.opening.Run); restore() inverts it."""
     return {
         "model": run.model.state_dict(), "model_config": run.model_cfg.to_dict(), "run_config": run.cfg.to_dict(),
         "vocab": run.tokenizer.chars, "optimizer": run.optimizer.state_dict(),
@@ -73,17 +70,16 @@ def capture(run: Run, progress: Progress) -> dict:
     }
 
 
-def restore(run: Run, state: dict, d: Dist = Dist()) -> Progress:
-    """The state of a checkpoint (checked by load() and check_resumable()) into run; returns where the run is."""
+def restore(run, state: dict, d: Dist = Dist()) -> Progress:
+    """A checkpoint's state (load(resume=True)) into run (a training.opening.Run); returns where the run is."""
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     if state.get("scaler"):
         run.scaler.load_state_dict(state["scaler"])
     run.batches.load_state_dict(state["rng"]["batches"])  # the same stream, whatever the number of ranks
     if d.world_size == 1:  # (ranks draw their own dropout streams: seed + rank)
-        cuda = state["rng"].get("cuda") if run.rt.device.type == "cuda" else None
-        set_random_states(run.rt.device, (state["rng"]["torch"].cpu(), None if cuda is None else cuda.cpu()))
-    # A checkpoint without the later fields was saved after its step's evaluation; loss.png then starts here.
+        set_random_states(run.rt.device, (state["rng"]["torch"], state["rng"].get("cuda", None)
+                                          if run.rt.device.type == "cuda" else None))
     losses = state.get("losses", {"train": [], "eval": []})
     return Progress(it=state["iter"], best_val=state["best_val_loss"], train_seconds=state.get("train_seconds", 0.0),
                     eval_done=state.get("eval_done", True), last_eval=state.get("last_eval", {}),
@@ -91,261 +87,317 @@ def restore(run: Run, state: dict, d: Dist = Dist()) -> Progress:
                     losses={name: [tuple(point) for point in losses[name]] for name in ("train", "eval")})
 
 
-def non_finite(weights: dict) -> str | None:
-    """The name of the first floating-point tensor holding NaN or inf, if any."""
-    return next((name for name, t in weights.items()
-                 if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()), None)
+def non_finite(weights: dict) -> str | None:  # the first weight holding NaN or inf
+    return next((name for name, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+
+
+def optimizer_parts(saved: dict) -> list[tuple[str, dict]]:
+    """(dotted name, state) of each optimizer in an optimizer's state: Muon with AdamW keeps one of each."""
+    two = set(saved) == {"muon", "adamw"}
+    return [(f"optimizer.{name}", saved[name]) for name in ("muon", "adamw")] if two else [("optimizer", saved)]
 
 
 def save(state: dict, path: Path) -> None:
-    """Write state as a checkpoint (write_atomic: never half a file); weights that are not finite are refused."""
-    if bad := non_finite(state.get("model", {})):
+    """state written as a checkpoint, whole or not at all (write_atomic); weights that are not finite are refused."""
+    if bad := non_finite(state["model"]):
         raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}): training "
                         f"diverged; the previous checkpoint is kept; try a lower --learning_rate (or --dtype float32), "
                         f"then --resume")
-    write_atomic(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint")
+    tied = state.get("model_config", {}).get("tie_weights")  # lm_head.weight is wte.weight: safetensors stores it once
+    tensors = {f"model.{k}": t for k, t in state["model"].items() if not (tied and k == "lm_head.weight")}
+    doc = {"format": FORMAT, **{k: v for k, v in state.items() if k not in ("model", "optimizer", "rng")}}
+    if "optimizer" in state:
+        doc["optimizer"] = {}
+        for where, part in optimizer_parts(state["optimizer"]):
+            tensors.update({f"{where}.state.{i}.{k}": t for i, one in part["state"].items() for k, t in one.items()})
+            (doc["optimizer"].setdefault(where[10:], {}) if "." in where else doc["optimizer"])["param_groups"] = \
+                part["param_groups"]
+    if "rng" in state:
+        rng, doc["rng"] = state["rng"], {}
+        tensors.update({"rng.torch": rng["torch"], "rng.batches.generator": rng["batches"]["generator"]})
+        tensors.update({"rng.cuda": rng["cuda"]} if rng.get("cuda") is not None else {})
+    tensors = {k: t.detach().to("cpu", copy=False).contiguous() for k, t in tensors.items()}
+    write_atomic(path, lambda f: write_safetensors(f, tensors, {META: json.dumps(doc)}), "checkpoint")
 
 
-def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -> dict:
-    """A checkpoint read through the gate (data.gate.read_checkpoint: no code unpickled), every field and tensor
-    checked before any tensor's bytes are read, then copied onto device and its weights checked finite. resume:
-    RESUMABLE is required and RESUME_ONLY checked, else never read. A failure is one line naming the file and field."""
-    # the device checked before the file is read, so that a missing one is never mistaken for a damaged file
-    target = usable_device(device, f"load {path} onto", "load it onto cpu")
-    state, listing = gate.read_checkpoint(path)
-    check_fields(state, REQUIRED, path)
-    check_fields(state, {key: kind for key, kind in LATER.items() if key in state}, path)  # present: of their type
-    if resume:
-        check_fields(state, RESUMABLE, path)
-    if state["format"] != FORMAT:
-        raise UserError(f"{path} has checkpoint format {state['format']}, this version reads format {FORMAT}; "
-                        f"use the version of this trainer that wrote it")
-    if state["iter"] < 0:
-        raise UserError(f"{path} is damaged: its step is {state['iter']}")
-    if "losses" in state:
-        check_losses(state["losses"], state["iter"], path)
-    check_later(state, path)
-    # every known field of the run's settings of its type (--resume checks their values too: config_from_dict)
-    checked_types({k: v for k, v in state["run_config"].items() if k in FIELDS}, f"{path} is damaged")
-    config = model_config_of(state, path)
-    check_model(state, config, path, resume)
-    if resume:
-        check_optimizer(state, config, path)
-        check_rng(state["rng"], path)
-    gate.check_records(state, listing, path)  # no tensor's bytes stored beyond its own
+SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                      torch.uint8: "U8"}
+
+
+def write_safetensors(f, tensors: dict, metadata: dict) -> None:
+    """tensors in safetensors' layout, streamed into f: the header (each tensor's dtype, shape and byte range, then
+    the metadata), padded to 8 bytes, then each tensor's bytes where they lie. (safetensors.torch.save makes one bytes
+    object of them all first, which made a checkpoint slower to write than torch.save's.) safe_open reads it back."""
+    header, end = {"__metadata__": metadata}, 0
+    tensors = dict(sorted(tensors.items(), key=lambda item: (-item[1].element_size(), item[0])))  # each one aligned
+    for name, t in tensors.items():
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [end, end := end + t.nbytes]}
+    text = json.dumps(header).encode()
+    f.write(struct.pack("<Q", len(text) + -len(text) % 8) + text + b" " * (-len(text) % 8))
+    for t in tensors.values():
+        f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+
+
+def refused(path: Path, why: str) -> UserError:  # a file that is no checkpoint of this format
+    return UserError(f"{path} is not a readable checkpoint ({why}): it may be truncated, or not a checkpoint; take "
+                     f"another checkpoint or train again")
+
+
+def damaged(path: Path, name: str, value, rule: str) -> UserError:  # a field whose value breaks its rule
+    seen = repr(value) if isinstance(value, (bool, int, float, str, type(None))) else f"a {type(value).__name__}"
+    return UserError(f"{path} is damaged: {shown(name[:80])} is {shown(seen[:80])}, where it must be {rule}; take "
+                     f"another checkpoint or train again")
+
+
+def read_document(path: Path) -> dict:
+    """A checkpoint's JSON document, read in this order: a regular file (an old zip is named as such); its header's
+    length, bounded; the header, parsed by safetensors alone; the JSON, its nesting bounded before it is parsed."""
     try:
-        state = gate.materialized({key: value for key, value in state.items() if resume or key not in RESUME_ONLY},
-                                  target, gate.stored_intact(listing, path))
-    except (RuntimeError, TypeError) as err:  # the file passed every check: the device (or its dtypes) cannot hold it
-        raise UserError(f"{path} is readable, but {target} cannot hold its weights ({in_one_line(err)}); load it "
-                        f"onto cpu") from None
-    if bad := non_finite(state["model"]):
-        raise UserError(f"{path} holds weights that are not finite (NaN or inf in {bad}); it cannot be used: "
-                        f"take another checkpoint (ckpt_best.pt or ckpt_last.pt) or train again")
-    if resume:
-        check_optimizer_values(state["optimizer"], state["iter"], path)
-    return state
+        f, size = open_regular(path, "the checkpoint")
+    except FileNotFoundError:
+        raise UserError(f"no checkpoint at {path}; train one first or pass --ckpt FILE") from None
+    with f:
+        start = f.read(8)
+    if start.startswith(b"PK\x03\x04"):
+        raise old_format(path)
+    length = struct.unpack("<Q", start)[0] if len(start) == 8 else size
+    if length > HEADER_MAX or length > size - 8:
+        raise refused(path, "it is empty" if not size else f"its header says {length:,} bytes, in a file of {size:,}; "
+                                                           f"a checkpoint's takes at most {HEADER_MAX:,}")
+    try:
+        with safe_open(path, "pt") as st:
+            text = (st.metadata() or {}).get(META)
+    except Exception as err:  # safetensors' own refusal of its header
+        raise refused(path, shown(in_one_line(err)[:120])) from None
+    if not isinstance(text, str):
+        raise refused(path, "its header holds no settings")
+    brackets = np.frombuffer(re.sub(r'"[^"\\]*(?:\\.[^"\\]*)*"', "", text).encode("utf-8", "surrogatepass"), np.uint8)
+    opens = np.isin(brackets, (91, 123))  # [ and {: a list or an object each, ~100 bytes once parsed
+    depth = np.cumsum(opens.astype(np.int32) - np.isin(brackets, (93, 125)), dtype=np.int32)
+    if depth.size and (depth.max() > DEPTH_MAX or opens.sum() > CONTAINERS_MAX):
+        raise refused(path, f"its settings are nested {depth.max():,} deep (at most {DEPTH_MAX}), in {opens.sum():,} "
+                            f"lists and objects (at most {CONTAINERS_MAX:,})")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as err:  # (an integer of more than 4,300 digits is a ValueError)
+        raise refused(path, f"its settings are not JSON: {shown(in_one_line(err)[:80])}") from None
+    if not isinstance(doc, dict):
+        raise refused(path, "its settings are not a JSON object")
+    return doc
 
 
-WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-WEIGHTS_HELD = "a model holds ordinary floating-point tensors; take another checkpoint or train again"
+def of_type(value, kind) -> bool:  # isinstance, but a bool is no number
+    return isinstance(value, kind) and (not isinstance(value, bool) or kind is bool)
 
 
-def model_config_of(state: dict, path: Path):
-    """The checkpoint's ModelConfig, every field of its own type and consistent with the vocabulary, or one line."""
+def number(v) -> bool:  # (JSON's numbers: int and float exactly)
+    return type(v) in (int, float)
+
+
+def check_values(values: dict, rules: dict, path: Path, prefix: str = "") -> None:  # name -> (test, what it is)
+    for key, (ok, rule) in rules.items():
+        if key in values and not ok(values[key]):
+            raise damaged(path, f"{prefix}{key}", values[key], rule)
+
+
+COUNT = (lambda v: type(v) is int and v >= 0, "a count, 0 or more")
+POSITIVE = (lambda v: number(v) and math.isfinite(v) and v > 0, "a finite positive number")
+SCALER = {"scale": POSITIVE, "growth_factor": POSITIVE, "backoff_factor": POSITIVE, "growth_interval": COUNT,
+          "_growth_tracker": COUNT}
+DATA = {"source": (lambda v: isinstance(v, str), "the name of a text"),
+        "sha256": (lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v) is not None, "a sha256 checksum"),
+        "first_char": (lambda v: isinstance(v, str) and len(v) == 1, "one character"),
+        **{key: COUNT for key in ("n_chars", "n_train", "n_val", "vocab_size", "bytes")}}
+LATER = {"iter": COUNT, "evals_since_best": COUNT, "tokens_per_iter": (lambda v: v >= 1, "1 or more"),
+         "train_seconds": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
+         "last_eval": (lambda v: set(v) <= {"train", "val"} and all(map(number, v.values())), "losses (train, val)")}
+
+
+def check_document(doc: dict, path: Path, resume: bool):
+    """Every field of the JSON document present where needed, of its type and in range; returns the model config."""
     from model import ModelConfig
 
-    values, types = state["model_config"], typing.get_type_hints(ModelConfig)
-    unknown = [key for key in values if key not in types]
-    if unknown:
-        raise UserError(f"{path} is damaged: in its model config, {', '.join(unknown[:5])} unknown")
-    checked_types(values, f"{path} is damaged: in its model config", {**TYPES, "vocab_size": int})
-    try:
-        config = ModelConfig(**values)
-        tokenizer = CharTokenizer(state["vocab"])
-    except ValueError as err:
-        raise UserError(f"{path} has an inconsistent model config or vocabulary ({err})") from None
-    if tokenizer.vocab_size != config.vocab_size:
-        raise UserError(f"{path} is inconsistent: its vocabulary has {tokenizer.vocab_size} characters "
-                        f"but its model expects {config.vocab_size}")
-    return config
+    if missing := [k for k, (_, who) in CONTENTS.items() if k not in doc and k != "model"
+                   and (who == "sample" or resume and who == "resume")]:
+        raise UserError(f"{path} is not a complete checkpoint (missing {', '.join(missing)})")
+    for key, (kind, _) in CONTENTS.items():
+        if key in doc and (key == "model" or not of_type(doc[key], kind)):
+            raise damaged(path, key, doc[key], "as this trainer writes it")
+    if doc["format"] != FORMAT:
+        raise UserError(f"{path} has checkpoint format {doc['format']}, this version reads format {FORMAT}; use the "
+                        f"version of this trainer that wrote it")
+    check_values(doc, LATER, path)
+    check_values(doc.get("data", {}), DATA, path, "data.")
+    check_values(doc.get("scaler") or {}, SCALER, path, "scaler.")
+    losses, it = doc.get("losses", {"train": [], "eval": []}), doc["iter"]
 
-
-def skeleton(config, path: Path):
-    """The model that config describes, on the meta device (shapes, no memory); one line for impossible sizes."""
-    from model import GPT
-
-    try:
-        with torch.device("meta"):
-            return GPT(config)
-    except (OverflowError, RuntimeError, ValueError) as err:
-        raise UserError(f"{path}: its model config describes a model that cannot be built "
-                        f"({str(err).splitlines()[0][:120]}); it is damaged") from None
-
-
-def check_model(state: dict, config, path: Path, resume: bool = False) -> None:
-    """The saved weights against the model config, before that model is built (a damaged config could ask for hundreds
-    of GB): the layer count against the saved blocks first, so even the meta skeleton costs no more than the file; then
-    each weight's name, kind, shape and dtype; then the model, its unsaved rotary tables and, for resume, the
-    optimizer's moments must fit in free memory."""
-    weights = state["model"]
-    blocks = {name.split(".")[1] for name in weights if isinstance(name, str) and name.startswith("blocks.")
-              and name.count(".") > 1}
-    if blocks != {str(i) for i in range(config.n_layer)}:
-        raise UserError(f"{path}: the weights do not fit the model config (n_layer {config.n_layer}, but the weights "
-                        f"hold {len(blocks)} blocks)")
-    model = skeleton(config, path)
-    wanted = {name: gate.TensorSpec(tuple(t.shape), WEIGHT_DTYPES) for name, t in model.state_dict().items()}
-    gate.check_tensors(weights, wanted, path, label="its weight", fits="the weights do not fit the model config",
-                       holds=WEIGHTS_HELD)
-    need = sum(t.numel() * 4 for t in [*model.parameters(), *model.buffers()])  # float32
-    if resume:
-        need += 2 * sum(t.numel() * 4 for t in model.parameters())  # the optimizer's moments, at most two per weight
-    free = free_memory()
-    if free is not None and need > free:
-        raise UserError(f"{path}: its model would need about {need / 2**30:.1f} GiB of memory, more than the "
-                        f"{free / 2**30:.1f} GiB this machine has free (block_size {config.block_size} x n_layer "
-                        f"{config.n_layer} x n_embd {config.n_embd}); use it on a machine with more memory")
-
-
-# What each optimizer keeps per weight once it has stepped (torch's names). FREE_SETTINGS: the settings a run may
-# change (lr at every step; weight_decay and beta2 on --resume) or the writing device chose; any other must be
-# configure_optimizer's (a differentiable=True or capturable=True group breaks the fused step, ns_steps=10**9 hangs it).
-OPTIMIZER_STATE = {"AdamW": ("step", "exp_avg", "exp_avg_sq"), "Muon": ("momentum_buffer",)}
-STEP_DTYPES = (torch.float32, torch.float64)
-OPTIMIZER_HELD = "an optimizer keeps float32 tensors; take another checkpoint or train again"
-
-
-def unit(value) -> bool:
-    return gate.is_number(value) and 0 <= value < 1
-
-
-NON_NEGATIVE = (lambda v: gate.is_number(v) and math.isfinite(v) and v >= 0, "a finite number, 0 or more")
-ON_OFF = (lambda v: v is None or isinstance(v, bool), "true, false or None")
-FREE_SETTINGS = {
-    "lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "fused": ON_OFF, "foreach": ON_OFF,
-    "momentum": (unit, "a number in [0, 1)"),
-    "betas": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(unit, v)), "two numbers in [0, 1)"),
-}
-
-
-def check_optimizer(state: dict, config, path: Path) -> None:
-    """The optimizer's state against the one configure_optimizer builds on a skeleton (no memory): the same groups of
-    the same weights, its settings (FREE_SETTINGS aside), and per stepped weight the OPTIMIZER_STATE tensors of the
-    weight's shape (a smaller moment would send the fused step writing past its end)."""
-    kind = state["run_config"].get("optimizer", "adamw")
-    if kind not in OPTIMIZERS:
-        raise gate.damaged(path, "run_config.optimizer", kind, " or ".join(OPTIMIZERS))
-    model = skeleton(config, path)
-    built = configure_optimizer(model, 1e-3, 0.0, (0.9, 0.99), "meta", kind, "float32")
-    saved = state["optimizer"]
-    parts = [("optimizer", built, saved)]  # (where in the file, the optimizer built, its saved state)
-    if hasattr(built, "muon"):  # MuonAndAdamW: the state of each under its name
-        if not (isinstance(saved, dict) and set(saved) == {"muon", "adamw"}):
-            raise gate.damaged(path, "optimizer", saved, "the state of muon and adamw")
-        parts = [(f"optimizer.{name}", getattr(built, name), saved[name]) for name in ("muon", "adamw")]
-    for where, optimizer, found in parts:
-        expected = optimizer.state_dict()
-        if not (isinstance(found, dict) and set(found) == {"state", "param_groups"}
-                and isinstance(found["state"], dict) and isinstance(found["param_groups"], list)
-                and len(found["param_groups"]) == len(expected["param_groups"])):
-            raise gate.damaged(path, where, found, f"an optimizer's state with {len(expected['param_groups'])} "
-                                                   f"groups, as --optimizer {kind} writes")
-        shapes = {}
-        for i, (group, want) in enumerate(zip(found["param_groups"], expected["param_groups"])):
-            if not (isinstance(group, dict) and group.get("params") == want["params"]):
-                raise gate.damaged(path, f"{where}.param_groups.{i}", group, "the group of weights this model has")
-            gate.check_settings(group, want, FREE_SETTINGS, path, f"{where}.param_groups.{i}")
-            shapes.update(zip(want["params"], [tuple(p.shape) for p in optimizer.param_groups[i]["params"]]))
-        names = OPTIMIZER_STATE[type(optimizer).__name__]
-        for index, entry in found["state"].items():
-            if index not in shapes or not isinstance(entry, dict):
-                raise gate.damaged(path, f"{where}.state.{index}", entry, "the state of one of the model's weights")
-            wanted = {key: gate.TensorSpec(() if key == "step" else shapes[index],
-                                           STEP_DTYPES if key == "step" else (torch.float32,)) for key in names}
-            gate.check_tensors(entry, wanted, path, label="its optimizer's state", prefix=f"{where}.state.{index}.",
-                               fits="the optimizer's state does not fit the model", holds=OPTIMIZER_HELD)
-
-
-def check_optimizer_values(saved: dict, it: int, path: Path) -> None:
-    """Once read: every step count a whole number from 0 to the checkpoint's step, every moment finite (a second
-    moment not negative): a resumed run would otherwise divide by zero or take square roots of negatives."""
-    for name, t in gate.tensors_in(saved):
-        where = f"optimizer{name.replace('/', '.')}"
-        if name.endswith("/step"):
-            value = float(t)
-            if not (math.isfinite(value) and value == int(value) and 0 <= value <= it):
-                raise gate.damaged(path, where, value, f"a whole number from 0 to the checkpoint's step, {it}")
-        elif not torch.isfinite(t).all() or (name.endswith("/exp_avg_sq") and (t < 0).any()):
-            raise gate.damaged(path, where, t, "finite" + (" and not negative" if name.endswith("_sq") else ""))
-
-
-RNG_HELD = "a random state is a byte tensor; sample from it, or start a new run"
-
-
-def check_rng(rng: dict, path: Path) -> None:
-    """The random states a resume sets: the CPU's and the batches' generator states, byte tensors of the CPU state's
-    size, and CUDA's (where saved) a short byte tensor."""
-    if not isinstance(rng, dict) or not isinstance(rng.get("batches"), dict):
-        raise UserError(f"{path} is damaged: its random-number states are missing or malformed, so it cannot be "
-                        f"resumed exactly; sample from it, or start a new run")
-    size = (torch.get_rng_state().numel(),)
-    for found, key, prefix in ((rng, "torch", "rng."), (rng["batches"], "generator", "rng.batches.")):
-        gate.check_tensors({name: value for name, value in found.items() if name == key or prefix == "rng.batches."},
-                           {key: gate.TensorSpec(size, (torch.uint8,))}, path, label="its random state", prefix=prefix,
-                           fits="its random-number states are malformed", holds=RNG_HELD)
-    cuda = rng.get("cuda")
-    if cuda is not None and not (isinstance(cuda, torch.Tensor) and gate.tensor_kind(cuda) is None
-                                 and cuda.dtype == torch.uint8 and cuda.dim() == 1 and cuda.numel() <= 4096):
-        raise gate.damaged(path, "rng.cuda", cuda, "a CUDA generator's state (a short byte tensor)")
-
-
-def check_later(state: dict, path: Path) -> None:
-    """The values of the LATER fields (load checks their types): counts and seconds in range, numbers for losses and
-    the scaler, and the record of the text (data) whole, as sample.py's default prompt and --resume's checks read it."""
-    number = (gate.is_number, "a number")
-    count = (lambda v: type(v) is int and v >= 0, "a count, 0 or more")
-    gate.check_values(state, {
-        "tokens_per_iter": (lambda v: v >= 1, "a whole number of tokens, 1 or more"),
-        "evals_since_best": (lambda v: v >= 0, "a count, 0 or more"),
-        "train_seconds": (lambda v: math.isfinite(v) and v >= 0, "a finite number of seconds, 0 or more"),
-    }, path, "")
-    last = state.get("last_eval", {})
-    if not set(last) <= {"train", "val"}:
-        raise gate.damaged(path, "last_eval", last, "the losses of an evaluation (train, val)")
-    gate.check_values(last, {"train": number, "val": number}, path, "last_eval.")
-    gate.check_values(state.get("data", {}), {
-        "source": (lambda v: isinstance(v, str), "the name of a text"),
-        "sha256": (lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
-                   "a sha256 checksum"),
-        "first_char": (lambda v: isinstance(v, str) and len(v) == 1, "one character"),
-        "n_chars": count, "n_train": count, "n_val": count, "vocab_size": count, "bytes": count,
-    }, path, "data.")
-    scaler = state.get("scaler")
-    if scaler is not None:
-        positive = (lambda v: gate.is_number(v) and math.isfinite(v) and v > 0, "a finite positive number")
-        gate.check_values(scaler, {"scale": positive, "growth_factor": positive, "backoff_factor": positive,
-                                   "growth_interval": count, "_growth_tracker": count}, path, "scaler.")
-
-
-def check_losses(losses: dict, it: int, path: Path) -> None:
-    """The losses so far, shaped as Progress says, steps from 0 to the checkpoint's, losses numbers; else one line."""
-    def points(name: str, width: int) -> bool:
-        series = losses.get(name)
-        return isinstance(series, (list, tuple)) and all(
-            isinstance(point, (list, tuple)) and len(point) == width and type(point[0]) is int and 0 <= point[0] <= it
-            and all(of_type(value, (int, float)) for value in point[1:]) for point in series)
-
+    def points(name: str, width: int) -> bool:  # (step from 0 to the checkpoint's, then losses)
+        return isinstance(losses[name], list) and all(isinstance(p, list) and len(p) == width and type(p[0]) is int
+                                                      and 0 <= p[0] <= it and all(map(number, p[1:]))
+                                                      for p in losses[name])
     if not (set(losses) == {"train", "eval"} and points("train", 2) and points("eval", 3)):
         raise UserError(f"{path} is damaged: its record of the losses so far is malformed; take another checkpoint "
                         f"or train again")
+    checked_types({k: v for k, v in doc["run_config"].items() if k in FIELDS}, f"{path} is damaged")
+    values, types = doc["model_config"], typing.get_type_hints(ModelConfig)
+    if unknown := [shown(key[:40]) for key in values if key not in types]:
+        raise UserError(f"{path} is damaged: in its model config, {', '.join(unknown[:5])} unknown")
+    checked_types(values, f"{path} is damaged: in its model config", {**TYPES, "vocab_size": int})
+    try:
+        config, tokenizer = ModelConfig(**values), CharTokenizer(doc["vocab"])
+    except ValueError as err:
+        raise UserError(f"{path} has an inconsistent model config or vocabulary ({shown(in_one_line(err))})") from None
+    if tokenizer.vocab_size != config.vocab_size:
+        raise UserError(f"{path} is inconsistent: its vocabulary has {tokenizer.vocab_size} characters but its model "
+                        f"expects {config.vocab_size}")
+    return config
+
+
+# The optimizer settings a run may change (lr at every step; weight_decay and beta2 on --resume) or the writing device
+# chose; any other must be configure_optimizer's (differentiable=True breaks the fused step, ns_steps=10**9 hangs it).
+NON_NEGATIVE = (lambda v: number(v) and math.isfinite(v) and v >= 0, "a finite number, 0 or more")
+ON_OFF = (lambda v: v is None or isinstance(v, bool), "true, false or None")
+FREE_SETTINGS = {"lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "fused": ON_OFF, "foreach": ON_OFF,
+                 "momentum": (lambda v: number(v) and 0 <= v < 1, "a number in [0, 1)"),
+                 "betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(number(b) and 0 <= b < 1 for b in v),
+                           "two numbers in [0, 1)")}
+
+
+def optimizer_shapes(doc: dict, model, path: Path) -> dict[str, tuple[str, dict[int, tuple]]]:
+    """Per optimizer of the checkpoint (its dotted name): its class and the shape of each weight it steps, once its
+    param_groups match those configure_optimizer builds on the model's skeleton (FREE_SETTINGS aside)."""
+    kind = doc["run_config"].get("optimizer", "adamw")
+    if kind not in OPTIMIZERS:
+        raise damaged(path, "run_config.optimizer", kind, " or ".join(OPTIMIZERS))
+    built = configure_optimizer(model, 1e-3, 0.0, (0.9, 0.99), "meta", kind, "float32")
+    built_parts, shapes = optimizer_parts(built.state_dict()), {}
+    if set(doc["optimizer"]) != ({"muon", "adamw"} if len(built_parts) == 2 else {"param_groups"}):
+        raise damaged(path, "optimizer", doc["optimizer"], f"the settings of the optimizer --optimizer {kind} writes")
+    for (where, want), (_, found) in zip(built_parts, optimizer_parts(doc["optimizer"])):
+        optimizer = getattr(built, where[10:]) if "." in where else built
+        groups = found.get("param_groups") if isinstance(found, dict) else None
+        if not (isinstance(groups, list) and len(groups) == len(want["param_groups"])):
+            raise damaged(path, where, found, f"an optimizer with {len(want['param_groups'])} groups")
+        shapes[where] = (type(optimizer).__name__, {})
+        for i, (group, wanted) in enumerate(zip(groups, want["param_groups"])):
+            name = f"{where}.param_groups.{i}"
+            if not (isinstance(group, dict) and group.get("params") == wanted["params"]):
+                raise damaged(path, name, group, "the group of weights this model has")
+            check_values(group, FREE_SETTINGS, path, f"{name}.")
+            for key, value in group.items():  # (json.dumps: the same value of the same type, a list for a tuple)
+                if key in wanted and key not in FREE_SETTINGS and json.dumps(value) != json.dumps(wanted[key]):
+                    raise damaged(path, f"{name}.{key}", value, repr(wanted[key]))
+                if key not in wanted and not isinstance(value, (bool, int, float, str, type(None))):
+                    raise damaged(path, f"{name}.{key}", value, "a plain value")
+            weights = optimizer.param_groups[i]["params"]
+            shapes[where][1].update((n, tuple(p.shape)) for n, p in zip(wanted["params"], weights))
+    return shapes
+
+
+def expected_tensors(doc: dict, config, model, names: set[str], path: Path) -> dict[str, tuple[tuple, tuple]]:
+    """name -> (shape, dtypes) of each tensor the settings imply: the weights (a tied head once), the optimizer's
+    state of each weight that has stepped (as the file names them), the random states."""
+    wanted = {f"model.{k}": (tuple(t.shape), WEIGHT_DTYPES) for k, t in model.state_dict().items()
+              if not (config.tie_weights and k == "lm_head.weight")}
+    for where, (kind, shapes) in optimizer_shapes(doc, model, path).items() if "optimizer" in doc else ():
+        stepped = {int(m[1]) for n in names if (m := re.fullmatch(rf"{where}\.state\.(\d{{1,9}})\.\w+", n))}
+        wanted.update({f"{where}.state.{i}.{key}": (() if key == "step" else shapes[i],
+                                                    ("F32", "F64") if key == "step" else ("F32",))
+                       for i in stepped & shapes.keys() for key in OPTIMIZER_STATE[kind]})
+    if "rng" in doc:
+        size = (torch.get_rng_state().numel(),)
+        wanted.update({"rng.torch": (size, ("U8",)), "rng.batches.generator": (size, ("U8",))})
+        wanted.update({"rng.cuda": (None, ("U8",))} if "rng.cuda" in names else {})  # a short byte vector
+    return wanted
+
+
+def check_tensors(st, wanted: dict, path: Path) -> None:
+    """The file's tensors are exactly those wanted, each of its shape and dtype, read from the header alone."""
+    for name in sorted(set(st.keys()) ^ wanted.keys()):
+        held = f"a tensor {tuple(st.get_slice(name).get_shape())}" if name not in wanted else "no such tensor"
+        raise UserError(f"{path}: its tensors do not fit its settings ({shown(name[:80])}: the settings give "
+                        f"{'no such tensor' if name not in wanted else wanted[name][0]}, the file holds {held})")
+    for name, (shape, dtypes) in wanted.items():
+        found, dtype = tuple(st.get_slice(name).get_shape()), st.get_slice(name).get_dtype()
+        if (found != shape if shape is not None else len(found) != 1 or found[0] > 4096) or dtype not in dtypes:
+            raise UserError(f"{path}: its tensors do not fit its settings ({name}: the settings give "
+                            f"{shape or '(a short vector)'} of {'/'.join(dtypes)}, the file holds {found} of {dtype})")
+
+
+def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -> dict:
+    """A checkpoint's state (CONTENTS), each part checked before it is used: the JSON document, then each tensor's name,
+    shape and dtype against those its settings imply, then free memory, then the values. resume: the optimizer and
+    random states are required and read, else never read. A failure is one line naming the file and the field."""
+    from model import GPT
+
+    target = usable_device(device, f"load {path} onto", "load it onto cpu")  # (before the file: a missing device)
+    doc = read_document(path)
+    config = check_document(doc, path, resume)
+    try:
+        with torch.device("meta"):  # the model's skeleton: shapes, no memory
+            model = GPT(config)
+    except (OverflowError, RuntimeError, ValueError) as err:
+        raise UserError(f"{path}: its model config describes a model that cannot be built "
+                        f"({shown(in_one_line(err)[:120])}); it is damaged") from None
+    with safe_open(path, "pt") as st:
+        wanted = expected_tensors(doc, config, model, set(st.keys()), path)
+        check_tensors(st, wanted, path)
+        reading = [name for name in wanted if resume or name.startswith("model.")]
+        need = sum(t.numel() * 4 for t in [*model.parameters(), *model.buffers()])  # float32
+        need += sum(math.prod(wanted[name][0] or (4096,)) * 4 for name in reading if not name.startswith("model."))
+        if (free := free_memory()) is not None and need > free:
+            raise UserError(f"{path}: its model would need about {need / 2**30:.1f} GiB of memory, more than the "
+                            f"{free / 2**30:.1f} GiB this machine has free; use it on a machine with more memory")
+        tensors = {name: st.get_tensor(name) for name in reading}
+    weights = {name[6:]: t for name, t in tensors.items() if name.startswith("model.")}
+    if config.tie_weights:
+        weights["lm_head.weight"] = weights["wte.weight"]
+    if bad := non_finite(weights):
+        raise UserError(f"{path} holds weights that are not finite (NaN or inf in {bad}); it cannot be used: take "
+                        f"another checkpoint ({BEST} or {LAST}) or train again")
+    state = {k: v for k, v in doc.items() if k not in ("optimizer", "rng")}
+    if resume:
+        state["optimizer"] = optimizer_state(doc["optimizer"], tensors, doc["iter"], path)
+        state["rng"] = {"torch": tensors["rng.torch"], "batches": {"generator": tensors["rng.batches.generator"]},
+                        **({"cuda": tensors["rng.cuda"]} if "rng.cuda" in tensors else {})}
+    try:
+        state["model"] = {name: t.to(target) for name, t in weights.items()}
+    except (RuntimeError, TypeError) as err:  # the file passed every check: the device (or its dtypes) cannot hold it
+        raise UserError(f"{path} is readable, but {target} cannot hold its weights ({in_one_line(err)}); load it "
+                        f"onto cpu") from None
+    return state
+
+
+def optimizer_state(settings: dict, tensors: dict, it: int, path: Path) -> dict:
+    """The optimizer's state dict, once every step count is a whole number from 0 to the checkpoint's step and every
+    moment finite (a second moment not negative): a resumed step would divide by zero or take roots of negatives."""
+    parts = {where: {"state": {}, "param_groups": part["param_groups"]} for where, part in optimizer_parts(settings)}
+    for name, t in tensors.items():
+        if not (m := re.fullmatch(r"(optimizer(?:\.muon|\.adamw)?)\.state\.(\d+)\.(\w+)", name)):
+            continue
+        if m[3] == "step" and not (math.isfinite(value := float(t)) and value == int(value) and 0 <= value <= it):
+            raise damaged(path, name, value, f"a whole number from 0 to the checkpoint's step, {it}")
+        if m[3] != "step" and (not torch.isfinite(t).all() or m[3] == "exp_avg_sq" and (t < 0).any()):
+            raise damaged(path, name, t, "finite" + " and not negative" * (m[3] == "exp_avg_sq"))
+        parts[m[1]]["state"].setdefault(int(m[2]), {})[m[3]] = t
+    return {where[10:]: part for where, part in parts.items()} if len(parts) == 2 else parts["optimizer"]
+
+
+def step_of(path: Path) -> int | None:  # a checkpoint's step, None where it cannot be read
+    try:
+        return load(path)["iter"]
+    except (UserError, OSError):
+        return None
+
+
+RunDir.step_of = staticmethod(step_of)  # (common/ cannot import training/, so the run folder reads steps here)
 
 
 def load_model(path: Path, device: torch.device | str = "cpu"):
     """(model in eval mode on device, tokenizer, state) of a checkpoint that load() has checked, else one line; where
-    a run's ckpt_best.pt is refused and its ckpt_last.pt would be read, the line says so (that file is then read once
-    to find out, onto device, on this failure only)."""
-    from model import GPT
+    a run's ckpt_best is refused and its ckpt_last reads well, the line says so."""
+    from model import GPT, ModelConfig
 
     try:
         state = load(path, device)
@@ -355,9 +407,9 @@ def load_model(path: Path, device: torch.device | str = "cpu"):
             raise
         try:
             load(last, device)
-        except Exception:  # (whatever stops it, the refusal of ckpt_best.pt is what the user asked about)
+        except Exception:  # (whatever stops it, the refusal of ckpt_best is what the user asked about)
             raise err from None
         raise UserError(f"{err}; the run's last checkpoint reads well: --ckpt {shlex.quote(str(last))}") from None
-    model = GPT(model_config_of(state, path))
+    model = GPT(ModelConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
     return model.to(device).eval(), CharTokenizer(state["vocab"]), state

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from common.machine import sync
 from common.run_folder import BEST, LAST
 from configs import TrainConfig
-from errors import UserError, disk_error, in_one_line, python_command
+from errors import UserError, disk_error, in_one_line, python_command, shown
 
 # TensorBoard's Time Series at smoothing 0 (its default 0.6 draws a validation loss of a few evaluations well above
 # its values), with SVG charts (a browser without WebGL, headless or remote, draws their lines only so).
@@ -62,7 +62,7 @@ class Log:
 
     def say(self, message: str) -> None:
         if self.active:
-            self._say(message)
+            self._say(shown(message))  # (corpus names, samples: a file's text, never terminal codes)
 
     def line(self, message: str) -> None:
         """A line for a log file, where a progress bar's updates run together; a terminal has the bar."""

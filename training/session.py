@@ -102,16 +102,19 @@ class Session:
             with self.run.phases.timing("checkpoints"):
                 checkpoint.save(checkpoint.capture(self.run, self.progress), self.run_dir.path / name)
         except WriteFailed as err:
-            if not self.run_dir.aside_pending():
-                raise
-            raise UserError(err.line(self.put_back())) from None
+            if self.run_dir.aside_pending():
+                raise UserError(err.line(self.put_back())) from None
+            best, last = self.run_dir.path / BEST, self.run_dir.path / LAST
+            if name == LAST and best.is_file() and not last.exists():  # (this run wrote its best: not nothing)
+                raise UserError(err.line(f"only {best} was written")) from None
+            raise
         self.saved = True
         if name == LAST:
             self.stop.saved = f"the last checkpoint, {self.run_dir.path / name} (step {self.progress.it}), is intact"
             self.stop.resume = resume_command(self.run_dir.path)
 
     def save_stopped(self) -> bool:
-        """A stop ended the loop: rank 0 saves ckpt_last.pt, or puts back an --overwrite's old run still aside (True)."""
+        """A stop ended the loop: rank 0 saves ckpt_last, or puts back an --overwrite's old run still aside (True)."""
         if not self.d.is_main:
             return False
         if not self.run_dir.aside_pending():
@@ -218,7 +221,7 @@ class Session:
         self.log.say(f"the losses, every point as logged: {path}")
 
     def hand_over_best(self) -> tuple[int, str]:
-        """Load ckpt_best.pt into the model: (step, file) of the model handed over, the last one where no best is
+        """Load ckpt_best into the model: (step, file) of the model handed over, the last one where no best is
         readable."""
         self.d.barrier()  # rank 0 wrote the file; every rank reads it
         path = self.run_dir.path / BEST
@@ -240,7 +243,7 @@ class Session:
         run, progress, cfg = self.run, self.progress, self.cfg
         if self.d.is_main:
             self.keep_new_run()  # (a run of max_iters 0 has had no evaluation after step 0)
-            if not self.saved:  # so that ckpt_last.pt holds the settings the run ended with
+            if not self.saved:  # so that ckpt_last holds the settings the run ended with
                 self.save(LAST)
         model_step, model_file = self.hand_over_best()
         trained = progress.train_seconds

@@ -85,5 +85,5 @@ class StopRequest:
             done = f"step {step} is done" if step else "no step is done yet"
             step_under_way = ("is undone, or finishes if in its last micro-batch" if self.undo else "finishes first")
             doing = f"{done}; a step under way {step_under_way} (an evaluation stops between batches)"
-        doing = self.ending or f"{doing}, then saving ckpt_last.pt"
+        doing = self.ending or f"{doing}, then saving ckpt_last.safetensors"
         self.say(f"{why}stopping: {doing} (press Ctrl-C again to stop at once)")
