@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.machine import Runtime, Threads, choose_threads, free_memory, is_out_of_memory, setup, span, sync
 from common.run_folder import BEST, RunDir, find, read_summary
 from configs import TrainConfig
+from configs.fit import PRESET, fit, fitted_line
 from configs.loader import check_same_model, init_config, resume_config
 from configs.schema import FIXED
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
@@ -212,6 +213,19 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
             f"{max(state['iter'], cfg.max_iters) * 2}")
 
 
+def fit_to_text(cfg: TrainConfig, explicit: set[str], meta: dict, say) -> None:
+    """A new run of the default preset takes configs.fit's settings for its text; what the user set wins."""
+    if cfg.config_name != PRESET:
+        return
+    chosen = {name: value for name, value in fit(meta["n_train"], meta["vocab_size"]).items() if name not in explicit}
+    if chosen.get("n_embd", 0) % cfg.n_head:  # a --n_head of the user's that does not divide it: their width stays
+        del chosen["n_embd"]
+    for name, value in chosen.items():
+        setattr(cfg, name, value)
+    if chosen:
+        say(fitted_line(meta["n_train"], meta["vocab_size"], chosen))
+
+
 def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop: StopRequest,
              phases: Phases, corpus: Corpus | None, update: Callable):
     """Own the folder, read the checkpoint to resume, prepare the data and build the run: (run, progress, the checkpoint
@@ -278,6 +292,8 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
                     f"evaluation")
         if other_text:  # a validation loss of the other text is no measure on this one: the best starts anew
             resumed = {**resumed, "best_val_loss": math.inf, "evals_since_best": 0}
+        if not (cfg.resume or cfg.init_from):
+            fit_to_text(cfg, explicit, prepared.meta, log.say)
         rt = setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
         refuse_if_too_big(cfg, rt, stop.saved)
         try:

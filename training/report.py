@@ -360,20 +360,17 @@ def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str =
     resume = resume_command(folder, advice)
     if in_final_validation:
         return f"stopped during the final validation; step {it} is saved in {folder / LAST}. Finish it with: {resume}"
-    return f"stopped at step {it} (its last finished step); saved {folder / LAST}. Continue with: {resume}"
+    return f"stopped after step {it}; saved {folder / LAST}. Continue with: {resume}"
 
 
 def overfitting_line(evaluations: list, best_step: int) -> str:
     """The warning for a run that began overfitting (evaluation.began_overfitting): its figures, what to try."""
-    last = evaluations[-3:]
-    steps = ", ".join(str(step) for step, _, _ in last)
-    train = " -> ".join(f"{loss:.3f}" for _, loss, _ in last)
-    val = " -> ".join(f"{loss:.3f}" for _, _, loss in last)
-    return (f"warning: the model is learning the training text by heart (overfitting): from step {last[0][0]} to "
-            f"step {last[-1][0]} the validation loss rose ({val}, at steps {steps}) while the training loss fell "
-            f"({train}). Try a smaller model (--n_layer, --n_embd), --dropout 0.2, fewer steps (--max_iters), or "
-            f"more text; the run hands over its best model (step {best_step} so far). docs/training.md, \"Small "
-            f"texts\", says more")
+    (first, train0, val0), (last, train1, val1) = evaluations[-3], evaluations[-1]
+    return (f"warning: the model is learning the training text by heart (overfitting): from step {first} to step "
+            f"{last} the validation loss rose from {val0:.3f} to {val1:.3f} while the training loss fell from "
+            f"{train0:.3f} to {train1:.3f}. Try a smaller model (--n_layer, --n_embd), --dropout 0.2, fewer steps "
+            f"(--max_iters), or more text; the run hands over its best model (step {best_step} so far). "
+            f"docs/training.md, \"Small texts\", says more")
 
 
 def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[str]:
@@ -396,4 +393,8 @@ def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[s
     model = f"the run's model: step {step}, {which} ({BEST}): {best}{full}"
     if step != it and last is not None:
         model += f"; the last step's val {last:.4f} ({LAST}, kept for --resume)"
-    return [*lines, model]
+    lines.append(model)
+    if step < it / 3:  # the validation loss rose for most of the run
+        lines.append(f"note: the model is from early in the run (step {step} of {it}): later steps learned the text "
+                     f"by heart; try --dropout {max(0.2, cfg.dropout + 0.1):g} or --n_embd {cfg.n_embd // 2}")
+    return lines
