@@ -59,6 +59,30 @@ def test_an_overfit_run_hands_over_its_best_model_and_says_which(overfitting_cor
     assert f"step {best['iter']}, its best (ckpt_best.pt)" in line and f"{summary['full_val_loss']:.4f}" in line
     assert f"the last step's val {summary['val_loss']:.4f}" in line
     assert json.loads((out / "summary.json").read_text())["model_step"] == best["iter"]
+    early = [line for line in said if line.startswith("note: the model is from early")]
+    assert early == ([f"note: the model is from early in the run (step {best['iter']} of 40): later steps learned the "
+                      f"text by heart; try --dropout 0.2 or --n_embd 16"] if best["iter"] < 40 / 3 else [])
+
+
+def test_sample_prints_each_checkpoints_own_step_and_validation_loss(overfitting_corpus, tmp_path, script):
+    """sample.py's first line gives the checkpoint's own step and the validation loss measured at that step (the
+    run's evaluations, as its loss history records them), for the best and the last model alike."""
+    out = tmp_path / "run"
+    train_debug(overfitting_corpus, out, "--max_iters", "40", "--eval_interval", "5", "--patience", "0")
+    history = {step: val for step, _, val in checkpoint.load(out / "ckpt_last.pt")["losses"]["eval"]}
+    for name in ("ckpt_best.pt", "ckpt_last.pt"):
+        step = checkpoint.load(out / name)["iter"]
+        said = script("sample.py", "--ckpt", str(out / name), "--max_new_tokens", "1", "--num_threads", "1").stderr
+        assert said.startswith(f"{out / name}: step {step}, validation loss {history[step]:.4f}, trained on "), said
+    assert history[40] != min(history.values())  # the last model's figure is not the best's
+
+
+def test_a_checkpoint_saved_between_evaluations_says_no_loss_was_measured_there():
+    """A checkpoint whose step had no evaluation (a stop between them) gives no other step's loss as its own."""
+    import sample
+    assert sample.own_loss({"eval_done": False, "last_eval": {"train": 1.0, "val": 2.0}}) == \
+        ", no validation loss measured at this step"
+    assert sample.own_loss({"eval_done": True, "last_eval": {"train": 1.0, "val": 2.0}}) == ", validation loss 2.0000"
 
 
 def folder_bytes(folder):
