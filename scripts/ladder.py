@@ -1,8 +1,7 @@
 """python scripts/ladder.py --data FILE --out_dir DIR: what each part of attention buys, measured. Trains a ladder of
-models on one corpus with one budget (the same steps, data order and seed), from a bigram table to the full model
-and then its variants, and writes a table, DIR/ladder.json and DIR/ladder.png; each rung is a TensorBoard run, trained
-by its own `python train.py` command (printed, so any rung can be run again by hand). The table holds every rung
-finished with these settings: with --rungs, those it names and those measured before."""
+models with one budget, from a bigram table to the full model and its variants, each rung by its own printed
+`python train.py` command; rungs close to the one they are compared with get more seeds. Writes a table,
+DIR/ladder.json and DIR/ladder.png."""
 from __future__ import annotations
 
 import json
@@ -67,10 +66,22 @@ POSITIONS = {"rope": "rotary positions instead of a position table", "learned": 
              "none": "no position information"}  # the default rung's, by its preset's --position
 
 
-def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = ()) -> list[str]:
+DEFAULT = 7  # the default rung's number: the variants after it are compared with it
+SEEDS = 3  # seeds of each of two compared rungs whose losses are CLOSE
+CLOSE = 0.03  # a relative difference of loss that one seed cannot settle
+
+
+def reference(number: int) -> int | None:
+    """The rung a rung is compared with: the one before it while the model is built up, then the default."""
+    return None if number == 1 else number - 1 if number <= DEFAULT else DEFAULT
+
+
+def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = (), seed: int | None = None
+              ) -> list[str]:
     """The rung's train.py command line (without the program): the ladder's settings, the train.py options passed
-    through (every rung gets them), then the rung's own, which win."""
-    argv = ["--config", args.config, "--data", args.data, "--out_dir", str(Path(args.out_dir) / f"{index:02d}-{name}")]
+    through, then the rung's own, which win; an extra seed has a folder of its own."""
+    folder = f"{index:02d}-{name}" + (f"-seed{seed}" if seed is not None else "")
+    argv = ["--config", args.config, "--data", args.data, "--out_dir", str(Path(args.out_dir) / folder)]
     if args.cache_dir:
         argv += ["--cache_dir", args.cache_dir]
     if args.max_iters is not None:
@@ -78,7 +89,7 @@ def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = 
     argv += passed
     for key, value in {**QUIET, **ONE_BUDGET, **overrides}.items():
         argv += [f"--{key}", value]
-    return argv
+    return argv + (["--seed", str(seed)] if seed is not None else [])
 
 
 def notes_and_warnings(line: str) -> None:
@@ -261,49 +272,64 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
-    """Each chosen rung trained (or its finished run reused), then the table and ladder.png written in out."""
+    """Each chosen rung trained (or its finished run reused), more seeds where compared rungs are close, then the
+    table and ladder.png written in out. The table holds every rung finished with these settings."""
     args.data, text_sha256 = decide_corpus(args, say=lambda message: print(message, file=sys.stderr))
+    program = shlex.split(python_command("train.py"))  # as a user would type it, from where the ladder runs
+    rows, left_out, done = {}, [], 0
 
-    # The table holds every rung whose folder has a finished run of these settings: those --rungs names, trained or
-    # reused now, and those measured before (a rung of other settings or another text is no part of one budget).
-    rows, left_out, index = [], [], 0
-    for number, (name, what, overrides) in enumerate(RUNGS, start=1):
-        argv = rung_argv(args, number, name, overrides, passed)
+    def measure(number: int, seed: int | None = None) -> dict | int | None:
+        """One seed of a rung: its summary (trained or reused), 130 if stopped, None if left out of the table."""
+        nonlocal done
+        name, what, overrides = RUNGS[number - 1]
+        argv = rung_argv(args, number, name, overrides, passed, seed)
         cfg = load_config(argv, torch.cuda.is_available())[0]
         if not cfg.full_val:
             raise UserError("the ladder compares the rungs' full-validation losses: leave out --full_val false")
         state, why = state_of(cfg, text_sha256)
-        if name == "default":
-            what = f"{what} ({POSITIONS[cfg.position]})"
-        program = shlex.split(python_command("train.py"))  # as a user would type it, from where the ladder runs
         if name in chosen:
-            index += 1
-            print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
+            done += seed is None
+            print(f"[{done}/{len(chosen)}] {name}: {what}" if seed is None else f"  {name}, seed {seed}",
+                  file=sys.stderr)
             if state == "finished":
                 print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
             elif train_rung(name, argv, state, why, program) == 130:
                 return 130
         elif state != "finished":
-            if state != "new":
+            if state != "new" and seed is None:
                 left_out.append((name, LEFT_OUT[state]))
-            continue
+            return None
         summary = summary_of(Path(cfg.out_dir))
         if summary is None:
             raise UserError(f"rung {name}: {Path(cfg.out_dir) / 'summary.json'} cannot be read after training; "
                             f"run the same command again")
-        rows.append({"rung": number, "name": name, "what": what, "settings": overrides, "parameters": parameters(cfg),
-                     "full_val_loss": summary["full_val_loss"], "bits_per_char": summary["full_val_loss"] / math.log(2),
-                     "train_seconds": summary["train_seconds"], "steps": summary["iterations"],
-                     "corpus": summary.get("corpus", "?"), "out_dir": cfg.out_dir,
-                     "command": shlex.join([*program, *argv])})
-    print(f"\n{'rung':<16}{'parameters':>12}{'full-val loss':>15}{'bits/char':>11}{'seconds':>9}")
-    for row in rows:
-        print(f"{row['name']:<16}{row['parameters']:>12,}{row['full_val_loss']:>15.4f}{row['bits_per_char']:>11.3f}"
-              f"{row['train_seconds']:>9.1f}")
-    table = [{key: finite_or_none(value) if isinstance(value, float) else value for key, value in row.items()}
-             for row in rows]
+        summary.update(seed=cfg.seed, position=cfg.position, out_dir=cfg.out_dir, command=shlex.join([*program, *argv]),
+                       parameters=parameters(cfg))
+        return summary
+
+    for number, (name, what, overrides) in enumerate(RUNGS, start=1):
+        summary = measure(number)
+        if summary == 130:
+            return 130
+        if summary is not None:
+            what += f" ({POSITIONS[summary['position']]})" if name == "default" else ""
+            rows[number] = {"rung": number, "name": name, "what": what, "settings": overrides,
+                            "parameters": summary["parameters"], "runs": [summary]}
+    close = {n for number, row in rows.items() if (ref := rows.get(reference(number)))
+             and abs(row["runs"][0]["full_val_loss"] - ref["runs"][0]["full_val_loss"])
+             < CLOSE * abs(ref["runs"][0]["full_val_loss"]) for n in (number, reference(number))}
+    for number in sorted(close):
+        first = rows[number]["runs"][0]["seed"]
+        for seed in range(first + 1, first + SEEDS):
+            summary = measure(number, seed)
+            if summary == 130:
+                return 130
+            if summary is not None:
+                rows[number]["runs"].append(summary)
+    table = [finish_row(row, rows) for row in rows.values()]
+    print_table(table)
     write_text_atomic(out / TABLE, json.dumps(table, indent=1, allow_nan=False) + "\n", "the ladder table")
-    draw(rows, out / "ladder.png")
+    draw(table, out / "ladder.png")
     measured_before = len(rows) - len(chosen)
     before = f" ({measured_before} of its rungs measured before, with the same settings)" if measured_before else ""
     print(f"\nwrote {out / TABLE}{before} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}",
@@ -313,6 +339,37 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
               f"{', '.join(f'{name} ({why})' for name, why in left_out)}; --rungs "
               f"{','.join(name for name, _ in left_out)} trains them with these", file=sys.stderr)
     return 0
+
+
+def finish_row(row: dict, rows: dict) -> dict:
+    """A table row: the mean loss over its seeds, their spread, each seed's model step, and how it compares."""
+    runs = row.pop("runs")
+    losses = [run["full_val_loss"] for run in runs]
+    mean = sum(losses) / len(losses)
+    row.update(full_val_loss=finite_or_none(mean), bits_per_char=finite_or_none(mean / math.log(2)),
+               seeds=[run["seed"] for run in runs], seed_losses=[finite_or_none(loss) for loss in losses],
+               model_steps=[run.get("model_step") for run in runs], steps=runs[0]["iterations"],
+               train_seconds=sum(run["train_seconds"] for run in runs), corpus=runs[0].get("corpus", "?"),
+               out_dir=runs[0]["out_dir"], command=runs[0]["command"], compared="")
+    ref = rows.get(reference(row["rung"]))
+    if ref is not None and row["full_val_loss"] is not None and ref.get("full_val_loss") is not None:
+        low, high = min(losses), max(losses)
+        ref_low, ref_high = min(ref["seed_losses"]), max(ref["seed_losses"])
+        within = len(losses) > 1 and low <= ref_high and ref_low <= high
+        row["compared"] = (f"{row['full_val_loss'] - ref['full_val_loss']:+.3f} vs {ref['name']}"
+                           + (" (within the spread of seeds)" if within else ""))
+    return row
+
+
+def print_table(table: list[dict]) -> None:
+    print(f"\n{'rung':<14}{'parameters':>11}{'full-val loss':>15}{'seeds (min-max)':>22}{'step':>7}  compared")
+    for row in table:
+        loss = row["full_val_loss"]
+        known = [x for x in row["seed_losses"] if x is not None]
+        spread = f"{len(known)}: {min(known):.4f}-{max(known):.4f}" if len(row["seeds"]) > 1 and known else ""
+        steps = ",".join(str(step) for step in row["model_steps"])
+        print(f"{row['name']:<14}{row['parameters']:>11,}{'no loss' if loss is None else f'{loss:.4f}':>15}"
+              f"{spread:>22}{steps:>7}  {row['compared']}")
 
 
 if __name__ == "__main__":

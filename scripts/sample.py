@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     rt = for_sampling(rt, args.dtype, model.num_params(non_embedding=False))  # auto on a CPU: by its size
     model = model.to(rt.dtype)  # bfloat16/float16: the weights cast once, so decoding needs no autocast
     data = state.get("data") if isinstance(state.get("data"), dict) else {}
-    print(f"{path}: step {state['iter']}{own_loss(state)}, trained on {data.get('source', 'an unrecorded corpus')}; sampling on "
-          f"{rt.device_type} in {str(rt.dtype).removeprefix('torch.')}", file=sys.stderr)  # stdout stays the text
+    print(f"{path}: step {state['iter']}{own_loss(state)}, trained on {data.get('source', 'an unrecorded corpus')}; "
+          f"sampling on {rt.device_type} in {str(rt.dtype).removeprefix('torch.')}", file=sys.stderr)  # stdout stays the text
     prompts = prompts or [tokenizer.default_prompt(data.get("first_char"))]
     with memory_checked(model, prompts, args, rt.device):
         try:
