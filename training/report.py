@@ -360,7 +360,7 @@ def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str =
     resume = resume_command(folder, advice)
     if in_final_validation:
         return f"stopped during the final validation; step {it} is saved in {folder / LAST}. Finish it with: {resume}"
-    return f"stopped after step {it}; saved {folder / LAST}. Continue with: {resume}"
+    return f"stopped at step {it}; saved {folder / LAST}. Continue with: {resume}"
 
 
 def overfitting_line(evaluations: list, best_step: int) -> str:
