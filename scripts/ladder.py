@@ -37,8 +37,7 @@ from train_command import run_train  # noqa: E402
 loaded()
 
 
-# Rungs 2-5 take blocks apart: learned positions (so the plain average has something to work with), no
-# feed-forward network, no residual connections or LayerNorm; each later rung puts one part back.
+# Rungs 2-5 take blocks apart (learned positions, no feed-forward, no residuals); each later rung puts a part back.
 TAKEN_APART = {"n_layer": "1", "position": "learned", "mlp": "false", "residual": "false"}
 RUNGS = [
     ("bigram", "each character predicts the next from itself alone: a table of odds",
@@ -52,7 +51,7 @@ RUNGS = [
      {**TAKEN_APART, "mlp": "true"}),
     ("full_block", "+ residual connections and LayerNorm: the full transformer block",
      {"n_layer": "1", "position": "learned"}),
-    ("default", "the preset itself", {}),  # (its positions said as the preset sets them: POSITIONS)
+    ("default", "the preset itself", {}),
     ("unscaled", "the default without the 1/sqrt(head_size) scale", {"attention_score": "dot"}),
     ("additive", "the default with additive scores, w·tanh(q + k)", {"attention_score": "additive"}),
     ("shared_qk", "the default with queries and keys from one projection (Q = K)", {"shared_qk": "true"}),
@@ -78,8 +77,7 @@ def reference(number: int) -> int | None:
 
 def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = (), seed: int | None = None
               ) -> list[str]:
-    """The rung's train.py command line (without the program): the ladder's settings, the train.py options passed
-    through, then the rung's own, which win; an extra seed has a folder of its own."""
+    """The rung's train.py arguments: the ladder's, those passed through, then the rung's own, which win."""
     folder = f"{index:02d}-{name}" + (f"-seed{seed}" if seed is not None else "")
     argv = ["--config", args.config, "--data", args.data, "--out_dir", str(Path(args.out_dir) / folder)]
     if args.cache_dir:
@@ -93,17 +91,14 @@ def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = 
 
 
 def notes_and_warnings(line: str) -> None:
-    """Of a rung's own output only its notes and warnings are shown (with its progress bar and errors); the ladder
-    says the rest."""
+    """Of a rung's own output only its notes and warnings are shown; the ladder says the rest."""
     if line.startswith(("note", "warning")):
         print(f"  {line}", file=sys.stderr)
 
 
 def state_of(cfg, text_sha256: str) -> tuple[str, str]:
-    """(new | finished | unfinished | different | damaged, why): different means a run of other settings, or on
-    another text (text_sha256: the corpus's checksum, as prepare records it), is in the folder; damaged, that its
-    checkpoint or summary cannot be read. A rung costs minutes, so both are simply trained again. The --data words
-    are not compared (one text has several names, a path written two ways): the text's checksum is."""
+    """(new | finished | unfinished | different | damaged, why): different is a run of other settings or another text
+    (its checksum compared, not the --data words); damaged, unreadable. Both are trained again."""
     folder = Path(cfg.out_dir)
     ckpt = folder / LAST
     if not ckpt.exists():
@@ -125,18 +120,16 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     return "finished", ""
 
 
-# Why a rung that --rungs does not name is missing from the table, by its state_of.
 LEFT_OUT = {"different": "other settings or another text", "unfinished": "unfinished", "damaged": "damaged"}
 
 
 def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:
-    """The --data every rung trains on, decided once, and that text's sha256 (to tell a rung trained on another text
-    from one to reuse). Offline, shakespeare falls back to the offline corpus as train.py's would, and the rungs are
-    given --data pystdlib: their printed commands then name the text they trained on."""
+    """The --data every rung trains on, decided once (offline: pystdlib, named in every rung's command), and its
+    sha256."""
     cfg = load_config(rung_argv(args, 1, RUNGS[0][0], RUNGS[0][2], []), torch.cuda.is_available())[0]
     cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
     corpus = resolve(cfg.data, cache_dir, say=say, fallback=True)
-    data = corpus.name if cfg.data in NAMED else cfg.data  # a file or folder stays as the user wrote it
+    data = corpus.name if cfg.data in NAMED else cfg.data
     return data, corpus_key(corpus, cfg.encoding, cfg.encoding_errors, cfg.val_fraction)[0]
 
 
@@ -146,17 +139,16 @@ def summary_of(folder: Path) -> dict | None:
     if summary is None or any(type(summary.get(key)) not in (int, float)
                               for key in ("full_val_loss", "train_seconds", "iterations")):
         return None
-    return summary  # its loss may be NaN or infinite (a run that diverged): a result, reported as "no loss"
+    return summary  # a NaN loss (a run that diverged) is a result: "no loss"
 
 
-TABLE = "ladder.json"  # in the ladder's folder, beside ladder.png: every rung finished with the ladder's settings
-TABLE_MAX_BYTES = 1 << 20  # twelve rows of a few hundred bytes each; a larger file is no table this script wrote
+TABLE = "ladder.json"
+TABLE_MAX_BYTES = 1 << 20  # a larger file is no table this script wrote
 ROW_KEYS = {"rung", "name", "full_val_loss", "out_dir"}
 
 
 def check_table(path: Path) -> None:
-    """Refuse, before anything is trained, a ladder.json this script did not write (another file of that name, or one
-    damaged): the table the ladder writes would replace it, and it may be the only copy of what it holds."""
+    """Refuse, before anything is trained, a ladder.json this script did not write: the ladder would replace it."""
     try:
         found = os.lstat(path)
     except FileNotFoundError:
@@ -208,7 +200,7 @@ def draw(rows: list[dict], path: Path) -> None:
         ax.text(length, y, f" {loss:.3f}" if known else " no loss (not a number: the run diverged)", va="center",
                 fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlim(0, max(max(drawn), 1.0) * 1.12)  # from 0: a bar's length is its loss, so two bars compare by eye
+    ax.set_xlim(0, max(max(drawn), 1.0) * 1.12)  # from 0: bars compare by eye
     ax.set_xlabel("full-validation loss (nats per character; lower is better)")
     ax.set_title("each rung adds one part (blue); variants of the default (orange)")
     fig.tight_layout()
@@ -217,8 +209,7 @@ def draw(rows: list[dict], path: Path) -> None:
 
 
 def train_rung(name: str, argv: list[str], state: str, why: str, program: list[str]) -> int:
-    """Train a rung that is not finished with these settings (state and why: state_of's), its command printed first;
-    0 once it has finished, 130 where it was stopped (said), one line where it failed."""
+    """Train a rung, its command printed first: 0 when finished, 130 when stopped, one line when it failed."""
     if why:
         print(f"  {why}: training this rung again", file=sys.stderr)
     how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])  # go on, start, or start again
@@ -247,10 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_iters", type=int, help="training steps per rung (default: the preset's)")
     parser.add_argument("--cache_dir", default="", help="as train.py --cache_dir")
     parser.add_argument("--rungs", help=f"a comma-separated subset of: {', '.join(name for name, _, _ in RUNGS)}")
-    args, passed = parser.parse_known_args(argv)  # any other train.py option goes to every rung
+    args, passed = parser.parse_known_args(argv)
     if any(word.split("=")[0] in ("--resume", "--overwrite") for word in passed):
-        raise UserError("the ladder resumes an unfinished rung and retrains a changed or damaged one by itself: "
-                        "leave --resume and --overwrite out")
+        raise UserError("the ladder resumes and retrains its rungs by itself: leave out --resume and --overwrite")
     chosen = {name for name, _, _ in RUNGS}
     if args.rungs is not None:
         names = [n.strip() for n in args.rungs.split(",") if n.strip()]  # (a stray comma names no rung)
@@ -263,11 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file; choose a folder")
     if held := [path.name for path in (*RunDir(out).checkpoints(), *RunDir(out).logs())]:
-        raise UserError(f"--out_dir {out} holds a training run ({', '.join(sorted(held)[:3])}); the ladder keeps its "
-                        f"rungs' run folders and its table in a folder of their own: choose another --out_dir "
-                        f"(default out/ladder)")
+        raise UserError(f"--out_dir {out} holds a training run ({', '.join(sorted(held)[:3])}); choose another "
+                        f"--out_dir (default out/ladder)")
     check_table(out / TABLE)
-    with output_folder(out, "--out_dir"):  # (made here, it goes again if the ladder ends before a rung writes in it)
+    with output_folder(out, "--out_dir"):  # removed again if the ladder ends before a rung writes in it
         return climb(args, out, chosen, passed)
 
 

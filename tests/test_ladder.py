@@ -140,8 +140,7 @@ def test_an_out_dir_that_holds_a_training_run_is_refused_and_left_as_it_was(tmp_
         refused = ladder_here(capfd, "--out_dir", str(run), "--data", str(corpus), "--cache_dir",
                               str(tmp_path / "cache"))
         assert refused.returncode == 2 and refused.stderr == (
-            f"error: --out_dir {run} holds a training run ({held}); the ladder keeps its rungs' run folders and its "
-            f"table in a folder of their own: choose another --out_dir (default out/ladder)\n")
+            f"error: --out_dir {run} holds a training run ({held}); choose another --out_dir (default out/ladder)\n")
         assert [p.name for p in run.iterdir()] == [held] and (run / held).read_bytes() == b"the run's own bytes"
 
 

@@ -1,6 +1,5 @@
-"""Opening a run: every check that can fail comes before anything in the folder changes; then the folder is owned,
-the checkpoint to resume read and checked, the data prepared and the Run built; on a CPU, its memory is checked, its
-thread count chosen and its time estimated before the first step."""
+"""Opening a run: its checks before anything changes, then the folder owned, the checkpoint read, the data prepared
+and the Run built; on a CPU, its memory checked, its threads chosen and its time estimated."""
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -39,12 +38,6 @@ from training.device import Dist, compile_wanted, flops_per_token, step_and_eval
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_command
-
-
-class StopRequest(Protocol):
-    """What opening a run tells the stop request (training.session.StopRequest, made before the run is opened)."""
-    saved: str  # what a stop at once leaves intact, said when it comes
-    resume: str  # the command that continues from it
 
 
 @dataclass
@@ -91,9 +84,8 @@ def check_paths(cfg: TrainConfig) -> None:
 
 
 def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainConfig, Corpus]:
-    """Find the corpus now (downloading a named one), so that the run is named and recorded after the text it really
-    trains on: offline, "shakespeare" falls back to "pystdlib" where fallback allows, and cfg.data then says pystdlib,
-    so that a later resume, online, does not switch texts. Without --out_dir the run goes to out/<preset>-<corpus>."""
+    """The corpus, found now so the run is named after the text it trains on (offline, pystdlib where fallback
+    allows, kept in cfg.data so a resume does not switch texts); without --out_dir, out/<preset>-<corpus>."""
     corpus = resolve(cfg.data, default_cache_dir(cfg.cache_dir), say=say, fallback=fallback)
     if cfg.data in NAMED:
         cfg.data = corpus.name
@@ -117,8 +109,7 @@ def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab
 
 
 def same_text(resumed: dict, source: Path, data_named: bool):
-    """prepare()'s check for --resume (its docstring says when it runs): a text the checkpoint names (no --data given)
-    must match its recorded checksum before it is read further, and any text must have the checkpoint's vocabulary."""
+    """prepare()'s check for --resume: the text the checkpoint names matches its checksum; any text, its vocabulary."""
     recorded = resumed.get("data", {}).get("sha256")  # a dict and a string where present (checkpoint.load checks)
 
     def check(sha256: str, vocab: str | None) -> None:
@@ -135,9 +126,7 @@ def same_text(resumed: dict, source: Path, data_named: bool):
 
 
 def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
-    """A checkpoint may come from someone else: the text it names (no --data given) is refused, as one line asking for
-    --data, unless it is a regular file of the recorded size (data.gate.recorded_size), so never a folder, a device, a
-    file of /proc or a text it has no record of; it is then read only for its checksum, which same_text checks."""
+    """The text a checkpoint names (no --data given) is read only if it is a regular file of the recorded size."""
     path = Path(data).expanduser()
     if not path.exists():
         raise UserError(f"--resume: the text this run trained on, {data}, is no longer there; put it back, or give "
@@ -149,11 +138,7 @@ def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
 
 @contextlib.contextmanager
 def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict | None) -> Iterator[None]:
-    """A text too short for the windows of a run that keeps a trained model's block_size, resumed or fine-tuned
-    (data.prepare.ShortSplit, whose line suggests a smaller --block_size, which such a run refuses), said as that run
-    can fix it: a resume, which keeps its val_fraction too (KEPT_ON_RESUME), with a longer text, such as the one it
-    was trained on; a fine-tuned run with a longer text, or another --val_fraction where one fits; either by training
-    a new model with a block_size that fits this text, where one does."""
+    """A text too short for a resumed or fine-tuned run's kept block_size, said as that run can fix it."""
     try:
         yield
     except ShortSplit as err:
@@ -177,8 +162,7 @@ def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict
 
 
 def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
-    """A note when a new max_iters moves the learning-rate schedule under a resumed run (its decay follows
-    max_iters unless lr_decay_iters is set): the rate at this step before and after, and how to keep the old one."""
+    """A note when a resume's new max_iters moves the learning-rate schedule, and how to keep the old one."""
     if new.max_iters == old.max_iters or old.lr_decay_iters or step >= new.max_iters:
         return ""
     before, after = get_lr(step, old), get_lr(step, new)
@@ -226,11 +210,10 @@ def fit_to_text(cfg: TrainConfig, explicit: set[str], meta: dict, say) -> None:
         say(fitted_line(meta["n_train"], meta["vocab_size"], chosen))
 
 
-def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop: StopRequest,
+def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop,
              phases: Phases, corpus: Corpus | None, update: Callable):
-    """Own the folder, read the checkpoint to resume, prepare the data and build the run: (run, progress, the checkpoint
-    resumed from or None), or for a finished run the line saying so. Under torchrun rank 0 goes first, and a failure
-    on any rank is one line from rank 0."""
+    """(run, progress, the checkpoint resumed from or None), or for a finished run the line saying so. Under torchrun
+    rank 0 goes first."""
     resumed, source, init = None, None, None
     with d.together():
         if d.is_main:
@@ -313,8 +296,8 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
 def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(), say=print,
               resumed: dict | None = None, init: dict | None = None,
               phases: Phases | None = None) -> tuple[Run, Progress]:
-    """The real loader, model, optimizer and gradient scaler of a run with this config; from a checkpoint's state
-    when resuming. The global random stream is drawn from in a fixed order, so a seed gives the same run."""
+    """The loader, model, optimizer and scaler of a run, drawn from the random stream in a fixed order (one seed, one
+    run); from a checkpoint's state when resuming."""
     batches = Batches(prepared, cfg.block_size, cfg.batch_size, rt.device, cfg.seed, d.rank, d.world_size)
     torch.manual_seed(cfg.seed)
     model_cfg = cfg.model_config(prepared.tokenizer.vocab_size)
@@ -355,8 +338,7 @@ def optimizer_for(model: GPT, cfg: TrainConfig, rt: Runtime):
 
 
 def graft(model: GPT, weights: dict) -> None:
-    """Load a trained model's weights into model, whose vocabulary may be longer (fine-tuning): each new character's
-    row of the token embedding (and of an untied head) starts as the trained rows' mean, an average character."""
+    """A trained model's weights into model (fine-tuning); a new character's rows start as the trained rows' mean."""
     own = model.state_dict()
     weights = dict(weights)
     for name in ("wte.weight", "lm_head.weight"):
@@ -407,10 +389,7 @@ PARAMETER_BYTES = 16  # a float32 weight, its gradient and two optimizer moments
 
 
 def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
-    """On a CPU, refuse a run whose model and training step need more memory than is free: there the system kills the
-    process (exit 137, "Killed") and no error reaches Python to name the fix (on a GPU one does: report.out_of_memory).
-    The blocks' weights are 12 x n_layer x n_embd² (the embeddings, small beside them, are left out); an evaluation
-    draws the starts of its eval_iters x batch_size windows at once, 8 bytes each."""
+    """On a CPU, refuse a run that needs more memory than is free: the system would kill it with no error to read."""
     free = free_memory() if rt.device_type == "cpu" else None
     layers = max(cfg.n_layer, 1)
     activation_bytes = ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32])
@@ -445,10 +424,8 @@ PROBE_FLOPS = 1e11
 
 
 class ProbeStep:
-    """A training step timed on a copy of the run's model with an optimizer of its own, over the first validation batch,
-    in eval mode (no dropout mask drawn): the run's weights, optimizer state, random streams and batches are untouched,
-    so a run that times its steps trains exactly as one that does not. Calling it returns one run step's seconds (see
-    PROBE_FLOPS). update is train.py's update() (clip, step, clear), passed in since train.py imports this module."""
+    """A step timed on a copy of the model (eval mode, its own optimizer), so the run itself is untouched; calling it
+    returns one step's seconds. update is train.py's update(), passed in since train.py imports this module."""
 
     def __init__(self, run: Run, update: Callable):
         self.rt, self.cfg, self.update = run.rt, run.cfg, update
@@ -469,22 +446,19 @@ class ProbeStep:
 
 
 def probe_rows(run: Run) -> int:
-    """The sequences of a micro-batch that ProbeStep times: as many as PROBE_FLOPS allows (at least 1), the time then
-    scaled up; one sequence alone runs a CPU's matrix products far below their speed on a batch."""
+    """The sequences ProbeStep times: as many as PROBE_FLOPS allows, at least 1."""
     sequence_flops = run.flops_per_token * run.cfg.block_size
     return max(1, min(run.cfg.batch_size, int(PROBE_FLOPS // sequence_flops)))
 
 
 def step_timed(run: Run) -> str:
-    """What the timings a run says are of: its step, or its step scaled up from the sequences timed (one micro-batch
-    of a step with accumulation, or one sequence past PROBE_FLOPS)."""
+    """What the timings are of: a step, or a step scaled up from the sequences timed."""
     rows, sequences = probe_rows(run), run.cfg.batch_size * run.cfg.grad_accum_steps
     return "" if rows == sequences else f", scaled from {rows} of its {sequences} sequences"
 
 
 def choose_run_threads(run: Run, explicit: set[str], d: Dist, update: Callable) -> Threads:
-    """A CPU run's thread count (common.machine.choose_threads), with a step timed at it on rank 0 for the estimate.
-    Kept in cfg.num_threads (saved with the run), so a resume goes on at it: the count changes a run's last digits."""
+    """A CPU run's thread count, kept in cfg.num_threads so a resume goes on at it (it changes the last digits)."""
     cfg = run.cfg
     threads = choose_threads(cfg.num_threads, ProbeStep(run, update) if d.is_main else None, timed=True)
     if threads.why == "asked" and cfg.resume and "num_threads" not in explicit:
@@ -499,9 +473,7 @@ def estimate_due(run: Run, progress: Progress) -> bool:
 
 
 def expected_seconds(run: Run, progress: Progress, step: float, records: float) -> Estimate:
-    """Where the rest of the run's time would go at `step` seconds a step: the steps left, the evaluations left (a
-    forward pass of one batch is about a third of a micro-batch's step), their samples and pictures at `records`
-    seconds each evaluation (session.Session.record_seconds), and the final full validation."""
+    """Where the rest of the run's time goes at `step` seconds a step (a forward pass: a third of a step)."""
     cfg = run.cfg
     forward = step / cfg.grad_accum_steps / 3  # validation batches are full size (the last one padded)
     steps_left = cfg.max_iters - progress.it
@@ -528,9 +500,7 @@ def durations(low: float, high: float) -> str:
 
 
 def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None:
-    """On a CPU, before the first step: how long the command will take, a range over the steps timed (on a busy machine
-    they vary; kept in Phases.expected for the last line), and where the time goes; past SLOW_RUN_SECONDS, as a note
-    with the flags that would cut its largest parts. records: the seconds of each evaluation's sample and pictures."""
+    """On a CPU: how long the run will take and where the time goes; past SLOW_RUN_SECONDS, with what cuts it."""
     if not estimate_due(run, progress):
         return
     cfg, steady, so_far = run.cfg, run.threads.steady, run.phases.so_far()
