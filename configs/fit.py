@@ -2,18 +2,15 @@
 from __future__ import annotations
 
 PRESET = "shakespeare_char_cpu"  # the default without CUDA, made for Tiny Shakespeare (1.0M training characters)
-LARGE = 500_000  # training characters from which the preset is kept whatever the alphabet
-SMALL = 100_000  # below this a text in a large alphabet gets a narrow model, short context and strong dropout
-SEEN = 100  # a letter seen fewer times than this on average is learned by heart, with its neighbours, within 300 steps
+SMALL = 100_000  # training characters below which a text in a large alphabet is learned by heart within 100 steps
+SEEN = 100  # a large alphabet: its letters are seen fewer times than this each, on average
 
 
 def fit(n_train: int, vocab_size: int) -> dict:
     """The settings that replace the preset's for n_train training characters and vocab_size letters."""
-    if n_train >= LARGE or n_train >= SEEN * vocab_size:  # each letter seen often: the preset fits
+    if n_train >= SMALL or n_train >= SEEN * vocab_size:  # the preset fits
         return {}
-    if n_train < SMALL:
-        return {"n_embd": 96, "dropout": 0.3, "block_size": 32}
-    return {"dropout": 0.1}
+    return {"n_embd": 96, "dropout": 0.3, "block_size": 32}  # fewer weights, each seen with dropout, shorter context
 
 
 def fitted_line(n_train: int, vocab_size: int, chosen: dict) -> str:
