@@ -163,8 +163,8 @@ def check_table(path: Path) -> None:
         try:
             table = json.loads(read_small(path, "the ladder table", TABLE_MAX_BYTES).decode("utf-8"))
         except OSError as err:
-            raise UserError(f"{path} cannot be read ({disk_error(err)}); the ladder would replace it, so it stops "
-                            f"first: make it readable, or choose another --out_dir") from None
+            raise UserError(f"{path} cannot be read ({disk_error(err)}); make it readable, or choose another "
+                            f"--out_dir") from None
         except (UnicodeDecodeError, ValueError):
             why = "not JSON"
         else:
@@ -261,14 +261,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
-    """Each chosen rung trained (or its finished run reused), more seeds where compared rungs are close, then the
-    table and ladder.png written in out. The table holds every rung finished with these settings."""
+    """Train (or reuse) each chosen rung, more seeds where compared rungs are close; write the table and picture."""
     args.data, text_sha256 = decide_corpus(args, say=lambda message: print(message, file=sys.stderr))
     program = shlex.split(python_command("train.py"))  # as a user would type it, from where the ladder runs
     rows, left_out, done = {}, [], 0
 
     def measure(number: int, seed: int | None = None) -> dict | int | None:
-        """One seed of a rung: its summary (trained or reused), 130 if stopped, None if left out of the table."""
+        """One seed of a rung: its summary, 130 if stopped, None if left out of the table."""
         nonlocal done
         name, what, overrides = RUNGS[number - 1]
         argv = rung_argv(args, number, name, overrides, passed, seed)
@@ -331,7 +330,7 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
 
 
 def finish_row(row: dict, rows: dict) -> dict:
-    """A table row: the mean loss over its seeds, their spread, each seed's model step, and how it compares."""
+    """A table row: the mean loss over its seeds, their losses and model steps, and how it compares."""
     runs = row.pop("runs")
     losses = [run["full_val_loss"] for run in runs]
     mean = sum(losses) / len(losses)

@@ -48,15 +48,15 @@ class Run:
     tokenizer: CharTokenizer
     batches: Batches
     model_cfg: ModelConfig
-    model: GPT  # the module whose weights are saved (never the compiled or DDP wrapper)
-    step_model: object  # what the loop calls: the model, wrapped in DDP and/or compiled (its blocks, or all of it)
+    model: GPT  # the module whose weights are saved
+    step_model: object  # the model, in DDP and/or compiled
     optimizer: object
     scaler: torch.amp.GradScaler
     tokens_per_iter: int
     flops_per_token: float
     phases: Phases
-    eval_model: object  # what evaluations call: step_model, or with compile_eval false the model itself
-    threads: Threads | None = None  # on a CPU: the thread count and a step's time at it (choose_run_threads)
+    eval_model: object
+    threads: Threads | None = None
 
     @property
     def data_info(self) -> dict:
@@ -78,7 +78,7 @@ def check_paths(cfg: TrainConfig) -> None:
                             f"files; choose an {option} outside it")
     try:
         cfg.out_dir.encode("utf-8")
-    except UnicodeEncodeError:  # bytes the file system took, but not UTF-8 (Python holds them as surrogates)
+    except UnicodeEncodeError:
         raise UserError(f"--out_dir {cfg.out_dir}: the name is not valid UTF-8, which TensorBoard needs for its event "
                         f"files; choose a name in UTF-8") from None
 
@@ -94,7 +94,7 @@ def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainCo
         label = corpus.name if corpus.name in NAMED else (path.stem if path.is_file() else path.name)
         label = re.sub(r"[^\w.-]+", "_", label)[:40] or "corpus"  # letters of any script, digits, . _ -
         cfg.out_dir = f"out/{cfg.config_name}-{label}"
-        if cfg.init_from:  # a fine-tuned model is named after the one it starts from: out/<that run>+<corpus>
+        if cfg.init_from:  # out/<that run>+<corpus>
             start = Path(cfg.init_from)
             cfg.out_dir = f"out/{(start if start.is_dir() else start.parent).resolve().name}+{label}"
     return cfg, corpus
@@ -110,7 +110,7 @@ def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab
 
 def same_text(resumed: dict, source: Path, data_named: bool):
     """prepare()'s check for --resume: the text the checkpoint names matches its checksum; any text, its vocabulary."""
-    recorded = resumed.get("data", {}).get("sha256")  # a dict and a string where present (checkpoint.load checks)
+    recorded = resumed.get("data", {}).get("sha256")
 
     def check(sha256: str, vocab: str | None) -> None:
         if not data_named and recorded not in (None, sha256):
@@ -144,7 +144,7 @@ def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict
     except ShortSplit as err:
         if resumed is None and init is None:
             raise
-        short = short_split(err.shortfall.sizes, cfg.block_size)  # (prepare's refusal measured block_size 1)
+        short = short_split(err.shortfall.sizes, cfg.block_size)
         problem = short.problem(f" of {cfg.data}")
         if resumed is not None:
             source = resumed.get("data", {}).get("source")
@@ -175,12 +175,12 @@ def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
 
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
     """For --resume of a run that has nothing left to do: where it finished and how to train further."""
-    since_best = state.get("evals_since_best", 0)  # its type and range were checked with the rest (checkpoint.load)
+    since_best = state.get("evals_since_best", 0)
     if state["iter"] < cfg.max_iters and not plateaued(since_best, cfg.patience):
         return None
     summary = read_summary(run_dir.path)
     if summary is None:
-        return None  # missing or damaged: finishing the run writes it
+        return None
     try:
         loss = f", full validation {summary['full_val_loss']:.4f}" if "full_val_loss" in summary else ""
         model = (f" (its model: step {summary['model_step']}, {summary['model_checkpoint']})"
@@ -202,7 +202,7 @@ def fit_to_text(cfg: TrainConfig, explicit: set[str], meta: dict, say) -> None:
     if cfg.config_name != PRESET:
         return
     chosen = {name: value for name, value in fit(meta["n_train"], meta["vocab_size"]).items() if name not in explicit}
-    if chosen.get("n_embd", 0) % cfg.n_head:  # a --n_head of the user's that does not divide it: their width stays
+    if chosen.get("n_embd", 0) % cfg.n_head:  # the user's --n_head must divide it
         del chosen["n_embd"]
     for name, value in chosen.items():
         setattr(cfg, name, value)
@@ -244,7 +244,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             start = find(str(start), "") if start.is_dir() else start
             init = checkpoint.load(start)
             cfg = init_config(cfg, explicit, init, start, log.say)
-        # A fine-tuned run's vocabulary begins with its first model's, so that the old ids keep their meaning.
+        # A fine-tuned run's vocabulary begins with its first model's, so the old ids keep their meaning.
         base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
         check = same_text(resumed, source, "data" in explicit) if resumed is not None else None
         with phases.timing("data"), short_text_for_kept_model(cfg, resumed, init):
@@ -263,7 +263,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
     with d.together():
         if not d.is_main:
             with phases.timing("data"):
-                prepared = prepare_data(cfg, log.say, base_vocab=base_vocab, check=check)  # rank 0's, in the cache
+                prepared = prepare_data(cfg, log.say, base_vocab=base_vocab, check=check)
         recorded = resumed.get("data", {}).get("sha256") if resumed is not None else None
         other_text = recorded not in (None, prepared.meta["sha256"])
         if d.is_main and other_text:
@@ -273,7 +273,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
                     f"run, and its best model is chosen anew on this text's validation: {BEST}"
                     f"{f' (val {best:.4f} on the other text)' if math.isfinite(best) else ''} is replaced at the next "
                     f"evaluation")
-        if other_text:  # a validation loss of the other text is no measure on this one: the best starts anew
+        if other_text:  # the best starts anew
             resumed = {**resumed, "best_val_loss": math.inf, "evals_since_best": 0}
         if not (cfg.resume or cfg.init_from):
             fit_to_text(cfg, explicit, prepared.meta, log.say)
@@ -315,15 +315,14 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
     progress = checkpoint.restore(run, resumed, d) if resumed is not None else Progress()
 
     def wrap(module: torch.nn.Module) -> torch.nn.Module:
-        # The only buffers are the rotary tables, alike in every process: DDP need not broadcast them before each
-        # forward. Older torch calls this switch broadcast_buffers; newer, forward_sync_buffers (warning at the old).
+        # The only buffers are the rotary tables, alike everywhere: no broadcast (the switch's name depends on torch).
         no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
                    else {"broadcast_buffers": False})
         return DDP(module, device_ids=[d.local_rank] if rt.device_type == "cuda" else None,
                    **no_sync) if d.enabled else module
 
     def gave_up() -> None:  # compilation that failed is not tried again by a resume
-        cfg.compile = "false"  # saved with the run's config in its next checkpoint
+        cfg.compile = "false"
         say("note: the run's config now says --compile false, so a resume does not try again (--resume --compile "
             "true does)")
     run.step_model, run.eval_model = step_and_eval_models(model, wrap, cfg.compile, rt.device_type, cfg.compile_mode,
@@ -379,13 +378,11 @@ GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
 CPU_PRESET = "shakespeare_char_cpu"  # the preset a slow run on a CPU suggests
 
 
-# What a forward and backward add to a CPU process's peak resident memory, in bytes per batch_size x block_size x
-# n_embd x n_layer (rotary positions, fused attention), rounded up from the figures in docs/speed.md.
+# A step's peak memory on a CPU, in bytes per batch_size x block_size x n_embd x n_layer (docs/speed.md).
 ACTIVATION_BYTES = {torch.bfloat16: 80, torch.float32: 110}
-# The explicit attention path (--attention explicit, and the additive form, which has no fused kernel) also keeps each
-# layer's attention weights, batch_size x n_head x block_size², about this many bytes each beyond the figures above.
+# The explicit attention path also keeps each layer's weights, batch_size x n_head x block_size², this many bytes each.
 WEIGHT_BYTES = 4
-PARAMETER_BYTES = 16  # a float32 weight, its gradient and two optimizer moments (AdamW; Muon keeps one)
+PARAMETER_BYTES = 16  # a weight, its gradient, two moments
 
 
 def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
@@ -410,16 +407,16 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
 class Estimate:
     """Where a CPU run's time would go, in seconds."""
     steps: float  # the steps left
-    evaluations: float  # the evaluations left (estimates of both splits, or the validation split read whole)
-    samples_and_pictures: float  # the sample and attention pictures each of those evaluations makes
-    full_validation: float  # the final one, over every validation window (0 with --full_val false)
+    evaluations: float
+    samples_and_pictures: float
+    full_validation: float  # 0 with --full_val false
 
     @property
     def total(self) -> float:
         return self.steps + self.evaluations + self.samples_and_pictures + self.full_validation
 
 
-# Past this many FLOPs ProbeStep times part of a micro-batch and scales the time, so the estimate comes quickly.
+# Past this many FLOPs ProbeStep times part of a micro-batch and scales the time.
 PROBE_FLOPS = 1e11
 
 
