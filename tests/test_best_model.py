@@ -126,3 +126,18 @@ def test_a_damaged_best_checkpoint_hands_over_the_last_model_and_says_so(overfit
     assert args == ["--ckpt", str(out / "ckpt_last.pt")]
     import sample
     assert run_cli(sample.main, [*args, "--max_new_tokens", "5", "--num_threads", "1"]) == 0
+
+
+def test_a_model_from_the_first_third_of_the_run_is_said_to_be_early_with_what_to_try():
+    """The last lines say when the model handed over is from the run's first third, with flags that fit the run."""
+    from configs import load_config
+    from training.report import done_lines
+    summary = {"iterations": 300, "model_step": 30, "train_seconds": 1.0, "stopped_early": False, "val_loss": 7.2186,
+               "full_val_loss": 5.46, "full_val_bits_per_char": 7.877, "model_checkpoint": "ckpt_best.pt",
+               "best_val_loss": 5.4599}
+    cfg = load_config([], False)[0]
+    assert done_lines(summary, cfg, 9)[-1] == ("note: the model is from early in the run (step 30 of 300): later steps "
+                                               "learned the text by heart; try --dropout 0.2 or --n_embd 80")
+    fitted = load_config(["--dropout", "0.3", "--n_embd", "96"], False)[0]
+    assert done_lines(summary, fitted, 9)[-1].endswith("try --dropout 0.4 or --n_embd 48")
+    assert not done_lines({**summary, "model_step": 100}, cfg, 7)[-1].startswith("note:")  # a third in: not early
