@@ -66,8 +66,10 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
                 fix = "connect to the network, put a copy there, or give --data FILE (or --data pystdlib, offline)"
         if not fallback:
             raise UserError(f"--data shakespeare: {why}; {fix}")
-        say(f"note: {why}; using the offline corpus 'pystdlib' instead. Use --data FILE to choose your own text"
-            f"{f', or --data {target} to train on that copy as it is' if differs else ''}.")
+        put = f"put the original there, or give --data {target} to train on it as it is" if differs else \
+            "put a copy there"
+        say(f"note: {why}; using the offline corpus 'pystdlib' instead. To train on Tiny Shakespeare, {put}; to "
+            f"train on your own text, give --data FILE.")
         spec = "pystdlib"
     if spec == "pystdlib":
         try:

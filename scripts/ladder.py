@@ -1,8 +1,7 @@
 """python scripts/ladder.py --data FILE --out_dir DIR: what each part of attention buys, measured. Trains a ladder of
-models on one corpus with one budget (the same steps, data order and seed), from a bigram table to the full model
-and then its variants, and writes a table, DIR/ladder.json and DIR/ladder.png; each rung is a TensorBoard run, trained
-by its own `python train.py` command (printed, so any rung can be run again by hand). The table holds every rung
-finished with these settings: with --rungs, those it names and those measured before."""
+models with one budget, from a bigram table to the full model and its variants, each rung by its own printed
+`python train.py` command; rungs close to the one they are compared with get more seeds. Writes a table,
+DIR/ladder.json and DIR/ladder.png."""
 from __future__ import annotations
 
 import json
@@ -38,8 +37,7 @@ from train_command import run_train  # noqa: E402
 loaded()
 
 
-# Rungs 2-5 take blocks apart: learned positions (so the plain average has something to work with), no
-# feed-forward network, no residual connections or LayerNorm; each later rung puts one part back.
+# Rungs 2-5 take blocks apart (learned positions, no feed-forward, no residuals); each later rung puts a part back.
 TAKEN_APART = {"n_layer": "1", "position": "learned", "mlp": "false", "residual": "false"}
 RUNGS = [
     ("bigram", "each character predicts the next from itself alone: a table of odds",
@@ -53,7 +51,7 @@ RUNGS = [
      {**TAKEN_APART, "mlp": "true"}),
     ("full_block", "+ residual connections and LayerNorm: the full transformer block",
      {"n_layer": "1", "position": "learned"}),
-    ("default", "the preset itself", {}),  # (its positions said as the preset sets them: POSITIONS)
+    ("default", "the preset itself", {}),
     ("unscaled", "the default without the 1/sqrt(head_size) scale", {"attention_score": "dot"}),
     ("additive", "the default with additive scores, w·tanh(q + k)", {"attention_score": "additive"}),
     ("shared_qk", "the default with queries and keys from one projection (Q = K)", {"shared_qk": "true"}),
@@ -67,10 +65,21 @@ POSITIONS = {"rope": "rotary positions instead of a position table", "learned": 
              "none": "no position information"}  # the default rung's, by its preset's --position
 
 
-def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = ()) -> list[str]:
-    """The rung's train.py command line (without the program): the ladder's settings, the train.py options passed
-    through (every rung gets them), then the rung's own, which win."""
-    argv = ["--config", args.config, "--data", args.data, "--out_dir", str(Path(args.out_dir) / f"{index:02d}-{name}")]
+DEFAULT = 7  # the default rung's number: the variants after it are compared with it
+SEEDS = 3  # seeds of each of two compared rungs whose losses are CLOSE
+CLOSE = 0.03  # a relative difference of loss that one seed cannot settle
+
+
+def reference(number: int) -> int | None:
+    """The rung a rung is compared with: the one before it while the model is built up, then the default."""
+    return None if number == 1 else number - 1 if number <= DEFAULT else DEFAULT
+
+
+def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = (), seed: int | None = None
+              ) -> list[str]:
+    """The rung's train.py arguments: the ladder's, those passed through, then the rung's own, which win."""
+    folder = f"{index:02d}-{name}" + (f"-seed{seed}" if seed is not None else "")
+    argv = ["--config", args.config, "--data", args.data, "--out_dir", str(Path(args.out_dir) / folder)]
     if args.cache_dir:
         argv += ["--cache_dir", args.cache_dir]
     if args.max_iters is not None:
@@ -78,21 +87,18 @@ def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = 
     argv += passed
     for key, value in {**QUIET, **ONE_BUDGET, **overrides}.items():
         argv += [f"--{key}", value]
-    return argv
+    return argv + (["--seed", str(seed)] if seed is not None else [])
 
 
 def notes_and_warnings(line: str) -> None:
-    """Of a rung's own output only its notes and warnings are shown (with its progress bar and errors); the ladder
-    says the rest."""
+    """Of a rung's own output only its notes and warnings are shown; the ladder says the rest."""
     if line.startswith(("note", "warning")):
         print(f"  {line}", file=sys.stderr)
 
 
 def state_of(cfg, text_sha256: str) -> tuple[str, str]:
-    """(new | finished | unfinished | different | damaged, why): different means a run of other settings, or on
-    another text (text_sha256: the corpus's checksum, as prepare records it), is in the folder; damaged, that its
-    checkpoint or summary cannot be read. A rung costs minutes, so both are simply trained again. The --data words
-    are not compared (one text has several names, a path written two ways): the text's checksum is."""
+    """(new | finished | unfinished | different | damaged, why): different is a run of other settings or another text
+    (its checksum compared, not the --data words); damaged, unreadable. Both are trained again."""
     folder = Path(cfg.out_dir)
     ckpt = folder / LAST
     if not ckpt.exists():
@@ -114,18 +120,16 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     return "finished", ""
 
 
-# Why a rung that --rungs does not name is missing from the table, by its state_of.
 LEFT_OUT = {"different": "other settings or another text", "unfinished": "unfinished", "damaged": "damaged"}
 
 
 def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:
-    """The --data every rung trains on, decided once, and that text's sha256 (to tell a rung trained on another text
-    from one to reuse). Offline, shakespeare falls back to the offline corpus as train.py's would, and the rungs are
-    given --data pystdlib: their printed commands then name the text they trained on."""
+    """The --data every rung trains on, decided once (offline: pystdlib, named in every rung's command), and its
+    sha256."""
     cfg = load_config(rung_argv(args, 1, RUNGS[0][0], RUNGS[0][2], []), torch.cuda.is_available())[0]
     cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
     corpus = resolve(cfg.data, cache_dir, say=say, fallback=True)
-    data = corpus.name if cfg.data in NAMED else cfg.data  # a file or folder stays as the user wrote it
+    data = corpus.name if cfg.data in NAMED else cfg.data
     return data, corpus_key(corpus, cfg.encoding, cfg.encoding_errors, cfg.val_fraction)[0]
 
 
@@ -135,17 +139,16 @@ def summary_of(folder: Path) -> dict | None:
     if summary is None or any(type(summary.get(key)) not in (int, float)
                               for key in ("full_val_loss", "train_seconds", "iterations")):
         return None
-    return summary  # its loss may be NaN or infinite (a run that diverged): a result, reported as "no loss"
+    return summary  # a NaN loss (a run that diverged) is a result: "no loss"
 
 
-TABLE = "ladder.json"  # in the ladder's folder, beside ladder.png: every rung finished with the ladder's settings
-TABLE_MAX_BYTES = 1 << 20  # twelve rows of a few hundred bytes each; a larger file is no table this script wrote
+TABLE = "ladder.json"
+TABLE_MAX_BYTES = 1 << 20  # a larger file is no table this script wrote
 ROW_KEYS = {"rung", "name", "full_val_loss", "out_dir"}
 
 
 def check_table(path: Path) -> None:
-    """Refuse, before anything is trained, a ladder.json this script did not write (another file of that name, or one
-    damaged): the table the ladder writes would replace it, and it may be the only copy of what it holds."""
+    """Refuse, before anything is trained, a ladder.json this script did not write: the ladder would replace it."""
     try:
         found = os.lstat(path)
     except FileNotFoundError:
@@ -160,8 +163,8 @@ def check_table(path: Path) -> None:
         try:
             table = json.loads(read_small(path, "the ladder table", TABLE_MAX_BYTES).decode("utf-8"))
         except OSError as err:
-            raise UserError(f"{path} cannot be read ({disk_error(err)}); the ladder would replace it, so it stops "
-                            f"first: make it readable, or choose another --out_dir") from None
+            raise UserError(f"{path} cannot be read ({disk_error(err)}); make it readable, or choose another "
+                            f"--out_dir") from None
         except (UnicodeDecodeError, ValueError):
             why = "not JSON"
         else:
@@ -197,7 +200,7 @@ def draw(rows: list[dict], path: Path) -> None:
         ax.text(length, y, f" {loss:.3f}" if known else " no loss (not a number: the run diverged)", va="center",
                 fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlim(0, max(max(drawn), 1.0) * 1.12)  # from 0: a bar's length is its loss, so two bars compare by eye
+    ax.set_xlim(0, max(max(drawn), 1.0) * 1.12)  # from 0: bars compare by eye
     ax.set_xlabel("full-validation loss (nats per character; lower is better)")
     ax.set_title("each rung adds one part (blue); variants of the default (orange)")
     fig.tight_layout()
@@ -206,8 +209,7 @@ def draw(rows: list[dict], path: Path) -> None:
 
 
 def train_rung(name: str, argv: list[str], state: str, why: str, program: list[str]) -> int:
-    """Train a rung that is not finished with these settings (state and why: state_of's), its command printed first;
-    0 once it has finished, 130 where it was stopped (said), one line where it failed."""
+    """Train a rung, its command printed first: 0 when finished, 130 when stopped, one line when it failed."""
     if why:
         print(f"  {why}: training this rung again", file=sys.stderr)
     how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])  # go on, start, or start again
@@ -236,10 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_iters", type=int, help="training steps per rung (default: the preset's)")
     parser.add_argument("--cache_dir", default="", help="as train.py --cache_dir")
     parser.add_argument("--rungs", help=f"a comma-separated subset of: {', '.join(name for name, _, _ in RUNGS)}")
-    args, passed = parser.parse_known_args(argv)  # any other train.py option goes to every rung
+    args, passed = parser.parse_known_args(argv)
     if any(word.split("=")[0] in ("--resume", "--overwrite") for word in passed):
-        raise UserError("the ladder resumes an unfinished rung and retrains a changed or damaged one by itself: "
-                        "leave --resume and --overwrite out")
+        raise UserError("the ladder resumes and retrains its rungs by itself: leave out --resume and --overwrite")
     chosen = {name for name, _, _ in RUNGS}
     if args.rungs is not None:
         names = [n.strip() for n in args.rungs.split(",") if n.strip()]  # (a stray comma names no rung)
@@ -252,58 +253,71 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file; choose a folder")
     if held := [path.name for path in (*RunDir(out).checkpoints(), *RunDir(out).logs())]:
-        raise UserError(f"--out_dir {out} holds a training run ({', '.join(sorted(held)[:3])}); the ladder keeps its "
-                        f"rungs' run folders and its table in a folder of their own: choose another --out_dir "
-                        f"(default out/ladder)")
+        raise UserError(f"--out_dir {out} holds a training run ({', '.join(sorted(held)[:3])}); choose another "
+                        f"--out_dir (default out/ladder)")
     check_table(out / TABLE)
-    with output_folder(out, "--out_dir"):  # (made here, it goes again if the ladder ends before a rung writes in it)
+    with output_folder(out, "--out_dir"):  # removed again if the ladder ends before a rung writes in it
         return climb(args, out, chosen, passed)
 
 
 def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
-    """Each chosen rung trained (or its finished run reused), then the table and ladder.png written in out."""
+    """Train (or reuse) each chosen rung, more seeds where compared rungs are close; write the table and picture."""
     args.data, text_sha256 = decide_corpus(args, say=lambda message: print(message, file=sys.stderr))
+    program = shlex.split(python_command("train.py"))  # as a user would type it, from where the ladder runs
+    rows, left_out, done = {}, [], 0
 
-    # The table holds every rung whose folder has a finished run of these settings: those --rungs names, trained or
-    # reused now, and those measured before (a rung of other settings or another text is no part of one budget).
-    rows, left_out, index = [], [], 0
-    for number, (name, what, overrides) in enumerate(RUNGS, start=1):
-        argv = rung_argv(args, number, name, overrides, passed)
+    def measure(number: int, seed: int | None = None) -> dict | int | None:
+        """One seed of a rung: its summary, 130 if stopped, None if left out of the table."""
+        nonlocal done
+        name, what, overrides = RUNGS[number - 1]
+        argv = rung_argv(args, number, name, overrides, passed, seed)
         cfg = load_config(argv, torch.cuda.is_available())[0]
         if not cfg.full_val:
             raise UserError("the ladder compares the rungs' full-validation losses: leave out --full_val false")
         state, why = state_of(cfg, text_sha256)
-        if name == "default":
-            what = f"{what} ({POSITIONS[cfg.position]})"
-        program = shlex.split(python_command("train.py"))  # as a user would type it, from where the ladder runs
         if name in chosen:
-            index += 1
-            print(f"[{index}/{len(chosen)}] {name}: {what}", file=sys.stderr)
+            done += seed is None
+            print(f"[{done}/{len(chosen)}] {name}: {what}" if seed is None else f"  {name}, seed {seed}",
+                  file=sys.stderr)
             if state == "finished":
                 print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
             elif train_rung(name, argv, state, why, program) == 130:
                 return 130
         elif state != "finished":
-            if state != "new":
+            if state != "new" and seed is None:
                 left_out.append((name, LEFT_OUT[state]))
-            continue
+            return None
         summary = summary_of(Path(cfg.out_dir))
         if summary is None:
             raise UserError(f"rung {name}: {Path(cfg.out_dir) / 'summary.json'} cannot be read after training; "
                             f"run the same command again")
-        rows.append({"rung": number, "name": name, "what": what, "settings": overrides, "parameters": parameters(cfg),
-                     "full_val_loss": summary["full_val_loss"], "bits_per_char": summary["full_val_loss"] / math.log(2),
-                     "train_seconds": summary["train_seconds"], "steps": summary["iterations"],
-                     "corpus": summary.get("corpus", "?"), "out_dir": cfg.out_dir,
-                     "command": shlex.join([*program, *argv])})
-    print(f"\n{'rung':<16}{'parameters':>12}{'full-val loss':>15}{'bits/char':>11}{'seconds':>9}")
-    for row in rows:
-        print(f"{row['name']:<16}{row['parameters']:>12,}{row['full_val_loss']:>15.4f}{row['bits_per_char']:>11.3f}"
-              f"{row['train_seconds']:>9.1f}")
-    table = [{key: finite_or_none(value) if isinstance(value, float) else value for key, value in row.items()}
-             for row in rows]
+        summary.update(seed=cfg.seed, position=cfg.position, out_dir=cfg.out_dir, command=shlex.join([*program, *argv]),
+                       parameters=parameters(cfg))
+        return summary
+
+    for number, (name, what, overrides) in enumerate(RUNGS, start=1):
+        summary = measure(number)
+        if summary == 130:
+            return 130
+        if summary is not None:
+            what += f" ({POSITIONS[summary['position']]})" if name == "default" else ""
+            rows[number] = {"rung": number, "name": name, "what": what, "settings": overrides,
+                            "parameters": summary["parameters"], "runs": [summary]}
+    close = {n for number, row in rows.items() if (ref := rows.get(reference(number)))
+             and abs(row["runs"][0]["full_val_loss"] - ref["runs"][0]["full_val_loss"])
+             < CLOSE * abs(ref["runs"][0]["full_val_loss"]) for n in (number, reference(number))}
+    for number in sorted(close):
+        first = rows[number]["runs"][0]["seed"]
+        for seed in range(first + 1, first + SEEDS):
+            summary = measure(number, seed)
+            if summary == 130:
+                return 130
+            if summary is not None:
+                rows[number]["runs"].append(summary)
+    table = [finish_row(row, rows) for row in rows.values()]
+    print_table(table)
     write_text_atomic(out / TABLE, json.dumps(table, indent=1, allow_nan=False) + "\n", "the ladder table")
-    draw(rows, out / "ladder.png")
+    draw(table, out / "ladder.png")
     measured_before = len(rows) - len(chosen)
     before = f" ({measured_before} of its rungs measured before, with the same settings)" if measured_before else ""
     print(f"\nwrote {out / TABLE}{before} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}",
@@ -313,6 +327,37 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
               f"{', '.join(f'{name} ({why})' for name, why in left_out)}; --rungs "
               f"{','.join(name for name, _ in left_out)} trains them with these", file=sys.stderr)
     return 0
+
+
+def finish_row(row: dict, rows: dict) -> dict:
+    """A table row: the mean loss over its seeds, their losses and model steps, and how it compares."""
+    runs = row.pop("runs")
+    losses = [run["full_val_loss"] for run in runs]
+    mean = sum(losses) / len(losses)
+    row.update(full_val_loss=finite_or_none(mean), bits_per_char=finite_or_none(mean / math.log(2)),
+               seeds=[run["seed"] for run in runs], seed_losses=[finite_or_none(loss) for loss in losses],
+               model_steps=[run.get("model_step") for run in runs], steps=runs[0]["iterations"],
+               train_seconds=sum(run["train_seconds"] for run in runs), corpus=runs[0].get("corpus", "?"),
+               out_dir=runs[0]["out_dir"], command=runs[0]["command"], compared="")
+    ref = rows.get(reference(row["rung"]))
+    if ref is not None and row["full_val_loss"] is not None and ref.get("full_val_loss") is not None:
+        low, high = min(losses), max(losses)
+        ref_low, ref_high = min(ref["seed_losses"]), max(ref["seed_losses"])
+        within = len(losses) > 1 and low <= ref_high and ref_low <= high
+        row["compared"] = (f"{row['full_val_loss'] - ref['full_val_loss']:+.3f} vs {ref['name']}"
+                           + (" (within the spread of seeds)" if within else ""))
+    return row
+
+
+def print_table(table: list[dict]) -> None:
+    print(f"\n{'rung':<14}{'parameters':>11}{'full-val loss':>15}{'seeds (min-max)':>22}{'step':>7}  compared")
+    for row in table:
+        loss = row["full_val_loss"]
+        known = [x for x in row["seed_losses"] if x is not None]
+        spread = f"{len(known)}: {min(known):.4f}-{max(known):.4f}" if len(row["seeds"]) > 1 and known else ""
+        steps = ",".join(str(step) for step in row["model_steps"])
+        print(f"{row['name']:<14}{row['parameters']:>11,}{'no loss' if loss is None else f'{loss:.4f}':>15}"
+              f"{spread:>22}{steps:>7}  {row['compared']}")
 
 
 if __name__ == "__main__":

@@ -213,6 +213,13 @@ def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: 
         raise UserError(fits) from None
 
 
+def own_loss(state: dict) -> str:
+    """The checkpoint's own validation loss: that of the evaluation at its step (last_eval), where one was made."""
+    val = state.get("last_eval", {}).get("val") if state.get("eval_done") else None
+    return f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else \
+        ", no validation loss measured at this step"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_settings(args)
@@ -223,10 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     rt = for_sampling(rt, args.dtype, model.num_params(non_embedding=False))  # auto on a CPU: by its size
     model = model.to(rt.dtype)  # bfloat16/float16: the weights cast once, so decoding needs no autocast
     data = state.get("data") if isinstance(state.get("data"), dict) else {}
-    val = state.get("best_val_loss")
-    loss = f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else ""
     source = shown(str(data.get('source', 'an unrecorded corpus')))  # (a checkpoint's words, never terminal codes)
-    print(f"{path}: step {state['iter']}{loss}, trained on {source}; sampling on "
+    print(f"{path}: step {state['iter']}{own_loss(state)}, trained on {source}; sampling on "
           f"{rt.device_type} in {str(rt.dtype).removeprefix('torch.')}", file=sys.stderr)  # stdout stays the text
     prompts = prompts or [tokenizer.default_prompt(data.get("first_char"))]
     with memory_checked(model, prompts, args, rt.device):

@@ -59,6 +59,30 @@ def test_an_overfit_run_hands_over_its_best_model_and_says_which(overfitting_cor
     assert f"step {best['iter']}, its best (ckpt_best.safetensors)" in line and f"{summary['full_val_loss']:.4f}" in line
     assert f"the last step's val {summary['val_loss']:.4f}" in line
     assert json.loads((out / "summary.json").read_text())["model_step"] == best["iter"]
+    early = [line for line in said if line.startswith("note: the model is from early")]
+    assert early == ([f"note: the model is from early in the run (step {best['iter']} of 40): later steps learned the "
+                      f"text by heart; try --dropout 0.2 or --n_embd 16"] if best["iter"] < 40 / 3 else [])
+
+
+def test_sample_prints_each_checkpoints_own_step_and_validation_loss(overfitting_corpus, tmp_path, script):
+    """sample.py's first line gives the checkpoint's own step and the validation loss measured at that step (the
+    run's evaluations, as its loss history records them), for the best and the last model alike."""
+    out = tmp_path / "run"
+    train_debug(overfitting_corpus, out, "--max_iters", "40", "--eval_interval", "5", "--patience", "0")
+    history = {step: val for step, _, val in checkpoint.load(out / "ckpt_last.pt")["losses"]["eval"]}
+    for name in ("ckpt_best.pt", "ckpt_last.pt"):
+        step = checkpoint.load(out / name)["iter"]
+        said = script("sample.py", "--ckpt", str(out / name), "--max_new_tokens", "1", "--num_threads", "1").stderr
+        assert said.startswith(f"{out / name}: step {step}, validation loss {history[step]:.4f}, trained on "), said
+    assert history[40] != min(history.values())  # the last model's figure is not the best's
+
+
+def test_a_checkpoint_saved_between_evaluations_says_no_loss_was_measured_there():
+    """A checkpoint whose step had no evaluation (a stop between them) gives no other step's loss as its own."""
+    import sample
+    assert sample.own_loss({"eval_done": False, "last_eval": {"train": 1.0, "val": 2.0}}) == \
+        ", no validation loss measured at this step"
+    assert sample.own_loss({"eval_done": True, "last_eval": {"train": 1.0, "val": 2.0}}) == ", validation loss 2.0000"
 
 
 def folder_bytes(folder):
@@ -102,3 +126,18 @@ def test_a_damaged_best_checkpoint_hands_over_the_last_model_and_says_so(overfit
     assert args == ["--ckpt", str(out / "ckpt_last.safetensors")]
     import sample
     assert run_cli(sample.main, [*args, "--max_new_tokens", "5", "--num_threads", "1"]) == 0
+
+
+def test_a_model_from_the_first_third_of_the_run_is_said_to_be_early_with_what_to_try():
+    """The last lines say when the model handed over is from the run's first third, with flags that fit the run."""
+    from configs import load_config
+    from training.report import done_lines
+    summary = {"iterations": 300, "model_step": 30, "train_seconds": 1.0, "stopped_early": False, "val_loss": 7.2186,
+               "full_val_loss": 5.46, "full_val_bits_per_char": 7.877, "model_checkpoint": "ckpt_best.pt",
+               "best_val_loss": 5.4599}
+    cfg = load_config([], False)[0]
+    assert done_lines(summary, cfg, 9)[-1] == ("note: the model is from early in the run (step 30 of 300): later steps "
+                                               "learned the text by heart; try --dropout 0.2 or --n_embd 80")
+    fitted = load_config(["--dropout", "0.3", "--n_embd", "96"], False)[0]
+    assert done_lines(summary, fitted, 9)[-1].endswith("try --dropout 0.4 or --n_embd 48")
+    assert not done_lines({**summary, "model_step": 100}, cfg, 7)[-1].startswith("note:")  # a third in: not early

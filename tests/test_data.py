@@ -240,7 +240,11 @@ def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkey
         resolve("shakespeare", tmp_path / "cache", say=notes.append)  # asked for by name: never another text
     assert not notes and not (tmp_path / "cache" / "tinyshakespeare.txt").exists()
     corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True)  # a default: pystdlib
-    assert corpus.name == "pystdlib" and "checksum" in notes[0] and "--data FILE" in notes[0]
+    target = tmp_path / "cache" / "tinyshakespeare.txt"
+    assert corpus.name == "pystdlib" and notes == [
+        f"note: could not download Tiny Shakespeare (the download's checksum does not match), and {target} holds no "
+        f"copy; using the offline corpus 'pystdlib' instead. To train on Tiny Shakespeare, put a copy there; to train "
+        f"on your own text, give --data FILE."]
     assert not (tmp_path / "cache" / "tinyshakespeare.txt").exists()  # a bad download is never kept
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [corpus.files[0].name]
     if SHARED_TEXT.exists():
@@ -272,8 +276,9 @@ def test_a_cached_copy_of_tiny_shakespeare_that_differs_is_named_and_never_downl
                                   f"{target}")
     notes = []
     assert resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True).name == "pystdlib"
-    assert notes == [f"note: {found}; using the offline corpus 'pystdlib' instead. Use --data FILE to choose your own "
-                     f"text, or --data {target} to train on that copy as it is."]
+    assert notes == [f"note: {found}; using the offline corpus 'pystdlib' instead. To train on Tiny Shakespeare, put "
+                     f"the original there, or give --data {target} to train on it as it is; to train on your own "
+                     f"text, give --data FILE."]
     names = sorted(p.name for p in target.parent.iterdir())  # the copy, as it was, and the pystdlib text
     assert target.read_bytes() == copy and len(names) == 2 and names[0].startswith("pystdlib-") and \
         names[1] == "tinyshakespeare.txt"

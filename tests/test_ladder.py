@@ -142,8 +142,7 @@ def test_an_out_dir_that_holds_a_training_run_is_refused_and_left_as_it_was(tmp_
         refused = ladder_here(capfd, "--out_dir", str(run), "--data", str(corpus), "--cache_dir",
                               str(tmp_path / "cache"))
         assert refused.returncode == 2 and refused.stderr == (
-            f"error: --out_dir {run} holds a training run ({held}); the ladder keeps its rungs' run folders and its "
-            f"table in a folder of their own: choose another --out_dir (default out/ladder)\n")
+            f"error: --out_dir {run} holds a training run ({held}); choose another --out_dir (default out/ladder)\n")
         assert [p.name for p in run.iterdir()] == [held] and (run / held).read_bytes() == b"the run's own bytes"
 
 
@@ -251,3 +250,44 @@ def test_offline_the_ladder_decides_the_corpus_once_and_its_commands_name_it(tmp
         trained_on = checkpoint.load(ROOT / row["out_dir"] / "ckpt_last.safetensors")["data"]
         assert trained_on["source"] == "pystdlib" and row["corpus"] == "pystdlib", trained_on
     assert "--data shakespeare" not in done.stderr
+
+
+def test_close_rungs_get_more_seeds_and_the_table_shows_steps_and_spread(tmp_path, corpus, capfd):
+    """Two compared rungs whose losses are close each train SEEDS seeds; the table gives each rung's mean over its
+    seeds, their losses, each seed's model step, and says a difference inside the spread is one."""
+    import ladder as script
+    out = tmp_path / "ladder"
+    done = ladder_here(capfd, "--data", str(corpus), "--out_dir", str(out), "--cache_dir", str(tmp_path / "cache"),
+                       "--eval_iters", "2", "--rungs", "default,unscaled", "--max_iters", "2")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((out / "ladder.json").read_text(encoding="utf-8"))
+    for row, folder in zip(rows, ("07-default", "08-unscaled")):
+        assert row["seeds"] == [1337, 1338, 1339] and len(row["seed_losses"]) == 3
+        runs = [out / folder] + [out / f"{folder}-seed{seed}" for seed in (1338, 1339)]
+        summaries = [json.loads((run / "summary.json").read_text(encoding="utf-8")) for run in runs]
+        assert row["seed_losses"] == [summary["full_val_loss"] for summary in summaries]
+        assert row["model_steps"] == [summary["model_step"] for summary in summaries]
+        assert row["full_val_loss"] == sum(row["seed_losses"]) / 3
+    default, unscaled = rows
+    low, high = min(unscaled["seed_losses"]), max(unscaled["seed_losses"])
+    within = low <= max(default["seed_losses"]) and min(default["seed_losses"]) <= high
+    assert unscaled["compared"] == (f"{unscaled['full_val_loss'] - default['full_val_loss']:+.3f} vs default"
+                                    + (" (within the spread of seeds)" if within else ""))
+    assert f"3: {low:.4f}-{high:.4f}" in done.stdout and unscaled["compared"] in done.stdout
+    assert script.reference(1) is None and script.reference(3) == 2 and script.reference(12) == script.DEFAULT
+
+
+def test_a_difference_inside_the_seeds_spread_is_said_to_be_one():
+    """finish_row: ranges of seeds that overlap are 'within the spread'; apart, or of one seed, they are not."""
+    import ladder as script
+
+    def row(number, name, losses):
+        return {"rung": number, "name": name, "runs": [
+            {"full_val_loss": loss, "seed": 1337 + i, "model_step": 30 * (i + 1), "iterations": 300,
+             "train_seconds": 1.0, "out_dir": name, "command": name} for i, loss in enumerate(losses)]}
+    for losses, said in (([5.30, 5.46], " (within the spread of seeds)"), ([5.00, 5.10], ""), ([5.35], "")):
+        rows = {7: row(7, "default", [5.40, 5.50]), 8: row(8, "unscaled", losses)}
+        table = [script.finish_row(r, rows) for r in rows.values()]
+        mean = sum(losses) / len(losses)
+        assert table[1]["compared"] == f"{mean - 5.45:+.3f} vs default{said}"
+        assert table[1]["model_steps"] == [30 * (i + 1) for i in range(len(losses))]

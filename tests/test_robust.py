@@ -281,7 +281,7 @@ def test_the_stop_note_and_the_stop_line_name_the_last_finished_step(capfd, tmp_
     assert ("stopping: step 54 is done; a step under way finishes first (an evaluation stops between batches), then "
             "saving ckpt_last.safetensors (press Ctrl-C again to stop at once)") in said
     assert stopped_line(55, tmp_path, in_final_validation=False).startswith(
-        f"stopped at step 55 (its last finished step); saved {tmp_path / 'ckpt_last.safetensors'}.")
+        f"stopped at step 55; saved {tmp_path / 'ckpt_last.safetensors'}.")
 
 
 @pytest.mark.parametrize("step, undo, words", [

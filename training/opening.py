@@ -1,6 +1,5 @@
-"""Opening a run: every check that can fail comes before anything in the folder changes; then the folder is owned,
-the checkpoint to resume read and checked, the data prepared and the Run built; on a CPU, its memory is checked, its
-thread count chosen and its time estimated before the first step."""
+"""Opening a run: its checks before anything changes, then the folder owned, the checkpoint read, the data prepared
+and the Run built; on a CPU, its memory checked, its threads chosen and its time estimated."""
 from __future__ import annotations
 
 import contextlib
@@ -22,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.machine import Runtime, Threads, choose_threads, free_memory, is_out_of_memory, setup, span, sync
 from common.run_folder import BEST, RunDir, find, read_summary
 from configs import TrainConfig
+from configs.fit import PRESET, fit, fitted_line
 from configs.loader import check_same_model, init_config, resume_config
 from configs.schema import FIXED
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
@@ -38,7 +38,6 @@ from training.device import Dist, compile_wanted, flops_per_token, step_and_eval
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
 from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_command
-from training.stop import StopRequest
 
 
 @dataclass
@@ -49,15 +48,15 @@ class Run:
     tokenizer: CharTokenizer
     batches: Batches
     model_cfg: ModelConfig
-    model: GPT  # the module whose weights are saved (never the compiled or DDP wrapper)
-    step_model: object  # what the loop calls: the model, wrapped in DDP and/or compiled (its blocks, or all of it)
+    model: GPT  # the module whose weights are saved
+    step_model: object  # the model, in DDP and/or compiled
     optimizer: object
     scaler: torch.amp.GradScaler
     tokens_per_iter: int
     flops_per_token: float
     phases: Phases
-    eval_model: object  # what evaluations call: step_model, or with compile_eval false the model itself
-    threads: Threads | None = None  # on a CPU: the thread count and a step's time at it (choose_run_threads)
+    eval_model: object
+    threads: Threads | None = None
 
     @property
     def data_info(self) -> dict:
@@ -79,15 +78,14 @@ def check_paths(cfg: TrainConfig) -> None:
                             f"files; choose an {option} outside it")
     try:
         cfg.out_dir.encode("utf-8")
-    except UnicodeEncodeError:  # bytes the file system took, but not UTF-8 (Python holds them as surrogates)
+    except UnicodeEncodeError:
         raise UserError(f"--out_dir {cfg.out_dir}: the name is not valid UTF-8, which TensorBoard needs for its event "
                         f"files; choose a name in UTF-8") from None
 
 
 def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainConfig, Corpus]:
-    """Find the corpus now (downloading a named one), so that the run is named and recorded after the text it really
-    trains on: offline, "shakespeare" falls back to "pystdlib" where fallback allows, and cfg.data then says pystdlib,
-    so that a later resume, online, does not switch texts. Without --out_dir the run goes to out/<preset>-<corpus>."""
+    """The corpus, found now so the run is named after the text it trains on (offline, pystdlib where fallback
+    allows, kept in cfg.data so a resume does not switch texts); without --out_dir, out/<preset>-<corpus>."""
     corpus = resolve(cfg.data, default_cache_dir(cfg.cache_dir), say=say, fallback=fallback)
     if cfg.data in NAMED:
         cfg.data = corpus.name
@@ -96,7 +94,7 @@ def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainCo
         label = corpus.name if corpus.name in NAMED else (path.stem if path.is_file() else path.name)
         label = re.sub(r"[^\w.-]+", "_", label)[:40] or "corpus"  # letters of any script, digits, . _ -
         cfg.out_dir = f"out/{cfg.config_name}-{label}"
-        if cfg.init_from:  # a fine-tuned model is named after the one it starts from: out/<that run>+<corpus>
+        if cfg.init_from:  # out/<that run>+<corpus>
             start = Path(cfg.init_from)
             cfg.out_dir = f"out/{(start if start.is_dir() else start.parent).resolve().name}+{label}"
     return cfg, corpus
@@ -111,9 +109,8 @@ def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab
 
 
 def same_text(resumed: dict, source: Path, data_named: bool):
-    """prepare()'s check for --resume (its docstring says when it runs): a text the checkpoint names (no --data given)
-    must match its recorded checksum before it is read further, and any text must have the checkpoint's vocabulary."""
-    recorded = resumed.get("data", {}).get("sha256")  # a dict and a string where present (checkpoint.load checks)
+    """prepare()'s check for --resume: the text the checkpoint names matches its checksum; any text, its vocabulary."""
+    recorded = resumed.get("data", {}).get("sha256")
 
     def check(sha256: str, vocab: str | None) -> None:
         if not data_named and recorded not in (None, sha256):
@@ -129,9 +126,7 @@ def same_text(resumed: dict, source: Path, data_named: bool):
 
 
 def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
-    """A checkpoint may come from someone else: the text it names (no --data given) is refused, as one line asking for
-    --data, unless it is a regular file of the recorded size (data.gate.recorded_size), so never a folder, a device, a
-    file of /proc or a text it has no record of; it is then read only for its checksum, which same_text checks."""
+    """The text a checkpoint names (no --data given) is read only if it is a regular file of the recorded size."""
     path = Path(data).expanduser()
     if not path.exists():
         raise UserError(f"--resume: the text this run trained on, {data}, is no longer there; put it back, or give "
@@ -143,17 +138,13 @@ def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
 
 @contextlib.contextmanager
 def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict | None) -> Iterator[None]:
-    """A text too short for the windows of a run that keeps a trained model's block_size, resumed or fine-tuned
-    (data.prepare.ShortSplit, whose line suggests a smaller --block_size, which such a run refuses), said as that run
-    can fix it: a resume, which keeps its val_fraction too (KEPT_ON_RESUME), with a longer text, such as the one it
-    was trained on; a fine-tuned run with a longer text, or another --val_fraction where one fits; either by training
-    a new model with a block_size that fits this text, where one does."""
+    """A text too short for a resumed or fine-tuned run's kept block_size, said as that run can fix it."""
     try:
         yield
     except ShortSplit as err:
         if resumed is None and init is None:
             raise
-        short = short_split(err.shortfall.sizes, cfg.block_size)  # (prepare's refusal measured block_size 1)
+        short = short_split(err.shortfall.sizes, cfg.block_size)
         problem = short.problem(f" of {cfg.data}")
         if resumed is not None:
             source = resumed.get("data", {}).get("source")
@@ -171,8 +162,7 @@ def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict
 
 
 def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
-    """A note when a new max_iters moves the learning-rate schedule under a resumed run (its decay follows
-    max_iters unless lr_decay_iters is set): the rate at this step before and after, and how to keep the old one."""
+    """A note when a resume's new max_iters moves the learning-rate schedule, and how to keep the old one."""
     if new.max_iters == old.max_iters or old.lr_decay_iters or step >= new.max_iters:
         return ""
     before, after = get_lr(step, old), get_lr(step, new)
@@ -185,12 +175,12 @@ def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
 
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
     """For --resume of a run that has nothing left to do: where it finished and how to train further."""
-    since_best = state.get("evals_since_best", 0)  # its type and range were checked with the rest (checkpoint.load)
+    since_best = state.get("evals_since_best", 0)
     if state["iter"] < cfg.max_iters and not plateaued(since_best, cfg.patience):
         return None
     summary = read_summary(run_dir.path)
     if summary is None:
-        return None  # missing or damaged: finishing the run writes it
+        return None
     try:
         loss = f", full validation {summary['full_val_loss']:.4f}" if "full_val_loss" in summary else ""
         model = (f" (its model: step {summary['model_step']}, {summary['model_checkpoint']})"
@@ -207,11 +197,23 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
             f"{max(state['iter'], cfg.max_iters) * 2}")
 
 
-def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop: StopRequest,
+def fit_to_text(cfg: TrainConfig, explicit: set[str], meta: dict, say) -> None:
+    """A new run of the default preset takes configs.fit's settings for its text; what the user set wins."""
+    if cfg.config_name != PRESET:
+        return
+    chosen = {name: value for name, value in fit(meta["n_train"], meta["vocab_size"]).items() if name not in explicit}
+    if chosen.get("n_embd", 0) % cfg.n_head:  # the user's --n_head must divide it
+        del chosen["n_embd"]
+    for name, value in chosen.items():
+        setattr(cfg, name, value)
+    if chosen:
+        say(fitted_line(meta["n_train"], meta["vocab_size"], chosen))
+
+
+def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop,
              phases: Phases, corpus: Corpus | None, update: Callable):
-    """Own the folder, read the checkpoint to resume, prepare the data and build the run: (run, progress, the checkpoint
-    resumed from or None), or for a finished run the line saying so. Under torchrun rank 0 goes first, and a failure
-    on any rank is one line from rank 0."""
+    """(run, progress, the checkpoint resumed from or None), or for a finished run the line saying so. Under torchrun
+    rank 0 goes first."""
     resumed, source, init = None, None, None
     with d.together():
         if d.is_main:
@@ -242,7 +244,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             start = find(str(start), "") if start.is_dir() else start
             init = checkpoint.load(start)
             cfg = init_config(cfg, explicit, init, start, log.say)
-        # A fine-tuned run's vocabulary begins with its first model's, so that the old ids keep their meaning.
+        # A fine-tuned run's vocabulary begins with its first model's, so the old ids keep their meaning.
         base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
         check = same_text(resumed, source, "data" in explicit) if resumed is not None else None
         with phases.timing("data"), short_text_for_kept_model(cfg, resumed, init):
@@ -261,7 +263,7 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
     with d.together():
         if not d.is_main:
             with phases.timing("data"):
-                prepared = prepare_data(cfg, log.say, base_vocab=base_vocab, check=check)  # rank 0's, in the cache
+                prepared = prepare_data(cfg, log.say, base_vocab=base_vocab, check=check)
         recorded = resumed.get("data", {}).get("sha256") if resumed is not None else None
         other_text = recorded not in (None, prepared.meta["sha256"])
         if d.is_main and other_text:
@@ -271,8 +273,10 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
                     f"run, and its best model is chosen anew on this text's validation: {BEST}"
                     f"{f' (val {best:.4f} on the other text)' if math.isfinite(best) else ''} is replaced at the next "
                     f"evaluation")
-        if other_text:  # a validation loss of the other text is no measure on this one: the best starts anew
+        if other_text:  # the best starts anew
             resumed = {**resumed, "best_val_loss": math.inf, "evals_since_best": 0}
+        if not (cfg.resume or cfg.init_from):
+            fit_to_text(cfg, explicit, prepared.meta, log.say)
         rt = setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
         refuse_if_too_big(cfg, rt, stop.saved)
         try:
@@ -292,8 +296,8 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
 def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(), say=print,
               resumed: dict | None = None, init: dict | None = None,
               phases: Phases | None = None) -> tuple[Run, Progress]:
-    """The real loader, model, optimizer and gradient scaler of a run with this config; from a checkpoint's state
-    when resuming. The global random stream is drawn from in a fixed order, so a seed gives the same run."""
+    """The loader, model, optimizer and scaler of a run, drawn from the random stream in a fixed order (one seed, one
+    run); from a checkpoint's state when resuming."""
     batches = Batches(prepared, cfg.block_size, cfg.batch_size, rt.device, cfg.seed, d.rank, d.world_size)
     torch.manual_seed(cfg.seed)
     model_cfg = cfg.model_config(prepared.tokenizer.vocab_size)
@@ -311,15 +315,14 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
     progress = checkpoint.restore(run, resumed, d) if resumed is not None else Progress()
 
     def wrap(module: torch.nn.Module) -> torch.nn.Module:
-        # The only buffers are the rotary tables, alike in every process: DDP need not broadcast them before each
-        # forward. Older torch calls this switch broadcast_buffers; newer, forward_sync_buffers (warning at the old).
+        # The only buffers are the rotary tables, alike everywhere: no broadcast (the switch's name depends on torch).
         no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
                    else {"broadcast_buffers": False})
         return DDP(module, device_ids=[d.local_rank] if rt.device_type == "cuda" else None,
                    **no_sync) if d.enabled else module
 
     def gave_up() -> None:  # compilation that failed is not tried again by a resume
-        cfg.compile = "false"  # saved with the run's config in its next checkpoint
+        cfg.compile = "false"
         say("note: the run's config now says --compile false, so a resume does not try again (--resume --compile "
             "true does)")
     run.step_model, run.eval_model = step_and_eval_models(model, wrap, cfg.compile, rt.device_type, cfg.compile_mode,
@@ -334,8 +337,7 @@ def optimizer_for(model: GPT, cfg: TrainConfig, rt: Runtime):
 
 
 def graft(model: GPT, weights: dict) -> None:
-    """Load a trained model's weights into model, whose vocabulary may be longer (fine-tuning): each new character's
-    row of the token embedding (and of an untied head) starts as the trained rows' mean, an average character."""
+    """A trained model's weights into model (fine-tuning); a new character's rows start as the trained rows' mean."""
     own = model.state_dict()
     weights = dict(weights)
     for name in ("wte.weight", "lm_head.weight"):
@@ -376,20 +378,15 @@ GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
 CPU_PRESET = "shakespeare_char_cpu"  # the preset a slow run on a CPU suggests
 
 
-# What a forward and backward add to a CPU process's peak resident memory, in bytes per batch_size x block_size x
-# n_embd x n_layer (rotary positions, fused attention), rounded up from the figures in docs/speed.md.
+# A step's peak memory on a CPU, in bytes per batch_size x block_size x n_embd x n_layer (docs/speed.md).
 ACTIVATION_BYTES = {torch.bfloat16: 80, torch.float32: 110}
-# The explicit attention path (--attention explicit, and the additive form, which has no fused kernel) also keeps each
-# layer's attention weights, batch_size x n_head x block_size², about this many bytes each beyond the figures above.
+# The explicit attention path also keeps each layer's weights, batch_size x n_head x block_size², this many bytes each.
 WEIGHT_BYTES = 4
-PARAMETER_BYTES = 16  # a float32 weight, its gradient and two optimizer moments (AdamW; Muon keeps one)
+PARAMETER_BYTES = 16  # a weight, its gradient, two moments
 
 
 def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
-    """On a CPU, refuse a run whose model and training step need more memory than is free: there the system kills the
-    process (exit 137, "Killed") and no error reaches Python to name the fix (on a GPU one does: report.out_of_memory).
-    The blocks' weights are 12 x n_layer x n_embd² (the embeddings, small beside them, are left out); an evaluation
-    draws the starts of its eval_iters x batch_size windows at once, 8 bytes each."""
+    """On a CPU, refuse a run that needs more memory than is free: the system would kill it with no error to read."""
     free = free_memory() if rt.device_type == "cpu" else None
     layers = max(cfg.n_layer, 1)
     activation_bytes = ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32])
@@ -410,24 +407,22 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
 class Estimate:
     """Where a CPU run's time would go, in seconds."""
     steps: float  # the steps left
-    evaluations: float  # the evaluations left (estimates of both splits, or the validation split read whole)
-    samples_and_pictures: float  # the sample and attention pictures each of those evaluations makes
-    full_validation: float  # the final one, over every validation window (0 with --full_val false)
+    evaluations: float
+    samples_and_pictures: float
+    full_validation: float  # 0 with --full_val false
 
     @property
     def total(self) -> float:
         return self.steps + self.evaluations + self.samples_and_pictures + self.full_validation
 
 
-# Past this many FLOPs ProbeStep times part of a micro-batch and scales the time, so the estimate comes quickly.
+# Past this many FLOPs ProbeStep times part of a micro-batch and scales the time.
 PROBE_FLOPS = 1e11
 
 
 class ProbeStep:
-    """A training step timed on a copy of the run's model with an optimizer of its own, over the first validation batch,
-    in eval mode (no dropout mask drawn): the run's weights, optimizer state, random streams and batches are untouched,
-    so a run that times its steps trains exactly as one that does not. Calling it returns one run step's seconds (see
-    PROBE_FLOPS). update is train.py's update() (clip, step, clear), passed in since train.py imports this module."""
+    """A step timed on a copy of the model (eval mode, its own optimizer), so the run itself is untouched; calling it
+    returns one step's seconds. update is train.py's update(), passed in since train.py imports this module."""
 
     def __init__(self, run: Run, update: Callable):
         self.rt, self.cfg, self.update = run.rt, run.cfg, update
@@ -448,22 +443,19 @@ class ProbeStep:
 
 
 def probe_rows(run: Run) -> int:
-    """The sequences of a micro-batch that ProbeStep times: as many as PROBE_FLOPS allows (at least 1), the time then
-    scaled up; one sequence alone runs a CPU's matrix products far below their speed on a batch."""
+    """The sequences ProbeStep times: as many as PROBE_FLOPS allows, at least 1."""
     sequence_flops = run.flops_per_token * run.cfg.block_size
     return max(1, min(run.cfg.batch_size, int(PROBE_FLOPS // sequence_flops)))
 
 
 def step_timed(run: Run) -> str:
-    """What the timings a run says are of: its step, or its step scaled up from the sequences timed (one micro-batch
-    of a step with accumulation, or one sequence past PROBE_FLOPS)."""
+    """What the timings are of: a step, or a step scaled up from the sequences timed."""
     rows, sequences = probe_rows(run), run.cfg.batch_size * run.cfg.grad_accum_steps
     return "" if rows == sequences else f", scaled from {rows} of its {sequences} sequences"
 
 
 def choose_run_threads(run: Run, explicit: set[str], d: Dist, update: Callable) -> Threads:
-    """A CPU run's thread count (common.machine.choose_threads), with a step timed at it on rank 0 for the estimate.
-    Kept in cfg.num_threads (saved with the run), so a resume goes on at it: the count changes a run's last digits."""
+    """A CPU run's thread count, kept in cfg.num_threads so a resume goes on at it (it changes the last digits)."""
     cfg = run.cfg
     threads = choose_threads(cfg.num_threads, ProbeStep(run, update) if d.is_main else None, timed=True)
     if threads.why == "asked" and cfg.resume and "num_threads" not in explicit:
@@ -478,9 +470,7 @@ def estimate_due(run: Run, progress: Progress) -> bool:
 
 
 def expected_seconds(run: Run, progress: Progress, step: float, records: float) -> Estimate:
-    """Where the rest of the run's time would go at `step` seconds a step: the steps left, the evaluations left (a
-    forward pass of one batch is about a third of a micro-batch's step), their samples and pictures at `records`
-    seconds each evaluation (session.Session.record_seconds), and the final full validation."""
+    """Where the rest of the run's time goes at `step` seconds a step (a forward pass: a third of a step)."""
     cfg = run.cfg
     forward = step / cfg.grad_accum_steps / 3  # validation batches are full size (the last one padded)
     steps_left = cfg.max_iters - progress.it
@@ -507,9 +497,7 @@ def durations(low: float, high: float) -> str:
 
 
 def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None:
-    """On a CPU, before the first step: how long the command will take, a range over the steps timed (on a busy machine
-    they vary; kept in Phases.expected for the last line), and where the time goes; past SLOW_RUN_SECONDS, as a note
-    with the flags that would cut its largest parts. records: the seconds of each evaluation's sample and pictures."""
+    """On a CPU: how long the run will take and where the time goes; past SLOW_RUN_SECONDS, with what cuts it."""
     if not estimate_due(run, progress):
         return
     cfg, steady, so_far = run.cfg, run.threads.steady, run.phases.so_far()

@@ -1,5 +1,4 @@
-"""What a run says and records, from rank 0 only: messages, progress bars, TensorBoard (the layout, and every tag but
-the training loop's, which train.py's StepRecord names), the training clock, where the time went, the closing lines."""
+"""What a run says and records, from rank 0 only: messages, progress bars, TensorBoard, the clocks, the last lines."""
 from __future__ import annotations
 
 import contextlib
@@ -41,9 +40,7 @@ class Log:
         self.wandb = None  # --wandb: the Weights & Biases run that gets what TensorBoard gets (start_wandb)
 
     def start_wandb(self, cfg: TrainConfig) -> None:
-        """--wandb: what TensorBoard gets goes to a Weights & Biases run of cfg.wandb_project too, named and grouped
-        after the run folder (a resumed run's sessions are one group). Without wandb or a login: a note, and
-        TensorBoard alone."""
+        """--wandb: what TensorBoard gets goes to Weights & Biases too, grouped by run folder; without it, a note."""
         if not (cfg.wandb and self.active):
             return
         try:
@@ -84,8 +81,7 @@ class Log:
         self._text("config", settings, 0)
 
     def layout(self) -> None:
-        """TensorBoard's Custom Scalars tab: train and validation loss on one chart, then the speed. Its tags are
-        regular expressions, anchored so that each names one series."""
+        """TensorBoard's Custom Scalars: both losses on one chart, then the speed (tags are anchored regexes)."""
         self._write("add_custom_scalars", {
             "loss": {"train and validation loss (nats per character)": ["Multiline", ["^loss/train$", "^loss/val$"]]},
             "speed": {"tokens per second": ["Multiline", ["^perf/tokens_per_sec$"]],
@@ -108,16 +104,14 @@ class Log:
         self._text("samples", text, it)
 
     def attention(self, it: int, layer: int, picture) -> None:
-        """picture: a (height, width, 3) uint8 array. Its group sorts after loss/, optim/, perf/ and summary/ in Time
-        Series; layers count from 1, as a person reads them."""
+        """picture: a (height, width, 3) uint8 array; layers count from 1, as a person reads them."""
         self._write("add_image", f"where_attention_looks/layer_{layer + 1}", picture, it, dataformats="HWC")
         if self.wandb is not None:
             import wandb
             self.wandb.log({f"where_attention_looks/layer_{layer + 1}": wandb.Image(picture)}, step=it)
 
     def picture_seconds(self, picture) -> float:
-        """What attention() spends on a picture before the write: TensorBoard's PNG encoding of it, timed here (0 where
-        nothing is logged)."""
+        """The seconds TensorBoard's PNG encoding of a picture takes (0 where nothing is logged)."""
         if not self.active:
             return 0.0
         from torch.utils.tensorboard.summary import image
@@ -127,8 +121,7 @@ class Log:
         return time.perf_counter() - start
 
     def final(self, cfg: TrainConfig, summary: dict, step: int) -> None:
-        """The settings and final figures for the HParams tab, in the run's own event file (torch's add_hparams makes
-        a second run in a subfolder); the figures also as summary/ scalars at the final step, listed after loss/."""
+        """The settings and final figures for the HParams tab, in the run's own event file, and as summary/ scalars."""
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         figures = {"summary/full_val_loss": summary.get("full_val_loss"),
@@ -235,8 +228,7 @@ def seconds_since_process_start() -> float | None:
 
 
 def compile_seconds() -> float:
-    """Seconds torch.compile has spent in this process (tracing, building kernels, cache lookups), by dynamo's own
-    account; 0 if dynamo was never imported."""
+    """Seconds torch.compile has spent in this process, by dynamo's account; 0 if dynamo was never imported."""
     utils = sys.modules.get("torch._dynamo.utils")
     try:
         return float(utils.calculate_time_spent().get("total_wall_time", 0.0)) if utils is not None else 0.0
@@ -360,20 +352,17 @@ def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str =
     resume = resume_command(folder, advice)
     if in_final_validation:
         return f"stopped during the final validation; step {it} is saved in {folder / LAST}. Finish it with: {resume}"
-    return f"stopped at step {it} (its last finished step); saved {folder / LAST}. Continue with: {resume}"
+    return f"stopped at step {it}; saved {folder / LAST}. Continue with: {resume}"
 
 
 def overfitting_line(evaluations: list, best_step: int) -> str:
-    """The warning for a run that began overfitting (evaluation.began_overfitting): its figures, what to try."""
-    last = evaluations[-3:]
-    steps = ", ".join(str(step) for step, _, _ in last)
-    train = " -> ".join(f"{loss:.3f}" for _, loss, _ in last)
-    val = " -> ".join(f"{loss:.3f}" for _, _, loss in last)
-    return (f"warning: the model is learning the training text by heart (overfitting): from step {last[0][0]} to "
-            f"step {last[-1][0]} the validation loss rose ({val}, at steps {steps}) while the training loss fell "
-            f"({train}). Try a smaller model (--n_layer, --n_embd), --dropout 0.2, fewer steps (--max_iters), or "
-            f"more text; the run hands over its best model (step {best_step} so far). docs/training.md, \"Small "
-            f"texts\", says more")
+    """The warning for a run that began overfitting: its figures, what to try."""
+    (first, train0, val0), (last, train1, val1) = evaluations[-3], evaluations[-1]
+    return (f"warning: the model is learning the training text by heart (overfitting): from step {first} to step "
+            f"{last} the validation loss rose from {val0:.3f} to {val1:.3f} while the training loss fell from "
+            f"{train0:.3f} to {train1:.3f}. Try a smaller model (--n_layer, --n_embd), --dropout 0.2, fewer steps "
+            f"(--max_iters), or more text; the run hands over its best model (step {best_step} so far). "
+            f"docs/training.md, \"Small texts\", says more")
 
 
 def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[str]:
@@ -396,4 +385,8 @@ def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[s
     model = f"the run's model: step {step}, {which} ({BEST}): {best}{full}"
     if step != it and last is not None:
         model += f"; the last step's val {last:.4f} ({LAST}, kept for --resume)"
-    return [*lines, model]
+    lines.append(model)
+    if step < it / 3:  # the validation loss rose for most of the run
+        lines.append(f"note: the model is from early in the run (step {step} of {it}): later steps learned the text "
+                     f"by heart; try --dropout {max(0.2, cfg.dropout + 0.1):g} or --n_embd {cfg.n_embd // 2}")
+    return lines

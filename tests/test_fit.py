@@ -1,0 +1,50 @@
+"""configs/fit.py: the default run fitted to its text's size and alphabet, said in one line; what the user sets wins."""
+import train
+from configs import load_config
+from configs.fit import fit, fitted_line
+from training import checkpoint
+
+SMALL_TEXT = {"n_embd": 96, "dropout": 0.3, "block_size": 32}
+
+
+def test_the_rule_keeps_the_preset_where_each_letter_is_seen_often_and_fits_the_rest():
+    """Sizes in, settings out: Tiny Shakespeare, a small English text and a text of 100,000 characters or more keep the
+    preset; a smaller one whose letters are seen fewer than 100 times each gets a narrower model, dropout and a shorter
+    context."""
+    assert fit(1_003_854, 65) == {}  # Tiny Shakespeare's training split
+    assert fit(36_029, 79) == {} and fit(251_436, 3_414) == {}  # a small English text; a mid-size Chinese-English one
+    assert fit(26_619, 2_579) == SMALL_TEXT  # Tang poems
+    assert fit(99_999, 1_000) == SMALL_TEXT and fit(99_999, 999) == {} and fit(100_000, 5_000) == {}
+    assert fitted_line(26_619, 2_579, SMALL_TEXT) == (
+        "fitted to 26,619 training characters in 2,579 letters (few of each): n_embd 96, dropout 0.3, block_size 32; "
+        "give --config shakespeare_char_cpu to train as on Tiny Shakespeare")
+
+
+def run(tmp_path, *args, said=None):
+    cfg, _, explicit = load_config(["--cache_dir", str(tmp_path / "cache"), "--out_dir", str(tmp_path / "run"),
+                                    "--max_iters", "2", "--eval_iters", "1", "--sample_chars", "0", "--num_threads", "1",
+                                    "--log_attention", "false", "--full_val", "false", *args], False)
+    train.train(cfg, explicit, say=(said if said is not None else []).append)
+    return checkpoint.load(tmp_path / "run" / "ckpt_last.pt")
+
+
+def test_a_default_run_on_a_small_text_is_fitted_says_so_and_a_flag_or_preset_wins(tmp_path):
+    """Without --config a small text in a large alphabet trains as fitted, said in one line; a flag wins over its
+    field; a resume keeps its settings (no refit); --config shakespeare_char_cpu trains as the preset says."""
+    text = tmp_path / "poems.txt"
+    text.write_text("".join(chr(0x4E00 + (i * 7919) % 300) for i in range(3000)), encoding="utf-8")
+    said = []
+    state = run(tmp_path, "--data", str(text), "--dropout", "0.25", said=said)
+    n_train, letters = state["data"]["n_train"], state["data"]["vocab_size"]
+    fitted = [line for line in said if line.startswith("fitted")]
+    assert fitted == [fitted_line(n_train, letters, {"n_embd": 96, "block_size": 32})]
+    saved = state["run_config"]
+    assert (saved["n_embd"], saved["block_size"], saved["dropout"]) == (96, 32, 0.25)
+    said.clear()
+    state = run(tmp_path, "--resume", "--max_iters", "3", said=said)
+    assert not [line for line in said if line.startswith("fitted")] and state["iter"] == 3
+    assert state["run_config"]["dropout"] == 0.25  # a refit would make it 0.3
+    said.clear()
+    state = run(tmp_path, "--data", str(text), "--config", "shakespeare_char_cpu", "--overwrite", said=said)
+    assert not [line for line in said if line.startswith("fitted")]
+    assert (state["run_config"]["n_embd"], state["run_config"]["block_size"]) == (160, 64)
