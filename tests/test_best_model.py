@@ -69,8 +69,8 @@ def test_sample_prints_each_checkpoints_own_step_and_validation_loss(overfitting
     run's evaluations, as its loss history records them), for the best and the last model alike."""
     out = tmp_path / "run"
     train_debug(overfitting_corpus, out, "--max_iters", "40", "--eval_interval", "5", "--patience", "0")
-    history = {step: val for step, _, val in checkpoint.load(out / "ckpt_last.pt")["losses"]["eval"]}
-    for name in ("ckpt_best.pt", "ckpt_last.pt"):
+    history = {step: val for step, _, val in checkpoint.load(out / "ckpt_last.safetensors")["losses"]["eval"]}
+    for name in ("ckpt_best.safetensors", "ckpt_last.safetensors"):
         step = checkpoint.load(out / name)["iter"]
         said = script("sample.py", "--ckpt", str(out / name), "--max_new_tokens", "1", "--num_threads", "1").stderr
         assert said.startswith(f"{out / name}: step {step}, validation loss {history[step]:.4f}, trained on "), said
@@ -133,7 +133,7 @@ def test_a_model_from_the_first_third_of_the_run_is_said_to_be_early_with_what_t
     from configs import load_config
     from training.report import done_lines
     summary = {"iterations": 300, "model_step": 30, "train_seconds": 1.0, "stopped_early": False, "val_loss": 7.2186,
-               "full_val_loss": 5.46, "full_val_bits_per_char": 7.877, "model_checkpoint": "ckpt_best.pt",
+               "full_val_loss": 5.46, "full_val_bits_per_char": 7.877, "model_checkpoint": "ckpt_best.safetensors",
                "best_val_loss": 5.4599}
     cfg = load_config([], False)[0]
     assert done_lines(summary, cfg, 9)[-1] == ("note: the model is from early in the run (step 30 of 300): later steps "

@@ -25,7 +25,7 @@ def run(tmp_path, *args, said=None):
                                     "--max_iters", "2", "--eval_iters", "1", "--sample_chars", "0", "--num_threads", "1",
                                     "--log_attention", "false", "--full_val", "false", *args], False)
     train.train(cfg, explicit, say=(said if said is not None else []).append)
-    return checkpoint.load(tmp_path / "run" / "ckpt_last.pt")
+    return checkpoint.load(tmp_path / "run" / "ckpt_last.safetensors")
 
 
 def test_a_default_run_on_a_small_text_is_fitted_says_so_and_a_flag_or_preset_wins(tmp_path):
