@@ -126,22 +126,23 @@ function stages() {
   return list;
 }
 
-function largestOf(values) {
+function largestOf(values) {  // the largest |value|, the masked -Infinity left out
   let largest = 0;
-  for (const row of values) for (const value of row) largest = Math.max(largest, Math.abs(value));
+  for (const row of values) for (const value of row) if (value > -Infinity) largest = Math.max(largest, Math.abs(value));
   return largest;
 }
 
-function drawValues(canvas, values) {  // one pixel per number, row t for character t: red positive, blue negative
-  const T = values.length, width = values[0].length, largest = largestOf(values) || 1;
-  canvas.width = width;
-  canvas.height = T;
-  const context = canvas.getContext("2d"), picture = context.createImageData(width, T), pixels = picture.data;
-  for (let t = 0, at = 0; t < T; t++) {
-    const row = values[t];
-    for (let d = 0; d < width; d++, at += 4) pixels.set([...signedRgb(row[d] / largest), 255], at);
-  }
+function paint(canvas, rows, columns, rgbAt) {  // one pixel per cell (i, j), coloured rgbAt(i, j)
+  canvas.width = columns;
+  canvas.height = rows;
+  const context = canvas.getContext("2d"), picture = context.createImageData(columns, rows);
+  for (let i = 0, at = 0; i < rows; i++) for (let j = 0; j < columns; j++, at += 4) picture.data.set([...rgbAt(i, j), 255], at);
   context.putImageData(picture, 0, 0);
+}
+
+function drawValues(canvas, values) {  // row t for character t: red positive, blue negative
+  const largest = largestOf(values) || 1;
+  paint(canvas, values.length, values[0].length, (t, d) => signedRgb(values[t][d] / largest));
   return largest;
 }
 
@@ -268,8 +269,7 @@ function renderStrip() {
 }
 
 // ---- Section 4: every head's weights A as a picture, one pixel per weight
-const MASKED_RGB = [85, 85, 85];  // the masked future: dark grey, which no weight's colour (white to a hue) reaches
-
+const MASKED_RGB = [85, 85, 85];  // the masked future: a dark grey no weight's colour reaches
 
 function buildHeads() {
   const table = $("heads");
@@ -295,16 +295,8 @@ function renderHeads() {
   $("heads").querySelectorAll("canvas").forEach(canvas => {
     canvas.width = canvas.height = Math.max(T, 1);
     if (!T) return;
-    const l = Number(canvas.dataset.layer), h = Number(canvas.dataset.head);
-    const weights = state.result.layers[l].heads[h].weights, context = canvas.getContext("2d");
-    const picture = context.createImageData(T, T);
-    for (let i = 0; i < T; i++) {
-      for (let j = 0; j < T; j++) {
-        const rgb = j <= i ? weightRgb(h, weights[i][j]) : MASKED_RGB, at = 4 * (i * T + j);
-        picture.data.set([...rgb, 255], at);
-      }
-    }
-    context.putImageData(picture, 0, 0);
+    const h = Number(canvas.dataset.head), weights = state.result.layers[canvas.dataset.layer].heads[h].weights;
+    paint(canvas, T, T, (i, j) => (j <= i ? weightRgb(h, weights[i][j]) : MASKED_RGB));
   });
 }
 
@@ -497,11 +489,7 @@ function renderMatrix() {
   $("legend").querySelectorAll("tr[data-symbol]").forEach(row => {
     row.classList.toggle("chosen", row.dataset.symbol === shownMatrix.name);
   });
-  const values = shownMatrix.values, weights = shownMatrix.name === "A", q = query();
-  let largest = 0;
-  for (const row of values) {
-    for (const value of row) if (Number.isFinite(value)) largest = Math.max(largest, Math.abs(value));
-  }
+  const values = shownMatrix.values, weights = shownMatrix.name === "A", q = query(), largest = largestOf(values);
   table.replaceChildren();
   const top = table.insertRow();
   top.appendChild(element("th"));
@@ -635,11 +623,7 @@ function buildPositions() {
     const similarities = positionSimilarities(), n = similarities.length;
     const canvas = box.appendChild(element("canvas"));
     canvas.id = "similarity";
-    canvas.width = canvas.height = n;
-    const context = canvas.getContext("2d"), picture = context.createImageData(n, n);
-    similarities.forEach((row, s) => row.forEach((value, t) => picture.data.set([...signedRgb(value), 255],
-                                                                              4 * (s * n + t))));
-    context.putImageData(picture, 0, 0);
+    paint(canvas, n, n, (s, t) => signedRgb(similarities[s][t]));
     canvas.addEventListener("mousemove", event => {
       const [s, t] = cellUnder(event);
       $("positions-readout").textContent = "cos(p" + (s + 1) + ", p" + (t + 1) + ") = " +
