@@ -1,6 +1,5 @@
 """python scripts/tutorials.py [000 001 002 003 004] [--lang en|zh] [--png DIR]: the five tutorials' worked examples,
-recomputed with this project's attention code, each step with its formula, the tutorial's names and cell, and what to
-see; --png also draws each attention matrix printed (and 003's curve) into DIR."""
+recomputed with this project's attention code; --png also draws each attention matrix into DIR."""
 from __future__ import annotations
 
 import contextlib
@@ -34,23 +33,21 @@ ENGLISH = speaker("en")
 
 
 class Picture(NamedTuple):
-    """How --png draws a step: title, row and column labels and axis names, the masked cells (hatched grey). kind
-    "curve" draws the value's rows (x, y) as points over line."""
+    """How --png draws a step; kind "curve" draws the value's rows (x, y) as points over line."""
     title: str
     rows: list[str]
     columns: list[str]
     row_axis: str
     column_axis: str
-    masked: torch.Tensor | None = None  # True where masked out; the value's shape
-    kind: str = "weights"  # weights (0 to 1) | mask (True/False) | gradient (signed, one fixed scale) | curve
-    panels: tuple[str, ...] = ()  # the panels' titles where the value has a leading batch axis
+    masked: torch.Tensor | None = None  # True where masked out
+    kind: str = "weights"  # weights | mask | gradient (signed, one fixed scale) | curve
+    panels: tuple[str, ...] = ()  # one title per leading batch entry
     masked_means: str = "masked: its score was set to -inf before the softmax, so its weight is 0"
     line: torch.Tensor | None = None  # kind "curve": (2, n) points drawn as a line
 
 
 class Step(NamedTuple):
-    """One printed step: its name (the tests use it), formula, value, what to see in it, its picture (None: not
-    drawn) and the tutorial's cell it reproduces ("" where none does)."""
+    """One printed step; cell is the tutorial's notebook cell it reproduces ("" where none does)."""
     name: str
     formula: str
     value: object
@@ -67,7 +64,6 @@ def causal(n: int) -> torch.Tensor:
 
 
 def counted(n: int, word: str = "") -> list[str]:
-    """Labels 1..n, each after word: positions count from 1, as on the attention page."""
     return [f"{word}{i}" for i in range(1, n + 1)]
 
 
@@ -277,7 +273,6 @@ def padding_means(say: Say) -> str:
 
 
 def padded(title: str, valid_lens: torch.Tensor, padding: str, say: Say) -> Picture:
-    """masked_softmax's (2 batches, 2 queries, 4 keys) weights, the padding keys masked."""
     return Picture(title, counted(2), counted(4), say("query", "查询"), say("key", "键"),
                    ~valid_key_mask(valid_lens, 4, padding=padding),
                    panels=tuple(say(f"batch {b + 1}, valid_lens {valid_lens[b].tolist()}",
@@ -347,7 +342,6 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
 
 # ---- 003: how the softmax's input shapes its output and its gradient; why divide by √d_k ---------------------------
 def y3_of(a: torch.Tensor) -> torch.Tensor:
-    """003's y₃ for each a: the third entry of softmax([a, a, 2a])."""
     return torch.stack([F.softmax(torch.stack([v, v, 2 * v]), dim=0)[2] for v in a])
 
 
@@ -522,8 +516,7 @@ COUNTING = ("Tokens, rows and columns are counted from 1 here, as on the attenti
 
 
 def show(value) -> str:
-    """A value as printed: 4 decimals (scientific where all are below 0.001), whole numbers as torch prints them
-    (1., 0.), integers as integers, booleans as True/False."""
+    """A value as printed: 4 decimals (scientific where all are below 0.001), whole numbers as torch prints them."""
     if not isinstance(value, torch.Tensor):
         return f"  {value}"
     value = value.detach()
@@ -552,15 +545,12 @@ def show(value) -> str:
 
 
 # ---- --png: each attention matrix drawn as a heatmap -------------------------------------------------------------
-MASKED_FILL, MASKED_HATCH = "#d9d9d9", "#8c8c8c"  # light grey, hatched: no colour of the weights' scale
 GRADIENT_RANGE = 0.25  # one scale for every Jacobian (the largest entry is 0.24): small looks small
 
 
 def figure_of(step: Step, say: Say = ENGLISH):
     """step's value as a heatmap per panel, each cell's number in it, the masked cells hatched (or a curve)."""
-    from matplotlib.patches import Patch, Rectangle
-
-    from common.pictures import plt
+    from common.pictures import MASKED_FILL, MASKED_HATCH, Patch, Rectangle, plt
 
     picture = step.picture
     if picture.kind == "curve":
@@ -624,7 +614,7 @@ def figure_of(step: Step, say: Say = ENGLISH):
 
 
 def draw(step: Step, path: Path, say: Say = ENGLISH) -> None:
-    """figure_of(step) written to path whole, in matplotlib's font, then one that draws Chinese where there is one."""
+    """figure_of(step) written to path whole, with a font for Chinese where there is one."""
     from common.pictures import font_for, plt, save_figure
 
     with plt.rc_context({"font.family": ["DejaVu Sans", *filter(None, [font_for("注")])]}):
@@ -639,8 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lang", choices=("en", "zh"), default="en",
                         help="the language of the words around the numbers: English or Chinese (中文)")
     parser.add_argument("--png", metavar="DIR", default="",
-                        help="also draw every attention matrix printed (and 003's curve) into this folder, one "
-                             "NNN-step.png each (default: no pictures)")
+                        help="also draw every attention matrix printed (and 003's curve) into this folder")
     args = parser.parse_args(argv)
     unknown = [n for n in args.tutorial if n not in TUTORIALS]
     if unknown:
@@ -656,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
             titles, steps = TUTORIALS[number]
             print(say(f"=== tutorial {number}: ", f"=== 教程 {number}：") + say(*titles) + "\n")
             for words in (LEGENDS[number], UNSEEDED.get(number)):
-                if words:  # one line each: a terminal folds it without breaking a formula
+                if words:
                     print(say(*words) + "\n")
             for step in steps(say):
                 cell = f" [{number} {step.cell}]" if step.cell else ""
