@@ -461,43 +461,41 @@ TUTORIALS = {
 }
 # Each tutorial's names, and the attention page's (S, A and A·V).
 LEGENDS = {
-    "000": ("000's names: x the input; xbow the average of the past (a loop, then wei @ x); wei the weights: "
-            "tril(ones) / row sums, then softmax of zeros with the future at -inf, then q @ kᵀ and its softmax; "
-            "out = wei @ v. On the attention page, wei is S before the softmax and A after it; out is A·V.",
+    "000": ("000's names: x the input; xbow the past's average (a loop, then wei @ x); wei the weights: tril(ones) / "
+            "row sums, softmax of zeros with the future at -inf, then of q @ kᵀ; out = wei @ v. On the attention "
+            "page, wei is S before the softmax and A after it; out is A·V.",
             "000 中的记号：x 是输入；xbow 是对前面 token 的平均（先用循环，再用 wei @ x）；wei 是权重矩阵：先是 tril(ones) "
             "除以行和，再是未来设为 -inf 的全 0 矩阵的 softmax，最后是 q @ kᵀ 和它的 softmax；out = wei @ v。"
             "在注意力页面上，softmax 之前的 wei 叫 S，之后叫 A；out 叫 A·V。"),
     "001": ("001's names: x = embedded_sentence, x⁽ⁱ⁾ its rows; W_query, W_key, W_value; ω (omega, attn_scores) = q·k, "
-            "the unnormalised attention weights; α (attention_weights_2, attn_weights) = softmax(ω / √d_k); z "
-            "(context_vector_2, context_vec) = α @ values. On the attention page ω is S, ω / √d_k the scaled S, α is "
-            "A and z is A·V.",
+            "unnormalised; α (attention_weights_2, attn_weights) = softmax(ω / √d_k); z (context_vector_2, "
+            "context_vec) = α @ values. On the attention page ω is S, ω / √d_k the scaled S, α is A and z is A·V.",
             "001 中的记号：x = embedded_sentence，x⁽ⁱ⁾ 是它的第 i 行；W_query、W_key、W_value；ω（omega，attn_scores）= "
             "q·k，即非归一化的注意力权重；α（attention_weights_2，attn_weights）= softmax(ω / √d_k)；z（context_vector_2，"
             "context_vec）= α @ values。在注意力页面上，ω 叫 S，ω / √d_k 是缩放后的 S，α 叫 A，z 叫 A·V。"),
-    "002": ("002's names: X the scores; valid_lens how many keys are real (per row or per query); the scoring "
-            "function a(q, k): additive w_vᵀ tanh(W_q q + W_k k), or scaled dot-product q·k / √d; attention weights = "
-            "masked_softmax(scores, valid_lens). On the attention page the scores are S (scaled: S / √d) and the "
-            "attention weights A.",
+    "002": ("002's names: X the scores; valid_lens how many keys are real (per row or query); a(q, k): additive "
+            "w_vᵀ tanh(W_q q + W_k k), or scaled dot-product q·k / √d; attention weights = masked_softmax(scores, "
+            "valid_lens). On the attention page the scores are S (scaled: S / √d) and the weights A.",
             "002 中的记号：X 是注意力分数；valid_lens 是有效长度，即每行（或每个查询）有几个有效的键；打分函数 a(q, k) 可以是"
             "加性注意力 w_vᵀ tanh(W_q q + W_k k)，也可以是缩放点积 q·k / √d；注意力权重 = masked_softmax(scores, "
             "valid_lens)。在注意力页面上，注意力分数叫 S（缩放后是 S / √d），注意力权重叫 A。"),
-    "003": ("003's names: Q, K, V the query, key and value; x the softmax's input, here [a, a, 2a]; y = softmax(x), y₃ "
-            "its third entry; d_k the dimension of q and k. Its open question, whether (Q, V), (K, V) or V alone "
-            "would do, is what the ladder's rungs shared_qk, no_values and average measure (docs/attention.md).",
+    "003": ("003's names: Q, K, V; x the softmax's input, here [a, a, 2a]; y = softmax(x), y₃ its third entry; d_k "
+            "the width of q and k. Its question, whether (Q, V), (K, V) or V alone would do, is what the ladder's "
+            "rungs shared_qk, no_values and average measure (docs/attention.md).",
             "003 中的记号：Q、K、V 是查询、键和值；x 是 softmax 的输入，这里是 [a, a, 2a]；y = softmax(x)，y₃ 是它的第三项；"
             "d_k 是 q 和 k 的维度。它的思考题“只用 (Q, V)、(K, V) 或 V 行不行”，由阶梯实验的 shared_qk、no_values 和 "
             "average 几级来回答（docs/attention.md）。"),
-    "004": ("004's names: aⁱ the embedded input; qⁱ, kⁱ, vⁱ; α₁,ⱼ = q¹·kʲ / √d the scaled scores (its worked numbers "
-            "leave the √d out); α̂₁,ⱼ = softmax(α₁) the weights; b¹ = Σⱼ α̂₁,ⱼ vʲ the output. On the attention page "
-            "α is the scaled S, α̂ is A and b is A·V.",
+    "004": ("004's names: aⁱ the embedded input; qⁱ, kⁱ, vⁱ; α₁,ⱼ = q¹·kʲ / √d the scaled scores (its numbers leave "
+            "the √d out); α̂₁,ⱼ = softmax(α₁) the weights; b¹ = Σⱼ α̂₁,ⱼ vʲ the output. On the attention page α is "
+            "the scaled S, α̂ is A and b is A·V.",
             "004 中的记号：aⁱ 是嵌入后的输入；qⁱ、kⁱ、vⁱ 是查询、键和值；α₁,ⱼ = q¹·kʲ / √d 是缩放后的注意力分数（它的算例漏掉了 √d）；"
             "α̂₁,ⱼ = softmax(α₁) 是权重；b¹ = Σⱼ α̂₁,ⱼ vʲ 是输出。在注意力页面上，α 是缩放后的 S，α̂ 叫 A，b 叫 A·V。"),
 }
 # Where a tutorial drew random numbers without a seed, one line says which figures cannot be repeated.
 UNSEEDED = {
-    "000": ("note: tutorial 000 set no seed, so its x (x[0][0] = 0.0687 there) and what comes from x cannot be "
-            "matched; this script seeds torch.manual_seed(1337) (x[0][0] = 0.0783 here). The rest matches: the "
-            "three averages agree, var(q·k) is about 16, and softmax(a), softmax(10a) use its a",
+    "000": ("note: tutorial 000 set no seed, so its x (x[0][0] = 0.0687 there) and what follows cannot be matched; "
+            "this script seeds torch.manual_seed(1337) (x[0][0] = 0.0783 here). The rest matches: the three "
+            "averages, var(q·k) about 16, softmax(a) and softmax(10a) of its a",
             "注意：教程 000 没有设随机种子，它的 x（那里 x[0][0] = 0.0687）和由 x 算出的数都无法重现；本脚本用 "
             "torch.manual_seed(1337)（这里 x[0][0] = 0.0783）。其余都能对上：三种平均一致，var(q·k) 约为 16，"
             "softmax(a) 和 softmax(10a) 用的是教程自己的 a。"),
@@ -509,8 +507,8 @@ UNSEEDED = {
             "和 [10, 11, 12, 13]。"),
 }
 COUNTING = ("Tokens, rows and columns are counted from 1 here, as on the attention page and in the walkthrough; a "
-            "tutorial's own\nnames and subscripts (001's ω_24, 000's x[0]) are kept as it writes them, and its "
-            "notebook cell is named as [NNN In [n]].\n",
+            "tutorial's own\nnames and subscripts (001's ω_24, 000's x[0]) stay as written; [NNN In [n]] names its "
+            "notebook cell.\n",
             "这里的 token、行和列都从 1 开始数，和注意力页面、逐步演示一致；教程自己的记号和下标（001 的 ω_24、000 的 x[0]）\n"
             "保持原样，对应的 Notebook 单元格写作 [NNN In [n]]。\n")
 
