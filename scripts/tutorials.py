@@ -42,7 +42,7 @@ class Picture(NamedTuple):
     masked: torch.Tensor | None = None  # True where masked out
     kind: str = "weights"  # weights | mask | gradient (signed, one fixed scale) | curve
     panels: tuple[str, ...] = ()  # one title per leading batch entry
-    masked_means: str = "masked: its score was set to -inf before the softmax, so its weight is 0"
+    masked_means: str = ""  # the legend of the masked cells
     line: torch.Tensor | None = None  # kind "curve": (2, n) points drawn as a line
 
 
@@ -202,6 +202,10 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
     word_query, word_key = say("query (word)", "查询（词）"), say("key (word)", "键（词）")
 
     after = say("masked: its weight was set to 0 after the softmax", "被掩码遮住：softmax 之后权重置 0")
+
+    def by_word(title: str, means: str | None = None) -> Picture:  # word by word, the future masked where means is
+        return Picture(title, words, words, word_query, word_key, None if means is None else ~causal(6),
+                       masked_means=means or "")
     return [
         Step("vocabulary", f"dc = {vocabulary}; sentence_int", ids,
              say("the sentence's words as their numbers in the sorted dc", "句中每个词换成它在排好序的 dc 里的编号"),
@@ -247,22 +251,20 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
              say("every ω; row 2 is ω_2; no mask yet", "全部的 ω，第 2 行就是 ω_2；还没有加掩码"), cell="In [29]"),
         Step("weights", "attn_weights = softmax(attn_scores / √d_k)", weights,
              say("every α; row 2 is α_2", "全部的 α，第 2 行就是 α_2；每个词也看后面的词"),
-             Picture("attn_weights = softmax(ω / √d_k)", words, words, word_query, word_key), cell="In [30]"),
+             by_word("attn_weights = softmax(ω / √d_k)"), cell="In [30]"),
         Step("mask_simple", "mask_simple = tril(ones(6, 6))", mask_simple,
              say("1 where a word may look, 0 at later words", "能看的位置是 1，后面的词是 0"), cell="In [32]"),
         Step("masked_simple", "masked_simple = attn_weights * mask_simple", masked_simple,
              say("zeroed after the softmax: rows no longer sum to 1", "softmax 之后置 0：各行之和不再是 1"),
-             Picture("masked_simple = attn_weights * mask_simple", words, words, word_query, word_key, ~causal(6),
-                     masked_means=after), cell="In [33]"),
+             by_word("masked_simple = attn_weights * mask_simple", after), cell="In [33]"),
         Step("renormalised", "masked_simple_norm = masked_simple / " + say("row sums", "行和"), renormalised,
              say("rows sum to 1 again", "每行之和又是 1"),
-             Picture("masked_simple / row sums", words, words, word_query, word_key, ~causal(6), masked_means=after),
+             by_word("masked_simple / row sums", after),
              cell="In [34]"),
         Step("causal", say("softmax(ω / √d_k, the future -inf), as this project masks",
                            "softmax(ω / √d_k，未来为 -inf)，本项目的掩码做法"), causal_weights,
              say("the same: -inf before = zero after, renormalised", "结果相同：softmax 前填 -inf，和 softmax 后置 0 再归一化一样"),
-             Picture("softmax(ω / √d_k, future = -inf) (masked before the softmax)", words, words, word_query,
-                     word_key, ~causal(6), masked_means=future(say))),
+             by_word("softmax(ω / √d_k, future = -inf) (masked before the softmax)", future(say))),
     ]
 
 

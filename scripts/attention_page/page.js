@@ -34,6 +34,12 @@ function element(tag, text, className) {
   if (className) node.className = className;
   return node;
 }
+function addRow(table, tag, texts) {  // a new row of table, one cell (th or td) per text
+  const row = table.insertRow();
+  texts.forEach(text => row.appendChild(element(tag, text)));
+  return row;
+}
+function paren(text) { return say(" (" + text + ")", "（" + text + "）"); }
 
 // ---- Section 1: the text, the characters the model knows, the last block_size of them (as sample.py reads)
 function characters(text) {
@@ -151,9 +157,8 @@ function chosenStage(list) { return list.find(one => one.name === state.stage) ?
 function renderModel() {
   const table = $("model"), list = stages();
   table.replaceChildren();
-  const top = table.insertRow();
-  [say("block", "块"), say("step", "步骤"), say("code", "代码"), say("size", "形状"), say("every number", "全部数值")]
-    .forEach(name => top.appendChild(element("th", name)));
+  const top = addRow(table, "th", [say("block", "块"), say("step", "步骤"), say("code", "代码"), say("size", "形状"),
+                                   say("every number", "全部数值")]);
   top.appendChild(element("th", "|x|", "length")).title = say("the length of the chosen character's row",
                                                              "所选字符那一行的长度");
   list.forEach((one, at) => {
@@ -194,7 +199,7 @@ function renderModelChoice() {
     "") + chosen.label + " — " + chosen.code + say(", ", "，") + chosen.values.length + " × " +
     chosen.values[0].length + say(": point at the picture for a number", "：指向图看数值");
   $("model-vector").replaceChildren(vector((chosen.name === "logits" ? "logits" : "x") + (q + 1) +
-    say(" (" + quoted(state.text[q]) + ")", "（" + quoted(state.text[q]) + "）"), chosen.values[q]));
+    paren(quoted(state.text[q])), chosen.values[q]));
 }
 
 function pointAtModel(event) {
@@ -415,14 +420,12 @@ function namedIn(symbol) {
 function buildLegend() {
   const table = $("legend"), names = tutorialNames(), tutorials = ["000", "001", "002", "003", "004"];
   table.replaceChildren();
-  const top = table.insertRow();
-  [say("page", "页面"), ...tutorials].forEach(name => top.appendChild(element("th", name)));
+  addRow(table, "th", [say("page", "页面"), ...tutorials]);
   const symbols = { Q: "Q", K: "K", V: "V", S: "S", scaled: say("S scaled", "缩放后的 S"), masked: say("masked", "掩码"),
                     A: "A", AV: "A·V" };
   for (const [symbol, shownName] of Object.entries(symbols)) {
-    const row = table.insertRow();
+    const row = addRow(table, "th", [shownName]);
     row.dataset.symbol = symbol;
-    row.appendChild(element("th", shownName));
     for (const tutorial of tutorials) {
       const found = (names[symbol] ?? []).find(entry => entry[0] === tutorial);
       marked(row.appendChild(element("td")), found ? found[1] + (found[2] ? " (" + found[2] + ")" : "") : "—");
@@ -438,7 +441,7 @@ function matrices(l, h) {
       .join(say(", ", "、"));
     list.push({ name: "Q", label: say("Q", "查询 Q"), formula: say("Q: one query per character (row), " + headSize +
                 " numbers each", "查询 Q：每个字符（行）一个查询，各 " + headSize + " 维") +
-                (after && say(" (" + after + ")", "（" + after + "）")),
+                (after && paren(after)),
                 values: head.q, columns: "dims" });
     list.push({ name: "K", label: say("K", "键 K"), formula: say("K: one key per character", "键 K：每个字符一个键"),
                 values: head.k, columns: "dims" });
@@ -650,19 +653,17 @@ function renderPositions() {
   const table = $("rotary"), q = query();
   if (!table) return;
   table.replaceChildren();
-  const top = table.insertRow(), t = q === null ? 1 : q + 1;
-  [say("pair i", "第 i 对"), say("numbers", "分量"), say("θᵢ (radians per character)",
+  const t = q === null ? 1 : q + 1;
+  addRow(table, "th", [say("pair i", "第 i 对"), say("numbers", "分量"), say("θᵢ (radians per character)",
    "θᵢ（每个字符的弧度）"), say("angle at character " + t + " (radians)", "第 " + t + " 个字符的角度（弧度）"),
-   say("in degrees", "角度（度）"), say("one whole turn every", "转一整圈需要")]
-    .forEach(name => top.appendChild(element("th", name)));
+   say("in degrees", "角度（度）"), say("one whole turn every", "转一整圈需要")]);
   model.rope.frequencies.forEach((frequency, i) => {
-    const row = table.insertRow(), angle = Math.fround((t - 1) * frequency);
+    const angle = Math.fround((t - 1) * frequency);
+    const row = addRow(table, "td", [String(i + 1), (i + 1) + say(" and ", " 和 ") + (i + 1 + headSize / 2),
+      frequency.toPrecision(4), angle.toFixed(4), (angle * 180 / Math.PI % 360).toFixed(1) + "°",
+      (2 * Math.PI / frequency).toFixed(1) + say(" characters", " 个字符")]);
     row.dataset.frequency = String(frequency);
     row.dataset.angle = String(angle);
-    [String(i + 1), (i + 1) + say(" and ", " 和 ") + (i + 1 + headSize / 2), frequency.toPrecision(4),
-     angle.toFixed(4), (angle * 180 / Math.PI % 360).toFixed(1) + "°",
-     (2 * Math.PI / frequency).toFixed(1) + say(" characters", " 个字符")]
-      .forEach(text => row.appendChild(element("td", text)));
   });
 }
 
@@ -759,25 +760,21 @@ function renderSteps() {
   const header = ["j", say("key", "键"), scoreName];
   if (scaled) header.push(factorName() + (whatIf() ? say(" (what-if)", "（假设）") : ""));
   header.push(say("mask", "掩码"), "softmax α" + i + "ⱼ");
-  const top = table.insertRow();
-  header.forEach(name => top.appendChild(element("th", name)));
+  addRow(table, "th", header);
   state.text.slice(0, q + 1).forEach((ch, j) => {
-    const row = table.insertRow(), cells = [String(j + 1), key(ch), fixed(v.raw[j])];
+    const cells = [String(j + 1), key(ch), fixed(v.raw[j])];
     if (scaled) cells.push(fixed(v.scores[j]));
     cells.push(say("kept", "保留"), v.weights[j].toFixed(4));
-    cells.forEach(text => row.appendChild(element("td", text)));
-    const bar = row.insertCell().appendChild(element("span", undefined, "bar"));
+    const row = addRow(table, "td", cells), bar = row.insertCell().appendChild(element("span", undefined, "bar"));
     bar.style.width = (v.weights[j] * 8).toFixed(2) + "rem";
     bar.parentNode.style.textAlign = "left";
   });
   if (q + 1 < state.text.length) {
-    const row = table.insertRow(), after = state.text.slice(q + 1);
-    row.className = "masked";
-    const keys = (q + 2) + (after.length > 1 ? "–" + state.text.length : "");
+    const after = state.text.slice(q + 1), keys = (q + 2) + (after.length > 1 ? "–" + state.text.length : "");
     const cells = [keys, after.slice(0, 6).map(key).join("") + (after.length > 6 ? "…" : ""), "—"];
     if (scaled) cells.push("—");
     cells.push("−∞" + say(" (future)", "（未来）"), "0");
-    cells.forEach(text => row.appendChild(element("td", text)));
+    addRow(table, "td", cells).className = "masked";
   }
   steps.appendChild(step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
     keyFormula() + say("; ", "；") + "vⱼ = " + (config.attention_values ? "xⱼ W_V" + (config.bias ? " + b_V" :
