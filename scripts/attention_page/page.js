@@ -248,19 +248,19 @@ function buildStrip() {
 function renderStrip() {
   const q = query(), l = layer(), head = viewedHead();
   $("grid").style.display = head === null ? "" : "none";
+  const shade = (node, h, weight, titled, prefix = "") => {
+    node.dataset.weight = weight.toFixed(5);
+    node.style.backgroundColor = weight > 0 ? color(h, weight) : "";
+    node.title = titled ? prefix + "weight " + weight.toFixed(4) : "";
+  };
   $("strip").querySelectorAll(".ch").forEach((span, key) => {
     span.classList.toggle("query", key === q);
     span.classList.toggle("future", q !== null && key > q);
-    const weight = head === null ? 0 : weightOf(l, head, q, key);
-    span.dataset.weight = weight.toFixed(5);
-    span.style.backgroundColor = weight > 0 ? color(head, weight) : "";
-    span.title = head !== null && q !== null && key <= q ? "weight " + weight.toFixed(4) : "";
+    shade(span, head, head === null ? 0 : weightOf(l, head, q, key), head !== null && q !== null && key <= q);
   });
   Array.from($("grid").rows).slice(1).forEach((row, h) => Array.from(row.cells).slice(1).forEach((cell, key) => {
     const weight = weightOf(l, h, q, key);
-    cell.dataset.weight = weight.toFixed(5);
-    cell.style.backgroundColor = weight > 0 ? color(h, weight) : "";
-    cell.title = weight > 0 ? "head " + (h + 1) + ", weight " + weight.toFixed(4) : "";
+    shade(cell, h, weight, weight > 0, "head " + (h + 1) + ", ");
   }));
   const heads = head === null ? [...Array(nHeads).keys()] : [head];
   $("readout").textContent = q === null ? "" : quoted(state.text[q]) + say(" (character " + (q + 1) + "), layer " +
@@ -338,8 +338,7 @@ const OWN_FACTOR = FORM.scaled ? "sqrt" : "1";
 const SCALABLE = FORM.scores === "dot";
 
 function scoreFactor() { return FACTORS[$("scale").value || OWN_FACTOR][1]; }
-function factorName() {
-  const value = $("scale").value || OWN_FACTOR;
+function factorName(value = $("scale").value || OWN_FACTOR) {
   return FACTORS[value][0] + (value === "1" ? say(", no scale", "，不缩放") : "");
 }
 function times() {
@@ -433,40 +432,30 @@ function buildLegend() {
   }
 }
 
-function matrices(l, h) {
-  const head = state.result.layers[l].heads[h], scaled = FORM.scores !== "additive";
-  const list = [];
-  if (FORM.scores !== "none") {
+function matrices(l, h) {  // each: name, label, formula, values, columns ("dims" or "text")
+  const head = state.result.layers[l].heads[h], list = [], form = FORM.scores;
+  const add = (name, label, formula, values, columns) => list.push({ name, label, formula, values, columns });
+  if (form !== "none") {
     const after = [config.qk_norm && "QK-norm", config.position === "rope" && "RoPE"].filter(Boolean)
       .join(say(", ", "、"));
-    list.push({ name: "Q", label: say("Q", "查询 Q"), formula: say("Q: one query per character (row), " + headSize +
-                " numbers each", "查询 Q：每个字符（行）一个查询，各 " + headSize + " 维") +
-                (after && paren(after)),
-                values: head.q, columns: "dims" });
-    list.push({ name: "K", label: say("K", "键 K"), formula: say("K: one key per character", "键 K：每个字符一个键"),
-                values: head.k, columns: "dims" });
+    add("Q", say("Q", "查询 Q"), say("Q: one query per character (row), " + headSize + " numbers each",
+        "查询 Q：每个字符（行）一个查询，各 " + headSize + " 维") + (after && paren(after)), head.q, "dims");
+    add("K", say("K", "键 K"), say("K: one key per character", "键 K：每个字符一个键"), head.k, "dims");
   }
-  list.push({ name: "V", label: say("V", "值 V"), formula: say("V: one value per character", "值 V：每个字符一个值"),
-              values: head.v, columns: "dims" });
-  list.push({ name: "S", label: say("S", "注意力分数 S"), formula: FORM.scores === "additive" ?
-              say("S = w·tanh(qᵢ + kⱼ) for every pair (additive scores)",
-                  "S = w·tanh(qᵢ + kⱼ)，每一对都算（加性注意力分数）") :
-              say("S = Q Kᵀ: Sᵢⱼ = qᵢ·kⱼ, every query with every key, the future too",
-                  "S = Q Kᵀ：Sᵢⱼ = qᵢ·kⱼ，每个查询对每个键，未来的也算"),
-              values: head.raw, columns: "text" });
-  if (scaled && FORM.scores !== "none") {
-    list.push({ name: "scaled", label: say("scaled", "缩放"), formula: "S " + factorName() +
-                (whatIf() ? say(" (what-if)", "（假设）") : "") + say(": the scores the softmax will see",
-                                                                     "：送进 softmax 的分数"),
-                values: head.raw.map(row => row.map(s => s * scoreFactor())), columns: "text" });
+  add("V", say("V", "值 V"), say("V: one value per character", "值 V：每个字符一个值"), head.v, "dims");
+  add("S", say("S", "注意力分数 S"), form === "additive" ? say("S = w·tanh(qᵢ + kⱼ) for every pair (additive scores)",
+      "S = w·tanh(qᵢ + kⱼ)，每一对都算（加性注意力分数）") : say("S = Q Kᵀ: Sᵢⱼ = qᵢ·kⱼ, every query with every key, " +
+      "the future too", "S = Q Kᵀ：Sᵢⱼ = qᵢ·kⱼ，每个查询对每个键，未来的也算"), head.raw, "text");
+  if (form === "dot") {
+    add("scaled", say("scaled", "缩放"), "S " + factorName() + (whatIf() ? say(" (what-if)", "（假设）") : "") +
+        say(": the scores the softmax will see", "：送进 softmax 的分数"),
+        head.raw.map(row => row.map(s => s * scoreFactor())), "text");
   }
-  list.push({ name: "masked", label: say("masked", "掩码"), formula: say("the causal mask: keys after the query " +
-              "−∞ (hatched), weight 0", "因果掩码：查询之后的键设为 −∞（斜线），权重为 0"),
-              values: head.scores, columns: "text" });
-  list.push({ name: "A", label: say("A", "注意力权重 A"), formula: say("A = softmax of each row: the attention " +
-              "weights", "A = 对每一行做 softmax：注意力权重"), values: head.weights, columns: "text" });
-  list.push({ name: "AV", label: "A·V", formula: say("A·V: the head's output", "A·V：这个头的输出" +
-              "（上下文向量）"), values: head.out, columns: "dims" });
+  add("masked", say("masked", "掩码"), say("the causal mask: keys after the query −∞ (hatched), weight 0",
+      "因果掩码：查询之后的键设为 −∞（斜线），权重为 0"), head.scores, "text");
+  add("A", say("A", "注意力权重 A"), say("A = softmax of each row: the attention weights",
+      "A = 对每一行做 softmax：注意力权重"), head.weights, "text");
+  add("AV", "A·V", say("A·V: the head's output", "A·V：这个头的输出（上下文向量）"), head.out, "dims");
   return list;
 }
 
@@ -858,10 +847,6 @@ function render() {
 }
 
 // ---- The language, and the fonts this browser lacks
-function formFormula() {
-  return say(FORM.formula[0], FORM.formula[1]);
-}
-
 function aboutLine(a) {
   const corpus = a.corpus ?? say("an unrecorded corpus", "未记录的语料");
   return say(`${a.path}: step ${a.step}, ${a.n_layer} layers x ${a.n_head} heads of ${a.head_size}, ` +
@@ -909,11 +894,10 @@ function applyLanguage(language) {
   $("about").textContent = aboutLine(data.about);
   $("model-scope").textContent = modelScope();
   $("opening-note").textContent = openingLine(data.about);
-  document.querySelectorAll(".form-formula").forEach(node => { node.textContent = formFormula(); });
+  document.querySelectorAll(".form-formula").forEach(node => { node.textContent = say(...FORM.formula); });
   $("view").options[0].text = say("all heads", "所有头");
   for (const option of $("scale").options) {
-    option.text = FACTORS[option.value][0] + (option.value === "1" ? say(", no scale", "，不缩放") : "") +
-      (option.value === OWN_FACTOR ? say(" (the model's own)", "（模型自己的）") : say(" (what-if)", "（假设）"));
+    option.text = factorName(option.value) + (option.value === OWN_FACTOR ? say(" (the model's own)", "（模型自己的）") : say(" (what-if)", "（假设）"));
   }
   buildHeads();
   buildPositions();
