@@ -673,12 +673,9 @@ function vector(name, values) {
   return line;
 }
 
-function step(title, formula, ...contents) {
-  const box = element("div", undefined, "step");
-  box.appendChild(element("h3", title));
-  if (formula) box.appendChild(element("div", formula, "formula"));
-  contents.forEach(content => box.appendChild(content));
-  return box;
+function step(title, formula, ...contents) {  // one step's box, added to the step-by-step view
+  const box = $("steps").appendChild(element("div", undefined, "step"));
+  box.append(element("h3", title), ...(formula ? [element("div", formula, "formula")] : []), ...contents);
 }
 
 function stepValues() {
@@ -722,15 +719,15 @@ function renderSteps() {
     v.layer + " 层，头 " + v.head + (viewedHead() === null ? "（要看别的头，请在上面选择）" : ""));
   const head = state.result.layers[v.layer - 1].heads[v.head - 1];
   const sized = say(", " + config.n_embd + " numbers", "，" + config.n_embd + " 维");
-  steps.appendChild(step(say("The input: character " + i + " as the block sees it", "输入：块看到的第 " + i + " 个字符"),
+  step(say("The input: character " + i + " as the block sees it", "输入：块看到的第 " + i + " 个字符"),
     "x" + i + " = " + (config.residual ? say("LayerNorm(residual stream)", "LayerNorm(残差流)") : v.layer === 1 ?
       say("its embedding (no LayerNorm, no residual)", "它的嵌入（没有 LayerNorm，没有残差）") :
       say("the previous layer's output (no residual)", "上一层的输出（没有残差）")) + sized,
-    vector("x" + i, v.input), tutorialsLine("x")));
+    vector("x" + i, v.input), tutorialsLine("x"));
   if (form === "none") {
     const setting = "attention_score " + config.attention_score;
-    steps.appendChild(step(say("No queries or keys (" + setting + ")", "没有查询和键（" + setting + "）"),
-      say("every score is 0, so each of the " + i + " keys gets 1/" + i, "每个分数都是 0，所以 " + i + " 个键各得 1/" + i)));
+    step(say("No queries or keys (" + setting + ")", "没有查询和键（" + setting + "）"),
+      say("every score is 0, so each of the " + i + " keys gets 1/" + i, "每个分数都是 0，所以 " + i + " 个键各得 1/" + i));
   } else {
     const projected = [vector("q" + i, head.projected.q[q])];
     if (config.qk_norm) projected.push(element("div", "QK-norm: q ← q / rms(q)", "formula"));
@@ -739,10 +736,10 @@ function renderSteps() {
         "旋转位置编码：q ← R(" + i + ") q（角度见第 6 节）"), "formula"));
     }
     if (config.qk_norm || config.position === "rope") projected.push(vector("q" + i, v.q));
-    steps.appendChild(step(say("The query: what character " + i + " is looking for", "查询：第 " + i + " 个字符在找什么"),
+    step(say("The query: what character " + i + " is looking for", "查询：第 " + i + " 个字符在找什么"),
       "q" + i + " = x" + i + " W_Q" + (config.bias ? " + b_Q" : "") + say(", " + headSize + " numbers" +
       (config.shared_qk ? "; keys use the same W" : ""), "，" + headSize + " 维" + (config.shared_qk ? "；键也用同一个 W" : "")),
-      ...projected, tutorialsLine("Q")));
+      ...projected, tutorialsLine("Q"));
   }
   const table = element("table", undefined, "numbers");
   const scoreName = form === "additive" ? "w·tanh(q" + i + " + kⱼ)" : "q" + i + "·kⱼ";
@@ -765,30 +762,30 @@ function renderSteps() {
     cells.push("−∞" + say(" (future)", "（未来）"), "0");
     addRow(table, "td", cells).className = "masked";
   }
-  steps.appendChild(step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
+  step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
     keyFormula() + say("; ", "；") + "vⱼ = " + (config.attention_values ? "xⱼ W_V" + (config.bias ? " + b_V" :
       "") : say("head " + v.head + "'s slice of xⱼ", "xⱼ 中属于头 " + v.head + " 的一段")) + say(", ", "，") +
       "j = 1…" + i,
-    keysAndValues(v), tutorialsLine("K", "V")));
+    keysAndValues(v), tutorialsLine("K", "V"));
   const scoring = form === "additive" ? "sⱼ = w·tanh(q + kⱼ)" : form === "none" ? "sⱼ = 0" :
     "sⱼ = q·kⱼ" + (FORM.scaled ? " / √d, d = " + headSize : say(" (not scaled)", "（不缩放）"));
-  steps.appendChild(step(say("Scores, the causal mask and the softmax over the keys kⱼ",
+  step(say("Scores, the causal mask and the softmax over the keys kⱼ",
                              "注意力分数、因果掩码和对键 kⱼ 的 softmax"),
     scoring + say("; keys after " + i + ": −∞ (weight 0)", "；第 " + i + " 个之后的键：−∞（权重 0）") +
-    say("; ", "；") + "α = softmax(s)", table, tutorialsLine("S", "scaled", "masked", "A")));
-  steps.appendChild(step(say("The weighted sum of the values vⱼ", "对值 vⱼ 的加权求和"),
+    say("; ", "；") + "α = softmax(s)", table, tutorialsLine("S", "scaled", "masked", "A"));
+  step(say("The weighted sum of the values vⱼ", "对值 vⱼ 的加权求和"),
     "y" + i + " = Σⱼ α" + i + "ⱼ vⱼ", vector("y" + i, v.out),
-    tutorialsLine("AV")));
-  steps.appendChild(nHeads === 1 ? step(say("The one head's output", "唯一一个头的输出"), "concat = y" + i + sized,
+    tutorialsLine("AV"));
+  nHeads === 1 ? step(say("The one head's output", "唯一一个头的输出"), "concat = y" + i + sized,
     vector("concat", v.joined)) : step(say("All " + nHeads + " heads side by side", "拼接全部 " + nHeads + " 个头"),
     "concat(" + say("head 1, …, head ", "头 1, …, 头 ") + nHeads + ")" + sized + say("; head " + v.head +
       "'s: ", "；头 " + v.head + " 占第 ") + ((v.head - 1) * headSize + 1) + "…" + v.head * headSize + say("", " 维"),
     vector("concat", v.joined),
-    tutorialsLine("heads")));
-  steps.appendChild(step(say("The output projection", "输出投影"), "o" + i + " = concat W_O" +
+    tutorialsLine("heads"));
+  step(say("The output projection", "输出投影"), "o" + i + " = concat W_O" +
     (config.bias ? " + b_O" : "") + (config.residual ? "; x ← x + o" + i : ""), vector("o" + i, v.output),
     element("div", say("In the tutorials: no W_O; 001 only concatenates (In [20])",
-                       "教程里：没有 W_O；001 只是拼接（In [20]）"), "hint mono")));
+                       "教程里：没有 W_O；001 只是拼接（In [20]）"), "hint mono"));
 }
 
 // ---- Section 8: the next character
