@@ -212,10 +212,10 @@ function pointAtModel(event) {
 }
 
 function modelScope() {
-  return say("Shown: every vector the forward pass computes for your text, as PyTorch does (within float rounding). " +
-    "Not shown: dropout (training only), the loss and gradients, the key/value cache (same numbers), each " +
-    "LayerNorm's mean and spread, and the weights themselves. Sections 3–7 open attention. The tutorials show " +
-    "only the embedding (001's embedded_sentence, In [4]; 004's aⁱ) and attention.",
+  return say("Shown: every vector of the forward pass, as PyTorch computes it (within float rounding). Not shown: " +
+    "dropout (training only), the loss and gradients, the key/value cache (same numbers), LayerNorm's mean and " +
+    "spread, the weights. Sections 3–7 open attention. The tutorials show only the embedding (001's " +
+    "embedded_sentence, In [4]; 004's aⁱ) and attention.",
     "这里显示：前向计算为你的文本算出的每个向量，与 PyTorch 相同（只差浮点舍入）。不显示：dropout（只在训练时用）、" +
     "损失和梯度、键/值缓存（算出的数相同）、LayerNorm 的均值和标准差，以及权重本身。第 3–7 节细讲注意力。" +
     "教程只讲了嵌入（001 的 embedded_sentence，In [4]；004 的 aⁱ）和注意力。");
@@ -608,8 +608,8 @@ function buildPositions() {
   }
   if (config.position === "learned") {
     about.textContent = say("Learned positions: a vector pₜ added to the embedding at each of the " +
-      config.block_size + " places. The picture shows cos(pₛ, pₜ) for every pair: red alike, blue " +
-      "opposite; a band along the diagonal means neighbours were learned alike.", "可学习的位置编码：" +
+      config.block_size + " places. The picture shows cos(pₛ, pₜ) of every pair: red alike, blue opposite; a " +
+      "band along the diagonal: neighbours learned alike.", "可学习的位置编码：" +
       config.block_size + " 个位置各有一个向量 pₜ，加到该位置的嵌入上。图中是每一对的 cos(pₛ, pₜ)：" +
       "红色相似，蓝色相反；沿对角线的亮带表示相邻的位置学得相似。");
     const similarities = positionSimilarities(), n = similarities.length;
