@@ -1,5 +1,5 @@
-"""Pictures: attention heatmaps (one panel per head) and loss curves, drawn with matplotlib, and the fonts for the
-characters on their axes (installed fonts that draw them, or legible stand-ins where none does)."""
+"""Pictures: attention heatmaps (one panel per head) and loss curves, drawn with matplotlib, and fonts for the
+characters on their axes."""
 from __future__ import annotations
 
 import math
@@ -20,28 +20,26 @@ import torch  # noqa: E402
 from common.run_folder import write_atomic  # noqa: E402
 
 PANEL_INCHES, DPI = 3.6, 100
-# The causal mask's cells (the future, which a query never sees): light grey, hatched, a colour the weights' scale
-# (viridis, dark purple to yellow) never takes, so a masked cell is never read as a weight of 0.
+# The masked future: light grey, hatched, which viridis never takes, so it is never read as a weight of 0.
 MASKED_FILL, MASKED_HATCH = "#d9d9d9", "#8c8c8c"
 MASKED_LABEL = "masked\n(the future)"
 
 
 def picture_formats() -> tuple[str, ...]:
-    """The file endings matplotlib can write (.png, .svg, .pdf, ...), but .pgf: LaTeX source that needs a LaTeX
-    installation to be written at all."""
+    """The file endings matplotlib can write, but .pgf (it needs LaTeX)."""
     from matplotlib.backend_bases import FigureCanvasBase
     return tuple(f".{ext}" for ext in FigureCanvasBase.get_supported_filetypes() if ext != "pgf")
 
 
 def save_figure(figure, path: str | Path, option: str) -> None:
-    """Write a figure whole or not at all (its format from the file's ending): a full disk leaves the old picture."""
+    """Write a figure whole or not at all, its format from the file's ending."""
     path = Path(path)
     write_atomic(path, lambda f: figure.savefig(f, format=path.suffix[1:].lower()), "the picture", option)
 
 
 def loss_figure(losses: dict, title: str):
-    """A run's losses against steps: losses["train"] holds (step, loss) per log line (one batch), losses["eval"] (step,
-    train loss, validation loss) per evaluation. Every point is drawn, unsmoothed; the y axis spans the finite ones."""
+    """losses["train"]: (step, loss) per log line; losses["eval"]: (step, train, validation) per evaluation. Every
+    point is drawn, unsmoothed; the y axis spans the finite ones."""
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
     series = [("train loss (each log line's batch)", losses["train"], 1, "C0", "."),
               ("train loss (evaluation)", losses["eval"], 1, "C2", "s"),
@@ -68,32 +66,31 @@ def loss_figure(losses: dict, title: str):
 
 
 def save_loss_picture(path: Path, losses: dict, title: str) -> None:
-    """loss_figure written to path whole or not at all (a run's loss.png)."""
     fig = loss_figure(losses, title)
     plt.close(fig)
     write_atomic(path, lambda f: fig.savefig(f, format="png"), "the loss picture")
 
 
 def grid_of(n_heads: int) -> tuple[int, int]:
-    """(rows, columns) of the heads' panels: near square, at most 3 columns: legible in a narrow TensorBoard card."""
+    """(rows, columns) of the heads' panels: near square, at most 3 columns (a narrow TensorBoard card)."""
     cols = n_heads if n_heads <= 2 else 2 if n_heads <= 4 else 3
     return math.ceil(n_heads / cols), cols
 
 
 def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[int] | None = None,
                      every_label: bool = False):
-    """weights (n_head, T, T) of one layer -> a figure with one heatmap per head, characters on both axes (every
-    character with every_label, the panels then grown to 0.16 inch per character; else at most 20 per axis)."""
+    """weights (n_head, T, T) of one layer -> one heatmap per head, characters on both axes (at most 20 per axis,
+    or every one with every_label, at 0.16 inch each)."""
     heads = list(range(weights.size(0))) if heads is None else heads
     rows, cols = grid_of(len(heads))
     panel = max(PANEL_INCHES, 0.16 * len(text)) if every_label else PANEL_INCHES
     width, height = cols * panel + 0.8, rows * panel
     fig, axes = plt.subplots(rows, cols, figsize=(width, height), dpi=DPI, squeeze=False)
-    # Fixed margins in inches, room for the labels, titles and colour bar: faster than constrained layout, same picture.
+    # Fixed margins in inches for the labels, titles and colour bar: faster than constrained layout.
     fig.subplots_adjust(left=0.45 / width, right=1 - 1.05 / width, bottom=0.5 / height, top=1 - 0.3 / height,
                         wspace=0.2, hspace=0.25)
     labels, families, _ = tick_labels(text)
-    step = 1 if every_label else math.ceil(len(labels) / 20)  # at most 20 tick labels per axis: they never overlap
+    step = 1 if every_label else math.ceil(len(labels) / 20)
     ticks = list(range(0, len(labels), step))
     size = weights.size(-1)  # T
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # masked cells: see through, to the hatch
@@ -101,7 +98,7 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
         ax.axis("off")
     for ax, head in zip(axes.flat, heads):
         ax.add_patch(Rectangle((-0.5, -0.5), size, size, facecolor=MASKED_FILL, edgecolor=MASKED_HATCH, hatch="///",
-                               linewidth=0, zorder=0))  # under the heatmap: shows only where the mask hides a cell
+                               linewidth=0, zorder=0))  # shows only where the mask hides a cell
         image = ax.imshow(causal_cells(weights[head]), cmap=cmap, vmin=0.0, vmax=1.0, zorder=1)
         ax.set_title(panel_title(layer, head), fontsize=9)
         ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)
@@ -116,32 +113,30 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
 
 
 def causal_cells(weights: torch.Tensor) -> np.ma.MaskedArray:
-    """One head's (T, T) weights with the causal mask's cells (key after query) masked: drawn as MASKED_FILL."""
+    """One head's (T, T) weights, the cells after the diagonal masked."""
     values = weights.float().cpu().numpy()
     return np.ma.masked_array(values, mask=np.triu(np.ones(values.shape, dtype=bool), k=1))
 
 
 class AttentionPictures:
-    """A run's attention pictures of its fixed probe text, one per layer, as (height, width, 3) arrays. One figure is
-    drawn once without its heatmaps, their frames and the panels' titles (the rest is nearly all the drawing time);
-    each picture, of any layer, draws only those onto that background, giving the same pixels as its whole figure
-    (tested). Weights of another shape (other heads, another length) are laid out afresh."""
+    """A run's attention pictures of its probe text, one per layer, as (height, width, 3) arrays. The figure is drawn
+    once without its heatmaps, frames and titles; each picture draws only those onto that background, giving the
+    same pixels as its whole figure. Weights of another shape are laid out afresh."""
 
     def __init__(self, text: str):
         self.text = text
         self.laid_out: tuple | None = None  # (the weights' shape, the figure, its heatmap axes, the background)
 
     def lay_out(self, weights: torch.Tensor, layer: int) -> None:
-        """The figure for weights of this shape, drawn once without what each picture redraws; render() calls it for
-        a new shape, and a run that times a picture calls it first, so that the time is a picture's alone."""
+        """The figure for weights of this shape, drawn once without what each picture redraws."""
         fig = attention_figure(weights, self.text, layer)
-        plt.close(fig)  # out of pyplot's list of open figures (it warns past 20) ...
-        FigureCanvasAgg(fig)  # ... and onto a canvas of its own
-        heatmaps = [ax for ax in fig.axes if ax.images]  # one per head, in order (the colour bar has none)
+        plt.close(fig)  # out of pyplot's list (it warns past 20), onto a canvas of its own
+        FigureCanvasAgg(fig)
+        heatmaps = [ax for ax in fig.axes if ax.images]  # one per head (the colour bar has none)
         redrawn = [artist for ax in heatmaps for artist in redrawn_parts(ax)]
         for artist in redrawn:
             artist.set_visible(False)
-        # Emptied, not hidden: drawing moves a hidden title away; an empty one stays where the whole figure has it.
+        # Emptied, not hidden: drawing moves a hidden title away.
         for ax in heatmaps:
             ax.title.set_text("")
         fig.canvas.draw()
@@ -165,12 +160,10 @@ class AttentionPictures:
 
 
 def panel_title(layer: int, head: int) -> str:
-    """A heatmap's title, its layer and head counted from 1, as everywhere a person reads."""
     return f"layer {layer + 1} head {head + 1}"
 
 
 def redrawn_parts(ax) -> tuple:
-    """What a picture redraws on a heatmap's axes besides the title: the heatmap, then its frame over it."""
     return ax.images[0], *ax.spines.values()
 
 
@@ -189,22 +182,21 @@ def _charmap(path: str) -> frozenset[int]:
 
 @lru_cache(maxsize=None)
 def _fonts() -> tuple[tuple[str, str], ...]:
-    """(family, file) of every installed font, BASE first; not "Last Resort", whose placeholder boxes are illegible."""
+    """(family, file) of every installed font, BASE first, without "Last Resort" (illegible boxes)."""
     entries = {(f.name, f.fname) for f in font_manager.fontManager.ttflist if not f.name.startswith("Last Resort")}
     return tuple(sorted(entries, key=lambda e: (e[0] != BASE, e)))
 
 
 @lru_cache(maxsize=None)
 def _system_font_files() -> tuple[str, ...]:
-    """Font files on this machine that matplotlib's cached font list may not know yet (installed since it was made)."""
+    """Font files that matplotlib's cached font list does not know yet."""
     new = set(font_manager.findSystemFonts()) - {path for _, path in _fonts()}
     return tuple(sorted(new, key=lambda path: ("Regular" not in Path(path).name, path)))  # Regular before Bold, Italic
 
 
 @lru_cache(maxsize=None)
 def font_for(ch: str) -> str | None:
-    """The first installed font (BASE first) with a glyph for ch, or None; one installed since matplotlib listed the
-    fonts is found too, and added to its list so that it can draw."""
+    """The first installed font with a glyph for ch, or None; one newer than matplotlib's list is added to it."""
     for name, path in _fonts():
         if ord(ch) in _charmap(path):
             return name
@@ -216,13 +208,11 @@ def font_for(ch: str) -> str | None:
 
 
 def label(ch: str) -> str:
-    """How a character is written on an axis: a newline, a space or a tab made visible."""
     return {"\n": "\\n", " ": "␣", "\t": "\\t"}.get(ch, ch)
 
 
 def tick_labels(text: str) -> tuple[list[str], list[str], list[str]]:
-    """(a label per character, font families in fallback order, characters no installed font draws). A character
-    without a font is shown as its code point (花 -> 82b1), so the axis stays legible and matplotlib does not warn."""
+    """(a label per character, font families in fallback order, characters no font draws, shown by code point)."""
     families, missing, shown = [BASE], [], []
     for written in map(label, text):
         drawable = True
@@ -238,7 +228,6 @@ def tick_labels(text: str) -> tuple[list[str], list[str], list[str]]:
 
 
 def missing_note(text: str) -> str | None:
-    """One line for the user when some characters of text cannot be drawn on this machine."""
     missing = tick_labels(text)[2]
     if not missing:
         return None

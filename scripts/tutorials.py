@@ -1,6 +1,5 @@
 """python scripts/tutorials.py [000 001 002 003 004] [--lang en|zh] [--png DIR]: the five tutorials' worked examples,
-recomputed with this project's attention code, each step with its formula, the tutorial's names and cell, and what to
-see; --png also draws each attention matrix printed (and 003's curve) into DIR."""
+recomputed with this project's attention code; --png also draws each attention matrix into DIR."""
 from __future__ import annotations
 
 import contextlib
@@ -34,23 +33,21 @@ ENGLISH = speaker("en")
 
 
 class Picture(NamedTuple):
-    """How --png draws a step: title, row and column labels and axis names, the masked cells (hatched grey). kind
-    "curve" draws the value's rows (x, y) as points over line."""
+    """How --png draws a step; kind "curve" draws the value's rows (x, y) as points over line."""
     title: str
     rows: list[str]
     columns: list[str]
     row_axis: str
     column_axis: str
-    masked: torch.Tensor | None = None  # True where masked out; the value's shape
-    kind: str = "weights"  # weights (0 to 1) | mask (True/False) | gradient (signed, one fixed scale) | curve
-    panels: tuple[str, ...] = ()  # the panels' titles where the value has a leading batch axis
-    masked_means: str = "masked: its score was set to -inf before the softmax, so its weight is 0"
+    masked: torch.Tensor | None = None  # True where masked out
+    kind: str = "weights"  # weights | mask | gradient (signed, one fixed scale) | curve
+    panels: tuple[str, ...] = ()  # one title per leading batch entry
+    masked_means: str = ""  # the legend of the masked cells
     line: torch.Tensor | None = None  # kind "curve": (2, n) points drawn as a line
 
 
 class Step(NamedTuple):
-    """One printed step: its name (the tests use it), formula, value, what to see in it, its picture (None: not
-    drawn) and the tutorial's cell it reproduces ("" where none does)."""
+    """One printed step; cell is the tutorial's notebook cell it reproduces ("" where none does)."""
     name: str
     formula: str
     value: object
@@ -67,7 +64,6 @@ def causal(n: int) -> torch.Tensor:
 
 
 def counted(n: int, word: str = "") -> list[str]:
-    """Labels 1..n, each after word: positions count from 1, as on the attention page."""
     return [f"{word}{i}" for i in range(1, n + 1)]
 
 
@@ -206,6 +202,10 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
     word_query, word_key = say("query (word)", "查询（词）"), say("key (word)", "键（词）")
 
     after = say("masked: its weight was set to 0 after the softmax", "被掩码遮住：softmax 之后权重置 0")
+
+    def by_word(title: str, means: str | None = None) -> Picture:  # word by word, the future masked where means is
+        return Picture(title, words, words, word_query, word_key, None if means is None else ~causal(6),
+                       masked_means=means or "")
     return [
         Step("vocabulary", f"dc = {vocabulary}; sentence_int", ids,
              say("the sentence's words as their numbers in the sorted dc", "句中每个词换成它在排好序的 dc 里的编号"),
@@ -251,22 +251,20 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
              say("every ω; row 2 is ω_2; no mask yet", "全部的 ω，第 2 行就是 ω_2；还没有加掩码"), cell="In [29]"),
         Step("weights", "attn_weights = softmax(attn_scores / √d_k)", weights,
              say("every α; row 2 is α_2", "全部的 α，第 2 行就是 α_2；每个词也看后面的词"),
-             Picture("attn_weights = softmax(ω / √d_k)", words, words, word_query, word_key), cell="In [30]"),
+             by_word("attn_weights = softmax(ω / √d_k)"), cell="In [30]"),
         Step("mask_simple", "mask_simple = tril(ones(6, 6))", mask_simple,
              say("1 where a word may look, 0 at later words", "能看的位置是 1，后面的词是 0"), cell="In [32]"),
         Step("masked_simple", "masked_simple = attn_weights * mask_simple", masked_simple,
              say("zeroed after the softmax: rows no longer sum to 1", "softmax 之后置 0：各行之和不再是 1"),
-             Picture("masked_simple = attn_weights * mask_simple", words, words, word_query, word_key, ~causal(6),
-                     masked_means=after), cell="In [33]"),
+             by_word("masked_simple = attn_weights * mask_simple", after), cell="In [33]"),
         Step("renormalised", "masked_simple_norm = masked_simple / " + say("row sums", "行和"), renormalised,
              say("rows sum to 1 again", "每行之和又是 1"),
-             Picture("masked_simple / row sums", words, words, word_query, word_key, ~causal(6), masked_means=after),
+             by_word("masked_simple / row sums", after),
              cell="In [34]"),
         Step("causal", say("softmax(ω / √d_k, the future -inf), as this project masks",
                            "softmax(ω / √d_k，未来为 -inf)，本项目的掩码做法"), causal_weights,
              say("the same: -inf before = zero after, renormalised", "结果相同：softmax 前填 -inf，和 softmax 后置 0 再归一化一样"),
-             Picture("softmax(ω / √d_k, future = -inf) (masked before the softmax)", words, words, word_query,
-                     word_key, ~causal(6), masked_means=future(say))),
+             by_word("softmax(ω / √d_k, future = -inf) (masked before the softmax)", future(say))),
     ]
 
 
@@ -277,7 +275,6 @@ def padding_means(say: Say) -> str:
 
 
 def padded(title: str, valid_lens: torch.Tensor, padding: str, say: Say) -> Picture:
-    """masked_softmax's (2 batches, 2 queries, 4 keys) weights, the padding keys masked."""
     return Picture(title, counted(2), counted(4), say("query", "查询"), say("key", "键"),
                    ~valid_key_mask(valid_lens, 4, padding=padding),
                    panels=tuple(say(f"batch {b + 1}, valid_lens {valid_lens[b].tolist()}",
@@ -347,7 +344,6 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
 
 # ---- 003: how the softmax's input shapes its output and its gradient; why divide by √d_k ---------------------------
 def y3_of(a: torch.Tensor) -> torch.Tensor:
-    """003's y₃ for each a: the third entry of softmax([a, a, 2a])."""
     return torch.stack([F.softmax(torch.stack([v, v, 2 * v]), dim=0)[2] for v in a])
 
 
@@ -467,43 +463,41 @@ TUTORIALS = {
 }
 # Each tutorial's names, and the attention page's (S, A and A·V).
 LEGENDS = {
-    "000": ("000's names: x the input; xbow the average of the past (a loop, then wei @ x); wei the weights: "
-            "tril(ones) / row sums, then softmax of zeros with the future at -inf, then q @ kᵀ and its softmax; "
-            "out = wei @ v. On the attention page, wei is S before the softmax and A after it; out is A·V.",
+    "000": ("000's names: x the input; xbow the past's average (a loop, then wei @ x); wei the weights: tril(ones) / "
+            "row sums, softmax of zeros with the future at -inf, then of q @ kᵀ; out = wei @ v. On the attention "
+            "page, wei is S before the softmax and A after it; out is A·V.",
             "000 中的记号：x 是输入；xbow 是对前面 token 的平均（先用循环，再用 wei @ x）；wei 是权重矩阵：先是 tril(ones) "
             "除以行和，再是未来设为 -inf 的全 0 矩阵的 softmax，最后是 q @ kᵀ 和它的 softmax；out = wei @ v。"
             "在注意力页面上，softmax 之前的 wei 叫 S，之后叫 A；out 叫 A·V。"),
     "001": ("001's names: x = embedded_sentence, x⁽ⁱ⁾ its rows; W_query, W_key, W_value; ω (omega, attn_scores) = q·k, "
-            "the unnormalised attention weights; α (attention_weights_2, attn_weights) = softmax(ω / √d_k); z "
-            "(context_vector_2, context_vec) = α @ values. On the attention page ω is S, ω / √d_k the scaled S, α is "
-            "A and z is A·V.",
+            "unnormalised; α (attention_weights_2, attn_weights) = softmax(ω / √d_k); z (context_vector_2, "
+            "context_vec) = α @ values. On the attention page ω is S, ω / √d_k the scaled S, α is A and z is A·V.",
             "001 中的记号：x = embedded_sentence，x⁽ⁱ⁾ 是它的第 i 行；W_query、W_key、W_value；ω（omega，attn_scores）= "
             "q·k，即非归一化的注意力权重；α（attention_weights_2，attn_weights）= softmax(ω / √d_k)；z（context_vector_2，"
             "context_vec）= α @ values。在注意力页面上，ω 叫 S，ω / √d_k 是缩放后的 S，α 叫 A，z 叫 A·V。"),
-    "002": ("002's names: X the scores; valid_lens how many keys are real (per row or per query); the scoring "
-            "function a(q, k): additive w_vᵀ tanh(W_q q + W_k k), or scaled dot-product q·k / √d; attention weights = "
-            "masked_softmax(scores, valid_lens). On the attention page the scores are S (scaled: S / √d) and the "
-            "attention weights A.",
+    "002": ("002's names: X the scores; valid_lens how many keys are real (per row or query); a(q, k): additive "
+            "w_vᵀ tanh(W_q q + W_k k), or scaled dot-product q·k / √d; attention weights = masked_softmax(scores, "
+            "valid_lens). On the attention page the scores are S (scaled: S / √d) and the weights A.",
             "002 中的记号：X 是注意力分数；valid_lens 是有效长度，即每行（或每个查询）有几个有效的键；打分函数 a(q, k) 可以是"
             "加性注意力 w_vᵀ tanh(W_q q + W_k k)，也可以是缩放点积 q·k / √d；注意力权重 = masked_softmax(scores, "
             "valid_lens)。在注意力页面上，注意力分数叫 S（缩放后是 S / √d），注意力权重叫 A。"),
-    "003": ("003's names: Q, K, V the query, key and value; x the softmax's input, here [a, a, 2a]; y = softmax(x), y₃ "
-            "its third entry; d_k the dimension of q and k. Its open question, whether (Q, V), (K, V) or V alone "
-            "would do, is what the ladder's rungs shared_qk, no_values and average measure (docs/attention.md).",
+    "003": ("003's names: Q, K, V; x the softmax's input, here [a, a, 2a]; y = softmax(x), y₃ its third entry; d_k "
+            "the width of q and k. Its question, whether (Q, V), (K, V) or V alone would do, is what the ladder's "
+            "rungs shared_qk, no_values and average measure (docs/attention.md).",
             "003 中的记号：Q、K、V 是查询、键和值；x 是 softmax 的输入，这里是 [a, a, 2a]；y = softmax(x)，y₃ 是它的第三项；"
             "d_k 是 q 和 k 的维度。它的思考题“只用 (Q, V)、(K, V) 或 V 行不行”，由阶梯实验的 shared_qk、no_values 和 "
             "average 几级来回答（docs/attention.md）。"),
-    "004": ("004's names: aⁱ the embedded input; qⁱ, kⁱ, vⁱ; α₁,ⱼ = q¹·kʲ / √d the scaled scores (its worked numbers "
-            "leave the √d out); α̂₁,ⱼ = softmax(α₁) the weights; b¹ = Σⱼ α̂₁,ⱼ vʲ the output. On the attention page "
-            "α is the scaled S, α̂ is A and b is A·V.",
+    "004": ("004's names: aⁱ the embedded input; qⁱ, kⁱ, vⁱ; α₁,ⱼ = q¹·kʲ / √d the scaled scores (its numbers leave "
+            "the √d out); α̂₁,ⱼ = softmax(α₁) the weights; b¹ = Σⱼ α̂₁,ⱼ vʲ the output. On the attention page α is "
+            "the scaled S, α̂ is A and b is A·V.",
             "004 中的记号：aⁱ 是嵌入后的输入；qⁱ、kⁱ、vⁱ 是查询、键和值；α₁,ⱼ = q¹·kʲ / √d 是缩放后的注意力分数（它的算例漏掉了 √d）；"
             "α̂₁,ⱼ = softmax(α₁) 是权重；b¹ = Σⱼ α̂₁,ⱼ vʲ 是输出。在注意力页面上，α 是缩放后的 S，α̂ 叫 A，b 叫 A·V。"),
 }
 # Where a tutorial drew random numbers without a seed, one line says which figures cannot be repeated.
 UNSEEDED = {
-    "000": ("note: tutorial 000 set no seed, so its x (x[0][0] = 0.0687 there) and what comes from x cannot be "
-            "matched; this script seeds torch.manual_seed(1337) (x[0][0] = 0.0783 here). The rest matches: the "
-            "three averages agree, var(q·k) is about 16, and softmax(a), softmax(10a) use its a",
+    "000": ("note: tutorial 000 set no seed, so its x (x[0][0] = 0.0687 there) and what follows cannot be matched; "
+            "this script seeds torch.manual_seed(1337) (x[0][0] = 0.0783 here). The rest matches: the three "
+            "averages, var(q·k) about 16, softmax(a) and softmax(10a) of its a",
             "注意：教程 000 没有设随机种子，它的 x（那里 x[0][0] = 0.0687）和由 x 算出的数都无法重现；本脚本用 "
             "torch.manual_seed(1337)（这里 x[0][0] = 0.0783）。其余都能对上：三种平均一致，var(q·k) 约为 16，"
             "softmax(a) 和 softmax(10a) 用的是教程自己的 a。"),
@@ -515,15 +509,14 @@ UNSEEDED = {
             "和 [10, 11, 12, 13]。"),
 }
 COUNTING = ("Tokens, rows and columns are counted from 1 here, as on the attention page and in the walkthrough; a "
-            "tutorial's own\nnames and subscripts (001's ω_24, 000's x[0]) are kept as it writes them, and its "
-            "notebook cell is named as [NNN In [n]].\n",
+            "tutorial's own\nnames and subscripts (001's ω_24, 000's x[0]) stay as written; [NNN In [n]] names its "
+            "notebook cell.\n",
             "这里的 token、行和列都从 1 开始数，和注意力页面、逐步演示一致；教程自己的记号和下标（001 的 ω_24、000 的 x[0]）\n"
             "保持原样，对应的 Notebook 单元格写作 [NNN In [n]]。\n")
 
 
 def show(value) -> str:
-    """A value as printed: 4 decimals (scientific where all are below 0.001), whole numbers as torch prints them
-    (1., 0.), integers as integers, booleans as True/False."""
+    """A value as printed: 4 decimals (scientific where all are below 0.001), whole numbers as torch prints them."""
     if not isinstance(value, torch.Tensor):
         return f"  {value}"
     value = value.detach()
@@ -552,15 +545,12 @@ def show(value) -> str:
 
 
 # ---- --png: each attention matrix drawn as a heatmap -------------------------------------------------------------
-MASKED_FILL, MASKED_HATCH = "#d9d9d9", "#8c8c8c"  # light grey, hatched: no colour of the weights' scale
 GRADIENT_RANGE = 0.25  # one scale for every Jacobian (the largest entry is 0.24): small looks small
 
 
 def figure_of(step: Step, say: Say = ENGLISH):
     """step's value as a heatmap per panel, each cell's number in it, the masked cells hatched (or a curve)."""
-    from matplotlib.patches import Patch, Rectangle
-
-    from common.pictures import plt
+    from common.pictures import MASKED_FILL, MASKED_HATCH, Patch, Rectangle, plt
 
     picture = step.picture
     if picture.kind == "curve":
@@ -624,7 +614,7 @@ def figure_of(step: Step, say: Say = ENGLISH):
 
 
 def draw(step: Step, path: Path, say: Say = ENGLISH) -> None:
-    """figure_of(step) written to path whole, in matplotlib's font, then one that draws Chinese where there is one."""
+    """figure_of(step) written to path whole, with a font for Chinese where there is one."""
     from common.pictures import font_for, plt, save_figure
 
     with plt.rc_context({"font.family": ["DejaVu Sans", *filter(None, [font_for("注")])]}):
@@ -639,8 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lang", choices=("en", "zh"), default="en",
                         help="the language of the words around the numbers: English or Chinese (中文)")
     parser.add_argument("--png", metavar="DIR", default="",
-                        help="also draw every attention matrix printed (and 003's curve) into this folder, one "
-                             "NNN-step.png each (default: no pictures)")
+                        help="also draw every attention matrix printed (and 003's curve) into this folder")
     args = parser.parse_args(argv)
     unknown = [n for n in args.tutorial if n not in TUTORIALS]
     if unknown:
@@ -656,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
             titles, steps = TUTORIALS[number]
             print(say(f"=== tutorial {number}: ", f"=== 教程 {number}：") + say(*titles) + "\n")
             for words in (LEGENDS[number], UNSEEDED.get(number)):
-                if words:  # one line each: a terminal folds it without breaking a formula
+                if words:
                     print(say(*words) + "\n")
             for step in steps(say):
                 cell = f" [{number} {step.cell}]" if step.cell else ""

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common import pictures
 from model.scoring import additive_scores, attend, dot_product_scores
 from model.textbook import masked_softmax
 import tutorials
@@ -236,7 +237,7 @@ def test_a_picture_hatches_exactly_the_masked_cells_in_no_colour_of_the_weights_
     from common.pictures import plt
 
     by_name = {f"{number}-{step.name}": step for number, (_, make) in tutorials.TUTORIALS.items() for step in make()}
-    grey = np.array(matplotlib.colors.to_rgb(tutorials.MASKED_FILL))
+    grey = np.array(matplotlib.colors.to_rgb(pictures.MASKED_FILL))
     scale = matplotlib.colormaps["viridis"](np.linspace(0, 1, 256))[:, :3]
     assert np.abs(scale - grey).sum(1).min() > 0.3  # not a weight's colour, 0 included
     for name, hatched in (("000-kq_weights", 28), ("001-causal", 15), ("002-per_row", 2 * 2 + 2 * 1),

@@ -1,39 +1,12 @@
-// The model of model/ in plain JavaScript: the same forward pass, keeping every intermediate value the page shows.
-// Read it beside the Python; each function here is named for its counterpart and nested as it is:
-//
-//   forward(model, ids, options)         GPT.forward                    model/gpt.py
-//     embedding(model, ids)                wte(idx) + wpe(positions)      model/gpt.py
-//     block(config, weights, x, rope)      Block.forward                  model/gpt.py
-//       layerNorm(x, norm)                   nn.LayerNorm (ln_1, ln_2, ln_f)
-//       attention(config, attn, x, ...)      CausalSelfAttention.forward    model/attention.py
-//         projections(config, attn, x)         CausalSelfAttention.projections
-//         rmsNorm(x)                           F.rms_norm (qk_norm)
-//         applyRope(x, cos, sin)               apply_rope                     model/attention.py
-//         dotProductScores(q, k)               dot_product_scores (unscaled)  model/scoring.py
-//         additiveScores(q, k, w)              additive_scores                model/scoring.py
-//         causalMask(scores)                   attention_mask + masked_fill   model/attention.py
-//         softmax(row)                         F.softmax
-//       mlp(config, weights, x)              MLP.forward                    model/gpt.py
-//         ACTIVATIONS.gelu / .relu2            nn.GELU / ReLUSquared
-//     head(config, weights, x)             ln_f, then GPT.head: lm_head   model/gpt.py
-//                                            and the logit soft-cap
-//   linear(xs, layer)                     nn.Linear: the one matrix product
-//   ropeTables(blockSize, headSize, base) rope_tables                    model/attention.py
-//   loadModel(data)                       GPT(config).load_state_dict    training/checkpoint.py
-//
-// Vectors are Float64Arrays, one per position; a Linear's weight is a Float32Array of out x in numbers, row after
-// row, as torch stores it. The weights keep the state dict's names and nesting: blocks[0].attn.c_attn.weight is
-// "blocks.0.attn.c_attn.weight".
+// The model of model/ in plain JavaScript: the same forward pass, keeping every value the page shows.
+// Each function is named for its counterpart in model/gpt.py, model/attention.py or model/scoring.py.
+// Vectors are Float64Arrays, one per position; a Linear's weight is a Float32Array of out x in numbers, as torch
+// stores it. The weights keep the state dict's names: blocks[0].attn.c_attn.weight.
 "use strict";
 
-// ---------------------------------------------------------------------------------------------
-// The pieces: a Linear layer, the norms, the nonlinearities, rotary positions, softmax.
-// ---------------------------------------------------------------------------------------------
 function linear(xs, { weight, bias }) {
-  // nn.Linear for every position's vector x of xs: y[o] = b[o] + W[o] · x. The forward pass spends most of its time
-  // here, so positions go four at a time: each weight read from memory serves four positions, and the four sums are
-  // independent, so the processor adds them at once. Past the last position the last one stands in (its sums, the
-  // same numbers, are written to it again).
+  // nn.Linear: y[o] = b[o] + W[o] · x, four positions at a time (each weight read serves four sums).
+  // Past the last position the last one stands in.
   const nIn = xs[0].length, nOut = weight.length / nIn, ys = xs.map(() => new Float64Array(nOut));
   const last = xs.length - 1, at = (t, k) => Math.min(t + k, last);
   for (let t = 0; t <= last; t += 4) {
@@ -88,7 +61,7 @@ const ACTIVATIONS = {
   relu2: x => (x > 0 ? x * x : 0),  // ReLUSquared: relu(x) squared
 };
 
-// Rotary tables as model/attention.py's rope_tables builds them, in float32 as torch does (Math.fround), so the angles are the same.
+// rope_tables, in float32 as torch (Math.fround): the same angles.
 function ropeTables(blockSize, headSize, base) {
   const half = headSize / 2, cos = [], sin = [];
   const frequencies = Array.from({ length: half },
@@ -129,9 +102,7 @@ function softmax(scores) {  // exp(s - max) / sum: subtracting the largest score
   return e.map(value => value / total);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Attention (model/attention.py and model/scoring.py), one head at a time, whole T x T matrices.
-// ---------------------------------------------------------------------------------------------
+// ---- Attention, one head at a time, whole T x T matrices
 function dotProductScores(q, k) {  // S = Q Kᵀ: S[i][j] = q_i · k_j, for every query i and key j
   return q.map(qi => k.map(kj => dot(qi, kj)));
 }
@@ -153,8 +124,7 @@ function ownScoreFactor(config) {  // what the model multiplies q·k by before t
 }
 
 function projections(config, attn, x) {
-  // x (T vectors of n_embd) -> q, k, v, each a list over heads of T vectors of head_size, as the form makes them:
-  // c_attn makes q, k, v side by side (k missing when shared_qk, q and k missing for the uniform form).
+  // x -> q, k, v per head; c_attn makes them side by side (no k when shared_qk, no q or k for the uniform form).
   const { n_head: nHead, n_embd: nEmbd, head_size: headSize } = config;
   const made = attn.c_attn ? linear(x, attn.c_attn) : [];
   const learnedQK = config.form.scores === "none" ? 0 : config.shared_qk ? 1 : 2;
@@ -169,10 +139,8 @@ function projections(config, attn, x) {
 }
 
 function attention(config, attn, x, rope, scoreFactor) {
-  // CausalSelfAttention.forward for x, the block's normalised input (T vectors). Returns the output for each position
-  // and everything on the way, per head: q and k as projected and as scored (after QK-norm and rotary turns), v,
-  // the raw scores S (T x T, before the mask), the scaled and masked scores, the weights A and the output A·V.
-  // scoreFactor: what q·k is multiplied by (the model's own: ownScoreFactor); the additive form has none.
+  // CausalSelfAttention.forward: the output and, per head, q and k (projected and scored), v, the raw scores S,
+  // the scaled and masked scores, the weights A and A·V. scoreFactor multiplies q·k (not for the additive form).
   const { n_head: nHead, head_size: headSize } = config, form = config.form.scores, T = x.length;
   const made = projections(config, attn, x), heads = [];
   for (let h = 0; h < nHead; h++) {
@@ -203,12 +171,9 @@ function attention(config, attn, x, rope, scoreFactor) {
   return { heads, joined, output: linear(joined, attn.c_proj) };
 }
 
-// ---------------------------------------------------------------------------------------------
-// The block, the feed-forward network, the model.
-// ---------------------------------------------------------------------------------------------
+// ---- The block, the MLP, the model
 function mlp(config, weights, xs) {
-  // MLP.forward: Linear -> GELU (or ReLU²) -> Linear, four times wider inside. Returns the output and the hidden
-  // layer after its nonlinearity (4·n_embd numbers per position), which the page's overview shows.
+  // MLP.forward: Linear -> GELU (or ReLU²) -> Linear; the hidden layer is kept for the overview.
   const activation = ACTIVATIONS[config.activation];
   const hidden = linear(xs, weights.c_fc).map(row => row.map(activation));
   return { hidden, output: linear(hidden, weights.c_proj) };
@@ -223,10 +188,8 @@ function add(xs, changes) {  // the residual connection: x + change, position by
 }
 
 function block(config, weights, x, rope, scoreFactor) {
-  // Block.forward: x + attention(ln_1(x)), then x + mlp(ln_2(x)); without residual connections (the ladder's
-  // rung), x = attention(x), then x = mlp(x). Returns the block's output x and seen: its attention's values with
-  // their input, and the stream: every vector on the way (the block's input, its norms, attention's output, the
-  // residual sums, the MLP's hidden layer and output), T vectors each, for the page's overview.
+  // Block.forward: x + attn(ln_1(x)), then x + mlp(ln_2(x)); without residuals, x = attn(x), then x = mlp(x).
+  // seen: attention's values and input, and stream: every vector on the way, for the overview.
   if (!config.residual) {
     const seen = { input: x, ...attention(config, weights.attn, x, rope, scoreFactor) };
     const ff = weights.mlp ? mlp(config, weights.mlp, seen.output) : null;
@@ -251,8 +214,7 @@ function block(config, weights, x, rope, scoreFactor) {
 }
 
 function embedding(model, ids) {
-  // wte(idx), plus wpe(positions) for learned positions: the token's row and the position's row, kept for the
-  // overview, and their sum x, the residual stream's start.
+  // wte(idx), plus wpe(positions) for learned positions; x is the residual stream's start.
   const { config, weights } = model, nEmbd = config.n_embd;
   const tokens = ids.map(id => weights.wte.weight.subarray(id * nEmbd, (id + 1) * nEmbd));
   const positions = weights.wpe ? ids.map((_, t) => weights.wpe.weight.subarray(t * nEmbd, (t + 1) * nEmbd)) : null;
@@ -261,17 +223,15 @@ function embedding(model, ids) {
 }
 
 function head(config, weights, x) {
-  // ln_f, then lm_head (tied: the token embedding is the output head). Returns the normalised x and the logits.
+  // ln_f, then lm_head (tied: wte), then the optional soft-cap cap * tanh(logit / cap).
   const normed = x.map(row => layerNorm(row, weights.ln_f));
   const logits = linear(normed, weights.lm_head || weights.wte);
-  const cap = config.logit_softcap || 0;  // logit_softcap: cap * tanh(logit / cap); 0 (or a model without it): off
+  const cap = config.logit_softcap || 0;
   return { normed, logits: cap ? logits.map(row => row.map(v => cap * Math.tanh(v / cap))) : logits };
 }
 
 function forward(model, ids, options = {}) {
-  // GPT.forward for ids (at most block_size). Returns each position's logits over the vocabulary; for each layer,
-  // its attention's values and input and its stream (block); the embedding; and ln_f's output (normed).
-  // options.scoreFactor: a what-if factor on every q·k (the page's scale control); left out, the model's own.
+  // GPT.forward for ids (at most block_size); options.scoreFactor: a what-if factor on every q·k.
   const { config, weights, rope } = model;
   const scoreFactor = options.scoreFactor ?? ownScoreFactor(config);
   const embedded = embedding(model, ids), layers = [];
@@ -285,21 +245,18 @@ function forward(model, ids, options = {}) {
   return { logits, layers, embedded, normed };
 }
 
-// ---------------------------------------------------------------------------------------------
-// The weights: one block of float32 numbers, cut into the state dict's tensors and nested by their names.
-// ---------------------------------------------------------------------------------------------
+// ---- The weights: one block of float32 numbers, cut into the state dict's tensors, nested by name
 function loadModel(data) {
   const bytes = Uint8Array.from(atob(data.weights), c => c.charCodeAt(0));
   const all = new Float32Array(bytes.buffer), weights = { blocks: [] };
-  for (const [name, [start, end]] of Object.entries(data.tensors)) {  // "blocks.0.attn.c_attn.weight" ->
-    const path = name.split(".");                                     // weights.blocks[0].attn.c_attn.weight
+  for (const [name, [start, end]] of Object.entries(data.tensors)) {
+    const path = name.split(".");
     let at = weights;
     for (const part of path.slice(0, -1)) at = at[part] ?? (at[part] = {});
     at[path[path.length - 1]] = all.subarray(start, end);
   }
   weights.blocks = Array.from({ length: data.config.n_layer }, (_, l) => weights.blocks[l]);
-  // ModelConfig.head_size, the form of attention as model/scoring.py declares it (how it scores, whether scaled), and
-  // model/attention.py's ROPE_BASE
+  // head_size, the form of attention (model/scoring.py) and ROPE_BASE
   const config = { ...data.config, head_size: data.config.n_embd / data.config.n_head, form: data.form,
                    rope_base: data.rope_base };
   const rope = config.position === "rope" ? ropeTables(config.block_size, config.head_size, config.rope_base) : null;

@@ -16,14 +16,14 @@ function say(english, chinese) { return state.language === "zh" ? chinese : engl
 
 function shown(ch) {  // characters that would be invisible get a visible stand-in; a lone surrogate, its code
   if (ch.length === 1 && ch >= "\ud800" && ch <= "\udfff") return "\\u" + ch.charCodeAt(0).toString(16);
-  return ch === "\n" ? "\u21b5" : ch === " " ? "\u00a0" : ch === "\t" ? "\u2192" : ch;
+  return ch === "\n" ? "↵" : ch === " " ? "\u00a0" : ch === "\t" ? "→" : ch;
 }
-function key(ch) { return ch === " " ? "\u2423" : shown(ch); }
+function key(ch) { return ch === " " ? "␣" : shown(ch); }
 function codePoint(ch) { return "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0"); }
 function quoted(ch) {  // a quote mark in quotes would be ambiguous (“””): it is named by its code point instead
-  return /^["'`\p{Pi}\p{Pf}]$/u.test(ch) ? ch + " (" + codePoint(ch) + ")" : "\u201c" + shown(ch) + "\u201d";
+  return /^["'`\p{Pi}\p{Pf}]$/u.test(ch) ? ch + " (" + codePoint(ch) + ")" : "“" + shown(ch) + "”";
 }
-function fixed(value) { return value === -Infinity ? "\u2212\u221e" : value.toFixed(4); }
+function fixed(value) { return value === -Infinity ? "−∞" : value.toFixed(4); }
 function tint(rgb, strength) { return rgb.map(c => Math.round(255 + (c - 255) * strength)); }  // over white
 function weightRgb(h, weight) { return tint(HEAD_RGB[h % HEAD_RGB.length], Math.sqrt(weight)); }  // small ones show
 function signedRgb(value) { return tint(value < 0 ? BLUE : RED, Math.min(1, Math.abs(value))); }  // -1 blue, +1 red
@@ -34,6 +34,12 @@ function element(tag, text, className) {
   if (className) node.className = className;
   return node;
 }
+function addRow(table, tag, texts) {  // a new row of table, one cell (th or td) per text
+  const row = table.insertRow();
+  texts.forEach(text => row.appendChild(element(tag, text)));
+  return row;
+}
+function paren(text) { return say(" (" + text + ")", "（" + text + "）"); }
 
 // ---- Section 1: the text, the characters the model knows, the last block_size of them (as sample.py reads)
 function characters(text) {
@@ -81,7 +87,7 @@ function stages() {
   // Every step of the forward pass: name (#numbers), block (0: none), label, code (as model/gpt.py) and T rows.
   const r = state.result, list = [], learned = config.position === "learned";
   const add = (name, block, label, code, values) => list.push({ name, block, label, code, values });
-  const act = config.activation === "gelu" ? "gelu" : "relu\u00b2";
+  const act = config.activation === "gelu" ? "gelu" : "relu²";
   add("embedding.token", 0, learned ? say("token embedding: the row of each character's id", "token 嵌入：按每个字符的" +
       "编号取出 wte 的一行") : say("token embedding: the residual stream x begins (positions: " +
       (config.position === "rope" ? "rotary, inside attention" : "none") + ")", "token 嵌入：残差流 x 从这里开始（位置：" +
@@ -99,8 +105,8 @@ function stages() {
       add("block" + b + ".ln_1", b, say("LayerNorm: each row to mean 0, spread 1, then its weight" +
           (config.bias ? " and bias" : " (no bias: --bias false)"), "LayerNorm：每一行化为均值 0、标准差 1，再乘权重" +
           (config.bias ? "、加偏置" : "（没有偏置：--bias false）")), "ln_1(x)", one.ln_1);
-      add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O): sections 3\u20137 open it",
-          "注意力（" + heads + "，再乘 W_O）：第 3\u20137 节细讲"), "attn(ln_1(x))", one.attention);
+      add("block" + b + ".attention", b, say("attention (" + heads + ", then W_O): sections 3–7 open it",
+          "注意力（" + heads + "，再乘 W_O）：第 3–7 节细讲"), "attn(ln_1(x))", one.attention);
       add("block" + b + ".residual_1", b, say("residual add: x keeps what it had, plus what attention brought",
           "残差相加：x 保留原值，再加上注意力的输出"), "x + attn(ln_1(x))", one.afterAttention);
       if (one.mlp) add("block" + b + ".ln_2", b, say("LayerNorm again, before the MLP", "MLP 之前再做一次 LayerNorm"),
@@ -121,27 +127,28 @@ function stages() {
   });
   add("ln_f", 0, say("final LayerNorm", "最后的 LayerNorm"), "ln_f(x)", r.normed);
   add("logits", 0, say("logits: one score per character of the vocabulary; softmax makes them section 8's odds",
-      "logits：词表里每个字符一个分数；softmax 把它们变成第 8 节的概率"), (config.tie_weights ? "ln_f(x) wte\u1d40" :
-      "lm_head(ln_f(x))") + (config.logit_softcap ? ", cap\u00b7tanh(\u00b7/cap)" : ""), r.logits);
+      "logits：词表里每个字符一个分数；softmax 把它们变成第 8 节的概率"), (config.tie_weights ? "ln_f(x) wteᵀ" :
+      "lm_head(ln_f(x))") + (config.logit_softcap ? ", cap·tanh(·/cap)" : ""), r.logits);
   return list;
 }
 
-function largestOf(values) {
+function largestOf(values) {  // the largest |value|, the masked -Infinity left out
   let largest = 0;
-  for (const row of values) for (const value of row) largest = Math.max(largest, Math.abs(value));
+  for (const row of values) for (const value of row) if (value > -Infinity) largest = Math.max(largest, Math.abs(value));
   return largest;
 }
 
-function drawValues(canvas, values) {  // one pixel per number, row t for character t: red positive, blue negative
-  const T = values.length, width = values[0].length, largest = largestOf(values) || 1;
-  canvas.width = width;
-  canvas.height = T;
-  const context = canvas.getContext("2d"), picture = context.createImageData(width, T), pixels = picture.data;
-  for (let t = 0, at = 0; t < T; t++) {
-    const row = values[t];
-    for (let d = 0; d < width; d++, at += 4) pixels.set([...signedRgb(row[d] / largest), 255], at);
-  }
+function paint(canvas, rows, columns, rgbAt) {  // one pixel per cell (i, j), coloured rgbAt(i, j)
+  canvas.width = columns;
+  canvas.height = rows;
+  const context = canvas.getContext("2d"), picture = context.createImageData(columns, rows);
+  for (let i = 0, at = 0; i < rows; i++) for (let j = 0; j < columns; j++, at += 4) picture.data.set([...rgbAt(i, j), 255], at);
   context.putImageData(picture, 0, 0);
+}
+
+function drawValues(canvas, values) {  // row t for character t: red positive, blue negative
+  const largest = largestOf(values) || 1;
+  paint(canvas, values.length, values[0].length, (t, d) => signedRgb(values[t][d] / largest));
   return largest;
 }
 
@@ -150,9 +157,8 @@ function chosenStage(list) { return list.find(one => one.name === state.stage) ?
 function renderModel() {
   const table = $("model"), list = stages();
   table.replaceChildren();
-  const top = table.insertRow();
-  [say("block", "块"), say("step", "步骤"), say("code", "代码"), say("size", "形状"), say("every number", "全部数值")]
-    .forEach(name => top.appendChild(element("th", name)));
+  const top = addRow(table, "th", [say("block", "块"), say("step", "步骤"), say("code", "代码"), say("size", "形状"),
+                                   say("every number", "全部数值")]);
   top.appendChild(element("th", "|x|", "length")).title = say("the length of the chosen character's row",
                                                              "所选字符那一行的长度");
   list.forEach((one, at) => {
@@ -165,7 +171,7 @@ function renderModel() {
     } else if (!one.block) row.appendChild(element("td"));
     row.appendChild(element("td", one.label, "label"));
     row.appendChild(element("td", one.code, "mono"));
-    row.appendChild(element("td", one.values.length + " \u00d7 " + one.values[0].length, "mono"));
+    row.appendChild(element("td", one.values.length + " × " + one.values[0].length, "mono"));
     drawValues(row.insertCell().appendChild(element("canvas")), one.values);
     row.appendChild(element("td", "", "length"));
     row.addEventListener("click", () => {
@@ -187,13 +193,13 @@ function renderModelChoice() {
   const cell = Math.max(1, Math.min(12, Math.floor(960 / chosen.values[0].length)));
   $("model-picture").style.width = chosen.values[0].length * cell + "px";
   $("model-picture").style.height = T * Math.max(cell, Math.min(12, Math.floor(400 / T))) + "px";
-  $("model-bar").textContent = say("colour scale: blue \u2212", "颜色：蓝 \u2212") + largest.toFixed(4) +
+  $("model-bar").textContent = say("colour scale: blue −", "颜色：蓝 −") + largest.toFixed(4) +
     say(", white 0, red +", "，白 0，红 +") + largest.toFixed(4);
   $("model-formula").textContent = (chosen.block ? say("Block " + chosen.block + ": ", "第 " + chosen.block + " 块：") :
-    "") + chosen.label + " \u2014 " + chosen.code + say(", ", "，") + chosen.values.length + " \u00d7 " +
+    "") + chosen.label + " — " + chosen.code + say(", ", "，") + chosen.values.length + " × " +
     chosen.values[0].length + say(": point at the picture for a number", "：指向图看数值");
   $("model-vector").replaceChildren(vector((chosen.name === "logits" ? "logits" : "x") + (q + 1) +
-    say(" (" + quoted(state.text[q]) + ")", "（" + quoted(state.text[q]) + "）"), chosen.values[q]));
+    paren(quoted(state.text[q])), chosen.values[q]));
 }
 
 function pointAtModel(event) {
@@ -206,13 +212,13 @@ function pointAtModel(event) {
 }
 
 function modelScope() {
-  return say("Shown: every vector the forward pass computes for your text, as PyTorch does (within float rounding). " +
-    "Not shown: dropout (training only), the loss and gradients, the key/value cache (same numbers), each " +
-    "LayerNorm's mean and spread, and the weights themselves. Sections 3\u20137 open attention. The tutorials show " +
-    "only the embedding (001's embedded_sentence, In [4]; 004's a\u2071) and attention.",
+  return say("Shown: every vector of the forward pass, as PyTorch computes it (within float rounding). Not shown: " +
+    "dropout (training only), the loss and gradients, the key/value cache (same numbers), LayerNorm's mean and " +
+    "spread, the weights. Sections 3–7 open attention. The tutorials show only the embedding (001's " +
+    "embedded_sentence, In [4]; 004's aⁱ) and attention.",
     "这里显示：前向计算为你的文本算出的每个向量，与 PyTorch 相同（只差浮点舍入）。不显示：dropout（只在训练时用）、" +
-    "损失和梯度、键/值缓存（算出的数相同）、LayerNorm 的均值和标准差，以及权重本身。第 3\u20137 节细讲注意力。" +
-    "教程只讲了嵌入（001 的 embedded_sentence，In [4]；004 的 a\u2071）和注意力。");
+    "损失和梯度、键/值缓存（算出的数相同）、LayerNorm 的均值和标准差，以及权重本身。第 3–7 节细讲注意力。" +
+    "教程只讲了嵌入（001 的 embedded_sentence，In [4]；004 的 aⁱ）和注意力。");
 }
 
 // ---- Section 3: the strip of characters and the grid of heads
@@ -242,19 +248,19 @@ function buildStrip() {
 function renderStrip() {
   const q = query(), l = layer(), head = viewedHead();
   $("grid").style.display = head === null ? "" : "none";
+  const shade = (node, h, weight, titled, prefix = "") => {
+    node.dataset.weight = weight.toFixed(5);
+    node.style.backgroundColor = weight > 0 ? color(h, weight) : "";
+    node.title = titled ? prefix + "weight " + weight.toFixed(4) : "";
+  };
   $("strip").querySelectorAll(".ch").forEach((span, key) => {
     span.classList.toggle("query", key === q);
     span.classList.toggle("future", q !== null && key > q);
-    const weight = head === null ? 0 : weightOf(l, head, q, key);
-    span.dataset.weight = weight.toFixed(5);
-    span.style.backgroundColor = weight > 0 ? color(head, weight) : "";
-    span.title = head !== null && q !== null && key <= q ? "weight " + weight.toFixed(4) : "";
+    shade(span, head, head === null ? 0 : weightOf(l, head, q, key), head !== null && q !== null && key <= q);
   });
   Array.from($("grid").rows).slice(1).forEach((row, h) => Array.from(row.cells).slice(1).forEach((cell, key) => {
     const weight = weightOf(l, h, q, key);
-    cell.dataset.weight = weight.toFixed(5);
-    cell.style.backgroundColor = weight > 0 ? color(h, weight) : "";
-    cell.title = weight > 0 ? "head " + (h + 1) + ", weight " + weight.toFixed(4) : "";
+    shade(cell, h, weight, weight > 0, "head " + (h + 1) + ", ");
   }));
   const heads = head === null ? [...Array(nHeads).keys()] : [head];
   $("readout").textContent = q === null ? "" : quoted(state.text[q]) + say(" (character " + (q + 1) + "), layer " +
@@ -268,8 +274,7 @@ function renderStrip() {
 }
 
 // ---- Section 4: every head's weights A as a picture, one pixel per weight
-const MASKED_RGB = [85, 85, 85];  // the masked future: dark grey, which no weight's colour (white to a hue) reaches
-
+const MASKED_RGB = [85, 85, 85];  // the masked future: a dark grey no weight's colour reaches
 
 function buildHeads() {
   const table = $("heads");
@@ -295,16 +300,8 @@ function renderHeads() {
   $("heads").querySelectorAll("canvas").forEach(canvas => {
     canvas.width = canvas.height = Math.max(T, 1);
     if (!T) return;
-    const l = Number(canvas.dataset.layer), h = Number(canvas.dataset.head);
-    const weights = state.result.layers[l].heads[h].weights, context = canvas.getContext("2d");
-    const picture = context.createImageData(T, T);
-    for (let i = 0; i < T; i++) {
-      for (let j = 0; j < T; j++) {
-        const rgb = j <= i ? weightRgb(h, weights[i][j]) : MASKED_RGB, at = 4 * (i * T + j);
-        picture.data.set([...rgb, 255], at);
-      }
-    }
-    context.putImageData(picture, 0, 0);
+    const h = Number(canvas.dataset.head), weights = state.result.layers[canvas.dataset.layer].heads[h].weights;
+    paint(canvas, T, T, (i, j) => (j <= i ? weightRgb(h, weights[i][j]) : MASKED_RGB));
   });
 }
 
@@ -335,14 +332,13 @@ function openHead(event) {
 }
 
 // ---- The what-if scale: the factor on every q·k
-const FACTORS = { sqrt: ["\u00f7\u221a" + headSize, 1 / Math.sqrt(headSize)], 1: ["\u00d71", 1], 10: ["\u00d710", 10] };
+const FACTORS = { sqrt: ["÷√" + headSize, 1 / Math.sqrt(headSize)], 1: ["×1", 1], 10: ["×10", 10] };
 const FORM = config.form;
 const OWN_FACTOR = FORM.scaled ? "sqrt" : "1";
 const SCALABLE = FORM.scores === "dot";
 
 function scoreFactor() { return FACTORS[$("scale").value || OWN_FACTOR][1]; }
-function factorName() {
-  const value = $("scale").value || OWN_FACTOR;
+function factorName(value = $("scale").value || OWN_FACTOR) {
   return FACTORS[value][0] + (value === "1" ? say(", no scale", "，不缩放") : "");
 }
 function times() {
@@ -359,37 +355,37 @@ function tutorialNames() {
   return {
     Q: [["000", "q = query(x)", "In [28]"], ["001", "queries = x @ W_query", "In [29]"],
         ["002", "queries", cell], ["003", "Q", ""],
-        ["004", "q\u2071 = W_q a\u2071", ""]],
+        ["004", "qⁱ = W_q aⁱ", ""]],
     K: [["000", "k = key(x)", "In [28]"], ["001", "keys = x @ W_key", "In [8]"],
         ["002", "keys", cell], ["003", "K", ""],
-        ["004", "k\u2071 = W_k a\u2071", ""]],
+        ["004", "kⁱ = W_k aⁱ", ""]],
     V: [["000", "v = value(x)", "In [36]"], ["001", "values = x @ W_value", "In [8]"],
         ["002", "values", cell], ["003", "V", ""],
-        ["004", "v\u2071 = W_v a\u2071", ""]],
+        ["004", "vⁱ = W_v aⁱ", ""]],
     S: form === "additive" ? [["002", "scores = w_v(tanh(W_q q + W_k k))", "In [9]"]] :
       [["000", "wei = q @ k.transpose(-2, -1)", "In [31]"],
-       ["001", "\u03c9, attn_scores = queries @ keys.T", "In [29]"],
-       ["002", "torch.bmm(queries, keys.transpose(1, 2))", "In [None]"], ["003", "q\u00b7k", ""],
-       ["004", "q\u2071\u00b7k\u02b2", ""]],
+       ["001", "ω, attn_scores = queries @ keys.T", "In [29]"],
+       ["002", "torch.bmm(queries, keys.transpose(1, 2))", "In [None]"], ["003", "q·k", ""],
+       ["004", "qⁱ·kʲ", ""]],
     scaled: [["000", say("none: its last cell scales the output instead", "没有：它最后一个单元格缩放的是输出"), "In [48]"],
-             ["001", "\u03c9 / \u221ad_k", "In [30]"], ["002", "scores = \u2026 / math.sqrt(d)", "In [None]"],
-             ["003", "q\u00b7k / \u221ad_k", ""], ["004", "\u03b1\u1d62,\u2c7c = q\u2071\u00b7k\u02b2 / \u221ad", ""]],
+             ["001", "ω / √d_k", "In [30]"], ["002", "scores = … / math.sqrt(d)", "In [None]"],
+             ["003", "q·k / √d_k", ""], ["004", "αᵢ,ⱼ = qⁱ·kʲ / √d", ""]],
     masked: [["000", "wei.masked_fill(tril == 0, float('-inf'))", "In [33]"],
              ["001", "masked_simple = attn_weights * mask_simple" + say(", after the softmax, renormalised in " +
                          "In [34]", "，在 softmax 之后，In [34] 再逐行归一化"), "In [33]"],
-             ["002", "sequence_mask(X, valid_lens, -1e6)" + say(": padding, \u22121e6 where the page has \u2212\u221e",
-                         "：遮住填充，用 \u22121e6，页面用 \u2212\u221e"), "In [3]"],
+             ["002", "sequence_mask(X, valid_lens, -1e6)" + say(": padding, −1e6 where the page has −∞",
+                         "：遮住填充，用 −1e6，页面用 −∞"), "In [3]"],
              ["004", say("none: its example lets every token see all three", "没有：它的例子里每个 token 都看得到全部三个"),
               ""]],
     A: form === "none" ? [["000", "wei = tril / wei.sum(1)", "In [17]"]] :
-      [["000", "wei = F.softmax(wei, dim=-1)", "In [33]"], ["001", "\u03b1, attn_weights", "In [30]"],
+      [["000", "wei = F.softmax(wei, dim=-1)", "In [33]"], ["001", "α, attn_weights", "In [30]"],
        ["002", "attention_weights = masked_softmax(scores, valid_lens)", cell],
-       ["003", "y = softmax(x)", ""], ["004", "\u03b1\u0302\u1d62,\u2c7c", ""]],
+       ["003", "y = softmax(x)", ""], ["004", "α\u0302ᵢ,ⱼ", ""]],
     AV: form === "none" ? [["000", "xbow = wei @ x", "In [18]"]] :
       [["000", "out = wei @ v", "In [36]"], ["001", "z, context_vec = attn_weights @ values", "In [15]"],
        ["002", "torch.bmm(attention_weights, values)", cell],
-       ["004", "b\u2071 = \u03a3\u2c7c \u03b1\u0302\u1d62,\u2c7c v\u02b2", ""]],
-    x: [["000", "x", "In [26]"], ["001", "embedded_sentence, x\u207d\u2071\u207e", "In [4]"], ["004", "a\u2071", ""]],
+       ["004", "bⁱ = Σⱼ α\u0302ᵢ,ⱼ vʲ", ""]],
+    x: [["000", "x", "In [26]"], ["001", "embedded_sentence, x⁽ⁱ⁾", "In [4]"], ["004", "aⁱ", ""]],
     heads: [["001", "torch.cat([head(x) for head in self.heads], dim=-1)", "In [20]"]],
   };
 }
@@ -404,10 +400,10 @@ function tutorialsLine(...symbols) {
 }
 
 // A monospace font puts a combining hat beside its letter and lacks ⱼ: α̂ gets a drawn hat, ᵢ,ⱼ and ₁,ⱼ a <sub>.
-const SUBSCRIPTS = { "\u1d62": "i", "\u2c7c": "j", "\u2081": "1", ",": "," }, SUBSCRIPT = /^[\u1d62\u2c7c\u2081]/u;
+const SUBSCRIPTS = { "ᵢ": "i", "ⱼ": "j", "₁": "1", ",": "," }, SUBSCRIPT = /^[ᵢⱼ₁]/u;
 function marked(node, text) {
-  for (const part of text.split(/(\u03b1\u0302|[\u1d62\u2c7c\u2081](?:,[\u1d62\u2c7c\u2081])?)/u)) {
-    if (part === "\u03b1\u0302") node.appendChild(element("span", "\u03b1", "hat"));
+  for (const part of text.split(/(α\u0302|[ᵢⱼ₁](?:,[ᵢⱼ₁])?)/u)) {
+    if (part === "α\u0302") node.appendChild(element("span", "α", "hat"));
     else if (SUBSCRIPT.test(part)) node.appendChild(element("sub", [...part].map(c => SUBSCRIPTS[c]).join("")));
     else if (part) node.appendChild(document.createTextNode(part));
   }
@@ -417,61 +413,49 @@ function marked(node, text) {
 function namedIn(symbol) {
   const named = tutorialNames()[symbol] ?? [];
   return named.length ? say("In the tutorials: ", "教程中的记号：") + named.map(([tutorial, name, cell]) =>
-    tutorial + (cell ? " " + cell : "") + " " + name).join(say(" \u00b7 ", " \u00b7 ")) : "";
+    tutorial + (cell ? " " + cell : "") + " " + name).join(say(" · ", " · ")) : "";
 }
 
 function buildLegend() {
   const table = $("legend"), names = tutorialNames(), tutorials = ["000", "001", "002", "003", "004"];
   table.replaceChildren();
-  const top = table.insertRow();
-  [say("page", "页面"), ...tutorials].forEach(name => top.appendChild(element("th", name)));
+  addRow(table, "th", [say("page", "页面"), ...tutorials]);
   const symbols = { Q: "Q", K: "K", V: "V", S: "S", scaled: say("S scaled", "缩放后的 S"), masked: say("masked", "掩码"),
-                    A: "A", AV: "A\u00b7V" };
+                    A: "A", AV: "A·V" };
   for (const [symbol, shownName] of Object.entries(symbols)) {
-    const row = table.insertRow();
+    const row = addRow(table, "th", [shownName]);
     row.dataset.symbol = symbol;
-    row.appendChild(element("th", shownName));
     for (const tutorial of tutorials) {
       const found = (names[symbol] ?? []).find(entry => entry[0] === tutorial);
-      marked(row.appendChild(element("td")), found ? found[1] + (found[2] ? " (" + found[2] + ")" : "") : "\u2014");
+      marked(row.appendChild(element("td")), found ? found[1] + (found[2] ? " (" + found[2] + ")" : "") : "—");
     }
   }
 }
 
-function matrices(l, h) {
-  const head = state.result.layers[l].heads[h], scaled = FORM.scores !== "additive";
-  const list = [];
-  if (FORM.scores !== "none") {
+function matrices(l, h) {  // each: name, label, formula, values, columns ("dims" or "text")
+  const head = state.result.layers[l].heads[h], list = [], form = FORM.scores;
+  const add = (name, label, formula, values, columns) => list.push({ name, label, formula, values, columns });
+  if (form !== "none") {
     const after = [config.qk_norm && "QK-norm", config.position === "rope" && "RoPE"].filter(Boolean)
       .join(say(", ", "、"));
-    list.push({ name: "Q", label: say("Q", "查询 Q"), formula: say("Q: one query per character (row), " + headSize +
-                " numbers each", "查询 Q：每个字符（行）一个查询，各 " + headSize + " 维") +
-                (after && say(" (" + after + ")", "（" + after + "）")),
-                values: head.q, columns: "dims" });
-    list.push({ name: "K", label: say("K", "键 K"), formula: say("K: one key per character", "键 K：每个字符一个键"),
-                values: head.k, columns: "dims" });
+    add("Q", say("Q", "查询 Q"), say("Q: one query per character (row), " + headSize + " numbers each",
+        "查询 Q：每个字符（行）一个查询，各 " + headSize + " 维") + (after && paren(after)), head.q, "dims");
+    add("K", say("K", "键 K"), say("K: one key per character", "键 K：每个字符一个键"), head.k, "dims");
   }
-  list.push({ name: "V", label: say("V", "值 V"), formula: say("V: one value per character", "值 V：每个字符一个值"),
-              values: head.v, columns: "dims" });
-  list.push({ name: "S", label: say("S", "注意力分数 S"), formula: FORM.scores === "additive" ?
-              say("S = w\u00b7tanh(q\u1d62 + k\u2c7c) for every pair (additive scores)",
-                  "S = w\u00b7tanh(q\u1d62 + k\u2c7c)，每一对都算（加性注意力分数）") :
-              say("S = Q K\u1d40: S\u1d62\u2c7c = q\u1d62\u00b7k\u2c7c, every query with every key, the future too",
-                  "S = Q K\u1d40：S\u1d62\u2c7c = q\u1d62\u00b7k\u2c7c，每个查询对每个键，未来的也算"),
-              values: head.raw, columns: "text" });
-  if (scaled && FORM.scores !== "none") {
-    list.push({ name: "scaled", label: say("scaled", "缩放"), formula: "S " + factorName() +
-                (whatIf() ? say(" (what-if)", "（假设）") : "") + say(": the scores the softmax will see",
-                                                                     "：送进 softmax 的分数"),
-                values: head.raw.map(row => row.map(s => s * scoreFactor())), columns: "text" });
+  add("V", say("V", "值 V"), say("V: one value per character", "值 V：每个字符一个值"), head.v, "dims");
+  add("S", say("S", "注意力分数 S"), form === "additive" ? say("S = w·tanh(qᵢ + kⱼ) for every pair (additive scores)",
+      "S = w·tanh(qᵢ + kⱼ)，每一对都算（加性注意力分数）") : say("S = Q Kᵀ: Sᵢⱼ = qᵢ·kⱼ, every query with every key, " +
+      "the future too", "S = Q Kᵀ：Sᵢⱼ = qᵢ·kⱼ，每个查询对每个键，未来的也算"), head.raw, "text");
+  if (form === "dot") {
+    add("scaled", say("scaled", "缩放"), "S " + factorName() + (whatIf() ? say(" (what-if)", "（假设）") : "") +
+        say(": the scores the softmax will see", "：送进 softmax 的分数"),
+        head.raw.map(row => row.map(s => s * scoreFactor())), "text");
   }
-  list.push({ name: "masked", label: say("masked", "掩码"), formula: say("the causal mask: keys after the query " +
-              "\u2212\u221e (hatched), weight 0", "因果掩码：查询之后的键设为 \u2212\u221e（斜线），权重为 0"),
-              values: head.scores, columns: "text" });
-  list.push({ name: "A", label: say("A", "注意力权重 A"), formula: say("A = softmax of each row: the attention " +
-              "weights", "A = 对每一行做 softmax：注意力权重"), values: head.weights, columns: "text" });
-  list.push({ name: "AV", label: "A\u00b7V", formula: say("A\u00b7V: the head's output", "A\u00b7V：这个头的输出" +
-              "（上下文向量）"), values: head.out, columns: "dims" });
+  add("masked", say("masked", "掩码"), say("the causal mask: keys after the query −∞ (hatched), weight 0",
+      "因果掩码：查询之后的键设为 −∞（斜线），权重为 0"), head.scores, "text");
+  add("A", say("A", "注意力权重 A"), say("A = softmax of each row: the attention weights",
+      "A = 对每一行做 softmax：注意力权重"), head.weights, "text");
+  add("AV", "A·V", say("A·V: the head's output", "A·V：这个头的输出（上下文向量）"), head.out, "dims");
   return list;
 }
 
@@ -497,11 +481,7 @@ function renderMatrix() {
   $("legend").querySelectorAll("tr[data-symbol]").forEach(row => {
     row.classList.toggle("chosen", row.dataset.symbol === shownMatrix.name);
   });
-  const values = shownMatrix.values, weights = shownMatrix.name === "A", q = query();
-  let largest = 0;
-  for (const row of values) {
-    for (const value of row) if (Number.isFinite(value)) largest = Math.max(largest, Math.abs(value));
-  }
+  const values = shownMatrix.values, weights = shownMatrix.name === "A", q = query(), largest = largestOf(values);
   table.replaceChildren();
   const top = table.insertRow();
   top.appendChild(element("th"));
@@ -524,7 +504,7 @@ function renderMatrix() {
         cell.style.backgroundColor = cellColor(value, largest, weights);
       }
       if (written) {
-        cell.textContent = value === -Infinity ? "\u2212\u221e" : value.toFixed(2);
+        cell.textContent = value === -Infinity ? "−∞" : value.toFixed(2);
         const strength = weights ? Math.sqrt(value) : Math.abs(value) / (largest || 1);
         if (value !== -Infinity && strength > 0.7) cell.style.color = "#fff";
       }
@@ -546,12 +526,12 @@ function colourBar(largest, weights, masked) {
   const ramp = element("span", undefined, "ramp");
   ramp.style.background = weights ? "linear-gradient(to right, #fff, rgb(31,119,180))" :
     "linear-gradient(to right, rgb(31,119,180), #fff, rgb(214,39,40))";
-  bar.append(say("colours: ", "颜色：") + (weights ? "0 " : "\u2212" + largest.toFixed(4) + " "), ramp,
-             (weights ? " 1" + say(" (strength \u221aweight, so that small weights show)", "（深浅按 \u221a权重，小权重也看得见）") :
+  bar.append(say("colours: ", "颜色：") + (weights ? "0 " : "−" + largest.toFixed(4) + " "), ramp,
+             (weights ? " 1" + say(" (strength √weight, so that small weights show)", "（深浅按 √权重，小权重也看得见）") :
               " +" + largest.toFixed(4)));
   if (masked) {
     bar.append(say("; ", "；"), element("span", undefined, "hatched"),
-               say(" \u2212\u221e (masked)", " \u2212\u221e（被掩码遮住）"));
+               say(" −∞ (masked)", " −∞（被掩码遮住）"));
   }
 }
 
@@ -595,11 +575,11 @@ function distancePlot(curves) {
     return node;
   };
   add("line", { x1: pad, x2: width - pad, y1: y(0), y2: y(0), stroke: "#ccc" });
-  add("text", { x: pad + 4, y: 10 }, "q\u00b7k");
+  add("text", { x: pad + 4, y: 10 }, "q·k");
   add("text", { x: 2, y: y(headSize) + 4 }, String(headSize));
   add("text", { x: 2, y: y(0) + 4 }, "0");
   add("text", { x: 2, y: y(-headSize) + 4 }, String(-headSize));
-  add("text", { x: width - pad - 90, y: height - 2 }, say("distance \u2192 ", "距离 \u2192 ") + (n - 1));
+  add("text", { x: width - pad - 90, y: height - 2 }, say("distance → ", "距离 → ") + (n - 1));
   const [line, dots] = curves;
   add("polyline", { points: line.values.map((v, d) => x(d) + "," + y(v)).join(" "), fill: "none",
                     stroke: "#1f77b4", "stroke-width": 1.5 });
@@ -612,7 +592,7 @@ function distancePlot(curves) {
       dot.dataset.value = String(value);
       dot.appendChild(document.createElementNS(svgNs, "title")).textContent = say("key at character " +
         (curve.from + 1) + ", query " + d + " later", "键在第 " + (curve.from + 1) + " 个字符，查询在其后 " + d + " 个") +
-        say(": ", "：") + "q\u00b7k = " + value.toFixed(4);
+        say(": ", "：") + "q·k = " + value.toFixed(4);
     });
   }
   return svg;
@@ -627,19 +607,15 @@ function buildPositions() {
     return;
   }
   if (config.position === "learned") {
-    about.textContent = say("Learned positions: a vector p\u209c added to the embedding at each of the " +
-      config.block_size + " places. The picture shows cos(p\u209b, p\u209c) for every pair: red alike, blue " +
-      "opposite; a band along the diagonal means neighbours were learned alike.", "可学习的位置编码：" +
-      config.block_size + " 个位置各有一个向量 p\u209c，加到该位置的嵌入上。图中是每一对的 cos(p\u209b, p\u209c)：" +
+    about.textContent = say("Learned positions: a vector pₜ added to the embedding at each of the " +
+      config.block_size + " places. The picture shows cos(pₛ, pₜ) of every pair: red alike, blue opposite; a " +
+      "band along the diagonal: neighbours learned alike.", "可学习的位置编码：" +
+      config.block_size + " 个位置各有一个向量 pₜ，加到该位置的嵌入上。图中是每一对的 cos(pₛ, pₜ)：" +
       "红色相似，蓝色相反；沿对角线的亮带表示相邻的位置学得相似。");
     const similarities = positionSimilarities(), n = similarities.length;
     const canvas = box.appendChild(element("canvas"));
     canvas.id = "similarity";
-    canvas.width = canvas.height = n;
-    const context = canvas.getContext("2d"), picture = context.createImageData(n, n);
-    similarities.forEach((row, s) => row.forEach((value, t) => picture.data.set([...signedRgb(value), 255],
-                                                                              4 * (s * n + t))));
-    context.putImageData(picture, 0, 0);
+    paint(canvas, n, n, (s, t) => signedRgb(similarities[s][t]));
     canvas.addEventListener("mousemove", event => {
       const [s, t] = cellUnder(event);
       $("positions-readout").textContent = "cos(p" + (s + 1) + ", p" + (t + 1) + ") = " +
@@ -647,16 +623,16 @@ function buildPositions() {
     });
     return;
   }
-  const angle = "(t \u2212 1)\u00b7\u03b8\u1d62, \u03b8\u1d62 = " + config.rope_base + "^(\u22122(i \u2212 1)/" +
+  const angle = "(t − 1)·θᵢ, θᵢ = " + config.rope_base + "^(−2(i − 1)/" +
     headSize + ")";
   const middle = Math.floor(config.block_size / 2) + 1, additive = FORM.scores === "additive";
   about.textContent = say("Rotary positions: before scoring, each pair i, i + " + headSize / 2 + " of character t's " +
-    "query and key turns by " + angle + ". A turn keeps lengths, so q\u00b7k depends only on the distance: for q = k " +
-    "= (1, \u2026, 1), the line (key at character 1) and the red dots (key at " + middle + ") fall on one curve." +
-    (additive ? " (This model scores with w\u00b7tanh(q + k), not q\u00b7k.)" : ""), "旋转位置编码（RoPE）：打分之前，" +
-    "第 t 个字符的查询和键的每一对数（i 和 i + " + headSize / 2 + "）旋转 " + angle + "。旋转不改变长度，所以 q\u00b7k " +
-    "只取决于距离：q = k = (1, \u2026, 1) 时，蓝线（键在第 1 个字符）和红点（键在第 " + middle + " 个）落在同一条曲线上。" +
-    (additive ? "（这个模型用 w\u00b7tanh(q + k) 打分，不是 q\u00b7k。）" : ""));
+    "query and key turns by " + angle + ". A turn keeps lengths, so q·k depends only on the distance: for q = k " +
+    "= (1, …, 1), the line (key at character 1) and the red dots (key at " + middle + ") fall on one curve." +
+    (additive ? " (This model scores with w·tanh(q + k), not q·k.)" : ""), "旋转位置编码（RoPE）：打分之前，" +
+    "第 t 个字符的查询和键的每一对数（i 和 i + " + headSize / 2 + "）旋转 " + angle + "。旋转不改变长度，所以 q·k " +
+    "只取决于距离：q = k = (1, …, 1) 时，蓝线（键在第 1 个字符）和红点（键在第 " + middle + " 个）落在同一条曲线上。" +
+    (additive ? "（这个模型用 w·tanh(q + k) 打分，不是 q·k。）" : ""));
   box.appendChild(distancePlot(rotaryDotsByDistance()));
   const table = box.appendChild(element("table", undefined, "numbers"));
   table.id = "rotary";
@@ -666,19 +642,17 @@ function renderPositions() {
   const table = $("rotary"), q = query();
   if (!table) return;
   table.replaceChildren();
-  const top = table.insertRow(), t = q === null ? 1 : q + 1;
-  [say("pair i", "第 i 对"), say("numbers", "分量"), say("\u03b8\u1d62 (radians per character)",
-   "\u03b8\u1d62（每个字符的弧度）"), say("angle at character " + t + " (radians)", "第 " + t + " 个字符的角度（弧度）"),
-   say("in degrees", "角度（度）"), say("one whole turn every", "转一整圈需要")]
-    .forEach(name => top.appendChild(element("th", name)));
+  const t = q === null ? 1 : q + 1;
+  addRow(table, "th", [say("pair i", "第 i 对"), say("numbers", "分量"), say("θᵢ (radians per character)",
+   "θᵢ（每个字符的弧度）"), say("angle at character " + t + " (radians)", "第 " + t + " 个字符的角度（弧度）"),
+   say("in degrees", "角度（度）"), say("one whole turn every", "转一整圈需要")]);
   model.rope.frequencies.forEach((frequency, i) => {
-    const row = table.insertRow(), angle = Math.fround((t - 1) * frequency);
+    const angle = Math.fround((t - 1) * frequency);
+    const row = addRow(table, "td", [String(i + 1), (i + 1) + say(" and ", " 和 ") + (i + 1 + headSize / 2),
+      frequency.toPrecision(4), angle.toFixed(4), (angle * 180 / Math.PI % 360).toFixed(1) + "°",
+      (2 * Math.PI / frequency).toFixed(1) + say(" characters", " 个字符")]);
     row.dataset.frequency = String(frequency);
     row.dataset.angle = String(angle);
-    [String(i + 1), (i + 1) + say(" and ", " 和 ") + (i + 1 + headSize / 2), frequency.toPrecision(4),
-     angle.toFixed(4), (angle * 180 / Math.PI % 360).toFixed(1) + "\u00b0",
-     (2 * Math.PI / frequency).toFixed(1) + say(" characters", " 个字符")]
-      .forEach(text => row.appendChild(element("td", text)));
   });
 }
 
@@ -688,7 +662,7 @@ const SHOWN_VALUES = 8;
 function vector(name, values) {
   const line = element("div", undefined, "vector");
   const all = Array.from(values, fixed), some = all.slice(0, SHOWN_VALUES);
-  const numbers = element("span", name + " = [" + some.join(", ") + (all.length > some.length ? ", \u2026]" : "]"));
+  const numbers = element("span", name + " = [" + some.join(", ") + (all.length > some.length ? ", …]" : "]"));
   line.appendChild(numbers);
   if (all.length > some.length) {
     const button = element("button", say("all ", "全部 ") + all.length);
@@ -699,12 +673,9 @@ function vector(name, values) {
   return line;
 }
 
-function step(title, formula, ...contents) {
-  const box = element("div", undefined, "step");
-  box.appendChild(element("h3", title));
-  if (formula) box.appendChild(element("div", formula, "formula"));
-  contents.forEach(content => box.appendChild(content));
-  return box;
+function step(title, formula, ...contents) {  // one step's box, added to the step-by-step view
+  const box = $("steps").appendChild(element("div", undefined, "step"));
+  box.append(element("h3", title), ...(formula ? [element("div", formula, "formula")] : []), ...contents);
 }
 
 function stepValues() {
@@ -719,11 +690,11 @@ function stepValues() {
 
 function keyFormula() {
   if (FORM.scores === "none") return say("no keys: every score is 0", "没有键：每个分数都是 0");
-  let key = "x\u2c7c " + (config.shared_qk ? "W_Q" : "W_K") + (config.bias ? (config.shared_qk ? " + b_Q" : " + b_K")
+  let key = "xⱼ " + (config.shared_qk ? "W_Q" : "W_K") + (config.bias ? (config.shared_qk ? " + b_Q" : " + b_K")
     : "");
   if (config.qk_norm) key = "rms-norm(" + key + ")";
   if (config.position === "rope") key = "R(j) " + (config.qk_norm ? key : "(" + key + ")");
-  return "k\u2c7c = " + key;
+  return "kⱼ = " + key;
 }
 
 function keysAndValues(v) {
@@ -748,77 +719,73 @@ function renderSteps() {
     v.layer + " 层，头 " + v.head + (viewedHead() === null ? "（要看别的头，请在上面选择）" : ""));
   const head = state.result.layers[v.layer - 1].heads[v.head - 1];
   const sized = say(", " + config.n_embd + " numbers", "，" + config.n_embd + " 维");
-  steps.appendChild(step(say("The input: character " + i + " as the block sees it", "输入：块看到的第 " + i + " 个字符"),
+  step(say("The input: character " + i + " as the block sees it", "输入：块看到的第 " + i + " 个字符"),
     "x" + i + " = " + (config.residual ? say("LayerNorm(residual stream)", "LayerNorm(残差流)") : v.layer === 1 ?
       say("its embedding (no LayerNorm, no residual)", "它的嵌入（没有 LayerNorm，没有残差）") :
       say("the previous layer's output (no residual)", "上一层的输出（没有残差）")) + sized,
-    vector("x" + i, v.input), tutorialsLine("x")));
+    vector("x" + i, v.input), tutorialsLine("x"));
   if (form === "none") {
     const setting = "attention_score " + config.attention_score;
-    steps.appendChild(step(say("No queries or keys (" + setting + ")", "没有查询和键（" + setting + "）"),
-      say("every score is 0, so each of the " + i + " keys gets 1/" + i, "每个分数都是 0，所以 " + i + " 个键各得 1/" + i)));
+    step(say("No queries or keys (" + setting + ")", "没有查询和键（" + setting + "）"),
+      say("every score is 0, so each of the " + i + " keys gets 1/" + i, "每个分数都是 0，所以 " + i + " 个键各得 1/" + i));
   } else {
     const projected = [vector("q" + i, head.projected.q[q])];
-    if (config.qk_norm) projected.push(element("div", "QK-norm: q \u2190 q / rms(q)", "formula"));
+    if (config.qk_norm) projected.push(element("div", "QK-norm: q ← q / rms(q)", "formula"));
     if (config.position === "rope") {
-      projected.push(element("div", say("rotary: q \u2190 R(" + i + ") q (section 6 shows the angles)",
-        "旋转位置编码：q \u2190 R(" + i + ") q（角度见第 6 节）"), "formula"));
+      projected.push(element("div", say("rotary: q ← R(" + i + ") q (section 6 shows the angles)",
+        "旋转位置编码：q ← R(" + i + ") q（角度见第 6 节）"), "formula"));
     }
     if (config.qk_norm || config.position === "rope") projected.push(vector("q" + i, v.q));
-    steps.appendChild(step(say("The query: what character " + i + " is looking for", "查询：第 " + i + " 个字符在找什么"),
+    step(say("The query: what character " + i + " is looking for", "查询：第 " + i + " 个字符在找什么"),
       "q" + i + " = x" + i + " W_Q" + (config.bias ? " + b_Q" : "") + say(", " + headSize + " numbers" +
       (config.shared_qk ? "; keys use the same W" : ""), "，" + headSize + " 维" + (config.shared_qk ? "；键也用同一个 W" : "")),
-      ...projected, tutorialsLine("Q")));
+      ...projected, tutorialsLine("Q"));
   }
   const table = element("table", undefined, "numbers");
-  const scoreName = form === "additive" ? "w\u00b7tanh(q" + i + " + k\u2c7c)" : "q" + i + "\u00b7k\u2c7c";
+  const scoreName = form === "additive" ? "w·tanh(q" + i + " + kⱼ)" : "q" + i + "·kⱼ";
   const header = ["j", say("key", "键"), scoreName];
   if (scaled) header.push(factorName() + (whatIf() ? say(" (what-if)", "（假设）") : ""));
-  header.push(say("mask", "掩码"), "softmax \u03b1" + i + "\u2c7c");
-  const top = table.insertRow();
-  header.forEach(name => top.appendChild(element("th", name)));
+  header.push(say("mask", "掩码"), "softmax α" + i + "ⱼ");
+  addRow(table, "th", header);
   state.text.slice(0, q + 1).forEach((ch, j) => {
-    const row = table.insertRow(), cells = [String(j + 1), key(ch), fixed(v.raw[j])];
+    const cells = [String(j + 1), key(ch), fixed(v.raw[j])];
     if (scaled) cells.push(fixed(v.scores[j]));
     cells.push(say("kept", "保留"), v.weights[j].toFixed(4));
-    cells.forEach(text => row.appendChild(element("td", text)));
-    const bar = row.insertCell().appendChild(element("span", undefined, "bar"));
+    const row = addRow(table, "td", cells), bar = row.insertCell().appendChild(element("span", undefined, "bar"));
     bar.style.width = (v.weights[j] * 8).toFixed(2) + "rem";
     bar.parentNode.style.textAlign = "left";
   });
   if (q + 1 < state.text.length) {
-    const row = table.insertRow(), after = state.text.slice(q + 1);
-    row.className = "masked";
-    const keys = (q + 2) + (after.length > 1 ? "\u2013" + state.text.length : "");
-    const cells = [keys, after.slice(0, 6).map(key).join("") + (after.length > 6 ? "\u2026" : ""), "\u2014"];
-    if (scaled) cells.push("\u2014");
-    cells.push("\u2212\u221e" + say(" (future)", "（未来）"), "0");
-    cells.forEach(text => row.appendChild(element("td", text)));
+    const after = state.text.slice(q + 1), keys = (q + 2) + (after.length > 1 ? "–" + state.text.length : "");
+    const cells = [keys, after.slice(0, 6).map(key).join("") + (after.length > 6 ? "…" : ""), "—"];
+    if (scaled) cells.push("—");
+    cells.push("−∞" + say(" (future)", "（未来）"), "0");
+    addRow(table, "td", cells).className = "masked";
   }
-  steps.appendChild(step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
-    keyFormula() + say("; ", "；") + "v\u2c7c = " + (config.attention_values ? "x\u2c7c W_V" + (config.bias ? " + b_V" :
-      "") : say("head " + v.head + "'s slice of x\u2c7c", "x\u2c7c 中属于头 " + v.head + " 的一段")) + say(", ", "，") +
-      "j = 1\u2026" + i,
-    keysAndValues(v), tutorialsLine("K", "V")));
-  const scoring = form === "additive" ? "s\u2c7c = w\u00b7tanh(q + k\u2c7c)" : form === "none" ? "s\u2c7c = 0" :
-    "s\u2c7c = q\u00b7k\u2c7c" + (FORM.scaled ? " / \u221ad, d = " + headSize : say(" (not scaled)", "（不缩放）"));
-  steps.appendChild(step(say("Scores, the causal mask and the softmax over the keys k\u2c7c",
-                             "注意力分数、因果掩码和对键 k\u2c7c 的 softmax"),
-    scoring + say("; keys after " + i + ": \u2212\u221e (weight 0)", "；第 " + i + " 个之后的键：\u2212\u221e（权重 0）") +
-    say("; ", "；") + "\u03b1 = softmax(s)", table, tutorialsLine("S", "scaled", "masked", "A")));
-  steps.appendChild(step(say("The weighted sum of the values v\u2c7c", "对值 v\u2c7c 的加权求和"),
-    "y" + i + " = \u03a3\u2c7c \u03b1" + i + "\u2c7c v\u2c7c", vector("y" + i, v.out),
-    tutorialsLine("AV")));
-  steps.appendChild(nHeads === 1 ? step(say("The one head's output", "唯一一个头的输出"), "concat = y" + i + sized,
+  step(say("The keys and values character " + i + " sees", "第 " + i + " 个字符看到的键和值"),
+    keyFormula() + say("; ", "；") + "vⱼ = " + (config.attention_values ? "xⱼ W_V" + (config.bias ? " + b_V" :
+      "") : say("head " + v.head + "'s slice of xⱼ", "xⱼ 中属于头 " + v.head + " 的一段")) + say(", ", "，") +
+      "j = 1…" + i,
+    keysAndValues(v), tutorialsLine("K", "V"));
+  const scoring = form === "additive" ? "sⱼ = w·tanh(q + kⱼ)" : form === "none" ? "sⱼ = 0" :
+    "sⱼ = q·kⱼ" + (FORM.scaled ? " / √d, d = " + headSize : say(" (not scaled)", "（不缩放）"));
+  step(say("Scores, the causal mask and the softmax over the keys kⱼ",
+                             "注意力分数、因果掩码和对键 kⱼ 的 softmax"),
+    scoring + say("; keys after " + i + ": −∞ (weight 0)", "；第 " + i + " 个之后的键：−∞（权重 0）") +
+    say("; ", "；") + "α = softmax(s)", table, tutorialsLine("S", "scaled", "masked", "A"));
+  step(say("The weighted sum of the values vⱼ", "对值 vⱼ 的加权求和"),
+    "y" + i + " = Σⱼ α" + i + "ⱼ vⱼ", vector("y" + i, v.out),
+    tutorialsLine("AV"));
+  nHeads === 1 ? step(say("The one head's output", "唯一一个头的输出"), "concat = y" + i + sized,
     vector("concat", v.joined)) : step(say("All " + nHeads + " heads side by side", "拼接全部 " + nHeads + " 个头"),
-    "concat(" + say("head 1, \u2026, head ", "头 1, \u2026, 头 ") + nHeads + ")" + sized + say("; head " + v.head +
-      "'s: ", "；头 " + v.head + " 占第 ") + ((v.head - 1) * headSize + 1) + "\u2026" + v.head * headSize + say("", " 维"),
+    "concat(" + say("head 1, …, head ", "头 1, …, 头 ") + nHeads + ")" + sized + say("; head " + v.head +
+      "'s: ", "；头 " + v.head + " 占第 ") + ((v.head - 1) * headSize + 1) + "…" + v.head * headSize + say("", " 维"),
     vector("concat", v.joined),
-    tutorialsLine("heads")));
-  steps.appendChild(step(say("The output projection", "输出投影"), "o" + i + " = concat W_O" +
-    (config.bias ? " + b_O" : "") + (config.residual ? "; x \u2190 x + o" + i : ""), vector("o" + i, v.output),
+    tutorialsLine("heads"));
+  step(say("The output projection", "输出投影"), "o" + i + " = concat W_O" +
+    (config.bias ? " + b_O" : "") + (config.residual ? "; x ← x + o" + i : ""), vector("o" + i, v.output),
     element("div", say("In the tutorials: no W_O; 001 only concatenates (In [20])",
-                       "教程里：没有 W_O；001 只是拼接（In [20]）"), "hint mono")));
+                       "教程里：没有 W_O；001 只是拼接（In [20]）"), "hint mono"));
 }
 
 // ---- Section 8: the next character
@@ -861,10 +828,10 @@ function appendSampled() {
 function render() {
   $("what-if").hidden = !whatIf();
   if (whatIf()) {
-    const own = "q\u00b7k " + FACTORS[OWN_FACTOR][0];
-    $("what-if").textContent = say("What-if: the scores are q\u00b7k " + factorName() + ", not " + own + " as in " +
+    const own = "q·k " + FACTORS[OWN_FACTOR][0];
+    $("what-if").textContent = say("What-if: the scores are q·k " + factorName() + ", not " + own + " as in " +
       "training" + times() + "; every number on the page, the next character too, is what the model computes so.",
-      "假设：注意力分数改为 q\u00b7k " + factorName() + "，而不是训练时的 " + own + times() + "；页面上的每个数，" +
+      "假设：注意力分数改为 q·k " + factorName() + "，而不是训练时的 " + own + times() + "；页面上的每个数，" +
       "包括下一个字符，都按这个缩放重新计算。");
   }
   if (state.result) { renderStrip(); renderMatrix(); renderModelChoice(); } else {
@@ -877,10 +844,6 @@ function render() {
 }
 
 // ---- The language, and the fonts this browser lacks
-function formFormula() {
-  return say(FORM.formula[0], FORM.formula[1]);
-}
-
 function aboutLine(a) {
   const corpus = a.corpus ?? say("an unrecorded corpus", "未记录的语料");
   return say(`${a.path}: step ${a.step}, ${a.n_layer} layers x ${a.n_head} heads of ${a.head_size}, ` +
@@ -904,8 +867,8 @@ function openingLine(a) {
   return {
     line: say("Opened on a line of the run's validation text (text it never trained on).",
               "打开时是这次训练的验证文本中的一行（模型没有用它训练过）。"),
-    lines: say("Opened on whole lines of the run's validation text, joined with their line breaks (\u21b5): its " +
-               "lines are short.", "打开时是这次训练的验证文本中的几整行，连同换行（\u21b5）：它的行都很短。"),
+    lines: say("Opened on whole lines of the run's validation text, joined with their line breaks (↵): its " +
+               "lines are short.", "打开时是这次训练的验证文本中的几整行，连同换行（↵）：它的行都很短。"),
     default: say("Opened on a line of Romeo and Juliet", "打开时是《罗密欧与朱丽叶》中的一行") + notValidation + why +
       say(".", "。"),
     written: say("Opened on text the model wrote itself", "打开时是模型自己写的文本") + notValidation + why + say(".", "。"),
@@ -928,11 +891,10 @@ function applyLanguage(language) {
   $("about").textContent = aboutLine(data.about);
   $("model-scope").textContent = modelScope();
   $("opening-note").textContent = openingLine(data.about);
-  document.querySelectorAll(".form-formula").forEach(node => { node.textContent = formFormula(); });
+  document.querySelectorAll(".form-formula").forEach(node => { node.textContent = say(...FORM.formula); });
   $("view").options[0].text = say("all heads", "所有头");
   for (const option of $("scale").options) {
-    option.text = FACTORS[option.value][0] + (option.value === "1" ? say(", no scale", "，不缩放") : "") +
-      (option.value === OWN_FACTOR ? say(" (the model's own)", "（模型自己的）") : say(" (what-if)", "（假设）"));
+    option.text = factorName(option.value) + (option.value === OWN_FACTOR ? say(" (the model's own)", "（模型自己的）") : say(" (what-if)", "（假设）"));
   }
   buildHeads();
   buildPositions();
@@ -957,10 +919,10 @@ function missingGlyphs(characters) {
 
 function noteMissingFonts() {
   const drawable = vocab.filter(ch => !/^[\p{Cc}\p{Cf}\p{Cs}\s]$/u.test(ch));
-  const missing = missingGlyphs(drawable), chinese = state.language === "zh" && missingGlyphs(["\u4e2d"]).length > 0;
+  const missing = missingGlyphs(drawable), chinese = state.language === "zh" && missingGlyphs(["中"]).length > 0;
   const named = missing.slice(0, 12).map(codePoint);
   const what = [missing.length ? missing.length + " of the model's " + drawable.length + " characters (" +
-    named.join(" ") + (missing.length > 12 ? " \u2026" : "") + ")" : "", chinese ? "this page's Chinese text" : ""];
+    named.join(" ") + (missing.length > 12 ? " …" : "") + ")" : "", chinese ? "this page's Chinese text" : ""];
   $("font-note").hidden = !missing.length && !chinese;
   $("font-note").textContent = "This browser has no font for " + what.filter(Boolean).join(", nor for ") +
     ", so they show as boxes. Fix (Debian/Ubuntu): sudo apt-get install fonts-noto-cjk, then reload the page." +
