@@ -14,7 +14,7 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 
 import torch  # noqa: E402
 
-from errors import ArgumentParser, UserError, exit_without_teardown, in_one_line, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, in_one_line, run_cli  # noqa: E402
 from training import checkpoint  # noqa: E402
 loaded()
 
@@ -48,4 +48,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(run_cli(main))
+    sys.exit(run_cli(main))
