@@ -184,17 +184,13 @@ def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: boo
 
     names = list(NAMES[:3 + onnx])
     remove_abandoned_scratch(folder)
-    cannot = "--to {} cannot be written ({}); nothing was written; {}"
-    try:
-        scratch = tempfile.TemporaryDirectory(dir=folder, prefix=f"{SCRATCH}{os.getpid()}-")
-    except OSError as err:
-        raise UserError(cannot.format(folder, disk_error(err), space_or_place(err, "--to"))) from None
-    with scratch:
-        new = Path(scratch.name)
+    with contextlib.ExitStack() as stack:
         try:
+            new = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=folder, prefix=f"{SCRATCH}{os.getpid()}-")))
             (new / SCRATCH_MARK).touch()
         except OSError as err:
-            raise UserError(cannot.format(folder, disk_error(err), space_or_place(err, "--to"))) from None
+            raise UserError(f"--to {folder} cannot be written ({disk_error(err)}); nothing was written; "
+                            f"{space_or_place(err, '--to')}") from None
         try:
             write_safetensors(model, new / names[0])
             write_text_atomic(new / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
@@ -227,10 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         refuse_others(folder)
         onnx = args.onnx is not False and not missing
         if not onnx and (folder / "model.onnx").exists():
-            ways = (f"move it away, choose another --to, or install what ONNX needs ({' and '.join(missing)}: pip "
-                    f"install -r requirements-export.txt)") if missing else "move it away, or choose another --to"
-            raise UserError(f"--to {folder} holds a model.onnx that this export (without ONNX) would leave beside "
-                            f"another model's files; {ways}")
+            needs = f", or pip install -r requirements-export.txt ({' and '.join(missing)})" if missing else ""
+            raise UserError(f"--to {folder} holds a model.onnx this export would not replace; move it away, or choose "
+                            f"another --to{needs}")
         moved: list[str] = []
         try:
             written = write_all(model, tokenizer, state, path, folder, onnx, moved)
