@@ -212,20 +212,18 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{path} has no attention layers (n_layer 0); choose a model with blocks")
     size = model.num_params(non_embedding=False)
     if size > MAX_PARAMETERS:
-        raise UserError(f"{path} has {size:,} parameters; the page carries at most {MAX_PARAMETERS:,} parameters "
-                        f"(every weight in float32, {MAX_PARAMETERS * 4 * 4 / 3 / 1e6:.1f} MB of page); choose a "
-                        f"smaller model")
+        raise UserError(f"{path} has {size:,} parameters; the page carries at most {MAX_PARAMETERS:,} parameters; "
+                        f"choose a smaller model")
     opening = opening_text(args, model, tokenizer, state, cfg.block_size)
-    text = opening.text
     try:
-        attention_of(model, tokenizer.encode(text) or [0])
+        attention_of(model, tokenizer.encode(opening.text) or [0])
     except UserError as err:
         raise UserError(f"{path}: {err}") from None
     # the line under the title
     about = {"path": str(path), "step": state["iter"], "n_layer": cfg.n_layer, "n_head": cfg.n_head,
              "head_size": cfg.head_size, "n_embd": cfg.n_embd, "millions": f"{size / 1e6:.2f}",
              "corpus": state.get("data", {}).get("source"), "opening": opening.source, "why": opening.why}
-    written = page(model, tokenizer.chars, text, "Your model, thinking", about)
+    written = page(model, tokenizer.chars, opening.text, "Your model, thinking", about)
     write_text_atomic(html, written, "the page", "--html")
     if opening.why:
         instead = "a line of Romeo and Juliet" if opening.source == "default" else "text the model wrote"

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         state = torch.load(old, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise UserError(f"{old} cannot be read as an old checkpoint ({in_one_line(err)}); nothing was written") from None
+        raise UserError(f"{old} is not a readable old checkpoint ({in_one_line(err)}); nothing was written") from None
     if not (isinstance(state, dict) and state.get("format") == 1 and isinstance(state.get("model"), dict)
             and isinstance(state.get("model_config"), dict)):
         raise UserError(f"{old} is not a checkpoint of format 1 of this trainer; nothing was written")

@@ -36,7 +36,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best, else ckpt_last")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--prompt", "--start", default=None,
-                   help="text to continue, or FILE:path to read it from a file (default: a newline)")
+                   help="text to continue, or FILE:path (default: a newline, else the text's first character)")
     p.add_argument("--prompt_file", default="", help="read the prompt from this file")
     p.add_argument("--prompts_per_line", action="store_true", help="with --prompt_file: one prompt per line, batched")
     p.add_argument("--max_new_tokens", type=int, default=500, help="characters to generate per sample")
