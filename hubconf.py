@@ -1,5 +1,4 @@
-"""torch.hub's entry to a trained run: torch.hub.load(CHECKOUT, "chargpt", RUN_FOLDER, source="local"). The project's
-modules are in sys.modules only while this file's code runs, so a program's own of the same names come back."""
+"""torch.hub's entry to a trained run: torch.hub.load(CHECKOUT, "chargpt", RUN_FOLDER, source="local")."""
 from __future__ import annotations
 
 import contextlib
@@ -9,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-dependencies = ["torch", "numpy"]  # what torch.hub checks before it calls an entry
+dependencies = ["torch", "numpy"]
 
 HERE = str(Path(__file__).resolve().parent)
 OWN = ("model", "data", "common", "training", "configs", "errors")
@@ -22,7 +21,7 @@ def _owned(name: str) -> bool:
 
 @contextlib.contextmanager
 def _project() -> Iterator[None]:
-    """This checkout's modules in sys.modules for the duration; the caller's own back afterwards."""
+    """This checkout's modules in sys.modules for the duration; the caller's modules of those names back after."""
     theirs = {name: module for name, module in sys.modules.items() if _owned(name)}
     for name in theirs:
         del sys.modules[name]
@@ -38,8 +37,7 @@ def _project() -> Iterator[None]:
 
 
 class TrainedRun:
-    """A trained run's model (in eval mode) and tokenizer: generate as sample.py does, logits, score as evaluate.py
-    does, and to(device, dtype)."""
+    """A trained run's model (in eval mode) and tokenizer: generate, logits, score and to(device, dtype)."""
 
     def __init__(self, model, tokenizer, state: dict, path: Path):
         self.model, self.tokenizer, self.path = model, tokenizer, path
@@ -49,7 +47,7 @@ class TrainedRun:
         loss = state.get("best_val_loss")
         self.val_loss = loss if isinstance(loss, float) and math.isfinite(loss) else None
         run = state.get("run_config") if isinstance(state.get("run_config"), dict) else {}
-        self.run_dtype = run.get("dtype", "auto")  # scoring's autocast, as evaluate.py's
+        self.run_dtype = run.get("dtype", "auto")  # scoring's autocast
         self.batch_size = run.get("batch_size", 16)
 
     def _ids(self, text: str, what: str) -> list[int]:
@@ -57,8 +55,7 @@ class TrainedRun:
             raise TypeError(f"the {what} must be a str, not {type(text).__name__}")
         unknown = self.tokenizer.unknown(text)
         if not text or unknown:
-            raise ValueError(f"the {what} needs at least one character, all of them known to the model; unknown: "
-                             f"{sorted(set(unknown))[:10]}")
+            raise ValueError(f"the {what} needs characters the model knows; unknown: {sorted(set(unknown))[:10]}")
         return self.tokenizer.encode(text)
 
     def generate(self, prompt: str | list[str] | tuple[str, ...] | None = None, max_new_tokens: int = 500,
@@ -88,7 +85,7 @@ class TrainedRun:
             fits = (f"out of memory: {len(rows):,} prompt(s) and {int(max_new_tokens):,} new characters do not fit on "
                     f"{device.type}; ask for fewer max_new_tokens or fewer prompts")
             machine = importlib.import_module("common.machine")
-            free = machine.free_memory() if device.type == "cpu" else None
+            free = machine.free_memory() if device.type == "cpu" else None  # checked first, as sample.py does
             if free is not None and generate.bytes_needed(self.model, len(rows), max(map(len, rows)),
                                                           int(max_new_tokens)) > free:
                 raise MemoryError(fits)
@@ -103,7 +100,7 @@ class TrainedRun:
         return texts if batch else texts[0]
 
     def logits(self, text: str):
-        """The float32 logits after each character of text (at most block_size), (len(text), vocab)."""
+        """The float32 logits after each character of text, (len(text), vocab)."""
         import torch
 
         ids = self._ids(text, "text")
@@ -115,7 +112,7 @@ class TrainedRun:
             return self.model(idx)[0][0].float()
 
     def score(self, text: str, stride: int | None = None) -> float:
-        """Bits per character of text, as scripts/evaluate.py --stride STRIDE measures it."""
+        """Bits per character of text, as scripts/evaluate.py measures it."""
         ids = self._ids(text, "text")
         if len(ids) < 2:
             raise ValueError("score() needs at least two characters: the first is only context")
@@ -137,7 +134,7 @@ class TrainedRun:
         return nats / scored / math.log(2)
 
     def to(self, device=None, dtype=None) -> "TrainedRun":
-        """The model moved to device and/or cast to dtype, as sample.py --dtype casts it; returns self."""
+        """The model moved to device and/or cast to dtype; returns self."""
         if device is not None:
             with _project():
                 errors = importlib.import_module("errors")
@@ -155,7 +152,7 @@ class TrainedRun:
 
 
 def chargpt(run: str, device: str = "cpu") -> TrainedRun:
-    """The model of a run folder (its ckpt_best, else ckpt_last) or of a checkpoint file, on device."""
+    """The model of a run folder or of a checkpoint file, on device."""
     with _project():
         checkpoint = importlib.import_module("training.checkpoint")
         run_folder = importlib.import_module("common.run_folder")

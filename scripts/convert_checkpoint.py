@@ -1,6 +1,6 @@
-"""python scripts/convert_checkpoint.py RUN/ckpt_last.pt: a checkpoint of the old format (torch.save's zip) converted
-once into this version's safetensors file beside it (ckpt_last.safetensors); the old file is kept. It trusts the file:
-torch.load(weights_only=True) runs no code, but cannot bound the memory or time a file takes. Convert only your own."""
+"""python scripts/convert_checkpoint.py RUN/ckpt_last.pt: an old-format checkpoint into a .safetensors file beside it.
+
+torch.load runs no code here, but cannot bound a file's memory or time: convert only your own files."""
 from __future__ import annotations
 
 import sys
@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
 
 import torch  # noqa: E402
 
@@ -20,8 +20,7 @@ loaded()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(description="Convert a checkpoint of the old format (.pt) into a .safetensors file beside it. "
-                                   "It trusts the file: convert only checkpoints you made.")
+    p = ArgumentParser(description="Convert an old checkpoint (.pt) into a .safetensors file; only your own.")
     p.add_argument("old", type=Path, help="the old checkpoint, such as RUN/ckpt_last.pt")
     old = p.parse_args(argv).old
     new = old.with_suffix(".safetensors")
@@ -32,14 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reading {old}, trusted as your own (torch.load cannot bound a file's memory or time)", file=sys.stderr)
     try:
         state = torch.load(old, map_location="cpu", weights_only=True)
-    except Exception as err:  # not a zip, truncated, or it asks to run code
-        raise UserError(f"{old} cannot be read as an old checkpoint ({in_one_line(err)}); nothing was written") from None
+    except Exception as err:
+        raise UserError(f"{old} is not a readable old checkpoint ({in_one_line(err)}); nothing was written") from None
     if not (isinstance(state, dict) and state.get("format") == 1 and isinstance(state.get("model"), dict)
             and isinstance(state.get("model_config"), dict)):
         raise UserError(f"{old} is not a checkpoint of format 1 of this trainer; nothing was written")
     try:
         checkpoint.save({**state, "format": checkpoint.FORMAT}, new)
-        checkpoint.load(new, resume="optimizer" in state)  # read back as every reader reads it
+        checkpoint.load(new, resume="optimizer" in state)  # read back as every reader does
     except Exception as err:
         new.unlink(missing_ok=True)
         message = str(err) if isinstance(err, UserError) else in_one_line(err)

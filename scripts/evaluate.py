@@ -1,6 +1,5 @@
-"""python scripts/evaluate.py --out_dir RUN [--data FILE]: a trained model's loss (nats per character) and bits per
-character on any text (by default the run's own, whose validation split then gives the run's full validation figure),
-every character scored once with the context that --stride gives it."""
+"""python scripts/evaluate.py --out_dir RUN [--data FILE]: a trained model's loss and bits per character on any text
+(by default the run's own validation split)."""
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -42,16 +41,12 @@ loaded()
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     p.add_argument("--out_dir", default="", help="a run folder: uses its model, ckpt_best (else ckpt_last)")
-    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir), such as RUN/ckpt_last.safetensors")
-    p.add_argument("--data", default=None, help="text file, folder of text files, or a named corpus (as train.py); "
-                                              "default: the text the run trained on")
+    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
+    p.add_argument("--data", default=None, help="text file, folder or named corpus (default: the run's own text)")
     p.add_argument("--split", choices=("val", "all"), default="val",
-                   help="val: the text's last part, which training holds out for validation (a model never saw it "
-                        "there); all: the whole text (for a text the model was not trained on: on its own, the "
-                        "training part is scored too)")
+                   help="val: the held-out last part; all: the whole text")
     p.add_argument("--stride", type=int, default=None,
-                   help="characters between window starts (default and at most: block_size, windows side by side; "
-                        "smaller: each character gets at least block_size - stride of context, a lower figure)")
+                   help="characters between window starts (default and at most: block_size)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
                    help="characters the model never saw: stop with an error, or skip (and count) them")
     p.add_argument("--json", default="", help="also write the figures to this JSON file")
@@ -61,15 +56,14 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--encoding_errors", default=None, choices=("strict", "replace", "ignore"),
                    help="undecodable bytes: stop, replace or ignore them (default: the run's own)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    p.add_argument("--dtype", default="", help="auto | float32 | bfloat16 (default: the run's own, as in training)")
+    p.add_argument("--dtype", default="", help="auto | float32 | bfloat16 (default: the run's own)")
     p.add_argument("--num_threads", type=int, default=0,
-                   help="CPU threads (0: the faster count on this machine as it is, measured on one batch first; "
-                        "N: N threads, the same figures to the last digit whatever else the machine runs)")
+                   help="CPU threads (0: the faster count, measured first; N: the same figures whatever the load)")
     return p
 
 
 def read_corpus(spec: str, cache_dir: str, encoding: str, errors: str, digest=None) -> tuple[str, str]:
-    """The text of --data (a file, a folder or a named corpus) and its name; digest, when given, takes its bytes."""
+    """The text of --data and its name; digest, when given, takes its bytes."""
     corpus = resolve(spec, Path(cache_dir) if cache_dir else default_cache_dir(),
                      say=lambda message: print(message, file=sys.stderr))
     text = "".join(read_text(corpus, encoding, errors, digest))
@@ -77,10 +71,7 @@ def read_corpus(spec: str, cache_dir: str, encoding: str, errors: str, digest=No
 
 
 def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str, str]:
-    """No --data: the text the run trained on. A named corpus by its name (from this user's cache; a note where it is
-    not the text the checkpoint records, as pystdlib differs between Python versions); a file the checkpoint names
-    only where it is one regular file of the size and checksum the checkpoint records (data.gate.recorded_text: a
-    checkpoint may come from someone else); else one line asking for --data."""
+    """No --data: the text the run trained on, a file only if its size and checksum match the checkpoint's."""
     record = state.get("data") or {}
     if run.data in NAMED:
         digest = hashlib.sha256()
@@ -90,14 +81,13 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
             raise UserError(f"no --data given; the run trained on {shown(run.data)}, and "
                             f"{str(err).removeprefix(f'--data {run.data}: ')}") from None
         if record.get("sha256") not in (None, digest.hexdigest()):
-            print(shown(f"note: {name} here is not the text {path} was trained on (its checksum differs): these "
-                        f"figures are this text's"), file=sys.stderr)
+            print(shown(f"note: {name} here is not the text {path} was trained on (its checksum differs)"),
+                  file=sys.stderr)
         return text, name
     source = Path(run.data).expanduser()
     if source.is_dir():
         raise UserError(f"no --data given: {path} was trained on the folder {shown(run.data)}, which is read only "
-                        f"when named; "
-                        f"give --data {shlex.quote(shown(run.data))} (or another text)")
+                        f"when named; give --data {shlex.quote(shown(run.data))}")
     why = "it is missing" if not source.exists() else recorded_size(source, record)  # (the gate's reasons)
     if why is None:
         why = "it is not the text it was trained on (its checksum differs)"
@@ -109,35 +99,30 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
             why = f"it cannot be read ({disk_error(err)})"
         except UnicodeError:
             why = f"it does not decode as {run.encoding}"
-        except UserError:  # the gate's: what is there now is not what was looked at
+        except UserError:
             why = "it changed while it was read"
     raise UserError(f"no --data given, and the text {path} was trained on, {shown(run.data)}, is not here as it was: "
-                    f"{why}; give "
-                    f"the text with --data FILE")
+                    f"{why}; give the text with --data FILE")
 
 
 MAX_EXP = 709.0  # math.exp overflows a float64 just above it
-# A batch on a CPU: its logits (batch_size x block_size x vocabulary, float32) three times over (the logits, their
-# log-softmax in the cross-entropy, its gradient-free copy), and the blocks' activations, a few per layer.
+# A CPU batch holds its float32 logits about three times over, and a few activations per layer.
 LOGIT_COPIES, ACTIVATION_COPIES = 3, 8
 
 
 def check_memory(model, batch_size: int, block_size: int, device: torch.device) -> None:
-    """On a CPU, batches that would need more memory than the machine has free are refused before scoring (there the
-    system ends the process, and no error reaches Python); elsewhere the allocator's own error is caught."""
+    """On a CPU, batches larger than the free memory are refused first: there the system would kill the process."""
     free = free_memory() if device.type == "cpu" else None
     cfg = model.config
     need = 4 * batch_size * block_size * (LOGIT_COPIES * cfg.vocab_size
                                           + ACTIVATION_COPIES * cfg.n_embd * max(cfg.n_layer, 1))
     if free is not None and need > free:
         raise UserError(f"out of memory: batches of {batch_size:,} windows of {block_size} characters would need about "
-                        f"{need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB this machine has free; lower "
-                        f"--batch_size")
+                        f"{need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free; lower --batch_size")
 
 
 def saved_settings(state: dict, path: Path) -> TrainConfig:
-    """The run's settings this script takes from the checkpoint (batch_size, dtype, the encoding, val_fraction), every
-    value checked: a wrong one is the checkpoint's, and the line says so (never a flag the user did not give)."""
+    """The checkpoint's run settings, checked: a wrong value is named as the checkpoint's, not as a flag."""
     run = config_from_dict(state["run_config"], f"{path}", say=lambda message: None)
     try:
         check_encoding(run.encoding, run.encoding_errors)
@@ -147,8 +132,7 @@ def saved_settings(state: dict, path: Path) -> TrainConfig:
 
 
 def runtime(args, run: TrainConfig, path: Path):
-    """The device, and --dtype, by default the run's own precision (as in training): where that one cannot be used
-    here (float16 on a CPU), the line names the checkpoint as its source and the flag that chooses another."""
+    """The device, and --dtype, by default the run's own (a refusal of that names the checkpoint)."""
     if args.dtype:
         return setup(args.device, args.dtype)
     try:
@@ -159,9 +143,8 @@ def runtime(args, run: TrainConfig, path: Path):
 
 
 def batch_seconds(model, ids: torch.Tensor, block_size: int, stride: int, batch_size: int, autocast) -> float:
-    """Seconds to score one batch of windows from the text's start, as the scoring does: the work evaluate.py's
-    thread count is measured on."""
-    n_ids = min(len(ids), (batch_size - 1) * stride + block_size + 1)  # batch_size windows (fewer in a short text)
+    """Seconds to score one batch from the text's start: what the thread count is measured on."""
+    n_ids = min(len(ids), (batch_size - 1) * stride + block_size + 1)
     start = time.perf_counter()
     score(model, ids[:n_ids], Windows(n_ids, block_size, stride), batch_size, autocast)
     return time.perf_counter() - start
@@ -180,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     run = saved_settings(state, path)
     if args.encoding is not None or args.encoding_errors is not None:  # a --data text's own, over the run's
         if args.data is None:
-            raise UserError(f"--encoding and --encoding_errors read a text given with --data; the run's own text is "
-                            f"read as it was trained on ({run.encoding}, {run.encoding_errors}): leave them out, or "
-                            f"give --data FILE")
+            raise UserError("--encoding and --encoding_errors need --data; leave them out, or give --data FILE")
         run.encoding, run.encoding_errors = args.encoding or run.encoding, args.encoding_errors or run.encoding_errors
         check_encoding(run.encoding, run.encoding_errors)
     rt = runtime(args, run, path)
@@ -201,9 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         text, name = runs_own_text(args, run, state, path)
         if args.split == "all":
-            print("note: --split all on the run's own text scores the text it was trained on too (--split val: the "
-                  "part it held out)", file=sys.stderr)
-    if args.split == "val":  # the same cut as training's: the last val_fraction of the characters
+            print("note: --split all on the run's own text scores its training part too", file=sys.stderr)
+    if args.split == "val":  # training's cut: the last val_fraction of the characters
         text = text[int(len(text) * (1 - run.val_fraction)):]
     unknown = tokenizer.unknown(text)
     counts = {ch: text.count(ch) for ch in dict.fromkeys(unknown)}
@@ -216,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--data {args.data or name}: no text to score"
                         f"{' once unknown characters are left out' if counts else ''}"
                         f"; give at least two characters the model knows")
-    ids = torch.from_numpy(tokenizer.encode_array(known).astype(np.int32))  # 4 bytes a character, not a list's 36
+    ids = torch.from_numpy(tokenizer.encode_array(known).astype(np.int32))
 
     dtype = str(rt.dtype).removeprefix("torch.")
     print(shown(f"{path}: step {state['iter']}, block_size {block_size}; scoring {len(ids) - 1:,} characters of "
@@ -224,27 +204,26 @@ def main(argv: list[str] | None = None) -> int:
     todo = Windows(len(ids), block_size, stride)
     check_memory(model, batch_size, block_size, rt.device)
     try:
-        if rt.device_type == "cpu":  # measured on the work itself: one batch, which may not fit either
+        if rt.device_type == "cpu":
             threads = choose_threads(args.num_threads, lambda: batch_seconds(model, ids, block_size, stride,
                                                                              batch_size, rt.autocast))
             print(threads.line("a batch"), file=sys.stderr)
-        # in a terminal a bar; written to a file (where a bar's redraws run together) a line every 30 s
+        # a bar in a terminal; a line every 30 s in a file
         bar = tqdm(total=len(todo), desc="evaluate", unit="window", delay=2, dynamic_ncols=True) if \
             sys.stderr.isatty() else PlainProgress(lambda line: print(line, file=sys.stderr), "evaluate", len(todo),
                                                    unit="windows")
         with bar:
             nats, scored = score(model, ids, todo, batch_size, rt.autocast, bar)
-    except RuntimeError as err:  # a batch's logits are batch_size x block_size x the vocabulary's size
+    except RuntimeError as err:
         if not is_out_of_memory(err):
             raise
         raise UserError(f"out of memory: batches of {batch_size:,} windows of {block_size} characters do not fit on "
                         f"{rt.device_type}; lower --batch_size") from None
     loss = nats / scored
     if not math.isfinite(loss):
-        raise UserError(f"{path}: the model's loss on this text is not a number ({loss}): its output overflowed "
-                        f"(inf or NaN) somewhere in the {scored:,} characters; its weights are damaged or too large to "
-                        f"compute with; nothing was written")
-    perplexity = math.exp(loss) if loss < MAX_EXP else None  # beyond e^709 a float64 overflows
+        raise UserError(f"{path}: the model's loss on this text is not a number ({loss}); its weights are damaged "
+                        f"or too large")
+    perplexity = math.exp(loss) if loss < MAX_EXP else None
     figures = {"loss": loss, "bits_per_char": loss / math.log(2), "perplexity": perplexity, "characters": scored,
                "unknown": sum(counts.values()), "unknown_distinct": len(counts), "stride": stride,
                "block_size": block_size, "split": args.split, "dtype": dtype, "data": name, "checkpoint": str(path),

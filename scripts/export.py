@@ -1,6 +1,5 @@
-"""python scripts/export.py --out_dir RUN [--to DIR]: a trained model in files other programs read without this project:
-its weights as safetensors, its settings as config.json, its vocabulary as vocab.json, and (with onnx and onnxscript
-installed: pip install -r requirements-export.txt) the forward pass as an ONNX graph."""
+"""python scripts/export.py --out_dir RUN [--to DIR]: a trained model as files other programs read: model.safetensors,
+config.json, vocab.json and (with requirements-export.txt installed) model.onnx."""
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
 
 import torch  # noqa: E402
 
@@ -29,8 +28,8 @@ from model.attention import ROPE_BASE  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
 loaded()
 
-FORMAT = 1  # of config.json and vocab.json, as this script writes them
-ONNX_NEEDS = ("onnx", "onnxscript")  # torch.onnx.export(dynamo=True): torch.export's graph, translated by onnxscript
+FORMAT = 1  # of config.json and vocab.json
+ONNX_NEEDS = ("onnx", "onnxscript")  # what torch.onnx.export(dynamo=True) imports
 ONNX_OPSET = 18
 
 
@@ -45,8 +44,7 @@ def build_parser() -> ArgumentParser:
 
 
 def model_config(model, state: dict, path: Path) -> dict:
-    """config.json: every setting the forward pass depends on (this project's ModelConfig, by name, and for rotary
-    positions their base, which no setting holds), and where the weights came from."""
+    """config.json: every setting the forward pass depends on (rope_base too), and where the weights came from."""
     rope = {"rope_base": ROPE_BASE} if model.config.position == "rope" else {}
     head = ("the tied head stored too (lm_head.weight, equal to wte.weight)" if model.config.tie_weights else
             "the head its own (lm_head.weight)")
@@ -58,7 +56,7 @@ def model_config(model, state: dict, path: Path) -> dict:
 
 
 def write_safetensors(model, target: Path) -> None:
-    """The weights, each a tensor of its own (safetensors stores no shared memory: a tied head is written twice)."""
+    """The weights, each its own tensor (safetensors shares no memory: a tied head is written twice)."""
     from safetensors.torch import save
 
     weights = {name: tensor.detach().to("cpu", torch.float32).contiguous().clone()
@@ -67,9 +65,7 @@ def write_safetensors(model, target: Path) -> None:
 
 
 class Logits(torch.nn.Module):
-    """The forward pass as a graph exports it: ids (B, T) -> logits (B, T, vocab), with attention written out (q·kᵀ,
-    the causal mask, softmax), which every ONNX runtime has; the fused kernel's is_causal flag is a Python bool that
-    torch.export cannot carry for a length it leaves open."""
+    """The forward pass as exported: ids (B, T) -> logits (B, T, vocab)."""
 
     def __init__(self, model):
         super().__init__()
@@ -80,19 +76,19 @@ class Logits(torch.nn.Module):
 
 
 def write_onnx(model, target: Path) -> None:
-    """model.onnx, its batch and length left open (the length up to block_size), written atomically."""
+    """model.onnx, its batch and length (up to block_size) left open, written atomically."""
     import logging
     import tempfile
     import warnings
 
-    for block in model.blocks:  # attention written out: the fused kernel's causal flag does not export with an open
-        block.attn.path = "explicit"  # length
+    for block in model.blocks:  # the fused kernel's causal flag does not export with an open length
+        block.attn.path = "explicit"
     block_size = model.config.block_size
     example = torch.zeros(2, min(8, block_size), dtype=torch.long)
     shapes = {"idx": {0: torch.export.Dim("batch", min=1), 1: torch.export.Dim("time", min=1, max=block_size)}}
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # (the exporter's notes on torchvision's operators)
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # (quiets the exporter's notes)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch, warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # (torch.export's own, on a pytree class it renamed)
+        warnings.simplefilter("ignore", FutureWarning)  # (torch.export's own)
         graph = Path(scratch) / "model.onnx"
         try:
             torch.onnx.export(Logits(model).eval(), (example,), str(graph), dynamo=True, input_names=["idx"],
@@ -101,8 +97,8 @@ def write_onnx(model, target: Path) -> None:
         except OSError as err:  # (the exporter's write names no file)
             raise WriteFailed(f"could not write the ONNX graph {target} ({disk_error(err)})", "nothing was written",
                               space_or_place(err, "--to")) from None
-        except Exception as err:  # an onnx or onnxscript that does not match this torch fails to import, or translates
-            if isinstance(err, MemoryError) or is_out_of_memory(err):  # the graph wrongly: the exporter's first line
+        except Exception as err:  # e.g. an onnxscript that does not match this torch
+            if isinstance(err, MemoryError) or is_out_of_memory(err):
                 raise UserError("out of memory while exporting the ONNX graph; nothing was written; free some "
                                 "memory, or export without it: --onnx=false") from None
             first = (str(err).strip().splitlines() or [""])[0]
@@ -112,15 +108,13 @@ def write_onnx(model, target: Path) -> None:
         write_atomic(target, lambda f: f.write(graph.read_bytes()), "the ONNX graph", "--to")
 
 
-SCRATCH = ".export-"  # a scratch folder's name: this prefix, the exporting process's id, a dash, tempfile's letters
+SCRATCH = ".export-"  # a scratch folder's name: this prefix, the process id, a dash, tempfile's letters
 SCRATCH_MARK = "export-scratch"  # the empty file an export puts first into its scratch folder
-NAMES = ("model.safetensors", "config.json", "vocab.json", "model.onnx")  # the files an export writes
+NAMES = ("model.safetensors", "config.json", "vocab.json", "model.onnx")
 
 
 def scratch_pid(entry: Path) -> int | None:
-    """The id of the process whose scratch folder entry is, else None: named as SCRATCH says, a folder (no link), and
-    holding the SCRATCH_MARK file (or nothing: an export stopped as it made it), so that a folder of the user's that
-    only has such a name is never taken for one."""
+    """The process id of an export's scratch folder (named so, holding SCRATCH_MARK or nothing), else None."""
     pid, dash, _ = entry.name.removeprefix(SCRATCH).partition("-")
     if not (entry.name.startswith(SCRATCH) and dash and pid.isdigit() and entry.is_dir() and not entry.is_symlink()):
         return None
@@ -130,8 +124,7 @@ def scratch_pid(entry: Path) -> int | None:
 
 
 def remove_abandoned_scratch(folder: Path) -> None:
-    """Scratch folders that an export killed outright (kill -9, a power cut) left in folder: those whose process is
-    gone, each named by its process id; one of a running export stays."""
+    """Scratch folders left by exports killed outright (kill -9): those whose process is gone."""
     for scratch in folder.iterdir():
         if (pid := scratch_pid(scratch)) is None:
             continue
@@ -139,18 +132,17 @@ def remove_abandoned_scratch(folder: Path) -> None:
             os.kill(pid, 0)
         except ProcessLookupError:
             shutil.rmtree(scratch, ignore_errors=True)
-        except (OSError, OverflowError):  # another user's process (PermissionError): alive
+        except (OSError, OverflowError):  # another user's process: alive
             pass
 
 
 def exported(file: Path) -> bool:
-    """Whether file is as an export writes it: a plain file (no link), and a config.json or vocab.json with the marks
-    export puts in them (config.json's model_type chargpt and format; vocab.json's format and chars)."""
+    """Whether file is a plain file, and a config.json or vocab.json with an export's marks."""
     if file.is_symlink() or not file.is_file():
         return False
     if file.suffix != ".json":
         return True
-    try:  # (vocab.json holds at most every character of Unicode: a few MB)
+    try:
         data = json.loads(read_small(file, "the export's", 16 << 20).decode("utf-8"))
     except (OSError, ValueError, RecursionError, UserError):
         return False
@@ -159,10 +151,7 @@ def exported(file: Path) -> bool:
 
 
 def refuse_others(folder: Path) -> None:
-    """An export writes into a new or empty folder, or over an earlier export: a folder whose config.json or vocab.json
-    export wrote, and whose other files of the export's names are plain files; files of other names beside an earlier
-    export stay as they are. Anything else is refused in one line, naming the files in the way: the user's files that
-    export would replace, else those its files would land among. Scratch folders of exports are passed over."""
+    """An export writes only into a new or empty folder, or over an earlier export; else one line names the files."""
     entries = sorted(p.name for p in folder.iterdir() if scratch_pid(p) is None)
     earlier = any(name in entries and exported(folder / name) for name in ("config.json", "vocab.json"))
     replaced = [name for name in NAMES if name in entries and not (earlier and exported(folder / name))]
@@ -176,8 +165,7 @@ def refuse_others(folder: Path) -> None:
 
 @contextlib.contextmanager
 def alone_in(folder: Path):
-    """folder held by this export alone (an OS lock on the folder itself) from its checks to its last move, so that
-    two exports into one folder at once never mix two models' files: the second is one line."""
+    """folder locked by this export, so that two exports at once never mix two models' files."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
@@ -187,29 +175,22 @@ def alone_in(folder: Path):
                             f"another --to") from None
         yield
     finally:
-        os.close(fd)  # (closing the descriptor lets the lock go)
+        os.close(fd)  # (lets the lock go)
 
 
 def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: bool, moved: list[str]) -> list[str]:
-    """The weights, config.json, vocab.json and, with onnx, the ONNX graph, written into folder; their names. Each is
-    written in a scratch folder beside them first and all are moved in at the end (each name added to moved), so that
-    an export that fails (a full disk) leaves an earlier export there whole, not part replaced by another model's
-    files."""
+    """The export's files, written in a scratch folder, then moved into folder (each name added to moved)."""
     import tempfile
 
     names = list(NAMES[:3 + onnx])
     remove_abandoned_scratch(folder)
-    cannot = "--to {} cannot be written ({}); nothing was written; {}"
-    try:
-        scratch = tempfile.TemporaryDirectory(dir=folder, prefix=f"{SCRATCH}{os.getpid()}-")
-    except OSError as err:
-        raise UserError(cannot.format(folder, disk_error(err), space_or_place(err, "--to"))) from None
-    with scratch:
-        new = Path(scratch.name)
+    with contextlib.ExitStack() as stack:
         try:
+            new = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=folder, prefix=f"{SCRATCH}{os.getpid()}-")))
             (new / SCRATCH_MARK).touch()
         except OSError as err:
-            raise UserError(cannot.format(folder, disk_error(err), space_or_place(err, "--to"))) from None
+            raise UserError(f"--to {folder} cannot be written ({disk_error(err)}); nothing was written; "
+                            f"{space_or_place(err, '--to')}") from None
         try:
             write_safetensors(model, new / names[0])
             write_text_atomic(new / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
@@ -220,7 +201,7 @@ def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: boo
                               "vocab.json", "--to")
             if onnx:
                 write_onnx(model, new / "model.onnx")
-        except WriteFailed as err:  # named as the user knows the file, not by its scratch folder
+        except WriteFailed as err:  # named by folder, not the scratch folder
             raise WriteFailed(err.failed.replace(str(new), str(folder)), err.kept, err.fix) from None
         for name in names:
             os.replace(new / name, folder / name)
@@ -237,27 +218,26 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer, state = load_model(path, "cpu")
     folder = Path(args.to) if args.to else path.parent / "export"
     with output_folder(folder, "--to"), alone_in(folder):
-        if owner := holder(folder):  # a run's folder while it trains (a folder inside it, export/, is the export's own)
+        if owner := holder(folder):  # a run's folder while it trains
             raise UserError(f"--to {folder} is the folder of a run that {owner} is training; choose another --to")
         refuse_others(folder)
         onnx = args.onnx is not False and not missing
-        if not onnx and (folder / "model.onnx").exists():  # it would stay, beside another model's weights
-            ways = (f"move it away, choose another --to, or install what ONNX needs ({' and '.join(missing)}: pip "
-                    f"install -r requirements-export.txt)") if missing else "move it away, or choose another --to"
-            raise UserError(f"--to {folder} holds a model.onnx that this export (without ONNX) would leave beside "
-                            f"another model's files; {ways}")
+        if not onnx and (folder / "model.onnx").exists():
+            needs = f", or pip install -r requirements-export.txt ({' and '.join(missing)})" if missing else ""
+            raise UserError(f"--to {folder} holds a model.onnx this export would not replace; move it away, or choose "
+                            f"another --to{needs}")
         moved: list[str] = []
         try:
             written = write_all(model, tokenizer, state, path, folder, onnx, moved)
-        except KeyboardInterrupt:  # (Ctrl-C, SIGTERM): what the folder holds now, said
+        except KeyboardInterrupt:
             if not moved:
                 raise Interrupted(f"interrupted before anything was written into {folder}; what was there is as it "
                                   f"was") from None
-            raise Interrupted(f"interrupted as the export's files were moved into {folder}: {', '.join(moved)} are "
-                              f"this export's, and any other of its files an earlier export's; export again") from None
+            raise Interrupted(f"interrupted while moving files into {folder}: only {', '.join(moved)} are new; "
+                              f"export again") from None
     print(f"{path}: step {state['iter']}, {model.num_params(non_embedding=False):,} parameters; wrote "
           f"{', '.join(written)} into {folder}")
-    if owner := holder(path.parent):  # the run goes on: its ckpt_best.safetensors may be replaced by a better model
+    if owner := holder(path.parent):  # its checkpoint may be replaced by a better one
         print(f"note: {owner} is still training {path.parent}; this export is of its {path.name} at step "
               f"{state['iter']}", file=sys.stderr)
     if args.onnx is None and missing:

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
 
 import torch  # noqa: E402
 
@@ -27,14 +27,16 @@ from model.generate import (NonFiniteLogits, Sampling, bytes_needed, check_lengt
 from training.checkpoint import load_model  # noqa: E402
 loaded()
 
+PROMPT_MAX_BYTES = 16 << 20  # a larger prompt file is a corpus, not prompts
+PROBE_CHARACTERS = 8  # characters drawn per timed call when the thread count is measured
+
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description="Generate text from a checkpoint written by train.py.")
     p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best, else ckpt_last")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--prompt", "--start", default=None,
-                   help="text to continue, or FILE:path to read it from a file (--start, as nanoGPT's, is the same) "
-                        "(default: a newline, or the first character of the training text when it has no newlines)")
+                   help="text to continue, or FILE:path (default: a newline, else the text's first character)")
     p.add_argument("--prompt_file", default="", help="read the prompt from this file")
     p.add_argument("--prompts_per_line", action="store_true", help="with --prompt_file: one prompt per line, batched")
     p.add_argument("--max_new_tokens", type=int, default=500, help="characters to generate per sample")
@@ -44,28 +46,21 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--num_samples", type=int, default=1, help="samples per prompt")
     p.add_argument("--seed", type=int, default=1337, help="same seed and settings give the same text")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16: the weights are cast to it "
-                                                  "once (auto: bfloat16 on CUDA; on a CPU float32, or bfloat16 for a "
-                                                  "model of over 4M parameters where the CPU has bfloat16 units)")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16: the weights are cast once")
     p.add_argument("--stream", default=None, action=BooleanFlag,
-                   help="print the first sample's characters as they come, the rest at the end (the same text either "
-                        "way; default: on when writing to a terminal, or drawing one sample)")
+                   help="print the first sample as it is drawn (default: on in a terminal or for one sample)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
                    help="prompt characters outside the vocabulary: stop with an error, or skip them")
     p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (slow; for checks)")
-    p.add_argument("--init_from", default="resume", help="nanoGPT's: resume, a trained run's checkpoint, is what this "
-                                                          "sampler reads (GPT-2's weights are not for it)")
+    p.add_argument("--init_from", default="resume", help="nanoGPT's flag: only resume (a run's checkpoint)")
     p.add_argument("--num_threads", type=int, default=0,
-                   help="CPU threads (0: the faster count on this machine as it is, measured on a few characters "
-                        "first; N: N threads, the same text to the last character whatever else the machine runs)")
+                   help="CPU threads (0: the faster count, measured first; N: the same text whatever the load)")
     p.add_argument("--compile", default=None, action=BooleanFlag,
-                   help="torch.compile the one-token decoding step (with CUDA graphs on CUDA); it costs a compilation "
-                        "up front (default: off)")
+                   help="torch.compile the decoding step (default: off)")
     return p
 
 
 def sampling(args: argparse.Namespace) -> Sampling:
-    """The command line's sampling options (checked: a ValueError naming the option)."""
     return Sampling(**{option.name: getattr(args, option.name) for option in fields(Sampling)})
 
 
@@ -77,86 +72,76 @@ def check_settings(args: argparse.Namespace) -> None:
         raise UserError(f"--{err}") from None
     if args.num_samples < 1:
         raise UserError(f"--num_samples {args.num_samples}: must be at least 1")
-    if args.init_from != "resume":  # nanoGPT's sample.py: resume (a run's checkpoint) or gpt2*
+    if args.init_from != "resume":
         raise UserError(f"--init_from {args.init_from}: this sampler reads a run of this trainer, given by --out_dir "
-                        f"RUN (its best model) or --ckpt FILE; --init_from resume, nanoGPT's, is what it does")
+                        f"RUN or --ckpt FILE")
     args.prompt_flag = "--prompt_file "  # how the prompt's file was named, for its messages
     if args.prompt is not None and args.prompt.startswith("FILE:"):  # nanoGPT's --start=FILE:prompt.txt
         args.prompt_file, args.prompt, args.prompt_flag = args.prompt.removeprefix("FILE:"), None, "--prompt FILE:"
         if not args.prompt_file:
-            raise UserError("--prompt FILE: names no file; give FILE:path, e.g. --start=FILE:prompt.txt")
+            raise UserError("--prompt FILE: names no file; give FILE:path")
     if args.prompt is not None and args.prompt_file:
         raise UserError("give --prompt or --prompt_file, not both")
     if args.prompts_per_line and not args.prompt_file:
         raise UserError("--prompts_per_line reads the prompts of --prompt_file, one per line; give --prompt_file too")
     if args.prompt == "":
-        raise UserError("--prompt is empty; give it at least one character, or leave it out for the default prompt")
+        raise UserError("--prompt is empty; give a character, or leave it out")
     check_num_threads(args.num_threads)
 
 
-PROMPT_MAX_BYTES = 16 << 20  # a prompt file beyond this is a corpus, not prompts (and an endless one never ends)
-
-
 def read_prompts(args: argparse.Namespace) -> list[str] | None:
-    """The prompts given (None: none given, so the model's default prompt), read before any model is loaded: from a
-    regular file of at most PROMPT_MAX_BYTES (a pipe or a device such as /dev/zero is refused, never read)."""
-    if args.prompt_file:
-        named = f"{args.prompt_flag}{args.prompt_file}"
-        try:
-            data = read_small(Path(args.prompt_file), "the prompt file", PROMPT_MAX_BYTES, "give the start of the text")
-        except FileNotFoundError:
-            raise UserError(f"{named}: no such file") from None
-        except OSError as err:
-            raise UserError(f"{named}: cannot be read ({err.strerror or err})") from None
-        text = utf8_text(data, named).removeprefix("\ufeff")  # (the byte-order mark Notepad writes: no character)
-        prompts = [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
-        if not any(prompts):
-            raise UserError(f"{args.prompt_flag}{args.prompt_file} is empty; put the prompt"
-                            f"{'s, one per line,' if args.prompts_per_line else ''} in it")
-        return prompts
-    return None if args.prompt is None else [args.prompt]
+    """The prompts given (None: the model's default), read from a small regular file before the model loads."""
+    if not args.prompt_file:
+        return None if args.prompt is None else [args.prompt]
+    named = f"{args.prompt_flag}{args.prompt_file}"
+    try:
+        data = read_small(Path(args.prompt_file), "the prompt file", PROMPT_MAX_BYTES, "give the start of the text")
+    except FileNotFoundError:
+        raise UserError(f"{named}: no such file") from None
+    except OSError as err:
+        raise UserError(f"{named}: cannot be read ({err.strerror or err})") from None
+    text = utf8_text(data, named).removeprefix("\ufeff")  # (Notepad's byte-order mark)
+    prompts = [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
+    if not any(prompts):
+        raise UserError(f"{named} is empty; put the prompt{'s, one per line,' if args.prompts_per_line else ''} in it")
+    return prompts
 
 
 def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]]:
     missing = list(dict.fromkeys(ch for p in prompts for ch in tokenizer.unknown(p)))
     if missing and policy == "error":
-        shown = " ".join(repr(ch) for ch in missing[:20]) + (" ..." if len(missing) > 20 else "")
-        raise UserError(f"the prompt has {len(missing)} character(s) the model never saw: {shown}; "
+        listed = " ".join(repr(ch) for ch in missing[:20]) + (" ..." if len(missing) > 20 else "")
+        raise UserError(f"the prompt has {len(missing)} character(s) the model never saw: {listed}; "
                         f"pass --unknown skip to drop them")
     if missing:
         print(f"warning: skipped {len(missing)} character(s) the model never saw", file=sys.stderr)
     encoded = [[tokenizer.stoi[ch] for ch in p if ch in tokenizer.stoi] for p in prompts]
     if any(not e for e in encoded):
-        raise UserError("a prompt is empty once unknown characters are skipped; give a prompt the model knows")
+        raise UserError("a prompt is empty once unknown characters are skipped; give one the model knows")
     return encoded
 
 
 def streams(args: argparse.Namespace, rows: int) -> bool:
-    """Whether the first row is printed as it is drawn (else every row at the end). Unasked: to a terminal, and a
-    single row anywhere (`sample.py | head` then ends when head has its lines instead of after the whole sample)."""
+    """Whether the first row is printed as it is drawn: by default in a terminal, or for one row (so `| head` ends)."""
     return (sys.stdout.isatty() or rows == 1) if args.stream is None else args.stream
 
 
 def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.device, prompts: list[str]) -> None:
-    """Each prompt continued --num_samples times, to stdout, every row drawn in one batch (prompts of different lengths
-    left-padded and masked): streamed, the first row is printed as it is drawn and the others at the end, so that the
-    text is the same either way; not streamed, every row at the end."""
+    """Each prompt continued --num_samples times, all rows in one batch; a streamed first row prints as drawn."""
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]
     stream = streams(args, len(rows))
-    if device.type == "cpu":  # (measured on the batch as it is drawn)
+    if device.type == "cpu":
         threads = choose_threads(args.num_threads, lambda: decoding_seconds(model, rows, args, device))
         print(threads.line(f"{PROBE_CHARACTERS} characters"), file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     step = compiled_step(device.type) if args.compile else one_token_step
-    if args.compile and not args.no_cache:  # else the wait before the first new character would look like a hang
+    if args.compile and not args.no_cache:  # else the wait would look like a hang
         took = "on a CPU about 20 s" if device.type == "cpu" else "on an H100 about 10 s"
         print(f"--compile: the decoding step is compiled before the first new character ({took})", file=sys.stderr)
     settings = dict(**asdict(sampling(args)), generator=generator,
                     use_cache=not args.no_cache, step=step, finite_only=True)
-    # the rows printed at the end, as far as they are drawn (8 bytes a character), from row `first` on: a streamed
-    # first row is printed instead
-    first = int(stream)
+    first = int(stream)  # rows from `first` on are kept and printed at the end
     kept, done = torch.empty(len(rows) - first, args.max_new_tokens, dtype=torch.long), 0
     if stream:
         print(shown(texts[0]), end="", flush=True)
@@ -165,29 +150,25 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
         nonlocal done
         if stream:
             print(shown(tokenizer.decode(ids[0].tolist())), end="", flush=True)
-        if len(kept):  # (none for a single streamed row: nothing done per character but its print)
+        if len(kept):
             kept[:, done:done + ids.shape[1]] = ids[first:]
         done += ids.shape[1]
 
-    def the_rest() -> str:  # the kept rows as far as they are drawn (after a streamed row, each begins a new part)
+    def the_rest() -> str:
         parts = [text + tokenizer.decode(ids) for text, ids in zip(texts[first:], kept[:, :done].tolist())]
         return "".join("\n---\n" + part for part in parts) if stream else "\n---\n".join(parts)
     try:
         generate(model, rows, args.max_new_tokens, on_tokens=keep, **settings)
-    except KeyboardInterrupt:  # (Ctrl-C, SIGTERM): what was drawn is printed, not lost
+    except KeyboardInterrupt:  # what was drawn is printed, not lost
         print(shown(the_rest()), flush=True)
         each = " of each sample" if len(rows) > 1 else ""
         raise Interrupted(f"stopped after {done:,} of the {args.max_new_tokens:,} new characters{each}; those are "
                           f"printed") from None
-    print(shown(the_rest()))  # (a model may draw ESC or BEL: the terminal sees them escaped)
-
-
-PROBE_CHARACTERS = 8  # characters drawn per timed call when the thread count is measured
+    print(shown(the_rest()))
 
 
 def decoding_seconds(model, rows: list[list[int]], args: argparse.Namespace, device: torch.device) -> float:
-    """Seconds to draw PROBE_CHARACTERS new characters for rows as write_samples draws them (uncompiled), from a
-    generator of its own: the work sample.py's thread count is measured on."""
+    """Seconds to draw PROBE_CHARACTERS for rows, uncompiled: what the thread count is measured on."""
     start = time.perf_counter()
     generate(model, rows, PROBE_CHARACTERS, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
              generator=torch.Generator(device=device).manual_seed(0), use_cache=not args.no_cache)
@@ -195,22 +176,17 @@ def decoding_seconds(model, rows: list[list[int]], args: argparse.Namespace, dev
 
 
 @contextlib.contextmanager
-def memory_checked(model, prompts: list[str], args: argparse.Namespace, device: torch.device):
-    """Samples that do not fit in memory are one line, not a traceback: on a CPU checked first (bytes_needed), where
-    a billion rows would first have filled the memory with Python lists; anywhere, when an allocation fails."""
-    rows = len(prompts) * args.num_samples
-    fits = (f"out of memory: {rows:,} sample(s) of {args.max_new_tokens:,} new characters do not fit on "
-            f"{device.type}; lower --max_new_tokens or --num_samples")
-    free = free_memory() if device.type == "cpu" else None
-    if free is not None and bytes_needed(model, rows, max(map(len, prompts)), args.max_new_tokens,
-                                         not args.no_cache, handed_back=not (rows == 1 and streams(args, rows))) > free:
-        raise UserError(fits)
+def memory_checked(model, rows: int, longest: int, max_new_tokens: int, fits: str, error=UserError, **estimate):
+    """Sampling that does not fit in memory is one error (fits): checked first on a CPU, else when allocation fails."""
+    free = free_memory() if next(model.parameters()).device.type == "cpu" else None
+    if free is not None and bytes_needed(model, rows, longest, max_new_tokens, **estimate) > free:
+        raise error(fits)
     try:
         yield
     except (MemoryError, RuntimeError) as err:
         if isinstance(err, RuntimeError) and not is_out_of_memory(err):
             raise
-        raise UserError(fits) from None
+        raise error(fits) from None
 
 
 def own_loss(state: dict) -> str:
@@ -227,21 +203,25 @@ def main(argv: list[str] | None = None) -> int:
     prompts = read_prompts(args)
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = load_model(path, rt.device)
-    rt = for_sampling(rt, args.dtype, model.num_params(non_embedding=False))  # auto on a CPU: by its size
-    model = model.to(rt.dtype)  # bfloat16/float16: the weights cast once, so decoding needs no autocast
+    rt = for_sampling(rt, args.dtype, model.num_params(non_embedding=False))
+    model = model.to(rt.dtype)  # cast once, so decoding needs no autocast
     data = state.get("data") if isinstance(state.get("data"), dict) else {}
-    source = shown(str(data.get('source', 'an unrecorded corpus')))  # (a checkpoint's words, never terminal codes)
+    source = shown(str(data.get('source', 'an unrecorded corpus')))
     print(f"{path}: step {state['iter']}{own_loss(state)}, trained on {source}; sampling on "
           f"{rt.device_type} in {str(rt.dtype).removeprefix('torch.')}", file=sys.stderr)  # stdout stays the text
     prompts = prompts or [tokenizer.default_prompt(data.get("first_char"))]
-    with memory_checked(model, prompts, args, rt.device):
+    rows = len(prompts) * args.num_samples
+    fits = (f"out of memory: {rows:,} sample(s) of {args.max_new_tokens:,} new characters do not fit on "
+            f"{rt.device.type}; lower --max_new_tokens or --num_samples")
+    with memory_checked(model, rows, max(map(len, prompts)), args.max_new_tokens, fits, use_cache=not args.no_cache,
+                        handed_back=not (rows == 1 and streams(args, rows))):
         try:
             write_samples(args, model, tokenizer, rt.device, prompts)
         except NonFiniteLogits:
-            if streams(args, len(prompts) * args.num_samples):
-                print()  # (the stream has printed the prompt: the line ends there)
-            raise UserError(f"{path}: the model's scores for the next character are not numbers (NaN or inf): its "
-                            f"numbers overflow; its weights are damaged or too large to compute with") from None
+            if streams(args, rows):
+                print()  # (the stream printed the prompt: end its line)
+            raise UserError(f"{path}: the model's scores are not numbers (NaN or inf); its weights are damaged or "
+                            f"too large") from None
     return 0
 
 

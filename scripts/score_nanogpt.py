@@ -1,11 +1,6 @@
 """python scripts/score_nanogpt.py NANOGPT_DIR CKPT: a nanoGPT checkpoint's full validation, measured as ours is.
 
-For the side-by-side with nanoGPT's recipe (scripts/bench_gpu.sh nanogpt). NANOGPT_DIR is a checkout of
-karpathy/nanoGPT (not part of this project; its model.py is imported from there) whose data/shakespeare_char holds
-what its prepare.py wrote; CKPT is the ckpt.pt its train.py saved (the best evaluation's, in its Shakespeare config).
-nanoGPT splits the text and numbers the characters as we do (the first 90% to train, ids by sorted character), so its
-val.bin holds the ids of our validation split. The figure is the mean loss over every non-overlapping block_size
-window of it, the tail shorter than a window left out: what a run of ours reports as its full validation."""
+nanoGPT splits and numbers the characters as we do, so its val.bin is our validation split (scripts/bench_gpu.sh)."""
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +20,7 @@ from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 
 
 def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
-    """nanoGPT's GPT with the checkpoint's weights, in eval mode, and what main() reads of the checkpoint."""
+    """nanoGPT's GPT with the checkpoint's weights, in eval mode, and the checkpoint's facts."""
     if not (folder / "model.py").is_file():
         raise UserError(f"{folder} has no model.py; give the folder of a nanoGPT checkout")
     if not ckpt.is_file():
@@ -34,8 +29,6 @@ def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
     nanogpt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nanogpt)
     try:
-        # nanoGPT's own file, made by the benchmark on this machine: trusted, so torch.load (no code, but no bound
-        # on its memory or time) is enough
         state = torch.load(ckpt, map_location=device, weights_only=True)
         # a compiled model's state dict names its weights _orig_mod.<name>
         weights = {k.removeprefix("_orig_mod."): v for k, v in state["model"].items()}
@@ -46,17 +39,15 @@ def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
                  "dataset": state["config"]["dataset"], "block_size": state["model_args"]["block_size"]}
     except UserError:
         raise
-    except Exception as err:  # missing, truncated, refused (it asks to run code) or not in nanoGPT's layout
-        missing = f": no {err}" if isinstance(err, KeyError) else ""  # one of ours, say: no 'model_args'
-        raise UserError(f"{ckpt} is not a readable nanoGPT checkpoint ({type(err).__name__}{missing}); it may be "
-                        f"truncated, not a checkpoint, or not one of nanoGPT's") from None
+    except Exception as err:  # truncated, refused, or not in nanoGPT's layout
+        missing = f": no {err}" if isinstance(err, KeyError) else ""
+        raise UserError(f"{ckpt} is not a readable nanoGPT checkpoint ({type(err).__name__}{missing}); give the "
+                        f"ckpt.pt nanoGPT's train.py saved") from None
     return model.to(device).eval(), facts
 
 
 def check_shapes(nanogpt, model_args: dict, weights: dict, ckpt: Path) -> None:
-    """The model that model_args describe, laid out on the meta device (no memory; its layers no more than the file
-    has tensors, so even that costs no more than the file), must have the saved weights' names and shapes: a config is
-    only words, and one that asks for a far larger model than the file holds would otherwise be allocated first."""
+    """model_args, laid out on the meta device (no memory), must give the saved weights' names and shapes."""
     n_layer = model_args.get("n_layer")
     if not isinstance(n_layer, int) or not 0 <= n_layer <= len(weights):
         raise UserError(f"{ckpt}: its model_args (n_layer {n_layer!r}) do not fit its {len(weights)} weights")
@@ -88,11 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("nanogpt_dir", type=Path, help="a checkout of karpathy/nanoGPT, its data prepared")
     parser.add_argument("ckpt", type=Path, help="the ckpt.pt its train.py saved")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto",
-                        help="the precision of the products (autocast): auto is the rule train.py and evaluate.py "
-                             "apply to a run of ours trained with auto, bfloat16 on CUDA (as nanoGPT evaluates there) "
-                             "and on CPUs with bfloat16 units, float32 elsewhere; so the two figures of a comparison "
-                             "are measured alike. For a run of ours in another precision, give its --dtype")
+    parser.add_argument("--dtype", default="auto", help="autocast precision; auto: as train.py's auto")
     parser.add_argument("--batch_size", type=int, default=64)
     args = parser.parse_args(argv)
     rt = setup(args.device, args.dtype)

@@ -168,7 +168,7 @@ def test_a_relative_data_path_is_recorded_whole_so_the_run_is_scored_from_anywhe
     out = tmp_path / "figures.json"
     done = evaluate("--out_dir", str(tmp_path / "run"), "--device", "cpu", "--json", str(out), "--split", "all")
     assert done.returncode == 0, done.stderr
-    assert "note: --split all on the run's own text scores the text it was trained on too" in done.stderr
+    assert "note: --split all on the run's own text scores its training part too" in done.stderr
     figures = json.loads(out.read_text(encoding="utf-8"))
     assert figures["data"] == str(tmp_path / "texts" / "play.txt") and figures["characters"] == 20000 - 1
     assert summary["corpus"] == str(tmp_path / "texts" / "play.txt")
@@ -221,7 +221,7 @@ def test_without_data_a_named_corpus_that_is_not_the_runs_text_is_scored_with_a_
                         "--unknown", "skip")
         assert done.returncode == 0, done.stderr
         note = (f"note: shakespeare here is not the text {tmp_path / 'other.safetensors'} was trained on (its checksum "
-                f"differs): these figures are this text's")
+                f"differs)\n")
         assert (note in done.stderr) == (name == "other"), done.stderr
 
 
@@ -256,9 +256,8 @@ def test_a_text_in_another_encoding_is_scored_with_encoding_as_its_utf8_copy_is(
     replaced = figures(tmp, "--data", str(tmp / "latin.txt"), "--encoding_errors", "replace", *common)
     assert replaced["characters"] == latin["characters"] and replaced["unknown"] == 1
     own = evaluate("--out_dir", str(tmp / "run"), "--encoding", "latin-1")  # the run's own text: as it was trained on
-    assert own.returncode == 2 and own.stderr == ("error: --encoding and --encoding_errors read a text given with "
-                                                  "--data; the run's own text is read as it was trained on (utf-8, "
-                                                  "strict): leave them out, or give --data FILE\n")
+    assert own.returncode == 2 and own.stderr == ("error: --encoding and --encoding_errors need --data; leave them "
+                                                  "out, or give --data FILE\n")
     wrong = evaluate("--out_dir", str(tmp / "run"), "--data", str(tmp / "utf8.txt"), "--encoding", "rot13")
     assert wrong.returncode == 2 and wrong.stderr == ("error: --encoding rot13: not a text encoding; try utf-8 or "
                                                       "latin-1\n")

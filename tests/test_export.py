@@ -134,9 +134,8 @@ def test_an_export_removes_the_scratch_of_one_killed_outright_and_keeps_a_runnin
     capsys.readouterr()
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder)]) == 2
     assert capsys.readouterr().err == (
-        f"error: --to {folder} holds a model.onnx that this export (without ONNX) would leave beside another model's "
-        f"files; move it away, choose another --to, or install what ONNX needs (no_such_exporter_module: pip install "
-        f"-r requirements-export.txt)\n")
+        f"error: --to {folder} holds a model.onnx this export would not replace; move it away, or choose another "
+        f"--to, or pip install -r requirements-export.txt (no_such_exporter_module)\n")
 
 
 def test_config_json_holds_the_rotary_base_and_says_whether_the_head_is_tied(run_dir, tmp_path):
@@ -241,8 +240,8 @@ def test_an_export_over_an_earlier_one_replaces_it_whole_or_not_at_all(run_dir, 
     monkeypatch.setattr(export, "ONNX_NEEDS", ())  # (as where the packages are installed: the message's plain form)
     (folder / "model.onnx").write_bytes(b"an earlier export's graph")
     assert run_cli(export.main, ["--out_dir", str(other), "--to", str(folder), "--onnx=false"]) == 2
-    assert capsys.readouterr().err == (f"error: --to {folder} holds a model.onnx that this export (without ONNX) would "
-                                       f"leave beside another model's files; move it away, or choose another --to\n")
+    assert capsys.readouterr().err == (f"error: --to {folder} holds a model.onnx this export would not replace; move "
+                                       f"it away, or choose another --to\n")
     (folder / "model.onnx").unlink()
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == earlier
     assert run_cli(export.main, ["--out_dir", str(other), "--to", str(folder), "--onnx=false"]) == 0
