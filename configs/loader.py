@@ -53,7 +53,7 @@ def unknown_option(option: str) -> UserError:
     """The one line for an unknown option: nanoGPT's names answered (configs/nanogpt.py), else a close match or
     --help."""
     name = option.split("=", 1)[0]
-    if name.startswith("--") and (answer := nanogpt.unknown_setting(name[2:])):
+    if name.startswith("--") and (answer := nanogpt.TRAIN_SETTINGS.get(name[2:])):
         return UserError(f"unknown option {name}: {answer}")
     hint = suggest(name, [f"--{n}" for n in FIELDS if n != "config_name"] + ["--config"])
     return UserError(f"unknown option {name}{hint or '; see ' + python_command('train.py') + ' --help'}")
