@@ -224,17 +224,16 @@ class Threads:
         """The count, why, and what the work took at each count."""
         each = [f"{span(self.seconds[n])} with {n}" for n in sorted(self.seconds, reverse=True)]
         timed = "; ".join(each) if len(each) > 1 else span(self.steady) if self.steady else ""
+        n_cores = cores()
         if self.why == "measured":
-            return (f"threads: {self.count} of {cores()} cores, the faster just now ({work}: {timed}); "
+            return (f"threads: {self.count} of {n_cores} cores, the faster just now ({work}: {timed}); "
                     f"--num_threads N sets the count")
-        reason = {"asked": f"--num_threads {self.count}", "OMP_NUM_THREADS": "OMP_NUM_THREADS",
-                  "one core": "this process may use one core",
-                  "kept": "this run's own, kept on resume so that it goes on as it began; --num_threads 0 measures "
-                          "again"}[self.why]
-        n_cores, fix = cores(), {"asked": " (--num_threads 0 measures)",
-                                 "OMP_NUM_THREADS": " (unset OMP_NUM_THREADS, or give --num_threads N)"}
-        over = (f"; more than the {n_cores} core{'s' * (n_cores != 1)} this process may use, so they wait on each "
-                f"other: {n_cores} or fewer is faster{fix.get(self.why, '')}" if self.count > n_cores else "")
+        reason = {"asked": f"--num_threads {self.count}", "one core": "this process may use one core",
+                  "kept": "this run's own, kept on resume; --num_threads 0 measures again"}.get(self.why, self.why)
+        fix = {"asked": " (--num_threads 0 measures)",
+               "OMP_NUM_THREADS": " (unset OMP_NUM_THREADS, or give --num_threads N)"}.get(self.why, "")
+        over = (f"; more than the {n_cores} core{'s' * (n_cores != 1)} this process may use: {n_cores} or fewer is "
+                f"faster{fix}" if self.count > n_cores else "")
         return f"threads: {self.count} ({reason})" + (f"; {work}: {timed}" if timed else "") + over
 
 

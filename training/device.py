@@ -38,14 +38,12 @@ class SlowdownWatch:
         if self.said or not (in_a_row or step_seconds * (it - previous) >= SLOW_FOR):
             return None
         self.said = True
-        times = f"{step_seconds / self.step_seconds:.1f}x"
-        said = (f"note: steps now take {span([step_seconds])}, {times} the {span([self.step_seconds])} timed before "
-                f"the first step: other work is likely using the CPU")
+        said = (f"note: steps now take {span([step_seconds])}, {step_seconds / self.step_seconds:.1f}x the "
+                f"{span([self.step_seconds])} timed before the first step: other work is likely using the CPU")
         if self.threads == 1:
-            return said + "; this run uses one thread already, so it goes on as fast as the machine lets it"
+            return said + "; this run uses one thread already"
         self.advice = f"--num_threads {max(1, self.threads // 2)}"
-        return (f"{said}, and {self.threads} threads wait on each other when a core is taken; with fewer it may go "
-                f"faster: Ctrl-C (it saves), then {self.resume} {self.advice}")
+        return f"{said}; fewer threads may go faster: Ctrl-C (it saves), then {self.resume} {self.advice}"
 
 
 # ---- torch.compile ----
