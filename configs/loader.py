@@ -131,15 +131,9 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     if len({read_preset(spec)[0].resolve() for spec in named}) > 1:
         raise UserError(f"--config is given {len(named)} times ({', '.join(named)}); give one")
     given = named[-1] if named else None
-    if given:
-        path, values = read_preset(given)
-        name = path.stem
-        why, note = "", f"config: {name}"
-    else:
-        name = "shakespeare_char_gpu" if cuda_available else "shakespeare_char_cpu"
-        _, values = read_preset(name)
-        why = f" (no --config given; CUDA is {'available' if cuda_available else 'not available'})"
-        note = f"config: {name}{why}"
+    why = "" if given else f" (no --config given; CUDA is {'available' if cuda_available else 'not available'})"
+    path, values = read_preset(given or ("shakespeare_char_gpu" if cuda_available else "shakespeare_char_cpu"))
+    name, note = path.stem, f"config: {path.stem}{why}"
     parser = build_parser(name, values, why)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
