@@ -18,7 +18,7 @@ from errors import UserError
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
-# ---- device and precision --------------------------------------------------------------------------------------------
+# ---- device and precision ----
 @dataclass
 class Runtime:
     device: torch.device
