@@ -92,7 +92,7 @@ def translate(name: str, value) -> tuple[str | None, str]:
         if isinstance(value, str) and value.startswith("gpt2"):
             return None, f"{shown}: not for a character-level model; init_from = \"RUN_FOLDER\" fine-tunes one of ours"
     if name == "dataset":
-        if value not in DATASETS:
+        if not isinstance(value, str) or value not in DATASETS:
             return None, f"{shown}: give data = \"FILE\", the text itself (a file or a folder of text files)"
         value = DATASETS[value]
     if name == "compile" and isinstance(value, bool):
@@ -135,10 +135,7 @@ def as_toml(path: Path) -> str:
             lines.append(f"# {source.splitlines()[0][:100]}: not a plain value; set {RENAMED.get(name, name)} by hand")
             continue
         line, note = translate(name, value)
-        if line is None:
-            lines.append(f"# {note}")
-        else:
-            lines.append(f"{line}  # {note}" if note else line)
+        lines.append(f"# {note}" if line is None else f"{line}  # {note}" if note else line)
     return "\n".join(lines) + "\n"
 
 
