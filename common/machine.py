@@ -1,5 +1,4 @@
-"""The machine a command computes on: the device and its precision, CPU threads (measured on the machine as it is),
-free memory, and memory kept for reuse on a CPU."""
+"""The machine a command computes on: device, precision, CPU threads and free memory."""
 from __future__ import annotations
 
 import contextlib
@@ -19,7 +18,7 @@ from errors import UserError
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
-# ---- device and precision --------------------------------------------------------------------------------------------
+# ---- device and precision ----
 @dataclass
 class Runtime:
     device: torch.device
@@ -35,7 +34,7 @@ class Runtime:
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
-        """float16 needs loss scaling so small gradients do not underflow; bfloat16 and float32 do not."""
+        """float16 needs loss scaling so small gradients do not underflow."""
         return torch.amp.GradScaler(self.device_type, enabled=self.dtype == torch.float16)
 
     def describe(self) -> str:
@@ -61,7 +60,7 @@ def pick_device(spec: str) -> torch.device:
 
 
 def usable_device(device: torch.device | str, doing: str, fix: str) -> torch.device:
-    """device as a torch.device where this machine has it, else 'cannot {doing} {device}: why; {fix}'."""
+    """device as a torch.device, or a UserError saying why this machine lacks it."""
     try:
         target = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
@@ -94,26 +93,24 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 
 def cpu_has_bfloat16_units() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX); elsewhere torch emulates it."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own probes
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX)."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
 def native_bfloat16(device_type: str) -> bool:
-    """Whether the device multiplies bfloat16 matrices in hardware; where torch emulates it, it is slow."""
+    """Whether the device multiplies bfloat16 matrices in hardware (emulated, it is slow)."""
     if device_type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
     return device_type == "cpu" and cpu_has_bfloat16_units()
 
 
-# Above this many parameters, auto samples in bfloat16 on a CPU with bfloat16 units; a smaller model stays in the CPU's
-# caches, where float32 is faster.
+# auto samples in bfloat16 on a CPU only above this many parameters: a smaller model fits the caches in float32.
 CPU_BFLOAT16_SAMPLING_PARAMS = 4_000_000
 
 
 def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: int = 0) -> torch.dtype:
-    """auto: bfloat16 (float16 on older GPUs) on CUDA; bfloat16 on CPUs with bfloat16 units (for sampling, only above
-    CPU_BFLOAT16_SAMPLING_PARAMS parameters); float32 otherwise. Sampling may use float16 on a CPU; training not."""
+    """auto: bfloat16 (float16 on older GPUs) on CUDA, bfloat16 on CPUs with bfloat16 units, else float32."""
     if spec == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if native_bfloat16("cuda") else torch.float16
@@ -129,7 +126,7 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: 
 
 
 def for_sampling(rt: Runtime, dtype_spec: str, params: int = 0) -> Runtime:
-    """The runtime sample.py uses on rt's device for this --dtype and a model of params parameters."""
+    """The runtime for sampling a model of params parameters on rt's device."""
     return Runtime(rt.device, pick_dtype(dtype_spec, rt.device, sampling=True, params=params))
 
 
@@ -149,7 +146,7 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
     return Runtime(device, pick_dtype(dtype_spec, device, sampling))
 
 
-# ---- CPU threads: measured on the machine as it is -------------------------------------------------------------------
+# ---- CPU threads ----
 def cores() -> int:
     """The cores this process may use: its affinity, up to cgroup v2's cpu.max."""
     try:
@@ -157,7 +154,7 @@ def cores() -> int:
     except AttributeError:  # macOS, Windows
         count = os.cpu_count() or 1
     try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]  # "max 100000": none
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
         if quota != "max":
             count = min(count, -(-int(quota) // int(period)))
     except (OSError, ValueError):
@@ -166,24 +163,21 @@ def cores() -> int:
 
 
 def thread_counts(n_cores: int) -> list[int]:
-    """The thread counts tried, most first: all, then halving down to one (6: 6, 3, 1)."""
+    """All cores, then halving down to one (6: 6, 3, 1)."""
     counts = [n_cores]
     while counts[-1] > 1:
         counts.append(counts[-1] // 2)
     return counts
 
 
-FAR_SLOWER = 3.0  # a count whose cold call is this many times one thread's warm call is not tried further
-CLEARLY_SLOWER = 1.5  # a count whose fastest call is this many times the leader's median is dropped
-PROBE_ROUNDS = 3  # warm calls per count
-PROBE_BUDGET = 4.0  # seconds of calls after which no further round begins, once the leader has two
+FAR_SLOWER = 3.0  # a first call this many times one thread's drops its count
+CLEARLY_SLOWER = 1.5  # a best call this many times the leader's median drops its count
+PROBE_ROUNDS, PROBE_BUDGET = 3, 4.0  # warm calls per count; seconds after which no new round begins
 
 
 def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: int = PROBE_ROUNDS,
                     budget: float = PROBE_BUDGET) -> dict[int, list[float]]:
-    """Seconds of time_once() at each of counts, warm calls only, the counts taking turns so that a change in load
-    falls on each alike. A count FAR_SLOWER at its first call, or CLEARLY_SLOWER after a round, is dropped; it ends
-    when each count left has `rounds` calls, or after `budget` seconds once the fastest has two."""
+    """Seconds of warm time_once() calls at each count, the counts taking turns so that load falls on each alike."""
     fewest, spent = counts[-1], 0.0
     seconds: dict[int, list[float]] = {n: [] for n in counts}
     torch.set_num_threads(fewest)
@@ -219,46 +213,40 @@ def fastest(seconds: dict[int, list[float]]) -> int:
 class Threads:
     """The thread count, why, and the seconds of each count's warm calls."""
     count: int
-    why: str  # "measured", "asked" (--num_threads), "kept" (a resumed run's own), "OMP_NUM_THREADS", "one core"
+    why: str  # "measured", "asked", "kept", "OMP_NUM_THREADS", "one core"
     seconds: dict[int, list[float]]
 
     @property
     def steady(self) -> list[float]:
-        """The timed calls at the chosen count."""
         return self.seconds.get(self.count, [])
 
     def line(self, work: str) -> str:
-        """What a command says of its threads: the count, why, and what the work took at each count."""
+        """The count, why, and what the work took at each count."""
         each = [f"{span(self.seconds[n])} with {n}" for n in sorted(self.seconds, reverse=True)]
         timed = "; ".join(each) if len(each) > 1 else span(self.steady) if self.steady else ""
+        n_cores = cores()
         if self.why == "measured":
-            return (f"threads: {self.count} of {cores()} cores, the faster just now ({work}: {timed}); "
+            return (f"threads: {self.count} of {n_cores} cores, the faster just now ({work}: {timed}); "
                     f"--num_threads N sets the count")
-        reason = {"asked": f"--num_threads {self.count}", "OMP_NUM_THREADS": "OMP_NUM_THREADS",
-                  "one core": "this process may use one core",
-                  "kept": "this run's own, kept on resume so that it goes on as it began; --num_threads 0 measures "
-                          "again"}[self.why]
-        n_cores, fix = cores(), {"asked": " (--num_threads 0 measures)",
-                                 "OMP_NUM_THREADS": " (unset OMP_NUM_THREADS, or give --num_threads N)"}
-        over = (f"; more than the {n_cores} core{'s' * (n_cores != 1)} this process may use, so they wait on each "
-                f"other: {n_cores} or fewer is faster{fix.get(self.why, '')}" if self.count > n_cores else "")
+        reason = {"asked": f"--num_threads {self.count}", "one core": "this process may use one core",
+                  "kept": "this run's own, kept on resume; --num_threads 0 measures again"}.get(self.why, self.why)
+        fix = {"asked": " (--num_threads 0 measures)",
+               "OMP_NUM_THREADS": " (unset OMP_NUM_THREADS, or give --num_threads N)"}.get(self.why, "")
+        over = (f"; more than the {n_cores} core{'s' * (n_cores != 1)} this process may use: {n_cores} or fewer is "
+                f"faster{fix}" if self.count > n_cores else "")
         return f"threads: {self.count} ({reason})" + (f"; {work}: {timed}" if timed else "") + over
 
 
 def span(seconds: list[float]) -> str:
     """'41 ms', '41-47 ms', '5.4 s', '12-30 s': the range of a few timings."""
-    low, high = min(seconds), max(seconds)
-    if high < 1:
-        scale, unit, digits = 1000, "ms", 0
-    else:
-        scale, unit, digits = 1, "s", 1 if high < 10 else 0
-    low_text, high_text = f"{low * scale:.{digits}f}", f"{high * scale:.{digits}f}"
+    high = max(seconds)
+    scale, unit, digits = (1000, "ms", 0) if high < 1 else (1, "s", int(high < 10))
+    low_text, high_text = (f"{x * scale:.{digits}f}" for x in (min(seconds), high))
     return f"{low_text} {unit}" if low_text == high_text else f"{low_text}-{high_text} {unit}"
 
 
 def choose_threads(asked: int, time_once: Callable[[], float] | None, timed: bool = False) -> Threads:
-    """Set and return the thread count: asked (--num_threads), else OMP_NUM_THREADS, else 1 on one core, else the
-    fastest for time_once, measured now. timed: time a given count too."""
+    """Set the thread count: asked, else OMP_NUM_THREADS, else 1 on one core, else the fastest measured now."""
     if asked:
         counts, why = [asked], "asked"
     elif os.environ.get("OMP_NUM_THREADS"):
@@ -279,22 +267,20 @@ KEPT_BYTES = 1 << 30
 
 
 def keep_freed_memory() -> bool:
-    """Linux with glibc: keep freed blocks up to KEPT_BYTES for the next request, as a step frees and allocates the
-    same tensors every time (docs/speed.md: page faults). True if set; False elsewhere."""
+    """glibc: keep freed blocks up to KEPT_BYTES, as each step frees and allocates the same tensors (docs/speed.md)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
     except (OSError, AttributeError):
         return False
-    # both thresholds set; where 1 GiB is refused, 32 MiB (mallopt(3)'s highest on 64-bit systems)
+    # where 1 GiB is refused, 32 MiB (mallopt(3)'s highest on 64-bit systems)
     mapped = mallopt(M_MMAP_THRESHOLD, KEPT_BYTES) or mallopt(M_MMAP_THRESHOLD, 32 << 20)
     return bool(mapped and mallopt(M_TRIM_THRESHOLD, KEPT_BYTES))
 
 
 def free_memory() -> int | None:
-    """Bytes this machine can still give a process (Linux: MemAvailable plus free swap, within cgroup v2's limit);
-    None where the system does not say."""
+    """Bytes a process can still get (Linux: MemAvailable plus free swap, within cgroup v2); None where unknown."""
     try:
         fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
         free = sum(int(fields[name].split()[0]) * 1024 for name in ("MemAvailable", "SwapFree") if name in fields)
@@ -307,6 +293,14 @@ def free_memory() -> int | None:
     except (OSError, ValueError):
         pass
     return free
+
+
+def check_free_memory(need: int, device: torch.device | str, what: str, fix: str) -> None:
+    """On a CPU, refuse what needs more memory than is free: there the system kills the process with no error."""
+    free = free_memory() if torch.device(device).type == "cpu" else None
+    if free is not None and need > free:
+        raise UserError(f"out of memory: {what} would need about {need / 2**30:.1f} GiB, and this machine has "
+                        f"{free / 2**30:.1f} GiB free; {fix}")
 
 
 def sync(device: torch.device) -> None:

@@ -1,5 +1,5 @@
-"""From the command line to a TrainConfig: a preset (or any .toml file), then --field overrides; and the config of a
-run resumed or fine-tuned (--init_from): its checkpoint's, with the command's over it."""
+"""From the command line to a TrainConfig: a preset or .toml file, then --field overrides; and a resumed or
+fine-tuned run's config: its checkpoint's, with the command's over it."""
 from __future__ import annotations
 
 import argparse
@@ -30,14 +30,13 @@ EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "t
 
 
 def parse_value(name: str, text) -> object:
-    """One command-line value as its field's type, or a one-line error."""
     kind = TYPES[name]
     if not isinstance(text, str):
         return text
     if name == "compile":  # auto | true | false
         with contextlib.suppress(ValueError):
             return "auto" if text.strip().lower() == "auto" else str(parse_bool(text)).lower()
-        return text  # (TrainConfig names the choices)
+        return text  # TrainConfig names the choices
     try:
         return PARSERS[kind](text)
     except ValueError:
@@ -50,17 +49,16 @@ def suggest(name: str, candidates) -> str:
 
 
 def unknown_option(option: str) -> UserError:
-    """The one line for an unknown option: nanoGPT's names answered (configs/nanogpt.py), else a close match or
-    --help."""
+    """The line for an unknown option: nanoGPT's answer, else a close match or --help."""
     name = option.split("=", 1)[0]
-    if name.startswith("--") and (answer := nanogpt.unknown_setting(name[2:])):
+    if name.startswith("--") and (answer := nanogpt.TRAIN_SETTINGS.get(name[2:])):
         return UserError(f"unknown option {name}: {answer}")
     hint = suggest(name, [f"--{n}" for n in FIELDS if n != "config_name"] + ["--config"])
     return UserError(f"unknown option {name}{hint or '; see ' + python_command('train.py') + ' --help'}")
 
 
 def build_parser(preset: str = "", values: dict | None = None, why: str = "") -> ArgumentParser:
-    """The command line; --help shows each field's value under the preset this command would use."""
+    """The command line; --help shows each field's value under the preset used."""
     values = values or {}
     chosen = f" The defaults below are what this command would use: preset {preset}{why}." if preset else ""
     parser = ArgumentParser(
@@ -91,8 +89,7 @@ def read_preset(spec: str) -> tuple[Path, dict]:
     if not path.suffix and not path.is_file() and (PRESET_DIR / f"{spec}.toml").is_file():
         path = PRESET_DIR / f"{spec}.toml"
     if path.is_dir():
-        raise UserError(f"--config {spec}: that is a folder; give a .toml file (a file in it, for example) or a "
-                        f"preset: {', '.join(presets())}")
+        raise UserError(f"--config {spec}: that is a folder; give a .toml file or a preset: {', '.join(presets())}")
     if not path.exists():
         raise UserError(f"--config {spec}: no such preset or file{suggest(spec, presets())}; "
                         f"presets: {', '.join(presets())}")
@@ -114,7 +111,6 @@ def read_preset(spec: str) -> tuple[Path, dict]:
 
 
 def checked_types(values: dict, where: str, types: dict[str, type] = TYPES) -> dict:
-    """Each value of its field's type, or a one-line error naming the field."""
     values = dict(values)
     for key, value in values.items():
         if key == "compile" and isinstance(value, bool):
@@ -128,23 +124,16 @@ def checked_types(values: dict, where: str, types: dict[str, type] = TYPES) -> d
 
 
 def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConfig, str, set[str]]:
-    """The config, a line naming the preset used and why, and the fields the user set (a resume applies only those)."""
+    """The config, a line naming the preset used and why, and the fields the user set."""
     first = ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument("--config", action="append")
     named = first.parse_known_args(argv)[0].config or []
     if len({read_preset(spec)[0].resolve() for spec in named}) > 1:
-        raise UserError(f"--config is given {len(named)} times ({', '.join(named)}); give one, and set single "
-                        f"settings on the command line (--n_layer 2 ...)")
+        raise UserError(f"--config is given {len(named)} times ({', '.join(named)}); give one")
     given = named[-1] if named else None
-    if given:
-        path, values = read_preset(given)
-        name = path.stem
-        why, note = "", f"config: {name}"
-    else:
-        name = "shakespeare_char_gpu" if cuda_available else "shakespeare_char_cpu"
-        _, values = read_preset(name)
-        why = f" (no --config given; CUDA is {'available' if cuda_available else 'not available'})"
-        note = f"config: {name}{why}"
+    why = "" if given else f" (no --config given; CUDA is {'available' if cuda_available else 'not available'})"
+    path, values = read_preset(given or ("shakespeare_char_gpu" if cuda_available else "shakespeare_char_cpu"))
+    name, note = path.stem, f"config: {path.stem}{why}"
     parser = build_parser(name, values, why)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -162,12 +151,11 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
             overrides["resume"] = True
         notes += [said] if said else []
     explicit = set(overrides) | (set(values) if given else set())
-    # min_lr follows a learning rate set alone (a resumed or fine-tuned run's note comes later)
     said = follow_learning_rate(values, overrides, name)
     if said and not overrides.get("resume") and not overrides.get("init_from"):
         notes.append(said)
     values = {"config_name": name, **values, **overrides}
-    if "data" in explicit:  # the same text from any folder
+    if "data" in explicit:
         values["data"] = whole_path(values["data"])
     try:
         return TrainConfig(**values), "\n".join([note, *notes]), explicit
@@ -176,7 +164,7 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
 
 
 def where_from(problem: str, typed: set[str], path: Path | None) -> str:
-    """A setting's check said where the user set it: a --config file's key or a flag."""
+    """A setting's problem said where the user set it: a --config file's key or a flag."""
     name = problem.split(" ", 1)[0].removeprefix("--")
     if name not in FIELDS or sum(re.search(rf"\b{field}\b", problem) is not None for field in FIELDS) > 1:
         return problem
@@ -190,7 +178,7 @@ def where_from(problem: str, typed: set[str], path: Path | None) -> str:
 
 
 def whole_path(data: str) -> str:
-    """--data as the run records it: a named corpus as named, a path made absolute, an empty one empty."""
+    """--data as recorded: a named corpus as named, a path made absolute."""
     return data if data in NAMED or not data.strip() else os.path.abspath(os.path.expanduser(data))
 
 
@@ -207,7 +195,7 @@ def follow_learning_rate(base: dict, overrides: dict, name: str) -> str:
 
 
 def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
-    """A config saved in a checkpoint: unknown fields ignored and said."""
+    """A config saved in a checkpoint, unknown fields ignored and said."""
     fixed = {k for k, v in values.items() if k in FIXED and v == FIXED[k]}
     ignored = sorted(k for k in values if k not in FIELDS and k not in fixed)
     if ignored:
@@ -219,7 +207,7 @@ def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
         raise UserError(f"{where}: its saved config is invalid ({err})") from None
 
 
-# ---- a run's config from a checkpoint: resumed, or fine-tuned from (--init_from) ----
+# ---- a run's config from a checkpoint: resumed, or fine-tuned from ----
 # What a fine-tuning run takes from its own command, never from the run it starts from.
 OWN_SETTINGS = ("data", "cache_dir", "val_fraction", "encoding", "encoding_errors", "out_dir", "resume", "overwrite",
                 "init_from", "device", "num_threads", "ddp")
@@ -232,7 +220,7 @@ KEPT_ON_RESUME = {"val_fraction": "it fixes the validation split", "encoding": "
 
 
 def same_model(given: str, saved: str | None) -> bool:
-    """Whether two --init_from values name the same model: one path however spelled, or a folder and a file in it."""
+    """Whether two --init_from values name the same model: one path, or a folder and a file in it."""
     if not given or not saved:
         return False
     one, other = (Path(value).expanduser().resolve() for value in (given, saved))
@@ -240,12 +228,11 @@ def same_model(given: str, saved: str | None) -> bool:
 
 
 def saved_model_config(state: dict) -> dict:
-    """A checkpoint's model config as a dict, a field it lacks at its default."""
     return {**ModelConfig().to_dict(), **state["model_config"]}
 
 
 def follow_new_learning_rate(base: dict, values: dict, explicit: set[str], name: str) -> str:
-    """follow_learning_rate for a checkpoint's settings (base) with the command's over them (values); the note."""
+    """follow_learning_rate for a checkpoint's settings (base) under the command's (values)."""
     changed = {field: values[field] for field in ("learning_rate", "min_lr") if field in explicit}
     note = follow_learning_rate(base, changed, name)
     if note:
@@ -261,7 +248,7 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
     for name in SHAPE_FIELDS:
         if name in explicit and values[name] != saved[name]:
             raise UserError(f"{name} {values[name]!r} does not fit the model in {where} ({name} {saved[name]!r}); "
-                            f"leave it out: --init_from keeps that model's architecture")
+                            f"leave it out")
         values[name] = saved[name]
     values.update({name: value for name, value in base.items()
                    if name not in explicit and name not in OWN_SETTINGS and name not in SHAPE_FIELDS})
@@ -277,10 +264,7 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
                   ) -> tuple[TrainConfig, TrainConfig]:
     """(the run's saved config, the config it resumes with): only the fields the user set change."""
     old = config_from_dict(state["run_config"], str(where), say)
-    values = old.to_dict()
-    # where a run writes, and how it starts its processes, are this command's
-    values["out_dir"], values["cache_dir"] = cfg.out_dir, cfg.cache_dir
-    values["ddp"] = cfg.ddp
+    values = {**old.to_dict(), "out_dir": cfg.out_dir, "cache_dir": cfg.cache_dir, "ddp": cfg.ddp}
     for name in sorted(explicit - {"resume", "overwrite"}):
         new_value = getattr(cfg, name)
         if new_value == values.get(name) or name == "init_from" and same_model(new_value, values.get(name)):
@@ -291,8 +275,7 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
         if name in KEPT_ON_RESUME or name in SHAPE_FIELDS or name == "optimizer":
             why = KEPT_ON_RESUME.get(name, "the saved weights and optimizer state fix it")
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}: "
-                            f"{why}; leave --{name} (and any --config that sets it) out, or start a new run in "
-                            f"another --out_dir (--init_from {shlex.quote(cfg.out_dir)} fine-tunes this run's model)")
+                            f"{why}; leave --{name} out, or fine-tune it with --init_from {shlex.quote(cfg.out_dir)}")
         if name == "num_threads" and new_value == 0:
             say(f"resume: the thread count is measured again (--num_threads 0; this run had {values.get(name)})")
         else:
@@ -308,7 +291,7 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
 
 
 def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
-    """The model --resume builds from the run's config must be the checkpoint's model config."""
+    """The model the run's config builds must be the checkpoint's."""
     built, saved = cfg.model_config(len(state["vocab"])).to_dict(), saved_model_config(state)
     differ = [name for name in SHAPE_FIELDS if built[name] != saved[name]]
     if differ:

@@ -1,6 +1,4 @@
-"""nanoGPT's habits in this trainer's terms: its train.py and sample.py settings that are named or done otherwise here
-(each answered in one line that names this trainer's way), its init_from values, and its Python config files, read
-(never run) and written out as the TOML this trainer reads."""
+"""nanoGPT's settings in this trainer's terms, and its Python config files read (never run) as TOML."""
 from __future__ import annotations
 
 import ast
@@ -14,45 +12,28 @@ from configs.schema import CONFIG_MAX_BYTES, FIELDS, FIXED, TYPES
 from data.gate import read_small, utf8_text
 from errors import UserError, python_command, shown
 
-# nanoGPT's train.py settings that this trainer names or does otherwise: what to give instead. (The rest of its
-# settings, out_dir to compile, have the same names here.)
+# nanoGPT's train.py settings named or done otherwise here: what to give instead.
 TRAIN_SETTINGS = {
-    "gradient_accumulation_steps": "here it is --grad_accum_steps, the micro-batches of each process (nanoGPT divides "
-                                   "its count among torchrun's processes; here the global batch is batch_size x "
-                                   "grad_accum_steps x processes, said when the run starts)",
-    "wandb_log": "here it is --wandb (Weights & Biases beside TensorBoard, where the wandb package is installed)",
+    "gradient_accumulation_steps": "here it is --grad_accum_steps, the micro-batches of each process",
+    "wandb_log": "here it is --wandb",
     "wandb_run_name": "here the run's name in Weights & Biases is its --out_dir folder's name",
-    "dataset": "here it is --data: a text file, a folder of text files, or a named corpus, shakespeare (nanoGPT's "
-               "shakespeare_char) or pystdlib; the characters are prepared on the fly, no prepare.py first",
-    "eval_only": "evaluating a trained model is python scripts/evaluate.py --out_dir RUN (its loss on any text)",
-    "always_save_checkpoint": "every evaluation saves ckpt_last, and ckpt_best when it beats the best "
-                              "validation loss; the run's model is its best: nothing to set",
-    "decay_lr": "the learning rate always falls from --learning_rate to --min_lr; give --min_lr equal to "
-                "--learning_rate for a constant rate",
-    "beta1": f"AdamW's beta1 is fixed at {FIXED['beta1']} here (--beta2 is a setting)",
-    "backend": "the backend follows the device (NCCL between GPUs, Gloo on CPUs): nothing to set",
+    "dataset": "here it is --data: a text file, a folder of text files, or a named corpus such as shakespeare",
+    "eval_only": "evaluating a trained model is python scripts/evaluate.py --out_dir RUN",
+    "always_save_checkpoint": "every evaluation saves ckpt_last, and ckpt_best at a new best: nothing to set",
+    "decay_lr": "the learning rate always falls to --min_lr; give --min_lr equal to --learning_rate to keep it",
+    "beta1": f"AdamW's beta1 is fixed at {FIXED['beta1']} here",
+    "backend": "the backend follows the device: nothing to set",
     "sample": "sampling is python scripts/sample.py --out_dir RUN",
-    "start": "a prompt for sampling is python scripts/sample.py --out_dir RUN --prompt TEXT (or --start, as "
-             "nanoGPT's, FILE:path included)",
+    "start": "a prompt for sampling is python scripts/sample.py --out_dir RUN --prompt TEXT",
 }
-# nanoGPT's names for settings that mean the same here under another name (its config files are translated so).
 RENAMED = {"gradient_accumulation_steps": "grad_accum_steps", "wandb_log": "wandb", "dataset": "data"}
 DATASETS = {"shakespeare_char": "shakespeare", "shakespeare": "shakespeare"}  # nanoGPT's data/ folders we have
 GPT2 = ("--init_from {value}: GPT-2's weights belong to its 50,257 BPE tokens, and this trainer is character-level; "
-        "--init_from here fine-tunes a run folder or checkpoint of this trainer (python train.py --init_from "
-        "out/RUN --data FILE)")
-
-
-def unknown_setting(name: str) -> str | None:
-    """The one line for nanoGPT's name of a setting named or done otherwise here (name without --); None if it is
-    not one of nanoGPT's."""
-    return TRAIN_SETTINGS.get(name)
+        "fine-tune a run of this trainer instead (--init_from out/RUN)")
 
 
 def init_from(value: str) -> tuple[str, bool, str]:
-    """nanoGPT's --init_from values understood: (this trainer's init_from, whether to resume, a note naming this
-    trainer's way, "" for none). resume continues the run in --out_dir, as --resume does; scratch is a new run, the
-    default; gpt2* is refused in one line. Anything else is a run folder or checkpoint to fine-tune, as here."""
+    """nanoGPT's --init_from: (our init_from, whether to resume, a note). resume and scratch are taken, gpt2* refused."""
     if value == "resume" and not Path(value).exists():
         return "", True, "note: --init_from resume is --resume here: continuing the run in --out_dir"
     if value == "scratch" and not Path(value).exists():
@@ -62,7 +43,7 @@ def init_from(value: str) -> tuple[str, bool, str]:
     return value, False, ""
 
 
-# ---- nanoGPT's Python config files, read as data --------------------------------------------------------------------
+# ---- nanoGPT's Python config files, read as data ----
 ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
 
@@ -71,8 +52,7 @@ VALUE_BITS, STRING_MAX, NODES_MAX = 256, 4096, 100  # a setting's bounds, on the
 
 
 def plain_value(node: ast.AST, top: bool = True):
-    """A literal, or arithmetic on numbers (nanoGPT writes gradient_accumulation_steps = 5 * 8), every value on the way
-    bounded (VALUE_BITS, STRING_MAX, NODES_MAX); ValueError for anything else: nothing of the file is ever run."""
+    """A literal, or arithmetic on numbers (5 * 8), every value on the way bounded; ValueError for anything else."""
     if top and sum(1 for _ in ast.walk(node)) > NODES_MAX:
         raise ValueError("too long an expression")
     if isinstance(node, ast.BinOp) and type(node.op) in ARITHMETIC:
@@ -91,7 +71,7 @@ def plain_value(node: ast.AST, top: bool = True):
 
 
 def toml_value(value) -> str | None:
-    """value as a TOML value (None where TOML has none for it, such as a string holding a lone surrogate)."""
+    """value as a TOML value (None where TOML has none, as for a lone surrogate)."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
@@ -102,7 +82,7 @@ def toml_value(value) -> str | None:
 
 
 def translate(name: str, value) -> tuple[str | None, str]:
-    """One assignment of a nanoGPT config: (this trainer's `field = value` line, or None; a comment, or "")."""
+    """One assignment of a nanoGPT config: (our `field = value` line, or None; a comment, or "")."""
     shown = f"{name} = {value!r}"
     if name == "init_from":
         if value == "resume":
@@ -112,7 +92,7 @@ def translate(name: str, value) -> tuple[str | None, str]:
         if isinstance(value, str) and value.startswith("gpt2"):
             return None, f"{shown}: not for a character-level model; init_from = \"RUN_FOLDER\" fine-tunes one of ours"
     if name == "dataset":
-        if value not in DATASETS:
+        if not isinstance(value, str) or value not in DATASETS:
             return None, f"{shown}: give data = \"FILE\", the text itself (a file or a folder of text files)"
         value = DATASETS[value]
     if name == "compile" and isinstance(value, bool):
@@ -132,14 +112,13 @@ def translate(name: str, value) -> tuple[str | None, str]:
 
 
 def as_toml(path: Path) -> str:
-    """A nanoGPT config file (plain `name = value` lines) as this trainer's TOML: each setting under its name here,
-    and a comment for each one that has no equivalent, saying what to do instead. The file is parsed, never run."""
+    """A nanoGPT config file as our TOML, a comment for each setting without an equivalent. It is never run."""
     text = utf8_text(read_small(path, "--config", CONFIG_MAX_BYTES, "give a config file"), f"--config {path}")
     try:
         tree = ast.parse(text, filename=str(path))
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:  # (the last two: nesting past the stack)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:  # (the last two: deep nesting)
         raise UserError(f"--config {path}: cannot be read as a Python config ({type(err).__name__}); write the "
-                        f"settings as TOML (name = value lines) and pass that file") from None
+                        f"settings as TOML and pass that file") from None
     lines = [f"# {path.stem}.toml: the settings of {path} (nanoGPT's Python config) as this trainer reads them"]
     for statement in tree.body:
         if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
@@ -156,16 +135,12 @@ def as_toml(path: Path) -> str:
             lines.append(f"# {source.splitlines()[0][:100]}: not a plain value; set {RENAMED.get(name, name)} by hand")
             continue
         line, note = translate(name, value)
-        if line is None:
-            lines.append(f"# {note}")
-        else:
-            lines.append(f"{line}  # {note}" if note else line)
+        lines.append(f"# {note}" if line is None else f"{line}  # {note}" if note else line)
     return "\n".join(lines) + "\n"
 
 
 def python_config(spec: str, say=print) -> UserError:
-    """--config FILE.py (or nanoGPT's `python train.py config/FILE.py`): this trainer never runs a config; the
-    same settings as TOML are printed (say), and the error to raise names the file to save them to."""
+    """--config FILE.py: never run; its settings as TOML are said, and the error names the file to save them to."""
     path = Path(spec)
     if not path.exists():
         return UserError(f"--config {spec}: no such file; presets are TOML files ({python_command('train.py')} --help "

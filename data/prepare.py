@@ -1,11 +1,11 @@
-"""Preparing a corpus into cached token files (train.bin, val.bin): one pass for its checksum (the cache's key), one
-for its characters, one to write the tokens; an entry is kept only where each pass read the bytes the key sums."""
+"""A corpus into cached token files (train.bin, val.bin): passes for its checksum (the key), its characters and its
+tokens; an entry is kept only where each pass read the bytes the key sums."""
 from __future__ import annotations
 
 if __name__ == "__main__":  # run as nanoGPT's data/*/prepare.py scripts are
     import sys
-    print("error: data/prepare.py is a library, not a command; prepare a corpus with: python scripts/prepare.py "
-          "--data FILE", file=sys.stderr)
+    print("error: data/prepare.py is a library; prepare a corpus with: python scripts/prepare.py --data FILE",
+          file=sys.stderr)
     raise SystemExit(2)
 
 import codecs
@@ -42,7 +42,7 @@ class Prepared:
 
 @dataclass
 class Shortfall:
-    """The first split too short for one window of block_size + 1 characters, and what can help."""
+    """The first split too short for one window of block_size + 1 characters."""
     split: str
     sizes: dict[str, int]  # each split's characters
     block_size: int
@@ -54,24 +54,21 @@ class Shortfall:
 
     @property
     def largest(self) -> int:
-        """The largest block_size both splits allow (0: none)."""
         return min(self.sizes.values()) - 1
 
     @property
     def other_fraction(self) -> str:
-        """Another --val_fraction, where one helps."""
         return (f" or a {'larger' if self.split == 'val' else 'smaller'} --val_fraction"
                 if sum(self.sizes.values()) >= 2 * (self.block_size + 1) else "")
 
 
 def short_split(sizes: dict[str, int], block_size: int = 1) -> Shortfall | None:
-    """The shortfall of splits of these sizes for block_size, or None."""
     split = next((split for split, n in sizes.items() if n < block_size + 1), None)
     return None if split is None else Shortfall(split, sizes, block_size)
 
 
 class ShortSplit(UserError):
-    """A split too short for one window; its shortfall lets a resumed run say what it can change."""
+    """A split too short for one window, with its shortfall."""
 
     def __init__(self, line: str, shortfall: Shortfall):
         super().__init__(line)
@@ -79,7 +76,7 @@ class ShortSplit(UserError):
 
 
 def check_splits(name: str, n_train: int, n_val: int, val_fraction: float) -> None:
-    """Refuse a text whose split leaves a part too short for any model, before anything is written or used."""
+    """Refuse a text whose split leaves a part too short for any model."""
     if (short := short_split({"train": n_train, "val": n_val})) is not None:
         n_chars = n_train + n_val
         raise ShortSplit(f"--data {name}: too short: --val_fraction {val_fraction:g} splits its {n_chars:,} "
@@ -89,7 +86,7 @@ def check_splits(name: str, n_train: int, n_val: int, val_fraction: float) -> No
 
 
 def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterator[str]:
-    """The corpus as text chunks: files joined by a newline, decoded incrementally. digest takes the bytes read."""
+    """The corpus as text chunks, files joined by a newline. digest takes the bytes read."""
     current, decoder, offset = -1, None, 0  # offset: bytes of this file decoded so far
     for i, path, block in corpus_blocks(corpus.files, digest):
         if i != current:
@@ -120,9 +117,8 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
 
 def unicode_bom(start: bytes) -> str:
     """'UTF-32' or 'UTF-16' where the bytes begin with its byte-order mark, else ''."""
-    if start.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
-        return "UTF-32"
-    return "UTF-16" if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else ""
+    boms = {"UTF-32": (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE), "UTF-16": (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)}
+    return next((name for name, marks in boms.items() if start.startswith(marks)), "")
 
 
 def binary(path: Path) -> UserError:
@@ -147,7 +143,7 @@ def check_encoding(encoding: str, errors: str) -> None:
 
 
 def remove_stale(folder: Path) -> None:
-    """Remove temporary folders of preparations whose process is gone."""
+    """Remove the temporary folders of preparations whose process is gone."""
     for tmp in folder.glob("*.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not process_alive(int(pid)):
@@ -169,9 +165,8 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             check: Callable[[str, str | None], None] | None = None) -> Prepared:
     """Write (or reuse) the token files of a corpus.
 
-    base_vocab (fine-tuning): the vocabulary starts with these characters, so a trained model's ids keep their
-    meaning. check(sha256, vocabulary) may refuse the text: called once the checksum is known (vocabulary None), and
-    again before anything is written or used (--resume checks its text this way)."""
+    base_vocab (fine-tuning): the vocabulary starts with these characters. check(sha256, vocabulary) may refuse the
+    text: called with the checksum (vocabulary None), then before anything is written or used."""
     check_encoding(encoding, errors)
     start = time.perf_counter()
     sha256, key, n_bytes = corpus_key(corpus, encoding, errors, val_fraction)
@@ -187,8 +182,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             check_splits(corpus.name, meta["n_train"], meta["n_val"], val_fraction)
             if check is not None:
                 check(sha256, meta["vocab"])
-            meta["source"] = corpus.name
-            meta["bytes"] = n_bytes
+            meta.update(source=corpus.name, bytes=n_bytes)
             return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
         say(f"note: the cached token files in {final} {why}; preparing them again")
         discard(final)
@@ -215,7 +209,7 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
           errors: str, start: float, base_vocab: str = "", check: Callable[[str, str | None], None] | None = None
           ) -> Prepared:
     """Two more passes, each checked against sha256: a file changed meanwhile leaves no entry."""
-    # Pass 1: which characters occur, and how many.
+    # Pass 1: which characters occur, and how many
     seen = np.zeros(0x110000, dtype=bool)
     n_chars = 0
     digest = hashlib.sha256()
@@ -233,9 +227,9 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
         check(sha256, tokenizer.chars)
     check_splits(corpus.name, n_train, n_chars - n_train, val_fraction)
 
-    # Pass 2: the first n_train characters to train.bin, the rest to val.bin.
+    # Pass 2: the first n_train characters to train.bin, the rest to val.bin
     final.parent.mkdir(parents=True, exist_ok=True)
-    # A folder nobody can guess (mkdtemp), so a planted link cannot redirect the writes; the pid ends its name.
+    # mkdtemp: a planted link cannot redirect the writes; the pid ends its name
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f"{key}.tmp-", suffix=f"-{os.getpid()}"))
     os.chmod(tmp, 0o755)
     try:
@@ -255,8 +249,7 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
                 written += len(text)
         same_text(corpus.name, sha256, digest, "while it was written as tokens")
         if written != n_chars:
-            raise UserError(f"--data {corpus.name}: {written:,} characters decoded where the first pass counted "
-                            f"{n_chars:,}; nothing was cached; run the command again")
+            raise text_changed(corpus.name, "while it was written as tokens")
         meta = {
             "format": FORMAT, "source": corpus.name, "files": len(corpus.files), "sha256": sha256, "bytes": n_bytes,
             "encoding": encoding, "encoding_errors": errors, "vocab": tokenizer.chars,
@@ -265,14 +258,12 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
             "val_fraction": val_fraction, "n_train": n_train, "n_val": n_chars - n_train,
             "base_vocab_size": len(base_vocab),
         }
-        # a file name that is not UTF-8 is written as its escape
         (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8",
                                        errors="backslashreplace")
         os.replace(tmp, final)  # all at once: no half-done entry
     except OSError:
-        if not (final / "meta.json").exists():
+        if not (final / "meta.json").exists():  # else another process finished the same entry first
             raise
-        # another process finished the same entry first
     finally:  # also on Ctrl-C or SIGTERM
         shutil.rmtree(tmp, ignore_errors=True)
     return Prepared(final, meta, tokenizer, reused=False, seconds=time.perf_counter() - start)

@@ -1,5 +1,5 @@
-"""Sampling as small functions: logits -> probabilities -> next token -> the generate loop; then its cases: the
-key/value cache, windows that slide past block_size, a compiled decoding step, chunks handed back."""
+"""Sampling: logits -> probabilities -> next token -> the generate loop; then its cases: the key/value cache,
+windows that slide past block_size, a compiled decoding step, chunks handed back."""
 from __future__ import annotations
 
 import contextlib
@@ -21,12 +21,15 @@ DecodeStep = Callable[[GPT, torch.Tensor, Decoding], torch.Tensor]
 
 
 class NonFiniteLogits(ValueError):
-    """A row's next-token scores held NaN or inf: what would be drawn from them is not the model's text."""
+    """A row's next-token scores held NaN or inf."""
+
+    def __init__(self):
+        super().__init__("the next-token scores are not finite (NaN or inf)")
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """How the next character is drawn: sample.py, TrainedRun.generate and the page read it."""
+    """How the next character is drawn."""
     temperature: float = field(default=0.8, metadata={"type": float,
                                                       "help": "0 = greedy; below 1 = safer, above 1 = wilder"})
     top_k: int | None = field(default=None, metadata={"type": int,
@@ -54,7 +57,7 @@ MAX_NEW_TOKENS = 2**40  # past any machine's memory
 
 
 def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
-    """sample.py's --max_new_tokens and --seed, and TrainedRun.generate's: a TypeError or ValueError naming them."""
+    """A TypeError or ValueError naming a bad max_new_tokens or seed."""
     check_type("max_new_tokens", max_new_tokens, numbers.Integral, "a whole number")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens {max_new_tokens}: must be at least 1")
@@ -67,7 +70,7 @@ def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
 
 def bytes_needed(model: GPT, rows: int, longest_prompt: int, max_new_tokens: int, use_cache: bool = True,
                  handed_back: bool = True) -> int:
-    """About the memory sampling needs beyond the model: tokens, caches, Python's rows."""
+    """About the memory sampling needs beyond the model."""
     cfg = model.config
     per_row = 8 * (longest_prompt + max_new_tokens * (2 if handed_back else 1))
     if use_cache:
@@ -93,10 +96,9 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """(B, vocab) probabilities -> (B,) token ids, one draw per row, without leaving the device.
+    """(B, vocab) probabilities -> (B,) token ids, one draw per row, without a host sync.
 
-    The exponential race: each token waits Exp(1) / p_i and the first to arrive wins, with probability p_i. It is
-    torch.multinomial's draw, without multinomial's check on the host, which makes a GPU wait."""
+    The exponential race: each token waits Exp(1) / p_i and the first wins, with probability p_i."""
     waits = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / waits).argmax(dim=-1)
 
@@ -110,7 +112,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 
 def one_token_step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
-    """The decoding step: (B, 1) new tokens at slot state.input_pos -> (B, vocab) logits, the same shapes each call."""
+    """The decoding step: (B, 1) new tokens at slot state.input_pos -> (B, vocab) logits."""
     return model(ids, decoding=state)[0][:, -1]
 
 
@@ -121,9 +123,8 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
              step: DecodeStep = one_token_step, chunk: int = 0, finite_only: bool = False) -> list[list[int]]:
     """Continue each prompt by max_new_tokens tokens and return the new ones. Prompts may differ in length.
 
-    on_tokens receives the new tokens on the host, (B, n) at a time: every token on a CPU, chunk (default 16) on a
-    GPU. step is the decoding step (compiled_step() for a compiled one). finite_only: NaN or inf scores raise
-    NonFiniteLogits instead of giving tokens drawn from them."""
+    on_tokens receives the new tokens on the host, (B, n) at a time (n: chunk, default 1 on a CPU, 16 on a GPU).
+    finite_only: NaN or inf scores raise NonFiniteLogits."""
     rows = Rows(model, prompts, max_new_tokens, use_cache, step)
     finite = torch.ones(len(prompts), dtype=torch.bool, device=rows.device) if finite_only else None
     chunks = Chunks(rows.tokens, rows.first, on_tokens, chunk or (16 if rows.device.type == "cuda" else 1), finite)
@@ -140,14 +141,14 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
     return new_tokens(rows.tokens[:, rows.first:], finite)
 
 
-# ---- the product's cases: the rows and their caches, sliding windows, a compiled step, chunks handed back ----------
+# ---- the product's cases ----
 def new_tokens(tokens: torch.Tensor, finite: torch.Tensor | None) -> list[list[int]]:
-    """(B, n) new tokens as lists, read with the rows' finite flags in one read; a row not finite raises."""
+    """(B, n) new tokens as lists, read with the rows' finite flags at once."""
     if finite is None:
         return tokens.tolist()
     rows = torch.cat([tokens, finite[:, None].long()], dim=1).tolist()
     if not all(row[-1] for row in rows):
-        raise NonFiniteLogits("the next-token scores are not finite (NaN or inf)")
+        raise NonFiniteLogits()
     return [row[:-1] for row in rows]
 
 
@@ -170,7 +171,7 @@ class Rows:
                 else model.wte.weight.dtype
             self.state = Decoding(model_caches(model, len(prompts), self.device, dtype))
         self.in_use = 0  # slots of the caches filled so far
-        self.slot = torch.zeros(1, dtype=torch.long, device=self.device)  # the decoding step's slot, on the device
+        self.slot = torch.zeros(1, dtype=torch.long, device=self.device)
         # Eager on a CPU, attention reads only the slots in use; elsewhere the whole cache, so shapes stay fixed.
         self.trim = self.device.type == "cpu" and step is one_token_step
 
@@ -179,7 +180,7 @@ class Rows:
             cache.in_use = n
 
     def prefill(self) -> torch.Tensor:
-        """Run the model over every row's whole window, which ends at column self.end: (B, vocab) logits."""
+        """The model over every row's window, which ends at column self.end: (B, vocab) logits."""
         first = [self.end - (n - s) for n, s in zip(self.lengths, self.starts)]  # where each row's window begins
         left = min(first)
         pad = [f - left for f in first]
@@ -199,10 +200,10 @@ class Rows:
             self.starts = moved
             return self.prefill()
         self.in_use += 1
-        self.state.input_pos = self.slot.fill_(self.in_use - 1)  # the same tensor every step (a CUDA graph's input)
+        self.state.input_pos = self.slot.fill_(self.in_use - 1)  # one tensor: a CUDA graph's input
         if self.trim:
             self.use(self.in_use)
-        return self.step(self.model, next_ids[:, None], self.state)  # (B, 1): the same strides every call
+        return self.step(self.model, next_ids[:, None], self.state)
 
 
 def model_caches(model: GPT, batch_size: int, device: torch.device, dtype: torch.dtype) -> list[LayerCache]:
@@ -233,9 +234,8 @@ def left_pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
 
 def compiled_step(device_type: str, backend: str | Callable = "inductor",
                   warn: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> DecodeStep:
-    """one_token_step through torch.compile, for fixed shapes: with CUDA graphs on CUDA; on a CPU with the weights
-    frozen into the graph and max-autotune's C++ matrix products. If compiling fails it warns once and decodes
-    uncompiled: the same text, slower. A RecompileError is a check's refusal, and goes through."""
+    """one_token_step compiled for fixed shapes: CUDA graphs on CUDA; on a CPU, frozen weights and C++ matrix
+    products. If compiling fails it warns once and decodes uncompiled; a RecompileError goes through."""
     from torch._dynamo.exc import RecompileError
     cpu_inductor = backend == "inductor" and device_type != "cuda"
     settings: dict = {}
@@ -250,12 +250,12 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
     def step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
         nonlocal compiled
         if compiled is not None:
-            try:  # freezing is read while tracing too, where options= does not reach: set around every call
+            try:  # freezing is read while tracing too, where options= does not reach
                 with inductor_config.patch(freezing=True) if cpu_inductor else contextlib.nullcontext():
                     return compiled(model, ids, state)
             except RecompileError:
                 raise
-            except Exception as err:  # the step writes only this slot of the caches: running it again is harmless
+            except Exception as err:  # the step writes only this slot: running it again is harmless
                 warn(f"warning: compiling the decoding step failed ({in_one_line(err)}); "
                      f"sampling without it (leave out --compile)")
                 compiled = None
@@ -264,7 +264,7 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
 
 
 class Chunks:
-    """Hands the new tokens to on_tokens in chunks, a GPU's read a chunk later so the host never waits."""
+    """Hands the new tokens to on_tokens in chunks; a GPU's are read a chunk later, so the host never waits."""
 
     def __init__(self, buffer: torch.Tensor, first: int, on_tokens: Callable[[torch.Tensor], None] | None, size: int,
                  finite: torch.Tensor | None = None):
@@ -293,5 +293,5 @@ class Chunks:
 
     def hand_over(self, tokens: torch.Tensor, finite: torch.Tensor | None) -> None:
         if finite is not None and not finite.all():
-            raise NonFiniteLogits("the next-token scores are not finite (NaN or inf)")
+            raise NonFiniteLogits()
         self.on_tokens(tokens)

@@ -156,6 +156,7 @@ def test_a_resumed_run_given_a_learning_rate_alone_takes_its_own_min_lr_along():
     ("block_size = " + "[" * 150 + "]" * 150, "not a plain value; set block_size by hand"),
     ('out_dir = "\\ud800"', "# out_dir = '\\ud800': out_dir here takes str; set it by hand"),
     ('out_dir = "a\\x7fb\\x1b[2J"', 'out_dir = "a\\u007fb\\u001b[2J"'),
+    ("dataset = ['shakespeare']", "# dataset = ['shakespeare']: give data = \"FILE\""),
 ])
 def test_a_python_config_whose_values_grow_without_bound_is_one_line_at_once(tmp_path, line, said):
     """A power tower of 42 bytes, a sum of 2,500 terms, deep nesting, a lone surrogate, control characters: each comes

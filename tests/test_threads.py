@@ -89,8 +89,8 @@ def test_a_given_count_is_never_measured_against_another(monkeypatch):
     assert torch.get_num_threads() == 2 and threads.line("a step") == "threads: 2 (--num_threads 2)"
     threads = choose_threads(3, time_once, timed=True)  # more threads than cores: kept, and the line says what it costs
     assert set(calls) == {3} and threads.seconds == {3: [0.3] * 3} and threads.line("a step") == (
-        "threads: 3 (--num_threads 3); a step: 300 ms; more than the 2 cores this process may use, so they wait on "
-        "each other: 2 or fewer is faster (--num_threads 0 measures)")
+        "threads: 3 (--num_threads 3); a step: 300 ms; more than the 2 cores this process may use: 2 or fewer is "
+        "faster (--num_threads 0 measures)")
     torch.set_num_threads(1)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert choose_threads(0, time_once).why == "OMP_NUM_THREADS" and torch.get_num_threads() == 1
@@ -104,12 +104,11 @@ def test_more_threads_than_cores_are_kept_and_the_line_says_what_to_change(monke
     is read again by --num_threads 0), and counts one core in the singular."""
     monkeypatch.setattr(machine, "cores", lambda: 2)
     assert Threads(3, "OMP_NUM_THREADS", {}).line("a step") == (
-        "threads: 3 (OMP_NUM_THREADS); more than the 2 cores this process may use, so they wait on each other: 2 or "
-        "fewer is faster (unset OMP_NUM_THREADS, or give --num_threads N)")
+        "threads: 3 (OMP_NUM_THREADS); more than the 2 cores this process may use: 2 or fewer is faster (unset "
+        "OMP_NUM_THREADS, or give --num_threads N)")
     monkeypatch.setattr(machine, "cores", lambda: 1)
     assert Threads(2, "kept", {}).line("a step").endswith(
-        "--num_threads 0 measures again); more than the 1 core this process may use, so they wait on each other: 1 "
-        "or fewer is faster")
+        "--num_threads 0 measures again); more than the 1 core this process may use: 1 or fewer is faster")
     assert "more than" not in Threads(1, "asked", {}).line("a step")
 
 
@@ -148,8 +147,7 @@ def test_a_run_measures_its_threads_says_them_records_them_and_keeps_them_on_res
     torch.set_num_threads(2)  # a new process would start with every core
     resumed = train_quietly(["--out_dir", str(tmp_path / "measured"), "--resume", "--max_iters", "20"], said)
     assert set(calls) == {1} and resumed["threads"] == 1, said
-    assert ("threads: 1 (this run's own, kept on resume so that it goes on as it began; --num_threads 0 measures "
-            "again); a step: 50 ms") in said
+    assert "threads: 1 (this run's own, kept on resume; --num_threads 0 measures again); a step: 50 ms" in said
 
     said.clear()
     train_quietly(["--out_dir", str(tmp_path / "measured"), "--resume", "--max_iters", "25", "--num_threads", "0"],
@@ -361,15 +359,14 @@ def test_steps_that_slow_down_several_fold_are_said_once_with_the_flag():
     notes = log_lines(watch, (0.35, 0.2, 0.4, 0.5, 0.9, 0.9))
     assert notes[:2] == [None, None] and notes[3:] == [None, None]
     assert notes[2] == ("note: steps now take 500 ms, 5.0x the 100 ms timed before the first step: other work is "
-                        "likely using the CPU, and 2 threads wait on each other when a core is taken; with fewer it "
-                        "may go faster: Ctrl-C (it saves), then python train.py --out_dir out/x --resume "
-                        "--num_threads 1")
+                        "likely using the CPU; fewer threads may go faster: Ctrl-C (it saves), then python train.py "
+                        "--out_dir out/x --resume --num_threads 1")
     assert watch.advice == "--num_threads 1"  # for the run's stopped line: the resume command with the flag
     assert stopped_line(300, Path("out/x"), False, watch.advice).endswith(
         "Continue with: python train.py --out_dir out/x --resume --num_threads 1")
     alone = SlowdownWatch(0.1, 1, "")
     assert log_lines(alone, (1.0, 1.0))[1].endswith(
-        "this run uses one thread already, so it goes on as fast as the machine lets it") and alone.advice == ""
+        "; this run uses one thread already") and alone.advice == ""
     # steps 25x slower: one log interval of 10 steps lasts 25 s, past SLOW_FOR: said at that first line
     sudden = SlowdownWatch(0.1, 4, "python train.py --out_dir out/y --resume")
     assert log_lines(sudden, (0.1, 2.5))[0].endswith("--resume --num_threads 2") and sudden.advice == "--num_threads 2"

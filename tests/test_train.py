@@ -137,7 +137,7 @@ def test_resume_on_another_text_chooses_the_best_model_anew_on_its_validation(co
 def test_resume_refuses_architecture_changes_and_accepts_training_changes(corpus, tmp_path):
     run(corpus, tmp_path / "r", "--max_iters", "4")
     with pytest.raises(UserError, match="^--resume: n_embd was 32 in this run and cannot change to 64: the saved "
-                       r"weights and optimizer state fix it; leave --n_embd \(and any --config that sets it\) out"):
+                       r"weights and optimizer state fix it; leave --n_embd out"):
         run(corpus, tmp_path / "r", "--resume", "--n_embd", "64")
     with pytest.raises(UserError, match="optimizer was 'adamw' in this run and cannot change to 'muon'"):
         run(corpus, tmp_path / "r", "--resume", "--optimizer", "muon")
@@ -223,8 +223,7 @@ def test_resume_keeps_what_its_evaluations_measure(corpus, tmp_path, flag, value
     before = (tmp_path / "r" / "ckpt_last.safetensors").read_bytes()
     name = flag[2:]
     with pytest.raises(UserError, match=f"^--resume: {name} was {was} in this run and cannot change to .*; leave "
-                       f"{flag} \\(and any --config that sets it\\) out, or start a new run in another --out_dir "
-                       f"\\(--init_from {tmp_path / 'r'} fine-tunes this run's model\\)$"):
+                       f"{flag} out, or fine-tune it with --init_from {tmp_path / 'r'}$"):
         run(corpus, tmp_path / "r", "--resume", flag, value)
     assert (tmp_path / "r" / "ckpt_last.safetensors").read_bytes() == before
     assert run(corpus, tmp_path / "r", "--resume", flag, was.strip("'"), "--max_iters", "3")["iterations"] == 3
@@ -473,8 +472,7 @@ def test_two_presets_are_refused_in_one_line_and_one_named_twice_is_taken():
     the same preset twice, however named (a repeated flag in a script), is that preset."""
     with pytest.raises(UserError) as refused:
         load_config(["--config", "debug", "--config", "shakespeare_char_cpu"], False)
-    assert str(refused.value) == ("--config is given 2 times (debug, shakespeare_char_cpu); give one, and set single "
-                                  "settings on the command line (--n_layer 2 ...)")
+    assert str(refused.value) == "--config is given 2 times (debug, shakespeare_char_cpu); give one"
     assert load_config(["--config", "debug", "--config=configs/debug.toml"], False)[0] == load_config(
         ["--config", "debug"], False)[0]  # (one preset, named two ways)
 
@@ -574,8 +572,8 @@ def test_a_compiled_step_whose_gradients_are_not_finite_falls_back_and_trains_as
     argv = debug_argv(corpus, tmp_path, "run", "--compile", "true", "--max_iters", "6", "--compile_scope", scope)
     result = train_argv(argv, say=messages.append)
     assert [m for m in messages if m.startswith("warning: torch.compile failed")] == \
-        ["warning: torch.compile failed (its first step's gradients came out NaN or infinite; that step is computed "
-         "again uncompiled, so nothing is lost); continuing without it (--compile false skips the attempt)"]
+        ["warning: torch.compile failed (its first step's gradients were not finite; that step is computed again "
+         "uncompiled); continuing without it (--compile false skips the attempt)"]
     plain = train_argv(debug_argv(corpus, tmp_path, "plain", "--max_iters", "6"))
     assert result["history"] == plain["history"] and result["full_val_loss"] == plain["full_val_loss"]
 

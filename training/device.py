@@ -1,5 +1,4 @@
-"""The training run on its device: torch.compile with its fallback, the random streams, FLOPs and peak rate, the
-watch on steps that slow down, and data-parallel training under torchrun."""
+"""The run on its device: torch.compile with a fallback, random streams, FLOPs, the slowdown watch, and torchrun."""
 from __future__ import annotations
 
 import contextlib
@@ -21,13 +20,12 @@ from model.config import ModelConfig
 from model.gpt import GPT
 
 
-SLOWDOWN = 3.0  # steps this many times as long as those timed before the first step: the machine got busier
+SLOWDOWN = 3.0  # steps this many times those timed before the first: the machine got busier
 SLOW_FOR = 20.0  # seconds of such steps in one log interval: said at once
 
 
 class SlowdownWatch:
-    """Slow steps at two log lines in a row, or for SLOW_FOR seconds, mean other work shares the CPU: said once,
-    advising fewer threads by a resume (a run changing its own count would change its last digits)."""
+    """Slow steps at two log lines in a row, or for SLOW_FOR seconds: said once, advising fewer threads by a resume."""
 
     def __init__(self, step_seconds: float, threads: int, resume: str):
         self.step_seconds, self.threads, self.resume = step_seconds, threads, resume
@@ -35,35 +33,32 @@ class SlowdownWatch:
         self.last_slow, self.said, self.advice = None, False, ""
 
     def seen(self, previous: int, it: int, step_seconds: float) -> str | None:
-        """At a slow log line (previous: the step of the line before): the note, the first time; None otherwise."""
+        """At a slow log line (previous: the line before's step): the note, the first time."""
         in_a_row, self.last_slow = self.last_slow == previous, it
         if self.said or not (in_a_row or step_seconds * (it - previous) >= SLOW_FOR):
             return None
         self.said = True
-        times = f"{step_seconds / self.step_seconds:.1f}x"
-        said = (f"note: steps now take {span([step_seconds])}, {times} the {span([self.step_seconds])} timed before "
-                f"the first step: other work is likely using the CPU")
+        said = (f"note: steps now take {span([step_seconds])}, {step_seconds / self.step_seconds:.1f}x the "
+                f"{span([self.step_seconds])} timed before the first step: other work is likely using the CPU")
         if self.threads == 1:
-            return said + "; this run uses one thread already, so it goes on as fast as the machine lets it"
+            return said + "; this run uses one thread already"
         self.advice = f"--num_threads {max(1, self.threads // 2)}"
-        return (f"{said}, and {self.threads} threads wait on each other when a core is taken; with fewer it may go "
-                f"faster: Ctrl-C (it saves), then {self.resume} {self.advice}")
+        return f"{said}; fewer threads may go faster: Ctrl-C (it saves), then {self.resume} {self.advice}"
 
 
-# ---- torch.compile ---------------------------------------------------------------------------------------------------
+# ---- torch.compile ----
 def compile_wanted(setting: str, device_type: str) -> bool:
     """--compile true, or auto on CUDA."""
     return setting == "true" or (setting == "auto" and device_type == "cuda")
 
 
 class BlocksCompiled:
-    """A view of a GPT sharing everything but its blocks, which are compiled: one graph that every layer runs
-    ("regional compilation"). The model is untouched; uncompile() unwraps the view."""
+    """A view of a GPT whose blocks are compiled: one graph every layer runs. uncompile() unwraps it."""
 
     def __init__(self, model: GPT, mode: str | None):
         self.plain = model.blocks
-        self.view = copy.copy(model)  # shares every parameter, buffer and submodule ...
-        self.view._modules = dict(model._modules)  # ... but the list of blocks
+        self.view = copy.copy(model)  # shares everything but the list of blocks
+        self.view._modules = dict(model._modules)
         self.view._modules["blocks"] = nn.ModuleList(torch.compile(block, mode=mode) for block in model.blocks)
 
     def uncompile(self) -> None:
@@ -75,21 +70,19 @@ COMPILE_FAILED = "warning: torch.compile failed ({}); continuing without it (--c
 
 
 class CompileFallback:
-    """Calls `compiled` until it fails with the compiler's error; then warns once, calls `uncompile`, and sends that
-    call and all later ones to `module`, as every other attribute."""
+    """Calls `compiled` until the compiler fails; then warns once, calls `uncompile`, and calls `module` from then on."""
 
     def __init__(self, module, compiled: Callable, say=print, uncompile: Callable[[], None] = lambda: None):
         self.module, self.compiled, self.say, self.uncompile = module, compiled, say, uncompile
-        # the backward compiles at the first .backward(), outside this call: first_compiled_backward() checks it
+        # the backward compiles outside this call: first_compiled_backward() checks it
         self.backward_unchecked = True
 
     @staticmethod
     def compilers(err: Exception) -> bool:
-        """Whether err is the compiler's: not out of memory or a broken device."""
+        """Whether err is the compiler's, not out of memory or the device's."""
         return not (is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS))
 
     def give_up(self, reason: str) -> None:
-        """Compilation off from now on, with the warning that gives reason."""
         self.say(COMPILE_FAILED.format(reason))
         self.compiled, self.backward_unchecked = None, False
         self.uncompile()
@@ -110,9 +103,8 @@ class CompileFallback:
 
 def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Dist",
                             forward_backward: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """forward_backward() through a model whose backward compiles now. If that fails, or its gradients are not finite
-    (float16's may overflow by design), the step reruns uncompiled with the same batches and dropout. Under DDP every
-    rank falls back if any does, and the pass runs under no_sync with gradients averaged by hand."""
+    """forward_backward() with a backward that compiles now; on failure or non-finite gradients, rerun uncompiled with
+    the same batches and dropout. Under DDP every rank falls back if any does."""
     batches_began, random_began = batches.state_dict(), random_states(rt.device)
     no_sync = model.no_sync if d.enabled else contextlib.nullcontext
     failure = None
@@ -120,8 +112,7 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
         with no_sync():
             loss = forward_backward()
         if rt.dtype != torch.float16 and not all_finite(p.grad for p in model.parameters()):
-            failure = ("its first step's gradients came out NaN or infinite; that step is computed again uncompiled, so "
-                       "nothing is lost")
+            failure = "its first step's gradients were not finite; that step is computed again uncompiled"
     except StepAbandoned:
         raise
     except Exception as err:
@@ -144,13 +135,13 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
 
 
 def all_finite(tensors) -> bool:
-    """Whether every element of every tensor (None skipped) is finite: one read."""
+    """Whether every tensor (None skipped) is finite: one read."""
     flags = [torch.isfinite(t).all() for t in tensors if t is not None]
     return bool(torch.stack(flags).all()) if flags else True
 
 
 def random_states(device: torch.device) -> tuple:
-    """The random streams a step draws from (dropout): the CPU's, and the GPU's on CUDA."""
+    """The random streams dropout draws from: the CPU's, and the GPU's on CUDA."""
     return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
 
 
@@ -165,8 +156,7 @@ AUTOTUNE_TABLES = {"autotune_num_choices_displayed": ("TORCHINDUCTOR_AUTOTUNE_NU
 
 
 def quiet_autotuning() -> None:
-    """max-autotune without inductor's tables of kernel timings (unless their environment variable asks) and without
-    the TypedStorage warning torch's own autotuner raises."""
+    """max-autotune without inductor's timing tables (unless asked for) and torch's TypedStorage warning."""
     from torch._inductor import config
     for name, (variable, quiet) in AUTOTUNE_TABLES.items():
         if variable not in os.environ and hasattr(config, name):
@@ -177,16 +167,14 @@ def quiet_autotuning() -> None:
 def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], setting: str, device_type: str,
                          mode: str = "default", scope: str = "blocks", compile_eval: bool = True, say=print,
                          gave_up: Callable[[], None] = lambda: None):
-    """The models the training step and evaluations call; wrap adds DDP. Where compile_wanted, scope "blocks" compiles
-    each block, "model" the whole model. gave_up() is called once if compilation fails."""
+    """The models the step and evaluations call; wrap adds DDP. scope: compile "blocks" or the whole "model"."""
     if not compile_wanted(setting, device_type):
         step_model = wrap(model)
         return step_model, step_model
     mode_arg = None if mode == "default" else mode
     if mode.startswith("max-autotune"):
         quiet_autotuning()
-    # torch.compile may refuse at once: a warning. Only the compiling is inside the try.
-    whole = wrap(model) if scope == "model" else None  # the whole model is compiled with its DDP wrapper
+    whole = wrap(model) if scope == "model" else None  # compiled with its DDP wrapper
     try:
         compiled = torch.compile(whole, mode=mode_arg) if whole is not None else BlocksCompiled(model, mode_arg)
     except RuntimeError as err:
@@ -206,16 +194,15 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
     return compiled, compiled if compile_eval else model
 
 
-# ---- performance figures ---------------------------------------------------------------------------------------------
+# ---- performance figures ----
 def flops_per_token(n_params: int, cfg: ModelConfig) -> float:
-    """Training FLOPs per token, the usual estimate: 6 per parameter (forward + backward) plus attention's 12·L·C·T."""
+    """Training FLOPs per token: 6 per parameter plus attention's 12·L·C·T."""
     return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]] = (),
                        seconds: float = 0.03, trials: int = 3) -> float:
-    """The best FLOP/s of matrix products in dtype: a large square one and the model's (m, k, n) shapes, each the best
-    of `trials` short trials after an untimed warm-up."""
+    """The best FLOP/s of matrix products in dtype: a large square one and the model's (m, k, n) shapes."""
     size = 8192 if device.type == "cuda" else 1024
     gen = torch.Generator(device=device).manual_seed(0)  # the global RNG untouched
     best = 0.0
@@ -245,7 +232,7 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tu
     return best
 
 
-# ---- data-parallel training under torchrun ---------------------------------------------------------------------------
+# ---- data-parallel training under torchrun ----
 @dataclass
 class Dist:
     rank: int = 0
@@ -255,7 +242,6 @@ class Dist:
 
     @property
     def enabled(self) -> bool:
-        """Whether the run is data-parallel: 2 or more processes, or one with --ddp always."""
         return self.world_size > 1 or self.always
 
     @property
@@ -267,7 +253,6 @@ class Dist:
         return self.rank == 0
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
-        """The average of a tensor over all ranks (itself when running alone)."""
         return self.sum(value) / self.world_size if self.enabled else value
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
@@ -277,20 +262,19 @@ class Dist:
         return value
 
     def any(self, flag: bool, device: torch.device) -> bool:
-        """True on every rank when it is true on any: ranks must agree to stop, or the others hang."""
+        """True on every rank when true on any: ranks must agree to stop."""
         if not self.enabled:
             return flag
         return bool(self.sum(torch.tensor(float(flag), device=device)).item() > 0)
 
     def average(self, tensors: list[torch.Tensor]) -> None:
-        """Each tensor averaged in place over the ranks, as DDP averages gradients."""
         if self.enabled:
             for tensor in tensors:
                 tensor.div_(self.world_size)
                 dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
 
     def first(self, text: str | None) -> str | None:
-        """The first rank's text that is not None, on every rank (None when every rank has None)."""
+        """The first rank's text that is not None, on every rank."""
         if not self.enabled:
             return text
         texts: list = [None] * self.world_size
@@ -303,7 +287,7 @@ class Dist:
 
     @contextlib.contextmanager
     def together(self):
-        """A stage any rank may fail with a UserError: then rank 0 says it and the others leave quietly."""
+        """A UserError on any rank: rank 0 says it and the others leave quietly."""
         error = None
         try:
             yield
@@ -316,12 +300,11 @@ class Dist:
             raise UserError(first) if self.is_main else QuietExit(first)
 
 
-RANK_ZERO_WAIT = 30.0  # seconds a rank waits for rank 0 to say a mistake and leave
+RANK_ZERO_WAIT = 30.0  # seconds a rank waits for rank 0 to say a mistake
 
 
 def leave_to_rank_zero(d: Dist, err: UserError) -> None:
-    """A mistake on a rank other than 0: wait silently for torchrun to end this rank once rank 0 has said it; after
-    RANK_ZERO_WAIT seconds, say it here."""
+    """A mistake on a rank other than 0: wait for torchrun to end it; after RANK_ZERO_WAIT seconds, say it here."""
 
     def ended(signum, frame):
         raise QuietExit(str(err))  # rank 0 has said it
@@ -335,7 +318,7 @@ def leave_to_rank_zero(d: Dist, err: UserError) -> None:
 
 
 def peer_lost(err: BaseException) -> bool:
-    """Whether err is a collective's when another process of the job has died."""
+    """Whether err says another process of the job has died."""
     backend_error = getattr(dist, "DistBackendError", ())
     return isinstance(err, backend_error) or any(words in str(err) for words in ("closed by peer", "reset by peer"))
 
@@ -347,7 +330,7 @@ def first_line(err: BaseException) -> str:
 
 
 def from_environment(ddp: str = "auto") -> Dist:
-    """torchrun's RANK, LOCAL_RANK and WORLD_SIZE; a plain `python train.py` is rank 0 of 1."""
+    """torchrun's RANK, LOCAL_RANK and WORLD_SIZE; a plain run is rank 0 of 1."""
     under_torchrun = "RANK" in os.environ
     if ddp == "always" and not under_torchrun:
         raise UserError("--ddp always: needs torchrun. Run torchrun --standalone --nproc_per_node 1 train.py ..., or "
@@ -362,13 +345,12 @@ def init(d: Dist, device_type: str) -> None:
     """Join the process group: NCCL between GPUs, Gloo on CPUs."""
     if d.enabled and not dist.is_initialized():
         if device_type == "cuda":
-            processes = int(os.environ.get("LOCAL_WORLD_SIZE", d.local_rank + 1))  # on this machine
+            processes = int(os.environ.get("LOCAL_WORLD_SIZE", d.local_rank + 1))
             if processes > torch.cuda.device_count():
                 raise UserError(f"torchrun started {processes} processes on this machine, which has "
                                 f"{gpus(torch.cuda.device_count())}. Give --nproc_per_node at most "
                                 f"{torch.cuda.device_count()}")
             torch.cuda.set_device(d.local_rank)
-            # bound to its GPU, so that a barrier knows its device
             dist.init_process_group(backend="nccl", device_id=torch.device("cuda", d.local_rank))
         else:
             dist.init_process_group(backend="gloo")
