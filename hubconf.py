@@ -82,20 +82,12 @@ class TrainedRun:
             options = dataclasses.asdict(generate.Sampling(**sampling))
             device = self.model.wte.weight.device
             generator = torch.Generator(device=device).manual_seed(int(seed))
-            fits = (f"out of memory: {len(rows):,} prompt(s) and {int(max_new_tokens):,} new characters do not fit on "
-                    f"{device.type}; ask for fewer max_new_tokens or fewer prompts")
             machine = importlib.import_module("common.machine")
-            free = machine.free_memory() if device.type == "cpu" else None  # checked first, as sample.py does
-            if free is not None and generate.bytes_needed(self.model, len(rows), max(map(len, rows)),
-                                                          int(max_new_tokens)) > free:
-                raise MemoryError(fits)
-            try:
+            need = generate.bytes_needed(self.model, len(rows), max(map(len, rows)), int(max_new_tokens))
+            with machine.fits_in_memory(need, device, f"{len(rows):,} prompt(s) and {int(max_new_tokens):,} new "
+                                        f"characters", "ask for fewer max_new_tokens or fewer prompts", MemoryError):
                 new = generate.generate(self.model, rows, int(max_new_tokens), **options, generator=generator,
                                         finite_only=True)
-            except (MemoryError, RuntimeError) as err:
-                if isinstance(err, RuntimeError) and not machine.is_out_of_memory(err):
-                    raise
-                raise MemoryError(fits) from None
         texts = [self.tokenizer.decode(row) for row in new]
         return texts if batch else texts[0]
 

@@ -295,12 +295,25 @@ def free_memory() -> int | None:
     return free
 
 
-def check_free_memory(need: int, device: torch.device | str, what: str, fix: str) -> None:
-    """On a CPU, refuse what needs more memory than is free: there the system kills the process with no error."""
+def check_free_memory(need: int, device: torch.device | str, what: str, fix: str, error: type = UserError) -> None:
+    """The one free-memory check: on a CPU, refuse what needs more memory than is free (there the system kills the
+    process with no error). Each caller estimates its own need."""
     free = free_memory() if torch.device(device).type == "cpu" else None
     if free is not None and need > free:
-        raise UserError(f"out of memory: {what} would need about {need / 2**30:.1f} GiB, and this machine has "
-                        f"{free / 2**30:.1f} GiB free; {fix}")
+        raise error(f"out of memory: {what} would need about {need / 2**30:.1f} GiB, and this machine has "
+                    f"{free / 2**30:.1f} GiB free; {fix}")
+
+
+@contextlib.contextmanager
+def fits_in_memory(need: int, device: torch.device | str, what: str, fix: str, error: type = UserError):
+    """check_free_memory first; then an allocation that fails anywhere is the same one error."""
+    check_free_memory(need, device, what, fix, error)
+    try:
+        yield
+    except (MemoryError, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and not is_out_of_memory(err):
+            raise
+        raise error(f"out of memory: {what} do not fit on {torch.device(device).type}; {fix}") from None
 
 
 def sync(device: torch.device) -> None:

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from common.machine import choose_threads, free_memory, is_out_of_memory, pick_device, setup  # noqa: E402
+from common.machine import check_free_memory, choose_threads, is_out_of_memory, pick_device, setup  # noqa: E402
 from common.run_folder import CHECKPOINTS, SUMMARY, find, write_text_atomic  # noqa: E402
 from configs import TrainConfig  # noqa: E402
 from configs.loader import config_from_dict  # noqa: E402
@@ -111,14 +111,12 @@ LOGIT_COPIES, ACTIVATION_COPIES = 3, 8
 
 
 def check_memory(model, batch_size: int, block_size: int, device: torch.device) -> None:
-    """On a CPU, batches larger than the free memory are refused first: there the system would kill the process."""
-    free = free_memory() if device.type == "cpu" else None
+    """Refuse batches that would not fit in free memory (a CPU batch holds its logits and a few activations)."""
     cfg = model.config
     need = 4 * batch_size * block_size * (LOGIT_COPIES * cfg.vocab_size
                                           + ACTIVATION_COPIES * cfg.n_embd * max(cfg.n_layer, 1))
-    if free is not None and need > free:
-        raise UserError(f"out of memory: batches of {batch_size:,} windows of {block_size} characters would need about "
-                        f"{need / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB free; lower --batch_size")
+    check_free_memory(need, device, f"batches of {batch_size:,} windows of {block_size} characters",
+                      "lower --batch_size")
 
 
 def saved_settings(state: dict, path: Path) -> TrainConfig:

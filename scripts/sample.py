@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import sys
 import time
@@ -17,7 +16,7 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 
 import torch  # noqa: E402
 
-from common.machine import choose_threads, for_sampling, free_memory, is_out_of_memory, setup  # noqa: E402
+from common.machine import choose_threads, fits_in_memory, for_sampling, setup  # noqa: E402
 from common.run_folder import find  # noqa: E402
 from configs.schema import check_num_threads  # noqa: E402
 from data.gate import read_small, utf8_text  # noqa: E402
@@ -175,20 +174,6 @@ def decoding_seconds(model, rows: list[list[int]], args: argparse.Namespace, dev
     return time.perf_counter() - start
 
 
-@contextlib.contextmanager
-def memory_checked(model, rows: int, longest: int, max_new_tokens: int, fits: str, error=UserError, **estimate):
-    """Sampling that does not fit in memory is one error (fits): checked first on a CPU, else when allocation fails."""
-    free = free_memory() if next(model.parameters()).device.type == "cpu" else None
-    if free is not None and bytes_needed(model, rows, longest, max_new_tokens, **estimate) > free:
-        raise error(fits)
-    try:
-        yield
-    except (MemoryError, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and not is_out_of_memory(err):
-            raise
-        raise error(fits) from None
-
-
 def own_loss(state: dict) -> str:
     """The checkpoint's own validation loss: that of the evaluation at its step (last_eval), where one was made."""
     val = state.get("last_eval", {}).get("val") if state.get("eval_done") else None
@@ -211,10 +196,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{rt.device_type} in {str(rt.dtype).removeprefix('torch.')}", file=sys.stderr)  # stdout stays the text
     prompts = prompts or [tokenizer.default_prompt(data.get("first_char"))]
     rows = len(prompts) * args.num_samples
-    fits = (f"out of memory: {rows:,} sample(s) of {args.max_new_tokens:,} new characters do not fit on "
-            f"{rt.device.type}; lower --max_new_tokens or --num_samples")
-    with memory_checked(model, rows, max(map(len, prompts)), args.max_new_tokens, fits, use_cache=not args.no_cache,
-                        handed_back=not (rows == 1 and streams(args, rows))):
+    need = bytes_needed(model, rows, max(map(len, prompts)), args.max_new_tokens, use_cache=not args.no_cache,
+                        handed_back=not (rows == 1 and streams(args, rows)))
+    with fits_in_memory(need, rt.device, f"{rows:,} sample(s) of {args.max_new_tokens:,} new characters",
+                        "lower --max_new_tokens or --num_samples"):
         try:
             write_samples(args, model, tokenizer, rt.device, prompts)
         except NonFiniteLogits:

@@ -353,7 +353,8 @@ def test_a_loss_beyond_what_perplexity_can_show_is_still_reported_in_valid_json(
 
 def test_batches_too_big_for_the_free_memory_are_refused_before_scoring(run, evaluate, monkeypatch):
     import evaluate as script
-    monkeypatch.setattr(script, "free_memory", lambda: 2**30)
+    from common import machine
+    monkeypatch.setattr(machine, "free_memory", lambda: 2**30)
     monkeypatch.setattr(script, "score", lambda *args, **kwargs: pytest.fail("scored anyway"))
     done = evaluate("--out_dir", str(run[0] / "run"), "--data", str(run[1]), "--batch_size", "100000",
                     "--device", "cpu")
