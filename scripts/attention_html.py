@@ -22,7 +22,8 @@ import torch  # noqa: E402
 
 from common.run_folder import find, write_text_atomic  # noqa: E402
 from data.corpus import default_cache_dir  # noqa: E402
-from data.gate import cache_entry, open_regular, read_blocks, recorded_text  # noqa: E402
+from data.gate import open_regular, read_blocks, recorded_text  # noqa: E402
+from data.prepare import cache_entry  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, run_cli  # noqa: E402
 from model.attention import ROPE_BASE, recording_attention  # noqa: E402
 from model.generate import Sampling, generate  # noqa: E402
@@ -122,7 +123,7 @@ class Opening(NamedTuple):
 def validation_start(state: dict) -> tuple[str | None, str]:
     """The first VAL_SEARCHED characters of the run's validation text: from its prepared token cache in this user's
     cache folder (a checkpoint's cache_dir is never taken: the file may come from someone else), found by the corpus
-    checksum the checkpoint records, one that data.gate.cache_entry passes, with the same encoding, split and
+    checksum the checkpoint records, one that data.prepare.cache_entry passes, with the same encoding, split and
     vocabulary (ids read through another are another text); else from its corpus file, where that is one regular file
     of the size and checksum recorded (data.gate.recorded_text). Where neither is there: None, and why (Opening's
     why)."""
