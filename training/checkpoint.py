@@ -42,8 +42,11 @@ OPTIMIZER_STATE = {"AdamW": ("step", "exp_avg", "exp_avg_sq"), "Muon": ("momentu
 WEIGHT_DTYPES = ("F32", "F16", "BF16", "F64")
 SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                       torch.uint8: "U8"}
+NUMBER = (int, float)  # JSON's numbers, exactly: a bool is none
 COUNT = (lambda v: type(v) is int and v >= 0, "a count, 0 or more")
-POSITIVE = (lambda v: number(v) and math.isfinite(v) and v > 0, "a finite positive number")
+POSITIVE = (lambda v: type(v) in NUMBER and math.isfinite(v) and v > 0, "a finite positive number")
+NON_NEGATIVE = (lambda v: type(v) in NUMBER and math.isfinite(v) and v >= 0, "a finite number, 0 or more")
+FRACTION = (lambda v: type(v) in NUMBER and 0 <= v < 1, "a number in [0, 1)")
 SCALER = {"scale": POSITIVE, "growth_factor": POSITIVE, "backoff_factor": POSITIVE, "growth_interval": COUNT,
           "_growth_tracker": COUNT}
 DATA = {"source": (lambda v: isinstance(v, str), "the name of a text"),
@@ -51,16 +54,14 @@ DATA = {"source": (lambda v: isinstance(v, str), "the name of a text"),
         "first_char": (lambda v: isinstance(v, str) and len(v) == 1, "one character"),
         **{key: COUNT for key in ("n_chars", "n_train", "n_val", "vocab_size", "bytes")}}
 LATER = {"iter": COUNT, "evals_since_best": COUNT, "tokens_per_iter": (lambda v: v >= 1, "1 or more"),
-         "train_seconds": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
-         "last_eval": (lambda v: set(v) <= {"train", "val"} and all(map(number, v.values())), "losses (train, val)")}
+         "train_seconds": NON_NEGATIVE, "last_eval": (lambda v: set(v) <= {"train", "val"} and all(
+             type(x) in NUMBER for x in v.values()), "losses (train, val)")}
 # The optimizer settings a run may change (lr at every step; weight_decay and beta2 on --resume) or the writing device
 # chose; any other must be configure_optimizer's (differentiable=True breaks the fused step, ns_steps=10**9 hangs it).
-NON_NEGATIVE = (lambda v: number(v) and math.isfinite(v) and v >= 0, "a finite number, 0 or more")
 ON_OFF = (lambda v: v is None or isinstance(v, bool), "true, false or None")
-FREE_SETTINGS = {"lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "fused": ON_OFF, "foreach": ON_OFF,
-                 "momentum": (lambda v: number(v) and 0 <= v < 1, "a number in [0, 1)"),
-                 "betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(number(b) and 0 <= b < 1 for b in v),
-                           "two numbers in [0, 1)")}
+FREE_SETTINGS = {"lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "momentum": FRACTION, "fused": ON_OFF,
+                 "foreach": ON_OFF, "betas": (lambda v: isinstance(v, list) and len(v) == 2
+                                              and all(map(FRACTION[0], v)), "two numbers in [0, 1)")}
 
 
 @dataclass
@@ -202,20 +203,16 @@ def of_type(value, kind) -> bool:  # isinstance, but a bool is no number
     return isinstance(value, kind) and (not isinstance(value, bool) or kind is bool)
 
 
-def number(v) -> bool:  # (JSON's numbers: int and float exactly)
-    return type(v) in (int, float)
-
-
 def check_values(values: dict, rules: dict, path: Path, prefix: str = "") -> None:  # name -> (test, what it is)
     for key, (ok, rule) in rules.items():
         if key in values and not ok(values[key]):
             raise damaged(path, f"{prefix}{key}", values[key], rule)
 
 
-def check_document(doc: dict, path: Path, resume: bool):
-    """Every field present where needed, of its type and in range; returns the model config."""
+def check_document(path: Path, resume: bool) -> tuple[dict, object]:
+    """(the JSON document, its model config), every field present where needed, of its type and in range."""
     from model import ModelConfig
-
+    doc = read_document(path)
     if missing := [k for k, (_, who) in CONTENTS.items() if k not in doc and k != "model"
                    and (who == "sample" or resume and who == "resume")]:
         raise UserError(f"{path} is not a complete checkpoint (missing {', '.join(missing)})")
@@ -232,7 +229,7 @@ def check_document(doc: dict, path: Path, resume: bool):
 
     def points(name: str, width: int) -> bool:  # (step from 0 to the checkpoint's, then losses)
         return isinstance(losses[name], list) and all(isinstance(p, list) and len(p) == width and type(p[0]) is int
-                                                      and 0 <= p[0] <= it and all(map(number, p[1:]))
+                                                      and 0 <= p[0] <= it and all(type(x) in NUMBER for x in p[1:])
                                                       for p in losses[name])
     if not (set(losses) == {"train", "eval"} and points("train", 2) and points("eval", 3)):
         raise UserError(f"{path} is damaged: its record of the losses so far is malformed; take another checkpoint "
@@ -249,62 +246,57 @@ def check_document(doc: dict, path: Path, resume: bool):
     if tokenizer.vocab_size != config.vocab_size:
         raise UserError(f"{path} is inconsistent: its vocabulary has {tokenizer.vocab_size} characters but its model "
                         f"expects {config.vocab_size}")
-    return config
-
-
-def optimizer_shapes(doc: dict, model, path: Path) -> dict[str, tuple[str, dict[int, tuple]]]:
-    """Per optimizer: its class and each weight's shape, once its groups match configure_optimizer's."""
-    kind = doc["run_config"].get("optimizer", "adamw")
-    if kind not in OPTIMIZERS:
-        raise damaged(path, "run_config.optimizer", kind, " or ".join(OPTIMIZERS))
-    built = configure_optimizer(model, 1e-3, 0.0, (0.9, 0.99), "meta", kind, "float32")
-    built_parts, shapes = optimizer_parts(built.state_dict()), {}
-    if set(doc["optimizer"]) != ({"muon", "adamw"} if len(built_parts) == 2 else {"param_groups"}):
-        raise damaged(path, "optimizer", doc["optimizer"], f"the settings of the optimizer --optimizer {kind} writes")
-    for (where, want), (_, found) in zip(built_parts, optimizer_parts(doc["optimizer"])):
-        optimizer = getattr(built, where[10:]) if "." in where else built
-        groups = found.get("param_groups") if isinstance(found, dict) else None
-        if not (isinstance(groups, list) and len(groups) == len(want["param_groups"])):
-            raise damaged(path, where, found, f"an optimizer with {len(want['param_groups'])} groups")
-        shapes[where] = (type(optimizer).__name__, {})
-        for i, (group, wanted) in enumerate(zip(groups, want["param_groups"])):
-            name = f"{where}.param_groups.{i}"
-            if not (isinstance(group, dict) and group.get("params") == wanted["params"]):
-                raise damaged(path, name, group, "the group of weights this model has")
-            check_values(group, FREE_SETTINGS, path, f"{name}.")
-            for key, value in group.items():  # (json.dumps: the same value of the same type, a list for a tuple)
-                if key in wanted and key not in FREE_SETTINGS and json.dumps(value) != json.dumps(wanted[key]):
-                    raise damaged(path, f"{name}.{key}", value, repr(wanted[key]))
-                if key not in wanted and not isinstance(value, (bool, int, float, str, type(None))):
-                    raise damaged(path, f"{name}.{key}", value, "a plain value")
-            weights = optimizer.param_groups[i]["params"]
-            shapes[where][1].update((n, tuple(p.shape)) for n, p in zip(wanted["params"], weights))
-    return shapes
+    return doc, config
 
 
 def expected_tensors(doc: dict, config, model, names: set[str], path: Path) -> dict[str, tuple[tuple, tuple]]:
-    """name -> (shape, dtypes) of each tensor the settings imply: weights, stepped optimizer state, random states."""
+    """name -> (shape, dtypes) of each tensor the settings imply, once the optimizer's groups are configure_optimizer's
+    (FREE_SETTINGS aside): the weights (a tied head once), the stepped weights' optimizer state, the random states."""
     wanted = {f"model.{k}": (tuple(t.shape), WEIGHT_DTYPES) for k, t in model.state_dict().items()
               if not (config.tie_weights and k == "lm_head.weight")}
-    for where, (kind, shapes) in optimizer_shapes(doc, model, path).items() if "optimizer" in doc else ():
-        stepped = {int(m[1]) for n in names if (m := re.fullmatch(rf"{where}\.state\.(\d{{1,9}})\.\w+", n))}
-        wanted.update({f"{where}.state.{i}.{key}": (() if key == "step" else shapes[i],
-                                                    ("F32", "F64") if key == "step" else ("F32",))
-                       for i in stepped & shapes.keys() for key in OPTIMIZER_STATE[kind]})
     if "rng" in doc:
         size = (torch.get_rng_state().numel(),)
         wanted.update({"rng.torch": (size, ("U8",)), "rng.batches.generator": (size, ("U8",))})
         wanted.update({"rng.cuda": (None, ("U8",))} if "rng.cuda" in names else {})  # a short byte vector
+    if "optimizer" not in doc:
+        return wanted
+    kind = doc["run_config"].get("optimizer", "adamw")
+    if kind not in OPTIMIZERS:
+        raise damaged(path, "run_config.optimizer", kind, " or ".join(OPTIMIZERS))
+    built = configure_optimizer(model, 1e-3, 0.0, (0.9, 0.99), "meta", kind, "float32")
+    built_parts = optimizer_parts(built.state_dict())
+    if set(doc["optimizer"]) != ({"muon", "adamw"} if len(built_parts) == 2 else {"param_groups"}):
+        raise damaged(path, "optimizer", doc["optimizer"], f"the settings of the optimizer --optimizer {kind} writes")
+    for (where, want), (_, found) in zip(built_parts, optimizer_parts(doc["optimizer"])):
+        optimizer, shapes = getattr(built, where[10:]) if "." in where else built, {}
+        groups = found.get("param_groups") if isinstance(found, dict) else None
+        if not (isinstance(groups, list) and len(groups) == len(want["param_groups"])):
+            raise damaged(path, where, found, f"an optimizer with {len(want['param_groups'])} groups")
+        for i, (group, built_group) in enumerate(zip(groups, want["param_groups"])):
+            name = f"{where}.param_groups.{i}"
+            if not (isinstance(group, dict) and group.get("params") == built_group["params"]):
+                raise damaged(path, name, group, "the group of weights this model has")
+            check_values(group, FREE_SETTINGS, path, f"{name}.")
+            for key, value in group.items():  # (json.dumps: the same value of the same type, a list for a tuple)
+                if key in built_group and key not in FREE_SETTINGS and \
+                        json.dumps(value) != json.dumps(built_group[key]):
+                    raise damaged(path, f"{name}.{key}", value, repr(built_group[key]))
+                if key not in built_group and not isinstance(value, (bool, int, float, str, type(None))):
+                    raise damaged(path, f"{name}.{key}", value, "a plain value")
+            weights = optimizer.param_groups[i]["params"]
+            shapes.update((n, tuple(p.shape)) for n, p in zip(built_group["params"], weights))
+        stepped = {int(m[1]) for n in names if (m := re.fullmatch(rf"{where}\.state\.(\d{{1,9}})\.\w+", n))}
+        wanted.update({f"{where}.state.{i}.{key}": (() if key == "step" else shapes[i],
+                                                    ("F32", "F64") if key == "step" else ("F32",))
+                       for i in stepped & shapes.keys() for key in OPTIMIZER_STATE[type(optimizer).__name__]})
     return wanted
 
 
 def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -> dict:
     """A checkpoint's state, checked: document, tensors' specs, free memory, values. resume: optimizer and rng too."""
     from model import GPT
-
     target = usable_device(device, f"load {path} onto", "load it onto cpu")  # (before the file: a missing device)
-    doc = read_document(path)
-    config = check_document(doc, path, resume)
+    doc, config = check_document(path, resume)
     try:
         with torch.device("meta"):  # the model's skeleton: shapes, no memory
             model = GPT(config)
@@ -373,7 +365,6 @@ RunDir.step_of = staticmethod(step_of)  # (common/ cannot import training/, so t
 def load_model(path: Path, device: torch.device | str = "cpu"):
     """(model in eval mode, tokenizer, state); a refused ckpt_best names a readable ckpt_last."""
     from model import GPT, ModelConfig
-
     try:
         state = load(path, device)
     except UserError as err:
