@@ -138,9 +138,8 @@ def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, ca
     proc.wait()
     import sample  # the scripts say where the old run waits and how it comes back
     assert run_cli(sample.main, ["--out_dir", str(out)]) == 2
-    assert (f"error: {out}: an --overwrite stopped before its first evaluation after step 0, and the run it was "
-            f"replacing waits in {out / '.replaced'}; python train.py --out_dir {out} --resume puts it back and "
-            f"continues it\n") == capsys.readouterr().err
+    assert (f"error: {out}: an --overwrite stopped early, and the old run waits in {out / '.replaced'}; "
+            f"python train.py --out_dir {out} --resume puts it back\n") == capsys.readouterr().err
     code, out_text, err = cli(capsys, "--out_dir", str(out), "--resume", "--cache_dir", str(corpus.parent / "cache"))
     assert code == 0 and "restored the run that --overwrite was replacing" in out_text + err
     assert "finished at step 20" in out_text
@@ -240,7 +239,7 @@ def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys
     best_only = copy_of(finished, tmp_path)
     (best_only / "ckpt_last.safetensors").unlink()
     code, _, err = cli(capsys, *argv(corpus, best_only))
-    assert code == 2 and "--resume continues from ckpt_best.safetensors" in err
+    assert code == 2 and "holds ckpt_best.safetensors but no ckpt_last.safetensors; pass --resume or --overwrite" in err
     code, text, _ = cli(capsys, *argv(corpus, best_only, "--resume", "--max_iters", "24"))
     assert code == 0 and "resuming" in text and "ckpt_best.safetensors" in text
     assert checkpoint.load(best_only / "ckpt_last.safetensors")["iter"] == 24
