@@ -30,8 +30,7 @@ META = "chargpt"  # the metadata key of the JSON document
 HEADER_MAX = 16 << 20  # the header: each tensor's name and shape, and the JSON (about 15 bytes per logged loss)
 DEPTH_MAX = 16  # the JSON's nesting (a checkpoint's deepest is 5: optimizer.muon.param_groups.0.betas)
 CONTAINERS_MAX = 2_000_000  # the JSON's lists and objects: one per logged loss, besides a few
-# What a checkpoint holds: key -> (its types, who needs it): "sample" every reader, "resume" --resume besides,
-# "later" optional (read with a default). model, optimizer and rng hold the tensors; the rest is the JSON.
+# key -> (types, who needs it): "sample" every reader, "resume" --resume too, "later" none (read with a default)
 CONTENTS = {"format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
             "run_config": (dict, "sample"), "vocab": (str, "sample"), "iter": (int, "sample"),
             "optimizer": (dict, "resume"), "rng": (dict, "resume"), "best_val_loss": ((int, float), "resume"),
@@ -56,8 +55,7 @@ DATA = {"source": (lambda v: isinstance(v, str), "the name of a text"),
 LATER = {"iter": COUNT, "evals_since_best": COUNT, "tokens_per_iter": (lambda v: v >= 1, "1 or more"),
          "train_seconds": NON_NEGATIVE, "last_eval": (lambda v: set(v) <= {"train", "val"} and all(
              type(x) in NUMBER for x in v.values()), "losses (train, val)")}
-# The optimizer settings a run may change (lr at every step; weight_decay and beta2 on --resume) or the writing device
-# chose; any other must be configure_optimizer's (differentiable=True breaks the fused step, ns_steps=10**9 hangs it).
+# Settings a run or device may change; any other must be configure_optimizer's (ns_steps=10**9 would hang a step).
 ON_OFF = (lambda v: v is None or isinstance(v, bool), "true, false or None")
 FREE_SETTINGS = {"lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "momentum": FRACTION, "fused": ON_OFF,
                  "foreach": ON_OFF, "betas": (lambda v: isinstance(v, list) and len(v) == 2
@@ -163,8 +161,20 @@ def damaged(path: Path, name: str, value, rule: str) -> UserError:  # a field wh
                      f"another checkpoint or train again")
 
 
-def read_document(path: Path) -> dict:
-    """The JSON document of a regular file, its header's length and its nesting bounded before each is parsed."""
+def of_type(value, kind) -> bool:  # isinstance, but a bool is no number
+    return isinstance(value, kind) and (not isinstance(value, bool) or kind is bool)
+
+
+def check_values(values: dict, rules: dict, path: Path, prefix: str = "") -> None:  # name -> (test, what it is)
+    for key, (ok, rule) in rules.items():
+        if key in values and not ok(values[key]):
+            raise damaged(path, f"{prefix}{key}", values[key], rule)
+
+
+def check_document(path: Path, resume: bool) -> tuple[dict, object]:
+    """(the JSON document, its model config): the file, its header's length and the JSON's nesting bounded before
+    each is parsed, then every field present where needed, of its type and in range."""
+    from model import ModelConfig
     try:
         f, size = open_regular(path, "the checkpoint")
     except FileNotFoundError:
@@ -196,23 +206,6 @@ def read_document(path: Path) -> dict:
         raise refused(path, f"its settings are not JSON: {shown(in_one_line(err)[:80])}") from None
     if not isinstance(doc, dict):
         raise refused(path, "its settings are not a JSON object")
-    return doc
-
-
-def of_type(value, kind) -> bool:  # isinstance, but a bool is no number
-    return isinstance(value, kind) and (not isinstance(value, bool) or kind is bool)
-
-
-def check_values(values: dict, rules: dict, path: Path, prefix: str = "") -> None:  # name -> (test, what it is)
-    for key, (ok, rule) in rules.items():
-        if key in values and not ok(values[key]):
-            raise damaged(path, f"{prefix}{key}", values[key], rule)
-
-
-def check_document(path: Path, resume: bool) -> tuple[dict, object]:
-    """(the JSON document, its model config), every field present where needed, of its type and in range."""
-    from model import ModelConfig
-    doc = read_document(path)
     if missing := [k for k, (_, who) in CONTENTS.items() if k not in doc and k != "model"
                    and (who == "sample" or resume and who == "resume")]:
         raise UserError(f"{path} is not a complete checkpoint (missing {', '.join(missing)})")
