@@ -289,8 +289,8 @@ def test_a_folder_of_a_runs_logs_without_its_checkpoints_names_them_and_the_way_
                                  f"--overwrite replaces them, or choose another --out_dir\n")
     assert sorted(p.name for p in folder.iterdir()) == before
     code, _, err = cli(capsys, *argv(corpus, folder, "--resume"))
-    assert code == 2 and err.endswith("nothing to continue; start it again with --overwrite instead of --resume (it "
-                                      "replaces them)\n")
+    assert code == 2 and err.endswith("holds only the logs of a run with no checkpoint; start it again with "
+                                      "--overwrite instead of --resume\n")
     assert sorted(p.name for p in folder.iterdir()) == before
     assert run_cli(sample.main, ["--out_dir", str(folder)]) == 2
     suggested = capsys.readouterr().err.split("train first: ")[1].rstrip(")\n")
