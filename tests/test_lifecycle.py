@@ -523,7 +523,7 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     assert run_cli(sample.main, ["--out_dir", "out/debug-shakespeare"]) == 2
     assert capsys.readouterr().err == (
         "error: out/debug-shakespeare: no such folder; runs with a model beside it: out/debug-my_corpus, "
-        "out/debug-my_notes, out/debug-pystdlib; give one of them as --out_dir (or train one there: "
+        "out/debug-my_notes, out/debug-pystdlib; give one of them as --out_dir (or train: "
         f"python {ROOT / 'train.py'} --out_dir out/debug-shakespeare)\n")
 
 
