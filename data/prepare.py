@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -22,10 +23,64 @@ from typing import Callable, Iterator
 import numpy as np
 
 from data.corpus import Corpus
-from data.gate import CACHE_FORMAT as FORMAT
-from data.gate import cache_entry, corpus_blocks, same_text, text_changed, vocab_sha256
+from data.gate import corpus_blocks, read_small, same_text, text_changed
 from data.tokenizer import CharTokenizer, codepoints
 from errors import UserError, space_or_place
+
+
+FORMAT = 2  # an entry of another format (1: no checksum of its vocabulary) is prepared again
+META_MAX_BYTES = 16 << 20  # meta.json: every character of Unicode fits in a few MB
+
+
+def vocab_sha256(vocab: str) -> str:  # recorded beside a cache entry's vocabulary
+    return hashlib.sha256(vocab.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
+    """A token cache entry's checked metadata, or why it cannot be used ("are damaged (val.bin is missing)")."""
+    try:
+        if not stat.S_ISREG(os.lstat(entry / "meta.json").st_mode):
+            return None, "are damaged (meta.json is not a file)"
+        meta = json.loads(read_small(entry / "meta.json", "the cache entry's", META_MAX_BYTES).decode("utf-8"))
+    except FileNotFoundError:
+        return None, "are damaged (meta.json is missing)"
+    except (OSError, UserError):  # unreadable, over META_MAX_BYTES, or written to while it was read
+        return None, "are damaged (meta.json cannot be read)"
+    except (ValueError, RecursionError):  # (JSON nested deeper than Python's stack)
+        return None, "are damaged (meta.json is not UTF-8 JSON)"
+    if not isinstance(meta, dict):
+        return None, "are damaged (meta.json is not a JSON object)"
+    if type(meta.get("format")) is int and meta["format"] != FORMAT:
+        return None, f"were written in cache format {meta['format']}, not this version's {FORMAT}"
+    try:  # each check in turn: its format, its vocabulary as prepared, each token file of its count, every id known
+        vocab, base = meta["vocab"], meta["base_vocab_size"]
+        if meta["format"] != FORMAT or not isinstance(vocab, str) or type(base) is not int \
+                or not 0 <= base <= len(vocab):
+            return None, "are damaged (its format, vocab or base_vocab_size is malformed)"
+        if len(set(vocab)) != len(vocab) or vocab[base:] != "".join(sorted(vocab[base:])):
+            return None, "are damaged (its vocabulary repeats a character or is out of order)"
+        if meta["vocab_sha256"] != vocab_sha256(vocab):
+            return None, "are damaged (its vocabulary does not match its checksum)"
+        tokenizer = CharTokenizer(vocab)
+        if meta["dtype"] != tokenizer.dtype.name or meta["vocab_size"] != tokenizer.vocab_size:
+            return None, "are damaged (its dtype or vocab_size does not match its vocabulary)"
+        for split in ("train", "val"):
+            n, path = meta[f"n_{split}"], entry / f"{split}.bin"
+            if type(n) is not int or n < 0:
+                return None, f"are damaged (n_{split} is not a count)"
+            if not stat.S_ISREG((info := os.lstat(path)).st_mode) or info.st_size != n * tokenizer.dtype.itemsize:
+                return None, f"are damaged ({split}.bin is not a file of n_{split} tokens)"
+            if n and int(np.memmap(path, dtype=tokenizer.dtype, mode="r").max()) >= tokenizer.vocab_size:
+                return None, f"are damaged ({split}.bin holds ids beyond the vocabulary)"
+        if meta["n_chars"] != meta["n_train"] + meta["n_val"]:
+            return None, "are damaged (n_chars is not n_train + n_val)"
+    except KeyError as err:
+        return None, f"are damaged (meta.json has no {err.args[0]})"
+    except FileNotFoundError as err:
+        return None, f"are damaged ({Path(err.filename).name} is missing)"
+    except OSError as err:
+        return None, f"are damaged ({Path(err.filename).name if err.filename else 'a token file'} cannot be read)"
+    return meta, None
 
 
 @dataclass

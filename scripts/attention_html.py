@@ -21,7 +21,8 @@ import torch  # noqa: E402
 
 from common.run_folder import find, write_text_atomic  # noqa: E402
 from data.corpus import default_cache_dir  # noqa: E402
-from data.gate import cache_entry, open_regular, read_blocks, recorded_text  # noqa: E402
+from data.gate import open_regular, read_blocks, recorded_text  # noqa: E402
+from data.prepare import cache_entry  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, run_cli  # noqa: E402
 from model.attention import ROPE_BASE, recording_attention  # noqa: E402
 from model.generate import Sampling, generate  # noqa: E402

@@ -138,9 +138,8 @@ def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, ca
     proc.wait()
     import sample  # the scripts say where the old run waits and how it comes back
     assert run_cli(sample.main, ["--out_dir", str(out)]) == 2
-    assert (f"error: {out}: an --overwrite stopped before its first evaluation after step 0, and the run it was "
-            f"replacing waits in {out / '.replaced'}; python train.py --out_dir {out} --resume puts it back and "
-            f"continues it\n") == capsys.readouterr().err
+    assert (f"error: {out}: an --overwrite stopped early, and the old run waits in {out / '.replaced'}; "
+            f"python train.py --out_dir {out} --resume puts it back\n") == capsys.readouterr().err
     code, out_text, err = cli(capsys, "--out_dir", str(out), "--resume", "--cache_dir", str(corpus.parent / "cache"))
     assert code == 0 and "restored the run that --overwrite was replacing" in out_text + err
     assert "finished at step 20" in out_text
@@ -240,7 +239,7 @@ def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys
     best_only = copy_of(finished, tmp_path)
     (best_only / "ckpt_last.safetensors").unlink()
     code, _, err = cli(capsys, *argv(corpus, best_only))
-    assert code == 2 and "--resume continues from ckpt_best.safetensors" in err
+    assert code == 2 and "holds ckpt_best.safetensors but no ckpt_last.safetensors; pass --resume or --overwrite" in err
     code, text, _ = cli(capsys, *argv(corpus, best_only, "--resume", "--max_iters", "24"))
     assert code == 0 and "resuming" in text and "ckpt_best.safetensors" in text
     assert checkpoint.load(best_only / "ckpt_last.safetensors")["iter"] == 24
@@ -290,8 +289,8 @@ def test_a_folder_of_a_runs_logs_without_its_checkpoints_names_them_and_the_way_
                                  f"--overwrite replaces them, or choose another --out_dir\n")
     assert sorted(p.name for p in folder.iterdir()) == before
     code, _, err = cli(capsys, *argv(corpus, folder, "--resume"))
-    assert code == 2 and err.endswith("nothing to continue; start it again with --overwrite instead of --resume (it "
-                                      "replaces them)\n")
+    assert code == 2 and err.endswith("holds only the logs of a run with no checkpoint; start it again with "
+                                      "--overwrite instead of --resume\n")
     assert sorted(p.name for p in folder.iterdir()) == before
     assert run_cli(sample.main, ["--out_dir", str(folder)]) == 2
     suggested = capsys.readouterr().err.split("train first: ")[1].rstrip(")\n")
@@ -524,7 +523,7 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     assert run_cli(sample.main, ["--out_dir", "out/debug-shakespeare"]) == 2
     assert capsys.readouterr().err == (
         "error: out/debug-shakespeare: no such folder; runs with a model beside it: out/debug-my_corpus, "
-        "out/debug-my_notes, out/debug-pystdlib; give one of them as --out_dir (or train one there: "
+        "out/debug-my_notes, out/debug-pystdlib; give one of them as --out_dir (or train: "
         f"python {ROOT / 'train.py'} --out_dir out/debug-shakespeare)\n")
 
 

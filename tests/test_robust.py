@@ -20,7 +20,6 @@ from configs import load_config
 from data import prepare, resolve
 from errors import Interrupted, UserError, run_cli
 from model.gpt import GPT
-from common import run_folder
 from training import checkpoint
 import sample as sample_cli
 
@@ -192,11 +191,11 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     checkpoint.save(good, path)
     before = path.read_bytes()
 
-    def disk_full(self, data):
-        self.file.write(b"partial")
+    def disk_full(f, tensors, metadata):
+        f.write(b"partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(run_folder._Recording, "write", disk_full)
+    monkeypatch.setattr(checkpoint, "write_safetensors", disk_full)
     with pytest.raises(UserError, match="No space left on device.*previous checkpoint is untouched"):
         checkpoint.save({**good, "iter": 2}, path)
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.safetensors"]

@@ -1,6 +1,4 @@
-"""Checkpoints: what one holds, captured from a run and restored into one. A checkpoint is one safetensors file: every
-tensor under a dotted name, and everything else one JSON document in its metadata. load() reads it, and every reader
-calls load(): nothing is unpickled, and each part is checked before anything is allocated for it."""
+"""Checkpoints: one safetensors file of dotted tensor names and one JSON document; load() checks before it allocates."""
 from __future__ import annotations
 
 import json
@@ -32,8 +30,7 @@ META = "chargpt"  # the metadata key of the JSON document
 HEADER_MAX = 16 << 20  # the header: each tensor's name and shape, and the JSON (about 15 bytes per logged loss)
 DEPTH_MAX = 16  # the JSON's nesting (a checkpoint's deepest is 5: optimizer.muon.param_groups.0.betas)
 CONTAINERS_MAX = 2_000_000  # the JSON's lists and objects: one per logged loss, besides a few
-# What a checkpoint holds: key -> (its types, who needs it): "sample" every reader, "resume" --resume besides,
-# "later" optional (read with a default). model, optimizer and rng hold the tensors; the rest is the JSON.
+# key -> (types, who needs it): "sample" every reader, "resume" --resume too, "later" none (read with a default)
 CONTENTS = {"format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
             "run_config": (dict, "sample"), "vocab": (str, "sample"), "iter": (int, "sample"),
             "optimizer": (dict, "resume"), "rng": (dict, "resume"), "best_val_loss": ((int, float), "resume"),
@@ -42,12 +39,32 @@ CONTENTS = {"format": (int, "sample"), "model": (dict, "sample"), "model_config"
             "data": (dict, "later"), "tokens_per_iter": (int, "later"), "losses": (dict, "later")}
 OPTIMIZER_STATE = {"AdamW": ("step", "exp_avg", "exp_avg_sq"), "Muon": ("momentum_buffer",)}  # per stepped weight
 WEIGHT_DTYPES = ("F32", "F16", "BF16", "F64")
+SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                      torch.uint8: "U8"}
+NUMBER = (int, float)  # JSON's numbers, exactly: a bool is none
+COUNT = (lambda v: type(v) is int and v >= 0, "a count, 0 or more")
+POSITIVE = (lambda v: type(v) in NUMBER and math.isfinite(v) and v > 0, "a finite positive number")
+NON_NEGATIVE = (lambda v: type(v) in NUMBER and math.isfinite(v) and v >= 0, "a finite number, 0 or more")
+FRACTION = (lambda v: type(v) in NUMBER and 0 <= v < 1, "a number in [0, 1)")
+SCALER = {"scale": POSITIVE, "growth_factor": POSITIVE, "backoff_factor": POSITIVE, "growth_interval": COUNT,
+          "_growth_tracker": COUNT}
+DATA = {"source": (lambda v: isinstance(v, str), "the name of a text"),
+        "sha256": (lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v) is not None, "a sha256 checksum"),
+        "first_char": (lambda v: isinstance(v, str) and len(v) == 1, "one character"),
+        **{key: COUNT for key in ("n_chars", "n_train", "n_val", "vocab_size", "bytes")}}
+LATER = {"iter": COUNT, "evals_since_best": COUNT, "tokens_per_iter": (lambda v: v >= 1, "1 or more"),
+         "train_seconds": NON_NEGATIVE, "last_eval": (lambda v: set(v) <= {"train", "val"} and all(
+             type(x) in NUMBER for x in v.values()), "losses (train, val)")}
+# Settings a run or device may change; any other must be configure_optimizer's (ns_steps=10**9 would hang a step).
+ON_OFF = (lambda v: v is None or isinstance(v, bool), "true, false or None")
+FREE_SETTINGS = {"lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "momentum": FRACTION, "fused": ON_OFF,
+                 "foreach": ON_OFF, "betas": (lambda v: isinstance(v, list) and len(v) == 2
+                                              and all(map(FRACTION[0], v)), "two numbers in [0, 1)")}
 
 
 @dataclass
 class Progress:
-    """The training loop's state, saved in every checkpoint; train.py advances it. losses: "train" (step, loss) per log
-    line, "eval" (step, train, validation loss) per evaluation."""
+    """The loop's state in every checkpoint. losses: "train" (step, loss) and "eval" (step, train, val) points."""
     it: int = 0
     best_val: float = math.inf
     train_seconds: float = 0.0
@@ -58,7 +75,7 @@ class Progress:
 
 
 def capture(run, progress: Progress) -> dict:
-    """Everything a checkpoint holds (CONTENTS but the format) of run (a training.opening.Run); restore() inverts it."""
+    """What a checkpoint holds (CONTENTS) of run, a training.opening.Run; restore() inverts it."""
     return {
         "model": run.model.state_dict(), "model_config": run.model_cfg.to_dict(), "run_config": run.cfg.to_dict(),
         "vocab": run.tokenizer.chars, "optimizer": run.optimizer.state_dict(),
@@ -92,7 +109,7 @@ def non_finite(weights: dict) -> str | None:  # the first weight holding NaN or 
 
 
 def optimizer_parts(saved: dict) -> list[tuple[str, dict]]:
-    """(dotted name, state) of each optimizer in an optimizer's state: Muon with AdamW keeps one of each."""
+    """(dotted name, state) per optimizer: Muon with AdamW keeps one of each."""
     two = set(saved) == {"muon", "adamw"}
     return [(f"optimizer.{name}", saved[name]) for name in ("muon", "adamw")] if two else [("optimizer", saved)]
 
@@ -120,14 +137,8 @@ def save(state: dict, path: Path) -> None:
     write_atomic(path, lambda f: write_safetensors(f, tensors, {META: json.dumps(doc)}), "checkpoint")
 
 
-SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-                      torch.uint8: "U8"}
-
-
 def write_safetensors(f, tensors: dict, metadata: dict) -> None:
-    """tensors in safetensors' layout, streamed into f: the header (each tensor's dtype, shape and byte range, then
-    the metadata), padded to 8 bytes, then each tensor's bytes where they lie. (safetensors.torch.save makes one bytes
-    object of them all first, which made a checkpoint slower to write than torch.save's.) safe_open reads it back."""
+    """tensors streamed into f in safetensors' layout, without one bytes object of them all as its save() makes."""
     header, end = {"__metadata__": metadata}, 0
     tensors = dict(sorted(tensors.items(), key=lambda item: (-item[1].element_size(), item[0])))  # each one aligned
     for name, t in tensors.items():
@@ -150,9 +161,20 @@ def damaged(path: Path, name: str, value, rule: str) -> UserError:  # a field wh
                      f"another checkpoint or train again")
 
 
-def read_document(path: Path) -> dict:
-    """A checkpoint's JSON document, read in this order: a regular file (an old zip is named as such); its header's
-    length, bounded; the header, parsed by safetensors alone; the JSON, its nesting bounded before it is parsed."""
+def of_type(value, kind) -> bool:  # isinstance, but a bool is no number
+    return isinstance(value, kind) and (not isinstance(value, bool) or kind is bool)
+
+
+def check_values(values: dict, rules: dict, path: Path, prefix: str = "") -> None:  # name -> (test, what it is)
+    for key, (ok, rule) in rules.items():
+        if key in values and not ok(values[key]):
+            raise damaged(path, f"{prefix}{key}", values[key], rule)
+
+
+def check_document(path: Path, resume: bool) -> tuple[dict, object]:
+    """(the JSON document, its model config): the file, its header's length and the JSON's nesting bounded before
+    each is parsed, then every field present where needed, of its type and in range."""
+    from model import ModelConfig
     try:
         f, size = open_regular(path, "the checkpoint")
     except FileNotFoundError:
@@ -184,40 +206,6 @@ def read_document(path: Path) -> dict:
         raise refused(path, f"its settings are not JSON: {shown(in_one_line(err)[:80])}") from None
     if not isinstance(doc, dict):
         raise refused(path, "its settings are not a JSON object")
-    return doc
-
-
-def of_type(value, kind) -> bool:  # isinstance, but a bool is no number
-    return isinstance(value, kind) and (not isinstance(value, bool) or kind is bool)
-
-
-def number(v) -> bool:  # (JSON's numbers: int and float exactly)
-    return type(v) in (int, float)
-
-
-def check_values(values: dict, rules: dict, path: Path, prefix: str = "") -> None:  # name -> (test, what it is)
-    for key, (ok, rule) in rules.items():
-        if key in values and not ok(values[key]):
-            raise damaged(path, f"{prefix}{key}", values[key], rule)
-
-
-COUNT = (lambda v: type(v) is int and v >= 0, "a count, 0 or more")
-POSITIVE = (lambda v: number(v) and math.isfinite(v) and v > 0, "a finite positive number")
-SCALER = {"scale": POSITIVE, "growth_factor": POSITIVE, "backoff_factor": POSITIVE, "growth_interval": COUNT,
-          "_growth_tracker": COUNT}
-DATA = {"source": (lambda v: isinstance(v, str), "the name of a text"),
-        "sha256": (lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v) is not None, "a sha256 checksum"),
-        "first_char": (lambda v: isinstance(v, str) and len(v) == 1, "one character"),
-        **{key: COUNT for key in ("n_chars", "n_train", "n_val", "vocab_size", "bytes")}}
-LATER = {"iter": COUNT, "evals_since_best": COUNT, "tokens_per_iter": (lambda v: v >= 1, "1 or more"),
-         "train_seconds": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
-         "last_eval": (lambda v: set(v) <= {"train", "val"} and all(map(number, v.values())), "losses (train, val)")}
-
-
-def check_document(doc: dict, path: Path, resume: bool):
-    """Every field of the JSON document present where needed, of its type and in range; returns the model config."""
-    from model import ModelConfig
-
     if missing := [k for k, (_, who) in CONTENTS.items() if k not in doc and k != "model"
                    and (who == "sample" or resume and who == "resume")]:
         raise UserError(f"{path} is not a complete checkpoint (missing {', '.join(missing)})")
@@ -234,7 +222,7 @@ def check_document(doc: dict, path: Path, resume: bool):
 
     def points(name: str, width: int) -> bool:  # (step from 0 to the checkpoint's, then losses)
         return isinstance(losses[name], list) and all(isinstance(p, list) and len(p) == width and type(p[0]) is int
-                                                      and 0 <= p[0] <= it and all(map(number, p[1:]))
+                                                      and 0 <= p[0] <= it and all(type(x) in NUMBER for x in p[1:])
                                                       for p in losses[name])
     if not (set(losses) == {"train", "eval"} and points("train", 2) and points("eval", 3)):
         raise UserError(f"{path} is damaged: its record of the losses so far is malformed; take another checkpoint "
@@ -251,89 +239,57 @@ def check_document(doc: dict, path: Path, resume: bool):
     if tokenizer.vocab_size != config.vocab_size:
         raise UserError(f"{path} is inconsistent: its vocabulary has {tokenizer.vocab_size} characters but its model "
                         f"expects {config.vocab_size}")
-    return config
-
-
-# The optimizer settings a run may change (lr at every step; weight_decay and beta2 on --resume) or the writing device
-# chose; any other must be configure_optimizer's (differentiable=True breaks the fused step, ns_steps=10**9 hangs it).
-NON_NEGATIVE = (lambda v: number(v) and math.isfinite(v) and v >= 0, "a finite number, 0 or more")
-ON_OFF = (lambda v: v is None or isinstance(v, bool), "true, false or None")
-FREE_SETTINGS = {"lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "fused": ON_OFF, "foreach": ON_OFF,
-                 "momentum": (lambda v: number(v) and 0 <= v < 1, "a number in [0, 1)"),
-                 "betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(number(b) and 0 <= b < 1 for b in v),
-                           "two numbers in [0, 1)")}
-
-
-def optimizer_shapes(doc: dict, model, path: Path) -> dict[str, tuple[str, dict[int, tuple]]]:
-    """Per optimizer of the checkpoint (its dotted name): its class and the shape of each weight it steps, once its
-    param_groups match those configure_optimizer builds on the model's skeleton (FREE_SETTINGS aside)."""
-    kind = doc["run_config"].get("optimizer", "adamw")
-    if kind not in OPTIMIZERS:
-        raise damaged(path, "run_config.optimizer", kind, " or ".join(OPTIMIZERS))
-    built = configure_optimizer(model, 1e-3, 0.0, (0.9, 0.99), "meta", kind, "float32")
-    built_parts, shapes = optimizer_parts(built.state_dict()), {}
-    if set(doc["optimizer"]) != ({"muon", "adamw"} if len(built_parts) == 2 else {"param_groups"}):
-        raise damaged(path, "optimizer", doc["optimizer"], f"the settings of the optimizer --optimizer {kind} writes")
-    for (where, want), (_, found) in zip(built_parts, optimizer_parts(doc["optimizer"])):
-        optimizer = getattr(built, where[10:]) if "." in where else built
-        groups = found.get("param_groups") if isinstance(found, dict) else None
-        if not (isinstance(groups, list) and len(groups) == len(want["param_groups"])):
-            raise damaged(path, where, found, f"an optimizer with {len(want['param_groups'])} groups")
-        shapes[where] = (type(optimizer).__name__, {})
-        for i, (group, wanted) in enumerate(zip(groups, want["param_groups"])):
-            name = f"{where}.param_groups.{i}"
-            if not (isinstance(group, dict) and group.get("params") == wanted["params"]):
-                raise damaged(path, name, group, "the group of weights this model has")
-            check_values(group, FREE_SETTINGS, path, f"{name}.")
-            for key, value in group.items():  # (json.dumps: the same value of the same type, a list for a tuple)
-                if key in wanted and key not in FREE_SETTINGS and json.dumps(value) != json.dumps(wanted[key]):
-                    raise damaged(path, f"{name}.{key}", value, repr(wanted[key]))
-                if key not in wanted and not isinstance(value, (bool, int, float, str, type(None))):
-                    raise damaged(path, f"{name}.{key}", value, "a plain value")
-            weights = optimizer.param_groups[i]["params"]
-            shapes[where][1].update((n, tuple(p.shape)) for n, p in zip(wanted["params"], weights))
-    return shapes
+    return doc, config
 
 
 def expected_tensors(doc: dict, config, model, names: set[str], path: Path) -> dict[str, tuple[tuple, tuple]]:
-    """name -> (shape, dtypes) of each tensor the settings imply: the weights (a tied head once), the optimizer's
-    state of each weight that has stepped (as the file names them), the random states."""
+    """name -> (shape, dtypes) of each tensor the settings imply, once the optimizer's groups are configure_optimizer's
+    (FREE_SETTINGS aside): the weights (a tied head once), the stepped weights' optimizer state, the random states."""
     wanted = {f"model.{k}": (tuple(t.shape), WEIGHT_DTYPES) for k, t in model.state_dict().items()
               if not (config.tie_weights and k == "lm_head.weight")}
-    for where, (kind, shapes) in optimizer_shapes(doc, model, path).items() if "optimizer" in doc else ():
-        stepped = {int(m[1]) for n in names if (m := re.fullmatch(rf"{where}\.state\.(\d{{1,9}})\.\w+", n))}
-        wanted.update({f"{where}.state.{i}.{key}": (() if key == "step" else shapes[i],
-                                                    ("F32", "F64") if key == "step" else ("F32",))
-                       for i in stepped & shapes.keys() for key in OPTIMIZER_STATE[kind]})
     if "rng" in doc:
         size = (torch.get_rng_state().numel(),)
         wanted.update({"rng.torch": (size, ("U8",)), "rng.batches.generator": (size, ("U8",))})
         wanted.update({"rng.cuda": (None, ("U8",))} if "rng.cuda" in names else {})  # a short byte vector
+    if "optimizer" not in doc:
+        return wanted
+    kind = doc["run_config"].get("optimizer", "adamw")
+    if kind not in OPTIMIZERS:
+        raise damaged(path, "run_config.optimizer", kind, " or ".join(OPTIMIZERS))
+    built = configure_optimizer(model, 1e-3, 0.0, (0.9, 0.99), "meta", kind, "float32")
+    built_parts = optimizer_parts(built.state_dict())
+    if set(doc["optimizer"]) != ({"muon", "adamw"} if len(built_parts) == 2 else {"param_groups"}):
+        raise damaged(path, "optimizer", doc["optimizer"], f"the settings of the optimizer --optimizer {kind} writes")
+    for (where, want), (_, found) in zip(built_parts, optimizer_parts(doc["optimizer"])):
+        optimizer, shapes = getattr(built, where[10:]) if "." in where else built, {}
+        groups = found.get("param_groups") if isinstance(found, dict) else None
+        if not (isinstance(groups, list) and len(groups) == len(want["param_groups"])):
+            raise damaged(path, where, found, f"an optimizer with {len(want['param_groups'])} groups")
+        for i, (group, built_group) in enumerate(zip(groups, want["param_groups"])):
+            name = f"{where}.param_groups.{i}"
+            if not (isinstance(group, dict) and group.get("params") == built_group["params"]):
+                raise damaged(path, name, group, "the group of weights this model has")
+            check_values(group, FREE_SETTINGS, path, f"{name}.")
+            for key, value in group.items():  # (json.dumps: the same value of the same type, a list for a tuple)
+                if key in built_group and key not in FREE_SETTINGS and \
+                        json.dumps(value) != json.dumps(built_group[key]):
+                    raise damaged(path, f"{name}.{key}", value, repr(built_group[key]))
+                if key not in built_group and not isinstance(value, (bool, int, float, str, type(None))):
+                    raise damaged(path, f"{name}.{key}", value, "a plain value")
+            weights = optimizer.param_groups[i]["params"]
+            shapes.update((n, tuple(p.shape)) for n, p in zip(built_group["params"], weights))
+        stepped = {int(m[1]) for n in names if (m := re.fullmatch(rf"{where}\.state\.(\d{{1,9}})\.\w+", n))}
+        wanted.update({f"{where}.state.{i}.{key}": (() if key == "step" else shapes[i],
+                                                    ("F32", "F64") if key == "step" else ("F32",))
+                       for i in stepped & shapes.keys() for key in OPTIMIZER_STATE[type(optimizer).__name__]})
     return wanted
 
 
-def check_tensors(st, wanted: dict, path: Path) -> None:
-    """The file's tensors are exactly those wanted, each of its shape and dtype, read from the header alone."""
-    for name in sorted(set(st.keys()) ^ wanted.keys()):
-        held = f"a tensor {tuple(st.get_slice(name).get_shape())}" if name not in wanted else "no such tensor"
-        raise UserError(f"{path}: its tensors do not fit its settings ({shown(name[:80])}: the settings give "
-                        f"{'no such tensor' if name not in wanted else wanted[name][0]}, the file holds {held})")
-    for name, (shape, dtypes) in wanted.items():
-        found, dtype = tuple(st.get_slice(name).get_shape()), st.get_slice(name).get_dtype()
-        if (found != shape if shape is not None else len(found) != 1 or found[0] > 4096) or dtype not in dtypes:
-            raise UserError(f"{path}: its tensors do not fit its settings ({name}: the settings give "
-                            f"{shape or '(a short vector)'} of {'/'.join(dtypes)}, the file holds {found} of {dtype})")
-
-
 def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -> dict:
-    """A checkpoint's state (CONTENTS), each part checked before it is used: the JSON document, then each tensor's name,
-    shape and dtype against those its settings imply, then free memory, then the values. resume: the optimizer and
-    random states are required and read, else never read. A failure is one line naming the file and the field."""
+    """A checkpoint's state, checked: document, tensors' specs, free memory, values. resume: optimizer and rng too."""
     from model import GPT
-
     target = usable_device(device, f"load {path} onto", "load it onto cpu")  # (before the file: a missing device)
-    doc = read_document(path)
-    config = check_document(doc, path, resume)
+    doc, config = check_document(path, resume)
     try:
         with torch.device("meta"):  # the model's skeleton: shapes, no memory
             model = GPT(config)
@@ -342,7 +298,17 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
                         f"({shown(in_one_line(err)[:120])}); it is damaged") from None
     with safe_open(path, "pt") as st:
         wanted = expected_tensors(doc, config, model, set(st.keys()), path)
-        check_tensors(st, wanted, path)
+        # the file's tensors are exactly those wanted, each of its shape and dtype (read from the header alone)
+        for name in sorted(set(st.keys()) ^ wanted.keys()):
+            held = f"a tensor {tuple(st.get_slice(name).get_shape())}" if name not in wanted else "no such tensor"
+            raise UserError(f"{path}: its tensors do not fit its settings ({shown(name[:80])}: the settings give "
+                            f"{'no such tensor' if name not in wanted else wanted[name][0]}, the file holds {held})")
+        for name, (shape, dtypes) in wanted.items():
+            found, dtype = tuple(st.get_slice(name).get_shape()), st.get_slice(name).get_dtype()
+            if (found != shape if shape is not None else len(found) != 1 or found[0] > 4096) or dtype not in dtypes:
+                raise UserError(f"{path}: its tensors do not fit its settings ({name}: the settings give "
+                                f"{shape or '(a short vector)'} of {'/'.join(dtypes)}, the file holds {found} of "
+                                f"{dtype})")
         reading = [name for name in wanted if resume or name.startswith("model.")]
         need = sum(t.numel() * 4 for t in [*model.parameters(), *model.buffers()])  # float32
         need += sum(math.prod(wanted[name][0] or (4096,)) * 4 for name in reading if not name.startswith("model."))
@@ -356,9 +322,19 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
     if bad := non_finite(weights):
         raise UserError(f"{path} holds weights that are not finite (NaN or inf in {bad}); it cannot be used: take "
                         f"another checkpoint ({BEST} or {LAST}) or train again")
-    state = {k: v for k, v in doc.items() if k not in ("optimizer", "rng")}
-    if resume:
-        state["optimizer"] = optimizer_state(doc["optimizer"], tensors, doc["iter"], path)
+    state, it = {k: v for k, v in doc.items() if k not in ("optimizer", "rng")}, doc["iter"]
+    if resume:  # each step count a whole number in [0, iter], each moment finite (a second one not negative)
+        parts = {where: {"state": {}, "param_groups": part["param_groups"]}
+                 for where, part in optimizer_parts(doc["optimizer"])}
+        for name, t in tensors.items():
+            if not (m := re.fullmatch(r"(optimizer(?:\.muon|\.adamw)?)\.state\.(\d+)\.(\w+)", name)):
+                continue
+            if m[3] == "step" and not (math.isfinite(value := float(t)) and value == int(value) and 0 <= value <= it):
+                raise damaged(path, name, value, f"a whole number from 0 to the checkpoint's step, {it}")
+            if m[3] != "step" and (not torch.isfinite(t).all() or m[3] == "exp_avg_sq" and (t < 0).any()):
+                raise damaged(path, name, t, "finite" + " and not negative" * (m[3] == "exp_avg_sq"))
+            parts[m[1]]["state"].setdefault(int(m[2]), {})[m[3]] = t
+        state["optimizer"] = {w[10:]: part for w, part in parts.items()} if len(parts) == 2 else parts["optimizer"]
         state["rng"] = {"torch": tensors["rng.torch"], "batches": {"generator": tensors["rng.batches.generator"]},
                         **({"cuda": tensors["rng.cuda"]} if "rng.cuda" in tensors else {})}
     try:
@@ -367,21 +343,6 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
         raise UserError(f"{path} is readable, but {target} cannot hold its weights ({in_one_line(err)}); load it "
                         f"onto cpu") from None
     return state
-
-
-def optimizer_state(settings: dict, tensors: dict, it: int, path: Path) -> dict:
-    """The optimizer's state dict, once every step count is a whole number from 0 to the checkpoint's step and every
-    moment finite (a second moment not negative): a resumed step would divide by zero or take roots of negatives."""
-    parts = {where: {"state": {}, "param_groups": part["param_groups"]} for where, part in optimizer_parts(settings)}
-    for name, t in tensors.items():
-        if not (m := re.fullmatch(r"(optimizer(?:\.muon|\.adamw)?)\.state\.(\d+)\.(\w+)", name)):
-            continue
-        if m[3] == "step" and not (math.isfinite(value := float(t)) and value == int(value) and 0 <= value <= it):
-            raise damaged(path, name, value, f"a whole number from 0 to the checkpoint's step, {it}")
-        if m[3] != "step" and (not torch.isfinite(t).all() or m[3] == "exp_avg_sq" and (t < 0).any()):
-            raise damaged(path, name, t, "finite" + " and not negative" * (m[3] == "exp_avg_sq"))
-        parts[m[1]]["state"].setdefault(int(m[2]), {})[m[3]] = t
-    return {where[10:]: part for where, part in parts.items()} if len(parts) == 2 else parts["optimizer"]
 
 
 def step_of(path: Path) -> int | None:  # a checkpoint's step, None where it cannot be read
@@ -395,10 +356,8 @@ RunDir.step_of = staticmethod(step_of)  # (common/ cannot import training/, so t
 
 
 def load_model(path: Path, device: torch.device | str = "cpu"):
-    """(model in eval mode on device, tokenizer, state) of a checkpoint that load() has checked, else one line; where
-    a run's ckpt_best is refused and its ckpt_last reads well, the line says so."""
+    """(model in eval mode, tokenizer, state); a refused ckpt_best names a readable ckpt_last."""
     from model import GPT, ModelConfig
-
     try:
         state = load(path, device)
     except UserError as err:
