@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from common.machine import free_memory, usable_device
+from common.machine import check_free_memory, usable_device
 from common.run_folder import BEST, LAST, RunDir, old_format, write_atomic
 from configs.choices import OPTIMIZERS
 from configs.loader import checked_types
@@ -312,9 +312,7 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
         reading = [name for name in wanted if resume or name.startswith("model.")]
         need = sum(t.numel() * 4 for t in [*model.parameters(), *model.buffers()])  # float32
         need += sum(math.prod(wanted[name][0] or (4096,)) * 4 for name in reading if not name.startswith("model."))
-        if (free := free_memory()) is not None and need > free:
-            raise UserError(f"{path}: its model would need about {need / 2**30:.1f} GiB of memory, more than the "
-                            f"{free / 2**30:.1f} GiB this machine has free; use it on a machine with more memory")
+        check_free_memory(need, "cpu", f"{path}: its model", "use it on a machine with more memory")  # read on the host
         tensors = {name: st.get_tensor(name) for name in reading}
     weights = {name[6:]: t for name, t in tensors.items() if name.startswith("model.")}
     if config.tie_weights:
