@@ -952,7 +952,7 @@ def test_a_longer_max_iters_on_resume_says_the_schedule_is_stretched_and_how_to_
     new, _, _ = load_config(["--config", "debug", "--max_iters", "40"], False)
     said = []
     run(corpus, tmp_path / "r", "--resume", "--max_iters", "40", say=said.append)
-    note = next(line for line in said if "schedule follows max_iters" in line)
+    note = next(line for line in said if "schedule is stretched" in line)
     assert (f"stretched from 20 to 40 steps: at step 20 the rate goes from {get_lr(20, old):.3g} to "
             f"{get_lr(20, new):.3g}" in note and note.endswith("add --lr_decay_iters 20"))
     said = []
