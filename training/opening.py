@@ -124,10 +124,10 @@ def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
     path = Path(data).expanduser()
     if not path.exists():
         raise UserError(f"--resume: the text this run trained on, {data}, is no longer there; put it back, or give "
-                        f"its new place with --data (the same text)")
+                        f"its new place with --data")
     if why := recorded_size(path, resumed.get("data", {})):
-        raise UserError(f"--resume: {source} names {data} as its text, but {why}, so it was not read; put the "
-                        f"original text back, or give it with --data {shlex.quote(data)} (to go on with that text)")
+        raise UserError(f"--resume: {source} names {data} as its text, but {why}, so it was not read; put it back, or "
+                        f"give --data {shlex.quote(data)} to go on with this one")
 
 
 @contextlib.contextmanager
@@ -277,15 +277,13 @@ def say_what_was_read(prepared: Prepared, cfg: TrainConfig, init: dict | None, s
     """Rank 0: a note on a text of one character; for fine-tuning, what it starts from."""
     chars = prepared.tokenizer.chars
     if len(chars) == 1:
-        say(f"note: {prepared.meta['source']} holds one distinct character, {chars!r}, so "
-            f"every next character is certain and the loss falls to 0: there is nothing to learn; give a text "
-            f"with more than one character")
+        say(f"note: {prepared.meta['source']} holds one distinct character, {chars!r}: there is nothing to learn. "
+            f"Give a text with more characters")
     if init is not None:
         new = chars[len(init["vocab"]):]
         shown = "".join(f" {ch!r}" for ch in new[:12]) + (" ..." if len(new) > 12 else "")
-        say(f"fine-tuning {start} (step {init['iter']}), with its architecture and its run's settings "
-            f"(optimizer {cfg.optimizer}, learning_rate {cfg.learning_rate:g}, dtype {cfg.dtype}, max_iters "
-            f"{cfg.max_iters}; what this command sets goes over them); vocabulary: its "
+        say(f"fine-tuning {start} (step {init['iter']}) with its settings (optimizer {cfg.optimizer}, learning_rate "
+            f"{cfg.learning_rate:g}, dtype {cfg.dtype}, max_iters {cfg.max_iters}); vocabulary: its "
             f"{len(init['vocab'])} characters + {len(new)} new{':' + shown if new else ''}")
 
 
@@ -296,10 +294,8 @@ def best_anew_on_other_text(resumed: dict | None, prepared: Prepared, say) -> di
         return resumed
     best = resumed["best_val_loss"]
     say(f"note: the text of {prepared.meta['source']} is not the text step {resumed['iter']} was trained "
-        f"on (its checksum differs); the run goes on with this text, so it will not match an uninterrupted "
-        f"run, and its best model is chosen anew on this text's validation: {BEST}"
-        f"{f' (val {best:.4f} on the other text)' if math.isfinite(best) else ''} is replaced at the next "
-        f"evaluation")
+        f"on (its checksum differs), so {BEST}{f' (val {best:.4f})' if math.isfinite(best) else ''} is replaced "
+        f"at the next evaluation")
     return {**resumed, "best_val_loss": math.inf, "evals_since_best": 0}
 
 
