@@ -53,8 +53,8 @@ class Log:
             self.wandb = wandb.init(project=cfg.wandb_project, name=name, group=name, dir=str(self.out_dir),
                                      config=cfg.to_dict(), settings=wandb.Settings(silent=True))
         except Exception as err:  # no login, no network: the run goes on with TensorBoard
-            self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}); logging to TensorBoard only "
-                     f"(wandb login, or WANDB_MODE=offline to keep its logs in the run folder)")
+            self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}), so this run logs to TensorBoard "
+                     f"only. Try wandb login, or WANDB_MODE=offline")
 
     def say(self, message: str) -> None:
         if self.active:
@@ -104,10 +104,11 @@ class Log:
 
     def attention(self, it: int, layer: int, picture) -> None:
         """picture: a (height, width, 3) uint8 array; layers count from 1."""
-        self._write("add_image", f"where_attention_looks/layer_{layer + 1}", picture, it, dataformats="HWC")
+        tag = f"where_attention_looks/layer_{layer + 1}"
+        self._write("add_image", tag, picture, it, dataformats="HWC")
         if self.wandb is not None:
             import wandb
-            self.wandb.log({f"where_attention_looks/layer_{layer + 1}": wandb.Image(picture)}, step=it)
+            self.wandb.log({tag: wandb.Image(picture)}, step=it)
 
     def picture_seconds(self, picture) -> float:
         """The seconds TensorBoard's PNG encoding of a picture takes."""
@@ -294,11 +295,9 @@ class TrainClock:
 
     def pause(self) -> float:
         """End the stretch; returns the training seconds so far."""
-        sync(self.device)
-        compiling = compile_seconds() - self.compiled
+        compiling = self.compiling()
         stretch = time.perf_counter() - self.started - compiling
         self.trained += stretch
-        self.phases.seconds["compilation"] += compiling
         self.phases.seconds["training steps"] += stretch
         self.restart()
         return self.trained
@@ -309,25 +308,29 @@ class TrainClock:
 
     def first_step_done(self) -> None:
         """Time this session's first step alone, its compiling left out."""
-        sync(self.device)
-        compiling = compile_seconds() - self.compiled
+        compiling = self.compiling()
         self.started += compiling
         self.compiled += compiling
-        self.phases.seconds["compilation"] += compiling
         self.phases.first_step = time.perf_counter() - self.started
+
+    def compiling(self) -> float:
+        """Wait for the device; the seconds compiled since the stretch began go to compilation."""
+        sync(self.device)
+        compiling = compile_seconds() - self.compiled
+        self.phases.seconds["compilation"] += compiling
+        return compiling
 
 
 def mfu_basis(peak_flops: float) -> str:
     """The note on what the log lines' MFU divides by."""
     return (f"mfu below: the model's FLOPs per second over {peak_flops / 1e12:.3g} TFLOP/s, the peak this device "
-            f"measured just now (an estimate: on a shared machine it moves with the load, and the MFU with it)")
+            f"measured just now (an estimate, which moves with the machine's load)")
 
 
 def too_many_nonfinite(it: int, cfg: TrainConfig, last: Path) -> str:
     """The line for a run that met max_nonfinite_steps skipped steps in a row."""
-    return (f"stopped at step {it}: {cfg.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (they "
-            f"were skipped); the last good checkpoint is {last}; try a lower --learning_rate or --dtype float32, "
-            f"then --resume")
+    return (f"stopped at step {it}: {cfg.max_nonfinite_steps} steps in a row had a non-finite loss or gradient; "
+            f"the last good checkpoint is {last}. Try a lower --learning_rate or --dtype float32, then --resume")
 
 
 # ---- the lines a run ends with ---------------------------------------------------------------------------------------
@@ -366,8 +369,8 @@ def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[s
     lines = [f"done: {it} steps, {summary['train_seconds']:.1f} s of training steps"
              + (" in all its sessions" if cfg.resume else "")]
     if summary["stopped_early"]:
-        lines[0] += (f"; stopped early: {evals_since_best} evaluations in a row did not beat step {step}'s validation "
-                     f"loss (--patience {cfg.patience}; --patience 0 trains on to --max_iters {cfg.max_iters})")
+        lines[0] += (f"; stopped early: {evals_since_best} evaluations did not beat step {step}'s (--patience "
+                     f"{cfg.patience})")
     full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
             if "full_val_loss" in summary else "")
     last = summary["val_loss"]
