@@ -28,7 +28,7 @@ from data.corpus import NAMED
 from data.gate import recorded_size
 from data.prepare import ShortSplit, short_split
 from data.tokenizer import vocabulary_difference
-from errors import UserError, python_command
+from errors import UserError
 from model import GPT, ModelConfig
 from model.scoring import FORMS
 from training import checkpoint
@@ -180,13 +180,12 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
                  if "model_step" in summary else "")
     except (ValueError, TypeError, KeyError):
         return None
-    where = shlex.quote(str(run_dir.path))
     if state["iter"] < cfg.max_iters:
         return (f"{run_dir.path} stopped early at step {state['iter']}{model}{loss}: {since_best} evaluations did not "
-                f"improve. To train on: {python_command('train.py')} --out_dir {where} --resume --patience 0")
+                f"improve. To train on: {resume_command(run_dir.path, '--patience 0')}")
+    more = f"--max_iters {max(state['iter'], cfg.max_iters) * 2}"
     return (f"{run_dir.path} finished at step {state['iter']}{model}{loss}; nothing to do. To train further: "
-            f"{python_command('train.py')} --out_dir {where} --resume --max_iters "
-            f"{max(state['iter'], cfg.max_iters) * 2}")
+            f"{resume_command(run_dir.path, more)}")
 
 
 def fit_to_text(cfg: TrainConfig, explicit: set[str], meta: dict, say) -> None:
