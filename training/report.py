@@ -357,7 +357,7 @@ def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str =
 
 def overfitting_line(evaluations: list) -> str:
     """The warning for a run that began overfitting."""
-    (first, train0, val0), (last, train1, val1) = evaluations[-3], evaluations[-1]
+    (first, _, val0), (last, _, val1) = evaluations[-3], evaluations[-1]
     return (f"warning: the model is learning the training text by heart: from step {first} to step {last} the "
             f"validation loss rose from {val0:.3f} to {val1:.3f}. Try a smaller model, --dropout 0.2, fewer steps, or "
             f"more text (docs/training.md, \"Small texts\")")
