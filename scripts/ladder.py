@@ -57,6 +57,7 @@ RUNGS = [
     ("no_values", "the default with keys and queries only (no value projection)", {"attention_values": "false"}),
     ("no_positions", "the default without any position information", {"position": "none"}),
 ]
+NAMES = [name for name, _, _ in RUNGS]
 QUIET = {"sample_chars": "0", "log_attention": "false"}  # the ladder compares losses only
 ONE_BUDGET = {"patience": "0"}  # every rung trains all its steps
 NOT_THE_RUN = {"out_dir", "resume", "overwrite"}  # settings that do not change what a rung computes
@@ -189,7 +190,7 @@ def draw(rows: list[dict], path: Path) -> None:
     names = [f"{row['rung']}. {row['name']}" for row in rows]
     losses = [row["full_val_loss"] for row in rows]
     drawn = [loss if loss is not None and math.isfinite(loss) else 0.0 for loss in losses]
-    parts = {name for name, _, _ in RUNGS[:7]}  # the rungs that build the model up
+    parts = NAMES[:DEFAULT]  # the rungs that build the model up
     ax.barh(names, drawn, color=["C0" if row["name"] in parts else "C1" for row in rows])
     for y, (loss, length) in enumerate(zip(losses, drawn)):
         known = loss is not None and math.isfinite(loss)
@@ -232,17 +233,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="shakespeare_char_cpu", help="the preset every rung starts from")
     parser.add_argument("--max_iters", type=int, help="training steps per rung (default: the preset's)")
     parser.add_argument("--cache_dir", default="", help="as train.py --cache_dir")
-    parser.add_argument("--rungs", help=f"a comma-separated subset of: {', '.join(name for name, _, _ in RUNGS)}")
+    parser.add_argument("--rungs", help=f"a comma-separated subset of: {', '.join(NAMES)}")
     args, passed = parser.parse_known_args(argv)
     if any(word.split("=")[0] in ("--resume", "--overwrite") for word in passed):
         raise UserError("the ladder resumes and retrains its rungs by itself: leave out --resume and --overwrite")
-    chosen = {name for name, _, _ in RUNGS}
+    chosen = set(NAMES)
     if args.rungs is not None:
         names = [n.strip() for n in args.rungs.split(",") if n.strip()]
-        unknown = [n for n in names if n not in {name for name, _, _ in RUNGS}]
+        unknown = [n for n in names if n not in NAMES]
         if unknown or not names:
             raise UserError(f"--rungs: {f'no rung {unknown[0]}' if unknown else 'names no rung'}; choose from "
-                            f"{', '.join(name for name, _, _ in RUNGS)} (leave --rungs out for all of them)")
+                            f"{', '.join(NAMES)} (leave --rungs out for all of them)")
         chosen = set(names)
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
