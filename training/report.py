@@ -370,7 +370,7 @@ def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[s
              + (" in all its sessions" if cfg.resume else "")]
     if summary["stopped_early"]:
         lines[0] += (f"; stopped early: {evals_since_best} evaluations did not beat step {step}'s (--patience "
-                     f"{cfg.patience})")
+                     f"{cfg.patience}; --patience 0 trains on)")
     full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
             if "full_val_loss" in summary else "")
     last = summary["val_loss"]
