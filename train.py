@@ -30,7 +30,7 @@ from training.evaluation import next_evaluation, plateaued
 from training.opening import choose_corpus, estimate_due, open_run, say_estimate, say_what_runs
 from training.optim import get_lr, warmup_note
 from training.report import (PAGE_MAX_PARAMETERS, Log, Phases, done_lines, mfu_basis, out_of_memory,
-                             seconds_since_process_start, stopped_line, too_many_nonfinite)
+                             seconds_since_process_start, too_many_nonfinite)
 from training.session import Session, attention_probe
 from training.stop import StopRequest
 
@@ -213,8 +213,7 @@ class StepLog:
                     self.writer.add_scalar(tag, value, it)
             except (OSError, RuntimeError) as err:
                 s.log.failed(err)
-        if s.log.wandb is not None:
-            s.log.wandb.log(scalars, step=it)
+        s.log.to_wandb(scalars, it)
         if s.log.lines is not None:  # a log file; a terminal has the progress bar
             s.log.lines(f"step {it}/{run.cfg.max_iters}: loss {loss_value:.4f}, {record.ms_per_step:.1f} ms/step, "
                         f"{tokens_per_sec:,.0f} tokens/s, mfu {record.mfu:.1f}% of {self.peak_flops / 1e12:.3g} "
@@ -316,13 +315,11 @@ def train_opened(s: Session, source: Path | None) -> dict:
         raise s.put_back_on_stop(err) from None
     if stopped:
         if not s.save_stopped():
-            s.draw_losses()
-            log.say(stopped_line(progress.it, run_dir.path, False, s.watch.advice if s.watch else ""))
+            s.say_stopped(in_final_validation=False)
         return {"stopped": True, "iterations": progress.it, "history": history}
     summary = s.finish(time.perf_counter() - run.phases.started)
     if summary.get("stopped"):
-        s.draw_losses()
-        log.say(stopped_line(progress.it, run_dir.path, True, s.watch.advice if s.watch else ""))
+        s.say_stopped(in_final_validation=True)
         return {**summary, "history": history}
     for line in done_lines(summary, s.cfg, progress.evals_since_best):
         log.say(line)

@@ -96,8 +96,7 @@ class Log:
         scalars = {"loss/train_eval": losses["train"], "loss/val": losses["val"]}
         for tag, value in scalars.items():
             self._write("add_scalar", tag, value, it)
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=it)
+        self.to_wandb(scalars, it)
 
     def sample(self, it: int, text: str) -> None:
         self._text("samples", text, it)
@@ -135,14 +134,18 @@ class Log:
             for tag, value in metrics.items():
                 writer.add_scalar(tag, value, step)
         self._with_writer(write)
+        self.to_wandb(metrics, step)
         if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
             self.wandb.summary.update(metrics)
 
     def _text(self, tag: str, text: str, step: int) -> None:
         self._write("add_text", tag, "```\n" + text + "\n```", step)
-        if self.wandb is not None and tag != "config":  # wandb has the config already
-            self.wandb.log({tag: text}, step=step)
+        if tag != "config":  # wandb has the config already
+            self.to_wandb({tag: text}, step)
+
+    def to_wandb(self, values: dict, step: int) -> None:
+        if self.wandb is not None:
+            self.wandb.log(values, step=step)
 
     def _write(self, method: str, *args, **kwargs) -> None:
         self._with_writer(lambda writer: getattr(writer, method)(*args, **kwargs))

@@ -21,7 +21,7 @@ from training.checkpoint import Progress
 from training.device import Dist, SlowdownWatch
 from training.evaluation import began_overfitting, evaluate, full_validation_loss
 from training.opening import Run
-from training.report import Log, TrainClock, overfitting_line, resume_command
+from training.report import Log, TrainClock, overfitting_line, resume_command, stopped_line
 from training.stop import StopRequest
 
 
@@ -117,6 +117,12 @@ class Session:
         self.log.say(f"stopped at step {self.progress.it}, before this run's first evaluation after step 0: "
                      f"{self.put_back()}")
         return True
+
+    def say_stopped(self, in_final_validation: bool) -> None:
+        """The losses drawn, and the line of a run a stop ended."""
+        self.draw_losses()
+        advice = self.watch.advice if self.watch else ""
+        self.log.say(stopped_line(self.progress.it, self.run_dir.path, in_final_validation, advice))
 
     def put_back_on_stop(self, err: Interrupted) -> Interrupted:
         """A stop without a save puts back an --overwrite's old run still aside."""
