@@ -1,5 +1,5 @@
-"""train.py: train a character-level GPT. Read it top to bottom: one training step, the loop around it, then train(),
-which opens the run and finishes it. What a product needs besides lives in training/ and common/ (docs/code.md)."""
+"""train.py: train a character-level GPT. Read it top to bottom: one training step, the loop, then train().
+The rest of the product lives in training/ and common/ (docs/code.md)."""
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +30,7 @@ from training.evaluation import next_evaluation, plateaued
 from training.opening import choose_corpus, estimate_due, open_run, say_estimate, say_what_runs
 from training.optim import get_lr, warmup_note
 from training.report import (PAGE_MAX_PARAMETERS, Log, Phases, done_lines, mfu_basis, out_of_memory,
-                             seconds_since_process_start, stopped_line, too_many_nonfinite)
+                             seconds_since_process_start, too_many_nonfinite)
 from training.session import Session, attention_probe
 from training.stop import StopRequest
 
@@ -40,26 +40,26 @@ loaded()
 # ---- one training step -----------------------------------------------------------------------------------------------
 def train_step(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, lr: float, rt: machine.Runtime,
                stop=None, d: device.Dist = device.Dist()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer step over grad_accum_steps micro-batches: (mean loss, gradient norm, whether it was finite), all
-    on the device, so a step never waits for it. A stop() between micro-batches undoes it (StepAbandoned)."""
+    """One optimizer step over grad_accum_steps micro-batches: (mean loss, grad norm, finite), on the device."""
     def passes() -> torch.Tensor:
         return forward_backward(model, optimizer, scaler, batches, autocast, cfg, rt, stop)
 
-    if getattr(model, "backward_unchecked", False):  # compiled: a first backward that fails falls back
+    if getattr(model, "backward_unchecked", False):  # compiled: a failed first backward falls back
         loss = device.first_compiled_backward(model, batches, rt, d, passes)
     else:
         loss = passes()
     searching = scale_above_one(scaler)  # read before update() lowers it
     grad_norm, finite = update(model, optimizer, scaler, cfg, lr, rt)
     if scaler.is_enabled():
-        # float16: overflows are the scaler's search for a scale until it is down to 1; then they count as skipped
+        # float16: overflows are the scaler's search for a scale until it reaches 1; then they count as skipped
         finite = torch.isfinite(loss) & (finite | searching)
     return loss, grad_norm, finite
 
 
 def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, rt: machine.Runtime,
                      stop=None) -> torch.Tensor:
-    """The gradients of grad_accum_steps micro-batches, summed in each .grad; returns their mean loss."""
+    """The gradients of grad_accum_steps micro-batches, summed in each .grad; returns their mean loss. A stop()
+    between micro-batches undoes the step (StepAbandoned)."""
     loss_sum = torch.zeros((), device=rt.device)
     began = (batches.state_dict(), device.random_states(rt.device)) if stop else None  # to undo the step
     for micro in range(cfg.grad_accum_steps):
@@ -71,7 +71,7 @@ def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConf
                 loss = loss / cfg.grad_accum_steps
             scaler.scale(loss).backward()  # d loss / d weight, added into each .grad (scaled, with float16)
         loss_sum += loss.detach().float()
-        if began is not None and not last and stop():  # a stop between micro-batches undoes the step
+        if began is not None and not last and stop():
             batches.load_state_dict(began[0])
             device.set_random_states(rt.device, began[1])
             optimizer.zero_grad(set_to_none=True)
@@ -81,8 +81,7 @@ def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConf
 
 def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
            rt: machine.Runtime) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clip the gradients, step at learning rate lr, clear the gradients: (grad norm, whether it was finite). A step
-    with a non-finite gradient is skipped, so NaN never reaches the weights."""
+    """Clip, step at rate lr, clear: (grad norm, finite). A non-finite step is skipped, so NaN never reaches weights."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     scaler.unscale_(optimizer)  # float16: the gradients divided by the loss scale (nothing otherwise)
@@ -96,8 +95,7 @@ def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
 
 
 def scale_above_one(scaler: torch.amp.GradScaler):
-    """float16: whether the loss scale is above 1. torch's private reader keeps it on the device (the GPU smoke check
-    allows no host wait in a step); get_scale() is the plain fallback."""
+    """float16: whether the loss scale is above 1, read on the device where torch allows (no host wait)."""
     if not scaler.is_enabled():
         return False
     return (getattr(scaler, "_get_scale_async", None) or scaler.get_scale)() > 1
@@ -105,8 +103,7 @@ def scale_above_one(scaler: torch.amp.GradScaler):
 
 # ---- the loop: evaluate if due, stop if asked, a step, a log line if due ---------------------------------------------
 def train_loop(s: Session) -> tuple[list, bool]:
-    """Train to max_iters, evaluating and checkpointing when due: the (step, loss) history, and whether a stop request
-    ended it early. The loop advances s.progress; s saves and evaluates."""
+    """Train to max_iters, evaluating and saving when due: the (step, loss) history, and whether a stop ended it."""
     run, cfg, progress, ddp = s.run, s.cfg, s.progress, s.d.enabled
     # a stop between micro-batches undoes the step, but not under DDP, where every process stops at the same step
     undo = cfg.grad_accum_steps > 1 and not ddp
@@ -165,7 +162,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
 
 @dataclass
 class StepRecord:
-    """What a log line records of a step. A field with a tag goes to TensorBoard under it."""
+    """What a log line records of a step; a field's tag names it in TensorBoard."""
     step: int
     loss: float = field(metadata={"tag": "loss/train"})
     lr: float = field(metadata={"tag": "optim/lr"})
@@ -178,7 +175,7 @@ class StepRecord:
 
 
 class StepLog:
-    """The log line every log_interval steps (TensorBoard, the log file, the progress bar), and the loss history."""
+    """The log line every log_interval steps, and the loss history."""
 
     def __init__(self, s: Session, bar: tqdm, peak_flops: float):
         self.s, self.bar, self.peak_flops = s, bar, peak_flops
@@ -195,7 +192,7 @@ class StepLog:
 
     def write(self, it: int, lr: float, loss: torch.Tensor, grad_norm: torch.Tensor,
               longest: torch.Tensor) -> StepRecord:
-        """Log step it. longest: the longest run of skipped steps since the last log line."""
+        """Log step it; longest: the longest run of skipped steps since the last line."""
         s, run, clock = self.s, self.s.run, self.s.clock
         # the loop's only wait for the device: one read for all three
         loss_value, norm_value, skipped = torch.stack([loss.float(), grad_norm.float(), longest.float()]).tolist()
@@ -204,7 +201,7 @@ class StepLog:
         step_seconds = max(seconds - self.logged[1], 1e-9) / (it - previous)
         self.logged = (it, seconds)
         tokens_per_sec = run.tokens_per_iter / step_seconds
-        # at most 1: a step faster than the peak means the peak was measured in a busy moment
+        # at most 1: the peak may have been measured in a busy moment
         mfu = min(1.0, run.flops_per_token * tokens_per_sec / s.d.world_size / self.peak_flops)
         record = StepRecord(step=it, loss=loss_value, lr=lr, grad_norm=norm_value, tokens_per_sec=tokens_per_sec,
                             tokens_seen=it * run.tokens_per_iter, mfu=mfu * 100, ms_per_step=step_seconds * 1000,
@@ -216,8 +213,7 @@ class StepLog:
                     self.writer.add_scalar(tag, value, it)
             except (OSError, RuntimeError) as err:
                 s.log.failed(err)
-        if s.log.wandb is not None:
-            s.log.wandb.log(scalars, step=it)
+        s.log.to_wandb(scalars, it)
         if s.log.lines is not None:  # a log file; a terminal has the progress bar
             s.log.lines(f"step {it}/{run.cfg.max_iters}: loss {loss_value:.4f}, {record.ms_per_step:.1f} ms/step, "
                         f"{tokens_per_sec:,.0f} tokens/s, mfu {record.mfu:.1f}% of {self.peak_flops / 1e12:.3g} "
@@ -233,9 +229,9 @@ class StepLog:
 
 
 def before_the_first_step(s: Session) -> float:
-    """Rank 0's notes before the first step, and the peak FLOP/s that MFU is measured against."""
+    """Rank 0's notes before the first step, and the peak FLOP/s for MFU."""
     run, cfg = s.run, s.cfg
-    records = 0.0  # seconds of each evaluation's sample and pictures, for the estimate
+    records = 0.0  # seconds of each evaluation's sample and pictures
     if s.d.is_main and estimate_due(run, s.progress):
         with run.phases.timing("samples and pictures"):
             records = s.record_seconds()
@@ -245,7 +241,7 @@ def before_the_first_step(s: Session) -> float:
             if note := warmup_note(cfg, s.progress.it):
                 s.log.say(note)
             if cfg.log_attention:
-                from common.pictures import missing_note  # matplotlib: only runs that draw
+                from common.pictures import missing_note  # matplotlib only where needed
                 if note := missing_note(run.tokenizer.decode(attention_probe(run))):
                     s.log.say(note)
         largest = (cfg.batch_size * cfg.block_size, cfg.n_embd, 4 * cfg.n_embd)  # the feed-forward's first product
@@ -258,15 +254,13 @@ def before_the_first_step(s: Session) -> float:
 # ---- a run from its opening to its end -------------------------------------------------------------------------------
 def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, stop: StopRequest | None = None,
           note: str = "", start_up: float | None = None) -> dict:
-    """Train (or continue) the run in cfg.out_dir: its summary and loss history, with "stopped" when a stop request
-    ended it early and "finished" when there was nothing left to do."""
-    stop = stop or StopRequest(speak=False)  # in-process callers (tests) get a request nobody makes
+    """Train or continue the run in cfg.out_dir: its summary and history ("stopped", "finished" where so)."""
+    stop = stop or StopRequest(speak=False)  # in-process callers get a request nobody makes
     phases = Phases(start_up)
     d = device.from_environment(cfg.ddp)
     speak = say if d.is_main else (lambda message: None)
     if cfg.wandb and "wandb" in explicit and importlib.util.find_spec("wandb") is None:
-        raise UserError("--wandb: the wandb package is not installed. Install it (pip install wandb), or leave --wandb "
-                        "out")
+        raise UserError("--wandb: the wandb package is not installed. Install it (pip install wandb)")
     if cfg.resume or cfg.init_from:
         whose = (f"the saved config of {cfg.out_dir or 'the run'}" if cfg.resume else
                  f"the settings of the run {cfg.init_from} starts from")
@@ -321,20 +315,18 @@ def train_opened(s: Session, source: Path | None) -> dict:
         raise s.put_back_on_stop(err) from None
     if stopped:
         if not s.save_stopped():
-            s.draw_losses()
-            log.say(stopped_line(progress.it, run_dir.path, False, s.watch.advice if s.watch else ""))
+            s.say_stopped(in_final_validation=False)
         return {"stopped": True, "iterations": progress.it, "history": history}
     summary = s.finish(time.perf_counter() - run.phases.started)
     if summary.get("stopped"):
-        s.draw_losses()
-        log.say(stopped_line(progress.it, run_dir.path, True, s.watch.advice if s.watch else ""))
+        s.say_stopped(in_final_validation=True)
         return {**summary, "history": history}
     for line in done_lines(summary, s.cfg, progress.evals_since_best):
         log.say(line)
     s.draw_losses()
     if "seconds" in summary:
         log.say(run.phases.line(summary["seconds"]))
-    # the model handed over; a ckpt_best left unreadable beside ckpt_last would be the one --out_dir reads
+    # an unreadable ckpt_best beside ckpt_last would be the one --out_dir reads
     model = (f"--ckpt {shlex.quote(str(run_dir.path / LAST))}" if summary["model_checkpoint"] == LAST
              and (run_dir.path / BEST).exists() else f"--out_dir {where}")
     log.say(f"sample it: {python_command('scripts/sample.py')} {model}")
@@ -347,8 +339,7 @@ def train_opened(s: Session, source: Path | None) -> dict:
 
 # ---- the command line ------------------------------------------------------------------------------------------------
 class GuardedOutput:
-    """sys.stdout or sys.stderr, except that a failed write (a closed pipe or terminal) sends this and later output
-    to /dev/null and calls gone(), instead of an error in the middle of the run."""
+    """A stream whose failed write (a closed pipe or terminal) sends later output to /dev/null and calls gone()."""
 
     def __init__(self, stream: TextIO, gone: Callable[[], None]):
         self._stream, self._gone = stream, gone
@@ -356,7 +347,7 @@ class GuardedOutput:
     def write(self, text: str):
         try:
             return self._stream.write(text)
-        except OSError:  # EPIPE, EIO (the terminal closed), ...
+        except OSError:
             self.closed()
 
     def flush(self) -> None:
@@ -369,13 +360,13 @@ class GuardedOutput:
         self._stream = open(os.devnull, "w", encoding="utf-8")
         self._gone()
 
-    def __getattr__(self, name: str):  # isatty, fileno, encoding: the stream's own
+    def __getattr__(self, name: str):
         return getattr(self._stream, name)
 
 
 @contextlib.contextmanager
 def guarded_output(gone: Callable[[], None]) -> Iterator[None]:
-    """sys.stdout and sys.stderr, each a GuardedOutput inside the block."""
+    """sys.stdout and sys.stderr guarded inside the block."""
     streams = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = (GuardedOutput(stream, gone) for stream in streams)
     try:
@@ -396,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             device.leave_to_rank_zero(d, err)
         finally:
-            device.shutdown()  # also on errors, so torchrun's other ranks are released
+            device.shutdown()  # also on errors, to release torchrun's other ranks
     return 130 if result.get("stopped") else 0
 
 

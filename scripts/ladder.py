@@ -1,6 +1,5 @@
-"""python scripts/ladder.py --data FILE --out_dir DIR: what each part of attention buys, measured. Trains a ladder of
-models with one budget, from a bigram table to the full model and its variants, each rung by its own printed
-`python train.py` command; rungs close to the one they are compared with get more seeds. Writes a table,
+"""python scripts/ladder.py --data FILE --out_dir DIR: what each part of attention buys, measured. Trains models
+with one budget, from a bigram table to the full model and its variants; close rungs get more seeds. Writes a table,
 DIR/ladder.json and DIR/ladder.png."""
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not the import's traceback
+loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line
 
 import torch  # noqa: E402
 
@@ -37,7 +36,7 @@ from train_command import run_train  # noqa: E402
 loaded()
 
 
-# Rungs 2-5 take blocks apart (learned positions, no feed-forward, no residuals); each later rung puts a part back.
+# Rungs 2-5 take blocks apart; each later rung puts a part back.
 TAKEN_APART = {"n_layer": "1", "position": "learned", "mlp": "false", "residual": "false"}
 RUNGS = [
     ("bigram", "each character predicts the next from itself alone: a table of odds",
@@ -58,26 +57,27 @@ RUNGS = [
     ("no_values", "the default with keys and queries only (no value projection)", {"attention_values": "false"}),
     ("no_positions", "the default without any position information", {"position": "none"}),
 ]
-QUIET = {"sample_chars": "0", "log_attention": "false"}  # the ladder compares losses: no samples or pictures
-ONE_BUDGET = {"patience": "0"}  # every rung trains all its steps (each still hands over its best model)
+NAMES = [name for name, _, _ in RUNGS]
+QUIET = {"sample_chars": "0", "log_attention": "false"}  # the ladder compares losses only
+ONE_BUDGET = {"patience": "0"}  # every rung trains all its steps
 NOT_THE_RUN = {"out_dir", "resume", "overwrite"}  # settings that do not change what a rung computes
 POSITIONS = {"rope": "rotary positions instead of a position table", "learned": "a learned position table",
-             "none": "no position information"}  # the default rung's, by its preset's --position
+             "none": "no position information"}
 
 
-DEFAULT = 7  # the default rung's number: the variants after it are compared with it
+DEFAULT = 7  # the default rung: the variants after it are compared with it
 SEEDS = 3  # seeds of each of two compared rungs whose losses are CLOSE
 CLOSE = 0.03  # a relative difference of loss that one seed cannot settle
 
 
 def reference(number: int) -> int | None:
-    """The rung a rung is compared with: the one before it while the model is built up, then the default."""
+    """The rung a rung is compared with: the one before it, then the default."""
     return None if number == 1 else number - 1 if number <= DEFAULT else DEFAULT
 
 
 def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = (), seed: int | None = None
               ) -> list[str]:
-    """The rung's train.py arguments: the ladder's, those passed through, then the rung's own, which win."""
+    """The rung's train.py arguments: the ladder's, those passed through, then the rung's own."""
     folder = f"{index:02d}-{name}" + (f"-seed{seed}" if seed is not None else "")
     argv = ["--config", args.config, "--data", args.data, "--out_dir", str(Path(args.out_dir) / folder)]
     if args.cache_dir:
@@ -91,14 +91,13 @@ def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = 
 
 
 def notes_and_warnings(line: str) -> None:
-    """Of a rung's own output only its notes and warnings are shown; the ladder says the rest."""
+    """Of a rung's output only its notes and warnings are shown."""
     if line.startswith(("note", "warning")):
         print(f"  {line}", file=sys.stderr)
 
 
 def state_of(cfg, text_sha256: str) -> tuple[str, str]:
-    """(new | finished | unfinished | different | damaged, why): different is a run of other settings or another text
-    (its checksum compared, not the --data words); damaged, unreadable. Both are trained again."""
+    """(new | finished | unfinished | different | damaged, why); the last two are trained again."""
     folder = Path(cfg.out_dir)
     ckpt = folder / LAST
     if not ckpt.exists():
@@ -124,8 +123,7 @@ LEFT_OUT = {"different": "other settings or another text", "unfinished": "unfini
 
 
 def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:
-    """The --data every rung trains on, decided once (offline: pystdlib, named in every rung's command), and its
-    sha256."""
+    """The --data every rung trains on, decided once, and its sha256."""
     cfg = load_config(rung_argv(args, 1, RUNGS[0][0], RUNGS[0][2], []), torch.cuda.is_available())[0]
     cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
     corpus = resolve(cfg.data, cache_dir, say=say, fallback=True)
@@ -134,21 +132,21 @@ def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:
 
 
 def summary_of(folder: Path) -> dict | None:
-    """A finished rung's summary.json, or None where it is not a readable one."""
+    """A finished rung's summary.json, or None."""
     summary = read_summary(folder)
     if summary is None or any(type(summary.get(key)) not in (int, float)
                               for key in ("full_val_loss", "train_seconds", "iterations")):
         return None
-    return summary  # a NaN loss (a run that diverged) is a result: "no loss"
+    return summary  # a NaN loss is a result: "no loss"
 
 
 TABLE = "ladder.json"
-TABLE_MAX_BYTES = 1 << 20  # a larger file is no table this script wrote
+TABLE_MAX_BYTES = 1 << 20
 ROW_KEYS = {"rung", "name", "full_val_loss", "out_dir"}
 
 
 def check_table(path: Path) -> None:
-    """Refuse, before anything is trained, a ladder.json this script did not write: the ladder would replace it."""
+    """Refuse a ladder.json this script did not write, before anything is trained."""
     try:
         found = os.lstat(path)
     except FileNotFoundError:
@@ -171,13 +169,12 @@ def check_table(path: Path) -> None:
             rungs = isinstance(table, list) and all(isinstance(row, dict) and ROW_KEYS <= row.keys() for row in table)
             why = "" if rungs else "JSON, but not a list of rungs"
     if why:
-        raise UserError(f"{path} is not a ladder table this script wrote ({why}), and the ladder would replace it; "
-                        f"move it out of {path.parent} (or remove it) and run the command again, or choose another "
+        raise UserError(f"{path} is not a ladder table this script wrote ({why}). Move it away, or choose another "
                         f"--out_dir")
 
 
 def finite_or_none(value: float) -> float | None:
-    """A figure for ladder.json: strict JSON has no NaN or Infinity, so a loss that is not a number is null there."""
+    """A figure for ladder.json, where strict JSON has no NaN: null."""
     return value if math.isfinite(value) else None
 
 
@@ -192,8 +189,8 @@ def draw(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2), dpi=100)
     names = [f"{row['rung']}. {row['name']}" for row in rows]
     losses = [row["full_val_loss"] for row in rows]
-    drawn = [loss if loss is not None and math.isfinite(loss) else 0.0 for loss in losses]  # no bar for no loss
-    parts = {name for name, _, _ in RUNGS[:7]}  # the rungs that build the model up; the rest are its variants
+    drawn = [loss if loss is not None and math.isfinite(loss) else 0.0 for loss in losses]
+    parts = NAMES[:DEFAULT]  # the rungs that build the model up
     ax.barh(names, drawn, color=["C0" if row["name"] in parts else "C1" for row in rows])
     for y, (loss, length) in enumerate(zip(losses, drawn)):
         known = loss is not None and math.isfinite(loss)
@@ -209,19 +206,18 @@ def draw(rows: list[dict], path: Path) -> None:
 
 
 def train_rung(name: str, argv: list[str], state: str, why: str, program: list[str]) -> int:
-    """Train a rung, its command printed first: 0 when finished, 130 when stopped, one line when it failed."""
+    """Train a rung, its command printed first: 0 when finished, 130 when stopped."""
     if why:
         print(f"  {why}: training this rung again", file=sys.stderr)
-    how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])  # go on, start, or start again
+    how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])
     print(f"  {shlex.join([*program, *argv, *how])}", file=sys.stderr)
     started = time.perf_counter()
     code = run_train(argv + how, each_line=notes_and_warnings)
     if code == 130:
-        print(f"stopped during rung {name}; run the same command again to go on (finished rungs are "
-              f"reused, this one resumes)", file=sys.stderr)
+        print(f"stopped during rung {name}; run the same command again to go on", file=sys.stderr)
         return 130
     if code == 2:
-        raise QuietExit(f"rung {name} failed")  # train.py has said why, in one line
+        raise QuietExit(f"rung {name} failed")  # train.py has said why
     if code != 0:
         raise UserError(f"rung {name}: train.py ended with exit code {code}; its command is above")
     print(f"  {time.perf_counter() - started:.1f} s", file=sys.stderr)
@@ -237,17 +233,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="shakespeare_char_cpu", help="the preset every rung starts from")
     parser.add_argument("--max_iters", type=int, help="training steps per rung (default: the preset's)")
     parser.add_argument("--cache_dir", default="", help="as train.py --cache_dir")
-    parser.add_argument("--rungs", help=f"a comma-separated subset of: {', '.join(name for name, _, _ in RUNGS)}")
+    parser.add_argument("--rungs", help=f"a comma-separated subset of: {', '.join(NAMES)}")
     args, passed = parser.parse_known_args(argv)
     if any(word.split("=")[0] in ("--resume", "--overwrite") for word in passed):
         raise UserError("the ladder resumes and retrains its rungs by itself: leave out --resume and --overwrite")
-    chosen = {name for name, _, _ in RUNGS}
+    chosen = set(NAMES)
     if args.rungs is not None:
-        names = [n.strip() for n in args.rungs.split(",") if n.strip()]  # (a stray comma names no rung)
-        unknown = [n for n in names if n not in {name for name, _, _ in RUNGS}]
+        names = [n.strip() for n in args.rungs.split(",") if n.strip()]
+        unknown = [n for n in names if n not in NAMES]
         if unknown or not names:
             raise UserError(f"--rungs: {f'no rung {unknown[0]}' if unknown else 'names no rung'}; choose from "
-                            f"{', '.join(name for name, _, _ in RUNGS)} (leave --rungs out for all of them)")
+                            f"{', '.join(NAMES)} (leave --rungs out for all of them)")
         chosen = set(names)
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
@@ -256,14 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--out_dir {out} holds a training run ({', '.join(sorted(held)[:3])}); choose another "
                         f"--out_dir (default out/ladder)")
     check_table(out / TABLE)
-    with output_folder(out, "--out_dir"):  # removed again if the ladder ends before a rung writes in it
+    with output_folder(out, "--out_dir"):
         return climb(args, out, chosen, passed)
 
 
 def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
-    """Train (or reuse) each chosen rung, more seeds where compared rungs are close; write the table and picture."""
+    """Train or reuse each chosen rung, more seeds where rungs are close; write the table and picture."""
     args.data, text_sha256 = decide_corpus(args, say=lambda message: print(message, file=sys.stderr))
-    program = shlex.split(python_command("train.py"))  # as a user would type it, from where the ladder runs
+    program = shlex.split(python_command("train.py"))
     rows, left_out, done = {}, [], 0
 
     def measure(number: int, seed: int | None = None) -> dict | int | None:
@@ -330,7 +326,7 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
 
 
 def finish_row(row: dict, rows: dict) -> dict:
-    """A table row: the mean loss over its seeds, their losses and model steps, and how it compares."""
+    """A table row: the mean loss over its seeds, and how it compares."""
     runs = row.pop("runs")
     losses = [run["full_val_loss"] for run in runs]
     mean = sum(losses) / len(losses)

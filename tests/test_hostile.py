@@ -574,7 +574,7 @@ def test_a_text_of_one_character_says_there_is_nothing_to_learn_and_its_plot_is_
     assert run_cli(train.main, ["--config", "debug", "--data", str(one), "--cache_dir", str(tmp_path / "cache"),
                                 "--out_dir", str(out), "--max_iters", "4", "--eval_interval", "2"]) == 0
     said = capsys.readouterr().out
-    assert f"note: {one} holds one distinct character, 'a', so every next character is certain" in said
+    assert f"note: {one} holds one distinct character, 'a': there is nothing to learn" in said
     done = script("plot_run.py", "--out_dir", str(out), "--png", str(tmp_path / "loss.png"))
     assert done.returncode == 0 and "Traceback" not in done.stderr and "warn" not in done.stderr.lower(), done.stderr
     assert (tmp_path / "loss.png").stat().st_size > 0

@@ -183,10 +183,8 @@ def test_a_ladder_json_the_ladder_did_not_write_is_kept_and_said_in_one_line(tmp
         else:
             table.symlink_to(content)
         done = ladder_here(capfd, "--out_dir", str(out), "--rungs", "bigram", "--max_iters", "1")
-        assert (done.returncode, done.stderr) == (2, f"error: {table} is not a ladder table this script wrote ({why}),"
-                                                     f" and the ladder would replace it; move it out of {out} (or "
-                                                     f"remove it) and run the command again, or choose another "
-                                                     f"--out_dir\n")
+        assert (done.returncode, done.stderr) == (2, f"error: {table} is not a ladder table this script wrote ({why})."
+                                                     f" Move it away, or choose another --out_dir\n")
         assert [path.name for path in out.iterdir()] == ["ladder.json"]  # no rung folder, no picture
         if isinstance(content, bytes):
             assert table.read_bytes() == content

@@ -1,5 +1,4 @@
-"""Measuring a model's loss: when a run evaluates, its estimate on fixed batches, its full validation, and the scoring
-of any text by sliding windows (scripts/evaluate.py)."""
+"""Measuring a model's loss: when to evaluate, the estimate, the full validation, and scoring any text."""
 from __future__ import annotations
 
 from typing import Callable
@@ -13,9 +12,8 @@ from data.loader import Windows, send
 from training.device import Dist
 
 
-# A run evaluates (and saves) every eval_interval steps and at max_iters.
 def next_evaluation(it: int, cfg: TrainConfig) -> int:
-    """The first step from it on at which a run evaluates."""
+    """The first step from it on at which a run evaluates (every eval_interval, and at max_iters)."""
     due = -(-it // cfg.eval_interval) * cfg.eval_interval  # rounded up
     return min(due, cfg.max_iters) if it <= cfg.max_iters else due
 
@@ -34,8 +32,7 @@ def plateaued(evals_since_best: int, patience: int) -> bool:
 
 
 def overfitting(evaluations: list, window: int = 3, margin: float = 0.02) -> bool:
-    """Over the last `window` evaluations (step, train, val), the validation loss rose past (1 + margin) x the lowest
-    while the training loss fell."""
+    """Over the last `window` (step, train, val), val rose past (1 + margin) x its lowest while train fell."""
     if len(evaluations) < window:
         return False
     first, last = evaluations[-window], evaluations[-1]
@@ -60,8 +57,7 @@ def asked_to_stop(stop: Callable[[], bool] | None, d: Dist, device: torch.device
 @torch.inference_mode()
 def evaluate(model, batches, rt: Runtime, eval_iters: int, d: Dist = Dist(),
              stop: Callable[[], bool] | None = None, progress=None) -> dict[str, float] | None:
-    """{"train", "val"}: the mean loss over eval_iters fixed batches of each split (val: every window, where that is
-    no more); None if asked to stop."""
+    """{"train", "val"}: the mean loss over eval_iters fixed batches of each; None if asked to stop."""
     model.eval()
     out = {}
     try:
@@ -88,8 +84,7 @@ def full_validation_loss(model, batches, rt: Runtime, d: Dist = Dist(),
 
 
 def mean_loss(model, windows, rt: Runtime, d: Dist, stop: Callable[[], bool] | None, progress) -> float | None:
-    """The mean loss per character over (x, y) batches on every rank, each weighted by the targets it scores (-1:
-    padding); None if asked to stop."""
+    """The mean loss per scored character over batches on every rank; None if asked to stop."""
     total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # (sum of losses, number of characters)
     for batch, (x, y) in enumerate(windows):
         if asked_to_stop(stop, d, rt.device, batch):
@@ -106,7 +101,7 @@ def mean_loss(model, windows, rt: Runtime, d: Dist, stop: Callable[[], bool] | N
 
 @torch.inference_mode()
 def score(model, ids: torch.Tensor, todo: Windows, batch_size: int, autocast, progress=None) -> tuple[float, int]:
-    """(the summed cross-entropy in nats of the characters the windows score, their count). The device is read once."""
+    """(the summed cross-entropy in nats of the characters the windows score, their count)."""
     model.eval()
     device = next(model.parameters()).device
     total = torch.zeros((), dtype=torch.float64, device=device)

@@ -1,5 +1,4 @@
-"""Opening a run: its checks before anything changes, then the folder owned, the checkpoint read, the data prepared
-and the Run built; on a CPU, its memory checked, its threads chosen and its time estimated."""
+"""Opening a run: checks, the folder owned, the checkpoint read, the data prepared, the Run built; CPU estimates."""
 from __future__ import annotations
 
 import contextlib
@@ -29,7 +28,7 @@ from data.corpus import NAMED
 from data.gate import recorded_size
 from data.prepare import ShortSplit, short_split
 from data.tokenizer import vocabulary_difference
-from errors import UserError, python_command
+from errors import UserError
 from model import GPT, ModelConfig
 from model.scoring import FORMS
 from training import checkpoint
@@ -60,7 +59,7 @@ class Run:
 
     @property
     def data_info(self) -> dict:
-        """What the run was trained on, as recorded in checkpoints and the summary."""
+        """What the run trains on, as checkpoints and the summary record it."""
         info = {k: self.prepared.meta[k] for k in ("source", "sha256", "bytes", "n_chars", "n_train", "n_val",
                                                     "vocab_size")}
         info["first_char"] = self.tokenizer.chars[int(self.batches.data["train"][0])]  # sample.py's default prompt
@@ -74,18 +73,15 @@ def check_paths(cfg: TrainConfig) -> None:
         if value and path.exists() and not path.is_dir():
             raise UserError(f"{option} {value} is a file, not a folder; choose another {option}")
         if value and data.is_dir() and path.resolve().is_relative_to(data.resolve()):
-            raise UserError(f"{option} {value} is inside the --data folder {cfg.data}: the run would train on its own "
-                            f"files; choose an {option} outside it")
+            raise UserError(f"{option} {value} is inside the --data folder {cfg.data}; choose one outside it")
     try:
         cfg.out_dir.encode("utf-8")
     except UnicodeEncodeError:
-        raise UserError(f"--out_dir {cfg.out_dir}: the name is not valid UTF-8, which TensorBoard needs for its event "
-                        f"files; choose a name in UTF-8") from None
+        raise UserError(f"--out_dir {cfg.out_dir}: the name is not valid UTF-8; choose a name in UTF-8") from None
 
 
 def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainConfig, Corpus]:
-    """The corpus, found now so the run is named after the text it trains on (offline, pystdlib where fallback
-    allows, kept in cfg.data so a resume does not switch texts); without --out_dir, out/<preset>-<corpus>."""
+    """The corpus, kept in cfg.data; without --out_dir, the folder out/<preset>-<corpus> is named after it."""
     corpus = resolve(cfg.data, default_cache_dir(cfg.cache_dir), say=say, fallback=fallback)
     if cfg.data in NAMED:
         cfg.data = corpus.name
@@ -101,7 +97,7 @@ def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainCo
 
 
 def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab: str = "", check=None) -> Prepared:
-    """The token files of the run's corpus (found here unless choose_corpus already found it)."""
+    """The token files of the run's corpus."""
     cache_dir = default_cache_dir(cfg.cache_dir)
     corpus = corpus or resolve(cfg.data, cache_dir, say=say)
     return prepare(corpus, cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors, say=say,
@@ -109,36 +105,34 @@ def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab
 
 
 def same_text(resumed: dict, source: Path, data_named: bool):
-    """prepare()'s check for --resume: the text the checkpoint names matches its checksum; any text, its vocabulary."""
+    """prepare()'s check for --resume: the recorded text's checksum, and any text's vocabulary."""
     recorded = resumed.get("data", {}).get("sha256")
 
     def check(sha256: str, vocab: str | None) -> None:
         if not data_named and recorded not in (None, sha256):
             raise UserError(f"--resume: the text {source} names is not the text it was trained on (its checksum "
-                            f"differs from the checkpoint's record), so nothing was prepared; put the original text "
-                            f"back, or give --data to go on with another text")
+                            f"differs); put the original text back, or give --data to go on with another text")
         if vocab is not None and vocab != resumed["vocab"]:
             differ = vocabulary_difference(vocab, resumed["vocab"], ("the corpus", "the checkpoint's"))
-            raise UserError(f"--resume: the corpus has a different vocabulary from the checkpoint's "
-                            f"({len(vocab)} characters, {len(resumed['vocab'])} in {source}; {differ}), so nothing "
-                            f"was prepared; resume with the same --data")
+            raise UserError(f"--resume: the corpus's vocabulary differs from {source}'s ({differ}); resume with the "
+                            f"same --data")
     return check
 
 
 def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
-    """The text a checkpoint names (no --data given) is read only if it is a regular file of the recorded size."""
+    """The text a checkpoint names is read only if it is a regular file of the recorded size."""
     path = Path(data).expanduser()
     if not path.exists():
         raise UserError(f"--resume: the text this run trained on, {data}, is no longer there; put it back, or give "
-                        f"its new place with --data (the same text)")
+                        f"its new place with --data")
     if why := recorded_size(path, resumed.get("data", {})):
-        raise UserError(f"--resume: {source} names {data} as its text, but {why}, so it was not read; put the "
-                        f"original text back, or give it with --data {shlex.quote(data)} (to go on with that text)")
+        raise UserError(f"--resume: {source} names {data} as its text, but {why}, so it was not read; put it back, or "
+                        f"give --data {shlex.quote(data)} to go on with this one")
 
 
 @contextlib.contextmanager
 def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict | None) -> Iterator[None]:
-    """A text too short for a resumed or fine-tuned run's kept block_size, said as that run can fix it."""
+    """A text too short for a kept block_size, said with the fix that run can use."""
     try:
         yield
     except ShortSplit as err:
@@ -162,19 +156,18 @@ def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict
 
 
 def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
-    """A note when a resume's new max_iters moves the learning-rate schedule, and how to keep the old one."""
+    """A note when a resume's new max_iters moves the schedule, and how to keep it."""
     if new.max_iters == old.max_iters or old.lr_decay_iters or step >= new.max_iters:
         return ""
     before, after = get_lr(step, old), get_lr(step, new)
     if math.isclose(before, after, rel_tol=1e-9):
         return ""
-    return (f"resume: the learning-rate schedule follows max_iters, so it is stretched from {old.max_iters} to "
-            f"{new.max_iters} steps: at step {step} the rate goes from {before:.3g} to {after:.3g}; to keep the old "
-            f"decay instead (min_lr {old.min_lr:g} from step {old.max_iters} on), add --lr_decay_iters {old.max_iters}")
+    return (f"resume: the learning-rate schedule is stretched from {old.max_iters} to {new.max_iters} steps: at step "
+            f"{step} the rate goes from {before:.3g} to {after:.3g}. To keep it, add --lr_decay_iters {old.max_iters}")
 
 
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
-    """For --resume of a run that has nothing left to do: where it finished and how to train further."""
+    """--resume of a run with nothing left to do: where it ended and how to train further."""
     since_best = state.get("evals_since_best", 0)
     if state["iter"] < cfg.max_iters and not plateaued(since_best, cfg.patience):
         return None
@@ -187,22 +180,20 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
                  if "model_step" in summary else "")
     except (ValueError, TypeError, KeyError):
         return None
-    where = shlex.quote(str(run_dir.path))
     if state["iter"] < cfg.max_iters:
-        return (f"{run_dir.path} stopped early at step {state['iter']}{model}{loss}: {since_best} evaluations in a row "
-                f"did not improve on its best; nothing to do. To train on anyway: "
-                f"{python_command('train.py')} --out_dir {where} --resume --patience 0")
+        return (f"{run_dir.path} stopped early at step {state['iter']}{model}{loss}: {since_best} evaluations did not "
+                f"improve. To train on: {resume_command(run_dir.path, '--patience 0')}")
+    more = f"--max_iters {max(state['iter'], cfg.max_iters) * 2}"
     return (f"{run_dir.path} finished at step {state['iter']}{model}{loss}; nothing to do. To train further: "
-            f"{python_command('train.py')} --out_dir {where} --resume --max_iters "
-            f"{max(state['iter'], cfg.max_iters) * 2}")
+            f"{resume_command(run_dir.path, more)}")
 
 
 def fit_to_text(cfg: TrainConfig, explicit: set[str], meta: dict, say) -> None:
-    """A new run of the default preset takes configs.fit's settings for its text; what the user set wins."""
+    """A new run of the default preset takes configs.fit's settings; the user's win."""
     if cfg.config_name != PRESET:
         return
     chosen = {name: value for name, value in fit(meta["n_train"], meta["vocab_size"]).items() if name not in explicit}
-    if chosen.get("n_embd", 0) % cfg.n_head:  # the user's --n_head must divide it
+    if chosen.get("n_embd", 0) % cfg.n_head:
         del chosen["n_embd"]
     for name, value in chosen.items():
         setattr(cfg, name, value)
@@ -212,92 +203,119 @@ def fit_to_text(cfg: TrainConfig, explicit: set[str], meta: dict, say) -> None:
 
 def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop,
              phases: Phases, corpus: Corpus | None, update: Callable):
-    """(run, progress, the checkpoint resumed from or None), or for a finished run the line saying so. Under torchrun
-    rank 0 goes first."""
-    resumed, source, init = None, None, None
+    """(run, progress, the checkpoint resumed from or None), or a finished run's line. Rank 0 goes first."""
+    resumed = source = init = start = None
     with d.together():
         if d.is_main:
-            check_paths(cfg)
-            run_dir.claim(log.say, cfg.resume)
-            if not cfg.resume:
-                run_dir.check_new_run(cfg.overwrite, log.say)
+            claim_folder(cfg, run_dir, log.say)
     with d.together():
         if cfg.resume:
-            if cfg.overwrite:
-                raise UserError("--resume continues the run in --out_dir and --overwrite replaces it: give one")
-            source = run_dir.resume_from()
-            resumed = checkpoint.load(source, resume=True)
-            stop.saved, stop.resume = f"{source} (step {resumed['iter']}) is untouched", resume_command(run_dir.path)
-            saved, cfg = resume_config(cfg, explicit, resumed, log.say, source, d.world_size)
-            if note := stretched_schedule(saved, cfg, resumed["iter"]):
-                log.say(note)
-            check_same_model(cfg, resumed, source)
+            source, resumed, cfg = read_resume(cfg, explicit, run_dir, stop, log.say, d.world_size)
             if done := finished_run(run_dir, resumed, cfg):
                 return done
             if "data" not in explicit and cfg.data not in NAMED:
                 check_recorded_text(cfg.data, resumed, source)
         elif cfg.init_from:
-            start = Path(cfg.init_from).expanduser()
-            if not start.exists():
-                raise UserError(f"--init_from {cfg.init_from}: no such run folder or checkpoint; give a trained run's "
-                                f"folder (out/...) or checkpoint file, or --resume to continue the run in --out_dir")
-            start = find(str(start), "") if start.is_dir() else start
-            init = checkpoint.load(start)
-            cfg = init_config(cfg, explicit, init, start, log.say)
+            start, init, cfg = read_init(cfg, explicit, log.say)
         # A fine-tuned run's vocabulary begins with its first model's, so the old ids keep their meaning.
         base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
         check = same_text(resumed, source, "data" in explicit) if resumed is not None else None
-        with phases.timing("data"), short_text_for_kept_model(cfg, resumed, init):
-            prepared = prepare_data(cfg, log.say, corpus, base_vocab, check) if d.is_main else None
-        if d.is_main and prepared.tokenizer.vocab_size == 1:
-            log.say(f"note: {prepared.meta['source']} holds one distinct character, {prepared.tokenizer.chars!r}, so "
-                    f"every next character is certain and the loss falls to 0: there is nothing to learn; give a text "
-                    f"with more than one character")
-        if init is not None and d.is_main:
-            new = prepared.tokenizer.chars[len(init["vocab"]):]
-            shown = "".join(f" {ch!r}" for ch in new[:12]) + (" ..." if len(new) > 12 else "")
-            log.say(f"fine-tuning {start} (step {init['iter']}), with its architecture and its run's settings "
-                    f"(optimizer {cfg.optimizer}, learning_rate {cfg.learning_rate:g}, dtype {cfg.dtype}, max_iters "
-                    f"{cfg.max_iters}; what this command sets goes over them); vocabulary: its "
-                    f"{len(init['vocab'])} characters + {len(new)} new{':' + shown if new else ''}")
+        if d.is_main:
+            with phases.timing("data"), short_text_for_kept_model(cfg, resumed, init):
+                prepared = prepare_data(cfg, log.say, corpus, base_vocab, check)
+            say_what_was_read(prepared, cfg, init, start, log.say)
     with d.together():
         if not d.is_main:
             with phases.timing("data"):
                 prepared = prepare_data(cfg, log.say, base_vocab=base_vocab, check=check)
-        recorded = resumed.get("data", {}).get("sha256") if resumed is not None else None
-        other_text = recorded not in (None, prepared.meta["sha256"])
-        if d.is_main and other_text:
-            best = resumed["best_val_loss"]
-            log.say(f"note: the text of {prepared.meta['source']} is not the text step {resumed['iter']} was trained "
-                    f"on (its checksum differs); the run goes on with this text, so it will not match an uninterrupted "
-                    f"run, and its best model is chosen anew on this text's validation: {BEST}"
-                    f"{f' (val {best:.4f} on the other text)' if math.isfinite(best) else ''} is replaced at the next "
-                    f"evaluation")
-        if other_text:  # the best starts anew
-            resumed = {**resumed, "best_val_loss": math.inf, "evals_since_best": 0}
+        resumed = best_anew_on_other_text(resumed, prepared, log.say)
         if not (cfg.resume or cfg.init_from):
             fit_to_text(cfg, explicit, prepared.meta, log.say)
         rt = setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
         refuse_if_too_big(cfg, rt, stop.saved)
-        try:
-            with short_text_for_kept_model(cfg, resumed, init):
-                run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init, phases)
-        except (RuntimeError, KeyError, ValueError, TypeError) as err:
-            if resumed is None or is_out_of_memory(err):
-                raise
-            raise UserError(f"{source} does not fit this model or optimizer ({str(err).splitlines()[0][:150]}); "
-                            f"it is damaged or from another version") from None
+        run, progress = build_checked(cfg, rt, prepared, d, log.say, resumed, init, phases, source)
     if rt.device_type == "cpu":
         run.threads = choose_run_threads(run, explicit, d, update)
     return run, progress, source
+
+
+def claim_folder(cfg: TrainConfig, run_dir: RunDir, say) -> None:
+    """Rank 0: the paths checked and the run folder owned."""
+    check_paths(cfg)
+    run_dir.claim(say, cfg.resume)
+    if not cfg.resume:
+        run_dir.check_new_run(cfg.overwrite, say)
+
+
+def read_resume(cfg: TrainConfig, explicit: set[str], run_dir: RunDir, stop, say, world_size: int):
+    """--resume: (the checkpoint's path, its state, the run's settings with this command's on top)."""
+    if cfg.overwrite:
+        raise UserError("--resume continues the run in --out_dir and --overwrite replaces it: give one")
+    source = run_dir.resume_from()
+    resumed = checkpoint.load(source, resume=True)
+    stop.saved, stop.resume = f"{source} (step {resumed['iter']}) is untouched", resume_command(run_dir.path)
+    saved, cfg = resume_config(cfg, explicit, resumed, say, source, world_size)
+    if note := stretched_schedule(saved, cfg, resumed["iter"]):
+        say(note)
+    check_same_model(cfg, resumed, source)
+    return source, resumed, cfg
+
+
+def read_init(cfg: TrainConfig, explicit: set[str], say):
+    """--init_from: (the checkpoint's path, its state, the settings it gives the new run)."""
+    start = Path(cfg.init_from).expanduser()
+    if not start.exists():
+        raise UserError(f"--init_from {cfg.init_from}: no such run folder or checkpoint; give a trained run's "
+                        f"folder or checkpoint")
+    start = find(str(start), "") if start.is_dir() else start
+    init = checkpoint.load(start)
+    return start, init, init_config(cfg, explicit, init, start, say)
+
+
+def say_what_was_read(prepared: Prepared, cfg: TrainConfig, init: dict | None, start, say) -> None:
+    """Rank 0: a note on a text of one character; for fine-tuning, what it starts from."""
+    chars = prepared.tokenizer.chars
+    if len(chars) == 1:
+        say(f"note: {prepared.meta['source']} holds one distinct character, {chars!r}: there is nothing to learn. "
+            f"Give a text with more characters")
+    if init is not None:
+        new = chars[len(init["vocab"]):]
+        shown = "".join(f" {ch!r}" for ch in new[:12]) + (" ..." if len(new) > 12 else "")
+        say(f"fine-tuning {start} (step {init['iter']}) with its settings (optimizer {cfg.optimizer}, learning_rate "
+            f"{cfg.learning_rate:g}, dtype {cfg.dtype}, max_iters {cfg.max_iters}); vocabulary: its "
+            f"{len(init['vocab'])} characters + {len(new)} new{':' + shown if new else ''}")
+
+
+def best_anew_on_other_text(resumed: dict | None, prepared: Prepared, say) -> dict | None:
+    """A resume on another text chooses its best model anew, on that text's validation."""
+    recorded = resumed.get("data", {}).get("sha256") if resumed is not None else None
+    if recorded in (None, prepared.meta["sha256"]):
+        return resumed
+    best = resumed["best_val_loss"]
+    say(f"note: the text of {prepared.meta['source']} is not the text step {resumed['iter']} was trained "
+        f"on (its checksum differs), so {BEST}{f' (val {best:.4f})' if math.isfinite(best) else ''} is replaced "
+        f"at the next evaluation")
+    return {**resumed, "best_val_loss": math.inf, "evals_since_best": 0}
+
+
+def build_checked(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist, say, resumed: dict | None,
+                  init: dict | None, phases: Phases, source) -> tuple[Run, Progress]:
+    """build_run(), with a checkpoint that does not fit said in one line."""
+    try:
+        with short_text_for_kept_model(cfg, resumed, init):
+            return build_run(cfg, rt, prepared, d, say, resumed, init, phases)
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
+        if resumed is None or is_out_of_memory(err):
+            raise
+        raise UserError(f"{source} does not fit this model ({str(err).splitlines()[0][:150]}); it is damaged or "
+                        f"from another version") from None
 
 
 # ---- building the run ------------------------------------------------------------------------------------------------
 def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(), say=print,
               resumed: dict | None = None, init: dict | None = None,
               phases: Phases | None = None) -> tuple[Run, Progress]:
-    """The loader, model, optimizer and scaler of a run, drawn from the random stream in a fixed order (one seed, one
-    run); from a checkpoint's state when resuming."""
+    """The loader, model, optimizer and scaler, drawn in a fixed order from one seed; resumed from a checkpoint."""
     batches = Batches(prepared, cfg.block_size, cfg.batch_size, rt.device, cfg.seed, d.rank, d.world_size)
     torch.manual_seed(cfg.seed)
     model_cfg = cfg.model_config(prepared.tokenizer.vocab_size)
@@ -315,13 +333,13 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
     progress = checkpoint.restore(run, resumed, d) if resumed is not None else Progress()
 
     def wrap(module: torch.nn.Module) -> torch.nn.Module:
-        # The only buffers are the rotary tables, alike everywhere: no broadcast (the switch's name depends on torch).
+        # The only buffers are the rotary tables, alike everywhere: no broadcast.
         no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
                    else {"broadcast_buffers": False})
         return DDP(module, device_ids=[d.local_rank] if rt.device_type == "cuda" else None,
                    **no_sync) if d.enabled else module
 
-    def gave_up() -> None:  # compilation that failed is not tried again by a resume
+    def gave_up() -> None:  # a resume does not retry a failed compilation
         cfg.compile = "false"
         say("note: the run's config now says --compile false, so a resume does not try again (--resume --compile "
             "true does)")
@@ -331,13 +349,13 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
 
 
 def optimizer_for(model: GPT, cfg: TrainConfig, rt: Runtime):
-    """The run's optimizer (its kind and settings from cfg) over model's parameters."""
+    """The run's optimizer over model's parameters."""
     return configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (FIXED["beta1"], cfg.beta2),
                                rt.device_type, cfg.optimizer, cfg.muon_dtype)
 
 
 def graft(model: GPT, weights: dict) -> None:
-    """A trained model's weights into model (fine-tuning); a new character's rows start as the trained rows' mean."""
+    """Fine-tuning: a trained model's weights into model; a new character's rows start as their mean."""
     own = model.state_dict()
     weights = dict(weights)
     for name in ("wte.weight", "lm_head.weight"):
@@ -351,7 +369,7 @@ def graft(model: GPT, weights: dict) -> None:
 
 
 def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
-    """The corpus, the model, the device, the global batch, the threads on a CPU, and where to watch the run."""
+    """The corpus, model, device, global batch, threads, and where to watch the run."""
     cfg, where = run.cfg, shlex.quote(str(run_dir.path))
     params = run.model.num_params()
     with_table = (f" ({run.model.num_params(False) / 1e6:.2f}M with the position table)"
@@ -363,30 +381,28 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
             + (f"; DDP over {d.backend}" if d.enabled else ""))
     if run.threads is not None:
         log.say(run.threads.line(f"a step{step_timed(run)}"))
-    log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open "
-            f"{TENSORBOARD_URL} (the loss first, drawn unsmoothed)")
-    if compile_wanted(cfg.compile, run.rt.device_type):  # else the wait before step 0 would look like a hang
+    log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open {TENSORBOARD_URL}")
+    if compile_wanted(cfg.compile, run.rt.device_type):  # so the first wait does not look like a hang
         mode = "" if cfg.compile_mode == "default" else f", mode {cfg.compile_mode}"
         waits = "the first evaluation and the first step wait" if cfg.compile_eval else "the first step waits"
         log.say(f"torch.compile (scope {cfg.compile_scope}{mode}): {waits} while it compiles, longest on a machine's "
                 f"first run (its cache serves later ones); --compile false skips it")
 
 
-# ---- on a CPU, before the first step: whether it fits in memory, its threads, how long it will take -----------------
-SLOW_RUN_SECONDS = 600  # on a CPU, a run expected to take longer than this says so before it starts
+# ---- on a CPU, before the first step: memory, threads, time ----------------------------------------------------------
+SLOW_RUN_SECONDS = 600  # a CPU run expected to take longer says what cuts it
 GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
-CPU_PRESET = "shakespeare_char_cpu"  # the preset a slow run on a CPU suggests
+CPU_PRESET = "shakespeare_char_cpu"
 
 
-# A step's peak memory on a CPU, in bytes per batch_size x block_size x n_embd x n_layer (docs/speed.md).
+# A step's peak memory, in bytes per batch_size x block_size x n_embd x n_layer (docs/speed.md).
 ACTIVATION_BYTES = {torch.bfloat16: 80, torch.float32: 110}
-# The explicit attention path also keeps each layer's weights, batch_size x n_head x block_size², this many bytes each.
-WEIGHT_BYTES = 4
+WEIGHT_BYTES = 4  # the explicit path's attention weights, per batch_size x n_head x block_size² x n_layer
 PARAMETER_BYTES = 16  # a weight, its gradient, two moments
 
 
 def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
-    """On a CPU, refuse a run that needs more memory than is free: the system would kill it with no error to read."""
+    """On a CPU, refuse a run that needs more memory than is free (the system would kill it unsaid)."""
     free = free_memory() if rt.device_type == "cpu" else None
     layers = max(cfg.n_layer, 1)
     activation_bytes = ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32])
@@ -397,7 +413,7 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
         need += WEIGHT_BYTES * cfg.batch_size * cfg.n_head * cfg.block_size ** 2 * cfg.n_layer
     most = ", most of it for each evaluation's eval_iters x batch_size windows: lower --eval_iters" \
         if windows > need / 2 else ""
-    need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: every process on this machine needs its own
+    need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: each process on this machine
     if free is not None and need > free:
         figures = f" (it would need about {need / 2**30:.1f} GiB{most}; this machine has {free / 2**30:.1f} GiB free)"
         raise UserError(out_of_memory(cfg, saved, figures))
@@ -405,24 +421,22 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
 
 @dataclass
 class Estimate:
-    """Where a CPU run's time would go, in seconds."""
+    """Where a CPU run's seconds would go."""
     steps: float  # the steps left
     evaluations: float
     samples_and_pictures: float
-    full_validation: float  # 0 with --full_val false
+    full_validation: float
 
     @property
     def total(self) -> float:
         return self.steps + self.evaluations + self.samples_and_pictures + self.full_validation
 
 
-# Past this many FLOPs ProbeStep times part of a micro-batch and scales the time.
-PROBE_FLOPS = 1e11
+PROBE_FLOPS = 1e11  # past this, ProbeStep times part of a micro-batch and scales up
 
 
 class ProbeStep:
-    """A step timed on a copy of the model (eval mode, its own optimizer), so the run itself is untouched; calling it
-    returns one step's seconds. update is train.py's update(), passed in since train.py imports this module."""
+    """One step's seconds, timed on a copy of the model so the run is untouched; update is train.py's."""
 
     def __init__(self, run: Run, update: Callable):
         self.rt, self.cfg, self.update = run.rt, run.cfg, update
@@ -443,19 +457,19 @@ class ProbeStep:
 
 
 def probe_rows(run: Run) -> int:
-    """The sequences ProbeStep times: as many as PROBE_FLOPS allows, at least 1."""
+    """The sequences ProbeStep times: as many as PROBE_FLOPS allows."""
     sequence_flops = run.flops_per_token * run.cfg.block_size
     return max(1, min(run.cfg.batch_size, int(PROBE_FLOPS // sequence_flops)))
 
 
 def step_timed(run: Run) -> str:
-    """What the timings are of: a step, or a step scaled up from the sequences timed."""
+    """Whether the timings are scaled up from part of a step."""
     rows, sequences = probe_rows(run), run.cfg.batch_size * run.cfg.grad_accum_steps
     return "" if rows == sequences else f", scaled from {rows} of its {sequences} sequences"
 
 
 def choose_run_threads(run: Run, explicit: set[str], d: Dist, update: Callable) -> Threads:
-    """A CPU run's thread count, kept in cfg.num_threads so a resume goes on at it (it changes the last digits)."""
+    """A CPU run's thread count, kept in cfg.num_threads so a resume keeps the last digits."""
     cfg = run.cfg
     threads = choose_threads(cfg.num_threads, ProbeStep(run, update) if d.is_main else None, timed=True)
     if threads.why == "asked" and cfg.resume and "num_threads" not in explicit:
@@ -465,18 +479,18 @@ def choose_run_threads(run: Run, explicit: set[str], d: Dist, update: Callable) 
 
 
 def estimate_due(run: Run, progress: Progress) -> bool:
-    """Whether say_estimate() says one: on a CPU, with steps timed, and steps left."""
+    """Whether say_estimate() says one."""
     return run.threads is not None and bool(run.threads.steady) and progress.it < run.cfg.max_iters
 
 
 def expected_seconds(run: Run, progress: Progress, step: float, records: float) -> Estimate:
-    """Where the rest of the run's time goes at `step` seconds a step (a forward pass: a third of a step)."""
+    """Where the rest of the run's time goes at `step` seconds a step."""
     cfg = run.cfg
-    forward = step / cfg.grad_accum_steps / 3  # validation batches are full size (the last one padded)
+    forward = step / cfg.grad_accum_steps / 3  # a forward pass: a third of a step
     steps_left = cfg.max_iters - progress.it
     evaluations = evaluations_left(progress.it, cfg)
     val_batches = run.batches.num_val_batches()
-    per_evaluation = cfg.eval_iters + min(cfg.eval_iters, val_batches)  # a split that fits is read whole, once
+    per_evaluation = cfg.eval_iters + min(cfg.eval_iters, val_batches)
     return Estimate(steps_left * step, evaluations * per_evaluation * forward, evaluations * records,
                     val_batches * forward if cfg.full_val else 0.0)
 
@@ -487,7 +501,7 @@ def duration(seconds: float) -> str:
 
 
 def durations(low: float, high: float) -> str:
-    """'about 18 s', or 'about 18-24 s' where the two differ as said ('about 50 s-1 min' across units)."""
+    """'about 18 s', 'about 18-24 s' or 'about 50 s-1 min'."""
     first, last = duration(low), duration(high)
     if first == last:
         return f"about {first}"
@@ -497,7 +511,7 @@ def durations(low: float, high: float) -> str:
 
 
 def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None:
-    """On a CPU: how long the run will take and where the time goes; past SLOW_RUN_SECONDS, with what cuts it."""
+    """On a CPU: how long the run will take, where the time goes, and what cuts a slow one."""
     if not estimate_due(run, progress):
         return
     cfg, steady, so_far = run.cfg, run.threads.steady, run.phases.so_far()
@@ -512,7 +526,7 @@ def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None
               "a lower --sample_chars or --log_attention false"),
              (middle.full_validation, f"the final full validation {duration(middle.full_validation)}",
               "--full_val false")]
-    parts = parts[:1] + [part for part in parts[1:] if part[0] >= 0.5]  # (a part said as "0 s" says nothing)
+    parts = parts[:1] + [part for part in parts[1:] if part[0] >= 0.5]  # no "0 s" parts
     what = ", ".join(what for _, what, _ in parts)
     expected = durations(*run.phases.expected)
     if so_far + middle.total < SLOW_RUN_SECONDS:
@@ -521,7 +535,7 @@ def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None
     fixes = [fix for _, _, fix in sorted(parts, key=lambda part: -part[0])[:2]]
     if cfg.config_name != CPU_PRESET:
         fixes.insert(0, f"--config {CPU_PRESET}")
-    if run.threads.why != "measured" and run.threads.count > 1:  # a busy machine: one thread can be many times faster
+    if run.threads.why != "measured" and run.threads.count > 1:  # on a busy machine one thread can be faster
         fixes.insert(0, "--num_threads 0, which measures the faster thread count")
     made_for = f"{cfg.config_name} is made for a GPU; " if cfg.config_name in GPU_PRESETS else ""
     log.say(f"note: {made_for}on this CPU this run would take {expected} ({what}); for a shorter one: "

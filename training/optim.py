@@ -1,5 +1,4 @@
-"""The learning-rate schedule and the optimizers: AdamW, or Muon for the blocks' matrices plus AdamW; each steps only
-on finite gradients."""
+"""The learning-rate schedule and the optimizers (AdamW, or Muon plus AdamW), which skip non-finite steps."""
 from __future__ import annotations
 
 import math
@@ -13,8 +12,7 @@ from configs import TrainConfig
 
 # ---- the learning-rate schedule --------------------------------------------------------------------------------------
 def get_lr(it: int, cfg: TrainConfig) -> float:
-    """Linear warm-up, then down to min_lr at lr_decay_iters (default max_iters): a cosine, or (wsd) flat, then a
-    straight line over the last warmdown_fraction."""
+    """Linear warm-up, then to min_lr at lr_decay_iters: a cosine, or (wsd) flat then a line at the end."""
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
@@ -28,7 +26,7 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
 
 
 def warmup_note(cfg: TrainConfig, it: int) -> str:
-    """A note when the run ends inside its warm-up, so its learning rate never decays ("" otherwise)."""
+    """A note when the run ends inside its warm-up."""
     if not it < cfg.max_iters <= cfg.warmup_iters:
         return ""
     last = get_lr(cfg.max_iters - 1, cfg)
@@ -39,8 +37,7 @@ def warmup_note(cfg: TrainConfig, it: int) -> str:
 # ---- the optimizers --------------------------------------------------------------------------------------------------
 def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,
                         betas: tuple[float, float], device_type: str, kind: str = "adamw", muon_dtype: str = "auto"):
-    """AdamW (fused on CUDA and CPU); matrices decay, biases and LayerNorm gains do not. kind "muon": the blocks'
-    matrices go to Muon, its step scaled to AdamW's size so that one learning rate serves both."""
+    """AdamW, decaying matrices only; "muon": the blocks' matrices go to Muon, scaled to AdamW's step size."""
     fused = device_type in ("cuda", "cpu")
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]  # a tied weight is listed once
     hidden = [p for name, p in named if kind == "muon" and name.startswith("blocks.") and p.dim() == 2]
@@ -57,29 +54,26 @@ def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: fl
 
 
 def newton_schulz_dtype(device_type: str, choice: str = "auto") -> torch.dtype:
-    """The dtype of Muon's Newton-Schulz iterations. auto: bfloat16 where the device has it natively, else float32
-    (emulated bfloat16 is slow)."""
+    """The dtype of Muon's Newton-Schulz iterations; auto: bfloat16 where it is native."""
     if choice != "auto":
         return getattr(torch, choice)
     return torch.bfloat16 if native_bfloat16(device_type) else torch.float32
 
 
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon with a choice of dtype for Newton-Schulz, and matrices of one shape updated together. In
-    bfloat16 on a CPU it equals torch's bit for bit (the tests check it)."""
+    """torch.optim.Muon with a Newton-Schulz dtype, and matrices of one shape updated together."""
 
     def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
         super().__init__(params, **kwargs)
-        self.ns_dtype = ns_dtype  # not a group setting: a resume on another machine takes that machine's
+        self.ns_dtype = ns_dtype  # not saved: a resume elsewhere takes that machine's
 
     @torch.no_grad()
     def step(self, finite: torch.Tensor | None = None) -> None:
-        """One Muon step. Given finite (a 0-d bool tensor), the step is kept or dropped on the device, unread by the
-        host."""
+        """One Muon step; given finite (0-d bool), it is kept or dropped on the device."""
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             same_shape: dict[torch.Size, list[torch.Tensor]] = {}
-            for p in params:  # torch.optim.Muon's key, so checkpoints are interchangeable
+            for p in params:  # torch.optim.Muon's state key
                 if "momentum_buffer" not in self.state[p]:
                     self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
                 same_shape.setdefault(p.shape, []).append(p)
@@ -94,7 +88,7 @@ class Muon(torch.optim.Muon):
 
     def _update_in_place(self, group: dict, params: list, grads: list, buffers: list, decay: float,
                          step_size: float) -> None:
-        """The step in place (on a CPU, cheaper than stacks)."""
+        """The step in place."""
         momentum = group["momentum"]
         torch._foreach_lerp_(buffers, grads, 1 - momentum)  # momentum: an exponential average of gradients
         updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers  # a step ahead
@@ -119,8 +113,7 @@ class Muon(torch.optim.Muon):
 
 
 def muon_step_size(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
-    """torch.optim.Muon's learning rate for a (rows, columns) matrix, as its documentation gives it (torch's own
-    function is private)."""
+    """torch.optim.Muon's learning rate for a (rows, columns) matrix, as documented."""
     rows, columns = shape[:2]
     if adjust_lr_fn is None or adjust_lr_fn == "original":
         return lr * math.sqrt(max(1, rows / columns))
@@ -131,13 +124,12 @@ def muon_step_size(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> fl
 
 def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
                   dtype: torch.dtype) -> torch.Tensor:
-    """Newton-Schulz iterations that push every singular value towards 1 (about U·Vᵀ of the SVD). matrix: (rows,
-    columns) or a stack (n, rows, columns)."""
+    """Newton-Schulz iterations pushing every singular value towards 1 (about U·Vᵀ)."""
     a, b, c = coefficients
     x = matrix.to(dtype).reshape(-1, *matrix.shape[-2:])  # (n, rows, columns); nothing below writes into it
     tall = matrix.size(-2) > matrix.size(-1)
     if tall:
-        x = x.mT  # iterate on the wide orientation: the Gram matrix x·xᵀ is the smaller one
+        x = x.mT  # the wide orientation: the smaller Gram matrix
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm at most 1
     for _ in range(steps):
         gram = x @ x.mT
@@ -149,8 +141,7 @@ class AdamW(torch.optim.AdamW):
     """torch.optim.AdamW with a step skipped when the gradients are not finite."""
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
-        """step(), or nothing at all when the 0-d bool tensor finite is False. The fused kernel takes the flag as
-        GradScaler hands it over (found_inf), so the host never waits; unfused, the host reads it."""
+        """step(), or nothing when finite is False; the fused kernel reads the flag on the device (found_inf)."""
         if self.defaults.get("fused"):
             self.found_inf = (~finite).float()
             try:
@@ -166,15 +157,14 @@ class MuonAndAdamW:
 
     def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer):
         self.muon, self.adamw = muon, adamw
-        self.param_groups = muon.param_groups + adamw.param_groups  # the same group dicts: the schedule sets their lr
+        self.param_groups = muon.param_groups + adamw.param_groups  # the schedule sets their lr
 
     def step(self) -> None:
         self.muon.step()
         self.adamw.step()
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
-        """Both steps, or neither when the gradients are not finite. on_device: the host never reads the flag (Muon
-        keeps its old values by torch.where); else it reads it once."""
+        """Both steps, or neither; on_device: the host never reads the flag."""
         if on_device:
             self.muon.step(finite)
             self.adamw.step_if_finite(finite)

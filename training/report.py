@@ -20,12 +20,11 @@ from common.run_folder import BEST, LAST
 from configs import TrainConfig
 from errors import UserError, disk_error, in_one_line, python_command, shown
 
-# TensorBoard's Time Series at smoothing 0 (its default 0.6 draws a validation loss of a few evaluations well above
-# its values), with SVG charts (a browser without WebGL, headless or remote, draws their lines only so).
+# TensorBoard's Time Series unsmoothed (a few evaluations smoothed mislead), in SVG (for browsers without WebGL).
 TENSORBOARD_URL = "http://localhost:6006/?smoothing=0&forceSVG=true#timeseries"
-# The largest model scripts/attention_html.py puts into its page: every weight as float32 is 16 MB, about 21 MB of page.
+# The largest model scripts/attention_html.py puts into its page (about 21 MB of page).
 PAGE_MAX_PARAMETERS = 4_000_000
-# TensorBoard's HParams table shows the first five settings by name: these, so the shape, lr, optimizer and steps show.
+# TensorBoard's HParams table shows five settings by name: these.
 HPARAMS = ("learning_rate", "max_iters", "n_embd", "n_layer", "optimizer")
 
 
@@ -35,39 +34,39 @@ class Log:
     def __init__(self, out_dir: Path, active: bool = True, say=tqdm.write):
         self.out_dir, self.active, self._say = out_dir, active, say
         self.plain = not sys.stderr.isatty()  # a log file: a line per log interval instead of a progress bar
-        self.lines = say if self.plain and active else None  # what says those lines (StepLog calls it directly)
+        self.lines = say if self.plain and active else None  # StepLog calls it directly
         self._writer = None  # opened on first use: a run that writes nothing leaves no event file
-        self.wandb = None  # --wandb: the Weights & Biases run that gets what TensorBoard gets (start_wandb)
+        self.wandb = None  # --wandb: the Weights & Biases run
 
     def start_wandb(self, cfg: TrainConfig) -> None:
-        """--wandb: what TensorBoard gets goes to Weights & Biases too, grouped by run folder; without it, a note."""
+        """--wandb: what TensorBoard gets goes to Weights & Biases too, grouped by run folder."""
         if not (cfg.wandb and self.active):
             return
         try:
             import wandb
         except ImportError:
-            self.say("note: this run logs to Weights & Biases (--wandb), but the wandb package is not installed here: "
-                     "TensorBoard only (pip install wandb, or --wandb false)")
+            self.say("note: the wandb package is not installed, so this run logs to TensorBoard only. Install it "
+                     "(pip install wandb), or give --wandb false")
             return
         name = self.out_dir.resolve().name
         try:
             self.wandb = wandb.init(project=cfg.wandb_project, name=name, group=name, dir=str(self.out_dir),
                                      config=cfg.to_dict(), settings=wandb.Settings(silent=True))
         except Exception as err:  # no login, no network: the run goes on with TensorBoard
-            self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}); logging to TensorBoard only "
-                     f"(wandb login, or WANDB_MODE=offline to keep its logs in the run folder)")
+            self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}), so this run logs to TensorBoard "
+                     f"only. Try wandb login, or WANDB_MODE=offline")
 
     def say(self, message: str) -> None:
         if self.active:
-            self._say(shown(message))  # (corpus names, samples: a file's text, never terminal codes)
+            self._say(shown(message))  # a file's text, never terminal codes
 
     def line(self, message: str) -> None:
-        """A line for a log file, where a progress bar's updates run together; a terminal has the bar."""
+        """A line for a log file; a terminal has the progress bar."""
         if self.lines is not None:
             self.lines(message)
 
     def task(self, what: str, total: int):
-        """An evaluation's progress: in a terminal a bar shown after 2 s; in a log file a line every 30 s."""
+        """An evaluation's progress: a bar in a terminal, a line every 30 s in a log file."""
         if self.plain and self.active:
             return PlainProgress(self.say, what, total)
         return tqdm(total=total, desc=what, leave=False, delay=2, dynamic_ncols=True, disable=not self.active)
@@ -76,12 +75,12 @@ class Log:
         return tqdm(total=total, initial=initial, dynamic_ncols=True, desc="train", mininterval=0.5,
                     disable=not self.active or self.plain)
 
-    # ---- TensorBoard: what a run records, tag by tag -------------------------------------------------------------
+    # ---- TensorBoard ---------------------------------------------------------------------------------------------
     def config(self, settings: str) -> None:
         self._text("config", settings, 0)
 
     def layout(self) -> None:
-        """TensorBoard's Custom Scalars: both losses on one chart, then the speed (tags are anchored regexes)."""
+        """TensorBoard's Custom Scalars: both losses on one chart, then the speed."""
         self._write("add_custom_scalars", {
             "loss": {"train and validation loss (nats per character)": ["Multiline", ["^loss/train$", "^loss/val$"]]},
             "speed": {"tokens per second": ["Multiline", ["^perf/tokens_per_sec$"]],
@@ -89,7 +88,7 @@ class Log:
                           ["Multiline", ["^perf/mfu$"]]}})
 
     def writer(self):
-        """TensorBoard's SummaryWriter for StepLog's scalars, or None off rank 0; a failed write goes to failed()."""
+        """TensorBoard's SummaryWriter for StepLog, or None off rank 0."""
         self._with_writer(lambda writer: None)
         return self._writer
 
@@ -97,21 +96,21 @@ class Log:
         scalars = {"loss/train_eval": losses["train"], "loss/val": losses["val"]}
         for tag, value in scalars.items():
             self._write("add_scalar", tag, value, it)
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=it)
+        self.to_wandb(scalars, it)
 
     def sample(self, it: int, text: str) -> None:
         self._text("samples", text, it)
 
     def attention(self, it: int, layer: int, picture) -> None:
-        """picture: a (height, width, 3) uint8 array; layers count from 1, as a person reads them."""
-        self._write("add_image", f"where_attention_looks/layer_{layer + 1}", picture, it, dataformats="HWC")
+        """picture: a (height, width, 3) uint8 array; layers count from 1."""
+        tag = f"where_attention_looks/layer_{layer + 1}"
+        self._write("add_image", tag, picture, it, dataformats="HWC")
         if self.wandb is not None:
             import wandb
-            self.wandb.log({f"where_attention_looks/layer_{layer + 1}": wandb.Image(picture)}, step=it)
+            self.wandb.log({tag: wandb.Image(picture)}, step=it)
 
     def picture_seconds(self, picture) -> float:
-        """The seconds TensorBoard's PNG encoding of a picture takes (0 where nothing is logged)."""
+        """The seconds TensorBoard's PNG encoding of a picture takes."""
         if not self.active:
             return 0.0
         from torch.utils.tensorboard.summary import image
@@ -121,7 +120,7 @@ class Log:
         return time.perf_counter() - start
 
     def final(self, cfg: TrainConfig, summary: dict, step: int) -> None:
-        """The settings and final figures for the HParams tab, in the run's own event file, and as summary/ scalars."""
+        """The settings and final figures for the HParams tab, and as summary/ scalars."""
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         figures = {"summary/full_val_loss": summary.get("full_val_loss"),
@@ -135,14 +134,18 @@ class Log:
             for tag, value in metrics.items():
                 writer.add_scalar(tag, value, step)
         self._with_writer(write)
+        self.to_wandb(metrics, step)
         if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
             self.wandb.summary.update(metrics)
 
     def _text(self, tag: str, text: str, step: int) -> None:
         self._write("add_text", tag, "```\n" + text + "\n```", step)
-        if self.wandb is not None and tag != "config":  # (the config is the wandb run's own)
-            self.wandb.log({tag: text}, step=step)
+        if tag != "config":  # wandb has the config already
+            self.to_wandb({tag: text}, step)
+
+    def to_wandb(self, values: dict, step: int) -> None:
+        if self.wandb is not None:
+            self.wandb.log(values, step=step)
 
     def _write(self, method: str, *args, **kwargs) -> None:
         self._with_writer(lambda writer: getattr(writer, method)(*args, **kwargs))
@@ -154,17 +157,17 @@ class Log:
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
                 _quiet_writer_threads()
-                # an unguessable suffix: a link planted at the usual, guessable name (time, host, pid) would be followed
+                # an unguessable suffix: a link planted at a guessable name would be followed
                 self._writer = SummaryWriter(log_dir=str(self.out_dir), filename_suffix=f".{secrets.token_hex(8)}")
             write(self._writer)
         except (OSError, RuntimeError) as err:
             self.failed(err)
 
     def failed(self, err: BaseException):
-        """A TensorBoard write failed (a full disk): one line that says so and what is intact."""
+        """A TensorBoard write failed (a full disk): one line that says so."""
         self._writer = None  # its file is broken; close() must not try again
         raise UserError(f"could not write TensorBoard events in {self.out_dir} ({disk_error(err)}); the "
-                        f"checkpoints are intact; free some disk space, then continue with --resume") from None
+                        f"checkpoints are intact. Free some disk space, then --resume") from None
 
     def close(self) -> None:
         if self._writer is not None:
@@ -176,7 +179,7 @@ class Log:
 
 
 class PlainProgress:
-    """A line every `every` seconds: what, how far, and about how long is left."""
+    """A line every `every` seconds: what, how far, how long is left."""
 
     def __init__(self, say, what: str, total: int, every: float = 30.0, unit: str = "batches"):
         self.say, self.what, self.total, self.every, self.unit = say, what, total, every, unit
@@ -199,7 +202,7 @@ class PlainProgress:
 
 
 def _quiet_writer_threads() -> None:
-    """No thread prints an OSError's traceback (TensorBoard's writer, on a failed write): the main thread says it."""
+    """TensorBoard's writer thread prints no OSError traceback: the main thread says it."""
     default = threading.excepthook
     if getattr(default, "quiet_for_oserror", False):
         return
@@ -218,7 +221,7 @@ PHASES = ("start-up", "data", "opening", "compilation", "training steps", "evalu
 
 
 def seconds_since_process_start() -> float | None:
-    """Seconds this process has run, the interpreter's start and the imports included, from Linux's /proc; else None."""
+    """Seconds this process has run, imports included, from Linux's /proc; else None."""
     try:
         after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time, in ticks since boot
@@ -228,31 +231,31 @@ def seconds_since_process_start() -> float | None:
 
 
 def compile_seconds() -> float:
-    """Seconds torch.compile has spent in this process, by dynamo's account; 0 if dynamo was never imported."""
+    """Seconds torch.compile has spent in this process, by dynamo's account."""
     utils = sys.modules.get("torch._dynamo.utils")
     try:
         return float(utils.calculate_time_spent().get("total_wall_time", 0.0)) if utils is not None else 0.0
-    except Exception:  # a private account: if a torch release changes it, the breakdown only loses this phase
+    except Exception:  # a private account: a torch release may change it
         return 0.0
 
 
 class Phases:
-    """Seconds per phase of the whole command (PHASES), from `started` (perf_counter) on; start-up came before it."""
+    """Seconds per phase of the whole command (PHASES)."""
 
     def __init__(self, start_up: float | None = None):
         self.started = time.perf_counter()
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.seconds["start-up"] = start_up or 0.0
-        self.first_step: float | None = None  # the session's first training step, compilation not included
-        self.expected: tuple[float, float] | None = None  # the whole command's seconds, as estimated before step 1
+        self.first_step: float | None = None  # the session's first step, without compilation
+        self.expected: tuple[float, float] | None = None  # the estimate before step 1
 
     def so_far(self) -> float:
-        """Seconds since the command started (since `started` where the start-up is not known)."""
+        """Seconds since the command started."""
         return self.seconds["start-up"] + time.perf_counter() - self.started
 
     @contextlib.contextmanager
     def timing(self, phase: str) -> Iterator[None]:
-        """Time a phase; what torch.compile spends inside it counts as compilation instead."""
+        """Time a phase; torch.compile's time inside it counts as compilation."""
         start, compiled = time.perf_counter(), compile_seconds()
         try:
             yield
@@ -262,11 +265,11 @@ class Phases:
             self.seconds[phase] += time.perf_counter() - start - compiling
 
     def opened(self) -> None:
-        """The run is open: what the command spent since `started` outside the data is the opening's."""
+        """The run is open: the time since `started`, the data aside, is the opening's."""
         self.seconds["opening"] += time.perf_counter() - self.started - self.seconds["data"]
 
     def report(self) -> dict[str, float]:
-        """Every phase, "other" (what no phase claims: messages, TensorBoard, the summary) and "total"."""
+        """Every phase, "other" and "total"."""
         total = self.so_far()
         return {**self.seconds, "other": max(0.0, total - sum(self.seconds.values())), "total": total}
 
@@ -285,99 +288,96 @@ class Phases:
 
 
 class TrainClock:
-    """The training clock: it runs, from when it is made, only during training steps (not evaluations, samples,
-    pictures, checkpoints or compilation), so that tokens/s and MFU describe the steps alone. While it runs, the
-    training seconds so far (every session's) are trained + time.perf_counter() - started."""
+    """The clock of training steps alone (for tokens/s and MFU): trained + time.perf_counter() - started."""
 
     def __init__(self, it: int, train_seconds: float, device: torch.device, phases: Phases):
         self.device, self.phases = device, phases
-        self.trained = train_seconds  # before the stretch now running (earlier sessions' included)
+        self.trained = train_seconds  # before the stretch now running
         self.restart()
         self.first_step = it + 1
 
     def pause(self) -> float:
-        """Wait for the device and end the stretch since the last start; returns the training seconds so far."""
-        sync(self.device)
-        compiling = compile_seconds() - self.compiled
+        """End the stretch; returns the training seconds so far."""
+        compiling = self.compiling()
         stretch = time.perf_counter() - self.started - compiling
         self.trained += stretch
-        self.phases.seconds["compilation"] += compiling
         self.phases.seconds["training steps"] += stretch
         self.restart()
         return self.trained
 
     def restart(self) -> None:
-        """Start a stretch of training steps (the clock was paused, or has just been made)."""
+        """Start a stretch of training steps."""
         self.started, self.compiled = time.perf_counter(), compile_seconds()
 
     def first_step_done(self) -> None:
-        """Time this session's first step alone (cuDNN's and cuBLAS's set-up are in it), its compiling left out."""
-        sync(self.device)
-        compiling = compile_seconds() - self.compiled
+        """Time this session's first step alone, its compiling left out."""
+        compiling = self.compiling()
         self.started += compiling
         self.compiled += compiling
-        self.phases.seconds["compilation"] += compiling
         self.phases.first_step = time.perf_counter() - self.started
+
+    def compiling(self) -> float:
+        """Wait for the device; the seconds compiled since the stretch began go to compilation."""
+        sync(self.device)
+        compiling = compile_seconds() - self.compiled
+        self.phases.seconds["compilation"] += compiling
+        return compiling
 
 
 def mfu_basis(peak_flops: float) -> str:
-    """The one note, before the first step, on what the log lines' MFU divides by."""
+    """The note on what the log lines' MFU divides by."""
     return (f"mfu below: the model's FLOPs per second over {peak_flops / 1e12:.3g} TFLOP/s, the peak this device "
-            f"measured just now (an estimate: on a shared machine it moves with the load, and the MFU with it)")
+            f"measured just now (an estimate, which moves with the machine's load)")
 
 
 def too_many_nonfinite(it: int, cfg: TrainConfig, last: Path) -> str:
-    """The one line for a run that met max_nonfinite_steps skipped steps in a row; last: its last good checkpoint."""
-    return (f"stopped at step {it}: {cfg.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (they "
-            f"were skipped); the last good checkpoint is {last}; try a lower --learning_rate or --dtype float32, "
-            f"then --resume")
+    """The line for a run that met max_nonfinite_steps skipped steps in a row."""
+    return (f"stopped at step {it}: {cfg.max_nonfinite_steps} steps in a row had a non-finite loss or gradient; "
+            f"the last good checkpoint is {last}. Try a lower --learning_rate or --dtype float32, then --resume")
 
 
 # ---- the lines a run ends with ---------------------------------------------------------------------------------------
 def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
-    """The one line for a run that ran out of memory (or would: figures then says by how much)."""
+    """The line for a run that ran out of memory (or would: figures says by how much)."""
     return (f"out of memory{figures} for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
             f"{cfg.batch_size} x block_size {cfg.block_size}; lower --batch_size (or --block_size, --n_embd, "
             f"--n_layer); {saved}")
 
 
 def resume_command(folder: Path, advice: str = "") -> str:
-    """The command that continues the run in folder, with advice's flags (such as fewer threads)."""
+    """The command that continues the run in folder, with advice's flags."""
     command = f"{python_command('train.py')} --out_dir {shlex.quote(str(folder))} --resume"
     return command + (f" {advice}" if advice else "")
 
 
 def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str = "") -> str:
-    """The line of a run a stop request ended: where its step is saved, and the resume command with advice's flags."""
+    """The line of a run a stop request ended."""
     resume = resume_command(folder, advice)
     if in_final_validation:
         return f"stopped during the final validation; step {it} is saved in {folder / LAST}. Finish it with: {resume}"
     return f"stopped at step {it}; saved {folder / LAST}. Continue with: {resume}"
 
 
-def overfitting_line(evaluations: list, best_step: int) -> str:
-    """The warning for a run that began overfitting: its figures, what to try."""
-    (first, train0, val0), (last, train1, val1) = evaluations[-3], evaluations[-1]
-    return (f"warning: the model is learning the training text by heart (overfitting): from step {first} to step "
-            f"{last} the validation loss rose from {val0:.3f} to {val1:.3f} while the training loss fell from "
-            f"{train0:.3f} to {train1:.3f}. Try a smaller model (--n_layer, --n_embd), --dropout 0.2, fewer steps "
-            f"(--max_iters), or more text; the run hands over its best model (step {best_step} so far). "
-            f"docs/training.md, \"Small texts\", says more")
+def overfitting_line(evaluations: list) -> str:
+    """The warning for a run that began overfitting."""
+    (first, _, val0), (last, _, val1) = evaluations[-3], evaluations[-1]
+    return (f"warning: the model is learning the training text by heart: from step {first} to step {last} the "
+            f"validation loss rose from {val0:.3f} to {val1:.3f}. Try a smaller model, --dropout 0.2, fewer steps, or "
+            f"more text (docs/training.md, \"Small texts\")")
 
 
 def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[str]:
-    """What a finished run says: steps, training time, the model it hands over and its figures, the last val loss."""
+    """What a finished run says: steps, training time, its model and figures."""
     it, step = summary["iterations"], summary["model_step"]
-    # training time only: the whole command's is Phases.line()'s, on the line after these, and no other line has one
     lines = [f"done: {it} steps, {summary['train_seconds']:.1f} s of training steps"
              + (" in all its sessions" if cfg.resume else "")]
     if summary["stopped_early"]:
-        lines[0] += (f"; stopped early: {evals_since_best} evaluations in a row did not beat step {step}'s validation "
-                     f"loss (--patience {cfg.patience}; --patience 0 trains on to --max_iters {cfg.max_iters})")
+        lines[0] += (f"; stopped early: {evals_since_best} evaluations did not beat step {step}'s (--patience "
+                     f"{cfg.patience}; --patience 0 trains on)")
     full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
             if "full_val_loss" in summary else "")
     last = summary["val_loss"]
-    if summary["model_checkpoint"] == LAST:  # no (readable) best checkpoint: the last model, its figures
+    if summary["model_checkpoint"] == LAST:  # no readable best checkpoint
         val = f"val {last:.4f}" if last is not None else "no val"
         return [*lines, f"the run's model: step {step}, its last ({LAST}; no readable {BEST}): {val}{full}"]
     best = f"val {summary['best_val_loss']:.4f}" if math.isfinite(summary["best_val_loss"]) else "no finite val"

@@ -1,5 +1,4 @@
-"""The training run in this process (Session): what the loop asks of it besides a step (evaluate, save, the clock),
-and the end of a finished run (its best model handed over and fully validated, summary.json)."""
+"""The training run in this process (Session): evaluating, saving, the clock, and the end of a finished run."""
 from __future__ import annotations
 
 import contextlib
@@ -22,11 +21,11 @@ from training.checkpoint import Progress
 from training.device import Dist, SlowdownWatch
 from training.evaluation import began_overfitting, evaluate, full_validation_loss
 from training.opening import Run
-from training.report import Log, TrainClock, overfitting_line, resume_command
+from training.report import Log, TrainClock, overfitting_line, resume_command, stopped_line
 from training.stop import StopRequest
 
 
-SAMPLE_TIMED_CHARS = 16  # the characters of a sample that the estimate times
+SAMPLE_TIMED_CHARS = 16  # the sample characters the estimate times
 
 
 @dataclass
@@ -37,8 +36,8 @@ class Session:
     log: Log
     stop: StopRequest
     d: Dist
-    clock: TrainClock | None = None  # runs during training steps, from start_clock() on
-    pictures: object = None  # common.pictures.AttentionPictures, made at the first pictures
+    clock: TrainClock | None = None
+    pictures: object = None  # common.pictures.AttentionPictures, made when first needed
     watch: SlowdownWatch | None = None  # on a CPU: the watch on steps that slow down
     saved: bool = False  # whether this process has written a checkpoint
 
@@ -46,18 +45,16 @@ class Session:
     def cfg(self) -> TrainConfig:
         return self.run.cfg
 
-    # ---- the clock ---------------------------------------------------------------------------------------------
     def start_clock(self) -> TrainClock:
         self.clock = TrainClock(self.progress.it, self.progress.train_seconds, self.run.rt.device, self.run.phases)
         return self.clock
 
     def pause_clock(self) -> None:
-        """Stop the clock; progress keeps the training seconds so far."""
+        """Stop the clock; progress keeps the training seconds."""
         self.progress.train_seconds = self.clock.pause()
 
     def evaluate(self) -> dict[str, float] | None:
-        """Both splits' loss at this step; rank 0 records it and saves the checkpoints. None if a stop request came
-        during it (a resume redoes it)."""
+        """Both splits' loss; rank 0 records it and saves. None if a stop request came during it."""
         run, progress, cfg = self.run, self.progress, self.cfg
         batches = run.batches.num_evaluation_batches(cfg.eval_iters)  # on each rank
         with self.log.task(f"evaluating at step {progress.it}", batches) as progress_bar, \
@@ -71,8 +68,7 @@ class Session:
         progress.evals_since_best = 0 if improved else progress.evals_since_best + 1
         progress.losses["eval"].append((progress.it, losses["train"], losses["val"]))
         if began_overfitting(progress.losses["eval"]):
-            best = min(progress.losses["eval"], key=lambda point: point[2])[0]
-            self.log.say(overfitting_line(progress.losses["eval"], best))
+            self.log.say(overfitting_line(progress.losses["eval"]))
         if self.d.is_main:
             self.record(losses)
             if improved:
@@ -84,20 +80,18 @@ class Session:
         return losses
 
     def slowdown_watch(self) -> SlowdownWatch | None:
-        """Rank 0 on a CPU: the watch against the steps timed before training; None elsewhere."""
+        """Rank 0 on a CPU: the watch against the steps timed before training."""
         threads = self.run.threads
         if threads is None or not threads.steady or not self.d.is_main:
             return None
         self.watch = SlowdownWatch(statistics.median(threads.steady), threads.count, resume_command(self.run_dir.path))
         return self.watch
 
-    # ---- what the loop asks besides ----------------------------------------------------------------------------
     def asked_to_stop(self) -> bool:
         return self.stop.requested
 
     def save(self, name: str) -> None:
-        """Rank 0: checkpoint `name`, written atomically. If it cannot be written while an --overwrite's old run waits
-        aside, that run is put back and the UserError says so."""
+        """Rank 0: checkpoint `name`, written atomically; on failure an --overwrite's old run is put back."""
         try:
             with self.run.phases.timing("checkpoints"):
                 checkpoint.save(checkpoint.capture(self.run, self.progress), self.run_dir.path / name)
@@ -105,7 +99,7 @@ class Session:
             if self.run_dir.aside_pending():
                 raise UserError(err.line(self.put_back())) from None
             best, last = self.run_dir.path / BEST, self.run_dir.path / LAST
-            if name == LAST and best.is_file() and not last.exists():  # (this run wrote its best: not nothing)
+            if name == LAST and best.is_file() and not last.exists():
                 raise UserError(err.line(f"only {best} was written")) from None
             raise
         self.saved = True
@@ -114,7 +108,7 @@ class Session:
             self.stop.resume = resume_command(self.run_dir.path)
 
     def save_stopped(self) -> bool:
-        """A stop ended the loop: rank 0 saves ckpt_last, or puts back an --overwrite's old run still aside (True)."""
+        """Rank 0 saves ckpt_last, or puts back an --overwrite's old run still aside (True)."""
         if not self.d.is_main:
             return False
         if not self.run_dir.aside_pending():
@@ -124,14 +118,20 @@ class Session:
                      f"{self.put_back()}")
         return True
 
+    def say_stopped(self, in_final_validation: bool) -> None:
+        """The losses drawn, and the line of a run a stop ended."""
+        self.draw_losses()
+        advice = self.watch.advice if self.watch else ""
+        self.log.say(stopped_line(self.progress.it, self.run_dir.path, in_final_validation, advice))
+
     def put_back_on_stop(self, err: Interrupted) -> Interrupted:
-        """A stop without a save: an --overwrite's old run still aside is put back, and the line says so."""
+        """A stop without a save puts back an --overwrite's old run still aside."""
         if not (self.d.is_main and self.run_dir.aside_pending()):
             return err
         return Interrupted(f"{err}; {self.put_back()}")
 
     def put_back(self) -> str:
-        """An --overwrite's old run put back: the words that say so, or where it waits if it cannot be."""
+        """An --overwrite's old run put back: the words that say so, or where it waits."""
         self.close_log()
         try:
             kept = self.run_dir.put_back()
@@ -142,7 +142,7 @@ class Session:
         return f"the run --overwrite was replacing is back in {self.run_dir.path}, as it was{apart}"
 
     def close_log(self) -> None:
-        """Close the log before an --overwrite is undone, so that its event file moves apart with this run's files."""
+        """Close the log first, so its event file moves apart with this run's files."""
         with contextlib.suppress(UserError):
             self.log.close()
 
@@ -163,8 +163,7 @@ class Session:
                     self.log.attention(it, layer, self.pictures.render(weights, layer))
 
     def sample(self, chars: int) -> str | None:
-        """chars characters from sample.py's default prompt, with a generator of its own seeded with --seed; None if
-        a stop request came meanwhile."""
+        """chars characters from the default prompt, seeded with --seed; None if a stop request came."""
         run = self.run
         prompt = run.tokenizer.encode(run.tokenizer.default_prompt(run.data_info["first_char"]))
         generator = torch.Generator(device=run.rt.device).manual_seed(self.cfg.seed)
@@ -185,15 +184,14 @@ class Session:
 
     def attention_weights(self) -> list[torch.Tensor]:
         """Each layer's attention weights on the probe text."""
-        from common.pictures import AttentionPictures  # matplotlib: only runs that draw
+        from common.pictures import AttentionPictures  # matplotlib only where needed
         probe = attention_probe(self.run)
         if self.pictures is None:
             self.pictures = AttentionPictures(self.run.tokenizer.decode(probe))
         return attention_weights(self.run.model, probe)
 
     def record_seconds(self) -> float:
-        """For the estimate: the seconds each evaluation's sample and pictures will take, timed on a few characters and
-        one layer's picture. The run's weights and random streams are untouched."""
+        """For the estimate: the seconds of each evaluation's sample and pictures, timed on a small part."""
         cfg, seconds = self.cfg, 0.0
         if cfg.sample_chars:
             chars = min(cfg.sample_chars, SAMPLE_TIMED_CHARS)
@@ -209,11 +207,11 @@ class Session:
         return seconds
 
     def draw_losses(self) -> None:
-        """Rank 0, at the end: loss.png of every loss the run logged."""
+        """Rank 0, at the end: loss.png."""
         losses = self.progress.losses
         if not self.d.is_main or not (losses["train"] or losses["eval"]):
             return
-        from common.pictures import save_loss_picture  # matplotlib: only at the end
+        from common.pictures import save_loss_picture
         path = self.run_dir.path / LOSS_PICTURE
         title = f"{self.run_dir.path.resolve().name}: {self.cfg.config_name} preset, step {self.progress.it}"
         with self.run.phases.timing("samples and pictures"):
@@ -221,16 +219,15 @@ class Session:
         self.log.say(f"the losses, every point as logged: {path}")
 
     def hand_over_best(self) -> tuple[int, str]:
-        """Load ckpt_best into the model: (step, file) of the model handed over, the last one where no best is
-        readable."""
+        """Load ckpt_best into the model: (step, file) of the model handed over."""
         self.d.barrier()  # rank 0 wrote the file; every rank reads it
         path = self.run_dir.path / BEST
-        if not path.is_file():  # no evaluation gave a finite loss
+        if not path.is_file():  # no finite loss was evaluated
             return self.progress.it, LAST
         try:
             state = checkpoint.load(path, self.run.rt.device)
             self.run.model.load_state_dict(state["model"])
-        except (UserError, RuntimeError) as err:  # a RuntimeError does not name the file
+        except (UserError, RuntimeError) as err:
             first = str(err).splitlines()[0]
             what = first[:200] if isinstance(err, UserError) else f"{path}: {first[:150]}"
             self.log.say(f"warning: {what}; the run hands over its last model instead")
@@ -238,12 +235,11 @@ class Session:
         return state["iter"], BEST
 
     def finish(self, wall: float) -> dict:
-        """The end of a finished run: its best model handed over and fully validated, and summary.json. Returns the
-        summary, with "stopped" when a stop request came during the full validation."""
+        """The best model handed over and fully validated, and summary.json; "stopped" if a stop came."""
         run, progress, cfg = self.run, self.progress, self.cfg
         if self.d.is_main:
-            self.keep_new_run()  # (a run of max_iters 0 has had no evaluation after step 0)
-            if not self.saved:  # so that ckpt_last holds the settings the run ended with
+            self.keep_new_run()  # a run of max_iters 0 has had no evaluation after step 0
+            if not self.saved:  # ckpt_last holds the settings the run ended with
                 self.save(LAST)
         model_step, model_file = self.hand_over_best()
         trained = progress.train_seconds
@@ -257,7 +253,7 @@ class Session:
             "tokens_per_sec": progress.it * run.tokens_per_iter / trained if trained > 0 else None,
             "device": run.rt.describe(), "processes": self.d.world_size,
         }
-        if run.threads is not None:  # its last digits depend on it
+        if run.threads is not None:
             summary["threads"] = run.threads.count
         if cfg.full_val:
             self.stop.ending = f"ending the final validation; step {progress.it} is saved already"
@@ -280,9 +276,9 @@ class Session:
 
 
 class SampleStopped(Exception):
-    """A stop request came while the evaluation's sample was drawn."""
+    """A stop request came during the sample."""
 
 
 def attention_probe(run: Run) -> list[int]:
-    """The fixed text whose attention is pictured at every evaluation: the start of the validation split."""
+    """The text whose attention is pictured: the start of the validation split."""
     return [int(t) for t in run.batches.data["val"][: min(run.cfg.block_size, 48)]]

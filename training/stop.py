@@ -1,4 +1,4 @@
-"""The stop request: Ctrl-C, SIGTERM, SIGHUP or a closed output, turned into a stop at a step boundary and a save."""
+"""The stop request: Ctrl-C, SIGTERM, SIGHUP or a closed output, turned into a stop at a step and a save."""
 from __future__ import annotations
 
 import contextlib
@@ -14,10 +14,7 @@ OUTPUT_GONE = 0  # the "signal" of a stop that output_gone() makes (no signal ha
 
 
 class StopRequest:
-    """Ctrl-C, SIGTERM or SIGHUP, acknowledged at once on stderr. The first aborts while nothing is worth saving, else
-    asks the loop to stop at a step and save. Another, GRACE_SECONDS later, stops at once; one sooner is the same
-    request (under torchrun each process gets a Ctrl-C twice). An output that can take no more is a request too.
-    Outside a `with` block nobody sets it."""
+    """A stop, said at once: the loop stops at a step and saves. Another, GRACE_SECONDS later, stops at once."""
 
     GRACE_SECONDS = 1.0
 
@@ -28,7 +25,7 @@ class StopRequest:
         self.progress: Progress | None = None  # where the loop is, once it runs
         self.agree_every = 1  # under torchrun the processes agree to stop every log_interval steps
         self.undo = False  # whether a stop between micro-batches undoes the step
-        self.ending: str | None = None  # what a request ends once the steps are over (the final validation)
+        self.ending: str | None = None  # what a request ends after the steps
         self.saved = "no checkpoint of this run was written"  # what survives a stop at once
         self.resume = ""  # the command that continues from it, once there is one
         self.first_at = 0.0
@@ -49,16 +46,16 @@ class StopRequest:
         self.previous = {}
 
     def training(self, progress: Progress, agree_every: int, undo: bool = False) -> None:
-        """The loop starts: a request now stops at a step (under torchrun, every agree_every) and saves."""
+        """The loop starts: a request now stops at a step and saves."""
         self.saving, self.progress, self.agree_every, self.undo = True, progress, agree_every, undo
 
     def say(self, text: str) -> None:
         if self.speak:
-            with contextlib.suppress(OSError):  # no reader left: the stop goes on unsaid
-                os.write(2, f"\n{text}\n".encode())  # not through Python's buffered streams, in a signal handler
+            with contextlib.suppress(OSError):  # no reader left
+                os.write(2, f"\n{text}\n".encode())  # unbuffered, in a signal handler
 
     def output_gone(self) -> None:
-        """The output can take no more: a stop as by Ctrl-C, never a second one."""
+        """The output can take no more: a stop as by Ctrl-C."""
         if not self.requested:
             self.handle(OUTPUT_GONE, None)
 
