@@ -1,5 +1,5 @@
-"""python scripts/bench.py [--config NAME] [--device D] [--json FILE]: training, sampling and data speed, with MFU.
---compare FIELD=A,B times training under each value in turn, round after round, in one process."""
+"""python scripts/bench.py [train.py options] [--compare FIELD=A,B] [--json FILE]: training, sampling and data speed,
+with MFU; --compare times training under each value in turn, round after round, in one process."""
 from __future__ import annotations
 
 import collections
@@ -166,7 +166,7 @@ def parse_compare(specs: list[str]) -> list[dict[str, str]]:
 
 
 def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters: int, warmup: int) -> list[dict]:
-    """Each variant's step, timed in turn, rounds times: medians and ratios to the first."""
+    """Each variant's step timed in turn, rounds times: medians and ratios to the first."""
     default_threads = torch.get_num_threads()
     runs, peaks = [], {}
     for variant in variants:
@@ -185,16 +185,13 @@ def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters:
     torch.set_num_threads(default_threads)
     results = []
     for run in runs:
-        rt, seconds = run["rt"], statistics.median(run["seconds"])
+        rt = run["rt"]
         key = (str(rt.device), rt.dtype, run["matmul_shape"])
         peaks[key] = peaks.get(key) or measure_peak_flops(rt.device, rt.dtype, [run["matmul_shape"]])
-        figures = {"variant": run["variant"], "device": rt.describe(), "threads": run["threads"],
-                   "params": run["params"], "tokens_per_iter": run["tokens_per_iter"],
-                   "flops_per_token": run["flops_per_token"], **speed(run, seconds, peaks[key]),
-                   "ms_per_iter_rounds": [t * 1000 for t in run["seconds"]]}
-        figures["time_vs_first"] = figures["ms_per_iter"] / (results[0]["ms_per_iter"] if results
-                                                             else figures["ms_per_iter"])
-        results.append(figures)
+        results.append({**{k: run[k] for k in ("variant", "threads", "params", "tokens_per_iter", "flops_per_token")},
+                        "device": rt.describe(), **speed(run, statistics.median(run["seconds"]), peaks[key]),
+                        "ms_per_iter_rounds": [t * 1000 for t in run["seconds"]]})
+        results[-1]["time_vs_first"] = results[-1]["ms_per_iter"] / results[0]["ms_per_iter"]
     return results
 
 
@@ -211,7 +208,7 @@ def print_comparison(results: list[dict], rounds: int, iters: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description="Benchmark a config on this device (any train.py --field works too).")
+    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     parser.add_argument("--iters", type=int, default=20, help="timed training steps (per round with --compare)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed training steps first")

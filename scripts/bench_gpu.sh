@@ -126,13 +126,12 @@ sys.exit(bool(said or text != warm or (cuda and (waits.count > most or skips or 
 part_smoke() {
     about_the_machine
     local run_dir=$work/preset dtypes=(bfloat16 float16) compile=true
-    check "GPU preset, compiled, end to end" --run "$run_dir" "$whole" python train.py --config shakespeare_char_gpu \
-        --data "$corpus" --cache_dir "$work/cache" --out_dir "$run_dir" --compile true "${small[@]}" "${preset[@]}"
+    check "GPU preset, compiled, end to end" --run "$run_dir" "$whole" python train.py "${gpu_preset[@]}" \
+        --out_dir "$run_dir" --compile true "${small[@]}" "${preset[@]}"
     [ $gpu = 1 ] || dtypes=(float32 bfloat16) compile=false  # a CPU: no float16 training; reads counted uncompiled
     for dtype in "${dtypes[@]}"; do
-        check "host waits per training step, $dtype" python scripts/bench.py --config shakespeare_char_gpu \
-            --data "$corpus" --cache_dir "$work/cache" "${small[@]}" --dtype "$dtype" --compile "$compile" \
-            --warmup 3 --iters "$iters" --host_syncs "$syncs"
+        check "host waits per training step, $dtype" python scripts/bench.py "${gpu_preset[@]}" "${small[@]}" \
+            --dtype "$dtype" --compile "$compile" --warmup 3 --iters "$iters" --host_syncs "$syncs"
     done
     for kind in eager compiled; do
         check "sampling $kind: a padded batch, host syncs counted" python -c "$decoding" \
@@ -148,8 +147,7 @@ part_smoke2() {
     [ $gpu = 1 ] || compile=false
     check "tests/test_cuda.py and test_cuda_paths.py" --expect "$all_ran" \
         python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_cuda_paths.py
-    local common=(--config shakespeare_char_gpu --data "$corpus" --cache_dir "$work/cache" --eval_interval 50
-                  --eval_iters 5 --max_iters "$steps" "${small[@]}" --compile "$compile")
+    local common=("${short[@]}" --compile "$compile")
     check "torchrun, one process (no process group)" --run "$work/torchrun" "$bound" torchrun --standalone \
         --nproc_per_node 1 train.py "${common[@]}" --out_dir "$work/torchrun"
     # DDP over NCCL (gloo on a CPU) at world size 1: no_sync and compiled blocks under DDP on one GPU
@@ -160,8 +158,7 @@ part_smoke2() {
 
 part_smoke3() {
     about_the_machine
-    local common=(--config shakespeare_char_gpu --data "$corpus" --cache_dir "$work/cache" --eval_interval 50
-                  --eval_iters 5 --max_iters "$steps" "${small[@]}")
+    local common=("${short[@]}")
     # float16 (the scaler) on a GPU named by its index; a CPU has no float16 training
     local runs=("bfloat16 false" "float16 true" "float16 false") model=$work/bfloat16-false
     [ $gpu = 1 ] || runs=("float32 false" "bfloat16 false")
@@ -199,8 +196,7 @@ part_tests() {
 }
 
 part_speed() {
-    local bench=(python scripts/bench.py --config shakespeare_char_gpu --data "$corpus" --cache_dir "$work/cache"
-                 "${shrink[@]}" --iters "$iters")
+    local bench=(python scripts/bench.py "${gpu_preset[@]}" "${shrink[@]}" --iters "$iters")
     run "${bench[@]}" --sample_tokens "$tokens" --compile true
     run "${bench[@]}" --rounds "$rounds" --compile true --compare compile_scope=blocks,model
     run "${bench[@]}" --rounds "$rounds" --compare compile=true,false
@@ -267,6 +263,8 @@ cd "$(dirname "$0")/.." || exit 2
 export PYTHONUNBUFFERED=1
 work=$(mktemp -d)  # run folders and copies: the logs keep what matters
 trap 'rm -rf "$work"' EXIT
+gpu_preset=(--config shakespeare_char_gpu --data "$corpus" --cache_dir "$work/cache")
+short=("${gpu_preset[@]}" --eval_interval 50 --eval_iters 5 --max_iters "$steps" "${small[@]}")  # smoke2, smoke3
 
 # Each part runs in its own process group (set -m): a stop ends every process it started, then the EXIT trap
 # removes $work.

@@ -1,7 +1,5 @@
 """python scripts/bench_run.py [train.py options] [--compare FIELD=A,B] [--seeds 1,2,3] [--nanogpt DIR] [--repeat N]
-[--busy N]: whole training commands timed from the command to the prompt, with the loss of the model each hands over
-and where its time went. Variants run in turn, each in its own folder; --nanogpt times nanoGPT's CPU recipe on the
-same text before them; --busy N runs N CPU-bound processes beside every run."""
+[--busy N]: whole train.py commands timed from outside, with their loss and where their time went."""
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +29,7 @@ NANOGPT_CPU_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--com
 
 
 def logged_run(log: Path, argv: list[str], what: str, **how) -> float:
-    """run_train(argv, **how), its output in log (never through a link): its seconds. A failure is a UserError, a
-    stop (Ctrl-C, SIGTERM, SIGHUP) Interrupted, each naming what ran and its log."""
+    """run_train(argv, **how), its output in log (never through a link): its seconds. A failure or a stop raises."""
     started = time.perf_counter()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with open(fd, "w", encoding="utf-8") as out:
@@ -58,24 +55,22 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
     summary = read_summary(folder)
     if summary is None:
         raise UserError(f"{folder / SUMMARY} cannot be read after the run. See its output: {log}")
-    return {"whole_seconds": whole, "phases": summary.get("seconds", {}), "log": str(log),
-            **{key: summary.get(key) for key in ("train_seconds", "first_step_seconds", "full_val_loss", "model_step",
-                                                 "iterations", "stopped_early", "device", "threads",
-                                                 "expected_seconds")}}
+    return {"full_val_loss": None, **summary, "whole_seconds": whole, "phases": summary.get("seconds", {}),
+            "log": str(log)}
 
 
 def threads_and_estimate(r: dict, before: str) -> str:
-    """'2 threads, expected 15-18 s' after `before` for a run on a CPU; "" elsewhere."""
-    parts = [f"{r['threads']} thread{'s' if r['threads'] != 1 else ''}"] if r.get("threads") else []
+    """before + '2 threads, expected 15-18 s' for a run on a CPU; "" elsewhere."""
+    parts = [f"{r['threads']} thread{'s' * (r['threads'] != 1)}"] if r.get("threads") else []
     if r.get("expected_seconds"):
-        low, high = (f"{seconds:.0f}" for seconds in r["expected_seconds"])
-        parts.append(f"expected {low} s" if low == high else f"expected {low}-{high} s")
+        low_high = dict.fromkeys(f"{seconds:.0f}" for seconds in r["expected_seconds"])
+        parts.append(f"expected {'-'.join(low_high)} s")
     return before + ", ".join(parts) if parts else ""
 
 
 @contextlib.contextmanager
 def cpu_bound(count: int):
-    """count processes that each keep a core busy while the block runs; ended after it, even on Ctrl-C."""
+    """count processes that each keep a core busy while the block runs."""
     hogs = [subprocess.Popen([sys.executable, "-c", "print(flush=True)\nwhile True: pass"], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, start_new_session=True) for _ in range(count)]
     try:
@@ -99,8 +94,7 @@ def corpus_file(rest: list[str]) -> Path:
 
 
 def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
-    """A copy of the checkout's code with corpus as its input.txt, prepared by its own prepare.py: the copy's folder.
-    Nothing in the user's checkout is written."""
+    """A copy of the checkout's code, the corpus as its input.txt, run through its prepare.py: the copy's folder."""
     prepare = Path("data", "shakespeare_char", "prepare.py")
     if not (checkout / "train.py").is_file() or not (checkout / prepare).is_file():
         raise UserError(f"--nanogpt {checkout}: not a checkout of karpathy/nanoGPT. Clone it and name its folder")
@@ -173,7 +167,7 @@ def variant_name(variant: dict[str, str]) -> str:
 
 
 def row_of(name: str, done: list[dict], nanogpt_seconds: float | None) -> dict:
-    """A variant's runs in one row: the medians, the means and the spread of the losses, the time against nanoGPT's."""
+    """A variant's runs in one row: medians, means, the losses' spread, the time against nanoGPT's."""
     losses = [r["full_val_loss"] for r in done if r["full_val_loss"] is not None]
     wholes = [r["whole_seconds"] for r in done]
     mean_whole = statistics.fmean(wholes)

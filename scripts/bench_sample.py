@@ -126,18 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     compile = device.type == "cuda" if args.compile is None else args.compile
     variants = variants_of(args.batch, compile, dtypes)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    shape = f"{args.n_layer}x{args.n_head}x{args.n_embd}"
-    print(f"generating {args.new_tokens} characters with a {shape} model on {where}: "
-          f"{', '.join(v.name for v in variants)}, {args.rounds} round(s) in turn ...", flush=True)
-    f = {"model": f"{shape}, block {args.block_size}", "device": where, "dtypes": [dtype_name(d) for d in dtypes],
-         "threads": torch.get_num_threads(), "new_tokens": args.new_tokens, "rounds": args.rounds,
-         **bench_sampling(model, device.type, dtypes, args.new_tokens, args.batch, compile, args.rounds, say=print)}
-    print(f"{f['model']} on {where} ({f['threads']} threads), {args.new_tokens} new characters per row, "
-          f"medians of {args.rounds} round(s):")
+    f = {"model": f"{args.n_layer}x{args.n_head}x{args.n_embd}, block {args.block_size}", "device": where,
+         "dtypes": [dtype_name(d) for d in dtypes], "threads": torch.get_num_threads(),
+         "new_tokens": args.new_tokens, "rounds": args.rounds}
+    print(f"generating {args.new_tokens} characters a row with the {f['model']} model on {where} "
+          f"({f['threads']} threads), each variant in turn, {args.rounds} round(s) ...", flush=True)
+    f.update(bench_sampling(model, device.type, dtypes, args.new_tokens, args.batch, compile, args.rounds, say=print))
     for v in variants:
-        what = f"{v.rows} row{'s' if v.rows > 1 else ''}, {'KV cache' if v.cached else 'full recompute'}" + \
-               (", compiled step" if v.compiled else "") + f", {dtype_name(v.dtype)}"
-        print(f"  {what:<46} {f[f'sample_chars_per_sec_{v.name}']:9.1f} chars/s")
+        what = f"{v.rows} row{'s' * (v.rows > 1)}, {'KV cache' if v.cached else 'full recompute'}" + \
+               ", compiled step" * v.compiled + f", {dtype_name(v.dtype)}"
+        print(f"  {what:<46} {f[f'sample_chars_per_sec_{v.name}']:9.1f} chars/s (median)")
     first = dtype_name(dtypes[0])
     print(f"  {f'cache speed-up (1 row, {first})':<46} {f['sample_cache_speedup']:9.1f}x")
     for name in map(dtype_name, dtypes[1:]):
