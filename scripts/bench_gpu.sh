@@ -5,7 +5,7 @@
 set -u -o pipefail
 parts_named="smoke, smoke2, smoke3, tests, speed, runs, recipe, tune, nanogpt or all"
 if [ $# -ne 3 ] || [ ! -f "$2" ]; then
-    echo "usage: [NANOGPT=DIR] bash scripts/bench_gpu.sh PART CORPUS LOGDIR (PART: $parts_named; CORPUS: a text file)" >&2
+    echo "usage: [NANOGPT=DIR] bash scripts/bench_gpu.sh PART CORPUS LOGDIR (PART: $parts_named; CORPUS: a file)" >&2
     exit 2
 fi
 part=$1 corpus=$(realpath "$2") logs=${3%/}
@@ -147,18 +147,17 @@ part_smoke2() {
     [ $gpu = 1 ] || compile=false
     check "tests/test_cuda.py and test_cuda_paths.py" --expect "$all_ran" \
         python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_cuda_paths.py
-    local common=("${short[@]}" --compile "$compile")
-    check "torchrun, one process (no process group)" --run "$work/torchrun" "$bound" torchrun --standalone \
-        --nproc_per_node 1 train.py "${common[@]}" --out_dir "$work/torchrun"
+    local one=(torchrun --standalone --nproc_per_node 1 train.py "${short[@]}" --compile "$compile")
+    check "torchrun, one process (no process group)" --run "$work/torchrun" "$bound" "${one[@]}" \
+        --out_dir "$work/torchrun"
     # DDP over NCCL (gloo on a CPU) at world size 1: no_sync and compiled blocks under DDP on one GPU
-    check "DDP at world size 1" --run "$work/ddp" "$bound" --expect "DDP over (nccl|gloo)" torchrun --standalone \
-        --nproc_per_node 1 train.py "${common[@]}" --ddp always --grad_accum_steps 2 --out_dir "$work/ddp"
+    check "DDP at world size 1" --run "$work/ddp" "$bound" --expect "DDP over (nccl|gloo)" "${one[@]}" --ddp always \
+        --grad_accum_steps 2 --out_dir "$work/ddp"
     verdict_summary smoke2
 }
 
 part_smoke3() {
     about_the_machine
-    local common=("${short[@]}")
     # float16 (the scaler) on a GPU named by its index; a CPU has no float16 training
     local runs=("bfloat16 false" "float16 true" "float16 false") model=$work/bfloat16-false
     [ $gpu = 1 ] || runs=("float32 false" "bfloat16 false")
@@ -166,17 +165,18 @@ part_smoke3() {
         local dtype=${one% *} compile=${one#* } device=()
         [ "$dtype" = float16 ] && device=(--device cuda:0)
         check "train $dtype, compile $compile${device:+ on cuda:0}" --run "$work/$dtype-$compile" "$bound" \
-            python train.py "${common[@]}" --dtype "$dtype" --compile "$compile" "${device[@]}" \
+            python train.py "${short[@]}" --dtype "$dtype" --compile "$compile" "${device[@]}" \
             --out_dir "$work/$dtype-$compile"
     done
-    check "resume (bfloat16)" --run "$model" "$bound" python train.py "${common[@]}" --dtype bfloat16 \
+    check "resume (bfloat16)" --run "$model" "$bound" python train.py "${short[@]}" --dtype bfloat16 \
         --compile false --out_dir "$model" --max_iters "$more" --resume
     if [ $gpu = 1 ]; then  # every compile mode and scope offered, on a small shape
         for mode in default max-autotune-no-cudagraphs; do
             for scope in blocks model; do
-                check "compile mode $mode, scope $scope" --run "$work/$mode-$scope" 3.5 python train.py "${common[@]}" \
-                    --compile true --compile_mode "$mode" --compile_scope "$scope" --n_layer 2 --n_embd 128 \
-                    --n_head 4 --block_size 64 --max_iters 20 --eval_interval 20 --out_dir "$work/$mode-$scope"
+                check "compile mode $mode, scope $scope" --run "$work/$mode-$scope" 3.5 python train.py \
+                    "${short[@]}" --compile true --compile_mode "$mode" --compile_scope "$scope" --n_layer 2 \
+                    --n_embd 128 --n_head 4 --block_size 64 --max_iters 20 --eval_interval 20 \
+                    --out_dir "$work/$mode-$scope"
             done
         done
     fi
@@ -258,7 +258,7 @@ for p in "${parts[@]}"; do  # every mistake is found before anything runs
         exit 2
     fi
 done
-mkdir -p "$logs" && [ -d "$logs" ] && [ ! -L "$logs" ] || { echo "error: the log folder $logs is not a folder" >&2; exit 2; }
+mkdir -p "$logs" && [ -d "$logs" ] && [ ! -L "$logs" ] || { echo "error: $logs is not a folder" >&2; exit 2; }
 cd "$(dirname "$0")/.." || exit 2
 export PYTHONUNBUFFERED=1
 work=$(mktemp -d)  # run folders and copies: the logs keep what matters

@@ -22,8 +22,8 @@ RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "opti
 
 
 def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series of a run, as (step, value) pairs in step order, the last written for a step (by time: a
-    resumed run's event files are not always in name order)."""
+    """Every scalar series of a run: (step, value) pairs in step order, the last written for a step (by time: a resumed
+    run's event files are not always in name order)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not out_dir.is_dir():
@@ -40,12 +40,9 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
         events.FirstEventTimestamp()  # every event file begins with one
     except ValueError:
         raise UserError(f"{out_dir}: its TensorBoard event files hold nothing readable; nothing to plot") from None
-    scalars = {}
-    for tag in events.Tags()["scalars"]:
-        latest = {}
-        for e in sorted(events.Scalars(tag), key=lambda e: e.wall_time):
-            latest[e.step] = e.value
-        scalars[RENAMED.get(tag, tag)] = sorted(latest.items())
+    scalars = {RENAMED.get(tag, tag): sorted({e.step: e.value for e in sorted(events.Scalars(tag),
+                                                                              key=lambda e: e.wall_time)}.items())
+               for tag in events.Tags()["scalars"]}
     if not any(scalars.get(tag) for tag in ("loss/train", "loss/val")):
         if any((out_dir / name).exists() for name in CHECKPOINTS):  # it has evaluated, so it logged losses
             raise UserError(f"{out_dir}: its TensorBoard event files hold no losses that can be read, though the run "
