@@ -165,13 +165,17 @@ def parse_compare(specs: list[str]) -> list[dict[str, str]]:
     return variants
 
 
+def options(variant: dict[str, str]) -> list[str]:
+    """{"dtype": "bfloat16"} -> ["--dtype", "bfloat16"]"""
+    return [part for field, value in variant.items() for part in (f"--{field}", value)]
+
+
 def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters: int, warmup: int) -> list[dict]:
     """Each variant's step timed in turn, rounds times: medians and ratios to the first."""
     default_threads = torch.get_num_threads()
     runs, peaks = [], {}
     for variant in variants:
-        argv = rest + [part for field, value in variant.items() for part in (f"--{field}", value)]
-        cfg, _, _ = load_config(argv, torch.cuda.is_available())
+        cfg, _, _ = load_config(rest + options(variant), torch.cuda.is_available())
         rt = setup(cfg.device, cfg.dtype, cfg.num_threads)
         run = build_training(cfg, rt, say=print if not runs else lambda message: None)  # say the corpus once
         run.update(variant=variant, rt=rt, threads=cfg.num_threads or default_threads, seconds=[])

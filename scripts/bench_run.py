@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import parse_compare  # noqa: E402
+from bench import options, parse_compare  # noqa: E402
 from bench_prepare import write_figures  # noqa: E402
 from errors import ArgumentParser, Interrupted, UserError, check_output_file, run_cli  # noqa: E402
 from train_command import run_train  # noqa: E402
@@ -149,8 +149,7 @@ def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], o
                 print(f"  {r['whole_seconds']:.1f} s whole, full validation {r['full_val_loss']:.4f} "
                       f"(step {r['model_step']})", file=sys.stderr)
             for number, variant in enumerate(variants, start=1):
-                extra = [part for field, value in variant.items() for part in (f"--{field}", value)]
-                extra += ["--seed", seed] if seed is not None else []
+                extra = options(variant) + (["--seed", seed] if seed is not None else [])
                 print(f"[round {round_}/{repeat}] {variant_name(variant)}" + (f", seed {seed}" if seed else ""),
                       file=sys.stderr, flush=True)
                 r = run_once(rest + extra, out / f"{number:02d}{where}", cold_cache)
@@ -172,7 +171,7 @@ def row_of(name: str, done: list[dict], nanogpt_seconds: float | None) -> dict:
     wholes = [r["whole_seconds"] for r in done]
     mean_whole = statistics.fmean(wholes)
     return {"variant": name, "whole_seconds": statistics.median(wholes),
-            "train_seconds": statistics.median(r["train_seconds"] for r in done),
+            "train_seconds": statistics.median(r.get("train_seconds", 0) for r in done),  # (nanoGPT's: none)
             "full_val_loss": statistics.median(losses) if losses else None, "mean_whole_seconds": mean_whole,
             "mean_full_val_loss": statistics.fmean(losses) if losses else None,
             "loss_spread": max(losses) - min(losses) if losses else None,
@@ -233,10 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if seeds or yardstick:
         print(f"\n{'variant':<32}{'mean full-val':>14}{'spread':>8}{'mean whole s':>13}{'x nanoGPT':>10}  each run "
               f"(full-val, whole s)")
-        nanogpt_row = {"variant": "nanoGPT CPU recipe", "runs": yardstick, "times_nanogpt": 1.0, "loss_spread": None,
-                       "mean_whole_seconds": nanogpt_seconds,
-                       "mean_full_val_loss": statistics.fmean([r["full_val_loss"] for r in yardstick] or [0])}
-        for row in rows + [nanogpt_row] * bool(yardstick):
+        for row in rows + [row_of("nanoGPT CPU recipe", yardstick, nanogpt_seconds)] * bool(yardstick):
             mean, spread, ratio = ("-" if row[key] is None else f"{row[key]:.{places}f}{unit}" for key, places, unit in
                                    (("mean_full_val_loss", 4, ""), ("loss_spread", 4, ""), ("times_nanogpt", 2, "x")))
             each = ", ".join(f"{r['full_val_loss']:.4f} {r['whole_seconds']:.1f}" for r in row["runs"]
