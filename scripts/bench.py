@@ -108,8 +108,7 @@ class HostWaits(contextlib.ExitStack):
 
 
 class GraphRecordings:
-    """graphs.count: the CUDA graphs recorded inside the block (CUDAGraph.capture_begin), less the empty one that
-    graph trees' manager records to keep its memory pool alive."""
+    """graphs.count: the CUDA graphs recorded inside the block, less the empty one that keeps graph trees' pool."""
 
     def __init__(self):
         self.count = 0
@@ -139,7 +138,7 @@ def repeat(step, times: int) -> None:
 
 
 def speed(run: dict, seconds: float, peak_flops: float) -> dict:
-    """ms/iter, tokens/s, achieved FLOP/s and MFU of a training step that took this many seconds."""
+    """ms/iter, tokens/s, achieved FLOP/s and MFU of a step that took this many seconds."""
     tokens_per_sec = run["tokens_per_iter"] / seconds
     achieved = run["flops_per_token"] * tokens_per_sec
     peak_flops = max(peak_flops, achieved)  # a step faster than the measured ceiling is the ceiling
@@ -224,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host_syncs", type=float, default=None, metavar="MOST",
                         help="only count the host's waits over --iters steps: exit 1 above MOST a step")
     args, rest = parser.parse_known_args(argv)
-    if min(args.iters, args.sample_tokens, args.prepare_mb, args.rounds) < 1 or args.warmup < 0:
+    if min(args.iters, args.sample_tokens, args.prepare_mb, args.rounds, args.warmup + 1) < 1:
         raise UserError("--iters, --sample_tokens, --prepare_mb and --rounds must be at least 1, --warmup at least 0")
     if args.json:
         check_output_file(args.json, "--json")
