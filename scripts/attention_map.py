@@ -21,7 +21,7 @@ loaded()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(description="Render the attention weights of a trained model for a text, one panel per head.")
+    p = ArgumentParser(description="Draw a trained model's attention for a text, one panel per head.")
     p.add_argument("--out_dir", default="", help="a run folder (uses its ckpt_best, else ckpt_last)")
     p.add_argument("--ckpt", default="", help="a checkpoint file instead of --out_dir")
     p.add_argument("--text", required=True, help="the text to look at (at most block_size characters)")
@@ -40,8 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--text has {len(args.text)} characters; give 1 to {cfg.block_size} (the model's block_size)")
     if cfg.n_layer == 0:
         raise UserError(f"{path} has no attention layers (n_layer 0); choose a model with blocks")
-    # layers and heads counted from 1, as on the attention page
-    layer = cfg.n_layer if args.layer is None else args.layer
+    layer = cfg.n_layer if args.layer is None else args.layer  # counted from 1, as on the attention page
     if not 1 <= layer <= cfg.n_layer:
         raise UserError(f"--layer {layer}: the model has layers 1 to {cfg.n_layer}")
     if args.head is not None and not 1 <= args.head <= cfg.n_head:
@@ -50,13 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     if not all(torch.isfinite(w).all() for w in weights):
         raise UserError(f"{path}: the model's attention weights for this text are not numbers (NaN or inf): its "
                         f"numbers overflow; its weights are damaged or too large to compute with")
-    weights = weights[layer - 1]
     heads = None if args.head is None else [args.head - 1]
-    note = missing_note(args.text)
-    if note:
+    if note := missing_note(args.text):
         print(note, file=sys.stderr)
-    figure = attention_figure(weights, args.text, layer - 1, heads, every_label=True)
-    save_figure(figure, args.png, "--png")
+    save_figure(attention_figure(weights[layer - 1], args.text, layer - 1, heads, every_label=True), args.png, "--png")
     print(f"wrote {args.png}: layer {layer}, {'head ' + str(args.head) if heads else f'{cfg.n_head} heads'}, "
           f"{len(args.text)} characters")
     return 0

@@ -1,25 +1,25 @@
-"""python scripts/bench.py [--config NAME] [--device D] [--json FILE]: training, sampling and data speed, with MFU.
---compare FIELD=A,B times training under each value in turn, round after round, in one process."""
+"""python scripts/bench.py [train.py options] [--compare FIELD=A,B] [--json FILE]: training, sampling and data speed,
+with MFU; --compare times training under each value in turn, round after round, in one process."""
 from __future__ import annotations
 
+import collections
+import contextlib
 import inspect
 import itertools
-import json
 import statistics
 import sys
-import time
 import traceback
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from common.machine import for_sampling, setup, sync  # noqa: E402
-from common.run_folder import write_text_atomic  # noqa: E402
 from configs import load_config  # noqa: E402
 from configs.schema import FIELDS  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, run_cli  # noqa: E402
@@ -27,14 +27,14 @@ from training.device import measure_peak_flops  # noqa: E402
 from training.opening import build_run, prepare_data  # noqa: E402
 from train import forward_backward, train_step, update  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_prepare import measure  # noqa: E402
-from bench_sample import bench_sampling  # noqa: E402
+sys.path.insert(0, str(HERE.parent))
+from bench_prepare import measure, write_figures  # noqa: E402
+from bench_sample import bench_sampling, timed  # noqa: E402
 
 
 class CountOperations(TorchDispatchMode):
-    """ops.count: the tensor operations that compute or copy inside the block (on a GPU, about a kernel launch each).
-    Each operation is handed to seen(func) too."""
+    """ops.count: the operations that compute or copy inside the block (on a GPU, about a launch each), each handed
+    to seen(func) too."""
 
     LAUNCH_NOTHING = frozenset({"_unsafe_view", "_record_function_enter_new", "_record_function_exit"})
 
@@ -62,91 +62,53 @@ def build_training(cfg, rt, say=print) -> dict:
             "update": lambda: update(run.step_model, run.optimizer, run.scaler, cfg, cfg.learning_rate, rt)}
 
 
-def time_parts(parts: tuple, iters: int, device: torch.device) -> tuple[float, float]:
-    """Seconds of a step's two halves (forward and backward; the update), each timed alone."""
-    halves = [0.0, 0.0]
-    for _ in range(iters):
-        for half, part in enumerate(parts):
-            sync(device)
-            start = time.perf_counter()
-            part()
-            sync(device)
-            halves[half] += time.perf_counter() - start
-    return halves[0] / iters, halves[1] / iters
-
-
-def time_steps(step, iters: int, device: torch.device) -> float:
-    """Seconds per training step, over iters steps."""
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        step()
-    sync(device)
-    return (time.perf_counter() - start) / iters
-
-
-SYNC_WARNING = "called a synchronizing CUDA operation"
-
-
-class HostWaits:
-    """Counts the host's waits for the device inside the block, by place: on CUDA as set_sync_debug_mode("warn")
-    reports them; elsewhere each value read from a tensor into Python (what would wait on a GPU)."""
+class HostWaits(contextlib.ExitStack):
+    """Counts the host's waits for the device inside the block, by place: on CUDA those set_sync_debug_mode("warn")
+    reports; elsewhere each value read from a tensor into Python (what would wait on a GPU)."""
 
     def __init__(self, device: torch.device):
-        self.device, self.places, self._undo = device, {}, []
+        super().__init__()
+        self.device, self.places = device, collections.Counter()
 
     @property
     def count(self) -> int:
         return sum(self.places.values())
 
     def seen(self) -> None:
-        """One wait, at the project's innermost line on the stack (and torch's, where it differs)."""
-        frames = [f for f in traceback.extract_stack()[:-1]
-                  if Path(f.filename).resolve() != Path(__file__).resolve() and f.filename != warnings.__file__]
-        ours = [f for f in frames if Path(f.filename).resolve().is_relative_to(ROOT) and
-                "site-packages" not in f.filename]
-        named = [f"{Path(f.filename).resolve().relative_to(ROOT)}:{f.lineno} ({f.name})" for f in ours[-1:]]
-        if frames and (not ours or frames[-1] is not ours[-1]):
-            named.append(f"inside {Path(frames[-1].filename).name}:{frames[-1].lineno} ({frames[-1].name})")
-        place = ", ".join(named) or "(no Python frame)"
-        self.places[place] = self.places.get(place, 0) + 1
+        """One wait, at the project's innermost line on the stack."""
+        ours = [(path, f) for f in traceback.extract_stack() if (path := Path(f.filename).resolve()) != HERE
+                and path.is_relative_to(ROOT) and "site-packages" not in f.filename]
+        self.places[f"{ours[-1][0].relative_to(ROOT)}:{ours[-1][1].lineno} ({ours[-1][1].name})" if ours
+                    else "(inside torch)"] += 1
 
     def describe(self) -> str:
         """A line per place and its count."""
-        return "".join(f"\n  {n} x {place}" for place, n in sorted(self.places.items(), key=lambda kv: -kv[1]))
+        return "".join(f"\n  {n} x {place}" for place, n in self.places.most_common())
 
     def __enter__(self) -> "HostWaits":
+        super().__enter__()
         sync(self.device)
         if self.device.type != "cuda":
             reads = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
-            mode = CountOperations(lambda func: func in reads and self.seen())
-            mode.__enter__()
-            self._undo.append(lambda: mode.__exit__(None, None, None))
+            self.enter_context(CountOperations(lambda func: func in reads and self.seen()))
             return self
-        caught = warnings.catch_warnings()
-        caught.__enter__()
+        self.enter_context(warnings.catch_warnings())
         warnings.simplefilter("always")
         shown = warnings.showwarning
 
         def show(message, category, *rest, **kw):
-            if SYNC_WARNING in str(message):
+            if "called a synchronizing CUDA operation" in str(message):
                 self.seen()
             elif "debug mode is a prototype" not in str(message):  # torch's note when the mode is set: no wait
                 shown(message, category, *rest, **kw)
         warnings.showwarning = show
         torch.cuda.set_sync_debug_mode("warn")
-        self._undo.append(lambda: caught.__exit__(None, None, None))
-        self._undo.append(lambda: torch.cuda.set_sync_debug_mode(0))
+        self.callback(torch.cuda.set_sync_debug_mode, 0)
         return self
-
-    def __exit__(self, *exc) -> None:
-        while self._undo:
-            self._undo.pop()()
 
 
 class GraphRecordings:
-    """graphs.count: the CUDA graphs recorded inside the block (CUDAGraph.capture_begin), less the empty one that
-    graph trees' manager records to keep its memory pool alive."""
+    """graphs.count: the CUDA graphs recorded inside the block, less the empty one that keeps graph trees' pool."""
 
     def __init__(self):
         self.count = 0
@@ -170,21 +132,13 @@ class GraphRecordings:
         torch.cuda.CUDAGraph.capture_begin = self._begin
 
 
-def count_host_syncs(step, iters: int, device: torch.device) -> HostWaits:
-    """The host's waits for the device over iters training steps."""
-    with HostWaits(device) as waits:
-        for _ in range(iters):
-            step()
-    return waits
-
-
-def warm_up(run: dict, steps: int) -> None:
-    for _ in range(steps):  # compilation, allocator, caches
-        run["step"]()
+def repeat(step, times: int) -> None:
+    for _ in range(times):
+        step()
 
 
 def speed(run: dict, seconds: float, peak_flops: float) -> dict:
-    """ms/iter, tokens/s, achieved FLOP/s and MFU of a training step that took this many seconds."""
+    """ms/iter, tokens/s, achieved FLOP/s and MFU of a step that took this many seconds."""
     tokens_per_sec = run["tokens_per_iter"] / seconds
     achieved = run["flops_per_token"] * tokens_per_sec
     peak_flops = max(peak_flops, achieved)  # a step faster than the measured ceiling is the ceiling
@@ -196,8 +150,7 @@ COMPARABLE = (set(FIELDS) - {"config_name"}) | {"config"}  # every train.py opti
 
 
 def parse_compare(specs: list[str]) -> list[dict[str, str]]:
-    """["dtype=float32,bfloat16", "compile=false,true"] -> every combination, as {field: value} dicts (config=A,B
-    compares presets)."""
+    """["dtype=float32,bfloat16", "compile=false,true"] -> every combination, as {field: value} dicts."""
     axes = []
     for spec in specs:
         field, _, values = spec.partition("=")
@@ -211,36 +164,37 @@ def parse_compare(specs: list[str]) -> list[dict[str, str]]:
     return variants
 
 
+def options(variant: dict[str, str]) -> list[str]:
+    """{"dtype": "bfloat16"} -> ["--dtype", "bfloat16"]"""
+    return [part for field, value in variant.items() for part in (f"--{field}", value)]
+
+
 def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters: int, warmup: int) -> list[dict]:
-    """Each variant's step, timed in turn, rounds times: medians and ratios to the first."""
+    """Each variant's step timed in turn, rounds times: medians and ratios to the first."""
     default_threads = torch.get_num_threads()
     runs, peaks = [], {}
     for variant in variants:
-        argv = rest + [part for field, value in variant.items() for part in (f"--{field}", value)]
-        cfg, _, _ = load_config(argv, torch.cuda.is_available())
+        cfg, _, _ = load_config(rest + options(variant), torch.cuda.is_available())
         rt = setup(cfg.device, cfg.dtype, cfg.num_threads)
         run = build_training(cfg, rt, say=print if not runs else lambda message: None)  # say the corpus once
         run.update(variant=variant, rt=rt, threads=cfg.num_threads or default_threads, seconds=[])
         torch.set_num_threads(run["threads"])
-        warm_up(run, warmup)
+        repeat(run["step"], warmup)
         runs.append(run)
     for _ in range(rounds):
         for run in runs:
             torch.set_num_threads(run["threads"])
-            run["seconds"].append(time_steps(run["step"], iters, run["rt"].device))
+            run["seconds"].append(timed(lambda: repeat(run["step"], iters), run["rt"].device) / iters)
     torch.set_num_threads(default_threads)
     results = []
     for run in runs:
-        rt, seconds = run["rt"], statistics.median(run["seconds"])
+        rt = run["rt"]
         key = (str(rt.device), rt.dtype, run["matmul_shape"])
         peaks[key] = peaks.get(key) or measure_peak_flops(rt.device, rt.dtype, [run["matmul_shape"]])
-        figures = {"variant": run["variant"], "device": rt.describe(), "threads": run["threads"],
-                   "params": run["params"], "tokens_per_iter": run["tokens_per_iter"],
-                   "flops_per_token": run["flops_per_token"], **speed(run, seconds, peaks[key]),
-                   "ms_per_iter_rounds": [t * 1000 for t in run["seconds"]]}
-        figures["time_vs_first"] = figures["ms_per_iter"] / (results[0]["ms_per_iter"] if results
-                                                             else figures["ms_per_iter"])
-        results.append(figures)
+        results.append({**{k: run[k] for k in ("variant", "threads", "params", "tokens_per_iter", "flops_per_token")},
+                        "device": rt.describe(), **speed(run, statistics.median(run["seconds"]), peaks[key]),
+                        "ms_per_iter_rounds": [t * 1000 for t in run["seconds"]]})
+        results[-1]["time_vs_first"] = results[-1]["ms_per_iter"] / results[0]["ms_per_iter"]
     return results
 
 
@@ -257,90 +211,79 @@ def print_comparison(results: list[dict], rounds: int, iters: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description="Benchmark a config on this device (any train.py --field works too).")
+    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     parser.add_argument("--iters", type=int, default=20, help="timed training steps (per round with --compare)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed training steps first")
     parser.add_argument("--sample_tokens", type=int, default=500, help="characters generated per sampling figure")
     parser.add_argument("--prepare_mb", type=int, default=50, help="MB of generated text for the prepare speed")
     parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
-                        help="time training under each value of a train.py field, in turn (repeat for more fields)")
+                        help="time training under each value of a train.py field in turn (repeatable)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of --compare")
     parser.add_argument("--host_syncs", type=float, default=None, metavar="MOST",
-                        help="only count the host's waits for the device over --iters training steps: exit 1 "
-                             "when a step waits more than MOST times on average")
+                        help="only count the host's waits over --iters steps: exit 1 above MOST a step")
     args, rest = parser.parse_known_args(argv)
-    if min(args.iters, args.sample_tokens, args.prepare_mb, args.rounds) < 1 or args.warmup < 0:
+    if min(args.iters, args.sample_tokens, args.prepare_mb, args.rounds, args.warmup + 1) < 1:
         raise UserError("--iters, --sample_tokens, --prepare_mb and --rounds must be at least 1, --warmup at least 0")
     if args.json:
         check_output_file(args.json, "--json")
+    cfg, note, _ = load_config(rest, torch.cuda.is_available())
     if args.compare:
-        variants = parse_compare(args.compare)
-        cfg, note, _ = load_config(rest, torch.cuda.is_available())
-        results = compare(rest, variants, args.rounds, args.iters, args.warmup)
+        results = compare(rest, parse_compare(args.compare), args.rounds, args.iters, args.warmup)
         print(note)
         print_comparison(results, args.rounds, args.iters)
-        if args.json:
-            write_text_atomic(Path(args.json), json.dumps({"config": cfg.config_name, "rounds": args.rounds,
-                                                           "iters": args.iters, "variants": results}, indent=1) + "\n",
-                              "the figures file", "--json")
+        write_figures(args.json, {"config": cfg.config_name, "rounds": args.rounds, "iters": args.iters,
+                                  "variants": results})
         return 0
-    cfg, note, _ = load_config(rest, torch.cuda.is_available())
     rt = setup(cfg.device, cfg.dtype, cfg.num_threads)
+    run = build_training(cfg, rt)
+    repeat(run["step"], args.warmup)  # compilation, allocator, caches
     if args.host_syncs is not None:
-        run = build_training(cfg, rt)
-        warm_up(run, args.warmup)
-        waits = count_host_syncs(run["step"], args.iters, rt.device)
+        with HostWaits(rt.device) as waits:
+            repeat(run["step"], args.iters)
         print(f"host waits for the device: {waits.count} in {args.iters} training steps "
               f"({waits.count / args.iters:.2f} per step, at most {args.host_syncs:g} allowed), {rt.describe()}"
               + waits.describe())
         return 0 if waits.count / args.iters <= args.host_syncs else 1
-    figures = {"config": cfg.config_name, "device": rt.describe(), "threads": torch.get_num_threads(),
-               "optimizer": cfg.optimizer}
-    run = build_training(cfg, rt)
-    warm_up(run, args.warmup)
-    seconds = time_steps(run.pop("step"), args.iters, rt.device)
-    forward_backward, update = run.pop("forward_backward"), run.pop("update")
-    halves = time_parts((forward_backward, update), args.iters, rt.device)
-    figures["ms_forward_backward"], figures["ms_update"] = (half * 1000 for half in halves)
+    f = {"config": cfg.config_name, "device": rt.describe(), "threads": torch.get_num_threads(),
+         "optimizer": cfg.optimizer}
+    step, forward_backward, update = run.pop("step"), run.pop("forward_backward"), run.pop("update")
+    seconds = timed(lambda: repeat(step, args.iters), rt.device) / args.iters
+    halves = [0.0, 0.0]  # a step's two halves, each timed alone
+    for _ in range(args.iters):
+        halves[0] += timed(forward_backward, rt.device)
+        halves[1] += timed(update, rt.device)
+    f["ms_forward_backward"], f["ms_update"] = (half * 1000 / args.iters for half in halves)
     forward_backward()
     with CountOperations() as ops:
         update()
-    figures["update_operations"] = ops.count
+    f["update_operations"] = ops.count
     model = run.pop("model")
-    figures.update(run)
-    figures.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype, [run.pop("matmul_shape")])))
-    sample_rt = for_sampling(rt, cfg.dtype, model.num_params(non_embedding=False))
-    figures.update(bench_sampling(model, rt.device_type, [sample_rt.dtype], args.sample_tokens,
-                                  compile=rt.device_type == "cuda"))
-    figures["sample_dtype"] = str(sample_rt.dtype).removeprefix("torch.")
-    figures["prepare_mb_per_sec"] = measure(args.prepare_mb)["mb_per_s"]
-
+    f.update(run)
+    f.update(speed(run, seconds, measure_peak_flops(rt.device, rt.dtype, [run.pop("matmul_shape")])))
+    sample_dtype = for_sampling(rt, cfg.dtype, model.num_params(non_embedding=False)).dtype
+    f.update(bench_sampling(model, rt.device_type, [sample_dtype], args.sample_tokens,
+                            compile=rt.device_type == "cuda"))
+    f["sample_dtype"] = str(sample_dtype).removeprefix("torch.")
+    f["prepare_mb_per_sec"] = measure(args.prepare_mb)["mb_per_s"]
+    compiled = f", {f['sample_chars_per_sec_compiled']:,.0f} compiled" if "sample_chars_per_sec_compiled" in f else ""
     print(note)
-    rows = [("device", figures["device"] + f" ({figures['threads']} threads)"),
-            ("model", f"{figures['params'] / 1e6:.2f}M parameters, {cfg.n_layer}x{cfg.n_head}x{cfg.n_embd}, "
+    for name, value in (
+            ("device", f"{f['device']} ({f['threads']} threads)"),
+            ("model", f"{f['params'] / 1e6:.2f}M parameters, {cfg.n_layer}x{cfg.n_head}x{cfg.n_embd}, "
                       f"block {cfg.block_size}, batch {cfg.batch_size}, {cfg.optimizer}"),
-            ("train step", f"{figures['ms_per_iter']:.1f} ms/iter, {figures['tokens_per_sec']:,.0f} tokens/s"),
-            ("its halves", f"{figures['ms_forward_backward']:.1f} ms forward and backward, "
-                           f"{figures['ms_update']:.1f} ms update ({cfg.optimizer}, clipping included; "
-                           f"{figures['update_operations']} operations), each timed alone"),
-            ("model FLOPs", f"{figures['flops_per_token'] / 1e6:.2f} MFLOP/token -> "
-                            f"{figures['achieved_flops'] / 1e9:.1f} GFLOP/s"),
-            ("peak (matmul)", f"{figures['peak_flops'] / 1e9:.1f} GFLOP/s in {str(rt.dtype).removeprefix('torch.')}"),
-            ("MFU", f"{figures['mfu'] * 100:.1f}%"),
-            ("sampling", f"{figures['sample_chars_per_sec_cached']:,.0f} chars/s with KV cache, "
-                         f"{figures['sample_chars_per_sec_uncached']:,.0f} without "
-                         f"({figures['sample_cache_speedup']:.1f}x), "
-                         f"{figures['sample_chars_per_sec_batch8_cached']:,.0f} "
-                         f"for 8 rows" + (f", {figures['sample_chars_per_sec_compiled']:,.0f} compiled"
-                                          if "sample_chars_per_sec_compiled" in figures else "") +
-                         f", {figures['sample_dtype']}"),
-            ("data prepare", f"{figures['prepare_mb_per_sec']:.1f} MB/s")]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
-    if args.json:
-        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
+            ("train step", f"{f['ms_per_iter']:.1f} ms/iter, {f['tokens_per_sec']:,.0f} tokens/s"),
+            ("its halves", f"{f['ms_forward_backward']:.1f} ms forward and backward, {f['ms_update']:.1f} ms update "
+                           f"(clipping included; {f['update_operations']} operations), each timed alone"),
+            ("model FLOPs", f"{f['flops_per_token'] / 1e6:.2f} MFLOP/token, {f['achieved_flops'] / 1e9:.1f} GFLOP/s"),
+            ("peak (matmul)", f"{f['peak_flops'] / 1e9:.1f} GFLOP/s in {str(rt.dtype).removeprefix('torch.')}"),
+            ("MFU", f"{f['mfu'] * 100:.1f}%"),
+            ("sampling", f"{f['sample_chars_per_sec_cached']:,.0f} chars/s with KV cache, "
+                         f"{f['sample_chars_per_sec_uncached']:,.0f} without ({f['sample_cache_speedup']:.1f}x), "
+                         f"{f['sample_chars_per_sec_batch8_cached']:,.0f} for 8 rows{compiled}, {f['sample_dtype']}"),
+            ("data prepare", f"{f['prepare_mb_per_sec']:.1f} MB/s")):
+        print(f"{name:<13}  {value}")
+    write_figures(args.json, f)
     return 0
 
 

@@ -19,7 +19,8 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.run_folder import find, write_text_atomic  # noqa: E402
+from bench_prepare import write_figures  # noqa: E402
+from common.run_folder import find  # noqa: E402
 from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 from training import checkpoint  # noqa: E402
 
@@ -30,64 +31,46 @@ MAX_PASSES = 1000
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpeak, speak."
 
 
-def build_parser() -> ArgumentParser:
+def run_browser(command: list[str], profile: Path | None = None) -> subprocess.CompletedProcess:
+    """Chromium in a process group of its own, its output captured. Stopped or too slow, the whole group is killed
+    (waited for up to 10 s), and the killed Chromium's socket folder removed, before this returns."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            out, err = process.communicate(timeout=BROWSER_SECONDS)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            deadline = time.monotonic() + 10
+            while running_in_group(process.pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            with contextlib.suppress(OSError, TypeError):
+                folder = Path(os.readlink(profile / "SingletonSocket")).parent
+                if folder.name.startswith("org.chromium.Chromium."):
+                    shutil.rmtree(folder)
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def running_in_group(group: int) -> bool:
+    """Whether a process of the group still runs, zombies aside (os.killpg(group, 0) counts them), read from /proc."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError):  # it ended meanwhile
+            state, _, process_group = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after the command's name
+            if state != "Z" and int(process_group) == group:
+                return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best, else ckpt_last")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--chars", type=int, default=64, help="characters the forward pass reads")
     p.add_argument("--passes", type=int, default=30, help="forward passes timed (the median is reported)")
     p.add_argument("--json", default="", help="also write the figures to this file")
-    return p
-
-
-def run_browser(command: list[str], seconds: float, profile: Path | None = None) -> subprocess.CompletedProcess:
-    """Chromium in a process group of its own, its output captured. Stopped or past seconds, the whole group is
-    killed before this returns, and its profile's socket folder removed."""
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as process:
-        try:
-            out, err = process.communicate(timeout=seconds)
-        except BaseException:
-            stop_group(process)
-            if profile is not None:
-                remove_socket_folder(profile)
-            raise
-    return subprocess.CompletedProcess(command, process.returncode, out, err)
-
-
-def remove_socket_folder(profile: Path) -> None:
-    """The temporary folder of a killed Chromium's singleton socket, which it cannot remove itself."""
-    with contextlib.suppress(OSError):
-        folder = Path(os.readlink(profile / "SingletonSocket")).parent
-        if folder.name.startswith("org.chromium.Chromium."):
-            shutil.rmtree(folder)
-
-
-def stop_group(process: subprocess.Popen) -> None:
-    """SIGKILL to the process's group, then wait (at most 10 s) until none of it runs."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    deadline = time.monotonic() + 10
-    while running_in_group(process.pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def running_in_group(group: int) -> bool:
-    """Whether a process of the group is still running, zombies aside (os.killpg(group, 0) counts them). Read from
-    /proc; without it, False."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _, process_group = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after the command's name
-        except (OSError, ValueError):  # it ended meanwhile
-            continue
-        if state != "Z" and int(process_group) == group:
-            return True
-    return False
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     if args.chars < 1 or not 1 <= args.passes <= MAX_PASSES:
         raise UserError(f"--chars must be positive and --passes from 1 to {MAX_PASSES}")
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -112,12 +95,11 @@ def main(argv: list[str] | None = None) -> int:
             profile = Path(folder) / "profile"
             done = run_browser([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
                                 f"--user-data-dir={profile}",
-                                f"{html.as_uri()}#text={quote(text, safe='')}&bench={args.passes}"], BROWSER_SECONDS,
-                               profile)
+                                f"{html.as_uri()}#text={quote(text, safe='')}&bench={args.passes}"], profile)
         except subprocess.TimeoutExpired:
             raise UserError(f"Chromium ran the page for more than {BROWSER_SECONDS} s. Ask for fewer --passes or "
                             f"--chars") from None
-        version = run_browser([browser, "--version"], BROWSER_SECONDS).stdout.strip()
+        version = run_browser([browser, "--version"]).stdout.strip()
     found = re.search(r'<pre id="numbers">(.*?)</pre>', done.stdout, flags=re.S)
     if done.returncode or not found:
         raise UserError(f"Chromium did not run the page (exit {done.returncode}): "
@@ -129,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{path}: page {figures['page_mb']} MB; one forward pass over {args.chars} characters in {version}: "
           f"{figures['forward_ms_median']} ms (median of {args.passes}; {figures['forward_ms_min']} to "
           f"{figures['forward_ms_max']} ms)")
-    if args.json:
-        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
+    write_figures(args.json, figures)
     return 0
 
 

@@ -1,8 +1,9 @@
-"""python scripts/bench_prepare.py [--mb 200]: data-preparation throughput (MB/s) and peak memory on a generated
-corpus."""
+"""python scripts/bench_prepare.py [--mb 200]: data preparation's MB/s and peak memory on a generated corpus.
+Also the benchmarks' shared writer of their --json figures."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import tempfile
@@ -29,25 +30,21 @@ print(json.dumps({{"seconds": seconds, "rss_after_imports_mb": base / 1024,
 """
 
 
-def make_corpus(path: Path, megabytes: int) -> None:
-    """Varied text (ASCII, accents, CJK) up to the size."""
-    import random
-    rng = random.Random(0)
-    words = ["the", "king", "hath", "spoken", "naïve", "café", "東京", "言葉", "ROMEO:", "thou", "art", "\n"]
-    target = megabytes * 1_000_000
-    with open(path, "w", encoding="utf-8") as f:
-        block = " ".join(rng.choice(words) for _ in range(200_000))
-        written = 0
-        while written < target:
-            f.write(block)
-            written += len(block.encode("utf-8"))
+def write_figures(path: str, figures: dict) -> None:
+    """The figures as JSON in path, where --json named one."""
+    if path:
+        write_text_atomic(Path(path), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
 
 
 def measure(megabytes: int) -> dict:
-    """Prepare a generated corpus of this size in a process of its own: its seconds, MB/s and peak memory."""
+    """Prepare a generated corpus of this size (ASCII, accents, CJK) in a process of its own: seconds, MB/s, memory."""
+    words = ["the", "king", "hath", "spoken", "naïve", "café", "東京", "言葉", "ROMEO:", "thou", "art", "\n"]
+    block = " ".join(random.Random(0).choices(words, k=200_000))
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
-        make_corpus(corpus, megabytes)
+        with open(corpus, "w", encoding="utf-8") as f:
+            for _ in range(-(-megabytes * 1_000_000 // len(block.encode()))):  # whole blocks, up to the size
+                f.write(block)
         size_mb = corpus.stat().st_size / 1e6
         code = CHILD.format(root=str(ROOT), corpus=str(corpus), cache=str(Path(tmp) / "cache"))
         child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -59,22 +56,19 @@ def measure(megabytes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
+    parser = ArgumentParser(description=__doc__.split(":", 1)[1].split("\n")[0].strip())
     parser.add_argument("--mb", type=int, default=200, help="size of the generated corpus in MB")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if args.mb < 1:
-        parser.error(f"--mb {args.mb}: must be at least 1")
+        raise UserError(f"--mb {args.mb}: must be at least 1")
     if args.json:
         check_output_file(args.json, "--json")
-    figures = measure(args.mb)
-    size_mb = figures["corpus_mb"]
-    print(f"corpus {size_mb:.0f} MB, {figures['n_chars']:,} characters, vocabulary {figures['vocab_size']}")
-    print(f"prepare {figures['seconds']:.2f} s = {figures['mb_per_s']:.1f} MB/s; "
-          f"peak RSS {figures['peak_rss_mb']:.0f} MB "
-          f"({figures['rss_after_imports_mb']:.0f} MB of it before preparing: Python, numpy, torch)")
-    if args.json:
-        write_text_atomic(Path(args.json), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
+    f = measure(args.mb)
+    print(f"corpus {f['corpus_mb']:.0f} MB, {f['n_chars']:,} characters, vocabulary {f['vocab_size']}")
+    print(f"prepare {f['seconds']:.2f} s = {f['mb_per_s']:.1f} MB/s; peak RSS {f['peak_rss_mb']:.0f} MB "
+          f"({f['rss_after_imports_mb']:.0f} MB of it before preparing: Python, numpy, torch)")
+    write_figures(args.json, f)
     return 0
 
 

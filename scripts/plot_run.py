@@ -22,8 +22,8 @@ RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "opti
 
 
 def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series of a run, as (step, value) pairs in step order, the last written for a step (by time: a
-    resumed run's event files are not always in name order)."""
+    """Every scalar series of a run: (step, value) pairs in step order, the last written for a step (by time: a resumed
+    run's event files are not always in name order)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not out_dir.is_dir():
@@ -40,12 +40,9 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
         events.FirstEventTimestamp()  # every event file begins with one
     except ValueError:
         raise UserError(f"{out_dir}: its TensorBoard event files hold nothing readable; nothing to plot") from None
-    scalars = {}
-    for tag in events.Tags()["scalars"]:
-        latest = {}
-        for e in sorted(events.Scalars(tag), key=lambda e: e.wall_time):
-            latest[e.step] = e.value
-        scalars[RENAMED.get(tag, tag)] = sorted(latest.items())
+    scalars = {RENAMED.get(tag, tag): sorted({e.step: e.value for e in sorted(events.Scalars(tag),
+                                                                              key=lambda e: e.wall_time)}.items())
+               for tag in events.Tags()["scalars"]}
     if not any(scalars.get(tag) for tag in ("loss/train", "loss/val")):
         if any((out_dir / name).exists() for name in CHECKPOINTS):  # it has evaluated, so it logged losses
             raise UserError(f"{out_dir}: its TensorBoard event files hold no losses that can be read, though the run "
@@ -82,50 +79,43 @@ LEGEND_COLUMNS = 4  # runs side by side in the legend under a picture of several
 
 
 def draw(folders: list[Path]):
-    """The runs' losses against tokens seen (log-log) and their learning rates; several runs' legend under the
-    picture names each run once."""
+    """The runs' losses against tokens seen (log-log) and their learning rates; several runs' legend, under the
+    picture, names each run once."""
     from matplotlib.ticker import ScalarFormatter
 
     from common.pictures import plt
 
-    lowest, several = math.inf, len(folders) > 1
+    lowest, several, x_label = math.inf, len(folders) > 1, "step"
     rows = math.ceil(len(folders) / LEGEND_COLUMNS) if several else 0
     fig, (loss_ax, lr_ax) = plt.subplots(1, 2, figsize=(11, 4 + 0.25 * rows), dpi=100,
                                          gridspec_kw={"width_ratios": [2, 1]})
     for i, out_dir in enumerate(folders):
         scalars = read_scalars(out_dir)
-        seen = dict(scalars.get("perf/tokens_seen", []))
-        per_step = next((tokens / step for step, tokens in seen.items() if step), None)
-        if per_step is None:  # no tokens_seen scalar: against steps
-            per_step, x_label = 1.0, "step"
-        else:
+        per_step = next((tokens / step for step, tokens in scalars.get("perf/tokens_seen", []) if step), None)
+        if per_step is not None:
             x_label = "tokens seen"
-        color = f"C{i}"
         name = out_dir.name.replace("$", r"\$")  # a folder's name is text, not matplotlib's $math$
-        labelled = False
+        label = name
         for tag, style, what in (("loss/train", "-", "train"), ("loss/val", "o--", "val")):
-            points = scalars.get(tag, [])
-            points = [(s, v) for s, v in points if s > 0]  # not step 0, on a log axis
+            points = [(s, v) for s, v in scalars.get(tag, []) if s > 0]  # not step 0, on a log axis
             if points:
                 lowest = min(lowest, *(v for _, v in points))
-                style = "o" if len(points) == 1 else style  # a line of one point does not show
-                label = f"{name} {what}" if not several else None if labelled else name
-                loss_ax.plot([s * per_step for s, _ in points], [v for _, v in points], style, color=color,
-                             alpha=0.6 if what == "train" else 1.0, markersize=4, label=label)
-                labelled = True
+                loss_ax.plot([s * (per_step or 1) for s, _ in points], [v for _, v in points],
+                             "o" if len(points) == 1 else style,  # a line of one point does not show
+                             color=f"C{i}", alpha=0.6 if what == "train" else 1.0, markersize=4,
+                             label=label if several else f"{name} {what}")
+                label = None
         lr = scalars.get("optim/lr", [])
-        lr_ax.plot([s for s, _ in lr], [v for _, v in lr], "o" if len(lr) == 1 else "-", color=color, label=name)
+        lr_ax.plot([s for s, _ in lr], [v for _, v in lr], "o" if len(lr) == 1 else "-", color=f"C{i}", label=name)
     loss_ax.set_xscale("log")
     if lowest > 0:  # a loss of 0 has no place on a log axis
         loss_ax.set_yscale("log")
         loss_ax.yaxis.set_major_formatter(ScalarFormatter())
         loss_ax.yaxis.set_minor_formatter(ScalarFormatter())
-    loss_ax.set_xlabel(x_label)
-    loss_ax.set_ylabel("cross-entropy (nats per character)")
-    loss_ax.set_title("loss (line: train, dashed with dots: val)" if several else "loss")
+    loss_ax.set(xlabel=x_label, ylabel="cross-entropy (nats per character)",
+                title="loss (line: train, dashed with dots: val)" if several else "loss")
+    lr_ax.set(xlabel="step", title="learning rate")
     loss_ax.grid(True, which="both", alpha=0.3)
-    lr_ax.set_xlabel("step")
-    lr_ax.set_title("learning rate")
     lr_ax.grid(True, alpha=0.3)
     if several:
         fig.legend(*loss_ax.get_legend_handles_labels(), loc="lower center", ncol=LEGEND_COLUMNS, fontsize=8,

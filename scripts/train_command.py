@@ -1,5 +1,4 @@
-"""`python train.py ...` run by another command as a child: a signal sent to the parent is passed on, and the parent
-waits for it to save and end."""
+"""`python train.py ...` run as a child: Ctrl-C or SIGTERM to the parent is passed on, and the parent waits."""
 from __future__ import annotations
 
 import signal
@@ -13,8 +12,8 @@ TRAIN = Path(__file__).resolve().parents[1] / "train.py"
 
 def run_train(argv: list[str], output: TextIO | None = None, each_line: Callable[[str], None] | None = None,
               env: dict | None = None, program: list[str] | None = None, cwd: Path | None = None) -> int:
-    """Run `python train.py argv` (or `python *program argv`) and wait for it. Its output goes to output, or its
-    stdout line by line to each_line, or to the terminal."""
+    """`python train.py argv` (or `python *program argv`), waited for: its exit code. Its output goes to output, or
+    line by line to each_line, or to the terminal."""
     if output is not None:
         streams = {"stdout": output, "stderr": subprocess.STDOUT}
     else:

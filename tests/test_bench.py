@@ -197,12 +197,12 @@ def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_
                                                                                            "nanogpt-s5-r1")]
     got = json.loads(figures.read_text(encoding="utf-8"))
     assert [r["full_val_loss"] for r in got["nanogpt"]] == pytest.approx([summary["full_val_loss"]] * 2, rel=1e-6)
-    [row] = got["over_seeds"]
+    [row] = got["variants"]
     runs = {seed: json.loads((out / f"01-s{seed}-r1" / "summary.json").read_text()) for seed in (3, 5)}
     assert [load(out / f"01-s{seed}-r1" / "ckpt_last.safetensors")["run_config"]["seed"]
             for seed in (3, 5)] == [3, 5]
     losses = [runs[3]["full_val_loss"], runs[5]["full_val_loss"]]
-    assert row["losses"] == losses and losses[0] != losses[1]  # two seeds: two models
+    assert [r["full_val_loss"] for r in row["runs"]] == losses and losses[0] != losses[1]  # two seeds: two models
     assert row["mean_full_val_loss"] == pytest.approx(sum(losses) / 2)
     assert row["loss_spread"] == pytest.approx(abs(losses[0] - losses[1]))
     nano_mean = sum(r["whole_seconds"] for r in got["nanogpt"]) / 2
