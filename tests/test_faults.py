@@ -213,8 +213,8 @@ def address_space_of(extra_bytes: int):
 
 
 def test_out_of_memory_names_the_sizes_and_the_flag(run, tmp_path, capsys, monkeypatch):
-    from training import opening
-    monkeypatch.setattr(opening, "free_memory", lambda: None)  # the allocator's own failure, not the check before it
+    from common import machine
+    monkeypatch.setattr(machine, "free_memory", lambda: None)  # the allocator's own failure, not the check before it
     with address_space_of(4 * 2**30):  # each of the model's 2**17-wide matrices needs over 64 GiB
         one_line_error(capsys, train.main, *train_args(run, tmp_path / "r", "--n_embd", str(2**17), "--n_head", "2"),
                        words="out of memory for a model of n_layer 2 x n_embd 131072 with batch_size 8")
@@ -229,22 +229,23 @@ def test_a_step_too_big_for_the_free_memory_is_refused_before_it_is_tried(run, t
     # the debug preset: batch 8, block 32, n_embd 32, n_layer 2, eval_iters 4, float32
     need = (opening.ACTIVATION_BYTES[torch.float32] * 8 * 32 * 32 * 2 + opening.PARAMETER_BYTES * 12 * 2 * 32 ** 2
             + 8 * 4 * 8)  # (an evaluation's window starts: 8 bytes each)
-    monkeypatch.setattr(opening, "free_memory", lambda: need - 1)
+    from common import machine
+    monkeypatch.setattr(machine, "free_memory", lambda: need - 1)
     err = one_line_error(capsys, train.main, *train_args(run, out),
-                         words="out of memory (it would need about 0.0 GiB; this machine has 0.0 GiB free) for a "
-                               "model of n_layer 2 x n_embd 32 with batch_size 8 x block_size 32; lower --batch_size")
+                         words="out of memory: a model of n_layer 2 x n_embd 32 with batch_size 8 x block_size 32 "
+                               "would need about 0.0 GiB, and this machine has 0.0 GiB free; lower --batch_size")
     assert "no checkpoint of this run was written" in err and not out.exists()  # (the folder it made, removed)
     one_line_error(capsys, train.main, *train_args(run, out, "--eval_iters", "1000000"),
-                   words="(it would need about 0.1 GiB, most of it for each evaluation's eval_iters x batch_size "
-                         "windows: lower --eval_iters; this machine has 0.0 GiB free)")
-    monkeypatch.setattr(opening, "free_memory", lambda: need)  # just enough
+                   words="would need about 0.1 GiB, and this machine has 0.0 GiB free; lower --eval_iters: most of "
+                         "it is each evaluation's windows")
+    monkeypatch.setattr(machine, "free_memory", lambda: need)  # just enough
     assert run_cli(train.main, train_args(run, out, "--max_iters", "2")) == 0 and (out / "ckpt_best.safetensors").is_file()
     cfg = load_config(train_args(run, out), False)[0]
     explicit = load_config(train_args(run, out, "--attention", "explicit"), False)[0]
     cpu = Runtime(torch.device("cpu"), torch.float32)
     with pytest.raises(UserError, match="would need about"):  # the explicit path also keeps every layer's weights
         opening.refuse_if_too_big(explicit, cpu, "")
-    monkeypatch.setattr(opening, "free_memory", lambda: 1)
+    monkeypatch.setattr(machine, "free_memory", lambda: 1)
     # a GPU's allocator raises an error of its own, which the run answers: no estimate there
     opening.refuse_if_too_big(cfg, Runtime(torch.device("cuda"), torch.bfloat16), "")
 

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.machine import Runtime, Threads, choose_threads, free_memory, is_out_of_memory, setup, span, sync
+from common.machine import Runtime, Threads, check_free_memory, choose_threads, is_out_of_memory, setup, span, sync
 from common.run_folder import BEST, RunDir, find, read_summary
 from configs import TrainConfig
 from configs.fit import PRESET, fit, fitted_line
@@ -36,7 +36,7 @@ from training.checkpoint import Progress
 from training.device import Dist, compile_wanted, flops_per_token, step_and_eval_models
 from training.evaluation import evaluations_left, plateaued
 from training.optim import configure_optimizer, get_lr
-from training.report import TENSORBOARD_URL, Log, Phases, out_of_memory, resume_command
+from training.report import TENSORBOARD_URL, Log, Phases, resume_command
 
 
 @dataclass
@@ -403,7 +403,6 @@ PARAMETER_BYTES = 16  # a weight, its gradient, two moments
 
 def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
     """On a CPU, refuse a run that needs more memory than is free (the system would kill it unsaid)."""
-    free = free_memory() if rt.device_type == "cpu" else None
     layers = max(cfg.n_layer, 1)
     activation_bytes = ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32])
     need = (activation_bytes * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
@@ -411,12 +410,11 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
             + (windows := 8 * cfg.eval_iters * cfg.batch_size))  # an evaluation's window starts, drawn at once
     if cfg.attention == "explicit" or not FORMS[cfg.attention_score].fused:
         need += WEIGHT_BYTES * cfg.batch_size * cfg.n_head * cfg.block_size ** 2 * cfg.n_layer
-    most = ", most of it for each evaluation's eval_iters x batch_size windows: lower --eval_iters" \
-        if windows > need / 2 else ""
+    fix = ("lower --eval_iters: most of it is each evaluation's windows" if windows > need / 2 else
+           "lower --batch_size (or --block_size, --n_embd, --n_layer)")
     need *= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun: each process on this machine
-    if free is not None and need > free:
-        figures = f" (it would need about {need / 2**30:.1f} GiB{most}; this machine has {free / 2**30:.1f} GiB free)"
-        raise UserError(out_of_memory(cfg, saved, figures))
+    check_free_memory(need, rt.device, f"a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
+                      f"{cfg.batch_size} x block_size {cfg.block_size}", f"{fix}; {saved}")
 
 
 @dataclass
