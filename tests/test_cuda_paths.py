@@ -155,7 +155,7 @@ def test_mfu_under_torchrun_is_each_processs_share_of_its_own_device(monkeypatch
 
     logged = {}
     writer = SimpleNamespace(add_scalar=lambda tag, value, it: logged.update({tag: value}))
-    log = SimpleNamespace(writer=lambda: writer, lines=None, wandb=None)
+    log = SimpleNamespace(writer=lambda: writer, lines=None, wandb=None, to_wandb=lambda *args: None)
     clock = SimpleNamespace(trained=10.0, started=100.0)  # 10 s of training by the log line at step 10
     monkeypatch.setattr(train.time, "perf_counter", lambda: 100.0)
     run = SimpleNamespace(tokens_per_iter=2000, flops_per_token=300.0, cfg=SimpleNamespace(max_iters=20))
