@@ -25,7 +25,7 @@ from common import machine
 from common.run_folder import BEST, LAST, RunDir
 from configs import TrainConfig, load_config
 from errors import Interrupted, StepAbandoned, UserError, python_command, run_cli
-from training import device
+from training import checkpoint, device
 from training.evaluation import next_evaluation, plateaued
 from training.opening import choose_corpus, estimate_due, open_run, say_estimate, say_what_runs
 from training.optim import get_lr, warmup_note
@@ -273,7 +273,7 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
         fallback = not cfg.resume and not {"data", "cache_dir"} & explicit
         with phases.timing("data"):
             cfg, corpus = choose_corpus(cfg, speak, fallback)
-    run_dir = RunDir(Path(cfg.out_dir))
+    run_dir = RunDir(Path(cfg.out_dir), step_of=checkpoint.step_of)
     log = Log(run_dir.path, d.is_main, say)
     device.init(d, machine.pick_device(cfg.device).type)
     try:

@@ -94,8 +94,9 @@ def owner_note(fd: int) -> tuple[str, str, str]:
 
 
 class RunDir:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, step_of: Callable[[Path], int | None] = lambda path: None):
         self.path = Path(path)
+        self.step_of = step_of  # a checkpoint's step, or None (training passes its reader; None counts as trained)
         self._lock_fd: int | None = None
         self.made: tuple[bool, bool] = (False, False)  # claim() made: the folder, its lock
         self.found: set[str] = set()  # the entries before claim()
@@ -293,9 +294,6 @@ class RunDir:
         for path in paths:
             os.replace(path, kept / path.name)
         return kept
-
-    # A checkpoint's step, or None; training.checkpoint sets its reader here.
-    step_of: Callable[[Path], int | None] = staticmethod(lambda path: None)
 
     def replace_old_run(self, say) -> str | None:
         """--overwrite: set the old run aside; returns what a stop now does (None: no old run)."""

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from common.machine import check_free_memory, usable_device
-from common.run_folder import BEST, LAST, RunDir, old_format, write_atomic
+from common.run_folder import BEST, LAST, old_format, write_atomic
 from configs.choices import OPTIMIZERS
 from configs.loader import checked_types
 from configs.schema import FIELDS, TYPES
@@ -348,9 +348,6 @@ def step_of(path: Path) -> int | None:  # a checkpoint's step, None where it can
         return load(path)["iter"]
     except (UserError, OSError):
         return None
-
-
-RunDir.step_of = staticmethod(step_of)  # (common/ cannot import training/, so the run folder reads steps here)
 
 
 def load_model(path: Path, device: torch.device | str = "cpu"):
