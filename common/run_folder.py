@@ -39,8 +39,9 @@ OWN_TEMPORARY = re.compile(r"(ckpt_last\.safetensors|ckpt_best\.safetensors|summ
 
 def old_format(path: Path) -> UserError:
     """The refusal of an old-format checkpoint, naming its converter."""
-    return UserError(f"{path} is a checkpoint of the old format; convert it once: "
-                     f"{python_command('scripts/convert_checkpoint.py')} {shlex.quote(str(path))}")
+    what = "holds checkpoints of the old format (.pt); convert them" if path.is_dir() else \
+        "is a checkpoint of the old format; convert it"
+    return UserError(f"{path} {what} once: {python_command('scripts/convert_checkpoint.py')} {shlex.quote(str(path))}")
 
 
 def command_line() -> str:
@@ -350,8 +351,8 @@ class RunDir:
 
     def refuse_old(self) -> None:
         """Refuse a folder whose checkpoints are of the old format."""
-        if old := [self.path / name for name in OLD_CHECKPOINTS if (self.path / name).is_file()]:
-            raise old_format(old[0])
+        if any((self.path / name).is_file() for name in OLD_CHECKPOINTS):
+            raise old_format(self.path)
 
     def check_new_run(self, overwrite: bool, say=print) -> None:
         """A new run needs an empty folder or --overwrite; lone events move to a folder of their own."""

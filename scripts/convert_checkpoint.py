@@ -1,4 +1,4 @@
-"""python scripts/convert_checkpoint.py RUN/ckpt_last.pt: an old-format checkpoint into a .safetensors file beside it.
+"""python scripts/convert_checkpoint.py RUN: a run's old-format checkpoints (.pt) into .safetensors files beside them.
 
 torch.load runs no code here, but cannot bound a file's memory or time: convert only your own files."""
 from __future__ import annotations
@@ -14,15 +14,26 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, 
 
 import torch  # noqa: E402
 
+from common.run_folder import OLD_CHECKPOINTS  # noqa: E402
 from errors import ArgumentParser, UserError, in_one_line, run_cli  # noqa: E402
 from training import checkpoint  # noqa: E402
 loaded()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(description="Convert an old checkpoint (.pt) into a .safetensors file; only your own.")
-    p.add_argument("old", type=Path, help="the old checkpoint, such as RUN/ckpt_last.pt")
-    old = p.parse_args(argv).old
+    p = ArgumentParser(description="Convert old checkpoints (.pt) into .safetensors files; only your own.")
+    p.add_argument("old", type=Path, nargs="+", help="old checkpoints, such as RUN/ckpt_last.pt, or run folders")
+    olds = [path for given in p.parse_args(argv).old for path in
+            ([given / name for name in OLD_CHECKPOINTS if (given / name).is_file()] if given.is_dir() else [given])]
+    if not olds:
+        raise UserError("no old checkpoint there (ckpt_best.pt, ckpt_last.pt); give a run folder or a .pt file")
+    for old in olds:
+        convert(old)
+    return 0
+
+
+def convert(old: Path) -> None:
+    """One old checkpoint into a .safetensors file beside it, read back as every reader reads it."""
     new = old.with_suffix(".safetensors")
     if not old.is_file():
         raise UserError(f"{old} is not a file; give an old checkpoint, such as RUN/ckpt_last.pt")
@@ -42,10 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         new.unlink(missing_ok=True)
         message = str(err) if isinstance(err, UserError) else in_one_line(err)
-        raise UserError(f"{old} could not be converted ({message}); nothing was written") from None
+        raise UserError(f"{old} could not be converted ({message}); nothing was written for it") from None
     print(f"wrote {new}; {old} is kept")
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(run_cli(main))

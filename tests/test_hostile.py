@@ -433,8 +433,10 @@ def test_an_old_checkpoint_converts_once_and_samples_the_same_text(finished, tmp
                     subprocess.run([sys.executable, str(ROOT / "train.py"), "--out_dir", str(folder), "--resume"],
                                    capture_output=True, text=True, timeout=300)):
         assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == (
-            f"error: {folder / 'ckpt_last.pt'} is a checkpoint of the old format; "
-            f"convert it once: python scripts/convert_checkpoint.py {folder / 'ckpt_last.pt'}"), refused.stderr
+            f"error: {folder} holds checkpoints of the old format (.pt); "
+            f"convert them once: python scripts/convert_checkpoint.py {folder}"), refused.stderr
+    converted = script("convert_checkpoint.py", str(folder))  # the command the line names converts the run
+    assert converted.returncode == 0 and (folder / "ckpt_last.safetensors").is_file(), converted.stderr
     done = script("convert_checkpoint.py", str(old))
     assert done.returncode == 0 and f"wrote {tmp_path / 'ckpt_last.safetensors'}" in done.stdout, done.stderr
     assert old.read_bytes() == before
