@@ -23,21 +23,27 @@ loaded()
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description="Convert old checkpoints (.pt) into .safetensors files; only your own.")
     p.add_argument("old", type=Path, nargs="+", help="old checkpoints, such as RUN/ckpt_last.pt, or run folders")
-    olds = [path for given in p.parse_args(argv).old for path in
+    olds = [(path, not given.is_dir()) for given in p.parse_args(argv).old for path in
             ([given / name for name in OLD_CHECKPOINTS if (given / name).is_file()] if given.is_dir() else [given])]
     if not olds:
         raise UserError("no old checkpoint there (ckpt_best.pt, ckpt_last.pt); give a run folder or a .pt file")
-    for old in olds:
-        convert(old)
+    for old, named in olds:
+        convert(old, named)
     return 0
 
 
-def convert(old: Path) -> None:
-    """One old checkpoint into a .safetensors file beside it, read back as every reader reads it."""
+def convert(old: Path, named: bool) -> None:
+    """One old checkpoint into a .safetensors file beside it, read back as every reader reads it. named: the user
+    named this file (a file found in a folder and converted before is passed over)."""
     new = old.with_suffix(".safetensors")
     if not old.is_file():
         raise UserError(f"{old} is not a file; give an old checkpoint, such as RUN/ckpt_last.pt")
+    if old.suffix == ".safetensors":
+        raise UserError(f"{old} is already of the new format; there is nothing to convert")
     if new.exists():
+        if not named:
+            print(f"{new} already exists: {old} was converted before", file=sys.stderr)
+            return
         raise UserError(f"{new} already exists; remove it first to convert {old} again")
     print(f"reading {old}, trusted as your own (torch.load cannot bound a file's memory or time)", file=sys.stderr)
     try:
@@ -47,6 +53,8 @@ def convert(old: Path) -> None:
     if not (isinstance(state, dict) and state.get("format") == 1 and isinstance(state.get("model"), dict)
             and isinstance(state.get("model_config"), dict)):
         raise UserError(f"{old} is not a checkpoint of format 1 of this trainer; nothing was written")
+    if bad := checkpoint.non_finite(state["model"]):
+        raise UserError(f"{old} holds weights that are not finite (NaN or inf in {bad}); nothing was written")
     try:
         checkpoint.save({**state, "format": checkpoint.FORMAT}, new)
         checkpoint.load(new, resume="optimizer" in state)  # read back as every reader does

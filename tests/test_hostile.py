@@ -437,6 +437,11 @@ def test_an_old_checkpoint_converts_once_and_samples_the_same_text(finished, tmp
             f"convert them once: python scripts/convert_checkpoint.py {folder}"), refused.stderr
     converted = script("convert_checkpoint.py", str(folder))  # the command the line names converts the run
     assert converted.returncode == 0 and (folder / "ckpt_last.safetensors").is_file(), converted.stderr
+    again = script("convert_checkpoint.py", str(folder))  # a folder again: what was converted is passed over
+    assert again.returncode == 0 and "was converted before" in again.stderr, again.stderr
+    new = script("convert_checkpoint.py", str(folder / "ckpt_last.safetensors"))  # never "remove it first"
+    assert new.returncode == 2 and new.stderr == (f"error: {folder / 'ckpt_last.safetensors'} is already of the new "
+                                                  f"format; there is nothing to convert\n"), new.stderr
     done = script("convert_checkpoint.py", str(old))
     assert done.returncode == 0 and f"wrote {tmp_path / 'ckpt_last.safetensors'}" in done.stdout, done.stderr
     assert old.read_bytes() == before

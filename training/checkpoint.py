@@ -28,7 +28,7 @@ from training.optim import configure_optimizer
 FORMAT = 2
 META = "chargpt"  # the metadata key of the JSON document
 HEADER_MAX = 16 << 20  # the header: each tensor's name and shape, and the JSON (about 15 bytes per logged loss)
-DEPTH_MAX = 16  # the JSON's nesting (a checkpoint's deepest is 5: optimizer.muon.param_groups.0.betas)
+DEPTH_MAX = 16  # the JSON's nesting (a checkpoint's deepest is 6: optimizer.muon.param_groups[0].betas)
 CONTAINERS_MAX = 2_000_000  # the JSON's lists and objects: one per logged loss, besides a few
 # key -> (types, who needs it): "sample" every reader, "resume" --resume too, "later" none (read with a default)
 CONTENTS = {"format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
