@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from common.machine import check_free_memory, choose_threads, is_out_of_memory, pick_device, setup  # noqa: E402
+from common.machine import choose_threads, fits_in_memory, pick_device, setup  # noqa: E402
 from common.run_folder import CHECKPOINTS, SUMMARY, find, write_text_atomic  # noqa: E402
 from configs import TrainConfig  # noqa: E402
 from configs.loader import config_from_dict  # noqa: E402
@@ -106,17 +106,14 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
 
 
 MAX_EXP = 709.0  # math.exp overflows a float64 just above it
-# A CPU batch holds its float32 logits about three times over, and a few activations per layer.
 LOGIT_COPIES, ACTIVATION_COPIES = 3, 8
 
 
-def check_memory(model, batch_size: int, block_size: int, device: torch.device) -> None:
-    """Refuse batches that would not fit in free memory (a CPU batch holds its logits and a few activations)."""
+def batch_bytes(model, batch_size: int, block_size: int) -> int:
+    """The memory a CPU batch needs: its float32 logits about three times over, and a few activations per layer."""
     cfg = model.config
-    need = 4 * batch_size * block_size * (LOGIT_COPIES * cfg.vocab_size
+    return 4 * batch_size * block_size * (LOGIT_COPIES * cfg.vocab_size
                                           + ACTIVATION_COPIES * cfg.n_embd * max(cfg.n_layer, 1))
-    check_free_memory(need, device, f"batches of {batch_size:,} windows of {block_size} characters",
-                      "lower --batch_size")
 
 
 def saved_settings(state: dict, path: Path) -> TrainConfig:
@@ -200,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     print(shown(f"{path}: step {state['iter']}, block_size {block_size}; scoring {len(ids) - 1:,} characters of "
                 f"{name} ({args.split}), stride {stride}, in {dtype}"), file=sys.stderr)
     todo = Windows(len(ids), block_size, stride)
-    check_memory(model, batch_size, block_size, rt.device)
-    try:
+    with fits_in_memory(batch_bytes(model, batch_size, block_size), rt.device,
+                        f"batches of {batch_size:,} windows of {block_size} characters", "lower --batch_size"):
         if rt.device_type == "cpu":
             threads = choose_threads(args.num_threads, lambda: batch_seconds(model, ids, block_size, stride,
                                                                              batch_size, rt.autocast))
@@ -212,11 +209,6 @@ def main(argv: list[str] | None = None) -> int:
                                                    unit="windows")
         with bar:
             nats, scored = score(model, ids, todo, batch_size, rt.autocast, bar)
-    except RuntimeError as err:
-        if not is_out_of_memory(err):
-            raise
-        raise UserError(f"out of memory: batches of {batch_size:,} windows of {block_size} characters do not fit on "
-                        f"{rt.device_type}; lower --batch_size") from None
     loss = nats / scored
     if not math.isfinite(loss):
         raise UserError(f"{path}: the model's loss on this text is not a number ({loss}); its weights are damaged "
