@@ -123,11 +123,11 @@ def recorded_size(path: Path, record: dict, size: int | None = None) -> str | No
 
 def recorded_text(path: Path, record: dict, max_bytes: int) -> bytes | None:
     """The text a checkpoint names, where a regular file of at most max_bytes, the size and checksum recorded."""
-    if recorded_size(path, record) is not None or os.stat(path).st_size > max_bytes:
+    if recorded_size(path, record) is not None:
         return None
     f, size = open_regular(path, "the checkpoint's text")
     with f:
-        if recorded_size(path, record, size) is not None:  # (changed since it was looked at)
+        if recorded_size(path, record, size) is not None or size > max_bytes:  # (the size of the file opened)
             return None
         data = b"".join(read_blocks(f, size, path, "the checkpoint's text"))
     (digest := hashlib.sha256(b"\0file0\0")).update(data)  # (the mark corpus_blocks gives the first file)

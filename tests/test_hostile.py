@@ -337,7 +337,7 @@ def hostile_checkpoints(finished, rotary, tmp_path):
         (with_header(tmp_path / "digits", json.dumps({"__metadata__": {"chargpt": text.replace(
             '"iter": ', '"iter": ' + "9" * 10_000 + ', "x": ', 1)}}).encode()), "its settings are not JSON"),
         (forged(last, tmp_path / "deep.pt", model_config={"n_layer": 200, "n_embd": 8192}),
-         "optimizer.param_groups.0 is a dict, where it must be the group of weights this model has"),
+         "its tensors do not fit its settings (model.blocks.10."),
         (forged(last, tmp_path / "wide.pt", model_config={"n_embd": 8192, "n_head": 2}),
          f"(model.wte.weight: the settings give ({len(vocab)}, 8192) of F32/F16/BF16/F64, the file holds "
          f"({len(vocab)}, 32) of F32)"),

@@ -44,7 +44,8 @@ def test_debug_run_end_to_end(corpus, tmp_path):
         state = checkpoint.load(out / name, resume=True)  # weights_only=True inside; all of it, as --resume reads it
         assert not any(key.startswith("_orig_mod.") for key in state["model"])
         assert set(state) == set(checkpoint.CONTENTS)  # a checkpoint holds what the contract says, no more, no less
-        assert all(checkpoint.of_type(state[key], kind) for key, (kind, _) in checkpoint.CONTENTS.items())
+        assert all(isinstance(state[key], kind) and (type(state[key]) is bool) == (kind is bool)
+                   for key, (kind, _) in checkpoint.CONTENTS.items())
     assert checkpoint.load(out / "ckpt_last.safetensors")["iter"] == 60
     summary = json.loads((out / "summary.json").read_text())
     assert summary["iterations"] == 60 and summary["tokens_seen"] == 60 * 8 * 32

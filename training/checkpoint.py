@@ -161,19 +161,15 @@ def damaged(path: Path, name: str, value, rule: str) -> UserError:  # a field wh
                      f"another checkpoint or train again")
 
 
-def of_type(value, kind) -> bool:  # isinstance, but a bool is no number
-    return isinstance(value, kind) and (not isinstance(value, bool) or kind is bool)
-
-
 def check_values(values: dict, rules: dict, path: Path, prefix: str = "") -> None:  # name -> (test, what it is)
     for key, (ok, rule) in rules.items():
         if key in values and not ok(values[key]):
             raise damaged(path, f"{prefix}{key}", values[key], rule)
 
 
-def check_document(path: Path, resume: bool) -> tuple[dict, object]:
-    """(the JSON document, its model config): the file, its header's length and the JSON's nesting bounded before
-    each is parsed, then every field present where needed, of its type and in range."""
+def check_document(path: Path, resume: bool) -> tuple[dict, object, safe_open]:
+    """(the JSON document, its model config, the open file): the file, its header's length and the JSON's nesting
+    bounded before each is parsed, then every field present where needed, of its type and in range."""
     from model import ModelConfig
     try:
         f, size = open_regular(path, "the checkpoint")
@@ -188,8 +184,8 @@ def check_document(path: Path, resume: bool) -> tuple[dict, object]:
         raise refused(path, "it is empty" if not size else f"its header says {length:,} bytes, in a file of {size:,}; "
                                                            f"a checkpoint's takes at most {HEADER_MAX:,}")
     try:
-        with safe_open(path, "pt") as st:
-            text = (st.metadata() or {}).get(META)
+        st = safe_open(path, "pt")  # the one open of the file: load() reads its tensors from it
+        text = (st.metadata() or {}).get(META)
     except Exception as err:  # safetensors' own refusal of its header
         raise refused(path, shown(in_one_line(err)[:120])) from None
     if not isinstance(text, str):
@@ -209,8 +205,9 @@ def check_document(path: Path, resume: bool) -> tuple[dict, object]:
     if missing := [k for k, (_, who) in CONTENTS.items() if k not in doc and k != "model"
                    and (who == "sample" or resume and who == "resume")]:
         raise UserError(f"{path} is not a complete checkpoint (missing {', '.join(missing)})")
-    for key, (kind, _) in CONTENTS.items():
-        if key in doc and (key == "model" or not of_type(doc[key], kind)):
+    for key, (kind, _) in CONTENTS.items():  # (a bool is no number)
+        if key in doc and (key == "model" or not isinstance(doc[key], kind)
+                           or (type(doc[key]) is bool) != (kind is bool)):
             raise damaged(path, key, doc[key], "as this trainer writes it")
     if doc["format"] != FORMAT:
         raise UserError(f"{path} has checkpoint format {doc['format']}, this version reads format {FORMAT}; use the "
@@ -239,12 +236,13 @@ def check_document(path: Path, resume: bool) -> tuple[dict, object]:
     if tokenizer.vocab_size != config.vocab_size:
         raise UserError(f"{path} is inconsistent: its vocabulary has {tokenizer.vocab_size} characters but its model "
                         f"expects {config.vocab_size}")
-    return doc, config
+    return doc, config, st
 
 
 def expected_tensors(doc: dict, config, model, names: set[str], path: Path) -> dict[str, tuple[tuple, tuple]]:
-    """name -> (shape, dtypes) of each tensor the settings imply, once the optimizer's groups are configure_optimizer's
-    (FREE_SETTINGS aside): the weights (a tied head once), the stepped weights' optimizer state, the random states."""
+    """name -> (shape, dtypes) of each tensor the settings imply: the weights (a tied head once), the stepped weights'
+    optimizer state, the random states. The optimizer's groups in doc become configure_optimizer's, with only the
+    FREE_SETTINGS read from the file."""
     wanted = {f"model.{k}": (tuple(t.shape), WEIGHT_DTYPES) for k, t in model.state_dict().items()
               if not (config.tie_weights and k == "lm_head.weight")}
     if "rng" in doc:
@@ -263,19 +261,12 @@ def expected_tensors(doc: dict, config, model, names: set[str], path: Path) -> d
     for (where, want), (_, found) in zip(built_parts, optimizer_parts(doc["optimizer"])):
         optimizer, shapes = getattr(built, where[10:]) if "." in where else built, {}
         groups = found.get("param_groups") if isinstance(found, dict) else None
-        if not (isinstance(groups, list) and len(groups) == len(want["param_groups"])):
+        if not (isinstance(groups, list) and len(groups) == len(want["param_groups"])
+                and all(isinstance(group, dict) for group in groups)):
             raise damaged(path, where, found, f"an optimizer with {len(want['param_groups'])} groups")
         for i, (group, built_group) in enumerate(zip(groups, want["param_groups"])):
-            name = f"{where}.param_groups.{i}"
-            if not (isinstance(group, dict) and group.get("params") == built_group["params"]):
-                raise damaged(path, name, group, "the group of weights this model has")
-            check_values(group, FREE_SETTINGS, path, f"{name}.")
-            for key, value in group.items():  # (json.dumps: the same value of the same type, a list for a tuple)
-                if key in built_group and key not in FREE_SETTINGS and \
-                        json.dumps(value) != json.dumps(built_group[key]):
-                    raise damaged(path, f"{name}.{key}", value, repr(built_group[key]))
-                if key not in built_group and not isinstance(value, (bool, int, float, str, type(None))):
-                    raise damaged(path, f"{name}.{key}", value, "a plain value")
+            check_values(group, FREE_SETTINGS, path, f"{where}.param_groups.{i}.")
+            groups[i] = {**built_group, **{key: group[key] for key in FREE_SETTINGS if key in group}}
             weights = optimizer.param_groups[i]["params"]
             shapes.update((n, tuple(p.shape)) for n, p in zip(built_group["params"], weights))
         stepped = {int(m[1]) for n in names if (m := re.fullmatch(rf"{where}\.state\.(\d{{1,9}})\.\w+", n))}
@@ -289,14 +280,14 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
     """A checkpoint's state, checked: document, tensors' specs, free memory, values. resume: optimizer and rng too."""
     from model import GPT
     target = usable_device(device, f"load {path} onto", "load it onto cpu")  # (before the file: a missing device)
-    doc, config = check_document(path, resume)
+    doc, config, st = check_document(path, resume)
     try:
         with torch.device("meta"):  # the model's skeleton: shapes, no memory
             model = GPT(config)
     except (OverflowError, RuntimeError, ValueError) as err:
         raise UserError(f"{path}: its model config describes a model that cannot be built "
                         f"({shown(in_one_line(err)[:120])}); it is damaged") from None
-    with safe_open(path, "pt") as st:
+    with st:
         wanted = expected_tensors(doc, config, model, set(st.keys()), path)
         # the file's tensors are exactly those wanted, each of its shape and dtype (read from the header alone)
         for name in sorted(set(st.keys()) ^ wanted.keys()):
@@ -345,7 +336,7 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
 
 def step_of(path: Path) -> int | None:  # a checkpoint's step, None where it cannot be read
     try:
-        return load(path)["iter"]
+        return check_document(path, False)[0]["iter"]
     except (UserError, OSError):
         return None
 
