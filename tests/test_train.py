@@ -43,7 +43,8 @@ def test_debug_run_end_to_end(corpus, tmp_path):
     for name in ("ckpt_last.safetensors", "ckpt_best.safetensors"):
         state = checkpoint.load(out / name, resume=True)  # weights_only=True inside; all of it, as --resume reads it
         assert not any(key.startswith("_orig_mod.") for key in state["model"])
-        assert set(state) == set(checkpoint.CONTENTS)  # a checkpoint holds what the contract says, no more, no less
+        assert set(state) == {"model", *checkpoint.CONTENTS}  # what the contract says, no more, no less
+        assert isinstance(state["model"], dict)
         assert all(isinstance(state[key], kind) and (type(state[key]) is bool) == (kind is bool)
                    for key, (kind, _) in checkpoint.CONTENTS.items())
     assert checkpoint.load(out / "ckpt_last.safetensors")["iter"] == 60

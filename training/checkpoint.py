@@ -30,8 +30,8 @@ META = "chargpt"  # the metadata key of the JSON document
 HEADER_MAX = 16 << 20  # the header: each tensor's name and shape, and the JSON (about 15 bytes per logged loss)
 DEPTH_MAX = 16  # the JSON's nesting (a checkpoint's deepest is 6: optimizer.muon.param_groups[0].betas)
 CONTAINERS_MAX = 2_000_000  # the JSON's lists and objects: one per logged loss, besides a few
-# key -> (types, who needs it): "sample" every reader, "resume" --resume too, "later" none (read with a default)
-CONTENTS = {"format": (int, "sample"), "model": (dict, "sample"), "model_config": (dict, "sample"),
+# The JSON's keys -> (types, who needs it): "sample" every reader, "resume" --resume too, "later" none (has a default)
+CONTENTS = {"format": (int, "sample"), "model_config": (dict, "sample"),
             "run_config": (dict, "sample"), "vocab": (str, "sample"), "iter": (int, "sample"),
             "optimizer": (dict, "resume"), "rng": (dict, "resume"), "best_val_loss": ((int, float), "resume"),
             "scaler": ((dict, type(None)), "later"), "train_seconds": ((int, float), "later"),
@@ -202,12 +202,11 @@ def check_document(path: Path, resume: bool) -> tuple[dict, object, safe_open]:
         raise refused(path, f"its settings are not JSON: {shown(in_one_line(err)[:80])}") from None
     if not isinstance(doc, dict):
         raise refused(path, "its settings are not a JSON object")
-    if missing := [k for k, (_, who) in CONTENTS.items() if k not in doc and k != "model"
-                   and (who == "sample" or resume and who == "resume")]:
+    if missing := [k for k, (_, who) in CONTENTS.items()
+                   if k not in doc and (who == "sample" or resume and who == "resume")]:
         raise UserError(f"{path} is not a complete checkpoint (missing {', '.join(missing)})")
     for key, (kind, _) in CONTENTS.items():  # (a bool is no number)
-        if key in doc and (key == "model" or not isinstance(doc[key], kind)
-                           or (type(doc[key]) is bool) != (kind is bool)):
+        if key in doc and (not isinstance(doc[key], kind) or (type(doc[key]) is bool) != (kind is bool)):
             raise damaged(path, key, doc[key], "as this trainer writes it")
     if doc["format"] != FORMAT:
         raise UserError(f"{path} has checkpoint format {doc['format']}, this version reads format {FORMAT}; use the "
@@ -334,7 +333,7 @@ def load(path: Path, device: torch.device | str = "cpu", resume: bool = False) -
     return state
 
 
-def step_of(path: Path) -> int | None:  # a checkpoint's step, None where it cannot be read
+def step_of(path: Path) -> int | None:  # a checkpoint's step, None where its settings cannot be read
     try:
         return check_document(path, False)[0]["iter"]
     except (UserError, OSError):
@@ -348,12 +347,8 @@ def load_model(path: Path, device: torch.device | str = "cpu"):
         state = load(path, device)
     except UserError as err:
         last = Path(path).parent / LAST
-        if Path(path).name != BEST or not last.is_file():
+        if Path(path).name != BEST or step_of(last) is None:
             raise
-        try:
-            load(last, device)
-        except Exception:  # (whatever stops it, the refusal of ckpt_best is what the user asked about)
-            raise err from None
         raise UserError(f"{err}; the run's last checkpoint reads well: --ckpt {shlex.quote(str(last))}") from None
     model = GPT(ModelConfig(**state["model_config"]))
     model.load_state_dict(state["model"])
