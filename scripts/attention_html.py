@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{path}: {err}") from None
     about = {"path": str(path), "step": state["iter"], "n_layer": cfg.n_layer, "n_head": cfg.n_head,
              "head_size": cfg.head_size, "n_embd": cfg.n_embd, "millions": f"{size / 1e6:.2f}",
-             "corpus": state.get("data", {}).get("source"), "opening": opening.source, "why": opening.why}
+             "corpus": state.get("data", {}).get("source"), "opening": opening.source, "why": opening.why,
+             "because": NOT_VALIDATION.get(opening.why)}
     written = page(model, tokenizer.chars, opening.text, "Your model, thinking", about)
     write_text_atomic(html, written, "the page", "--html")
     if opening.why:

@@ -184,27 +184,23 @@ function add(xs, changes) {  // the residual connection
 }
 
 function block(config, weights, x, rope, scoreFactor) {
-  // Block.forward; seen: attention's input and values, and its stream: every vector on the way, for the overview.
-  if (!config.residual) {
-    const seen = { input: x, ...attention(config, weights.attn, x, rope, scoreFactor) };
-    const ff = weights.mlp ? mlp(config, weights.mlp, seen.output) : null;
-    const out = ff ? ff.output : seen.output;
-    seen.stream = { input: x, attention: seen.output, hidden: ff && ff.hidden, mlp: ff && ff.output, output: out };
-    return { x: out, seen };
-  }
-  const input = x.map(row => layerNorm(row, weights.ln_1));
-  const seen = { input, ...attention(config, weights.attn, input, rope, scoreFactor) };
-  const stream = { input: x, ln_1: input, attention: seen.output };
-  x = stream.afterAttention = add(x, seen.output);
+  // Block.forward: x + attn(ln_1(x)), then x + mlp(ln_2(x)); without residuals, x = attn(x), then x = mlp(x).
+  // seen: attention's input and values; seen.stream: every vector on the way, for the overview.
+  const residual = config.residual, stream = { input: x };
+  if (residual) stream.ln_1 = x.map(row => layerNorm(row, weights.ln_1));
+  const input = residual ? stream.ln_1 : x;
+  const seen = { input, ...attention(config, weights.attn, input, rope, scoreFactor), stream };
+  stream.attention = seen.output;
+  x = residual ? add(x, seen.output) : seen.output;
+  if (residual) stream.afterAttention = x;
   if (weights.mlp) {
-    stream.ln_2 = x.map(row => layerNorm(row, weights.ln_2));
-    const ff = mlp(config, weights.mlp, stream.ln_2);
+    if (residual) stream.ln_2 = x.map(row => layerNorm(row, weights.ln_2));
+    const ff = mlp(config, weights.mlp, residual ? stream.ln_2 : x);
     stream.hidden = ff.hidden;
     stream.mlp = ff.output;
-    x = add(x, ff.output);
+    x = residual ? add(x, ff.output) : ff.output;
   }
   stream.output = x;
-  seen.stream = stream;
   return { x, seen };
 }
 

@@ -16,13 +16,13 @@ function say(english, chinese, ...values) {
   return (state.language === "zh" ? chinese : english).replace(/\{(\d)\}/g, (_, n) => values[n]);
 }
 
-function shown(ch) {  // characters that would be invisible get a visible stand-in; a lone surrogate, its code
+function shown(ch) {  // a visible stand-in for an invisible character; a lone surrogate, its code
   if (ch.length === 1 && ch >= "\ud800" && ch <= "\udfff") return "\\u" + ch.charCodeAt(0).toString(16);
   return ch === "\n" ? "↵" : ch === " " ? "\u00a0" : ch === "\t" ? "→" : ch;
 }
 function key(ch) { return ch === " " ? "␣" : shown(ch); }
 function codePoint(ch) { return "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0"); }
-function quoted(ch) {  // a quote mark in quotes would be ambiguous (“””): it is named by its code point instead
+function quoted(ch) {  // a quote mark in quotes would be ambiguous (“””): its code point instead
   return /^["'`\p{Pi}\p{Pf}]$/u.test(ch) ? ch + " (" + codePoint(ch) + ")" : "“" + shown(ch) + "”";
 }
 function fixed(value) { return value === -Infinity ? "−∞" : value.toFixed(4); }
@@ -44,9 +44,9 @@ function paren(text) { return say(" (" + text + ")", "（" + text + "）"); }
 function range(n) { return [...Array(n).keys()]; }
 function size(values) { return values.length + " × " + values[0].length; }
 
-// ---- Section 1: the text, the characters the model knows, the last block_size of them (as sample.py reads)
+// ---- Section 1: the text's known characters, the last block_size of them (as sample.py reads)
 function characters(text) {
-  // By code point; two lone surrogates a text box joined are read as the two halves the vocabulary knows.
+  // By code point; two lone surrogates a text box joined are the two halves the vocabulary knows.
   return Array.from(text).flatMap(ch => (ch.length === 2 && !idOf.has(ch) && idOf.has(ch[0]) && idOf.has(ch[1]) ?
     [ch[0], ch[1]] : [ch]));
 }
@@ -113,7 +113,7 @@ function stages() {
       add("residual_1", b, say("residual add: x keeps what it had, plus what attention brought",
           "残差相加：x 保留原值，再加上注意力的输出"), "x + attn(ln_1(x))", one.afterAttention);
       if (one.mlp) add("ln_2", b, say("LayerNorm again, before the MLP", "MLP 之前再做一次 LayerNorm"), "ln_2(x)", one.ln_2);
-    } else {  // the ladder's block without residual connections: each part replaces x
+    } else {  // without residual connections each part replaces x
       add("attention", b, say("attention ({0}, then W_O), no residual: it replaces x",
           "注意力（{0}，再乘 W_O），没有残差：输出直接取代 x", heads), "x = attn(x)", one.attention);
     }
@@ -150,7 +150,7 @@ function paint(canvas, rows, columns, rgbAt) {  // one pixel per cell
   context.putImageData(picture, 0, 0);
 }
 
-function drawValues(canvas, values) {  // row t for character t: red positive, blue negative
+function drawValues(canvas, values) {
   const largest = largestOf(values) || 1;
   paint(canvas, values.length, values[0].length, (t, d) => signedRgb(values[t][d] / largest));
   return largest;
@@ -173,9 +173,8 @@ function renderModel() {
       const cell = row.appendChild(element("td", say("block {0}", "第 {0} 块", one.block), "block"));
       cell.rowSpan = list.filter(other => other.block === one.block).length;
     } else if (!one.block) row.appendChild(element("td"));
-    row.appendChild(element("td", one.label, "label"));
-    row.appendChild(element("td", one.code, "mono"));
-    row.appendChild(element("td", size(one.values), "mono"));
+    row.append(element("td", one.label, "label"), element("td", one.code, "mono"),
+      element("td", size(one.values), "mono"));
     drawValues(row.insertCell().appendChild(element("canvas")), one.values);
     row.appendChild(element("td", "", "length"));
     row.addEventListener("click", () => {
@@ -226,8 +225,7 @@ function buildStrip() {
     span.addEventListener("mouseover", () => { state.hovered = i; render(); });
     span.addEventListener("mouseout", () => { state.hovered = null; render(); });
     span.addEventListener("click", () => { state.pinned = state.pinned === i ? null : i; render(); });
-    strip.appendChild(span);
-    if (ch === "\n") strip.appendChild(element("br"));
+    strip.append(span, ...(ch === "\n" ? [element("br")] : []));
   });
   addRow(grid, "th", ["", ...state.text.map(shown)]);
   for (let h = 0; h < nHeads; h++) {
@@ -265,7 +263,7 @@ function renderStrip() {
 }
 
 // ---- Section 4: every head's weights A as a picture, one pixel per weight
-const MASKED_RGB = [85, 85, 85];  // the masked future: a dark grey no weight's colour reaches
+const MASKED_RGB = [85, 85, 85];  // a dark grey no weight's colour reaches
 
 function buildHeads() {
   const table = $("heads");
@@ -474,7 +472,7 @@ function renderMatrix() {
       const cell = tr.insertCell();
       cell.dataset.value = String(value);
       if (value === -Infinity) cell.className = "masked";
-      else {  // weights: strength √weight, so that small ones show
+      else {
         const share = value / (largest || 1), strength = weights ? Math.sqrt(value) : Math.abs(share);
         cell.style.backgroundColor = "rgb(" + (weights ? tint(BLUE, strength) : signedRgb(share)) + ")";
         if (written && strength > 0.7) cell.style.color = "#fff";
@@ -529,18 +527,15 @@ function distancePlot(curves) {
   const parsed = document.createElement("div");
   parsed.innerHTML = "<svg></svg>";
   const svgNs = parsed.firstChild.namespaceURI, width = 480, height = 160, pad = 28, n = config.block_size;
-  const svg = document.createElementNS(svgNs, "svg");
-  svg.id = "distance-plot";
-  svg.setAttribute("width", width);
-  svg.setAttribute("height", height);
-  const x = d => pad + (width - 2 * pad) * d / Math.max(1, n - 1);
-  const y = v => height / 2 - (height / 2 - 14) * v / headSize;
-  const add = (tag, attributes, text) => {
-    const node = svg.appendChild(document.createElementNS(svgNs, tag));
+  const make = (tag, attributes, text) => {
+    const node = document.createElementNS(svgNs, tag);
     for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
     if (text !== undefined) node.textContent = text;
     return node;
   };
+  const svg = make("svg", { id: "distance-plot", width, height }), add = (...made) => svg.appendChild(make(...made));
+  const x = d => pad + (width - 2 * pad) * d / Math.max(1, n - 1);
+  const y = v => height / 2 - (height / 2 - 14) * v / headSize;
   add("line", { x1: pad, x2: width - pad, y1: y(0), y2: y(0), stroke: "#ccc" });
   add("text", { x: pad + 4, y: 10 }, "q·k");
   for (const value of [headSize, 0, -headSize]) add("text", { x: 2, y: y(value) + 4 }, String(value));
@@ -553,8 +548,8 @@ function distancePlot(curves) {
       const dot = add("circle", { cx: x(d), cy: y(value), r: curve === dots ? 2.2 : 1.2,
                                   fill: curve === dots ? "#d62728" : "#1f77b4" });
       Object.assign(dot.dataset, { from: curve.from + 1, distance: d, value });
-      dot.appendChild(document.createElementNS(svgNs, "title")).textContent = say("key at character {0}, query {1} " +
-        "later: q·k = {2}", "键在第 {0} 个字符，查询在其后 {1} 个：q·k = {2}", curve.from + 1, d, value.toFixed(4));
+      dot.appendChild(make("title", {}, say("key at character {0}, query {1} later: q·k = {2}",
+        "键在第 {0} 个字符，查询在其后 {1} 个：q·k = {2}", curve.from + 1, d, value.toFixed(4))));
     });
   }
   return svg;
@@ -592,8 +587,8 @@ function buildPositions() {
     "查询和键的每一对数（i 和 i + {0}）旋转 {1}。旋转不改变长度，所以 q·k 只取决于距离：q = k = (1, …, 1) 时，蓝线" +
     "（键在第 1 个字符）和红点（键在第 {2} 个）落在同一条曲线上。", headSize / 2, angle, middle) + (additive ?
     say(" (This model scores with w·tanh(q + k), not q·k.)", "（这个模型用 w·tanh(q + k) 打分，不是 q·k。）") : "");
-  box.appendChild(distancePlot(rotaryDotsByDistance()));
-  box.appendChild(element("table", undefined, "numbers")).id = "rotary";
+  box.append(distancePlot(rotaryDotsByDistance()), element("table", undefined, "numbers"));
+  box.lastChild.id = "rotary";
 }
 
 function renderPositions() {
@@ -630,19 +625,18 @@ function vector(name, values) {
   return line;
 }
 
-function step(title, formula, ...contents) {  // one step's box, added to the step-by-step view
+function step(title, formula, ...contents) {
   const box = $("steps").appendChild(element("div", undefined, "step"));
   box.append(element("h3", title), ...(formula ? [element("div", formula, "formula")] : []), ...contents);
 }
 
 function stepValues() {
   const q = query(), l = layer(), h = viewedHead() ?? 0, seen = state.result.layers[l], head = seen.heads[h];
-  return { layer: l + 1, head: h + 1, query: q + 1, input: Array.from(seen.input[q]),
-           q: Array.from(head.q[q]), keys: head.k.slice(0, q + 1).map(k => Array.from(k)),
-           values: head.v.slice(0, q + 1).map(v => Array.from(v)), raw: head.raw[q].slice(0, q + 1),
+  const past = rows => rows.slice(0, q + 1).map(row => Array.from(row));
+  return { layer: l + 1, head: h + 1, query: q + 1, input: Array.from(seen.input[q]), q: Array.from(head.q[q]),
+           keys: past(head.k), values: past(head.v), raw: head.raw[q].slice(0, q + 1),
            scores: head.scores[q].slice(0, q + 1), weights: head.weights[q].slice(0, q + 1),
-           out: Array.from(head.out[q]), joined: Array.from(seen.joined[q]),
-           output: Array.from(seen.output[q]) };
+           out: Array.from(head.out[q]), joined: Array.from(seen.joined[q]), output: Array.from(seen.output[q]) };
 }
 
 function keyFormula() {
@@ -657,7 +651,7 @@ function keyFormula() {
 function keysAndValues(v) {
   const box = element("details");
   box.open = v.keys.length <= 8;
-  box.appendChild(element("summary", say(v.keys.length + " keys and values", v.keys.length + " 个键和值")));
+  box.appendChild(element("summary", say("{0} keys and values", "{0} 个键和值", v.keys.length)));
   v.keys.forEach((k, j) => {
     if (FORM.scores !== "none") box.appendChild(vector("k" + (j + 1), k));
     box.appendChild(vector("v" + (j + 1), v.values[j]));
@@ -797,20 +791,18 @@ function aboutLine(a) {
     a.n_head, a.head_size, a.n_embd, a.millions, a.corpus ?? say("an unrecorded corpus", "未记录的语料"));
 }
 
-function openingLine(a) {
-  const why = {
-    unrecorded: say("the checkpoint records no corpus", "检查点没有记录语料"),
-    missing: say("neither the run's token cache nor its corpus file is there", "找不到这次训练的 token 缓存，也找不到它的语料文件"),
-    changed: say("its token cache is gone and its corpus file has changed since training",
-                 "token 缓存已不在，语料文件在训练之后又改过"),
-    large: say("its token cache is gone and its corpus file is too large to read again (over 100 MB)",
-               "token 缓存已不在，语料文件太大，不再重读（超过 100 MB）"),
-    short: say("no stretch of it of 20 characters or more has only characters the model knows",
-               "其中没有一段 20 个字符以上、且每个字符模型都认识的文本"),
-  }[a.why];
+function openingLine(a) {  // a.because: attention_html.py's reason in English
   const instead = { default: say("Opened on a line of Romeo and Juliet", "打开时是《罗密欧与朱丽叶》中的一行"),
                     written: say("Opened on text the model wrote itself", "打开时是模型自己写的文本") }[a.opening];
-  if (instead) return say("{0}, not on the run's own validation text: {1}.", "{0}，而不是这次训练自己的验证文本：{1}。", instead, why);
+  if (instead) {
+    return say("{0}, not on the run's own validation text: {1}.", "{0}，而不是这次训练自己的验证文本：{2}。", instead, a.because, {
+      unrecorded: "检查点没有记录语料",
+      missing: "找不到这次训练的 token 缓存，也找不到它的语料文件",
+      changed: "token 缓存已不在，语料文件在训练之后又改过",
+      large: "token 缓存已不在，语料文件太大，不再重读（超过 100 MB）",
+      short: "其中没有一段 20 个字符以上、且每个字符模型都认识的文本",
+    }[a.why]);
+  }
   return {
     line: say("Opened on a line of the run's validation text (text it never trained on).",
               "打开时是这次训练的验证文本中的一行（模型没有用它训练过）。"),
@@ -874,7 +866,7 @@ function noteMissingFonts() {
     "sudo apt-get install fonts-noto-cjk），然后刷新页面。" : "");
 }
 
-function headsLook() {  // what to look for in the heads: the text's commonest mark ("，" in poems, a space in English)
+function headsLook() {  // heads that watch the text's commonest mark ("，" in poems, a space in English)
   const counts = new Map();
   state.text.filter(ch => !/[\p{L}\p{N}\n]/u.test(ch)).forEach(ch => counts.set(ch, (counts.get(ch) ?? 0) + 1));
   const mark = [...counts].sort((a, b) => b[1] - a[1])[0]?.[0];
