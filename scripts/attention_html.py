@@ -190,7 +190,7 @@ def opening_text(args, model, tokenizer, state: dict, block_size: int) -> Openin
     return Opening(text, "given")
 
 
-# Why the validation text was not used (the page says it in the reader's language).
+# Why the validation text was not used: printed, and said on the page (page.js has the Chinese).
 NOT_VALIDATION = {
     "unrecorded": "the checkpoint records no corpus",
     "missing": "neither the run's token cache nor its corpus file is there",

@@ -100,10 +100,6 @@ function softmax(scores) {  // less the largest score, which cannot overflow
 }
 
 // ---- Attention, one head at a time, whole T x T matrices
-function dotProductScores(q, k) {  // S = Q Kᵀ
-  return q.map(qi => k.map(kj => dot(qi, kj)));
-}
-
 function additiveScores(q, k, w) {  // S[i][j] = w · tanh(q_i + k_j)
   return q.map(qi => k.map(kj => {
     let sum = 0;
@@ -114,10 +110,6 @@ function additiveScores(q, k, w) {  // S[i][j] = w · tanh(q_i + k_j)
 
 function causalMask(scores) {  // the keys after the query: -inf (weight 0)
   return scores.map((row, i) => row.map((s, j) => (j <= i ? s : -Infinity)));
-}
-
-function ownScoreFactor(config) {  // 1/√d, or 1
-  return config.form.scaled ? 1 / Math.sqrt(config.head_size) : 1;
 }
 
 function projections(config, attn, x) {
@@ -144,11 +136,12 @@ function attention(config, attn, x, rope, scoreFactor) {
     const v = made.v[h], projected = { q, k };
     if (config.qk_norm) { q = q.map(rmsNorm); k = k.map(rmsNorm); }
     if (rope) {
-      q = q.map((row, t) => applyRope(row, rope.cos[t], rope.sin[t]));
-      k = k.map((row, t) => applyRope(row, rope.cos[t], rope.sin[t]));
+      const turn = rows => rows.map((row, t) => applyRope(row, rope.cos[t], rope.sin[t]));
+      q = turn(q);
+      k = turn(k);
     }
     const raw = form === "additive" ? additiveScores(q, k, attn.w_score.subarray(h * headSize, (h + 1) * headSize))
-      : dotProductScores(q, k);  // (0 for the uniform form: every key weighs the same)
+      : q.map(qi => k.map(kj => dot(qi, kj)));  // S = Q Kᵀ (0 for the uniform form: every key weighs the same)
     const factor = form === "additive" ? 1 : scoreFactor;
     const scores = causalMask(raw.map(row => row.map(s => s * factor)));  // scaled BEFORE the softmax
     const weights = scores.map(softmax);
@@ -224,7 +217,7 @@ function head(config, weights, x) {
 function forward(model, ids, options = {}) {
   // GPT.forward; options.scoreFactor: a what-if factor on every q·k.
   const { config, weights, rope } = model;
-  const scoreFactor = options.scoreFactor ?? ownScoreFactor(config);
+  const scoreFactor = options.scoreFactor ?? (config.form.scaled ? 1 / Math.sqrt(config.head_size) : 1);
   const embedded = embedding(model, ids), layers = [];
   let x = embedded.x;
   for (const weightsOfBlock of weights.blocks) {

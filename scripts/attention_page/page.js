@@ -826,6 +826,13 @@ function applyLanguage(language) {
   document.title = say("chargpt: your model, thinking", "chargpt：你的模型，正在思考");
   $("about").textContent = aboutLine(data.about);
   $("opening-note").textContent = openingLine(data.about);
+  const help = say("The address opens the page in a state: `page.html#text=ROMEO&query=3&layer=2&view=1` (view: a " +
+    "head, or `all`), also `hover`, `temperature`, `top_k`, `top_p`, `seed`, `append` (at most {0} characters), " +
+    "`lang` (en or zh) and `numbers`; characters, layers and heads count from 1.", "地址可以让页面以某种状态打开：" +
+    "page.html#text=ROMEO&query=3&layer=2&view=1（view：一个头，或 all），还有 hover、temperature、top_k、top_p、" +
+    "seed、append（最多 {0} 个字符）、lang（en 或 zh）和 numbers；字符、层和头都从 1 开始数。", MAX_APPEND);
+  const mono = (part, at) => (at % 2 ? element("span", part, "mono") : part);  // `name` in monospace
+  $("address-help").replaceChildren(...help.split("`").map(mono));
   document.querySelectorAll(".form-formula").forEach(node => { node.textContent = say(...FORM.formula); });
   $("view").options[0].text = say("all heads", "所有头");
   for (const option of $("scale").options) {
@@ -898,7 +905,6 @@ function numbers(extra) {  // (JSON writes -Infinity as null)
 for (let l = 0; l < nLayers; l++) $("layer").add(new Option(String(l + 1), String(l)));
 $("view").add(new Option("all heads", "all"));
 for (let h = 0; h < nHeads; h++) $("view").add(new Option(String(h + 1), String(h)));
-$("append-most").textContent = String(MAX_APPEND);
 $("input").value = data.text;
 $("input").addEventListener("input", update);
 ["layer", "view", "matrix-step"].forEach(id => $(id).addEventListener("change", render));
@@ -907,9 +913,6 @@ $("scale").value = OWN_FACTOR;
 $("scale-control").hidden = !SCALABLE;
 $("scale").addEventListener("change", update);
 $("language").addEventListener("change", () => { applyLanguage($("language").value); update(); });
-$("address-help").dataset.zh = "地址可以让页面以某种状态打开：page.html#text=ROMEO&query=3&layer=2&view=1（view：一个" +
-  "头，或 all），还有 hover、temperature、top_k、top_p、seed、append（最多 " + MAX_APPEND + " 个字符）、lang（en 或 zh）" +
-  "和 numbers；字符、层和头都从 1 开始数。";
 $("matrix").addEventListener("mouseover", pointAtMatrix);
 $("heads").addEventListener("mousemove", pointAtHeads);
 $("model-picture").addEventListener("mousemove", pointAtModel);
