@@ -239,7 +239,6 @@ function loadModel(data) {
     for (const part of path.slice(0, -1)) at = at[part] ?? (at[part] = {});
     at[path[path.length - 1]] = all.subarray(start, end);
   }
-  weights.blocks = Array.from({ length: data.config.n_layer }, (_, l) => weights.blocks[l]);
   const config = { ...data.config, head_size: data.config.n_embd / data.config.n_head, form: data.form,
                    rope_base: data.rope_base };
   const rope = config.position === "rope" ? ropeTables(config.block_size, config.head_size, config.rope_base) : null;

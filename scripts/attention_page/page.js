@@ -40,6 +40,11 @@ function addRow(table, tag, texts) {
   texts.forEach(text => row.appendChild(element(tag, text)));
   return row;
 }
+function bar(row, rem) {  // a new cell with a bar rem wide
+  const cell = row.insertCell();
+  cell.appendChild(element("span", "", "bar")).style.width = rem.toFixed(2) + "rem";
+  return cell;
+}
 function paren(text) { return say(" (" + text + ")", "（" + text + "）"); }
 function range(n) { return [...Array(n).keys()]; }
 function size(values) { return values.length + " × " + values[0].length; }
@@ -221,7 +226,7 @@ function buildStrip() {
   grid.replaceChildren();
   state.text.forEach((ch, i) => {
     const span = element("span", shown(ch), "ch");
-    span.dataset.position = String(i + 1);
+    span.dataset.position = i + 1;
     span.addEventListener("mouseover", () => { state.hovered = i; render(); });
     span.addEventListener("mouseout", () => { state.hovered = null; render(); });
     span.addEventListener("click", () => { state.pinned = state.pinned === i ? null : i; render(); });
@@ -273,8 +278,7 @@ function buildHeads() {
     const row = addRow(table, "th", [say("layer {0}", "第 {0} 层", l + 1)]);
     for (let h = 0; h < nHeads; h++) {
       const canvas = row.insertCell().appendChild(element("canvas"));
-      canvas.dataset.layer = String(l);
-      canvas.dataset.head = String(h);
+      Object.assign(canvas.dataset, { layer: l, head: h });
       canvas.title = say("layer {0}, head {1}: click to open it in the matrices", "第 {0} 层，头 {1}：点击，在矩阵里打开它",
         l + 1, h + 1);
     }
@@ -318,9 +322,7 @@ function openHead(event) {
 
 // ---- The what-if scale: the factor on every q·k
 const FACTORS = { sqrt: ["÷√" + headSize, 1 / Math.sqrt(headSize)], 1: ["×1", 1], 10: ["×10", 10] };
-const FORM = config.form;
-const OWN_FACTOR = FORM.scaled ? "sqrt" : "1";
-const SCALABLE = FORM.scores === "dot";
+const FORM = config.form, OWN_FACTOR = FORM.scaled ? "sqrt" : "1", SCALABLE = FORM.scores === "dot";
 
 function scoreFactor() { return FACTORS[$("scale").value || OWN_FACTOR][1]; }
 function factorName(value = $("scale").value || OWN_FACTOR) {
@@ -370,7 +372,7 @@ function tutorialNames() {
 }
 
 function tutorialsLine(...symbols) {
-  const box = element("div", undefined, "hint mono");
+  const box = element("div", "", "hint mono");
   symbols.map(namedIn).filter(Boolean).forEach((line, at) => {
     if (at) box.appendChild(element("br"));
     marked(box, line);
@@ -491,13 +493,13 @@ function renderMatrix() {
 const SMALL_MATRIX = 12;
 
 function colourBar(largest, weights, masked) {
-  const bar = $("matrix-bar"), ramp = element("span", undefined, "ramp");
+  const scale = $("matrix-bar"), ramp = element("span", "", "ramp");
   ramp.style.background = weights ? "linear-gradient(to right, #fff, rgb(31,119,180))" :
     "linear-gradient(to right, rgb(31,119,180), #fff, rgb(214,39,40))";
-  bar.replaceChildren(say("colours: ", "颜色：") + (weights ? "0 " : "−" + largest.toFixed(4) + " "), ramp,
+  scale.replaceChildren(say("colours: ", "颜色：") + (weights ? "0 " : "−" + largest.toFixed(4) + " "), ramp,
     weights ? " 1" + say(" (strength √weight, so that small weights show)", "（深浅按 √权重，小权重也看得见）") :
       " +" + largest.toFixed(4));
-  if (masked) bar.append(say("; ", "；"), element("span", undefined, "hatched"), say(" −∞ (masked)", " −∞（被掩码遮住）"));
+  if (masked) scale.append(say("; ", "；"), element("span", "", "hatched"), say(" −∞ (masked)", " −∞（被掩码遮住）"));
 }
 
 function pointAtMatrix(event) {
@@ -505,7 +507,7 @@ function pointAtMatrix(event) {
   if (cell) $("matrix-readout").textContent = cell.title;
 }
 
-// ---- Section 6: positions (rotary angles and q·k by distance; learned vectors' likeness; none)
+// ---- Section 6: positions
 
 function positionSimilarities() {
   const table = model.weights.wpe.weight, n = config.block_size, nEmbd = config.n_embd;
@@ -587,7 +589,7 @@ function buildPositions() {
     "查询和键的每一对数（i 和 i + {0}）旋转 {1}。旋转不改变长度，所以 q·k 只取决于距离：q = k = (1, …, 1) 时，蓝线" +
     "（键在第 1 个字符）和红点（键在第 {2} 个）落在同一条曲线上。", headSize / 2, angle, middle) + (additive ?
     say(" (This model scores with w·tanh(q + k), not q·k.)", "（这个模型用 w·tanh(q + k) 打分，不是 q·k。）") : "");
-  box.append(distancePlot(rotaryDotsByDistance()), element("table", undefined, "numbers"));
+  box.append(distancePlot(rotaryDotsByDistance()), element("table", "", "numbers"));
   box.lastChild.id = "rotary";
 }
 
@@ -612,7 +614,7 @@ function renderPositions() {
 const SHOWN_VALUES = 8;
 
 function vector(name, values) {
-  const line = element("div", undefined, "vector");
+  const line = element("div", "", "vector");
   const all = Array.from(values, fixed), some = all.slice(0, SHOWN_VALUES);
   const numbers = element("span", name + " = [" + some.join(", ") + (all.length > some.length ? ", …]" : "]"));
   line.appendChild(numbers);
@@ -626,7 +628,7 @@ function vector(name, values) {
 }
 
 function step(title, formula, ...contents) {
-  const box = $("steps").appendChild(element("div", undefined, "step"));
+  const box = $("steps").appendChild(element("div", "", "step"));
   box.append(element("h3", title), ...(formula ? [element("div", formula, "formula")] : []), ...contents);
 }
 
@@ -689,7 +691,7 @@ function renderSteps() {
       "q" + i + " = x" + i + " W_Q" + (config.bias ? " + b_Q" : "") + say(", {0} numbers", "，{0} 维", headSize) +
       (config.shared_qk ? say("; keys use the same W", "；键也用同一个 W") : ""), ...projected, tutorialsLine("Q"));
   }
-  const table = element("table", undefined, "numbers");
+  const table = element("table", "", "numbers");
   const header = ["j", say("key", "键"), form === "additive" ? "w·tanh(q" + i + " + kⱼ)" : "q" + i + "·kⱼ"];
   if (scaled) header.push(scaledName());
   header.push(say("mask", "掩码"), "softmax α" + i + "ⱼ");
@@ -698,9 +700,7 @@ function renderSteps() {
     const cells = [String(j + 1), key(ch), fixed(v.raw[j])];
     if (scaled) cells.push(fixed(v.scores[j]));
     cells.push(say("kept", "保留"), v.weights[j].toFixed(4));
-    const row = addRow(table, "td", cells), bar = row.insertCell().appendChild(element("span", undefined, "bar"));
-    bar.style.width = (v.weights[j] * 8).toFixed(2) + "rem";
-    bar.parentNode.style.textAlign = "left";
+    bar(addRow(table, "td", cells), v.weights[j] * 8).style.textAlign = "left";
   });
   if (q + 1 < state.text.length) {
     const after = state.text.slice(q + 1), keys = (q + 2) + (after.length > 1 ? "–" + state.text.length : "");
@@ -754,8 +754,7 @@ function renderNext() {
     .forEach(([p, id]) => {
       const row = table.insertRow();
       row.appendChild(element("td")).appendChild(element("span", key(vocab[id]), "mono box"));
-      const bar = row.insertCell().appendChild(element("span", undefined, "bar"));
-      bar.style.width = (p * 20).toFixed(2) + "rem";
+      bar(row, p * 20);
       row.appendChild(element("td", (100 * p).toFixed(1) + "%"));
     });
 }
@@ -767,7 +766,7 @@ function appendSampled() {
   update();
 }
 
-// ---- Wiring. The address (#text=...&layer=2&view=3&query=5...; #address-help lists it) opens a state.
+// ---- Wiring
 function render() {
   $("what-if").hidden = !whatIf();
   if (whatIf()) {
@@ -928,7 +927,7 @@ function moveStep(by) {
 $("seed").addEventListener("input", () => { state.random = null; });
 $("append").addEventListener("click", appendSampled);
 
-const wanted = new URLSearchParams(location.hash.slice(1));
+const wanted = new URLSearchParams(location.hash.slice(1));  // the state the address asks for
 if (wanted.has("text")) {
   $("input").value = wanted.get("text");
   data.text = $("input").value;
