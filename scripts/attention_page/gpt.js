@@ -117,8 +117,10 @@ function projections(config, attn, x) {
   const { n_head: nHead, n_embd: nEmbd, head_size: headSize } = config;
   const made = attn.c_attn ? linear(x, attn.c_attn) : [];
   const learnedQK = config.form.scores === "none" ? 0 : config.shared_qk ? 1 : 2;
-  const part = (index, h) => made.map(row => row.subarray(index * nEmbd + h * headSize,
-                                                          index * nEmbd + (h + 1) * headSize));
+  const part = (index, h) => {
+    const start = index * nEmbd + h * headSize;
+    return made.map(row => row.subarray(start, start + headSize));
+  };
   const heads = Array.from({ length: nHead }, (_, h) => h);
   const v = heads.map(h => (config.attention_values ? part(learnedQK, h) :  // without values: the head's slice of x
     x.map(row => row.subarray(h * headSize, (h + 1) * headSize))));

@@ -45,7 +45,7 @@ function bar(row, rem) {  // a new cell with a bar rem wide
   cell.appendChild(element("span", "", "bar")).style.width = rem.toFixed(2) + "rem";
   return cell;
 }
-function paren(text) { return say(" (" + text + ")", "（" + text + "）"); }
+function paren(text) { return say(" ({0})", "（{0}）", text); }
 function range(n) { return [...Array(n).keys()]; }
 function size(values) { return values.length + " × " + values[0].length; }
 
@@ -60,18 +60,14 @@ function readText() {
   const typed = characters($("input").value);
   const unknown = [...new Set(typed.filter(ch => !idOf.has(ch)))];
   let known = typed.filter(ch => idOf.has(ch));
-  const cut = Math.max(0, known.length - config.block_size);
+  const most = config.block_size, cut = Math.max(0, known.length - most);
   known = known.slice(cut);
-  const notes = [say(known.length + " of at most " + config.block_size + " characters",
-                     known.length + " 个字符，最多 " + config.block_size + " 个")];
+  const notes = [say("{0} of at most {1} characters", "{0} 个字符，最多 {1} 个", known.length, most)];
   if (unknown.length) {
-    notes.push(say("skipped, never seen in training: ", "已跳过训练中从未见过的字符：") +
-               unknown.slice(0, 20).map(quoted).join(" "));
+    notes.push(say("skipped, never seen in training: {0}", "已跳过训练中从未见过的字符：{0}",
+                   unknown.slice(0, 20).map(quoted).join(" ")));
   }
-  if (cut) {
-    notes.push(say("the first " + cut + " left out: the model reads at most " + config.block_size,
-                   "去掉了前 " + cut + " 个：模型最多只读 " + config.block_size + " 个"));
-  }
+  if (cut) notes.push(say("the first {0} left out: the model reads at most {1}", "去掉了前 {0} 个：模型最多只读 {1} 个", cut, most));
   $("input-note").textContent = notes.join(say("; ", "；"));
   $("input-note").classList.toggle("warn", unknown.length > 0 || cut > 0);
   $("opening-note").hidden = $("input").value !== data.text;
@@ -468,8 +464,7 @@ function renderMatrix() {
     const tr = table.insertRow();
     tr.className = i === q ? "chosen" : "";
     const label = tr.appendChild(element("th", key(state.text[i]) + " " + (i + 1)));
-    label.title = say("character " + (i + 1) + ": click to explain it step by step",
-                      "第 " + (i + 1) + " 个字符：点击，逐步解释它");
+    label.title = say("character {0}: click to explain it step by step", "第 {0} 个字符：点击，逐步解释它", i + 1);
     Array.from(row).forEach((value, j) => {
       const cell = tr.insertCell();
       cell.dataset.value = String(value);
