@@ -80,7 +80,6 @@ def carried_weights(model) -> tuple[dict[str, list[int]], str]:
 
 
 def page(model, vocab: str, text: str, title: str, about: dict) -> str:
-    """The page's HTML: the parts put together with the model's data."""
     tensors, weights = carried_weights(model)
     # The vocabulary as code points: a character of two UTF-16 units cannot merge with its neighbour in JavaScript.
     data = {"title": title, "about": about, "text": text, "vocab": [ord(ch) for ch in vocab],
@@ -99,15 +98,15 @@ def page(model, vocab: str, text: str, title: str, about: dict) -> str:
 
 
 class Opening(NamedTuple):
-    """The opening text; source: given, line, lines, default or written; why: a key of NOT_VALIDATION, or ""."""
+    """source: given, line, lines, default or written; why: a key of NOT_VALIDATION, or ""."""
     text: str
     source: str
     why: str = ""
 
 
 def validation_start(state: dict) -> tuple[str | None, str]:
-    """The first VAL_SEARCHED characters of the run's validation text, from this user's token cache or the corpus file
-    the checkpoint records (both checked); else None and why."""
+    """The start of the run's validation text, from this user's token cache or the recorded corpus (both checked);
+    else None and why."""
     data, run = state.get("data") or {}, state.get("run_config") or {}
     sha256, n_train = data.get("sha256"), data.get("n_train")
     if not sha256 or n_train is None:
@@ -116,7 +115,7 @@ def validation_start(state: dict) -> tuple[str | None, str]:
                 "val_fraction": run.get("val_fraction", 0.1)}
     for entry in sorted((default_cache_dir() / "prepared").glob(f"{sha256[:20]}-*")):
         try:
-            meta = cache_entry(entry)[0]  # (checked as training checks it)
+            meta = cache_entry(entry)[0]
             if meta is None or meta["sha256"] != sha256 or meta["vocab"] != state.get("vocab") or any(
                     meta[key] != value for key, value in settings.items()):
                 continue
@@ -143,13 +142,12 @@ def validation_start(state: dict) -> tuple[str | None, str]:
 
 
 def validation_opening(state: dict, tokenizer, length: int) -> Opening | str:
-    """The first known whole line of 20+ characters of the validation text, else the first known run of short lines
-    that reaches 20; else why."""
+    """The first whole line of 20+ known characters, else the first run of short lines that reaches 20; else why."""
     start, why = validation_start(state)
     if start is None:
         return why
     least = min(20, length)
-    lines = start.split("\n")[1:-1]  # whole lines only
+    lines = start.split("\n")[1:-1]  # whole lines
     for line in lines:
         if len(line.strip()) >= least and all(ch in tokenizer.stoi for ch in line):
             return Opening(line[:length], "line")
@@ -192,7 +190,7 @@ def opening_text(args, model, tokenizer, state: dict, block_size: int) -> Openin
     return Opening(text, "given")
 
 
-# Why the validation text was not used (the page says it in the reader's language).
+# Why the validation text was not used: printed, and said on the page (page.js has the Chinese).
 NOT_VALIDATION = {
     "unrecorded": "the checkpoint records no corpus",
     "missing": "neither the run's token cache nor its corpus file is there",
@@ -220,10 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         attention_of(model, tokenizer.encode(opening.text) or [0])
     except UserError as err:
         raise UserError(f"{path}: {err}") from None
-    # the line under the title
     about = {"path": str(path), "step": state["iter"], "n_layer": cfg.n_layer, "n_head": cfg.n_head,
              "head_size": cfg.head_size, "n_embd": cfg.n_embd, "millions": f"{size / 1e6:.2f}",
-             "corpus": state.get("data", {}).get("source"), "opening": opening.source, "why": opening.why}
+             "corpus": state.get("data", {}).get("source"), "opening": opening.source, "why": opening.why,
+             "because": NOT_VALIDATION.get(opening.why)}
     written = page(model, tokenizer.chars, opening.text, "Your model, thinking", about)
     write_text_atomic(html, written, "the page", "--html")
     if opening.why:

@@ -32,8 +32,8 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpe
 
 
 def run_browser(command: list[str], profile: Path | None = None) -> subprocess.CompletedProcess:
-    """Chromium in a process group of its own, its output captured. Stopped or too slow, the whole group is killed
-    (waited for up to 10 s), and the killed Chromium's socket folder removed, before this returns."""
+    """Chromium in a process group of its own, its output captured. Stopped or too slow, the group is killed (waited
+    for up to 10 s) and its socket folder removed."""
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as process:
         try:
@@ -54,7 +54,7 @@ def run_browser(command: list[str], profile: Path | None = None) -> subprocess.C
 
 
 def running_in_group(group: int) -> bool:
-    """Whether a process of the group still runs, zombies aside (os.killpg(group, 0) counts them), read from /proc."""
+    """Whether a process of the group still runs, zombies aside (os.killpg(group, 0) counts them)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError):  # it ended meanwhile
             state, _, process_group = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after the command's name

@@ -1,12 +1,9 @@
-// The model of model/ in plain JavaScript: the same forward pass, keeping every value the page shows.
-// Each function is named for its counterpart in model/gpt.py, model/attention.py or model/scoring.py.
-// Vectors are Float64Arrays, one per position; a Linear's weight is a Float32Array of out x in numbers, as torch
-// stores it. The weights keep the state dict's names: blocks[0].attn.c_attn.weight.
+// model/'s forward pass in plain JavaScript, keeping every value the page shows; names follow model/*.py.
+// Vectors are Float64Arrays, one per position; a Linear's weight is a Float32Array, out x in as torch stores it.
 "use strict";
 
 function linear(xs, { weight, bias }) {
-  // nn.Linear: y[o] = b[o] + W[o] · x, four positions at a time (each weight read serves four sums).
-  // Past the last position the last one stands in.
+  // nn.Linear, four positions at a time (each weight read serves four sums); past the end the last one stands in.
   const nIn = xs[0].length, nOut = weight.length / nIn, ys = xs.map(() => new Float64Array(nOut));
   const last = xs.length - 1, at = (t, k) => Math.min(t + k, last);
   for (let t = 0; t <= last; t += 4) {
@@ -30,7 +27,7 @@ function linear(xs, { weight, bias }) {
   return ys;
 }
 
-function layerNorm(x, { weight, bias }) {  // nn.LayerNorm: subtract the mean, divide by the standard deviation
+function layerNorm(x, { weight, bias }) {  // nn.LayerNorm
   const n = x.length;
   let mean = 0, variance = 0;
   for (let i = 0; i < n; i++) mean += x[i];
@@ -43,7 +40,7 @@ function layerNorm(x, { weight, bias }) {  // nn.LayerNorm: subtract the mean, d
 
 const FLOAT32_EPS = 1.1920928955078125e-7;  // F.rms_norm's epsilon for float32 tensors
 
-function rmsNorm(x) {  // F.rms_norm without a weight (QK-norm): every vector to root-mean-square 1
+function rmsNorm(x) {  // F.rms_norm without a weight (QK-norm)
   let meanSquare = 0;
   for (let i = 0; i < x.length; i++) meanSquare += x[i] * x[i];
   const scale = 1 / Math.sqrt(meanSquare / x.length + FLOAT32_EPS);
@@ -57,11 +54,11 @@ function erf(x) {  // Abramowitz and Stegun 7.1.26: within 1.5e-7 of the error f
 }
 
 const ACTIVATIONS = {
-  gelu: x => 0.5 * x * (1 + erf(x / Math.SQRT2)),  // nn.GELU(): x times the normal distribution's P(X <= x)
-  relu2: x => (x > 0 ? x * x : 0),  // ReLUSquared: relu(x) squared
+  gelu: x => 0.5 * x * (1 + erf(x / Math.SQRT2)),  // nn.GELU()
+  relu2: x => (x > 0 ? x * x : 0),
 };
 
-// rope_tables, in float32 as torch (Math.fround): the same angles.
+// rope_tables, in float32 as torch computes them (Math.fround).
 function ropeTables(blockSize, headSize, base) {
   const half = headSize / 2, cos = [], sin = [];
   const frequencies = Array.from({ length: half },
@@ -94,7 +91,7 @@ function dot(a, b) {
   return sum;
 }
 
-function softmax(scores) {  // exp(s - max) / sum: subtracting the largest score changes nothing and cannot overflow
+function softmax(scores) {  // less the largest score, which cannot overflow
   let top = -Infinity, total = 0;
   for (const s of scores) if (s > top) top = s;
   const e = scores.map(s => (s === -Infinity ? 0 : Math.exp(s - top)));  // a masked score: weight 0
@@ -103,10 +100,6 @@ function softmax(scores) {  // exp(s - max) / sum: subtracting the largest score
 }
 
 // ---- Attention, one head at a time, whole T x T matrices
-function dotProductScores(q, k) {  // S = Q Kᵀ: S[i][j] = q_i · k_j, for every query i and key j
-  return q.map(qi => k.map(kj => dot(qi, kj)));
-}
-
 function additiveScores(q, k, w) {  // S[i][j] = w · tanh(q_i + k_j)
   return q.map(qi => k.map(kj => {
     let sum = 0;
@@ -115,21 +108,19 @@ function additiveScores(q, k, w) {  // S[i][j] = w · tanh(q_i + k_j)
   }));
 }
 
-function causalMask(scores) {  // the tril: a query at i may look at keys 0..i; later keys get -inf (weight 0)
+function causalMask(scores) {  // the keys after the query: -inf (weight 0)
   return scores.map((row, i) => row.map((s, j) => (j <= i ? s : -Infinity)));
 }
 
-function ownScoreFactor(config) {  // what the model multiplies q·k by before the softmax: 1/√d, or 1
-  return config.form.scaled ? 1 / Math.sqrt(config.head_size) : 1;
-}
-
 function projections(config, attn, x) {
-  // x -> q, k, v per head; c_attn makes them side by side (no k when shared_qk, no q or k for the uniform form).
+  // x -> q, k, v per head, side by side in c_attn (no k when shared_qk, no q or k for the uniform form).
   const { n_head: nHead, n_embd: nEmbd, head_size: headSize } = config;
   const made = attn.c_attn ? linear(x, attn.c_attn) : [];
   const learnedQK = config.form.scores === "none" ? 0 : config.shared_qk ? 1 : 2;
-  const part = (index, h) => made.map(row => row.subarray(index * nEmbd + h * headSize,
-                                                          index * nEmbd + (h + 1) * headSize));
+  const part = (index, h) => {
+    const start = index * nEmbd + h * headSize;
+    return made.map(row => row.subarray(start, start + headSize));
+  };
   const heads = Array.from({ length: nHead }, (_, h) => h);
   const v = heads.map(h => (config.attention_values ? part(learnedQK, h) :  // without values: the head's slice of x
     x.map(row => row.subarray(h * headSize, (h + 1) * headSize))));
@@ -139,8 +130,7 @@ function projections(config, attn, x) {
 }
 
 function attention(config, attn, x, rope, scoreFactor) {
-  // CausalSelfAttention.forward: the output and, per head, q and k (projected and scored), v, the raw scores S,
-  // the scaled and masked scores, the weights A and A·V. scoreFactor multiplies q·k (not for the additive form).
+  // CausalSelfAttention.forward, keeping each head's every matrix. scoreFactor multiplies q·k (not additive scores).
   const { n_head: nHead, head_size: headSize } = config, form = config.form.scores, T = x.length;
   const made = projections(config, attn, x), heads = [];
   for (let h = 0; h < nHead; h++) {
@@ -148,22 +138,23 @@ function attention(config, attn, x, rope, scoreFactor) {
     const v = made.v[h], projected = { q, k };
     if (config.qk_norm) { q = q.map(rmsNorm); k = k.map(rmsNorm); }
     if (rope) {
-      q = q.map((row, t) => applyRope(row, rope.cos[t], rope.sin[t]));
-      k = k.map((row, t) => applyRope(row, rope.cos[t], rope.sin[t]));
+      const turn = rows => rows.map((row, t) => applyRope(row, rope.cos[t], rope.sin[t]));
+      q = turn(q);
+      k = turn(k);
     }
     const raw = form === "additive" ? additiveScores(q, k, attn.w_score.subarray(h * headSize, (h + 1) * headSize))
-      : dotProductScores(q, k);  // (0 for the uniform form: every key weighs the same)
+      : q.map(qi => k.map(kj => dot(qi, kj)));  // S = Q Kᵀ (0 for the uniform form: every key weighs the same)
     const factor = form === "additive" ? 1 : scoreFactor;
     const scores = causalMask(raw.map(row => row.map(s => s * factor)));  // scaled BEFORE the softmax
     const weights = scores.map(softmax);
-    const out = weights.map(row => {  // A·V: each query's weighted sum of the values
+    const out = weights.map(row => {  // A·V
       const y = new Float64Array(headSize);
       for (let j = 0; j < T; j++) if (row[j]) for (let d = 0; d < headSize; d++) y[d] += row[j] * v[j][d];
       return y;
     });
     heads.push({ projected, q, k, v, raw, scores, weights, out });
   }
-  const joined = x.map((_, t) => {  // the heads' outputs side by side: n_embd numbers again
+  const joined = x.map((_, t) => {  // the heads' outputs side by side
     const row = new Float64Array(config.n_embd);
     heads.forEach((one, h) => row.set(one.out[t], h * headSize));
     return row;
@@ -173,13 +164,13 @@ function attention(config, attn, x, rope, scoreFactor) {
 
 // ---- The block, the MLP, the model
 function mlp(config, weights, xs) {
-  // MLP.forward: Linear -> GELU (or ReLU²) -> Linear; the hidden layer is kept for the overview.
+  // MLP.forward, keeping the hidden layer for the overview.
   const activation = ACTIVATIONS[config.activation];
   const hidden = linear(xs, weights.c_fc).map(row => row.map(activation));
   return { hidden, output: linear(hidden, weights.c_proj) };
 }
 
-function add(xs, changes) {  // the residual connection: x + change, position by position
+function add(xs, changes) {  // the residual connection
   return xs.map((row, t) => {
     const sum = Float64Array.from(row), change = changes[t];
     for (let d = 0; d < sum.length; d++) sum[d] += change[d];
@@ -189,32 +180,27 @@ function add(xs, changes) {  // the residual connection: x + change, position by
 
 function block(config, weights, x, rope, scoreFactor) {
   // Block.forward: x + attn(ln_1(x)), then x + mlp(ln_2(x)); without residuals, x = attn(x), then x = mlp(x).
-  // seen: attention's values and input, and stream: every vector on the way, for the overview.
-  if (!config.residual) {
-    const seen = { input: x, ...attention(config, weights.attn, x, rope, scoreFactor) };
-    const ff = weights.mlp ? mlp(config, weights.mlp, seen.output) : null;
-    const out = ff ? ff.output : seen.output;
-    seen.stream = { input: x, attention: seen.output, hidden: ff && ff.hidden, mlp: ff && ff.output, output: out };
-    return { x: out, seen };
-  }
-  const input = x.map(row => layerNorm(row, weights.ln_1));
-  const seen = { input, ...attention(config, weights.attn, input, rope, scoreFactor) };
-  const stream = { input: x, ln_1: input, attention: seen.output };
-  x = stream.afterAttention = add(x, seen.output);
+  // seen: attention's input and values; seen.stream: every vector on the way, for the overview.
+  const residual = config.residual, stream = { input: x };
+  if (residual) stream.ln_1 = x.map(row => layerNorm(row, weights.ln_1));
+  const input = residual ? stream.ln_1 : x;
+  const seen = { input, ...attention(config, weights.attn, input, rope, scoreFactor), stream };
+  stream.attention = seen.output;
+  x = residual ? add(x, seen.output) : seen.output;
+  if (residual) stream.afterAttention = x;
   if (weights.mlp) {
-    stream.ln_2 = x.map(row => layerNorm(row, weights.ln_2));
-    const ff = mlp(config, weights.mlp, stream.ln_2);
+    if (residual) stream.ln_2 = x.map(row => layerNorm(row, weights.ln_2));
+    const ff = mlp(config, weights.mlp, residual ? stream.ln_2 : x);
     stream.hidden = ff.hidden;
     stream.mlp = ff.output;
-    x = add(x, ff.output);
+    x = residual ? add(x, ff.output) : ff.output;
   }
   stream.output = x;
-  seen.stream = stream;
   return { x, seen };
 }
 
 function embedding(model, ids) {
-  // wte(idx), plus wpe(positions) for learned positions; x is the residual stream's start.
+  // wte(idx), plus wpe(positions) for learned positions.
   const { config, weights } = model, nEmbd = config.n_embd;
   const tokens = ids.map(id => weights.wte.weight.subarray(id * nEmbd, (id + 1) * nEmbd));
   const positions = weights.wpe ? ids.map((_, t) => weights.wpe.weight.subarray(t * nEmbd, (t + 1) * nEmbd)) : null;
@@ -223,7 +209,7 @@ function embedding(model, ids) {
 }
 
 function head(config, weights, x) {
-  // ln_f, then lm_head (tied: wte), then the optional soft-cap cap * tanh(logit / cap).
+  // ln_f, lm_head (tied: wte), then the optional soft-cap.
   const normed = x.map(row => layerNorm(row, weights.ln_f));
   const logits = linear(normed, weights.lm_head || weights.wte);
   const cap = config.logit_softcap || 0;
@@ -231,9 +217,9 @@ function head(config, weights, x) {
 }
 
 function forward(model, ids, options = {}) {
-  // GPT.forward for ids (at most block_size); options.scoreFactor: a what-if factor on every q·k.
+  // GPT.forward; options.scoreFactor: a what-if factor on every q·k.
   const { config, weights, rope } = model;
-  const scoreFactor = options.scoreFactor ?? ownScoreFactor(config);
+  const scoreFactor = options.scoreFactor ?? (config.form.scaled ? 1 / Math.sqrt(config.head_size) : 1);
   const embedded = embedding(model, ids), layers = [];
   let x = embedded.x;
   for (const weightsOfBlock of weights.blocks) {
@@ -245,7 +231,7 @@ function forward(model, ids, options = {}) {
   return { logits, layers, embedded, normed };
 }
 
-// ---- The weights: one block of float32 numbers, cut into the state dict's tensors, nested by name
+// ---- The weights: one block of float32 numbers, cut into the state dict's tensors (blocks[0].attn.c_attn.weight)
 function loadModel(data) {
   const bytes = Uint8Array.from(atob(data.weights), c => c.charCodeAt(0));
   const all = new Float32Array(bytes.buffer), weights = { blocks: [] };
@@ -255,8 +241,6 @@ function loadModel(data) {
     for (const part of path.slice(0, -1)) at = at[part] ?? (at[part] = {});
     at[path[path.length - 1]] = all.subarray(start, end);
   }
-  weights.blocks = Array.from({ length: data.config.n_layer }, (_, l) => weights.blocks[l]);
-  // head_size, the form of attention (model/scoring.py) and ROPE_BASE
   const config = { ...data.config, head_size: data.config.n_embd / data.config.n_head, form: data.form,
                    rope_base: data.rope_base };
   const rope = config.position === "rope" ? ropeTables(config.block_size, config.head_size, config.rope_base) : null;

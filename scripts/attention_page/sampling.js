@@ -3,7 +3,7 @@
 "use strict";
 
 function nextCharacterProbabilities(logits, temperature, topK, topP) {
-  // temperature 0: always the most likely character (sample.py's greedy decoding)
+  // temperature 0: the most likely character, as sample.py's greedy decoding
   if (temperature === 0) {
     const best = logits.indexOf(Math.max(...logits));
     return logits.map((_, i) => (i === best ? 1 : 0));
@@ -29,8 +29,7 @@ function nextCharacterProbabilities(logits, temperature, topK, topP) {
 }
 
 function seededRandom(seed) {
-  // Marsaglia's xorshift32: a few shifts of a 32-bit state, each call a number in [0, 1). Not torch's generator:
-  // the page repeats its own draws for a seed, not sample.py's.
+  // Marsaglia's xorshift32, a number in [0, 1) per call: the page repeats its own draws for a seed, not torch's.
   let state = (Math.abs(Math.floor(seed)) % 4294967295) + 1;
   return () => {
     state ^= state << 13; state >>>= 0;
