@@ -9,10 +9,7 @@ if [ $# -ne 3 ] || [ ! -f "$2" ]; then
     exit 2
 fi
 part=$1 corpus=$(realpath "$2") logs=${3%/}
-if [ -L "$logs" ]; then
-    echo "error: the log folder $3 is a symbolic link. Name a real folder" >&2
-    exit 2
-fi
+[ -L "$logs" ] && { echo "error: the log folder $3 is a symbolic link. Name a real folder" >&2; exit 2; }
 logs=$(realpath -m "$logs")
 
 if [ "${QUICK:-0}" = 1 ]; then
@@ -86,8 +83,6 @@ verdict_summary() {  # PART: the verdicts counted and repeated; exit 1 if one is
 about_the_machine() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
     run python -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"
-    gpu=1
-    python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || gpu=0
 }
 
 # python -c "$decoding" CHECKPOINT eager|compiled CHARACTERS MOST_SYNCS: a padded batch of three rows, greedy, twice;
@@ -234,7 +229,7 @@ from bench_run import prepare_nanogpt
 from errors import run_cli
 sys.exit(run_cli(lambda argv: prepare_nanogpt(*map(Path, argv)) and 0, sys.argv[1:]))' "$NANOGPT" "$corpus" "$work"
     local device=()
-    python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || device=(--device=cpu --compile=False)
+    [ $gpu = 1 ] || device=(--device=cpu --compile=False)
     run env -C "$work/nanogpt-code" python train.py config/train_shakespeare_char.py --out_dir="$work/nanogpt" \
         "${device[@]}" "${nano_shrink[@]}"
     run python scripts/score_nanogpt.py "$work/nanogpt-code" "$work/nanogpt/ckpt.pt"
@@ -283,6 +278,8 @@ stop() {  # SIGNAL EXIT_CODE
 }
 trap 'stop SIGTERM 143' TERM
 trap 'stop Ctrl-C 130' INT
+gpu=1
+python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || gpu=0
 status=0
 for p in "${parts[@]}"; do
     "part_$p" 2>&1 | tee -p "$logs/$p.log" &  # -p: the log is still written when the screen's pipe closes

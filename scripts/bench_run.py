@@ -16,9 +16,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch  # noqa: E402
+
 from bench import options, parse_compare  # noqa: E402
-from bench_prepare import write_figures  # noqa: E402
-from errors import ArgumentParser, Interrupted, UserError, check_output_file, run_cli  # noqa: E402
+from bench_prepare import figures_parser, write_figures  # noqa: E402
+from configs import load_config  # noqa: E402
+from errors import Interrupted, UserError, run_cli  # noqa: E402
 from train_command import run_train  # noqa: E402
 from common.run_folder import SUMMARY, RunDir, read_summary  # noqa: E402
 
@@ -29,7 +32,7 @@ NANOGPT_CPU_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--com
 
 
 def logged_run(log: Path, argv: list[str], what: str, **how) -> float:
-    """run_train(argv, **how), its output in log (never through a link): its seconds. A failure or a stop raises."""
+    """run_train(argv, **how), its output in log (never through a link): its seconds. A failure raises."""
     started = time.perf_counter()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with open(fd, "w", encoding="utf-8") as out:
@@ -43,7 +46,7 @@ def logged_run(log: Path, argv: list[str], what: str, **how) -> float:
 
 
 def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
-    """One `python train.py argv --out_dir folder --overwrite`, timed whole: its summary's figures."""
+    """`python train.py argv --out_dir folder --overwrite`, timed whole: its summary's figures."""
     env = dict(os.environ)
     if cold_cache:  # an empty compiler cache for this run alone
         cache = folder.with_name(folder.name + ".compile_cache")
@@ -84,15 +87,6 @@ def cpu_bound(count: int):
             hog.stdout.close()
 
 
-def corpus_file(rest: list[str]) -> Path:
-    """The text file --data names: nanoGPT trains on the same one."""
-    named = [rest[i + 1] for i, word in enumerate(rest[:-1]) if word == "--data"]
-    named += [word.split("=", 1)[1] for word in rest if word.startswith("--data=")]
-    if not named or not Path(named[-1]).is_file():
-        raise UserError("--nanogpt trains nanoGPT on the same text, which is no file here. Name it with --data FILE")
-    return Path(named[-1])
-
-
 def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
     """A copy of the checkout's code, the corpus as its input.txt, run through its prepare.py: the copy's folder."""
     prepare = Path("data", "shakespeare_char", "prepare.py")
@@ -106,7 +100,7 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
     shutil.copytree(checkout / "config", code / "config")
     shutil.copyfile(checkout / prepare, code / prepare)
     shutil.copyfile(corpus, code / prepare.parent / "input.txt")
-    # prepare.py imports requests only to download, which it then does not: a stand-in where it is not installed
+    # prepare.py imports requests only to download, which it does not do here: a stand-in where it is missing
     stand_in = ("import importlib.util, runpy, sys, types\n"
                 "if importlib.util.find_spec('requests') is None:\n"
                 "    sys.modules['requests'] = types.ModuleType('requests')\n"
@@ -118,28 +112,21 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
 
 def run_nanogpt(code: Path, folder: Path, dtype: str) -> dict:
     """nanoGPT's CPU recipe in the copy, timed whole; its checkpoint scored as our full validation is, in dtype."""
-    import numpy as np
-    from score_nanogpt import full_validation, load_nanogpt
+    from score_nanogpt import score
     from common.machine import setup
 
     log = folder.with_name(folder.name + ".log")
     shutil.rmtree(folder, ignore_errors=True)
     whole = logged_run(log, [*NANOGPT_CPU_RECIPE, f"--out_dir={folder}"], "nanoGPT's train.py",
                        program=[str(code / "train.py")], cwd=code)
-    rt = setup("cpu", dtype)
-    model, facts = load_nanogpt(code, folder / "ckpt.pt", rt.device)
-    val = np.fromfile(code / "data" / facts["dataset"] / "val.bin", dtype=np.uint16)
-    return {"whole_seconds": whole, "full_val_loss": full_validation(model, val, facts["block_size"], 64, rt),
-            "model_step": facts["step"], "log": str(log)}
+    loss, facts = score(code, folder / "ckpt.pt", setup("cpu", dtype))
+    return {"whole_seconds": whole, "full_val_loss": loss, "model_step": facts["step"], "log": str(log)}
 
 
 def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], out: Path, repeat: int,
-            cold_cache: bool, nanogpt: Path | None) -> tuple[dict, list[dict]]:
+            cold_cache: bool, nanogpt: Path | None, dtype: str) -> tuple[dict, list[dict]]:
     """Every variant once per seed and round, nanoGPT's recipe first: ({variant: its runs}, nanoGPT's runs)."""
-    import torch
-    from configs import load_config
     runs, yardstick = {variant_name(v): [] for v in variants}, []
-    dtype = load_config(rest, torch.cuda.is_available())[0].dtype
     for round_ in range(1, repeat + 1):
         for seed in seeds or [None]:
             where = f"-s{seed}-r{round_}" if seed is not None else f"-r{round_}"
@@ -179,8 +166,7 @@ def row_of(name: str, done: list[dict], nanogpt_seconds: float | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # allow_abbrev off: train.py's --seed must not be read as --seeds
-    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip(), allow_abbrev=False)
+    parser = figures_parser(__doc__, allow_abbrev=False)  # train.py's --seed is not --seeds
     parser.add_argument("--out_dir", default="out/bench_run", help="a run folder (and .log) per variant and round")
     parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
                         help="run under each value of a train.py field (repeatable)")
@@ -190,7 +176,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="rounds: every variant once per round")
     parser.add_argument("--cold_compile_cache", action="store_true", help="an empty torch.compile cache for every run")
     parser.add_argument("--busy", type=int, default=0, metavar="N", help="N CPU-bound processes beside every run")
-    parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     args, rest = parser.parse_known_args(argv)
     if args.repeat < 1:
         raise UserError("--repeat must be at least 1")
@@ -203,16 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [seed.strip() for seed in args.seeds.split(",")] if args.seeds else []
     if not all(seed.isdigit() for seed in seeds):
         raise UserError(f"--seeds {args.seeds}: not whole numbers. Give e.g. --seeds 1,2,3")
-    if args.json:
-        check_output_file(args.json, "--json")
-    corpus = corpus_file(rest) if args.nanogpt is not None else None
+    cfg = load_config(rest, torch.cuda.is_available())[0]
+    if args.nanogpt is not None and not Path(cfg.data).is_file():
+        raise UserError("--nanogpt trains nanoGPT on the same text, which is no file here. Name it with --data FILE")
     variants = parse_compare(args.compare) if args.compare else [{}]
     out = Path(args.out_dir).absolute()  # absolute: nanoGPT's train.py runs in its copy's folder
     owner = RunDir(out).claim(say=lambda message: None)  # one bench_run per folder
     try:
-        nanogpt = prepare_nanogpt(args.nanogpt.resolve(), corpus, out) if args.nanogpt is not None else None
+        nanogpt = prepare_nanogpt(args.nanogpt.resolve(), Path(cfg.data), out) if args.nanogpt is not None else None
         with cpu_bound(args.busy):
-            runs, yardstick = run_all(rest, variants, seeds, out, args.repeat, args.cold_compile_cache, nanogpt)
+            runs, yardstick = run_all(rest, variants, seeds, out, args.repeat, args.cold_compile_cache, nanogpt,
+                                      cfg.dtype)
     finally:
         owner.release()
     nanogpt_seconds = statistics.fmean(r["whole_seconds"] for r in yardstick) if yardstick else None

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
-import stat
 import sys
 import time
 from pathlib import Path
@@ -20,7 +18,7 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line
 
 import torch  # noqa: E402
 
-from common.run_folder import LAST, SUMMARY, RunDir, read_summary, write_atomic, write_text_atomic  # noqa: E402
+from common.run_folder import LAST, SUMMARY, RunDir, read_summary, write_text_atomic  # noqa: E402
 from configs import load_config  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
@@ -58,13 +56,10 @@ RUNGS = [
     ("no_positions", "the default without any position information", {"position": "none"}),
 ]
 NAMES = [name for name, _, _ in RUNGS]
-QUIET = {"sample_chars": "0", "log_attention": "false"}  # the ladder compares losses only
-ONE_BUDGET = {"patience": "0"}  # every rung trains all its steps
-NOT_THE_RUN = {"out_dir", "resume", "overwrite"}  # settings that do not change what a rung computes
+FIXED = {"sample_chars": "0", "log_attention": "false", "patience": "0"}  # losses only; each rung trains all its steps
+NOT_THE_RUN = {"out_dir", "resume", "overwrite", "data"}  # not compared (the text is, by its sha256)
 POSITIONS = {"rope": "rotary positions instead of a position table", "learned": "a learned position table",
              "none": "no position information"}
-
-
 DEFAULT = 7  # the default rung: the variants after it are compared with it
 SEEDS = 3  # seeds of each of two compared rungs whose losses are CLOSE
 CLOSE = 0.03  # a relative difference of loss that one seed cannot settle
@@ -85,13 +80,12 @@ def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = 
     if args.max_iters is not None:
         argv += ["--max_iters", str(args.max_iters)]
     argv += passed
-    for key, value in {**QUIET, **ONE_BUDGET, **overrides}.items():
+    for key, value in {**FIXED, **overrides}.items():
         argv += [f"--{key}", value]
     return argv + (["--seed", str(seed)] if seed is not None else [])
 
 
 def notes_and_warnings(line: str) -> None:
-    """Of a rung's output only its notes and warnings are shown."""
     if line.startswith(("note", "warning")):
         print(f"  {line}", file=sys.stderr)
 
@@ -107,7 +101,7 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     except UserError as err:
         return "damaged", str(err)
     saved, wanted = state["run_config"], cfg.to_dict()
-    if any(saved.get(key) != wanted[key] for key in wanted if key not in NOT_THE_RUN | {"data"}):
+    if any(saved.get(key) != wanted[key] for key in wanted if key not in NOT_THE_RUN):
         return "different", f"{cfg.out_dir} holds a run with other settings"
     trained_on = state.get("data") if isinstance(state.get("data"), dict) else {}
     if trained_on.get("sha256") != text_sha256:
@@ -115,7 +109,7 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     if not (folder / SUMMARY).exists():
         return "unfinished", ""
     if summary_of(folder) is None:
-        return "damaged", f"{folder / 'summary.json'} cannot be read"
+        return "damaged", f"{folder / SUMMARY} cannot be read"
     return "finished", ""
 
 
@@ -141,29 +135,21 @@ def summary_of(folder: Path) -> dict | None:
 
 
 TABLE = "ladder.json"
-TABLE_MAX_BYTES = 1 << 20
 ROW_KEYS = {"rung", "name", "full_val_loss", "out_dir"}
 
 
 def check_table(path: Path) -> None:
     """Refuse a ladder.json this script did not write, before anything is trained."""
-    try:
-        found = os.lstat(path)
-    except FileNotFoundError:
+    if path.is_symlink() or path.is_dir():
+        why = "a link" if path.is_symlink() else "a folder"
+    elif not path.exists():
         return
-    why = ""
-    if not stat.S_ISREG(found.st_mode):
-        why = ("a link" if stat.S_ISLNK(found.st_mode) else "a folder" if stat.S_ISDIR(found.st_mode) else
-               "not a plain file")
-    elif found.st_size > TABLE_MAX_BYTES:
-        why = f"{found.st_size:,} bytes, more than a ladder table holds"
     else:
         try:
-            table = json.loads(read_small(path, "the ladder table", TABLE_MAX_BYTES).decode("utf-8"))
+            table = json.loads(read_small(path, "the ladder table", 1 << 20).decode("utf-8"))
         except OSError as err:
-            raise UserError(f"{path} cannot be read ({disk_error(err)}); make it readable, or choose another "
-                            f"--out_dir") from None
-        except (UnicodeDecodeError, ValueError):
+            raise UserError(f"{path} cannot be read ({disk_error(err)}); choose another --out_dir") from None
+        except ValueError:  # UnicodeDecodeError too
             why = "not JSON"
         else:
             rungs = isinstance(table, list) and all(isinstance(row, dict) and ROW_KEYS <= row.keys() for row in table)
@@ -178,13 +164,8 @@ def finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def parameters(cfg) -> int:
-    saved = checkpoint.load(Path(cfg.out_dir) / LAST)
-    return GPT(ModelConfig(**saved["model_config"])).num_params(non_embedding=False)
-
-
 def draw(rows: list[dict], path: Path) -> None:
-    from common.pictures import plt
+    from common.pictures import plt, save_figure
 
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2), dpi=100)
     names = [f"{row['rung']}. {row['name']}" for row in rows]
@@ -201,7 +182,7 @@ def draw(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("full-validation loss (nats per character; lower is better)")
     ax.set_title("each rung adds one part (blue); variants of the default (orange)")
     fig.tight_layout()
-    write_atomic(path, lambda f: fig.savefig(f, format="png"), "the ladder picture")
+    save_figure(fig, path, "--out_dir")
     plt.close(fig)
 
 
@@ -285,10 +266,10 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
             return None
         summary = summary_of(Path(cfg.out_dir))
         if summary is None:
-            raise UserError(f"rung {name}: {Path(cfg.out_dir) / 'summary.json'} cannot be read after training; "
-                            f"run the same command again")
+            raise UserError(f"rung {name}: {Path(cfg.out_dir) / SUMMARY} cannot be read. Run the same command again")
+        saved = checkpoint.load(Path(cfg.out_dir) / LAST)["model_config"]
         summary.update(seed=cfg.seed, position=cfg.position, out_dir=cfg.out_dir, command=shlex.join([*program, *argv]),
-                       parameters=parameters(cfg))
+                       parameters=GPT(ModelConfig(**saved)).num_params(non_embedding=False))
         return summary
 
     for number, (name, what, overrides) in enumerate(RUNGS, start=1):
