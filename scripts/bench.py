@@ -28,7 +28,7 @@ from training.opening import build_run, prepare_data  # noqa: E402
 from train import forward_backward, train_step, update  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent))
-from bench_prepare import figures_parser, measure, write_figures  # noqa: E402
+from bench_prepare import count, figures_parser, measure, write_figures  # noqa: E402
 from bench_sample import bench_sampling, dtype_name, timed  # noqa: E402
 
 
@@ -206,18 +206,18 @@ def print_comparison(results: list[dict], rounds: int, iters: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = figures_parser(__doc__)
-    parser.add_argument("--iters", type=int, default=20, help="timed training steps (per round with --compare)")
+    parser.add_argument("--iters", type=count, default=20, help="timed training steps (per round with --compare)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed training steps first")
-    parser.add_argument("--sample_tokens", type=int, default=500, help="characters generated per sampling figure")
-    parser.add_argument("--prepare_mb", type=int, default=50, help="MB of generated text for the prepare speed")
+    parser.add_argument("--sample_tokens", type=count, default=500, help="characters generated per sampling figure")
+    parser.add_argument("--prepare_mb", type=count, default=50, help="MB of generated text for the prepare speed")
     parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
                         help="time training under each value of a train.py field in turn (repeatable)")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds of --compare")
+    parser.add_argument("--rounds", type=count, default=7, help="rounds of --compare")
     parser.add_argument("--host_syncs", type=float, default=None, metavar="MOST",
                         help="only count the host's waits over --iters steps: exit 1 above MOST a step")
     args, rest = parser.parse_known_args(argv)
-    if min(args.iters, args.sample_tokens, args.prepare_mb, args.rounds, args.warmup + 1) < 1:
-        raise UserError("--iters, --sample_tokens, --prepare_mb and --rounds must be at least 1, --warmup at least 0")
+    if args.warmup < 0:
+        raise UserError(f"--warmup {args.warmup}: must be at least 0")
     cfg, note, _ = load_config(rest, torch.cuda.is_available())
     if args.compare:
         results = compare(rest, parse_compare(args.compare), args.rounds, args.iters, args.warmup)

@@ -3,6 +3,7 @@
 Also what the benchmarks share: their parser with --json, and the writer of their figures."""
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import subprocess
@@ -44,6 +45,13 @@ def figures_file(path: str) -> str:
     return path and str(check_output_file(path, "--json"))
 
 
+def count(text: str) -> int:
+    """An option's whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
+    return int(text)
+
+
 def write_figures(path: str, figures: dict) -> None:
     """The figures as JSON in path, where --json named one."""
     if path:
@@ -71,10 +79,8 @@ def measure(megabytes: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = figures_parser(__doc__)
-    parser.add_argument("--mb", type=int, default=200, help="size of the generated corpus in MB")
+    parser.add_argument("--mb", type=count, default=200, help="size of the generated corpus in MB")
     args = parser.parse_args(argv)
-    if args.mb < 1:
-        raise UserError(f"--mb {args.mb}: must be at least 1")
     f = measure(args.mb)
     print(f"corpus {f['corpus_mb']:.0f} MB, {f['n_chars']:,} characters, vocabulary {f['vocab_size']}")
     print(f"prepare {f['seconds']:.2f} s = {f['mb_per_s']:.1f} MB/s; peak RSS {f['peak_rss_mb']:.0f} MB "

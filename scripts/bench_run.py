@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shlex
 import shutil
@@ -19,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from bench import options, parse_compare  # noqa: E402
-from bench_prepare import figures_parser, write_figures  # noqa: E402
+from bench_prepare import count, figures_parser, write_figures  # noqa: E402
 from configs import load_config  # noqa: E402
 from errors import Interrupted, UserError, run_cli  # noqa: E402
 from train_command import run_train  # noqa: E402
@@ -32,7 +33,7 @@ NANOGPT_CPU_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--com
 
 
 def logged_run(log: Path, argv: list[str], what: str, **how) -> float:
-    """run_train(argv, **how), its output in log (never through a link): its seconds. A failure raises."""
+    """run_train(argv, **how), its output in log (never through a link): its seconds."""
     started = time.perf_counter()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with open(fd, "w", encoding="utf-8") as out:
@@ -63,7 +64,7 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
 
 
 def threads_and_estimate(r: dict, before: str) -> str:
-    """before + '2 threads, expected 15-18 s' for a run on a CPU; "" elsewhere."""
+    """before + '2 threads, expected 15-18 s' on a CPU; "" elsewhere."""
     parts = [f"{r['threads']} thread{'s' * (r['threads'] != 1)}"] if r.get("threads") else []
     if r.get("expected_seconds"):
         low_high = dict.fromkeys(f"{seconds:.0f}" for seconds in r["expected_seconds"])
@@ -73,7 +74,7 @@ def threads_and_estimate(r: dict, before: str) -> str:
 
 @contextlib.contextmanager
 def cpu_bound(count: int):
-    """count processes that each keep a core busy while the block runs."""
+    """count processes, each keeping a core busy while the block runs."""
     hogs = [subprocess.Popen([sys.executable, "-c", "print(flush=True)\nwhile True: pass"], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, start_new_session=True) for _ in range(count)]
     try:
@@ -88,7 +89,7 @@ def cpu_bound(count: int):
 
 
 def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
-    """A copy of the checkout's code, the corpus as its input.txt, run through its prepare.py: the copy's folder."""
+    """The copy's folder: the checkout's code, the corpus as its input.txt, run through its prepare.py."""
     prepare = Path("data", "shakespeare_char", "prepare.py")
     if not (checkout / "train.py").is_file() or not (checkout / prepare).is_file():
         raise UserError(f"--nanogpt {checkout}: not a checkout of karpathy/nanoGPT. Clone it and name its folder")
@@ -100,7 +101,7 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
     shutil.copytree(checkout / "config", code / "config")
     shutil.copyfile(checkout / prepare, code / prepare)
     shutil.copyfile(corpus, code / prepare.parent / "input.txt")
-    # prepare.py imports requests only to download, which it does not do here: a stand-in where it is missing
+    # prepare.py imports requests to download, which it does not do here: a stand-in where it is missing
     stand_in = ("import importlib.util, runpy, sys, types\n"
                 "if importlib.util.find_spec('requests') is None:\n"
                 "    sys.modules['requests'] = types.ModuleType('requests')\n"
@@ -127,24 +128,24 @@ def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], o
             cold_cache: bool, nanogpt: Path | None, dtype: str) -> tuple[dict, list[dict]]:
     """Every variant once per seed and round, nanoGPT's recipe first: ({variant: its runs}, nanoGPT's runs)."""
     runs, yardstick = {variant_name(v): [] for v in variants}, []
+    say = functools.partial(print, file=sys.stderr, flush=True)
     for round_ in range(1, repeat + 1):
         for seed in seeds or [None]:
             where = f"-s{seed}-r{round_}" if seed is not None else f"-r{round_}"
             if nanogpt is not None:
-                print(f"[round {round_}/{repeat}] nanoGPT's CPU recipe", file=sys.stderr, flush=True)
+                say(f"[round {round_}/{repeat}] nanoGPT's CPU recipe")
                 yardstick.append(r := run_nanogpt(nanogpt, out / f"nanogpt{where}", dtype))
-                print(f"  {r['whole_seconds']:.1f} s whole, full validation {r['full_val_loss']:.4f} "
-                      f"(step {r['model_step']})", file=sys.stderr)
+                say(f"  {r['whole_seconds']:.1f} s whole, full validation {r['full_val_loss']:.4f} "
+                    f"(step {r['model_step']})")
             for number, variant in enumerate(variants, start=1):
                 extra = options(variant) + (["--seed", seed] if seed is not None else [])
-                print(f"[round {round_}/{repeat}] {variant_name(variant)}" + (f", seed {seed}" if seed else ""),
-                      file=sys.stderr, flush=True)
+                say(f"[round {round_}/{repeat}] {variant_name(variant)}" + (f", seed {seed}" if seed else ""))
                 r = run_once(rest + extra, out / f"{number:02d}{where}", cold_cache)
                 runs[variant_name(variant)].append({**r, "seed": seed})
                 loss = "" if r["full_val_loss"] is None else \
                     f", full validation {r['full_val_loss']:.4f} (step {r['model_step']})"
-                print(f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training{loss}"
-                      f"{threads_and_estimate(r, ', ')}", file=sys.stderr)
+                say(f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training{loss}"
+                    f"{threads_and_estimate(r, ', ')}")
     return runs, yardstick
 
 
@@ -171,14 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
                         help="run under each value of a train.py field (repeatable)")
     parser.add_argument("--seeds", default="", metavar="1,2,3", help="run every variant once per seed")
-    parser.add_argument("--nanogpt", type=Path, default=None, metavar="DIR",
-                        help="a checkout of karpathy/nanoGPT: time its CPU recipe on the same --data FILE too")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds: every variant once per round")
+    parser.add_argument("--nanogpt", type=Path, metavar="DIR", help="a nanoGPT checkout: time its CPU recipe too")
+    parser.add_argument("--repeat", type=count, default=1, help="rounds: every variant once per round")
     parser.add_argument("--cold_compile_cache", action="store_true", help="an empty torch.compile cache for every run")
     parser.add_argument("--busy", type=int, default=0, metavar="N", help="N CPU-bound processes beside every run")
     args, rest = parser.parse_known_args(argv)
-    if args.repeat < 1:
-        raise UserError("--repeat must be at least 1")
     if not 0 <= args.busy <= 64:
         raise UserError(f"--busy {args.busy}: must be from 0 to 64")
     if any(word in ("--out_dir", "--resume", "--overwrite") for word in rest):

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench_prepare import figures_parser, write_figures  # noqa: E402
+from bench_prepare import count, figures_parser, write_figures  # noqa: E402
 from common.machine import pick_dtype, setup, sync  # noqa: E402
 from errors import BooleanFlag, UserError, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
@@ -99,16 +99,14 @@ def bench_sampling(model: GPT, device_type: str, dtypes: list[torch.dtype], new_
 def main(argv: list[str] | None = None) -> int:
     parser = figures_parser(__doc__)
     for name, default in (("new_tokens", 500), ("n_layer", 6), ("n_head", 6), ("n_embd", 384), ("block_size", 256)):
-        parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument("--batch", type=int, default=8, help="rows of the batched measurement")
-    parser.add_argument("--rounds", type=int, default=3, help="times each variant is timed, in turn")
+        parser.add_argument(f"--{name}", type=count if name == "new_tokens" else int, default=default)
+    parser.add_argument("--batch", type=count, default=8, help="rows of the batched measurement")
+    parser.add_argument("--rounds", type=count, default=3, help="times each variant is timed, in turn")
     parser.add_argument("--compile", action=BooleanFlag, default=None,
                         help="also time a compiled decoding step (default: on CUDA only)")
     parser.add_argument("--device", default="auto", help="auto (a GPU where there is one), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", default="float32", help="as sample.py's, or several, e.g. float32,bfloat16")
     args = parser.parse_args(argv)
-    if min(args.new_tokens, args.batch, args.rounds) < 1:
-        raise UserError("--new_tokens, --batch and --rounds must be at least 1")
     torch.manual_seed(0)
     try:
         cfg = ModelConfig(vocab_size=65, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,

@@ -218,17 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     args, passed = parser.parse_known_args(argv)
     if any(word.split("=")[0] in ("--resume", "--overwrite") for word in passed):
         raise UserError("the ladder resumes and retrains its rungs by itself: leave out --resume and --overwrite")
-    chosen = set(NAMES)
-    if args.rungs is not None:
-        names = [n.strip() for n in args.rungs.split(",") if n.strip()]
-        unknown = [n for n in names if n not in NAMES]
-        if unknown or not names:
-            raise UserError(f"--rungs: {f'no rung {unknown[0]}' if unknown else 'names no rung'}; choose from "
-                            f"{', '.join(NAMES)} (leave --rungs out for all of them)")
-        chosen = set(names)
+    chosen = set(NAMES) if args.rungs is None else {n.strip() for n in args.rungs.split(",") if n.strip()}
+    if not chosen or (unknown := sorted(chosen - set(NAMES))):
+        raise UserError(f"--rungs: {f'no rung {unknown[0]}' if chosen else 'names no rung'}; choose from "
+                        f"{', '.join(NAMES)} (leave --rungs out for all of them)")
     out = Path(args.out_dir)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out_dir {out} is a file; choose a folder")
     if held := [path.name for path in (*RunDir(out).checkpoints(), *RunDir(out).logs())]:
         raise UserError(f"--out_dir {out} holds a training run ({', '.join(sorted(held)[:3])}); choose another "
                         f"--out_dir (default out/ladder)")
