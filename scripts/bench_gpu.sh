@@ -137,9 +137,8 @@ part_smoke() {
 
 part_smoke2() {
     about_the_machine
-    local all_ran='[0-9]+ passed' compile=true  # on a GPU none may be skipped
-    [ $gpu = 1 ] && all_ran='^[0-9]+ passed(, [0-9]+ warnings?)? in '
-    [ $gpu = 1 ] || compile=false
+    local all_ran='[0-9]+ passed' compile=false  # on a GPU none may be skipped
+    [ $gpu = 1 ] && all_ran='^[0-9]+ passed(, [0-9]+ warnings?)? in ' compile=true
     check "tests/test_cuda.py and test_cuda_paths.py" --expect "$all_ran" \
         python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_cuda_paths.py
     local one=(torchrun --standalone --nproc_per_node 1 train.py "${short[@]}" --compile "$compile")
@@ -241,13 +240,11 @@ if [ "$part" = all ]; then
     [ -f "${NANOGPT:-}/train.py" ] || { unset 'parts[8]'; echo "note: NANOGPT not set: no nanogpt part"; }
 fi
 for p in "${parts[@]}"; do  # every mistake is found before anything runs
-    case "$p" in
-        nanogpt) if [ ! -f "${NANOGPT:-}/train.py" ]; then
-            echo "error: set NANOGPT to a checkout of karpathy/nanoGPT (a folder with train.py)" >&2; exit 2; fi
-            NANOGPT=$(realpath "$NANOGPT") ;;
-        smoke|smoke2|smoke3|tests|speed|runs|recipe|tune) ;;
-        *) echo "error: the part is $parts_named, not '$p'" >&2; exit 2 ;;
-    esac
+    declare -F "part_$p" > /dev/null || { echo "error: the part is $parts_named, not '$p'" >&2; exit 2; }
+    if [ "$p" = nanogpt ]; then
+        [ -f "${NANOGPT:-}/train.py" ] || { echo "error: set NANOGPT to a checkout of karpathy/nanoGPT" >&2; exit 2; }
+        NANOGPT=$(realpath "$NANOGPT")
+    fi
     if [ -L "$logs/$p.log" ]; then
         echo "error: the log $logs/$p.log is a symbolic link; remove it or name another LOGDIR" >&2
         exit 2

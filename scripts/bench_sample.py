@@ -4,6 +4,7 @@ eager and compiled, in one or more dtypes, timed in turn.
 Also the benchmarks' shared timer."""
 from __future__ import annotations
 
+import collections
 import copy
 import statistics
 import sys
@@ -70,7 +71,7 @@ def bench_sampling(model: GPT, device_type: str, dtypes: list[torch.dtype], new_
              for dtype in dtypes for compiled in {False, compile}}
     variants = variants_of(batch, compile, dtypes)
     seconds = {v.name: [] for v in variants}
-    texts = {dtype: set() for dtype in dtypes}  # the greedy texts of each dtype's variants
+    texts = collections.defaultdict(set)  # the greedy texts of each dtype's variants
 
     def run(v: Variant, n: int) -> None:
         texts[v.dtype].add(tuple(generate(views[v.dtype, v.rows], [[0]] * v.rows, n, temperature=0,
@@ -80,18 +81,16 @@ def bench_sampling(model: GPT, device_type: str, dtypes: list[torch.dtype], new_
         took = timed(lambda: run(v, 8), device)
         if v.compiled:
             say(f"  compiled the decoding step for {v.rows} row(s), {dtype_name(v.dtype)}, in {took:.1f} s")
-    for drawn in texts.values():  # the warm-up's shorter texts
-        drawn.clear()
+    texts.clear()  # the warm-up's shorter texts
     for _ in range(rounds):
         for v in variants:
             seconds[v.name].append(timed(lambda: run(v, new_tokens), device))
     speed = {v.name: v.rows * new_tokens / statistics.median(seconds[v.name]) for v in variants}
     out = {f"sample_chars_per_sec_{name}": value for name, value in speed.items()}
-    first = variants[0]
-    out["sample_cache_speedup"] = speed[first.name] / speed[variants[1].name]
-    for v in variants:  # each dtype's one-row cached speed against the first dtype's
-        if v.rows == 1 and v.cached and not v.compiled and v.dtype != first.dtype:
-            out[f"sample_speedup_{dtype_name(v.dtype)}"] = speed[v.name] / speed[first.name]
+    first = variants[0].name  # one row, cached, in the first dtype
+    out["sample_cache_speedup"] = speed[first] / speed[variants[1].name]
+    for name in map(dtype_name, dtypes[1:]):
+        out[f"sample_speedup_{name}"] = speed[f"cached_{name}"] / speed[first]
     out["sample_same_tokens"] = all(len(drawn) == 1 for drawn in texts.values())
     return out
 

@@ -24,7 +24,7 @@ from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.gate import read_small  # noqa: E402
 from data.prepare import corpus_key  # noqa: E402
-from errors import ArgumentParser, QuietExit, UserError, disk_error, python_command  # noqa: E402
+from errors import ArgumentParser, Interrupted, QuietExit, UserError, disk_error, python_command  # noqa: E402
 from errors import output_folder, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
@@ -186,8 +186,8 @@ def draw(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def train_rung(name: str, argv: list[str], state: str, why: str, program: list[str]) -> int:
-    """Train a rung, its command printed first: 0 when finished, 130 when stopped."""
+def train_rung(name: str, argv: list[str], state: str, why: str, program: list[str]) -> None:
+    """Train a rung, its command printed first."""
     if why:
         print(f"  {why}: training this rung again", file=sys.stderr)
     how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])
@@ -195,14 +195,12 @@ def train_rung(name: str, argv: list[str], state: str, why: str, program: list[s
     started = time.perf_counter()
     code = run_train(argv + how, each_line=notes_and_warnings)
     if code == 130:
-        print(f"stopped during rung {name}; run the same command again to go on", file=sys.stderr)
-        return 130
+        raise Interrupted(f"stopped during rung {name}; run the same command again to go on")
     if code == 2:
         raise QuietExit(f"rung {name} failed")  # train.py has said why
     if code != 0:
         raise UserError(f"rung {name}: train.py ended with exit code {code}; its command is above")
     print(f"  {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,8 +235,8 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
     program = shlex.split(python_command("train.py"))
     rows, left_out, done = {}, [], 0
 
-    def measure(number: int, seed: int | None = None) -> dict | int | None:
-        """One seed of a rung: its summary, 130 if stopped, None if left out of the table."""
+    def measure(number: int, seed: int | None = None) -> dict | None:
+        """One seed of a rung: its summary, or None if left out of the table."""
         nonlocal done
         name, what, overrides = RUNGS[number - 1]
         argv = rung_argv(args, number, name, overrides, passed, seed)
@@ -252,8 +250,8 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
                   file=sys.stderr)
             if state == "finished":
                 print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
-            elif train_rung(name, argv, state, why, program) == 130:
-                return 130
+            else:
+                train_rung(name, argv, state, why, program)
         elif state != "finished":
             if state != "new" and seed is None:
                 left_out.append((name, LEFT_OUT[state]))
@@ -267,10 +265,7 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
         return summary
 
     for number, (name, what, overrides) in enumerate(RUNGS, start=1):
-        summary = measure(number)
-        if summary == 130:
-            return 130
-        if summary is not None:
+        if (summary := measure(number)) is not None:
             what += f" ({POSITIONS[summary['position']]})" if name == "default" else ""
             rows[number] = {"rung": number, "name": name, "what": what, "settings": overrides,
                             "parameters": summary["parameters"], "runs": [summary]}
@@ -280,10 +275,7 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
     for number in sorted(close):
         first = rows[number]["runs"][0]["seed"]
         for seed in range(first + 1, first + SEEDS):
-            summary = measure(number, seed)
-            if summary == 130:
-                return 130
-            if summary is not None:
+            if (summary := measure(number, seed)) is not None:
                 rows[number]["runs"].append(summary)
     table = [finish_row(row, rows) for row in rows.values()]
     print_table(table)
