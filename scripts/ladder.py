@@ -168,15 +168,13 @@ def draw(rows: list[dict], path: Path) -> None:
     from common.pictures import plt, save_figure
 
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2), dpi=100)
-    names = [f"{row['rung']}. {row['name']}" for row in rows]
-    losses = [row["full_val_loss"] for row in rows]
-    drawn = [loss if loss is not None and math.isfinite(loss) else 0.0 for loss in losses]
-    parts = NAMES[:DEFAULT]  # the rungs that build the model up
-    ax.barh(names, drawn, color=["C0" if row["name"] in parts else "C1" for row in rows])
-    for y, (loss, length) in enumerate(zip(losses, drawn)):
-        known = loss is not None and math.isfinite(loss)
-        ax.text(length, y, f" {loss:.3f}" if known else " no loss (not a number: the run diverged)", va="center",
-                fontsize=9)
+    losses = [row["full_val_loss"] for row in rows]  # finite, or None
+    drawn = [loss or 0.0 for loss in losses]
+    ax.barh([f"{row['rung']}. {row['name']}" for row in rows], drawn,
+            color=["C0" if row["rung"] <= DEFAULT else "C1" for row in rows])  # blue: the rungs that build the model
+    for y, loss in enumerate(losses):
+        ax.text(drawn[y], y, " no loss (not a number: the run diverged)" if loss is None else f" {loss:.3f}",
+                va="center", fontsize=9)
     ax.invert_yaxis()
     ax.set_xlim(0, max(max(drawn), 1.0) * 1.12)  # from 0: bars compare by eye
     ax.set_xlabel("full-validation loss (nats per character; lower is better)")
@@ -304,9 +302,8 @@ def finish_row(row: dict, rows: dict) -> dict:
                out_dir=runs[0]["out_dir"], command=runs[0]["command"], compared="")
     ref = rows.get(reference(row["rung"]))
     if ref is not None and row["full_val_loss"] is not None and ref.get("full_val_loss") is not None:
-        low, high = min(losses), max(losses)
-        ref_low, ref_high = min(ref["seed_losses"]), max(ref["seed_losses"])
-        within = len(losses) > 1 and low <= ref_high and ref_low <= high
+        ref_losses = ref["seed_losses"]
+        within = len(losses) > 1 and min(losses) <= max(ref_losses) and min(ref_losses) <= max(losses)
         row["compared"] = (f"{row['full_val_loss'] - ref['full_val_loss']:+.3f} vs {ref['name']}"
                            + (" (within the spread of seeds)" if within else ""))
     return row
