@@ -28,7 +28,7 @@ from training.opening import build_run, prepare_data  # noqa: E402
 from train import forward_backward, train_step, update  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent))
-from bench_prepare import count, figures_parser, measure, write_figures  # noqa: E402
+from bench_prepare import count, figures_parser, measure, print_table, write_figures  # noqa: E402
 from bench_sample import bench_sampling, dtype_name, timed  # noqa: E402
 
 
@@ -195,13 +195,10 @@ def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters:
 def print_comparison(results: list[dict], rounds: int, iters: int) -> None:
     print(f"{len(results)} variants, each timed for {iters} steps in turn, {rounds} rounds "
           "(medians; min-max of the rounds)")
-    names = [" ".join(f"{k}={v}" for k, v in r["variant"].items()) for r in results]
-    width = max(len(name) for name in names + ["variant"])
-    print(f"{'variant':<{width}}  {'ms/iter':>8}  {'min-max':>13}  {'tokens/s':>9}  {'MFU':>6}  time vs first")
-    for name, r in zip(names, results):
-        spread = f"{min(r['ms_per_iter_rounds']):.1f}-{max(r['ms_per_iter_rounds']):.1f}"
-        print(f"{name:<{width}}  {r['ms_per_iter']:8.1f}  {spread:>13}  {r['tokens_per_sec']:9,.0f}  "
-              f"{r['mfu'] * 100:5.1f}%  {r['time_vs_first']:.2f}")
+    print_table(["variant", "ms/iter", "min-max", "tokens/s", "MFU", "time vs first"], [
+        [" ".join(f"{k}={v}" for k, v in r["variant"].items()), f"{r['ms_per_iter']:.1f}",
+         f"{min(r['ms_per_iter_rounds']):.1f}-{max(r['ms_per_iter_rounds']):.1f}", f"{r['tokens_per_sec']:,.0f}",
+         f"{r['mfu'] * 100:.1f}%", f"{r['time_vs_first']:.2f}"] for r in results])
 
 
 def main(argv: list[str] | None = None) -> int:

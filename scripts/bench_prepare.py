@@ -52,6 +52,13 @@ def count(text: str) -> int:
     return int(text)
 
 
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    """Columns as wide as their widest cell; the first and the last to the left, the others to the right."""
+    widths = [max(map(len, column)) for column in zip(header, *rows)]
+    for row in [header, *rows]:
+        print(row[0].ljust(widths[0]), *map(str.rjust, row[1:-1], widths[1:-1]), row[-1], sep="  ")
+
+
 def write_figures(path: str, figures: dict) -> None:
     """The figures as JSON in path, where --json named one."""
     if path:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from bench import options, parse_compare  # noqa: E402
-from bench_prepare import count, figures_parser, write_figures  # noqa: E402
+from bench_prepare import count, figures_parser, print_table, write_figures  # noqa: E402
 from configs import load_config  # noqa: E402
 from errors import Interrupted, UserError, run_cli  # noqa: E402
 from train_command import run_train  # noqa: E402
@@ -166,6 +166,10 @@ def row_of(name: str, done: list[dict], nanogpt_seconds: float | None) -> dict:
             "times_nanogpt": mean_whole / nanogpt_seconds if nanogpt_seconds else None, "runs": done}
 
 
+def figure(value: float | None, spec: str = ".4f", unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = figures_parser(__doc__, allow_abbrev=False)  # train.py's --seed is not --seeds
     parser.add_argument("--out_dir", default="out/bench_run", help="a run folder (and .log) per variant and round")
@@ -203,25 +207,22 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row_of(name, done, nanogpt_seconds) for name, done in runs.items()]
     if args.busy:
         print(f"(every run beside {args.busy} CPU-bound process{'es' if args.busy > 1 else ''})")
-    print(f"{'variant':<32}{'whole s':>9}{'train s':>9}{'full-val':>10}  where the time went")
-    for row in rows:
-        last = row["runs"][-1]
-        phases = ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in last["phases"].items()
-                           if phase != "total" and seconds >= 0.05)
-        loss = f"{row['full_val_loss']:.4f}" if row["full_val_loss"] is not None else "-"
-        print(f"{row['variant']:<32}{row['whole_seconds']:>9.1f}{row['train_seconds']:>9.1f}{loss:>10}  {phases}"
-              f"{threads_and_estimate(last, '; ')}")
+    print_table(["variant", "whole s", "train s", "full-val", "where the time went"], [
+        [row["variant"], f"{row['whole_seconds']:.1f}", f"{row['train_seconds']:.1f}", figure(row["full_val_loss"]),
+         ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in row["runs"][-1]["phases"].items()
+                   if phase != "total" and seconds >= 0.05) + threads_and_estimate(row["runs"][-1], "; ")]
+        for row in rows])
     if any(len(row["runs"]) > 1 for row in rows):
         print("(whole s, train s and full-val: the medians of each variant's runs; where the time went: its last run)")
     if seeds or yardstick:
-        print(f"\n{'variant':<32}{'mean full-val':>14}{'spread':>8}{'mean whole s':>13}{'x nanoGPT':>10}  each run "
-              f"(full-val, whole s)")
-        for row in rows + [row_of("nanoGPT CPU recipe", yardstick, nanogpt_seconds)] * bool(yardstick):
-            mean, spread, ratio = ("-" if row[key] is None else f"{row[key]:.{places}f}{unit}" for key, places, unit in
-                                   (("mean_full_val_loss", 4, ""), ("loss_spread", 4, ""), ("times_nanogpt", 2, "x")))
-            each = ", ".join(f"{r['full_val_loss']:.4f} {r['whole_seconds']:.1f}" for r in row["runs"]
-                             if r["full_val_loss"] is not None)
-            print(f"{row['variant']:<32}{mean:>14}{spread:>8}{row['mean_whole_seconds']:>13.1f}{ratio:>10}  {each}")
+        print()
+        header = ["variant", "mean full-val", "spread", "mean whole s", "x nanoGPT", "each run (full-val, whole s)"]
+        print_table(header, [
+            [row["variant"], figure(row["mean_full_val_loss"]), figure(row["loss_spread"]),
+             f"{row['mean_whole_seconds']:.1f}", figure(row["times_nanogpt"], ".2f", "x"),
+             ", ".join(f"{r['full_val_loss']:.4f} {r['whole_seconds']:.1f}" for r in row["runs"]
+                       if r["full_val_loss"] is not None)]
+            for row in rows + [row_of("nanoGPT CPU recipe", yardstick, nanogpt_seconds)] * bool(yardstick)])
     write_figures(args.json, {"train_options": rest, "repeat": args.repeat, "cold_compile_cache":
                               args.cold_compile_cache, "busy": args.busy, "seeds": seeds, "variants": rows,
                               "nanogpt": yardstick})

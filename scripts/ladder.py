@@ -85,9 +85,13 @@ def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = 
     return argv + (["--seed", str(seed)] if seed is not None else [])
 
 
+def say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
 def notes_and_warnings(line: str) -> None:
     if line.startswith(("note", "warning")):
-        print(f"  {line}", file=sys.stderr)
+        say(f"  {line}")
 
 
 def state_of(cfg, text_sha256: str) -> tuple[str, str]:
@@ -187,9 +191,9 @@ def draw(rows: list[dict], path: Path) -> None:
 def train_rung(name: str, argv: list[str], state: str, why: str, program: list[str]) -> None:
     """Train a rung, its command printed first."""
     if why:
-        print(f"  {why}: training this rung again", file=sys.stderr)
+        say(f"  {why}: training this rung again")
     how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])
-    print(f"  {shlex.join([*program, *argv, *how])}", file=sys.stderr)
+    say(f"  {shlex.join([*program, *argv, *how])}")
     started = time.perf_counter()
     code = run_train(argv + how, each_line=notes_and_warnings)
     if code == 130:
@@ -198,7 +202,7 @@ def train_rung(name: str, argv: list[str], state: str, why: str, program: list[s
         raise QuietExit(f"rung {name} failed")  # train.py has said why
     if code != 0:
         raise UserError(f"rung {name}: train.py ended with exit code {code}; its command is above")
-    print(f"  {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    say(f"  {time.perf_counter() - started:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
     """Train or reuse each chosen rung, more seeds where rungs are close; write the table and picture."""
-    args.data, text_sha256 = decide_corpus(args, say=lambda message: print(message, file=sys.stderr))
+    args.data, text_sha256 = decide_corpus(args, say=say)
     program = shlex.split(python_command("train.py"))
     rows, left_out, done = {}, [], 0
 
@@ -244,10 +248,9 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
         state, why = state_of(cfg, text_sha256)
         if name in chosen:
             done += seed is None
-            print(f"[{done}/{len(chosen)}] {name}: {what}" if seed is None else f"  {name}, seed {seed}",
-                  file=sys.stderr)
+            say(f"[{done}/{len(chosen)}] {name}: {what}" if seed is None else f"  {name}, seed {seed}")
             if state == "finished":
-                print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
+                say(f"  reused {cfg.out_dir} (finished, same settings)")
             else:
                 train_rung(name, argv, state, why, program)
         elif state != "finished":
@@ -281,12 +284,11 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
     draw(table, out / "ladder.png")
     measured_before = len(rows) - len(chosen)
     before = f" ({measured_before} of its rungs measured before, with the same settings)" if measured_before else ""
-    print(f"\nwrote {out / TABLE}{before} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}",
-          file=sys.stderr)
+    say(f"\nwrote {out / TABLE}{before} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}")
     if left_out:
-        print(f"note: the table leaves out rungs whose folders hold no finished run of these settings: "
-              f"{', '.join(f'{name} ({why})' for name, why in left_out)}; --rungs "
-              f"{','.join(name for name, _ in left_out)} trains them with these", file=sys.stderr)
+        say(f"note: the table leaves out rungs whose folders hold no finished run of these settings: "
+            f"{', '.join(f'{name} ({why})' for name, why in left_out)}; --rungs "
+            f"{','.join(name for name, _ in left_out)} trains them with these")
     return 0
 
 
