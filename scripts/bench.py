@@ -163,6 +163,10 @@ def options(variant: dict[str, str]) -> list[str]:
     return [part for field, value in variant.items() for part in (f"--{field}", value)]
 
 
+def variant_name(variant: dict[str, str]) -> str:
+    return ",".join(f"{field}={value}" for field, value in variant.items()) or "as given"
+
+
 def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters: int, warmup: int) -> list[dict]:
     """Each variant's step timed in turn, rounds times: medians and ratios to the first."""
     default_threads = torch.get_num_threads()
@@ -192,15 +196,6 @@ def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters:
     return results
 
 
-def print_comparison(results: list[dict], rounds: int, iters: int) -> None:
-    print(f"{len(results)} variants, each timed for {iters} steps in turn, {rounds} rounds "
-          "(medians; min-max of the rounds)")
-    print_table(["variant", "ms/iter", "min-max", "tokens/s", "MFU", "time vs first"], [
-        [" ".join(f"{k}={v}" for k, v in r["variant"].items()), f"{r['ms_per_iter']:.1f}",
-         f"{min(r['ms_per_iter_rounds']):.1f}-{max(r['ms_per_iter_rounds']):.1f}", f"{r['tokens_per_sec']:,.0f}",
-         f"{r['mfu'] * 100:.1f}%", f"{r['time_vs_first']:.2f}"] for r in results])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = figures_parser(__doc__)
     parser.add_argument("--iters", type=count, default=20, help="timed training steps (per round with --compare)")
@@ -218,8 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg, note, _ = load_config(rest, torch.cuda.is_available())
     if args.compare:
         results = compare(rest, parse_compare(args.compare), args.rounds, args.iters, args.warmup)
-        print(note)
-        print_comparison(results, args.rounds, args.iters)
+        print(f"{note}\n{len(results)} variants, each timed for {args.iters} steps in turn, {args.rounds} rounds "
+              "(medians; min-max of the rounds)")
+        print_table(["variant", "ms/iter", "min-max", "tokens/s", "MFU", "time vs first"], [
+            [variant_name(r["variant"]), f"{r['ms_per_iter']:.1f}",
+             f"{min(r['ms_per_iter_rounds']):.1f}-{max(r['ms_per_iter_rounds']):.1f}", f"{r['tokens_per_sec']:,.0f}",
+             f"{r['mfu'] * 100:.1f}%", f"{r['time_vs_first']:.2f}"] for r in results])
         write_figures(args.json, {"config": cfg.config_name, "rounds": args.rounds, "iters": args.iters,
                                   "variants": results})
         return 0

@@ -46,12 +46,12 @@ print("loss {}, {:.1f} s whole, {:.1f} s training, {:.1f} s compiling, MFU {}%".
 sys.exit(not (loss is not None and math.isfinite(loss) and loss < float(sys.argv[2])))'
 
 verdicts=()
-check() {  # NAME [--run DIR BOUND] [--expect REGEX] COMMAND...: run() it, then PASS NAME or FAIL NAME (why)
+check() {  # NAME [--run DIR BOUND] [--expect REGEX] COMMAND...: run() it (--out_dir DIR added), then PASS or FAIL
     local name=$1 dir= most= expect= verdict= figures out=$work/step.out
     shift
     if [ "$1" = --run ]; then dir=$2 most=$3; shift 3; fi
     if [ "$1" = --expect ]; then expect=$2; shift 2; fi
-    run "$@"
+    run "$@" ${dir:+--out_dir "$dir"}
     local code=$?
     if [ $code != 0 ]; then
         verdict="FAIL $name (exit $code)"
@@ -122,7 +122,7 @@ part_smoke() {
     about_the_machine
     local run_dir=$work/preset dtypes=(bfloat16 float16) compile=true
     check "GPU preset, compiled, end to end" --run "$run_dir" "$whole" python train.py "${gpu_preset[@]}" \
-        --out_dir "$run_dir" --compile true "${small[@]}" "${preset[@]}"
+        --compile true "${small[@]}" "${preset[@]}"
     [ $gpu = 1 ] || dtypes=(float32 bfloat16) compile=false  # a CPU: no float16 training; reads counted uncompiled
     for dtype in "${dtypes[@]}"; do
         check "host waits per training step, $dtype" python scripts/bench.py "${gpu_preset[@]}" "${small[@]}" \
@@ -142,11 +142,10 @@ part_smoke2() {
     check "tests/test_cuda.py and test_cuda_paths.py" --expect "$all_ran" \
         python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_cuda_paths.py
     local one=(torchrun --standalone --nproc_per_node 1 train.py "${short[@]}" --compile "$compile")
-    check "torchrun, one process (no process group)" --run "$work/torchrun" "$bound" "${one[@]}" \
-        --out_dir "$work/torchrun"
+    check "torchrun, one process (no process group)" --run "$work/torchrun" "$bound" "${one[@]}"
     # DDP over NCCL (gloo on a CPU) at world size 1: no_sync and compiled blocks under DDP on one GPU
     check "DDP at world size 1" --run "$work/ddp" "$bound" --expect "DDP over (nccl|gloo)" "${one[@]}" --ddp always \
-        --grad_accum_steps 2 --out_dir "$work/ddp"
+        --grad_accum_steps 2
     verdict_summary smoke2
 }
 
@@ -159,18 +158,16 @@ part_smoke3() {
         local dtype=${one% *} compile=${one#* } device=()
         [ "$dtype" = float16 ] && device=(--device cuda:0)
         check "train $dtype, compile $compile${device:+ on cuda:0}" --run "$work/$dtype-$compile" "$bound" \
-            python train.py "${short[@]}" --dtype "$dtype" --compile "$compile" "${device[@]}" \
-            --out_dir "$work/$dtype-$compile"
+            python train.py "${short[@]}" --dtype "$dtype" --compile "$compile" "${device[@]}"
     done
     check "resume (bfloat16)" --run "$model" "$bound" python train.py "${short[@]}" --dtype bfloat16 \
-        --compile false --out_dir "$model" --max_iters "$more" --resume
+        --compile false --max_iters "$more" --resume
     if [ $gpu = 1 ]; then  # every compile mode and scope offered, on a small shape
         for mode in default max-autotune-no-cudagraphs; do
             for scope in blocks model; do
                 check "compile mode $mode, scope $scope" --run "$work/$mode-$scope" 3.5 python train.py \
                     "${short[@]}" --compile true --compile_mode "$mode" --compile_scope "$scope" --n_layer 2 \
-                    --n_embd 128 --n_head 4 --block_size 64 --max_iters 20 --eval_interval 20 \
-                    --out_dir "$work/$mode-$scope"
+                    --n_embd 128 --n_head 4 --block_size 64 --max_iters 20 --eval_interval 20
             done
         done
     fi

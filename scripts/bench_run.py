@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench import options, parse_compare  # noqa: E402
+from bench import options, parse_compare, variant_name  # noqa: E402
 from bench_prepare import count, figures_parser, print_table, write_figures  # noqa: E402
 from configs import load_config  # noqa: E402
 from errors import Interrupted, UserError, run_cli  # noqa: E402
@@ -147,10 +147,6 @@ def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], o
                 say(f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training{loss}"
                     f"{threads_and_estimate(r, ', ')}")
     return runs, yardstick
-
-
-def variant_name(variant: dict[str, str]) -> str:
-    return ",".join(f"{field}={value}" for field, value in variant.items()) or "as given"
 
 
 def row_of(name: str, done: list[dict], nanogpt_seconds: float | None) -> dict:

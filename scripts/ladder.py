@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = set(NAMES) if args.rungs is None else {n.strip() for n in args.rungs.split(",") if n.strip()}
     if not chosen or (unknown := sorted(chosen - set(NAMES))):
         raise UserError(f"--rungs: {f'no rung {unknown[0]}' if chosen else 'names no rung'}; choose from "
-                        f"{', '.join(NAMES)} (leave --rungs out for all of them)")
+                        f"{', '.join(NAMES)}")
     out = Path(args.out_dir)
     if held := [path.name for path in (*RunDir(out).checkpoints(), *RunDir(out).logs())]:
         raise UserError(f"--out_dir {out} holds a training run ({', '.join(sorted(held)[:3])}); choose another "
