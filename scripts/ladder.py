@@ -257,10 +257,10 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
             if state != "new" and seed is None:
                 left_out.append((name, LEFT_OUT[state]))
             return None
-        summary = summary_of(Path(cfg.out_dir))
-        if summary is None:
-            raise UserError(f"rung {name}: {Path(cfg.out_dir) / SUMMARY} cannot be read. Run the same command again")
-        saved = checkpoint.load(Path(cfg.out_dir) / LAST)["model_config"]
+        folder = Path(cfg.out_dir)
+        if (summary := summary_of(folder)) is None:
+            raise UserError(f"rung {name}: {folder / SUMMARY} cannot be read. Run the same command again")
+        saved = checkpoint.load(folder / LAST)["model_config"]
         summary.update(seed=cfg.seed, position=cfg.position, out_dir=cfg.out_dir, command=shlex.join([*program, *argv]),
                        parameters=GPT(ModelConfig(**saved)).num_params(non_embedding=False))
         return summary
