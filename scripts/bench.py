@@ -22,19 +22,18 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from common.machine import for_sampling, setup, sync  # noqa: E402
 from configs import load_config  # noqa: E402
 from configs.schema import FIELDS  # noqa: E402
-from errors import ArgumentParser, UserError, check_output_file, run_cli  # noqa: E402
+from errors import UserError, run_cli  # noqa: E402
 from training.device import measure_peak_flops  # noqa: E402
 from training.opening import build_run, prepare_data  # noqa: E402
 from train import forward_backward, train_step, update  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent))
-from bench_prepare import measure, write_figures  # noqa: E402
-from bench_sample import bench_sampling, timed  # noqa: E402
+from bench_prepare import count, figures_parser, measure, print_table, write_figures  # noqa: E402
+from bench_sample import bench_sampling, dtype_name, timed  # noqa: E402
 
 
 class CountOperations(TorchDispatchMode):
-    """ops.count: the operations that compute or copy inside the block (on a GPU, about a launch each), each handed
-    to seen(func) too."""
+    """ops.count: the operations that compute or copy inside the block (on a GPU, about a launch each)."""
 
     LAUNCH_NOTHING = frozenset({"_unsafe_view", "_record_function_enter_new", "_record_function_exit"})
 
@@ -63,8 +62,8 @@ def build_training(cfg, rt, say=print) -> dict:
 
 
 class HostWaits(contextlib.ExitStack):
-    """Counts the host's waits for the device inside the block, by place: on CUDA those set_sync_debug_mode("warn")
-    reports; elsewhere each value read from a tensor into Python (what would wait on a GPU)."""
+    """The host's waits for the device inside the block, by place: on CUDA those torch's sync debug mode warns of;
+    elsewhere each value read from a tensor into Python."""
 
     def __init__(self, device: torch.device):
         super().__init__()
@@ -82,7 +81,6 @@ class HostWaits(contextlib.ExitStack):
                     else "(inside torch)"] += 1
 
     def describe(self) -> str:
-        """A line per place and its count."""
         return "".join(f"\n  {n} x {place}" for place, n in self.places.most_common())
 
     def __enter__(self) -> "HostWaits":
@@ -113,17 +111,14 @@ class GraphRecordings:
     def __init__(self):
         self.count = 0
 
-    @staticmethod
-    def pool_keeper(frame) -> bool:
-        while frame is not None and not frame.f_code.co_filename.endswith("cudagraph_trees.py"):
-            frame = frame.f_back
-        return frame is not None and type(frame.f_locals.get("self")).__name__ == "CUDAGraphTreeManager"
-
     def __enter__(self) -> "GraphRecordings":
         self._begin = begin = torch.cuda.CUDAGraph.capture_begin
 
         def counted(graph, *args, **kwargs):
-            self.count += not self.pool_keeper(inspect.currentframe().f_back)
+            frame = inspect.currentframe().f_back  # the pool keeper is recorded from graph trees' manager
+            while frame is not None and not frame.f_code.co_filename.endswith("cudagraph_trees.py"):
+                frame = frame.f_back
+            self.count += frame is None or type(frame.f_locals.get("self")).__name__ != "CUDAGraphTreeManager"
             return begin(graph, *args, **kwargs)
         torch.cuda.CUDAGraph.capture_begin = counted
         return self
@@ -155,18 +150,21 @@ def parse_compare(specs: list[str]) -> list[dict[str, str]]:
     for spec in specs:
         field, _, values = spec.partition("=")
         if field not in COMPARABLE or not values or not all(values.split(",")):
-            raise UserError(f"--compare {spec}: not FIELD=VALUE,VALUE with a train.py field. Give e.g. --compare "
-                            f"dtype=float32,bfloat16")
+            raise UserError(f"--compare {spec}: not FIELD=A,B of a train.py field. Give e.g. dtype=float32,bfloat16")
         axes.append([(field, value) for value in values.split(",")])
     variants = [dict(combination) for combination in itertools.product(*axes)]
     if len(variants) < 2:
-        raise UserError("--compare: one value is no comparison. Give two, e.g. --compare dtype=float32,bfloat16")
+        raise UserError("--compare: one value is no comparison. Give two, e.g. dtype=float32,bfloat16")
     return variants
 
 
 def options(variant: dict[str, str]) -> list[str]:
     """{"dtype": "bfloat16"} -> ["--dtype", "bfloat16"]"""
     return [part for field, value in variant.items() for part in (f"--{field}", value)]
+
+
+def variant_name(variant: dict[str, str]) -> str:
+    return ",".join(f"{field}={value}" for field, value in variant.items()) or "as given"
 
 
 def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters: int, warmup: int) -> list[dict]:
@@ -198,40 +196,29 @@ def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters:
     return results
 
 
-def print_comparison(results: list[dict], rounds: int, iters: int) -> None:
-    print(f"{len(results)} variants, each timed for {iters} steps in turn, {rounds} rounds "
-          "(medians; min-max of the rounds)")
-    names = [" ".join(f"{k}={v}" for k, v in r["variant"].items()) for r in results]
-    width = max(len(name) for name in names + ["variant"])
-    print(f"{'variant':<{width}}  {'ms/iter':>8}  {'min-max':>13}  {'tokens/s':>9}  {'MFU':>6}  time vs first")
-    for name, r in zip(names, results):
-        spread = f"{min(r['ms_per_iter_rounds']):.1f}-{max(r['ms_per_iter_rounds']):.1f}"
-        print(f"{name:<{width}}  {r['ms_per_iter']:8.1f}  {spread:>13}  {r['tokens_per_sec']:9,.0f}  "
-              f"{r['mfu'] * 100:5.1f}%  {r['time_vs_first']:.2f}")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    parser.add_argument("--json", default="", help="also write the figures to this JSON file")
-    parser.add_argument("--iters", type=int, default=20, help="timed training steps (per round with --compare)")
+    parser = figures_parser(__doc__)
+    parser.add_argument("--iters", type=count, default=20, help="timed training steps (per round with --compare)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed training steps first")
-    parser.add_argument("--sample_tokens", type=int, default=500, help="characters generated per sampling figure")
-    parser.add_argument("--prepare_mb", type=int, default=50, help="MB of generated text for the prepare speed")
+    parser.add_argument("--sample_tokens", type=count, default=500, help="characters generated per sampling figure")
+    parser.add_argument("--prepare_mb", type=count, default=50, help="MB of generated text for the prepare speed")
     parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
                         help="time training under each value of a train.py field in turn (repeatable)")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds of --compare")
+    parser.add_argument("--rounds", type=count, default=7, help="rounds of --compare")
     parser.add_argument("--host_syncs", type=float, default=None, metavar="MOST",
                         help="only count the host's waits over --iters steps: exit 1 above MOST a step")
     args, rest = parser.parse_known_args(argv)
-    if min(args.iters, args.sample_tokens, args.prepare_mb, args.rounds, args.warmup + 1) < 1:
-        raise UserError("--iters, --sample_tokens, --prepare_mb and --rounds must be at least 1, --warmup at least 0")
-    if args.json:
-        check_output_file(args.json, "--json")
+    if args.warmup < 0:
+        raise UserError(f"--warmup {args.warmup}: must be at least 0")
     cfg, note, _ = load_config(rest, torch.cuda.is_available())
     if args.compare:
         results = compare(rest, parse_compare(args.compare), args.rounds, args.iters, args.warmup)
-        print(note)
-        print_comparison(results, args.rounds, args.iters)
+        print(f"{note}\n{len(results)} variants, each timed for {args.iters} steps in turn, {args.rounds} rounds "
+              "(medians; min-max of the rounds)")
+        print_table(["variant", "ms/iter", "min-max", "tokens/s", "MFU", "time vs first"], [
+            [variant_name(r["variant"]), f"{r['ms_per_iter']:.1f}",
+             f"{min(r['ms_per_iter_rounds']):.1f}-{max(r['ms_per_iter_rounds']):.1f}", f"{r['tokens_per_sec']:,.0f}",
+             f"{r['mfu'] * 100:.1f}%", f"{r['time_vs_first']:.2f}"] for r in results])
         write_figures(args.json, {"config": cfg.config_name, "rounds": args.rounds, "iters": args.iters,
                                   "variants": results})
         return 0
@@ -264,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     sample_dtype = for_sampling(rt, cfg.dtype, model.num_params(non_embedding=False)).dtype
     f.update(bench_sampling(model, rt.device_type, [sample_dtype], args.sample_tokens,
                             compile=rt.device_type == "cuda"))
-    f["sample_dtype"] = str(sample_dtype).removeprefix("torch.")
+    f["sample_dtype"] = dtype_name(sample_dtype)
     f["prepare_mb_per_sec"] = measure(args.prepare_mb)["mb_per_s"]
     compiled = f", {f['sample_chars_per_sec_compiled']:,.0f} compiled" if "sample_chars_per_sec_compiled" in f else ""
     print(note)
@@ -276,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             ("its halves", f"{f['ms_forward_backward']:.1f} ms forward and backward, {f['ms_update']:.1f} ms update "
                            f"(clipping included; {f['update_operations']} operations), each timed alone"),
             ("model FLOPs", f"{f['flops_per_token'] / 1e6:.2f} MFLOP/token, {f['achieved_flops'] / 1e9:.1f} GFLOP/s"),
-            ("peak (matmul)", f"{f['peak_flops'] / 1e9:.1f} GFLOP/s in {str(rt.dtype).removeprefix('torch.')}"),
+            ("peak (matmul)", f"{f['peak_flops'] / 1e9:.1f} GFLOP/s in {dtype_name(rt.dtype)}"),
             ("MFU", f"{f['mfu'] * 100:.1f}%"),
             ("sampling", f"{f['sample_chars_per_sec_cached']:,.0f} chars/s with KV cache, "
                          f"{f['sample_chars_per_sec_uncached']:,.0f} without ({f['sample_cache_speedup']:.1f}x), "

@@ -9,10 +9,7 @@ if [ $# -ne 3 ] || [ ! -f "$2" ]; then
     exit 2
 fi
 part=$1 corpus=$(realpath "$2") logs=${3%/}
-if [ -L "$logs" ]; then
-    echo "error: the log folder $3 is a symbolic link. Name a real folder" >&2
-    exit 2
-fi
+[ -L "$logs" ] && { echo "error: the log folder $3 is a symbolic link. Name a real folder" >&2; exit 2; }
 logs=$(realpath -m "$logs")
 
 if [ "${QUICK:-0}" = 1 ]; then
@@ -49,12 +46,12 @@ print("loss {}, {:.1f} s whole, {:.1f} s training, {:.1f} s compiling, MFU {}%".
 sys.exit(not (loss is not None and math.isfinite(loss) and loss < float(sys.argv[2])))'
 
 verdicts=()
-check() {  # NAME [--run DIR BOUND] [--expect REGEX] COMMAND...: run() it, then PASS NAME or FAIL NAME (why)
+check() {  # NAME [--run DIR BOUND] [--expect REGEX] COMMAND...: run() it (--out_dir DIR added), then PASS or FAIL
     local name=$1 dir= most= expect= verdict= figures out=$work/step.out
     shift
     if [ "$1" = --run ]; then dir=$2 most=$3; shift 3; fi
     if [ "$1" = --expect ]; then expect=$2; shift 2; fi
-    run "$@"
+    run "$@" ${dir:+--out_dir "$dir"}
     local code=$?
     if [ $code != 0 ]; then
         verdict="FAIL $name (exit $code)"
@@ -86,8 +83,6 @@ verdict_summary() {  # PART: the verdicts counted and repeated; exit 1 if one is
 about_the_machine() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
     run python -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"
-    gpu=1
-    python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || gpu=0
 }
 
 # python -c "$decoding" CHECKPOINT eager|compiled CHARACTERS MOST_SYNCS: a padded batch of three rows, greedy, twice;
@@ -127,7 +122,7 @@ part_smoke() {
     about_the_machine
     local run_dir=$work/preset dtypes=(bfloat16 float16) compile=true
     check "GPU preset, compiled, end to end" --run "$run_dir" "$whole" python train.py "${gpu_preset[@]}" \
-        --out_dir "$run_dir" --compile true "${small[@]}" "${preset[@]}"
+        --compile true "${small[@]}" "${preset[@]}"
     [ $gpu = 1 ] || dtypes=(float32 bfloat16) compile=false  # a CPU: no float16 training; reads counted uncompiled
     for dtype in "${dtypes[@]}"; do
         check "host waits per training step, $dtype" python scripts/bench.py "${gpu_preset[@]}" "${small[@]}" \
@@ -142,17 +137,15 @@ part_smoke() {
 
 part_smoke2() {
     about_the_machine
-    local all_ran='[0-9]+ passed' compile=true  # on a GPU none may be skipped
-    [ $gpu = 1 ] && all_ran='^[0-9]+ passed(, [0-9]+ warnings?)? in '
-    [ $gpu = 1 ] || compile=false
+    local all_ran='[0-9]+ passed' compile=false  # on a GPU none may be skipped
+    [ $gpu = 1 ] && all_ran='^[0-9]+ passed(, [0-9]+ warnings?)? in ' compile=true
     check "tests/test_cuda.py and test_cuda_paths.py" --expect "$all_ran" \
         python -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_cuda_paths.py
     local one=(torchrun --standalone --nproc_per_node 1 train.py "${short[@]}" --compile "$compile")
-    check "torchrun, one process (no process group)" --run "$work/torchrun" "$bound" "${one[@]}" \
-        --out_dir "$work/torchrun"
+    check "torchrun, one process (no process group)" --run "$work/torchrun" "$bound" "${one[@]}"
     # DDP over NCCL (gloo on a CPU) at world size 1: no_sync and compiled blocks under DDP on one GPU
     check "DDP at world size 1" --run "$work/ddp" "$bound" --expect "DDP over (nccl|gloo)" "${one[@]}" --ddp always \
-        --grad_accum_steps 2 --out_dir "$work/ddp"
+        --grad_accum_steps 2
     verdict_summary smoke2
 }
 
@@ -165,18 +158,16 @@ part_smoke3() {
         local dtype=${one% *} compile=${one#* } device=()
         [ "$dtype" = float16 ] && device=(--device cuda:0)
         check "train $dtype, compile $compile${device:+ on cuda:0}" --run "$work/$dtype-$compile" "$bound" \
-            python train.py "${short[@]}" --dtype "$dtype" --compile "$compile" "${device[@]}" \
-            --out_dir "$work/$dtype-$compile"
+            python train.py "${short[@]}" --dtype "$dtype" --compile "$compile" "${device[@]}"
     done
     check "resume (bfloat16)" --run "$model" "$bound" python train.py "${short[@]}" --dtype bfloat16 \
-        --compile false --out_dir "$model" --max_iters "$more" --resume
+        --compile false --max_iters "$more" --resume
     if [ $gpu = 1 ]; then  # every compile mode and scope offered, on a small shape
         for mode in default max-autotune-no-cudagraphs; do
             for scope in blocks model; do
                 check "compile mode $mode, scope $scope" --run "$work/$mode-$scope" 3.5 python train.py \
                     "${short[@]}" --compile true --compile_mode "$mode" --compile_scope "$scope" --n_layer 2 \
-                    --n_embd 128 --n_head 4 --block_size 64 --max_iters 20 --eval_interval 20 \
-                    --out_dir "$work/$mode-$scope"
+                    --n_embd 128 --n_head 4 --block_size 64 --max_iters 20 --eval_interval 20
             done
         done
     fi
@@ -234,7 +225,7 @@ from bench_run import prepare_nanogpt
 from errors import run_cli
 sys.exit(run_cli(lambda argv: prepare_nanogpt(*map(Path, argv)) and 0, sys.argv[1:]))' "$NANOGPT" "$corpus" "$work"
     local device=()
-    python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || device=(--device=cpu --compile=False)
+    [ $gpu = 1 ] || device=(--device=cpu --compile=False)
     run env -C "$work/nanogpt-code" python train.py config/train_shakespeare_char.py --out_dir="$work/nanogpt" \
         "${device[@]}" "${nano_shrink[@]}"
     run python scripts/score_nanogpt.py "$work/nanogpt-code" "$work/nanogpt/ckpt.pt"
@@ -246,13 +237,11 @@ if [ "$part" = all ]; then
     [ -f "${NANOGPT:-}/train.py" ] || { unset 'parts[8]'; echo "note: NANOGPT not set: no nanogpt part"; }
 fi
 for p in "${parts[@]}"; do  # every mistake is found before anything runs
-    case "$p" in
-        nanogpt) if [ ! -f "${NANOGPT:-}/train.py" ]; then
-            echo "error: set NANOGPT to a checkout of karpathy/nanoGPT (a folder with train.py)" >&2; exit 2; fi
-            NANOGPT=$(realpath "$NANOGPT") ;;
-        smoke|smoke2|smoke3|tests|speed|runs|recipe|tune) ;;
-        *) echo "error: the part is $parts_named, not '$p'" >&2; exit 2 ;;
-    esac
+    declare -F "part_$p" > /dev/null || { echo "error: the part is $parts_named, not '$p'" >&2; exit 2; }
+    if [ "$p" = nanogpt ]; then
+        [ -f "${NANOGPT:-}/train.py" ] || { echo "error: set NANOGPT to a checkout of karpathy/nanoGPT" >&2; exit 2; }
+        NANOGPT=$(realpath "$NANOGPT")
+    fi
     if [ -L "$logs/$p.log" ]; then
         echo "error: the log $logs/$p.log is a symbolic link; remove it or name another LOGDIR" >&2
         exit 2
@@ -283,6 +272,8 @@ stop() {  # SIGNAL EXIT_CODE
 }
 trap 'stop SIGTERM 143' TERM
 trap 'stop Ctrl-C 130' INT
+gpu=1
+python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || gpu=0
 status=0
 for p in "${parts[@]}"; do
     "part_$p" 2>&1 | tee -p "$logs/$p.log" &  # -p: the log is still written when the screen's pipe closes

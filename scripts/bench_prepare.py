@@ -1,7 +1,9 @@
 """python scripts/bench_prepare.py [--mb 200]: data preparation's MB/s and peak memory on a generated corpus.
-Also the benchmarks' shared writer of their --json figures."""
+
+Also what the benchmarks share: their parser with --json, and the writer of their figures."""
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import subprocess
@@ -14,6 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.run_folder import write_text_atomic  # noqa: E402
 from errors import ArgumentParser, UserError, check_output_file, run_cli  # noqa: E402
+
 CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
@@ -30,6 +33,32 @@ print(json.dumps({{"seconds": seconds, "rss_after_imports_mb": base / 1024,
 """
 
 
+def figures_parser(doc: str, **kwargs) -> ArgumentParser:
+    """A benchmark's parser: the first paragraph of doc after its colon, and --json, checked as it is read."""
+    parser = ArgumentParser(description=doc.split(":", 1)[1].split("\n\n")[0].strip(), **kwargs)
+    parser.add_argument("--json", default="", type=figures_file, help="also write the figures to this JSON file")
+    return parser
+
+
+def figures_file(path: str) -> str:
+    """--json's file, checked before the work begins; "" for none."""
+    return path and str(check_output_file(path, "--json"))
+
+
+def count(text: str) -> int:
+    """An option's whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
+    return int(text)
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    """Columns as wide as their widest cell; the first and the last to the left, the others to the right."""
+    widths = [max(map(len, column)) for column in zip(header, *rows)]
+    for row in [header, *rows]:
+        print(row[0].ljust(widths[0]), *map(str.rjust, row[1:-1], widths[1:-1]), row[-1], sep="  ")
+
+
 def write_figures(path: str, figures: dict) -> None:
     """The figures as JSON in path, where --json named one."""
     if path:
@@ -37,7 +66,7 @@ def write_figures(path: str, figures: dict) -> None:
 
 
 def measure(megabytes: int) -> dict:
-    """Prepare a generated corpus of this size (ASCII, accents, CJK) in a process of its own: seconds, MB/s, memory."""
+    """A generated corpus of this size (ASCII, accents, CJK) prepared in a process of its own: its figures."""
     words = ["the", "king", "hath", "spoken", "naïve", "café", "東京", "言葉", "ROMEO:", "thou", "art", "\n"]
     block = " ".join(random.Random(0).choices(words, k=200_000))
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,14 +85,9 @@ def measure(megabytes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__.split(":", 1)[1].split("\n")[0].strip())
-    parser.add_argument("--mb", type=int, default=200, help="size of the generated corpus in MB")
-    parser.add_argument("--json", default="", help="also write the figures to this JSON file")
+    parser = figures_parser(__doc__)
+    parser.add_argument("--mb", type=count, default=200, help="size of the generated corpus in MB")
     args = parser.parse_args(argv)
-    if args.mb < 1:
-        raise UserError(f"--mb {args.mb}: must be at least 1")
-    if args.json:
-        check_output_file(args.json, "--json")
     f = measure(args.mb)
     print(f"corpus {f['corpus_mb']:.0f} MB, {f['n_chars']:,} characters, vocabulary {f['vocab_size']}")
     print(f"prepare {f['seconds']:.2f} s = {f['mb_per_s']:.1f} MB/s; peak RSS {f['peak_rss_mb']:.0f} MB "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shlex
 import shutil
@@ -16,9 +17,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import options, parse_compare  # noqa: E402
-from bench_prepare import write_figures  # noqa: E402
-from errors import ArgumentParser, Interrupted, UserError, check_output_file, run_cli  # noqa: E402
+import torch  # noqa: E402
+
+from bench import options, parse_compare, variant_name  # noqa: E402
+from bench_prepare import count, figures_parser, print_table, write_figures  # noqa: E402
+from configs import load_config  # noqa: E402
+from errors import Interrupted, UserError, run_cli  # noqa: E402
 from train_command import run_train  # noqa: E402
 from common.run_folder import SUMMARY, RunDir, read_summary  # noqa: E402
 
@@ -29,7 +33,7 @@ NANOGPT_CPU_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--com
 
 
 def logged_run(log: Path, argv: list[str], what: str, **how) -> float:
-    """run_train(argv, **how), its output in log (never through a link): its seconds. A failure or a stop raises."""
+    """run_train(argv, **how), its output in log (never through a link): its seconds."""
     started = time.perf_counter()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with open(fd, "w", encoding="utf-8") as out:
@@ -43,7 +47,7 @@ def logged_run(log: Path, argv: list[str], what: str, **how) -> float:
 
 
 def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
-    """One `python train.py argv --out_dir folder --overwrite`, timed whole: its summary's figures."""
+    """`python train.py argv --out_dir folder --overwrite`, timed whole: its summary's figures."""
     env = dict(os.environ)
     if cold_cache:  # an empty compiler cache for this run alone
         cache = folder.with_name(folder.name + ".compile_cache")
@@ -60,7 +64,7 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
 
 
 def threads_and_estimate(r: dict, before: str) -> str:
-    """before + '2 threads, expected 15-18 s' for a run on a CPU; "" elsewhere."""
+    """before + '2 threads, expected 15-18 s' on a CPU; "" elsewhere."""
     parts = [f"{r['threads']} thread{'s' * (r['threads'] != 1)}"] if r.get("threads") else []
     if r.get("expected_seconds"):
         low_high = dict.fromkeys(f"{seconds:.0f}" for seconds in r["expected_seconds"])
@@ -70,7 +74,7 @@ def threads_and_estimate(r: dict, before: str) -> str:
 
 @contextlib.contextmanager
 def cpu_bound(count: int):
-    """count processes that each keep a core busy while the block runs."""
+    """count processes, each keeping a core busy while the block runs."""
     hogs = [subprocess.Popen([sys.executable, "-c", "print(flush=True)\nwhile True: pass"], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, start_new_session=True) for _ in range(count)]
     try:
@@ -84,17 +88,8 @@ def cpu_bound(count: int):
             hog.stdout.close()
 
 
-def corpus_file(rest: list[str]) -> Path:
-    """The text file --data names: nanoGPT trains on the same one."""
-    named = [rest[i + 1] for i, word in enumerate(rest[:-1]) if word == "--data"]
-    named += [word.split("=", 1)[1] for word in rest if word.startswith("--data=")]
-    if not named or not Path(named[-1]).is_file():
-        raise UserError("--nanogpt trains nanoGPT on the same text, which is no file here. Name it with --data FILE")
-    return Path(named[-1])
-
-
 def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
-    """A copy of the checkout's code, the corpus as its input.txt, run through its prepare.py: the copy's folder."""
+    """The copy's folder: the checkout's code, the corpus as its input.txt, run through its prepare.py."""
     prepare = Path("data", "shakespeare_char", "prepare.py")
     if not (checkout / "train.py").is_file() or not (checkout / prepare).is_file():
         raise UserError(f"--nanogpt {checkout}: not a checkout of karpathy/nanoGPT. Clone it and name its folder")
@@ -106,7 +101,7 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
     shutil.copytree(checkout / "config", code / "config")
     shutil.copyfile(checkout / prepare, code / prepare)
     shutil.copyfile(corpus, code / prepare.parent / "input.txt")
-    # prepare.py imports requests only to download, which it then does not: a stand-in where it is not installed
+    # prepare.py imports requests to download, which it does not do here: a stand-in where it is missing
     stand_in = ("import importlib.util, runpy, sys, types\n"
                 "if importlib.util.find_spec('requests') is None:\n"
                 "    sys.modules['requests'] = types.ModuleType('requests')\n"
@@ -118,51 +113,40 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
 
 def run_nanogpt(code: Path, folder: Path, dtype: str) -> dict:
     """nanoGPT's CPU recipe in the copy, timed whole; its checkpoint scored as our full validation is, in dtype."""
-    import numpy as np
-    from score_nanogpt import full_validation, load_nanogpt
+    from score_nanogpt import score
     from common.machine import setup
 
     log = folder.with_name(folder.name + ".log")
     shutil.rmtree(folder, ignore_errors=True)
     whole = logged_run(log, [*NANOGPT_CPU_RECIPE, f"--out_dir={folder}"], "nanoGPT's train.py",
                        program=[str(code / "train.py")], cwd=code)
-    rt = setup("cpu", dtype)
-    model, facts = load_nanogpt(code, folder / "ckpt.pt", rt.device)
-    val = np.fromfile(code / "data" / facts["dataset"] / "val.bin", dtype=np.uint16)
-    return {"whole_seconds": whole, "full_val_loss": full_validation(model, val, facts["block_size"], 64, rt),
-            "model_step": facts["step"], "log": str(log)}
+    loss, facts = score(code, folder / "ckpt.pt", setup("cpu", dtype))
+    return {"whole_seconds": whole, "full_val_loss": loss, "model_step": facts["step"], "log": str(log)}
 
 
 def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], out: Path, repeat: int,
-            cold_cache: bool, nanogpt: Path | None) -> tuple[dict, list[dict]]:
+            cold_cache: bool, nanogpt: Path | None, dtype: str) -> tuple[dict, list[dict]]:
     """Every variant once per seed and round, nanoGPT's recipe first: ({variant: its runs}, nanoGPT's runs)."""
-    import torch
-    from configs import load_config
     runs, yardstick = {variant_name(v): [] for v in variants}, []
-    dtype = load_config(rest, torch.cuda.is_available())[0].dtype
+    say = functools.partial(print, file=sys.stderr, flush=True)
     for round_ in range(1, repeat + 1):
         for seed in seeds or [None]:
             where = f"-s{seed}-r{round_}" if seed is not None else f"-r{round_}"
             if nanogpt is not None:
-                print(f"[round {round_}/{repeat}] nanoGPT's CPU recipe", file=sys.stderr, flush=True)
+                say(f"[round {round_}/{repeat}] nanoGPT's CPU recipe")
                 yardstick.append(r := run_nanogpt(nanogpt, out / f"nanogpt{where}", dtype))
-                print(f"  {r['whole_seconds']:.1f} s whole, full validation {r['full_val_loss']:.4f} "
-                      f"(step {r['model_step']})", file=sys.stderr)
+                say(f"  {r['whole_seconds']:.1f} s whole, full validation {r['full_val_loss']:.4f} "
+                    f"(step {r['model_step']})")
             for number, variant in enumerate(variants, start=1):
                 extra = options(variant) + (["--seed", seed] if seed is not None else [])
-                print(f"[round {round_}/{repeat}] {variant_name(variant)}" + (f", seed {seed}" if seed else ""),
-                      file=sys.stderr, flush=True)
+                say(f"[round {round_}/{repeat}] {variant_name(variant)}" + (f", seed {seed}" if seed else ""))
                 r = run_once(rest + extra, out / f"{number:02d}{where}", cold_cache)
                 runs[variant_name(variant)].append({**r, "seed": seed})
                 loss = "" if r["full_val_loss"] is None else \
                     f", full validation {r['full_val_loss']:.4f} (step {r['model_step']})"
-                print(f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training{loss}"
-                      f"{threads_and_estimate(r, ', ')}", file=sys.stderr)
+                say(f"  {r['whole_seconds']:.1f} s whole, {r['train_seconds']:.1f} s training{loss}"
+                    f"{threads_and_estimate(r, ', ')}")
     return runs, yardstick
-
-
-def variant_name(variant: dict[str, str]) -> str:
-    return ",".join(f"{field}={value}" for field, value in variant.items()) or "as given"
 
 
 def row_of(name: str, done: list[dict], nanogpt_seconds: float | None) -> dict:
@@ -178,22 +162,21 @@ def row_of(name: str, done: list[dict], nanogpt_seconds: float | None) -> dict:
             "times_nanogpt": mean_whole / nanogpt_seconds if nanogpt_seconds else None, "runs": done}
 
 
+def figure(value: float | None, spec: str = ".4f", unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    # allow_abbrev off: train.py's --seed must not be read as --seeds
-    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip(), allow_abbrev=False)
+    parser = figures_parser(__doc__, allow_abbrev=False)  # train.py's --seed is not --seeds
     parser.add_argument("--out_dir", default="out/bench_run", help="a run folder (and .log) per variant and round")
     parser.add_argument("--compare", action="append", default=[], metavar="FIELD=A,B",
                         help="run under each value of a train.py field (repeatable)")
     parser.add_argument("--seeds", default="", metavar="1,2,3", help="run every variant once per seed")
-    parser.add_argument("--nanogpt", type=Path, default=None, metavar="DIR",
-                        help="a checkout of karpathy/nanoGPT: time its CPU recipe on the same --data FILE too")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds: every variant once per round")
+    parser.add_argument("--nanogpt", type=Path, metavar="DIR", help="a nanoGPT checkout: time its CPU recipe too")
+    parser.add_argument("--repeat", type=count, default=1, help="rounds: every variant once per round")
     parser.add_argument("--cold_compile_cache", action="store_true", help="an empty torch.compile cache for every run")
     parser.add_argument("--busy", type=int, default=0, metavar="N", help="N CPU-bound processes beside every run")
-    parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     args, rest = parser.parse_known_args(argv)
-    if args.repeat < 1:
-        raise UserError("--repeat must be at least 1")
     if not 0 <= args.busy <= 64:
         raise UserError(f"--busy {args.busy}: must be from 0 to 64")
     if any(word in ("--out_dir", "--resume", "--overwrite") for word in rest):
@@ -203,41 +186,39 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [seed.strip() for seed in args.seeds.split(",")] if args.seeds else []
     if not all(seed.isdigit() for seed in seeds):
         raise UserError(f"--seeds {args.seeds}: not whole numbers. Give e.g. --seeds 1,2,3")
-    if args.json:
-        check_output_file(args.json, "--json")
-    corpus = corpus_file(rest) if args.nanogpt is not None else None
+    cfg = load_config(rest, torch.cuda.is_available())[0]
+    if args.nanogpt is not None and not Path(cfg.data).is_file():
+        raise UserError("--nanogpt trains nanoGPT on the same text, which is no file here. Name it with --data FILE")
     variants = parse_compare(args.compare) if args.compare else [{}]
     out = Path(args.out_dir).absolute()  # absolute: nanoGPT's train.py runs in its copy's folder
     owner = RunDir(out).claim(say=lambda message: None)  # one bench_run per folder
     try:
-        nanogpt = prepare_nanogpt(args.nanogpt.resolve(), corpus, out) if args.nanogpt is not None else None
+        nanogpt = prepare_nanogpt(args.nanogpt.resolve(), Path(cfg.data), out) if args.nanogpt is not None else None
         with cpu_bound(args.busy):
-            runs, yardstick = run_all(rest, variants, seeds, out, args.repeat, args.cold_compile_cache, nanogpt)
+            runs, yardstick = run_all(rest, variants, seeds, out, args.repeat, args.cold_compile_cache, nanogpt,
+                                      cfg.dtype)
     finally:
         owner.release()
     nanogpt_seconds = statistics.fmean(r["whole_seconds"] for r in yardstick) if yardstick else None
     rows = [row_of(name, done, nanogpt_seconds) for name, done in runs.items()]
     if args.busy:
         print(f"(every run beside {args.busy} CPU-bound process{'es' if args.busy > 1 else ''})")
-    print(f"{'variant':<32}{'whole s':>9}{'train s':>9}{'full-val':>10}  where the time went")
-    for row in rows:
-        last = row["runs"][-1]
-        phases = ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in last["phases"].items()
-                           if phase != "total" and seconds >= 0.05)
-        loss = f"{row['full_val_loss']:.4f}" if row["full_val_loss"] is not None else "-"
-        print(f"{row['variant']:<32}{row['whole_seconds']:>9.1f}{row['train_seconds']:>9.1f}{loss:>10}  {phases}"
-              f"{threads_and_estimate(last, '; ')}")
+    print_table(["variant", "whole s", "train s", "full-val", "where the time went"], [
+        [row["variant"], f"{row['whole_seconds']:.1f}", f"{row['train_seconds']:.1f}", figure(row["full_val_loss"]),
+         ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in row["runs"][-1]["phases"].items()
+                   if phase != "total" and seconds >= 0.05) + threads_and_estimate(row["runs"][-1], "; ")]
+        for row in rows])
     if any(len(row["runs"]) > 1 for row in rows):
         print("(whole s, train s and full-val: the medians of each variant's runs; where the time went: its last run)")
     if seeds or yardstick:
-        print(f"\n{'variant':<32}{'mean full-val':>14}{'spread':>8}{'mean whole s':>13}{'x nanoGPT':>10}  each run "
-              f"(full-val, whole s)")
-        for row in rows + [row_of("nanoGPT CPU recipe", yardstick, nanogpt_seconds)] * bool(yardstick):
-            mean, spread, ratio = ("-" if row[key] is None else f"{row[key]:.{places}f}{unit}" for key, places, unit in
-                                   (("mean_full_val_loss", 4, ""), ("loss_spread", 4, ""), ("times_nanogpt", 2, "x")))
-            each = ", ".join(f"{r['full_val_loss']:.4f} {r['whole_seconds']:.1f}" for r in row["runs"]
-                             if r["full_val_loss"] is not None)
-            print(f"{row['variant']:<32}{mean:>14}{spread:>8}{row['mean_whole_seconds']:>13.1f}{ratio:>10}  {each}")
+        print()
+        header = ["variant", "mean full-val", "spread", "mean whole s", "x nanoGPT", "each run (full-val, whole s)"]
+        print_table(header, [
+            [row["variant"], figure(row["mean_full_val_loss"]), figure(row["loss_spread"]),
+             f"{row['mean_whole_seconds']:.1f}", figure(row["times_nanogpt"], ".2f", "x"),
+             ", ".join(f"{r['full_val_loss']:.4f} {r['whole_seconds']:.1f}" for r in row["runs"]
+                       if r["full_val_loss"] is not None)]
+            for row in rows + [row_of("nanoGPT CPU recipe", yardstick, nanogpt_seconds)] * bool(yardstick)])
     write_figures(args.json, {"train_options": rest, "repeat": args.repeat, "cold_compile_cache":
                               args.cold_compile_cache, "busy": args.busy, "seeds": seeds, "variants": rows,
                               "nanogpt": yardstick})

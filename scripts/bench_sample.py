@@ -1,7 +1,10 @@
 """python scripts/bench_sample.py: characters/s of generation, one row and a batch, with and without the KV cache,
-eager and compiled, in one or more dtypes, timed in turn. Also the benchmarks' shared timer."""
+eager and compiled, in one or more dtypes, timed in turn.
+
+Also the benchmarks' shared timer."""
 from __future__ import annotations
 
+import collections
 import copy
 import statistics
 import sys
@@ -13,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench_prepare import write_figures  # noqa: E402
+from bench_prepare import count, figures_parser, write_figures  # noqa: E402
 from common.machine import pick_dtype, setup, sync  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, UserError, check_output_file, run_cli  # noqa: E402
+from errors import BooleanFlag, UserError, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 
@@ -47,30 +50,28 @@ def variants_of(batch: int, compile: bool, dtypes: list[torch.dtype]) -> list[Va
     for dtype in dtypes:
         tag = "" if len(dtypes) == 1 else "_" + dtype_name(dtype)
         out += [Variant("cached" + tag, 1, True, False, dtype)]
-        out += [Variant("uncached" + tag, 1, False, False, dtype)] if dtype == dtypes[0] else []
+        out += [Variant("uncached" + tag, 1, False, False, dtype)] * (dtype == dtypes[0])
         out += [Variant(f"batch{batch}_cached{tag}", batch, True, False, dtype)]
         out += [Variant("compiled" + tag, 1, True, True, dtype),
-                Variant(f"batch{batch}_compiled{tag}", batch, True, True, dtype)] if compile else []
+                Variant(f"batch{batch}_compiled{tag}", batch, True, True, dtype)] * compile
     return out
 
 
 def bench_sampling(model: GPT, device_type: str, dtypes: list[torch.dtype], new_tokens: int, batch: int = 8,
                    compile: bool = False, rounds: int = 1, say=lambda message: None) -> dict:
     """sample_chars_per_sec_<variant> (the median of the rounds), the cache's speed-up, and whether every variant of
-    a dtype drew the same greedy tokens. Weights are cast to each dtype, as sample.py does."""
+    a dtype drew the same greedy tokens."""
     model.eval()
     device = model.wte.weight.device
     models = {dtype: model if dtype == model.wte.weight.dtype else copy.deepcopy(model).to(dtype) for dtype in dtypes}
-    views = {}  # a view per shape with caches of its own, made once, in the warm-up (a CUDA graph reads them)
-    for dtype in dtypes:
-        for rows in (1, batch):
-            views[dtype, rows] = copy.copy(models[dtype])
-            views[dtype, rows].decode_caches = None
+    views = {(dtype, rows): copy.copy(models[dtype]) for dtype in dtypes for rows in (1, batch)}
+    for view in views.values():  # caches of its own per shape, made once, in the warm-up (a CUDA graph reads them)
+        view.decode_caches = None
     steps = {(dtype, compiled): compiled_step(device_type) if compiled else one_token_step
              for dtype in dtypes for compiled in {False, compile}}
     variants = variants_of(batch, compile, dtypes)
     seconds = {v.name: [] for v in variants}
-    texts = {dtype: set() for dtype in dtypes}  # the greedy texts each dtype's variants drew
+    texts = collections.defaultdict(set)  # the greedy texts of each dtype's variants
 
     def run(v: Variant, n: int) -> None:
         texts[v.dtype].add(tuple(generate(views[v.dtype, v.rows], [[0]] * v.rows, n, temperature=0,
@@ -80,38 +81,31 @@ def bench_sampling(model: GPT, device_type: str, dtypes: list[torch.dtype], new_
         took = timed(lambda: run(v, 8), device)
         if v.compiled:
             say(f"  compiled the decoding step for {v.rows} row(s), {dtype_name(v.dtype)}, in {took:.1f} s")
-    for drawn in texts.values():  # the warm-up's shorter texts
-        drawn.clear()
+    texts.clear()  # the warm-up's shorter texts
     for _ in range(rounds):
         for v in variants:
             seconds[v.name].append(timed(lambda: run(v, new_tokens), device))
     speed = {v.name: v.rows * new_tokens / statistics.median(seconds[v.name]) for v in variants}
     out = {f"sample_chars_per_sec_{name}": value for name, value in speed.items()}
-    first = variants[0]
-    out["sample_cache_speedup"] = speed[first.name] / speed[variants[1].name]
-    for v in variants:  # each dtype's one-row cached speed against the first dtype's
-        if v.rows == 1 and v.cached and not v.compiled and v.dtype != first.dtype:
-            out[f"sample_speedup_{dtype_name(v.dtype)}"] = speed[v.name] / speed[first.name]
+    first = variants[0].name  # one row, cached, in the first dtype
+    out["sample_cache_speedup"] = speed[first] / speed[variants[1].name]
+    for name in map(dtype_name, dtypes[1:]):
+        out[f"sample_speedup_{name}"] = speed[f"cached_{name}"] / speed[first]
     out["sample_same_tokens"] = all(len(drawn) == 1 for drawn in texts.values())
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__.split(":", 1)[1].split(" Also")[0].strip())
+    parser = figures_parser(__doc__)
     for name, default in (("new_tokens", 500), ("n_layer", 6), ("n_head", 6), ("n_embd", 384), ("block_size", 256)):
-        parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument("--batch", type=int, default=8, help="rows of the batched measurement")
-    parser.add_argument("--rounds", type=int, default=3, help="times each variant is timed, in turn")
+        parser.add_argument(f"--{name}", type=count if name == "new_tokens" else int, default=default)
+    parser.add_argument("--batch", type=count, default=8, help="rows of the batched measurement")
+    parser.add_argument("--rounds", type=count, default=3, help="times each variant is timed, in turn")
     parser.add_argument("--compile", action=BooleanFlag, default=None,
                         help="also time a compiled decoding step (default: on CUDA only)")
     parser.add_argument("--device", default="auto", help="auto (a GPU where there is one), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", default="float32", help="as sample.py's, or several, e.g. float32,bfloat16")
-    parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    if min(args.new_tokens, args.batch, args.rounds) < 1:
-        raise UserError("--new_tokens, --batch and --rounds must be at least 1")
-    if args.json:
-        check_output_file(args.json, "--json")
     torch.manual_seed(0)
     try:
         cfg = ModelConfig(vocab_size=65, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
-import stat
 import sys
 import time
 from pathlib import Path
@@ -20,13 +18,13 @@ loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line
 
 import torch  # noqa: E402
 
-from common.run_folder import LAST, SUMMARY, RunDir, read_summary, write_atomic, write_text_atomic  # noqa: E402
+from common.run_folder import LAST, SUMMARY, RunDir, read_summary, write_text_atomic  # noqa: E402
 from configs import load_config  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.gate import read_small  # noqa: E402
 from data.prepare import corpus_key  # noqa: E402
-from errors import ArgumentParser, QuietExit, UserError, disk_error, python_command  # noqa: E402
+from errors import ArgumentParser, Interrupted, QuietExit, UserError, disk_error, python_command  # noqa: E402
 from errors import output_folder, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
 from training import checkpoint  # noqa: E402
@@ -58,13 +56,10 @@ RUNGS = [
     ("no_positions", "the default without any position information", {"position": "none"}),
 ]
 NAMES = [name for name, _, _ in RUNGS]
-QUIET = {"sample_chars": "0", "log_attention": "false"}  # the ladder compares losses only
-ONE_BUDGET = {"patience": "0"}  # every rung trains all its steps
-NOT_THE_RUN = {"out_dir", "resume", "overwrite"}  # settings that do not change what a rung computes
+FIXED = {"sample_chars": "0", "log_attention": "false", "patience": "0"}  # losses only; each rung trains all its steps
+NOT_THE_RUN = {"out_dir", "resume", "overwrite", "data"}  # not compared (the text is, by its sha256)
 POSITIONS = {"rope": "rotary positions instead of a position table", "learned": "a learned position table",
              "none": "no position information"}
-
-
 DEFAULT = 7  # the default rung: the variants after it are compared with it
 SEEDS = 3  # seeds of each of two compared rungs whose losses are CLOSE
 CLOSE = 0.03  # a relative difference of loss that one seed cannot settle
@@ -85,15 +80,18 @@ def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = 
     if args.max_iters is not None:
         argv += ["--max_iters", str(args.max_iters)]
     argv += passed
-    for key, value in {**QUIET, **ONE_BUDGET, **overrides}.items():
+    for key, value in {**FIXED, **overrides}.items():
         argv += [f"--{key}", value]
     return argv + (["--seed", str(seed)] if seed is not None else [])
 
 
+def say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
 def notes_and_warnings(line: str) -> None:
-    """Of a rung's output only its notes and warnings are shown."""
     if line.startswith(("note", "warning")):
-        print(f"  {line}", file=sys.stderr)
+        say(f"  {line}")
 
 
 def state_of(cfg, text_sha256: str) -> tuple[str, str]:
@@ -107,7 +105,7 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     except UserError as err:
         return "damaged", str(err)
     saved, wanted = state["run_config"], cfg.to_dict()
-    if any(saved.get(key) != wanted[key] for key in wanted if key not in NOT_THE_RUN | {"data"}):
+    if any(saved.get(key) != wanted[key] for key in wanted if key not in NOT_THE_RUN):
         return "different", f"{cfg.out_dir} holds a run with other settings"
     trained_on = state.get("data") if isinstance(state.get("data"), dict) else {}
     if trained_on.get("sha256") != text_sha256:
@@ -115,7 +113,7 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     if not (folder / SUMMARY).exists():
         return "unfinished", ""
     if summary_of(folder) is None:
-        return "damaged", f"{folder / 'summary.json'} cannot be read"
+        return "damaged", f"{folder / SUMMARY} cannot be read"
     return "finished", ""
 
 
@@ -141,29 +139,21 @@ def summary_of(folder: Path) -> dict | None:
 
 
 TABLE = "ladder.json"
-TABLE_MAX_BYTES = 1 << 20
 ROW_KEYS = {"rung", "name", "full_val_loss", "out_dir"}
 
 
 def check_table(path: Path) -> None:
     """Refuse a ladder.json this script did not write, before anything is trained."""
-    try:
-        found = os.lstat(path)
-    except FileNotFoundError:
+    if path.is_symlink() or path.is_dir():
+        why = "a link" if path.is_symlink() else "a folder"
+    elif not path.exists():
         return
-    why = ""
-    if not stat.S_ISREG(found.st_mode):
-        why = ("a link" if stat.S_ISLNK(found.st_mode) else "a folder" if stat.S_ISDIR(found.st_mode) else
-               "not a plain file")
-    elif found.st_size > TABLE_MAX_BYTES:
-        why = f"{found.st_size:,} bytes, more than a ladder table holds"
     else:
         try:
-            table = json.loads(read_small(path, "the ladder table", TABLE_MAX_BYTES).decode("utf-8"))
+            table = json.loads(read_small(path, "the ladder table", 1 << 20).decode("utf-8"))
         except OSError as err:
-            raise UserError(f"{path} cannot be read ({disk_error(err)}); make it readable, or choose another "
-                            f"--out_dir") from None
-        except (UnicodeDecodeError, ValueError):
+            raise UserError(f"{path} cannot be read ({disk_error(err)}); choose another --out_dir") from None
+        except ValueError:  # UnicodeDecodeError too
             why = "not JSON"
         else:
             rungs = isinstance(table, list) and all(isinstance(row, dict) and ROW_KEYS <= row.keys() for row in table)
@@ -178,50 +168,41 @@ def finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def parameters(cfg) -> int:
-    saved = checkpoint.load(Path(cfg.out_dir) / LAST)
-    return GPT(ModelConfig(**saved["model_config"])).num_params(non_embedding=False)
-
-
 def draw(rows: list[dict], path: Path) -> None:
-    from common.pictures import plt
+    from common.pictures import plt, save_figure
 
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2), dpi=100)
-    names = [f"{row['rung']}. {row['name']}" for row in rows]
-    losses = [row["full_val_loss"] for row in rows]
-    drawn = [loss if loss is not None and math.isfinite(loss) else 0.0 for loss in losses]
-    parts = NAMES[:DEFAULT]  # the rungs that build the model up
-    ax.barh(names, drawn, color=["C0" if row["name"] in parts else "C1" for row in rows])
-    for y, (loss, length) in enumerate(zip(losses, drawn)):
-        known = loss is not None and math.isfinite(loss)
-        ax.text(length, y, f" {loss:.3f}" if known else " no loss (not a number: the run diverged)", va="center",
-                fontsize=9)
+    losses = [row["full_val_loss"] for row in rows]  # finite, or None
+    drawn = [loss or 0.0 for loss in losses]
+    ax.barh([f"{row['rung']}. {row['name']}" for row in rows], drawn,
+            color=["C0" if row["rung"] <= DEFAULT else "C1" for row in rows])  # blue: the rungs that build the model
+    for y, loss in enumerate(losses):
+        ax.text(drawn[y], y, " no loss (not a number: the run diverged)" if loss is None else f" {loss:.3f}",
+                va="center", fontsize=9)
     ax.invert_yaxis()
     ax.set_xlim(0, max(max(drawn), 1.0) * 1.12)  # from 0: bars compare by eye
     ax.set_xlabel("full-validation loss (nats per character; lower is better)")
     ax.set_title("each rung adds one part (blue); variants of the default (orange)")
     fig.tight_layout()
-    write_atomic(path, lambda f: fig.savefig(f, format="png"), "the ladder picture")
+    save_figure(fig, path, "--out_dir")
     plt.close(fig)
 
 
-def train_rung(name: str, argv: list[str], state: str, why: str, program: list[str]) -> int:
-    """Train a rung, its command printed first: 0 when finished, 130 when stopped."""
+def train_rung(name: str, argv: list[str], state: str, why: str, program: list[str]) -> None:
+    """Train a rung, its command printed first."""
     if why:
-        print(f"  {why}: training this rung again", file=sys.stderr)
+        say(f"  {why}: training this rung again")
     how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])
-    print(f"  {shlex.join([*program, *argv, *how])}", file=sys.stderr)
+    say(f"  {shlex.join([*program, *argv, *how])}")
     started = time.perf_counter()
     code = run_train(argv + how, each_line=notes_and_warnings)
     if code == 130:
-        print(f"stopped during rung {name}; run the same command again to go on", file=sys.stderr)
-        return 130
+        raise Interrupted(f"stopped during rung {name}; run the same command again to go on")
     if code == 2:
         raise QuietExit(f"rung {name} failed")  # train.py has said why
     if code != 0:
         raise UserError(f"rung {name}: train.py ended with exit code {code}; its command is above")
-    print(f"  {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    return 0
+    say(f"  {time.perf_counter() - started:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,17 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     args, passed = parser.parse_known_args(argv)
     if any(word.split("=")[0] in ("--resume", "--overwrite") for word in passed):
         raise UserError("the ladder resumes and retrains its rungs by itself: leave out --resume and --overwrite")
-    chosen = set(NAMES)
-    if args.rungs is not None:
-        names = [n.strip() for n in args.rungs.split(",") if n.strip()]
-        unknown = [n for n in names if n not in NAMES]
-        if unknown or not names:
-            raise UserError(f"--rungs: {f'no rung {unknown[0]}' if unknown else 'names no rung'}; choose from "
-                            f"{', '.join(NAMES)} (leave --rungs out for all of them)")
-        chosen = set(names)
+    chosen = set(NAMES) if args.rungs is None else {n.strip() for n in args.rungs.split(",") if n.strip()}
+    if not chosen or (unknown := sorted(chosen - set(NAMES))):
+        raise UserError(f"--rungs: {f'no rung {unknown[0]}' if chosen else 'names no rung'}; choose from "
+                        f"{', '.join(NAMES)}")
     out = Path(args.out_dir)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out_dir {out} is a file; choose a folder")
     if held := [path.name for path in (*RunDir(out).checkpoints(), *RunDir(out).logs())]:
         raise UserError(f"--out_dir {out} holds a training run ({', '.join(sorted(held)[:3])}); choose another "
                         f"--out_dir (default out/ladder)")
@@ -258,12 +233,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
     """Train or reuse each chosen rung, more seeds where rungs are close; write the table and picture."""
-    args.data, text_sha256 = decide_corpus(args, say=lambda message: print(message, file=sys.stderr))
+    args.data, text_sha256 = decide_corpus(args, say=say)
     program = shlex.split(python_command("train.py"))
     rows, left_out, done = {}, [], 0
 
-    def measure(number: int, seed: int | None = None) -> dict | int | None:
-        """One seed of a rung: its summary, 130 if stopped, None if left out of the table."""
+    def measure(number: int, seed: int | None = None) -> dict | None:
+        """One seed of a rung: its summary, or None if left out of the table."""
         nonlocal done
         name, what, overrides = RUNGS[number - 1]
         argv = rung_argv(args, number, name, overrides, passed, seed)
@@ -273,29 +248,25 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
         state, why = state_of(cfg, text_sha256)
         if name in chosen:
             done += seed is None
-            print(f"[{done}/{len(chosen)}] {name}: {what}" if seed is None else f"  {name}, seed {seed}",
-                  file=sys.stderr)
+            say(f"[{done}/{len(chosen)}] {name}: {what}" if seed is None else f"  {name}, seed {seed}")
             if state == "finished":
-                print(f"  reused {cfg.out_dir} (finished, same settings)", file=sys.stderr)
-            elif train_rung(name, argv, state, why, program) == 130:
-                return 130
+                say(f"  reused {cfg.out_dir} (finished, same settings)")
+            else:
+                train_rung(name, argv, state, why, program)
         elif state != "finished":
             if state != "new" and seed is None:
                 left_out.append((name, LEFT_OUT[state]))
             return None
-        summary = summary_of(Path(cfg.out_dir))
-        if summary is None:
-            raise UserError(f"rung {name}: {Path(cfg.out_dir) / 'summary.json'} cannot be read after training; "
-                            f"run the same command again")
+        folder = Path(cfg.out_dir)
+        if (summary := summary_of(folder)) is None:
+            raise UserError(f"rung {name}: {folder / SUMMARY} cannot be read. Run the same command again")
+        saved = checkpoint.load(folder / LAST)["model_config"]
         summary.update(seed=cfg.seed, position=cfg.position, out_dir=cfg.out_dir, command=shlex.join([*program, *argv]),
-                       parameters=parameters(cfg))
+                       parameters=GPT(ModelConfig(**saved)).num_params(non_embedding=False))
         return summary
 
     for number, (name, what, overrides) in enumerate(RUNGS, start=1):
-        summary = measure(number)
-        if summary == 130:
-            return 130
-        if summary is not None:
+        if (summary := measure(number)) is not None:
             what += f" ({POSITIONS[summary['position']]})" if name == "default" else ""
             rows[number] = {"rung": number, "name": name, "what": what, "settings": overrides,
                             "parameters": summary["parameters"], "runs": [summary]}
@@ -305,10 +276,7 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
     for number in sorted(close):
         first = rows[number]["runs"][0]["seed"]
         for seed in range(first + 1, first + SEEDS):
-            summary = measure(number, seed)
-            if summary == 130:
-                return 130
-            if summary is not None:
+            if (summary := measure(number, seed)) is not None:
                 rows[number]["runs"].append(summary)
     table = [finish_row(row, rows) for row in rows.values()]
     print_table(table)
@@ -316,12 +284,11 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
     draw(table, out / "ladder.png")
     measured_before = len(rows) - len(chosen)
     before = f" ({measured_before} of its rungs measured before, with the same settings)" if measured_before else ""
-    print(f"\nwrote {out / TABLE}{before} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}",
-          file=sys.stderr)
+    say(f"\nwrote {out / TABLE}{before} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}")
     if left_out:
-        print(f"note: the table leaves out rungs whose folders hold no finished run of these settings: "
-              f"{', '.join(f'{name} ({why})' for name, why in left_out)}; --rungs "
-              f"{','.join(name for name, _ in left_out)} trains them with these", file=sys.stderr)
+        say(f"note: the table leaves out rungs whose folders hold no finished run of these settings: "
+            f"{', '.join(f'{name} ({why})' for name, why in left_out)}; --rungs "
+            f"{','.join(name for name, _ in left_out)} trains them with these")
     return 0
 
 
@@ -337,9 +304,8 @@ def finish_row(row: dict, rows: dict) -> dict:
                out_dir=runs[0]["out_dir"], command=runs[0]["command"], compared="")
     ref = rows.get(reference(row["rung"]))
     if ref is not None and row["full_val_loss"] is not None and ref.get("full_val_loss") is not None:
-        low, high = min(losses), max(losses)
-        ref_low, ref_high = min(ref["seed_losses"]), max(ref["seed_losses"])
-        within = len(losses) > 1 and low <= ref_high and ref_low <= high
+        ref_losses = ref["seed_losses"]
+        within = len(losses) > 1 and min(losses) <= max(ref_losses) and min(ref_losses) <= max(losses)
         row["compared"] = (f"{row['full_val_loss'] - ref['full_val_loss']:+.3f} vs {ref['name']}"
                            + (" (within the spread of seeds)" if within else ""))
     return row

@@ -1,6 +1,6 @@
 """python scripts/score_nanogpt.py NANOGPT_DIR CKPT: a nanoGPT checkpoint's full validation, measured as ours is.
 
-nanoGPT splits and numbers the characters as we do, so its val.bin is our validation split (scripts/bench_gpu.sh)."""
+nanoGPT splits and numbers the characters as we do, so its val.bin is our validation split."""
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +24,7 @@ def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
     if not (folder / "model.py").is_file():
         raise UserError(f"{folder} has no model.py; give the folder of a nanoGPT checkout")
     if not ckpt.is_file():
-        raise UserError(f"no checkpoint at {ckpt}; give the ckpt.pt nanoGPT's train.py saved")
+        raise UserError(f"no checkpoint at {ckpt}; give its train.py's ckpt.pt")
     spec = importlib.util.spec_from_file_location("nanogpt_model", folder / "model.py")  # not our model package
     nanogpt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nanogpt)
@@ -41,8 +41,8 @@ def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
         raise
     except Exception as err:  # truncated, refused, or not in nanoGPT's layout
         missing = f": no {err}" if isinstance(err, KeyError) else ""
-        raise UserError(f"{ckpt} is not a readable nanoGPT checkpoint ({type(err).__name__}{missing}); give the "
-                        f"ckpt.pt nanoGPT's train.py saved") from None
+        raise UserError(f"{ckpt} is not a readable nanoGPT checkpoint ({type(err).__name__}{missing}); give its "
+                        f"train.py's ckpt.pt") from None
     return model.to(device).eval(), facts
 
 
@@ -64,18 +64,28 @@ def check_shapes(nanogpt, model_args: dict, weights: dict, ckpt: Path) -> None:
 def full_validation(model, val: np.ndarray, block_size: int, batch_size: int, rt: Runtime) -> float:
     starts = val_window_starts(len(val), block_size)
     steps = np.arange(block_size + 1)
-    total, count = 0.0, 0
+    total = 0.0
     for i in range(0, len(starts), batch_size):
         rows = torch.from_numpy(val[starts[i:i + batch_size, None] + steps].astype(np.int64)).to(rt.device)
         with rt.autocast():
-            _, loss = model(rows[:, :-1].contiguous(), rows[:, 1:].contiguous())  # the mean over the targets
-        total += loss.double().item() * rows[:, 1:].numel()
-        count += rows[:, 1:].numel()
-    return total / count
+            _, loss = model(rows[:, :-1].contiguous(), rows[:, 1:].contiguous())  # the mean over a window's targets
+        total += loss.double().item() * len(rows)
+    return total / len(starts)
+
+
+def score(folder: Path, ckpt: Path, rt: Runtime, batch_size: int = 64) -> tuple[float, dict]:
+    """The full validation on the folder's val.bin, and the checkpoint's facts."""
+    model, facts = load_nanogpt(folder, ckpt, rt.device)
+    val_path = folder / "data" / facts["dataset"] / "val.bin"
+    if not val_path.is_file():
+        raise UserError(f"{val_path} is missing; run nanoGPT's prepare.py in that folder first")
+    val = np.fromfile(val_path, dtype=np.uint16)
+    facts["windows"] = len(val_window_starts(len(val), facts["block_size"]))
+    return full_validation(model, val, facts["block_size"], batch_size, rt), facts
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip().split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split(":", 1)[1].split("\n\n")[0].strip())
     parser.add_argument("nanogpt_dir", type=Path, help="a checkout of karpathy/nanoGPT, its data prepared")
     parser.add_argument("ckpt", type=Path, help="the ckpt.pt its train.py saved")
     parser.add_argument("--device", default="auto")
@@ -83,16 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch_size", type=int, default=64)
     args = parser.parse_args(argv)
     rt = setup(args.device, args.dtype)
-    model, facts = load_nanogpt(args.nanogpt_dir, args.ckpt, rt.device)
-    val_path = args.nanogpt_dir / "data" / facts["dataset"] / "val.bin"
-    if not val_path.is_file():
-        raise UserError(f"{val_path} is missing; run nanoGPT's prepare.py in that folder first")
-    val = np.fromfile(val_path, dtype=np.uint16)
-    block_size = facts["block_size"]
-    loss = full_validation(model, val, block_size, args.batch_size, rt)
-    windows = len(val_window_starts(len(val), block_size))
+    loss, facts = score(args.nanogpt_dir, args.ckpt, rt, args.batch_size)
     print(f"nanoGPT {args.ckpt}: step {facts['step']}, its own estimate {facts['estimate']:.4f}; "
-          f"full validation {loss:.4f} ({windows} windows of {block_size} on {rt.device.type}, "
+          f"full validation {loss:.4f} ({facts['windows']} windows of {facts['block_size']} on {rt.device.type}, "
           f"{str(rt.dtype).removeprefix('torch.')})")
     return 0
 

@@ -67,7 +67,7 @@ def test_bench_compare_rejects_a_bad_spec(tmp_path, spec, capsys):
     assert stderr.startswith("error: --compare") and len(stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("args, words", [(["--batch", "0"], "--new_tokens, --batch and --rounds must be at least 1"),
+@pytest.mark.parametrize("args, words", [(["--batch", "0"], "argument --batch: 0 is not a whole number of at least 1"),
                                          (["--n_embd", "7"], "n_embd (7) must be divisible by n_head (6)")])
 def test_bench_sample_refuses_bad_settings_in_one_line(args, words, capsys):
     import bench_sample

@@ -430,7 +430,7 @@ def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
                    words=f"--out_dir {events}: a file, not a run folder")
     one_line_error(capsys, bench.main, "--config", "debug", "--json", str(tmp_path / "missing_dir" / "x.json"),
                    words="missing_dir does not exist")
-    one_line_error(capsys, bench_prepare.main, "--mb", "0", words="--mb 0: must be at least 1")
+    one_line_error(capsys, bench_prepare.main, "--mb", "0", words="argument --mb: 0 is not a whole number of at least 1")
     assert "Traceback" not in err
 
 

@@ -154,7 +154,9 @@ def test_a_ladder_that_ends_before_a_rung_wrote_leaves_no_folder_it_made(tmp_pat
     failed = ladder_here(capfd, "--out_dir", str(tmp_path / "new" / "ladder"), "--data", missing)
     assert failed.returncode == 2 and failed.stderr.count("\n") == 1 and "no such.txt" in failed.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
-    monkeypatch.setattr(script, "train_rung", lambda *args: 130)  # (train.py: "stopped before training began")
+    def stopped_before_training(*args):  # (train.py: "stopped before training began")
+        raise script.Interrupted("stopped during rung bigram; run the same command again to go on")
+    monkeypatch.setattr(script, "train_rung", stopped_before_training)
     stopped = ladder_here(capfd, "--out_dir", str(tmp_path / "new" / "ladder"), "--data", str(corpus),
                           "--cache_dir", str(tmp_path / "cache"))
     assert stopped.returncode == 130 and not (tmp_path / "new").exists()
