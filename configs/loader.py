@@ -1,5 +1,5 @@
 """From the command line to a TrainConfig: a preset or .toml file, then --field overrides; and a resumed or
-fine-tuned run's config: its checkpoint's, with the command's over it."""
+fine-tuned run's config: its checkpoint's, under the command's."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,8 @@ import tomllib
 from pathlib import Path
 
 from configs import nanogpt
-from configs.schema import CONFIG_MAX_BYTES, FIELDS, FIXED, HELP_GROUPS, SHAPE_FIELDS, TYPES, TrainConfig
+from configs.schema import (CONFIG_MAX_BYTES, FIELDS, FIXED, HELP_GROUPS, SHAPE_FIELDS, TYPES, TrainConfig,
+                            checked_types)
 from data.corpus import NAMED
 from data.gate import read_small, utf8_text
 from errors import ArgumentParser, UserError, parse_bool, python_command
@@ -25,22 +26,21 @@ def presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
-PARSERS = {bool: parse_bool, int: int, float: float, str: str}
-EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+PARSERS = {bool: (parse_bool, "true or false"), int: (int, "an integer"), float: (float, "a number"), str: (str, "")}
 
 
 def parse_value(name: str, text) -> object:
-    kind = TYPES[name]
-    if not isinstance(text, str):
+    if not isinstance(text, str):  # a bare boolean flag
         return text
     if name == "compile":  # auto | true | false
         with contextlib.suppress(ValueError):
             return "auto" if text.strip().lower() == "auto" else str(parse_bool(text)).lower()
         return text  # TrainConfig names the choices
+    parse, expected = PARSERS[TYPES[name]]
     try:
-        return PARSERS[kind](text)
+        return parse(text)
     except ValueError:
-        raise UserError(f"--{name}: expected {EXPECTED[kind]}, got {text!r}") from None
+        raise UserError(f"--{name}: expected {expected}, got {text!r}") from None
 
 
 def suggest(name: str, candidates) -> str:
@@ -49,7 +49,6 @@ def suggest(name: str, candidates) -> str:
 
 
 def unknown_option(option: str) -> UserError:
-    """The line for an unknown option: nanoGPT's answer, else a close match or --help."""
     name = option.split("=", 1)[0]
     if name.startswith("--") and (answer := nanogpt.TRAIN_SETTINGS.get(name[2:])):
         return UserError(f"unknown option {name}: {answer}")
@@ -57,16 +56,11 @@ def unknown_option(option: str) -> UserError:
     return UserError(f"unknown option {name}{hint or '; see ' + python_command('train.py') + ' --help'}")
 
 
-def build_parser(preset: str = "", values: dict | None = None, why: str = "") -> ArgumentParser:
+def build_parser(preset: str, values: dict, why: str) -> ArgumentParser:
     """The command line; --help shows each field's value under the preset used."""
-    values = values or {}
-    chosen = f" The defaults below are what this command would use: preset {preset}{why}." if preset else ""
-    parser = ArgumentParser(
-        prog="train.py", allow_abbrev=False,
-        description="Train a character-level GPT. Settings come from --config (a preset name or .toml file), "
-                    "then from --field value / --field=value overrides." + chosen,
-        epilog=f"presets: {', '.join(presets())}",
-    )
+    parser = ArgumentParser(prog="train.py", allow_abbrev=False, epilog=f"presets: {', '.join(presets())}",
+                            description=f"Train a character-level GPT. Settings come from --config, then from --field "
+                                        f"value overrides. The defaults below are preset {preset}'s{why}.")
     parser.add_argument("--config", default=argparse.SUPPRESS,
                         help="preset name in configs/ or path to a .toml file (default: shakespeare_char_gpu "
                              "with CUDA, shakespeare_char_cpu without)")
@@ -82,7 +76,7 @@ def build_parser(preset: str = "", values: dict | None = None, why: str = "") ->
 
 
 def read_preset(spec: str) -> tuple[Path, dict]:
-    """The --config file (a preset's name is a file in configs/) and its settings."""
+    """The --config file (a preset name or a path) and its settings."""
     path = Path(spec)
     if path.suffix == ".py":  # nanoGPT's Python configs: never run
         raise nanogpt.python_config(spec)
@@ -96,7 +90,7 @@ def read_preset(spec: str) -> tuple[Path, dict]:
     try:
         data = read_small(path, "--config", CONFIG_MAX_BYTES, "give a TOML file of settings")
     except OSError as err:
-        raise UserError(f"--config {spec}: cannot be read ({err.strerror}); give a file you can read") from None
+        raise UserError(f"--config {spec}: cannot be read ({err.strerror})") from None
     try:
         values = tomllib.loads(utf8_text(data, f"--config {spec}"))
     except (tomllib.TOMLDecodeError, RecursionError, MemoryError) as err:
@@ -108,19 +102,6 @@ def read_preset(spec: str) -> tuple[Path, dict]:
                             f"settings to the top level")
         raise UserError(f"{path}: unknown field {key}{suggest(key, FIELDS)}")
     return path, checked_types(values, str(path))
-
-
-def checked_types(values: dict, where: str, types: dict[str, type] = TYPES) -> dict:
-    values = dict(values)
-    for key, value in values.items():
-        if key == "compile" and isinstance(value, bool):
-            values[key] = str(value).lower()
-            continue
-        kind = types[key]
-        expected = (int, float) if kind is float else kind
-        if not isinstance(value, expected) or (kind is not bool and isinstance(value, bool)):
-            raise UserError(f"{where}: {key} = {value!r} should be of type {kind.__name__}")
-    return values
 
 
 def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConfig, str, set[str]]:
@@ -151,7 +132,7 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
             overrides["resume"] = True
         notes += [said] if said else []
     explicit = set(overrides) | (set(values) if given else set())
-    said = follow_learning_rate(values, overrides, name)
+    said = follow_learning_rate(values, overrides, set(overrides), name)
     if said and not overrides.get("resume") and not overrides.get("init_from"):
         notes.append(said)
     values = {"config_name": name, **values, **overrides}
@@ -182,15 +163,15 @@ def whole_path(data: str) -> str:
     return data if data in NAMED or not data.strip() else os.path.abspath(os.path.expanduser(data))
 
 
-def follow_learning_rate(base: dict, overrides: dict, name: str) -> str:
-    """min_lr keeps its ratio to base's learning rate when only the rate is set."""
-    if "learning_rate" not in overrides or "min_lr" in overrides:
+def follow_learning_rate(base: dict, values: dict, given: set[str], name: str) -> str:
+    """min_lr in values keeps its ratio to base's learning rate when only the rate is given."""
+    if "learning_rate" not in given or "min_lr" in given:
         return ""
     rate, floor = (base.get(field, FIELDS[field].default) for field in ("learning_rate", "min_lr"))
-    if floor == 0 or rate <= 0 or overrides["learning_rate"] == rate:
+    if floor == 0 or rate <= 0 or values["learning_rate"] == rate:
         return ""
-    overrides["min_lr"] = overrides["learning_rate"] * floor / rate
-    return (f"note: min_lr follows --learning_rate: {overrides['min_lr']:.3g}, {floor / rate:.3g} of it as in "
+    values["min_lr"] = values["learning_rate"] * floor / rate
+    return (f"note: min_lr follows --learning_rate: {values['min_lr']:.3g}, {floor / rate:.3g} of it as in "
             f"{name} ({floor:g} of {rate:g}); --min_lr sets it")
 
 
@@ -208,7 +189,7 @@ def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
 
 
 # ---- a run's config from a checkpoint: resumed, or fine-tuned from ----
-# What a fine-tuning run takes from its own command, never from the run it starts from.
+# What a fine-tuning run takes from its own command, never from its first model's run.
 OWN_SETTINGS = ("data", "cache_dir", "val_fraction", "encoding", "encoding_errors", "out_dir", "resume", "overwrite",
                 "init_from", "device", "num_threads", "ddp")
 
@@ -231,15 +212,6 @@ def saved_model_config(state: dict) -> dict:
     return {**ModelConfig().to_dict(), **state["model_config"]}
 
 
-def follow_new_learning_rate(base: dict, values: dict, explicit: set[str], name: str) -> str:
-    """follow_learning_rate for a checkpoint's settings (base) under the command's (values)."""
-    changed = {field: values[field] for field in ("learning_rate", "min_lr") if field in explicit}
-    note = follow_learning_rate(base, changed, name)
-    if note:
-        values["min_lr"] = changed["min_lr"]
-    return note
-
-
 def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, say=print) -> TrainConfig:
     """A fine-tuning run's config: the model's architecture and its run's settings, under this command's."""
     saved = saved_model_config(state)
@@ -252,7 +224,7 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
         values[name] = saved[name]
     values.update({name: value for name, value in base.items()
                    if name not in explicit and name not in OWN_SETTINGS and name not in SHAPE_FIELDS})
-    if note := follow_new_learning_rate(base, values, explicit, f"{where}'s run"):
+    if note := follow_learning_rate(base, values, explicit, f"{where}'s run"):
         say(note)
     try:
         return TrainConfig(**values)
@@ -281,7 +253,7 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
         else:
             say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
         values[name] = new_value
-    if note := follow_new_learning_rate(old.to_dict(), values, explicit, "this run"):
+    if note := follow_learning_rate(old.to_dict(), values, explicit, "this run"):
         say(note.replace("note: ", "resume: ", 1))
     try:
         new = TrainConfig(**{**values, "resume": True, "overwrite": False})
