@@ -15,9 +15,7 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 def valid_device(spec: str) -> bool:
     """auto, cpu, cuda, cuda:N or mps (whether this machine has it: common.machine.pick_device)."""
-    if spec == "auto":
-        return True
     try:
-        return torch.device(spec).type in ("cpu", "cuda", "mps")
+        return spec == "auto" or torch.device(spec).type in ("cpu", "cuda", "mps")
     except (RuntimeError, ValueError):
         return False

@@ -13,36 +13,34 @@ from data.gate import read_small, utf8_text
 from errors import UserError, python_command, shown
 
 # nanoGPT's train.py settings named or done otherwise here: what to give instead.
+RENAMED = {"gradient_accumulation_steps": "grad_accum_steps", "wandb_log": "wandb", "dataset": "data"}
 TRAIN_SETTINGS = {
+    **{name: f"here it is --{ours}" for name, ours in RENAMED.items()},
     "gradient_accumulation_steps": "here it is --grad_accum_steps, per process",
-    "wandb_log": "here it is --wandb",
     "wandb_run_name": "here it is the --out_dir folder's name",
-    "dataset": "here it is --data: a text file, a folder of text files, or a named corpus",
     "eval_only": "evaluating a trained model is python scripts/evaluate.py --out_dir RUN",
     "always_save_checkpoint": "every evaluation saves ckpt_last, and ckpt_best at a new best: nothing to set",
-    "decay_lr": "the learning rate always falls to --min_lr; give --min_lr equal to --learning_rate to keep it",
+    "decay_lr": "the rate always falls to --min_lr; give --min_lr equal to --learning_rate to keep it",
     "beta1": f"AdamW's beta1 is fixed at {FIXED['beta1']} here",
     "backend": "the backend follows the device: nothing to set",
     "sample": "sampling is python scripts/sample.py --out_dir RUN",
-    "start": "a prompt for sampling is python scripts/sample.py --out_dir RUN --prompt TEXT",
+    "start": "here it is python scripts/sample.py --out_dir RUN --prompt TEXT",
 }
-RENAMED = {"gradient_accumulation_steps": "grad_accum_steps", "wandb_log": "wandb", "dataset": "data"}
 DATASETS = {"shakespeare_char": "shakespeare", "shakespeare": "shakespeare"}  # nanoGPT's data/ folders we have
 
 
-def init_from(value: str) -> tuple[str, bool, str]:
-    """nanoGPT's --init_from: (ours, whether to resume, a note); resume and scratch are taken, gpt2* refused."""
+def init_from(value: str) -> tuple[str, str]:
+    """nanoGPT's --init_from: (ours, a note where it means --resume); scratch is taken too, gpt2* refused."""
     if Path(value).exists():
-        return value, False, ""
+        return value, ""
     if value == "resume":
-        return "", True, "note: --init_from resume is --resume here: continuing the run in --out_dir"
+        return "", "note: --init_from resume is --resume here: continuing the run in --out_dir"
     if value.startswith("gpt2"):
         raise UserError(f"--init_from {value}: GPT-2's weights belong to its 50,257 BPE tokens; fine-tune a run of "
-                        f"this trainer instead (--init_from out/RUN)")
-    return "" if value == "scratch" else value, False, ""
+                        f"ours instead (--init_from out/RUN)")
+    return "" if value == "scratch" else value, ""
 
 
-# ---- nanoGPT's Python config files, read as data ----
 ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
 VALUE_BITS, STRING_MAX, NODES_MAX = 256, 4096, 100  # bounds on a setting and every value on the way to it
@@ -67,15 +65,12 @@ def plain_value(node: ast.AST, top: bool = True):
     return value
 
 
-def toml_value(value) -> str | None:
-    """value as a TOML value, or None (a lone surrogate has none)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
-        return repr(value)
-    if isinstance(value, str) and not re.search("[\ud800-\udfff]", value):  # a JSON string is a TOML basic string
-        return re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m[0]):04x}", json.dumps(value, ensure_ascii=False))
-    return None
+def toml_value(value: bool | int | float | str) -> str | None:
+    """A setting's value as TOML, spelled as JSON spells it; None for a NaN or a lone surrogate, which TOML lacks."""
+    surrogate = isinstance(value, str) and re.search("[\ud800-\udfff]", value)
+    if surrogate or isinstance(value, float) and not math.isfinite(value):
+        return None
+    return re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m[0]):04x}", json.dumps(value, ensure_ascii=False))
 
 
 def translate(name: str, value) -> tuple[str | None, str]:
@@ -119,28 +114,27 @@ def as_toml(path: Path) -> str:
     for statement in tree.body:
         if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
             continue  # a docstring
-        source = ast.get_source_segment(text, statement) or ""
+        source = (ast.get_source_segment(text, statement) or "").splitlines()[0][:100]
         if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
                 and isinstance(statement.targets[0], ast.Name)):
-            lines.append(f"# {source.splitlines()[0][:100]}: not a plain setting; left out")
+            lines.append(f"# {source}: not a plain setting; left out")
             continue
         name = statement.targets[0].id
         try:
             value = plain_value(statement.value)
         except (ValueError, TypeError, SyntaxError, ZeroDivisionError, OverflowError):
-            lines.append(f"# {source.splitlines()[0][:100]}: not a plain value; set {RENAMED.get(name, name)} by hand")
+            lines.append(f"# {source}: not a plain value; set {RENAMED.get(name, name)} by hand")
             continue
         line, note = translate(name, value)
         lines.append(f"# {note}" if line is None else f"{line}  # {note}" if note else line)
     return "\n".join(lines) + "\n"
 
 
-def python_config(spec: str, say=print) -> UserError:
-    """--config FILE.py: never run; its settings are said as TOML, and the error names the file to save them to."""
+def python_config(spec: str) -> UserError:
+    """--config FILE.py, never run: its settings are printed as TOML, and the error says where to save them."""
     path = Path(spec)
     if not path.exists():
-        return UserError(f"--config {spec}: no such file; presets are TOML files ({python_command('train.py')} --help "
-                         f"lists them)")
-    say(shown(as_toml(path).rstrip("\n")))
+        return UserError(f"--config {spec}: no such file; presets are TOML files (see --help)")
+    print(shown(as_toml(path).rstrip("\n")))
     return UserError(f"{spec} is a Python config, and this trainer runs no config; save the TOML printed above as "
                      f"{path.stem}.toml and pass --config {path.stem}.toml")

@@ -14,7 +14,7 @@ SEED_MAX = 2**62  # torch.manual_seed takes 64 bits, and the rank is added under
 MAX_THREADS = 1024
 CONFIG_MAX_BYTES = 1 << 20
 MAX_STEPS = 10**12  # a step count past this is a slip
-# Each count's lowest and highest value. An evaluation draws all its windows at once.
+# Each count's lowest and highest value (an evaluation draws all its windows at once).
 COUNTS = {**dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "patience"), (0, MAX_STEPS)),
           **dict.fromkeys(("eval_interval", "log_interval", "max_nonfinite_steps"), (1, MAX_STEPS)),
           **dict.fromkeys(("batch_size", "grad_accum_steps"), (1, MAX_SIZE)),
@@ -22,20 +22,18 @@ COUNTS = {**dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "patie
 
 
 def check_num_threads(value: int) -> None:
-    """A script's --num_threads, checked as TrainConfig checks a run's."""
+    """A script's --num_threads, checked as a run's is."""
     if not 0 <= value <= MAX_THREADS:
         raise UserError(f"--num_threads {value}: must be from 0 (the faster count, measured) to {MAX_THREADS}")
 
 
 @dataclass
 class TrainConfig(Architecture):  # the model's fields first
-    # data
     data: str = setting("shakespeare", "text file, folder of text files, or a named corpus: shakespeare | pystdlib")
-    cache_dir: str = setting("", "where downloads and token files are cached (empty: ~/.cache/chargpt)")
+    cache_dir: str = setting("", "the cache of downloads and token files (empty: ~/.cache/chargpt)")
     val_fraction: float = setting(0.1, "the last fraction of the text used for validation")
-    encoding: str = setting("utf-8", "text encoding of the corpus files")
+    encoding: str = setting("utf-8", "the corpus files' text encoding")
     encoding_errors: str = setting("strict", "undecodable bytes: strict (stop) | replace | ignore")
-    # optimisation
     batch_size: int = setting(64, "sequences per micro-batch")
     grad_accum_steps: int = setting(1, "micro-batches summed into one optimizer step")
     max_iters: int = setting(5000, "optimizer steps to train for")
@@ -45,15 +43,14 @@ class TrainConfig(Architecture):  # the model's fields first
     learning_rate: float = setting(1e-3, "peak learning rate")
     min_lr: float = setting(1e-4, "learning rate at the end of the decay")
     warmup_iters: int = setting(100, "steps of linear warm-up from 0 to learning_rate")
-    lr_schedule: str = setting("cosine", "after the warm-up: cosine (a cosine decay to min_lr) | wsd (hold "
-                                         "learning_rate, then fall in a straight line to min_lr)")
+    lr_schedule: str = setting("cosine", "after the warm-up: cosine (a cosine decay to min_lr) | wsd (hold, then "
+                                         "fall in a straight line to min_lr)")
     warmdown_fraction: float = setting(0.3, "wsd: the share of the steps after the warm-up spent decaying")
     lr_decay_iters: int = setting(0, "step at which the decay reaches min_lr (0: max_iters)")
     weight_decay: float = setting(0.1, "decoupled weight decay on weight matrices only, Muon's too")
     beta2: float = setting(0.99, "AdamW beta2")
     grad_clip: float = setting(1.0, "clip the gradient norm to this (0 to turn off)")
     max_nonfinite_steps: int = setting(5, "stop after this many steps in a row with a NaN/inf loss or gradient")
-    # evaluation and logging
     eval_interval: int = setting(250, "evaluate (and checkpoint) every this many steps")
     eval_iters: int = setting(200, "random batches per split in each evaluation")
     log_interval: int = setting(10, "update the progress bar and logged scalars every this many steps")
@@ -63,17 +60,16 @@ class TrainConfig(Architecture):  # the model's fields first
     wandb_project: str = setting("chargpt", "wandb: the project the run is logged in")
     full_val: bool = setting(True, "at the end, the exact loss over every validation window")
     patience: int = setting(5, "stop after this many evaluations in a row without a new best (0: never)")
-    # run
     out_dir: str = setting("", "output folder for checkpoints and logs (empty: out/<config>)")
-    resume: bool = setting(False, "continue the run in out_dir from its ckpt_last.safetensors")
+    resume: bool = setting(False, "continue the run in out_dir")
     overwrite: bool = setting(False, "replace a different run already in out_dir")
-    init_from: str = setting("", "fine-tune: start a new run from a trained model (a run folder or checkpoint)")
+    init_from: str = setting("", "fine-tune: start a new run from a run folder or checkpoint")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N | mps")
     dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 for matrix products (auto: bfloat16 where the "
                                  "device has it, else float16 on a GPU, else float32)")
     compile: str = setting("auto", "torch.compile the model: auto (on for CUDA) | true | false")
     compile_mode: str = setting("default", "torch.compile mode: default | max-autotune-no-cudagraphs")
-    compile_scope: str = setting("blocks", "what torch.compile compiles: blocks (one graph serves every block) | model")
+    compile_scope: str = setting("blocks", "blocks (one compiled graph serves every block) | model")
     compile_eval: bool = setting(True, "with compile on: evaluate with the compiled model too")
     num_threads: int = setting(0, "CPU threads for PyTorch (0: the faster count, measured; N: N threads, the same "
                                   "last digits on any load)")
@@ -132,10 +128,8 @@ HELP_GROUPS = {
     "evaluation and logging": ("eval_iters", "log_interval", "sample_chars", "log_attention", "full_val", "wandb",
                                "wandb_project"),
     "data details": ("cache_dir", "val_fraction", "encoding", "encoding_errors"),
-    "the tutorials' attention forms (model/scoring.py, docs/attention.md)": ("attention_score", "shared_qk",
-                                                                            "attention_values", "residual", "mlp"),
-    "speed and benchmark knobs (docs/speed.md)": ("compile", "compile_mode", "compile_scope", "compile_eval",
-                                                  "num_threads", "ddp"),
+    "attention forms (docs/attention.md)": ("attention_score", "shared_qk", "attention_values", "residual", "mlp"),
+    "speed (docs/speed.md)": ("compile", "compile_mode", "compile_scope", "compile_eval", "num_threads", "ddp"),
 }
 TYPES: dict[str, type] = typing.get_type_hints(TrainConfig)
 assert all(f.default is not MISSING for f in FIELDS.values())
@@ -143,7 +137,7 @@ assert sorted(n for group in HELP_GROUPS.values() for n in group) == sorted(set(
 
 
 def checked_types(values: dict, where: str, types: dict[str, type] = TYPES) -> dict:
-    """values, each of its field's type (compile may be a bool), or a UserError naming where they came from."""
+    """values, each checked to be its field's type (compile may be a bool)."""
     values = dict(values)
     for key, value in values.items():
         if key == "compile" and isinstance(value, bool):

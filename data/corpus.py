@@ -35,7 +35,7 @@ class Corpus:
 
 
 def default_cache_dir(chosen: str = "") -> Path:
-    """--cache_dir if given, else $XDG_CACHE_HOME/chargpt (if absolute), else ~/.cache/chargpt."""
+    """--cache_dir, else $XDG_CACHE_HOME/chargpt (if absolute), else ~/.cache/chargpt."""
     if chosen:
         return Path(chosen).expanduser()
     base = os.environ.get("XDG_CACHE_HOME", "")
@@ -97,8 +97,7 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
 
 @contextmanager
 def replacing(target: Path) -> Iterator[Path]:
-    """A new file beside target that nobody can guess (so no planted link redirects the write), moved over target
-    where the block ends without an error."""
+    """A new file beside target, named so that no planted link redirects the write; it replaces target on success."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=target.parent, prefix=f"{target.name}.part-")
     os.close(fd)
@@ -117,19 +116,20 @@ def copy_differs(target: Path) -> str:
         f.close()
         if size != SHAKESPEARE_BYTES:
             return f"{size:,} bytes, where the original has {SHAKESPEARE_BYTES:,}"
-        same = sha256_of(target, "the cached") == SHAKESPEARE_SHA256
-        return "" if same else f"{size:,} bytes as the original, but another checksum"
+        if sha256_of(target, "the cached") != SHAKESPEARE_SHA256:
+            return f"{size:,} bytes as the original, but another checksum"
     except (OSError, UserError):
-        return ""
+        pass
+    return ""
 
 
-def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
+def download_shakespeare(cache_dir: Path) -> Path:
     """Tiny Shakespeare, fetched once into the cache and checked against its sha256."""
     target = cache_dir / "tinyshakespeare.txt"
     if target.exists() and sha256_of(target, "the cached") == SHAKESPEARE_SHA256:
         return target
     with replacing(target) as partial:
-        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=timeout) as response, open(partial, "wb") as out:
+        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=5) as response, open(partial, "wb") as out:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc="Tiny Shakespeare", leave=False) as bar:
                 for block in iter(lambda: response.read(1 << 16), b""):

@@ -1,4 +1,4 @@
-"""Batches of (B, T) token windows from the prepared files, and Windows, the sliding windows that score any text."""
+"""Batches of (B, T) token windows from the prepared files, and the sliding Windows that score any text."""
 from __future__ import annotations
 
 import numbers
@@ -28,7 +28,7 @@ def val_window_starts(n_ids: int, block_size: int) -> np.ndarray:
 
 
 class Batches:
-    """x (B, T) token ids and y, shifted by one, from a seeded stream; under DDP each rank slices one global batch."""
+    """x (B, T) token ids and y, shifted by one, from a seeded stream; under DDP a rank's slice of one batch."""
 
     def __init__(self, prepared: Prepared, block_size: int, batch_size: int, device: torch.device | str,
                  seed: int = 0, rank: int = 0, world_size: int = 1, resident: bool | None = None):
@@ -53,11 +53,11 @@ class Batches:
                              for split, d in self.data.items()}
             self._steps_t = torch.arange(block_size + 1, device=self.device)
 
-    def get_batch(self, split: str, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random windows of a split from the training stream (or generator): x and y, (B, T) each."""
+    def get_batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random windows of a split from the training stream: x and y, (B, T) each."""
         data = self.data[split]
         starts = torch.randint(len(data) - self.block_size, (self.batch_size * self.world_size,),
-                               generator=generator or self.generator)
+                               generator=self.generator)
         mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]  # this rank's share
         if self.resident is not None:
             tokens = self.resident[split][send(mine, self.device)[:, None] + self._steps_t]  # (B, T+1)
@@ -69,16 +69,16 @@ class Batches:
         """n x batch_size random windows, the same at every call; a rank's share under DDP."""
         generator = torch.Generator().manual_seed(self.seed + 1 + ("train", "val").index(split))
         starts = torch.randint(len(self.data[split]) - self.block_size, (n * self.batch_size,), generator=generator)
-        mine = starts.numpy()[self.rank::self.world_size]
-        yield from self._padded(split, mine, self.num_fixed_batches(n), self.batch_size)
+        yield from self._padded(split, starts.numpy()[self.rank::self.world_size], self.num_fixed_batches(n),
+                                self.batch_size)
 
     def num_fixed_batches(self, n: int) -> int:
-        """How many batches fixed_batches(split, n) yields on each rank (rank 0's count, the largest)."""
+        """How many batches fixed_batches(split, n) yields on rank 0, the most of any rank."""
         share = -(-n * self.batch_size // self.world_size)  # rounded up
         return -(-share // self.batch_size)
 
     def val_windows(self, batch_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Every validation window side by side, in batches of one size; a rank's share under DDP."""
+        """Every validation window, side by side, in batches of one size; a rank's share under DDP."""
         step = batch_size or self.batch_size
         yield from self._padded("val", self._val_starts(), self.num_val_batches(step), step)
 
@@ -101,7 +101,7 @@ class Batches:
                                                                          rank::self.world_size]
 
     def val_fits(self, n_batches: int) -> bool:
-        """Whether the validation split has no more windows than n_batches random batches."""
+        """Whether the validation split has no more windows than n_batches batches."""
         return len(val_window_starts(len(self.data["val"]), self.block_size)) <= n_batches * self.batch_size
 
     def num_evaluation_batches(self, eval_iters: int) -> int:
@@ -121,7 +121,7 @@ class Batches:
 
 
 def check_stride(stride: object, block_size: int) -> None:
-    """evaluate.py's --stride and TrainedRun.score's: a whole number from 1 to block_size."""
+    """A stride (evaluate.py's, TrainedRun.score's): a whole number from 1 to block_size."""
     check_type("stride", stride, numbers.Integral, "a whole number")
     if not 1 <= stride <= block_size:
         raise ValueError(f"stride {stride}: must be between 1 and the model's block_size, {block_size}")

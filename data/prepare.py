@@ -37,21 +37,15 @@ def vocab_sha256(vocab: str) -> str:
 
 def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
     """A token cache entry's checked metadata, or why it cannot be used."""
+    reading = "meta.json"
     try:
         if not stat.S_ISREG(os.lstat(entry / "meta.json").st_mode):
             return None, "are damaged (meta.json is not a file)"
         meta = json.loads(read_small(entry / "meta.json", "the cache entry's", META_MAX_BYTES).decode("utf-8"))
-    except FileNotFoundError:
-        return None, "are damaged (meta.json is missing)"
-    except (OSError, UserError):  # unreadable, too large, or written to while it was read
-        return None, "are damaged (meta.json cannot be read)"
-    except (ValueError, RecursionError):  # (JSON nested too deep)
-        return None, "are damaged (meta.json is not UTF-8 JSON)"
-    if not isinstance(meta, dict):
-        return None, "are damaged (meta.json is not a JSON object)"
-    if type(meta.get("format")) is int and meta["format"] != FORMAT:
-        return None, f"were written in cache format {meta['format']}, not this version's {FORMAT}"
-    try:
+        if not isinstance(meta, dict):
+            return None, "are damaged (meta.json is not a JSON object)"
+        if type(meta.get("format")) is int and meta["format"] != FORMAT:
+            return None, f"were written in cache format {meta['format']}, not this version's {FORMAT}"
         vocab, base = meta["vocab"], meta["base_vocab_size"]
         if meta["format"] != FORMAT or not isinstance(vocab, str) or type(base) is not int \
                 or not 0 <= base <= len(vocab):
@@ -60,7 +54,7 @@ def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
             return None, "are damaged (its vocabulary repeats a character or is out of order)"
         if meta["vocab_sha256"] != vocab_sha256(vocab):
             return None, "are damaged (its vocabulary does not match its checksum)"
-        tokenizer = CharTokenizer(vocab)
+        tokenizer, reading = CharTokenizer(vocab), "a token file"
         if meta["dtype"] != tokenizer.dtype.name or meta["vocab_size"] != tokenizer.vocab_size:
             return None, "are damaged (its dtype or vocab_size does not match its vocabulary)"
         for split in ("train", "val"):
@@ -77,8 +71,11 @@ def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
         return None, f"are damaged (meta.json has no {err.args[0]})"
     except FileNotFoundError as err:
         return None, f"are damaged ({Path(err.filename).name} is missing)"
-    except OSError as err:
-        return None, f"are damaged ({Path(err.filename).name if err.filename else 'a token file'} cannot be read)"
+    except (OSError, UserError) as err:  # unreadable, too large, or written to while it was read
+        name = Path(err.filename).name if getattr(err, "filename", None) else reading
+        return None, f"are damaged ({name} cannot be read)"
+    except (ValueError, RecursionError):  # (JSON nested too deep)
+        return None, "are damaged (meta.json is not UTF-8 JSON)"
     return meta, None
 
 
@@ -96,7 +93,7 @@ class Prepared:
 
 @dataclass
 class Shortfall:
-    """The first split too short for one window of block_size + 1 characters; sizes: each split's characters."""
+    """The first split too short for one window of block_size + 1 characters, and each split's size."""
     split: str
     sizes: dict[str, int]
     block_size: int
@@ -153,10 +150,9 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
                                 f"--encoding {bom.lower()}") from None
             if b"\0" in err.object and codecs.decode(b"\0", encoding, "ignore") == "\0":  # binary
                 raise binary(path) from None
-            pending = len(err.object) - len(block)
-            raise UserError(
-                f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
-                f"pass --encoding (e.g. latin-1) or --encoding_errors replace") from None
+            pending = len(err.object) - len(block)  # bytes the decoder held back
+            raise UserError(f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
+                            f"pass --encoding (e.g. latin-1) or --encoding_errors replace") from None
         except UnicodeError as err:
             raise UserError(f"{path} is not valid {encoding} ({err}); pass the file's own --encoding") from None
         if "\0" in text:
@@ -203,8 +199,8 @@ def remove_stale(folder: Path) -> None:
 def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             encoding: str = "utf-8", errors: str = "strict", say=print, base_vocab: str = "",
             check: Callable[[str, str | None], None] | None = None) -> Prepared:
-    """Write (or reuse) the token files of a corpus. base_vocab (fine-tuning): the vocabulary's first characters.
-    check(sha256, vocabulary) may refuse the text: called with vocabulary None, then before anything is used."""
+    """Write (or reuse) a corpus's token files; base_vocab (fine-tuning): the vocabulary's first characters.
+    check(sha256, vocabulary) may refuse the text, called first with vocabulary None."""
     check_encoding(encoding, errors)
     check = check or (lambda sha256, vocabulary: None)
     start = time.perf_counter()
@@ -301,4 +297,4 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
             raise
     finally:  # also on Ctrl-C or SIGTERM
         shutil.rmtree(tmp, ignore_errors=True)
-    return Prepared(final, meta, tokenizer, reused=False, seconds=time.perf_counter() - start)
+    return Prepared(final, meta, tokenizer, seconds=time.perf_counter() - start)

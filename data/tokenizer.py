@@ -1,4 +1,4 @@
-"""CharTokenizer: one token per character; the vocabulary is the corpus's characters, sorted (a fine-tuned model's
+"""CharTokenizer: one token per character; the vocabulary is the corpus's characters, sorted (when fine-tuning: the
 first model's, then the new ones)."""
 from __future__ import annotations
 
@@ -43,23 +43,19 @@ class CharTokenizer:
 
     def default_prompt(self, first_char: str | None = None) -> str:
         """A sample's start when none is given: a newline where the text has one, else first_char or the first."""
-        for candidate in ("\n", first_char):
-            if candidate and candidate in self.stoi:
-                return candidate
-        return self.chars[0]
+        return next((start for start in ("\n", first_char) if start and start in self.stoi), self.chars[0])
 
     def unknown(self, text: str) -> list[str]:
         """The characters of text not in the vocabulary, each once, in order."""
         return list(dict.fromkeys(ch for ch in text if ch not in self.stoi))
 
     def encode(self, text: str) -> list[int]:
-        missing = self.unknown(text)
-        if missing:
+        if missing := self.unknown(text):
             raise UserError(f"characters not in the vocabulary: {''.join(missing)!r}")
         return [self.stoi[ch] for ch in text]
 
     def encode_array(self, text: str) -> np.ndarray:
-        """Encode a large string through a table; a character outside the vocabulary is a ValueError."""
+        """encode() for a large text, through a table; an unknown character is a ValueError."""
         if self._table is None:
             self._table = np.full(0x110000, -1, dtype=np.int32)
             self._table[codepoints(self.chars)] = np.arange(self.vocab_size)
