@@ -1,5 +1,4 @@
-"""From the command line to a TrainConfig: a preset or .toml file, then --field overrides; and a resumed or
-fine-tuned run's config: its checkpoint's, with the command's over it."""
+"""A TrainConfig from a preset or .toml file and --field overrides, or from a checkpoint (resume, fine-tune)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +11,8 @@ import tomllib
 from pathlib import Path
 
 from configs import nanogpt
-from configs.schema import CONFIG_MAX_BYTES, FIELDS, FIXED, HELP_GROUPS, SHAPE_FIELDS, TYPES, TrainConfig
+from configs.schema import (CONFIG_MAX_BYTES, FIELDS, FIXED, HELP_GROUPS, SHAPE_FIELDS, TYPES, TrainConfig,
+                            checked_types)
 from data.corpus import NAMED
 from data.gate import read_small, utf8_text
 from errors import ArgumentParser, UserError, parse_bool, python_command
@@ -25,22 +25,21 @@ def presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
-PARSERS = {bool: parse_bool, int: int, float: float, str: str}
-EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+PARSERS = {bool: (parse_bool, "true or false"), int: (int, "an integer"), float: (float, "a number"), str: (str, "")}
 
 
 def parse_value(name: str, text) -> object:
-    kind = TYPES[name]
-    if not isinstance(text, str):
+    if not isinstance(text, str):  # a bare boolean flag
         return text
     if name == "compile":  # auto | true | false
         with contextlib.suppress(ValueError):
             return "auto" if text.strip().lower() == "auto" else str(parse_bool(text)).lower()
         return text  # TrainConfig names the choices
+    parse, expected = PARSERS[TYPES[name]]
     try:
-        return PARSERS[kind](text)
+        return parse(text)
     except ValueError:
-        raise UserError(f"--{name}: expected {EXPECTED[kind]}, got {text!r}") from None
+        raise UserError(f"--{name}: expected {expected}, got {text!r}") from None
 
 
 def suggest(name: str, candidates) -> str:
@@ -49,7 +48,6 @@ def suggest(name: str, candidates) -> str:
 
 
 def unknown_option(option: str) -> UserError:
-    """The line for an unknown option: nanoGPT's answer, else a close match or --help."""
     name = option.split("=", 1)[0]
     if name.startswith("--") and (answer := nanogpt.TRAIN_SETTINGS.get(name[2:])):
         return UserError(f"unknown option {name}: {answer}")
@@ -57,19 +55,14 @@ def unknown_option(option: str) -> UserError:
     return UserError(f"unknown option {name}{hint or '; see ' + python_command('train.py') + ' --help'}")
 
 
-def build_parser(preset: str = "", values: dict | None = None, why: str = "") -> ArgumentParser:
-    """The command line; --help shows each field's value under the preset used."""
-    values = values or {}
-    chosen = f" The defaults below are what this command would use: preset {preset}{why}." if preset else ""
-    parser = ArgumentParser(
-        prog="train.py", allow_abbrev=False,
-        description="Train a character-level GPT. Settings come from --config (a preset name or .toml file), "
-                    "then from --field value / --field=value overrides." + chosen,
-        epilog=f"presets: {', '.join(presets())}",
-    )
+def build_parser(preset: str, values: dict, why: str) -> ArgumentParser:
+    """The command line; --help shows each field's value under the preset."""
+    parser = ArgumentParser(prog="train.py", allow_abbrev=False, epilog=f"presets: {', '.join(presets())}",
+                            description=f"Train a character-level GPT. Settings come from --config, then from --field "
+                                        f"value overrides. The defaults below are preset {preset}'s{why}.")
     parser.add_argument("--config", default=argparse.SUPPRESS,
-                        help="preset name in configs/ or path to a .toml file (default: shakespeare_char_gpu "
-                             "with CUDA, shakespeare_char_cpu without)")
+                        help="a preset's name or a .toml file (default: shakespeare_char_gpu with CUDA, else "
+                             "shakespeare_char_cpu)")
     for heading, names in HELP_GROUPS.items():
         group = parser.add_argument_group(heading)
         for name in names:
@@ -82,7 +75,7 @@ def build_parser(preset: str = "", values: dict | None = None, why: str = "") ->
 
 
 def read_preset(spec: str) -> tuple[Path, dict]:
-    """The --config file (a preset's name is a file in configs/) and its settings."""
+    """The --config file (a preset name or a path) and its settings."""
     path = Path(spec)
     if path.suffix == ".py":  # nanoGPT's Python configs: never run
         raise nanogpt.python_config(spec)
@@ -96,7 +89,7 @@ def read_preset(spec: str) -> tuple[Path, dict]:
     try:
         data = read_small(path, "--config", CONFIG_MAX_BYTES, "give a TOML file of settings")
     except OSError as err:
-        raise UserError(f"--config {spec}: cannot be read ({err.strerror}); give a file you can read") from None
+        raise UserError(f"--config {spec}: cannot be read ({err.strerror})") from None
     try:
         values = tomllib.loads(utf8_text(data, f"--config {spec}"))
     except (tomllib.TOMLDecodeError, RecursionError, MemoryError) as err:
@@ -110,30 +103,17 @@ def read_preset(spec: str) -> tuple[Path, dict]:
     return path, checked_types(values, str(path))
 
 
-def checked_types(values: dict, where: str, types: dict[str, type] = TYPES) -> dict:
-    values = dict(values)
-    for key, value in values.items():
-        if key == "compile" and isinstance(value, bool):
-            values[key] = str(value).lower()
-            continue
-        kind = types[key]
-        expected = (int, float) if kind is float else kind
-        if not isinstance(value, expected) or (kind is not bool and isinstance(value, bool)):
-            raise UserError(f"{where}: {key} = {value!r} should be of type {kind.__name__}")
-    return values
-
-
 def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConfig, str, set[str]]:
-    """The config, a line naming the preset used and why, and the fields the user set."""
+    """The config, a line naming the preset and why, and the fields the user set."""
     first = ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument("--config", action="append")
     named = first.parse_known_args(argv)[0].config or []
     if len({read_preset(spec)[0].resolve() for spec in named}) > 1:
         raise UserError(f"--config is given {len(named)} times ({', '.join(named)}); give one")
     given = named[-1] if named else None
-    why = "" if given else f" (no --config given; CUDA is {'available' if cuda_available else 'not available'})"
+    why = "" if given else f" (no --config given; CUDA is {'' if cuda_available else 'not '}available)"
     path, values = read_preset(given or ("shakespeare_char_gpu" if cuda_available else "shakespeare_char_cpu"))
-    name, note = path.stem, f"config: {path.stem}{why}"
+    name = path.stem
     parser = build_parser(name, values, why)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -144,27 +124,27 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
                             f"{shlex.quote(toml)}")
         raise unknown_option(next((u for u in unknown if u.startswith("-")), unknown[0]))
     overrides = {name: parse_value(name, text) for name, text in vars(args).items() if name != "config"}
-    notes = []
+    notes = [f"config: {name}{why}"]
     if "init_from" in overrides:  # nanoGPT's resume | scratch | gpt2*
-        overrides["init_from"], resume, said = nanogpt.init_from(overrides["init_from"])
-        if resume:
+        overrides["init_from"], said = nanogpt.init_from(overrides["init_from"])
+        if said:  # resume
             overrides["resume"] = True
-        notes += [said] if said else []
+            notes.append(said)
     explicit = set(overrides) | (set(values) if given else set())
-    said = follow_learning_rate(values, overrides, name)
+    said = follow_learning_rate(values, overrides, set(overrides), name)
     if said and not overrides.get("resume") and not overrides.get("init_from"):
         notes.append(said)
     values = {"config_name": name, **values, **overrides}
-    if "data" in explicit:
-        values["data"] = whole_path(values["data"])
+    if "data" in explicit and values["data"] not in NAMED and values["data"].strip():  # a path, recorded whole
+        values["data"] = os.path.abspath(os.path.expanduser(values["data"]))
     try:
-        return TrainConfig(**values), "\n".join([note, *notes]), explicit
+        return TrainConfig(**values), "\n".join(notes), explicit
     except ValueError as err:
         raise UserError(where_from(str(err), set(overrides), path if given else None)) from None
 
 
 def where_from(problem: str, typed: set[str], path: Path | None) -> str:
-    """A setting's problem said where the user set it: a --config file's key or a flag."""
+    """A setting's problem, said where the user set it: a --config file's key or a flag."""
     name = problem.split(" ", 1)[0].removeprefix("--")
     if name not in FIELDS or sum(re.search(rf"\b{field}\b", problem) is not None for field in FIELDS) > 1:
         return problem
@@ -177,27 +157,21 @@ def where_from(problem: str, typed: set[str], path: Path | None) -> str:
     return f"{path}: {problem}; correct it there, or give --{name} to set it"
 
 
-def whole_path(data: str) -> str:
-    """--data as recorded: a named corpus as named, a path made absolute."""
-    return data if data in NAMED or not data.strip() else os.path.abspath(os.path.expanduser(data))
-
-
-def follow_learning_rate(base: dict, overrides: dict, name: str) -> str:
-    """min_lr keeps its ratio to base's learning rate when only the rate is set."""
-    if "learning_rate" not in overrides or "min_lr" in overrides:
+def follow_learning_rate(base: dict, values: dict, given: set[str], name: str) -> str:
+    """min_lr in values keeps its ratio to base's learning rate where only the rate is given."""
+    if "learning_rate" not in given or "min_lr" in given:
         return ""
     rate, floor = (base.get(field, FIELDS[field].default) for field in ("learning_rate", "min_lr"))
-    if floor == 0 or rate <= 0 or overrides["learning_rate"] == rate:
+    if floor == 0 or rate <= 0 or values["learning_rate"] == rate:
         return ""
-    overrides["min_lr"] = overrides["learning_rate"] * floor / rate
-    return (f"note: min_lr follows --learning_rate: {overrides['min_lr']:.3g}, {floor / rate:.3g} of it as in "
+    values["min_lr"] = values["learning_rate"] * floor / rate
+    return (f"note: min_lr follows --learning_rate: {values['min_lr']:.3g}, {floor / rate:.3g} of it as in "
             f"{name} ({floor:g} of {rate:g}); --min_lr sets it")
 
 
-def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
+def config_from_dict(values: dict, where: str, say) -> TrainConfig:
     """A config saved in a checkpoint, unknown fields ignored and said."""
-    fixed = {k for k, v in values.items() if k in FIXED and v == FIXED[k]}
-    ignored = sorted(k for k in values if k not in FIELDS and k not in fixed)
+    ignored = sorted(k for k, v in values.items() if k not in FIELDS and (k, v) not in FIXED.items())
     if ignored:
         say(f"note: {where} has settings this version does not know, ignored: {', '.join(ignored)}")
     known = checked_types({k: v for k, v in values.items() if k in FIELDS}, where)
@@ -207,41 +181,32 @@ def config_from_dict(values: dict, where: str, say=print) -> TrainConfig:
         raise UserError(f"{where}: its saved config is invalid ({err})") from None
 
 
-# ---- a run's config from a checkpoint: resumed, or fine-tuned from ----
-# What a fine-tuning run takes from its own command, never from the run it starts from.
+# What a fine-tuning run takes from its own command, never from its first model's run.
 OWN_SETTINGS = ("data", "cache_dir", "val_fraction", "encoding", "encoding_errors", "out_dir", "resume", "overwrite",
                 "init_from", "device", "num_threads", "ddp")
 
 
-# What a resumed run keeps beside its architecture and optimizer, and why.
-KEPT_ON_RESUME = {"val_fraction": "it fixes the validation split", "encoding": "it fixes the text",
+# What a resumed run keeps, and why.
+KEPT_ON_RESUME = {**dict.fromkeys((*SHAPE_FIELDS, "optimizer"), "the saved weights and optimizer state fix it"),
+                  "val_fraction": "it fixes the validation split", "encoding": "it fixes the text",
                   "encoding_errors": "it fixes the text", "seed": "it fixes the windows evaluations measure",
                   "init_from": "a run's first model is read only at its start"}
 
 
 def same_model(given: str, saved: str | None) -> bool:
-    """Whether two --init_from values name the same model: one path, or a folder and a file in it."""
+    """Whether two --init_from values name one model: one path, or a folder and a file in it."""
     if not given or not saved:
         return False
     one, other = (Path(value).expanduser().resolve() for value in (given, saved))
     return one == other or one.parent == other or other.parent == one
 
 
-def saved_model_config(state: dict) -> dict:
+def saved_model_config(state: dict) -> dict:  # with the defaults of settings it predates
     return {**ModelConfig().to_dict(), **state["model_config"]}
 
 
-def follow_new_learning_rate(base: dict, values: dict, explicit: set[str], name: str) -> str:
-    """follow_learning_rate for a checkpoint's settings (base) under the command's (values)."""
-    changed = {field: values[field] for field in ("learning_rate", "min_lr") if field in explicit}
-    note = follow_learning_rate(base, changed, name)
-    if note:
-        values["min_lr"] = changed["min_lr"]
-    return note
-
-
-def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, say=print) -> TrainConfig:
-    """A fine-tuning run's config: the model's architecture and its run's settings, under this command's."""
+def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, say) -> TrainConfig:
+    """A fine-tuning run's config: the model's architecture and its run's settings, under the command's."""
     saved = saved_model_config(state)
     base = config_from_dict(state["run_config"], str(where), say).to_dict()
     values = cfg.to_dict()
@@ -250,9 +215,9 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
             raise UserError(f"{name} {values[name]!r} does not fit the model in {where} ({name} {saved[name]!r}); "
                             f"leave it out")
         values[name] = saved[name]
-    values.update({name: value for name, value in base.items()
-                   if name not in explicit and name not in OWN_SETTINGS and name not in SHAPE_FIELDS})
-    if note := follow_new_learning_rate(base, values, explicit, f"{where}'s run"):
+    kept = explicit | set(OWN_SETTINGS) | set(SHAPE_FIELDS)
+    values.update({name: value for name, value in base.items() if name not in kept})
+    if note := follow_learning_rate(base, values, explicit, f"{where}'s run"):
         say(note)
     try:
         return TrainConfig(**values)
@@ -262,7 +227,7 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
 
 def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
                   ) -> tuple[TrainConfig, TrainConfig]:
-    """(the run's saved config, the config it resumes with): only the fields the user set change."""
+    """(the run's saved config, the one it resumes with): only the fields the user set change."""
     old = config_from_dict(state["run_config"], str(where), say)
     values = {**old.to_dict(), "out_dir": cfg.out_dir, "cache_dir": cfg.cache_dir, "ddp": cfg.ddp}
     for name in sorted(explicit - {"resume", "overwrite"}):
@@ -272,16 +237,16 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
         if name == "max_iters" and new_value < state["iter"]:
             raise UserError(f"--resume: max_iters {new_value} is behind this run's step {state['iter']}; give "
                             f"--max_iters {state['iter']} or more")
-        if name in KEPT_ON_RESUME or name in SHAPE_FIELDS or name == "optimizer":
-            why = KEPT_ON_RESUME.get(name, "the saved weights and optimizer state fix it")
+        if name in KEPT_ON_RESUME:
             raise UserError(f"--resume: {name} was {values[name]!r} in this run and cannot change to {new_value!r}: "
-                            f"{why}; leave --{name} out, or fine-tune it with --init_from {shlex.quote(cfg.out_dir)}")
+                            f"{KEPT_ON_RESUME[name]}; leave --{name} out, or fine-tune it with --init_from "
+                            f"{shlex.quote(cfg.out_dir)}")
         if name == "num_threads" and new_value == 0:
             say(f"resume: the thread count is measured again (--num_threads 0; this run had {values.get(name)})")
         else:
             say(f"resume: {name} changed from {values.get(name)!r} to {new_value!r}")
         values[name] = new_value
-    if note := follow_new_learning_rate(old.to_dict(), values, explicit, "this run"):
+    if note := follow_learning_rate(old.to_dict(), values, explicit, "this run"):
         say(note.replace("note: ", "resume: ", 1))
     try:
         new = TrainConfig(**{**values, "resume": True, "overwrite": False})
@@ -293,10 +258,9 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
 def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
     """The model the run's config builds must be the checkpoint's."""
     built, saved = cfg.model_config(len(state["vocab"])).to_dict(), saved_model_config(state)
-    differ = [name for name in SHAPE_FIELDS if built[name] != saved[name]]
-    if differ:
-        raise UserError(f"{where} is damaged: its run config and its model config disagree on {differ[0]} "
-                        f"({built[differ[0]]!r} and {saved[differ[0]]!r}); sample from it, or start a new run")
+    if name := next((name for name in SHAPE_FIELDS if built[name] != saved[name]), None):
+        raise UserError(f"{where} is damaged: its run config and its model config disagree on {name} "
+                        f"({built[name]!r} and {saved[name]!r}); sample from it, or start a new run")
 
 
 def keep_global_batch(cfg: TrainConfig, explicit: set[str], state: dict, world_size: int, say) -> TrainConfig:

@@ -8,57 +8,52 @@ import operator
 import re
 from pathlib import Path
 
-from configs.schema import CONFIG_MAX_BYTES, FIELDS, FIXED, TYPES
+from configs.schema import CONFIG_MAX_BYTES, FIELDS, FIXED, TYPES, checked_types
 from data.gate import read_small, utf8_text
 from errors import UserError, python_command, shown
 
 # nanoGPT's train.py settings named or done otherwise here: what to give instead.
+RENAMED = {"gradient_accumulation_steps": "grad_accum_steps", "wandb_log": "wandb", "dataset": "data"}
 TRAIN_SETTINGS = {
-    "gradient_accumulation_steps": "here it is --grad_accum_steps, the micro-batches of each process",
-    "wandb_log": "here it is --wandb",
-    "wandb_run_name": "here the run's name in Weights & Biases is its --out_dir folder's name",
-    "dataset": "here it is --data: a text file, a folder of text files, or a named corpus such as shakespeare",
+    **{name: f"here it is --{ours}" for name, ours in RENAMED.items()},
+    "gradient_accumulation_steps": "here it is --grad_accum_steps, per process",
+    "wandb_run_name": "here it is the --out_dir folder's name",
     "eval_only": "evaluating a trained model is python scripts/evaluate.py --out_dir RUN",
     "always_save_checkpoint": "every evaluation saves ckpt_last, and ckpt_best at a new best: nothing to set",
-    "decay_lr": "the learning rate always falls to --min_lr; give --min_lr equal to --learning_rate to keep it",
+    "decay_lr": "the rate always falls to --min_lr; give --min_lr equal to --learning_rate to keep it",
     "beta1": f"AdamW's beta1 is fixed at {FIXED['beta1']} here",
     "backend": "the backend follows the device: nothing to set",
     "sample": "sampling is python scripts/sample.py --out_dir RUN",
-    "start": "a prompt for sampling is python scripts/sample.py --out_dir RUN --prompt TEXT",
+    "start": "here it is python scripts/sample.py --out_dir RUN --prompt TEXT",
 }
-RENAMED = {"gradient_accumulation_steps": "grad_accum_steps", "wandb_log": "wandb", "dataset": "data"}
 DATASETS = {"shakespeare_char": "shakespeare", "shakespeare": "shakespeare"}  # nanoGPT's data/ folders we have
-GPT2 = ("--init_from {value}: GPT-2's weights belong to its 50,257 BPE tokens, and this trainer is character-level; "
-        "fine-tune a run of this trainer instead (--init_from out/RUN)")
 
 
-def init_from(value: str) -> tuple[str, bool, str]:
-    """nanoGPT's --init_from: (our init_from, whether to resume, a note). resume and scratch are taken, gpt2* refused."""
-    if value == "resume" and not Path(value).exists():
-        return "", True, "note: --init_from resume is --resume here: continuing the run in --out_dir"
-    if value == "scratch" and not Path(value).exists():
-        return "", False, ""
-    if value.startswith("gpt2") and not Path(value).exists():
-        raise UserError(GPT2.format(value=value))
-    return value, False, ""
+def init_from(value: str) -> tuple[str, str]:
+    """nanoGPT's --init_from: (ours, a note where it means --resume); scratch is taken too, gpt2* refused."""
+    if Path(value).exists():
+        return value, ""
+    if value == "resume":
+        return "", "note: --init_from resume is --resume here: continuing the run in --out_dir"
+    if value.startswith("gpt2"):
+        raise UserError(f"--init_from {value}: GPT-2's weights belong to its 50,257 BPE tokens; fine-tune a run of "
+                        f"ours instead (--init_from out/RUN)")
+    return "" if value == "scratch" else value, ""
 
 
-# ---- nanoGPT's Python config files, read as data ----
 ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
-
-
-VALUE_BITS, STRING_MAX, NODES_MAX = 256, 4096, 100  # a setting's bounds, on the way to its value too
+VALUE_BITS, STRING_MAX, NODES_MAX = 256, 4096, 100  # bounds on a setting and every value on the way to it
 
 
 def plain_value(node: ast.AST, top: bool = True):
-    """A literal, or arithmetic on numbers (5 * 8), every value on the way bounded; ValueError for anything else."""
+    """A literal, or arithmetic on numbers (5 * 8), each value bounded; ValueError for anything else."""
     if top and sum(1 for _ in ast.walk(node)) > NODES_MAX:
         raise ValueError("too long an expression")
     if isinstance(node, ast.BinOp) and type(node.op) in ARITHMETIC:
         left, right = plain_value(node.left, False), plain_value(node.right, False)
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (left, right)):
-            raise ValueError("arithmetic on something other than numbers")
+            raise ValueError("not numbers")
         if isinstance(node.op, ast.Pow) and (abs(right) > 64 or isinstance(left, int)
                                              and left.bit_length() * abs(right) > VALUE_BITS):
             raise ValueError("too large a power")
@@ -70,15 +65,12 @@ def plain_value(node: ast.AST, top: bool = True):
     return value
 
 
-def toml_value(value) -> str | None:
-    """value as a TOML value (None where TOML has none, as for a lone surrogate)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
-        return repr(value)
-    if isinstance(value, str) and not re.search("[\ud800-\udfff]", value):  # a JSON string is a TOML basic string
-        return re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m[0]):04x}", json.dumps(value, ensure_ascii=False))
-    return None
+def toml_value(value: bool | int | float | str) -> str | None:
+    """A setting's value as TOML, spelled as JSON spells it; None for a NaN or a lone surrogate, which TOML lacks."""
+    surrogate = isinstance(value, str) and re.search("[\ud800-\udfff]", value)
+    if surrogate or isinstance(value, float) and not math.isfinite(value):
+        return None
+    return re.sub("[\x7f-\x9f]", lambda m: f"\\u{ord(m[0]):04x}", json.dumps(value, ensure_ascii=False))
 
 
 def translate(name: str, value) -> tuple[str | None, str]:
@@ -90,62 +82,59 @@ def translate(name: str, value) -> tuple[str | None, str]:
         if value == "scratch":
             return None, f"{shown}: a new run, the default"
         if isinstance(value, str) and value.startswith("gpt2"):
-            return None, f"{shown}: not for a character-level model; init_from = \"RUN_FOLDER\" fine-tunes one of ours"
+            return None, f"{shown}: not for a character-level model; init_from = \"RUN_FOLDER\" fine-tunes ours"
     if name == "dataset":
         if not isinstance(value, str) or value not in DATASETS:
-            return None, f"{shown}: give data = \"FILE\", the text itself (a file or a folder of text files)"
+            return None, f"{shown}: give data = \"FILE\", a text file or a folder of them"
         value = DATASETS[value]
-    if name == "compile" and isinstance(value, bool):
-        value = str(value).lower()  # auto | true | false
     field = RENAMED.get(name, name)
     if field not in FIELDS or field == "config_name":
         return None, f"{shown}: {TRAIN_SETTINGS.get(name, 'no such setting here')}"
-    kind = TYPES[field]
-    fits = isinstance(value, (int, float) if kind is float else kind) and (kind is bool or not isinstance(value, bool))
-    text = toml_value(value)
-    if not fits or text is None:
-        return None, f"{shown}: {field} here takes {kind.__name__}; set it by hand"
+    try:
+        text = toml_value(checked_types({field: value}, "")[field])
+    except UserError:
+        text = None
+    if text is None:
+        return None, f"{shown}: {field} here takes {TYPES[field].__name__}; set it by hand"
     note = "" if field == name else f"nanoGPT's {name}"
     if name == "gradient_accumulation_steps":
-        note += ", here per process (nanoGPT divides it among torchrun's processes)"
+        note += ", here per process (nanoGPT's is for all processes)"
     return f"{field} = {text}", note
 
 
 def as_toml(path: Path) -> str:
-    """A nanoGPT config file as our TOML, a comment for each setting without an equivalent. It is never run."""
+    """A nanoGPT config file as our TOML, a comment for each setting without an equivalent; never run."""
     text = utf8_text(read_small(path, "--config", CONFIG_MAX_BYTES, "give a config file"), f"--config {path}")
     try:
         tree = ast.parse(text, filename=str(path))
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:  # (the last two: deep nesting)
-        raise UserError(f"--config {path}: cannot be read as a Python config ({type(err).__name__}); write the "
-                        f"settings as TOML and pass that file") from None
-    lines = [f"# {path.stem}.toml: the settings of {path} (nanoGPT's Python config) as this trainer reads them"]
+        raise UserError(f"--config {path}: cannot be read as a Python config ({type(err).__name__}); write it "
+                        f"as TOML") from None
+    lines = [f"# {path.stem}.toml: the settings of {path}, nanoGPT's Python config"]
     for statement in tree.body:
         if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
             continue  # a docstring
-        source = ast.get_source_segment(text, statement) or ""
+        source = (ast.get_source_segment(text, statement) or "").splitlines()[0][:100]
         if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
                 and isinstance(statement.targets[0], ast.Name)):
-            lines.append(f"# {source.splitlines()[0][:100]}: not a plain setting; left out")
+            lines.append(f"# {source}: not a plain setting; left out")
             continue
         name = statement.targets[0].id
         try:
             value = plain_value(statement.value)
         except (ValueError, TypeError, SyntaxError, ZeroDivisionError, OverflowError):
-            lines.append(f"# {source.splitlines()[0][:100]}: not a plain value; set {RENAMED.get(name, name)} by hand")
+            lines.append(f"# {source}: not a plain value; set {RENAMED.get(name, name)} by hand")
             continue
         line, note = translate(name, value)
         lines.append(f"# {note}" if line is None else f"{line}  # {note}" if note else line)
     return "\n".join(lines) + "\n"
 
 
-def python_config(spec: str, say=print) -> UserError:
-    """--config FILE.py: never run; its settings as TOML are said, and the error names the file to save them to."""
+def python_config(spec: str) -> UserError:
+    """--config FILE.py, never run: its settings are printed as TOML, and the error says where to save them."""
     path = Path(spec)
     if not path.exists():
-        return UserError(f"--config {spec}: no such file; presets are TOML files ({python_command('train.py')} --help "
-                         f"lists them)")
-    say(shown(as_toml(path).rstrip("\n")))
-    return UserError(f"{spec} is a Python config (nanoGPT's configurator runs it); this trainer reads TOML "
-                     f"and runs no config: its settings as TOML are printed above; save them as {path.stem}.toml "
-                     f"and pass --config {path.stem}.toml")
+        return UserError(f"--config {spec}: no such file; presets are TOML files (see --help)")
+    print(shown(as_toml(path).rstrip("\n")))
+    return UserError(f"{spec} is a Python config, and this trainer runs no config; save the TOML printed above as "
+                     f"{path.stem}.toml and pass --config {path.stem}.toml")

@@ -7,8 +7,10 @@ import sys
 import sysconfig
 import tempfile
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from tqdm import tqdm
 
@@ -22,18 +24,18 @@ SHAKESPEARE_URL = os.environ.get(
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 SHAKESPEARE_BYTES = 1_115_394
 NAMED = ("shakespeare", "pystdlib")
+GIVE = f"give a text file, a folder of text files, or one of: {', '.join(NAMED)}"
 
 
 @dataclass
 class Corpus:
     """Files read in order, joined by a newline; name is what the run records."""
-
     name: str
     files: list[Path]
 
 
 def default_cache_dir(chosen: str = "") -> Path:
-    """--cache_dir if given, else $XDG_CACHE_HOME/chargpt (if absolute), else ~/.cache/chargpt."""
+    """--cache_dir, else $XDG_CACHE_HOME/chargpt (if absolute), else ~/.cache/chargpt."""
     if chosen:
         return Path(chosen).expanduser()
     base = os.environ.get("XDG_CACHE_HOME", "")
@@ -50,26 +52,21 @@ def is_binary(path: Path) -> bool:
 def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Corpus:
     """A --data value as a Corpus; fallback: pystdlib where Tiny Shakespeare cannot be had."""
     if not spec.strip():
-        raise UserError("--data is empty; give a text file, a folder of text files, or a named corpus (shakespeare, "
-                        "pystdlib)")
+        raise UserError(f"--data is empty; {GIVE}")
     if spec == "shakespeare":
         target = cache_dir / "tinyshakespeare.txt"
         if differs := copy_differs(target):  # the user's own copy: never replaced
             why = f"{target} is not the expected Tiny Shakespeare ({differs})"
-            fix = (f"move it away (the original is then downloaded) or put the original there (char-rnn's input.txt), "
-                   f"or train on it as it is: --data {target}")
+            fix = f"move it away or put char-rnn's input.txt there, or train on it as it is: --data {target}"
         else:
             try:
                 return Corpus("shakespeare", [download_shakespeare(cache_dir)])
             except OSError as err:
                 why = f"could not download Tiny Shakespeare ({err}), and {target} holds no copy"
-                fix = "connect to the network, put a copy there, or give --data FILE (or --data pystdlib, offline)"
+                fix = "connect to the network, put a copy there, or give --data FILE"
         if not fallback:
             raise UserError(f"--data shakespeare: {why}; {fix}")
-        put = f"put the original there, or give --data {target} to train on it as it is" if differs else \
-            "put a copy there"
-        say(f"note: {why}; using the offline corpus 'pystdlib' instead. To train on Tiny Shakespeare, {put}; to "
-            f"train on your own text, give --data FILE.")
+        say(f"note: {why}; using the offline corpus 'pystdlib' instead; to change that, {fix}")
         spec = "pystdlib"
     if spec == "pystdlib":
         try:
@@ -86,7 +83,7 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
         except OSError as err:
             raise UserError(f"--data: {err.filename} cannot be read ({err.strerror}); check its permissions") from None
         if not text_files:
-            raise UserError(f"--data {spec}: the folder holds no text files; point --data at a folder with .txt files")
+            raise UserError(f"--data {spec}: the folder holds no text files; {GIVE}")
         if len(text_files) < len(files):
             say(f"note: skipped {len(files) - len(text_files)} binary file(s) in {spec}")
         return Corpus(str(path), text_files)
@@ -94,41 +91,45 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
         return Corpus(str(path), [path])
     if path.exists():  # a device, pipe or socket: it cannot be read twice
         raise UserError(f"--data {spec}: not a regular file or folder (a device, pipe or socket); save the text to a "
-                        f"file and give that")
-    raise UserError(f"--data {spec}: no such file or folder; give a text file, a folder of text files, "
-                    f"or one of: {', '.join(NAMED)}")
+                        f"file")
+    raise UserError(f"--data {spec}: no such file or folder; {GIVE}")
 
 
-def new_partial(target: Path) -> Path:
-    """A new empty file beside target that nobody can guess (mkstemp), so a planted link cannot redirect a write."""
+@contextmanager
+def replacing(target: Path) -> Iterator[Path]:
+    """A new file beside target, named so that no planted link redirects the write; it replaces target on success."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=target.parent, prefix=f"{target.name}.part-")
     os.close(fd)
     os.chmod(name, 0o644)
-    return Path(name)
+    try:
+        yield Path(name)
+        os.replace(name, target)
+    finally:
+        Path(name).unlink(missing_ok=True)
 
 
 def copy_differs(target: Path) -> str:
-    """How the file at target differs from Tiny Shakespeare; '' where it is the original or cannot be read."""
+    """How the file at target differs from Tiny Shakespeare; '' where it does not or cannot be read."""
     try:
         f, size = open_regular(target, "the cached")
         f.close()
         if size != SHAKESPEARE_BYTES:
             return f"{size:,} bytes, where the original has {SHAKESPEARE_BYTES:,}"
-        same = sha256_of(target, "the cached") == SHAKESPEARE_SHA256
-        return "" if same else f"{size:,} bytes as the original, but another checksum"
+        if sha256_of(target, "the cached") != SHAKESPEARE_SHA256:
+            return f"{size:,} bytes as the original, but another checksum"
     except (OSError, UserError):
-        return ""
+        pass
+    return ""
 
 
-def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
-    """Tiny Shakespeare, fetched once into the cache and checked against its known sha256."""
+def download_shakespeare(cache_dir: Path) -> Path:
+    """Tiny Shakespeare, fetched once into the cache and checked against its sha256."""
     target = cache_dir / "tinyshakespeare.txt"
     if target.exists() and sha256_of(target, "the cached") == SHAKESPEARE_SHA256:
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    partial = new_partial(target)
-    try:
-        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=timeout) as response, open(partial, "wb") as out:
+    with replacing(target) as partial:
+        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=5) as response, open(partial, "wb") as out:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc="Tiny Shakespeare", leave=False) as bar:
                 for block in iter(lambda: response.read(1 << 16), b""):
@@ -136,13 +137,10 @@ def download_shakespeare(cache_dir: Path, timeout: float = 5.0) -> Path:
                     bar.update(len(block))
         if sha256_of(partial, "the download") != SHAKESPEARE_SHA256:
             raise OSError("the download's checksum does not match")
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
     return target
 
 
-PYSTDLIB_CHARS = 1_115_394  # as long as Tiny Shakespeare
+PYSTDLIB_CHARS = SHAKESPEARE_BYTES
 
 
 def build_pystdlib(cache_dir: Path) -> Path:
@@ -155,18 +153,12 @@ def build_pystdlib(cache_dir: Path) -> Path:
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
     files = sorted((p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts)),
                    key=lambda p: hashlib.sha256(p.relative_to(root).as_posix().encode()).hexdigest())
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    partial = new_partial(target)
-    try:
-        with open(partial, "w", encoding="utf-8", newline="") as out:
-            written = 0
-            for path in files:
-                if written >= PYSTDLIB_CHARS:
-                    break
-                text = ("\n" if written else "") + path.read_text(encoding="utf-8", errors="replace")
-                out.write(text)
-                written += len(text)
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
+    written = 0
+    with replacing(target) as partial, open(partial, "w", encoding="utf-8", newline="") as out:
+        for path in files:
+            if written >= PYSTDLIB_CHARS:
+                break
+            text = ("\n" if written else "") + path.read_text(encoding="utf-8", errors="replace")
+            out.write(text)
+            written += len(text)
     return target

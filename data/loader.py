@@ -1,5 +1,4 @@
-"""Batches: random (B, T) windows of token ids from the prepared files, and every validation window in order; and
-Windows, the sliding windows that score any text."""
+"""Batches of (B, T) token windows from the prepared files, and the sliding Windows that score any text."""
 from __future__ import annotations
 
 import numbers
@@ -17,52 +16,48 @@ RESIDENT_MAX_BYTES = 1 << 30  # a corpus up to this is kept on the GPU
 
 
 def send(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on the device; to CUDA from pinned memory, so the host does not wait for the GPU."""
+    """A host tensor on the device; to CUDA from pinned memory, without a wait."""
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
 
 
 def val_window_starts(n_ids: int, block_size: int) -> np.ndarray:
-    """Where the full validation's windows begin: side by side, each block_size inputs and one target more."""
+    """Where the full validation's windows begin: side by side, block_size inputs each."""
     return np.arange(0, n_ids - block_size, block_size)
 
 
 class Batches:
-    """x (B, T) token ids and y, shifted by one, from a seeded stream; under DDP each rank slices one global batch."""
+    """x (B, T) token ids and y, shifted by one, from a seeded stream; under DDP a rank's slice of one batch."""
 
     def __init__(self, prepared: Prepared, block_size: int, batch_size: int, device: torch.device | str,
                  seed: int = 0, rank: int = 0, world_size: int = 1, resident: bool | None = None):
         self.block_size, self.batch_size = block_size, batch_size
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
-        dtype = np.dtype(prepared.meta["dtype"])
-        self.data = {}
         sizes = {split: prepared.meta[f"n_{split}"] for split in ("train", "val")}
         if (short := short_split(sizes, block_size)) is not None:
             raise ShortSplit(f"{short.problem()}; give --block_size {short.largest} or less, a longer corpus or "
                              f"another --val_fraction", short)
-        for split, n in sizes.items():
-            self.data[split] = np.memmap(prepared.path(split), dtype=dtype, mode="r", shape=(n,))
+        self.data = {split: np.memmap(prepared.path(split), dtype=prepared.meta["dtype"], mode="r", shape=(n,))
+                     for split, n in sizes.items()}
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
         self._steps = np.arange(block_size + 1)
-        # On CUDA a corpus that fits is copied to the GPU once and batches are gathered there; elsewhere they are
-        # read from the memory-mapped files.
-        if resident is None:
-            size = sum(len(d) for d in self.data.values()) * 8  # held as int64
-            resident = self.device.type == "cuda" and size <= RESIDENT_MAX_BYTES
+        # On CUDA a corpus that fits is copied to the GPU once; elsewhere batches come from the memory-mapped files.
+        if resident is None:  # (held as int64)
+            resident = self.device.type == "cuda" and sum(sizes.values()) * 8 <= RESIDENT_MAX_BYTES
         self.resident = None
         if resident:
             self.resident = {split: torch.from_numpy(d.astype(np.int64)).to(self.device)
                              for split, d in self.data.items()}
             self._steps_t = torch.arange(block_size + 1, device=self.device)
 
-    def get_batch(self, split: str, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random windows of a split from the training stream (or generator): x (B, T) and y (B, T)."""
+    def get_batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random windows of a split from the training stream: x and y, (B, T) each."""
         data = self.data[split]
         starts = torch.randint(len(data) - self.block_size, (self.batch_size * self.world_size,),
-                               generator=generator or self.generator)
+                               generator=self.generator)
         mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]  # this rank's share
         if self.resident is not None:
             tokens = self.resident[split][send(mine, self.device)[:, None] + self._steps_t]  # (B, T+1)
@@ -73,34 +68,29 @@ class Batches:
     def fixed_batches(self, split: str, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """n x batch_size random windows, the same at every call; a rank's share under DDP."""
         generator = torch.Generator().manual_seed(self.seed + 1 + ("train", "val").index(split))
-        draws = len(self.data[split]) - self.block_size
-        starts = torch.randint(draws, (n * self.batch_size,), generator=generator)
-        mine = starts.numpy()[self.rank::self.world_size]
-        yield from self._padded(split, mine, self.num_fixed_batches(n), self.batch_size)
+        starts = torch.randint(len(self.data[split]) - self.block_size, (n * self.batch_size,), generator=generator)
+        yield from self._padded(split, starts.numpy()[self.rank::self.world_size], self.num_fixed_batches(n),
+                                self.batch_size)
 
     def num_fixed_batches(self, n: int) -> int:
-        """How many batches fixed_batches(split, n) yields on each rank (rank 0's share, the largest)."""
+        """How many batches fixed_batches(split, n) yields on rank 0, the most of any rank."""
         share = -(-n * self.batch_size // self.world_size)  # rounded up
         return -(-share // self.batch_size)
 
     def val_windows(self, batch_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Every validation window side by side, in batches of one size; a rank's share under DDP."""
+        """Every validation window, side by side, in batches of one size; a rank's share under DDP."""
         step = batch_size or self.batch_size
         yield from self._padded("val", self._val_starts(), self.num_val_batches(step), step)
 
     def _padded(self, split: str, starts: np.ndarray, n_batches: int,
                 step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The windows at starts, in n_batches batches of step rows; rows past the last window have targets -1, which
-        the loss ignores."""
-        data = self.data[split]
+        """The windows at starts, in n_batches batches of step rows; rows past the last have targets -1 (ignored)."""
         for i in range(0, n_batches * step, step):
-            mine = starts[i:i + step]
-            n_pad = step - len(mine)
-            mine = np.pad(mine, (0, n_pad))
-            windows = data[mine[:, None] + self._steps]  # (B, T+1)
+            n_pad = step - len(starts[i:i + step])
+            windows = self.data[split][np.pad(starts[i:i + step], (0, n_pad))[:, None] + self._steps]  # (B, T+1)
             tokens = send(torch.from_numpy(windows.astype(np.int64)), self.device)
             x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
-            if n_pad:  # a new y (y shares x's memory), laid out as every other batch's
+            if n_pad:  # a new y (y shares x's memory), laid out as the other batches'
                 padded = y.new_full((step, self.block_size + 1), -1)[:, 1:]
                 padded[:step - n_pad] = y[:step - n_pad]
                 y = padded
@@ -111,11 +101,11 @@ class Batches:
                                                                          rank::self.world_size]
 
     def val_fits(self, n_batches: int) -> bool:
-        """Whether the validation split has no more windows than n_batches random batches, over all ranks."""
+        """Whether the validation split has no more windows than n_batches batches."""
         return len(val_window_starts(len(self.data["val"]), self.block_size)) <= n_batches * self.batch_size
 
     def num_evaluation_batches(self, eval_iters: int) -> int:
-        """How many batches an evaluation reads on each rank (the validation split whole where it fits)."""
+        """How many batches an evaluation reads on each rank."""
         estimate = self.num_fixed_batches(eval_iters)
         return estimate + (self.num_val_batches() if self.val_fits(eval_iters) else estimate)
 
@@ -131,7 +121,7 @@ class Batches:
 
 
 def check_stride(stride: object, block_size: int) -> None:
-    """evaluate.py's --stride and TrainedRun.score's: a whole number from 1 to block_size."""
+    """A stride (evaluate.py's, TrainedRun.score's): a whole number from 1 to block_size."""
     check_type("stride", stride, numbers.Integral, "a whole number")
     if not 1 <= stride <= block_size:
         raise ValueError(f"stride {stride}: must be between 1 and the model's block_size, {block_size}")
@@ -161,7 +151,7 @@ class Windows:
 
     def by_length(self, first: int, count: int) -> list[tuple[int, slice]]:
         """Windows first .. first + count - 1 as (length, their rows of batch()): all block_size long but maybe the
-        text's last. No tensor is read."""
+        text's last."""
         rows = min(first + count, len(self)) - first
         last = first + rows - 1
         last_length = min(last * self.stride + self.block_size, self.n_ids - 1) - last * self.stride

@@ -1,11 +1,9 @@
-"""A corpus into cached token files (train.bin, val.bin): passes for its checksum (the key), its characters and its
-tokens; an entry is kept only where each pass read the bytes the key sums."""
+"""A corpus into cached token files (train.bin, val.bin), kept only where each pass read the bytes its key sums."""
 from __future__ import annotations
 
 if __name__ == "__main__":  # run as nanoGPT's data/*/prepare.py scripts are
     import sys
-    print("error: data/prepare.py is a library; prepare a corpus with: python scripts/prepare.py --data FILE",
-          file=sys.stderr)
+    print("error: data/prepare.py is a library; run python scripts/prepare.py --data FILE", file=sys.stderr)
     raise SystemExit(2)
 
 import codecs
@@ -30,29 +28,24 @@ from errors import UserError, space_or_place
 
 FORMAT = 2  # an entry of another format (1: no checksum of its vocabulary) is prepared again
 META_MAX_BYTES = 16 << 20  # meta.json: every character of Unicode fits in a few MB
+BOMS = {"UTF-32": (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE), "UTF-16": (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)}
 
 
-def vocab_sha256(vocab: str) -> str:  # recorded beside a cache entry's vocabulary
+def vocab_sha256(vocab: str) -> str:
     return hashlib.sha256(vocab.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
-    """A token cache entry's checked metadata, or why it cannot be used ("are damaged (val.bin is missing)")."""
+    """A token cache entry's checked metadata, or why it cannot be used."""
+    reading = "meta.json"
     try:
         if not stat.S_ISREG(os.lstat(entry / "meta.json").st_mode):
             return None, "are damaged (meta.json is not a file)"
         meta = json.loads(read_small(entry / "meta.json", "the cache entry's", META_MAX_BYTES).decode("utf-8"))
-    except FileNotFoundError:
-        return None, "are damaged (meta.json is missing)"
-    except (OSError, UserError):  # unreadable, over META_MAX_BYTES, or written to while it was read
-        return None, "are damaged (meta.json cannot be read)"
-    except (ValueError, RecursionError):  # (JSON nested deeper than Python's stack)
-        return None, "are damaged (meta.json is not UTF-8 JSON)"
-    if not isinstance(meta, dict):
-        return None, "are damaged (meta.json is not a JSON object)"
-    if type(meta.get("format")) is int and meta["format"] != FORMAT:
-        return None, f"were written in cache format {meta['format']}, not this version's {FORMAT}"
-    try:  # each check in turn: its format, its vocabulary as prepared, each token file of its count, every id known
+        if not isinstance(meta, dict):
+            return None, "are damaged (meta.json is not a JSON object)"
+        if type(meta.get("format")) is int and meta["format"] != FORMAT:
+            return None, f"were written in cache format {meta['format']}, not this version's {FORMAT}"
         vocab, base = meta["vocab"], meta["base_vocab_size"]
         if meta["format"] != FORMAT or not isinstance(vocab, str) or type(base) is not int \
                 or not 0 <= base <= len(vocab):
@@ -61,7 +54,7 @@ def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
             return None, "are damaged (its vocabulary repeats a character or is out of order)"
         if meta["vocab_sha256"] != vocab_sha256(vocab):
             return None, "are damaged (its vocabulary does not match its checksum)"
-        tokenizer = CharTokenizer(vocab)
+        tokenizer, reading = CharTokenizer(vocab), "a token file"
         if meta["dtype"] != tokenizer.dtype.name or meta["vocab_size"] != tokenizer.vocab_size:
             return None, "are damaged (its dtype or vocab_size does not match its vocabulary)"
         for split in ("train", "val"):
@@ -78,8 +71,11 @@ def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
         return None, f"are damaged (meta.json has no {err.args[0]})"
     except FileNotFoundError as err:
         return None, f"are damaged ({Path(err.filename).name} is missing)"
-    except OSError as err:
-        return None, f"are damaged ({Path(err.filename).name if err.filename else 'a token file'} cannot be read)"
+    except (OSError, UserError) as err:  # unreadable, too large, or written to while it was read
+        name = Path(err.filename).name if getattr(err, "filename", None) else reading
+        return None, f"are damaged ({name} cannot be read)"
+    except (ValueError, RecursionError):  # (JSON nested too deep)
+        return None, "are damaged (meta.json is not UTF-8 JSON)"
     return meta, None
 
 
@@ -97,9 +93,9 @@ class Prepared:
 
 @dataclass
 class Shortfall:
-    """The first split too short for one window of block_size + 1 characters."""
+    """The first split too short for one window of block_size + 1 characters, and each split's size."""
     split: str
-    sizes: dict[str, int]  # each split's characters
+    sizes: dict[str, int]
     block_size: int
 
     def problem(self, of: str = "") -> str:
@@ -123,15 +119,12 @@ def short_split(sizes: dict[str, int], block_size: int = 1) -> Shortfall | None:
 
 
 class ShortSplit(UserError):
-    """A split too short for one window, with its shortfall."""
-
     def __init__(self, line: str, shortfall: Shortfall):
         super().__init__(line)
         self.shortfall = shortfall
 
 
 def check_splits(name: str, n_train: int, n_val: int, val_fraction: float) -> None:
-    """Refuse a text whose split leaves a part too short for any model."""
     if (short := short_split({"train": n_train, "val": n_val})) is not None:
         n_chars = n_train + n_val
         raise ShortSplit(f"--data {name}: too short: --val_fraction {val_fraction:g} splits its {n_chars:,} "
@@ -141,7 +134,7 @@ def check_splits(name: str, n_train: int, n_val: int, val_fraction: float) -> No
 
 
 def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterator[str]:
-    """The corpus as text chunks, files joined by a newline. digest takes the bytes read."""
+    """The corpus as text chunks, files joined by a newline; digest takes the bytes read."""
     current, decoder, offset = -1, None, 0  # offset: bytes of this file decoded so far
     for i, path, block in corpus_blocks(corpus.files, digest):
         if i != current:
@@ -151,29 +144,22 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
         try:
             text = decoder.decode(block, final=not block)
         except UnicodeDecodeError as err:
-            if offset == 0 and (bom := unicode_bom(err.object)) and bom.lower() not in codecs.lookup(encoding).name:
+            bom = next((name for name, marks in BOMS.items() if err.object.startswith(marks)), "")
+            if offset == 0 and bom and bom.lower() not in codecs.lookup(encoding).name:
                 raise UserError(f"{path} is {bom} text (it begins with a byte-order mark), not {encoding}; pass "
                                 f"--encoding {bom.lower()}") from None
             if b"\0" in err.object and codecs.decode(b"\0", encoding, "ignore") == "\0":  # binary
                 raise binary(path) from None
-            pending = len(err.object) - len(block)
-            raise UserError(
-                f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
-                f"pass --encoding (e.g. latin-1) or --encoding_errors replace") from None
+            pending = len(err.object) - len(block)  # bytes the decoder held back
+            raise UserError(f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
+                            f"pass --encoding (e.g. latin-1) or --encoding_errors replace") from None
         except UnicodeError as err:
-            raise UserError(f"{path} is not valid {encoding} ({err}); pass the file's own --encoding, "
-                            f"e.g. utf-8") from None
+            raise UserError(f"{path} is not valid {encoding} ({err}); pass the file's own --encoding") from None
         if "\0" in text:
             raise binary(path)
         offset += len(block)
         if text:
             yield text
-
-
-def unicode_bom(start: bytes) -> str:
-    """'UTF-32' or 'UTF-16' where the bytes begin with its byte-order mark, else ''."""
-    boms = {"UTF-32": (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE), "UTF-16": (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)}
-    return next((name for name, marks in boms.items() if start.startswith(marks)), "")
 
 
 def binary(path: Path) -> UserError:
@@ -201,42 +187,34 @@ def remove_stale(folder: Path) -> None:
     """Remove the temporary folders of preparations whose process is gone."""
     for tmp in folder.glob("*.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not process_alive(int(pid)):
+        try:
+            if pid.isdigit():
+                os.kill(int(pid), 0)
+        except ProcessLookupError:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return True
+        except PermissionError:  # another user's process, alive
+            pass
 
 
 def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             encoding: str = "utf-8", errors: str = "strict", say=print, base_vocab: str = "",
             check: Callable[[str, str | None], None] | None = None) -> Prepared:
-    """Write (or reuse) the token files of a corpus.
-
-    base_vocab (fine-tuning): the vocabulary starts with these characters. check(sha256, vocabulary) may refuse the
-    text: called with the checksum (vocabulary None), then before anything is written or used."""
+    """Write (or reuse) a corpus's token files; base_vocab (fine-tuning): the vocabulary's first characters.
+    check(sha256, vocabulary) may refuse the text, called first with vocabulary None."""
     check_encoding(encoding, errors)
+    check = check or (lambda sha256, vocabulary: None)
     start = time.perf_counter()
     sha256, key, n_bytes = corpus_key(corpus, encoding, errors, val_fraction)
-    if check is not None:
-        check(sha256, None)
+    check(sha256, None)
     if base_vocab:
-        key += "-base" + hashlib.sha256(base_vocab.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        key += "-base" + vocab_sha256(base_vocab)[:12]
     final = cache_dir / "prepared" / f"{key}-f{FORMAT}"
     remove_stale(final.parent)
     if final.exists():
         meta, why = cache_entry(final)
         if meta is not None:
             check_splits(corpus.name, meta["n_train"], meta["n_val"], val_fraction)
-            if check is not None:
-                check(sha256, meta["vocab"])
+            check(sha256, meta["vocab"])
             meta.update(source=corpus.name, bytes=n_bytes)
             return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
         say(f"note: the cached token files in {final} {why}; preparing them again")
@@ -261,8 +239,7 @@ def discard(entry: Path) -> None:
 
 
 def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_fraction: float, encoding: str,
-          errors: str, start: float, base_vocab: str = "", check: Callable[[str, str | None], None] | None = None
-          ) -> Prepared:
+          errors: str, start: float, base_vocab: str, check: Callable[[str, str | None], None]) -> Prepared:
     """Two more passes, each checked against sha256: a file changed meanwhile leaves no entry."""
     # Pass 1: which characters occur, and how many
     seen = np.zeros(0x110000, dtype=bool)
@@ -278,13 +255,12 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
     new = "".join(ch for ch in map(chr, np.flatnonzero(seen)) if ch not in known)
     tokenizer = CharTokenizer(base_vocab + new)
     n_train = int(n_chars * (1 - val_fraction))
-    if check is not None:
-        check(sha256, tokenizer.chars)
+    check(sha256, tokenizer.chars)
     check_splits(corpus.name, n_train, n_chars - n_train, val_fraction)
 
     # Pass 2: the first n_train characters to train.bin, the rest to val.bin
     final.parent.mkdir(parents=True, exist_ok=True)
-    # mkdtemp: a planted link cannot redirect the writes; the pid ends its name
+    # mkdtemp: no planted link redirects the writes; the pid ends its name
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f"{key}.tmp-", suffix=f"-{os.getpid()}"))
     os.chmod(tmp, 0o755)
     try:
@@ -294,7 +270,7 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
             for text in read_text(corpus, encoding, errors, digest):
                 cut = max(0, min(len(text), n_train - written))
                 try:
-                    # tobytes(), not tofile(): a Ctrl-C inside tofile surfaces as a TypeError
+                    # tobytes(), not tofile(): a Ctrl-C inside tofile is a TypeError
                     if cut:
                         train.write(tokenizer.encode_array(text[:cut]).tobytes())
                     if cut < len(text):
@@ -317,8 +293,8 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
                                        errors="backslashreplace")
         os.replace(tmp, final)  # all at once: no half-done entry
     except OSError:
-        if not (final / "meta.json").exists():  # else another process finished the same entry first
+        if not (final / "meta.json").exists():  # else another process made the same entry first
             raise
     finally:  # also on Ctrl-C or SIGTERM
         shutil.rmtree(tmp, ignore_errors=True)
-    return Prepared(final, meta, tokenizer, reused=False, seconds=time.perf_counter() - start)
+    return Prepared(final, meta, tokenizer, seconds=time.perf_counter() - start)

@@ -1,5 +1,5 @@
-"""CharTokenizer: one token per character; the vocabulary is the corpus's characters, sorted (a fine-tuned model's:
-its first model's, then the new ones)."""
+"""CharTokenizer: one token per character; the vocabulary is the corpus's characters, sorted (when fine-tuning: the
+first model's, then the new ones)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,18 +8,15 @@ from errors import UserError
 
 
 def codepoints(text: str) -> np.ndarray:
-    """A string's code points as a uint32 array."""
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-    """The smallest unsigned integer type that holds every token id."""
+def token_dtype(vocab_size: int) -> np.dtype:  # the smallest that holds every id
     return np.min_scalar_type(vocab_size - 1)
 
 
 def vocabulary_difference(first: str, second: str, names: tuple[str, str], shown: int = 6) -> str:
-    """How two vocabularies differ, in a few words: up to `shown` characters only in one of them, as repr writes
-    them."""
+    """How two vocabularies differ: up to `shown` characters only in one of them, as repr writes them."""
     apart = [[ch for ch in a if ch not in others] for a, others in ((first, set(second)), (second, set(first)))]
     if not any(apart):
         return "the same characters in another order"
@@ -34,8 +31,7 @@ class CharTokenizer:
             raise ValueError("the vocabulary must not repeat a character")
         self.chars = chars
         self.stoi = {ch: i for i, ch in enumerate(chars)}
-        self._table: np.ndarray | None = None  # code point -> id
-        self._known: np.ndarray | None = None
+        self._table: np.ndarray | None = None  # code point -> id, -1 where none
 
     @property
     def vocab_size(self) -> int:
@@ -46,33 +42,27 @@ class CharTokenizer:
         return token_dtype(self.vocab_size)
 
     def default_prompt(self, first_char: str | None = None) -> str:
-        """A sample's start when none is given: a newline where the text has one, else its first character."""
-        for candidate in ("\n", first_char):
-            if candidate and candidate in self.stoi:
-                return candidate
-        return self.chars[0]
+        """A sample's start when none is given: a newline where the text has one, else first_char or the first."""
+        return next((start for start in ("\n", first_char) if start and start in self.stoi), self.chars[0])
 
     def unknown(self, text: str) -> list[str]:
         """The characters of text not in the vocabulary, each once, in order."""
         return list(dict.fromkeys(ch for ch in text if ch not in self.stoi))
 
     def encode(self, text: str) -> list[int]:
-        missing = self.unknown(text)
-        if missing:
+        if missing := self.unknown(text):
             raise UserError(f"characters not in the vocabulary: {''.join(missing)!r}")
         return [self.stoi[ch] for ch in text]
 
     def encode_array(self, text: str) -> np.ndarray:
-        """Encode a large string through a table; a character outside the vocabulary is a ValueError."""
+        """encode() for a large text, through a table; an unknown character is a ValueError."""
         if self._table is None:
-            self._table = np.zeros(0x110000, dtype=self.dtype)
-            self._table[[ord(c) for c in self.chars]] = np.arange(self.vocab_size)
-            self._known = np.zeros(0x110000, dtype=bool)
-            self._known[[ord(c) for c in self.chars]] = True
-        points = codepoints(text)
-        if not self._known[points].all():
+            self._table = np.full(0x110000, -1, dtype=np.int32)
+            self._table[codepoints(self.chars)] = np.arange(self.vocab_size)
+        ids = self._table[codepoints(text)]
+        if (ids < 0).any():
             raise ValueError(f"characters not in the vocabulary: {''.join(self.unknown(text))[:20]!r}")
-        return self._table[points]
+        return ids.astype(self.dtype)
 
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)

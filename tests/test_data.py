@@ -236,15 +236,15 @@ def test_shakespeare_download_is_checked_and_falls_back_offline(tmp_path, monkey
     monkeypatch.setattr(corpus_module, "SHAKESPEARE_URL", bad.as_uri())
     with pytest.raises(UserError, match=r"--data shakespeare: could not download Tiny Shakespeare \(the download's "
                        r"checksum does not match\), and .*tinyshakespeare.txt holds no copy; connect to the network, "
-                       r"put a copy there, or give --data FILE \(or --data pystdlib, offline\)$"):
+                       r"put a copy there, or give --data FILE$"):
         resolve("shakespeare", tmp_path / "cache", say=notes.append)  # asked for by name: never another text
     assert not notes and not (tmp_path / "cache" / "tinyshakespeare.txt").exists()
     corpus = resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True)  # a default: pystdlib
     target = tmp_path / "cache" / "tinyshakespeare.txt"
     assert corpus.name == "pystdlib" and notes == [
         f"note: could not download Tiny Shakespeare (the download's checksum does not match), and {target} holds no "
-        f"copy; using the offline corpus 'pystdlib' instead. To train on Tiny Shakespeare, put a copy there; to train "
-        f"on your own text, give --data FILE."]
+        f"copy; using the offline corpus 'pystdlib' instead; to change that, connect to the network, put a copy there, "
+        f"or give --data FILE"]
     assert not (tmp_path / "cache" / "tinyshakespeare.txt").exists()  # a bad download is never kept
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [corpus.files[0].name]
     if SHARED_TEXT.exists():
@@ -271,14 +271,11 @@ def test_a_cached_copy_of_tiny_shakespeare_that_differs_is_named_and_never_downl
     found = f"{target} is not the expected Tiny Shakespeare ({differs})"
     with pytest.raises(UserError) as refused:
         resolve("shakespeare", tmp_path / "cache")
-    assert str(refused.value) == (f"--data shakespeare: {found}; move it away (the original is then downloaded) or "
-                                  f"put the original there (char-rnn's input.txt), or train on it as it is: --data "
-                                  f"{target}")
+    fix = f"move it away or put char-rnn's input.txt there, or train on it as it is: --data {target}"
+    assert str(refused.value) == f"--data shakespeare: {found}; {fix}"
     notes = []
     assert resolve("shakespeare", tmp_path / "cache", say=notes.append, fallback=True).name == "pystdlib"
-    assert notes == [f"note: {found}; using the offline corpus 'pystdlib' instead. To train on Tiny Shakespeare, put "
-                     f"the original there, or give --data {target} to train on it as it is; to train on your own "
-                     f"text, give --data FILE."]
+    assert notes == [f"note: {found}; using the offline corpus 'pystdlib' instead; to change that, {fix}"]
     names = sorted(p.name for p in target.parent.iterdir())  # the copy, as it was, and the pystdlib text
     assert target.read_bytes() == copy and len(names) == 2 and names[0].startswith("pystdlib-") and \
         names[1] == "tinyshakespeare.txt"

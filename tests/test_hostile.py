@@ -506,7 +506,7 @@ def test_one_sigterm_during_a_long_evaluation_sample_stops_the_run_with_its_eval
 
 def test_settings_that_make_one_sample_or_the_threads_unbounded_are_refused(corpus, tmp_path, capsys):
     for flag, value, said in (("--sample_chars", "100001", "--sample_chars 100001: must be at most 100,000"),
-                              ("--num_threads", "100000", "--num_threads 100000: must be at most 1024")):
+                              ("--num_threads", "100000", "--num_threads 100000: must be at most 1,024")):
         assert run_cli(train.main, argv(corpus, tmp_path / "run", flag, value)) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1

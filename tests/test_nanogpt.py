@@ -57,7 +57,7 @@ def test_every_nanogpt_setting_is_taken_or_answered_with_our_way(name):
                                           ("True", "true"), ("on", "true"), ("Auto", "auto")])
 def test_compile_takes_true_and_false_in_any_case(given, taken):
     assert load_config([f"--compile={given}"], False)[0].compile == taken
-    assert outcome("--compile", "sometimes").startswith("--compile 'sometimes': must be auto, true or false")
+    assert outcome("--compile", "sometimes").startswith("--compile 'sometimes': must be one of auto, true, false")
 
 
 def test_init_from_resume_is_resume_scratch_is_a_new_run_and_gpt2_is_refused_in_one_line():
@@ -106,9 +106,8 @@ def test_a_python_config_is_never_run_and_its_settings_come_back_as_toml_that_lo
     with pytest.raises(UserError) as refused:
         load_config(argv, False)
     assert not marker.exists()  # nothing of the file ran
-    assert str(refused.value) == (f"{config} is a Python config (nanoGPT's configurator runs it); this trainer reads "
-                                  f"TOML and runs no config: its settings as TOML are printed above; save them as "
-                                  f"train_small.toml and pass --config train_small.toml")
+    assert str(refused.value) == (f"{config} is a Python config, and this trainer runs no config; save the TOML "
+                                  f"printed above as train_small.toml and pass --config train_small.toml")
     toml = capsys.readouterr().out
     assert "# open(" in toml and "# seed = len('run me'): not a plain value" in toml
     assert "# always_save_checkpoint = False: every evaluation saves ckpt_last" in toml
