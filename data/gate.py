@@ -25,8 +25,7 @@ def open_regular(path: Path, what: str) -> tuple[BinaryIO, int]:
             return os.fdopen(fd, "rb"), info.st_size
         os.close(fd)
         if stat.S_ISREG(info.st_mode):
-            raise UserError(f"{what} {path} is a file of /proc or /sys, which reports a size of 0 whatever it shows; "
-                            f"copy it into a file and give that")
+            raise UserError(f"{what} {path} is a /proc or /sys file (its size reads 0); copy it to a file first")
     if stat.S_ISDIR(info.st_mode):
         raise UserError(f"{what} {path} is a folder, not a file; give a file")
     raise UserError(f"{what} {path}: not a regular file (a device, pipe or socket); save it to a file and give that")
@@ -86,16 +85,6 @@ def corpus_blocks(files: list[Path], digest=None) -> Iterator[tuple[int, Path, b
                     digest.update(data)
                 yield i, path, data
         yield i, path, b""  # the file's end, for a decoder to flush
-
-
-def text_changed(corpus_name: str, when: str) -> UserError:
-    return UserError(f"--data {corpus_name} changed while it was prepared (what was read {when} is not the text first "
-                     f"read), so no token files were kept; run the command again once nothing is writing to it")
-
-
-def same_text(corpus_name: str, sha256: str, digest, when: str) -> None:  # the corpus read again, unchanged
-    if digest.hexdigest() != sha256:
-        raise text_changed(corpus_name, when)
 
 
 def recorded_size(path: Path, record: dict, size: int | None = None) -> str | None:

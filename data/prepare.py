@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from data.corpus import Corpus
-from data.gate import corpus_blocks, read_small, same_text, text_changed
+from data.gate import corpus_blocks, read_small
 from data.tokenizer import CharTokenizer, codepoints
 from errors import UserError, space_or_place
 
@@ -238,6 +238,11 @@ def discard(entry: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def text_changed(corpus_name: str, when: str) -> UserError:  # a file changed while it was read twice
+    return UserError(f"--data {corpus_name} changed while it was prepared (what was read {when} is not the text first "
+                     f"read), so no token files were kept; run the command again once nothing is writing to it")
+
+
 def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_fraction: float, encoding: str,
           errors: str, start: float, base_vocab: str, check: Callable[[str, str | None], None]) -> Prepared:
     """Two more passes, each checked against sha256: a file changed meanwhile leaves no entry."""
@@ -248,7 +253,8 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
     for text in read_text(corpus, encoding, errors, digest):
         seen[codepoints(text)] = True
         n_chars += len(text)
-    same_text(corpus.name, sha256, digest, "while its characters were counted")
+    if digest.hexdigest() != sha256:
+        raise text_changed(corpus.name, "while its characters were counted")
     if n_chars == 0:
         raise UserError(f"--data {corpus.name}: the corpus is empty; give it some text")
     known = set(base_vocab)
@@ -278,8 +284,7 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
                 except ValueError:  # the text changed in between
                     raise text_changed(corpus.name, "while it was written as tokens") from None
                 written += len(text)
-        same_text(corpus.name, sha256, digest, "while it was written as tokens")
-        if written != n_chars:
+        if digest.hexdigest() != sha256 or written != n_chars:
             raise text_changed(corpus.name, "while it was written as tokens")
         meta = {
             "format": FORMAT, "source": corpus.name, "files": len(corpus.files), "sha256": sha256, "bytes": n_bytes,

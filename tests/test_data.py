@@ -343,8 +343,7 @@ def test_bad_inputs_give_one_line_and_exit_2(tmp_path):
     # a file of /proc shows text but reports 0 bytes: the gate refuses it, saying so, not calling it an empty corpus
     result = run_prepare("--data", "/proc/self/status", cache=cache)
     assert result.returncode == 2 and result.stderr == (
-        "error: --data: /proc/self/status is a file of /proc or /sys, which reports a size of 0 whatever it shows; "
-        "copy it into a file and give that\n")
+        "error: --data: /proc/self/status is a /proc or /sys file (its size reads 0); copy it to a file first\n")
 
 
 def test_undecodable_text_can_be_read_with_another_encoding_or_replaced(tmp_path):

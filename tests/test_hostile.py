@@ -361,7 +361,7 @@ def hostile_checkpoints(finished, rotary, tmp_path):
         (forged(last, tmp_path / "twice.pt", vocab=vocab[:-1] + vocab[0]),
          "(ValueError: the vocabulary must not repeat a character)"),
         (forged(last, tmp_path / "short.pt", vocab=vocab[:-1]),
-         f"its vocabulary has {len(vocab) - 1} characters but its model expects {len(vocab)}"),
+         f"is inconsistent: {len(vocab) - 1} characters for a model of {len(vocab)}"),
         (forged(last, tmp_path / "huge.pt", model_config={"n_embd": 2**70}),
          "(ValueError: n_embd must be at most 2,147,483,647, got 1,180,591,620,717,411,303,424)"),
         (forged(last, tmp_path / "title.pt", data={"source": "\x1b]2;OWNED\x07\x1b[2J"}, iter="\x1b[2J"),

@@ -484,9 +484,8 @@ def test_a_prompt_file_is_read_only_as_a_small_regular_utf8_file_and_each_refusa
             (["--prompt_file", str(big)], f"the prompt file {big} is {sample_cli.PROMPT_MAX_BYTES + 1:,} bytes, "
                                           f"more than the {sample_cli.PROMPT_MAX_BYTES:,} such a file can hold; give "
                                           f"the start of the text"),
-            (["--prompt_file", "/proc/self/status"], "the prompt file /proc/self/status is a file of /proc or /sys, "
-                                                     "which reports a size of 0 whatever it shows; copy it into a "
-                                                     "file and give that"),
+            (["--prompt_file", "/proc/self/status"], "the prompt file /proc/self/status is a /proc or /sys file (its "
+                                                     "size reads 0); copy it to a file first"),
             (["--prompt_file", str(tmp_path / "none.txt")], f"--prompt_file {tmp_path / 'none.txt'}: no such file"),
             (["--prompt_file", str(latin)], f"--prompt_file {latin}: not UTF-8 text: byte 0xe9 at position 3 "
                                             f"cannot be decoded; save it as UTF-8"),

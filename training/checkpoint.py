@@ -17,8 +17,7 @@ from safetensors import safe_open
 from common.machine import check_free_memory, usable_device
 from common.run_folder import BEST, LAST, old_format, write_atomic
 from configs.choices import OPTIMIZERS
-from configs.loader import checked_types
-from configs.schema import FIELDS, TYPES
+from configs.schema import FIELDS, TYPES, checked_types
 from data.gate import open_regular
 from data.tokenizer import CharTokenizer
 from errors import UserError, in_one_line, shown
@@ -117,9 +116,8 @@ def optimizer_parts(saved: dict) -> list[tuple[str, dict]]:
 def save(state: dict, path: Path) -> None:
     """state written as a checkpoint, whole or not at all (write_atomic); weights that are not finite are refused."""
     if bad := non_finite(state["model"]):
-        raise UserError(f"refusing to write {path}: the weights are not finite (NaN or inf in {bad}): training "
-                        f"diverged; the previous checkpoint is kept; try a lower --learning_rate (or --dtype float32), "
-                        f"then --resume")
+        raise UserError(f"not writing {path}: {bad} holds NaN or inf (training diverged), so the last one is kept; "
+                        f"try a lower --learning_rate or --dtype float32, then --resume")
     tied = state.get("model_config", {}).get("tie_weights")  # lm_head.weight is wte.weight: safetensors stores it once
     tensors = {f"model.{k}": t for k, t in state["model"].items() if not (tied and k == "lm_head.weight")}
     doc = {"format": FORMAT, **{k: v for k, v in state.items() if k not in ("model", "optimizer", "rng")}}
@@ -209,8 +207,7 @@ def check_document(path: Path, resume: bool) -> tuple[dict, object, safe_open]:
         if key in doc and (not isinstance(doc[key], kind) or (type(doc[key]) is bool) != (kind is bool)):
             raise damaged(path, key, doc[key], "as this trainer writes it")
     if doc["format"] != FORMAT:
-        raise UserError(f"{path} has checkpoint format {doc['format']}, this version reads format {FORMAT}; use the "
-                        f"version of this trainer that wrote it")
+        raise UserError(f"{path} is format {doc['format']}; this version reads {FORMAT}: use the version that wrote it")
     check_values(doc, LATER, path)
     check_values(doc.get("data", {}), DATA, path, "data.")
     check_values(doc.get("scaler") or {}, SCALER, path, "scaler.")
@@ -221,8 +218,7 @@ def check_document(path: Path, resume: bool) -> tuple[dict, object, safe_open]:
                                                       and 0 <= p[0] <= it and all(type(x) in NUMBER for x in p[1:])
                                                       for p in losses[name])
     if not (set(losses) == {"train", "eval"} and points("train", 2) and points("eval", 3)):
-        raise UserError(f"{path} is damaged: its record of the losses so far is malformed; take another checkpoint "
-                        f"or train again")
+        raise UserError(f"{path} is damaged: its record of the losses so far is malformed; take another or train again")
     checked_types({k: v for k, v in doc["run_config"].items() if k in FIELDS}, f"{path} is damaged")
     values, types = doc["model_config"], typing.get_type_hints(ModelConfig)
     if unknown := [shown(key[:40]) for key in values if key not in types]:
@@ -233,8 +229,7 @@ def check_document(path: Path, resume: bool) -> tuple[dict, object, safe_open]:
     except ValueError as err:
         raise UserError(f"{path} has an inconsistent model config or vocabulary ({shown(in_one_line(err))})") from None
     if tokenizer.vocab_size != config.vocab_size:
-        raise UserError(f"{path} is inconsistent: its vocabulary has {tokenizer.vocab_size} characters but its model "
-                        f"expects {config.vocab_size}")
+        raise UserError(f"{path} is inconsistent: {tokenizer.vocab_size} characters for a model of {config.vocab_size}")
     return doc, config, st
 
 
