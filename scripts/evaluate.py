@@ -66,12 +66,11 @@ def read_corpus(spec: str, cache_dir: str, encoding: str, errors: str, digest=No
     """The text of --data and its name; digest, when given, takes its bytes."""
     corpus = resolve(spec, Path(cache_dir) if cache_dir else default_cache_dir(),
                      say=lambda message: print(message, file=sys.stderr))
-    text = "".join(read_text(corpus, encoding, errors, digest))
-    return text, corpus.name
+    return "".join(read_text(corpus, encoding, errors, digest)), corpus.name
 
 
 def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str, str]:
-    """No --data: the text the run trained on, a file only if its size and checksum match the checkpoint's."""
+    """No --data: the text the run trained on, a file only if its size and checksum are the checkpoint's."""
     record = state.get("data") or {}
     if run.data in NAMED:
         digest = hashlib.sha256()
@@ -105,19 +104,14 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
                     f"{why}; give the text with --data FILE")
 
 
-MAX_EXP = 709.0  # math.exp overflows a float64 just above it
-LOGIT_COPIES, ACTIVATION_COPIES = 3, 8
-
-
 def batch_bytes(model, batch_size: int, block_size: int) -> int:
-    """The memory a CPU batch needs: its float32 logits about three times over, and a few activations per layer."""
+    """The memory a batch needs: its float32 logits three times over, and eight activations a layer."""
     cfg = model.config
-    return 4 * batch_size * block_size * (LOGIT_COPIES * cfg.vocab_size
-                                          + ACTIVATION_COPIES * cfg.n_embd * max(cfg.n_layer, 1))
+    return 4 * batch_size * block_size * (3 * cfg.vocab_size + 8 * cfg.n_embd * max(cfg.n_layer, 1))
 
 
 def saved_settings(state: dict, path: Path) -> TrainConfig:
-    """The checkpoint's run settings, checked: a wrong value is named as the checkpoint's, not as a flag."""
+    """The checkpoint's run settings, checked: a wrong value is named as the checkpoint's."""
     run = config_from_dict(state["run_config"], f"{path}", say=lambda message: None)
     try:
         check_encoding(run.encoding, run.encoding_errors)
@@ -203,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
             threads = choose_threads(args.num_threads, lambda: batch_seconds(model, ids, block_size, stride,
                                                                              batch_size, rt.autocast))
             print(threads.line("a batch"), file=sys.stderr)
-        # a bar in a terminal; a line every 30 s in a file
         bar = tqdm(total=len(todo), desc="evaluate", unit="window", delay=2, dynamic_ncols=True) if \
             sys.stderr.isatty() else PlainProgress(lambda line: print(line, file=sys.stderr), "evaluate", len(todo),
                                                    unit="windows")
@@ -213,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if not math.isfinite(loss):
         raise UserError(f"{path}: the model's loss on this text is not a number ({loss}); its weights are damaged "
                         f"or too large")
-    perplexity = math.exp(loss) if loss < MAX_EXP else None
+    perplexity = math.exp(loss) if loss < 709 else None  # (math.exp overflows a float64 past 709.78)
     figures = {"loss": loss, "bits_per_char": loss / math.log(2), "perplexity": perplexity, "characters": scored,
                "unknown": sum(counts.values()), "unknown_distinct": len(counts), "stride": stride,
                "block_size": block_size, "split": args.split, "dtype": dtype, "data": name, "checkpoint": str(path),

@@ -7,6 +7,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch  # noqa: E402
 from common.machine import is_out_of_memory  # noqa: E402
 from common.run_folder import WriteFailed, find, holder, write_atomic, write_text_atomic  # noqa: E402
 from data.gate import read_small  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, disk_error  # noqa: E402
+from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, disk_error, in_one_line  # noqa: E402
 from errors import output_folder, run_cli, space_or_place  # noqa: E402
 from model.attention import ROPE_BASE  # noqa: E402
 from training.checkpoint import load_model  # noqa: E402
@@ -44,7 +45,7 @@ def build_parser() -> ArgumentParser:
 
 
 def model_config(model, state: dict, path: Path) -> dict:
-    """config.json: every setting the forward pass depends on (rope_base too), and where the weights came from."""
+    """config.json: every setting the forward pass depends on, and where the weights came from."""
     rope = {"rope_base": ROPE_BASE} if model.config.position == "rope" else {}
     head = ("the tied head stored too (lm_head.weight, equal to wte.weight)" if model.config.tie_weights else
             "the head its own (lm_head.weight)")
@@ -56,7 +57,7 @@ def model_config(model, state: dict, path: Path) -> dict:
 
 
 def write_safetensors(model, target: Path) -> None:
-    """The weights, each its own tensor (safetensors shares no memory: a tied head is written twice)."""
+    """The weights in float32, each its own tensor (safetensors shares no memory: a tied head is written twice)."""
     from safetensors.torch import save
 
     weights = {name: tensor.detach().to("cpu", torch.float32).contiguous().clone()
@@ -101,26 +102,23 @@ def write_onnx(model, target: Path) -> None:
             if isinstance(err, MemoryError) or is_out_of_memory(err):
                 raise UserError("out of memory while exporting the ONNX graph; nothing was written; free some "
                                 "memory, or export without it: --onnx=false") from None
-            first = (str(err).strip().splitlines() or [""])[0]
-            raise UserError(f"the ONNX graph could not be exported ({type(err).__name__}: {first}), so nothing was "
+            raise UserError(f"the ONNX graph could not be exported ({in_one_line(err)}), so nothing was "
                             f"written; pip install --upgrade -r requirements-export.txt (versions that match torch "
                             f"{torch.__version__}), or export without it: --onnx=false") from None
         write_atomic(target, lambda f: f.write(graph.read_bytes()), "the ONNX graph", "--to")
 
 
-SCRATCH = ".export-"  # a scratch folder's name: this prefix, the process id, a dash, tempfile's letters
 SCRATCH_MARK = "export-scratch"  # the empty file an export puts first into its scratch folder
 NAMES = ("model.safetensors", "config.json", "vocab.json", "model.onnx")
 
 
 def scratch_pid(entry: Path) -> int | None:
-    """The process id of an export's scratch folder (named so, holding SCRATCH_MARK or nothing), else None."""
-    pid, dash, _ = entry.name.removeprefix(SCRATCH).partition("-")
-    if not (entry.name.startswith(SCRATCH) and dash and pid.isdigit() and entry.is_dir() and not entry.is_symlink()):
+    """The process id of an export's scratch folder (.export-PID-..., holding SCRATCH_MARK or nothing), else None."""
+    named = re.fullmatch(r"\.export-([0-9]+)-.*", entry.name, re.DOTALL)
+    if not named or entry.is_symlink() or not entry.is_dir():
         return None
     mark = entry / SCRATCH_MARK
-    marked = mark.is_file() and not mark.is_symlink()
-    return int(pid) if marked or not any(entry.iterdir()) else None
+    return int(named[1]) if (mark.is_file() and not mark.is_symlink()) or not any(entry.iterdir()) else None
 
 
 def remove_abandoned_scratch(folder: Path) -> None:
@@ -137,7 +135,7 @@ def remove_abandoned_scratch(folder: Path) -> None:
 
 
 def exported(file: Path) -> bool:
-    """Whether file is a plain file, and a config.json or vocab.json with an export's marks."""
+    """Whether file is a plain file, and if a config.json or vocab.json, one with an export's marks."""
     if file.is_symlink() or not file.is_file():
         return False
     if file.suffix != ".json":
@@ -151,21 +149,19 @@ def exported(file: Path) -> bool:
 
 
 def refuse_others(folder: Path) -> None:
-    """An export writes only into a new or empty folder, or over an earlier export; else one line names the files."""
+    """An export writes only into a new or empty folder, or over an earlier export."""
     entries = sorted(p.name for p in folder.iterdir() if scratch_pid(p) is None)
     earlier = any(name in entries and exported(folder / name) for name in ("config.json", "vocab.json"))
     replaced = [name for name in NAMES if name in entries and not (earlier and exported(folder / name))]
     if replaced or (entries and not earlier):
         shown = replaced or entries[:3] + ["..."] * (len(entries) > 3)
-        them = ("it" if len(shown) == 1 else "them") if replaced else "among them"
-        raise UserError(f"--to {folder} holds {', '.join(shown)}, not an earlier export's; exporting there would "
-                        f"{'replace' if replaced else 'put its files'} {them}: choose another --to, a new or empty "
-                        f"folder")
+        raise UserError(f"--to {folder} holds {', '.join(shown)}, not an earlier export's; choose another --to, a new "
+                        f"or empty folder")
 
 
 @contextlib.contextmanager
 def alone_in(folder: Path):
-    """folder locked by this export, so that two exports at once never mix two models' files."""
+    """folder locked by this export, so that two exports never mix their files."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
@@ -186,7 +182,7 @@ def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: boo
     remove_abandoned_scratch(folder)
     with contextlib.ExitStack() as stack:
         try:
-            new = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=folder, prefix=f"{SCRATCH}{os.getpid()}-")))
+            new = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=folder, prefix=f".export-{os.getpid()}-")))
             (new / SCRATCH_MARK).touch()
         except OSError as err:
             raise UserError(f"--to {folder} cannot be written ({disk_error(err)}); nothing was written; "

@@ -27,7 +27,7 @@ from training.checkpoint import load_model  # noqa: E402
 loaded()
 
 PROMPT_MAX_BYTES = 16 << 20  # a larger prompt file is a corpus, not prompts
-PROBE_CHARACTERS = 8  # characters drawn per timed call when the thread count is measured
+PROBE_CHARACTERS = 8  # drawn, uncompiled, where the thread count is measured
 
 
 def build_parser() -> ArgumentParser:
@@ -74,7 +74,7 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.init_from != "resume":
         raise UserError(f"--init_from {args.init_from}: this sampler reads a run of this trainer, given by --out_dir "
                         f"RUN or --ckpt FILE")
-    args.prompt_flag = "--prompt_file "  # how the prompt's file was named, for its messages
+    args.prompt_flag = "--prompt_file "  # how the prompt's file was named
     if args.prompt is not None and args.prompt.startswith("FILE:"):  # nanoGPT's --start=FILE:prompt.txt
         args.prompt_file, args.prompt, args.prompt_flag = args.prompt.removeprefix("FILE:"), None, "--prompt FILE:"
         if not args.prompt_file:
@@ -89,7 +89,7 @@ def check_settings(args: argparse.Namespace) -> None:
 
 
 def read_prompts(args: argparse.Namespace) -> list[str] | None:
-    """The prompts given (None: the model's default), read from a small regular file before the model loads."""
+    """The prompts given (None: the model's default), read before the model loads."""
     if not args.prompt_file:
         return None if args.prompt is None else [args.prompt]
     named = f"{args.prompt_flag}{args.prompt_file}"
@@ -121,7 +121,7 @@ def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]
 
 
 def streams(args: argparse.Namespace, rows: int) -> bool:
-    """Whether the first row is printed as it is drawn: by default in a terminal, or for one row (so `| head` ends)."""
+    """Whether the first row is printed as drawn: by default in a terminal, or for one row (so `| head` ends)."""
     return (sys.stdout.isatty() or rows == 1) if args.stream is None else args.stream
 
 
@@ -130,16 +130,15 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]
     stream = streams(args, len(rows))
+    settings = dict(**asdict(sampling(args)), use_cache=not args.no_cache)
     if device.type == "cpu":
-        threads = choose_threads(args.num_threads, lambda: decoding_seconds(model, rows, args, device))
+        threads = choose_threads(args.num_threads, lambda: decoding_seconds(model, rows, settings, device))
         print(threads.line(f"{PROBE_CHARACTERS} characters"), file=sys.stderr)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    step = compiled_step(device.type) if args.compile else one_token_step
     if args.compile and not args.no_cache:  # else the wait would look like a hang
         took = "on a CPU about 20 s" if device.type == "cpu" else "on an H100 about 10 s"
         print(f"--compile: the decoding step is compiled before the first new character ({took})", file=sys.stderr)
-    settings = dict(**asdict(sampling(args)), generator=generator,
-                    use_cache=not args.no_cache, step=step, finite_only=True)
+    settings.update(generator=torch.Generator(device=device).manual_seed(args.seed), finite_only=True,
+                    step=compiled_step(device.type) if args.compile else one_token_step)
     first = int(stream)  # rows from `first` on are kept and printed at the end
     kept, done = torch.empty(len(rows) - first, args.max_new_tokens, dtype=torch.long), 0
     if stream:
@@ -166,16 +165,15 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
     print(shown(the_rest()))
 
 
-def decoding_seconds(model, rows: list[list[int]], args: argparse.Namespace, device: torch.device) -> float:
+def decoding_seconds(model, rows: list[list[int]], settings: dict, device: torch.device) -> float:
     """Seconds to draw PROBE_CHARACTERS for rows, uncompiled: what the thread count is measured on."""
     start = time.perf_counter()
-    generate(model, rows, PROBE_CHARACTERS, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-             generator=torch.Generator(device=device).manual_seed(0), use_cache=not args.no_cache)
+    generate(model, rows, PROBE_CHARACTERS, generator=torch.Generator(device=device).manual_seed(0), **settings)
     return time.perf_counter() - start
 
 
 def own_loss(state: dict) -> str:
-    """The checkpoint's own validation loss: that of the evaluation at its step (last_eval), where one was made."""
+    """The validation loss of the evaluation at the checkpoint's step, where one was made."""
     val = state.get("last_eval", {}).get("val") if state.get("eval_done") else None
     return f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else \
         ", no validation loss measured at this step"
