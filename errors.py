@@ -214,10 +214,6 @@ def _failed_output(err: OSError) -> str | None:
     return name
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def quiet_while_loading(name: str, line: str = "interrupted") -> Callable[[], None]:
     """While a command (name == "__main__") loads torch, a Ctrl-C, SIGTERM or SIGHUP ends it at once with `line` and
     exit 130, not a traceback. Returns what puts the signals back."""
@@ -238,7 +234,7 @@ def quiet_while_loading(name: str, line: str = "interrupted") -> Callable[[], No
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run main(): a UserError or an OSError is one line and exit 2; a stop one line and 130."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM is a KeyboardInterrupt
     for stream in (sys.stdout, sys.stderr):  # a character the terminal cannot show is shown as its code
         if callable(getattr(stream, "reconfigure", None)):
             stream.reconfigure(errors="backslashreplace")

@@ -144,7 +144,7 @@ class Rows:
         self.starts = [window_start(0, n, self.block_size) for n in self.lengths]
         self.first = self.end = max(self.lengths)  # the first new column; the column after the last token
         self.tokens = torch.zeros(len(prompts), self.first + max_new_tokens, dtype=torch.long, device=self.device)
-        self.tokens[:, :self.first] = left_pad(prompts, self.device)
+        self.tokens[:, :self.first] = on_device([[0] * (self.first - len(p)) + p for p in prompts], self.device)
         self.state = Decoding()
         if use_cache and model.config.n_layer > 0:
             dtype = torch.get_autocast_dtype(self.device.type) if torch.is_autocast_enabled(self.device.type) \
@@ -241,12 +241,6 @@ def window_start(start: int, length: int, block_size: int) -> int:
 def on_device(values: list, device: torch.device) -> torch.Tensor:
     """Host numbers -> a long tensor on device, without making the host wait."""
     return send(torch.tensor(values, dtype=torch.long), device)
-
-
-def left_pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
-    """Token lists -> (B, L) ids padded on the left with 0."""
-    longest = max(len(r) for r in rows)
-    return on_device([[0] * (longest - len(r)) + r for r in rows], device)
 
 
 def compiled_step(device_type: str, backend: str | Callable = "inductor",

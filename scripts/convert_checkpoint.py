@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
+loaded = quiet_while_loading(__name__)
 
 import torch  # noqa: E402
 

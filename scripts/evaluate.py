@@ -14,13 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
+loaded = quiet_while_loading(__name__)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from common.machine import choose_threads, fits_in_memory, pick_device, setup  # noqa: E402
+from common.machine import Runtime, choose_threads, fits_in_memory, pick_device, setup  # noqa: E402
 from common.run_folder import CHECKPOINTS, SUMMARY, find, write_text_atomic  # noqa: E402
 from configs import TrainConfig  # noqa: E402
 from configs.loader import config_from_dict  # noqa: E402
@@ -110,23 +110,24 @@ def batch_bytes(model, batch_size: int, block_size: int) -> int:
     return 4 * batch_size * block_size * (3 * cfg.vocab_size + 8 * cfg.n_embd * max(cfg.n_layer, 1))
 
 
-def saved_settings(state: dict, path: Path) -> TrainConfig:
-    """The checkpoint's run settings, checked: a wrong value is named as the checkpoint's."""
+def settings(args, state: dict, path: Path) -> tuple[TrainConfig, Runtime]:
+    """The run's saved settings, --encoding over them, and the device: a wrong saved value is named as the
+    checkpoint's, not as a flag."""
     run = config_from_dict(state["run_config"], f"{path}", say=lambda message: None)
     try:
         check_encoding(run.encoding, run.encoding_errors)
     except UserError as err:
         raise UserError(f"{path} is damaged: its run config's {str(err).removeprefix('--')}") from None
-    return run
-
-
-def runtime(args, run: TrainConfig, path: Path):
-    """The device, and --dtype, by default the run's own (a refusal of that names the checkpoint)."""
-    if args.dtype:
-        return setup(args.device, args.dtype)
+    if args.encoding is not None or args.encoding_errors is not None:  # a --data text's own, over the run's
+        if args.data is None:
+            raise UserError("--encoding and --encoding_errors need --data; leave them out, or give --data FILE")
+        run.encoding, run.encoding_errors = args.encoding or run.encoding, args.encoding_errors or run.encoding_errors
+        check_encoding(run.encoding, run.encoding_errors)
     try:
-        return setup(args.device, run.dtype)
+        return run, setup(args.device, args.dtype or run.dtype)
     except UserError as err:
+        if args.dtype:
+            raise
         raise UserError(f"{path}: the run's dtype, {run.dtype} (its saved config, used by default), cannot be used "
                         f"here ({str(err).split(': ', 1)[-1]}); pass --dtype float32 or bfloat16") from None
 
@@ -149,13 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     check_num_threads(args.num_threads)
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = checkpoint.load_model(path, pick_device(args.device))
-    run = saved_settings(state, path)
-    if args.encoding is not None or args.encoding_errors is not None:  # a --data text's own, over the run's
-        if args.data is None:
-            raise UserError("--encoding and --encoding_errors need --data; leave them out, or give --data FILE")
-        run.encoding, run.encoding_errors = args.encoding or run.encoding, args.encoding_errors or run.encoding_errors
-        check_encoding(run.encoding, run.encoding_errors)
-    rt = runtime(args, run, path)
+    run, rt = settings(args, state, path)
     block_size = model.config.block_size
     stride = block_size if args.stride is None else args.stride
     try:
@@ -174,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             print("note: --split all on the run's own text scores its training part too", file=sys.stderr)
     if args.split == "val":  # training's cut: the last val_fraction of the characters
         text = text[int(len(text) * (1 - run.val_fraction)):]
-    unknown = tokenizer.unknown(text)
-    counts = {ch: text.count(ch) for ch in dict.fromkeys(unknown)}
+    counts = {ch: text.count(ch) for ch in tokenizer.unknown(text)}
     if counts and args.unknown == "error":
         listed = " ".join(repr(ch) for ch in list(counts)[:20]) + (" ..." if len(counts) > 20 else "")
         raise UserError(f"--data {args.data or name}: {sum(counts.values())} characters the model never saw "
@@ -216,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loss {loss:.4f} nats per character, {figures['bits_per_char']:.3f} bits per character, perplexity "
           f"{perplexity_text}, over {scored:,} characters{skipped}")
     if args.json:
-        write_text_atomic(Path(args.json), json.dumps(figures, indent=1, allow_nan=False) + "\n", "the figures file",
+        write_text_atomic(target, json.dumps(figures, indent=1, allow_nan=False) + "\n", "the figures file",
                           "--json")
     return 0
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
+loaded = quiet_while_loading(__name__)
 
 import torch  # noqa: E402
 
@@ -112,26 +112,12 @@ SCRATCH_MARK = "export-scratch"  # the empty file an export puts first into its 
 NAMES = ("model.safetensors", "config.json", "vocab.json", "model.onnx")
 
 
-def scratch_pid(entry: Path) -> int | None:
-    """The process id of an export's scratch folder (.export-PID-..., holding SCRATCH_MARK or nothing), else None."""
-    named = re.fullmatch(r"\.export-([0-9]+)-.*", entry.name, re.DOTALL)
-    if not named or entry.is_symlink() or not entry.is_dir():
-        return None
+def is_scratch(entry: Path) -> bool:
+    """Whether entry is an export's scratch folder: .export-PID-..., holding SCRATCH_MARK or nothing."""
+    if not re.fullmatch(r"\.export-[0-9]+-.*", entry.name, re.DOTALL) or entry.is_symlink() or not entry.is_dir():
+        return False
     mark = entry / SCRATCH_MARK
-    return int(named[1]) if (mark.is_file() and not mark.is_symlink()) or not any(entry.iterdir()) else None
-
-
-def remove_abandoned_scratch(folder: Path) -> None:
-    """Scratch folders left by exports killed outright (kill -9): those whose process is gone."""
-    for scratch in folder.iterdir():
-        if (pid := scratch_pid(scratch)) is None:
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(scratch, ignore_errors=True)
-        except (OSError, OverflowError):  # another user's process: alive
-            pass
+    return (mark.is_file() and not mark.is_symlink()) or not any(entry.iterdir())
 
 
 def exported(file: Path) -> bool:
@@ -150,7 +136,7 @@ def exported(file: Path) -> bool:
 
 def refuse_others(folder: Path) -> None:
     """An export writes only into a new or empty folder, or over an earlier export."""
-    entries = sorted(p.name for p in folder.iterdir() if scratch_pid(p) is None)
+    entries = sorted(p.name for p in folder.iterdir() if not is_scratch(p))
     earlier = any(name in entries and exported(folder / name) for name in ("config.json", "vocab.json"))
     replaced = [name for name in NAMES if name in entries and not (earlier and exported(folder / name))]
     if replaced or (entries and not earlier):
@@ -179,7 +165,8 @@ def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: boo
     import tempfile
 
     names = list(NAMES[:3 + onnx])
-    remove_abandoned_scratch(folder)
+    for scratch in filter(is_scratch, folder.iterdir()):  # an export killed outright left it: this one holds the lock
+        shutil.rmtree(scratch, ignore_errors=True)
     with contextlib.ExitStack() as stack:
         try:
             new = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=folder, prefix=f".export-{os.getpid()}-")))

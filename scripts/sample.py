@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
+loaded = quiet_while_loading(__name__)
 
 import torch  # noqa: E402
 
@@ -75,7 +75,7 @@ def check_settings(args: argparse.Namespace) -> None:
         raise UserError(f"--init_from {args.init_from}: this sampler reads a run of this trainer, given by --out_dir "
                         f"RUN or --ckpt FILE")
     args.prompt_flag = "--prompt_file "  # how the prompt's file was named
-    if args.prompt is not None and args.prompt.startswith("FILE:"):  # nanoGPT's --start=FILE:prompt.txt
+    if (args.prompt or "").startswith("FILE:"):  # nanoGPT's --start=FILE:prompt.txt
         args.prompt_file, args.prompt, args.prompt_flag = args.prompt.removeprefix("FILE:"), None, "--prompt FILE:"
         if not args.prompt_file:
             raise UserError("--prompt FILE: names no file; give FILE:path")
@@ -107,7 +107,7 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
 
 
 def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]]:
-    missing = list(dict.fromkeys(ch for p in prompts for ch in tokenizer.unknown(p)))
+    missing = tokenizer.unknown("".join(prompts))
     if missing and policy == "error":
         listed = " ".join(repr(ch) for ch in missing[:20]) + (" ..." if len(missing) > 20 else "")
         raise UserError(f"the prompt has {len(missing)} character(s) the model never saw: {listed}; "
@@ -154,7 +154,7 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
 
     def the_rest() -> str:
         parts = [text + tokenizer.decode(ids) for text, ids in zip(texts[first:], kept[:, :done].tolist())]
-        return "".join("\n---\n" + part for part in parts) if stream else "\n---\n".join(parts)
+        return "\n---\n".join([""] * first + parts)  # (after a streamed row, each part opens with ---)
     try:
         generate(model, rows, args.max_new_tokens, on_tokens=keep, **settings)
     except KeyboardInterrupt:  # what was drawn is printed, not lost

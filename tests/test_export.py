@@ -91,34 +91,32 @@ def test_asking_for_onnx_without_its_packages_is_one_line_before_anything_is_wri
     assert not (tmp_path / "x").exists()
 
 
-def test_an_export_removes_the_scratch_of_one_killed_outright_and_keeps_a_running_ones(run_dir, tmp_path, capsys,
-                                                                                         monkeypatch):
-    """A scratch folder left by an export killed with kill -9 (its process gone) is removed by the next export into
-    that folder; one of an export still running is kept, and a folder holding only these counts as empty; a folder of
-    the user's that only looks alike, beside an earlier export, is kept, and one named exactly as a scratch folder of a
-    process gone (but without an export's mark in it) is the user's: the export is refused, the file kept. Without the
-    ONNX packages, a model.onnx there is refused with the reason it would not be replaced and the way to install
+def test_an_export_removes_the_scratch_of_one_killed_outright(run_dir, tmp_path, capsys, monkeypatch):
+    """Scratch folders left by exports killed with kill -9 are removed by the next export into that folder, whatever
+    their process id (an export writing there would hold the folder's lock), and a folder holding only these counts as
+    empty; a folder of the user's that only looks alike, beside an earlier export, is kept, and one named exactly as a
+    scratch folder (but without an export's mark in it) is the user's: the export is refused, the file kept. Without
+    the ONNX packages, a model.onnx there is refused with the reason it would not be replaced and the way to install
     them."""
     import export
     from errors import run_cli
     folder = tmp_path / "export"
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     abandoned = folder / f".export-{int(gone.stdout)}-abcd1234"  # (that process has ended)
-    running = folder / f".export-{os.getpid()}-efgh5678"
+    running = folder / f".export-{os.getpid()}-efgh5678"  # (a process alive, which holds no lock on the folder)
     users = folder / ".export-notes"
     for scratch in (abandoned, running):
         scratch.mkdir(parents=True)
         (scratch / export.SCRATCH_MARK).touch()
         (scratch / "model.safetensors").write_bytes(b"half a model")
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"]) == 0
-    assert sorted(p.name for p in folder.iterdir()) == sorted([running.name, "config.json", "model.safetensors",
-                                                               "vocab.json"])
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
     abandoned.mkdir()
     users.mkdir()
     (users / "model.safetensors").write_bytes(b"the user's")
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(folder), "--onnx=false"]) == 0
-    assert sorted(p.name for p in folder.iterdir()) == sorted([running.name, users.name, "config.json",
-                                                               "model.safetensors", "vocab.json"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([users.name, "config.json", "model.safetensors",
+                                                               "vocab.json"])
     thesis = tmp_path / "thesis" / f".export-{int(gone.stdout)}-chapters"
     thesis.mkdir(parents=True)
     (thesis / "chapter1.txt").write_text("the user's")
