@@ -214,21 +214,22 @@ def _failed_output(err: OSError) -> str | None:
     return name
 
 
-def quiet_while_loading(name: str, line: str = "interrupted") -> Callable[[], None]:
+class PutBack(contextlib.ExitStack):
+    """Puts the signals back when called, or at the end of its with block."""
+    __call__ = contextlib.ExitStack.close
+
+
+def quiet_while_loading(name: str, line: str = "interrupted") -> PutBack:
     """While a command (name == "__main__") loads torch, a Ctrl-C, SIGTERM or SIGHUP ends it at once with `line` and
-    exit 130, not a traceback. Returns what puts the signals back."""
-    previous = {}
+    exit 130, not a traceback: `with quiet_while_loading(__name__):` around the imports."""
+    put_back = PutBack()
     if name == "__main__":
         def stopped(signum, frame):
             _tell(line)
             os._exit(130)
         for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
             if sig is not None and signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL):
-                previous[sig] = signal.signal(sig, stopped)
-
-    def put_back() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+                put_back.callback(signal.signal, sig, signal.signal(sig, stopped))
     return put_back
 
 

@@ -21,7 +21,7 @@ DecodeStep = Callable[[GPT, torch.Tensor, Decoding], torch.Tensor]
 
 
 def one_token_step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
-    """The logits of the next token: (B, 1) new tokens at slot state.input_pos -> (B, vocab)."""
+    """(B, 1) new tokens at slot state.input_pos -> (B, vocab) logits of the next token."""
     return model(ids, decoding=state)[0][:, -1]
 
 
@@ -246,7 +246,7 @@ def on_device(values: list, device: torch.device) -> torch.Tensor:
 def compiled_step(device_type: str, backend: str | Callable = "inductor",
                   warn: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> DecodeStep:
     """one_token_step compiled for fixed shapes: CUDA graphs on CUDA; on a CPU, frozen weights and C++ matrix
-    products. If compiling fails it warns once and decodes uncompiled; a RecompileError goes through."""
+    products. A failed compile warns once and decodes uncompiled; a RecompileError goes through."""
     from torch._dynamo.exc import RecompileError
     from torch._inductor import config as inductor_config
     cpu_inductor = backend == "inductor" and device_type != "cuda"
@@ -274,5 +274,5 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
 
 
 def pinned(tensor: torch.Tensor) -> torch.Tensor:
-    """A GPU tensor's copy into pinned host memory, queued: read it once an event recorded after it has passed."""
+    """A GPU tensor's copy to pinned host memory, queued: read it once an event recorded after it has passed."""
     return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)

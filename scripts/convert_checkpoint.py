@@ -6,16 +6,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import quiet_while_loading  # noqa: E402
+from errors import ArgumentParser, UserError, in_one_line, quiet_while_loading, run_cli  # noqa: E402
 
-loaded = quiet_while_loading(__name__)
+with quiet_while_loading(__name__):
+    import torch
 
-import torch  # noqa: E402
-
-from common.run_folder import OLD_CHECKPOINTS  # noqa: E402
-from errors import ArgumentParser, UserError, in_one_line, run_cli  # noqa: E402
-from training import checkpoint  # noqa: E402
-loaded()
+    from common.run_folder import OLD_CHECKPOINTS
+    from training import checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

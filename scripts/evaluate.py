@@ -12,30 +12,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import quiet_while_loading  # noqa: E402
-
-loaded = quiet_while_loading(__name__)
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from common.machine import Runtime, choose_threads, fits_in_memory, pick_device, setup  # noqa: E402
-from common.run_folder import CHECKPOINTS, SUMMARY, find, write_text_atomic  # noqa: E402
-from configs import TrainConfig  # noqa: E402
-from configs.loader import config_from_dict  # noqa: E402
-from configs.schema import check_num_threads  # noqa: E402
-from data import resolve  # noqa: E402
-from data.corpus import NAMED, default_cache_dir  # noqa: E402
-from data.gate import recorded_size, recorded_text  # noqa: E402
-from data.loader import Windows, check_stride  # noqa: E402
-from data.prepare import check_encoding, read_text  # noqa: E402
-from errors import (ArgumentParser, UserError, check_output_file, disk_error,  # noqa: E402
+from errors import (ArgumentParser, UserError, check_output_file, disk_error, quiet_while_loading,  # noqa: E402
                     run_cli, shown)
-from training import checkpoint  # noqa: E402
-from training.evaluation import score  # noqa: E402
-from training.report import PlainProgress  # noqa: E402
-loaded()
+
+with quiet_while_loading(__name__):
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    from common.machine import Runtime, choose_threads, fits_in_memory, pick_device, setup
+    from common.run_folder import CHECKPOINTS, SUMMARY, find, write_text_atomic
+    from configs import TrainConfig
+    from configs.loader import config_from_dict
+    from configs.schema import check_num_threads
+    from data.corpus import NAMED, default_cache_dir, resolve
+    from data.gate import recorded_size, recorded_text
+    from data.loader import Windows, check_stride
+    from data.prepare import check_encoding, read_text
+    from training import checkpoint
+    from training.evaluation import score
+    from training.report import PlainProgress
 
 
 def build_parser() -> ArgumentParser:

@@ -14,20 +14,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import quiet_while_loading  # noqa: E402
+from errors import (ArgumentParser, BooleanFlag, Interrupted, UserError, disk_error, in_one_line,  # noqa: E402
+                    output_folder, quiet_while_loading, run_cli, space_or_place)
 
-loaded = quiet_while_loading(__name__)
+with quiet_while_loading(__name__):
+    import torch
 
-import torch  # noqa: E402
-
-from common.machine import is_out_of_memory  # noqa: E402
-from common.run_folder import WriteFailed, find, holder, write_atomic, write_text_atomic  # noqa: E402
-from data.gate import read_small  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, disk_error, in_one_line  # noqa: E402
-from errors import output_folder, run_cli, space_or_place  # noqa: E402
-from model.attention import ROPE_BASE  # noqa: E402
-from training.checkpoint import load_model  # noqa: E402
-loaded()
+    from common.machine import is_out_of_memory
+    from common.run_folder import WriteFailed, find, holder, write_atomic, write_text_atomic
+    from data.gate import read_small
+    from model.attention import ROPE_BASE
+    from training.checkpoint import load_model
 
 FORMAT = 1  # of config.json and vocab.json
 ONNX_NEEDS = ("onnx", "onnxscript")  # what torch.onnx.export(dynamo=True) imports
@@ -66,7 +63,7 @@ def write_safetensors(model, target: Path) -> None:
 
 
 class Logits(torch.nn.Module):
-    """The forward pass as exported: ids (B, T) -> logits (B, T, vocab)."""
+    """The forward pass as exported: (B, T) ids -> (B, T, vocab) logits."""
 
     def __init__(self, model):
         super().__init__()
@@ -100,11 +97,10 @@ def write_onnx(model, target: Path) -> None:
                               space_or_place(err, "--to")) from None
         except Exception as err:  # e.g. an onnxscript that does not match this torch
             if isinstance(err, MemoryError) or is_out_of_memory(err):
-                raise UserError("out of memory while exporting the ONNX graph; nothing was written; free some "
-                                "memory, or export without it: --onnx=false") from None
-            raise UserError(f"the ONNX graph could not be exported ({in_one_line(err)}), so nothing was "
-                            f"written; pip install --upgrade -r requirements-export.txt (versions that match torch "
-                            f"{torch.__version__}), or export without it: --onnx=false") from None
+                raise UserError("out of memory while exporting the ONNX graph, so nothing was written; free some "
+                                "memory, or pass --onnx=false") from None
+            raise UserError(f"the ONNX graph could not be exported ({in_one_line(err)}), so nothing was written; "
+                            f"pip install --upgrade -r requirements-export.txt, or pass --onnx=false") from None
         write_atomic(target, lambda f: f.write(graph.read_bytes()), "the ONNX graph", "--to")
 
 
@@ -157,7 +153,7 @@ def alone_in(folder: Path):
                             f"another --to") from None
         yield
     finally:
-        os.close(fd)  # (lets the lock go)
+        os.close(fd)
 
 
 def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: bool, moved: list[str]) -> list[str]:

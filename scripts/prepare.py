@@ -7,13 +7,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import quiet_while_loading  # noqa: E402
+from errors import ArgumentParser, UserError, quiet_while_loading, run_cli  # noqa: E402
 
-loaded = quiet_while_loading(__name__)
-
-from data import default_cache_dir, prepare, resolve  # noqa: E402
-from errors import ArgumentParser, UserError, run_cli  # noqa: E402
-loaded()
+with quiet_while_loading(__name__):
+    from data import default_cache_dir, prepare, resolve
 
 
 def main(argv: list[str] | None = None) -> int:

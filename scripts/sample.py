@@ -10,21 +10,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import quiet_while_loading  # noqa: E402
+from errors import (ArgumentParser, BooleanFlag, Interrupted, UserError, quiet_while_loading, run_cli,  # noqa: E402
+                    shown)
 
-loaded = quiet_while_loading(__name__)
+with quiet_while_loading(__name__):
+    import torch
 
-import torch  # noqa: E402
-
-from common.machine import choose_threads, fits_in_memory, for_sampling, setup  # noqa: E402
-from common.run_folder import find  # noqa: E402
-from configs.schema import check_num_threads  # noqa: E402
-from data.gate import read_small, utf8_text  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, run_cli, shown  # noqa: E402
-from model.generate import (NonFiniteLogits, Sampling, bytes_needed, check_length_and_seed, compiled_step,  # noqa: E402
-                            generate, one_token_step)
-from training.checkpoint import load_model  # noqa: E402
-loaded()
+    from common.machine import choose_threads, fits_in_memory, for_sampling, setup
+    from common.run_folder import find
+    from configs.schema import check_num_threads
+    from data.gate import read_small, utf8_text
+    from model.generate import (NonFiniteLogits, Sampling, bytes_needed, check_length_and_seed, compiled_step,
+                                generate, one_token_step)
+    from training.checkpoint import load_model
 
 PROMPT_MAX_BYTES = 16 << 20  # a larger prompt file is a corpus, not prompts
 PROBE_CHARACTERS = 8  # drawn, uncompiled, where the thread count is measured
