@@ -140,9 +140,8 @@ class Rows:
             raise ValueError("every prompt needs at least one token")
         self.model, self.step = model, step
         self.block_size, self.device = model.config.block_size, model.wte.weight.device
-        self.lengths = [len(p) for p in prompts]
-        self.starts = [window_start(0, n, self.block_size) for n in self.lengths]
-        self.first = self.end = max(self.lengths)  # the first new column; the column after the last token
+        self.windows = [window(len(p), self.block_size) for p in prompts]  # how many tokens each row's context holds
+        self.first = self.end = max(map(len, prompts))  # the first new column; the column after the last token
         self.tokens = torch.zeros(len(prompts), self.first + max_new_tokens, dtype=torch.long, device=self.device)
         self.tokens[:, :self.first] = on_device([[0] * (self.first - len(p)) + p for p in prompts], self.device)
         self.state = Decoding()
@@ -164,8 +163,8 @@ class Rows:
             cache.in_use = n
 
     def prefill(self) -> torch.Tensor:
-        """The model over every row's window, which ends at column self.end: (B, vocab) logits."""
-        first = [self.end - (n - s) for n, s in zip(self.lengths, self.starts)]  # where each row's window begins
+        """The model over every row's context, which ends at column self.end: (B, vocab) logits."""
+        first = [self.end - n for n in self.windows]  # where each row's context begins
         left = min(first)
         pad = [f - left for f in first]
         self.state.pad = on_device(pad, self.device) if any(pad) else None
@@ -176,12 +175,11 @@ class Rows:
         return self.model(self.tokens[:, left:self.end], decoding=self.state)[0][:, -1]
 
     def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
-        """The logits after next_ids: a cached step, or the windows read again."""
+        """The logits after next_ids: a cached step, or the contexts read again."""
         self.end += 1
-        self.lengths = [n + 1 for n in self.lengths]
-        moved = [window_start(s, n, self.block_size) for s, n in zip(self.starts, self.lengths)]
-        if not self.state.caches or moved != self.starts:
-            self.starts = moved
+        grown = [n + 1 for n in self.windows]
+        self.windows = [window(n, self.block_size) for n in grown]
+        if not self.state.caches or self.windows != grown:
             return self.prefill()
         self.in_use += 1
         self.state.input_pos = self.slot.fill_(self.in_use - 1)  # one tensor: a CUDA graph's input
@@ -233,9 +231,9 @@ def model_caches(model: GPT, batch_size: int, device: torch.device, dtype: torch
     return model.decode_caches[1]
 
 
-def window_start(start: int, length: int, block_size: int) -> int:
-    """Where a row's context begins: past block_size it slides to keep the last half block."""
-    return start if length - start <= block_size else length - block_size // 2
+def window(length: int, block_size: int) -> int:
+    """How many of a row's last tokens its context holds: past block_size it slides to keep the last half block."""
+    return length if length <= block_size else block_size // 2
 
 
 def on_device(values: list, device: torch.device) -> torch.Tensor:
