@@ -62,7 +62,7 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+BOOLEANS = dict.fromkeys(("true", "1", "yes", "on"), True) | dict.fromkeys(("false", "0", "no", "off"), False)
 
 
 def parse_bool(text: str) -> bool:
@@ -81,8 +81,7 @@ class BooleanFlag(argparse.BooleanOptionalAction):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if values is None:
-            super().__call__(parser, namespace, values, option_string)
-            return
+            return super().__call__(parser, namespace, values, option_string)
         try:
             value = parse_bool(values)
         except ValueError:

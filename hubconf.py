@@ -22,8 +22,7 @@ def _owned(name: str) -> bool:
 
 @contextlib.contextmanager
 def _project(*names: str) -> Iterator[list]:
-    """This checkout's modules in sys.modules for the duration (names: those given, imported); the caller's modules
-    of those names back after."""
+    """This checkout's modules in sys.modules for the duration, names imported; the caller's modules back after."""
     theirs = {name: module for name, module in sys.modules.items() if _owned(name)}
     for name in theirs:
         del sys.modules[name]

@@ -79,8 +79,6 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
 
 # ---- the product's cases ----
 class NonFiniteLogits(ValueError):
-    """A row's next-token scores held NaN or inf."""
-
     def __init__(self):
         super().__init__("the next-token scores are not finite (NaN or inf)")
 

@@ -129,7 +129,7 @@ def settings(args, state: dict, path: Path) -> tuple[TrainConfig, Runtime]:
 
 
 def batch_seconds(model, ids: torch.Tensor, block_size: int, stride: int, batch_size: int, autocast) -> float:
-    """Seconds to score one batch from the text's start: what the thread count is measured on."""
+    """Seconds to score the text's first batch, to time each thread count."""
     n_ids = min(len(ids), (batch_size - 1) * stride + block_size + 1)
     start = time.perf_counter()
     score(model, ids[:n_ids], Windows(n_ids, block_size, stride), batch_size, autocast)

@@ -74,7 +74,7 @@ class Logits(torch.nn.Module):
 
 
 def write_onnx(model, target: Path) -> None:
-    """model.onnx, its batch and length (up to block_size) left open, written atomically."""
+    """model.onnx, its batch and length (up to block_size) left open."""
     import logging
     import tempfile
     import warnings

@@ -25,7 +25,7 @@ with quiet_while_loading(__name__):
     from training.checkpoint import load_model
 
 PROMPT_MAX_BYTES = 16 << 20  # a larger prompt file is a corpus, not prompts
-PROBE_CHARACTERS = 8  # drawn, uncompiled, where the thread count is measured
+PROBE_CHARACTERS = 8  # drawn, uncompiled, to time each thread count
 
 
 def build_parser() -> ArgumentParser:
@@ -108,8 +108,8 @@ def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]
     missing = tokenizer.unknown("".join(prompts))
     if missing and policy == "error":
         listed = " ".join(repr(ch) for ch in missing[:20]) + (" ..." if len(missing) > 20 else "")
-        raise UserError(f"the prompt has {len(missing)} character(s) the model never saw: {listed}; "
-                        f"pass --unknown skip to drop them")
+        raise UserError(f"the prompt has {len(missing)} character(s) the model never saw: {listed}; pass --unknown "
+                        f"skip to drop them")
     if missing:
         print(f"warning: skipped {len(missing)} character(s) the model never saw", file=sys.stderr)
     encoded = [[tokenizer.stoi[ch] for ch in p if ch in tokenizer.stoi] for p in prompts]
@@ -124,7 +124,7 @@ def streams(args: argparse.Namespace, rows: int) -> bool:
 
 
 def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.device, prompts: list[str]) -> None:
-    """Each prompt continued --num_samples times, all rows in one batch; a streamed first row prints as drawn."""
+    """Each prompt continued --num_samples times, all in one batch."""
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]
     stream = streams(args, len(rows))
@@ -164,7 +164,6 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
 
 
 def decoding_seconds(model, rows: list[list[int]], settings: dict, device: torch.device) -> float:
-    """Seconds to draw PROBE_CHARACTERS for rows, uncompiled: what the thread count is measured on."""
     start = time.perf_counter()
     generate(model, rows, PROBE_CHARACTERS, generator=torch.Generator(device=device).manual_seed(0), **settings)
     return time.perf_counter() - start
