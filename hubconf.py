@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+import torch
+
 dependencies = ["torch", "numpy"]
 
 HERE = str(Path(__file__).resolve().parent)
@@ -62,8 +64,6 @@ class TrainedRun:
     def generate(self, prompt: str | list[str] | tuple[str, ...] | None = None, max_new_tokens: int = 500,
                  seed: int = 1337, **sampling) -> str | list[str]:
         """The prompt's continuation, or a list of prompts' continuations, as sample.py draws them."""
-        import torch
-
         batch = isinstance(prompt, (list, tuple))
         if not (batch or prompt is None or isinstance(prompt, str)):
             raise TypeError(f"the prompt must be a str, or a list or tuple of them, not {type(prompt).__name__}")
@@ -89,8 +89,6 @@ class TrainedRun:
 
     def logits(self, text: str):
         """The float32 logits after each character of text, (len(text), vocab)."""
-        import torch
-
         ids = self._ids(text, "text")
         if len(ids) > self.model.config.block_size:
             raise ValueError(f"the text has {len(ids)} characters, more than the model's block_size "
@@ -100,8 +98,6 @@ class TrainedRun:
 
     def score(self, text: str, stride: int | None = None) -> float:
         """Bits per character of text, as scripts/evaluate.py measures it."""
-        import torch
-
         ids = self._ids(text, "text")
         if len(ids) < 2:
             raise ValueError("score() needs at least two characters: the first is only context")

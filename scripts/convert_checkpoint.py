@@ -1,4 +1,4 @@
-"""python scripts/convert_checkpoint.py RUN: a run's old-format checkpoints (.pt) into .safetensors files beside them."""
+"""python scripts/convert_checkpoint.py RUN: a run's old checkpoints (.pt) into .safetensors files beside them."""
 from __future__ import annotations
 
 import sys
