@@ -25,7 +25,7 @@ class QuietExit(UserError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Stop at once, exit 130; the message says what is left on disk."""
+    """Stop at once; the message says what is left on disk. Exit 130; no `except Exception` swallows it."""
 
 
 class StepAbandoned(Exception):
