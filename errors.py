@@ -36,10 +36,8 @@ class HelpFormatter(argparse.HelpFormatter):
     """argparse's, with "(default: X)" after each option's help, and no line broken inside a hyphenated word."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if (not action.option_strings or default in (None, False, "", argparse.SUPPRESS) or "default" in text
-                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+        text, default = action.help or "", action.default
+        if not action.option_strings or default in (None, False, "", argparse.SUPPRESS) or "default" in text:
             return text
         shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
         return f"{text} (default: {shown.replace('%', '%%')})"
@@ -58,20 +56,20 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a bad command line is a UserError (one line, exit 2), not usage text."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, formatter_class=kwargs.pop("formatter_class", HelpFormatter), **kwargs)
+        super().__init__(*args, formatter_class=HelpFormatter, **kwargs)
 
     def error(self, message: str):
         raise UserError(message)
 
 
+BOOLEANS = dict.fromkeys(("true", "1", "yes", "on"), True) | dict.fromkeys(("false", "0", "no", "off"), False)
+
+
 def parse_bool(text: str) -> bool:
-    """true/false, 1/0, yes/no or on/off, in any case (nanoGPT's --compile=False); else ValueError."""
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(text)
+    """A BOOLEANS word, in any case (nanoGPT's --compile=False); else ValueError."""
+    if (value := BOOLEANS.get(text.strip().lower())) is None:
+        raise ValueError(text)
+    return value
 
 
 class BooleanFlag(argparse.BooleanOptionalAction):
@@ -83,8 +81,7 @@ class BooleanFlag(argparse.BooleanOptionalAction):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if values is None:
-            super().__call__(parser, namespace, values, option_string)
-            return
+            return super().__call__(parser, namespace, values, option_string)
         try:
             value = parse_bool(values)
         except ValueError:
@@ -103,31 +100,28 @@ def check_type(name: str, value: object, kind: type, words: str) -> None:
 
 def space_or_place(err: BaseException, option: str) -> str:
     """The fix for a failed write: free disk space if the disk may be full, else another place."""
-    if (isinstance(err, OSError) and err.errno is not None
-            and err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)):
-        return f"choose another {option}"
-    return f"free some disk space or choose another {option}"
+    full = getattr(err, "errno", None) in (None, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    return f"{'free some disk space or ' if full else ''}choose another {option}"
 
 
 def disk_error(err: BaseException) -> str:
     """The reason in a few words: 'No space left on device', 'Permission denied', ..."""
     if isinstance(err, OSError) and err.strerror:
         return err.strerror
-    text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-    return text[:160]
+    return (str(err).strip().splitlines() or [type(err).__name__])[-1][:160]
 
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def shown(text: str) -> str:
-    """text as it may reach a terminal: control characters (ESC, BEL, CR, ...) written as visible escapes (\\x1b),
-    newlines and tabs kept. Every text read from a file reaches the terminal through it."""
+    """text as it may reach a terminal: control characters but newline and tab written as escapes (\\x1b).
+    Every text read from a file reaches the terminal through it."""
     return CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
 
 
 def in_one_line(err: BaseException) -> str:
-    """'Type: first line of the message', for a warning. A compiler failure names the error it carries."""
+    """'Type: first line of the message'. A compiler failure names the error it carries."""
     err = getattr(err, "inner_exception", None) or err
     first_line = (str(err).strip().splitlines() or [""])[0][:160]
     return f"{type(err).__name__}: {first_line}"
@@ -139,11 +133,9 @@ PROJECT = Path(__file__).resolve().parent
 def python_command(script: str) -> str:
     """'python SCRIPT' as the user can type it here: the path from the working folder, else the full path."""
     path = PROJECT / script
-    try:
-        shown = str(path.relative_to(Path.cwd().resolve()))
-    except (ValueError, OSError):
-        shown = str(path)
-    return f"python {shlex.quote(shown)}"
+    with contextlib.suppress(ValueError, OSError):
+        path = path.relative_to(Path.cwd().resolve())
+    return f"python {shlex.quote(str(path))}"
 
 
 def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:
@@ -165,7 +157,7 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
 
 @contextlib.contextmanager
 def output_folder(folder: Path, option: str) -> Iterator[Path]:
-    """The folder a command writes into, made with its parents; removed again if still empty."""
+    """The folder a command writes into, made with its parents; removed again if empty and unlocked."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{option} {folder} is a file, not a folder; choose another {option}")
     if folder.is_symlink() and not folder.exists():
@@ -191,7 +183,7 @@ def output_folder(folder: Path, option: str) -> Iterator[Path]:
 
 
 def _tell(line: str) -> None:
-    """The command's last line, on stderr; if stderr's reader has gone, nowhere, and the exit code stays."""
+    """The command's last line, on stderr; nowhere if stderr's reader has gone."""
     try:
         print(shown(line), file=sys.stderr, flush=True)
     except (OSError, ValueError):
@@ -207,8 +199,7 @@ def _to_nowhere(stream) -> None:
 
 
 def _failed_output(err: OSError) -> str | None:
-    """Standard output's file name when err is a full disk and stdout is a file on it (stdout then goes to
-    /dev/null); else None."""
+    """Standard output's file name (then sent to /dev/null) if err is a full disk and stdout a file on it."""
     if err.errno != errno.ENOSPC:
         return None
     try:
@@ -222,31 +213,28 @@ def _failed_output(err: OSError) -> str | None:
     return name
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+class PutBack(contextlib.ExitStack):
+    """Puts the signals back when called, or at the end of its with block."""
+    __call__ = contextlib.ExitStack.close
 
 
-def quiet_while_loading(name: str, line: str = "interrupted") -> Callable[[], None]:
+def quiet_while_loading(name: str, line: str = "interrupted") -> PutBack:
     """While a command (name == "__main__") loads torch, a Ctrl-C, SIGTERM or SIGHUP ends it at once with `line` and
-    exit 130, not a traceback. Returns what puts the signals back. As a module import it changes nothing."""
-    previous = {}
+    exit 130, not a traceback: `with quiet_while_loading(__name__):` around the imports."""
+    put_back = PutBack()
     if name == "__main__":
         def stopped(signum, frame):
             _tell(line)
             os._exit(130)
         for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
             if sig is not None and signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL):
-                previous[sig] = signal.signal(sig, stopped)
-
-    def put_back() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+                put_back.callback(signal.signal, sig, signal.signal(sig, stopped))
     return put_back
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run main(): a UserError or an OSError is one line and exit 2; a stop one line and 130."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM is a KeyboardInterrupt
     for stream in (sys.stdout, sys.stderr):  # a character the terminal cannot show is shown as its code
         if callable(getattr(stream, "reconfigure", None)):
             stream.reconfigure(errors="backslashreplace")

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import math
 import sys
 from pathlib import Path
 from typing import Iterator
+
+import torch
 
 dependencies = ["torch", "numpy"]
 
@@ -20,15 +23,15 @@ def _owned(name: str) -> bool:
 
 
 @contextlib.contextmanager
-def _project() -> Iterator[None]:
-    """This checkout's modules in sys.modules for the duration; the caller's modules of those names back after."""
+def _project(*names: str) -> Iterator[list]:
+    """This checkout's modules in sys.modules for the duration, names imported; the caller's modules back after."""
     theirs = {name: module for name, module in sys.modules.items() if _owned(name)}
     for name in theirs:
         del sys.modules[name]
     sys.modules.update(_ours)
     sys.path.insert(0, HERE)
     try:
-        yield
+        yield [importlib.import_module(name) for name in names]
     finally:
         sys.path.remove(HERE)
         for name in [name for name in sys.modules if _owned(name)]:
@@ -61,10 +64,6 @@ class TrainedRun:
     def generate(self, prompt: str | list[str] | tuple[str, ...] | None = None, max_new_tokens: int = 500,
                  seed: int = 1337, **sampling) -> str | list[str]:
         """The prompt's continuation, or a list of prompts' continuations, as sample.py draws them."""
-        import dataclasses
-
-        import torch
-
         batch = isinstance(prompt, (list, tuple))
         if not (batch or prompt is None or isinstance(prompt, str)):
             raise TypeError(f"the prompt must be a str, or a list or tuple of them, not {type(prompt).__name__}")
@@ -72,55 +71,44 @@ class TrainedRun:
         if not prompts:
             raise ValueError("generate() needs a prompt, or a list of at least one")
         rows = [self._ids(text, "prompt") for text in prompts]
-        with _project():
-            generate = importlib.import_module("model.generate")
+        with _project("model.generate", "common.machine") as (generate, machine):
             generate.check_length_and_seed(max_new_tokens, seed)
             known = [option.name for option in dataclasses.fields(generate.Sampling)]
             if unknown := [name for name in sampling if name not in known]:
                 raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}; it takes the prompt, "
                                 f"max_new_tokens, seed and the sampling settings {', '.join(known)}")
             options = dataclasses.asdict(generate.Sampling(**sampling))
-            device = self.model.wte.weight.device
-            generator = torch.Generator(device=device).manual_seed(int(seed))
-            machine = importlib.import_module("common.machine")
-            need = generate.bytes_needed(self.model, len(rows), max(map(len, rows)), int(max_new_tokens))
-            with machine.fits_in_memory(need, device, f"{len(rows):,} prompt(s) and {int(max_new_tokens):,} new "
-                                        f"characters", "ask for fewer max_new_tokens or fewer prompts", MemoryError):
-                new = generate.generate(self.model, rows, int(max_new_tokens), **options, generator=generator,
-                                        finite_only=True)
+            device, n = self.model.wte.weight.device, int(max_new_tokens)
+            need = generate.bytes_needed(self.model, len(rows), max(map(len, rows)), n)
+            with machine.fits_in_memory(need, device, f"{len(rows):,} prompt(s) and {n:,} new characters",
+                                        "ask for fewer max_new_tokens or fewer prompts", MemoryError):
+                new = generate.generate(self.model, rows, n, **options, finite_only=True,
+                                        generator=torch.Generator(device=device).manual_seed(int(seed)))
         texts = [self.tokenizer.decode(row) for row in new]
         return texts if batch else texts[0]
 
     def logits(self, text: str):
         """The float32 logits after each character of text, (len(text), vocab)."""
-        import torch
-
         ids = self._ids(text, "text")
         if len(ids) > self.model.config.block_size:
             raise ValueError(f"the text has {len(ids)} characters, more than the model's block_size "
                              f"{self.model.config.block_size}; give a shorter one (score() takes any length)")
         with torch.inference_mode():
-            idx = torch.tensor([ids], device=self.model.wte.weight.device)
-            return self.model(idx)[0][0].float()
+            return self.model(torch.tensor([ids], device=self.model.wte.weight.device))[0][0].float()
 
     def score(self, text: str, stride: int | None = None) -> float:
         """Bits per character of text, as scripts/evaluate.py measures it."""
         ids = self._ids(text, "text")
         if len(ids) < 2:
             raise ValueError("score() needs at least two characters: the first is only context")
-        import torch
-
-        with _project():
-            evaluation = importlib.import_module("training.evaluation")
-            machine = importlib.import_module("common.machine")
-            place = self.model.wte.weight.device
+        with _project("training.evaluation", "common.machine", "data.loader", "errors") as modules:
+            evaluation, machine, loader, errors = modules
+            place, block_size = self.model.wte.weight.device, self.model.config.block_size
             try:
                 runtime = machine.Runtime(place, machine.pick_dtype(self.run_dtype, place))
-            except importlib.import_module("errors").UserError as err:
+            except errors.UserError as err:
                 raise ValueError(f"{err}; move the model with to(device) first") from None
-            block_size = self.model.config.block_size
-            windows = importlib.import_module("data.loader").Windows(len(ids), block_size,
-                                                                    block_size if stride is None else stride)
+            windows = loader.Windows(len(ids), block_size, block_size if stride is None else stride)
             nats, scored = evaluation.score(self.model, torch.tensor(ids, dtype=torch.int32), windows,
                                             self.batch_size, runtime.autocast)
         return nats / scored / math.log(2)
@@ -128,11 +116,10 @@ class TrainedRun:
     def to(self, device=None, dtype=None) -> "TrainedRun":
         """The model moved to device and/or cast to dtype; returns self."""
         if device is not None:
-            with _project():
-                errors = importlib.import_module("errors")
+            with _project("common.machine", "errors") as (machine, errors):
                 try:
-                    device = importlib.import_module("common.machine").usable_device(
-                        device, "move the model to", f"keep it on {self.model.wte.weight.device}")
+                    device = machine.usable_device(device, "move the model to",
+                                                   f"keep it on {self.model.wte.weight.device}")
                 except errors.UserError as err:
                     raise ValueError(str(err)) from None
         self.model.to(device=device, dtype=dtype)
@@ -145,10 +132,7 @@ class TrainedRun:
 
 def chargpt(run: str, device: str = "cpu") -> TrainedRun:
     """The model of a run folder or of a checkpoint file, on device."""
-    with _project():
-        checkpoint = importlib.import_module("training.checkpoint")
-        run_folder = importlib.import_module("common.run_folder")
-        errors = importlib.import_module("errors")
+    with _project("training.checkpoint", "common.run_folder", "errors") as (checkpoint, run_folder, errors):
         where = Path(run).expanduser()
         try:
             path = where if where.is_file() else run_folder.find(str(where), "", option="the run argument")

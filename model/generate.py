@@ -20,62 +20,9 @@ from model.kv_cache import Decoding, LayerCache
 DecodeStep = Callable[[GPT, torch.Tensor, Decoding], torch.Tensor]
 
 
-class NonFiniteLogits(ValueError):
-    """A row's next-token scores held NaN or inf."""
-
-    def __init__(self):
-        super().__init__("the next-token scores are not finite (NaN or inf)")
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How the next character is drawn."""
-    temperature: float = field(default=0.8, metadata={"type": float,
-                                                      "help": "0 = greedy; below 1 = safer, above 1 = wilder"})
-    top_k: int | None = field(default=None, metadata={"type": int,
-                                                      "help": "sample only among the k likeliest characters"})
-    top_p: float | None = field(default=None, metadata={"type": float,
-                                                        "help": "sample from the smallest set with this much "
-                                                                "probability"})
-
-    def __post_init__(self):
-        check_type("temperature", self.temperature, numbers.Real, "a number")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature {self.temperature}: must be 0 (greedy) or a positive number, not infinite")
-        if self.top_k is not None:
-            check_type("top_k", self.top_k, numbers.Integral, "a whole number")
-            if self.top_k < 1:
-                raise ValueError(f"top_k {self.top_k}: must be at least 1")
-        if self.top_p is not None:
-            check_type("top_p", self.top_p, numbers.Real, "a number")
-            if not 0 < self.top_p <= 1:
-                raise ValueError(f"top_p {self.top_p}: must be in (0, 1], e.g. 0.9")
-
-
-MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's largest
-MAX_NEW_TOKENS = 2**40  # past any machine's memory
-
-
-def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
-    """A TypeError or ValueError naming a bad max_new_tokens or seed."""
-    check_type("max_new_tokens", max_new_tokens, numbers.Integral, "a whole number")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens {max_new_tokens}: must be at least 1")
-    if max_new_tokens > MAX_NEW_TOKENS:
-        raise ValueError(f"max_new_tokens {max_new_tokens}: must be at most 2^40 (and fit in memory)")
-    check_type("seed", seed, numbers.Integral, "a whole number")
-    if not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"seed {seed}: must be a whole number from 0 to 2^64 - 1")
-
-
-def bytes_needed(model: GPT, rows: int, longest_prompt: int, max_new_tokens: int, use_cache: bool = True,
-                 handed_back: bool = True) -> int:
-    """About the memory sampling needs beyond the model."""
-    cfg = model.config
-    per_row = 8 * (longest_prompt + max_new_tokens * (2 if handed_back else 1))
-    if use_cache:
-        per_row += 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * model.wte.weight.element_size()
-    return rows * (64 + per_row)
+def one_token_step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
+    """(B, 1) new tokens at slot state.input_pos -> (B, vocab) logits of the next token."""
+    return model(ids, decoding=state)[0][:, -1]
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -96,7 +43,7 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """(B, vocab) probabilities -> (B,) token ids, one draw per row, without a host sync.
+    """(B, vocab) probabilities -> (B,) token ids: torch.multinomial's draw, without its host sync.
 
     The exponential race: each token waits Exp(1) / p_i and the first wins, with probability p_i."""
     waits = torch.empty_like(probs).exponential_(1, generator=generator)
@@ -111,11 +58,6 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return draw(logits_to_probs(logits, temperature, top_k, top_p), generator)
 
 
-def one_token_step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
-    """The decoding step: (B, 1) new tokens at slot state.input_pos -> (B, vocab) logits."""
-    return model(ids, decoding=state)[0][:, -1]
-
-
 @torch.inference_mode()
 def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
@@ -125,46 +67,81 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
 
     on_tokens receives the new tokens on the host, (B, n) at a time (n: chunk, default 1 on a CPU, 16 on a GPU).
     finite_only: NaN or inf scores raise NonFiniteLogits."""
-    rows = Rows(model, prompts, max_new_tokens, use_cache, step)
-    finite = torch.ones(len(prompts), dtype=torch.bool, device=rows.device) if finite_only else None
-    chunks = Chunks(rows.tokens, rows.first, on_tokens, chunk or (16 if rows.device.type == "cuda" else 1), finite)
-    logits = rows.prefill()
+    rows = Rows(model, prompts, max_new_tokens, use_cache, step, on_tokens, chunk, finite_only)
+    logits = rows.prefill()  # the model over each prompt, cropped to its last block_size tokens
     for i in range(max_new_tokens):
-        if finite is not None:
-            finite.logical_and_(torch.isfinite(logits).all(dim=-1))
         next_ids = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), on the device
-        rows.tokens[:, rows.first + i] = next_ids
-        last = i == max_new_tokens - 1
-        chunks.drawn(rows.first + i + 1, last)
-        if not last:
-            logits = rows.decode(next_ids)
-    return new_tokens(rows.tokens[:, rows.first:], finite)
+        rows.append(next_ids, logits, last=i == max_new_tokens - 1)
+        if i < max_new_tokens - 1:
+            logits = rows.decode(next_ids)  # one cached step, or the context cropped again
+    return rows.new_tokens()
 
 
 # ---- the product's cases ----
-def new_tokens(tokens: torch.Tensor, finite: torch.Tensor | None) -> list[list[int]]:
-    """(B, n) new tokens as lists, read with the rows' finite flags at once."""
-    if finite is None:
-        return tokens.tolist()
-    rows = torch.cat([tokens, finite[:, None].long()], dim=1).tolist()
-    if not all(row[-1] for row in rows):
-        raise NonFiniteLogits()
-    return [row[:-1] for row in rows]
+class NonFiniteLogits(ValueError):
+    def __init__(self):
+        super().__init__("the next-token scores are not finite (NaN or inf)")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next character is drawn."""
+    temperature: float = field(default=0.8, metadata={
+        "type": float, "help": "0 = greedy; below 1 = safer, above 1 = wilder"})
+    top_k: int | None = field(default=None, metadata={
+        "type": int, "help": "sample only among the k likeliest characters"})
+    top_p: float | None = field(default=None, metadata={
+        "type": float, "help": "sample from the smallest set with this much probability"})
+
+    def __post_init__(self):
+        check_type("temperature", self.temperature, numbers.Real, "a number")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature {self.temperature}: must be 0 (greedy) or a positive number, not infinite")
+        if self.top_k is not None:
+            check_type("top_k", self.top_k, numbers.Integral, "a whole number")
+            if self.top_k < 1:
+                raise ValueError(f"top_k {self.top_k}: must be at least 1")
+        if self.top_p is not None:
+            check_type("top_p", self.top_p, numbers.Real, "a number")
+            if not 0 < self.top_p <= 1:
+                raise ValueError(f"top_p {self.top_p}: must be in (0, 1], e.g. 0.9")
+
+
+def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
+    """A TypeError or ValueError naming a bad max_new_tokens or seed."""
+    check_type("max_new_tokens", max_new_tokens, numbers.Integral, "a whole number")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens {max_new_tokens}: must be at least 1")
+    if max_new_tokens > 2**40:  # past any machine's memory
+        raise ValueError(f"max_new_tokens {max_new_tokens}: must be at most 2^40 (and fit in memory)")
+    check_type("seed", seed, numbers.Integral, "a whole number")
+    if not 0 <= seed < 2**64:  # torch.Generator.manual_seed's range
+        raise ValueError(f"seed {seed}: must be a whole number from 0 to 2^64 - 1")
+
+
+def bytes_needed(model: GPT, rows: int, longest_prompt: int, max_new_tokens: int, use_cache: bool = True,
+                 handed_back: bool = True) -> int:
+    """About the memory sampling needs beyond the model."""
+    cfg = model.config
+    per_row = 8 * (longest_prompt + max_new_tokens * (2 if handed_back else 1))
+    if use_cache:
+        per_row += 2 * cfg.n_layer * cfg.block_size * cfg.n_embd * model.wte.weight.element_size()
+    return rows * (64 + per_row)
 
 
 class Rows:
-    """The rows' tokens, left-padded to end in one column, and what the model reads of them."""
+    """The rows' tokens, left-padded to end in one column: what the model reads of them, the new ones handed on."""
 
-    def __init__(self, model: GPT, prompts: list[list[int]], max_new_tokens: int, use_cache: bool, step: DecodeStep):
+    def __init__(self, model: GPT, prompts: list[list[int]], max_new_tokens: int, use_cache: bool, step: DecodeStep,
+                 on_tokens: Callable[[torch.Tensor], None] | None, chunk: int, finite_only: bool):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         self.model, self.step = model, step
         self.block_size, self.device = model.config.block_size, model.wte.weight.device
-        self.lengths = [len(p) for p in prompts]
-        self.starts = [window_start(0, n, self.block_size) for n in self.lengths]
-        self.first = self.end = max(self.lengths)  # the first new column; the column after the last token
+        self.windows = [window(len(p), self.block_size) for p in prompts]  # how many tokens each row's context holds
+        self.first = self.end = max(map(len, prompts))  # the first new column; the column after the last token
         self.tokens = torch.zeros(len(prompts), self.first + max_new_tokens, dtype=torch.long, device=self.device)
-        self.tokens[:, :self.first] = left_pad(prompts, self.device)
+        self.tokens[:, :self.first] = on_device([[0] * (self.first - len(p)) + p for p in prompts], self.device)
         self.state = Decoding()
         if use_cache and model.config.n_layer > 0:
             dtype = torch.get_autocast_dtype(self.device.type) if torch.is_autocast_enabled(self.device.type) \
@@ -174,14 +151,18 @@ class Rows:
         self.slot = torch.zeros(1, dtype=torch.long, device=self.device)
         # Eager on a CPU, attention reads only the slots in use; elsewhere the whole cache, so shapes stay fixed.
         self.trim = self.device.type == "cpu" and step is one_token_step
+        self.on_tokens, self.done = on_tokens, self.first  # the columns before done are handed on
+        self.chunk = chunk or (16 if self.device.type == "cuda" else 1)
+        self.finite = torch.ones(len(prompts), dtype=torch.bool, device=self.device) if finite_only else None
+        self.pending = []  # a GPU's chunks on their way to the host, with their finite flags and events
 
     def use(self, n: int | None) -> None:
         for cache in self.state.caches or ():
             cache.in_use = n
 
     def prefill(self) -> torch.Tensor:
-        """The model over every row's window, which ends at column self.end: (B, vocab) logits."""
-        first = [self.end - (n - s) for n, s in zip(self.lengths, self.starts)]  # where each row's window begins
+        """The model over every row's context, which ends at column self.end: (B, vocab) logits."""
+        first = [self.end - n for n in self.windows]  # where each row's context begins
         left = min(first)
         pad = [f - left for f in first]
         self.state.pad = on_device(pad, self.device) if any(pad) else None
@@ -192,18 +173,50 @@ class Rows:
         return self.model(self.tokens[:, left:self.end], decoding=self.state)[0][:, -1]
 
     def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
-        """The logits after next_ids: a cached step, or the windows read again."""
+        """The logits after next_ids: a cached step, or the contexts read again."""
         self.end += 1
-        self.lengths = [n + 1 for n in self.lengths]
-        moved = [window_start(s, n, self.block_size) for s, n in zip(self.starts, self.lengths)]
-        if not self.state.caches or moved != self.starts:
-            self.starts = moved
+        grown = [n + 1 for n in self.windows]
+        self.windows = [window(n, self.block_size) for n in grown]
+        if not self.state.caches or self.windows != grown:
             return self.prefill()
         self.in_use += 1
         self.state.input_pos = self.slot.fill_(self.in_use - 1)  # one tensor: a CUDA graph's input
         if self.trim:
             self.use(self.in_use)
         return self.step(self.model, next_ids[:, None], self.state)
+
+    def append(self, next_ids: torch.Tensor, logits: torch.Tensor, last: bool) -> None:
+        """next_ids, drawn from logits, into column self.end; handed on once a chunk is full."""
+        if self.finite is not None:
+            self.finite.logical_and_(torch.isfinite(logits).all(dim=-1))
+        self.tokens[:, self.end] = next_ids
+        if self.on_tokens is None or (self.end + 1 - self.done < self.chunk and not last):
+            return
+        chunk, finite = self.tokens[:, self.done:self.end + 1], self.finite
+        self.done = self.end + 1
+        if chunk.device.type != "cuda":
+            return self.hand_over(chunk.clone(), finite)
+        event = torch.cuda.Event()  # a GPU's chunk is read a chunk later, so the host never waits
+        self.pending.append((pinned(chunk), finite if finite is None else pinned(finite), event))
+        event.record()
+        while self.pending and (last or len(self.pending) > 1):
+            host, finite, event = self.pending.pop(0)
+            event.synchronize()
+            self.hand_over(host, finite)
+
+    def hand_over(self, tokens: torch.Tensor, finite: torch.Tensor | None) -> None:
+        if finite is not None and not finite.all():
+            raise NonFiniteLogits()
+        self.on_tokens(tokens)
+
+    def new_tokens(self) -> list[list[int]]:
+        """The new tokens as lists, read with the finite flags at once."""
+        if self.finite is None:
+            return self.tokens[:, self.first:].tolist()
+        rows = torch.cat([self.tokens[:, self.first:], self.finite[:, None].long()], dim=1).tolist()
+        if not all(row[-1] for row in rows):
+            raise NonFiniteLogits()
+        return [row[:-1] for row in rows]
 
 
 def model_caches(model: GPT, batch_size: int, device: torch.device, dtype: torch.dtype) -> list[LayerCache]:
@@ -216,9 +229,9 @@ def model_caches(model: GPT, batch_size: int, device: torch.device, dtype: torch
     return model.decode_caches[1]
 
 
-def window_start(start: int, length: int, block_size: int) -> int:
-    """Where a row's context begins: past block_size it slides to keep the last half block."""
-    return start if length - start <= block_size else length - block_size // 2
+def window(length: int, block_size: int) -> int:
+    """How many of a row's last tokens its context holds: past block_size it slides to keep the last half block."""
+    return length if length <= block_size else block_size // 2
 
 
 def on_device(values: list, device: torch.device) -> torch.Tensor:
@@ -226,17 +239,12 @@ def on_device(values: list, device: torch.device) -> torch.Tensor:
     return send(torch.tensor(values, dtype=torch.long), device)
 
 
-def left_pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
-    """Token lists -> (B, L) ids padded on the left with 0."""
-    longest = max(len(r) for r in rows)
-    return on_device([[0] * (longest - len(r)) + r for r in rows], device)
-
-
 def compiled_step(device_type: str, backend: str | Callable = "inductor",
                   warn: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> DecodeStep:
     """one_token_step compiled for fixed shapes: CUDA graphs on CUDA; on a CPU, frozen weights and C++ matrix
-    products. If compiling fails it warns once and decodes uncompiled; a RecompileError goes through."""
+    products. A failed compile warns once and decodes uncompiled; a RecompileError goes through."""
     from torch._dynamo.exc import RecompileError
+    from torch._inductor import config as inductor_config
     cpu_inductor = backend == "inductor" and device_type != "cuda"
     settings: dict = {}
     if backend == "inductor":
@@ -244,8 +252,6 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
             else {"mode": "reduce-overhead"}
     compiled: DecodeStep | None = torch.compile(one_token_step, fullgraph=True, dynamic=False, backend=backend,
                                                 **settings)
-    if cpu_inductor:
-        from torch._inductor import config as inductor_config
 
     def step(model: GPT, ids: torch.Tensor, state: Decoding) -> torch.Tensor:
         nonlocal compiled
@@ -263,35 +269,6 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
     return step
 
 
-class Chunks:
-    """Hands the new tokens to on_tokens in chunks; a GPU's are read a chunk later, so the host never waits."""
-
-    def __init__(self, buffer: torch.Tensor, first: int, on_tokens: Callable[[torch.Tensor], None] | None, size: int,
-                 finite: torch.Tensor | None = None):
-        self.buffer, self.done, self.on_tokens, self.size, self.finite = buffer, first, on_tokens, size, finite
-        self.pending: list[tuple[torch.Tensor, torch.Tensor | None, torch.cuda.Event]] = []
-
-    def drawn(self, end: int, last: bool = False) -> None:
-        """The tokens up to column end are drawn (their kernels queued)."""
-        if self.on_tokens is None or (end - self.done < self.size and not last):
-            return
-        chunk, finite = self.buffer[:, self.done:end], self.finite
-        self.done = end
-        if chunk.device.type != "cuda":
-            return self.hand_over(chunk.clone(), None if finite is None else finite.clone())
-        host = torch.empty(chunk.shape, dtype=chunk.dtype, pin_memory=True)
-        host.copy_(chunk, non_blocking=True)
-        if finite is not None:
-            finite = torch.empty(finite.shape, dtype=torch.bool, pin_memory=True).copy_(finite, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self.pending.append((host, finite, event))
-        while self.pending and (last or len(self.pending) > 1):
-            host, finite, event = self.pending.pop(0)
-            event.synchronize()
-            self.hand_over(host, finite)
-
-    def hand_over(self, tokens: torch.Tensor, finite: torch.Tensor | None) -> None:
-        if finite is not None and not finite.all():
-            raise NonFiniteLogits()
-        self.on_tokens(tokens)
+def pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """A GPU tensor's copy to pinned host memory, queued: read it once an event recorded after it has passed."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)

@@ -1,6 +1,4 @@
-"""python scripts/convert_checkpoint.py RUN: a run's old-format checkpoints (.pt) into .safetensors files beside them.
-
-torch.load runs no code here, but cannot bound a file's memory or time: convert only your own files."""
+"""python scripts/convert_checkpoint.py RUN: a run's old checkpoints (.pt) into .safetensors files beside them."""
 from __future__ import annotations
 
 import sys
@@ -8,16 +6,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import quiet_while_loading  # noqa: E402
+from errors import ArgumentParser, UserError, in_one_line, quiet_while_loading, run_cli  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
+with quiet_while_loading(__name__):
+    import torch
 
-import torch  # noqa: E402
-
-from common.run_folder import OLD_CHECKPOINTS  # noqa: E402
-from errors import ArgumentParser, UserError, in_one_line, run_cli  # noqa: E402
-from training import checkpoint  # noqa: E402
-loaded()
+    from common.run_folder import OLD_CHECKPOINTS
+    from training import checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def convert(old: Path, named: bool) -> None:
-    """One old checkpoint into a .safetensors file beside it, read back as every reader reads it. named: the user
-    named this file (a file found in a folder and converted before is passed over)."""
+    """One old checkpoint into a .safetensors file beside it. A file found in a folder (not named) and converted
+    before is passed over."""
     new = old.with_suffix(".safetensors")
     if not old.is_file():
         raise UserError(f"{old} is not a file; give an old checkpoint, such as RUN/ckpt_last.pt")
@@ -57,12 +52,13 @@ def convert(old: Path, named: bool) -> None:
         raise UserError(f"{old} holds weights that are not finite (NaN or inf in {bad}); nothing was written")
     try:
         checkpoint.save({**state, "format": checkpoint.FORMAT}, new)
-        checkpoint.load(new, resume="optimizer" in state)  # read back as every reader does
+        checkpoint.load(new, resume="optimizer" in state)  # read back as every reader reads it
     except Exception as err:
         new.unlink(missing_ok=True)
         message = str(err) if isinstance(err, UserError) else in_one_line(err)
         raise UserError(f"{old} could not be converted ({message}); nothing was written for it") from None
     print(f"wrote {new}; {old} is kept")
+
 
 if __name__ == "__main__":
     sys.exit(run_cli(main))

@@ -12,30 +12,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import quiet_while_loading  # noqa: E402
-
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from common.machine import choose_threads, fits_in_memory, pick_device, setup  # noqa: E402
-from common.run_folder import CHECKPOINTS, SUMMARY, find, write_text_atomic  # noqa: E402
-from configs import TrainConfig  # noqa: E402
-from configs.loader import config_from_dict  # noqa: E402
-from configs.schema import check_num_threads  # noqa: E402
-from data import resolve  # noqa: E402
-from data.corpus import NAMED, default_cache_dir  # noqa: E402
-from data.gate import recorded_size, recorded_text  # noqa: E402
-from data.loader import Windows, check_stride  # noqa: E402
-from data.prepare import check_encoding, read_text  # noqa: E402
-from errors import (ArgumentParser, UserError, check_output_file, disk_error,  # noqa: E402
+from errors import (ArgumentParser, UserError, check_output_file, disk_error, quiet_while_loading,  # noqa: E402
                     run_cli, shown)
-from training import checkpoint  # noqa: E402
-from training.evaluation import score  # noqa: E402
-from training.report import PlainProgress  # noqa: E402
-loaded()
+
+with quiet_while_loading(__name__):
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    from common.machine import Runtime, choose_threads, fits_in_memory, pick_device, setup
+    from common.run_folder import CHECKPOINTS, SUMMARY, find, write_text_atomic
+    from configs import TrainConfig
+    from configs.loader import config_from_dict
+    from configs.schema import check_num_threads
+    from data.corpus import NAMED, default_cache_dir, resolve
+    from data.gate import recorded_size, recorded_text
+    from data.loader import Windows, check_stride
+    from data.prepare import check_encoding, read_text
+    from training import checkpoint
+    from training.evaluation import score
+    from training.report import PlainProgress
 
 
 def build_parser() -> ArgumentParser:
@@ -66,12 +62,11 @@ def read_corpus(spec: str, cache_dir: str, encoding: str, errors: str, digest=No
     """The text of --data and its name; digest, when given, takes its bytes."""
     corpus = resolve(spec, Path(cache_dir) if cache_dir else default_cache_dir(),
                      say=lambda message: print(message, file=sys.stderr))
-    text = "".join(read_text(corpus, encoding, errors, digest))
-    return text, corpus.name
+    return "".join(read_text(corpus, encoding, errors, digest)), corpus.name
 
 
 def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str, str]:
-    """No --data: the text the run trained on, a file only if its size and checksum match the checkpoint's."""
+    """No --data: the text the run trained on, a file only if its size and checksum are the checkpoint's."""
     record = state.get("data") or {}
     if run.data in NAMED:
         digest = hashlib.sha256()
@@ -105,40 +100,36 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
                     f"{why}; give the text with --data FILE")
 
 
-MAX_EXP = 709.0  # math.exp overflows a float64 just above it
-LOGIT_COPIES, ACTIVATION_COPIES = 3, 8
-
-
 def batch_bytes(model, batch_size: int, block_size: int) -> int:
-    """The memory a CPU batch needs: its float32 logits about three times over, and a few activations per layer."""
+    """The memory a batch needs: its float32 logits three times over, and eight activations a layer."""
     cfg = model.config
-    return 4 * batch_size * block_size * (LOGIT_COPIES * cfg.vocab_size
-                                          + ACTIVATION_COPIES * cfg.n_embd * max(cfg.n_layer, 1))
+    return 4 * batch_size * block_size * (3 * cfg.vocab_size + 8 * cfg.n_embd * max(cfg.n_layer, 1))
 
 
-def saved_settings(state: dict, path: Path) -> TrainConfig:
-    """The checkpoint's run settings, checked: a wrong value is named as the checkpoint's, not as a flag."""
+def settings(args, state: dict, path: Path) -> tuple[TrainConfig, Runtime]:
+    """The run's saved settings, --encoding over them, and the device: a wrong saved value is named as the
+    checkpoint's, not as a flag."""
     run = config_from_dict(state["run_config"], f"{path}", say=lambda message: None)
     try:
         check_encoding(run.encoding, run.encoding_errors)
     except UserError as err:
         raise UserError(f"{path} is damaged: its run config's {str(err).removeprefix('--')}") from None
-    return run
-
-
-def runtime(args, run: TrainConfig, path: Path):
-    """The device, and --dtype, by default the run's own (a refusal of that names the checkpoint)."""
-    if args.dtype:
-        return setup(args.device, args.dtype)
+    if args.encoding is not None or args.encoding_errors is not None:  # a --data text's own, over the run's
+        if args.data is None:
+            raise UserError("--encoding and --encoding_errors need --data; leave them out, or give --data FILE")
+        run.encoding, run.encoding_errors = args.encoding or run.encoding, args.encoding_errors or run.encoding_errors
+        check_encoding(run.encoding, run.encoding_errors)
     try:
-        return setup(args.device, run.dtype)
+        return run, setup(args.device, args.dtype or run.dtype)
     except UserError as err:
+        if args.dtype:
+            raise
         raise UserError(f"{path}: the run's dtype, {run.dtype} (its saved config, used by default), cannot be used "
                         f"here ({str(err).split(': ', 1)[-1]}); pass --dtype float32 or bfloat16") from None
 
 
 def batch_seconds(model, ids: torch.Tensor, block_size: int, stride: int, batch_size: int, autocast) -> float:
-    """Seconds to score one batch from the text's start: what the thread count is measured on."""
+    """Seconds to score the text's first batch, to time each thread count."""
     n_ids = min(len(ids), (batch_size - 1) * stride + block_size + 1)
     start = time.perf_counter()
     score(model, ids[:n_ids], Windows(n_ids, block_size, stride), batch_size, autocast)
@@ -155,13 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     check_num_threads(args.num_threads)
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = checkpoint.load_model(path, pick_device(args.device))
-    run = saved_settings(state, path)
-    if args.encoding is not None or args.encoding_errors is not None:  # a --data text's own, over the run's
-        if args.data is None:
-            raise UserError("--encoding and --encoding_errors need --data; leave them out, or give --data FILE")
-        run.encoding, run.encoding_errors = args.encoding or run.encoding, args.encoding_errors or run.encoding_errors
-        check_encoding(run.encoding, run.encoding_errors)
-    rt = runtime(args, run, path)
+    run, rt = settings(args, state, path)
     block_size = model.config.block_size
     stride = block_size if args.stride is None else args.stride
     try:
@@ -180,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             print("note: --split all on the run's own text scores its training part too", file=sys.stderr)
     if args.split == "val":  # training's cut: the last val_fraction of the characters
         text = text[int(len(text) * (1 - run.val_fraction)):]
-    unknown = tokenizer.unknown(text)
-    counts = {ch: text.count(ch) for ch in dict.fromkeys(unknown)}
+    counts = {ch: text.count(ch) for ch in tokenizer.unknown(text)}
     if counts and args.unknown == "error":
         listed = " ".join(repr(ch) for ch in list(counts)[:20]) + (" ..." if len(counts) > 20 else "")
         raise UserError(f"--data {args.data or name}: {sum(counts.values())} characters the model never saw "
@@ -203,7 +187,6 @@ def main(argv: list[str] | None = None) -> int:
             threads = choose_threads(args.num_threads, lambda: batch_seconds(model, ids, block_size, stride,
                                                                              batch_size, rt.autocast))
             print(threads.line("a batch"), file=sys.stderr)
-        # a bar in a terminal; a line every 30 s in a file
         bar = tqdm(total=len(todo), desc="evaluate", unit="window", delay=2, dynamic_ncols=True) if \
             sys.stderr.isatty() else PlainProgress(lambda line: print(line, file=sys.stderr), "evaluate", len(todo),
                                                    unit="windows")
@@ -213,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if not math.isfinite(loss):
         raise UserError(f"{path}: the model's loss on this text is not a number ({loss}); its weights are damaged "
                         f"or too large")
-    perplexity = math.exp(loss) if loss < MAX_EXP else None
+    perplexity = math.exp(loss) if loss < 709 else None  # (math.exp overflows a float64 past 709.78)
     figures = {"loss": loss, "bits_per_char": loss / math.log(2), "perplexity": perplexity, "characters": scored,
                "unknown": sum(counts.values()), "unknown_distinct": len(counts), "stride": stride,
                "block_size": block_size, "split": args.split, "dtype": dtype, "data": name, "checkpoint": str(path),
@@ -223,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loss {loss:.4f} nats per character, {figures['bits_per_char']:.3f} bits per character, perplexity "
           f"{perplexity_text}, over {scored:,} characters{skipped}")
     if args.json:
-        write_text_atomic(Path(args.json), json.dumps(figures, indent=1, allow_nan=False) + "\n", "the figures file",
+        write_text_atomic(target, json.dumps(figures, indent=1, allow_nan=False) + "\n", "the figures file",
                           "--json")
     return 0
 

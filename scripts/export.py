@@ -7,26 +7,24 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import quiet_while_loading  # noqa: E402
+from errors import (ArgumentParser, BooleanFlag, Interrupted, UserError, disk_error, in_one_line,  # noqa: E402
+                    output_folder, quiet_while_loading, run_cli, space_or_place)
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
+with quiet_while_loading(__name__):
+    import torch
 
-import torch  # noqa: E402
-
-from common.machine import is_out_of_memory  # noqa: E402
-from common.run_folder import WriteFailed, find, holder, write_atomic, write_text_atomic  # noqa: E402
-from data.gate import read_small  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, disk_error  # noqa: E402
-from errors import output_folder, run_cli, space_or_place  # noqa: E402
-from model.attention import ROPE_BASE  # noqa: E402
-from training.checkpoint import load_model  # noqa: E402
-loaded()
+    from common.machine import is_out_of_memory
+    from common.run_folder import WriteFailed, find, holder, write_atomic, write_text_atomic
+    from data.gate import read_small
+    from model.attention import ROPE_BASE
+    from training.checkpoint import load_model
 
 FORMAT = 1  # of config.json and vocab.json
 ONNX_NEEDS = ("onnx", "onnxscript")  # what torch.onnx.export(dynamo=True) imports
@@ -44,7 +42,7 @@ def build_parser() -> ArgumentParser:
 
 
 def model_config(model, state: dict, path: Path) -> dict:
-    """config.json: every setting the forward pass depends on (rope_base too), and where the weights came from."""
+    """config.json: every setting the forward pass depends on, and where the weights came from."""
     rope = {"rope_base": ROPE_BASE} if model.config.position == "rope" else {}
     head = ("the tied head stored too (lm_head.weight, equal to wte.weight)" if model.config.tie_weights else
             "the head its own (lm_head.weight)")
@@ -56,7 +54,7 @@ def model_config(model, state: dict, path: Path) -> dict:
 
 
 def write_safetensors(model, target: Path) -> None:
-    """The weights, each its own tensor (safetensors shares no memory: a tied head is written twice)."""
+    """The weights in float32, each its own tensor (safetensors shares no memory: a tied head is written twice)."""
     from safetensors.torch import save
 
     weights = {name: tensor.detach().to("cpu", torch.float32).contiguous().clone()
@@ -65,7 +63,7 @@ def write_safetensors(model, target: Path) -> None:
 
 
 class Logits(torch.nn.Module):
-    """The forward pass as exported: ids (B, T) -> logits (B, T, vocab)."""
+    """The forward pass as exported: (B, T) ids -> (B, T, vocab) logits."""
 
     def __init__(self, model):
         super().__init__()
@@ -76,7 +74,7 @@ class Logits(torch.nn.Module):
 
 
 def write_onnx(model, target: Path) -> None:
-    """model.onnx, its batch and length (up to block_size) left open, written atomically."""
+    """model.onnx, its batch and length (up to block_size) left open."""
     import logging
     import tempfile
     import warnings
@@ -99,45 +97,27 @@ def write_onnx(model, target: Path) -> None:
                               space_or_place(err, "--to")) from None
         except Exception as err:  # e.g. an onnxscript that does not match this torch
             if isinstance(err, MemoryError) or is_out_of_memory(err):
-                raise UserError("out of memory while exporting the ONNX graph; nothing was written; free some "
-                                "memory, or export without it: --onnx=false") from None
-            first = (str(err).strip().splitlines() or [""])[0]
-            raise UserError(f"the ONNX graph could not be exported ({type(err).__name__}: {first}), so nothing was "
-                            f"written; pip install --upgrade -r requirements-export.txt (versions that match torch "
-                            f"{torch.__version__}), or export without it: --onnx=false") from None
+                raise UserError("out of memory while exporting the ONNX graph, so nothing was written; free some "
+                                "memory, or pass --onnx=false") from None
+            raise UserError(f"the ONNX graph could not be exported ({in_one_line(err)}), so nothing was written; "
+                            f"pip install --upgrade -r requirements-export.txt, or pass --onnx=false") from None
         write_atomic(target, lambda f: f.write(graph.read_bytes()), "the ONNX graph", "--to")
 
 
-SCRATCH = ".export-"  # a scratch folder's name: this prefix, the process id, a dash, tempfile's letters
 SCRATCH_MARK = "export-scratch"  # the empty file an export puts first into its scratch folder
 NAMES = ("model.safetensors", "config.json", "vocab.json", "model.onnx")
 
 
-def scratch_pid(entry: Path) -> int | None:
-    """The process id of an export's scratch folder (named so, holding SCRATCH_MARK or nothing), else None."""
-    pid, dash, _ = entry.name.removeprefix(SCRATCH).partition("-")
-    if not (entry.name.startswith(SCRATCH) and dash and pid.isdigit() and entry.is_dir() and not entry.is_symlink()):
-        return None
+def is_scratch(entry: Path) -> bool:
+    """Whether entry is an export's scratch folder: .export-PID-..., holding SCRATCH_MARK or nothing."""
+    if not re.fullmatch(r"\.export-[0-9]+-.*", entry.name, re.DOTALL) or entry.is_symlink() or not entry.is_dir():
+        return False
     mark = entry / SCRATCH_MARK
-    marked = mark.is_file() and not mark.is_symlink()
-    return int(pid) if marked or not any(entry.iterdir()) else None
-
-
-def remove_abandoned_scratch(folder: Path) -> None:
-    """Scratch folders left by exports killed outright (kill -9): those whose process is gone."""
-    for scratch in folder.iterdir():
-        if (pid := scratch_pid(scratch)) is None:
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(scratch, ignore_errors=True)
-        except (OSError, OverflowError):  # another user's process: alive
-            pass
+    return (mark.is_file() and not mark.is_symlink()) or not any(entry.iterdir())
 
 
 def exported(file: Path) -> bool:
-    """Whether file is a plain file, and a config.json or vocab.json with an export's marks."""
+    """Whether file is a plain file, and if a config.json or vocab.json, one with an export's marks."""
     if file.is_symlink() or not file.is_file():
         return False
     if file.suffix != ".json":
@@ -151,21 +131,19 @@ def exported(file: Path) -> bool:
 
 
 def refuse_others(folder: Path) -> None:
-    """An export writes only into a new or empty folder, or over an earlier export; else one line names the files."""
-    entries = sorted(p.name for p in folder.iterdir() if scratch_pid(p) is None)
+    """An export writes only into a new or empty folder, or over an earlier export."""
+    entries = sorted(p.name for p in folder.iterdir() if not is_scratch(p))
     earlier = any(name in entries and exported(folder / name) for name in ("config.json", "vocab.json"))
     replaced = [name for name in NAMES if name in entries and not (earlier and exported(folder / name))]
     if replaced or (entries and not earlier):
         shown = replaced or entries[:3] + ["..."] * (len(entries) > 3)
-        them = ("it" if len(shown) == 1 else "them") if replaced else "among them"
-        raise UserError(f"--to {folder} holds {', '.join(shown)}, not an earlier export's; exporting there would "
-                        f"{'replace' if replaced else 'put its files'} {them}: choose another --to, a new or empty "
-                        f"folder")
+        raise UserError(f"--to {folder} holds {', '.join(shown)}, not an earlier export's; choose another --to, a new "
+                        f"or empty folder")
 
 
 @contextlib.contextmanager
 def alone_in(folder: Path):
-    """folder locked by this export, so that two exports at once never mix two models' files."""
+    """folder locked by this export, so that two exports never mix their files."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
@@ -175,7 +153,7 @@ def alone_in(folder: Path):
                             f"another --to") from None
         yield
     finally:
-        os.close(fd)  # (lets the lock go)
+        os.close(fd)
 
 
 def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: bool, moved: list[str]) -> list[str]:
@@ -183,10 +161,11 @@ def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: boo
     import tempfile
 
     names = list(NAMES[:3 + onnx])
-    remove_abandoned_scratch(folder)
+    for scratch in filter(is_scratch, folder.iterdir()):  # an export killed outright left it: this one holds the lock
+        shutil.rmtree(scratch, ignore_errors=True)
     with contextlib.ExitStack() as stack:
         try:
-            new = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=folder, prefix=f"{SCRATCH}{os.getpid()}-")))
+            new = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=folder, prefix=f".export-{os.getpid()}-")))
             (new / SCRATCH_MARK).touch()
         except OSError as err:
             raise UserError(f"--to {folder} cannot be written ({disk_error(err)}); nothing was written; "

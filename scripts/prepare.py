@@ -7,25 +7,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import quiet_while_loading  # noqa: E402
+from errors import ArgumentParser, UserError, quiet_while_loading, run_cli  # noqa: E402
 
-loaded = quiet_while_loading(__name__)
-
-from data import default_cache_dir, prepare, resolve  # noqa: E402
-from errors import ArgumentParser, UserError, run_cli  # noqa: E402
-loaded()
+with quiet_while_loading(__name__):
+    from data import default_cache_dir, prepare, resolve
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    parser.add_argument("--data", default="shakespeare",
-                        help="a text file, a folder of text files, shakespeare or pystdlib")
-    parser.add_argument("--cache_dir", default=str(default_cache_dir()), help="where downloads and token files go")
-    parser.add_argument("--val_fraction", type=float, default=0.1,
-                        help="the last fraction of the text kept for validation")
-    parser.add_argument("--encoding", default="utf-8", help="text encoding of the corpus files")
-    parser.add_argument("--encoding_errors", default="strict", help="strict | replace | ignore undecodable bytes")
-    args = parser.parse_args(argv)
+    p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
+    p.add_argument("--data", default="shakespeare", help="a text file, a folder of text files, shakespeare or pystdlib")
+    p.add_argument("--cache_dir", default=str(default_cache_dir()), help="where downloads and token files go")
+    p.add_argument("--val_fraction", type=float, default=0.1, help="the last fraction of the text kept for validation")
+    p.add_argument("--encoding", default="utf-8", help="text encoding of the corpus files")
+    p.add_argument("--encoding_errors", default="strict", help="strict | replace | ignore undecodable bytes")
+    args = p.parse_args(argv)
     if not 0 < args.val_fraction < 1:
         raise UserError(f"--val_fraction {args.val_fraction}: must be between 0 and 1, e.g. 0.1")
     corpus = resolve(args.data, Path(args.cache_dir))

@@ -10,24 +10,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import quiet_while_loading  # noqa: E402
+from errors import (ArgumentParser, BooleanFlag, Interrupted, UserError, quiet_while_loading, run_cli,  # noqa: E402
+                    shown)
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
+with quiet_while_loading(__name__):
+    import torch
 
-import torch  # noqa: E402
-
-from common.machine import choose_threads, fits_in_memory, for_sampling, setup  # noqa: E402
-from common.run_folder import find  # noqa: E402
-from configs.schema import check_num_threads  # noqa: E402
-from data.gate import read_small, utf8_text  # noqa: E402
-from errors import ArgumentParser, BooleanFlag, Interrupted, UserError, run_cli, shown  # noqa: E402
-from model.generate import (NonFiniteLogits, Sampling, bytes_needed, check_length_and_seed, compiled_step,  # noqa: E402
-                            generate, one_token_step)
-from training.checkpoint import load_model  # noqa: E402
-loaded()
+    from common.machine import choose_threads, fits_in_memory, for_sampling, setup
+    from common.run_folder import find
+    from configs.schema import check_num_threads
+    from data.gate import read_small, utf8_text
+    from model.generate import (NonFiniteLogits, Sampling, bytes_needed, check_length_and_seed, compiled_step,
+                                generate, one_token_step)
+    from training.checkpoint import load_model
 
 PROMPT_MAX_BYTES = 16 << 20  # a larger prompt file is a corpus, not prompts
-PROBE_CHARACTERS = 8  # characters drawn per timed call when the thread count is measured
+PROBE_CHARACTERS = 8  # drawn, uncompiled, to time each thread count
 
 
 def build_parser() -> ArgumentParser:
@@ -74,8 +72,8 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.init_from != "resume":
         raise UserError(f"--init_from {args.init_from}: this sampler reads a run of this trainer, given by --out_dir "
                         f"RUN or --ckpt FILE")
-    args.prompt_flag = "--prompt_file "  # how the prompt's file was named, for its messages
-    if args.prompt is not None and args.prompt.startswith("FILE:"):  # nanoGPT's --start=FILE:prompt.txt
+    args.prompt_flag = "--prompt_file "  # how the prompt's file was named
+    if (args.prompt or "").startswith("FILE:"):  # nanoGPT's --start=FILE:prompt.txt
         args.prompt_file, args.prompt, args.prompt_flag = args.prompt.removeprefix("FILE:"), None, "--prompt FILE:"
         if not args.prompt_file:
             raise UserError("--prompt FILE: names no file; give FILE:path")
@@ -89,7 +87,7 @@ def check_settings(args: argparse.Namespace) -> None:
 
 
 def read_prompts(args: argparse.Namespace) -> list[str] | None:
-    """The prompts given (None: the model's default), read from a small regular file before the model loads."""
+    """The prompts given (None: the model's default), read before the model loads."""
     if not args.prompt_file:
         return None if args.prompt is None else [args.prompt]
     named = f"{args.prompt_flag}{args.prompt_file}"
@@ -107,11 +105,11 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
 
 
 def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]]:
-    missing = list(dict.fromkeys(ch for p in prompts for ch in tokenizer.unknown(p)))
+    missing = tokenizer.unknown("".join(prompts))
     if missing and policy == "error":
         listed = " ".join(repr(ch) for ch in missing[:20]) + (" ..." if len(missing) > 20 else "")
-        raise UserError(f"the prompt has {len(missing)} character(s) the model never saw: {listed}; "
-                        f"pass --unknown skip to drop them")
+        raise UserError(f"the prompt has {len(missing)} character(s) the model never saw: {listed}; pass --unknown "
+                        f"skip to drop them")
     if missing:
         print(f"warning: skipped {len(missing)} character(s) the model never saw", file=sys.stderr)
     encoded = [[tokenizer.stoi[ch] for ch in p if ch in tokenizer.stoi] for p in prompts]
@@ -121,25 +119,24 @@ def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]
 
 
 def streams(args: argparse.Namespace, rows: int) -> bool:
-    """Whether the first row is printed as it is drawn: by default in a terminal, or for one row (so `| head` ends)."""
+    """Whether the first row is printed as drawn: by default in a terminal, or for one row (so `| head` ends)."""
     return (sys.stdout.isatty() or rows == 1) if args.stream is None else args.stream
 
 
 def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.device, prompts: list[str]) -> None:
-    """Each prompt continued --num_samples times, all rows in one batch; a streamed first row prints as drawn."""
+    """Each prompt continued --num_samples times, all in one batch."""
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]
     stream = streams(args, len(rows))
+    settings = dict(**asdict(sampling(args)), use_cache=not args.no_cache)
     if device.type == "cpu":
-        threads = choose_threads(args.num_threads, lambda: decoding_seconds(model, rows, args, device))
+        threads = choose_threads(args.num_threads, lambda: decoding_seconds(model, rows, settings, device))
         print(threads.line(f"{PROBE_CHARACTERS} characters"), file=sys.stderr)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    step = compiled_step(device.type) if args.compile else one_token_step
     if args.compile and not args.no_cache:  # else the wait would look like a hang
         took = "on a CPU about 20 s" if device.type == "cpu" else "on an H100 about 10 s"
         print(f"--compile: the decoding step is compiled before the first new character ({took})", file=sys.stderr)
-    settings = dict(**asdict(sampling(args)), generator=generator,
-                    use_cache=not args.no_cache, step=step, finite_only=True)
+    settings.update(generator=torch.Generator(device=device).manual_seed(args.seed), finite_only=True,
+                    step=compiled_step(device.type) if args.compile else one_token_step)
     first = int(stream)  # rows from `first` on are kept and printed at the end
     kept, done = torch.empty(len(rows) - first, args.max_new_tokens, dtype=torch.long), 0
     if stream:
@@ -155,7 +152,7 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
 
     def the_rest() -> str:
         parts = [text + tokenizer.decode(ids) for text, ids in zip(texts[first:], kept[:, :done].tolist())]
-        return "".join("\n---\n" + part for part in parts) if stream else "\n---\n".join(parts)
+        return "\n---\n".join([""] * first + parts)  # (after a streamed row, each part opens with ---)
     try:
         generate(model, rows, args.max_new_tokens, on_tokens=keep, **settings)
     except KeyboardInterrupt:  # what was drawn is printed, not lost
@@ -166,16 +163,14 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
     print(shown(the_rest()))
 
 
-def decoding_seconds(model, rows: list[list[int]], args: argparse.Namespace, device: torch.device) -> float:
-    """Seconds to draw PROBE_CHARACTERS for rows, uncompiled: what the thread count is measured on."""
+def decoding_seconds(model, rows: list[list[int]], settings: dict, device: torch.device) -> float:
     start = time.perf_counter()
-    generate(model, rows, PROBE_CHARACTERS, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-             generator=torch.Generator(device=device).manual_seed(0), use_cache=not args.no_cache)
+    generate(model, rows, PROBE_CHARACTERS, generator=torch.Generator(device=device).manual_seed(0), **settings)
     return time.perf_counter() - start
 
 
 def own_loss(state: dict) -> str:
-    """The checkpoint's own validation loss: that of the evaluation at its step (last_eval), where one was made."""
+    """The validation loss of the evaluation at the checkpoint's step, where one was made."""
     val = state.get("last_eval", {}).get("val") if state.get("eval_done") else None
     return f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else \
         ", no validation loss measured at this step"

@@ -12,8 +12,8 @@ TRAIN = Path(__file__).resolve().parents[1] / "train.py"
 
 def run_train(argv: list[str], output: TextIO | None = None, each_line: Callable[[str], None] | None = None,
               env: dict | None = None, program: list[str] | None = None, cwd: Path | None = None) -> int:
-    """`python train.py argv` (or `python *program argv`), waited for: its exit code. Its output goes to output, or
-    line by line to each_line, or to the terminal."""
+    """`python train.py argv` (or `python *program argv`): its exit code. Its output goes to output, or line by line
+    to each_line, or to the terminal."""
     if output is not None:
         streams = {"stdout": output, "stderr": subprocess.STDOUT}
     else:
