@@ -1,8 +1,7 @@
 """A run folder: its files, its one owner (an OS lock), --overwrite's keep-aside, and atomic writes.
 
-States: empty -> running (locked) -> stopped (ckpt_last) -> finished (summary.json). --overwrite moves the old run
-into .replaced/ and deletes it only once the new run has evaluated after step 0; a stop or crash before puts it back.
-Only a record that proves it was written for this folder moves or deletes a file. Links and devices are refused."""
+--overwrite moves the old run into .replaced/ and deletes it once the new run evaluates after step 0; a stop or crash
+before puts it back. Only a record proven written for this folder moves or deletes a file."""
 from __future__ import annotations
 
 import contextlib
@@ -50,7 +49,7 @@ def command_line() -> str:
 
 
 def open_lock(path: Path, create: bool) -> int:
-    """The lock file's descriptor; a link or anything but a plain file is refused (the note would write through it)."""
+    """The lock file's descriptor; a link or anything but a plain file is refused."""
     flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o644)
@@ -67,7 +66,7 @@ def open_lock(path: Path, create: bool) -> int:
 
 
 def planted(path: Path, what: str, run_there: bool = True) -> str:
-    """The refusal of an entry a run never makes; only a folder that holds a run is told to remove it."""
+    """The refusal of an entry a run never makes; only a run's folder is told to remove it."""
     way = f"remove {path}, or choose another --out_dir" if run_there else "choose a new or empty --out_dir"
     return f"{path} is {what}, which a run never makes there; {way}"
 
@@ -97,12 +96,11 @@ def owner_note(fd: int) -> tuple[str, str, str]:
 class RunDir:
     def __init__(self, path: Path, step_of: Callable[[Path], int | None] = lambda path: None):
         self.path = Path(path)
-        self.step_of = step_of  # a checkpoint's step, or None (training passes its reader; None counts as trained)
+        self.step_of = step_of  # a checkpoint's step; None counts as trained
         self._lock_fd: int | None = None
         self.made: tuple[bool, bool] = (False, False)  # claim() made: the folder, its lock
         self.found: set[str] = set()  # the entries before claim()
 
-    # ---- ownership
     def claim(self, say=print, resume: bool = False) -> "RunDir":
         """Own the folder or refuse, naming its owner; then finish what earlier owners left half done."""
         if resume and not self.path.exists():
@@ -263,8 +261,7 @@ class RunDir:
         aside = self.path / ASIDE
         moved, why = self.recorded_aside(aside)
         if moved is None:
-            raise UserError(f"{aside} is not a run --overwrite set aside here ({why}), so nothing was moved or "
-                            f"deleted; move it out of {self.path}, then run the command again")
+            raise self._not_ours(aside, why)
         in_aside = {name for name in moved if (aside / name).is_file()}
         newer = [path for path in self.checkpoints() + self.logs() if path.name not in moved.keys() - in_aside]
         trained = [path.name for path in newer if path.name == SUMMARY or
@@ -280,7 +277,7 @@ class RunDir:
         return kept
 
     def _keep_apart(self, paths: list[Path], name: str) -> Path:
-        """paths moved into a new folder named after name and the time."""
+        """paths moved into a new folder, name_time."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for attempt in range(100):
             kept = self.path / (f"{name}_{stamp}" + (f"-{attempt}" if attempt else ""))
@@ -318,16 +315,17 @@ class RunDir:
         present = {entry.name for entry in os.scandir(folder) if entry.name != RECORD}
         plain = all(entry.is_file(follow_symlinks=False) for entry in os.scandir(folder))
         if moved is None or not present <= moved.keys() or not plain:
-            why = why or "it holds files its record does not list"
-            raise UserError(f"{folder} is not what this project leaves there ({why}), so nothing was moved or "
-                            f"deleted; move it out of {self.path}, then run the command again")
+            raise self._not_ours(folder, why or "it holds files its record does not list")
         for name in present:
             (folder / name).unlink(missing_ok=True)
         (folder / RECORD).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             folder.rmdir()
 
-    # ---- state
+    def _not_ours(self, folder: Path, why: str) -> UserError:
+        return UserError(f"{folder} is not what --overwrite leaves there ({why}), so nothing was moved or deleted; "
+                         f"move it out of {self.path}, then run the command again")
+
     def checkpoints(self) -> list[Path]:
         return [self.path / name for name in CHECKPOINTS if (self.path / name).is_file()]
 
@@ -360,10 +358,7 @@ class RunDir:
             return
         events = [path for path in self.path.glob(LOGS[2]) if path.is_file()]
         if events and not self.checkpoints() and not self.logs_besides_events():
-            kept = self.path / time.strftime("events_before_%Y%m%d-%H%M%S")
-            kept.mkdir()
-            for path in events:
-                os.replace(path, kept / path.name)
+            kept = self._keep_apart(events, "events_before")
             say(f"note: {self.path} held only the events of a run with no checkpoint; they are kept in {kept}")
             return
         where = shlex.quote(str(self.path))
@@ -449,12 +444,12 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
             raise UserError(f"say --out_dir DIR or --ckpt FILE; out/ holds no run yet: train one first "
                             f"({python_command('train.py')})")
         state = "finished" if (newest / SUMMARY).is_file() else "stopped"
-        saved = max((newest / name).stat().st_mtime for name in names if (newest / name).is_file())
         say(f"no --out_dir given: {newest}, the newest run in out/ that has {state} (its model saved "
-            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(saved))})"
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(saved(newest, names)))})"
             + (f"; passed over {passed_over}" if training else ""))
         out_dir = str(newest)
     folder = Path(out_dir)
+    run = RunDir(folder)
     if folder.exists() and not folder.is_dir():
         file = folder.is_file()
         raise UserError(f"{out_dir} is {'a file' if file else 'a pipe, socket or device'}, not a run folder; give a "
@@ -462,7 +457,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
                                                      if file else ""))
     owner = holder(folder)
     aside = folder / ASIDE
-    if aside.is_dir() and not aside.is_symlink() and RunDir(folder).recorded_aside(aside)[0] is not None:
+    if aside.is_dir() and not aside.is_symlink() and run.recorded_aside(aside)[0] is not None:
         if owner:
             raise UserError(f"{out_dir} is being replaced by an --overwrite run ({owner}); wait for its first "
                             f"evaluation, or stop it to put the old run back")
@@ -471,12 +466,12 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
     for name in names:
         if (folder / name).exists():
             return folder / name
-    RunDir(folder).refuse_old()
+    run.refuse_old()
     if owner:
         raise UserError(f"{out_dir} holds no {' or '.join(names)} yet: {owner} is training there; wait a while")
     missing = f"{out_dir}: no such folder" if not folder.exists() else f"{out_dir} holds no {' or '.join(names)}"
     train = f"{python_command('train.py')} --out_dir {shlex.quote(out_dir)}"
-    train += " --overwrite" * bool(RunDir(folder).logs_besides_events())
+    train += " --overwrite" * bool(run.logs_besides_events())
     others = runs_beside(folder, names)
     if others:
         shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
@@ -485,11 +480,15 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
     raise UserError(f"{missing}; train first: {train}")
 
 
+def saved(folder: Path, names: tuple[str, ...]) -> float | None:
+    """When the newest of names in folder was written; None where there is none."""
+    return max(((folder / name).stat().st_mtime for name in names if (folder / name).is_file()), default=None)
+
+
 def newest_run(parent: Path, names: tuple[str, ...]) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest run in parent that no process holds (or None), and the runs still training with their holders."""
     try:
-        found = sorted(((max((p / name).stat().st_mtime for name in names if (p / name).is_file()), p)
-                        for p in parent.iterdir() if any((p / name).is_file() for name in names)), reverse=True)
+        found = sorted(((when, p) for p in parent.iterdir() if (when := saved(p, names)) is not None), reverse=True)
     except OSError:
         return None, []
     owners = [(folder, holder(folder)) for _, folder in found]
@@ -500,7 +499,7 @@ def newest_run(parent: Path, names: tuple[str, ...]) -> tuple[Path | None, list[
 def runs_beside(folder: Path, names: tuple[str, ...]) -> list[Path]:
     """The run folders beside folder that hold a model, those of its preset first."""
     try:
-        found = [p for p in folder.parent.iterdir() if p != folder and any((p / name).is_file() for name in names)]
+        found = [p for p in folder.parent.iterdir() if p != folder and saved(p, names) is not None]
     except OSError:
         return []
     preset = folder.name.split("-", 1)[0]
