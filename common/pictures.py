@@ -1,5 +1,4 @@
-"""Pictures: attention heatmaps (one panel per head) and loss curves, drawn with matplotlib, and fonts for the
-characters on their axes."""
+"""Pictures drawn with matplotlib: attention heatmaps, loss curves, and fonts for the characters on their axes."""
 from __future__ import annotations
 
 import math
@@ -8,7 +7,7 @@ from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")  # files only, no window: works on servers and in tests
+matplotlib.use("Agg")  # files only, no window
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
@@ -20,7 +19,7 @@ import torch  # noqa: E402
 from common.run_folder import write_atomic  # noqa: E402
 
 PANEL_INCHES, DPI = 3.6, 100
-# The masked future: light grey, hatched, which viridis never takes, so it is never read as a weight of 0.
+# The masked future: hatched light grey, which viridis never takes, so it is never read as a weight of 0.
 MASKED_FILL, MASKED_HATCH = "#d9d9d9", "#8c8c8c"
 MASKED_LABEL = "masked\n(the future)"
 
@@ -32,14 +31,14 @@ def picture_formats() -> tuple[str, ...]:
 
 
 def save_figure(figure, path: str | Path, option: str) -> None:
-    """Write a figure whole or not at all, its format from the file's ending."""
+    """Write a figure atomically, its format from the file's ending."""
     path = Path(path)
     write_atomic(path, lambda f: figure.savefig(f, format=path.suffix[1:].lower()), "the picture", option)
 
 
 def loss_figure(losses: dict, title: str):
     """losses["train"]: (step, loss) per log line; losses["eval"]: (step, train, validation) per evaluation. Every
-    point is drawn, unsmoothed; the y axis spans the finite ones."""
+    point is drawn; the y axis spans the finite ones."""
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
     series = [("train loss (each log line's batch)", losses["train"], 1, "C0", "."),
               ("train loss (evaluation)", losses["eval"], 1, "C2", "s"),
@@ -72,21 +71,21 @@ def save_loss_picture(path: Path, losses: dict, title: str) -> None:
 
 
 def grid_of(n_heads: int) -> tuple[int, int]:
-    """(rows, columns) of the heads' panels: near square, at most 3 columns (a narrow TensorBoard card)."""
+    """(rows, columns) of the heads' panels: near square, at most 3 columns (TensorBoard's card is narrow)."""
     cols = n_heads if n_heads <= 2 else 2 if n_heads <= 4 else 3
     return math.ceil(n_heads / cols), cols
 
 
 def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[int] | None = None,
                      every_label: bool = False):
-    """weights (n_head, T, T) of one layer -> one heatmap per head, characters on both axes (at most 20 per axis,
-    or every one with every_label, at 0.16 inch each)."""
+    """weights (n_head, T, T) of one layer -> a heatmap per head, characters on both axes (at most 20 per axis,
+    or every one at 0.16 inch with every_label)."""
     heads = list(range(weights.size(0))) if heads is None else heads
     rows, cols = grid_of(len(heads))
     panel = max(PANEL_INCHES, 0.16 * len(text)) if every_label else PANEL_INCHES
     width, height = cols * panel + 0.8, rows * panel
     fig, axes = plt.subplots(rows, cols, figsize=(width, height), dpi=DPI, squeeze=False)
-    # Fixed margins in inches for the labels, titles and colour bar: faster than constrained layout.
+    # Fixed margins in inches: faster than constrained layout.
     fig.subplots_adjust(left=0.45 / width, right=1 - 1.05 / width, bottom=0.5 / height, top=1 - 0.3 / height,
                         wspace=0.2, hspace=0.25)
     labels, families, _ = tick_labels(text)
@@ -119,18 +118,16 @@ def causal_cells(weights: torch.Tensor) -> np.ma.MaskedArray:
 
 
 class AttentionPictures:
-    """A run's attention pictures of its probe text, one per layer, as (height, width, 3) arrays. The figure is drawn
-    once without its heatmaps, frames and titles; each picture draws only those onto that background, giving the
-    same pixels as its whole figure. Weights of another shape are laid out afresh."""
+    """A run's attention pictures of its probe text as (height, width, 3) arrays. The figure is drawn once without
+    its heatmaps, frames and titles; each picture draws only those onto that background: the whole figure's pixels."""
 
     def __init__(self, text: str):
         self.text = text
-        self.laid_out: tuple | None = None  # (the weights' shape, the figure, its heatmap axes, the background)
+        self.laid_out: tuple | None = None  # (weights' shape, figure, heatmap axes, background)
 
     def lay_out(self, weights: torch.Tensor, layer: int) -> None:
-        """The figure for weights of this shape, drawn once without what each picture redraws."""
         fig = attention_figure(weights, self.text, layer)
-        plt.close(fig)  # out of pyplot's list (it warns past 20), onto a canvas of its own
+        plt.close(fig)  # out of pyplot's list (it warns past 20)
         FigureCanvasAgg(fig)
         heatmaps = [ax for ax in fig.axes if ax.images]  # one per head (the colour bar has none)
         redrawn = [artist for ax in heatmaps for artist in redrawn_parts(ax)]
@@ -146,7 +143,7 @@ class AttentionPictures:
         self.laid_out = (weights.shape, fig, heatmaps, background)
 
     def render(self, weights: torch.Tensor, layer: int):
-        """weights (n_head, T, T) of one layer -> the picture, a (height, width, 3) uint8 array."""
+        """weights (n_head, T, T) of one layer -> a (height, width, 3) uint8 array."""
         if self.laid_out is None or self.laid_out[0] != weights.shape:
             self.lay_out(weights, layer)
         _, fig, heatmaps, background = self.laid_out
@@ -167,7 +164,7 @@ def redrawn_parts(ax) -> tuple:
     return ax.images[0], *ax.spines.values()
 
 
-# ---- fonts for the characters on the axes ----------------------------------------------------------------------------
+# ---- fonts for the characters on the axes
 BASE = "DejaVu Sans Mono"  # matplotlib's own monospaced font: Latin, Greek, Cyrillic, no Chinese
 INSTALL_HINT = "install a font that has them (Debian/Ubuntu: sudo apt-get install fonts-noto-cjk)"
 
@@ -182,7 +179,7 @@ def _charmap(path: str) -> frozenset[int]:
 
 @lru_cache(maxsize=None)
 def _fonts() -> tuple[tuple[str, str], ...]:
-    """(family, file) of every installed font, BASE first, without "Last Resort" (illegible boxes)."""
+    """(family, file) of every installed font, BASE first, but "Last Resort" (illegible boxes)."""
     entries = {(f.name, f.fname) for f in font_manager.fontManager.ttflist if not f.name.startswith("Last Resort")}
     return tuple(sorted(entries, key=lambda e: (e[0] != BASE, e)))
 
@@ -196,7 +193,7 @@ def _system_font_files() -> tuple[str, ...]:
 
 @lru_cache(maxsize=None)
 def font_for(ch: str) -> str | None:
-    """The first installed font with a glyph for ch, or None; one newer than matplotlib's list is added to it."""
+    """The first installed font with a glyph for ch, or None; one new to matplotlib's list is added to it."""
     for name, path in _fonts():
         if ord(ch) in _charmap(path):
             return name

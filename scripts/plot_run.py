@@ -22,8 +22,8 @@ RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "opti
 
 
 def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series of a run: (step, value) pairs in step order, the last written for a step (by time: a resumed
-    run's event files are not always in name order)."""
+    """Every scalar series of a run: (step, value) pairs, the last written for a step (by time: a resumed run's event
+    files are not always in name order)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not out_dir.is_dir():
@@ -52,7 +52,7 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def run_folders(paths: list[str]) -> list[Path]:
-    """The run folders to plot: each folder given, or the runs in a folder of runs."""
+    """Each folder given, or the runs in a folder of runs."""
     folders = []
     for out_dir in map(Path, paths):
         runs = [] if any(out_dir.glob("events.out.tfevents.*")) else sorted(
@@ -79,8 +79,7 @@ LEGEND_COLUMNS = 4  # runs side by side in the legend under a picture of several
 
 
 def draw(folders: list[Path]):
-    """The runs' losses against tokens seen (log-log) and their learning rates; several runs' legend, under the
-    picture, names each run once."""
+    """The runs' losses against tokens seen (log-log) and their learning rates."""
     from matplotlib.ticker import ScalarFormatter
 
     from common.pictures import plt
