@@ -111,8 +111,7 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: 
     if spec == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if native_bfloat16("cuda") else torch.float16
-        large = params > CPU_BFLOAT16_SAMPLING_PARAMS
-        if device.type == "cpu" and native_bfloat16("cpu") and (not sampling or large):
+        if device.type == "cpu" and native_bfloat16("cpu") and (not sampling or params > CPU_BFLOAT16_SAMPLING_PARAMS):
             return torch.bfloat16
         return torch.float32
     if spec not in DTYPES:
@@ -136,7 +135,7 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
         torch.set_num_threads(num_threads)
     if device.type == "cpu":
         keep_freed_memory()
-    if device.type == "cuda":
+    elif device.type == "cuda":
         torch.cuda.set_device(device)  # what takes no device argument means it
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -161,10 +160,7 @@ def cores() -> int:
 
 def thread_counts(n_cores: int) -> list[int]:
     """All cores, then halving down to one: 6, 3, 1."""
-    counts = [n_cores]
-    while counts[-1] > 1:
-        counts.append(counts[-1] // 2)
-    return counts
+    return [n_cores >> halvings for halvings in range(n_cores.bit_length())]
 
 
 FAR_SLOWER = 3.0  # a first call this many times one thread's drops its count

@@ -204,24 +204,15 @@ def font_for(ch: str) -> str | None:
     return None
 
 
-def label(ch: str) -> str:
-    return {"\n": "\\n", " ": "␣", "\t": "\\t"}.get(ch, ch)
-
-
 def tick_labels(text: str) -> tuple[list[str], list[str], list[str]]:
     """(a label per character, font families in fallback order, characters no font draws, shown by code point)."""
     families, missing, shown = [BASE], [], []
-    for written in map(label, text):
-        drawable = True
-        for ch in written:
-            name = font_for(ch)
-            if name is None:
-                drawable = False
-                missing.append(ch)
-            elif name not in families:
-                families.append(name)
-        shown.append(written if drawable else "".join(f"{ord(ch):x}" for ch in written))
-    return shown, families, list(dict.fromkeys(missing))
+    for written in ({"\n": "\\n", " ": "␣", "\t": "\\t"}.get(ch, ch) for ch in text):
+        fonts = [font_for(ch) for ch in written]
+        families += [name for name in fonts if name]
+        missing += [ch for ch, name in zip(written, fonts) if name is None]
+        shown.append(written if all(fonts) else "".join(f"{ord(ch):x}" for ch in written))
+    return shown, list(dict.fromkeys(families)), list(dict.fromkeys(missing))
 
 
 def missing_note(text: str) -> str | None:

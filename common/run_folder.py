@@ -37,10 +37,14 @@ OWN_TEMPORARY = re.compile(r"(ckpt_last\.safetensors|ckpt_best\.safetensors|summ
 
 
 def old_format(path: Path) -> UserError:
-    """The refusal of an old-format checkpoint, naming its converter."""
     what = "holds checkpoints of the old format (.pt); convert them" if path.is_dir() else \
         "is a checkpoint of the old format; convert it"
     return UserError(f"{path} {what} once: {python_command('scripts/convert_checkpoint.py')} {shlex.quote(str(path))}")
+
+
+def resume_command(folder: Path, advice: str = "") -> str:
+    command = f"{python_command('train.py')} --out_dir {shlex.quote(str(folder))} --resume"
+    return command + (f" {advice}" if advice else "")
 
 
 def command_line() -> str:
@@ -55,20 +59,19 @@ def open_lock(path: Path, create: bool) -> int:
         fd = os.open(path, flags, 0o644)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise UserError(planted(path, "a link")) from None
+            raise planted(path, "a link") from None
         raise
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
         os.close(fd)
-        raise UserError(planted(path, "a hard link to another file" if stat.S_ISREG(info.st_mode) else
-                                "not a plain file"))
+        raise planted(path, "a hard link to another file" if stat.S_ISREG(info.st_mode) else "not a plain file")
     return fd
 
 
-def planted(path: Path, what: str, run_there: bool = True) -> str:
+def planted(path: Path, what: str, run_there: bool = True) -> UserError:
     """The refusal of an entry a run never makes; only a run's folder is told to remove it."""
     way = f"remove {path}, or choose another --out_dir" if run_there else "choose a new or empty --out_dir"
-    return f"{path} is {what}, which a run never makes there; {way}"
+    return UserError(f"{path} is {what}, which a run never makes there; {way}")
 
 
 def holder(folder: Path) -> str | None:
@@ -102,7 +105,7 @@ class RunDir:
         self.found: set[str] = set()  # the entries before claim()
 
     def claim(self, say=print, resume: bool = False) -> "RunDir":
-        """Own the folder or refuse, naming its owner; then finish what earlier owners left half done."""
+        """Own the folder or refuse, naming its owner; then finish what earlier owners left undone."""
         if resume and not self.path.exists():
             self.resume_from()
         if self.path.exists() and not self.path.is_dir():
@@ -158,7 +161,7 @@ class RunDir:
         raise UserError(f"{self.path} changed owner each time this process claimed it; run the command again")
 
     def release(self) -> None:
-        """Let the folder go; where nothing was written, remove the lock (and the folder) claim() made."""
+        """Let the folder go; where nothing was written, remove what claim() made."""
         if self._lock_fd is None:
             return
         folder_made, lock_made = self.made
@@ -180,12 +183,12 @@ class RunDir:
             for entry in os.scandir(folder):
                 path = Path(entry.path)
                 if entry.is_symlink():
-                    raise UserError(planted(path, "a link", run_there))
+                    raise planted(path, "a link", run_there)
                 if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
-                    raise UserError(planted(path, "not a plain file or folder", run_there))
+                    raise planted(path, "not a plain file or folder", run_there)
                 if entry.is_dir(follow_symlinks=False) and (entry.name in CHECKPOINTS + (LOCK, SUMMARY)
                                                             or entry.name.startswith("events.out.tfevents.")):
-                    raise UserError(planted(path, "a folder where the run keeps a file"))
+                    raise planted(path, "a folder where the run keeps a file")
 
     def _real_folder(self, path: Path) -> bool:
         """True for a folder, False for nothing; anything else is refused."""
@@ -194,7 +197,7 @@ class RunDir:
         except FileNotFoundError:
             return False
         if not stat.S_ISDIR(mode):
-            raise UserError(planted(path, "a link" if stat.S_ISLNK(mode) else "not a folder"))
+            raise planted(path, "a link" if stat.S_ISLNK(mode) else "not a folder")
         return True
 
     def _recover(self, say) -> None:
@@ -215,7 +218,7 @@ class RunDir:
 
     # ---- replacing a run
     def set_aside(self) -> bool:
-        """Move the old run into .replaced/, its record (data.gate.proven_record) written first. True if any."""
+        """Move the old run into .replaced/, its record written first. True if any."""
         old = self.checkpoints() + self.logs()
         if not old:
             return False
@@ -231,11 +234,10 @@ class RunDir:
         return True
 
     def aside_pending(self) -> bool:
-        """.replaced/ is there: an old run may wait in it."""
         return self._real_folder(self.path / ASIDE)
 
     def recorded_aside(self, folder: Path) -> tuple[dict[str, int] | None, str]:
-        """(names and sizes moved, "") where the record is proven and matches the files; else (None, why)."""
+        """(names and sizes moved, "") where the record is proven and matches the files, else (None, why)."""
         moved, why = gate.proven_record(folder / RECORD, self.path, self._own_name)
         if moved is None:
             return None, why
@@ -294,14 +296,14 @@ class RunDir:
         return kept
 
     def replace_old_run(self, say) -> str | None:
-        """--overwrite: set the old run aside; returns what a stop now does (None: no old run)."""
+        """--overwrite: set the old run aside; what a stop now does, or None without an old run."""
         if not self.set_aside():
             return None
         say(f"--overwrite: the old run in {self.path} is kept aside until this run evaluates after step 0")
         return "putting back the run that --overwrite is replacing (this run has not saved anything to keep)"
 
     def keep_new_run(self, say, step: int) -> bool:
-        """Delete the run the new one replaces. True if there was one."""
+        """Delete the run the new one replaces; True if there was one."""
         if not self.aside_pending() or self.recorded_aside(self.path / ASIDE)[0] is None:
             return False
         os.replace(self.path / ASIDE, self.path / DISCARDED)
@@ -333,7 +335,6 @@ class RunDir:
         return [p for pattern in LOGS for p in self.path.glob(pattern)]
 
     def logs_besides_events(self) -> list[Path]:
-        """The logs a new run will not start beside."""
         return [p for p in self.logs() if not p.name.startswith("events.out.tfevents.")]
 
     def resume_from(self) -> Path:
@@ -348,7 +349,6 @@ class RunDir:
         raise UserError(f"--resume: there is no {self.path / LAST} to continue; drop --resume to start a new run")
 
     def refuse_old(self) -> None:
-        """Refuse a folder whose checkpoints are of the old format."""
         if any((self.path / name).is_file() for name in OLD_CHECKPOINTS):
             raise old_format(self.path)
 
@@ -361,13 +361,11 @@ class RunDir:
             kept = self._keep_apart(events, "events_before")
             say(f"note: {self.path} held only the events of a run with no checkpoint; they are kept in {kept}")
             return
-        where = shlex.quote(str(self.path))
         if not self.checkpoints():
             self.refuse_old()
         if (self.path / LAST).is_file():
             raise UserError(f"{self.path} already holds a run; pass --resume to continue it "
-                            f"({python_command('train.py')} --out_dir {where} --resume), --overwrite to replace it, or "
-                            f"choose another --out_dir")
+                            f"({resume_command(self.path)}), --overwrite to replace it, or choose another --out_dir")
         if self.checkpoints():
             raise UserError(f"{self.path} holds {BEST} but no {LAST}; pass --resume or --overwrite, or choose "
                             f"another --out_dir")
@@ -378,7 +376,7 @@ class RunDir:
 
 # ---- files written whole or not at all
 class WriteFailed(UserError):
-    """A failed write: what failed, what is left, the fix; line() lets a caller say what is left instead."""
+    """A failed write: what failed, what is left, the fix; line() says another thing is left."""
 
     def __init__(self, failed: str, kept: str, fix: str):
         self.failed, self.kept, self.fix = failed, kept, fix
@@ -389,7 +387,7 @@ class WriteFailed(UserError):
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, option: str = "--out_dir") -> None:
-    """write(file) into a new temporary file (mkstemp), synced, then renamed over path: whole or not at all."""
+    """write(file) into a temporary file, synced, then renamed over path: whole or not at all."""
     tmp = None
     try:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.tmp-")
@@ -428,7 +426,7 @@ def read_summary(folder: Path) -> dict | None:
 def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
          say: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
          option: str = "--out_dir") -> Path:
-    """The checkpoint a script reads: --ckpt, else the first of names in out_dir, else the newest finished run in out/.
+    """The checkpoint a script reads: --ckpt, else the first of names in out_dir, else the newest run in out/.
     option: how the caller's user names the folder."""
     if ckpt:
         if out_dir:
@@ -461,8 +459,8 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
         if owner:
             raise UserError(f"{out_dir} is being replaced by an --overwrite run ({owner}); wait for its first "
                             f"evaluation, or stop it to put the old run back")
-        raise UserError(f"{out_dir}: an --overwrite stopped early, and the old run waits in {folder / ASIDE}; "
-                        f"{python_command('train.py')} --out_dir {shlex.quote(out_dir)} --resume puts it back")
+        raise UserError(f"{out_dir}: an --overwrite stopped early, and the old run waits in {aside}; "
+                        f"{resume_command(folder)} puts it back")
     for name in names:
         if (folder / name).exists():
             return folder / name
@@ -472,7 +470,11 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
     missing = f"{out_dir}: no such folder" if not folder.exists() else f"{out_dir} holds no {' or '.join(names)}"
     train = f"{python_command('train.py')} --out_dir {shlex.quote(out_dir)}"
     train += " --overwrite" * bool(run.logs_besides_events())
-    others = runs_beside(folder, names)
+    others = []
+    with contextlib.suppress(OSError):  # the runs beside it, those of its preset first
+        preset = folder.name.split("-", 1)[0]
+        others = sorted((p for p in folder.parent.iterdir() if p != folder and saved(p, names) is not None),
+                        key=lambda p: (p.name.split("-", 1)[0] != preset, p.name))
     if others:
         shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
         raise UserError(f"{missing}; runs with a model beside it: {shown}; give one of them as {option} (or "
@@ -494,13 +496,3 @@ def newest_run(parent: Path, names: tuple[str, ...]) -> tuple[Path | None, list[
     owners = [(folder, holder(folder)) for _, folder in found]
     training = [(folder, owner) for folder, owner in owners if owner]
     return next((folder for folder, owner in owners if not owner), None), training
-
-
-def runs_beside(folder: Path, names: tuple[str, ...]) -> list[Path]:
-    """The run folders beside folder that hold a model, those of its preset first."""
-    try:
-        found = [p for p in folder.parent.iterdir() if p != folder and saved(p, names) is not None]
-    except OSError:
-        return []
-    preset = folder.name.split("-", 1)[0]
-    return sorted(found, key=lambda p: (p.name.split("-", 1)[0] != preset, p.name))

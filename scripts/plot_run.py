@@ -29,9 +29,9 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
     if not out_dir.is_dir():
         what = "no such folder" if not out_dir.exists() else "a file, not a run folder"
         raise UserError(f"--out_dir {out_dir}: {what}; pass the --out_dir of a training run")
-    if not any(out_dir.glob("events.out.tfevents.*")):
+    if not (files := list(out_dir.glob("events.out.tfevents.*"))):
         raise UserError(f"{out_dir} holds no TensorBoard events; pass the --out_dir of a training run")
-    for path in out_dir.glob("events.out.tfevents.*"):
+    for path in files:
         if path.is_symlink() or not path.is_file():
             raise UserError(f"{path} is not a plain file. Move it out of {out_dir}, or leave that run out")
     events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # every point

@@ -5,7 +5,6 @@ import contextlib
 import math
 import os
 import secrets
-import shlex
 import sys
 import threading
 import time
@@ -16,16 +15,14 @@ import torch
 from tqdm import tqdm
 
 from common.machine import sync
-from common.run_folder import BEST, LAST
+from common.run_folder import BEST, LAST, resume_command
 from configs import TrainConfig
-from errors import UserError, disk_error, in_one_line, python_command, shown
+from errors import UserError, disk_error, in_one_line, shown
 
 # Time Series unsmoothed (a few evaluations smoothed mislead), in SVG (for browsers without WebGL).
 TENSORBOARD_URL = "http://localhost:6006/?smoothing=0&forceSVG=true#timeseries"
 # The largest model scripts/attention_html.py puts into its page.
 PAGE_MAX_PARAMETERS = 4_000_000
-# The settings TensorBoard's HParams table shows.
-HPARAMS = ("learning_rate", "max_iters", "n_embd", "n_layer", "optimizer")
 
 
 class Log:
@@ -45,15 +42,15 @@ class Log:
         try:
             import wandb
         except ImportError:
-            self.say("note: the wandb package is not installed, so this run logs to TensorBoard only. Install it "
-                     "(pip install wandb), or give --wandb false")
+            self.say("note: wandb is not installed, so this run logs to TensorBoard only; pip install wandb, or give "
+                     "--wandb false")
             return
         name = self.out_dir.resolve().name
         try:
             self.wandb = wandb.init(project=cfg.wandb_project, name=name, group=name, dir=str(self.out_dir),
                                      config=cfg.to_dict(), settings=wandb.Settings(silent=True))
         except Exception as err:  # no login, no network: the run goes on with TensorBoard
-            self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}), so this run logs to TensorBoard "
+            self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}); this run logs to TensorBoard "
                      f"only. Try wandb login, or WANDB_MODE=offline")
 
     def say(self, message: str) -> None:
@@ -77,14 +74,14 @@ class Log:
 
     # ---- TensorBoard
     def config(self, settings: str) -> None:
-        self._text("config", settings, 0)
+        self._write("add_text", "config", f"```\n{settings}\n```", 0)  # wandb has the config already
 
     def layout(self) -> None:
         """TensorBoard's Custom Scalars: both losses on one chart, then the speed."""
         self._write("add_custom_scalars", {
             "loss": {"train and validation loss (nats per character)": ["Multiline", ["^loss/train$", "^loss/val$"]]},
             "speed": {"tokens per second": ["Multiline", ["^perf/tokens_per_sec$"]],
-                      "model FLOPs utilisation (%), an estimate: against the peak measured at the run's start":
+                      "model FLOPs utilisation (%), against the peak measured at the start":
                           ["Multiline", ["^perf/mfu$"]]}})
 
     def writer(self):
@@ -99,7 +96,8 @@ class Log:
         self.to_wandb(scalars, it)
 
     def sample(self, it: int, text: str) -> None:
-        self._text("samples", text, it)
+        self._write("add_text", "samples", f"```\n{text}\n```", it)
+        self.to_wandb({"samples": text}, it)
 
     def attention(self, it: int, layer: int, picture) -> None:
         """picture: a (height, width, 3) uint8 array."""
@@ -126,7 +124,8 @@ class Log:
         figures = {"summary/full_val_loss": summary.get("full_val_loss"),
                    "summary/best_val_loss": summary["best_val_loss"], "summary/last_val_loss": summary["val_loss"]}
         metrics = {tag: value for tag, value in figures.items() if value is not None}
-        hparams = {name: getattr(cfg, name) for name in HPARAMS}
+        hparams = {name: getattr(cfg, name) for name in ("learning_rate", "max_iters", "n_embd", "n_layer",
+                                                          "optimizer")}
 
         def write(writer) -> None:
             for written in hparams_summaries(hparams, metrics):
@@ -137,11 +136,6 @@ class Log:
         self.to_wandb(metrics, step)
         if self.wandb is not None:
             self.wandb.summary.update(metrics)
-
-    def _text(self, tag: str, text: str, step: int) -> None:
-        self._write("add_text", tag, "```\n" + text + "\n```", step)
-        if tag != "config":  # wandb has the config already
-            self.to_wandb({tag: text}, step)
 
     def to_wandb(self, values: dict, step: int) -> None:
         if self.wandb is not None:
@@ -231,10 +225,9 @@ def seconds_since_process_start() -> float | None:
 
 def compile_seconds() -> float:
     """Seconds torch.compile has spent in this process."""
-    utils = sys.modules.get("torch._dynamo.utils")
     try:
-        return float(utils.calculate_time_spent().get("total_wall_time", 0.0)) if utils is not None else 0.0
-    except Exception:  # a private account: a torch release may change it
+        return float(sys.modules["torch._dynamo.utils"].calculate_time_spent().get("total_wall_time", 0.0))
+    except Exception:  # not imported yet, or a private account changed by a torch release
         return 0.0
 
 
@@ -336,11 +329,6 @@ def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
     return (f"out of memory{figures} for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
             f"{cfg.batch_size} x block_size {cfg.block_size}; lower --batch_size (or --block_size, --n_embd, "
             f"--n_layer); {saved}")
-
-
-def resume_command(folder: Path, advice: str = "") -> str:
-    command = f"{python_command('train.py')} --out_dir {shlex.quote(str(folder))} --resume"
-    return command + (f" {advice}" if advice else "")
 
 
 def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str = "") -> str:
