@@ -45,11 +45,7 @@ def pick_device(spec: str) -> torch.device:
     if not valid_device(spec):
         raise UserError(f"--device {spec}: must be auto, cpu, cuda, cuda:N or mps")
     if spec == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        spec = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     device = torch.device(spec)
     if reason := unavailable(device):
         fix = ("give one of them, or --device cuda" if device.type == "cuda" and torch.cuda.is_available() else
@@ -260,7 +256,7 @@ KEPT_BYTES = 1 << 30
 
 def keep_freed_memory() -> bool:
     """glibc: keep freed blocks up to KEPT_BYTES, as each step frees and allocates the same tensors."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if platform.libc_ver()[0] != "glibc":
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on

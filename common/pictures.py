@@ -30,10 +30,10 @@ def picture_formats() -> tuple[str, ...]:
     return tuple(f".{ext}" for ext in FigureCanvasBase.get_supported_filetypes() if ext != "pgf")
 
 
-def save_figure(figure, path: str | Path, option: str) -> None:
+def save_figure(figure, path: str | Path, option: str, what: str = "the picture") -> None:
     """Write a figure atomically, its format from the file's ending."""
     path = Path(path)
-    write_atomic(path, lambda f: figure.savefig(f, format=path.suffix[1:].lower()), "the picture", option)
+    write_atomic(path, lambda f: figure.savefig(f, format=path.suffix[1:].lower()), what, option)
 
 
 def loss_figure(losses: dict, title: str):
@@ -57,8 +57,7 @@ def loss_figure(losses: dict, title: str):
     else:
         ax.text(0.5, 0.5, "no losses logged yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_title(title.replace("$", r"\$"), fontsize=10)  # a folder's name is text, not matplotlib's $math$
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats per character)")
+    ax.set(xlabel="step", ylabel="cross-entropy (nats per character)")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig
@@ -67,7 +66,7 @@ def loss_figure(losses: dict, title: str):
 def save_loss_picture(path: Path, losses: dict, title: str) -> None:
     fig = loss_figure(losses, title)
     plt.close(fig)
-    write_atomic(path, lambda f: fig.savefig(f, format="png"), "the loss picture")
+    save_figure(fig, path, "--out_dir", "the loss picture")
 
 
 def grid_of(n_heads: int) -> tuple[int, int]:
@@ -91,6 +90,7 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
     labels, families, _ = tick_labels(text)
     step = 1 if every_label else math.ceil(len(labels) / 20)
     ticks = list(range(0, len(labels), step))
+    shown = [labels[i] for i in ticks]
     size = weights.size(-1)  # T
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # masked cells: see through, to the hatch
     for ax in axes.flat[len(heads):]:
@@ -100,8 +100,8 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
                                linewidth=0, zorder=0))  # shows only where the mask hides a cell
         image = ax.imshow(causal_cells(weights[head]), cmap=cmap, vmin=0.0, vmax=1.0, zorder=1)
         ax.set_title(panel_title(layer, head), fontsize=9)
-        ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)
-        ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)
+        ax.set_xticks(ticks, shown, fontsize=8, fontfamily=families)
+        ax.set_yticks(ticks, shown, fontsize=8, fontfamily=families)
         ax.set_xlabel("key (attended to)", fontsize=7)
         ax.set_ylabel("query", fontsize=7)
     bar = fig.add_axes((1 - 0.75 / width, 0.15, 0.12 / width, 0.7))

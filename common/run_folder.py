@@ -110,41 +110,34 @@ class RunDir:
             self.resume_from()
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"--out_dir {self.path} is a file, not a folder; choose another --out_dir")
-        fd = self._lock()
+        self._lock_fd = fd = self._lock()
         try:
             self.check_entries()
         except BaseException:
-            if self.made[1]:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.path / LOCK)
-            os.close(fd)
+            self.release()
             raise
         # the owner's note (a full disk is no error)
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n{command_line()}\n{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(
                 "utf-8", "surrogateescape"), 0)
-        self._lock_fd = fd
         self._recover(say)
         return self
 
     def _lock(self) -> int:
         """The folder's lock, taken, or one line naming its owner; a lock file removed meanwhile is taken anew."""
-        def unwritable(err: OSError) -> UserError:
-            return UserError(f"--out_dir {self.path} cannot be written ({disk_error(err)}); choose another --out_dir")
         for _ in range(5):
             try:
                 self.made = (not self.path.exists(), not (self.path / LOCK).exists())
                 self.path.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.found = set(os.listdir(self.path)) - {LOCK}
+                    fd = open_lock(self.path / LOCK, create=True)
+                except FileNotFoundError:
+                    continue
             except OSError as err:
-                raise unwritable(err) from None
-            try:
-                self.found = set(os.listdir(self.path)) - {LOCK}
-                fd = open_lock(self.path / LOCK, create=True)
-            except FileNotFoundError:
-                continue
-            except OSError as err:
-                raise unwritable(err) from None
+                raise UserError(f"--out_dir {self.path} cannot be written ({disk_error(err)}); choose another "
+                                f"--out_dir") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
