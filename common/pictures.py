@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import matplotlib
@@ -169,7 +169,7 @@ BASE = "DejaVu Sans Mono"  # matplotlib's own monospaced font: Latin, Greek, Cyr
 INSTALL_HINT = "install a font that has them (Debian/Ubuntu: sudo apt-get install fonts-noto-cjk)"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _charmap(path: str) -> frozenset[int]:
     try:
         return frozenset(FT2Font(path).get_charmap())
@@ -177,21 +177,21 @@ def _charmap(path: str) -> frozenset[int]:
         return frozenset()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _fonts() -> tuple[tuple[str, str], ...]:
     """(family, file) of every installed font, BASE first, but "Last Resort" (illegible boxes)."""
     entries = {(f.name, f.fname) for f in font_manager.fontManager.ttflist if not f.name.startswith("Last Resort")}
     return tuple(sorted(entries, key=lambda e: (e[0] != BASE, e)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _system_font_files() -> tuple[str, ...]:
     """Font files that matplotlib's cached font list does not know yet."""
     new = set(font_manager.findSystemFonts()) - {path for _, path in _fonts()}
     return tuple(sorted(new, key=lambda path: ("Regular" not in Path(path).name, path)))  # Regular before Bold, Italic
 
 
-@lru_cache(maxsize=None)
+@cache
 def font_for(ch: str) -> str | None:
     """The first installed font with a glyph for ch, or None; one new to matplotlib's list is added to it."""
     for name, path in _fonts():

@@ -47,9 +47,13 @@ def resume_command(folder: Path, advice: str = "") -> str:
     return command + (f" {advice}" if advice else "")
 
 
+def own_name(name: str) -> bool:
+    return name in CHECKPOINTS + (SUMMARY, LOSS_PICTURE) or bool(re.fullmatch(r"events\.out\.tfevents\.[\w.-]+", name))
+
+
 def command_line() -> str:
     """This process's command, as a user could paste it."""
-    return " ".join(shlex.quote(part) for part in [Path(sys.executable).name, *sys.argv])
+    return shlex.join([Path(sys.executable).name, *sys.argv])
 
 
 def open_lock(path: Path, create: bool) -> int:
@@ -231,7 +235,7 @@ class RunDir:
 
     def recorded_aside(self, folder: Path) -> tuple[dict[str, int] | None, str]:
         """(names and sizes moved, "") where the record is proven and matches the files, else (None, why)."""
-        moved, why = gate.proven_record(folder / RECORD, self.path, self._own_name)
+        moved, why = gate.proven_record(folder / RECORD, self.path, own_name)
         if moved is None:
             return None, why
         try:
@@ -245,11 +249,6 @@ class RunDir:
             if not where.is_file() or where.is_symlink() or where.stat().st_size != size:
                 return None, f"{name} is not the file its record lists"
         return moved, ""
-
-    @staticmethod
-    def _own_name(name: str) -> bool:
-        own_log = re.fullmatch(r"events\.out\.tfevents\.[\w.-]+", name) is not None
-        return name in CHECKPOINTS + (SUMMARY, LOSS_PICTURE) or own_log
 
     def put_back(self) -> Path | None:
         """The old run back; the untrained replacement's files kept apart, in the folder returned."""
@@ -306,7 +305,7 @@ class RunDir:
 
     def _delete_recorded(self, folder: Path) -> None:
         """Delete folder where its proven record names every file in it."""
-        moved, why = gate.proven_record(folder / RECORD, self.path, self._own_name)
+        moved, why = gate.proven_record(folder / RECORD, self.path, own_name)
         present = {entry.name for entry in os.scandir(folder) if entry.name != RECORD}
         plain = all(entry.is_file(follow_symlinks=False) for entry in os.scandir(folder))
         if moved is None or not present <= moved.keys() or not plain:
@@ -448,7 +447,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
                                                      if file else ""))
     owner = holder(folder)
     aside = folder / ASIDE
-    if aside.is_dir() and not aside.is_symlink() and run.recorded_aside(aside)[0] is not None:
+    if run.recorded_aside(aside)[0] is not None:  # (a link or a copy is not proven)
         if owner:
             raise UserError(f"{out_dir} is being replaced by an --overwrite run ({owner}); wait for its first "
                             f"evaluation, or stop it to put the old run back")
