@@ -1,5 +1,4 @@
 """The machine a command computes on: device, precision, CPU threads and free memory."""
-from __future__ import annotations
 
 import contextlib
 import ctypes

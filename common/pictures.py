@@ -1,22 +1,21 @@
 """Pictures drawn with matplotlib: attention heatmaps, loss curves, and fonts for the characters on their axes."""
-from __future__ import annotations
 
 import math
 from functools import cache
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib import font_manager
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.ft2font import FT2Font
+from matplotlib.patches import Patch, Rectangle
+
+from common.run_folder import write_atomic
 
 matplotlib.use("Agg")  # files only, no window
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import font_manager  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.ft2font import FT2Font  # noqa: E402
-from matplotlib.patches import Patch, Rectangle  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from common.run_folder import write_atomic  # noqa: E402
 
 PANEL_INCHES, DPI = 3.6, 100
 # The masked future: hatched light grey, which viridis never takes, so it is never read as a weight of 0.

@@ -2,7 +2,6 @@
 
 --overwrite moves the old run into .replaced/ and deletes it once the new run evaluates after step 0; a stop or crash
 before puts it back. Only a record proven written for this folder moves or deletes a file."""
-from __future__ import annotations
 
 import contextlib
 import errno

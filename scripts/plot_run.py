@@ -1,6 +1,5 @@
 """python scripts/plot_run.py --out_dir DIR [DIR ...] --png FILE: loss curves and learning rate from TensorBoard
 events."""
-from __future__ import annotations
 
 import math
 import sys

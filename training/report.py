@@ -1,5 +1,4 @@
 """What a run says and records: messages, progress bars, TensorBoard, the clocks, the last lines."""
-from __future__ import annotations
 
 import contextlib
 import math
@@ -269,12 +268,10 @@ class Phases:
                  for phase, seconds in report.items()
                  if phase != "total" and (seconds >= 0.05 or phase == "training steps")]
         since = "since the command started" if self.seconds["start-up"] else "in this call"
-        expected = ""
         if self.expected is not None:
             low, high = (f"{seconds:.0f}" for seconds in self.expected)
-            estimate = low if low == high else f"{low}-{high}"
-            expected = f" (estimated before the first step: {estimate} s)"
-        return f"where the time went: {', '.join(parts)}; {report['total']:.1f} s {since}{expected}"
+            since += f" (estimated before the first step: {low if low == high else f'{low}-{high}'} s)"
+        return f"where the time went: {', '.join(parts)}; {report['total']:.1f} s {since}"
 
 
 class TrainClock:
