@@ -89,7 +89,7 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
     labels, families, _ = tick_labels(text)
     step = 1 if every_label else math.ceil(len(labels) / 20)
     ticks = list(range(0, len(labels), step))
-    shown = [labels[i] for i in ticks]
+    shown = labels[::step]
     size = weights.size(-1)  # T
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # masked cells: see through, to the hatch
     for ax in axes.flat[len(heads):]:
