@@ -423,8 +423,14 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
         if out_dir:
             raise UserError("give --out_dir or --ckpt, not both")
         return Path(ckpt)
-    if not out_dir:
-        newest, training = newest_run(Path("out"), names)
+    if not out_dir:  # the newest run in out/ that no process trains in
+        found = []
+        with contextlib.suppress(OSError):
+            found = sorted(((when, p) for p in Path("out").iterdir() if (when := saved(p, names)) is not None),
+                           reverse=True)
+        runs = [(folder, holder(folder)) for _, folder in found]
+        training = [(folder, owner) for folder, owner in runs if owner]
+        newest = next((folder for folder, owner in runs if not owner), None)
         passed_over = "; ".join(f"{folder}, which {owner} is still training" for folder, owner in training[:2])
         if newest is None and training:
             raise UserError(f"the runs in out/ are all still training ({passed_over}); wait for one, or give "
@@ -456,9 +462,10 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
         if (folder / name).exists():
             return folder / name
     run.refuse_old()
+    wanted = " or ".join(names)
     if owner:
-        raise UserError(f"{out_dir} holds no {' or '.join(names)} yet: {owner} is training there; wait a while")
-    missing = f"{out_dir}: no such folder" if not folder.exists() else f"{out_dir} holds no {' or '.join(names)}"
+        raise UserError(f"{out_dir} holds no {wanted} yet: {owner} is training there; wait a while")
+    missing = f"{out_dir}: no such folder" if not folder.exists() else f"{out_dir} holds no {wanted}"
     train = f"{python_command('train.py')} --out_dir {shlex.quote(out_dir)}"
     train += " --overwrite" * bool(run.logs_besides_events())
     others = []
@@ -476,14 +483,3 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
 def saved(folder: Path, names: tuple[str, ...]) -> float | None:
     """When the newest of names in folder was written; None where there is none."""
     return max(((folder / name).stat().st_mtime for name in names if (folder / name).is_file()), default=None)
-
-
-def newest_run(parent: Path, names: tuple[str, ...]) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest run in parent that no process holds (or None), and the runs still training with their holders."""
-    try:
-        found = sorted(((when, p) for p in parent.iterdir() if (when := saved(p, names)) is not None), reverse=True)
-    except OSError:
-        return None, []
-    owners = [(folder, holder(folder)) for _, folder in found]
-    training = [(folder, owner) for folder, owner in owners if owner]
-    return next((folder for folder, owner in owners if not owner), None), training
