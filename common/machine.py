@@ -1,5 +1,4 @@
 """The machine a command computes on: device, precision, CPU threads and free memory."""
-from __future__ import annotations
 
 import contextlib
 import ctypes
@@ -18,11 +17,10 @@ from errors import UserError
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
-# ---- device and precision ----
 @dataclass
 class Runtime:
     device: torch.device
-    dtype: torch.dtype  # what matrix products run in (autocast); weights and optimizer stay float32
+    dtype: torch.dtype  # of matrix products (autocast); weights and optimizer stay float32
 
     @property
     def device_type(self) -> str:
@@ -34,7 +32,7 @@ class Runtime:
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
-        """float16 needs loss scaling so small gradients do not underflow."""
+        """float16 needs loss scaling, or small gradients underflow."""
         return torch.amp.GradScaler(self.device_type, enabled=self.dtype == torch.float16)
 
     def describe(self) -> str:
@@ -46,11 +44,7 @@ def pick_device(spec: str) -> torch.device:
     if not valid_device(spec):
         raise UserError(f"--device {spec}: must be auto, cpu, cuda, cuda:N or mps")
     if spec == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        spec = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     device = torch.device(spec)
     if reason := unavailable(device):
         fix = ("give one of them, or --device cuda" if device.type == "cuda" and torch.cuda.is_available() else
@@ -60,7 +54,7 @@ def pick_device(spec: str) -> torch.device:
 
 
 def usable_device(device: torch.device | str, doing: str, fix: str) -> torch.device:
-    """device as a torch.device, or a UserError saying why this machine lacks it."""
+    """device as a torch.device, or a UserError saying why it is not here."""
     try:
         target = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
@@ -71,7 +65,7 @@ def usable_device(device: torch.device | str, doing: str, fix: str) -> torch.dev
 
 
 def unavailable(device: torch.device) -> str | None:
-    """Why this machine has no such device (None where it has it)."""
+    """Why this machine has no such device; None where it has."""
     if device.type == "cuda" and not torch.cuda.is_available():
         return "CUDA is not available on this machine (or this PyTorch is a CPU build)"
     if device.type == "mps" and not torch.backends.mps.is_available():
@@ -82,7 +76,6 @@ def unavailable(device: torch.device) -> str | None:
 
 
 def gpus(count: int) -> str:
-    """'1 GPU (cuda:0)', '4 GPUs (cuda:0 to cuda:3)'."""
     return "1 GPU (cuda:0)" if count == 1 else f"{count} GPUs (cuda:0 to cuda:{count - 1})"
 
 
@@ -94,18 +87,17 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 def cpu_has_bfloat16_units() -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX)."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+    return any(getattr(torch.cpu, f"_is_{unit}_supported", lambda: False)() for unit in ("avx512_bf16", "amx_tile"))
 
 
 def native_bfloat16(device_type: str) -> bool:
-    """Whether the device multiplies bfloat16 matrices in hardware (emulated, it is slow)."""
+    """Whether the device multiplies bfloat16 matrices in hardware (emulated is slow)."""
     if device_type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
     return device_type == "cpu" and cpu_has_bfloat16_units()
 
 
-# auto samples in bfloat16 on a CPU only above this many parameters: a smaller model fits the caches in float32.
+# auto samples in bfloat16 on a CPU only above this many parameters: a smaller one fits the caches in float32.
 CPU_BFLOAT16_SAMPLING_PARAMS = 4_000_000
 
 
@@ -114,8 +106,7 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: 
     if spec == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if native_bfloat16("cuda") else torch.float16
-        large = params > CPU_BFLOAT16_SAMPLING_PARAMS
-        if device.type == "cpu" and native_bfloat16("cpu") and (not sampling or large):
+        if device.type == "cpu" and native_bfloat16("cpu") and (not sampling or params > CPU_BFLOAT16_SAMPLING_PARAMS):
             return torch.bfloat16
         return torch.float32
     if spec not in DTYPES:
@@ -126,7 +117,7 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: 
 
 
 def for_sampling(rt: Runtime, dtype_spec: str, params: int = 0) -> Runtime:
-    """The runtime for sampling a model of params parameters on rt's device."""
+    """The runtime for sampling a model of params parameters."""
     return Runtime(rt.device, pick_dtype(dtype_spec, rt.device, sampling=True, params=params))
 
 
@@ -139,14 +130,14 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
         torch.set_num_threads(num_threads)
     if device.type == "cpu":
         keep_freed_memory()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # so that what takes no device argument means it
+    elif device.type == "cuda":
+        torch.cuda.set_device(device)  # what takes no device argument means it
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return Runtime(device, pick_dtype(dtype_spec, device, sampling))
 
 
-# ---- CPU threads ----
+# ---- CPU threads
 def cores() -> int:
     """The cores this process may use: its affinity, up to cgroup v2's cpu.max."""
     try:
@@ -163,21 +154,18 @@ def cores() -> int:
 
 
 def thread_counts(n_cores: int) -> list[int]:
-    """All cores, then halving down to one (6: 6, 3, 1)."""
-    counts = [n_cores]
-    while counts[-1] > 1:
-        counts.append(counts[-1] // 2)
-    return counts
+    """All cores, then halving down to one: 6, 3, 1."""
+    return [n_cores >> halvings for halvings in range(n_cores.bit_length())]
 
 
 FAR_SLOWER = 3.0  # a first call this many times one thread's drops its count
 CLEARLY_SLOWER = 1.5  # a best call this many times the leader's median drops its count
-PROBE_ROUNDS, PROBE_BUDGET = 3, 4.0  # warm calls per count; seconds after which no new round begins
+PROBE_ROUNDS, PROBE_BUDGET = 3, 4.0  # warm calls per count; seconds after which no round begins
 
 
 def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: int = PROBE_ROUNDS,
                     budget: float = PROBE_BUDGET) -> dict[int, list[float]]:
-    """Seconds of warm time_once() calls at each count, the counts taking turns so that load falls on each alike."""
+    """Seconds of warm time_once() calls at each count, taking turns so that load falls on each alike."""
     fewest, spent = counts[-1], 0.0
     seconds: dict[int, list[float]] = {n: [] for n in counts}
     torch.set_num_threads(fewest)
@@ -205,7 +193,7 @@ def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: i
 
 
 def fastest(seconds: dict[int, list[float]]) -> int:
-    """The count whose median time is lowest; of two alike, the fewer threads."""
+    """The count of lowest median time; of two alike, the fewer."""
     return min(seconds, key=lambda n: (statistics.median(seconds[n]), n))
 
 
@@ -221,7 +209,6 @@ class Threads:
         return self.seconds.get(self.count, [])
 
     def line(self, work: str) -> str:
-        """The count, why, and what the work took at each count."""
         each = [f"{span(self.seconds[n])} with {n}" for n in sorted(self.seconds, reverse=True)]
         timed = "; ".join(each) if len(each) > 1 else span(self.steady) if self.steady else ""
         n_cores = cores()
@@ -238,7 +225,7 @@ class Threads:
 
 
 def span(seconds: list[float]) -> str:
-    """'41 ms', '41-47 ms', '5.4 s', '12-30 s': the range of a few timings."""
+    """The range of a few timings: '41 ms', '41-47 ms', '5.4 s', '12-30 s'."""
     high = max(seconds)
     scale, unit, digits = (1000, "ms", 0) if high < 1 else (1, "s", int(high < 10))
     low_text, high_text = (f"{x * scale:.{digits}f}" for x in (min(seconds), high))
@@ -267,8 +254,8 @@ KEPT_BYTES = 1 << 30
 
 
 def keep_freed_memory() -> bool:
-    """glibc: keep freed blocks up to KEPT_BYTES, as each step frees and allocates the same tensors (docs/speed.md)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    """glibc: keep freed blocks up to KEPT_BYTES, as each step frees and allocates the same tensors."""
+    if platform.libc_ver()[0] != "glibc":
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
@@ -280,7 +267,7 @@ def keep_freed_memory() -> bool:
 
 
 def free_memory() -> int | None:
-    """Bytes a process can still get (Linux: MemAvailable plus free swap, within cgroup v2); None where unknown."""
+    """Bytes a process can still get (Linux: MemAvailable plus free swap, within cgroup v2), else None."""
     try:
         fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
         free = sum(int(fields[name].split()[0]) * 1024 for name in ("MemAvailable", "SwapFree") if name in fields)
@@ -296,8 +283,7 @@ def free_memory() -> int | None:
 
 
 def check_free_memory(need: int, device: torch.device | str, what: str, fix: str, error: type = UserError) -> None:
-    """The one free-memory check: on a CPU, refuse what needs more memory than is free (there the system kills the
-    process with no error). Each caller estimates its own need."""
+    """On a CPU, refuse what needs more memory than is free (there the system kills the process with no error)."""
     free = free_memory() if torch.device(device).type == "cpu" else None
     if free is not None and need > free:
         raise error(f"out of memory: {what} would need about {need / 2**30:.1f} GiB, and this machine has "
@@ -306,7 +292,7 @@ def check_free_memory(need: int, device: torch.device | str, what: str, fix: str
 
 @contextlib.contextmanager
 def fits_in_memory(need: int, device: torch.device | str, what: str, fix: str, error: type = UserError):
-    """check_free_memory first; then an allocation that fails anywhere is the same one error."""
+    """check_free_memory, then an allocation that fails is the same one error."""
     check_free_memory(need, device, what, fix, error)
     try:
         yield

@@ -1,26 +1,24 @@
-"""Pictures: attention heatmaps (one panel per head) and loss curves, drawn with matplotlib, and fonts for the
-characters on their axes."""
-from __future__ import annotations
+"""Pictures drawn with matplotlib: attention heatmaps, loss curves, and fonts for the characters on their axes."""
 
 import math
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib import font_manager
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.ft2font import FT2Font
+from matplotlib.patches import Patch, Rectangle
 
-matplotlib.use("Agg")  # files only, no window: works on servers and in tests
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import font_manager  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.ft2font import FT2Font  # noqa: E402
-from matplotlib.patches import Patch, Rectangle  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+from common.run_folder import write_atomic
 
-from common.run_folder import write_atomic  # noqa: E402
+matplotlib.use("Agg")  # files only, no window
 
 PANEL_INCHES, DPI = 3.6, 100
-# The masked future: light grey, hatched, which viridis never takes, so it is never read as a weight of 0.
+# The masked future: hatched light grey, which viridis never takes, so it is never read as a weight of 0.
 MASKED_FILL, MASKED_HATCH = "#d9d9d9", "#8c8c8c"
 MASKED_LABEL = "masked\n(the future)"
 
@@ -31,15 +29,15 @@ def picture_formats() -> tuple[str, ...]:
     return tuple(f".{ext}" for ext in FigureCanvasBase.get_supported_filetypes() if ext != "pgf")
 
 
-def save_figure(figure, path: str | Path, option: str) -> None:
-    """Write a figure whole or not at all, its format from the file's ending."""
+def save_figure(figure, path: str | Path, option: str, what: str = "the picture") -> None:
+    """Write a figure atomically, its format from the file's ending."""
     path = Path(path)
-    write_atomic(path, lambda f: figure.savefig(f, format=path.suffix[1:].lower()), "the picture", option)
+    write_atomic(path, lambda f: figure.savefig(f, format=path.suffix[1:].lower()), what, option)
 
 
 def loss_figure(losses: dict, title: str):
     """losses["train"]: (step, loss) per log line; losses["eval"]: (step, train, validation) per evaluation. Every
-    point is drawn, unsmoothed; the y axis spans the finite ones."""
+    point is drawn; the y axis spans the finite ones."""
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
     series = [("train loss (each log line's batch)", losses["train"], 1, "C0", "."),
               ("train loss (evaluation)", losses["eval"], 1, "C2", "s"),
@@ -58,8 +56,7 @@ def loss_figure(losses: dict, title: str):
     else:
         ax.text(0.5, 0.5, "no losses logged yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_title(title.replace("$", r"\$"), fontsize=10)  # a folder's name is text, not matplotlib's $math$
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats per character)")
+    ax.set(xlabel="step", ylabel="cross-entropy (nats per character)")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig
@@ -68,30 +65,31 @@ def loss_figure(losses: dict, title: str):
 def save_loss_picture(path: Path, losses: dict, title: str) -> None:
     fig = loss_figure(losses, title)
     plt.close(fig)
-    write_atomic(path, lambda f: fig.savefig(f, format="png"), "the loss picture")
+    save_figure(fig, path, "--out_dir", "the loss picture")
 
 
 def grid_of(n_heads: int) -> tuple[int, int]:
-    """(rows, columns) of the heads' panels: near square, at most 3 columns (a narrow TensorBoard card)."""
+    """(rows, columns) of the heads' panels: near square, at most 3 columns (TensorBoard's card is narrow)."""
     cols = n_heads if n_heads <= 2 else 2 if n_heads <= 4 else 3
     return math.ceil(n_heads / cols), cols
 
 
 def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[int] | None = None,
                      every_label: bool = False):
-    """weights (n_head, T, T) of one layer -> one heatmap per head, characters on both axes (at most 20 per axis,
-    or every one with every_label, at 0.16 inch each)."""
+    """weights (n_head, T, T) of one layer -> a heatmap per head, characters on both axes (at most 20 per axis,
+    or every one at 0.16 inch with every_label)."""
     heads = list(range(weights.size(0))) if heads is None else heads
     rows, cols = grid_of(len(heads))
     panel = max(PANEL_INCHES, 0.16 * len(text)) if every_label else PANEL_INCHES
     width, height = cols * panel + 0.8, rows * panel
     fig, axes = plt.subplots(rows, cols, figsize=(width, height), dpi=DPI, squeeze=False)
-    # Fixed margins in inches for the labels, titles and colour bar: faster than constrained layout.
+    # Fixed margins in inches: faster than constrained layout.
     fig.subplots_adjust(left=0.45 / width, right=1 - 1.05 / width, bottom=0.5 / height, top=1 - 0.3 / height,
                         wspace=0.2, hspace=0.25)
     labels, families, _ = tick_labels(text)
     step = 1 if every_label else math.ceil(len(labels) / 20)
     ticks = list(range(0, len(labels), step))
+    shown = labels[::step]
     size = weights.size(-1)  # T
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # masked cells: see through, to the hatch
     for ax in axes.flat[len(heads):]:
@@ -101,8 +99,8 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
                                linewidth=0, zorder=0))  # shows only where the mask hides a cell
         image = ax.imshow(causal_cells(weights[head]), cmap=cmap, vmin=0.0, vmax=1.0, zorder=1)
         ax.set_title(panel_title(layer, head), fontsize=9)
-        ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)
-        ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=8, fontfamily=families)
+        ax.set_xticks(ticks, shown, fontsize=8, fontfamily=families)
+        ax.set_yticks(ticks, shown, fontsize=8, fontfamily=families)
         ax.set_xlabel("key (attended to)", fontsize=7)
         ax.set_ylabel("query", fontsize=7)
     bar = fig.add_axes((1 - 0.75 / width, 0.15, 0.12 / width, 0.7))
@@ -119,18 +117,16 @@ def causal_cells(weights: torch.Tensor) -> np.ma.MaskedArray:
 
 
 class AttentionPictures:
-    """A run's attention pictures of its probe text, one per layer, as (height, width, 3) arrays. The figure is drawn
-    once without its heatmaps, frames and titles; each picture draws only those onto that background, giving the
-    same pixels as its whole figure. Weights of another shape are laid out afresh."""
+    """A run's attention pictures of its probe text as (height, width, 3) arrays. The figure is drawn once without
+    its heatmaps, frames and titles; each picture draws only those onto that background: the whole figure's pixels."""
 
     def __init__(self, text: str):
         self.text = text
-        self.laid_out: tuple | None = None  # (the weights' shape, the figure, its heatmap axes, the background)
+        self.laid_out: tuple | None = None  # (weights' shape, figure, heatmap axes, background)
 
     def lay_out(self, weights: torch.Tensor, layer: int) -> None:
-        """The figure for weights of this shape, drawn once without what each picture redraws."""
         fig = attention_figure(weights, self.text, layer)
-        plt.close(fig)  # out of pyplot's list (it warns past 20), onto a canvas of its own
+        plt.close(fig)  # out of pyplot's list (it warns past 20)
         FigureCanvasAgg(fig)
         heatmaps = [ax for ax in fig.axes if ax.images]  # one per head (the colour bar has none)
         redrawn = [artist for ax in heatmaps for artist in redrawn_parts(ax)]
@@ -146,7 +142,7 @@ class AttentionPictures:
         self.laid_out = (weights.shape, fig, heatmaps, background)
 
     def render(self, weights: torch.Tensor, layer: int):
-        """weights (n_head, T, T) of one layer -> the picture, a (height, width, 3) uint8 array."""
+        """weights (n_head, T, T) of one layer -> a (height, width, 3) uint8 array."""
         if self.laid_out is None or self.laid_out[0] != weights.shape:
             self.lay_out(weights, layer)
         _, fig, heatmaps, background = self.laid_out
@@ -167,12 +163,12 @@ def redrawn_parts(ax) -> tuple:
     return ax.images[0], *ax.spines.values()
 
 
-# ---- fonts for the characters on the axes ----------------------------------------------------------------------------
+# ---- fonts for the characters on the axes
 BASE = "DejaVu Sans Mono"  # matplotlib's own monospaced font: Latin, Greek, Cyrillic, no Chinese
 INSTALL_HINT = "install a font that has them (Debian/Ubuntu: sudo apt-get install fonts-noto-cjk)"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _charmap(path: str) -> frozenset[int]:
     try:
         return frozenset(FT2Font(path).get_charmap())
@@ -180,23 +176,23 @@ def _charmap(path: str) -> frozenset[int]:
         return frozenset()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _fonts() -> tuple[tuple[str, str], ...]:
-    """(family, file) of every installed font, BASE first, without "Last Resort" (illegible boxes)."""
+    """(family, file) of every installed font, BASE first, but "Last Resort" (illegible boxes)."""
     entries = {(f.name, f.fname) for f in font_manager.fontManager.ttflist if not f.name.startswith("Last Resort")}
     return tuple(sorted(entries, key=lambda e: (e[0] != BASE, e)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _system_font_files() -> tuple[str, ...]:
     """Font files that matplotlib's cached font list does not know yet."""
     new = set(font_manager.findSystemFonts()) - {path for _, path in _fonts()}
     return tuple(sorted(new, key=lambda path: ("Regular" not in Path(path).name, path)))  # Regular before Bold, Italic
 
 
-@lru_cache(maxsize=None)
+@cache
 def font_for(ch: str) -> str | None:
-    """The first installed font with a glyph for ch, or None; one newer than matplotlib's list is added to it."""
+    """The first installed font with a glyph for ch, or None; one new to matplotlib's list is added to it."""
     for name, path in _fonts():
         if ord(ch) in _charmap(path):
             return name
@@ -207,24 +203,15 @@ def font_for(ch: str) -> str | None:
     return None
 
 
-def label(ch: str) -> str:
-    return {"\n": "\\n", " ": "␣", "\t": "\\t"}.get(ch, ch)
-
-
 def tick_labels(text: str) -> tuple[list[str], list[str], list[str]]:
     """(a label per character, font families in fallback order, characters no font draws, shown by code point)."""
     families, missing, shown = [BASE], [], []
-    for written in map(label, text):
-        drawable = True
-        for ch in written:
-            name = font_for(ch)
-            if name is None:
-                drawable = False
-                missing.append(ch)
-            elif name not in families:
-                families.append(name)
-        shown.append(written if drawable else "".join(f"{ord(ch):x}" for ch in written))
-    return shown, families, list(dict.fromkeys(missing))
+    for written in ({"\n": "\\n", " ": "␣", "\t": "\\t"}.get(ch, ch) for ch in text):
+        fonts = [font_for(ch) for ch in written]
+        families += [name for name in fonts if name]
+        missing += [ch for ch, name in zip(written, fonts) if name is None]
+        shown.append(written if all(fonts) else "".join(f"{ord(ch):x}" for ch in written))
+    return shown, list(dict.fromkeys(families)), list(dict.fromkeys(missing))
 
 
 def missing_note(text: str) -> str | None:

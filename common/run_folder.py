@@ -1,9 +1,7 @@
 """A run folder: its files, its one owner (an OS lock), --overwrite's keep-aside, and atomic writes.
 
-States: empty -> running (locked) -> stopped (ckpt_last) -> finished (summary.json). --overwrite moves the old run
-into .replaced/ and deletes it only once the new run has evaluated after step 0; a stop or crash before puts it back.
-Only a record that proves it was written for this folder moves or deletes a file. Links and devices are refused."""
-from __future__ import annotations
+--overwrite moves the old run into .replaced/ and deletes it once the new run evaluates after step 0; a stop or crash
+before puts it back. Only a record proven written for this folder moves or deletes a file."""
 
 import contextlib
 import errno
@@ -38,38 +36,45 @@ OWN_TEMPORARY = re.compile(r"(ckpt_last\.safetensors|ckpt_best\.safetensors|summ
 
 
 def old_format(path: Path) -> UserError:
-    """The refusal of an old-format checkpoint, naming its converter."""
     what = "holds checkpoints of the old format (.pt); convert them" if path.is_dir() else \
         "is a checkpoint of the old format; convert it"
     return UserError(f"{path} {what} once: {python_command('scripts/convert_checkpoint.py')} {shlex.quote(str(path))}")
 
 
+def resume_command(folder: Path, advice: str = "") -> str:
+    command = f"{python_command('train.py')} --out_dir {shlex.quote(str(folder))} --resume"
+    return command + (f" {advice}" if advice else "")
+
+
+def own_name(name: str) -> bool:
+    return name in CHECKPOINTS + (SUMMARY, LOSS_PICTURE) or bool(re.fullmatch(r"events\.out\.tfevents\.[\w.-]+", name))
+
+
 def command_line() -> str:
     """This process's command, as a user could paste it."""
-    return " ".join(shlex.quote(part) for part in [Path(sys.executable).name, *sys.argv])
+    return shlex.join([Path(sys.executable).name, *sys.argv])
 
 
 def open_lock(path: Path, create: bool) -> int:
-    """The lock file's descriptor; a link or anything but a plain file is refused (the note would write through it)."""
+    """The lock file's descriptor; a link or anything but a plain file is refused."""
     flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise UserError(planted(path, "a link")) from None
+            raise planted(path, "a link") from None
         raise
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
         os.close(fd)
-        raise UserError(planted(path, "a hard link to another file" if stat.S_ISREG(info.st_mode) else
-                                "not a plain file"))
+        raise planted(path, "a hard link to another file" if stat.S_ISREG(info.st_mode) else "not a plain file")
     return fd
 
 
-def planted(path: Path, what: str, run_there: bool = True) -> str:
-    """The refusal of an entry a run never makes; only a folder that holds a run is told to remove it."""
+def planted(path: Path, what: str, run_there: bool = True) -> UserError:
+    """The refusal of an entry a run never makes; only a run's folder is told to remove it."""
     way = f"remove {path}, or choose another --out_dir" if run_there else "choose a new or empty --out_dir"
-    return f"{path} is {what}, which a run never makes there; {way}"
+    return UserError(f"{path} is {what}, which a run never makes there; {way}")
 
 
 def holder(folder: Path) -> str | None:
@@ -97,53 +102,45 @@ def owner_note(fd: int) -> tuple[str, str, str]:
 class RunDir:
     def __init__(self, path: Path, step_of: Callable[[Path], int | None] = lambda path: None):
         self.path = Path(path)
-        self.step_of = step_of  # a checkpoint's step, or None (training passes its reader; None counts as trained)
+        self.step_of = step_of  # a checkpoint's step; None counts as trained
         self._lock_fd: int | None = None
         self.made: tuple[bool, bool] = (False, False)  # claim() made: the folder, its lock
         self.found: set[str] = set()  # the entries before claim()
 
-    # ---- ownership
     def claim(self, say=print, resume: bool = False) -> "RunDir":
-        """Own the folder or refuse, naming its owner; then finish what earlier owners left half done."""
+        """Own the folder or refuse, naming its owner; then finish what earlier owners left undone."""
         if resume and not self.path.exists():
             self.resume_from()
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"--out_dir {self.path} is a file, not a folder; choose another --out_dir")
-        fd = self._lock()
+        self._lock_fd = fd = self._lock()
         try:
             self.check_entries()
         except BaseException:
-            if self.made[1]:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.path / LOCK)
-            os.close(fd)
+            self.release()
             raise
         # the owner's note (a full disk is no error)
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n{command_line()}\n{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(
                 "utf-8", "surrogateescape"), 0)
-        self._lock_fd = fd
         self._recover(say)
         return self
 
     def _lock(self) -> int:
         """The folder's lock, taken, or one line naming its owner; a lock file removed meanwhile is taken anew."""
-        def unwritable(err: OSError) -> UserError:
-            return UserError(f"--out_dir {self.path} cannot be written ({disk_error(err)}); choose another --out_dir")
         for _ in range(5):
             try:
                 self.made = (not self.path.exists(), not (self.path / LOCK).exists())
                 self.path.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.found = set(os.listdir(self.path)) - {LOCK}
+                    fd = open_lock(self.path / LOCK, create=True)
+                except FileNotFoundError:
+                    continue
             except OSError as err:
-                raise unwritable(err) from None
-            try:
-                self.found = set(os.listdir(self.path)) - {LOCK}
-                fd = open_lock(self.path / LOCK, create=True)
-            except FileNotFoundError:
-                continue
-            except OSError as err:
-                raise unwritable(err) from None
+                raise UserError(f"--out_dir {self.path} cannot be written ({disk_error(err)}); choose another "
+                                f"--out_dir") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -160,7 +157,7 @@ class RunDir:
         raise UserError(f"{self.path} changed owner each time this process claimed it; run the command again")
 
     def release(self) -> None:
-        """Let the folder go; where nothing was written, remove the lock (and the folder) claim() made."""
+        """Let the folder go; where nothing was written, remove what claim() made."""
         if self._lock_fd is None:
             return
         folder_made, lock_made = self.made
@@ -182,12 +179,12 @@ class RunDir:
             for entry in os.scandir(folder):
                 path = Path(entry.path)
                 if entry.is_symlink():
-                    raise UserError(planted(path, "a link", run_there))
+                    raise planted(path, "a link", run_there)
                 if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
-                    raise UserError(planted(path, "not a plain file or folder", run_there))
+                    raise planted(path, "not a plain file or folder", run_there)
                 if entry.is_dir(follow_symlinks=False) and (entry.name in CHECKPOINTS + (LOCK, SUMMARY)
                                                             or entry.name.startswith("events.out.tfevents.")):
-                    raise UserError(planted(path, "a folder where the run keeps a file"))
+                    raise planted(path, "a folder where the run keeps a file")
 
     def _real_folder(self, path: Path) -> bool:
         """True for a folder, False for nothing; anything else is refused."""
@@ -196,7 +193,7 @@ class RunDir:
         except FileNotFoundError:
             return False
         if not stat.S_ISDIR(mode):
-            raise UserError(planted(path, "a link" if stat.S_ISLNK(mode) else "not a folder"))
+            raise planted(path, "a link" if stat.S_ISLNK(mode) else "not a folder")
         return True
 
     def _recover(self, say) -> None:
@@ -217,7 +214,7 @@ class RunDir:
 
     # ---- replacing a run
     def set_aside(self) -> bool:
-        """Move the old run into .replaced/, its record (data.gate.proven_record) written first. True if any."""
+        """Move the old run into .replaced/, its record written first. True if any."""
         old = self.checkpoints() + self.logs()
         if not old:
             return False
@@ -233,12 +230,11 @@ class RunDir:
         return True
 
     def aside_pending(self) -> bool:
-        """.replaced/ is there: an old run may wait in it."""
         return self._real_folder(self.path / ASIDE)
 
     def recorded_aside(self, folder: Path) -> tuple[dict[str, int] | None, str]:
-        """(names and sizes moved, "") where the record is proven and matches the files; else (None, why)."""
-        moved, why = gate.proven_record(folder / RECORD, self.path, self._own_name)
+        """(names and sizes moved, "") where the record is proven and matches the files, else (None, why)."""
+        moved, why = gate.proven_record(folder / RECORD, self.path, own_name)
         if moved is None:
             return None, why
         try:
@@ -253,18 +249,12 @@ class RunDir:
                 return None, f"{name} is not the file its record lists"
         return moved, ""
 
-    @staticmethod
-    def _own_name(name: str) -> bool:
-        own_log = re.fullmatch(r"events\.out\.tfevents\.[\w.-]+", name) is not None
-        return name in CHECKPOINTS + (SUMMARY, LOSS_PICTURE) or own_log
-
     def put_back(self) -> Path | None:
         """The old run back; the untrained replacement's files kept apart, in the folder returned."""
         aside = self.path / ASIDE
         moved, why = self.recorded_aside(aside)
         if moved is None:
-            raise UserError(f"{aside} is not a run --overwrite set aside here ({why}), so nothing was moved or "
-                            f"deleted; move it out of {self.path}, then run the command again")
+            raise self._not_ours(aside, why)
         in_aside = {name for name in moved if (aside / name).is_file()}
         newer = [path for path in self.checkpoints() + self.logs() if path.name not in moved.keys() - in_aside]
         trained = [path.name for path in newer if path.name == SUMMARY or
@@ -280,7 +270,7 @@ class RunDir:
         return kept
 
     def _keep_apart(self, paths: list[Path], name: str) -> Path:
-        """paths moved into a new folder named after name and the time."""
+        """paths moved into a new folder, name_time."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for attempt in range(100):
             kept = self.path / (f"{name}_{stamp}" + (f"-{attempt}" if attempt else ""))
@@ -297,14 +287,14 @@ class RunDir:
         return kept
 
     def replace_old_run(self, say) -> str | None:
-        """--overwrite: set the old run aside; returns what a stop now does (None: no old run)."""
+        """--overwrite: set the old run aside; what a stop now does, or None without an old run."""
         if not self.set_aside():
             return None
         say(f"--overwrite: the old run in {self.path} is kept aside until this run evaluates after step 0")
         return "putting back the run that --overwrite is replacing (this run has not saved anything to keep)"
 
     def keep_new_run(self, say, step: int) -> bool:
-        """Delete the run the new one replaces. True if there was one."""
+        """Delete the run the new one replaces; True if there was one."""
         if not self.aside_pending() or self.recorded_aside(self.path / ASIDE)[0] is None:
             return False
         os.replace(self.path / ASIDE, self.path / DISCARDED)
@@ -314,20 +304,21 @@ class RunDir:
 
     def _delete_recorded(self, folder: Path) -> None:
         """Delete folder where its proven record names every file in it."""
-        moved, why = gate.proven_record(folder / RECORD, self.path, self._own_name)
+        moved, why = gate.proven_record(folder / RECORD, self.path, own_name)
         present = {entry.name for entry in os.scandir(folder) if entry.name != RECORD}
         plain = all(entry.is_file(follow_symlinks=False) for entry in os.scandir(folder))
         if moved is None or not present <= moved.keys() or not plain:
-            why = why or "it holds files its record does not list"
-            raise UserError(f"{folder} is not what this project leaves there ({why}), so nothing was moved or "
-                            f"deleted; move it out of {self.path}, then run the command again")
+            raise self._not_ours(folder, why or "it holds files its record does not list")
         for name in present:
             (folder / name).unlink(missing_ok=True)
         (folder / RECORD).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             folder.rmdir()
 
-    # ---- state
+    def _not_ours(self, folder: Path, why: str) -> UserError:
+        return UserError(f"{folder} is not what --overwrite leaves there ({why}), so nothing was moved or deleted; "
+                         f"move it out of {self.path}, then run the command again")
+
     def checkpoints(self) -> list[Path]:
         return [self.path / name for name in CHECKPOINTS if (self.path / name).is_file()]
 
@@ -335,7 +326,6 @@ class RunDir:
         return [p for pattern in LOGS for p in self.path.glob(pattern)]
 
     def logs_besides_events(self) -> list[Path]:
-        """The logs a new run will not start beside."""
         return [p for p in self.logs() if not p.name.startswith("events.out.tfevents.")]
 
     def resume_from(self) -> Path:
@@ -350,7 +340,6 @@ class RunDir:
         raise UserError(f"--resume: there is no {self.path / LAST} to continue; drop --resume to start a new run")
 
     def refuse_old(self) -> None:
-        """Refuse a folder whose checkpoints are of the old format."""
         if any((self.path / name).is_file() for name in OLD_CHECKPOINTS):
             raise old_format(self.path)
 
@@ -360,19 +349,14 @@ class RunDir:
             return
         events = [path for path in self.path.glob(LOGS[2]) if path.is_file()]
         if events and not self.checkpoints() and not self.logs_besides_events():
-            kept = self.path / time.strftime("events_before_%Y%m%d-%H%M%S")
-            kept.mkdir()
-            for path in events:
-                os.replace(path, kept / path.name)
+            kept = self._keep_apart(events, "events_before")
             say(f"note: {self.path} held only the events of a run with no checkpoint; they are kept in {kept}")
             return
-        where = shlex.quote(str(self.path))
         if not self.checkpoints():
             self.refuse_old()
         if (self.path / LAST).is_file():
             raise UserError(f"{self.path} already holds a run; pass --resume to continue it "
-                            f"({python_command('train.py')} --out_dir {where} --resume), --overwrite to replace it, or "
-                            f"choose another --out_dir")
+                            f"({resume_command(self.path)}), --overwrite to replace it, or choose another --out_dir")
         if self.checkpoints():
             raise UserError(f"{self.path} holds {BEST} but no {LAST}; pass --resume or --overwrite, or choose "
                             f"another --out_dir")
@@ -383,7 +367,7 @@ class RunDir:
 
 # ---- files written whole or not at all
 class WriteFailed(UserError):
-    """A failed write: what failed, what is left, the fix; line() lets a caller say what is left instead."""
+    """A failed write: what failed, what is left, the fix; line() says another thing is left."""
 
     def __init__(self, failed: str, kept: str, fix: str):
         self.failed, self.kept, self.fix = failed, kept, fix
@@ -394,7 +378,7 @@ class WriteFailed(UserError):
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, option: str = "--out_dir") -> None:
-    """write(file) into a new temporary file (mkstemp), synced, then renamed over path: whole or not at all."""
+    """write(file) into a temporary file, synced, then renamed over path: whole or not at all."""
     tmp = None
     try:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.tmp-")
@@ -433,14 +417,20 @@ def read_summary(folder: Path) -> dict | None:
 def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
          say: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
          option: str = "--out_dir") -> Path:
-    """The checkpoint a script reads: --ckpt, else the first of names in out_dir, else the newest finished run in out/.
+    """The checkpoint a script reads: --ckpt, else the first of names in out_dir, else the newest run in out/.
     option: how the caller's user names the folder."""
     if ckpt:
         if out_dir:
             raise UserError("give --out_dir or --ckpt, not both")
         return Path(ckpt)
-    if not out_dir:
-        newest, training = newest_run(Path("out"), names)
+    if not out_dir:  # the newest run in out/ that no process trains in
+        found = []
+        with contextlib.suppress(OSError):
+            found = sorted(((when, p) for p in Path("out").iterdir() if (when := saved(p, names)) is not None),
+                           reverse=True)
+        runs = [(folder, holder(folder)) for _, folder in found]
+        training = [(folder, owner) for folder, owner in runs if owner]
+        newest = next((folder for folder, owner in runs if not owner), None)
         passed_over = "; ".join(f"{folder}, which {owner} is still training" for folder, owner in training[:2])
         if newest is None and training:
             raise UserError(f"the runs in out/ are all still training ({passed_over}); wait for one, or give "
@@ -449,12 +439,12 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
             raise UserError(f"say --out_dir DIR or --ckpt FILE; out/ holds no run yet: train one first "
                             f"({python_command('train.py')})")
         state = "finished" if (newest / SUMMARY).is_file() else "stopped"
-        saved = max((newest / name).stat().st_mtime for name in names if (newest / name).is_file())
         say(f"no --out_dir given: {newest}, the newest run in out/ that has {state} (its model saved "
-            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(saved))})"
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(saved(newest, names)))})"
             + (f"; passed over {passed_over}" if training else ""))
         out_dir = str(newest)
     folder = Path(out_dir)
+    run = RunDir(folder)
     if folder.exists() and not folder.is_dir():
         file = folder.is_file()
         raise UserError(f"{out_dir} is {'a file' if file else 'a pipe, socket or device'}, not a run folder; give a "
@@ -462,22 +452,27 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
                                                      if file else ""))
     owner = holder(folder)
     aside = folder / ASIDE
-    if aside.is_dir() and not aside.is_symlink() and RunDir(folder).recorded_aside(aside)[0] is not None:
+    if run.recorded_aside(aside)[0] is not None:  # (a link or a copy is not proven)
         if owner:
             raise UserError(f"{out_dir} is being replaced by an --overwrite run ({owner}); wait for its first "
                             f"evaluation, or stop it to put the old run back")
-        raise UserError(f"{out_dir}: an --overwrite stopped early, and the old run waits in {folder / ASIDE}; "
-                        f"{python_command('train.py')} --out_dir {shlex.quote(out_dir)} --resume puts it back")
+        raise UserError(f"{out_dir}: an --overwrite stopped early, and the old run waits in {aside}; "
+                        f"{resume_command(folder)} puts it back")
     for name in names:
         if (folder / name).exists():
             return folder / name
-    RunDir(folder).refuse_old()
+    run.refuse_old()
+    wanted = " or ".join(names)
     if owner:
-        raise UserError(f"{out_dir} holds no {' or '.join(names)} yet: {owner} is training there; wait a while")
-    missing = f"{out_dir}: no such folder" if not folder.exists() else f"{out_dir} holds no {' or '.join(names)}"
+        raise UserError(f"{out_dir} holds no {wanted} yet: {owner} is training there; wait a while")
+    missing = f"{out_dir}: no such folder" if not folder.exists() else f"{out_dir} holds no {wanted}"
     train = f"{python_command('train.py')} --out_dir {shlex.quote(out_dir)}"
-    train += " --overwrite" * bool(RunDir(folder).logs_besides_events())
-    others = runs_beside(folder, names)
+    train += " --overwrite" * bool(run.logs_besides_events())
+    others = []
+    with contextlib.suppress(OSError):  # the runs beside it, those of its preset first
+        preset = folder.name.split("-", 1)[0]
+        others = sorted((p for p in folder.parent.iterdir() if p != folder and saved(p, names) is not None),
+                        key=lambda p: (p.name.split("-", 1)[0] != preset, p.name))
     if others:
         shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
         raise UserError(f"{missing}; runs with a model beside it: {shown}; give one of them as {option} (or "
@@ -485,23 +480,6 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
     raise UserError(f"{missing}; train first: {train}")
 
 
-def newest_run(parent: Path, names: tuple[str, ...]) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest run in parent that no process holds (or None), and the runs still training with their holders."""
-    try:
-        found = sorted(((max((p / name).stat().st_mtime for name in names if (p / name).is_file()), p)
-                        for p in parent.iterdir() if any((p / name).is_file() for name in names)), reverse=True)
-    except OSError:
-        return None, []
-    owners = [(folder, holder(folder)) for _, folder in found]
-    training = [(folder, owner) for folder, owner in owners if owner]
-    return next((folder for folder, owner in owners if not owner), None), training
-
-
-def runs_beside(folder: Path, names: tuple[str, ...]) -> list[Path]:
-    """The run folders beside folder that hold a model, those of its preset first."""
-    try:
-        found = [p for p in folder.parent.iterdir() if p != folder and any((p / name).is_file() for name in names)]
-    except OSError:
-        return []
-    preset = folder.name.split("-", 1)[0]
-    return sorted(found, key=lambda p: (p.name.split("-", 1)[0] != preset, p.name))
+def saved(folder: Path, names: tuple[str, ...]) -> float | None:
+    """When the newest of names in folder was written; None where there is none."""
+    return max(((folder / name).stat().st_mtime for name in names if (folder / name).is_file()), default=None)

@@ -1,6 +1,5 @@
 """python scripts/plot_run.py --out_dir DIR [DIR ...] --png FILE: loss curves and learning rate from TensorBoard
 events."""
-from __future__ import annotations
 
 import math
 import sys
@@ -22,16 +21,16 @@ RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "opti
 
 
 def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series of a run: (step, value) pairs in step order, the last written for a step (by time: a resumed
-    run's event files are not always in name order)."""
+    """Every scalar series of a run: (step, value) pairs, the last written for a step (by time: a resumed run's event
+    files are not always in name order)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not out_dir.is_dir():
         what = "no such folder" if not out_dir.exists() else "a file, not a run folder"
         raise UserError(f"--out_dir {out_dir}: {what}; pass the --out_dir of a training run")
-    if not any(out_dir.glob("events.out.tfevents.*")):
+    if not (files := list(out_dir.glob("events.out.tfevents.*"))):
         raise UserError(f"{out_dir} holds no TensorBoard events; pass the --out_dir of a training run")
-    for path in out_dir.glob("events.out.tfevents.*"):
+    for path in files:
         if path.is_symlink() or not path.is_file():
             raise UserError(f"{path} is not a plain file. Move it out of {out_dir}, or leave that run out")
     events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})  # every point
@@ -52,7 +51,7 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def run_folders(paths: list[str]) -> list[Path]:
-    """The run folders to plot: each folder given, or the runs in a folder of runs."""
+    """Each folder given, or the runs in a folder of runs."""
     folders = []
     for out_dir in map(Path, paths):
         runs = [] if any(out_dir.glob("events.out.tfevents.*")) else sorted(
@@ -79,8 +78,7 @@ LEGEND_COLUMNS = 4  # runs side by side in the legend under a picture of several
 
 
 def draw(folders: list[Path]):
-    """The runs' losses against tokens seen (log-log) and their learning rates; several runs' legend, under the
-    picture, names each run once."""
+    """The runs' losses against tokens seen (log-log) and their learning rates."""
     from matplotlib.ticker import ScalarFormatter
 
     from common.pictures import plt

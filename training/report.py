@@ -1,11 +1,9 @@
-"""What a run says and records, from rank 0 only: messages, progress bars, TensorBoard, the clocks, the last lines."""
-from __future__ import annotations
+"""What a run says and records: messages, progress bars, TensorBoard, the clocks, the last lines."""
 
 import contextlib
 import math
 import os
 import secrets
-import shlex
 import sys
 import threading
 import time
@@ -16,44 +14,42 @@ import torch
 from tqdm import tqdm
 
 from common.machine import sync
-from common.run_folder import BEST, LAST
+from common.run_folder import BEST, LAST, resume_command
 from configs import TrainConfig
-from errors import UserError, disk_error, in_one_line, python_command, shown
+from errors import UserError, disk_error, in_one_line, shown
 
-# TensorBoard's Time Series unsmoothed (a few evaluations smoothed mislead), in SVG (for browsers without WebGL).
+# Time Series unsmoothed (a few evaluations smoothed mislead), in SVG (for browsers without WebGL).
 TENSORBOARD_URL = "http://localhost:6006/?smoothing=0&forceSVG=true#timeseries"
-# The largest model scripts/attention_html.py puts into its page (about 21 MB of page).
+# The largest model scripts/attention_html.py puts into its page.
 PAGE_MAX_PARAMETERS = 4_000_000
-# TensorBoard's HParams table shows five settings by name: these.
-HPARAMS = ("learning_rate", "max_iters", "n_embd", "n_layer", "optimizer")
 
 
 class Log:
-    """The run's voice: messages, progress bars and TensorBoard events, from rank 0 only (silent elsewhere)."""
+    """Messages, progress bars and TensorBoard events; silent off rank 0."""
 
     def __init__(self, out_dir: Path, active: bool = True, say=tqdm.write):
         self.out_dir, self.active, self._say = out_dir, active, say
-        self.plain = not sys.stderr.isatty()  # a log file: a line per log interval instead of a progress bar
+        self.plain = not sys.stderr.isatty()  # a log file: lines instead of a progress bar
         self.lines = say if self.plain and active else None  # StepLog calls it directly
         self._writer = None  # opened on first use: a run that writes nothing leaves no event file
-        self.wandb = None  # --wandb: the Weights & Biases run
+        self.wandb = None
 
     def start_wandb(self, cfg: TrainConfig) -> None:
-        """--wandb: what TensorBoard gets goes to Weights & Biases too, grouped by run folder."""
+        """--wandb: what TensorBoard gets goes to Weights & Biases too."""
         if not (cfg.wandb and self.active):
             return
         try:
             import wandb
         except ImportError:
-            self.say("note: the wandb package is not installed, so this run logs to TensorBoard only. Install it "
-                     "(pip install wandb), or give --wandb false")
+            self.say("note: wandb is not installed, so this run logs to TensorBoard only; pip install wandb, or give "
+                     "--wandb false")
             return
         name = self.out_dir.resolve().name
         try:
             self.wandb = wandb.init(project=cfg.wandb_project, name=name, group=name, dir=str(self.out_dir),
                                      config=cfg.to_dict(), settings=wandb.Settings(silent=True))
         except Exception as err:  # no login, no network: the run goes on with TensorBoard
-            self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}), so this run logs to TensorBoard "
+            self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}); this run logs to TensorBoard "
                      f"only. Try wandb login, or WANDB_MODE=offline")
 
     def say(self, message: str) -> None:
@@ -61,12 +57,12 @@ class Log:
             self._say(shown(message))  # a file's text, never terminal codes
 
     def line(self, message: str) -> None:
-        """A line for a log file; a terminal has the progress bar."""
+        """A line for a log file only."""
         if self.lines is not None:
             self.lines(message)
 
     def task(self, what: str, total: int):
-        """An evaluation's progress: a bar in a terminal, a line every 30 s in a log file."""
+        """An evaluation's progress: a bar in a terminal, a line every 30 s in a file."""
         if self.plain and self.active:
             return PlainProgress(self.say, what, total)
         return tqdm(total=total, desc=what, leave=False, delay=2, dynamic_ncols=True, disable=not self.active)
@@ -75,20 +71,20 @@ class Log:
         return tqdm(total=total, initial=initial, dynamic_ncols=True, desc="train", mininterval=0.5,
                     disable=not self.active or self.plain)
 
-    # ---- TensorBoard ---------------------------------------------------------------------------------------------
+    # ---- TensorBoard
     def config(self, settings: str) -> None:
-        self._text("config", settings, 0)
+        self._write("add_text", "config", f"```\n{settings}\n```", 0)  # wandb has the config already
 
     def layout(self) -> None:
         """TensorBoard's Custom Scalars: both losses on one chart, then the speed."""
         self._write("add_custom_scalars", {
             "loss": {"train and validation loss (nats per character)": ["Multiline", ["^loss/train$", "^loss/val$"]]},
             "speed": {"tokens per second": ["Multiline", ["^perf/tokens_per_sec$"]],
-                      "model FLOPs utilisation (%), an estimate: against the peak measured at the run's start":
+                      "model FLOPs utilisation (%), against the peak measured at the start":
                           ["Multiline", ["^perf/mfu$"]]}})
 
     def writer(self):
-        """TensorBoard's SummaryWriter for StepLog, or None off rank 0."""
+        """The SummaryWriter for StepLog, or None off rank 0."""
         self._with_writer(lambda writer: None)
         return self._writer
 
@@ -99,10 +95,11 @@ class Log:
         self.to_wandb(scalars, it)
 
     def sample(self, it: int, text: str) -> None:
-        self._text("samples", text, it)
+        self._write("add_text", "samples", f"```\n{text}\n```", it)
+        self.to_wandb({"samples": text}, it)
 
     def attention(self, it: int, layer: int, picture) -> None:
-        """picture: a (height, width, 3) uint8 array; layers count from 1."""
+        """picture: a (height, width, 3) uint8 array."""
         tag = f"where_attention_looks/layer_{layer + 1}"
         self._write("add_image", tag, picture, it, dataformats="HWC")
         if self.wandb is not None:
@@ -110,7 +107,7 @@ class Log:
             self.wandb.log({tag: wandb.Image(picture)}, step=it)
 
     def picture_seconds(self, picture) -> float:
-        """The seconds TensorBoard's PNG encoding of a picture takes."""
+        """The seconds TensorBoard takes to encode picture."""
         if not self.active:
             return 0.0
         from torch.utils.tensorboard.summary import image
@@ -120,13 +117,14 @@ class Log:
         return time.perf_counter() - start
 
     def final(self, cfg: TrainConfig, summary: dict, step: int) -> None:
-        """The settings and final figures for the HParams tab, and as summary/ scalars."""
+        """The settings and final figures, for the HParams tab and as scalars."""
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         figures = {"summary/full_val_loss": summary.get("full_val_loss"),
                    "summary/best_val_loss": summary["best_val_loss"], "summary/last_val_loss": summary["val_loss"]}
         metrics = {tag: value for tag, value in figures.items() if value is not None}
-        hparams = {name: getattr(cfg, name) for name in HPARAMS}
+        hparams = {name: getattr(cfg, name) for name in ("learning_rate", "max_iters", "n_embd", "n_layer",
+                                                          "optimizer")}
 
         def write(writer) -> None:
             for written in hparams_summaries(hparams, metrics):
@@ -137,11 +135,6 @@ class Log:
         self.to_wandb(metrics, step)
         if self.wandb is not None:
             self.wandb.summary.update(metrics)
-
-    def _text(self, tag: str, text: str, step: int) -> None:
-        self._write("add_text", tag, "```\n" + text + "\n```", step)
-        if tag != "config":  # wandb has the config already
-            self.to_wandb({tag: text}, step)
 
     def to_wandb(self, values: dict, step: int) -> None:
         if self.wandb is not None:
@@ -157,14 +150,13 @@ class Log:
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
                 _quiet_writer_threads()
-                # an unguessable suffix: a link planted at a guessable name would be followed
+                # an unguessable name: a link planted at a guessable one would be followed
                 self._writer = SummaryWriter(log_dir=str(self.out_dir), filename_suffix=f".{secrets.token_hex(8)}")
             write(self._writer)
         except (OSError, RuntimeError) as err:
             self.failed(err)
 
     def failed(self, err: BaseException):
-        """A TensorBoard write failed (a full disk): one line that says so."""
         self._writer = None  # its file is broken; close() must not try again
         raise UserError(f"could not write TensorBoard events in {self.out_dir} ({disk_error(err)}); the "
                         f"checkpoints are intact. Free some disk space, then --resume") from None
@@ -179,7 +171,7 @@ class Log:
 
 
 class PlainProgress:
-    """A line every `every` seconds: what, how far, how long is left."""
+    """A line every `every` seconds: how far, how long is left."""
 
     def __init__(self, say, what: str, total: int, every: float = 30.0, unit: str = "batches"):
         self.say, self.what, self.total, self.every, self.unit = say, what, total, every, unit
@@ -202,7 +194,7 @@ class PlainProgress:
 
 
 def _quiet_writer_threads() -> None:
-    """TensorBoard's writer thread prints no OSError traceback: the main thread says it."""
+    """TensorBoard's writer thread prints no OSError traceback: the main thread reports it."""
     default = threading.excepthook
     if getattr(default, "quiet_for_oserror", False):
         return
@@ -215,13 +207,13 @@ def _quiet_writer_threads() -> None:
     threading.excepthook = hook
 
 
-# ---- where the time goes ---------------------------------------------------------------------------------------------
+# ---- where the time goes
 PHASES = ("start-up", "data", "opening", "compilation", "training steps", "evaluations", "samples and pictures",
           "checkpoints", "full validation")
 
 
 def seconds_since_process_start() -> float | None:
-    """Seconds this process has run, imports included, from Linux's /proc; else None."""
+    """Seconds this process has run, imports included (Linux); else None."""
     try:
         after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time, in ticks since boot
@@ -231,26 +223,24 @@ def seconds_since_process_start() -> float | None:
 
 
 def compile_seconds() -> float:
-    """Seconds torch.compile has spent in this process, by dynamo's account."""
-    utils = sys.modules.get("torch._dynamo.utils")
+    """Seconds torch.compile has spent in this process."""
     try:
-        return float(utils.calculate_time_spent().get("total_wall_time", 0.0)) if utils is not None else 0.0
-    except Exception:  # a private account: a torch release may change it
+        return float(sys.modules["torch._dynamo.utils"].calculate_time_spent().get("total_wall_time", 0.0))
+    except Exception:  # not imported yet, or a private account changed by a torch release
         return 0.0
 
 
 class Phases:
-    """Seconds per phase of the whole command (PHASES)."""
+    """Seconds per phase of the whole command."""
 
     def __init__(self, start_up: float | None = None):
         self.started = time.perf_counter()
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.seconds["start-up"] = start_up or 0.0
-        self.first_step: float | None = None  # the session's first step, without compilation
+        self.first_step: float | None = None  # without compilation
         self.expected: tuple[float, float] | None = None  # the estimate before step 1
 
     def so_far(self) -> float:
-        """Seconds since the command started."""
         return self.seconds["start-up"] + time.perf_counter() - self.started
 
     @contextlib.contextmanager
@@ -265,11 +255,10 @@ class Phases:
             self.seconds[phase] += time.perf_counter() - start - compiling
 
     def opened(self) -> None:
-        """The run is open: the time since `started`, the data aside, is the opening's."""
+        """The run is open: the time since `started`, but the data's, was the opening's."""
         self.seconds["opening"] += time.perf_counter() - self.started - self.seconds["data"]
 
     def report(self) -> dict[str, float]:
-        """Every phase, "other" and "total"."""
         total = self.so_far()
         return {**self.seconds, "other": max(0.0, total - sum(self.seconds.values())), "total": total}
 
@@ -279,20 +268,18 @@ class Phases:
                  for phase, seconds in report.items()
                  if phase != "total" and (seconds >= 0.05 or phase == "training steps")]
         since = "since the command started" if self.seconds["start-up"] else "in this call"
-        expected = ""
         if self.expected is not None:
             low, high = (f"{seconds:.0f}" for seconds in self.expected)
-            estimate = low if low == high else f"{low}-{high}"
-            expected = f" (estimated before the first step: {estimate} s)"
-        return f"where the time went: {', '.join(parts)}; {report['total']:.1f} s {since}{expected}"
+            since += f" (estimated before the first step: {low if low == high else f'{low}-{high}'} s)"
+        return f"where the time went: {', '.join(parts)}; {report['total']:.1f} s {since}"
 
 
 class TrainClock:
-    """The clock of training steps alone (for tokens/s and MFU): trained + time.perf_counter() - started."""
+    """The clock of training steps alone (for tokens/s and MFU)."""
 
     def __init__(self, it: int, train_seconds: float, device: torch.device, phases: Phases):
         self.device, self.phases = device, phases
-        self.trained = train_seconds  # before the stretch now running
+        self.trained = train_seconds  # before this stretch
         self.restart()
         self.first_step = it + 1
 
@@ -306,18 +293,17 @@ class TrainClock:
         return self.trained
 
     def restart(self) -> None:
-        """Start a stretch of training steps."""
         self.started, self.compiled = time.perf_counter(), compile_seconds()
 
     def first_step_done(self) -> None:
-        """Time this session's first step alone, its compiling left out."""
+        """Time this session's first step, its compiling left out."""
         compiling = self.compiling()
         self.started += compiling
         self.compiled += compiling
         self.phases.first_step = time.perf_counter() - self.started
 
     def compiling(self) -> float:
-        """Wait for the device; the seconds compiled since the stretch began go to compilation."""
+        """Wait for the device; the seconds compiled in this stretch go to compilation."""
         sync(self.device)
         compiling = compile_seconds() - self.compiled
         self.phases.seconds["compilation"] += compiling
@@ -325,33 +311,24 @@ class TrainClock:
 
 
 def mfu_basis(peak_flops: float) -> str:
-    """The note on what the log lines' MFU divides by."""
     return (f"mfu below: the model's FLOPs per second over {peak_flops / 1e12:.3g} TFLOP/s, the peak this device "
             f"measured just now (an estimate, which moves with the machine's load)")
 
 
 def too_many_nonfinite(it: int, cfg: TrainConfig, last: Path) -> str:
-    """The line for a run that met max_nonfinite_steps skipped steps in a row."""
     return (f"stopped at step {it}: {cfg.max_nonfinite_steps} steps in a row had a non-finite loss or gradient; "
             f"the last good checkpoint is {last}. Try a lower --learning_rate or --dtype float32, then --resume")
 
 
-# ---- the lines a run ends with ---------------------------------------------------------------------------------------
+# ---- the lines a run ends with
 def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
-    """The line for a run that ran out of memory (or would: figures says by how much)."""
+    """The line for a run out of memory (or that would be: figures say by how much)."""
     return (f"out of memory{figures} for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
             f"{cfg.batch_size} x block_size {cfg.block_size}; lower --batch_size (or --block_size, --n_embd, "
             f"--n_layer); {saved}")
 
 
-def resume_command(folder: Path, advice: str = "") -> str:
-    """The command that continues the run in folder, with advice's flags."""
-    command = f"{python_command('train.py')} --out_dir {shlex.quote(str(folder))} --resume"
-    return command + (f" {advice}" if advice else "")
-
-
 def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str = "") -> str:
-    """The line of a run a stop request ended."""
     resume = resume_command(folder, advice)
     if in_final_validation:
         return f"stopped during the final validation; step {it} is saved in {folder / LAST}. Finish it with: {resume}"
@@ -359,7 +336,6 @@ def stopped_line(it: int, folder: Path, in_final_validation: bool, advice: str =
 
 
 def overfitting_line(evaluations: list) -> str:
-    """The warning for a run that began overfitting."""
     (first, _, val0), (last, _, val1) = evaluations[-3], evaluations[-1]
     return (f"warning: the model is learning the training text by heart: from step {first} to step {last} the "
             f"validation loss rose from {val0:.3f} to {val1:.3f}. Try a smaller model, --dropout 0.2, fewer steps, or "
@@ -367,7 +343,7 @@ def overfitting_line(evaluations: list) -> str:
 
 
 def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[str]:
-    """What a finished run says: steps, training time, its model and figures."""
+    """What a finished run says: steps, time, its model and figures."""
     it, step = summary["iterations"], summary["model_step"]
     lines = [f"done: {it} steps, {summary['train_seconds']:.1f} s of training steps"
              + (" in all its sessions" if cfg.resume else "")]
