@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from model.attention import CausalSelfAttention, attention_mask, rope_tables
 from model.config import ModelConfig
 from model.kv_cache import Decoding
-from model.scoring import FORMS
 
 
 class ReLUSquared(nn.Module):
@@ -37,11 +36,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """x + attention(norm(x)), then x + mlp(norm(x)); mlp and residual false drop those parts."""
 
-    def __init__(self, config: ModelConfig, path: str):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         self.residual = config.residual
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias) if config.residual else nn.Identity()
-        self.attn = CausalSelfAttention(config, path)
+        self.attn = CausalSelfAttention(config)
         if config.mlp:
             self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias) if config.residual else nn.Identity()
         self.mlp = MLP(config) if config.mlp else None
@@ -60,9 +59,6 @@ class GPT(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        path = config.attention
-        if path == "auto":
-            path = "sdpa" if FORMS[config.attention_score].fused else "explicit"
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
         # positions: a learned table, rotations of q and k (RoPE), or none (the causal mask alone)
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
@@ -72,7 +68,7 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(config.dropout)
         self.decode_caches: tuple | None = None
-        self.blocks = nn.ModuleList(Block(config, path) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
