@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -17,31 +16,14 @@ loaded = quiet_while_loading(__name__)
 import torch  # noqa: E402
 
 from errors import ArgumentParser, run_cli  # noqa: E402
-from model.textbook import Head  # noqa: E402
+from tutorials import ENGLISH, Say, blog_004, head_with, speaker  # noqa: E402
 loaded()
 
-# Tutorial 004's example: three tokens of 4 numbers, small integer weights, checked by hand.
-X = [[1.0, 0.0, 1.0, 0.0],
-     [0.0, 2.0, 0.0, 2.0],
-     [1.0, 1.0, 1.0, 1.0]]
-W_QUERY = [[1, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 1]]
-W_KEY = [[0, 0, 1], [1, 1, 0], [0, 1, 0], [1, 1, 0]]
-W_VALUE = [[0, 2, 0], [0, 3, 0], [1, 0, 3], [1, 1, 0]]
 
-
-def build_head() -> Head:
-    head = Head(n_embd=4, head_size=3, block_size=3, bias=False)
-    with torch.no_grad():  # nn.Linear computes x @ W.T, so the weights go in transposed: q = x @ W_QUERY
-        head.query.weight.copy_(torch.tensor(W_QUERY, dtype=torch.float32).T)
-        head.key.weight.copy_(torch.tensor(W_KEY, dtype=torch.float32).T)
-        head.value.weight.copy_(torch.tensor(W_VALUE, dtype=torch.float32).T)
-    return head.eval()
-
-
-def walkthrough(say: Callable[[str, str], str] = lambda english, chinese: english) -> list[tuple[str, torch.Tensor]]:
+def walkthrough(say: Say = ENGLISH) -> list[tuple[str, torch.Tensor]]:
     """Every intermediate of one head, computed with the project's Head, each with its name and 004's."""
-    head = build_head()
-    x = torch.tensor(X)
+    x, w_q, w_k, w_v = blog_004()
+    head = head_with(w_q, w_k, w_v, block_size=3)
     q, k, v = head.query(x), head.key(x), head.value(x)
     scores = q @ k.T
     scaled = scores / math.sqrt(k.size(-1))
@@ -77,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lang", choices=("en", "zh"), default="en",
                         help="the language of the words around the numbers: English or Chinese (中文)")
     args = parser.parse_args(argv)
-    say = (lambda english, chinese: chinese) if args.lang == "zh" else (lambda english, chinese: english)
+    say = speaker(args.lang)
     print(say("One head of causal self-attention, step by step. Tokens are counted from 1, as on the attention page "
               "and in\ntutorials.py: row 1 of each matrix is token 1, and in the weights column s is token s.\n",
               "一个因果自注意力头，一步一步算。token 从 1 开始数，和注意力页面、tutorials.py 一样：每个矩阵的第 1 行是 token 1，\n"

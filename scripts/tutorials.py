@@ -77,7 +77,16 @@ def causal_picture(title: str, n: int, say: Say) -> Picture:
                    say("token s (key)", "token s（键）"), ~causal(n), masked_means=future(say))
 
 
-# ---- 000: averaging the past three ways, a head without and with values, the 1/√d scale ---------------------------
+def head_with(w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, block_size: int) -> Head:
+    """The textbook Head computing q = x @ w_q, k = x @ w_k, v = x @ w_v (nn.Linear holds each transposed)."""
+    head = Head(*w_q.shape, block_size, bias=False)
+    with torch.no_grad():
+        for layer, w in ((head.query, w_q), (head.key, w_k), (head.value, w_v)):
+            layer.weight.copy_(w.T)
+    return head
+
+
+# ---- 000: averaging the past three ways, a head without and with values, the 1/√d scale
 def tutorial_000(say: Say = ENGLISH) -> list[Step]:
     torch.manual_seed(1337)
     B, T, C = 2, 8, 2
@@ -152,12 +161,8 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
     ]
     # 000 scales the output (wei @ v * head_size**-0.5) instead of the scores; that is a different thing.
     right, right_weights = attend(dot_product_scores(q, k, scaled=True), v, causal(T))
-    wrong_weights = F.softmax((q @ k.transpose(-2, -1)).masked_fill(~causal(T), float("-inf")), dim=-1)
-    wrong = wrong_weights @ v * head_size ** -0.5
-    head = Head(C, head_size, T, bias=False)
-    with torch.no_grad():
-        for layer, w in ((head.key, w_k), (head.query, w_q), (head.value, w_v)):
-            layer.weight.copy_(w.T)
+    wrong = with_values * head_size ** -0.5
+    head = head_with(w_q, w_k, w_v, T)
     steps += [
         Step("scale_gap", "max |softmax(q·kᵀ/√d) v - softmax(q·kᵀ) v / √d|", (right - wrong).abs().max(),
              say("far from 0: the tutorial's out = wei @ v * head_size**-0.5 scales the output, not the scores",
@@ -165,13 +170,13 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
         Step("head_gap", "max |softmax(q·kᵀ/√d) v - Head(x)|", (right - head(x)).abs().max().detach(),
              say("0: this project's Head scales before the softmax", "0：本项目的 Head 在 softmax 之前缩放")),
         Step("sharpest", say("the last row's largest weight, scaled and not", "最后一行的最大权重，缩放、不缩放"),
-             torch.stack([right_weights[0, -1].max(), wrong_weights[0, -1].max()]),
+             torch.stack([right_weights[0, -1].max(), weights[0, -1].max()]),
              say("unscaled, one key takes more", "不缩放时权重更集中在一个键上")),
     ]
     return steps
 
 
-# ---- 001: "Life is short, eat dessert first" ------------------------------------------------------------------------
+# ---- 001: "Life is short, eat dessert first"
 def tutorial_001(say: Say = ENGLISH) -> list[Step]:
     sentence = "Life is short, eat dessert first"
     words = sentence.replace(",", "").split()
@@ -268,7 +273,7 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
     ]
 
 
-# ---- 002: masked softmax with valid lengths; additive and scaled dot-product attention ----------------------------
+# ---- 002: masked softmax with valid lengths; additive and scaled dot-product attention
 def padding_means(say: Say) -> str:
     return say("padding: its score was set to -inf before the softmax, so its weight is 0",
                "填充：softmax 之前它的注意力分数设为 -inf，权重因此为 0")
@@ -342,7 +347,7 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
     ]
 
 
-# ---- 003: how the softmax's input shapes its output and its gradient; why divide by √d_k ---------------------------
+# ---- 003: how the softmax's input shapes its output and its gradient; why divide by √d_k
 def y3_of(a: torch.Tensor) -> torch.Tensor:
     return torch.stack([F.softmax(torch.stack([v, v, 2 * v]), dim=0)[2] for v in a])
 
@@ -397,12 +402,16 @@ def tutorial_003(say: Say = ENGLISH) -> list[Step]:
     ]
 
 
-# ---- 004: the blog's three tokens, computed exactly -----------------------------------------------------------------
+# ---- 004: the blog's three tokens, computed exactly
+def blog_004() -> tuple[torch.Tensor, ...]:
+    """004's three embedded tokens a¹, a², a³ and its W_q, W_k, W_v (4 x 3): small integers, checked by hand."""
+    return tuple(torch.tensor(rows, dtype=torch.float32) for rows in (
+        [[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]], [[1, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 1]],
+        [[0, 0, 1], [1, 1, 0], [0, 1, 0], [1, 1, 0]], [[0, 2, 0], [0, 3, 0], [1, 0, 3], [1, 1, 0]]))
+
+
 def tutorial_004(say: Say = ENGLISH) -> list[Step]:
-    x = torch.tensor([[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]], dtype=torch.float32)
-    w_k = torch.tensor([[0, 0, 1], [1, 1, 0], [0, 1, 0], [1, 1, 0]], dtype=torch.float32)
-    w_q = torch.tensor([[1, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 1]], dtype=torch.float32)
-    w_v = torch.tensor([[0, 2, 0], [0, 3, 0], [1, 0, 3], [1, 1, 0]], dtype=torch.float32)
+    x, w_q, w_k, w_v = blog_004()
     k, q, v = x @ w_k, x @ w_q, x @ w_v
     scores_1 = q[0] @ k.T
     rounded = torch.tensor([0.0, 0.5, 0.5])  # what the blog writes for softmax([2, 4, 4])
@@ -544,7 +553,7 @@ def show(value) -> str:
     return "\n".join("  [" + "  ".join(number(v) for v in row) + " ]" for row in rows)
 
 
-# ---- --png: each attention matrix drawn as a heatmap -------------------------------------------------------------
+# ---- --png: each attention matrix drawn as a heatmap
 GRADIENT_RANGE = 0.25  # one scale for every Jacobian (the largest entry is 0.24): small looks small
 
 
