@@ -1,6 +1,5 @@
 """python scripts/attention_walkthrough.py [--lang en|zh]: one head of causal self-attention, step by step, on tutorial
-004's three tokens and weights, each step named as 004 names it, in English or Chinese (python scripts/tutorials.py
-004 computes that blog's own, unmasked, example)."""
+004's three tokens and weights, each step named as 004 names it, in English or Chinese."""
 from __future__ import annotations
 
 import math

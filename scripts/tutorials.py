@@ -92,7 +92,21 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
     tril = torch.tril(torch.ones(T, T))
     averaging = tril / tril.sum(1, keepdim=True)
     by_softmax = F.softmax(torch.zeros(T, T).masked_fill(tril == 0, float("-inf")), dim=-1)
-    steps: list[Step] = [
+    # A head that learns whom to average, first without values (weights @ its input).
+    torch.manual_seed(1337)
+    C, head_size = 32, 16
+    x_head = torch.rand(4, T, C)
+    w_k, w_q, w_v = (torch.randn(C, head_size) / math.sqrt(C) for _ in range(3))
+    k, q, v = x_head @ w_k, x_head @ w_q, x_head @ w_v
+    scores = dot_product_scores(q, k, scaled=False)
+    no_values, weights = attend(scores, x_head, causal(T))
+    with_values, _ = attend(scores, v, causal(T))
+    right, right_weights = attend(dot_product_scores(q, k, scaled=True), v, causal(T))
+    torch.manual_seed(1337)
+    qn, kn = torch.randn(64, T, head_size), torch.randn(64, T, head_size)
+    raw = qn @ kn.transpose(-2, -1)
+    a = torch.tensor([-0.4427, 0.8926, -0.7062, -0.7538, 1.3745, -0.1691, -1.4154, -0.6329])
+    return [
         Step("x", say("x: 2 sequences of 8 tokens of 2 numbers; sequence 1 (x[0])",
                       "x：2 个序列，各 8 个 token，每个 2 维；这里是第 1 个序列 x[0]"), x[0],
              say("random, one row per token: only the shape matters", "随机数，每个 token 一行；要紧的只是它的形状"),
@@ -112,41 +126,22 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
              torch.tensor([(loop - averaging @ x).abs().max(), (loop - by_softmax @ x).abs().max()]),
              say("0 up to float32 rounding: one average three ways", "都是 0（只差 float32 舍入）：三种做法，同一个平均"),
              cell="In [18]-[19], [23]-[24]"),
-    ]
-    # A head that learns whom to average: first without values (weights @ x).
-    torch.manual_seed(1337)
-    C, head_size = 32, 16
-    x = torch.rand(4, T, C)
-    w_k, w_q, w_v = (torch.randn(C, head_size) / math.sqrt(C) for _ in range(3))
-    k, q, v = x @ w_k, x @ w_q, x @ w_v
-    scores = dot_product_scores(q, k, scaled=False)
-    no_values, weights = attend(scores, x, causal(T))
-    with_values, _ = attend(scores, v, causal(T))
-    steps += [Step("kq_scores", say("wei[0] = q @ kᵀ, not scaled yet", "wei[0] = q @ kᵀ，还没有缩放"),
-                   scores[0], say("raw scores, the future too: not weights yet (the page's S)",
-                                  "原始的注意力分数，未来的也在：还不是权重（页面上的 S）"),
-                   cell="In [31]-[32]"),
-              Step("kq_weights", say("wei = softmax(wei, the future -inf), no 1/√16 (its 3.3 adds it)",
-                                     "wei = softmax(wei，未来为 -inf)，没有 1/√16（教程 3.3 节才加）"),
-                   weights[0], say("rows sum to 1, but q·k now chooses the weights", "每行之和仍为 1，但权重由 q·k 决定"),
-                   causal_picture(T, say, "wei = softmax(q·kᵀ, future = -inf), sequence 1, no scale"),
-                   cell="In [33]"),
-              Step("no_values_shape", say("out = wei @ x, no values", "out = wei @ x，不用值"),
-                   torch.tensor(no_values.shape), say("32 numbers, as x: nothing projected x",
-                                                      "每个 token 32 维，和 x 一样：x 没有经过投影"), cell="In [34]"),
-              Step("values_shape", "out = wei @ v, v = x @ W_v", torch.tensor(with_values.shape),
-                   say("16 numbers, the head's: each token gives its value, not itself",
-                       "16 维，即头的维度：每个 token 给出的是值 v，不是 x 本身"), cell="In [36]-[37]")]
-    torch.manual_seed(1337)
-    qn, kn = torch.randn(64, T, head_size), torch.randn(64, T, head_size)
-    raw = qn @ kn.transpose(-2, -1)
-    steps.append(Step("variance", say("var(q), var(k), var(wei = q·k), var(q·k/√16)",
-                                      "var(q)、var(k)、var(wei = q·k)、var(q·k/√16)"),
-                      torch.stack([qn.var(), kn.var(), raw.var(), (raw / math.sqrt(head_size)).var()]),
-                      say("about 1, 1, 16 (a sum of 16 products), 1", "约为 1、1、16（16 个乘积之和）、1"),
-                      cell="In [39]-[42]"))
-    a = torch.tensor([-0.4427, 0.8926, -0.7062, -0.7538, 1.3745, -0.1691, -1.4154, -0.6329])
-    steps += [
+        Step("kq_scores", say("wei[0] = q @ kᵀ, not scaled yet", "wei[0] = q @ kᵀ，还没有缩放"), scores[0],
+             say("raw scores, the future too: not weights yet (the page's S)",
+                 "原始的注意力分数，未来的也在：还不是权重（页面上的 S）"), cell="In [31]-[32]"),
+        Step("kq_weights", say("wei = softmax(wei, the future -inf), no 1/√16 (its 3.3 adds it)",
+                               "wei = softmax(wei，未来为 -inf)，没有 1/√16（教程 3.3 节才加）"),
+             weights[0], say("rows sum to 1, but q·k now chooses the weights", "每行之和仍为 1，但权重由 q·k 决定"),
+             causal_picture(T, say, "wei = softmax(q·kᵀ, future = -inf), sequence 1, no scale"), cell="In [33]"),
+        Step("no_values_shape", say("out = wei @ x, no values", "out = wei @ x，不用值"), torch.tensor(no_values.shape),
+             say("32 numbers, as x: nothing projected x", "每个 token 32 维，和 x 一样：x 没有经过投影"), cell="In [34]"),
+        Step("values_shape", "out = wei @ v, v = x @ W_v", torch.tensor(with_values.shape),
+             say("16 numbers, the head's: each token gives its value, not itself",
+                 "16 维，即头的维度：每个 token 给出的是值 v，不是 x 本身"), cell="In [36]-[37]"),
+        Step("variance", say("var(q), var(k), var(wei = q·k), var(q·k/√16)",
+                             "var(q)、var(k)、var(wei = q·k)、var(q·k/√16)"),
+             torch.stack([qn.var(), kn.var(), raw.var(), (raw / math.sqrt(head_size)).var()]),
+             say("about 1, 1, 16 (a sum of 16 products), 1", "约为 1、1、16（16 个乘积之和）、1"), cell="In [39]-[42]"),
         Step("a", say("a: the tutorial's 8 printed numbers", "a：教程打印出的 8 个数"), a,
              say("the 5th is the largest, the 2nd next", "第 5 个最大，第 2 个次之"), cell="In [44]"),
         Step("softmax_a", "b = softmax(a)", F.softmax(a, dim=-1),
@@ -154,21 +149,17 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
         Step("softmax_10a", "b = softmax(a * 10)", F.softmax(a * 10, dim=-1),
              say("the largest takes 0.9920: large scores make the softmax nearly one-hot",
                  "最大的一项拿到 0.9920：注意力分数一大，softmax 就接近 one-hot"), cell="In [46]"),
-    ]
-    right, right_weights = attend(dot_product_scores(q, k, scaled=True), v, causal(T))
-    wrong = with_values * head_size ** -0.5
-    head = head_with(w_q, w_k, w_v, T)
-    steps += [
-        Step("scale_gap", "max |softmax(q·kᵀ/√d) v - softmax(q·kᵀ) v / √d|", (right - wrong).abs().max(),
+        Step("scale_gap", "max |softmax(q·kᵀ/√d) v - softmax(q·kᵀ) v / √d|",
+             (right - with_values * head_size ** -0.5).abs().max(),
              say("far from 0: the tutorial's out = wei @ v * head_size**-0.5 scales the output, not the scores",
                  "远不为 0：教程的 out = wei @ v * head_size**-0.5 缩放的是输出，不是注意力分数"), cell="In [48]"),
-        Step("head_gap", "max |softmax(q·kᵀ/√d) v - Head(x)|", (right - head(x)).abs().max().detach(),
+        Step("head_gap", "max |softmax(q·kᵀ/√d) v - Head(x)|",
+             (right - head_with(w_q, w_k, w_v, T)(x_head)).abs().max().detach(),
              say("0: this project's Head scales before the softmax", "0：本项目的 Head 在 softmax 之前缩放")),
         Step("sharpest", say("the last row's largest weight, scaled and not", "最后一行的最大权重，缩放、不缩放"),
              torch.stack([right_weights[0, -1].max(), weights[0, -1].max()]),
              say("unscaled, one key takes more", "不缩放时权重更集中在一个键上")),
     ]
-    return steps
 
 
 # ---- 001: "Life is short, eat dessert first"
@@ -458,11 +449,9 @@ TUTORIALS = {
 }
 # Each tutorial's names, and the attention page's (S, A and A·V).
 LEGENDS = {
-    "000": ("000's names: x the input; xbow the past's average (a loop, then wei @ x); wei the weights: tril(ones) / "
-            "row sums, softmax of zeros with the future at -inf, then of q @ kᵀ; out = wei @ v. On the attention "
+    "000": ("000's names: x the input; xbow the past's average; wei the weights; out = wei @ v. On the attention "
             "page, wei is S before the softmax and A after it; out is A·V.",
-            "000 中的记号：x 是输入；xbow 是对前面 token 的平均（先用循环，再用 wei @ x）；wei 是权重矩阵：先是 tril(ones) "
-            "除以行和，再是未来设为 -inf 的全 0 矩阵的 softmax，最后是 q @ kᵀ 和它的 softmax；out = wei @ v。"
+            "000 中的记号：x 是输入；xbow 是对前面 token 的平均；wei 是权重矩阵；out = wei @ v。"
             "在注意力页面上，softmax 之前的 wei 叫 S，之后叫 A；out 叫 A·V。"),
     "001": ("001's names: x = embedded_sentence, x⁽ⁱ⁾ its rows; W_query, W_key, W_value; ω (omega, attn_scores) = q·k, "
             "unnormalised; α (attention_weights_2, attn_weights) = softmax(ω / √d_k); z (context_vector_2, "
@@ -482,10 +471,10 @@ LEGENDS = {
             "003 中的记号：Q、K、V 是查询、键和值；x 是 softmax 的输入，这里是 [a, a, 2a]；y = softmax(x)，y₃ 是它的第三项；"
             "d_k 是 q 和 k 的维度。它的思考题“只用 (Q, V)、(K, V) 或 V 行不行”，由阶梯实验的 shared_qk、no_values 和 "
             "average 几级来回答（docs/attention.md）。"),
-    "004": ("004's names: aⁱ the embedded input; qⁱ, kⁱ, vⁱ; α₁,ⱼ = q¹·kʲ / √d the scaled scores (its numbers leave "
-            "the √d out); α̂₁,ⱼ = softmax(α₁) the weights; b¹ = Σⱼ α̂₁,ⱼ vʲ the output. On the attention page α is "
-            "the scaled S, α̂ is A and b is A·V.",
-            "004 中的记号：aⁱ 是嵌入后的输入；qⁱ、kⁱ、vⁱ 是查询、键和值；α₁,ⱼ = q¹·kʲ / √d 是缩放后的注意力分数（它的算例漏掉了 √d）；"
+    "004": ("004's names: aⁱ the embedded input; qⁱ, kⁱ, vⁱ; α₁,ⱼ = q¹·kʲ / √d the scaled scores; α̂₁,ⱼ = "
+            "softmax(α₁) the weights; b¹ = Σⱼ α̂₁,ⱼ vʲ the output. On the attention page α is the scaled S, α̂ is A "
+            "and b is A·V.",
+            "004 中的记号：aⁱ 是嵌入后的输入；qⁱ、kⁱ、vⁱ 是查询、键和值；α₁,ⱼ = q¹·kʲ / √d 是缩放后的注意力分数；"
             "α̂₁,ⱼ = softmax(α₁) 是权重；b¹ = Σⱼ α̂₁,ⱼ vʲ 是输出。在注意力页面上，α 是缩放后的 S，α̂ 叫 A，b 叫 A·V。"),
 }
 # Where a tutorial drew random numbers without a seed, one line says which figures cannot be repeated.
