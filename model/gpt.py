@@ -131,18 +131,16 @@ class GPT(nn.Module):
         if not cached:
             if T > self.config.block_size:
                 raise ValueError(f"sequence of {T} tokens is longer than block_size {self.config.block_size}")
-            slots = torch.arange(T, device=device)
-            if pad is None:
-                return slots[None, :], None
-            n_keys = T
+            slots, n_keys = torch.arange(T, device=device), T
         else:
             slots, n_keys = decoding.input_pos, decoding.caches[0].n_keys
             if decoding.caches[0].capacity > self.config.block_size:
                 raise ValueError(f"a cache of {decoding.caches[0].capacity} slots is longer than block_size "
                                  f"{self.config.block_size}")
         if pad is None:
-            if cached and T == 1 and decoding.caches[0].in_use is not None:  # one query after the slots in use
-                return slots[None, :], None  # sees them all
+            # None (plain causal) without a cache, and for one query after the slots in use: it sees them all
+            if not cached or (T == 1 and decoding.caches[0].in_use is not None):
+                return slots[None, :], None
             return slots[None, :], attention_mask(slots, n_keys)
         positions = (slots[None, :] - pad[:, None]).clamp(min=0)  # (B, T): from each row's first real token
         return positions, attention_mask(slots, n_keys, pad)

@@ -83,7 +83,6 @@ def head_with(w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, block_siz
     return head
 
 
-# ---- 000: averaging the past three ways, a head without and with values, the 1/√d scale
 def tutorial_000(say: Say = ENGLISH) -> list[Step]:
     torch.manual_seed(1337)
     B, T, C = 2, 8, 2
@@ -162,7 +161,6 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
     ]
 
 
-# ---- 001: "Life is short, eat dessert first"
 def tutorial_001(say: Say = ENGLISH) -> list[Step]:
     sentence = "Life is short, eat dessert first"
     words = sentence.replace(",", "").split()
@@ -256,7 +254,6 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
     ]
 
 
-# ---- 002: masked softmax with valid lengths; additive and scaled dot-product attention
 def padding_means(say: Say) -> str:
     return say("padding: its score was set to -inf before the softmax, so its weight is 0",
                "填充：softmax 之前它的注意力分数设为 -inf，权重因此为 0")
@@ -324,7 +321,6 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
     ]
 
 
-# ---- 003: how the softmax's input shapes its output and its gradient; why divide by √d_k
 def y3_of(a: torch.Tensor) -> torch.Tensor:
     return F.softmax(torch.stack([a, a, 2 * a], dim=-1), dim=-1)[:, 2]
 
@@ -379,7 +375,6 @@ def tutorial_003(say: Say = ENGLISH) -> list[Step]:
     ]
 
 
-# ---- 004: the blog's three tokens, computed exactly
 def blog_004() -> tuple[torch.Tensor, ...]:
     """004's three embedded tokens a¹, a², a³ and its W_q, W_k, W_v (4 x 3): small integers, checked by hand."""
     return tuple(torch.tensor(rows, dtype=torch.float32) for rows in (
