@@ -289,7 +289,7 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
     return [
         Step("sequence_mask", "sequence_mask(valid_lens = [1, 2, 3])" + say(", 4 slots", "，共 4 个位置"), mask,
              say("row i: i real slots (True), then padding (False)", "第 i 行前 i 个位置有效（True），其余是填充（False）"),
-             Picture(["valid_len 1", "valid_len 2", "valid_len 3"],
+             Picture(counted(3, "valid_len "),
                      counted(4), say("row", "行"), say("slot", "位置"), ~mask, kind="mask",
                      masked_means=say("padding (False)", "填充（False）")), cell="In [2]"),
         Step("scores", "X = torch.rand(2, 2, 4)" + say(", seed 0", "，种子 0"), scores,
@@ -529,7 +529,7 @@ def figure_of(step: Step, say: Say = ENGLISH):
     """step's value as a heatmap per panel, each cell's number in it, the masked cells hatched (or a curve)."""
     from common.pictures import MASKED_FILL, MASKED_HATCH, Patch, Rectangle, plt
 
-    picture = step.picture
+    picture, hatched = step.picture, {"facecolor": MASKED_FILL, "edgecolor": MASKED_HATCH, "hatch": "///"}
     if picture.kind == "curve":
         fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100, layout="constrained")
         ax.plot(*picture.line.double().numpy(), color="#1f77b4", linewidth=1.5)
@@ -553,14 +553,13 @@ def figure_of(step: Step, say: Say = ENGLISH):
         cmap, low, high, bar_label = "viridis", 0.0, 1.0, say("attention weight", "注意力权重")
     slanted = max(map(len, picture.columns)) > 3
     for panel, ax in enumerate(axes[0]):
-        shown = value[panel].float().numpy() if picture.kind != "mask" else (~masked[panel]).float().numpy()
-        image = ax.imshow(shown, cmap=cmap, vmin=low, vmax=high)
+        shown = ~masked[panel] if picture.kind == "mask" else value[panel]
+        image = ax.imshow(shown.float().numpy(), cmap=cmap, vmin=low, vmax=high)
         for i in range(n_rows):
             for j in range(n_cols):
                 v, hidden = float(value[panel, i, j]), bool(masked[panel, i, j])
                 if hidden:
-                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=MASKED_FILL, edgecolor=MASKED_HATCH,
-                                           hatch="///", linewidth=0))
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, **hatched, linewidth=0))
                 if picture.kind == "mask":
                     label, dark = str(not hidden), False
                 elif hidden:
@@ -583,8 +582,8 @@ def figure_of(step: Step, say: Say = ENGLISH):
     if picture.kind != "mask":
         fig.colorbar(image, ax=axes[0].tolist(), label=bar_label, shrink=0.9)
     if masked.any():
-        fig.legend(handles=[Patch(facecolor=MASKED_FILL, edgecolor=MASKED_HATCH, hatch="///",
-                                  label=picture.masked_means)], loc="outside lower center", fontsize=8, frameon=False)
+        fig.legend(handles=[Patch(**hatched, label=picture.masked_means)], loc="outside lower center", fontsize=8,
+                   frameon=False)
     return fig
 
 
