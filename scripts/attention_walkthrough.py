@@ -15,7 +15,7 @@ loaded = quiet_while_loading(__name__)
 import torch  # noqa: E402
 
 from errors import ArgumentParser, run_cli  # noqa: E402
-from tutorials import ENGLISH, Say, blog_004, head_with, speaker  # noqa: E402
+from tutorials import ENGLISH, Say, blog_004, head_with, show, speaker  # noqa: E402
 loaded()
 
 
@@ -47,12 +47,6 @@ def walkthrough(say: Say = ENGLISH) -> list[tuple[str, torch.Tensor]]:
             (say("output = weights @ v: 004's bⁱ", "output = weights @ v：004 的 bⁱ"), out)]
 
 
-def show(name: str, tensor: torch.Tensor, colon: str = ":") -> str:
-    rows = ["  [" + "  ".join(f"{value:8.4f}" if math.isfinite(value) else f"{'-inf':>8}" for value in row) + " ]"
-            for row in tensor.tolist()]
-    return "\n".join([f"{name}{colon}", *rows])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     parser.add_argument("--lang", choices=("en", "zh"), default="en",
@@ -64,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
               "一个因果自注意力头，一步一步算。token 从 1 开始数，和注意力页面、tutorials.py 一样：每个矩阵的第 1 行是 token 1，\n"
               "权重的第 s 列是 token s。\n"))
     for name, tensor in walkthrough(say):
-        print(show(name, tensor, say(":", "：")) + "\n")
+        print(f"{name}{say(':', '：')}\n{show(tensor)}\n")
     print(say("Row t of the weights says how much token t takes from tokens 1..t: each row sums to 1, and the\n"
               "zeros above the diagonal are the future it may not see. The output mixes the values by those weights.\n"
               "\n"
