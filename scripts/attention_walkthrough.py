@@ -15,7 +15,7 @@ loaded = quiet_while_loading(__name__)
 import torch  # noqa: E402
 
 from errors import ArgumentParser, run_cli  # noqa: E402
-from tutorials import ENGLISH, Say, blog_004, head_with, show, speaker  # noqa: E402
+from tutorials import ENGLISH, LANG_HELP, Say, blog_004, head_with, show, speaker  # noqa: E402
 loaded()
 
 
@@ -37,10 +37,9 @@ def walkthrough(say: Say = ENGLISH) -> list[tuple[str, torch.Tensor]]:
             (say("v = x @ W_value: 004's vⁱ", "v = x @ W_value：004 的 vⁱ"), v),
             (say("scores = q @ k^T: 004's qⁱ·kʲ (row 1 is its [2, 4, 4])",
                  "scores = q @ k^T：004 的 qⁱ·kʲ（第 1 行就是它的 [2, 4, 4]）"), scores),
-            (say("scaled = scores / sqrt(head_size=3): 004's αᵢ,ⱼ = qⁱ·kʲ/√d (its worked numbers leave the √d out)",
-                 "scaled = scores / sqrt(head_size=3)：004 的 αᵢ,ⱼ = qⁱ·kʲ/√d（它的算例省掉了 √d）"), scaled),
-            (say("causal mask (tril: 1 = may look): not in 004, whose tokens all see all three",
-                 "因果掩码（tril：1 = 可以看）：004 没有，它的每个 token都看得到全部三个"), mask),
+            (say("scaled = scores / sqrt(head_size=3): 004's αᵢ,ⱼ = qⁱ·kʲ/√d",
+                 "scaled = scores / sqrt(head_size=3)：004 的 αᵢ,ⱼ = qⁱ·kʲ/√d"), scaled),
+            (say("causal mask (tril: 1 = may look): not in 004", "因果掩码（tril：1 = 可以看）：004 没有"), mask),
             (say("masked scores (future = -inf)", "掩码后的分数（未来 = -inf）"), masked),
             (say("weights = softmax(masked, over each row): 004's α̂ᵢ,ⱼ",
                  "weights = softmax(masked，对每一行)：004 的 α̂ᵢ,ⱼ"), weights),
@@ -49,8 +48,7 @@ def walkthrough(say: Say = ENGLISH) -> list[tuple[str, torch.Tensor]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    parser.add_argument("--lang", choices=("en", "zh"), default="en",
-                        help="the language of the words around the numbers: English or Chinese (中文)")
+    parser.add_argument("--lang", choices=("en", "zh"), default="en", help=LANG_HELP)
     args = parser.parse_args(argv)
     say = speaker(args.lang)
     print(say("One head of causal self-attention, step by step. Tokens are counted from 1, as on the attention page "

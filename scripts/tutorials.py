@@ -30,6 +30,7 @@ def speaker(lang: str) -> Say:
 
 
 ENGLISH = speaker("en")
+LANG_HELP = "the language of the words around the numbers: English or Chinese (中文)"
 
 
 class Picture(NamedTuple):
@@ -389,8 +390,9 @@ def tutorial_004(say: Say = ENGLISH) -> list[Step]:
     rounded = torch.tensor([0.0, 0.5, 0.5])  # what the blog writes for softmax([2, 4, 4])
     weights_1 = F.softmax(scores_1, dim=0)
     scaled_1 = F.softmax(scores_1 / math.sqrt(3), dim=0)
-    tokens = counted(3, "token ")
-    token_1, query, key = "token 1", say("query", "查询"), say("key", "键")
+
+    def row_1(title: str) -> Picture:
+        return Picture(["token 1"], counted(3, "token "), say("query", "查询"), say("key", "键"), title=title)
     return [
         Step("x", say("a¹, a², a³: the blog's three inputs, already embedded", "a¹、a²、a³：博客的三个输入，已经嵌入，各 4 维"),
              x, say("small integers: every step can be checked by hand", "都是小整数，每一步都能手算验证")),
@@ -413,7 +415,7 @@ def tutorial_004(say: Say = ENGLISH) -> list[Step]:
              rounded @ v, say("[2.0, 7.0, 1.5], the blog's figure", "[2.0, 7.0, 1.5]，即博客的结果")),
         Step("weights_1", say("α̂₁ = softmax([2, 4, 4]) exactly", "α̂₁ = softmax([2, 4, 4]) 的精确值"), weights_1,
              say("0.0634 is not 0", "0.0634 不是 0：token 1 仍然从自己那里取一点"),
-             Picture([token_1], tokens, query, key, title="α̂₁ = softmax(q¹ · kᵀ), no scale")),
+             row_1("α̂₁ = softmax(q¹ · kᵀ), no scale")),
         Step("output_1", say("b¹ = Σⱼ α̂₁,ⱼ vʲ exactly", "b¹ = Σⱼ α̂₁,ⱼ vʲ 的精确值"), weights_1 @ v,
              say("near [2.0, 7.0, 1.5], not equal: the rounding moved every number",
                  "接近 [2.0, 7.0, 1.5] 但不相等：舍入改变了每一个数")),
@@ -421,7 +423,7 @@ def tutorial_004(say: Say = ENGLISH) -> list[Step]:
                                      "softmax([2, 4, 4] / √3)", "加上博客公式里有、算例里却漏掉的 1/√d（d = 3）："
                                      "α̂₁ = softmax([2, 4, 4] / √3)"), scaled_1,
              say("flatter: token 1 keeps more of its own value", "更平缓：token 1 拿到更多它自己的值"),
-             Picture([token_1], tokens, query, key, title="α̂₁ = softmax(q¹ · kᵀ / √3)")),
+             row_1("α̂₁ = softmax(q¹ · kᵀ / √3)")),
         Step("scaled_output_1", say("and b¹ then", "这时的 b¹"), scaled_1 @ v,
              say("token 1's output as the formula has it", "按公式算出的 token 1 的输出")),
         Step("all_outputs", say("b¹, b², b³ at once: softmax(q kᵀ / √3) v", "一次算出 b¹、b²、b³：softmax(q kᵀ / √3) v"),
@@ -600,8 +602,7 @@ def draw(step: Step, path: Path, say: Say = ENGLISH) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description="Recompute the tutorials' worked examples step by step.")
     parser.add_argument("tutorial", nargs="*", metavar="NNN", help=f"which ones ({', '.join(TUTORIALS)}; default: all)")
-    parser.add_argument("--lang", choices=("en", "zh"), default="en",
-                        help="the language of the words around the numbers: English or Chinese (中文)")
+    parser.add_argument("--lang", choices=("en", "zh"), default="en", help=LANG_HELP)
     parser.add_argument("--png", metavar="DIR", default="",
                         help="also draw every attention matrix printed (and 003's curve) into this folder")
     args = parser.parse_args(argv)
