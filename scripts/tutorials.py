@@ -450,10 +450,10 @@ LEGENDS = {
             "page, wei is S before the softmax and A after it; out is A·V.",
             "000 中的记号：x 是输入；xbow 是对前面 token 的平均；wei 是权重矩阵；out = wei @ v。"
             "在注意力页面上，softmax 之前的 wei 叫 S，之后叫 A；out 叫 A·V。"),
-    "001": ("001's names: x = embedded_sentence, x⁽ⁱ⁾ its rows; W_query, W_key, W_value; ω (omega, attn_scores) = q·k, "
+    "001": ("001's names: x = embedded_sentence, x⁽ⁱ⁾ its rows; ω (omega, attn_scores) = q·k, "
             "unnormalised; α (attention_weights_2, attn_weights) = softmax(ω / √d_k); z (context_vector_2, "
             "context_vec) = α @ values. On the attention page ω is S, ω / √d_k the scaled S, α is A and z is A·V.",
-            "001 中的记号：x = embedded_sentence，x⁽ⁱ⁾ 是它的第 i 行；W_query、W_key、W_value；ω（omega，attn_scores）= "
+            "001 中的记号：x = embedded_sentence，x⁽ⁱ⁾ 是它的第 i 行；ω（omega，attn_scores）= "
             "q·k，即非归一化的注意力权重；α（attention_weights_2，attn_weights）= softmax(ω / √d_k)；z（context_vector_2，"
             "context_vec）= α @ values。在注意力页面上，ω 叫 S，ω / √d_k 是缩放后的 S，α 叫 A，z 叫 A·V。"),
     "002": ("002's names: X the scores; valid_lens how many keys are real (per row or query); a(q, k): additive "
@@ -477,17 +477,13 @@ LEGENDS = {
 # Where a tutorial drew random numbers without a seed, one line says which figures cannot be repeated.
 UNSEEDED = {
     "000": ("note: tutorial 000 set no seed, so its x (x[0][0] = 0.0687 there) and what follows cannot be matched; "
-            "this script seeds torch.manual_seed(1337) (x[0][0] = 0.0783 here). The rest matches: the three "
-            "averages, var(q·k) about 16, softmax(a) and softmax(10a) of its a",
+            "this script seeds torch.manual_seed(1337) (x[0][0] = 0.0783 here). The rest matches.",
             "注意：教程 000 没有设随机种子，它的 x（那里 x[0][0] = 0.0687）和由 x 算出的数都无法重现；本脚本用 "
-            "torch.manual_seed(1337)（这里 x[0][0] = 0.0783）。其余都能对上：三种平均一致，var(q·k) 约为 16，"
-            "softmax(a) 和 softmax(10a) 用的是教程自己的 a。"),
+            "torch.manual_seed(1337)（这里 x[0][0] = 0.0783）。其余都能对上。"),
     "002": ("note: tutorial 002 drew its scores with torch.rand and no seed (0.4497 0.5503 there); this script seeds "
-            "torch.manual_seed(0). The rest matches: zeros past each valid length, 1.0000 for a length of 1, "
-            "outputs [2, 3, 4, 5], [10, 11, 12, 13]",
+            "torch.manual_seed(0). The rest matches.",
             "注意：教程 002 用 torch.rand 生成注意力分数，没有设随机种子（它的第一行权重是 0.4497、0.5503）；本脚本用 "
-            "torch.manual_seed(0)。其余都能对上：超出有效长度的权重都是 0，长度为 1 时是 1.0000，输出是 [2, 3, 4, 5] "
-            "和 [10, 11, 12, 13]。"),
+            "torch.manual_seed(0)。其余都能对上。"),
 }
 COUNTING = ("Tokens, rows and columns are counted from 1 here, as on the attention page and in the walkthrough; a "
             "tutorial's own\nnames and subscripts (001's ω_24, 000's x[0]) stay as written; [NNN In [n]] names its "
@@ -501,26 +497,25 @@ def show(value: torch.Tensor) -> str:
     value = value.detach()
     if value.dim() == 0:
         return f"  {value.item():.4f}"
-    if value.dim() == 1:
-        value = value[None]
     if value.dim() > 2:
         return "\n".join(show(part) for part in value)
-    rows = value.tolist()
-    if value.dtype == torch.bool:
-        return "\n".join("  [" + "  ".join(f"{str(v):>5}" for v in row) + " ]" for row in rows)
-    whole = value.isfinite().all() and bool((value == value.round()).all())
-    if not value.is_floating_point() or whole:  # ids, lengths, shapes; 1. and 0.
-        dot = "." if value.is_floating_point() else ""
-        width = max(len(str(int(v))) for v in value.flatten().tolist())
-        return "\n".join("  [ " + "  ".join(f"{int(v):>{width}d}{dot}" for v in row) + " ]" for row in rows)
-    finite = value[value.isfinite()].abs()
-    small = finite.numel() > 0 and 0 < finite.max() < 1e-3
+    rows = value.reshape(-1, value.size(-1)).tolist()
+    floats = value.is_floating_point()
+    finite = value[value.isfinite()].abs() if floats else value
+    small = floats and finite.numel() > 0 and 0 < finite.max() < 1e-3
+    whole = not floats or (finite.numel() == value.numel() and bool((value == value.round()).all()))
+    width = max(len(str(int(v))) for row in rows for v in row) if whole else 0
 
-    def number(v: float) -> str:
+    def number(v) -> str:
+        if value.dtype == torch.bool:
+            return f"{v!s:>5}"
+        if whole:  # ids, lengths, shapes; 1. and 0.
+            return f"{int(v):>{width}d}{'.' if floats else ''}"
         if not math.isfinite(v):
             return f"{'-inf':>{12 if small else 8}}"
         return f"{v:12.4e}" if small else f"{v:8.4f}"
-    return "\n".join("  [" + "  ".join(number(v) for v in row) + " ]" for row in rows)
+    start = "  [ " if whole and value.dtype != torch.bool else "  ["
+    return "\n".join(start + "  ".join(map(number, row)) + " ]" for row in rows)
 
 
 # ---- --png: each attention matrix drawn as a heatmap
