@@ -58,14 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, tensor in walkthrough(say):
         print(f"{name}{say(':', '：')}\n{show(tensor)}\n")
     print(say("Row t of the weights says how much token t takes from tokens 1..t: each row sums to 1, and the\n"
-              "zeros above the diagonal are the future it may not see. The output mixes the values by those weights.\n"
+              "zeros above the diagonal are the future it may not see.\n"
               "\n"
               "Where this differs from 004: this head is causal, as a GPT's attention is, so token 1 sees only itself\n"
               "and its output is its own value v¹ = [1, 2, 3]. 004's blog lets token 1 see all three tokens and gets\n"
               "[2.0, 7.0, 1.5] (from weights rounded to [0, 0.5, 0.5]; exactly [1.9366, 6.6831, 1.5951], and\n"
               "[1.8639, 6.3194, 1.7042] with the 1/√3 of its own formula): python scripts/tutorials.py 004.",
               "权重的第 t 行表示 token t 从 token 1..t 各取多少：每行之和为 1，对角线以上的 0 是它不许看的未来。\n"
-              "输出就是按这些权重把值混合起来。\n"
               "\n"
               "和 004 不同的地方：这个头是因果的（GPT 的注意力就是这样），所以 token 1 只看得到它自己，输出就是它自己的值\n"
               "v¹ = [1, 2, 3]。004 的博客让 token 1 看到全部三个 token，得到 [2.0, 7.0, 1.5]（来自舍入成 [0, 0.5, 0.5] 的\n"

@@ -173,20 +173,20 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
     w_q, w_k, w_v = torch.rand(3, 2), torch.rand(3, 2), torch.rand(3, 4)  # d_q = d_k = 2, d_v = 4
     other = torch.rand(8, 3)  # for cross-attention: the tutorial reseeds, draws these weights again, then this
     q, k, v = x @ w_q, x @ w_k, x @ w_v
-    omega = q @ k.T  # attn_scores
-    omega_2 = omega[1]  # query 2 against every key
+    omega = q @ k.T
+    omega_2 = omega[1]
     alpha_2 = F.softmax(omega_2 / math.sqrt(2), dim=0)
     z, weights = attend(dot_product_scores(q, k), v)  # every query at once (no mask: 001 attends both ways)
-    torch.manual_seed(123)  # four heads, each with d_v = 1, side by side
+    torch.manual_seed(123)
     heads = []
     for _ in range(4):
         wq_h, wk_h, wv_h = torch.rand(3, 2), torch.rand(3, 2), torch.rand(3, 1)
         heads.append(attend(dot_product_scores(x @ wq_h, x @ wk_h), x @ wv_h)[0])
     cross, cross_weights = attend(dot_product_scores(q, other @ w_k), other @ w_v)  # keys and values from other
     mask_simple = torch.tril(torch.ones(6, 6))  # 1. and 0., as the tutorial prints it
-    masked_simple = weights * mask_simple  # causal masking after the softmax, then renormalised...
+    masked_simple = weights * mask_simple
     renormalised = masked_simple / masked_simple.sum(1, keepdim=True)
-    _, causal_weights = attend(dot_product_scores(q, k), v, causal(6))  # ...equals masking before it
+    _, causal_weights = attend(dot_product_scores(q, k), v, causal(6))
     word_query, word_key = say("query (word)", "查询（词）"), say("key (word)", "键（词）")
 
     after = say("masked: its weight was set to 0 after the softmax", "被掩码遮住：softmax 之后权重置 0")
@@ -387,7 +387,7 @@ def tutorial_004(say: Say = ENGLISH) -> list[Step]:
     x, w_q, w_k, w_v = blog_004()
     k, q, v = x @ w_k, x @ w_q, x @ w_v
     scores_1 = q[0] @ k.T
-    rounded = torch.tensor([0.0, 0.5, 0.5])  # what the blog writes for softmax([2, 4, 4])
+    rounded = torch.tensor([0.0, 0.5, 0.5])
     weights_1 = F.softmax(scores_1, dim=0)
     scaled_1 = F.softmax(scores_1 / math.sqrt(3), dim=0)
 
@@ -519,7 +519,7 @@ def show(value: torch.Tensor) -> str:
 
 
 # ---- --png: each attention matrix drawn as a heatmap
-GRADIENT_RANGE = 0.25  # one scale for every Jacobian (the largest entry is 0.24): small looks small
+GRADIENT_RANGE = 0.25  # one scale for every Jacobian, so that small looks small
 
 
 def figure_of(step: Step, say: Say = ENGLISH):
