@@ -52,9 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     say = speaker(args.lang)
     print(say("One head of causal self-attention, step by step. Tokens are counted from 1, as on the attention page "
-              "and in\ntutorials.py: row 1 of each matrix is token 1, and in the weights column s is token s.\n",
-              "一个因果自注意力头，一步一步算。token 从 1 开始数，和注意力页面、tutorials.py 一样：每个矩阵的第 1 行是 token 1，\n"
-              "权重的第 s 列是 token s。\n"))
+              "and in\ntutorials.py.\n", "一个因果自注意力头，一步一步算。token 从 1 开始数，和注意力页面、tutorials.py 一样。\n"))
     for name, tensor in walkthrough(say):
         print(f"{name}{say(':', '：')}\n{show(tensor)}\n")
     print(say("Row t of the weights says how much token t takes from tokens 1..t: each row sums to 1, and the\n"
