@@ -273,7 +273,8 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
     torch.manual_seed(0)
     scores = torch.rand(2, 2, 4)
     per_row = masked_softmax(scores, torch.tensor([2, 3]), padding="right")
-    per_query = masked_softmax(scores, torch.tensor([[1, 3], [2, 4]]), padding="right")
+    lens_13_24 = torch.tensor([[1, 3], [2, 4]])
+    per_query = masked_softmax(scores, lens_13_24, padding="right")
     left = masked_softmax(scores, torch.tensor([2, 3]), padding="left")
     lens_23 = torch.tensor([[2, 2], [3, 3]])
     with_1e6 = F.softmax(scores.masked_fill(~valid_key_mask(lens_23, 4, padding="right"), -1e6), dim=-1)
@@ -305,7 +306,7 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
                  "0：float32 里 exp(-1e6) 也是 0；而 -inf 不论分数多大都表示“不看”"), cell="In [3]"),
         Step("per_query", "masked_softmax(X, [[1, 3], [2, 4]], padding='right')", per_query,
              say("one length per query; a single key gets weight 1", "每个查询一个有效长度；只有一个键时权重正好是 1"),
-             padded(torch.tensor([[1, 3], [2, 4]]), "right", say), cell="In [8]"),
+             padded(lens_13_24, "right", say), cell="In [8]"),
         Step("left", "masked_softmax(X, [2, 3], padding='left')", left,
              say("the sampler keeps the LAST keys: padding first", "采样器的做法：保留最后几个键，填充在前面"),
              padded(lens_23, "left", say)),
@@ -529,8 +530,8 @@ def figure_of(step: Step, say: Say = ENGLISH):
     picture, hatched = step.picture, {"facecolor": MASKED_FILL, "edgecolor": MASKED_HATCH, "hatch": "///"}
     if picture.kind == "curve":
         fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100, layout="constrained")
-        ax.plot(*picture.line.double().numpy(), color="#1f77b4", linewidth=1.5)
-        ax.plot(*step.value.double().numpy(), "o", color="#d62728", markersize=4)
+        ax.plot(*picture.line.double().numpy(), color="C0", linewidth=1.5)
+        ax.plot(*step.value.double().numpy(), "o", color="C3", markersize=4)
         ax.set(xlabel=picture.column_axis, ylabel=picture.row_axis)
         ax.set_title(picture.title or step.formula, fontsize=11)
         ax.grid(alpha=0.3)
@@ -595,11 +596,11 @@ def draw(step: Step, path: Path, say: Say = ENGLISH) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description="Recompute the tutorials' worked examples step by step.")
+    parser = ArgumentParser(description=__doc__.split(": ", 1)[1].strip())
     parser.add_argument("tutorial", nargs="*", metavar="NNN", help=f"which ones ({', '.join(TUTORIALS)}; default: all)")
     parser.add_argument("--lang", choices=("en", "zh"), default="en", help=LANG_HELP)
     parser.add_argument("--png", metavar="DIR", default="",
-                        help="also draw every attention matrix printed (and 003's curve) into this folder")
+                        help="also draw each attention matrix (and 003's curve) into this folder")
     args = parser.parse_args(argv)
     for number in args.tutorial:
         if number not in TUTORIALS:
