@@ -51,16 +51,14 @@ def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float 
     """torch's scaled_dot_product_attention; float32 on a CPU, where bfloat16's backward is slow."""
     if q.device.type == "cpu" and (torch.is_autocast_enabled("cpu") or v.dtype != torch.float32):
         with torch.autocast("cpu", enabled=False):
-            y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
-                                               dropout_p=dropout_p, is_causal=causal, scale=scale)
-        return y.to(v.dtype)
+            return fused_attention(q.float(), k.float(), v.float(), mask, dropout_p, causal, scale).to(v.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=scale)
 
 
 class CausalSelfAttention(nn.Module):
     """All heads at once, (B, n_head, T, head_size): the textbook steps, or the fused kernel computing the same."""
 
-    def __init__(self, config: ModelConfig, path: str = "sdpa"):
+    def __init__(self, config: ModelConfig, path: str = ""):
         super().__init__()
         self.n_head, self.head_size = config.n_head, config.head_size
         self.shared_qk, self.own_values = config.shared_qk, config.attention_values
@@ -74,9 +72,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.dropout = config.dropout
-        self.path = path
-        self.scaled, self.fusable = self.form.scaled, self.form.fused
+        self.path = path or config.attention  # auto runs the fused kernel where the form has one
         self.record: list[torch.Tensor] | None = None  # set by recording_attention()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None,
@@ -105,14 +101,14 @@ class CausalSelfAttention(nn.Module):
                 self.record.append(weights)
             y = self.attn_dropout(weights) @ v  # (B, n_head, T, head_size)
         else:  # the same, computed by torch's fused kernel
-            dropout_p = self.dropout if self.training else 0.0
-            y = fused_attention(q, k, v, mask, dropout_p, causal, scale=None if self.scaled else 1.0)
+            dropout_p = self.attn_dropout.p if self.training else 0.0
+            y = fused_attention(q, k, v, mask, dropout_p, causal, scale=None if self.form.scaled else 1.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, n_embd): heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
     def fused_here(self, q: torch.Tensor) -> bool:
         """Whether the fused kernel runs (not compiled on a CPU in bfloat16: inductor is faster)."""
-        if self.path == "explicit" or self.record is not None or not self.fusable:
+        if self.path == "explicit" or self.record is not None or not self.form.fused:
             return False
         return not (torch.compiler.is_compiling() and q.device.type == "cpu" and torch.is_autocast_enabled("cpu"))
 
@@ -132,7 +128,7 @@ class CausalSelfAttention(nn.Module):
         """(B, n_head, T, head_size) queries and (B, n_head, T_keys, head_size) keys -> (B, n_head, T, T_keys)."""
         if self.form.scores == "additive":
             return additive_scores(q, k, self.w_score)
-        return dot_product_scores(q, k, scaled=self.scaled)  # scaled BEFORE the softmax
+        return dot_product_scores(q, k, scaled=self.form.scaled)  # scaled BEFORE the softmax
 
 
 @contextmanager

@@ -1,5 +1,4 @@
-"""The model's settings: Architecture (its shape, part of every run's settings) and ModelConfig (plus the vocabulary
-size); each value is checked here, once."""
+"""The model's settings: Architecture (its shape) and ModelConfig (plus the vocabulary size), each value checked once."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -12,8 +11,7 @@ ACTIVATIONS = ("gelu", "relu2")
 MAX_SIZE = 2**31 - 1  # the largest size a setting may give
 
 
-def setting(default, help: str):
-    """A dataclass field with its train.py --help sentence."""
+def setting(default, help: str):  # a dataclass field with its train.py --help sentence
     return field(default=default, metadata={"help": help})
 
 
@@ -26,24 +24,20 @@ class Architecture:
     dropout: float = setting(0.0, "dropout probability while training (0 to turn off)")
     bias: bool = setting(True, "biases in Linear and LayerNorm layers")
     tie_weights: bool = setting(True, "share the token embedding with the output head")
-    attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower); "
-                                     "see model/attention.py")
+    attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower)")
     attention_score: str = setting("scaled_dot", "how a query scores a key: " + " | ".join(
         f"{form.name} ({form.meaning})" for form in FORMS.values()))
     shared_qk: bool = setting(False, "queries and keys from one projection (Q = K)")
-    attention_values: bool = setting(True, "a value projection (false: keys and queries only; each head mixes its "
-                                           "own slice of the input)")
+    attention_values: bool = setting(True, "a value projection (false: each head mixes its own slice of the input)")
     position: str = setting("learned", "position information: learned (a table) | rope (rotary embeddings on q and "
                                        "k) | none")
     activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared)")
     qk_norm: bool = setting(False, "RMS-normalise each head's queries and keys before scoring (QK-norm)")
-    logit_softcap: float = setting(0.0, "squash the output logits smoothly into (-cap, cap): cap * tanh(logits / cap), "
-                                        "in training and sampling alike (0: off)")
-    zero_proj: bool = setting(False, "start every block's output projections (attention's and the MLP's c_proj) "
-                                     "at zero, so each block begins as the identity (initialisation only)")
+    logit_softcap: float = setting(0.0, "squash the logits into (-cap, cap) as cap * tanh(logits / cap) (0: off)")
+    zero_proj: bool = setting(False, "start each block's output projections (c_proj) at zero: each block begins as "
+                                     "the identity")
     mlp: bool = setting(True, "each block's feed-forward network (false: attention only)")
-    residual: bool = setting(True, "residual connections and the blocks' LayerNorms (false: each block's output "
-                                   "replaces its input)")
+    residual: bool = setting(True, "residual connections and the blocks' LayerNorms")
 
     def __post_init__(self) -> None:
         for name in ("block_size", "n_layer", "n_head", "n_embd"):

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from model.attention import CausalSelfAttention, attention_mask, rope_tables
 from model.config import ModelConfig
 from model.kv_cache import Decoding
-from model.scoring import FORMS
 
 
 class ReLUSquared(nn.Module):
@@ -37,11 +36,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """x + attention(norm(x)), then x + mlp(norm(x)); mlp and residual false drop those parts."""
 
-    def __init__(self, config: ModelConfig, path: str):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         self.residual = config.residual
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias) if config.residual else nn.Identity()
-        self.attn = CausalSelfAttention(config, path)
+        self.attn = CausalSelfAttention(config)
         if config.mlp:
             self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias) if config.residual else nn.Identity()
         self.mlp = MLP(config) if config.mlp else None
@@ -60,9 +59,6 @@ class GPT(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        path = config.attention
-        if path == "auto":
-            path = "sdpa" if FORMS[config.attention_score].fused else "explicit"
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
         # positions: a learned table, rotations of q and k (RoPE), or none (the causal mask alone)
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
@@ -72,7 +68,7 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(config.dropout)
         self.decode_caches: tuple | None = None
-        self.blocks = nn.ModuleList(Block(config, path) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
@@ -135,18 +131,16 @@ class GPT(nn.Module):
         if not cached:
             if T > self.config.block_size:
                 raise ValueError(f"sequence of {T} tokens is longer than block_size {self.config.block_size}")
-            slots = torch.arange(T, device=device)
-            if pad is None:
-                return slots[None, :], None
-            n_keys = T
+            slots, n_keys = torch.arange(T, device=device), T
         else:
             slots, n_keys = decoding.input_pos, decoding.caches[0].n_keys
             if decoding.caches[0].capacity > self.config.block_size:
                 raise ValueError(f"a cache of {decoding.caches[0].capacity} slots is longer than block_size "
                                  f"{self.config.block_size}")
         if pad is None:
-            if cached and T == 1 and decoding.caches[0].in_use is not None:  # one query after the slots in use
-                return slots[None, :], None  # sees them all
+            # None (plain causal) without a cache, and for one query after the slots in use: it sees them all
+            if not cached or (T == 1 and decoding.caches[0].in_use is not None):
+                return slots[None, :], None
             return slots[None, :], attention_mask(slots, n_keys)
         positions = (slots[None, :] - pad[:, None]).clamp(min=0)  # (B, T): from each row's first real token
         return positions, attention_mask(slots, n_keys, pad)

@@ -12,13 +12,10 @@ from model.config import ModelConfig
 
 
 # ---- padding: a mask is True where a query may attend to a key ----
-PADDING_SIDES = ("left", "right")
-
-
 def valid_key_mask(valid_lens: torch.Tensor, n_keys: int, padding: str) -> torch.Tensor:
     """valid_lens -> valid_lens.shape + (n_keys,), True on the real keys."""
-    if padding not in PADDING_SIDES:
-        raise ValueError(f"padding must be one of {', '.join(PADDING_SIDES)}, got {padding!r}")
+    if padding not in ("left", "right"):
+        raise ValueError(f"padding must be one of left, right, got {padding!r}")
     slots = torch.arange(n_keys, device=valid_lens.device)
     lens = valid_lens[..., None]
     return slots < lens if padding == "right" else slots >= n_keys - lens

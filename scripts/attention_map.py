@@ -1,4 +1,5 @@
-"""python scripts/attention_map.py --out_dir DIR --text "ROMEO: ..." --png FILE: draw a trained model's attention."""
+"""python scripts/attention_map.py --out_dir DIR --text "ROMEO: ..." --png FILE: draw a trained model's attention for a
+text, one panel per head."""
 from __future__ import annotations
 
 import sys
@@ -21,7 +22,7 @@ loaded()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(description="Draw a trained model's attention for a text, one panel per head.")
+    p = ArgumentParser(description=__doc__.split("FILE: ", 1)[1])
     p.add_argument("--out_dir", default="", help="a run folder (uses its ckpt_best, else ckpt_last)")
     p.add_argument("--ckpt", default="", help="a checkpoint file instead of --out_dir")
     p.add_argument("--text", required=True, help="the text to look at (at most block_size characters)")

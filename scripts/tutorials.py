@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
+loaded = quiet_while_loading(__name__)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -30,11 +30,11 @@ def speaker(lang: str) -> Say:
 
 
 ENGLISH = speaker("en")
+LANG_HELP = "the language of the words around the numbers: English or Chinese (中文)"
 
 
 class Picture(NamedTuple):
-    """How --png draws a step; kind "curve" draws the value's rows (x, y) as points over line."""
-    title: str
+    """How --png draws a step."""
     rows: list[str]
     columns: list[str]
     row_axis: str
@@ -43,20 +43,18 @@ class Picture(NamedTuple):
     kind: str = "weights"  # weights | mask | gradient (signed, one fixed scale) | curve
     panels: tuple[str, ...] = ()  # one title per leading batch entry
     masked_means: str = ""  # the legend of the masked cells
-    line: torch.Tensor | None = None  # kind "curve": (2, n) points drawn as a line
+    line: torch.Tensor | None = None  # kind "curve": (2, n) points drawn as a line under the value's points
+    title: str = ""  # "": the step's formula
 
 
 class Step(NamedTuple):
     """One printed step; cell is the tutorial's notebook cell it reproduces ("" where none does)."""
     name: str
     formula: str
-    value: object
+    value: torch.Tensor
     see: str
     picture: Picture | None = None
     cell: str = ""
-
-
-TUTORIAL_000_A = [-0.4427, 0.8926, -0.7062, -0.7538, 1.3745, -0.1691, -1.4154, -0.6329]  # 000's printed a
 
 
 def causal(n: int) -> torch.Tensor:
@@ -72,12 +70,20 @@ def future(say: Say) -> str:
                "被掩码遮住：softmax 之前它的注意力分数设为 -inf，权重因此为 0")
 
 
-def causal_picture(title: str, n: int, say: Say) -> Picture:
-    return Picture(title, counted(n), counted(n), say("token t (query)", "token t（查询）"),
-                   say("token s (key)", "token s（键）"), ~causal(n), masked_means=future(say))
+def causal_picture(n: int, say: Say, title: str = "") -> Picture:
+    return Picture(counted(n), counted(n), say("token t (query)", "token t（查询）"),
+                   say("token s (key)", "token s（键）"), ~causal(n), masked_means=future(say), title=title)
 
 
-# ---- 000: averaging the past three ways, a head without and with values, the 1/√d scale ---------------------------
+def head_with(w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, block_size: int) -> Head:
+    """The textbook Head computing q = x @ w_q, k = x @ w_k, v = x @ w_v (nn.Linear holds each transposed)."""
+    head = Head(*w_q.shape, block_size, bias=False)
+    with torch.no_grad():
+        for layer, w in ((head.query, w_q), (head.key, w_k), (head.value, w_v)):
+            layer.weight.copy_(w.T)
+    return head
+
+
 def tutorial_000(say: Say = ENGLISH) -> list[Step]:
     torch.manual_seed(1337)
     B, T, C = 2, 8, 2
@@ -86,7 +92,21 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
     tril = torch.tril(torch.ones(T, T))
     averaging = tril / tril.sum(1, keepdim=True)
     by_softmax = F.softmax(torch.zeros(T, T).masked_fill(tril == 0, float("-inf")), dim=-1)
-    steps: list[Step] = [
+    # A head that learns whom to average, first without values (weights @ its input).
+    torch.manual_seed(1337)
+    C, head_size = 32, 16
+    x_head = torch.rand(4, T, C)
+    w_k, w_q, w_v = (torch.randn(C, head_size) / math.sqrt(C) for _ in range(3))
+    k, q, v = x_head @ w_k, x_head @ w_q, x_head @ w_v
+    scores = dot_product_scores(q, k, scaled=False)
+    no_values, weights = attend(scores, x_head, causal(T))
+    with_values, _ = attend(scores, v, causal(T))
+    right, right_weights = attend(dot_product_scores(q, k, scaled=True), v, causal(T))
+    torch.manual_seed(1337)
+    qn, kn = torch.randn(64, T, head_size), torch.randn(64, T, head_size)
+    raw = qn @ kn.transpose(-2, -1)
+    a = torch.tensor([-0.4427, 0.8926, -0.7062, -0.7538, 1.3745, -0.1691, -1.4154, -0.6329])
+    return [
         Step("x", say("x: 2 sequences of 8 tokens of 2 numbers; sequence 1 (x[0])",
                       "x：2 个序列，各 8 个 token，每个 2 维；这里是第 1 个序列 x[0]"), x[0],
              say("random, one row per token: only the shape matters", "随机数，每个 token 一行；要紧的只是它的形状"),
@@ -97,51 +117,31 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
         Step("averaging", "wei = tril(ones(8, 8)) / " + say("row sums", "行和"), averaging,
              say("the same average as a matrix: row t holds t weights of 1/t, then zeros (the future)",
                  "把同样的平均写成矩阵：第 t 行是 t 个 1/t，后面是 0（未来）"),
-             causal_picture("wei = tril(ones) / row sums", T, say), cell="In [17]"),
+             causal_picture(T, say), cell="In [17]"),
         Step("softmax_average", say("wei = softmax(zeros, the future -inf)", "wei = softmax(全 0，未来为 -inf)"),
              by_softmax, say("the same matrix: equal scores, equal weights; exp(-inf) = 0",
                              "还是同一个矩阵：注意力分数相等，权重就相等；exp(-inf) = 0"),
-             causal_picture("wei = softmax(zeros, future = -inf)", T, say), cell="In [21]"),
+             causal_picture(T, say), cell="In [21]"),
         Step("averaging_gap", "max |xbow - wei @ x| (xbow2, xbow3)",
              torch.tensor([(loop - averaging @ x).abs().max(), (loop - by_softmax @ x).abs().max()]),
              say("0 up to float32 rounding: one average three ways", "都是 0（只差 float32 舍入）：三种做法，同一个平均"),
              cell="In [18]-[19], [23]-[24]"),
-    ]
-    # A head that learns whom to average: keys and queries from x; first without values (weights @ x).
-    torch.manual_seed(1337)
-    C, head_size = 32, 16
-    x = torch.rand(4, T, C)
-    w_k, w_q, w_v = (torch.randn(C, head_size) / math.sqrt(C) for _ in range(3))
-    k, q, v = x @ w_k, x @ w_q, x @ w_v
-    scores = dot_product_scores(q, k, scaled=False)  # as the tutorial's cell: its section 3.3 adds the scale
-    no_values, weights = attend(scores, x, causal(T))
-    with_values, _ = attend(scores, v, causal(T))
-    steps += [Step("kq_scores", say("wei[0] = q @ kᵀ, not scaled yet", "wei[0] = q @ kᵀ，还没有缩放"),
-                   scores[0], say("raw scores, the future too: not weights yet (the page's S)",
-                                  "原始的注意力分数，未来的也在：还不是权重（页面上的 S）"),
-                   cell="In [31]-[32]"),
-              Step("kq_weights", say("wei = softmax(wei, the future -inf), no 1/√16 (its 3.3 adds it)",
-                                     "wei = softmax(wei，未来为 -inf)，没有 1/√16（教程 3.3 节才加）"),
-                   weights[0], say("rows sum to 1, but q·k now chooses the weights", "每行之和仍为 1，但权重由 q·k 决定"),
-                   causal_picture("wei = softmax(q·kᵀ, future = -inf), sequence 1, no scale", T, say),
-                   cell="In [33]"),
-              Step("no_values_shape", say("out = wei @ x, no values", "out = wei @ x，不用值"),
-                   torch.tensor(no_values.shape), say("32 numbers, as x: nothing projected x",
-                                                      "每个 token 32 维，和 x 一样：x 没有经过投影"), cell="In [34]"),
-              Step("values_shape", "out = wei @ v, v = x @ W_v", torch.tensor(with_values.shape),
-                   say("16 numbers, the head's: each token gives its value, not itself",
-                       "16 维，即头的维度：每个 token 给出的是值 v，不是 x 本身"), cell="In [36]-[37]")]
-    # The scale: q·k of unit-variance vectors has variance head_size; dividing by √head_size brings it back to 1.
-    torch.manual_seed(1337)
-    qn, kn = torch.randn(64, T, head_size), torch.randn(64, T, head_size)
-    raw = qn @ kn.transpose(-2, -1)
-    steps.append(Step("variance", say("var(q), var(k), var(wei = q·k), var(q·k/√16)",
-                                      "var(q)、var(k)、var(wei = q·k)、var(q·k/√16)"),
-                      torch.stack([qn.var(), kn.var(), raw.var(), (raw / math.sqrt(head_size)).var()]),
-                      say("about 1, 1, 16 (a sum of 16 products), 1", "约为 1、1、16（16 个乘积之和）、1"),
-                      cell="In [39]-[42]"))
-    a = torch.tensor(TUTORIAL_000_A)  # softmax is sensitive to scale: the tutorial's own a, then 10 a
-    steps += [
+        Step("kq_scores", say("wei[0] = q @ kᵀ, not scaled yet", "wei[0] = q @ kᵀ，还没有缩放"), scores[0],
+             say("raw scores, the future too: not weights yet (the page's S)",
+                 "原始的注意力分数，未来的也在：还不是权重（页面上的 S）"), cell="In [31]-[32]"),
+        Step("kq_weights", say("wei = softmax(wei, the future -inf), no 1/√16 (its 3.3 adds it)",
+                               "wei = softmax(wei，未来为 -inf)，没有 1/√16（教程 3.3 节才加）"),
+             weights[0], say("rows sum to 1, but q·k now chooses the weights", "每行之和仍为 1，但权重由 q·k 决定"),
+             causal_picture(T, say, "wei = softmax(q·kᵀ, future = -inf), sequence 1, no scale"), cell="In [33]"),
+        Step("no_values_shape", say("out = wei @ x, no values", "out = wei @ x，不用值"), torch.tensor(no_values.shape),
+             say("32 numbers, as x: nothing projected x", "每个 token 32 维，和 x 一样：x 没有经过投影"), cell="In [34]"),
+        Step("values_shape", "out = wei @ v, v = x @ W_v", torch.tensor(with_values.shape),
+             say("16 numbers, the head's: each token gives its value, not itself",
+                 "16 维，即头的维度：每个 token 给出的是值 v，不是 x 本身"), cell="In [36]-[37]"),
+        Step("variance", say("var(q), var(k), var(wei = q·k), var(q·k/√16)",
+                             "var(q)、var(k)、var(wei = q·k)、var(q·k/√16)"),
+             torch.stack([qn.var(), kn.var(), raw.var(), (raw / math.sqrt(head_size)).var()]),
+             say("about 1, 1, 16 (a sum of 16 products), 1", "约为 1、1、16（16 个乘积之和）、1"), cell="In [39]-[42]"),
         Step("a", say("a: the tutorial's 8 printed numbers", "a：教程打印出的 8 个数"), a,
              say("the 5th is the largest, the 2nd next", "第 5 个最大，第 2 个次之"), cell="In [44]"),
         Step("softmax_a", "b = softmax(a)", F.softmax(a, dim=-1),
@@ -149,29 +149,19 @@ def tutorial_000(say: Say = ENGLISH) -> list[Step]:
         Step("softmax_10a", "b = softmax(a * 10)", F.softmax(a * 10, dim=-1),
              say("the largest takes 0.9920: large scores make the softmax nearly one-hot",
                  "最大的一项拿到 0.9920：注意力分数一大，softmax 就接近 one-hot"), cell="In [46]"),
-    ]
-    # 000 scales the output (wei @ v * head_size**-0.5) instead of the scores; that is a different thing.
-    right, right_weights = attend(dot_product_scores(q, k, scaled=True), v, causal(T))
-    wrong_weights = F.softmax((q @ k.transpose(-2, -1)).masked_fill(~causal(T), float("-inf")), dim=-1)
-    wrong = wrong_weights @ v * head_size ** -0.5
-    head = Head(C, head_size, T, bias=False)
-    with torch.no_grad():
-        for layer, w in ((head.key, w_k), (head.query, w_q), (head.value, w_v)):
-            layer.weight.copy_(w.T)
-    steps += [
-        Step("scale_gap", "max |softmax(q·kᵀ/√d) v - softmax(q·kᵀ) v / √d|", (right - wrong).abs().max(),
+        Step("scale_gap", "max |softmax(q·kᵀ/√d) v - softmax(q·kᵀ) v / √d|",
+             (right - with_values * head_size ** -0.5).abs().max(),
              say("far from 0: the tutorial's out = wei @ v * head_size**-0.5 scales the output, not the scores",
                  "远不为 0：教程的 out = wei @ v * head_size**-0.5 缩放的是输出，不是注意力分数"), cell="In [48]"),
-        Step("head_gap", "max |softmax(q·kᵀ/√d) v - Head(x)|", (right - head(x)).abs().max().detach(),
+        Step("head_gap", "max |softmax(q·kᵀ/√d) v - Head(x)|",
+             (right - head_with(w_q, w_k, w_v, T)(x_head)).abs().max().detach(),
              say("0: this project's Head scales before the softmax", "0：本项目的 Head 在 softmax 之前缩放")),
         Step("sharpest", say("the last row's largest weight, scaled and not", "最后一行的最大权重，缩放、不缩放"),
-             torch.stack([right_weights[0, -1].max(), wrong_weights[0, -1].max()]),
+             torch.stack([right_weights[0, -1].max(), weights[0, -1].max()]),
              say("unscaled, one key takes more", "不缩放时权重更集中在一个键上")),
     ]
-    return steps
 
 
-# ---- 001: "Life is short, eat dessert first" ------------------------------------------------------------------------
 def tutorial_001(say: Say = ENGLISH) -> list[Step]:
     sentence = "Life is short, eat dessert first"
     words = sentence.replace(",", "").split()
@@ -181,30 +171,28 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
     x = torch.nn.Embedding(50_000, 3)(ids).detach()
     torch.manual_seed(123)
     w_q, w_k, w_v = torch.rand(3, 2), torch.rand(3, 2), torch.rand(3, 4)  # d_q = d_k = 2, d_v = 4
+    other = torch.rand(8, 3)  # for cross-attention: the tutorial reseeds, draws these weights again, then this
     q, k, v = x @ w_q, x @ w_k, x @ w_v
-    omega = q @ k.T  # attn_scores
-    omega_2 = omega[1]  # query 2 against every key
+    omega = q @ k.T
+    omega_2 = omega[1]
     alpha_2 = F.softmax(omega_2 / math.sqrt(2), dim=0)
     z, weights = attend(dot_product_scores(q, k), v)  # every query at once (no mask: 001 attends both ways)
-    torch.manual_seed(123)  # four heads, each with d_v = 1, side by side
+    torch.manual_seed(123)
     heads = []
     for _ in range(4):
         wq_h, wk_h, wv_h = torch.rand(3, 2), torch.rand(3, 2), torch.rand(3, 1)
         heads.append(attend(dot_product_scores(x @ wq_h, x @ wk_h), x @ wv_h)[0])
-    torch.manual_seed(123)  # cross-attention: queries from the sentence, keys and values from 8 other inputs
-    wq_c, wk_c, wv_c = torch.rand(3, 2), torch.rand(3, 2), torch.rand(3, 4)
-    other = torch.rand(8, 3)
-    cross, cross_weights = attend(dot_product_scores(x @ wq_c, other @ wk_c), other @ wv_c)
+    cross, cross_weights = attend(dot_product_scores(q, other @ w_k), other @ w_v)  # keys and values from other
     mask_simple = torch.tril(torch.ones(6, 6))  # 1. and 0., as the tutorial prints it
-    masked_simple = weights * mask_simple  # causal masking after the softmax, then renormalised...
+    masked_simple = weights * mask_simple
     renormalised = masked_simple / masked_simple.sum(1, keepdim=True)
-    _, causal_weights = attend(dot_product_scores(q, k), v, causal(6))  # ...equals masking before it
+    _, causal_weights = attend(dot_product_scores(q, k), v, causal(6))
     word_query, word_key = say("query (word)", "查询（词）"), say("key (word)", "键（词）")
 
     after = say("masked: its weight was set to 0 after the softmax", "被掩码遮住：softmax 之后权重置 0")
 
-    def by_word(title: str, means: str | None = None) -> Picture:  # word by word, the future masked where means is
-        return Picture(title, words, words, word_query, word_key, None if means is None else ~causal(6),
+    def by_word(means: str | None = None) -> Picture:  # word by word, the future masked where means is
+        return Picture(words, words, word_query, word_key, None if means is None else ~causal(6),
                        masked_means=means or "")
     return [
         Step("vocabulary", f"dc = {vocabulary}; sentence_int", ids,
@@ -230,7 +218,7 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
              say("the largest is 'is' against itself", "最大的是 'is' 对它自己"), cell="In [13]"),
         Step("alpha_2", "α_2 = attention_weights_2 = softmax(ω_2 / √d_k), d_k = 2", alpha_2,
              say("ω_2's order, summing to 1", "大小顺序和 ω_2 相同，但和为 1"),
-             Picture("α_2 = softmax(ω_2 / √d_k)", ["q_2 (is)"], words, say("query", "查询"), word_key),
+             Picture(["q_2 (is)"], words, say("query", "查询"), word_key),
              cell="In [14]"),
         Step("z_2", "z⁽²⁾ = context_vector_2 = α_2 @ values", alpha_2 @ v,
              say("the context vector of 'is': mostly v's 2nd row", "'is' 的上下文向量：主要来自 v 的第 2 行"),
@@ -242,8 +230,7 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
              say("4 heads side by side, one column each", "4 个头拼接，每个头一列"), cell="In [24]-[25]"),
         Step("cross_weights", say("cross-attention weights softmax(q kᵀ / √d_k)", "交叉注意力的权重 softmax(q kᵀ / √d_k)"),
              cross_weights, say("keys from 8 other inputs: 6 x 8, not square", "键来自另外 8 个输入：6 行 8 列，不是方阵"),
-             Picture(say("cross-attention: softmax(q kᵀ / √d_k)", "交叉注意力：softmax(q kᵀ / √d_k)"), words,
-                     counted(8, say("input ", "输入 ")), word_query, say("key (the second input)", "键（第二个输入）")),
+             Picture(words, counted(8, say("input ", "输入 ")), word_query, say("key (the second input)", "键（第二个输入）")),
              cell="In [26]-[28]"),
         Step("cross", "context_vectors", cross, say("one row per word of the sentence", "句子的每个词一行"),
              cell="In [28]"),
@@ -251,31 +238,30 @@ def tutorial_001(say: Say = ENGLISH) -> list[Step]:
              say("every ω; row 2 is ω_2; no mask yet", "全部的 ω，第 2 行就是 ω_2；还没有加掩码"), cell="In [29]"),
         Step("weights", "attn_weights = softmax(attn_scores / √d_k)", weights,
              say("every α; row 2 is α_2", "全部的 α，第 2 行就是 α_2；每个词也看后面的词"),
-             by_word("attn_weights = softmax(ω / √d_k)"), cell="In [30]"),
+             by_word(), cell="In [30]"),
         Step("mask_simple", "mask_simple = tril(ones(6, 6))", mask_simple,
              say("1 where a word may look, 0 at later words", "能看的位置是 1，后面的词是 0"), cell="In [32]"),
         Step("masked_simple", "masked_simple = attn_weights * mask_simple", masked_simple,
              say("zeroed after the softmax: rows no longer sum to 1", "softmax 之后置 0：各行之和不再是 1"),
-             by_word("masked_simple = attn_weights * mask_simple", after), cell="In [33]"),
+             by_word(after), cell="In [33]"),
         Step("renormalised", "masked_simple_norm = masked_simple / " + say("row sums", "行和"), renormalised,
              say("rows sum to 1 again", "每行之和又是 1"),
-             by_word("masked_simple / row sums", after),
+             by_word(after),
              cell="In [34]"),
         Step("causal", say("softmax(ω / √d_k, the future -inf), as this project masks",
                            "softmax(ω / √d_k，未来为 -inf)，本项目的掩码做法"), causal_weights,
              say("the same: -inf before = zero after, renormalised", "结果相同：softmax 前填 -inf，和 softmax 后置 0 再归一化一样"),
-             by_word("softmax(ω / √d_k, future = -inf) (masked before the softmax)", future(say))),
+             by_word(future(say))),
     ]
 
 
-# ---- 002: masked softmax with valid lengths; additive and scaled dot-product attention ----------------------------
 def padding_means(say: Say) -> str:
     return say("padding: its score was set to -inf before the softmax, so its weight is 0",
                "填充：softmax 之前它的注意力分数设为 -inf，权重因此为 0")
 
 
-def padded(title: str, valid_lens: torch.Tensor, padding: str, say: Say) -> Picture:
-    return Picture(title, counted(2), counted(4), say("query", "查询"), say("key", "键"),
+def padded(valid_lens: torch.Tensor, padding: str, say: Say) -> Picture:
+    return Picture(counted(2), counted(4), say("query", "查询"), say("key", "键"),
                    ~valid_key_mask(valid_lens, 4, padding=padding),
                    panels=tuple(say(f"batch {b + 1}, valid_lens {valid_lens[b].tolist()}",
                                     f"第 {b + 1} 批，valid_lens {valid_lens[b].tolist()}") for b in range(2)),
@@ -286,13 +272,12 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
     mask = valid_key_mask(torch.tensor([1, 2, 3]), 4, padding="right")
     torch.manual_seed(0)
     scores = torch.rand(2, 2, 4)
-    # The tutorial pads on the right (real tokens first). This project's sampler pads prompts on the left.
     per_row = masked_softmax(scores, torch.tensor([2, 3]), padding="right")
-    per_query = masked_softmax(scores, torch.tensor([[1, 3], [2, 4]]), padding="right")
+    lens_13_24 = torch.tensor([[1, 3], [2, 4]])
+    per_query = masked_softmax(scores, lens_13_24, padding="right")
     left = masked_softmax(scores, torch.tensor([2, 3]), padding="left")
-    # The tutorial's sequence_mask fills padding with -1e6, where model/textbook.py uses -inf.
-    real = valid_key_mask(torch.tensor([2, 2, 3, 3]), 4, padding="right").reshape(2, 2, 4)
-    with_1e6 = F.softmax(scores.masked_fill(~real, -1e6), dim=-1)
+    lens_23 = torch.tensor([[2, 2], [3, 3]])
+    with_1e6 = F.softmax(scores.masked_fill(~valid_key_mask(lens_23, 4, padding="right"), -1e6), dim=-1)
     # The additive-attention example: 2 batches, 1 query of width 20, 10 identical keys of width 2, 8 hidden units.
     torch.manual_seed(0)
     queries, keys = torch.normal(0, 1, (2, 1, 20)), torch.ones(2, 10, 2)
@@ -303,11 +288,10 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
     additive, additive_weights = attend(additive_scores(queries @ w_q, keys @ w_k, w_v), values, keep)
     dot_queries = torch.normal(0, 1, (2, 1, 2))  # the dot product needs queries as wide as the keys
     dot, _ = attend(dot_product_scores(dot_queries, keys), values, keep)
-    lens_23 = torch.tensor([[2, 2], [3, 3]])
     return [
         Step("sequence_mask", "sequence_mask(valid_lens = [1, 2, 3])" + say(", 4 slots", "，共 4 个位置"), mask,
              say("row i: i real slots (True), then padding (False)", "第 i 行前 i 个位置有效（True），其余是填充（False）"),
-             Picture("sequence_mask(valid_len = [1, 2, 3])", ["valid_len 1", "valid_len 2", "valid_len 3"],
+             Picture(counted(3, "valid_len "),
                      counted(4), say("row", "行"), say("slot", "位置"), ~mask, kind="mask",
                      masked_means=say("padding (False)", "填充（False）")), cell="In [2]"),
         Step("scores", "X = torch.rand(2, 2, 4)" + say(", seed 0", "，种子 0"), scores,
@@ -315,24 +299,21 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
         Step("per_row", "masked_softmax(X, [2, 3], padding='right')", per_row,
              say("one length per batch: batch 1 weighs keys 1-2, batch 2 keys 1-3",
                  "每批一个有效长度：第 1 批只看键 1-2，第 2 批只看键 1-3"),
-             padded("masked_softmax(X, valid_lens = [2, 3])", lens_23, "right", say), cell="In [7]"),
+             padded(lens_23, "right", say), cell="In [7]"),
         Step("minus_1e6_gap", "max |masked_softmax (-inf) - sequence_mask(X, valid_lens, -1e6)|",
              (per_row - with_1e6).abs().max(),
              say("0: exp(-1e6) is 0 in float32 too; -inf means 'never' at any scale",
                  "0：float32 里 exp(-1e6) 也是 0；而 -inf 不论分数多大都表示“不看”"), cell="In [3]"),
         Step("per_query", "masked_softmax(X, [[1, 3], [2, 4]], padding='right')", per_query,
              say("one length per query; a single key gets weight 1", "每个查询一个有效长度；只有一个键时权重正好是 1"),
-             padded("masked_softmax(X, valid_lens = [[1, 3], [2, 4]])", torch.tensor([[1, 3], [2, 4]]), "right", say),
-             cell="In [8]"),
+             padded(lens_13_24, "right", say), cell="In [8]"),
         Step("left", "masked_softmax(X, [2, 3], padding='left')", left,
              say("the sampler keeps the LAST keys: padding first", "采样器的做法：保留最后几个键，填充在前面"),
-             padded(say("masked_softmax(X, valid_lens = [2, 3], padding on the left)",
-                        "masked_softmax(X, valid_lens = [2, 3])，填充在左边"), lens_23, "left", say)),
+             padded(lens_23, "left", say)),
         Step("additive_weights", say("additive attention: softmax(w_vᵀ tanh(W_q q + W_k k))",
                                      "加性注意力：softmax(w_vᵀ tanh(W_q q + W_k k))"), additive_weights[:, 0],
              say("identical keys, equal weights: 1/2, then 1/6", "键都一样，权重就相等：第 1 批各 1/2，第 2 批各 1/6"),
-             Picture(say("additive attention weights, valid_lens = [2, 6]", "加性注意力的权重，valid_lens = [2, 6]"),
-                     [say("batch 1", "第 1 批"), say("batch 2", "第 2 批")], counted(10), say("the query of", "查询所在的批"),
+             Picture([say("batch 1", "第 1 批"), say("batch 2", "第 2 批")], counted(10), say("the query of", "查询所在的批"),
                      say("key", "键"), ~keep[:, 0], masked_means=padding_means(say)), cell="In [9]-[10]"),
         Step("additive", "AdditiveAttention", additive,
              say("the mean of the first 2, and 6, values, as the tutorial prints", "前 2 个、前 6 个值的平均，与教程相同"),
@@ -342,16 +323,15 @@ def tutorial_002(say: Say = ENGLISH) -> list[Step]:
     ]
 
 
-# ---- 003: how the softmax's input shapes its output and its gradient; why divide by √d_k ---------------------------
 def y3_of(a: torch.Tensor) -> torch.Tensor:
-    return torch.stack([F.softmax(torch.stack([v, v, 2 * v]), dim=0)[2] for v in a])
+    return F.softmax(torch.stack([a, a, 2 * a], dim=-1), dim=-1)[:, 2]
 
 
 def tutorial_003(say: Say = ENGLISH) -> list[Step]:
     a = torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
-    inputs = [torch.stack([v, v, 2 * v]) for v in a]
+    inputs = torch.stack([a, a, 2 * a], dim=-1)
     jacobians = [torch.autograd.functional.jacobian(lambda s: F.softmax(s, dim=0), x) for x in inputs]
-    closed_form = [torch.diag(y) - torch.outer(y, y) for y in (F.softmax(x, dim=0) for x in inputs)]
+    closed_form = [torch.diag(y) - torch.outer(y, y) for y in F.softmax(inputs, dim=-1)]
     curve_a = torch.tensor([0.0, 0.5, 1, 2, 3, 5, 10, 20, 50, 100], dtype=torch.float64)
     fine_a = torch.linspace(0, 100, 401, dtype=torch.float64)
     torch.manual_seed(0)
@@ -376,10 +356,10 @@ def tutorial_003(say: Say = ENGLISH) -> list[Step]:
         Step("y3_curve", say("a and y₃: the tutorial's curve", "a 和 y₃（教程画的曲线）"),
              torch.stack([curve_a, y3_of(curve_a)]),
              say("0.9 by a = 3: it saturates early", "a = 3 时已到 0.9：很早就饱和了"),
-             Picture(say("y₃ = softmax([a, a, 2a])₃ against a", "y₃ = softmax([a, a, 2a])₃ 随 a 的变化"), [], [], "y₃",
-                     "a", kind="curve", line=torch.stack([fine_a, y3_of(fine_a)]))),
+             Picture([], [], "y₃", "a", kind="curve", line=torch.stack([fine_a, y3_of(fine_a)]),
+                     title=say("y₃ = softmax([a, a, 2a])₃ against a", "y₃ = softmax([a, a, 2a])₃ 随 a 的变化"))),
         *(Step(f"jacobian_{v}", f"∂y_i/∂x_j, y = softmax(x), x = [{v}, {v}, {2 * v}]", jacobian, seeing[v],
-               Picture(f"∂y_i/∂x_j, y = softmax(x), x = [{v}, {v}, {2 * v}]", counted(3, "y_"), counted(3, "x_"),
+               Picture(counted(3, "y_"), counted(3, "x_"),
                        say("output", "输出"), say("input", "输入"), kind="gradient"))
           for v, jacobian in zip((1, 10, 100), jacobians)),
         Step("jacobian_formula", "max |∂y/∂x - (diag(y) - y yᵀ)|",
@@ -397,19 +377,23 @@ def tutorial_003(say: Say = ENGLISH) -> list[Step]:
     ]
 
 
-# ---- 004: the blog's three tokens, computed exactly -----------------------------------------------------------------
+def blog_004() -> tuple[torch.Tensor, ...]:
+    """004's three embedded tokens a¹, a², a³ and its W_q, W_k, W_v (4 x 3): small integers, checked by hand."""
+    return tuple(torch.tensor(rows, dtype=torch.float32) for rows in (
+        [[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]], [[1, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 1]],
+        [[0, 0, 1], [1, 1, 0], [0, 1, 0], [1, 1, 0]], [[0, 2, 0], [0, 3, 0], [1, 0, 3], [1, 1, 0]]))
+
+
 def tutorial_004(say: Say = ENGLISH) -> list[Step]:
-    x = torch.tensor([[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]], dtype=torch.float32)
-    w_k = torch.tensor([[0, 0, 1], [1, 1, 0], [0, 1, 0], [1, 1, 0]], dtype=torch.float32)
-    w_q = torch.tensor([[1, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 1]], dtype=torch.float32)
-    w_v = torch.tensor([[0, 2, 0], [0, 3, 0], [1, 0, 3], [1, 1, 0]], dtype=torch.float32)
+    x, w_q, w_k, w_v = blog_004()
     k, q, v = x @ w_k, x @ w_q, x @ w_v
     scores_1 = q[0] @ k.T
-    rounded = torch.tensor([0.0, 0.5, 0.5])  # what the blog writes for softmax([2, 4, 4])
+    rounded = torch.tensor([0.0, 0.5, 0.5])
     weights_1 = F.softmax(scores_1, dim=0)
     scaled_1 = F.softmax(scores_1 / math.sqrt(3), dim=0)
-    tokens = counted(3, "token ")
-    token_1, query, key = "token 1", say("query", "查询"), say("key", "键")
+
+    def row_1(title: str) -> Picture:
+        return Picture(["token 1"], counted(3, "token "), say("query", "查询"), say("key", "键"), title=title)
     return [
         Step("x", say("a¹, a², a³: the blog's three inputs, already embedded", "a¹、a²、a³：博客的三个输入，已经嵌入，各 4 维"),
              x, say("small integers: every step can be checked by hand", "都是小整数，每一步都能手算验证")),
@@ -432,7 +416,7 @@ def tutorial_004(say: Say = ENGLISH) -> list[Step]:
              rounded @ v, say("[2.0, 7.0, 1.5], the blog's figure", "[2.0, 7.0, 1.5]，即博客的结果")),
         Step("weights_1", say("α̂₁ = softmax([2, 4, 4]) exactly", "α̂₁ = softmax([2, 4, 4]) 的精确值"), weights_1,
              say("0.0634 is not 0", "0.0634 不是 0：token 1 仍然从自己那里取一点"),
-             Picture("α̂₁ = softmax(q¹ · kᵀ), no scale", [token_1], tokens, query, key)),
+             row_1("α̂₁ = softmax(q¹ · kᵀ), no scale")),
         Step("output_1", say("b¹ = Σⱼ α̂₁,ⱼ vʲ exactly", "b¹ = Σⱼ α̂₁,ⱼ vʲ 的精确值"), weights_1 @ v,
              say("near [2.0, 7.0, 1.5], not equal: the rounding moved every number",
                  "接近 [2.0, 7.0, 1.5] 但不相等：舍入改变了每一个数")),
@@ -440,7 +424,7 @@ def tutorial_004(say: Say = ENGLISH) -> list[Step]:
                                      "softmax([2, 4, 4] / √3)", "加上博客公式里有、算例里却漏掉的 1/√d（d = 3）："
                                      "α̂₁ = softmax([2, 4, 4] / √3)"), scaled_1,
              say("flatter: token 1 keeps more of its own value", "更平缓：token 1 拿到更多它自己的值"),
-             Picture("α̂₁ = softmax(q¹ · kᵀ / √3)", [token_1], tokens, query, key)),
+             row_1("α̂₁ = softmax(q¹ · kᵀ / √3)")),
         Step("scaled_output_1", say("and b¹ then", "这时的 b¹"), scaled_1 @ v,
              say("token 1's output as the formula has it", "按公式算出的 token 1 的输出")),
         Step("all_outputs", say("b¹, b², b³ at once: softmax(q kᵀ / √3) v", "一次算出 b¹、b²、b³：softmax(q kᵀ / √3) v"),
@@ -463,16 +447,14 @@ TUTORIALS = {
 }
 # Each tutorial's names, and the attention page's (S, A and A·V).
 LEGENDS = {
-    "000": ("000's names: x the input; xbow the past's average (a loop, then wei @ x); wei the weights: tril(ones) / "
-            "row sums, softmax of zeros with the future at -inf, then of q @ kᵀ; out = wei @ v. On the attention "
+    "000": ("000's names: x the input; xbow the past's average; wei the weights; out = wei @ v. On the attention "
             "page, wei is S before the softmax and A after it; out is A·V.",
-            "000 中的记号：x 是输入；xbow 是对前面 token 的平均（先用循环，再用 wei @ x）；wei 是权重矩阵：先是 tril(ones) "
-            "除以行和，再是未来设为 -inf 的全 0 矩阵的 softmax，最后是 q @ kᵀ 和它的 softmax；out = wei @ v。"
+            "000 中的记号：x 是输入；xbow 是对前面 token 的平均；wei 是权重矩阵；out = wei @ v。"
             "在注意力页面上，softmax 之前的 wei 叫 S，之后叫 A；out 叫 A·V。"),
-    "001": ("001's names: x = embedded_sentence, x⁽ⁱ⁾ its rows; W_query, W_key, W_value; ω (omega, attn_scores) = q·k, "
+    "001": ("001's names: x = embedded_sentence, x⁽ⁱ⁾ its rows; ω (omega, attn_scores) = q·k, "
             "unnormalised; α (attention_weights_2, attn_weights) = softmax(ω / √d_k); z (context_vector_2, "
             "context_vec) = α @ values. On the attention page ω is S, ω / √d_k the scaled S, α is A and z is A·V.",
-            "001 中的记号：x = embedded_sentence，x⁽ⁱ⁾ 是它的第 i 行；W_query、W_key、W_value；ω（omega，attn_scores）= "
+            "001 中的记号：x = embedded_sentence，x⁽ⁱ⁾ 是它的第 i 行；ω（omega，attn_scores）= "
             "q·k，即非归一化的注意力权重；α（attention_weights_2，attn_weights）= softmax(ω / √d_k)；z（context_vector_2，"
             "context_vec）= α @ values。在注意力页面上，ω 叫 S，ω / √d_k 是缩放后的 S，α 叫 A，z 叫 A·V。"),
     "002": ("002's names: X the scores; valid_lens how many keys are real (per row or query); a(q, k): additive "
@@ -487,26 +469,22 @@ LEGENDS = {
             "003 中的记号：Q、K、V 是查询、键和值；x 是 softmax 的输入，这里是 [a, a, 2a]；y = softmax(x)，y₃ 是它的第三项；"
             "d_k 是 q 和 k 的维度。它的思考题“只用 (Q, V)、(K, V) 或 V 行不行”，由阶梯实验的 shared_qk、no_values 和 "
             "average 几级来回答（docs/attention.md）。"),
-    "004": ("004's names: aⁱ the embedded input; qⁱ, kⁱ, vⁱ; α₁,ⱼ = q¹·kʲ / √d the scaled scores (its numbers leave "
-            "the √d out); α̂₁,ⱼ = softmax(α₁) the weights; b¹ = Σⱼ α̂₁,ⱼ vʲ the output. On the attention page α is "
-            "the scaled S, α̂ is A and b is A·V.",
-            "004 中的记号：aⁱ 是嵌入后的输入；qⁱ、kⁱ、vⁱ 是查询、键和值；α₁,ⱼ = q¹·kʲ / √d 是缩放后的注意力分数（它的算例漏掉了 √d）；"
+    "004": ("004's names: aⁱ the embedded input; qⁱ, kⁱ, vⁱ; α₁,ⱼ = q¹·kʲ / √d the scaled scores; α̂₁,ⱼ = "
+            "softmax(α₁) the weights; b¹ = Σⱼ α̂₁,ⱼ vʲ the output. On the attention page α is the scaled S, α̂ is A "
+            "and b is A·V.",
+            "004 中的记号：aⁱ 是嵌入后的输入；qⁱ、kⁱ、vⁱ 是查询、键和值；α₁,ⱼ = q¹·kʲ / √d 是缩放后的注意力分数；"
             "α̂₁,ⱼ = softmax(α₁) 是权重；b¹ = Σⱼ α̂₁,ⱼ vʲ 是输出。在注意力页面上，α 是缩放后的 S，α̂ 叫 A，b 叫 A·V。"),
 }
 # Where a tutorial drew random numbers without a seed, one line says which figures cannot be repeated.
 UNSEEDED = {
     "000": ("note: tutorial 000 set no seed, so its x (x[0][0] = 0.0687 there) and what follows cannot be matched; "
-            "this script seeds torch.manual_seed(1337) (x[0][0] = 0.0783 here). The rest matches: the three "
-            "averages, var(q·k) about 16, softmax(a) and softmax(10a) of its a",
+            "this script seeds torch.manual_seed(1337) (x[0][0] = 0.0783 here). The rest matches.",
             "注意：教程 000 没有设随机种子，它的 x（那里 x[0][0] = 0.0687）和由 x 算出的数都无法重现；本脚本用 "
-            "torch.manual_seed(1337)（这里 x[0][0] = 0.0783）。其余都能对上：三种平均一致，var(q·k) 约为 16，"
-            "softmax(a) 和 softmax(10a) 用的是教程自己的 a。"),
+            "torch.manual_seed(1337)（这里 x[0][0] = 0.0783）。其余都能对上。"),
     "002": ("note: tutorial 002 drew its scores with torch.rand and no seed (0.4497 0.5503 there); this script seeds "
-            "torch.manual_seed(0). The rest matches: zeros past each valid length, 1.0000 for a length of 1, "
-            "outputs [2, 3, 4, 5], [10, 11, 12, 13]",
+            "torch.manual_seed(0). The rest matches.",
             "注意：教程 002 用 torch.rand 生成注意力分数，没有设随机种子（它的第一行权重是 0.4497、0.5503）；本脚本用 "
-            "torch.manual_seed(0)。其余都能对上：超出有效长度的权重都是 0，长度为 1 时是 1.0000，输出是 [2, 3, 4, 5] "
-            "和 [10, 11, 12, 13]。"),
+            "torch.manual_seed(0)。其余都能对上。"),
 }
 COUNTING = ("Tokens, rows and columns are counted from 1 here, as on the attention page and in the walkthrough; a "
             "tutorial's own\nnames and subscripts (001's ω_24, 000's x[0]) stay as written; [NNN In [n]] names its "
@@ -515,50 +493,47 @@ COUNTING = ("Tokens, rows and columns are counted from 1 here, as on the attenti
             "保持原样，对应的 Notebook 单元格写作 [NNN In [n]]。\n")
 
 
-def show(value) -> str:
+def show(value: torch.Tensor) -> str:
     """A value as printed: 4 decimals (scientific where all are below 0.001), whole numbers as torch prints them."""
-    if not isinstance(value, torch.Tensor):
-        return f"  {value}"
     value = value.detach()
     if value.dim() == 0:
         return f"  {value.item():.4f}"
-    if value.dim() == 1:
-        value = value[None]
     if value.dim() > 2:
         return "\n".join(show(part) for part in value)
-    rows = value.tolist()
-    if value.dtype == torch.bool:
-        return "\n".join("  [" + "  ".join(f"{str(v):>5}" for v in row) + " ]" for row in rows)
-    whole = value.isfinite().all() and bool((value == value.round()).all())
-    if not value.is_floating_point() or whole:  # ids, lengths, shapes; 1. and 0.
-        dot = "." if value.is_floating_point() else ""
-        width = max(len(str(int(v))) for v in value.flatten().tolist())
-        return "\n".join("  [ " + "  ".join(f"{int(v):>{width}d}{dot}" for v in row) + " ]" for row in rows)
-    finite = value[value.isfinite()].abs()
-    small = finite.numel() > 0 and 0 < finite.max() < 1e-3
+    rows = value.reshape(-1, value.size(-1)).tolist()
+    floats = value.is_floating_point()
+    finite = value[value.isfinite()].abs() if floats else value
+    small = floats and finite.numel() > 0 and 0 < finite.max() < 1e-3
+    whole = not floats or (finite.numel() == value.numel() and bool((value == value.round()).all()))
+    width = max(len(str(int(v))) for row in rows for v in row) if whole else 0
 
-    def number(v: float) -> str:
+    def number(v) -> str:
+        if value.dtype == torch.bool:
+            return f"{v!s:>5}"
+        if whole:  # ids, lengths, shapes; 1. and 0.
+            return f"{int(v):>{width}d}{'.' if floats else ''}"
         if not math.isfinite(v):
             return f"{'-inf':>{12 if small else 8}}"
         return f"{v:12.4e}" if small else f"{v:8.4f}"
-    return "\n".join("  [" + "  ".join(number(v) for v in row) + " ]" for row in rows)
+    start = "  [ " if whole and value.dtype != torch.bool else "  ["
+    return "\n".join(start + "  ".join(map(number, row)) + " ]" for row in rows)
 
 
-# ---- --png: each attention matrix drawn as a heatmap -------------------------------------------------------------
-GRADIENT_RANGE = 0.25  # one scale for every Jacobian (the largest entry is 0.24): small looks small
+# ---- --png: each attention matrix drawn as a heatmap
+GRADIENT_RANGE = 0.25  # one scale for every Jacobian, so that small looks small
 
 
 def figure_of(step: Step, say: Say = ENGLISH):
     """step's value as a heatmap per panel, each cell's number in it, the masked cells hatched (or a curve)."""
     from common.pictures import MASKED_FILL, MASKED_HATCH, Patch, Rectangle, plt
 
-    picture = step.picture
+    picture, hatched = step.picture, {"facecolor": MASKED_FILL, "edgecolor": MASKED_HATCH, "hatch": "///"}
     if picture.kind == "curve":
         fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100, layout="constrained")
-        ax.plot(*picture.line.double().numpy(), color="#1f77b4", linewidth=1.5)
-        ax.plot(*step.value.double().numpy(), "o", color="#d62728", markersize=4)
+        ax.plot(*picture.line.double().numpy(), color="C0", linewidth=1.5)
+        ax.plot(*step.value.double().numpy(), "o", color="C3", markersize=4)
         ax.set(xlabel=picture.column_axis, ylabel=picture.row_axis)
-        ax.set_title(picture.title, fontsize=11)
+        ax.set_title(picture.title or step.formula, fontsize=11)
         ax.grid(alpha=0.3)
         return fig
     value = step.value.detach().double().reshape(-1, len(picture.rows), len(picture.columns))  # (panels, rows, cols)
@@ -574,22 +549,19 @@ def figure_of(step: Step, say: Say = ENGLISH):
                                       say("∂y_i/∂x_j (one scale for all three)", "∂y_i/∂x_j（三张图同一个色标）"))
     else:
         cmap, low, high, bar_label = "viridis", 0.0, 1.0, say("attention weight", "注意力权重")
-    image = None
     slanted = max(map(len, picture.columns)) > 3
     for panel, ax in enumerate(axes[0]):
-        shown = value[panel].float().numpy() if picture.kind != "mask" else (~masked[panel]).float().numpy()
-        image = ax.imshow(shown, cmap=cmap, vmin=low, vmax=high)
+        shown = ~masked[panel] if picture.kind == "mask" else value[panel]
+        image = ax.imshow(shown.float().numpy(), cmap=cmap, vmin=low, vmax=high)
         for i in range(n_rows):
             for j in range(n_cols):
-                if masked[panel, i, j]:
-                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=MASKED_FILL, edgecolor=MASKED_HATCH,
-                                           hatch="///", linewidth=0))
-                    if picture.kind == "mask":
-                        ax.text(j, i, "False", ha="center", va="center", fontsize=8)
-                    continue
-                v = float(value[panel, i, j])
+                v, hidden = float(value[panel, i, j]), bool(masked[panel, i, j])
+                if hidden:
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, **hatched, linewidth=0))
                 if picture.kind == "mask":
-                    label, dark = "True", False
+                    label, dark = str(not hidden), False
+                elif hidden:
+                    continue
                 elif picture.kind == "gradient":
                     label = f"{v:.2f}" if v == 0 or abs(v) >= 0.005 else f"{v:.1e}"
                     dark = abs(v) > 0.6 * GRADIENT_RANGE
@@ -604,12 +576,12 @@ def figure_of(step: Step, say: Say = ENGLISH):
         ax.set_ylabel(picture.row_axis, fontsize=9)
         if picture.panels:
             ax.set_title(picture.panels[panel], fontsize=9)
-    fig.suptitle(picture.title, fontsize=11)
+    fig.suptitle(picture.title or step.formula, fontsize=11)
     if picture.kind != "mask":
         fig.colorbar(image, ax=axes[0].tolist(), label=bar_label, shrink=0.9)
     if masked.any():
-        fig.legend(handles=[Patch(facecolor=MASKED_FILL, edgecolor=MASKED_HATCH, hatch="///",
-                                  label=picture.masked_means)], loc="outside lower center", fontsize=8, frameon=False)
+        fig.legend(handles=[Patch(**hatched, label=picture.masked_means)], loc="outside lower center", fontsize=8,
+                   frameon=False)
     return fig
 
 
@@ -624,16 +596,15 @@ def draw(step: Step, path: Path, say: Say = ENGLISH) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description="Recompute the tutorials' worked examples step by step.")
+    parser = ArgumentParser(description=__doc__.split(": ", 1)[1].strip())
     parser.add_argument("tutorial", nargs="*", metavar="NNN", help=f"which ones ({', '.join(TUTORIALS)}; default: all)")
-    parser.add_argument("--lang", choices=("en", "zh"), default="en",
-                        help="the language of the words around the numbers: English or Chinese (中文)")
+    parser.add_argument("--lang", choices=("en", "zh"), default="en", help=LANG_HELP)
     parser.add_argument("--png", metavar="DIR", default="",
-                        help="also draw every attention matrix printed (and 003's curve) into this folder")
+                        help="also draw each attention matrix (and 003's curve) into this folder")
     args = parser.parse_args(argv)
-    unknown = [n for n in args.tutorial if n not in TUTORIALS]
-    if unknown:
-        raise UserError(f"no tutorial {unknown[0]}; choose from {', '.join(TUTORIALS)}")
+    for number in args.tutorial:
+        if number not in TUTORIALS:
+            raise UserError(f"no tutorial {number}; choose from {', '.join(TUTORIALS)}")
     say = speaker(args.lang)
     if args.png and args.lang == "zh":
         from common.pictures import INSTALL_HINT, font_for
