@@ -1,5 +1,4 @@
-"""train.py: train a character-level GPT. Read it top to bottom: one training step, the loop, then train().
-The rest of the product lives in training/ and common/ (docs/code.md)."""
+"""train.py: train a character-level GPT. Read it top to bottom: one training step, the loop, then train()."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterator, TextIO
+from typing import Callable, TextIO
 
 from errors import quiet_while_loading
 
@@ -58,8 +57,7 @@ def train_step(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, lr
 
 def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, rt: machine.Runtime,
                      stop=None) -> torch.Tensor:
-    """The gradients of grad_accum_steps micro-batches, summed in each .grad; returns their mean loss. A stop()
-    between micro-batches undoes the step (StepAbandoned)."""
+    """The micro-batches' gradients, summed in each .grad; their mean loss. A stop() between them undoes the step."""
     loss_sum = torch.zeros((), device=rt.device)
     began = (batches.state_dict(), device.random_states(rt.device)) if stop else None  # to undo the step
     for micro in range(cfg.grad_accum_steps):
@@ -81,7 +79,7 @@ def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConf
 
 def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
            rt: machine.Runtime) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clip, step at rate lr, clear: (grad norm, finite). A non-finite step is skipped, so NaN never reaches weights."""
+    """Clip, step at rate lr, clear: (grad norm, finite). A non-finite step is skipped."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     scaler.unscale_(optimizer)  # float16: the gradients divided by the loss scale (nothing otherwise)
@@ -95,7 +93,7 @@ def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
 
 
 def scale_above_one(scaler: torch.amp.GradScaler):
-    """float16: whether the loss scale is above 1, read on the device where torch allows (no host wait)."""
+    """float16: whether the loss scale is above 1, on the device where torch allows (no host wait)."""
     if not scaler.is_enabled():
         return False
     return (getattr(scaler, "_get_scale_async", None) or scaler.get_scale)() > 1
@@ -103,7 +101,7 @@ def scale_above_one(scaler: torch.amp.GradScaler):
 
 # ---- the loop: evaluate if due, stop if asked, a step, a log line if due ---------------------------------------------
 def train_loop(s: Session) -> tuple[list, bool]:
-    """Train to max_iters, evaluating and saving when due: the (step, loss) history, and whether a stop ended it."""
+    """Train to max_iters: the (step, loss) history, and whether a stop ended it."""
     run, cfg, progress, ddp = s.run, s.cfg, s.progress, s.d.enabled
     # a stop between micro-batches undoes the step, but not under DDP, where every process stops at the same step
     undo = cfg.grad_accum_steps > 1 and not ddp
@@ -162,7 +160,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
 
 @dataclass
 class StepRecord:
-    """What a log line records of a step; a field's tag names it in TensorBoard."""
+    """A log line's record of a step; a field's tag names it in TensorBoard."""
     step: int
     loss: float = field(metadata={"tag": "loss/train"})
     lr: float = field(metadata={"tag": "optim/lr"})
@@ -175,8 +173,6 @@ class StepRecord:
 
 
 class StepLog:
-    """The log line every log_interval steps, and the loss history."""
-
     def __init__(self, s: Session, bar: tqdm, peak_flops: float):
         self.s, self.bar, self.peak_flops = s, bar, peak_flops
         self.writer = s.log.writer()
@@ -192,7 +188,6 @@ class StepLog:
 
     def write(self, it: int, lr: float, loss: torch.Tensor, grad_norm: torch.Tensor,
               longest: torch.Tensor) -> StepRecord:
-        """Log step it; longest: the longest run of skipped steps since the last line."""
         s, run, clock = self.s, self.s.run, self.s.clock
         # the loop's only wait for the device: one read for all three
         loss_value, norm_value, skipped = torch.stack([loss.float(), grad_norm.float(), longest.float()]).tolist()
@@ -201,7 +196,7 @@ class StepLog:
         step_seconds = max(seconds - self.logged[1], 1e-9) / (it - previous)
         self.logged = (it, seconds)
         tokens_per_sec = run.tokens_per_iter / step_seconds
-        # at most 1: the peak may have been measured in a busy moment
+        # at most 1: the peak may have been measured at a busy moment
         mfu = min(1.0, run.flops_per_token * tokens_per_sec / s.d.world_size / self.peak_flops)
         record = StepRecord(step=it, loss=loss_value, lr=lr, grad_norm=norm_value, tokens_per_sec=tokens_per_sec,
                             tokens_seen=it * run.tokens_per_iter, mfu=mfu * 100, ms_per_step=step_seconds * 1000,
@@ -229,7 +224,7 @@ class StepLog:
 
 
 def before_the_first_step(s: Session) -> float:
-    """Rank 0's notes before the first step, and the peak FLOP/s for MFU."""
+    """Rank 0's notes before the first step; the peak FLOP/s."""
     run, cfg = s.run, s.cfg
     records = 0.0  # seconds of each evaluation's sample and pictures
     if s.d.is_main and estimate_due(run, s.progress):
@@ -364,21 +359,11 @@ class GuardedOutput:
         return getattr(self._stream, name)
 
 
-@contextlib.contextmanager
-def guarded_output(gone: Callable[[], None]) -> Iterator[None]:
-    """sys.stdout and sys.stderr guarded inside the block."""
-    streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = (GuardedOutput(stream, gone) for stream in streams)
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = streams
-
-
 def main(argv: list[str] | None = None) -> int:
     start_up = seconds_since_process_start()
     d = device.from_environment()
-    with StopRequest(speak=d.is_main) as stop, guarded_output(stop.output_gone):
+    with (StopRequest(speak=d.is_main) as stop, contextlib.redirect_stdout(GuardedOutput(sys.stdout, stop.output_gone)),
+          contextlib.redirect_stderr(GuardedOutput(sys.stderr, stop.output_gone))):
         cfg, note, explicit = load_config(argv, torch.cuda.is_available())
         try:
             result = train(cfg, explicit, stop=stop, note=note, start_up=start_up)
