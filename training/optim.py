@@ -26,7 +26,6 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
 
 
 def warmup_note(cfg: TrainConfig, it: int) -> str:
-    """A note when the run ends inside its warm-up."""
     if not it < cfg.max_iters <= cfg.warmup_iters:
         return ""
     last = get_lr(cfg.max_iters - 1, cfg)
@@ -37,7 +36,7 @@ def warmup_note(cfg: TrainConfig, it: int) -> str:
 # ---- the optimizers --------------------------------------------------------------------------------------------------
 def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,
                         betas: tuple[float, float], device_type: str, kind: str = "adamw", muon_dtype: str = "auto"):
-    """AdamW, decaying matrices only; "muon": the blocks' matrices go to Muon, scaled to AdamW's step size."""
+    """AdamW, decaying matrices only; "muon": the blocks' matrices go to Muon."""
     fused = device_type in ("cuda", "cpu")
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]  # a tied weight is listed once
     hidden = [p for name, p in named if kind == "muon" and name.startswith("blocks.") and p.dim() == 2]
@@ -61,7 +60,7 @@ def newton_schulz_dtype(device_type: str, choice: str = "auto") -> torch.dtype:
 
 
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon with a Newton-Schulz dtype, and matrices of one shape updated together."""
+    """torch.optim.Muon with a Newton-Schulz dtype; matrices of one shape updated together."""
 
     def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
         super().__init__(params, **kwargs)
@@ -69,7 +68,7 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, finite: torch.Tensor | None = None) -> None:
-        """One Muon step; given finite (0-d bool), it is kept or dropped on the device."""
+        """One Muon step; given finite (0-d bool), kept or dropped on the device."""
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             same_shape: dict[torch.Size, list[torch.Tensor]] = {}
@@ -88,7 +87,6 @@ class Muon(torch.optim.Muon):
 
     def _update_in_place(self, group: dict, params: list, grads: list, buffers: list, decay: float,
                          step_size: float) -> None:
-        """The step in place."""
         momentum = group["momentum"]
         torch._foreach_lerp_(buffers, grads, 1 - momentum)  # momentum: an exponential average of gradients
         updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers  # a step ahead
@@ -99,7 +97,7 @@ class Muon(torch.optim.Muon):
 
     def _update_stacked(self, group: dict, params: list, grads: list, buffers: list, decay: float, step_size: float,
                         finite: torch.Tensor) -> None:
-        """The same step on stacks, kept only where finite is True."""
+        """The same step on stacks, kept where finite is True."""
         momentum = group["momentum"]
         grad = torch.where(finite, torch.stack(grads), 0.0)  # no NaN into the arithmetic
         buffer = torch.stack(buffers)
@@ -113,7 +111,7 @@ class Muon(torch.optim.Muon):
 
 
 def muon_step_size(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
-    """torch.optim.Muon's learning rate for a (rows, columns) matrix, as documented."""
+    """torch.optim.Muon's learning rate for a (rows, columns) matrix."""
     rows, columns = shape[:2]
     if adjust_lr_fn is None or adjust_lr_fn == "original":
         return lr * math.sqrt(max(1, rows / columns))
@@ -138,10 +136,10 @@ def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float]
 
 
 class AdamW(torch.optim.AdamW):
-    """torch.optim.AdamW with a step skipped when the gradients are not finite."""
+    """torch.optim.AdamW that skips a step whose gradients are not finite."""
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
-        """step(), or nothing when finite is False; the fused kernel reads the flag on the device (found_inf)."""
+        """step(), or nothing when finite is False; a fused kernel reads the flag on the device (found_inf)."""
         if self.defaults.get("fused"):
             self.found_inf = (~finite).float()
             try:
@@ -164,7 +162,7 @@ class MuonAndAdamW:
         self.adamw.step()
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
-        """Both steps, or neither; on_device: the host never reads the flag."""
+        """Both steps or neither; on_device: the host never reads the flag."""
         if on_device:
             self.muon.step(finite)
             self.adamw.step_if_finite(finite)

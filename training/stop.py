@@ -14,7 +14,7 @@ OUTPUT_GONE = 0  # the "signal" of a stop that output_gone() makes (no signal ha
 
 
 class StopRequest:
-    """A stop, said at once: the loop stops at a step and saves. Another, GRACE_SECONDS later, stops at once."""
+    """A stop: the loop stops at a step and saves. Another, GRACE_SECONDS later, stops at once."""
 
     GRACE_SECONDS = 1.0
 
@@ -22,12 +22,12 @@ class StopRequest:
         self.speak = speak  # under torchrun only rank 0 acknowledges
         self.requested = False
         self.saving = False
-        self.progress: Progress | None = None  # where the loop is, once it runs
+        self.progress: Progress | None = None
         self.agree_every = 1  # under torchrun the processes agree to stop every log_interval steps
         self.undo = False  # whether a stop between micro-batches undoes the step
-        self.ending: str | None = None  # what a request ends after the steps
+        self.ending: str | None = None  # what a stop ends instead of the steps
         self.saved = "no checkpoint of this run was written"  # what survives a stop at once
-        self.resume = ""  # the command that continues from it, once there is one
+        self.resume = ""  # the command that continues from it
         self.first_at = 0.0
         self.previous: dict = {}
 
@@ -46,7 +46,6 @@ class StopRequest:
         self.previous = {}
 
     def training(self, progress: Progress, agree_every: int, undo: bool = False) -> None:
-        """The loop starts: a request now stops at a step and saves."""
         self.saving, self.progress, self.agree_every, self.undo = True, progress, agree_every, undo
 
     def say(self, text: str) -> None:
@@ -55,7 +54,6 @@ class StopRequest:
                 os.write(2, f"\n{text}\n".encode())  # unbuffered, in a signal handler
 
     def output_gone(self) -> None:
-        """The output can take no more: a stop as by Ctrl-C."""
         if not self.requested:
             self.handle(OUTPUT_GONE, None)
 
