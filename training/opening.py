@@ -12,7 +12,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -108,12 +108,11 @@ def same_text(resumed: dict, source: Path, data_named: bool):
 
     def check(sha256: str, vocab: str | None) -> None:
         if not data_named and recorded not in (None, sha256):
-            raise UserError(f"--resume: the text {source} names is not the text it was trained on (its checksum "
-                            f"differs); put the original text back, or give --data to go on with another text")
+            raise UserError(f"--resume: the text {source} names has changed (its checksum differs); put the original "
+                            f"back, or give --data to train on another text")
         if vocab is not None and vocab != resumed["vocab"]:
             differ = vocabulary_difference(vocab, resumed["vocab"], ("the corpus", "the checkpoint's"))
-            raise UserError(f"--resume: the corpus's vocabulary differs from {source}'s ({differ}); resume with the "
-                            f"same --data")
+            raise UserError(f"--resume: the corpus's vocabulary differs from {source}'s ({differ}); give its --data")
     return check
 
 
@@ -266,8 +265,7 @@ def read_init(cfg: TrainConfig, explicit: set[str], say):
     """--init_from: (the checkpoint's path, its state, the new run's settings)."""
     start = Path(cfg.init_from).expanduser()
     if not start.exists():
-        raise UserError(f"--init_from {cfg.init_from}: no such run folder or checkpoint; give a trained run's "
-                        f"folder or checkpoint")
+        raise UserError(f"--init_from {cfg.init_from}: no such path; give a trained run's folder or checkpoint")
     start = find(str(start), "") if start.is_dir() else start
     init = checkpoint.load(start)
     return start, init, init_config(cfg, explicit, init, start, say)
@@ -276,8 +274,7 @@ def read_init(cfg: TrainConfig, explicit: set[str], say):
 def say_what_was_read(prepared: Prepared, cfg: TrainConfig, init: dict | None, start, say) -> None:
     chars = prepared.tokenizer.chars
     if len(chars) == 1:
-        say(f"note: {prepared.meta['source']} holds one distinct character, {chars!r}: there is nothing to learn. "
-            f"Give a text with more characters")
+        say(f"note: {prepared.meta['source']} holds one distinct character, {chars!r}: there is nothing to learn")
     if init is not None:
         new = chars[len(init["vocab"]):]
         shown = "".join(f" {ch!r}" for ch in new[:12]) + (" ..." if len(new) > 12 else "")
@@ -402,17 +399,12 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
                       f"{cfg.batch_size} x block_size {cfg.block_size}", f"{fix}; {saved}")
 
 
-@dataclass
-class Estimate:
+class Estimate(NamedTuple):
     """Where a CPU run's seconds would go."""
     steps: float
     evaluations: float
     samples_and_pictures: float
     full_validation: float
-
-    @property
-    def total(self) -> float:
-        return self.steps + self.evaluations + self.samples_and_pictures + self.full_validation
 
 
 PROBE_FLOPS = 1e11  # past this, ProbeStep times part of a micro-batch and scales up
@@ -473,11 +465,8 @@ def duration(seconds: float) -> str:
 def durations(low: float, high: float) -> str:
     """'about 18 s', 'about 18-24 s' or 'about 50 s-1 min'."""
     first, last = duration(low), duration(high)
-    if first == last:
-        return f"about {first}"
-    if first.split()[1] == last.split()[1]:
-        return f"about {first.split()[0]}-{last}"
-    return f"about {first}-{last}"
+    number, unit = first.split()
+    return f"about {last}" if first == last else f"about {number if last.endswith(' ' + unit) else first}-{last}"
 
 
 def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None:
@@ -487,7 +476,7 @@ def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None
     cfg, steady, so_far = run.cfg, run.threads.steady, run.phases.so_far()
     low, middle, high = (expected_seconds(run, progress, step, records) for step in
                          (min(steady), statistics.median(steady), max(steady)))
-    run.phases.expected = (so_far + low.total, so_far + high.total)
+    run.phases.expected = (so_far + sum(low), so_far + sum(high))
     steps_left = cfg.max_iters - progress.it
     parts = [(middle.steps, f"{steps_left} steps x {span(steady)}{step_timed(run)}", "a lower --max_iters"),
              (middle.evaluations, f"evaluations {duration(middle.evaluations)}",
@@ -499,7 +488,7 @@ def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None
     parts = parts[:1] + [part for part in parts[1:] if part[0] >= 0.5]  # no "0 s" parts
     what = ", ".join(what for _, what, _ in parts)
     expected = durations(*run.phases.expected)
-    if so_far + middle.total < SLOW_RUN_SECONDS:
+    if so_far + sum(middle) < SLOW_RUN_SECONDS:
         log.say(f"this run: {expected} in all ({what})")
         return
     fixes = [fix for _, _, fix in sorted(parts, key=lambda part: -part[0])[:2]]
