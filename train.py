@@ -47,7 +47,8 @@ def train_step(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, lr
         loss = device.first_compiled_backward(model, batches, rt, d, passes)
     else:
         loss = passes()
-    searching = scale_above_one(scaler)  # read before update() lowers it
+    # float16: whether the scale is above 1, read before update() lowers it, on the device where torch allows
+    searching = scaler.is_enabled() and (getattr(scaler, "_get_scale_async", None) or scaler.get_scale)() > 1
     grad_norm, finite = update(model, optimizer, scaler, cfg, lr, rt)
     if scaler.is_enabled():
         # float16: overflows are the scaler's search for a scale until it reaches 1; then they count as skipped
@@ -90,13 +91,6 @@ def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
     scaler.update()  # float16: the scale lowered after a skipped step, raised after good ones (nothing otherwise)
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, finite
-
-
-def scale_above_one(scaler: torch.amp.GradScaler):
-    """float16: whether the loss scale is above 1, on the device where torch allows (no host wait)."""
-    if not scaler.is_enabled():
-        return False
-    return (getattr(scaler, "_get_scale_async", None) or scaler.get_scale)() > 1
 
 
 # ---- the loop: evaluate if due, stop if asked, a step, a log line if due ---------------------------------------------
@@ -151,7 +145,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
                 clock.first_step_done()
             bar.update(1)
             if progress.it % cfg.log_interval == 0 or progress.it == cfg.max_iters:
-                record = steps.write(progress.it, lr, s.d.mean(loss) if ddp else loss, grad_norm, longest)
+                record = steps.write(progress.it, lr, s.d.mean(loss), grad_norm, longest)
                 longest = skipped
                 if record.skipped >= cfg.max_nonfinite_steps:
                     raise UserError(too_many_nonfinite(progress.it, cfg, s.run_dir.path / LAST))

@@ -51,19 +51,6 @@ def compile_wanted(setting: str, device_type: str) -> bool:
     return setting == "true" or (setting == "auto" and device_type == "cuda")
 
 
-class BlocksCompiled:
-    """A view of a GPT whose blocks are compiled: one graph every layer runs."""
-
-    def __init__(self, model: GPT, mode: str | None):
-        self.plain = model.blocks
-        self.view = copy.copy(model)  # shares everything but the list of blocks
-        self.view._modules = dict(model._modules)
-        self.view._modules["blocks"] = nn.ModuleList(torch.compile(block, mode=mode) for block in model.blocks)
-
-    def uncompile(self) -> None:
-        self.view._modules["blocks"] = self.plain
-
-
 DEVICE_ERRORS = (torch.AcceleratorError,) if hasattr(torch, "AcceleratorError") else ()  # CUDA errors
 COMPILE_FAILED = "warning: torch.compile failed ({}); continuing without it (--compile false skips the attempt)"
 
@@ -169,7 +156,12 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
         quiet_autotuning()
     whole = wrap(model) if scope == "model" else None  # compiled with its DDP wrapper
     try:
-        compiled = torch.compile(whole, mode=mode_arg) if whole is not None else BlocksCompiled(model, mode_arg)
+        if whole is not None:
+            compiled = torch.compile(whole, mode=mode_arg)
+        else:  # a view of model whose blocks are compiled: one graph every layer runs
+            view = copy.copy(model)  # shares everything but the list of blocks
+            blocks = nn.ModuleList(torch.compile(block, mode=mode_arg) for block in model.blocks)
+            view._modules = {**model._modules, "blocks": blocks}
     except RuntimeError as err:
         say(COMPILE_FAILED.format(in_one_line(err)))
         gave_up()
@@ -178,10 +170,10 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
     if whole is not None:
         compiled = CompileFallback(whole, compiled, say, gave_up)
     else:
-        blocks, step_model = compiled, wrap(compiled.view)
+        step_model = wrap(view)
 
         def uncompile() -> None:
-            blocks.uncompile()
+            view._modules["blocks"] = model.blocks
             gave_up()
         compiled = CompileFallback(step_model, step_model, say, uncompile)
     return compiled, compiled if compile_eval else model
