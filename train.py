@@ -287,7 +287,6 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
 
 def train_opened(s: Session, source: Path | None) -> dict:
     run, progress, run_dir, log = s.run, s.progress, s.run_dir, s.log
-    where = shlex.quote(str(run_dir.path))
     if source is not None:
         log.say(f"resuming {source} at step {progress.it}")
     elif s.d.is_main:  # --overwrite: the old run waits aside until this one has something to keep
@@ -317,7 +316,7 @@ def train_opened(s: Session, source: Path | None) -> dict:
         log.say(run.phases.line(summary["seconds"]))
     # an unreadable ckpt_best beside ckpt_last would be the one --out_dir reads
     model = (f"--ckpt {shlex.quote(str(run_dir.path / LAST))}" if summary["model_checkpoint"] == LAST
-             and (run_dir.path / BEST).exists() else f"--out_dir {where}")
+             and (run_dir.path / BEST).exists() else f"--out_dir {shlex.quote(str(run_dir.path))}")
     log.say(f"sample it: {python_command('scripts/sample.py')} {model}")
     if s.cfg.n_layer and run.model.num_params(non_embedding=False) <= PAGE_MAX_PARAMETERS:
         page = shlex.quote(str(run_dir.path / "attention.html"))
@@ -334,20 +333,17 @@ class GuardedOutput:
         self._stream, self._gone = stream, gone
 
     def write(self, text: str):
-        try:
-            return self._stream.write(text)
-        except OSError:
-            self.closed()
+        return self._guarded("write", text)
 
     def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except OSError:
-            self.closed()
+        self._guarded("flush")
 
-    def closed(self) -> None:
-        self._stream = open(os.devnull, "w", encoding="utf-8")
-        self._gone()
+    def _guarded(self, method: str, *args):
+        try:
+            return getattr(self._stream, method)(*args)
+        except OSError:
+            self._stream = open(os.devnull, "w", encoding="utf-8")
+            self._gone()
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)

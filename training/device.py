@@ -195,25 +195,18 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tu
         a = torch.randn(m, k, device=device, dtype=dtype, generator=gen)
         b = torch.randn(k, n, device=device, dtype=dtype, generator=gen)
         a @ b  # warm-up
-        sync(device)
-        start = time.perf_counter()
-        a @ b
-        sync(device)
-        if time.perf_counter() - start >= seconds:  # one product outlasts a trial
-            best = max(best, 2 * m * k * n / (time.perf_counter() - start))
-            continue
         for _ in range(trials):
             sync(device)
-            reps, start = 0, time.perf_counter()
-            while True:
+            reps, start, elapsed = 0, time.perf_counter(), 0.0
+            while elapsed < seconds:
                 a @ b
                 reps += 1
-                if reps % 4 == 0 or device.type == "cpu":
+                if reps % 4 == 0 or reps == 1 or device.type == "cpu":
                     sync(device)
                     elapsed = time.perf_counter() - start
-                    if elapsed >= seconds:
-                        break
             best = max(best, 2 * m * k * n * reps / elapsed)
+            if reps == 1:  # one product outlasts a trial
+                break
     return best
 
 

@@ -339,15 +339,12 @@ def optimizer_for(model: GPT, cfg: TrainConfig, rt: Runtime):
 
 def graft(model: GPT, weights: dict) -> None:
     """Fine-tuning: the trained weights into model; a new character's rows start as their mean."""
-    own = model.state_dict()
-    weights = dict(weights)
+    own, weights = model.state_dict(), dict(weights)
     for name in ("wte.weight", "lm_head.weight"):
-        trained, wanted = weights.get(name), own[name]
-        if trained is not None and trained.size(0) < wanted.size(0):
-            grown = torch.empty_like(wanted)
-            grown[:trained.size(0)] = trained
-            grown[trained.size(0):] = trained.float().mean(0).to(trained.dtype)
-            weights[name] = grown
+        trained = weights.get(name)
+        if trained is not None and len(trained) < len(own[name]):
+            mean = trained.float().mean(0).to(trained.dtype)
+            weights[name] = torch.cat([trained, mean.expand(len(own[name]) - len(trained), -1)])
     model.load_state_dict(weights)
 
 
