@@ -39,7 +39,7 @@ loaded()
 # ---- one training step -----------------------------------------------------------------------------------------------
 def train_step(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, lr: float, rt: machine.Runtime,
                stop=None, d: device.Dist = device.Dist()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer step over grad_accum_steps micro-batches: (mean loss, grad norm, finite), on the device."""
+    """One optimizer step: (mean loss, grad norm, finite), on the device."""
     def passes() -> torch.Tensor:
         return forward_backward(model, optimizer, scaler, batches, autocast, cfg, rt, stop)
 
@@ -243,7 +243,7 @@ def before_the_first_step(s: Session) -> float:
 # ---- a run from its opening to its end -------------------------------------------------------------------------------
 def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, stop: StopRequest | None = None,
           note: str = "", start_up: float | None = None) -> dict:
-    """Train or continue the run in cfg.out_dir: its summary and history ("stopped", "finished" where so)."""
+    """Train or continue the run in cfg.out_dir: its summary and history."""
     stop = stop or StopRequest(speak=False)  # in-process callers get a request nobody makes
     phases = Phases(start_up)
     d = device.from_environment(cfg.ddp)
@@ -327,7 +327,7 @@ def train_opened(s: Session, source: Path | None) -> dict:
 
 # ---- the command line ------------------------------------------------------------------------------------------------
 class GuardedOutput:
-    """A stream whose failed write (a closed pipe or terminal) sends later output to /dev/null and calls gone()."""
+    """A stream that, once a write fails (a closed pipe or terminal), writes to /dev/null and calls gone()."""
 
     def __init__(self, stream: TextIO, gone: Callable[[], None]):
         self._stream, self._gone = stream, gone

@@ -103,7 +103,7 @@ def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab
 
 
 def same_text(resumed: dict, source: Path, data_named: bool):
-    """prepare()'s check for --resume: the text's checksum and vocabulary."""
+    """prepare()'s check of a resumed run's text."""
     recorded = resumed.get("data", {}).get("sha256")
 
     def check(sha256: str, vocab: str | None) -> None:
@@ -151,18 +151,8 @@ def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict
         raise UserError(line) from None
 
 
-def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
-    if new.max_iters == old.max_iters or old.lr_decay_iters or step >= new.max_iters:
-        return ""
-    before, after = get_lr(step, old), get_lr(step, new)
-    if math.isclose(before, after, rel_tol=1e-9):
-        return ""
-    return (f"resume: the learning-rate schedule is stretched from {old.max_iters} to {new.max_iters} steps: at step "
-            f"{step} the rate goes from {before:.3g} to {after:.3g}. To keep it, add --lr_decay_iters {old.max_iters}")
-
-
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
-    """--resume of a run with nothing left to do: the line that says so."""
+    """The line of a resumed run with nothing left to do."""
     since_best = state.get("evals_since_best", 0)
     if state["iter"] < cfg.max_iters and not plateaued(since_best, cfg.patience):
         return None
@@ -198,7 +188,7 @@ def fit_to_text(cfg: TrainConfig, explicit: set[str], meta: dict, say) -> None:
 
 def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop,
              phases: Phases, corpus: Corpus | None, update: Callable):
-    """(run, progress, the checkpoint resumed from or None), or a finished run's line. Rank 0 goes first."""
+    """(run, progress, the checkpoint resumed from or None), or a finished run's line."""
     resumed = source = init = start = None
     with d.together():
         if d.is_main:
@@ -214,7 +204,12 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             if "data" not in explicit and cfg.data not in NAMED:
                 check_recorded_text(cfg.data, resumed, source)
         elif cfg.init_from:
-            start, init, cfg = read_init(cfg, explicit, log.say)
+            start = Path(cfg.init_from).expanduser()
+            if not start.exists():
+                raise UserError(f"--init_from {cfg.init_from}: no such path; give a trained run's folder or checkpoint")
+            start = find(str(start), "") if start.is_dir() else start
+            init = checkpoint.load(start)
+            cfg = init_config(cfg, explicit, init, start, log.say)
         # A fine-tuned run's vocabulary begins with its first model's, so the old ids keep their meaning.
         base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
         check = same_text(resumed, source, "data" in explicit) if resumed is not None else None
@@ -254,21 +249,16 @@ def read_resume(cfg: TrainConfig, explicit: set[str], run_dir: RunDir, stop, say
     source = run_dir.resume_from()
     resumed = checkpoint.load(source, resume=True)
     stop.saved, stop.resume = f"{source} (step {resumed['iter']}) is untouched", resume_command(run_dir.path)
-    saved, cfg = resume_config(cfg, explicit, resumed, say, source, world_size)
-    if note := stretched_schedule(saved, cfg, resumed["iter"]):
-        say(note)
+    old, cfg = resume_config(cfg, explicit, resumed, say, source, world_size)
+    step = resumed["iter"]
+    if cfg.max_iters != old.max_iters and not old.lr_decay_iters and step < cfg.max_iters:  # the schedule moves
+        before, after = get_lr(step, old), get_lr(step, cfg)
+        if not math.isclose(before, after, rel_tol=1e-9):
+            say(f"resume: the learning-rate schedule is stretched from {old.max_iters} to {cfg.max_iters} steps: at "
+                f"step {step} the rate goes from {before:.3g} to {after:.3g}. To keep it, add --lr_decay_iters "
+                f"{old.max_iters}")
     check_same_model(cfg, resumed, source)
     return source, resumed, cfg
-
-
-def read_init(cfg: TrainConfig, explicit: set[str], say):
-    """--init_from: (the checkpoint's path, its state, the new run's settings)."""
-    start = Path(cfg.init_from).expanduser()
-    if not start.exists():
-        raise UserError(f"--init_from {cfg.init_from}: no such path; give a trained run's folder or checkpoint")
-    start = find(str(start), "") if start.is_dir() else start
-    init = checkpoint.load(start)
-    return start, init, init_config(cfg, explicit, init, start, say)
 
 
 def say_what_was_read(prepared: Prepared, cfg: TrainConfig, init: dict | None, start, say) -> None:
@@ -284,7 +274,6 @@ def say_what_was_read(prepared: Prepared, cfg: TrainConfig, init: dict | None, s
 
 
 def best_anew_on_other_text(resumed: dict | None, prepared: Prepared, say) -> dict | None:
-    """A resume on another text chooses its best model anew."""
     recorded = resumed.get("data", {}).get("sha256") if resumed is not None else None
     if recorded in (None, prepared.meta["sha256"]):
         return resumed
@@ -350,11 +339,11 @@ def graft(model: GPT, weights: dict) -> None:
 
 def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
     cfg, where = run.cfg, shlex.quote(str(run_dir.path))
-    params = run.model.num_params()
     with_table = (f" ({run.model.num_params(False) / 1e6:.2f}M with the position table)"
                   if run.model.wpe is not None else "")
     log.say(f"{run.prepared.meta['source']}: {run.prepared.meta['n_chars']:,} characters, vocabulary "
-            f"{run.tokenizer.vocab_size}; model {params / 1e6:.2f}M parameters{with_table}; {run.rt.describe()}")
+            f"{run.tokenizer.vocab_size}; model {run.model.num_params() / 1e6:.2f}M parameters{with_table}; "
+            f"{run.rt.describe()}")
     log.say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
             f"process{'es' if d.world_size > 1 else ''} = {run.tokens_per_iter:,} tokens per step"
             + (f"; DDP over {d.backend}" if d.enabled else ""))
@@ -429,7 +418,6 @@ class ProbeStep:
 
 
 def probe_rows(run: Run) -> int:
-    """The sequences ProbeStep times."""
     sequence_flops = run.flops_per_token * run.cfg.block_size
     return max(1, min(run.cfg.batch_size, int(PROBE_FLOPS // sequence_flops)))
 

@@ -38,7 +38,7 @@ class Session:
     d: Dist
     clock: TrainClock | None = None
     pictures: object = None  # common.pictures.AttentionPictures, made when first needed
-    watch: SlowdownWatch | None = None  # on a CPU: the watch on steps that slow down
+    watch: SlowdownWatch | None = None  # rank 0 on a CPU
     saved: bool = False  # whether this process has written a checkpoint
 
     @property
@@ -79,7 +79,6 @@ class Session:
         return losses
 
     def slowdown_watch(self) -> SlowdownWatch | None:
-        """Rank 0 on a CPU: the watch on steps slower than those timed before training."""
         threads = self.run.threads
         if threads is None or not threads.steady or not self.d.is_main:
             return None
@@ -181,7 +180,7 @@ class Session:
         return attention_weights(self.run.model, probe)
 
     def record_seconds(self) -> float:
-        """For the estimate: the seconds of an evaluation's sample and pictures, timed on a small part."""
+        """For the estimate: an evaluation's seconds of sample and pictures, timed on a part."""
         cfg, seconds = self.cfg, 0.0
         if cfg.sample_chars:
             chars = min(cfg.sample_chars, SAMPLE_TIMED_CHARS)

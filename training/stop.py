@@ -23,10 +23,10 @@ class StopRequest:
         self.requested = False
         self.progress: Progress | None = None  # set once the loop runs: a stop then saves
         self.agree_every = 1  # under torchrun the processes agree to stop every log_interval steps
-        self.undo = False  # whether a stop between micro-batches undoes the step
+        self.undo = False
         self.ending: str | None = None  # what a stop ends instead of the steps
-        self.saved = "no checkpoint of this run was written"  # what survives a stop at once
-        self.resume = ""  # the command that continues from it
+        self.saved = "no checkpoint of this run was written"  # what survives a stop at once, and its command:
+        self.resume = ""
         self.first_at = 0.0
         self.previous: dict = {}
 
