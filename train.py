@@ -47,11 +47,11 @@ def train_step(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, lr
         loss = device.first_compiled_backward(model, batches, rt, d, passes)
     else:
         loss = passes()
-    # float16: whether the scale is above 1, read before update() lowers it, on the device where torch allows
+    # float16: whether the scale is above 1, read on the device before update() lowers it
     searching = scaler.is_enabled() and (getattr(scaler, "_get_scale_async", None) or scaler.get_scale)() > 1
     grad_norm, finite = update(model, optimizer, scaler, cfg, lr, rt)
     if scaler.is_enabled():
-        # float16: overflows are the scaler's search for a scale until it reaches 1; then they count as skipped
+        # float16: overflows are the scaler's search for a scale until it is 1; then they count as skipped
         finite = torch.isfinite(loss) & (finite | searching)
     return loss, grad_norm, finite
 
@@ -88,7 +88,7 @@ def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     finite = torch.isfinite(grad_norm)  # one gradient that is not finite makes the norm inf or NaN
     optimizer.step_if_finite(finite, on_device=rt.device.type != "cpu")  # (a CPU reads the flag for free)
-    scaler.update()  # float16: the scale lowered after a skipped step, raised after good ones (nothing otherwise)
+    scaler.update()  # float16: the scale lowered after a skipped step, raised after good ones
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, finite
 
@@ -97,7 +97,7 @@ def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
 def train_loop(s: Session) -> tuple[list, bool]:
     """Train to max_iters: the (step, loss) history, and whether a stop ended it."""
     run, cfg, progress, ddp = s.run, s.cfg, s.progress, s.d.enabled
-    # a stop between micro-batches undoes the step, but not under DDP, where every process stops at the same step
+    # a stop between micro-batches undoes the step; not under DDP, where every process stops at one step
     undo = cfg.grad_accum_steps > 1 and not ddp
     s.stop.training(progress, cfg.log_interval if ddp else 1, undo=undo)
     peak_flops = before_the_first_step(s)
@@ -121,7 +121,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
                     plateau = plateaued(progress.evals_since_best, cfg.patience)
                     clock.restart()
                 next_eval = next_evaluation(it + 1, cfg)
-            # under DDP asking every process is a collective (a host sync): only where the loop waits anyway
+            # under DDP asking is a collective (a host sync): only where the loop waits anyway
             if not ddp:
                 stopping = s.stop.requested
             elif it % cfg.log_interval == 0:
@@ -300,7 +300,9 @@ def train_opened(s: Session, source: Path | None) -> dict:
         run.phases.opened()
         history, stopped = train_loop(s)
     except Interrupted as err:
-        raise s.put_back_on_stop(err) from None
+        if s.d.is_main and run_dir.aside_pending():  # a stop without a save puts back an --overwrite's old run
+            err = Interrupted(f"{err}; {s.put_back()}")
+        raise err from None
     if stopped:
         if not s.save_stopped():
             s.say_stopped(in_final_validation=False)

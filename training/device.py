@@ -223,10 +223,6 @@ class Dist:
         return self.world_size > 1 or self.always
 
     @property
-    def backend(self) -> str:
-        return dist.get_backend() if dist.is_initialized() else ""
-
-    @property
     def is_main(self) -> bool:
         return self.rank == 0
 

@@ -112,7 +112,8 @@ def same_text(resumed: dict, source: Path, data_named: bool):
                             f"back, or give --data to train on another text")
         if vocab is not None and vocab != resumed["vocab"]:
             differ = vocabulary_difference(vocab, resumed["vocab"], ("the corpus", "the checkpoint's"))
-            raise UserError(f"--resume: the corpus's vocabulary differs from {source}'s ({differ}); give its --data")
+            raise UserError(f"--resume: the corpus's vocabulary differs from {source}'s ({differ}); resume with the "
+                            f"same --data")
     return check
 
 
@@ -346,7 +347,7 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
             f"{run.rt.describe()}")
     log.say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
             f"process{'es' if d.world_size > 1 else ''} = {run.tokens_per_iter:,} tokens per step"
-            + (f"; DDP over {d.backend}" if d.enabled else ""))
+            + (f"; DDP over {torch.distributed.get_backend()}" if d.enabled else ""))
     if run.threads is not None:
         log.say(run.threads.line(f"a step{step_timed(run)}"))
     log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open {TENSORBOARD_URL}")

@@ -13,7 +13,7 @@ import torch
 from common.machine import for_sampling
 from common.run_folder import ASIDE, BEST, LAST, LOSS_PICTURE, SUMMARY, RunDir, WriteFailed, write_text_atomic
 from configs import TrainConfig
-from errors import Interrupted, UserError
+from errors import UserError
 from model.attention import attention_weights
 from model.generate import generate
 from training import checkpoint
@@ -120,11 +120,6 @@ class Session:
         self.draw_losses()
         advice = self.watch.advice if self.watch else ""
         self.log.say(stopped_line(self.progress.it, self.run_dir.path, in_final_validation, advice))
-
-    def put_back_on_stop(self, err: Interrupted) -> Interrupted:
-        if not (self.d.is_main and self.run_dir.aside_pending()):
-            return err
-        return Interrupted(f"{err}; {self.put_back()}")
 
     def put_back(self) -> str:
         """An --overwrite's old run put back: the words that say so, or where it waits."""
