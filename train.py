@@ -1,5 +1,4 @@
-"""train.py: train a character-level GPT. Read it top to bottom: one training step, the loop, then train().
-The rest of the product lives in training/ and common/ (docs/code.md)."""
+"""train.py: train a character-level GPT. Read it top to bottom: one training step, the loop, then train()."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterator, TextIO
+from typing import Callable, TextIO
 
 from errors import quiet_while_loading
 
@@ -40,7 +39,7 @@ loaded()
 # ---- one training step -----------------------------------------------------------------------------------------------
 def train_step(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, lr: float, rt: machine.Runtime,
                stop=None, d: device.Dist = device.Dist()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer step over grad_accum_steps micro-batches: (mean loss, grad norm, finite), on the device."""
+    """One optimizer step: (mean loss, grad norm, finite), on the device."""
     def passes() -> torch.Tensor:
         return forward_backward(model, optimizer, scaler, batches, autocast, cfg, rt, stop)
 
@@ -48,18 +47,18 @@ def train_step(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, lr
         loss = device.first_compiled_backward(model, batches, rt, d, passes)
     else:
         loss = passes()
-    searching = scale_above_one(scaler)  # read before update() lowers it
+    # float16: whether the scale is above 1, read on the device before update() lowers it
+    searching = scaler.is_enabled() and (getattr(scaler, "_get_scale_async", None) or scaler.get_scale)() > 1
     grad_norm, finite = update(model, optimizer, scaler, cfg, lr, rt)
     if scaler.is_enabled():
-        # float16: overflows are the scaler's search for a scale until it reaches 1; then they count as skipped
+        # float16: overflows are the scaler's search for a scale until it is 1; then they count as skipped
         finite = torch.isfinite(loss) & (finite | searching)
     return loss, grad_norm, finite
 
 
 def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConfig, rt: machine.Runtime,
                      stop=None) -> torch.Tensor:
-    """The gradients of grad_accum_steps micro-batches, summed in each .grad; returns their mean loss. A stop()
-    between micro-batches undoes the step (StepAbandoned)."""
+    """The micro-batches' gradients, summed in each .grad; their mean loss. A stop() between them undoes the step."""
     loss_sum = torch.zeros((), device=rt.device)
     began = (batches.state_dict(), device.random_states(rt.device)) if stop else None  # to undo the step
     for micro in range(cfg.grad_accum_steps):
@@ -81,7 +80,7 @@ def forward_backward(model, optimizer, scaler, batches, autocast, cfg: TrainConf
 
 def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
            rt: machine.Runtime) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clip, step at rate lr, clear: (grad norm, finite). A non-finite step is skipped, so NaN never reaches weights."""
+    """Clip, step at rate lr, clear: (grad norm, finite). A non-finite step is skipped."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     scaler.unscale_(optimizer)  # float16: the gradients divided by the loss scale (nothing otherwise)
@@ -89,23 +88,16 @@ def update(model, optimizer, scaler, cfg: TrainConfig, lr: float,
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     finite = torch.isfinite(grad_norm)  # one gradient that is not finite makes the norm inf or NaN
     optimizer.step_if_finite(finite, on_device=rt.device.type != "cpu")  # (a CPU reads the flag for free)
-    scaler.update()  # float16: the scale lowered after a skipped step, raised after good ones (nothing otherwise)
+    scaler.update()  # float16: the scale lowered after a skipped step, raised after good ones
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, finite
 
 
-def scale_above_one(scaler: torch.amp.GradScaler):
-    """float16: whether the loss scale is above 1, read on the device where torch allows (no host wait)."""
-    if not scaler.is_enabled():
-        return False
-    return (getattr(scaler, "_get_scale_async", None) or scaler.get_scale)() > 1
-
-
 # ---- the loop: evaluate if due, stop if asked, a step, a log line if due ---------------------------------------------
 def train_loop(s: Session) -> tuple[list, bool]:
-    """Train to max_iters, evaluating and saving when due: the (step, loss) history, and whether a stop ended it."""
+    """Train to max_iters: the (step, loss) history, and whether a stop ended it."""
     run, cfg, progress, ddp = s.run, s.cfg, s.progress, s.d.enabled
-    # a stop between micro-batches undoes the step, but not under DDP, where every process stops at the same step
+    # a stop between micro-batches undoes the step; not under DDP, where every process stops at one step
     undo = cfg.grad_accum_steps > 1 and not ddp
     s.stop.training(progress, cfg.log_interval if ddp else 1, undo=undo)
     peak_flops = before_the_first_step(s)
@@ -129,7 +121,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
                     plateau = plateaued(progress.evals_since_best, cfg.patience)
                     clock.restart()
                 next_eval = next_evaluation(it + 1, cfg)
-            # under DDP asking every process is a collective (a host sync): only where the loop waits anyway
+            # under DDP asking is a collective (a host sync): only where the loop waits anyway
             if not ddp:
                 stopping = s.stop.requested
             elif it % cfg.log_interval == 0:
@@ -153,7 +145,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
                 clock.first_step_done()
             bar.update(1)
             if progress.it % cfg.log_interval == 0 or progress.it == cfg.max_iters:
-                record = steps.write(progress.it, lr, s.d.mean(loss) if ddp else loss, grad_norm, longest)
+                record = steps.write(progress.it, lr, s.d.mean(loss), grad_norm, longest)
                 longest = skipped
                 if record.skipped >= cfg.max_nonfinite_steps:
                     raise UserError(too_many_nonfinite(progress.it, cfg, s.run_dir.path / LAST))
@@ -162,7 +154,7 @@ def train_loop(s: Session) -> tuple[list, bool]:
 
 @dataclass
 class StepRecord:
-    """What a log line records of a step; a field's tag names it in TensorBoard."""
+    """A log line's record of a step; a field's tag names it in TensorBoard."""
     step: int
     loss: float = field(metadata={"tag": "loss/train"})
     lr: float = field(metadata={"tag": "optim/lr"})
@@ -175,8 +167,6 @@ class StepRecord:
 
 
 class StepLog:
-    """The log line every log_interval steps, and the loss history."""
-
     def __init__(self, s: Session, bar: tqdm, peak_flops: float):
         self.s, self.bar, self.peak_flops = s, bar, peak_flops
         self.writer = s.log.writer()
@@ -192,7 +182,6 @@ class StepLog:
 
     def write(self, it: int, lr: float, loss: torch.Tensor, grad_norm: torch.Tensor,
               longest: torch.Tensor) -> StepRecord:
-        """Log step it; longest: the longest run of skipped steps since the last line."""
         s, run, clock = self.s, self.s.run, self.s.clock
         # the loop's only wait for the device: one read for all three
         loss_value, norm_value, skipped = torch.stack([loss.float(), grad_norm.float(), longest.float()]).tolist()
@@ -201,7 +190,7 @@ class StepLog:
         step_seconds = max(seconds - self.logged[1], 1e-9) / (it - previous)
         self.logged = (it, seconds)
         tokens_per_sec = run.tokens_per_iter / step_seconds
-        # at most 1: the peak may have been measured in a busy moment
+        # at most 1: the peak may have been measured at a busy moment
         mfu = min(1.0, run.flops_per_token * tokens_per_sec / s.d.world_size / self.peak_flops)
         record = StepRecord(step=it, loss=loss_value, lr=lr, grad_norm=norm_value, tokens_per_sec=tokens_per_sec,
                             tokens_seen=it * run.tokens_per_iter, mfu=mfu * 100, ms_per_step=step_seconds * 1000,
@@ -229,7 +218,7 @@ class StepLog:
 
 
 def before_the_first_step(s: Session) -> float:
-    """Rank 0's notes before the first step, and the peak FLOP/s for MFU."""
+    """Rank 0's notes before the first step; the peak FLOP/s."""
     run, cfg = s.run, s.cfg
     records = 0.0  # seconds of each evaluation's sample and pictures
     if s.d.is_main and estimate_due(run, s.progress):
@@ -254,7 +243,7 @@ def before_the_first_step(s: Session) -> float:
 # ---- a run from its opening to its end -------------------------------------------------------------------------------
 def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, stop: StopRequest | None = None,
           note: str = "", start_up: float | None = None) -> dict:
-    """Train or continue the run in cfg.out_dir: its summary and history ("stopped", "finished" where so)."""
+    """Train or continue the run in cfg.out_dir: its summary and history."""
     stop = stop or StopRequest(speak=False)  # in-process callers get a request nobody makes
     phases = Phases(start_up)
     d = device.from_environment(cfg.ddp)
@@ -298,7 +287,6 @@ def train(cfg: TrainConfig, explicit: set[str] = frozenset(), say=tqdm.write, st
 
 def train_opened(s: Session, source: Path | None) -> dict:
     run, progress, run_dir, log = s.run, s.progress, s.run_dir, s.log
-    where = shlex.quote(str(run_dir.path))
     if source is not None:
         log.say(f"resuming {source} at step {progress.it}")
     elif s.d.is_main:  # --overwrite: the old run waits aside until this one has something to keep
@@ -312,7 +300,9 @@ def train_opened(s: Session, source: Path | None) -> dict:
         run.phases.opened()
         history, stopped = train_loop(s)
     except Interrupted as err:
-        raise s.put_back_on_stop(err) from None
+        if s.d.is_main and run_dir.aside_pending():  # a stop without a save puts back an --overwrite's old run
+            err = Interrupted(f"{err}; {s.put_back()}")
+        raise err from None
     if stopped:
         if not s.save_stopped():
             s.say_stopped(in_final_validation=False)
@@ -328,7 +318,7 @@ def train_opened(s: Session, source: Path | None) -> dict:
         log.say(run.phases.line(summary["seconds"]))
     # an unreadable ckpt_best beside ckpt_last would be the one --out_dir reads
     model = (f"--ckpt {shlex.quote(str(run_dir.path / LAST))}" if summary["model_checkpoint"] == LAST
-             and (run_dir.path / BEST).exists() else f"--out_dir {where}")
+             and (run_dir.path / BEST).exists() else f"--out_dir {shlex.quote(str(run_dir.path))}")
     log.say(f"sample it: {python_command('scripts/sample.py')} {model}")
     if s.cfg.n_layer and run.model.num_params(non_embedding=False) <= PAGE_MAX_PARAMETERS:
         page = shlex.quote(str(run_dir.path / "attention.html"))
@@ -339,46 +329,33 @@ def train_opened(s: Session, source: Path | None) -> dict:
 
 # ---- the command line ------------------------------------------------------------------------------------------------
 class GuardedOutput:
-    """A stream whose failed write (a closed pipe or terminal) sends later output to /dev/null and calls gone()."""
+    """A stream that, once a write fails (a closed pipe or terminal), writes to /dev/null and calls gone()."""
 
     def __init__(self, stream: TextIO, gone: Callable[[], None]):
         self._stream, self._gone = stream, gone
 
     def write(self, text: str):
-        try:
-            return self._stream.write(text)
-        except OSError:
-            self.closed()
+        return self._guarded("write", text)
 
     def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except OSError:
-            self.closed()
+        self._guarded("flush")
 
-    def closed(self) -> None:
-        self._stream = open(os.devnull, "w", encoding="utf-8")
-        self._gone()
+    def _guarded(self, method: str, *args):
+        try:
+            return getattr(self._stream, method)(*args)
+        except OSError:
+            self._stream = open(os.devnull, "w", encoding="utf-8")
+            self._gone()
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
 
 
-@contextlib.contextmanager
-def guarded_output(gone: Callable[[], None]) -> Iterator[None]:
-    """sys.stdout and sys.stderr guarded inside the block."""
-    streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = (GuardedOutput(stream, gone) for stream in streams)
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = streams
-
-
 def main(argv: list[str] | None = None) -> int:
     start_up = seconds_since_process_start()
     d = device.from_environment()
-    with StopRequest(speak=d.is_main) as stop, guarded_output(stop.output_gone):
+    with (StopRequest(speak=d.is_main) as stop, contextlib.redirect_stdout(GuardedOutput(sys.stdout, stop.output_gone)),
+          contextlib.redirect_stderr(GuardedOutput(sys.stderr, stop.output_gone))):
         cfg, note, explicit = load_config(argv, torch.cuda.is_available())
         try:
             result = train(cfg, explicit, stop=stop, note=note, start_up=start_up)

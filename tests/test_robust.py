@@ -305,7 +305,7 @@ def test_a_doubled_signal_is_one_stop_request_and_a_later_one_stops_at_once(monk
     and the command that continues from it."""
     monkeypatch.setattr(train.StopRequest, "GRACE_SECONDS", 0.5)
     with train.StopRequest() as stop:
-        stop.saving = True  # training: the first signal asks for a stop at the step boundary
+        stop.training(Progress(it=7), agree_every=1)  # the first signal asks for a stop at the step boundary
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)  # the handler runs in this thread between bytecodes
         os.kill(os.getpid(), signal.SIGINT)

@@ -1,4 +1,4 @@
-"""The run on its device: torch.compile with a fallback, random streams, FLOPs, the slowdown watch, and torchrun."""
+"""The run on its device: torch.compile with a fallback, random streams, FLOPs, the slowdown watch, torchrun."""
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +25,7 @@ SLOW_FOR = 20.0  # seconds of such steps in one log interval: said at once
 
 
 class SlowdownWatch:
-    """Slow steps at two log lines in a row, or for SLOW_FOR seconds: said once, advising fewer threads by a resume."""
+    """Slow steps at two log lines in a row, or for SLOW_FOR seconds: said once, with advice."""
 
     def __init__(self, step_seconds: float, threads: int, resume: str):
         self.step_seconds, self.threads, self.resume = step_seconds, threads, resume
@@ -33,7 +33,7 @@ class SlowdownWatch:
         self.last_slow, self.said, self.advice = None, False, ""
 
     def seen(self, previous: int, it: int, step_seconds: float) -> str | None:
-        """At a slow log line (previous: the line before's step): the note, the first time."""
+        """At a slow log line (previous: the step of the line before): the note, once."""
         in_a_row, self.last_slow = self.last_slow == previous, it
         if self.said or not (in_a_row or step_seconds * (it - previous) >= SLOW_FOR):
             return None
@@ -48,21 +48,7 @@ class SlowdownWatch:
 
 # ---- torch.compile ----
 def compile_wanted(setting: str, device_type: str) -> bool:
-    """--compile true, or auto on CUDA."""
     return setting == "true" or (setting == "auto" and device_type == "cuda")
-
-
-class BlocksCompiled:
-    """A view of a GPT whose blocks are compiled: one graph every layer runs. uncompile() unwraps it."""
-
-    def __init__(self, model: GPT, mode: str | None):
-        self.plain = model.blocks
-        self.view = copy.copy(model)  # shares everything but the list of blocks
-        self.view._modules = dict(model._modules)
-        self.view._modules["blocks"] = nn.ModuleList(torch.compile(block, mode=mode) for block in model.blocks)
-
-    def uncompile(self) -> None:
-        self.view._modules["blocks"] = self.plain
 
 
 DEVICE_ERRORS = (torch.AcceleratorError,) if hasattr(torch, "AcceleratorError") else ()  # CUDA errors
@@ -70,7 +56,7 @@ COMPILE_FAILED = "warning: torch.compile failed ({}); continuing without it (--c
 
 
 class CompileFallback:
-    """Calls `compiled` until the compiler fails; then warns once, calls `uncompile`, and calls `module` from then on."""
+    """Calls `compiled` until the compiler fails; then warns once, calls `uncompile`, and calls `module`."""
 
     def __init__(self, module, compiled: Callable, say=print, uncompile: Callable[[], None] = lambda: None):
         self.module, self.compiled, self.say, self.uncompile = module, compiled, say, uncompile
@@ -79,7 +65,6 @@ class CompileFallback:
 
     @staticmethod
     def compilers(err: Exception) -> bool:
-        """Whether err is the compiler's, not out of memory or the device's."""
         return not (is_out_of_memory(err) or isinstance(err, DEVICE_ERRORS))
 
     def give_up(self, reason: str) -> None:
@@ -103,15 +88,16 @@ class CompileFallback:
 
 def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Dist",
                             forward_backward: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """forward_backward() with a backward that compiles now; on failure or non-finite gradients, rerun uncompiled with
-    the same batches and dropout. Under DDP every rank falls back if any does."""
+    """forward_backward() with a backward that compiles now; on failure or non-finite gradients, rerun uncompiled.
+    Under DDP every rank falls back if any does."""
     batches_began, random_began = batches.state_dict(), random_states(rt.device)
     no_sync = model.no_sync if d.enabled else contextlib.nullcontext
     failure = None
     try:
         with no_sync():
             loss = forward_backward()
-        if rt.dtype != torch.float16 and not all_finite(p.grad for p in model.parameters()):
+        flags = [p.grad.isfinite().all() for p in model.parameters() if p.grad is not None]
+        if rt.dtype != torch.float16 and flags and not torch.stack(flags).all():  # one read
             failure = "its first step's gradients were not finite; that step is computed again uncompiled"
     except StepAbandoned:
         raise
@@ -134,14 +120,8 @@ def first_compiled_backward(model: CompileFallback, batches, rt: Runtime, d: "Di
     return loss
 
 
-def all_finite(tensors) -> bool:
-    """Whether every tensor (None skipped) is finite: one read."""
-    flags = [torch.isfinite(t).all() for t in tensors if t is not None]
-    return bool(torch.stack(flags).all()) if flags else True
-
-
 def random_states(device: torch.device) -> tuple:
-    """The random streams dropout draws from: the CPU's, and the GPU's on CUDA."""
+    """The random streams dropout draws from."""
     return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
 
 
@@ -156,7 +136,7 @@ AUTOTUNE_TABLES = {"autotune_num_choices_displayed": ("TORCHINDUCTOR_AUTOTUNE_NU
 
 
 def quiet_autotuning() -> None:
-    """max-autotune without inductor's timing tables (unless asked for) and torch's TypedStorage warning."""
+    """max-autotune without inductor's timing tables (unless asked for) or TypedStorage warning."""
     from torch._inductor import config
     for name, (variable, quiet) in AUTOTUNE_TABLES.items():
         if variable not in os.environ and hasattr(config, name):
@@ -167,7 +147,7 @@ def quiet_autotuning() -> None:
 def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], setting: str, device_type: str,
                          mode: str = "default", scope: str = "blocks", compile_eval: bool = True, say=print,
                          gave_up: Callable[[], None] = lambda: None):
-    """The models the step and evaluations call; wrap adds DDP. scope: compile "blocks" or the whole "model"."""
+    """The models the step and evaluations call; wrap adds DDP."""
     if not compile_wanted(setting, device_type):
         step_model = wrap(model)
         return step_model, step_model
@@ -176,7 +156,12 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
         quiet_autotuning()
     whole = wrap(model) if scope == "model" else None  # compiled with its DDP wrapper
     try:
-        compiled = torch.compile(whole, mode=mode_arg) if whole is not None else BlocksCompiled(model, mode_arg)
+        if whole is not None:
+            compiled = torch.compile(whole, mode=mode_arg)
+        else:  # a view of model whose blocks are compiled: one graph every layer runs
+            view = copy.copy(model)  # shares everything but the list of blocks
+            blocks = nn.ModuleList(torch.compile(block, mode=mode_arg) for block in model.blocks)
+            view._modules = {**model._modules, "blocks": blocks}
     except RuntimeError as err:
         say(COMPILE_FAILED.format(in_one_line(err)))
         gave_up()
@@ -185,10 +170,10 @@ def step_and_eval_models(model: GPT, wrap: Callable[[nn.Module], nn.Module], set
     if whole is not None:
         compiled = CompileFallback(whole, compiled, say, gave_up)
     else:
-        blocks, step_model = compiled, wrap(compiled.view)
+        step_model = wrap(view)
 
         def uncompile() -> None:
-            blocks.uncompile()
+            view._modules["blocks"] = model.blocks
             gave_up()
         compiled = CompileFallback(step_model, step_model, say, uncompile)
     return compiled, compiled if compile_eval else model
@@ -202,7 +187,7 @@ def flops_per_token(n_params: int, cfg: ModelConfig) -> float:
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tuple[int, int, int]] = (),
                        seconds: float = 0.03, trials: int = 3) -> float:
-    """The best FLOP/s of matrix products in dtype: a large square one and the model's (m, k, n) shapes."""
+    """The best FLOP/s of matrix products: a large square one and the model's (m, k, n) shapes."""
     size = 8192 if device.type == "cuda" else 1024
     gen = torch.Generator(device=device).manual_seed(0)  # the global RNG untouched
     best = 0.0
@@ -210,25 +195,18 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, shapes: list[tu
         a = torch.randn(m, k, device=device, dtype=dtype, generator=gen)
         b = torch.randn(k, n, device=device, dtype=dtype, generator=gen)
         a @ b  # warm-up
-        sync(device)
-        start = time.perf_counter()
-        a @ b
-        sync(device)
-        if time.perf_counter() - start >= seconds:  # one product outlasts a trial
-            best = max(best, 2 * m * k * n / (time.perf_counter() - start))
-            continue
         for _ in range(trials):
             sync(device)
-            reps, start = 0, time.perf_counter()
-            while True:
+            reps, start, elapsed = 0, time.perf_counter(), 0.0
+            while elapsed < seconds:
                 a @ b
                 reps += 1
-                if reps % 4 == 0 or device.type == "cpu":
+                if reps % 4 == 0 or reps == 1 or device.type == "cpu":
                     sync(device)
                     elapsed = time.perf_counter() - start
-                    if elapsed >= seconds:
-                        break
             best = max(best, 2 * m * k * n * reps / elapsed)
+            if reps == 1:  # one product outlasts a trial
+                break
     return best
 
 
@@ -245,10 +223,6 @@ class Dist:
         return self.world_size > 1 or self.always
 
     @property
-    def backend(self) -> str:
-        return dist.get_backend() if dist.is_initialized() else ""
-
-    @property
     def is_main(self) -> bool:
         return self.rank == 0
 
@@ -262,7 +236,6 @@ class Dist:
         return value
 
     def any(self, flag: bool, device: torch.device) -> bool:
-        """True on every rank when true on any: ranks must agree to stop."""
         if not self.enabled:
             return flag
         return bool(self.sum(torch.tensor(float(flag), device=device)).item() > 0)
@@ -304,7 +277,7 @@ RANK_ZERO_WAIT = 30.0  # seconds a rank waits for rank 0 to say a mistake
 
 
 def leave_to_rank_zero(d: Dist, err: UserError) -> None:
-    """A mistake on a rank other than 0: wait for torchrun to end it; after RANK_ZERO_WAIT seconds, say it here."""
+    """A mistake on a rank other than 0: wait for torchrun to end it, or say it after RANK_ZERO_WAIT seconds."""
 
     def ended(signum, frame):
         raise QuietExit(str(err))  # rank 0 has said it
@@ -318,7 +291,6 @@ def leave_to_rank_zero(d: Dist, err: UserError) -> None:
 
 
 def peer_lost(err: BaseException) -> bool:
-    """Whether err says another process of the job has died."""
     backend_error = getattr(dist, "DistBackendError", ())
     return isinstance(err, backend_error) or any(words in str(err) for words in ("closed by peer", "reset by peer"))
 
@@ -333,8 +305,7 @@ def from_environment(ddp: str = "auto") -> Dist:
     """torchrun's RANK, LOCAL_RANK and WORLD_SIZE; a plain run is rank 0 of 1."""
     under_torchrun = "RANK" in os.environ
     if ddp == "always" and not under_torchrun:
-        raise UserError("--ddp always: needs torchrun. Run torchrun --standalone --nproc_per_node 1 train.py ..., or "
-                        "leave --ddp out")
+        raise UserError("--ddp always: needs torchrun. Run torchrun --standalone --nproc_per_node 1 train.py ...")
     if not under_torchrun or (int(os.environ.get("WORLD_SIZE", "1")) == 1 and ddp != "always"):
         return Dist()
     return Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]),

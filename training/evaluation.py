@@ -13,13 +13,13 @@ from training.device import Dist
 
 
 def next_evaluation(it: int, cfg: TrainConfig) -> int:
-    """The first step from it on at which a run evaluates (every eval_interval, and at max_iters)."""
+    """The first step from it on that evaluates (every eval_interval, and at max_iters)."""
     due = -(-it // cfg.eval_interval) * cfg.eval_interval  # rounded up
     return min(due, cfg.max_iters) if it <= cfg.max_iters else due
 
 
 def evaluations_left(it: int, cfg: TrainConfig) -> int:
-    """The evaluations a run at step it has still to make, that at step it included."""
+    """The evaluations left to a run at step it, that at it included."""
     if it > cfg.max_iters:
         return 0
     every = cfg.eval_interval
@@ -41,7 +41,6 @@ def overfitting(evaluations: list, window: int = 3, margin: float = 0.02) -> boo
 
 
 def began_overfitting(evaluations: list) -> bool:
-    """overfitting() holds now and held at no earlier evaluation."""
     return overfitting(evaluations) and not any(overfitting(evaluations[:n]) for n in range(len(evaluations)))
 
 
@@ -57,7 +56,7 @@ def asked_to_stop(stop: Callable[[], bool] | None, d: Dist, device: torch.device
 @torch.inference_mode()
 def evaluate(model, batches, rt: Runtime, eval_iters: int, d: Dist = Dist(),
              stop: Callable[[], bool] | None = None, progress=None) -> dict[str, float] | None:
-    """{"train", "val"}: the mean loss over eval_iters fixed batches of each; None if asked to stop."""
+    """{"train", "val"}: the mean loss over eval_iters fixed batches of each; None if a stop came."""
     model.eval()
     out = {}
     try:
@@ -84,7 +83,7 @@ def full_validation_loss(model, batches, rt: Runtime, d: Dist = Dist(),
 
 
 def mean_loss(model, windows, rt: Runtime, d: Dist, stop: Callable[[], bool] | None, progress) -> float | None:
-    """The mean loss per scored character over batches on every rank; None if asked to stop."""
+    """The mean loss per scored character over every rank's batches; None if a stop came."""
     total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # (sum of losses, number of characters)
     for batch, (x, y) in enumerate(windows):
         if asked_to_stop(stop, d, rt.device, batch):

@@ -1,4 +1,4 @@
-"""Opening a run: checks, the folder owned, the checkpoint read, the data prepared, the Run built; CPU estimates."""
+"""Opening a run: checks, the folder, the checkpoint, the data, the Run built; a CPU run's estimates."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +12,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -59,7 +59,6 @@ class Run:
 
     @property
     def data_info(self) -> dict:
-        """What the run trains on, as checkpoints and the summary record it."""
         info = {k: self.prepared.meta[k] for k in ("source", "sha256", "bytes", "n_chars", "n_train", "n_val",
                                                     "vocab_size")}
         info["first_char"] = self.tokenizer.chars[int(self.batches.data["train"][0])]  # sample.py's default prompt
@@ -81,7 +80,7 @@ def check_paths(cfg: TrainConfig) -> None:
 
 
 def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainConfig, Corpus]:
-    """The corpus, kept in cfg.data; without --out_dir, the folder out/<preset>-<corpus> is named after it."""
+    """The corpus; without --out_dir, the folder is out/<preset>-<corpus>."""
     corpus = resolve(cfg.data, default_cache_dir(cfg.cache_dir), say=say, fallback=fallback)
     if cfg.data in NAMED:
         cfg.data = corpus.name
@@ -97,7 +96,6 @@ def choose_corpus(cfg: TrainConfig, say, fallback: bool = True) -> tuple[TrainCo
 
 
 def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab: str = "", check=None) -> Prepared:
-    """The token files of the run's corpus."""
     cache_dir = default_cache_dir(cfg.cache_dir)
     corpus = corpus or resolve(cfg.data, cache_dir, say=say)
     return prepare(corpus, cache_dir, cfg.val_fraction, cfg.encoding, cfg.encoding_errors, say=say,
@@ -105,13 +103,13 @@ def prepare_data(cfg: TrainConfig, say, corpus: Corpus | None = None, base_vocab
 
 
 def same_text(resumed: dict, source: Path, data_named: bool):
-    """prepare()'s check for --resume: the recorded text's checksum, and any text's vocabulary."""
+    """prepare()'s check of a resumed run's text."""
     recorded = resumed.get("data", {}).get("sha256")
 
     def check(sha256: str, vocab: str | None) -> None:
         if not data_named and recorded not in (None, sha256):
-            raise UserError(f"--resume: the text {source} names is not the text it was trained on (its checksum "
-                            f"differs); put the original text back, or give --data to go on with another text")
+            raise UserError(f"--resume: the text {source} names has changed (its checksum differs); put the original "
+                            f"back, or give --data to train on another text")
         if vocab is not None and vocab != resumed["vocab"]:
             differ = vocabulary_difference(vocab, resumed["vocab"], ("the corpus", "the checkpoint's"))
             raise UserError(f"--resume: the corpus's vocabulary differs from {source}'s ({differ}); resume with the "
@@ -120,7 +118,6 @@ def same_text(resumed: dict, source: Path, data_named: bool):
 
 
 def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
-    """The text a checkpoint names is read only if it is a regular file of the recorded size."""
     path = Path(data).expanduser()
     if not path.exists():
         raise UserError(f"--resume: the text this run trained on, {data}, is no longer there; put it back, or give "
@@ -132,7 +129,7 @@ def check_recorded_text(data: str, resumed: dict, source: Path) -> None:
 
 @contextlib.contextmanager
 def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict | None) -> Iterator[None]:
-    """A text too short for a kept block_size, said with the fix that run can use."""
+    """A text too short for a kept block_size, said with its fix."""
     try:
         yield
     except ShortSplit as err:
@@ -155,19 +152,8 @@ def short_text_for_kept_model(cfg: TrainConfig, resumed: dict | None, init: dict
         raise UserError(line) from None
 
 
-def stretched_schedule(old: TrainConfig, new: TrainConfig, step: int) -> str:
-    """A note when a resume's new max_iters moves the schedule, and how to keep it."""
-    if new.max_iters == old.max_iters or old.lr_decay_iters or step >= new.max_iters:
-        return ""
-    before, after = get_lr(step, old), get_lr(step, new)
-    if math.isclose(before, after, rel_tol=1e-9):
-        return ""
-    return (f"resume: the learning-rate schedule is stretched from {old.max_iters} to {new.max_iters} steps: at step "
-            f"{step} the rate goes from {before:.3g} to {after:.3g}. To keep it, add --lr_decay_iters {old.max_iters}")
-
-
 def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
-    """--resume of a run with nothing left to do: where it ended and how to train further."""
+    """The line of a resumed run with nothing left to do."""
     since_best = state.get("evals_since_best", 0)
     if state["iter"] < cfg.max_iters and not plateaued(since_best, cfg.patience):
         return None
@@ -189,7 +175,7 @@ def finished_run(run_dir: RunDir, state: dict, cfg: TrainConfig) -> str | None:
 
 
 def fit_to_text(cfg: TrainConfig, explicit: set[str], meta: dict, say) -> None:
-    """A new run of the default preset takes configs.fit's settings; the user's win."""
+    """A new run of the default preset takes configs.fit's settings, below the user's."""
     if cfg.config_name != PRESET:
         return
     chosen = {name: value for name, value in fit(meta["n_train"], meta["vocab_size"]).items() if name not in explicit}
@@ -203,11 +189,14 @@ def fit_to_text(cfg: TrainConfig, explicit: set[str], meta: dict, say) -> None:
 
 def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log: Log, stop,
              phases: Phases, corpus: Corpus | None, update: Callable):
-    """(run, progress, the checkpoint resumed from or None), or a finished run's line. Rank 0 goes first."""
+    """(run, progress, the checkpoint resumed from or None), or a finished run's line."""
     resumed = source = init = start = None
     with d.together():
         if d.is_main:
-            claim_folder(cfg, run_dir, log.say)
+            check_paths(cfg)
+            run_dir.claim(log.say, cfg.resume)
+            if not cfg.resume:
+                run_dir.check_new_run(cfg.overwrite, log.say)
     with d.together():
         if cfg.resume:
             source, resumed, cfg = read_resume(cfg, explicit, run_dir, stop, log.say, d.world_size)
@@ -216,7 +205,12 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             if "data" not in explicit and cfg.data not in NAMED:
                 check_recorded_text(cfg.data, resumed, source)
         elif cfg.init_from:
-            start, init, cfg = read_init(cfg, explicit, log.say)
+            start = Path(cfg.init_from).expanduser()
+            if not start.exists():
+                raise UserError(f"--init_from {cfg.init_from}: no such path; give a trained run's folder or checkpoint")
+            start = find(str(start), "") if start.is_dir() else start
+            init = checkpoint.load(start)
+            cfg = init_config(cfg, explicit, init, start, log.say)
         # A fine-tuned run's vocabulary begins with its first model's, so the old ids keep their meaning.
         base_vocab = (resumed if resumed is not None else init)["vocab"] if cfg.init_from else ""
         check = same_text(resumed, source, "data" in explicit) if resumed is not None else None
@@ -233,51 +227,45 @@ def open_run(cfg: TrainConfig, explicit: set[str], d: Dist, run_dir: RunDir, log
             fit_to_text(cfg, explicit, prepared.meta, log.say)
         rt = setup(cfg.device, cfg.dtype, cfg.num_threads, d.local_rank)
         refuse_if_too_big(cfg, rt, stop.saved)
-        run, progress = build_checked(cfg, rt, prepared, d, log.say, resumed, init, phases, source)
+        try:
+            with short_text_for_kept_model(cfg, resumed, init):
+                run, progress = build_run(cfg, rt, prepared, d, log.say, resumed, init, phases)
+        except (RuntimeError, KeyError, ValueError, TypeError) as err:
+            if resumed is None or is_out_of_memory(err):
+                raise
+            raise UserError(f"{source} does not fit this model ({str(err).splitlines()[0][:150]}); it is damaged or "
+                            f"from another version") from None
     if rt.device_type == "cpu":
-        run.threads = choose_run_threads(run, explicit, d, update)
+        run.threads = choose_threads(cfg.num_threads, ProbeStep(run, update) if d.is_main else None, timed=True)
+        if run.threads.why == "asked" and cfg.resume and "num_threads" not in explicit:
+            run.threads.why = "kept"
+        cfg.num_threads = run.threads.count  # so a resume keeps the last digits
     return run, progress, source
 
 
-def claim_folder(cfg: TrainConfig, run_dir: RunDir, say) -> None:
-    """Rank 0: the paths checked and the run folder owned."""
-    check_paths(cfg)
-    run_dir.claim(say, cfg.resume)
-    if not cfg.resume:
-        run_dir.check_new_run(cfg.overwrite, say)
-
-
 def read_resume(cfg: TrainConfig, explicit: set[str], run_dir: RunDir, stop, say, world_size: int):
-    """--resume: (the checkpoint's path, its state, the run's settings with this command's on top)."""
+    """--resume: (the checkpoint's path, its state, the run's settings)."""
     if cfg.overwrite:
         raise UserError("--resume continues the run in --out_dir and --overwrite replaces it: give one")
     source = run_dir.resume_from()
     resumed = checkpoint.load(source, resume=True)
     stop.saved, stop.resume = f"{source} (step {resumed['iter']}) is untouched", resume_command(run_dir.path)
-    saved, cfg = resume_config(cfg, explicit, resumed, say, source, world_size)
-    if note := stretched_schedule(saved, cfg, resumed["iter"]):
-        say(note)
+    old, cfg = resume_config(cfg, explicit, resumed, say, source, world_size)
+    step = resumed["iter"]
+    if cfg.max_iters != old.max_iters and not old.lr_decay_iters and step < cfg.max_iters:  # the schedule moves
+        before, after = get_lr(step, old), get_lr(step, cfg)
+        if not math.isclose(before, after, rel_tol=1e-9):
+            say(f"resume: the learning-rate schedule is stretched from {old.max_iters} to {cfg.max_iters} steps: at "
+                f"step {step} the rate goes from {before:.3g} to {after:.3g}. To keep it, add --lr_decay_iters "
+                f"{old.max_iters}")
     check_same_model(cfg, resumed, source)
     return source, resumed, cfg
 
 
-def read_init(cfg: TrainConfig, explicit: set[str], say):
-    """--init_from: (the checkpoint's path, its state, the settings it gives the new run)."""
-    start = Path(cfg.init_from).expanduser()
-    if not start.exists():
-        raise UserError(f"--init_from {cfg.init_from}: no such run folder or checkpoint; give a trained run's "
-                        f"folder or checkpoint")
-    start = find(str(start), "") if start.is_dir() else start
-    init = checkpoint.load(start)
-    return start, init, init_config(cfg, explicit, init, start, say)
-
-
 def say_what_was_read(prepared: Prepared, cfg: TrainConfig, init: dict | None, start, say) -> None:
-    """Rank 0: a note on a text of one character; for fine-tuning, what it starts from."""
     chars = prepared.tokenizer.chars
     if len(chars) == 1:
-        say(f"note: {prepared.meta['source']} holds one distinct character, {chars!r}: there is nothing to learn. "
-            f"Give a text with more characters")
+        say(f"note: {prepared.meta['source']} holds one distinct character, {chars!r}: there is nothing to learn")
     if init is not None:
         new = chars[len(init["vocab"]):]
         shown = "".join(f" {ch!r}" for ch in new[:12]) + (" ..." if len(new) > 12 else "")
@@ -287,7 +275,6 @@ def say_what_was_read(prepared: Prepared, cfg: TrainConfig, init: dict | None, s
 
 
 def best_anew_on_other_text(resumed: dict | None, prepared: Prepared, say) -> dict | None:
-    """A resume on another text chooses its best model anew, on that text's validation."""
     recorded = resumed.get("data", {}).get("sha256") if resumed is not None else None
     if recorded in (None, prepared.meta["sha256"]):
         return resumed
@@ -298,24 +285,11 @@ def best_anew_on_other_text(resumed: dict | None, prepared: Prepared, say) -> di
     return {**resumed, "best_val_loss": math.inf, "evals_since_best": 0}
 
 
-def build_checked(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist, say, resumed: dict | None,
-                  init: dict | None, phases: Phases, source) -> tuple[Run, Progress]:
-    """build_run(), with a checkpoint that does not fit said in one line."""
-    try:
-        with short_text_for_kept_model(cfg, resumed, init):
-            return build_run(cfg, rt, prepared, d, say, resumed, init, phases)
-    except (RuntimeError, KeyError, ValueError, TypeError) as err:
-        if resumed is None or is_out_of_memory(err):
-            raise
-        raise UserError(f"{source} does not fit this model ({str(err).splitlines()[0][:150]}); it is damaged or "
-                        f"from another version") from None
-
-
 # ---- building the run ------------------------------------------------------------------------------------------------
 def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(), say=print,
               resumed: dict | None = None, init: dict | None = None,
               phases: Phases | None = None) -> tuple[Run, Progress]:
-    """The loader, model, optimizer and scaler, drawn in a fixed order from one seed; resumed from a checkpoint."""
+    """The loader, model, optimizer and scaler, drawn in a fixed order from one seed."""
     batches = Batches(prepared, cfg.block_size, cfg.batch_size, rt.device, cfg.seed, d.rank, d.world_size)
     torch.manual_seed(cfg.seed)
     model_cfg = cfg.model_config(prepared.tokenizer.vocab_size)
@@ -349,36 +323,31 @@ def build_run(cfg: TrainConfig, rt: Runtime, prepared: Prepared, d: Dist = Dist(
 
 
 def optimizer_for(model: GPT, cfg: TrainConfig, rt: Runtime):
-    """The run's optimizer over model's parameters."""
     return configure_optimizer(model, cfg.learning_rate, cfg.weight_decay, (FIXED["beta1"], cfg.beta2),
                                rt.device_type, cfg.optimizer, cfg.muon_dtype)
 
 
 def graft(model: GPT, weights: dict) -> None:
-    """Fine-tuning: a trained model's weights into model; a new character's rows start as their mean."""
-    own = model.state_dict()
-    weights = dict(weights)
+    """Fine-tuning: the trained weights into model; a new character's rows start as their mean."""
+    own, weights = model.state_dict(), dict(weights)
     for name in ("wte.weight", "lm_head.weight"):
-        trained, wanted = weights.get(name), own[name]
-        if trained is not None and trained.size(0) < wanted.size(0):
-            grown = torch.empty_like(wanted)
-            grown[:trained.size(0)] = trained
-            grown[trained.size(0):] = trained.float().mean(0).to(trained.dtype)
-            weights[name] = grown
+        trained = weights.get(name)
+        if trained is not None and len(trained) < len(own[name]):
+            mean = trained.float().mean(0).to(trained.dtype)
+            weights[name] = torch.cat([trained, mean.expand(len(own[name]) - len(trained), -1)])
     model.load_state_dict(weights)
 
 
 def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
-    """The corpus, model, device, global batch, threads, and where to watch the run."""
     cfg, where = run.cfg, shlex.quote(str(run_dir.path))
-    params = run.model.num_params()
     with_table = (f" ({run.model.num_params(False) / 1e6:.2f}M with the position table)"
                   if run.model.wpe is not None else "")
     log.say(f"{run.prepared.meta['source']}: {run.prepared.meta['n_chars']:,} characters, vocabulary "
-            f"{run.tokenizer.vocab_size}; model {params / 1e6:.2f}M parameters{with_table}; {run.rt.describe()}")
+            f"{run.tokenizer.vocab_size}; model {run.model.num_params() / 1e6:.2f}M parameters{with_table}; "
+            f"{run.rt.describe()}")
     log.say(f"global batch: {cfg.batch_size} sequences x {cfg.grad_accum_steps} accumulation steps x {d.world_size} "
             f"process{'es' if d.world_size > 1 else ''} = {run.tokens_per_iter:,} tokens per step"
-            + (f"; DDP over {d.backend}" if d.enabled else ""))
+            + (f"; DDP over {torch.distributed.get_backend()}" if d.enabled else ""))
     if run.threads is not None:
         log.say(run.threads.line(f"a step{step_timed(run)}"))
     log.say(f"run folder: {where}; watch it: tensorboard --logdir {where}, then open {TENSORBOARD_URL}")
@@ -390,7 +359,7 @@ def say_what_runs(run: Run, run_dir: RunDir, log: Log, d: Dist) -> None:
 
 
 # ---- on a CPU, before the first step: memory, threads, time ----------------------------------------------------------
-SLOW_RUN_SECONDS = 600  # a CPU run expected to take longer says what cuts it
+SLOW_RUN_SECONDS = 600  # a longer CPU run says what cuts it
 GPU_PRESETS = ("shakespeare_char", "shakespeare_char_gpu")
 CPU_PRESET = "shakespeare_char_cpu"
 
@@ -402,7 +371,7 @@ PARAMETER_BYTES = 16  # a weight, its gradient, two moments
 
 
 def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
-    """On a CPU, refuse a run that needs more memory than is free (the system would kill it unsaid)."""
+    """Refuse a run that needs more memory than is free (the system would kill it unsaid)."""
     layers = max(cfg.n_layer, 1)
     activation_bytes = ACTIVATION_BYTES.get(rt.dtype, ACTIVATION_BYTES[torch.float32])
     need = (activation_bytes * cfg.batch_size * cfg.block_size * cfg.n_embd * layers
@@ -417,24 +386,19 @@ def refuse_if_too_big(cfg: TrainConfig, rt: Runtime, saved: str) -> None:
                       f"{cfg.batch_size} x block_size {cfg.block_size}", f"{fix}; {saved}")
 
 
-@dataclass
-class Estimate:
+class Estimate(NamedTuple):
     """Where a CPU run's seconds would go."""
-    steps: float  # the steps left
+    steps: float
     evaluations: float
     samples_and_pictures: float
     full_validation: float
-
-    @property
-    def total(self) -> float:
-        return self.steps + self.evaluations + self.samples_and_pictures + self.full_validation
 
 
 PROBE_FLOPS = 1e11  # past this, ProbeStep times part of a micro-batch and scales up
 
 
 class ProbeStep:
-    """One step's seconds, timed on a copy of the model so the run is untouched; update is train.py's."""
+    """One step's seconds, timed on a copy of the model; update is train.py's."""
 
     def __init__(self, run: Run, update: Callable):
         self.rt, self.cfg, self.update = run.rt, run.cfg, update
@@ -455,29 +419,16 @@ class ProbeStep:
 
 
 def probe_rows(run: Run) -> int:
-    """The sequences ProbeStep times: as many as PROBE_FLOPS allows."""
     sequence_flops = run.flops_per_token * run.cfg.block_size
     return max(1, min(run.cfg.batch_size, int(PROBE_FLOPS // sequence_flops)))
 
 
 def step_timed(run: Run) -> str:
-    """Whether the timings are scaled up from part of a step."""
     rows, sequences = probe_rows(run), run.cfg.batch_size * run.cfg.grad_accum_steps
     return "" if rows == sequences else f", scaled from {rows} of its {sequences} sequences"
 
 
-def choose_run_threads(run: Run, explicit: set[str], d: Dist, update: Callable) -> Threads:
-    """A CPU run's thread count, kept in cfg.num_threads so a resume keeps the last digits."""
-    cfg = run.cfg
-    threads = choose_threads(cfg.num_threads, ProbeStep(run, update) if d.is_main else None, timed=True)
-    if threads.why == "asked" and cfg.resume and "num_threads" not in explicit:
-        threads.why = "kept"
-    cfg.num_threads = threads.count
-    return threads
-
-
 def estimate_due(run: Run, progress: Progress) -> bool:
-    """Whether say_estimate() says one."""
     return run.threads is not None and bool(run.threads.steady) and progress.it < run.cfg.max_iters
 
 
@@ -485,12 +436,11 @@ def expected_seconds(run: Run, progress: Progress, step: float, records: float) 
     """Where the rest of the run's time goes at `step` seconds a step."""
     cfg = run.cfg
     forward = step / cfg.grad_accum_steps / 3  # a forward pass: a third of a step
-    steps_left = cfg.max_iters - progress.it
     evaluations = evaluations_left(progress.it, cfg)
     val_batches = run.batches.num_val_batches()
     per_evaluation = cfg.eval_iters + min(cfg.eval_iters, val_batches)
-    return Estimate(steps_left * step, evaluations * per_evaluation * forward, evaluations * records,
-                    val_batches * forward if cfg.full_val else 0.0)
+    return Estimate((cfg.max_iters - progress.it) * step, evaluations * per_evaluation * forward,
+                    evaluations * records, val_batches * forward if cfg.full_val else 0.0)
 
 
 def duration(seconds: float) -> str:
@@ -501,11 +451,8 @@ def duration(seconds: float) -> str:
 def durations(low: float, high: float) -> str:
     """'about 18 s', 'about 18-24 s' or 'about 50 s-1 min'."""
     first, last = duration(low), duration(high)
-    if first == last:
-        return f"about {first}"
-    if first.split()[1] == last.split()[1]:
-        return f"about {first.split()[0]}-{last}"
-    return f"about {first}-{last}"
+    number, unit = first.split()
+    return f"about {last}" if first == last else f"about {number if last.endswith(' ' + unit) else first}-{last}"
 
 
 def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None:
@@ -515,7 +462,7 @@ def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None
     cfg, steady, so_far = run.cfg, run.threads.steady, run.phases.so_far()
     low, middle, high = (expected_seconds(run, progress, step, records) for step in
                          (min(steady), statistics.median(steady), max(steady)))
-    run.phases.expected = (so_far + low.total, so_far + high.total)
+    run.phases.expected = (so_far + sum(low), so_far + sum(high))
     steps_left = cfg.max_iters - progress.it
     parts = [(middle.steps, f"{steps_left} steps x {span(steady)}{step_timed(run)}", "a lower --max_iters"),
              (middle.evaluations, f"evaluations {duration(middle.evaluations)}",
@@ -527,7 +474,7 @@ def say_estimate(run: Run, progress: Progress, log: Log, records: float) -> None
     parts = parts[:1] + [part for part in parts[1:] if part[0] >= 0.5]  # no "0 s" parts
     what = ", ".join(what for _, what, _ in parts)
     expected = durations(*run.phases.expected)
-    if so_far + middle.total < SLOW_RUN_SECONDS:
+    if so_far + sum(middle) < SLOW_RUN_SECONDS:
         log.say(f"this run: {expected} in all ({what})")
         return
     fixes = [fix for _, _, fix in sorted(parts, key=lambda part: -part[0])[:2]]

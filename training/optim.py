@@ -26,42 +26,35 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
 
 
 def warmup_note(cfg: TrainConfig, it: int) -> str:
-    """A note when the run ends inside its warm-up."""
     if not it < cfg.max_iters <= cfg.warmup_iters:
         return ""
-    last = get_lr(cfg.max_iters - 1, cfg)
     return (f"note: --warmup_iters {cfg.warmup_iters} is not shorter than --max_iters {cfg.max_iters}, so the learning "
-            f"rate only rises, to {last:.2g}. Give a shorter warm-up, e.g. --warmup_iters {max(1, cfg.max_iters // 10)}")
+            f"rate only rises, to {get_lr(cfg.max_iters - 1, cfg):.2g}. Give a shorter warm-up, e.g. --warmup_iters "
+            f"{max(1, cfg.max_iters // 10)}")
 
 
 # ---- the optimizers --------------------------------------------------------------------------------------------------
 def configure_optimizer(model: nn.Module, learning_rate: float, weight_decay: float,
                         betas: tuple[float, float], device_type: str, kind: str = "adamw", muon_dtype: str = "auto"):
-    """AdamW, decaying matrices only; "muon": the blocks' matrices go to Muon, scaled to AdamW's step size."""
-    fused = device_type in ("cuda", "cpu")
+    """AdamW, decaying matrices only; "muon": the blocks' matrices go to Muon."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]  # a tied weight is listed once
     hidden = [p for name, p in named if kind == "muon" and name.startswith("blocks.") and p.dim() == 2]
     rest = [p for _, p in named if all(p is not h for h in hidden)]
     decay = [p for p in rest if p.dim() >= 2]
     no_decay = [p for p in rest if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    adamw = AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+    adamw = AdamW(groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu"))
     if kind == "adamw" or not hidden:  # no blocks (n_layer 0): nothing for Muon
         return adamw
+    if muon_dtype == "auto":  # Newton-Schulz in bfloat16 where it is native
+        muon_dtype = "bfloat16" if native_bfloat16(device_type) else "float32"
     muon = Muon(hidden, lr=learning_rate, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw",
-                ns_dtype=newton_schulz_dtype(device_type, muon_dtype))
+                ns_dtype=getattr(torch, muon_dtype))
     return MuonAndAdamW(muon, adamw)
 
 
-def newton_schulz_dtype(device_type: str, choice: str = "auto") -> torch.dtype:
-    """The dtype of Muon's Newton-Schulz iterations; auto: bfloat16 where it is native."""
-    if choice != "auto":
-        return getattr(torch, choice)
-    return torch.bfloat16 if native_bfloat16(device_type) else torch.float32
-
-
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon with a Newton-Schulz dtype, and matrices of one shape updated together."""
+    """torch.optim.Muon with a Newton-Schulz dtype; matrices of one shape updated together."""
 
     def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
         super().__init__(params, **kwargs)
@@ -69,51 +62,37 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, finite: torch.Tensor | None = None) -> None:
-        """One Muon step; given finite (0-d bool), it is kept or dropped on the device."""
+        """One Muon step; given finite (0-d bool), kept or dropped on the device."""
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
             same_shape: dict[torch.Size, list[torch.Tensor]] = {}
-            for p in params:  # torch.optim.Muon's state key
-                if "momentum_buffer" not in self.state[p]:
-                    self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if "momentum_buffer" not in self.state[p]:  # torch.optim.Muon's state key
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
                 same_shape.setdefault(p.shape, []).append(p)
-            decay = 1 - group["lr"] * group["weight_decay"]
             for shape, matrices in same_shape.items():
-                step_size = muon_step_size(group["lr"], group["adjust_lr_fn"], shape)
-                grads, buffers = [p.grad for p in matrices], [self.state[p]["momentum_buffer"] for p in matrices]
-                if finite is None:
-                    self._update_in_place(group, matrices, grads, buffers, decay, step_size)
-                else:
-                    self._update_stacked(group, matrices, grads, buffers, decay, step_size, finite)
+                self._update(group, matrices, muon_step_size(group["lr"], group["adjust_lr_fn"], shape), finite)
 
-    def _update_in_place(self, group: dict, params: list, grads: list, buffers: list, decay: float,
-                         step_size: float) -> None:
-        """The step in place."""
+    def _update(self, group: dict, params: list, step_size: float, finite: torch.Tensor | None) -> None:
+        """Matrices of one shape stepped as stacks; given finite, kept only where it is True."""
+        buffers = [self.state[p]["momentum_buffer"] for p in params]
+        grad, buffer, param = torch.stack([p.grad for p in params]), torch.stack(buffers), torch.stack(params)
+        if finite is not None:
+            grad = torch.where(finite, grad, 0.0)  # no NaN into the arithmetic
         momentum = group["momentum"]
-        torch._foreach_lerp_(buffers, grads, 1 - momentum)  # momentum: an exponential average of gradients
-        updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers  # a step ahead
-        direction = orthogonalize(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"],
-                                  self.ns_dtype)
-        torch._foreach_mul_(params, decay)
-        torch._foreach_add_(params, direction.unbind(), alpha=-step_size)
-
-    def _update_stacked(self, group: dict, params: list, grads: list, buffers: list, decay: float, step_size: float,
-                        finite: torch.Tensor) -> None:
-        """The same step on stacks, kept only where finite is True."""
-        momentum = group["momentum"]
-        grad = torch.where(finite, torch.stack(grads), 0.0)  # no NaN into the arithmetic
-        buffer = torch.stack(buffers)
-        new_buffer = buffer.lerp(grad, 1 - momentum)
-        update = grad.lerp(new_buffer, momentum) if group["nesterov"] else new_buffer
+        new_buffer = buffer.lerp(grad, 1 - momentum)  # momentum: an exponential average of gradients
+        update = grad.lerp(new_buffer, momentum) if group["nesterov"] else new_buffer  # a step ahead
         direction = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
-        param = torch.stack(params)
-        new_param = torch.add(param * decay, direction, alpha=-step_size)
-        torch._foreach_copy_(buffers, torch.where(finite, new_buffer, buffer).unbind())
-        torch._foreach_copy_(params, torch.where(finite, new_param, param).unbind())
+        new_param = torch.add(param * (1 - group["lr"] * group["weight_decay"]), direction, alpha=-step_size)
+        if finite is not None:
+            new_buffer, new_param = torch.where(finite, new_buffer, buffer), torch.where(finite, new_param, param)
+        torch._foreach_copy_(buffers, new_buffer.unbind())
+        torch._foreach_copy_(params, new_param.unbind())
 
 
 def muon_step_size(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
-    """torch.optim.Muon's learning rate for a (rows, columns) matrix, as documented."""
+    """torch.optim.Muon's learning rate for a (rows, columns) matrix."""
     rows, columns = shape[:2]
     if adjust_lr_fn is None or adjust_lr_fn == "original":
         return lr * math.sqrt(max(1, rows / columns))
@@ -138,10 +117,10 @@ def orthogonalize(matrix: torch.Tensor, coefficients: tuple[float, float, float]
 
 
 class AdamW(torch.optim.AdamW):
-    """torch.optim.AdamW with a step skipped when the gradients are not finite."""
+    """torch.optim.AdamW that skips a step whose gradients are not finite."""
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
-        """step(), or nothing when finite is False; the fused kernel reads the flag on the device (found_inf)."""
+        """step(), or nothing when finite is False; a fused kernel reads the flag on the device (found_inf)."""
         if self.defaults.get("fused"):
             self.found_inf = (~finite).float()
             try:
@@ -164,7 +143,7 @@ class MuonAndAdamW:
         self.adamw.step()
 
     def step_if_finite(self, finite: torch.Tensor, on_device: bool = True) -> None:
-        """Both steps, or neither; on_device: the host never reads the flag."""
+        """Both steps or neither; on_device: the host never reads the flag."""
         if on_device:
             self.muon.step(finite)
             self.adamw.step_if_finite(finite)

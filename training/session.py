@@ -1,4 +1,4 @@
-"""The training run in this process (Session): evaluating, saving, the clock, and the end of a finished run."""
+"""The training run in this process (Session): evaluating, saving, the clock, the end of a finished run."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +13,7 @@ import torch
 from common.machine import for_sampling
 from common.run_folder import ASIDE, BEST, LAST, LOSS_PICTURE, SUMMARY, RunDir, WriteFailed, write_text_atomic
 from configs import TrainConfig
-from errors import Interrupted, UserError
+from errors import UserError
 from model.attention import attention_weights
 from model.generate import generate
 from training import checkpoint
@@ -38,7 +38,7 @@ class Session:
     d: Dist
     clock: TrainClock | None = None
     pictures: object = None  # common.pictures.AttentionPictures, made when first needed
-    watch: SlowdownWatch | None = None  # on a CPU: the watch on steps that slow down
+    watch: SlowdownWatch | None = None  # rank 0 on a CPU
     saved: bool = False  # whether this process has written a checkpoint
 
     @property
@@ -50,11 +50,10 @@ class Session:
         return self.clock
 
     def pause_clock(self) -> None:
-        """Stop the clock; progress keeps the training seconds."""
         self.progress.train_seconds = self.clock.pause()
 
     def evaluate(self) -> dict[str, float] | None:
-        """Both splits' loss; rank 0 records it and saves. None if a stop request came during it."""
+        """Both splits' loss; rank 0 records it and saves. None if a stop came."""
         run, progress, cfg = self.run, self.progress, self.cfg
         batches = run.batches.num_evaluation_batches(cfg.eval_iters)  # on each rank
         with self.log.task(f"evaluating at step {progress.it}", batches) as progress_bar, \
@@ -80,7 +79,6 @@ class Session:
         return losses
 
     def slowdown_watch(self) -> SlowdownWatch | None:
-        """Rank 0 on a CPU: the watch against the steps timed before training."""
         threads = self.run.threads
         if threads is None or not threads.steady or not self.d.is_main:
             return None
@@ -91,7 +89,7 @@ class Session:
         return self.stop.requested
 
     def save(self, name: str) -> None:
-        """Rank 0: checkpoint `name`, written atomically; on failure an --overwrite's old run is put back."""
+        """Rank 0: checkpoint `name`; on failure an --overwrite's old run is put back."""
         try:
             with self.run.phases.timing("checkpoints"):
                 checkpoint.save(checkpoint.capture(self.run, self.progress), self.run_dir.path / name)
@@ -108,7 +106,7 @@ class Session:
             self.stop.resume = resume_command(self.run_dir.path)
 
     def save_stopped(self) -> bool:
-        """Rank 0 saves ckpt_last, or puts back an --overwrite's old run still aside (True)."""
+        """Rank 0 saves ckpt_last, or puts back an --overwrite's old run (True)."""
         if not self.d.is_main:
             return False
         if not self.run_dir.aside_pending():
@@ -119,20 +117,14 @@ class Session:
         return True
 
     def say_stopped(self, in_final_validation: bool) -> None:
-        """The losses drawn, and the line of a run a stop ended."""
         self.draw_losses()
         advice = self.watch.advice if self.watch else ""
         self.log.say(stopped_line(self.progress.it, self.run_dir.path, in_final_validation, advice))
 
-    def put_back_on_stop(self, err: Interrupted) -> Interrupted:
-        """A stop without a save puts back an --overwrite's old run still aside."""
-        if not (self.d.is_main and self.run_dir.aside_pending()):
-            return err
-        return Interrupted(f"{err}; {self.put_back()}")
-
     def put_back(self) -> str:
         """An --overwrite's old run put back: the words that say so, or where it waits."""
-        self.close_log()
+        with contextlib.suppress(UserError):  # the log's event file moves apart with this run's files
+            self.log.close()
         try:
             kept = self.run_dir.put_back()
         except UserError as why:
@@ -141,18 +133,11 @@ class Session:
         apart = f"; this run's files are kept apart in {kept}" if kept else "; this run is discarded"
         return f"the run --overwrite was replacing is back in {self.run_dir.path}, as it was{apart}"
 
-    def close_log(self) -> None:
-        """Close the log first, so its event file moves apart with this run's files."""
-        with contextlib.suppress(UserError):
-            self.log.close()
-
     def keep_new_run(self) -> None:
-        """--overwrite: the replaced run goes once this one has something to keep."""
         if self.run_dir.keep_new_run(self.log.say, self.progress.it):
             self.stop.ending = None
 
     def record(self, losses: dict) -> None:
-        """Rank 0: the losses, a sample and attention maps to TensorBoard."""
         run, cfg, it = self.run, self.cfg, self.progress.it
         self.log.evaluation(it, losses)
         with run.phases.timing("samples and pictures"):
@@ -163,7 +148,7 @@ class Session:
                     self.log.attention(it, layer, self.pictures.render(weights, layer))
 
     def sample(self, chars: int) -> str | None:
-        """chars characters from the default prompt, seeded with --seed; None if a stop request came."""
+        """chars characters from the default prompt, seeded with --seed; None if a stop came."""
         run = self.run
         prompt = run.tokenizer.encode(run.tokenizer.default_prompt(run.data_info["first_char"]))
         generator = torch.Generator(device=run.rt.device).manual_seed(self.cfg.seed)
@@ -183,7 +168,6 @@ class Session:
             run.model.train()
 
     def attention_weights(self) -> list[torch.Tensor]:
-        """Each layer's attention weights on the probe text."""
         from common.pictures import AttentionPictures  # matplotlib only where needed
         probe = attention_probe(self.run)
         if self.pictures is None:
@@ -191,7 +175,7 @@ class Session:
         return attention_weights(self.run.model, probe)
 
     def record_seconds(self) -> float:
-        """For the estimate: the seconds of each evaluation's sample and pictures, timed on a small part."""
+        """For the estimate: an evaluation's seconds of sample and pictures, timed on a part."""
         cfg, seconds = self.cfg, 0.0
         if cfg.sample_chars:
             chars = min(cfg.sample_chars, SAMPLE_TIMED_CHARS)
@@ -207,7 +191,6 @@ class Session:
         return seconds
 
     def draw_losses(self) -> None:
-        """Rank 0, at the end: loss.png."""
         losses = self.progress.losses
         if not self.d.is_main or not (losses["train"] or losses["eval"]):
             return
@@ -219,7 +202,7 @@ class Session:
         self.log.say(f"the losses, every point as logged: {path}")
 
     def hand_over_best(self) -> tuple[int, str]:
-        """Load ckpt_best into the model: (step, file) of the model handed over."""
+        """ckpt_best into the model: (step, file) of the model handed over."""
         self.d.barrier()  # rank 0 wrote the file; every rank reads it
         path = self.run_dir.path / BEST
         if not path.is_file():  # no finite loss was evaluated
@@ -235,7 +218,7 @@ class Session:
         return state["iter"], BEST
 
     def finish(self, wall: float) -> dict:
-        """The best model handed over and fully validated, and summary.json; "stopped" if a stop came."""
+        """The best model handed over and fully validated, and summary.json."""
         run, progress, cfg = self.run, self.progress, self.cfg
         if self.d.is_main:
             self.keep_new_run()  # a run of max_iters 0 has had no evaluation after step 0
@@ -276,9 +259,9 @@ class Session:
 
 
 class SampleStopped(Exception):
-    """A stop request came during the sample."""
+    pass
 
 
 def attention_probe(run: Run) -> list[int]:
-    """The text whose attention is pictured: the start of the validation split."""
+    """The text whose attention is pictured."""
     return [int(t) for t in run.batches.data["val"][: min(run.cfg.block_size, 48)]]

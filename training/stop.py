@@ -14,20 +14,19 @@ OUTPUT_GONE = 0  # the "signal" of a stop that output_gone() makes (no signal ha
 
 
 class StopRequest:
-    """A stop, said at once: the loop stops at a step and saves. Another, GRACE_SECONDS later, stops at once."""
+    """A stop: the loop stops at a step and saves. Another, GRACE_SECONDS later, stops at once."""
 
     GRACE_SECONDS = 1.0
 
     def __init__(self, speak: bool = True):
         self.speak = speak  # under torchrun only rank 0 acknowledges
         self.requested = False
-        self.saving = False
-        self.progress: Progress | None = None  # where the loop is, once it runs
+        self.progress: Progress | None = None  # set once the loop runs: a stop then saves
         self.agree_every = 1  # under torchrun the processes agree to stop every log_interval steps
-        self.undo = False  # whether a stop between micro-batches undoes the step
-        self.ending: str | None = None  # what a request ends after the steps
-        self.saved = "no checkpoint of this run was written"  # what survives a stop at once
-        self.resume = ""  # the command that continues from it, once there is one
+        self.undo = False
+        self.ending: str | None = None  # what a stop ends instead of the steps
+        self.saved = "no checkpoint of this run was written"  # what survives a stop at once, and its command:
+        self.resume = ""
         self.first_at = 0.0
         self.previous: dict = {}
 
@@ -46,8 +45,7 @@ class StopRequest:
         self.previous = {}
 
     def training(self, progress: Progress, agree_every: int, undo: bool = False) -> None:
-        """The loop starts: a request now stops at a step and saves."""
-        self.saving, self.progress, self.agree_every, self.undo = True, progress, agree_every, undo
+        self.progress, self.agree_every, self.undo = progress, agree_every, undo
 
     def say(self, text: str) -> None:
         if self.speak:
@@ -55,7 +53,6 @@ class StopRequest:
                 os.write(2, f"\n{text}\n".encode())  # unbuffered, in a signal handler
 
     def output_gone(self) -> None:
-        """The output can take no more: a stop as by Ctrl-C."""
         if not self.requested:
             self.handle(OUTPUT_GONE, None)
 
@@ -70,12 +67,10 @@ class StopRequest:
         why = {OUTPUT_GONE: "the output's reader has gone (a closed pipe or terminal): ",
                signal.SIGTERM: "SIGTERM (a request to end the process): ",
                getattr(signal, "SIGHUP", None): "the terminal closed (SIGHUP): "}.get(signum, "")
-        if not self.saving:
+        if self.progress is None:
             raise Interrupted(f"{why}stopped before training began; {self.saved}{resume}")
-        step = None if self.progress is None else self.progress.it
-        if step is None:
-            doing = "finishing the next step"
-        elif self.agree_every > 1:  # the step at which the processes next ask each other
+        step = self.progress.it
+        if self.agree_every > 1:  # the step at which the processes next ask each other
             together = (step // self.agree_every + 1) * self.agree_every
             doing = f"training on to step {together}, where the processes stop together"
         else:
