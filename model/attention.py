@@ -21,7 +21,7 @@ ROPE_BASE = 10000.0  # RoFormer's: frequency i is base^(-2i/head_size)
 
 
 def rope_tables(block_size: int, head_size: int, base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * frequency, each (block_size, head_size); dimensions i and i + head_size/2 pair up."""
+    """cos and sin of position * frequency, each (block_size, head_size); dimension i pairs with i + head_size/2."""
     frequencies = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
     angles = torch.outer(torch.arange(block_size, dtype=torch.float32), frequencies)
     angles = torch.cat((angles, angles), dim=-1)
@@ -72,8 +72,8 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.path = path or config.attention  # auto runs the fused kernel where the form has one
-        self.record: list[torch.Tensor] | None = None  # set by recording_attention()
+        self.path = path or config.attention
+        self.record: list[torch.Tensor] | None = None  # set by recording_attention
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None,
                 slots: torch.Tensor | None = None,

@@ -1,5 +1,4 @@
-"""The decoding state GPT.forward takes while sampling: a fixed-size key/value cache per layer and each row's left
-padding."""
+"""The decoding state GPT.forward takes while sampling: a key/value cache per layer and each row's left padding."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ class LayerCache:
 
     @property
     def n_keys(self) -> int:
-        """How many slots attention reads: all of them, or those in use."""
+        """How many slots attention reads: all, or those in use."""
         return self.capacity if self.in_use is None else self.in_use
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,5 @@
-"""The textbook attention the tutorials teach: one head as the formula reads, heads side by side, and the softmax of
-padded rows. tests/test_attention.py proves them equal to model/attention.py."""
+"""The tutorials' textbook attention: one head as the formula reads, heads side by side, and the padded softmax.
+tests/test_attention.py proves them equal to model/attention.py."""
 from __future__ import annotations
 
 import math

@@ -1,9 +1,9 @@
-// The next character: logits -> probabilities (temperature, top-k, top-p, as model/generate.py's logits_to_probs
-// computes them) -> one seeded draw, so that the same seed appends the same characters again.
+// The next character: logits -> probabilities (temperature, top-k, top-p, as model/generate.py's logits_to_probs)
+// -> one seeded draw, so the same seed appends the same characters.
 "use strict";
 
 function nextCharacterProbabilities(logits, temperature, topK, topP) {
-  // temperature 0: the most likely character, as sample.py's greedy decoding
+  // temperature 0: the most likely character (greedy)
   if (temperature === 0) {
     const best = logits.indexOf(Math.max(...logits));
     return logits.map((_, i) => (i === best ? 1 : 0));
@@ -29,7 +29,7 @@ function nextCharacterProbabilities(logits, temperature, topK, topP) {
 }
 
 function seededRandom(seed) {
-  // Marsaglia's xorshift32, a number in [0, 1) per call: the page repeats its own draws for a seed, not torch's.
+  // Marsaglia's xorshift32, a number in [0, 1) per call: a seed repeats the page's own draws, not torch's.
   let state = (Math.abs(Math.floor(seed)) % 4294967295) + 1;
   return () => {
     state ^= state << 13; state >>>= 0;
