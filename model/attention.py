@@ -1,6 +1,6 @@
 """The model's causal self-attention, all heads batched: the textbook steps (q·kᵀ/√d, mask, softmax, weighted sum)
-and torch's fused kernel, rotary positions and the causal mask by slot. tests/test_attention.py proves the paths
-agree with model/textbook.py's one-head form."""
+and torch's fused kernel, rotary positions and the causal mask by slot. tests/test_attention.py checks them against
+model/textbook.py."""
 from __future__ import annotations
 
 import math
@@ -113,7 +113,7 @@ class CausalSelfAttention(nn.Module):
         return not (torch.compiler.is_compiling() and q.device.type == "cpu" and torch.is_autocast_enabled("cpu"))
 
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, n_embd) -> q, k, v, each (B, T, n_head, head_size), as the chosen form makes them."""
+        """x (B, T, n_embd) -> q, k, v, each (B, T, n_head, head_size)."""
         B, T, C = x.shape
         made = list(self.c_attn(x).split(C, dim=-1)) if self.c_attn is not None else []
         v = made.pop() if self.own_values else x  # without values, each head mixes its own slice of x
@@ -147,7 +147,7 @@ def recording_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
 
 @torch.inference_mode()
 def attention_weights(model: nn.Module, ids: list[int]) -> list[torch.Tensor]:
-    """Each layer's (n_head, T, T) attention weights for one text; the model stays in the mode it was in."""
+    """Each layer's (n_head, T, T) attention weights for one text; the model's mode is kept."""
     was_training = model.training
     model.eval()
     try:

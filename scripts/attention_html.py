@@ -97,7 +97,7 @@ def page(model, vocab: str, text: str, title: str, about: dict) -> str:
 
 
 class Opening(NamedTuple):
-    """source: given, line, lines, default or written; why: a key of NOT_VALIDATION, or ""."""
+    """source: given, line, lines, default or written; why: a key of NOT_VALIDATION or ""."""
     text: str
     source: str
     why: str = ""
@@ -193,7 +193,7 @@ NOT_VALIDATION = {
     "missing": "neither the run's token cache nor its corpus file is there",
     "changed": "the run's token cache is gone and its corpus file has changed since the run read it",
     "large": f"the run's token cache is gone and its corpus file is over {MAX_CORPUS_BYTES // 1_000_000} MB",
-    "short": "no stretch of its validation text of 20 characters or more has only characters the model knows",
+    "short": "no 20-character stretch of its validation text has only known characters",
 }
 
 

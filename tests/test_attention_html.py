@@ -912,7 +912,7 @@ def test_where_the_validation_text_is_unusable_the_page_says_why(run, tmp_path, 
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("the page opens on")]
     assert said == ["the page opens on a line of Romeo and Juliet, not on the run's validation text: " + why for why in (
         "the checkpoint records no corpus",
-        "no stretch of its validation text of 20 characters or more has only characters the model knows")]
+        "no 20-character stretch of its validation text has only known characters")]
 
 
 VALIDATION_LINE = "while counter < limit: counter += 1"

@@ -38,7 +38,7 @@ function layerNorm(x, { weight, bias }) {  // nn.LayerNorm
   return y;
 }
 
-const FLOAT32_EPS = 1.1920928955078125e-7;  // F.rms_norm's epsilon for float32 tensors
+const FLOAT32_EPS = 1.1920928955078125e-7;  // F.rms_norm's epsilon for float32
 
 function rmsNorm(x) {  // F.rms_norm without a weight (QK-norm)
   let meanSquare = 0;
@@ -65,7 +65,7 @@ function ropeTables(blockSize, headSize, base) {
     (_, i) => Math.fround(base ** Math.fround(-(2 * i) / headSize)));
   for (let position = 0; position < blockSize; position++) {
     const c = new Float64Array(headSize), s = new Float64Array(headSize);
-    for (let i = 0; i < half; i++) {  // dimensions i and i + half turn by the same angle
+    for (let i = 0; i < half; i++) {  // i and i + half turn by one angle
       const angle = Math.fround(position * frequencies[i]);
       c[i] = c[i + half] = Math.fround(Math.cos(angle));
       s[i] = s[i + half] = Math.fround(Math.sin(angle));

@@ -11,7 +11,7 @@ const BLUE = [31, 119, 180], RED = [214, 39, 40], HEAD_RGB = [RED, BLUE, [44, 16
 const $ = id => document.getElementById(id);
 const state = { text: [], result: null, pinned: null, hovered: null, random: null, language: "en", stage: null };
 
-// The script's words in the page's language, {0}, {1}, ... filled in; page.html's have their Chinese in data-zh.
+// English or Chinese, {0}, {1}, ... filled in; page.html keeps its Chinese in data-zh.
 function say(english, chinese, ...values) {
   return (state.language === "zh" ? chinese : english).replace(/\{(\d)\}/g, (_, n) => values[n]);
 }
@@ -22,7 +22,7 @@ function shown(ch) {  // a visible stand-in for an invisible character; a lone s
 }
 function key(ch) { return ch === " " ? "␣" : shown(ch); }
 function codePoint(ch) { return "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0"); }
-function quoted(ch) {  // a quote mark in quotes would be ambiguous (“””): its code point instead
+function quoted(ch) {  // a quote mark in quotes is ambiguous: its code point
   return /^["'`\p{Pi}\p{Pf}]$/u.test(ch) ? ch + " (" + codePoint(ch) + ")" : "“" + shown(ch) + "”";
 }
 function fixed(value) { return value === -Infinity ? "−∞" : value.toFixed(4); }
@@ -333,7 +333,7 @@ function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
 function scaledName() { return factorName() + (whatIf() ? say(" (what-if)", "（假设）") : ""); }
 
 // ---- Section 5: one head's whole matrices, in the tutorials' order
-// The tutorials' names for each page symbol: [tutorial, its name, its notebook cell]; 002's In [None] never ran.
+// Each page symbol in the tutorials: [tutorial, name, notebook cell]; 002's In [None] never ran.
 function tutorialNames() {
   const form = FORM.scores, cell = form === "additive" ? "In [9]" : "In [None]";
   const projection = (letter, word, words, in000, in001) => [["000", letter + " = " + word + "(x)", in000],
@@ -409,7 +409,7 @@ function buildLegend() {
   }
 }
 
-function matrices(l, h) {  // each: name, label, formula, values, columns ("dims" or "text")
+function matrices(l, h) {  // name, label, formula, values, columns ("dims" or "text")
   const head = state.result.layers[l].heads[h], list = [], form = FORM.scores;
   const add = (name, label, formula, values, columns) => list.push({ name, label, formula, values, columns });
   if (form !== "none") {

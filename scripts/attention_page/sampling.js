@@ -39,7 +39,7 @@ function seededRandom(seed) {
   };
 }
 
-function drawCharacter(probs, random) {  // the first character whose running total passes a uniform number
+function drawCharacter(probs, random) {  // the first whose running total passes a uniform number
   const u = random();
   let total = 0;
   for (let i = 0; i < probs.length; i++) {
