@@ -11,7 +11,7 @@ ACTIVATIONS = ("gelu", "relu2")
 MAX_SIZE = 2**31 - 1
 
 
-def setting(default, help: str):  # a dataclass field with its train.py --help sentence
+def setting(default, help: str):  # a field with its train.py --help sentence
     return field(default=default, metadata={"help": help})
 
 
@@ -30,9 +30,9 @@ class Architecture:
     shared_qk: bool = setting(False, "queries and keys from one projection (Q = K)")
     attention_values: bool = setting(True, "a value projection (false: each head mixes its own slice of the input)")
     position: str = setting("learned", "positions: learned (a table) | rope (rotary, on q and k) | none")
-    activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared)")
+    activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x)²)")
     qk_norm: bool = setting(False, "RMS-normalise each head's queries and keys (QK-norm)")
-    logit_softcap: float = setting(0.0, "squash the logits into (-cap, cap) as cap * tanh(logits / cap) (0: off)")
+    logit_softcap: float = setting(0.0, "squash the logits to cap * tanh(logits / cap) (0: off)")
     zero_proj: bool = setting(False, "start each block's c_proj at zero: each block begins as the identity")
     mlp: bool = setting(True, "each block's feed-forward network (false: attention only)")
     residual: bool = setting(True, "residual connections and the blocks' LayerNorms")

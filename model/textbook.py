@@ -55,7 +55,7 @@ class Head(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """Several heads in parallel; their outputs are concatenated and projected back to n_embd."""
+    """Several heads side by side, concatenated and projected back to n_embd."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

@@ -512,7 +512,7 @@ function positionSimilarities() {
 }
 
 function rotaryDotsByDistance() {
-  // q·k of q = k = (1, ..., 1) turned at 1 + distance and at `from`: the same function of the distance for both keys.
+  // q·k of q = k = (1, ..., 1) turned at `from` + distance and at `from`: a function of the distance alone.
   const ones = new Float64Array(headSize).fill(1), { cos, sin } = model.rope;
   const turned = cos.map((_, t) => applyRope(ones, cos[t], sin[t]));
   return [0, Math.floor(config.block_size / 2)].map(from => ({
@@ -840,7 +840,7 @@ function applyLanguage(language) {
 }
 
 function missingGlyphs(characters) {
-  // Each character drawn on a canvas and compared with unassigned U+0378, which every font draws as its box.
+  // Each character drawn and compared with unassigned U+0378, which every font draws as its box.
   const size = 28, canvas = document.createElement("canvas");
   canvas.width = canvas.height = size;
   const context = canvas.getContext("2d", { willReadFrequently: true });
