@@ -56,7 +56,7 @@ def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float 
 
 
 class CausalSelfAttention(nn.Module):
-    """All heads at once, (B, n_head, T, head_size): the textbook steps, or the fused kernel computing the same."""
+    """All heads at once, (B, n_head, T, head_size): the textbook steps or the fused kernel."""
 
     def __init__(self, config: ModelConfig, path: str = ""):
         super().__init__()
@@ -100,7 +100,7 @@ class CausalSelfAttention(nn.Module):
             if self.record is not None:
                 self.record.append(weights)
             y = self.attn_dropout(weights) @ v  # (B, n_head, T, head_size)
-        else:  # the same, computed by torch's fused kernel
+        else:  # the same, by torch's fused kernel
             dropout_p = self.attn_dropout.p if self.training else 0.0
             y = fused_attention(q, k, v, mask, dropout_p, causal, scale=None if self.form.scaled else 1.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, n_embd): heads side by side again

@@ -14,7 +14,7 @@ class LayerCache:
         shape = (batch_size, n_head, capacity, head_size)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.in_use: int | None = None  # the slots attention reads (None: all, the fixed shapes a GPU needs)
+        self.in_use: int | None = None  # slots read (None: all, the fixed shapes a GPU needs)
         if self.keys.device.type == "cuda":  # a CUDA graph replays a step that writes these: keep their address
             torch._dynamo.mark_static_address(self.keys, guard=False)
             torch._dynamo.mark_static_address(self.values, guard=False)

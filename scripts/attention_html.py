@@ -54,7 +54,7 @@ def build_parser() -> ArgumentParser:
 
 @torch.inference_mode()
 def attention_of(model, ids: list[int]) -> list[list[list[list[float]]]]:
-    """weights[layer][head][query]: the query's weights over keys 0..query, as the page computes them."""
+    """weights[layer][head][query]: the query's weights over keys 0..query."""
     model.eval()
     with recording_attention(model) as recorded:
         logits, _ = model(torch.tensor([ids], device=next(model.parameters()).device))
@@ -178,7 +178,7 @@ def opening_text(args, model, tokenizer, state: dict, block_size: int) -> Openin
     unknown = tokenizer.unknown(args.text)
     if unknown and args.unknown == "error":
         raise UserError(f"--text has {len(unknown)} character(s) the model never saw: "
-                        f"{' '.join(repr(ch) for ch in unknown[:20])}; pass --unknown skip to leave them out")
+                        f"{' '.join(repr(ch) for ch in unknown[:20])}; pass --unknown skip to drop them")
     text = "".join(ch for ch in args.text if ch in tokenizer.stoi)
     if not text:
         raise UserError("--text has no character the model knows")
@@ -191,7 +191,7 @@ def opening_text(args, model, tokenizer, state: dict, block_size: int) -> Openin
 NOT_VALIDATION = {
     "unrecorded": "the checkpoint records no corpus",
     "missing": "neither the run's token cache nor its corpus file is there",
-    "changed": "the run's token cache is gone and its corpus file has changed since the run read it",
+    "changed": "the run's token cache is gone and its corpus file has changed",
     "large": f"the run's token cache is gone and its corpus file is over {MAX_CORPUS_BYTES // 1_000_000} MB",
     "short": "no 20-character stretch of its validation text has only known characters",
 }

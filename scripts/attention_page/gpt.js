@@ -180,7 +180,7 @@ function add(xs, changes) {  // the residual connection
 
 function block(config, weights, x, rope, scoreFactor) {
   // Block.forward: x + attn(ln_1(x)), then x + mlp(ln_2(x)); without residuals, x = attn(x), then x = mlp(x).
-  // seen: attention's input and values; seen.stream: every vector on the way, for the overview.
+  // seen: attention's input and values; seen.stream: every vector on the way.
   const residual = config.residual, stream = { input: x };
   if (residual) stream.ln_1 = x.map(row => layerNorm(row, weights.ln_1));
   const input = residual ? stream.ln_1 : x;

@@ -1,4 +1,4 @@
-// The page's views, each recomputed from gpt.js's forward pass whenever the text changes.
+// The page's views, recomputed from gpt.js's forward pass when the text changes.
 "use strict";
 
 const data = JSON.parse(document.getElementById("data").textContent);

@@ -3,7 +3,7 @@
 "use strict";
 
 function nextCharacterProbabilities(logits, temperature, topK, topP) {
-  // temperature 0: the most likely character (greedy)
+  // temperature 0: greedy
   if (temperature === 0) {
     const best = logits.indexOf(Math.max(...logits));
     return logits.map((_, i) => (i === best ? 1 : 0));
@@ -14,7 +14,7 @@ function nextCharacterProbabilities(logits, temperature, topK, topP) {
     scaled = scaled.map(value => (value < kth ? -Infinity : value));
   }
   let probs = softmax(scaled);
-  if (topP < 1) {  // keep the most likely characters until their mass reaches top_p; the first always stays
+  if (topP < 1) {  // keep the likeliest until their mass reaches top_p; the first always stays
     const order = probs.map((p, i) => [p, i]).sort((a, b) => b[0] - a[0]);
     let before = 0;
     const kept = new Array(probs.length).fill(0);
