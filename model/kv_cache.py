@@ -15,7 +15,7 @@ class LayerCache:
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.in_use: int | None = None  # slots read (None: all, the fixed shapes a GPU needs)
-        if self.keys.device.type == "cuda":  # a CUDA graph replays a step that writes these: keep their address
+        if self.keys.device.type == "cuda":  # a CUDA graph replays writes here: keep the address
             torch._dynamo.mark_static_address(self.keys, guard=False)
             torch._dynamo.mark_static_address(self.values, guard=False)
 

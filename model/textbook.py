@@ -34,7 +34,7 @@ def masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor | None, *, pad
 
 # ---- one head at a time; heads side by side, concatenated ----
 class Head(nn.Module):
-    """One head of causal self-attention, written exactly as the formula reads."""
+    """One head of causal self-attention, as the formula reads."""
 
     def __init__(self, n_embd: int, head_size: int, block_size: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()

@@ -1,5 +1,4 @@
-"""python scripts/bench_page.py --out_dir RUN: the attention page's size and its forward pass's median milliseconds
-in headless Chromium."""
+"""python scripts/bench_page.py --out_dir RUN: the attention page's size and forward-pass milliseconds in Chromium."""
 from __future__ import annotations
 
 import contextlib
@@ -53,7 +52,7 @@ def run_browser(command: list[str], profile: Path | None = None) -> subprocess.C
 
 
 def running_in_group(group: int) -> bool:
-    """Whether a process of the group still runs, zombies aside (os.killpg counts them)."""
+    """Whether a live process (not a zombie, as os.killpg counts) is still in the group."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError):
             state, _, process_group = stat.read_text().rsplit(")", 1)[1].split()[:3]

@@ -1065,7 +1065,7 @@ def test_a_model_too_large_to_carry_is_refused_in_one_line_naming_the_limit(run,
     html = tmp_path / "big.html"
     code = run_cli(attention_html.main, ["--out_dir", str(run / "run"), "--html", str(html)])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "at most 1,000 parameters" in err, err
+    assert code == 2 and err.count("\n") == 1 and "the page carries at most 1,000;" in err, err
     assert not html.exists()
 
 

@@ -88,7 +88,7 @@ function weightOf(l, head, q, key) {
 
 // ---- Section 2: the whole model, step by step along the residual stream
 function stages() {
-  // Every step of the forward pass: name (#numbers), block (0: none), label, code (as model/gpt.py) and T rows.
+  // Each forward-pass step: name (#numbers), block (0: none), label, code (as in model/gpt.py), T rows.
   const r = state.result, list = [], learned = config.position === "learned", rope = config.position === "rope";
   const add = (name, block, label, code, values) =>
     list.push({ name: (block ? "block" + block + "." : "") + name, block, label, code, values });
