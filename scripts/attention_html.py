@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{path} has no attention layers (n_layer 0); choose a model with blocks")
     size = model.num_params(non_embedding=False)
     if size > MAX_PARAMETERS:
-        raise UserError(f"{path} has {size:,} parameters; the page carries at most {MAX_PARAMETERS:,}; choose a smaller model")
+        raise UserError(f"{path} has {size:,} parameters; the page carries at most {MAX_PARAMETERS:,}; "
+                        "choose a smaller model")
     opening = opening_text(args, model, tokenizer, state, cfg.block_size)
     try:
         attention_of(model, tokenizer.encode(opening.text) or [0])
