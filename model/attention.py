@@ -1,6 +1,5 @@
 """The model's causal self-attention, all heads batched: the textbook steps (q·kᵀ/√d, mask, softmax, weighted sum)
-and torch's fused kernel, rotary positions and the causal mask by slot. tests/test_attention.py checks them against
-model/textbook.py."""
+and torch's fused kernel, rotary positions and the causal mask by slot."""
 from __future__ import annotations
 
 import math
@@ -133,7 +132,7 @@ class CausalSelfAttention(nn.Module):
 
 @contextmanager
 def recording_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
-    """with recording_attention(model) as weights: model(idx) fills weights with each layer's (B, n_head, T, T_keys)."""
+    """with recording_attention(model) as weights: model(idx) appends each layer's (B, n_head, T, T_keys)."""
     weights: list[torch.Tensor] = []
     layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
     for layer in layers:

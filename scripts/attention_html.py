@@ -43,12 +43,12 @@ MAX_CORPUS_BYTES = 100_000_000  # a larger corpus is not read again
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best, else ckpt_last")
-    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
+    p.add_argument("--ckpt", default="", help="a checkpoint file instead of --out_dir")
     p.add_argument("--text", default=None, help="the opening text, at most block_size characters "
                                                 "(default: a validation line)")
     p.add_argument("--html", required=True, help="where to write the page (.html)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
-                   help="characters of --text the model never saw: stop, or leave them out")
+                   help="unseen characters in --text: stop, or drop them")
     return p
 
 
@@ -60,7 +60,7 @@ def attention_of(model, ids: list[int]) -> list[list[list[list[float]]]]:
         logits, _ = model(torch.tensor([ids], device=next(model.parameters()).device))
     for what, values in (("attention weights", recorded), ("outputs", [logits])):
         if not all(torch.isfinite(layer).all() for layer in values):
-            raise UserError(f"the model's {what} for this text are not numbers (NaN or inf): its weights are too large")
+            raise UserError(f"the model's {what} are not numbers (NaN or inf): its weights are too large")
     return [[[row[:q + 1] for q, row in enumerate(head.tolist())] for head in layer[0].float()] for layer in recorded]
 
 
@@ -80,7 +80,7 @@ def carried_weights(model) -> tuple[dict[str, list[int]], str]:
 
 def page(model, vocab: str, text: str, title: str, about: dict) -> str:
     tensors, weights = carried_weights(model)
-    # Code points: a character of two UTF-16 units cannot merge with its neighbour in JavaScript.
+    # Code points: in JavaScript a two-unit character cannot merge with its neighbour.
     data = {"title": title, "about": about, "text": text, "vocab": [ord(ch) for ch in vocab],
             "config": model.config.to_dict(), "form": asdict(FORMS[model.config.attention_score]),
             "rope_base": ROPE_BASE,
@@ -140,7 +140,7 @@ def validation_start(state: dict) -> tuple[str | None, str]:
 
 
 def validation_opening(state: dict, tokenizer, length: int) -> Opening | str:
-    """The first whole line of 20+ known characters, else the first run of short lines reaching 20, else why."""
+    """The first line of 20+ known characters, else the first short lines that reach 20; else why."""
     start, why = validation_start(state)
     if start is None:
         return why

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = model.config
     missing = tokenizer.unknown(args.text)
     if missing:
-        raise UserError(f"the text has characters the model never saw: {' '.join(map(repr, missing))}; remove them")
+        raise UserError(f"--text has characters the model never saw: {' '.join(map(repr, missing))}; remove them")
     if not 0 < len(args.text) <= cfg.block_size:
         raise UserError(f"--text has {len(args.text)} characters; give 1 to {cfg.block_size}")
     if cfg.n_layer == 0:
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--head {args.head}: the model has heads 1 to {cfg.n_head}")
     weights = attention_weights(model, tokenizer.encode(args.text))
     if not all(torch.isfinite(w).all() for w in weights):
-        raise UserError(f"{path}: the model's attention weights for this text are not numbers (NaN or inf): its "
-                        f"weights are too large")
+        raise UserError(f"{path}: the model's attention weights are not numbers (NaN or inf): its weights are "
+                        "too large")
     heads = None if args.head is None else [args.head - 1]
     if note := missing_note(args.text):
         print(note, file=sys.stderr)

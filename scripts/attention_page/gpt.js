@@ -1,5 +1,5 @@
 // model/'s forward pass in plain JavaScript, keeping every value the page shows; names as in model/*.py.
-// Vectors are Float64Arrays, one per position; a Linear's weight is a Float32Array, out x in as torch stores it.
+// Vectors are Float64Arrays, one per position; a Linear's weight is a Float32Array, out x in as in torch.
 "use strict";
 
 function linear(xs, { weight, bias }) {

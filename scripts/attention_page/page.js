@@ -49,7 +49,7 @@ function paren(text) { return say(" ({0})", "（{0}）", text); }
 function range(n) { return [...Array(n).keys()]; }
 function size(values) { return values.length + " × " + values[0].length; }
 
-// ---- Section 1: the text's known characters, the last block_size of them (as sample.py reads)
+// ---- Section 1: the text's last block_size known characters, as sample.py reads them
 function characters(text) {
   // By code point; two lone surrogates a text box joined are the two halves the vocabulary knows.
   return Array.from(text).flatMap(ch => (ch.length === 2 && !idOf.has(ch) && idOf.has(ch[0]) && idOf.has(ch[1]) ?
@@ -263,7 +263,7 @@ function renderStrip() {
     }).join(say("; ", "；"));
 }
 
-// ---- Section 4: every head's weights A as a picture, one pixel per weight
+// ---- Section 4: every head's weights A, one pixel per weight
 const MASKED_RGB = [85, 85, 85];  // a dark grey no weight's colour reaches
 
 function buildHeads() {
