@@ -1,4 +1,4 @@
-"""The model's settings: Architecture (its shape) and ModelConfig (plus the vocabulary size), each checked once."""
+"""The model's settings: Architecture (its shape) and ModelConfig (plus vocab_size), each checked once."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

@@ -60,7 +60,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        # positions: a learned table, rotations of q and k (RoPE), or none (the causal mask alone)
+        # positions: a learned table, RoPE (q and k turned), or none (the causal mask alone)
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
         if config.position == "rope":
             cos, sin = rope_tables(config.block_size, config.head_size)
@@ -90,7 +90,7 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count, by convention without the position table."""
+        """Parameter count, by default without the position table."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 

@@ -104,7 +104,7 @@ class Opening(NamedTuple):
 
 
 def validation_start(state: dict) -> tuple[str | None, str]:
-    """The start of the run's validation text from the token cache or the recorded corpus, else None and why."""
+    """The run's first validation characters, from its token cache or recorded corpus; else None and why."""
     data, run = state.get("data") or {}, state.get("run_config") or {}
     sha256, n_train = data.get("sha256"), data.get("n_train")
     if not sha256 or n_train is None:

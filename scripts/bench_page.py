@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = {"page_mb": round(size / 1e6, 2), "chars": args.chars, "passes": args.passes,
                "forward_ms_median": round(times[len(times) // 2], 1), "forward_ms_min": round(times[0], 1),
                "forward_ms_max": round(times[-1], 1), "browser": version, "checkpoint": str(path)}
-    print(f"{path}: page {figures['page_mb']} MB; one forward pass over {args.chars} characters in {version}: "
+    print(f"{path}: page {figures['page_mb']} MB; a forward pass over {args.chars} characters in {version}: "
           f"{figures['forward_ms_median']} ms (median of {args.passes}; {figures['forward_ms_min']} to "
           f"{figures['forward_ms_max']} ms)")
     write_figures(args.json, figures)

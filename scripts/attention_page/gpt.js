@@ -108,7 +108,7 @@ function additiveScores(q, k, w) {  // S[i][j] = w · tanh(q_i + k_j)
   }));
 }
 
-function causalMask(scores) {  // the keys after the query: -inf (weight 0)
+function causalMask(scores) {  // keys after the query: -inf (weight 0)
   return scores.map((row, i) => row.map((s, j) => (j <= i ? s : -Infinity)));
 }
 
@@ -200,7 +200,7 @@ function block(config, weights, x, rope, scoreFactor) {
 }
 
 function embedding(model, ids) {
-  // wte(idx) + wpe(positions) for learned positions.
+  // wte(idx), plus wpe(positions) if learned.
   const { config, weights } = model, nEmbd = config.n_embd;
   const tokens = ids.map(id => weights.wte.weight.subarray(id * nEmbd, (id + 1) * nEmbd));
   const positions = weights.wpe ? ids.map((_, t) => weights.wpe.weight.subarray(t * nEmbd, (t + 1) * nEmbd)) : null;
@@ -217,7 +217,7 @@ function head(config, weights, x) {
 }
 
 function forward(model, ids, options = {}) {
-  // GPT.forward; options.scoreFactor: a what-if factor on every q·k.
+  // GPT.forward; options.scoreFactor: a what-if factor on q·k.
   const { config, weights, rope } = model;
   const scoreFactor = options.scoreFactor ?? (config.form.scaled ? 1 / Math.sqrt(config.head_size) : 1);
   const embedded = embedding(model, ids), layers = [];

@@ -935,7 +935,7 @@ if (wanted.has("layer")) choose($("layer"), String(Number(wanted.get("layer")) -
 const view = wanted.get("view");
 if (view !== null) choose($("view"), view === "all" ? "all" : String(Number(view) - 1));
 if (wanted.has("scale")) choose($("scale"), wanted.get("scale"));
-// The sampling controls start at model/generate.py's defaults; the address may set them.
+// The sampling controls: model/generate.py's defaults, unless the address sets them.
 for (const { name, default: initial } of data.sampling) {
   const id = name.replace("_", "-");
   if (initial !== null) $(id).value = initial;

@@ -9,7 +9,7 @@ function nextCharacterProbabilities(logits, temperature, topK, topP) {
     return logits.map((_, i) => (i === best ? 1 : 0));
   }
   let scaled = Array.from(logits, value => value / temperature);
-  if (topK > 0 && topK < scaled.length) {  // keep the k largest (and any tied with the k-th)
+  if (topK > 0 && topK < scaled.length) {  // keep the k largest and ties with the k-th
     const kth = [...scaled].sort((a, b) => b - a)[topK - 1];
     scaled = scaled.map(value => (value < kth ? -Infinity : value));
   }
