@@ -1,6 +1,5 @@
 """The model's causal self-attention, all heads batched: the textbook steps (q·kᵀ/√d, mask, softmax, weighted sum)
-and torch's fused kernel, rotary positions and the causal mask by slot. tests/test_attention.py proves the paths
-agree with model/textbook.py's one-head form."""
+and torch's fused kernel, rotary positions and the causal mask by slot."""
 from __future__ import annotations
 
 import math
@@ -21,7 +20,7 @@ ROPE_BASE = 10000.0  # RoFormer's: frequency i is base^(-2i/head_size)
 
 
 def rope_tables(block_size: int, head_size: int, base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * frequency, each (block_size, head_size); dimensions i and i + head_size/2 pair up."""
+    """cos and sin of position * frequency, each (block_size, head_size); dimension i pairs with i + head_size/2."""
     frequencies = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
     angles = torch.outer(torch.arange(block_size, dtype=torch.float32), frequencies)
     angles = torch.cat((angles, angles), dim=-1)
@@ -56,7 +55,7 @@ def fused_attention(q, k, v, mask, dropout_p: float, causal: bool, scale: float 
 
 
 class CausalSelfAttention(nn.Module):
-    """All heads at once, (B, n_head, T, head_size): the textbook steps, or the fused kernel computing the same."""
+    """All heads at once, (B, n_head, T, head_size): the textbook steps or the fused kernel."""
 
     def __init__(self, config: ModelConfig, path: str = ""):
         super().__init__()
@@ -72,8 +71,8 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.path = path or config.attention  # auto runs the fused kernel where the form has one
-        self.record: list[torch.Tensor] | None = None  # set by recording_attention()
+        self.path = path or config.attention
+        self.record: list[torch.Tensor] | None = None  # set by recording_attention
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: LayerCache | None = None,
                 slots: torch.Tensor | None = None,
@@ -100,7 +99,7 @@ class CausalSelfAttention(nn.Module):
             if self.record is not None:
                 self.record.append(weights)
             y = self.attn_dropout(weights) @ v  # (B, n_head, T, head_size)
-        else:  # the same, computed by torch's fused kernel
+        else:  # the same, by torch's fused kernel
             dropout_p = self.attn_dropout.p if self.training else 0.0
             y = fused_attention(q, k, v, mask, dropout_p, causal, scale=None if self.form.scaled else 1.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, n_embd): heads side by side again
@@ -113,7 +112,7 @@ class CausalSelfAttention(nn.Module):
         return not (torch.compiler.is_compiling() and q.device.type == "cpu" and torch.is_autocast_enabled("cpu"))
 
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, n_embd) -> q, k, v, each (B, T, n_head, head_size), as the chosen form makes them."""
+        """x (B, T, n_embd) -> q, k, v, each (B, T, n_head, head_size)."""
         B, T, C = x.shape
         made = list(self.c_attn(x).split(C, dim=-1)) if self.c_attn is not None else []
         v = made.pop() if self.own_values else x  # without values, each head mixes its own slice of x
@@ -133,7 +132,7 @@ class CausalSelfAttention(nn.Module):
 
 @contextmanager
 def recording_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
-    """with recording_attention(model) as weights: model(idx) fills weights with each layer's (B, n_head, T, T_keys)."""
+    """with recording_attention(model) as weights: model(idx) appends each layer's (B, n_head, T, T_keys)."""
     weights: list[torch.Tensor] = []
     layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
     for layer in layers:
@@ -147,7 +146,7 @@ def recording_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
 
 @torch.inference_mode()
 def attention_weights(model: nn.Module, ids: list[int]) -> list[torch.Tensor]:
-    """Each layer's (n_head, T, T) attention weights for one text; the model stays in the mode it was in."""
+    """Each layer's (n_head, T, T) attention weights for one text; the model's mode is kept."""
     was_training = model.training
     model.eval()
     try:

@@ -1,4 +1,4 @@
-"""The model's settings: Architecture (its shape) and ModelConfig (plus the vocabulary size), each value checked once."""
+"""The model's settings: Architecture (its shape) and ModelConfig (plus vocab_size), each checked once."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -8,20 +8,20 @@ from model.scoring import FORMS
 ATTENTION_IMPLS = ("auto", "sdpa", "explicit")
 POSITIONS = ("learned", "rope", "none")
 ACTIVATIONS = ("gelu", "relu2")
-MAX_SIZE = 2**31 - 1  # the largest size a setting may give
+MAX_SIZE = 2**31 - 1
 
 
-def setting(default, help: str):  # a dataclass field with its train.py --help sentence
+def setting(default, help: str):  # a field with its train.py --help sentence
     return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class Architecture:
-    block_size: int = setting(256, "context length in characters (the size of the position table)")
+    block_size: int = setting(256, "context length in characters")
     n_layer: int = setting(6, "number of transformer blocks (0: none, a bigram model)")
     n_head: int = setting(6, "attention heads per block")
     n_embd: int = setting(384, "width of the residual stream")
-    dropout: float = setting(0.0, "dropout probability while training (0 to turn off)")
+    dropout: float = setting(0.0, "dropout probability while training (0: off)")
     bias: bool = setting(True, "biases in Linear and LayerNorm layers")
     tie_weights: bool = setting(True, "share the token embedding with the output head")
     attention: str = setting("auto", "attention path: auto | sdpa (fused kernel) | explicit (textbook, slower)")
@@ -29,13 +29,11 @@ class Architecture:
         f"{form.name} ({form.meaning})" for form in FORMS.values()))
     shared_qk: bool = setting(False, "queries and keys from one projection (Q = K)")
     attention_values: bool = setting(True, "a value projection (false: each head mixes its own slice of the input)")
-    position: str = setting("learned", "position information: learned (a table) | rope (rotary embeddings on q and "
-                                       "k) | none")
-    activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x) squared)")
-    qk_norm: bool = setting(False, "RMS-normalise each head's queries and keys before scoring (QK-norm)")
-    logit_softcap: float = setting(0.0, "squash the logits into (-cap, cap) as cap * tanh(logits / cap) (0: off)")
-    zero_proj: bool = setting(False, "start each block's output projections (c_proj) at zero: each block begins as "
-                                     "the identity")
+    position: str = setting("learned", "positions: learned (a table) | rope (rotary, on q and k) | none")
+    activation: str = setting("gelu", "feed-forward nonlinearity: gelu | relu2 (relu(x)²)")
+    qk_norm: bool = setting(False, "RMS-normalise each head's queries and keys (QK-norm)")
+    logit_softcap: float = setting(0.0, "squash the logits to cap * tanh(logits / cap) (0: off)")
+    zero_proj: bool = setting(False, "start each block's c_proj at zero: each block begins as the identity")
     mlp: bool = setting(True, "each block's feed-forward network (false: attention only)")
     residual: bool = setting(True, "residual connections and the blocks' LayerNorms")
 
@@ -47,7 +45,7 @@ class Architecture:
                 raise ValueError(f"{name} must be {rule}, got {value!r}")
             if value > MAX_SIZE:
                 raise ValueError(f"{name} must be at most {MAX_SIZE:,}, got {value:,}")
-        if self.n_embd % self.n_head != 0:  # suggest the nearest n_embd that fits
+        if self.n_embd % self.n_head != 0:
             step = self.n_head * (2 if self.position == "rope" else 1)
             fits = max(step, min(step * round(self.n_embd / step), MAX_SIZE // step * step))
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); try n_embd={fits}")

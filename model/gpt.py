@@ -20,7 +20,7 @@ class ReLUSquared(nn.Module):
 
 
 class MLP(nn.Module):
-    """The feed-forward half of a block: Linear -> GELU (or ReLU²) -> Linear, four times wider inside."""
+    """Linear -> GELU (or ReLU²) -> Linear, four times wider inside."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -59,8 +59,8 @@ class GPT(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
-        # positions: a learned table, rotations of q and k (RoPE), or none (the causal mask alone)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        # positions: a learned table, RoPE (q and k turned), or none (the causal mask alone)
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
         if config.position == "rope":
             cos, sin = rope_tables(config.block_size, config.head_size)
@@ -74,8 +74,8 @@ class GPT(nn.Module):
         if config.tie_weights:
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
-        # GPT-2: residual projections start smaller, so the residual stream does not grow with depth. zero_proj
-        # zeroes them after the same draw, so every other weight stays the seed's.
+        # GPT-2: residual projections start smaller, so the stream does not grow with depth. zero_proj zeroes
+        # them after the same draw, so every other weight stays the seed's.
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
@@ -90,7 +90,7 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count, by convention without the position table."""
+        """Parameter count, by default without the position table."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
@@ -112,9 +112,9 @@ class GPT(nn.Module):
             x = block(x, mask, cache, slots, rope)
         x = self.ln_f(x)
         if decoding is not None and targets is None:
-            x = x[:, -1:, :]  # sampling needs only the next-token distribution
+            x = x[:, -1:, :]
         logits = self.lm_head(x)  # (B, T, vocab)
-        if self.config.logit_softcap:  # squashed smoothly into (-cap, cap)
+        if self.config.logit_softcap:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)
         if targets is None:
@@ -138,7 +138,7 @@ class GPT(nn.Module):
                 raise ValueError(f"a cache of {decoding.caches[0].capacity} slots is longer than block_size "
                                  f"{self.config.block_size}")
         if pad is None:
-            # None (plain causal) without a cache, and for one query after the slots in use: it sees them all
+            # plain causal without a cache, and for one query after the slots in use: it sees them all
             if not cached or (T == 1 and decoding.caches[0].in_use is not None):
                 return slots[None, :], None
             return slots[None, :], attention_mask(slots, n_keys)

@@ -1,5 +1,4 @@
-"""The decoding state GPT.forward takes while sampling: a fixed-size key/value cache per layer and each row's left
-padding."""
+"""The decoding state GPT.forward takes while sampling: a key/value cache per layer and each row's left padding."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +14,8 @@ class LayerCache:
         shape = (batch_size, n_head, capacity, head_size)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.in_use: int | None = None  # the slots attention reads (None: all, the fixed shapes a GPU needs)
-        if self.keys.device.type == "cuda":  # a CUDA graph replays a step that writes these: keep their address
+        self.in_use: int | None = None  # slots read (None: all, the fixed shapes a GPU needs)
+        if self.keys.device.type == "cuda":  # a CUDA graph replays writes here: keep the address
             torch._dynamo.mark_static_address(self.keys, guard=False)
             torch._dynamo.mark_static_address(self.values, guard=False)
 
@@ -26,7 +25,7 @@ class LayerCache:
 
     @property
     def n_keys(self) -> int:
-        """How many slots attention reads: all of them, or those in use."""
+        """How many slots attention reads: all, or those in use."""
         return self.capacity if self.in_use is None else self.in_use
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,5 @@
-"""The textbook attention the tutorials teach: one head as the formula reads, heads side by side, and the softmax of
-padded rows. tests/test_attention.py proves them equal to model/attention.py."""
+"""The tutorials' textbook attention: one head as the formula reads, heads side by side, and the padded softmax.
+tests/test_attention.py proves them equal to model/attention.py."""
 from __future__ import annotations
 
 import math
@@ -34,7 +34,7 @@ def masked_softmax(scores: torch.Tensor, valid_lens: torch.Tensor | None, *, pad
 
 # ---- one head at a time; heads side by side, concatenated ----
 class Head(nn.Module):
-    """One head of causal self-attention, written exactly as the formula reads."""
+    """One head of causal self-attention, as the formula reads."""
 
     def __init__(self, n_embd: int, head_size: int, block_size: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()
@@ -55,7 +55,7 @@ class Head(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """Several heads in parallel; their outputs are concatenated and projected back to n_embd."""
+    """Several heads side by side, concatenated and projected back to n_embd."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

@@ -1,5 +1,5 @@
-"""python scripts/attention_html.py --out_dir RUN --html FILE: your model live in one self-contained web page: type
-text and see where each head looks, each step of its attention, and the next character."""
+"""python scripts/attention_html.py --out_dir RUN --html FILE: your model in one web page: type text, see where each
+head looks and the next character."""
 from __future__ import annotations
 
 import base64
@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from errors import quiet_while_loading  # noqa: E402
 
-loaded = quiet_while_loading(__name__)  # a Ctrl-C while torch loads: one line, not a traceback
+loaded = quiet_while_loading(__name__)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -31,42 +31,41 @@ from training import checkpoint  # noqa: E402
 from training.report import PAGE_MAX_PARAMETERS as MAX_PARAMETERS  # noqa: E402
 loaded()
 
-PARTS = Path(__file__).with_name("attention_page")  # page.html and the scripts put into it
+PARTS = Path(__file__).with_name("attention_page")
 SCRIPTS = ("GPT_JS", "gpt.js"), ("SAMPLING_JS", "sampling.js"), ("PAGE_JS", "page.js")
 SURROGATE = re.compile("[\ud800-\udfff]")
 DEFAULT_TEXT = "ROMEO: But soft, what light through yonder window breaks?"
-OPENING_CHARS = 64  # the longest opening line taken from the validation text
-VAL_SEARCHED = 4096  # characters at the start of the validation text searched for a line
-MAX_CORPUS_BYTES = 100_000_000  # a corpus file read again for its validation text (larger: the token cache only)
+OPENING_CHARS = 64  # the longest opening line
+VAL_SEARCHED = 4096  # validation characters searched for a line
+MAX_CORPUS_BYTES = 100_000_000  # a larger corpus is not read again
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best, else ckpt_last")
-    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
-    p.add_argument("--text", default=None, help="the text the page opens with, at most block_size characters "
-                                                "(default: a line of the run's validation text)")
+    p.add_argument("--ckpt", default="", help="a checkpoint file instead of --out_dir")
+    p.add_argument("--text", default=None, help="the opening text, at most block_size characters "
+                                                "(default: a validation line)")
     p.add_argument("--html", required=True, help="where to write the page (.html)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
-                   help="characters of --text the model never saw: stop with an error, or leave them out")
+                   help="unseen characters in --text: stop, or drop them")
     return p
 
 
 @torch.inference_mode()
 def attention_of(model, ids: list[int]) -> list[list[list[list[float]]]]:
-    """weights[layer][head][query]: the query's weights over keys 0..query, as the page computes them."""
+    """weights[layer][head][query]: the query's weights over keys 0..query."""
     model.eval()
     with recording_attention(model) as recorded:
         logits, _ = model(torch.tensor([ids], device=next(model.parameters()).device))
     for what, values in (("attention weights", recorded), ("outputs", [logits])):
         if not all(torch.isfinite(layer).all() for layer in values):
-            raise UserError(f"the model's {what} for this text are not numbers (NaN or inf): its numbers overflow; "
-                            f"its weights are damaged or too large to compute with")
+            raise UserError(f"the model's {what} are not numbers (NaN or inf): its weights are too large")
     return [[[row[:q + 1] for q, row in enumerate(head.tolist())] for head in layer[0].float()] for layer in recorded]
 
 
 def carried_weights(model) -> tuple[dict[str, list[int]], str]:
-    """Every tensor (a tied head once) as float32 in one block: {name: [start, end]}, and the block in base64."""
+    """{name: [start, end]} and every tensor (a tied head once) as one float32 block in base64."""
     tensors, parts, at = {}, [], 0
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and model.config.tie_weights:
@@ -81,7 +80,7 @@ def carried_weights(model) -> tuple[dict[str, list[int]], str]:
 
 def page(model, vocab: str, text: str, title: str, about: dict) -> str:
     tensors, weights = carried_weights(model)
-    # The vocabulary as code points: a character of two UTF-16 units cannot merge with its neighbour in JavaScript.
+    # Code points: in JavaScript a two-unit character cannot merge with its neighbour.
     data = {"title": title, "about": about, "text": text, "vocab": [ord(ch) for ch in vocab],
             "config": model.config.to_dict(), "form": asdict(FORMS[model.config.attention_score]),
             "rope_base": ROPE_BASE,
@@ -92,21 +91,20 @@ def page(model, vocab: str, text: str, title: str, about: dict) -> str:
         script = (PARTS / name).read_text(encoding="utf-8")
         assert "</script" not in script.lower(), name
         html = html.replace(f"/*{mark}*/", script)
-    blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")  # nothing in the data can close the script
-    blob = SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", blob)  # a lone surrogate has no UTF-8: escaped
+    blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")  # the data cannot close the script
+    blob = SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", blob)  # a lone surrogate has no UTF-8
     return html.replace("/*DATA*/null", blob)
 
 
 class Opening(NamedTuple):
-    """source: given, line, lines, default or written; why: a key of NOT_VALIDATION, or ""."""
+    """source: given, line, lines, default or written; why: a key of NOT_VALIDATION or ""."""
     text: str
     source: str
     why: str = ""
 
 
 def validation_start(state: dict) -> tuple[str | None, str]:
-    """The start of the run's validation text, from this user's token cache or the recorded corpus (both checked);
-    else None and why."""
+    """The run's first validation characters, from its token cache or recorded corpus; else None and why."""
     data, run = state.get("data") or {}, state.get("run_config") or {}
     sha256, n_train = data.get("sha256"), data.get("n_train")
     if not sha256 or n_train is None:
@@ -142,12 +140,12 @@ def validation_start(state: dict) -> tuple[str | None, str]:
 
 
 def validation_opening(state: dict, tokenizer, length: int) -> Opening | str:
-    """The first whole line of 20+ known characters, else the first run of short lines that reaches 20; else why."""
+    """The first line of 20+ known characters, else the first short lines that reach 20; else why."""
     start, why = validation_start(state)
     if start is None:
         return why
     least = min(20, length)
-    lines = start.split("\n")[1:-1]  # whole lines
+    lines = start.split("\n")[1:-1]
     for line in lines:
         if len(line.strip()) >= least and all(ch in tokenizer.stoi for ch in line):
             return Opening(line[:length], "line")
@@ -163,7 +161,7 @@ def validation_opening(state: dict, tokenizer, length: int) -> Opening | str:
 
 
 def opening_text(args, model, tokenizer, state: dict, block_size: int) -> Opening:
-    """--text checked; by default validation text, else a line of Romeo and Juliet, else a line the model writes."""
+    """--text checked; else validation text, a line of Romeo and Juliet, or a line the model writes."""
     if args.text is None:
         found = validation_opening(state, tokenizer, min(OPENING_CHARS, block_size))
         if isinstance(found, Opening):
@@ -180,24 +178,22 @@ def opening_text(args, model, tokenizer, state: dict, block_size: int) -> Openin
     unknown = tokenizer.unknown(args.text)
     if unknown and args.unknown == "error":
         raise UserError(f"--text has {len(unknown)} character(s) the model never saw: "
-                        f"{' '.join(repr(ch) for ch in unknown[:20])}; pass --unknown skip to leave them out")
+                        f"{' '.join(repr(ch) for ch in unknown[:20])}; pass --unknown skip to drop them")
     text = "".join(ch for ch in args.text if ch in tokenizer.stoi)
     if not text:
         raise UserError("--text has no character the model knows")
     if len(text) > block_size:
-        raise UserError(f"--text has {len(text)} characters; this model reads at most {block_size} (its "
-                        f"block_size); shorten it")
+        raise UserError(f"--text has {len(text)} characters; this model reads at most {block_size}; shorten it")
     return Opening(text, "given")
 
 
-# Why the validation text was not used: printed, and said on the page (page.js has the Chinese).
+# Why the validation text was not used (page.js has the Chinese).
 NOT_VALIDATION = {
     "unrecorded": "the checkpoint records no corpus",
     "missing": "neither the run's token cache nor its corpus file is there",
-    "changed": "the run's token cache is gone and its corpus file has changed since the run read it",
-    "large": f"the run's token cache is gone and its corpus file is too large to read again (over "
-             f"{MAX_CORPUS_BYTES // 1_000_000} MB)",
-    "short": "no stretch of its validation text of 20 characters or more has only characters the model knows",
+    "changed": "the run's token cache is gone and its corpus file has changed",
+    "large": f"the run's token cache is gone and its corpus file is over {MAX_CORPUS_BYTES // 1_000_000} MB",
+    "short": "no 20-character stretch of its validation text has only known characters",
 }
 
 
@@ -211,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{path} has no attention layers (n_layer 0); choose a model with blocks")
     size = model.num_params(non_embedding=False)
     if size > MAX_PARAMETERS:
-        raise UserError(f"{path} has {size:,} parameters; the page carries at most {MAX_PARAMETERS:,} parameters; "
-                        f"choose a smaller model")
+        raise UserError(f"{path} has {size:,} parameters; the page carries at most {MAX_PARAMETERS:,}; "
+                        "choose a smaller model")
     opening = opening_text(args, model, tokenizer, state, cfg.block_size)
     try:
         attention_of(model, tokenizer.encode(opening.text) or [0])
@@ -228,8 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         instead = "a line of Romeo and Juliet" if opening.source == "default" else "text the model wrote"
         print(f"the page opens on {instead}, not on the run's validation text: {NOT_VALIDATION[opening.why]}",
               file=sys.stderr)
-    print(f"wrote {html} ({html.stat().st_size / 1e6:.1f} MB): the model runs in the page; open it in a "
-          f"browser (no network needed) and type", file=sys.stderr)
+    print(f"wrote {html} ({html.stat().st_size / 1e6:.1f} MB): open it in a browser and type", file=sys.stderr)
     return 0
 
 

@@ -1,5 +1,4 @@
-"""python scripts/bench_page.py --out_dir RUN: the attention page's size and the milliseconds of one forward pass in
-headless Chromium (the median of many)."""
+"""python scripts/bench_page.py --out_dir RUN: the attention page's size and forward-pass milliseconds in Chromium."""
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +31,7 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpe
 
 
 def run_browser(command: list[str], profile: Path | None = None) -> subprocess.CompletedProcess:
-    """Chromium in a process group of its own, its output captured. Stopped or too slow, the group is killed (waited
-    for up to 10 s) and its socket folder removed."""
+    """Chromium in its own process group, output captured. Stopped or too slow: the group killed, sockets removed."""
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as process:
         try:
@@ -54,10 +52,10 @@ def run_browser(command: list[str], profile: Path | None = None) -> subprocess.C
 
 
 def running_in_group(group: int) -> bool:
-    """Whether a process of the group still runs, zombies aside (os.killpg(group, 0) counts them)."""
+    """Whether a live process (not a zombie, as os.killpg counts) is still in the group."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError):  # it ended meanwhile
-            state, _, process_group = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after the command's name
+        with contextlib.suppress(OSError, ValueError):
+            state, _, process_group = stat.read_text().rsplit(")", 1)[1].split()[:3]
             if state != "Z" and int(process_group) == group:
                 return True
     return False
@@ -66,16 +64,16 @@ def running_in_group(group: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best, else ckpt_last")
-    p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
+    p.add_argument("--ckpt", default="", help="a checkpoint file instead of --out_dir")
     p.add_argument("--chars", type=int, default=64, help="characters the forward pass reads")
-    p.add_argument("--passes", type=int, default=30, help="forward passes timed (the median is reported)")
+    p.add_argument("--passes", type=int, default=30, help="forward passes timed")
     p.add_argument("--json", default="", help="also write the figures to this file")
     args = p.parse_args(argv)
     if args.chars < 1 or not 1 <= args.passes <= MAX_PASSES:
         raise UserError(f"--chars must be positive and --passes from 1 to {MAX_PASSES}")
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if not browser:
-        raise UserError("Chromium is not installed. Install it (apt-get install chromium)")
+        raise UserError("Chromium is not installed; apt-get install chromium")
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, _ = checkpoint.load_model(path, "cpu")
     if args.chars > model.config.block_size:
@@ -85,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         html = Path(folder) / "page.html"
         said = io.StringIO()
-        with contextlib.redirect_stderr(said):  # its error is said, its "wrote ..." line is not
+        with contextlib.redirect_stderr(said):
             code = run_cli(attention_html.main, ["--ckpt", str(path), "--html", str(html)])
         if code:
             print(said.getvalue(), end="", file=sys.stderr)
@@ -97,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"--user-data-dir={profile}",
                                 f"{html.as_uri()}#text={quote(text, safe='')}&bench={args.passes}"], profile)
         except subprocess.TimeoutExpired:
-            raise UserError(f"Chromium ran the page for more than {BROWSER_SECONDS} s. Ask for fewer --passes or "
-                            f"--chars") from None
+            raise UserError(f"Chromium ran over {BROWSER_SECONDS} s; ask for fewer --passes or --chars") from None
         version = run_browser([browser, "--version"]).stdout.strip()
     found = re.search(r'<pre id="numbers">(.*?)</pre>', done.stdout, flags=re.S)
     if done.returncode or not found:
@@ -108,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = {"page_mb": round(size / 1e6, 2), "chars": args.chars, "passes": args.passes,
                "forward_ms_median": round(times[len(times) // 2], 1), "forward_ms_min": round(times[0], 1),
                "forward_ms_max": round(times[-1], 1), "browser": version, "checkpoint": str(path)}
-    print(f"{path}: page {figures['page_mb']} MB; one forward pass over {args.chars} characters in {version}: "
+    print(f"{path}: page {figures['page_mb']} MB; a forward pass over {args.chars} characters in {version}: "
           f"{figures['forward_ms_median']} ms (median of {args.passes}; {figures['forward_ms_min']} to "
           f"{figures['forward_ms_max']} ms)")
     write_figures(args.json, figures)

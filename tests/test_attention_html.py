@@ -912,7 +912,7 @@ def test_where_the_validation_text_is_unusable_the_page_says_why(run, tmp_path, 
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("the page opens on")]
     assert said == ["the page opens on a line of Romeo and Juliet, not on the run's validation text: " + why for why in (
         "the checkpoint records no corpus",
-        "no stretch of its validation text of 20 characters or more has only characters the model knows")]
+        "no 20-character stretch of its validation text has only known characters")]
 
 
 VALIDATION_LINE = "while counter < limit: counter += 1"
@@ -1065,7 +1065,7 @@ def test_a_model_too_large_to_carry_is_refused_in_one_line_naming_the_limit(run,
     html = tmp_path / "big.html"
     code = run_cli(attention_html.main, ["--out_dir", str(run / "run"), "--html", str(html)])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "at most 1,000 parameters" in err, err
+    assert code == 2 and err.count("\n") == 1 and "the page carries at most 1,000;" in err, err
     assert not html.exists()
 
 

@@ -1,9 +1,9 @@
-// model/'s forward pass in plain JavaScript, keeping every value the page shows; names follow model/*.py.
-// Vectors are Float64Arrays, one per position; a Linear's weight is a Float32Array, out x in as torch stores it.
+// model/'s forward pass in plain JavaScript, keeping every value the page shows; names as in model/*.py.
+// Vectors are Float64Arrays, one per position; a Linear's weight is a Float32Array, out x in as in torch.
 "use strict";
 
 function linear(xs, { weight, bias }) {
-  // nn.Linear, four positions at a time (each weight read serves four sums); past the end the last one stands in.
+  // nn.Linear, four positions at a time (one weight read, four sums); past the end the last one stands in.
   const nIn = xs[0].length, nOut = weight.length / nIn, ys = xs.map(() => new Float64Array(nOut));
   const last = xs.length - 1, at = (t, k) => Math.min(t + k, last);
   for (let t = 0; t <= last; t += 4) {
@@ -38,7 +38,7 @@ function layerNorm(x, { weight, bias }) {  // nn.LayerNorm
   return y;
 }
 
-const FLOAT32_EPS = 1.1920928955078125e-7;  // F.rms_norm's epsilon for float32 tensors
+const FLOAT32_EPS = 1.1920928955078125e-7;  // F.rms_norm's epsilon for float32
 
 function rmsNorm(x) {  // F.rms_norm without a weight (QK-norm)
   let meanSquare = 0;
@@ -65,7 +65,7 @@ function ropeTables(blockSize, headSize, base) {
     (_, i) => Math.fround(base ** Math.fround(-(2 * i) / headSize)));
   for (let position = 0; position < blockSize; position++) {
     const c = new Float64Array(headSize), s = new Float64Array(headSize);
-    for (let i = 0; i < half; i++) {  // dimensions i and i + half turn by the same angle
+    for (let i = 0; i < half; i++) {  // i and i + half turn by one angle
       const angle = Math.fround(position * frequencies[i]);
       c[i] = c[i + half] = Math.fround(Math.cos(angle));
       s[i] = s[i + half] = Math.fround(Math.sin(angle));
@@ -91,7 +91,7 @@ function dot(a, b) {
   return sum;
 }
 
-function softmax(scores) {  // less the largest score, which cannot overflow
+function softmax(scores) {  // less the largest score: no overflow
   let top = -Infinity, total = 0;
   for (const s of scores) if (s > top) top = s;
   const e = scores.map(s => (s === -Infinity ? 0 : Math.exp(s - top)));  // a masked score: weight 0
@@ -108,12 +108,12 @@ function additiveScores(q, k, w) {  // S[i][j] = w · tanh(q_i + k_j)
   }));
 }
 
-function causalMask(scores) {  // the keys after the query: -inf (weight 0)
+function causalMask(scores) {  // keys after the query: -inf (weight 0)
   return scores.map((row, i) => row.map((s, j) => (j <= i ? s : -Infinity)));
 }
 
 function projections(config, attn, x) {
-  // x -> q, k, v per head, side by side in c_attn (no k when shared_qk, no q or k for the uniform form).
+  // x -> q, k, v per head from c_attn (no k when shared_qk, no q or k for the uniform form).
   const { n_head: nHead, n_embd: nEmbd, head_size: headSize } = config;
   const made = attn.c_attn ? linear(x, attn.c_attn) : [];
   const learnedQK = config.form.scores === "none" ? 0 : config.shared_qk ? 1 : 2;
@@ -130,7 +130,7 @@ function projections(config, attn, x) {
 }
 
 function attention(config, attn, x, rope, scoreFactor) {
-  // CausalSelfAttention.forward, keeping each head's every matrix. scoreFactor multiplies q·k (not additive scores).
+  // CausalSelfAttention.forward, keeping each head's every matrix; scoreFactor multiplies q·k, not additive scores.
   const { n_head: nHead, head_size: headSize } = config, form = config.form.scores, T = x.length;
   const made = projections(config, attn, x), heads = [];
   for (let h = 0; h < nHead; h++) {
@@ -143,7 +143,7 @@ function attention(config, attn, x, rope, scoreFactor) {
       k = turn(k);
     }
     const raw = form === "additive" ? additiveScores(q, k, attn.w_score.subarray(h * headSize, (h + 1) * headSize))
-      : q.map(qi => k.map(kj => dot(qi, kj)));  // S = Q Kᵀ (0 for the uniform form: every key weighs the same)
+      : q.map(qi => k.map(kj => dot(qi, kj)));  // S = Q Kᵀ (0 for the uniform form)
     const factor = form === "additive" ? 1 : scoreFactor;
     const scores = causalMask(raw.map(row => row.map(s => s * factor)));  // scaled BEFORE the softmax
     const weights = scores.map(softmax);
@@ -164,7 +164,7 @@ function attention(config, attn, x, rope, scoreFactor) {
 
 // ---- The block, the MLP, the model
 function mlp(config, weights, xs) {
-  // MLP.forward, keeping the hidden layer for the overview.
+  // MLP.forward, keeping the hidden layer.
   const activation = ACTIVATIONS[config.activation];
   const hidden = linear(xs, weights.c_fc).map(row => row.map(activation));
   return { hidden, output: linear(hidden, weights.c_proj) };
@@ -180,7 +180,7 @@ function add(xs, changes) {  // the residual connection
 
 function block(config, weights, x, rope, scoreFactor) {
   // Block.forward: x + attn(ln_1(x)), then x + mlp(ln_2(x)); without residuals, x = attn(x), then x = mlp(x).
-  // seen: attention's input and values; seen.stream: every vector on the way, for the overview.
+  // seen: attention's input and values; seen.stream: every vector on the way.
   const residual = config.residual, stream = { input: x };
   if (residual) stream.ln_1 = x.map(row => layerNorm(row, weights.ln_1));
   const input = residual ? stream.ln_1 : x;
@@ -200,7 +200,7 @@ function block(config, weights, x, rope, scoreFactor) {
 }
 
 function embedding(model, ids) {
-  // wte(idx), plus wpe(positions) for learned positions.
+  // wte(idx), plus wpe(positions) if learned.
   const { config, weights } = model, nEmbd = config.n_embd;
   const tokens = ids.map(id => weights.wte.weight.subarray(id * nEmbd, (id + 1) * nEmbd));
   const positions = weights.wpe ? ids.map((_, t) => weights.wpe.weight.subarray(t * nEmbd, (t + 1) * nEmbd)) : null;
@@ -217,7 +217,7 @@ function head(config, weights, x) {
 }
 
 function forward(model, ids, options = {}) {
-  // GPT.forward; options.scoreFactor: a what-if factor on every q·k.
+  // GPT.forward; options.scoreFactor: a what-if factor on q·k.
   const { config, weights, rope } = model;
   const scoreFactor = options.scoreFactor ?? (config.form.scaled ? 1 / Math.sqrt(config.head_size) : 1);
   const embedded = embedding(model, ids), layers = [];
@@ -231,7 +231,7 @@ function forward(model, ids, options = {}) {
   return { logits, layers, embedded, normed };
 }
 
-// ---- The weights: one block of float32 numbers, cut into the state dict's tensors (blocks[0].attn.c_attn.weight)
+// ---- The weights: one float32 block, cut into the state dict's tensors (blocks[0].attn.c_attn.weight)
 function loadModel(data) {
   const bytes = Uint8Array.from(atob(data.weights), c => c.charCodeAt(0));
   const all = new Float32Array(bytes.buffer), weights = { blocks: [] };

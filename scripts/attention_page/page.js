@@ -1,4 +1,4 @@
-// The page's views, each recomputed from gpt.js's forward pass whenever the text changes.
+// The page's views, recomputed from gpt.js's forward pass when the text changes.
 "use strict";
 
 const data = JSON.parse(document.getElementById("data").textContent);
@@ -11,7 +11,7 @@ const BLUE = [31, 119, 180], RED = [214, 39, 40], HEAD_RGB = [RED, BLUE, [44, 16
 const $ = id => document.getElementById(id);
 const state = { text: [], result: null, pinned: null, hovered: null, random: null, language: "en", stage: null };
 
-// The script's words in the page's language, {0}, {1}, ... filled in; page.html's have their Chinese in data-zh.
+// English or Chinese, {0}, {1}, ... filled in; page.html keeps its Chinese in data-zh.
 function say(english, chinese, ...values) {
   return (state.language === "zh" ? chinese : english).replace(/\{(\d)\}/g, (_, n) => values[n]);
 }
@@ -22,7 +22,7 @@ function shown(ch) {  // a visible stand-in for an invisible character; a lone s
 }
 function key(ch) { return ch === " " ? "␣" : shown(ch); }
 function codePoint(ch) { return "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0"); }
-function quoted(ch) {  // a quote mark in quotes would be ambiguous (“””): its code point instead
+function quoted(ch) {  // a quote mark in quotes is ambiguous: its code point
   return /^["'`\p{Pi}\p{Pf}]$/u.test(ch) ? ch + " (" + codePoint(ch) + ")" : "“" + shown(ch) + "”";
 }
 function fixed(value) { return value === -Infinity ? "−∞" : value.toFixed(4); }
@@ -49,7 +49,7 @@ function paren(text) { return say(" ({0})", "（{0}）", text); }
 function range(n) { return [...Array(n).keys()]; }
 function size(values) { return values.length + " × " + values[0].length; }
 
-// ---- Section 1: the text's known characters, the last block_size of them (as sample.py reads)
+// ---- Section 1: the text's last block_size known characters, as sample.py reads them
 function characters(text) {
   // By code point; two lone surrogates a text box joined are the two halves the vocabulary knows.
   return Array.from(text).flatMap(ch => (ch.length === 2 && !idOf.has(ch) && idOf.has(ch[0]) && idOf.has(ch[1]) ?
@@ -88,7 +88,7 @@ function weightOf(l, head, q, key) {
 
 // ---- Section 2: the whole model, step by step along the residual stream
 function stages() {
-  // Every step of the forward pass: name (#numbers), block (0: none), label, code (as model/gpt.py) and T rows.
+  // Each forward-pass step: name (#numbers), block (0: none), label, code (as in model/gpt.py), T rows.
   const r = state.result, list = [], learned = config.position === "learned", rope = config.position === "rope";
   const add = (name, block, label, code, values) =>
     list.push({ name: (block ? "block" + block + "." : "") + name, block, label, code, values });
@@ -263,7 +263,7 @@ function renderStrip() {
     }).join(say("; ", "；"));
 }
 
-// ---- Section 4: every head's weights A as a picture, one pixel per weight
+// ---- Section 4: every head's weights A, one pixel per weight
 const MASKED_RGB = [85, 85, 85];  // a dark grey no weight's colour reaches
 
 function buildHeads() {
@@ -333,7 +333,7 @@ function whatIf() { return SCALABLE && $("scale").value !== OWN_FACTOR; }
 function scaledName() { return factorName() + (whatIf() ? say(" (what-if)", "（假设）") : ""); }
 
 // ---- Section 5: one head's whole matrices, in the tutorials' order
-// The tutorials' names for each page symbol: [tutorial, its name, its notebook cell]; 002's In [None] never ran.
+// Each page symbol in the tutorials: [tutorial, name, notebook cell]; 002's In [None] never ran.
 function tutorialNames() {
   const form = FORM.scores, cell = form === "additive" ? "In [9]" : "In [None]";
   const projection = (letter, word, words, in000, in001) => [["000", letter + " = " + word + "(x)", in000],
@@ -409,7 +409,7 @@ function buildLegend() {
   }
 }
 
-function matrices(l, h) {  // each: name, label, formula, values, columns ("dims" or "text")
+function matrices(l, h) {  // name, label, formula, values, columns ("dims" or "text")
   const head = state.result.layers[l].heads[h], list = [], form = FORM.scores;
   const add = (name, label, formula, values, columns) => list.push({ name, label, formula, values, columns });
   if (form !== "none") {
@@ -512,7 +512,7 @@ function positionSimilarities() {
 }
 
 function rotaryDotsByDistance() {
-  // q·k of q = k = (1, ..., 1) turned at 1 + distance and at `from`: the same function of the distance for both keys.
+  // q·k of q = k = (1, ..., 1) turned at `from` + distance and at `from`: a function of the distance alone.
   const ones = new Float64Array(headSize).fill(1), { cos, sin } = model.rope;
   const turned = cos.map((_, t) => applyRope(ones, cos[t], sin[t]));
   return [0, Math.floor(config.block_size / 2)].map(from => ({
@@ -840,7 +840,7 @@ function applyLanguage(language) {
 }
 
 function missingGlyphs(characters) {
-  // Each character drawn on a canvas and compared with unassigned U+0378, which every font draws as its box.
+  // Each character drawn and compared with unassigned U+0378, which every font draws as its box.
   const size = 28, canvas = document.createElement("canvas");
   canvas.width = canvas.height = size;
   const context = canvas.getContext("2d", { willReadFrequently: true });
@@ -935,7 +935,7 @@ if (wanted.has("layer")) choose($("layer"), String(Number(wanted.get("layer")) -
 const view = wanted.get("view");
 if (view !== null) choose($("view"), view === "all" ? "all" : String(Number(view) - 1));
 if (wanted.has("scale")) choose($("scale"), wanted.get("scale"));
-// The sampling controls start at model/generate.py's defaults; the address may set them.
+// The sampling controls: model/generate.py's defaults, unless the address sets them.
 for (const { name, default: initial } of data.sampling) {
   const id = name.replace("_", "-");
   if (initial !== null) $(id).value = initial;

@@ -1,20 +1,20 @@
-// The next character: logits -> probabilities (temperature, top-k, top-p, as model/generate.py's logits_to_probs
-// computes them) -> one seeded draw, so that the same seed appends the same characters again.
+// The next character: logits -> probabilities (temperature, top-k, top-p, as model/generate.py's logits_to_probs)
+// -> one seeded draw, so the same seed appends the same characters.
 "use strict";
 
 function nextCharacterProbabilities(logits, temperature, topK, topP) {
-  // temperature 0: the most likely character, as sample.py's greedy decoding
+  // temperature 0: greedy
   if (temperature === 0) {
     const best = logits.indexOf(Math.max(...logits));
     return logits.map((_, i) => (i === best ? 1 : 0));
   }
   let scaled = Array.from(logits, value => value / temperature);
-  if (topK > 0 && topK < scaled.length) {  // keep the k largest (and any tied with the k-th)
+  if (topK > 0 && topK < scaled.length) {  // keep the k largest and ties with the k-th
     const kth = [...scaled].sort((a, b) => b - a)[topK - 1];
     scaled = scaled.map(value => (value < kth ? -Infinity : value));
   }
   let probs = softmax(scaled);
-  if (topP < 1) {  // keep the most likely characters until their mass reaches top_p; the first always stays
+  if (topP < 1) {  // keep the likeliest until their mass reaches top_p; the first always stays
     const order = probs.map((p, i) => [p, i]).sort((a, b) => b[0] - a[0]);
     let before = 0;
     const kept = new Array(probs.length).fill(0);
@@ -29,7 +29,7 @@ function nextCharacterProbabilities(logits, temperature, topK, topP) {
 }
 
 function seededRandom(seed) {
-  // Marsaglia's xorshift32, a number in [0, 1) per call: the page repeats its own draws for a seed, not torch's.
+  // Marsaglia's xorshift32, a number in [0, 1) per call: a seed repeats the page's own draws, not torch's.
   let state = (Math.abs(Math.floor(seed)) % 4294967295) + 1;
   return () => {
     state ^= state << 13; state >>>= 0;
@@ -39,7 +39,7 @@ function seededRandom(seed) {
   };
 }
 
-function drawCharacter(probs, random) {  // the first character whose running total passes a uniform number
+function drawCharacter(probs, random) {  // the first whose running total passes a uniform number
   const u = random();
   let total = 0;
   for (let i = 0; i < probs.length; i++) {
