@@ -489,8 +489,7 @@ def test_a_prompt_file_is_read_only_as_a_small_regular_utf8_file_and_each_refusa
             (["--prompt_file", str(tmp_path / "none.txt")], f"--prompt_file {tmp_path / 'none.txt'}: no such file"),
             (["--prompt_file", str(latin)], f"--prompt_file {latin}: not UTF-8 text: byte 0xe9 at position 3 "
                                             f"cannot be decoded; save it as UTF-8"),
-            (["--prompts_per_line"], "--prompts_per_line reads the prompts of --prompt_file, one per line; give "
-                                     "--prompt_file too")):
+            (["--prompts_per_line"], "--prompts_per_line needs --prompt_file; give one")):
         assert run_cli(sample_cli.main, common + args) == 2, args
         out, err = capsys.readouterr()
         assert out == "" and err.startswith(f"error: {line}") and len(err.splitlines()) == 1, (args, err)
