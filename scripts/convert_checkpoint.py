@@ -28,8 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def convert(old: Path, named: bool) -> None:
-    """One old checkpoint into a .safetensors file beside it. A file found in a folder (not named) and converted
-    before is passed over."""
+    """One old checkpoint into a .safetensors file beside it; one found in a folder and converted before is skipped."""
     new = old.with_suffix(".safetensors")
     if not old.is_file():
         raise UserError(f"{old} is not a file; give an old checkpoint, such as RUN/ckpt_last.pt")
@@ -40,7 +39,7 @@ def convert(old: Path, named: bool) -> None:
             print(f"{new} already exists: {old} was converted before", file=sys.stderr)
             return
         raise UserError(f"{new} already exists; remove it first to convert {old} again")
-    print(f"reading {old}, trusted as your own (torch.load cannot bound a file's memory or time)", file=sys.stderr)
+    print(f"reading {old}, trusted as your own: torch.load cannot bound its memory or time", file=sys.stderr)
     try:
         state = torch.load(old, map_location="cpu", weights_only=True)
     except Exception as err:
@@ -52,7 +51,7 @@ def convert(old: Path, named: bool) -> None:
         raise UserError(f"{old} holds weights that are not finite (NaN or inf in {bad}); nothing was written")
     try:
         checkpoint.save({**state, "format": checkpoint.FORMAT}, new)
-        checkpoint.load(new, resume="optimizer" in state)  # read back as every reader reads it
+        checkpoint.load(new, resume="optimizer" in state)  # read back as every reader does
     except Exception as err:
         new.unlink(missing_ok=True)
         message = str(err) if isinstance(err, UserError) else in_one_line(err)
