@@ -105,7 +105,7 @@ def space_or_place(err: BaseException, option: str) -> str:
 
 
 def disk_error(err: BaseException) -> str:
-    """The reason in a few words: 'No space left on device', 'Permission denied', ..."""
+    """The reason in a few words, e.g. 'Permission denied'."""
     if isinstance(err, OSError) and err.strerror:
         return err.strerror
     return (str(err).strip().splitlines() or [type(err).__name__])[-1][:160]
@@ -120,7 +120,7 @@ def shown(text: str) -> str:
 
 
 def in_one_line(err: BaseException) -> str:
-    """'Type: first line of the message'. A compiler failure names the error it carries."""
+    """'Type: first line of the message', of the error a compiler failure carries."""
     err = getattr(err, "inner_exception", None) or err
     first_line = (str(err).strip().splitlines() or [""])[0][:160]
     return f"{type(err).__name__}: {first_line}"
@@ -160,8 +160,7 @@ def output_folder(folder: Path, option: str) -> Iterator[Path]:
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{option} {folder} is a file, not a folder; choose another {option}")
     if folder.is_symlink() and not folder.exists():
-        raise UserError(f"{option} {folder} is a link to {os.readlink(folder)}, which is not there; choose another "
-                        f"{option}")
+        raise UserError(f"{option} {folder} is a broken link to {os.readlink(folder)}; choose another {option}")
     made = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         try:

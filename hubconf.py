@@ -131,7 +131,7 @@ class TrainedRun:
 
 
 def chargpt(run: str, device: str = "cpu") -> TrainedRun:
-    """The model of a run folder or of a checkpoint file, on device."""
+    """The model of a run folder or checkpoint file, on device."""
     with _project("training.checkpoint", "common.run_folder", "errors") as (checkpoint, run_folder, errors):
         where = Path(run).expanduser()
         try:

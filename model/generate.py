@@ -66,7 +66,7 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
     on_tokens gets them on the host, (B, chunk) at a time (chunk 0: 1 on a CPU, 16 on a GPU).
     finite_only: NaN or inf scores raise NonFiniteLogits."""
     rows = Rows(model, prompts, max_new_tokens, use_cache, step, on_tokens, chunk, finite_only)
-    logits = rows.prefill()  # the model over each prompt, cropped to its last block_size tokens
+    logits = rows.prefill()
     for i in range(max_new_tokens):
         next_ids = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), on the device
         rows.append(next_ids, logits, last=i == max_new_tokens - 1)
@@ -218,7 +218,7 @@ class Rows:
 
 
 def model_caches(model: GPT, batch_size: int, device: torch.device, dtype: torch.dtype) -> list[LayerCache]:
-    """The model's key/value caches, kept for the next call of the same shape."""
+    """The model's key/value caches, kept for the next call of this shape."""
     cfg, shape = model.config, (batch_size, device, dtype)
     if model.decode_caches is None or model.decode_caches[0] != shape:
         model.decode_caches = None  # free the old caches before allocating new ones
@@ -268,5 +268,5 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
 
 
 def pinned(tensor: torch.Tensor) -> torch.Tensor:
-    """A GPU tensor's copy to pinned host memory, queued: read it once an event recorded after it has passed."""
+    """A queued copy of a GPU tensor in pinned host memory: read it once a later event has passed."""
     return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)

@@ -81,8 +81,8 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
         return text, name
     source = Path(run.data).expanduser()
     if source.is_dir():
-        raise UserError(f"no --data given: {path} was trained on the folder {shown(run.data)}, which is read only "
-                        f"when named; give --data {shlex.quote(shown(run.data))}")
+        raise UserError(f"no --data given: {path} was trained on the folder {shown(run.data)}; give --data "
+                        f"{shlex.quote(shown(run.data))}")
     why = "it is missing" if not source.exists() else recorded_size(source, record)
     if why is None:
         why = "it is not the text it was trained on (its checksum differs)"
@@ -97,7 +97,7 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
         except UserError:
             why = "it changed while it was read"
     raise UserError(f"no --data given, and the text {path} was trained on, {shown(run.data)}, is not here as it was: "
-                    f"{why}; give the text with --data FILE")
+                    f"{why}; give it with --data FILE")
 
 
 def batch_bytes(model, batch_size: int, block_size: int) -> int:
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         target = check_output_file(args.json, "--json", (".json",))
         if target.name == SUMMARY and any((target.parent / name).exists() for name in CHECKPOINTS):
-            raise UserError(f"--json {args.json} is the run's own summary, which the figures would replace; give "
-                            f"another file, e.g. --json {shlex.quote(str(target.with_name('evaluation.json')))}")
+            raise UserError(f"--json {args.json} would replace the run's own summary; give another file, e.g. "
+                            f"--json {shlex.quote(str(target.with_name('evaluation.json')))}")
     check_num_threads(args.num_threads)
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = checkpoint.load_model(path, pick_device(args.device))

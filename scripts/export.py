@@ -104,7 +104,7 @@ def write_onnx(model, target: Path) -> None:
         write_atomic(target, lambda f: f.write(graph.read_bytes()), "the ONNX graph", "--to")
 
 
-SCRATCH_MARK = "export-scratch"  # the empty file an export puts first into its scratch folder
+SCRATCH_MARK = "export-scratch"  # an empty file, made first in each scratch folder
 NAMES = ("model.safetensors", "config.json", "vocab.json", "model.onnx")
 
 
@@ -161,7 +161,7 @@ def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: boo
     import tempfile
 
     names = list(NAMES[:3 + onnx])
-    for scratch in filter(is_scratch, folder.iterdir()):  # an export killed outright left it: this one holds the lock
+    for scratch in filter(is_scratch, folder.iterdir()):  # left by a killed export; we hold the lock
         shutil.rmtree(scratch, ignore_errors=True)
     with contextlib.ExitStack() as stack:
         try:

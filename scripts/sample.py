@@ -37,7 +37,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--prompt_file", default="", help="read the prompt from this file")
     p.add_argument("--prompts_per_line", action="store_true", help="with --prompt_file: one prompt per line, batched")
     p.add_argument("--max_new_tokens", type=int, default=500, help="characters to generate per sample")
-    for option in fields(Sampling):  # --temperature, --top_k, --top_p
+    for option in fields(Sampling):
         p.add_argument(f"--{option.name}", type=option.metadata["type"], default=option.default,
                        help=option.metadata["help"])
     p.add_argument("--num_samples", type=int, default=1, help="samples per prompt")
@@ -70,8 +70,7 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.num_samples < 1:
         raise UserError(f"--num_samples {args.num_samples}: must be at least 1")
     if args.init_from != "resume":
-        raise UserError(f"--init_from {args.init_from}: this sampler reads a run of this trainer, given by --out_dir "
-                        f"RUN or --ckpt FILE")
+        raise UserError(f"--init_from {args.init_from}: only resume works here; give --out_dir RUN or --ckpt FILE")
     args.prompt_flag = "--prompt_file "  # how the prompt's file was named
     if (args.prompt or "").startswith("FILE:"):  # nanoGPT's --start=FILE:prompt.txt
         args.prompt_file, args.prompt, args.prompt_flag = args.prompt.removeprefix("FILE:"), None, "--prompt FILE:"
@@ -152,10 +151,10 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
 
     def the_rest() -> str:
         parts = [text + tokenizer.decode(ids) for text, ids in zip(texts[first:], kept[:, :done].tolist())]
-        return "\n---\n".join([""] * first + parts)  # (after a streamed row, each part opens with ---)
+        return "\n---\n".join([""] * first + parts)  # after a streamed row, each part opens with ---
     try:
         generate(model, rows, args.max_new_tokens, on_tokens=keep, **settings)
-    except KeyboardInterrupt:  # what was drawn is printed, not lost
+    except KeyboardInterrupt:
         print(shown(the_rest()), flush=True)
         each = " of each sample" if len(rows) > 1 else ""
         raise Interrupted(f"stopped after {done:,} of the {args.max_new_tokens:,} new characters{each}; those are "

@@ -455,7 +455,7 @@ def test_nanogpts_sample_flags_are_understood(run_dir, tmp_path, script):
         assert run.returncode == 0 and run.stdout == reference.stdout, (habit, run.stderr)
     refused = script("sample.py", *common, "--init_from=gpt2")
     assert refused.returncode == 2 and refused.stderr.splitlines()[-1].startswith(
-        "error: --init_from gpt2: this sampler reads a run of this trainer, given by --out_dir RUN")
+        "error: --init_from gpt2: only resume works here; give --out_dir RUN or --ckpt FILE")
     assert script("sample.py", *common, "--compile=perhaps").stderr.strip() == (
         "error: argument --compile: expected true or false, got 'perhaps'")
     missing = tmp_path / "no_such_prompt.txt"  # its message names the flag as given, not --prompt_file
