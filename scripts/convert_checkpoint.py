@@ -33,7 +33,7 @@ def convert(old: Path, named: bool) -> None:
     if not old.is_file():
         raise UserError(f"{old} is not a file; give an old checkpoint, such as RUN/ckpt_last.pt")
     if old.suffix == ".safetensors":
-        raise UserError(f"{old} is already of the new format; there is nothing to convert")
+        raise UserError(f"{old} is already of the new format; nothing to convert")
     if new.exists():
         if not named:
             print(f"{new} already exists: {old} was converted before", file=sys.stderr)
@@ -48,14 +48,14 @@ def convert(old: Path, named: bool) -> None:
             and isinstance(state.get("model_config"), dict)):
         raise UserError(f"{old} is not a checkpoint of format 1 of this trainer; nothing was written")
     if bad := checkpoint.non_finite(state["model"]):
-        raise UserError(f"{old} holds weights that are not finite (NaN or inf in {bad}); nothing was written")
+        raise UserError(f"{old} holds NaN or inf weights (in {bad}); nothing was written")
     try:
         checkpoint.save({**state, "format": checkpoint.FORMAT}, new)
         checkpoint.load(new, resume="optimizer" in state)  # read back as every reader does
     except Exception as err:
         new.unlink(missing_ok=True)
         message = str(err) if isinstance(err, UserError) else in_one_line(err)
-        raise UserError(f"{old} could not be converted ({message}); nothing was written for it") from None
+        raise UserError(f"{old} could not be converted ({message}); nothing was written") from None
     print(f"wrote {new}; {old} is kept")
 
 

@@ -49,7 +49,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
                    help="prompt characters the model never saw: stop with an error, or skip them")
     p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (slow)")
-    p.add_argument("--init_from", default="resume", help="nanoGPT's flag: only resume (a run's checkpoint)")
+    p.add_argument("--init_from", default="resume", help="nanoGPT's flag; only resume works")
     p.add_argument("--num_threads", type=int, default=0,
                    help="CPU threads (0: the faster count, measured; N: the same text whatever the load)")
     p.add_argument("--compile", default=None, action=BooleanFlag,
