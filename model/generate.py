@@ -106,7 +106,6 @@ class Sampling:
 
 
 def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
-    """A TypeError or ValueError for a bad max_new_tokens or seed."""
     check_type("max_new_tokens", max_new_tokens, numbers.Integral, "a whole number")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens {max_new_tokens}: must be at least 1")

@@ -48,8 +48,8 @@ def model_config(model, state: dict, path: Path) -> dict:
             "the head its own (lm_head.weight)")
     return {"model_type": "chargpt", "format": FORMAT, **model.config.to_dict(), **rope,
             "weights": f"model.safetensors: every weight by its PyTorch name, float32, {head}",
-            "onnx": "model.onnx: input idx, int64 (batch, time) ids with time <= block_size; output logits, float32 "
-                    "(batch, time, vocab_size), row t scoring the character after idx[:, :t + 1]",
+            "onnx": "model.onnx: idx, int64 (batch, time <= block_size) -> logits, float32 (batch, time, vocab_size); "
+                    "row t scores the character after idx[:, :t + 1]",
             "checkpoint": str(path), "step": state["iter"]}
 
 
@@ -175,7 +175,7 @@ def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: boo
             write_text_atomic(new / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
                               "config.json", "--to")
             vocab = {"format": FORMAT, "chars": list(tokenizer.chars),
-                     "meaning": "id i is chars[i]: a text is encoded character by character"}
+                     "meaning": "id i is chars[i]"}
             write_text_atomic(new / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False) + "\n",
                               "vocab.json", "--to")
             if onnx:
