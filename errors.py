@@ -237,7 +237,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
             stream.reconfigure(errors="backslashreplace")
     try:
         code = main(argv) or 0
-        sys.stdout.flush()  # a full disk fails here, where it is said, not at exit
+        sys.stdout.flush()  # a full disk fails here, not at exit
         return code
     except QuietExit:
         return 2
@@ -258,7 +258,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
             _tell(f"error: could not write the output to {output} ({err.strerror or err}); free some disk space "
                   f"there, or send the output elsewhere")
             return 2
-        if err.filename is None:  # output the disk refused must not fail again at exit
+        if err.filename is None:  # refused output must not fail again at exit
             try:
                 sys.stdout.flush()
             except (OSError, ValueError):

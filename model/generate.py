@@ -135,7 +135,7 @@ class Rows:
             raise ValueError("every prompt needs at least one token")
         self.model, self.step = model, step
         self.block_size, self.device = model.config.block_size, model.wte.weight.device
-        self.windows = [window(len(p), self.block_size) for p in prompts]  # how many tokens each row's context holds
+        self.windows = [window(len(p), self.block_size) for p in prompts]  # each row's context length
         self.first = self.end = max(map(len, prompts))  # the first new column; the column after the last token
         self.tokens = torch.zeros(len(prompts), self.first + max_new_tokens, dtype=torch.long, device=self.device)
         self.tokens[:, :self.first] = on_device([[0] * (self.first - len(p)) + p for p in prompts], self.device)
@@ -146,7 +146,7 @@ class Rows:
             self.state = Decoding(model_caches(model, len(prompts), self.device, dtype))
         self.in_use = 0  # slots of the caches filled so far
         self.slot = torch.zeros(1, dtype=torch.long, device=self.device)
-        # Eager on a CPU, attention reads only the slots in use; elsewhere the whole cache, so shapes stay fixed.
+        # Eager on a CPU, attention reads only the slots in use; elsewhere all, so shapes stay fixed.
         self.trim = self.device.type == "cpu" and step is one_token_step
         self.on_tokens, self.done = on_tokens, self.first  # the columns before done are handed on
         self.chunk = chunk or (16 if self.device.type == "cuda" else 1)

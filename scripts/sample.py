@@ -96,7 +96,7 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
         raise UserError(f"{named}: no such file") from None
     except OSError as err:
         raise UserError(f"{named}: cannot be read ({err.strerror or err})") from None
-    text = utf8_text(data, named).removeprefix("\ufeff")  # (Notepad's byte-order mark)
+    text = utf8_text(data, named).removeprefix("\ufeff")  # a byte-order mark
     prompts = [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
     if not any(prompts):
         raise UserError(f"{named} is empty; put the prompt{'s, one per line,' if args.prompts_per_line else ''} in it")
