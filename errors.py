@@ -21,11 +21,11 @@ class UserError(Exception):
 
 
 class QuietExit(UserError):
-    """A UserError another process reports (under torchrun, rank 0): exit 2 without a word."""
+    """A UserError rank 0 reports under torchrun: exit 2 without a word."""
 
 
 class Interrupted(KeyboardInterrupt):
-    """Stop at once; the message says what is left on disk. Exit 130; no `except Exception` swallows it."""
+    """Stop at once, saying what is left on disk; exit 130. No `except Exception` swallows it."""
 
 
 class StepAbandoned(Exception):
@@ -33,7 +33,7 @@ class StepAbandoned(Exception):
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """argparse's, with "(default: X)" after each option's help, and no line broken inside a hyphenated word."""
+    """argparse's, with "(default: X)" after each help, never breaking a hyphenated word."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text, default = action.help or "", action.default
@@ -53,7 +53,7 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad command line is a UserError (one line, exit 2), not usage text."""
+    """argparse, but a bad command line is a UserError, not usage text."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, formatter_class=HelpFormatter, **kwargs)
@@ -66,14 +66,14 @@ BOOLEANS = dict.fromkeys(("true", "1", "yes", "on"), True) | dict.fromkeys(("fal
 
 
 def parse_bool(text: str) -> bool:
-    """A BOOLEANS word, in any case (nanoGPT's --compile=False); else ValueError."""
+    """A BOOLEANS word in any case; else ValueError."""
     if (value := BOOLEANS.get(text.strip().lower())) is None:
         raise ValueError(text)
     return value
 
 
 class BooleanFlag(argparse.BooleanOptionalAction):
-    """--flag, --no-flag, and --flag=VALUE with any value parse_bool takes (nanoGPT's --compile=False)."""
+    """--flag, --no-flag and --flag=VALUE (nanoGPT's --compile=False)."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, **kwargs)
@@ -105,7 +105,7 @@ def space_or_place(err: BaseException, option: str) -> str:
 
 
 def disk_error(err: BaseException) -> str:
-    """The reason in a few words: 'No space left on device', 'Permission denied', ..."""
+    """The reason in a few words, e.g. 'Permission denied'."""
     if isinstance(err, OSError) and err.strerror:
         return err.strerror
     return (str(err).strip().splitlines() or [type(err).__name__])[-1][:160]
@@ -115,13 +115,12 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def shown(text: str) -> str:
-    """text as it may reach a terminal: control characters but newline and tab written as escapes (\\x1b).
-    Every text read from a file reaches the terminal through it."""
+    """text safe for a terminal: control characters but newline and tab become escapes (\\x1b)."""
     return CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
 
 
 def in_one_line(err: BaseException) -> str:
-    """'Type: first line of the message'. A compiler failure names the error it carries."""
+    """'Type: first line of the message', of the error a compiler failure carries."""
     err = getattr(err, "inner_exception", None) or err
     first_line = (str(err).strip().splitlines() or [""])[0][:160]
     return f"{type(err).__name__}: {first_line}"
@@ -131,7 +130,7 @@ PROJECT = Path(__file__).resolve().parent
 
 
 def python_command(script: str) -> str:
-    """'python SCRIPT' as the user can type it here: the path from the working folder, else the full path."""
+    """'python SCRIPT', the path relative to the working folder where it can be."""
     path = PROJECT / script
     with contextlib.suppress(ValueError, OSError):
         path = path.relative_to(Path.cwd().resolve())
@@ -139,7 +138,7 @@ def python_command(script: str) -> str:
 
 
 def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:
-    """A file the command writes at its end, checked before the work begins."""
+    """A file the command writes at its end, checked before the work."""
     target = Path(path)
     if suffixes and target.suffix.lower() not in suffixes:
         raise UserError(f"{option} {path}: the file name must end in one of {', '.join(suffixes)}")
@@ -157,12 +156,11 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
 
 @contextlib.contextmanager
 def output_folder(folder: Path, option: str) -> Iterator[Path]:
-    """The folder a command writes into, made with its parents; removed again if empty and unlocked."""
+    """The folder a command writes into, made with its parents; removed if left empty and unlocked."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{option} {folder} is a file, not a folder; choose another {option}")
     if folder.is_symlink() and not folder.exists():
-        raise UserError(f"{option} {folder} is a link to {os.readlink(folder)}, which is not there; choose another "
-                        f"{option}")
+        raise UserError(f"{option} {folder} is a broken link to {os.readlink(folder)}; choose another {option}")
     made = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         try:
@@ -191,7 +189,7 @@ def _tell(line: str) -> None:
 
 
 def _to_nowhere(stream) -> None:
-    """Point stream at /dev/null (its reader has gone), so later writes and the flush at exit cannot fail."""
+    """Point stream at /dev/null, so later writes and the flush at exit cannot fail."""
     with contextlib.suppress(OSError, ValueError):
         nowhere = os.open(os.devnull, os.O_WRONLY)
         os.dup2(nowhere, stream.fileno())
@@ -199,7 +197,7 @@ def _to_nowhere(stream) -> None:
 
 
 def _failed_output(err: OSError) -> str | None:
-    """Standard output's file name (then sent to /dev/null) if err is a full disk and stdout a file on it."""
+    """stdout's file name (then sent to /dev/null) if err is a full disk and stdout a file on it."""
     if err.errno != errno.ENOSPC:
         return None
     try:
@@ -219,8 +217,7 @@ class PutBack(contextlib.ExitStack):
 
 
 def quiet_while_loading(name: str, line: str = "interrupted") -> PutBack:
-    """While a command (name == "__main__") loads torch, a Ctrl-C, SIGTERM or SIGHUP ends it at once with `line` and
-    exit 130, not a traceback: `with quiet_while_loading(__name__):` around the imports."""
+    """Around a command's imports: a Ctrl-C, SIGTERM or SIGHUP ends it with `line` and exit 130, no traceback."""
     put_back = PutBack()
     if name == "__main__":
         def stopped(signum, frame):
@@ -235,12 +232,12 @@ def quiet_while_loading(name: str, line: str = "interrupted") -> PutBack:
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run main(): a UserError or an OSError is one line and exit 2; a stop one line and 130."""
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM is a KeyboardInterrupt
-    for stream in (sys.stdout, sys.stderr):  # a character the terminal cannot show is shown as its code
+    for stream in (sys.stdout, sys.stderr):
         if callable(getattr(stream, "reconfigure", None)):
             stream.reconfigure(errors="backslashreplace")
     try:
         code = main(argv) or 0
-        sys.stdout.flush()  # a full disk fails here, where it is said, not at exit
+        sys.stdout.flush()  # a full disk fails here, not at exit
         return code
     except QuietExit:
         return 2
@@ -253,7 +250,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     except KeyboardInterrupt:
         _tell("\ninterrupted")
         return 130
-    except BrokenPipeError:  # piped into head, say: end quietly with 128 + SIGPIPE
+    except BrokenPipeError:  # piped into head: end quietly with 128 + SIGPIPE
         _to_nowhere(sys.stdout)
         return 141
     except OSError as err:
@@ -261,7 +258,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
             _tell(f"error: could not write the output to {output} ({err.strerror or err}); free some disk space "
                   f"there, or send the output elsewhere")
             return 2
-        if err.filename is None:  # output the disk refused must not fail again at exit
+        if err.filename is None:  # refused output must not fail again at exit
             try:
                 sys.stdout.flush()
             except (OSError, ValueError):

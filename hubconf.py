@@ -24,7 +24,7 @@ def _owned(name: str) -> bool:
 
 @contextlib.contextmanager
 def _project(*names: str) -> Iterator[list]:
-    """This checkout's modules in sys.modules for the duration, names imported; the caller's modules back after."""
+    """This checkout's modules, names imported, for the duration; then the caller's modules back."""
     theirs = {name: module for name, module in sys.modules.items() if _owned(name)}
     for name in theirs:
         del sys.modules[name]
@@ -40,7 +40,7 @@ def _project(*names: str) -> Iterator[list]:
 
 
 class TrainedRun:
-    """A trained run's model (in eval mode) and tokenizer: generate, logits, score and to(device, dtype)."""
+    """A trained run's model, in eval mode, and tokenizer."""
 
     def __init__(self, model, tokenizer, state: dict, path: Path):
         self.model, self.tokenizer, self.path = model, tokenizer, path
@@ -50,7 +50,7 @@ class TrainedRun:
         loss = state.get("best_val_loss")
         self.val_loss = loss if isinstance(loss, float) and math.isfinite(loss) else None
         run = state.get("run_config") if isinstance(state.get("run_config"), dict) else {}
-        self.run_dtype = run.get("dtype", "auto")  # scoring's autocast
+        self.run_dtype = run.get("dtype", "auto")
         self.batch_size = run.get("batch_size", 16)
 
     def _ids(self, text: str, what: str) -> list[int]:
@@ -63,7 +63,7 @@ class TrainedRun:
 
     def generate(self, prompt: str | list[str] | tuple[str, ...] | None = None, max_new_tokens: int = 500,
                  seed: int = 1337, **sampling) -> str | list[str]:
-        """The prompt's continuation, or a list of prompts' continuations, as sample.py draws them."""
+        """The prompt's continuation, or a list of them for a list, as sample.py draws them."""
         batch = isinstance(prompt, (list, tuple))
         if not (batch or prompt is None or isinstance(prompt, str)):
             raise TypeError(f"the prompt must be a str, or a list or tuple of them, not {type(prompt).__name__}")
@@ -76,7 +76,7 @@ class TrainedRun:
             known = [option.name for option in dataclasses.fields(generate.Sampling)]
             if unknown := [name for name in sampling if name not in known]:
                 raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}; it takes the prompt, "
-                                f"max_new_tokens, seed and the sampling settings {', '.join(known)}")
+                                f"max_new_tokens, seed, {', '.join(known)}")
             options = dataclasses.asdict(generate.Sampling(**sampling))
             device, n = self.model.wte.weight.device, int(max_new_tokens)
             need = generate.bytes_needed(self.model, len(rows), max(map(len, rows)), n)
@@ -88,11 +88,11 @@ class TrainedRun:
         return texts if batch else texts[0]
 
     def logits(self, text: str):
-        """The float32 logits after each character of text, (len(text), vocab)."""
+        """(len(text), vocab) float32 logits after each character of text."""
         ids = self._ids(text, "text")
         if len(ids) > self.model.config.block_size:
             raise ValueError(f"the text has {len(ids)} characters, more than the model's block_size "
-                             f"{self.model.config.block_size}; give a shorter one (score() takes any length)")
+                             f"{self.model.config.block_size}; give a shorter one, or use score()")
         with torch.inference_mode():
             return self.model(torch.tensor([ids], device=self.model.wte.weight.device))[0][0].float()
 
@@ -131,7 +131,7 @@ class TrainedRun:
 
 
 def chargpt(run: str, device: str = "cpu") -> TrainedRun:
-    """The model of a run folder or of a checkpoint file, on device."""
+    """The model of a run folder or checkpoint file, on device."""
     with _project("training.checkpoint", "common.run_folder", "errors") as (checkpoint, run_folder, errors):
         where = Path(run).expanduser()
         try:

@@ -1,5 +1,5 @@
-"""Sampling: logits -> probabilities -> next token -> the generate loop; then its cases: the key/value cache,
-windows that slide past block_size, a compiled decoding step, chunks handed back."""
+"""Sampling: logits -> probabilities -> next token -> the generate loop, with its key/value cache, windows that
+slide past block_size, compiled step and chunks handed back."""
 from __future__ import annotations
 
 import contextlib
@@ -43,9 +43,8 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """(B, vocab) probabilities -> (B,) token ids: torch.multinomial's draw, without its host sync.
-
-    The exponential race: each token waits Exp(1) / p_i and the first wins, with probability p_i."""
+    """(B, vocab) probabilities -> (B,) ids, as torch.multinomial draws but without its host sync.
+    Each token waits Exp(1) / p_i; the first wins, with probability p_i."""
     waits = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / waits).argmax(dim=-1)
 
@@ -63,17 +62,16 @@ def generate(model: GPT, prompts: list[list[int]], max_new_tokens: int, temperat
              top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
              use_cache: bool = True, on_tokens: Callable[[torch.Tensor], None] | None = None,
              step: DecodeStep = one_token_step, chunk: int = 0, finite_only: bool = False) -> list[list[int]]:
-    """Continue each prompt by max_new_tokens tokens and return the new ones. Prompts may differ in length.
-
-    on_tokens receives the new tokens on the host, (B, n) at a time (n: chunk, default 1 on a CPU, 16 on a GPU).
+    """Each prompt's max_new_tokens new tokens; prompts may differ in length.
+    on_tokens gets them on the host, (B, chunk) at a time (chunk 0: 1 on a CPU, 16 on a GPU).
     finite_only: NaN or inf scores raise NonFiniteLogits."""
     rows = Rows(model, prompts, max_new_tokens, use_cache, step, on_tokens, chunk, finite_only)
-    logits = rows.prefill()  # the model over each prompt, cropped to its last block_size tokens
+    logits = rows.prefill()
     for i in range(max_new_tokens):
         next_ids = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), on the device
         rows.append(next_ids, logits, last=i == max_new_tokens - 1)
         if i < max_new_tokens - 1:
-            logits = rows.decode(next_ids)  # one cached step, or the context cropped again
+            logits = rows.decode(next_ids)
     return rows.new_tokens()
 
 
@@ -108,11 +106,10 @@ class Sampling:
 
 
 def check_length_and_seed(max_new_tokens: object, seed: object) -> None:
-    """A TypeError or ValueError naming a bad max_new_tokens or seed."""
     check_type("max_new_tokens", max_new_tokens, numbers.Integral, "a whole number")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens {max_new_tokens}: must be at least 1")
-    if max_new_tokens > 2**40:  # past any machine's memory
+    if max_new_tokens > 2**40:
         raise ValueError(f"max_new_tokens {max_new_tokens}: must be at most 2^40 (and fit in memory)")
     check_type("seed", seed, numbers.Integral, "a whole number")
     if not 0 <= seed < 2**64:  # torch.Generator.manual_seed's range
@@ -130,7 +127,7 @@ def bytes_needed(model: GPT, rows: int, longest_prompt: int, max_new_tokens: int
 
 
 class Rows:
-    """The rows' tokens, left-padded to end in one column: what the model reads of them, the new ones handed on."""
+    """The rows' tokens, left-padded to end in one column, read by the model and handed on."""
 
     def __init__(self, model: GPT, prompts: list[list[int]], max_new_tokens: int, use_cache: bool, step: DecodeStep,
                  on_tokens: Callable[[torch.Tensor], None] | None, chunk: int, finite_only: bool):
@@ -138,7 +135,7 @@ class Rows:
             raise ValueError("every prompt needs at least one token")
         self.model, self.step = model, step
         self.block_size, self.device = model.config.block_size, model.wte.weight.device
-        self.windows = [window(len(p), self.block_size) for p in prompts]  # how many tokens each row's context holds
+        self.windows = [window(len(p), self.block_size) for p in prompts]  # each row's context length
         self.first = self.end = max(map(len, prompts))  # the first new column; the column after the last token
         self.tokens = torch.zeros(len(prompts), self.first + max_new_tokens, dtype=torch.long, device=self.device)
         self.tokens[:, :self.first] = on_device([[0] * (self.first - len(p)) + p for p in prompts], self.device)
@@ -149,19 +146,19 @@ class Rows:
             self.state = Decoding(model_caches(model, len(prompts), self.device, dtype))
         self.in_use = 0  # slots of the caches filled so far
         self.slot = torch.zeros(1, dtype=torch.long, device=self.device)
-        # Eager on a CPU, attention reads only the slots in use; elsewhere the whole cache, so shapes stay fixed.
+        # Eager on a CPU, attention reads only the slots in use; elsewhere all, so shapes stay fixed.
         self.trim = self.device.type == "cpu" and step is one_token_step
         self.on_tokens, self.done = on_tokens, self.first  # the columns before done are handed on
         self.chunk = chunk or (16 if self.device.type == "cuda" else 1)
         self.finite = torch.ones(len(prompts), dtype=torch.bool, device=self.device) if finite_only else None
-        self.pending = []  # a GPU's chunks on their way to the host, with their finite flags and events
+        self.pending = []  # a GPU's chunks on their way to the host
 
     def use(self, n: int | None) -> None:
         for cache in self.state.caches or ():
             cache.in_use = n
 
     def prefill(self) -> torch.Tensor:
-        """The model over every row's context, which ends at column self.end: (B, vocab) logits."""
+        """(B, vocab) logits of the model over each row's context, which ends at column self.end."""
         first = [self.end - n for n in self.windows]  # where each row's context begins
         left = min(first)
         pad = [f - left for f in first]
@@ -220,10 +217,10 @@ class Rows:
 
 
 def model_caches(model: GPT, batch_size: int, device: torch.device, dtype: torch.dtype) -> list[LayerCache]:
-    """The model's key/value caches, kept for the next call of the same shape."""
+    """The model's key/value caches, kept for the next call of this shape."""
     cfg, shape = model.config, (batch_size, device, dtype)
     if model.decode_caches is None or model.decode_caches[0] != shape:
-        model.decode_caches = None  # the old caches go before the new ones are allocated
+        model.decode_caches = None  # free the old caches before allocating new ones
         made = Decoding.cached(cfg.n_layer, batch_size, cfg.n_head, cfg.block_size, cfg.head_size, device, dtype)
         model.decode_caches = (shape, made.caches)
     return model.decode_caches[1]
@@ -241,8 +238,8 @@ def on_device(values: list, device: torch.device) -> torch.Tensor:
 
 def compiled_step(device_type: str, backend: str | Callable = "inductor",
                   warn: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> DecodeStep:
-    """one_token_step compiled for fixed shapes: CUDA graphs on CUDA; on a CPU, frozen weights and C++ matrix
-    products. A failed compile warns once and decodes uncompiled; a RecompileError goes through."""
+    """one_token_step compiled for fixed shapes: CUDA graphs on CUDA, frozen weights and C++ matmuls on a CPU.
+    A failed compile warns once and decodes uncompiled; a RecompileError goes through."""
     from torch._dynamo.exc import RecompileError
     from torch._inductor import config as inductor_config
     cpu_inductor = backend == "inductor" and device_type != "cuda"
@@ -270,5 +267,5 @@ def compiled_step(device_type: str, backend: str | Callable = "inductor",
 
 
 def pinned(tensor: torch.Tensor) -> torch.Tensor:
-    """A GPU tensor's copy to pinned host memory, queued: read it once an event recorded after it has passed."""
+    """A queued copy of a GPU tensor in pinned host memory: read it once a later event has passed."""
     return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)

@@ -28,19 +28,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def convert(old: Path, named: bool) -> None:
-    """One old checkpoint into a .safetensors file beside it. A file found in a folder (not named) and converted
-    before is passed over."""
+    """One old checkpoint into a .safetensors file beside it; one found in a folder and converted before is skipped."""
     new = old.with_suffix(".safetensors")
     if not old.is_file():
         raise UserError(f"{old} is not a file; give an old checkpoint, such as RUN/ckpt_last.pt")
     if old.suffix == ".safetensors":
-        raise UserError(f"{old} is already of the new format; there is nothing to convert")
+        raise UserError(f"{old} is already of the new format; nothing to convert")
     if new.exists():
         if not named:
             print(f"{new} already exists: {old} was converted before", file=sys.stderr)
             return
         raise UserError(f"{new} already exists; remove it first to convert {old} again")
-    print(f"reading {old}, trusted as your own (torch.load cannot bound a file's memory or time)", file=sys.stderr)
+    print(f"reading {old}, trusted as your own: torch.load cannot bound its memory or time", file=sys.stderr)
     try:
         state = torch.load(old, map_location="cpu", weights_only=True)
     except Exception as err:
@@ -49,14 +48,14 @@ def convert(old: Path, named: bool) -> None:
             and isinstance(state.get("model_config"), dict)):
         raise UserError(f"{old} is not a checkpoint of format 1 of this trainer; nothing was written")
     if bad := checkpoint.non_finite(state["model"]):
-        raise UserError(f"{old} holds weights that are not finite (NaN or inf in {bad}); nothing was written")
+        raise UserError(f"{old} holds NaN or inf weights (in {bad}); nothing was written")
     try:
         checkpoint.save({**state, "format": checkpoint.FORMAT}, new)
-        checkpoint.load(new, resume="optimizer" in state)  # read back as every reader reads it
+        checkpoint.load(new, resume="optimizer" in state)  # read back as every reader does
     except Exception as err:
         new.unlink(missing_ok=True)
         message = str(err) if isinstance(err, UserError) else in_one_line(err)
-        raise UserError(f"{old} could not be converted ({message}); nothing was written for it") from None
+        raise UserError(f"{old} could not be converted ({message}); nothing was written") from None
     print(f"wrote {new}; {old} is kept")
 
 

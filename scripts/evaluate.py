@@ -1,5 +1,5 @@
-"""python scripts/evaluate.py --out_dir RUN [--data FILE]: a trained model's loss and bits per character on any text
-(by default the run's own validation split)."""
+"""python scripts/evaluate.py --out_dir RUN [--data FILE]: a trained model's loss and bits per character on any text,
+by default its run's validation split."""
 from __future__ import annotations
 
 import hashlib
@@ -36,7 +36,7 @@ with quiet_while_loading(__name__):
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    p.add_argument("--out_dir", default="", help="a run folder: uses its model, ckpt_best (else ckpt_last)")
+    p.add_argument("--out_dir", default="", help="a run folder: uses its ckpt_best, else ckpt_last")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--data", default=None, help="text file, folder or named corpus (default: the run's own text)")
     p.add_argument("--split", choices=("val", "all"), default="val",
@@ -44,17 +44,17 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--stride", type=int, default=None,
                    help="characters between window starts (default and at most: block_size)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
-                   help="characters the model never saw: stop with an error, or skip (and count) them")
+                   help="characters the model never saw: stop with an error, or skip them")
     p.add_argument("--json", default="", help="also write the figures to this JSON file")
     p.add_argument("--batch_size", type=int, default=0, help="windows per batch (default: the run's batch_size)")
-    p.add_argument("--cache_dir", default="", help="where named corpora are downloaded (as train.py)")
+    p.add_argument("--cache_dir", default="", help="where named corpora are downloaded")
     p.add_argument("--encoding", default=None, help="--data's encoding, e.g. latin-1 (default: the run's own)")
     p.add_argument("--encoding_errors", default=None, choices=("strict", "replace", "ignore"),
                    help="undecodable bytes: stop, replace or ignore them (default: the run's own)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     p.add_argument("--dtype", default="", help="auto | float32 | bfloat16 (default: the run's own)")
     p.add_argument("--num_threads", type=int, default=0,
-                   help="CPU threads (0: the faster count, measured first; N: the same figures whatever the load)")
+                   help="CPU threads (0: the faster count, measured; N: the same figures whatever the load)")
     return p
 
 
@@ -81,9 +81,9 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
         return text, name
     source = Path(run.data).expanduser()
     if source.is_dir():
-        raise UserError(f"no --data given: {path} was trained on the folder {shown(run.data)}, which is read only "
-                        f"when named; give --data {shlex.quote(shown(run.data))}")
-    why = "it is missing" if not source.exists() else recorded_size(source, record)  # (the gate's reasons)
+        raise UserError(f"no --data given: {path} was trained on the folder {shown(run.data)}; give --data "
+                        f"{shlex.quote(shown(run.data))}")
+    why = "it is missing" if not source.exists() else recorded_size(source, record)
     if why is None:
         why = "it is not the text it was trained on (its checksum differs)"
         try:
@@ -97,24 +97,23 @@ def runs_own_text(args, run: TrainConfig, state: dict, path: Path) -> tuple[str,
         except UserError:
             why = "it changed while it was read"
     raise UserError(f"no --data given, and the text {path} was trained on, {shown(run.data)}, is not here as it was: "
-                    f"{why}; give the text with --data FILE")
+                    f"{why}; give it with --data FILE")
 
 
 def batch_bytes(model, batch_size: int, block_size: int) -> int:
-    """The memory a batch needs: its float32 logits three times over, and eight activations a layer."""
+    """A batch's memory: its float32 logits three times, and eight activations a layer."""
     cfg = model.config
     return 4 * batch_size * block_size * (3 * cfg.vocab_size + 8 * cfg.n_embd * max(cfg.n_layer, 1))
 
 
 def settings(args, state: dict, path: Path) -> tuple[TrainConfig, Runtime]:
-    """The run's saved settings, --encoding over them, and the device: a wrong saved value is named as the
-    checkpoint's, not as a flag."""
+    """The run's saved settings with --encoding over them, and the runtime; a bad saved value blames the checkpoint."""
     run = config_from_dict(state["run_config"], f"{path}", say=lambda message: None)
     try:
         check_encoding(run.encoding, run.encoding_errors)
     except UserError as err:
         raise UserError(f"{path} is damaged: its run config's {str(err).removeprefix('--')}") from None
-    if args.encoding is not None or args.encoding_errors is not None:  # a --data text's own, over the run's
+    if args.encoding is not None or args.encoding_errors is not None:
         if args.data is None:
             raise UserError("--encoding and --encoding_errors need --data; leave them out, or give --data FILE")
         run.encoding, run.encoding_errors = args.encoding or run.encoding, args.encoding_errors or run.encoding_errors
@@ -124,12 +123,12 @@ def settings(args, state: dict, path: Path) -> tuple[TrainConfig, Runtime]:
     except UserError as err:
         if args.dtype:
             raise
-        raise UserError(f"{path}: the run's dtype, {run.dtype} (its saved config, used by default), cannot be used "
-                        f"here ({str(err).split(': ', 1)[-1]}); pass --dtype float32 or bfloat16") from None
+        raise UserError(f"{path}: the run's saved dtype, {run.dtype}, cannot be used here "
+                        f"({str(err).split(': ', 1)[-1]}); pass --dtype float32 or bfloat16") from None
 
 
 def batch_seconds(model, ids: torch.Tensor, block_size: int, stride: int, batch_size: int, autocast) -> float:
-    """Seconds to score the text's first batch, to time each thread count."""
+    """Seconds to score the first batch, to time a thread count."""
     n_ids = min(len(ids), (batch_size - 1) * stride + block_size + 1)
     start = time.perf_counter()
     score(model, ids[:n_ids], Windows(n_ids, block_size, stride), batch_size, autocast)
@@ -141,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         target = check_output_file(args.json, "--json", (".json",))
         if target.name == SUMMARY and any((target.parent / name).exists() for name in CHECKPOINTS):
-            raise UserError(f"--json {args.json} is the run's own summary, which the figures would replace; give "
-                            f"another file, e.g. --json {shlex.quote(str(target.with_name('evaluation.json')))}")
+            raise UserError(f"--json {args.json} would replace the run's own summary; give another file, e.g. "
+                            f"--json {shlex.quote(str(target.with_name('evaluation.json')))}")
     check_num_threads(args.num_threads)
     path = find(args.out_dir, args.ckpt)
     model, tokenizer, state = checkpoint.load_model(path, pick_device(args.device))
@@ -163,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         text, name = runs_own_text(args, run, state, path)
         if args.split == "all":
             print("note: --split all on the run's own text scores its training part too", file=sys.stderr)
-    if args.split == "val":  # training's cut: the last val_fraction of the characters
+    if args.split == "val":  # training's split: the last val_fraction
         text = text[int(len(text) * (1 - run.val_fraction)):]
     counts = {ch: text.count(ch) for ch in tokenizer.unknown(text)}
     if counts and args.unknown == "error":
@@ -196,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if not math.isfinite(loss):
         raise UserError(f"{path}: the model's loss on this text is not a number ({loss}); its weights are damaged "
                         f"or too large")
-    perplexity = math.exp(loss) if loss < 709 else None  # (math.exp overflows a float64 past 709.78)
+    perplexity = math.exp(loss) if loss < 709 else None  # math.exp overflows past 709.78
     figures = {"loss": loss, "bits_per_char": loss / math.log(2), "perplexity": perplexity, "characters": scored,
                "unknown": sum(counts.values()), "unknown_distinct": len(counts), "stride": stride,
                "block_size": block_size, "split": args.split, "dtype": dtype, "data": name, "checkpoint": str(path),

@@ -1,5 +1,5 @@
 """python scripts/export.py --out_dir RUN [--to DIR]: a trained model as files other programs read: model.safetensors,
-config.json, vocab.json and (with requirements-export.txt installed) model.onnx."""
+config.json, vocab.json and, with requirements-export.txt, model.onnx."""
 from __future__ import annotations
 
 import contextlib
@@ -33,11 +33,11 @@ ONNX_OPSET = 18
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
-    p.add_argument("--out_dir", default="", help="a run folder: exports its model, ckpt_best (else ckpt_last)")
+    p.add_argument("--out_dir", default="", help="a run folder: exports its ckpt_best, else ckpt_last")
     p.add_argument("--ckpt", default="", help="a checkpoint file (instead of --out_dir)")
     p.add_argument("--to", default="", help="the folder to write into (default: export/ in the run's folder)")
     p.add_argument("--onnx", default=None, action=BooleanFlag,
-                   help="also write model.onnx (default: where onnx and onnxscript are installed)")
+                   help="also write model.onnx (default: if onnx and onnxscript are installed)")
     return p
 
 
@@ -48,13 +48,13 @@ def model_config(model, state: dict, path: Path) -> dict:
             "the head its own (lm_head.weight)")
     return {"model_type": "chargpt", "format": FORMAT, **model.config.to_dict(), **rope,
             "weights": f"model.safetensors: every weight by its PyTorch name, float32, {head}",
-            "onnx": "model.onnx: input idx, int64 (batch, time) ids with time <= block_size; output logits, float32 "
-                    "(batch, time, vocab_size), row t scoring the character after idx[:, :t + 1]",
+            "onnx": "model.onnx: idx, int64 (batch, time <= block_size) -> logits, float32 (batch, time, vocab_size); "
+                    "row t scores the character after idx[:, :t + 1]",
             "checkpoint": str(path), "step": state["iter"]}
 
 
 def write_safetensors(model, target: Path) -> None:
-    """The weights in float32, each its own tensor (safetensors shares no memory: a tied head is written twice)."""
+    """The weights in float32; a tied head is written twice, as safetensors shares no memory."""
     from safetensors.torch import save
 
     weights = {name: tensor.detach().to("cpu", torch.float32).contiguous().clone()
@@ -84,15 +84,15 @@ def write_onnx(model, target: Path) -> None:
     block_size = model.config.block_size
     example = torch.zeros(2, min(8, block_size), dtype=torch.long)
     shapes = {"idx": {0: torch.export.Dim("batch", min=1), 1: torch.export.Dim("time", min=1, max=block_size)}}
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # (quiets the exporter's notes)
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch, warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # (torch.export's own)
+        warnings.simplefilter("ignore", FutureWarning)  # torch.export's
         graph = Path(scratch) / "model.onnx"
         try:
             torch.onnx.export(Logits(model).eval(), (example,), str(graph), dynamo=True, input_names=["idx"],
                               output_names=["logits"], dynamic_shapes=shapes, opset_version=ONNX_OPSET,
                               external_data=False, verbose=False)
-        except OSError as err:  # (the exporter's write names no file)
+        except OSError as err:  # the exporter's write names no file
             raise WriteFailed(f"could not write the ONNX graph {target} ({disk_error(err)})", "nothing was written",
                               space_or_place(err, "--to")) from None
         except Exception as err:  # e.g. an onnxscript that does not match this torch
@@ -104,12 +104,12 @@ def write_onnx(model, target: Path) -> None:
         write_atomic(target, lambda f: f.write(graph.read_bytes()), "the ONNX graph", "--to")
 
 
-SCRATCH_MARK = "export-scratch"  # the empty file an export puts first into its scratch folder
+SCRATCH_MARK = "export-scratch"  # an empty file, made first in each scratch folder
 NAMES = ("model.safetensors", "config.json", "vocab.json", "model.onnx")
 
 
 def is_scratch(entry: Path) -> bool:
-    """Whether entry is an export's scratch folder: .export-PID-..., holding SCRATCH_MARK or nothing."""
+    """Whether entry is an export's scratch folder, .export-PID-..., holding SCRATCH_MARK or nothing."""
     if not re.fullmatch(r"\.export-[0-9]+-.*", entry.name, re.DOTALL) or entry.is_symlink() or not entry.is_dir():
         return False
     mark = entry / SCRATCH_MARK
@@ -117,7 +117,7 @@ def is_scratch(entry: Path) -> bool:
 
 
 def exported(file: Path) -> bool:
-    """Whether file is a plain file, and if a config.json or vocab.json, one with an export's marks."""
+    """Whether file is a plain file, and a config.json or vocab.json with an export's marks."""
     if file.is_symlink() or not file.is_file():
         return False
     if file.suffix != ".json":
@@ -143,7 +143,7 @@ def refuse_others(folder: Path) -> None:
 
 @contextlib.contextmanager
 def alone_in(folder: Path):
-    """folder locked by this export, so that two exports never mix their files."""
+    """folder locked by this export, so two exports never mix their files."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
@@ -157,11 +157,11 @@ def alone_in(folder: Path):
 
 
 def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: bool, moved: list[str]) -> list[str]:
-    """The export's files, written in a scratch folder, then moved into folder (each name added to moved)."""
+    """The export's files, written in a scratch folder, then moved into folder and named in moved."""
     import tempfile
 
     names = list(NAMES[:3 + onnx])
-    for scratch in filter(is_scratch, folder.iterdir()):  # an export killed outright left it: this one holds the lock
+    for scratch in filter(is_scratch, folder.iterdir()):  # left by a killed export; we hold the lock
         shutil.rmtree(scratch, ignore_errors=True)
     with contextlib.ExitStack() as stack:
         try:
@@ -175,7 +175,7 @@ def write_all(model, tokenizer, state: dict, path: Path, folder: Path, onnx: boo
             write_text_atomic(new / "config.json", json.dumps(model_config(model, state, path), indent=1) + "\n",
                               "config.json", "--to")
             vocab = {"format": FORMAT, "chars": list(tokenizer.chars),
-                     "meaning": "id i is chars[i]: a text is encoded character by character"}
+                     "meaning": "id i is chars[i]"}
             write_text_atomic(new / "vocab.json", json.dumps(vocab, indent=1, ensure_ascii=False) + "\n",
                               "vocab.json", "--to")
             if onnx:
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer, state = load_model(path, "cpu")
     folder = Path(args.to) if args.to else path.parent / "export"
     with output_folder(folder, "--to"), alone_in(folder):
-        if owner := holder(folder):  # a run's folder while it trains
+        if owner := holder(folder):
             raise UserError(f"--to {folder} is the folder of a run that {owner} is training; choose another --to")
         refuse_others(folder)
         onnx = args.onnx is not False and not missing

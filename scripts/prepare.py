@@ -1,5 +1,4 @@
-"""python scripts/prepare.py --data FILE|FOLDER|shakespeare|pystdlib: tokenize a corpus into the cache and summarise
-it."""
+"""python scripts/prepare.py --data FILE|FOLDER|shakespeare|pystdlib: tokenize a corpus into the cache."""
 from __future__ import annotations
 
 import sys
@@ -17,8 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description=__doc__.split(":", 1)[1].strip())
     p.add_argument("--data", default="shakespeare", help="a text file, a folder of text files, shakespeare or pystdlib")
     p.add_argument("--cache_dir", default=str(default_cache_dir()), help="where downloads and token files go")
-    p.add_argument("--val_fraction", type=float, default=0.1, help="the last fraction of the text kept for validation")
-    p.add_argument("--encoding", default="utf-8", help="text encoding of the corpus files")
+    p.add_argument("--val_fraction", type=float, default=0.1, help="the last fraction of the text, for validation")
+    p.add_argument("--encoding", default="utf-8", help="the corpus files' encoding")
     p.add_argument("--encoding_errors", default="strict", help="strict | replace | ignore undecodable bytes")
     args = p.parse_args(argv)
     if not 0 < args.val_fraction < 1:

@@ -37,21 +37,21 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--prompt_file", default="", help="read the prompt from this file")
     p.add_argument("--prompts_per_line", action="store_true", help="with --prompt_file: one prompt per line, batched")
     p.add_argument("--max_new_tokens", type=int, default=500, help="characters to generate per sample")
-    for option in fields(Sampling):  # --temperature, --top_k, --top_p
+    for option in fields(Sampling):
         p.add_argument(f"--{option.name}", type=option.metadata["type"], default=option.default,
                        help=option.metadata["help"])
     p.add_argument("--num_samples", type=int, default=1, help="samples per prompt")
     p.add_argument("--seed", type=int, default=1337, help="same seed and settings give the same text")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16: the weights are cast once")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--stream", default=None, action=BooleanFlag,
                    help="print the first sample as it is drawn (default: on in a terminal or for one sample)")
     p.add_argument("--unknown", choices=("error", "skip"), default="error",
-                   help="prompt characters outside the vocabulary: stop with an error, or skip them")
-    p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (slow; for checks)")
-    p.add_argument("--init_from", default="resume", help="nanoGPT's flag: only resume (a run's checkpoint)")
+                   help="prompt characters the model never saw: stop with an error, or skip them")
+    p.add_argument("--no_cache", action="store_true", help="recompute the whole context every step (slow)")
+    p.add_argument("--init_from", default="resume", help="nanoGPT's flag; only resume works")
     p.add_argument("--num_threads", type=int, default=0,
-                   help="CPU threads (0: the faster count, measured first; N: the same text whatever the load)")
+                   help="CPU threads (0: the faster count, measured; N: the same text whatever the load)")
     p.add_argument("--compile", default=None, action=BooleanFlag,
                    help="torch.compile the decoding step (default: off)")
     return p
@@ -70,8 +70,7 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.num_samples < 1:
         raise UserError(f"--num_samples {args.num_samples}: must be at least 1")
     if args.init_from != "resume":
-        raise UserError(f"--init_from {args.init_from}: this sampler reads a run of this trainer, given by --out_dir "
-                        f"RUN or --ckpt FILE")
+        raise UserError(f"--init_from {args.init_from}: only resume works here; give --out_dir RUN or --ckpt FILE")
     args.prompt_flag = "--prompt_file "  # how the prompt's file was named
     if (args.prompt or "").startswith("FILE:"):  # nanoGPT's --start=FILE:prompt.txt
         args.prompt_file, args.prompt, args.prompt_flag = args.prompt.removeprefix("FILE:"), None, "--prompt FILE:"
@@ -80,14 +79,14 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.prompt is not None and args.prompt_file:
         raise UserError("give --prompt or --prompt_file, not both")
     if args.prompts_per_line and not args.prompt_file:
-        raise UserError("--prompts_per_line reads the prompts of --prompt_file, one per line; give --prompt_file too")
+        raise UserError("--prompts_per_line needs --prompt_file; give one")
     if args.prompt == "":
         raise UserError("--prompt is empty; give a character, or leave it out")
     check_num_threads(args.num_threads)
 
 
 def read_prompts(args: argparse.Namespace) -> list[str] | None:
-    """The prompts given (None: the model's default), read before the model loads."""
+    """The prompts given (None: the model's default)."""
     if not args.prompt_file:
         return None if args.prompt is None else [args.prompt]
     named = f"{args.prompt_flag}{args.prompt_file}"
@@ -97,7 +96,7 @@ def read_prompts(args: argparse.Namespace) -> list[str] | None:
         raise UserError(f"{named}: no such file") from None
     except OSError as err:
         raise UserError(f"{named}: cannot be read ({err.strerror or err})") from None
-    text = utf8_text(data, named).removeprefix("\ufeff")  # (Notepad's byte-order mark)
+    text = utf8_text(data, named).removeprefix("\ufeff")  # a byte-order mark
     prompts = [line for line in text.splitlines() if line] if args.prompts_per_line else [text]
     if not any(prompts):
         raise UserError(f"{named} is empty; put the prompt{'s, one per line,' if args.prompts_per_line else ''} in it")
@@ -119,12 +118,12 @@ def encode_prompts(prompts: list[str], tokenizer, policy: str) -> list[list[int]
 
 
 def streams(args: argparse.Namespace, rows: int) -> bool:
-    """Whether the first row is printed as drawn: by default in a terminal, or for one row (so `| head` ends)."""
+    """Whether the first row is printed as drawn: by default in a terminal or for one row (so `| head` ends)."""
     return (sys.stdout.isatty() or rows == 1) if args.stream is None else args.stream
 
 
 def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.device, prompts: list[str]) -> None:
-    """Each prompt continued --num_samples times, all in one batch."""
+    """Each prompt continued --num_samples times, in one batch."""
     rows = [p for p in encode_prompts(prompts, tokenizer, args.unknown) for _ in range(args.num_samples)]
     texts = [tokenizer.decode(r) for r in rows]
     stream = streams(args, len(rows))
@@ -133,8 +132,8 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
         threads = choose_threads(args.num_threads, lambda: decoding_seconds(model, rows, settings, device))
         print(threads.line(f"{PROBE_CHARACTERS} characters"), file=sys.stderr)
     if args.compile and not args.no_cache:  # else the wait would look like a hang
-        took = "on a CPU about 20 s" if device.type == "cpu" else "on an H100 about 10 s"
-        print(f"--compile: the decoding step is compiled before the first new character ({took})", file=sys.stderr)
+        took = "20 s on a CPU" if device.type == "cpu" else "10 s on an H100"
+        print(f"--compile: compiling the decoding step first (about {took})", file=sys.stderr)
     settings.update(generator=torch.Generator(device=device).manual_seed(args.seed), finite_only=True,
                     step=compiled_step(device.type) if args.compile else one_token_step)
     first = int(stream)  # rows from `first` on are kept and printed at the end
@@ -152,10 +151,10 @@ def write_samples(args: argparse.Namespace, model, tokenizer, device: torch.devi
 
     def the_rest() -> str:
         parts = [text + tokenizer.decode(ids) for text, ids in zip(texts[first:], kept[:, :done].tolist())]
-        return "\n---\n".join([""] * first + parts)  # (after a streamed row, each part opens with ---)
+        return "\n---\n".join([""] * first + parts)  # after a streamed row, each part opens with ---
     try:
         generate(model, rows, args.max_new_tokens, on_tokens=keep, **settings)
-    except KeyboardInterrupt:  # what was drawn is printed, not lost
+    except KeyboardInterrupt:
         print(shown(the_rest()), flush=True)
         each = " of each sample" if len(rows) > 1 else ""
         raise Interrupted(f"stopped after {done:,} of the {args.max_new_tokens:,} new characters{each}; those are "
@@ -170,7 +169,7 @@ def decoding_seconds(model, rows: list[list[int]], settings: dict, device: torch
 
 
 def own_loss(state: dict) -> str:
-    """The validation loss of the evaluation at the checkpoint's step, where one was made."""
+    """The validation loss measured at the checkpoint's step, if any."""
     val = state.get("last_eval", {}).get("val") if state.get("eval_done") else None
     return f", validation loss {val:.4f}" if isinstance(val, float) and math.isfinite(val) else \
         ", no validation loss measured at this step"
@@ -199,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             write_samples(args, model, tokenizer, rt.device, prompts)
         except NonFiniteLogits:
             if streams(args, rows):
-                print()  # (the stream printed the prompt: end its line)
+                print()  # end the streamed line
             raise UserError(f"{path}: the model's scores are not numbers (NaN or inf); its weights are damaged or "
                             f"too large") from None
     return 0

@@ -154,7 +154,7 @@ def test_without_data_a_text_that_cannot_be_read_is_said_to_be_unreadable_not_ch
     done = evaluate("--out_dir", str(run[0] / "run"), "--device", "cpu")
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.rstrip().endswith(f", {run[1]}, is not here as it was: it cannot be read (Permission denied); "
-                                         f"give the text with --data FILE"), done.stderr
+                                         f"give it with --data FILE"), done.stderr
 
 
 def test_a_relative_data_path_is_recorded_whole_so_the_run_is_scored_from_anywhere(tmp_path, monkeypatch, evaluate):
@@ -184,7 +184,7 @@ def test_without_data_a_run_on_a_folder_or_an_unreachable_named_corpus_is_one_li
     train_debug(folder, tmp_path / "run", "--max_iters", "4")
     done = evaluate("--out_dir", str(tmp_path / "run"), "--device", "cpu")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert f"was trained on the folder {folder}, which is read only when named; give --data {folder}" in done.stderr
+    assert f"was trained on the folder {folder}; give --data {folder}" in done.stderr
     done = evaluate("--out_dir", str(tmp_path / "run"), "--data", "")
     assert done.returncode == 2 and "error: --data is empty; give a text file" in done.stderr
     import data.corpus as corpus_module
@@ -285,7 +285,7 @@ def test_the_figures_are_never_written_over_the_runs_own_summary(run, evaluate):
     before = summary.read_bytes()
     done = evaluate("--out_dir", str(tmp / "run"), "--json", str(summary))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith(f"error: --json {summary} is the run's own summary, which the figures would replace")
+    assert done.stderr.startswith(f"error: --json {summary} would replace the run's own summary")
     assert summary.read_bytes() == before
     other = done.stderr.strip().rsplit("--json ", 1)[1]
     assert other == str(tmp / "run" / "evaluation.json")

@@ -327,7 +327,7 @@ def test_an_unwritable_or_missing_place_and_a_stop_are_each_one_line_naming_the_
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "nowhere")
     assert run_cli(export.main, ["--out_dir", str(run_dir), "--to", str(link), "--onnx=false"]) == 2
-    assert capsys.readouterr().err == (f"error: --to {link} is a link to {tmp_path / 'nowhere'}, which is not there; "
+    assert capsys.readouterr().err == (f"error: --to {link} is a broken link to {tmp_path / 'nowhere'}; "
                                        f"choose another --to\n")
     assert not (tmp_path / "nowhere").exists()
     folder = tmp_path / "export"

@@ -323,8 +323,8 @@ def test_evaluate_names_the_checkpoint_for_a_value_it_took_from_it(finished, cor
     for name, run_config, words in (
             ("batch", {"batch_size": 0}, "its saved config is invalid (--batch_size 0: must be at least 1)"),
             ("codec", {"encoding": "no-such-codec"}, "is damaged: its run config's encoding no-such-codec"),
-            ("half", {"dtype": "float16"}, "the run's dtype, float16 (its saved config, used by default), cannot be "
-                                           "used here (not supported on CPU; use float32 or bfloat16)")):
+            ("half", {"dtype": "float16"}, "the run's saved dtype, float16, cannot be used here (not supported on "
+                                           "CPU; use float32 or bfloat16)")):
         path = forged(finished / "ckpt_best.safetensors", tmp_path / f"{name}.pt", run_config=run_config)
         err = one_line(capsys, run_cli(evaluate.main, ["--ckpt", str(path), "--data", str(corpus)]), words)
         assert err.startswith(f"error: {path}") and "error: --" not in err, err

@@ -441,7 +441,7 @@ def test_an_old_checkpoint_converts_once_and_samples_the_same_text(finished, tmp
     assert again.returncode == 0 and "was converted before" in again.stderr, again.stderr
     new = script("convert_checkpoint.py", str(folder / "ckpt_last.safetensors"))  # never "remove it first"
     assert new.returncode == 2 and new.stderr == (f"error: {folder / 'ckpt_last.safetensors'} is already of the new "
-                                                  f"format; there is nothing to convert\n"), new.stderr
+                                                  f"format; nothing to convert\n"), new.stderr
     done = script("convert_checkpoint.py", str(old))
     assert done.returncode == 0 and f"wrote {tmp_path / 'ckpt_last.safetensors'}" in done.stdout, done.stderr
     assert old.read_bytes() == before

@@ -164,7 +164,7 @@ def test_to_a_device_this_machine_lacks_is_one_line_and_leaves_the_model_where_i
     ({"temperature": float("inf")}, ValueError, "temperature inf: must be 0 (greedy) or a positive number, not "
                                                 "infinite"),
     ({"bogus": 1}, TypeError, "generate() got an unexpected keyword argument 'bogus'; it takes the prompt, "
-                              "max_new_tokens, seed and the sampling settings temperature, top_k, top_p"),
+                              "max_new_tokens, seed, temperature, top_k, top_p"),
 ])
 def test_generate_refuses_what_sample_py_refuses_in_one_line_naming_the_type_or_range(lm, keywords, error, words):
     """generate()'s length, seed and sampling options go through sample.py's checks (model.generate's

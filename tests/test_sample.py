@@ -455,7 +455,7 @@ def test_nanogpts_sample_flags_are_understood(run_dir, tmp_path, script):
         assert run.returncode == 0 and run.stdout == reference.stdout, (habit, run.stderr)
     refused = script("sample.py", *common, "--init_from=gpt2")
     assert refused.returncode == 2 and refused.stderr.splitlines()[-1].startswith(
-        "error: --init_from gpt2: this sampler reads a run of this trainer, given by --out_dir RUN")
+        "error: --init_from gpt2: only resume works here; give --out_dir RUN or --ckpt FILE")
     assert script("sample.py", *common, "--compile=perhaps").stderr.strip() == (
         "error: argument --compile: expected true or false, got 'perhaps'")
     missing = tmp_path / "no_such_prompt.txt"  # its message names the flag as given, not --prompt_file
@@ -489,8 +489,7 @@ def test_a_prompt_file_is_read_only_as_a_small_regular_utf8_file_and_each_refusa
             (["--prompt_file", str(tmp_path / "none.txt")], f"--prompt_file {tmp_path / 'none.txt'}: no such file"),
             (["--prompt_file", str(latin)], f"--prompt_file {latin}: not UTF-8 text: byte 0xe9 at position 3 "
                                             f"cannot be decoded; save it as UTF-8"),
-            (["--prompts_per_line"], "--prompts_per_line reads the prompts of --prompt_file, one per line; give "
-                                     "--prompt_file too")):
+            (["--prompts_per_line"], "--prompts_per_line needs --prompt_file; give one")):
         assert run_cli(sample_cli.main, common + args) == 2, args
         out, err = capsys.readouterr()
         assert out == "" and err.startswith(f"error: {line}") and len(err.splitlines()) == 1, (args, err)
