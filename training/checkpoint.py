@@ -37,7 +37,6 @@ CONTENTS = {"format": (int, "sample"), "model_config": (dict, "sample"),
             "eval_done": (bool, "later"), "last_eval": (dict, "later"), "evals_since_best": (int, "later"),
             "data": (dict, "later"), "tokens_per_iter": (int, "later"), "losses": (dict, "later")}
 OPTIMIZER_STATE = {"AdamW": ("step", "exp_avg", "exp_avg_sq"), "Muon": ("momentum_buffer",)}  # per stepped weight
-WEIGHT_DTYPES = ("F32", "F16", "BF16", "F64")
 SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                       torch.uint8: "U8"}
 NUMBER = (int, float)  # JSON's numbers, exactly: a bool is none
@@ -237,7 +236,7 @@ def expected_tensors(doc: dict, config, model, names: set[str], path: Path) -> d
     """name -> (shape, dtypes) of each tensor the settings imply: the weights (a tied head once), the stepped weights'
     optimizer state, the random states. The optimizer's groups in doc become configure_optimizer's, with only the
     FREE_SETTINGS read from the file."""
-    wanted = {f"model.{k}": (tuple(t.shape), WEIGHT_DTYPES) for k, t in model.state_dict().items()
+    wanted = {f"model.{k}": (tuple(t.shape), ("F32", "F16", "BF16", "F64")) for k, t in model.state_dict().items()
               if not (config.tie_weights and k == "lm_head.weight")}
     if "rng" in doc:
         size = (torch.get_rng_state().numel(),)
@@ -338,6 +337,7 @@ def step_of(path: Path) -> int | None:  # a checkpoint's step, None where its se
 def load_model(path: Path, device: torch.device | str = "cpu"):
     """(model in eval mode, tokenizer, state); a refused ckpt_best names a readable ckpt_last."""
     from model import GPT, ModelConfig
+    device = usable_device(device, f"load {path} onto", "load it onto cpu")  # (a device it lacks: not the file's fault)
     try:
         state = load(path, device)
     except UserError as err:
