@@ -256,7 +256,7 @@ def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys
     code, text, _ = cli(capsys, *argv(corpus, logs_only, "--max_iters", "2"))
     assert code == 0 and checkpoint.load(logs_only / "ckpt_last.safetensors")["iter"] == 2
     kept = [path for path in logs_only.iterdir() if path.name.startswith("events_before_")]
-    assert len(kept) == 1 and f"they are kept in {kept[0]}" in text
+    assert len(kept) == 1 and f"moved to {kept[0]}" in text
     assert {path.name: path.read_bytes() for path in kept[0].iterdir()} == events
 
     code, _, err = cli(capsys, *argv(corpus, tmp_path / "nothing", "--resume"))
@@ -523,8 +523,8 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     assert run_cli(sample.main, ["--out_dir", "out/debug-shakespeare"]) == 2
     assert capsys.readouterr().err == (
         "error: out/debug-shakespeare: no such folder; runs with a model beside it: out/debug-my_corpus, "
-        "out/debug-my_notes, out/debug-pystdlib; give one of them as --out_dir (or train: "
-        f"python {ROOT / 'train.py'} --out_dir out/debug-shakespeare)\n")
+        "out/debug-my_notes, out/debug-pystdlib; give one as --out_dir, or train: "
+        f"python {ROOT / 'train.py'} --out_dir out/debug-shakespeare\n")
 
 
 @pytest.mark.parametrize("named", [("--data", "shakespeare"), ("--cache_dir", "CACHE"), ("--resume",)])
