@@ -36,8 +36,7 @@ def save_figure(figure, path: str | Path, option: str, what: str = "the picture"
 
 
 def loss_figure(losses: dict, title: str):
-    """losses["train"]: (step, loss) per log line; losses["eval"]: (step, train, validation) per evaluation. Every
-    point is drawn; the y axis spans the finite ones."""
+    """losses["train"]: (step, loss) per log line; losses["eval"]: (step, train, validation) per evaluation."""
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
     series = [("train loss (each log line's batch)", losses["train"], 1, "C0", "."),
               ("train loss (evaluation)", losses["eval"], 1, "C2", "s"),
@@ -47,7 +46,7 @@ def loss_figure(losses: dict, title: str):
         if points:
             steps, ys = [p[0] for p in points], [float(p[column]) for p in points]
             ax.plot(steps, ys, marker=marker, linestyle="-", color=color, markersize=4, linewidth=1, label=name)
-            values += [y for y in ys if math.isfinite(y)]
+            values += [y for y in ys if math.isfinite(y)]  # the y axis spans these
     if values:
         low, high = min(values), max(values)
         pad = 0.05 * (high - low) or 0.05 * max(abs(high), 1.0)
@@ -117,8 +116,8 @@ def causal_cells(weights: torch.Tensor) -> np.ma.MaskedArray:
 
 
 class AttentionPictures:
-    """A run's attention pictures of its probe text as (height, width, 3) arrays. The figure is drawn once without
-    its heatmaps, frames and titles; each picture draws only those onto that background: the whole figure's pixels."""
+    """A run's attention pictures as (height, width, 3) arrays. The figure is drawn once without heatmaps, frames
+    and titles; each picture redraws only those."""
 
     def __init__(self, text: str):
         self.text = text
@@ -128,7 +127,7 @@ class AttentionPictures:
         fig = attention_figure(weights, self.text, layer)
         plt.close(fig)  # out of pyplot's list (it warns past 20)
         FigureCanvasAgg(fig)
-        heatmaps = [ax for ax in fig.axes if ax.images]  # one per head (the colour bar has none)
+        heatmaps = [ax for ax in fig.axes if ax.images]  # one per head
         redrawn = [artist for ax in heatmaps for artist in redrawn_parts(ax)]
         for artist in redrawn:
             artist.set_visible(False)
@@ -220,5 +219,6 @@ def missing_note(text: str) -> str | None:
         return None
     listed = ", ".join(f"{ch} U+{ord(ch):04X}" for ch in missing[:10]) + (
         f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-    return (f"note: no installed font draws {len(missing)} of the characters, so the attention pictures label them by "
-            f"code point: {listed}. Fix: {INSTALL_HINT}, and run again.")
+    return (f"note: no installed font draws {len(missing)} of the characters; the pictures show their code points: "
+            f"{listed}. Fix: {INSTALL_HINT}, and run again.")
+
