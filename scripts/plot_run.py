@@ -21,8 +21,7 @@ RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "opti
 
 
 def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series of a run: (step, value) pairs, the last written for a step (by time: a resumed run's event
-    files are not always in name order)."""
+    """Every scalar series of a run: (step, value) pairs, the last written for each step by time."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not out_dir.is_dir():
@@ -44,8 +43,8 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
                for tag in events.Tags()["scalars"]}
     if not any(scalars.get(tag) for tag in ("loss/train", "loss/val")):
         if any((out_dir / name).exists() for name in CHECKPOINTS):  # it has evaluated, so it logged losses
-            raise UserError(f"{out_dir}: its TensorBoard event files hold no losses that can be read, though the run "
-                            f"saved a checkpoint: they are damaged; nothing to plot")
+            raise UserError(f"{out_dir}: its TensorBoard event files are damaged: they hold no losses, though the "
+                            f"run saved a checkpoint; nothing to plot")
         raise UserError(f"{out_dir} holds no losses yet (the run stopped before its first log); nothing to plot")
     return scalars
 
@@ -57,7 +56,8 @@ def run_folders(paths: list[str]) -> list[Path]:
         runs = [] if any(out_dir.glob("events.out.tfevents.*")) else sorted(
             d for d in out_dir.glob("*/") if any(d.glob("events.out.tfevents.*")))
         folders += runs or [out_dir]  # a folder with neither is named by read_scalars
-    return list(dict.fromkeys(folders))  # each run once
+    return list(dict.fromkeys(folders))
+
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,7 @@ class Log:
         try:
             self.wandb = wandb.init(project=cfg.wandb_project, name=name, group=name, dir=str(self.out_dir),
                                      config=cfg.to_dict(), settings=wandb.Settings(silent=True))
-        except Exception as err:  # no login, no network: the run goes on with TensorBoard
+        except Exception as err:
             self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}); this run logs to TensorBoard "
                      f"only. Try wandb login, or WANDB_MODE=offline")
 
@@ -57,7 +57,7 @@ class Log:
             self._say(shown(message))  # a file's text, never terminal codes
 
     def line(self, message: str) -> None:
-        """A line for a log file only."""
+        """A line for a log file, not a terminal."""
         if self.lines is not None:
             self.lines(message)
 
@@ -84,7 +84,7 @@ class Log:
                           ["Multiline", ["^perf/mfu$"]]}})
 
     def writer(self):
-        """The SummaryWriter for StepLog, or None off rank 0."""
+        """StepLog's SummaryWriter, or None off rank 0."""
         self._with_writer(lambda writer: None)
         return self._writer
 
@@ -107,7 +107,7 @@ class Log:
             self.wandb.log({tag: wandb.Image(picture)}, step=it)
 
     def picture_seconds(self, picture) -> float:
-        """The seconds TensorBoard takes to encode picture."""
+        """Seconds TensorBoard takes to encode picture."""
         if not self.active:
             return 0.0
         from torch.utils.tensorboard.summary import image
@@ -118,6 +118,7 @@ class Log:
 
     def final(self, cfg: TrainConfig, summary: dict, step: int) -> None:
         """The settings and final figures, for the HParams tab and as scalars."""
+
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         figures = {"summary/full_val_loss": summary.get("full_val_loss"),
@@ -312,7 +313,7 @@ class TrainClock:
 
 def mfu_basis(peak_flops: float) -> str:
     return (f"mfu below: the model's FLOPs per second over {peak_flops / 1e12:.3g} TFLOP/s, the peak this device "
-            f"measured just now (an estimate, which moves with the machine's load)")
+            f"measured just now (an estimate: it moves with the load)")
 
 
 def too_many_nonfinite(it: int, cfg: TrainConfig, last: Path) -> str:
@@ -322,7 +323,7 @@ def too_many_nonfinite(it: int, cfg: TrainConfig, last: Path) -> str:
 
 # ---- the lines a run ends with
 def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
-    """The line for a run out of memory (or that would be: figures say by how much)."""
+    """The line for a run out of memory; figures say by how much it would be."""
     return (f"out of memory{figures} for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
             f"{cfg.batch_size} x block_size {cfg.block_size}; lower --batch_size (or --block_size, --n_embd, "
             f"--n_layer); {saved}")
@@ -353,7 +354,7 @@ def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[s
     full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
             if "full_val_loss" in summary else "")
     last = summary["val_loss"]
-    if summary["model_checkpoint"] == LAST:  # no readable best checkpoint
+    if summary["model_checkpoint"] == LAST:
         val = f"val {last:.4f}" if last is not None else "no val"
         return [*lines, f"the run's model: step {step}, its last ({LAST}; no readable {BEST}): {val}{full}"]
     best = f"val {summary['best_val_loss']:.4f}" if math.isfinite(summary["best_val_loss"]) else "no finite val"
