@@ -117,7 +117,6 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: 
 
 
 def for_sampling(rt: Runtime, dtype_spec: str, params: int = 0) -> Runtime:
-    """The runtime for sampling a model of params parameters."""
     return Runtime(rt.device, pick_dtype(dtype_spec, rt.device, sampling=True, params=params))
 
 

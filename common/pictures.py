@@ -18,7 +18,7 @@ from common.run_folder import write_atomic
 matplotlib.use("Agg")  # files only, no window
 
 PANEL_INCHES, DPI = 3.6, 100
-# The masked future: hatched light grey, which viridis never takes, so it is never read as a weight of 0.
+# The masked future: hatched light grey, a colour viridis never takes.
 MASKED_FILL, MASKED_HATCH = "#d9d9d9", "#8c8c8c"
 MASKED_LABEL = "masked\n(the future)"
 
@@ -75,8 +75,8 @@ def grid_of(n_heads: int) -> tuple[int, int]:
 
 def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[int] | None = None,
                      every_label: bool = False):
-    """weights (n_head, T, T) of one layer -> a heatmap per head, characters on both axes (at most 20 per axis,
-    or every one at 0.16 inch with every_label)."""
+    """weights (n_head, T, T) of one layer -> a heatmap per head, at most 20 characters per axis (all with
+    every_label)."""
     heads = list(range(weights.size(0))) if heads is None else heads
     rows, cols = grid_of(len(heads))
     panel = max(PANEL_INCHES, 0.16 * len(text)) if every_label else PANEL_INCHES
@@ -191,7 +191,7 @@ def _system_font_files() -> tuple[str, ...]:
 
 @cache
 def font_for(ch: str) -> str | None:
-    """The first installed font with a glyph for ch, or None; one new to matplotlib's list is added to it."""
+    """The first installed font with a glyph for ch, added to matplotlib's list if new; else None."""
     for name, path in _fonts():
         if ord(ch) in _charmap(path):
             return name
@@ -203,7 +203,7 @@ def font_for(ch: str) -> str | None:
 
 
 def tick_labels(text: str) -> tuple[list[str], list[str], list[str]]:
-    """(a label per character, font families in fallback order, characters no font draws, shown by code point)."""
+    """(a label per character, font families in fallback order, characters no font draws)."""
     families, missing, shown = [BASE], [], []
     for written in ({"\n": "\\n", " ": "␣", "\t": "\\t"}.get(ch, ch) for ch in text):
         fonts = [font_for(ch) for ch in written]

@@ -286,7 +286,7 @@ class RunDir:
         if not self.set_aside():
             return None
         say(f"--overwrite: the old run in {self.path} is kept until this run evaluates after step 0")
-        return "putting back the run that --overwrite is replacing (this run has not saved anything to keep)"
+        return "putting back the run that --overwrite is replacing"
 
     def keep_new_run(self, say, step: int) -> bool:
         """Delete the replaced run; True if there was one."""
@@ -294,7 +294,7 @@ class RunDir:
             return False
         os.replace(self.path / ASIDE, self.path / DISCARDED)
         self._delete_recorded(self.path / DISCARDED)
-        say(f"--overwrite: the run this one replaces is deleted now (this run's step {step} is saved in {self.path})")
+        say(f"--overwrite: the replaced run is deleted now; step {step} is saved in {self.path}")
         return True
 
     def _delete_recorded(self, folder: Path) -> None:

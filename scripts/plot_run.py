@@ -42,7 +42,7 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
                                                                               key=lambda e: e.wall_time)}.items())
                for tag in events.Tags()["scalars"]}
     if not any(scalars.get(tag) for tag in ("loss/train", "loss/val")):
-        if any((out_dir / name).exists() for name in CHECKPOINTS):  # it has evaluated, so it logged losses
+        if any((out_dir / name).exists() for name in CHECKPOINTS):  # it evaluated, so it logged losses
             raise UserError(f"{out_dir}: its TensorBoard event files are damaged: they hold no losses, though the "
                             f"run saved a checkpoint; nothing to plot")
         raise UserError(f"{out_dir} holds no losses yet (the run stopped before its first log); nothing to plot")

@@ -166,7 +166,7 @@ def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_af
 
     code, text, err = cli(capsys, *argv(corpus, out, "--overwrite", "--max_iters", "4", "--eval_interval", "2"))
     assert code == 0, err
-    assert f"--overwrite: the run this one replaces is deleted now (this run's step 2 is saved in {out})" in text + err
+    assert f"--overwrite: the replaced run is deleted now; step 2 is saved in {out}" in text + err
     assert checkpoint.load(out / "ckpt_last.safetensors")["iter"] == 4 and not (out / ".replaced").exists()
 
 

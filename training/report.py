@@ -18,7 +18,7 @@ from common.run_folder import BEST, LAST, resume_command
 from configs import TrainConfig
 from errors import UserError, disk_error, in_one_line, shown
 
-# Time Series unsmoothed (a few evaluations smoothed mislead), in SVG (for browsers without WebGL).
+# Time Series unsmoothed (a few points smoothed mislead), in SVG (for browsers without WebGL).
 TENSORBOARD_URL = "http://localhost:6006/?smoothing=0&forceSVG=true#timeseries"
 # The largest model scripts/attention_html.py puts into its page.
 PAGE_MAX_PARAMETERS = 4_000_000
@@ -76,7 +76,6 @@ class Log:
         self._write("add_text", "config", f"```\n{settings}\n```", 0)  # wandb has the config already
 
     def layout(self) -> None:
-        """TensorBoard's Custom Scalars: both losses on one chart, then the speed."""
         self._write("add_custom_scalars", {
             "loss": {"train and validation loss (nats per character)": ["Multiline", ["^loss/train$", "^loss/val$"]]},
             "speed": {"tokens per second": ["Multiline", ["^perf/tokens_per_sec$"]],
@@ -158,7 +157,7 @@ class Log:
             self.failed(err)
 
     def failed(self, err: BaseException):
-        self._writer = None  # its file is broken; close() must not try again
+        self._writer = None  # broken: close() must not try again
         raise UserError(f"could not write TensorBoard events in {self.out_dir} ({disk_error(err)}); the "
                         f"checkpoints are intact. Free some disk space, then --resume") from None
 
@@ -256,7 +255,7 @@ class Phases:
             self.seconds[phase] += time.perf_counter() - start - compiling
 
     def opened(self) -> None:
-        """The run is open: the time since `started`, but the data's, was the opening's."""
+        """The time since `started`, but the data's, was the opening's."""
         self.seconds["opening"] += time.perf_counter() - self.started - self.seconds["data"]
 
     def report(self) -> dict[str, float]:
