@@ -97,7 +97,7 @@ def native_bfloat16(device_type: str) -> bool:
     return device_type == "cpu" and cpu_has_bfloat16_units()
 
 
-# auto samples in bfloat16 on a CPU only above this many parameters: a smaller one fits the caches in float32.
+# auto samples in bfloat16 on a CPU only above this many parameters: smaller models fit the caches.
 CPU_BFLOAT16_SAMPLING_PARAMS = 4_000_000
 
 

@@ -1,4 +1,4 @@
-"""Pictures drawn with matplotlib: attention heatmaps, loss curves, and fonts for the characters on their axes."""
+"""Matplotlib pictures: attention heatmaps, loss curves, and fonts for the characters on their axes."""
 
 import math
 from functools import cache
@@ -90,12 +90,12 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
     ticks = list(range(0, len(labels), step))
     shown = labels[::step]
     size = weights.size(-1)  # T
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # masked cells: see through, to the hatch
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # masked cells show the hatch
     for ax in axes.flat[len(heads):]:
         ax.axis("off")
     for ax, head in zip(axes.flat, heads):
         ax.add_patch(Rectangle((-0.5, -0.5), size, size, facecolor=MASKED_FILL, edgecolor=MASKED_HATCH, hatch="///",
-                               linewidth=0, zorder=0))  # shows only where the mask hides a cell
+                               linewidth=0, zorder=0))
         image = ax.imshow(causal_cells(weights[head]), cmap=cmap, vmin=0.0, vmax=1.0, zorder=1)
         ax.set_title(panel_title(layer, head), fontsize=9)
         ax.set_xticks(ticks, shown, fontsize=8, fontfamily=families)

@@ -1,6 +1,6 @@
 """A run folder: its files, its owner (an OS lock), --overwrite's keep-aside, and atomic writes.
 
---overwrite keeps the old run in .replaced/ until the new one evaluates after step 0; a stop before puts it back.
+--overwrite keeps the old run in .replaced/ until the new one evaluates; a stop before puts it back.
 Only a record proven written for this folder moves or deletes a file."""
 
 import contextlib

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-LEGEND_COLUMNS = 4  # runs side by side in the legend under a picture of several
+LEGEND_COLUMNS = 4  # runs per row of the legend
 
 
 def draw(folders: list[Path]):

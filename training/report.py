@@ -226,7 +226,7 @@ def compile_seconds() -> float:
     """Seconds torch.compile has spent in this process."""
     try:
         return float(sys.modules["torch._dynamo.utils"].calculate_time_spent().get("total_wall_time", 0.0))
-    except Exception:  # not imported yet, or a private account changed by a torch release
+    except Exception:  # not imported yet, or a torch release changed this private API
         return 0.0
 
 
