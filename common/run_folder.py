@@ -104,7 +104,7 @@ class RunDir:
         self.found: set[str] = set()  # entries before claim()
 
     def claim(self, say=print, resume: bool = False) -> "RunDir":
-        """Own the folder or refuse, naming its owner; then finish what earlier owners left."""
+        """Own the folder, or refuse naming its owner; then finish what earlier owners left."""
         if resume and not self.path.exists():
             self.resume_from()
         if self.path.exists() and not self.path.is_dir():
@@ -166,7 +166,7 @@ class RunDir:
         self._lock_fd = None
 
     def check_entries(self) -> None:
-        """Refuse links, pipes and devices in the folder or .replaced/, and a folder named as a run's file."""
+        """Refuse links, pipes, devices, and folders named as a run's files, here and in .replaced/."""
         run_there = bool(self.checkpoints() or self.logs() or ASIDE in self.found)
         for folder in (self.path, self.path / ASIDE):
             if folder != self.path and not self._real_folder(folder):
@@ -205,7 +205,7 @@ class RunDir:
                     making.rmdir()
         if self.aside_pending():
             self.put_back()
-            say(f"note: restored the run that --overwrite was replacing in {self.path}: the new one stopped early")
+            say(f"note: restored the old run in {self.path}: the --overwrite run stopped early")
 
     # ---- replacing a run
     def set_aside(self) -> bool:

@@ -45,7 +45,7 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
         if any((out_dir / name).exists() for name in CHECKPOINTS):  # it evaluated, so it logged losses
             raise UserError(f"{out_dir}: its TensorBoard event files are damaged: they hold no losses, though the "
                             f"run saved a checkpoint; nothing to plot")
-        raise UserError(f"{out_dir} holds no losses yet (the run stopped before its first log); nothing to plot")
+        raise UserError(f"{out_dir} holds no losses yet: the run stopped before its first log")
     return scalars
 
 
@@ -61,10 +61,8 @@ def run_folders(paths: list[str]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(description="Plot train/val loss against tokens seen, and the learning rate, for one or more "
-                                   "runs.")
-    p.add_argument("--out_dir", nargs="+", required=True,
-                   help="run folders to compare, or a folder of runs (all of them)")
+    p = ArgumentParser(description="Plot runs' losses against tokens seen, and their learning rates.")
+    p.add_argument("--out_dir", nargs="+", required=True, help="run folders, or a folder of runs")
     p.add_argument("--png", required=True, help="where to write the picture")
     args = p.parse_args(argv)
     check_output_file(args.png, "--png", picture_formats())

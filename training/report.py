@@ -79,7 +79,7 @@ class Log:
         self._write("add_custom_scalars", {
             "loss": {"train and validation loss (nats per character)": ["Multiline", ["^loss/train$", "^loss/val$"]]},
             "speed": {"tokens per second": ["Multiline", ["^perf/tokens_per_sec$"]],
-                      "model FLOPs utilisation (%), against the peak measured at the start":
+                      "model FLOPs utilisation (%) of the peak measured at the start":
                           ["Multiline", ["^perf/mfu$"]]}})
 
     def writer(self):
