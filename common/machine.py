@@ -164,7 +164,7 @@ PROBE_ROUNDS, PROBE_BUDGET = 3, 4.0  # warm calls per count; seconds after which
 
 def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: int = PROBE_ROUNDS,
                     budget: float = PROBE_BUDGET) -> dict[int, list[float]]:
-    """Seconds of warm time_once() calls per count, in turns so that load falls on each alike."""
+    """Seconds of warm time_once() calls per count, taken in turns so load falls on each alike."""
     fewest, spent = counts[-1], 0.0
     seconds: dict[int, list[float]] = {n: [] for n in counts}
     torch.set_num_threads(fewest)
@@ -282,7 +282,7 @@ def free_memory() -> int | None:
 
 
 def check_free_memory(need: int, device: torch.device | str, what: str, fix: str, error: type = UserError) -> None:
-    """On a CPU, refuse what needs more than the free memory: there the system kills the process silently."""
+    """On a CPU, refuse what needs more than the free memory: the system would kill the process silently."""
     free = free_memory() if torch.device(device).type == "cpu" else None
     if free is not None and need > free:
         raise error(f"out of memory: {what} would need about {need / 2**30:.1f} GiB, and this machine has "

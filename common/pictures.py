@@ -24,7 +24,7 @@ MASKED_LABEL = "masked\n(the future)"
 
 
 def picture_formats() -> tuple[str, ...]:
-    """The file endings matplotlib can write, but .pgf (it needs LaTeX)."""
+    """The file endings matplotlib writes, but .pgf (it needs LaTeX)."""
     from matplotlib.backend_bases import FigureCanvasBase
     return tuple(f".{ext}" for ext in FigureCanvasBase.get_supported_filetypes() if ext != "pgf")
 
@@ -162,7 +162,7 @@ def redrawn_parts(ax) -> tuple:
     return ax.images[0], *ax.spines.values()
 
 
-# ---- fonts for the characters on the axes
+# ---- fonts for the axes' characters
 BASE = "DejaVu Sans Mono"  # matplotlib's own monospaced font: Latin, Greek, Cyrillic, no Chinese
 INSTALL_HINT = "install a font that has them (Debian/Ubuntu: sudo apt-get install fonts-noto-cjk)"
 
@@ -184,7 +184,7 @@ def _fonts() -> tuple[tuple[str, str], ...]:
 
 @cache
 def _system_font_files() -> tuple[str, ...]:
-    """Font files that matplotlib's cached font list does not know yet."""
+    """Font files missing from matplotlib's cached list."""
     new = set(font_manager.findSystemFonts()) - {path for _, path in _fonts()}
     return tuple(sorted(new, key=lambda path: ("Regular" not in Path(path).name, path)))  # Regular before Bold, Italic
 
