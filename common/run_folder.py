@@ -228,7 +228,7 @@ class RunDir:
         return self._real_folder(self.path / ASIDE)
 
     def recorded_aside(self, folder: Path) -> tuple[dict[str, int] | None, str]:
-        """(names and sizes moved, "") where the record is proven and fits the files, else (None, why)."""
+        """(names and sizes moved, "") if the record is proven and fits the files, else (None, why)."""
         moved, why = gate.proven_record(folder / RECORD, self.path, own_name)
         if moved is None:
             return None, why

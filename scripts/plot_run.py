@@ -1,5 +1,4 @@
-"""python scripts/plot_run.py --out_dir DIR [DIR ...] --png FILE: loss curves and learning rate from TensorBoard
-events."""
+"""python scripts/plot_run.py --out_dir DIR [DIR ...] --png FILE: runs' losses and learning rates, drawn."""
 
 import math
 import sys

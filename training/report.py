@@ -150,7 +150,7 @@ class Log:
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
                 _quiet_writer_threads()
-                # an unguessable name: a link planted at a guessable one would be followed
+                # unguessable: a link planted at a guessable name would be followed
                 self._writer = SummaryWriter(log_dir=str(self.out_dir), filename_suffix=f".{secrets.token_hex(8)}")
             write(self._writer)
         except (OSError, RuntimeError) as err:
@@ -275,7 +275,7 @@ class Phases:
 
 
 class TrainClock:
-    """The clock of training steps alone (for tokens/s and MFU)."""
+    """The clock of training steps alone, for tokens/s and MFU."""
 
     def __init__(self, it: int, train_seconds: float, device: torch.device, phases: Phases):
         self.device, self.phases = device, phases
@@ -322,7 +322,7 @@ def too_many_nonfinite(it: int, cfg: TrainConfig, last: Path) -> str:
 
 # ---- the lines a run ends with
 def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
-    """The line for a run out of memory; figures say by how much it would be."""
+    """The line for a run out of memory; figures say by how much."""
     return (f"out of memory{figures} for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
             f"{cfg.batch_size} x block_size {cfg.block_size}; lower --batch_size (or --block_size, --n_embd, "
             f"--n_layer); {saved}")
