@@ -54,7 +54,7 @@ def pick_device(spec: str) -> torch.device:
 
 
 def usable_device(device: torch.device | str, doing: str, fix: str) -> torch.device:
-    """device as a torch.device, or a UserError saying why it is not here."""
+    """device as a torch.device; refuses one this machine lacks."""
     try:
         target = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
@@ -65,7 +65,7 @@ def usable_device(device: torch.device | str, doing: str, fix: str) -> torch.dev
 
 
 def unavailable(device: torch.device) -> str | None:
-    """Why this machine has no such device; None where it has."""
+    """Why this machine lacks device, else None."""
     if device.type == "cuda" and not torch.cuda.is_available():
         return "CUDA is not available on this machine (or this PyTorch is a CPU build)"
     if device.type == "mps" and not torch.backends.mps.is_available():
@@ -91,13 +91,13 @@ def cpu_has_bfloat16_units() -> bool:
 
 
 def native_bfloat16(device_type: str) -> bool:
-    """Whether the device multiplies bfloat16 matrices in hardware (emulated is slow)."""
+    """Whether the device multiplies bfloat16 matrices in hardware."""
     if device_type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
     return device_type == "cpu" and cpu_has_bfloat16_units()
 
 
-# auto samples in bfloat16 on a CPU only above this many parameters: a smaller one fits the caches in float32.
+# auto samples in bfloat16 on a CPU only above this many parameters: smaller models fit the caches.
 CPU_BFLOAT16_SAMPLING_PARAMS = 4_000_000
 
 
@@ -117,7 +117,6 @@ def pick_dtype(spec: str, device: torch.device, sampling: bool = False, params: 
 
 
 def for_sampling(rt: Runtime, dtype_spec: str, params: int = 0) -> Runtime:
-    """The runtime for sampling a model of params parameters."""
     return Runtime(rt.device, pick_dtype(dtype_spec, rt.device, sampling=True, params=params))
 
 
@@ -131,7 +130,7 @@ def setup(device_spec: str, dtype_spec: str, num_threads: int = 0, local_rank: i
     if device.type == "cpu":
         keep_freed_memory()
     elif device.type == "cuda":
-        torch.cuda.set_device(device)  # what takes no device argument means it
+        torch.cuda.set_device(device)  # the default for calls without a device
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return Runtime(device, pick_dtype(dtype_spec, device, sampling))
@@ -165,7 +164,7 @@ PROBE_ROUNDS, PROBE_BUDGET = 3, 4.0  # warm calls per count; seconds after which
 
 def measure_threads(time_once: Callable[[], float], counts: list[int], rounds: int = PROBE_ROUNDS,
                     budget: float = PROBE_BUDGET) -> dict[int, list[float]]:
-    """Seconds of warm time_once() calls at each count, taking turns so that load falls on each alike."""
+    """Seconds of warm time_once() calls per count, taken in turns so load falls on each alike."""
     fewest, spent = counts[-1], 0.0
     seconds: dict[int, list[float]] = {n: [] for n in counts}
     torch.set_num_threads(fewest)
@@ -199,7 +198,7 @@ def fastest(seconds: dict[int, list[float]]) -> int:
 
 @dataclass
 class Threads:
-    """The thread count, why, and the seconds of each count's warm calls."""
+    """The thread count chosen, and why."""
     count: int
     why: str  # "measured", "asked", "kept", "OMP_NUM_THREADS", "one core"
     seconds: dict[int, list[float]]
@@ -258,7 +257,7 @@ def keep_freed_memory() -> bool:
     if platform.libc_ver()[0] != "glibc":
         return False
     try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     # where 1 GiB is refused, 32 MiB (mallopt(3)'s highest on 64-bit systems)
@@ -283,7 +282,7 @@ def free_memory() -> int | None:
 
 
 def check_free_memory(need: int, device: torch.device | str, what: str, fix: str, error: type = UserError) -> None:
-    """On a CPU, refuse what needs more memory than is free (there the system kills the process with no error)."""
+    """On a CPU, refuse what needs more than the free memory: the system would kill the process silently."""
     free = free_memory() if torch.device(device).type == "cpu" else None
     if free is not None and need > free:
         raise error(f"out of memory: {what} would need about {need / 2**30:.1f} GiB, and this machine has "
@@ -292,7 +291,8 @@ def check_free_memory(need: int, device: torch.device | str, what: str, fix: str
 
 @contextlib.contextmanager
 def fits_in_memory(need: int, device: torch.device | str, what: str, fix: str, error: type = UserError):
-    """check_free_memory, then an allocation that fails is the same one error."""
+    """check_free_memory, then a failed allocation raises the same error."""
+
     check_free_memory(need, device, what, fix, error)
     try:
         yield

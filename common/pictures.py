@@ -1,4 +1,4 @@
-"""Pictures drawn with matplotlib: attention heatmaps, loss curves, and fonts for the characters on their axes."""
+"""Matplotlib pictures: attention heatmaps, loss curves, and fonts for the characters on their axes."""
 
 import math
 from functools import cache
@@ -18,13 +18,13 @@ from common.run_folder import write_atomic
 matplotlib.use("Agg")  # files only, no window
 
 PANEL_INCHES, DPI = 3.6, 100
-# The masked future: hatched light grey, which viridis never takes, so it is never read as a weight of 0.
+# The masked future: hatched light grey, a colour viridis never takes.
 MASKED_FILL, MASKED_HATCH = "#d9d9d9", "#8c8c8c"
 MASKED_LABEL = "masked\n(the future)"
 
 
 def picture_formats() -> tuple[str, ...]:
-    """The file endings matplotlib can write, but .pgf (it needs LaTeX)."""
+    """The file endings matplotlib writes, but .pgf (it needs LaTeX)."""
     from matplotlib.backend_bases import FigureCanvasBase
     return tuple(f".{ext}" for ext in FigureCanvasBase.get_supported_filetypes() if ext != "pgf")
 
@@ -36,8 +36,7 @@ def save_figure(figure, path: str | Path, option: str, what: str = "the picture"
 
 
 def loss_figure(losses: dict, title: str):
-    """losses["train"]: (step, loss) per log line; losses["eval"]: (step, train, validation) per evaluation. Every
-    point is drawn; the y axis spans the finite ones."""
+    """losses["train"]: (step, loss) per log line; losses["eval"]: (step, train, validation) per evaluation."""
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=DPI)
     series = [("train loss (each log line's batch)", losses["train"], 1, "C0", "."),
               ("train loss (evaluation)", losses["eval"], 1, "C2", "s"),
@@ -47,7 +46,7 @@ def loss_figure(losses: dict, title: str):
         if points:
             steps, ys = [p[0] for p in points], [float(p[column]) for p in points]
             ax.plot(steps, ys, marker=marker, linestyle="-", color=color, markersize=4, linewidth=1, label=name)
-            values += [y for y in ys if math.isfinite(y)]
+            values += [y for y in ys if math.isfinite(y)]  # the y axis spans these
     if values:
         low, high = min(values), max(values)
         pad = 0.05 * (high - low) or 0.05 * max(abs(high), 1.0)
@@ -76,8 +75,8 @@ def grid_of(n_heads: int) -> tuple[int, int]:
 
 def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[int] | None = None,
                      every_label: bool = False):
-    """weights (n_head, T, T) of one layer -> a heatmap per head, characters on both axes (at most 20 per axis,
-    or every one at 0.16 inch with every_label)."""
+    """weights (n_head, T, T) of one layer -> a heatmap per head, at most 20 characters per axis (all with
+    every_label)."""
     heads = list(range(weights.size(0))) if heads is None else heads
     rows, cols = grid_of(len(heads))
     panel = max(PANEL_INCHES, 0.16 * len(text)) if every_label else PANEL_INCHES
@@ -91,12 +90,12 @@ def attention_figure(weights: torch.Tensor, text: str, layer: int, heads: list[i
     ticks = list(range(0, len(labels), step))
     shown = labels[::step]
     size = weights.size(-1)  # T
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # masked cells: see through, to the hatch
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # masked cells show the hatch
     for ax in axes.flat[len(heads):]:
         ax.axis("off")
     for ax, head in zip(axes.flat, heads):
         ax.add_patch(Rectangle((-0.5, -0.5), size, size, facecolor=MASKED_FILL, edgecolor=MASKED_HATCH, hatch="///",
-                               linewidth=0, zorder=0))  # shows only where the mask hides a cell
+                               linewidth=0, zorder=0))
         image = ax.imshow(causal_cells(weights[head]), cmap=cmap, vmin=0.0, vmax=1.0, zorder=1)
         ax.set_title(panel_title(layer, head), fontsize=9)
         ax.set_xticks(ticks, shown, fontsize=8, fontfamily=families)
@@ -117,8 +116,8 @@ def causal_cells(weights: torch.Tensor) -> np.ma.MaskedArray:
 
 
 class AttentionPictures:
-    """A run's attention pictures of its probe text as (height, width, 3) arrays. The figure is drawn once without
-    its heatmaps, frames and titles; each picture draws only those onto that background: the whole figure's pixels."""
+    """A run's attention pictures as (height, width, 3) arrays. The figure is drawn once without heatmaps, frames
+    and titles; each picture redraws only those."""
 
     def __init__(self, text: str):
         self.text = text
@@ -128,7 +127,7 @@ class AttentionPictures:
         fig = attention_figure(weights, self.text, layer)
         plt.close(fig)  # out of pyplot's list (it warns past 20)
         FigureCanvasAgg(fig)
-        heatmaps = [ax for ax in fig.axes if ax.images]  # one per head (the colour bar has none)
+        heatmaps = [ax for ax in fig.axes if ax.images]  # one per head
         redrawn = [artist for ax in heatmaps for artist in redrawn_parts(ax)]
         for artist in redrawn:
             artist.set_visible(False)
@@ -163,7 +162,7 @@ def redrawn_parts(ax) -> tuple:
     return ax.images[0], *ax.spines.values()
 
 
-# ---- fonts for the characters on the axes
+# ---- fonts for the axes' characters
 BASE = "DejaVu Sans Mono"  # matplotlib's own monospaced font: Latin, Greek, Cyrillic, no Chinese
 INSTALL_HINT = "install a font that has them (Debian/Ubuntu: sudo apt-get install fonts-noto-cjk)"
 
@@ -185,14 +184,14 @@ def _fonts() -> tuple[tuple[str, str], ...]:
 
 @cache
 def _system_font_files() -> tuple[str, ...]:
-    """Font files that matplotlib's cached font list does not know yet."""
+    """Font files missing from matplotlib's cached list."""
     new = set(font_manager.findSystemFonts()) - {path for _, path in _fonts()}
     return tuple(sorted(new, key=lambda path: ("Regular" not in Path(path).name, path)))  # Regular before Bold, Italic
 
 
 @cache
 def font_for(ch: str) -> str | None:
-    """The first installed font with a glyph for ch, or None; one new to matplotlib's list is added to it."""
+    """The first installed font with a glyph for ch, added to matplotlib's list if new; else None."""
     for name, path in _fonts():
         if ord(ch) in _charmap(path):
             return name
@@ -204,7 +203,7 @@ def font_for(ch: str) -> str | None:
 
 
 def tick_labels(text: str) -> tuple[list[str], list[str], list[str]]:
-    """(a label per character, font families in fallback order, characters no font draws, shown by code point)."""
+    """(a label per character, font families in fallback order, characters no font draws)."""
     families, missing, shown = [BASE], [], []
     for written in ({"\n": "\\n", " ": "␣", "\t": "\\t"}.get(ch, ch) for ch in text):
         fonts = [font_for(ch) for ch in written]
@@ -220,5 +219,6 @@ def missing_note(text: str) -> str | None:
         return None
     listed = ", ".join(f"{ch} U+{ord(ch):04X}" for ch in missing[:10]) + (
         f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-    return (f"note: no installed font draws {len(missing)} of the characters, so the attention pictures label them by "
-            f"code point: {listed}. Fix: {INSTALL_HINT}, and run again.")
+    return (f"note: no installed font draws {len(missing)} of the characters; the pictures show their code points: "
+            f"{listed}. Fix: {INSTALL_HINT}, and run again.")
+

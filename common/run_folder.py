@@ -1,7 +1,7 @@
-"""A run folder: its files, its one owner (an OS lock), --overwrite's keep-aside, and atomic writes.
+"""A run folder: its files, its owner (an OS lock), --overwrite's keep-aside, and atomic writes.
 
---overwrite moves the old run into .replaced/ and deletes it once the new run evaluates after step 0; a stop or crash
-before puts it back. Only a record proven written for this folder moves or deletes a file."""
+--overwrite keeps the old run in .replaced/ until the new one evaluates; a stop before puts it back.
+Only a record proven written for this folder moves or deletes a file."""
 
 import contextlib
 import errno
@@ -24,14 +24,13 @@ BEST, LAST = "ckpt_best.safetensors", "ckpt_last.safetensors"
 OLD_CHECKPOINTS = ("ckpt_last.pt", "ckpt_best.pt")
 LOSS_PICTURE = "loss.png"
 SUMMARY = "summary.json"
-ASIDE = ".replaced"  # --overwrite's old run, until the new one evaluates
+ASIDE = ".replaced"  # --overwrite's old run
 
 LOCK = ".lock"
-DISCARDED = ".replaced.discarded"  # .replaced, renamed before it is deleted
+DISCARDED = ".replaced.discarded"  # .replaced, while it is deleted
 CHECKPOINTS = (LAST, BEST)
 LOGS = (SUMMARY, LOSS_PICTURE, "events.out.tfevents.*")
 RECORD = "set_aside.json"  # in .replaced/: what moved there
-# write_atomic's temporary files: the only leftovers removed
 OWN_TEMPORARY = re.compile(r"(ckpt_last\.safetensors|ckpt_best\.safetensors|summary\.json|loss\.png)\.tmp-[a-z0-9_]{8}")
 
 
@@ -51,12 +50,11 @@ def own_name(name: str) -> bool:
 
 
 def command_line() -> str:
-    """This process's command, as a user could paste it."""
     return shlex.join([Path(sys.executable).name, *sys.argv])
 
 
 def open_lock(path: Path, create: bool) -> int:
-    """The lock file's descriptor; a link or anything but a plain file is refused."""
+    """The lock file's descriptor; refuses anything but a plain file."""
     flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o644)
@@ -72,13 +70,12 @@ def open_lock(path: Path, create: bool) -> int:
 
 
 def planted(path: Path, what: str, run_there: bool = True) -> UserError:
-    """The refusal of an entry a run never makes; only a run's folder is told to remove it."""
     way = f"remove {path}, or choose another --out_dir" if run_there else "choose a new or empty --out_dir"
     return UserError(f"{path} is {what}, which a run never makes there; {way}")
 
 
 def holder(folder: Path) -> str | None:
-    """'process PID (its command)' while a process owns the folder, else None."""
+    """'process PID (command)' while a process owns the folder, else None."""
     try:
         fd = open_lock(folder / LOCK, create=False)
     except (OSError, UserError):
@@ -94,7 +91,6 @@ def holder(folder: Path) -> str | None:
 
 
 def owner_note(fd: int) -> tuple[str, str, str]:
-    """(pid, command, since) from the lock file."""
     lines = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip().splitlines() + ["", "", ""]
     return lines[0] or "?", lines[1], lines[2]
 
@@ -104,11 +100,11 @@ class RunDir:
         self.path = Path(path)
         self.step_of = step_of  # a checkpoint's step; None counts as trained
         self._lock_fd: int | None = None
-        self.made: tuple[bool, bool] = (False, False)  # claim() made: the folder, its lock
-        self.found: set[str] = set()  # the entries before claim()
+        self.made: tuple[bool, bool] = (False, False)  # whether claim() made the folder, the lock
+        self.found: set[str] = set()  # entries before claim()
 
     def claim(self, say=print, resume: bool = False) -> "RunDir":
-        """Own the folder or refuse, naming its owner; then finish what earlier owners left undone."""
+        """Own the folder, or refuse naming its owner; then finish what earlier owners left."""
         if resume and not self.path.exists():
             self.resume_from()
         if self.path.exists() and not self.path.is_dir():
@@ -119,7 +115,6 @@ class RunDir:
         except BaseException:
             self.release()
             raise
-        # the owner's note (a full disk is no error)
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n{command_line()}\n{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(
@@ -128,7 +123,7 @@ class RunDir:
         return self
 
     def _lock(self) -> int:
-        """The folder's lock, taken, or one line naming its owner; a lock file removed meanwhile is taken anew."""
+        """Take the folder's lock, or refuse naming its owner."""
         for _ in range(5):
             try:
                 self.made = (not self.path.exists(), not (self.path / LOCK).exists())
@@ -154,10 +149,10 @@ class RunDir:
                 if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
                     return fd
             os.close(fd)
-        raise UserError(f"{self.path} changed owner each time this process claimed it; run the command again")
+        raise UserError(f"{self.path} changed owner each time it was claimed; run the command again")
 
     def release(self) -> None:
-        """Let the folder go; where nothing was written, remove what claim() made."""
+        """Let the folder go, removing what claim() made if nothing was written."""
         if self._lock_fd is None:
             return
         folder_made, lock_made = self.made
@@ -171,7 +166,7 @@ class RunDir:
         self._lock_fd = None
 
     def check_entries(self) -> None:
-        """Refuse a link, pipe or device in the folder or .replaced/, and a folder where a run keeps a file."""
+        """Refuse links, pipes, devices, and folders named as a run's files, here and in .replaced/."""
         run_there = bool(self.checkpoints() or self.logs() or ASIDE in self.found)
         for folder in (self.path, self.path / ASIDE):
             if folder != self.path and not self._real_folder(folder):
@@ -187,7 +182,7 @@ class RunDir:
                     raise planted(path, "a folder where the run keeps a file")
 
     def _real_folder(self, path: Path) -> bool:
-        """True for a folder, False for nothing; anything else is refused."""
+        """True for a folder, False for nothing; refuses anything else."""
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
@@ -197,7 +192,7 @@ class RunDir:
         return True
 
     def _recover(self, say) -> None:
-        for stale in self.path.iterdir():  # writes cut short
+        for stale in self.path.iterdir():
             if OWN_TEMPORARY.fullmatch(stale.name) and stale.is_file() and not stale.is_symlink():
                 stale.unlink(missing_ok=True)
         if self._real_folder(self.path / DISCARDED):
@@ -210,16 +205,16 @@ class RunDir:
                     making.rmdir()
         if self.aside_pending():
             self.put_back()
-            say(f"note: restored the run that --overwrite was replacing in {self.path}: the new one stopped early")
+            say(f"note: restored the old run in {self.path}: the --overwrite run stopped early")
 
     # ---- replacing a run
     def set_aside(self) -> bool:
-        """Move the old run into .replaced/, its record written first. True if any."""
+        """Move the old run into .replaced/, its record first; True if there was one."""
         old = self.checkpoints() + self.logs()
         if not old:
             return False
         moved = {path.name: path.stat().st_size for path in old}
-        # made under another name, then renamed: never a .replaced/ without its record
+        # made under another name: never a .replaced/ without its record
         making = Path(tempfile.mkdtemp(dir=self.path, prefix=f"{ASIDE}.tmp-"))
         record = {"set_aside": moved, "folder": gate.identity(self.path), "aside": gate.identity(making)}
         write_text_atomic(making / RECORD, json.dumps(record, indent=1) + "\n", "the --overwrite record")
@@ -233,7 +228,7 @@ class RunDir:
         return self._real_folder(self.path / ASIDE)
 
     def recorded_aside(self, folder: Path) -> tuple[dict[str, int] | None, str]:
-        """(names and sizes moved, "") where the record is proven and matches the files, else (None, why)."""
+        """(names and sizes moved, "") if the record is proven and fits the files, else (None, why)."""
         moved, why = gate.proven_record(folder / RECORD, self.path, own_name)
         if moved is None:
             return None, why
@@ -250,7 +245,7 @@ class RunDir:
         return moved, ""
 
     def put_back(self) -> Path | None:
-        """The old run back; the untrained replacement's files kept apart, in the folder returned."""
+        """Put the old run back; the replacement's files go to the folder returned."""
         aside = self.path / ASIDE
         moved, why = self.recorded_aside(aside)
         if moved is None:
@@ -260,7 +255,7 @@ class RunDir:
         trained = [path.name for path in newer if path.name == SUMMARY or
                    (path.name in CHECKPOINTS and self.step_of(path) != 0)]
         if trained:
-            raise UserError(f"{self.path} holds a run past step 0 ({trained[0]}) beside the one set aside in {aside}, "
+            raise UserError(f"{self.path} holds a run past step 0 ({trained[0]}) beside the one in {aside}, "
                             f"so neither is deleted; remove {aside} to keep the newer run")
         kept = self._keep_apart(newer, "undone_overwrite") if newer else None
         for name in sorted(in_aside):
@@ -270,7 +265,7 @@ class RunDir:
         return kept
 
     def _keep_apart(self, paths: list[Path], name: str) -> Path:
-        """paths moved into a new folder, name_time."""
+        """Move paths into a new folder, name_time."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for attempt in range(100):
             kept = self.path / (f"{name}_{stamp}" + (f"-{attempt}" if attempt else ""))
@@ -287,23 +282,23 @@ class RunDir:
         return kept
 
     def replace_old_run(self, say) -> str | None:
-        """--overwrite: set the old run aside; what a stop now does, or None without an old run."""
+        """--overwrite: set the old run aside; what a stop now does, or None."""
         if not self.set_aside():
             return None
-        say(f"--overwrite: the old run in {self.path} is kept aside until this run evaluates after step 0")
-        return "putting back the run that --overwrite is replacing (this run has not saved anything to keep)"
+        say(f"--overwrite: the old run in {self.path} is kept until this run evaluates after step 0")
+        return "putting back the run that --overwrite is replacing"
 
     def keep_new_run(self, say, step: int) -> bool:
-        """Delete the run the new one replaces; True if there was one."""
+        """Delete the replaced run; True if there was one."""
         if not self.aside_pending() or self.recorded_aside(self.path / ASIDE)[0] is None:
             return False
         os.replace(self.path / ASIDE, self.path / DISCARDED)
         self._delete_recorded(self.path / DISCARDED)
-        say(f"--overwrite: the run this one replaces is deleted now (this run's step {step} is saved in {self.path})")
+        say(f"--overwrite: the replaced run is deleted now; step {step} is saved in {self.path}")
         return True
 
     def _delete_recorded(self, folder: Path) -> None:
-        """Delete folder where its proven record names every file in it."""
+        """Delete folder if its proven record names every file in it."""
         moved, why = gate.proven_record(folder / RECORD, self.path, own_name)
         present = {entry.name for entry in os.scandir(folder) if entry.name != RECORD}
         plain = all(entry.is_file(follow_symlinks=False) for entry in os.scandir(folder))
@@ -316,7 +311,7 @@ class RunDir:
             folder.rmdir()
 
     def _not_ours(self, folder: Path, why: str) -> UserError:
-        return UserError(f"{folder} is not what --overwrite leaves there ({why}), so nothing was moved or deleted; "
+        return UserError(f"{folder} is not what --overwrite leaves ({why}), so nothing was moved or deleted; "
                          f"move it out of {self.path}, then run the command again")
 
     def checkpoints(self) -> list[Path]:
@@ -329,7 +324,7 @@ class RunDir:
         return [p for p in self.logs() if not p.name.startswith("events.out.tfevents.")]
 
     def resume_from(self) -> Path:
-        """The checkpoint --resume continues (ckpt_last first)."""
+        """The checkpoint --resume continues."""
         if found := self.checkpoints():
             return found[0]
         self.refuse_old()
@@ -344,13 +339,13 @@ class RunDir:
             raise old_format(self.path)
 
     def check_new_run(self, overwrite: bool, say=print) -> None:
-        """A new run needs an empty folder or --overwrite; lone events move to a folder of their own."""
+        """A new run needs an empty folder or --overwrite; lone events move aside."""
         if overwrite:
             return
         events = [path for path in self.path.glob(LOGS[2]) if path.is_file()]
         if events and not self.checkpoints() and not self.logs_besides_events():
             kept = self._keep_apart(events, "events_before")
-            say(f"note: {self.path} held only the events of a run with no checkpoint; they are kept in {kept}")
+            say(f"note: events of a run with no checkpoint moved to {kept}")
             return
         if not self.checkpoints():
             self.refuse_old()
@@ -367,7 +362,7 @@ class RunDir:
 
 # ---- files written whole or not at all
 class WriteFailed(UserError):
-    """A failed write: what failed, what is left, the fix; line() says another thing is left."""
+    """A failed write: what failed, what is left, the fix."""
 
     def __init__(self, failed: str, kept: str, fix: str):
         self.failed, self.kept, self.fix = failed, kept, fix
@@ -378,7 +373,7 @@ class WriteFailed(UserError):
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, option: str = "--out_dir") -> None:
-    """write(file) into a temporary file, synced, then renamed over path: whole or not at all."""
+    """write(file) to a synced temporary file renamed over path: whole or not at all."""
     tmp = None
     try:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.tmp-")
@@ -387,14 +382,14 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None], what: str, optio
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.umask(mask := os.umask(0))  # (read, and set back as it was)
-        os.chmod(tmp, 0o666 & ~mask)  # (mkstemp's is 0600)
+        os.umask(mask := os.umask(0))
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp's is 0600
         os.replace(tmp, path)
     except BaseException as err:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
         if not isinstance(err, (OSError, RuntimeError)):
-            raise  # an interrupt
+            raise
         kept = f"the previous {what.removeprefix('the ')} is untouched" if path.exists() else "nothing was written"
         raise WriteFailed(f"could not write {what} {path} ({disk_error(err)})", kept,
                           space_or_place(err, option)) from None
@@ -417,13 +412,12 @@ def read_summary(folder: Path) -> dict | None:
 def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
          say: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
          option: str = "--out_dir") -> Path:
-    """The checkpoint a script reads: --ckpt, else the first of names in out_dir, else the newest run in out/.
-    option: how the caller's user names the folder."""
+    """The checkpoint a script reads: --ckpt, else the first of names in out_dir, else the newest run in out/."""
     if ckpt:
         if out_dir:
             raise UserError("give --out_dir or --ckpt, not both")
         return Path(ckpt)
-    if not out_dir:  # the newest run in out/ that no process trains in
+    if not out_dir:
         found = []
         with contextlib.suppress(OSError):
             found = sorted(((when, p) for p in Path("out").iterdir() if (when := saved(p, names)) is not None),
@@ -433,13 +427,13 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
         newest = next((folder for folder, owner in runs if not owner), None)
         passed_over = "; ".join(f"{folder}, which {owner} is still training" for folder, owner in training[:2])
         if newest is None and training:
-            raise UserError(f"the runs in out/ are all still training ({passed_over}); wait for one, or give "
+            raise UserError(f"the runs in out/ are all still training ({passed_over}); wait, or give "
                             f"--out_dir {training[0][0]}")
         if newest is None:
             raise UserError(f"say --out_dir DIR or --ckpt FILE; out/ holds no run yet: train one first "
                             f"({python_command('train.py')})")
         state = "finished" if (newest / SUMMARY).is_file() else "stopped"
-        say(f"no --out_dir given: {newest}, the newest run in out/ that has {state} (its model saved "
+        say(f"no --out_dir given: {newest}, the newest run in out/ that has {state} (saved "
             f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(saved(newest, names)))})"
             + (f"; passed over {passed_over}" if training else ""))
         out_dir = str(newest)
@@ -452,7 +446,7 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
                                                      if file else ""))
     owner = holder(folder)
     aside = folder / ASIDE
-    if run.recorded_aside(aside)[0] is not None:  # (a link or a copy is not proven)
+    if run.recorded_aside(aside)[0] is not None:
         if owner:
             raise UserError(f"{out_dir} is being replaced by an --overwrite run ({owner}); wait for its first "
                             f"evaluation, or stop it to put the old run back")
@@ -469,17 +463,17 @@ def find(out_dir: str, ckpt: str, names: tuple[str, ...] = (BEST, LAST),
     train = f"{python_command('train.py')} --out_dir {shlex.quote(out_dir)}"
     train += " --overwrite" * bool(run.logs_besides_events())
     others = []
-    with contextlib.suppress(OSError):  # the runs beside it, those of its preset first
+    with contextlib.suppress(OSError):  # runs of its preset first
         preset = folder.name.split("-", 1)[0]
         others = sorted((p for p in folder.parent.iterdir() if p != folder and saved(p, names) is not None),
                         key=lambda p: (p.name.split("-", 1)[0] != preset, p.name))
     if others:
         shown = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
-        raise UserError(f"{missing}; runs with a model beside it: {shown}; give one of them as {option} (or "
-                        f"train: {train})")
+        raise UserError(f"{missing}; runs with a model beside it: {shown}; give one as {option}, or train: {train}")
     raise UserError(f"{missing}; train first: {train}")
 
 
 def saved(folder: Path, names: tuple[str, ...]) -> float | None:
-    """When the newest of names in folder was written; None where there is none."""
+    """When the newest of names in folder was written, else None."""
+
     return max(((folder / name).stat().st_mtime for name in names if (folder / name).is_file()), default=None)

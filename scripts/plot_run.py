@@ -1,5 +1,4 @@
-"""python scripts/plot_run.py --out_dir DIR [DIR ...] --png FILE: loss curves and learning rate from TensorBoard
-events."""
+"""python scripts/plot_run.py --out_dir DIR [DIR ...] --png FILE: runs' losses and learning rates, drawn."""
 
 import math
 import sys
@@ -21,8 +20,7 @@ RENAMED = {"train/loss": "loss/train", "val/loss": "loss/val", "train/lr": "opti
 
 
 def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series of a run: (step, value) pairs, the last written for a step (by time: a resumed run's event
-    files are not always in name order)."""
+    """Every scalar series of a run: (step, value) pairs, the last written for each step by time."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not out_dir.is_dir():
@@ -43,10 +41,10 @@ def read_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
                                                                               key=lambda e: e.wall_time)}.items())
                for tag in events.Tags()["scalars"]}
     if not any(scalars.get(tag) for tag in ("loss/train", "loss/val")):
-        if any((out_dir / name).exists() for name in CHECKPOINTS):  # it has evaluated, so it logged losses
-            raise UserError(f"{out_dir}: its TensorBoard event files hold no losses that can be read, though the run "
-                            f"saved a checkpoint: they are damaged; nothing to plot")
-        raise UserError(f"{out_dir} holds no losses yet (the run stopped before its first log); nothing to plot")
+        if any((out_dir / name).exists() for name in CHECKPOINTS):  # it evaluated, so it logged losses
+            raise UserError(f"{out_dir}: its TensorBoard event files are damaged: they hold no losses, though the "
+                            f"run saved a checkpoint; nothing to plot")
+        raise UserError(f"{out_dir} holds no losses yet: the run stopped before its first log")
     return scalars
 
 
@@ -57,14 +55,13 @@ def run_folders(paths: list[str]) -> list[Path]:
         runs = [] if any(out_dir.glob("events.out.tfevents.*")) else sorted(
             d for d in out_dir.glob("*/") if any(d.glob("events.out.tfevents.*")))
         folders += runs or [out_dir]  # a folder with neither is named by read_scalars
-    return list(dict.fromkeys(folders))  # each run once
+    return list(dict.fromkeys(folders))
+
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(description="Plot train/val loss against tokens seen, and the learning rate, for one or more "
-                                   "runs.")
-    p.add_argument("--out_dir", nargs="+", required=True,
-                   help="run folders to compare, or a folder of runs (all of them)")
+    p = ArgumentParser(description="Plot runs' losses against tokens seen, and their learning rates.")
+    p.add_argument("--out_dir", nargs="+", required=True, help="run folders, or a folder of runs")
     p.add_argument("--png", required=True, help="where to write the picture")
     args = p.parse_args(argv)
     check_output_file(args.png, "--png", picture_formats())
@@ -74,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-LEGEND_COLUMNS = 4  # runs side by side in the legend under a picture of several
+LEGEND_COLUMNS = 4  # runs per row of the legend
 
 
 def draw(folders: list[Path]):

@@ -424,8 +424,8 @@ def test_scripts_check_their_output_paths_first(run, tmp_path, capsys):
     first = 8 + 4 + int.from_bytes(events.read_bytes()[:8], "little") + 4  # its first record: length, data, checks
     events.write_bytes(events.read_bytes()[:first] + np.random.default_rng(1).bytes(events.stat().st_size - first))
     one_line_error(capsys, plot_run.main, "--out_dir", str(damaged), "--png", str(tmp_path / "e.png"),
-                   words="its TensorBoard event files hold no losses that can be read, though the run saved a "
-                         "checkpoint: they are damaged")
+                   words="its TensorBoard event files are damaged: they hold no losses, though the run saved a "
+                         "checkpoint")
     one_line_error(capsys, plot_run.main, "--out_dir", str(events), "--png", str(tmp_path / "f.png"),
                    words=f"--out_dir {events}: a file, not a run folder")
     one_line_error(capsys, bench.main, "--config", "debug", "--json", str(tmp_path / "missing_dir" / "x.json"),

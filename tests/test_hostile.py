@@ -241,7 +241,7 @@ def test_a_record_that_proves_an_interrupted_overwrite_puts_the_old_run_back(cor
 
     assert run_cli(train.main, argv(corpus, out, "--resume")) == 0  # restored, then found finished
     out_text = capsys.readouterr()
-    assert "restored the run that --overwrite was replacing" in out_text.out + out_text.err
+    assert "restored the old run in" in out_text.out + out_text.err
     [apart] = out.glob("undone_overwrite_*")  # the replacement's untrained checkpoints, moved aside, not deleted
     after = files_of(out)
     assert {name: after.pop(f"{apart.name}/{name}") for name in ("ckpt_last.safetensors", "ckpt_best.safetensors")} == {

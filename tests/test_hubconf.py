@@ -243,7 +243,7 @@ def test_a_missing_run_names_the_run_argument_and_a_pipe_is_not_called_an_empty_
 
     with pytest.raises(ValueError) as refused:
         torch.hub.load(str(ROOT), "chargpt", str(run_dir.parent / "nosuch"), source="local")
-    assert f"runs with a model beside it: {run_dir}; give one of them as the run argument (" in str(refused.value)
+    assert f"runs with a model beside it: {run_dir}; give one as the run argument, or train: " in str(refused.value)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(ValueError) as refused:

@@ -141,7 +141,7 @@ def test_a_killed_overwrite_puts_the_old_run_back(corpus, finished, tmp_path, ca
     assert (f"error: {out}: an --overwrite stopped early, and the old run waits in {out / '.replaced'}; "
             f"python train.py --out_dir {out} --resume puts it back\n") == capsys.readouterr().err
     code, out_text, err = cli(capsys, "--out_dir", str(out), "--resume", "--cache_dir", str(corpus.parent / "cache"))
-    assert code == 0 and "restored the run that --overwrite was replacing" in out_text + err
+    assert code == 0 and "restored the old run in" in out_text + err
     assert "finished at step 20" in out_text
     assert restored(out) == before and not (out / ".replaced").exists()
 
@@ -166,7 +166,7 @@ def test_a_stopped_overwrite_puts_the_old_run_back_until_its_first_evaluation_af
 
     code, text, err = cli(capsys, *argv(corpus, out, "--overwrite", "--max_iters", "4", "--eval_interval", "2"))
     assert code == 0, err
-    assert f"--overwrite: the run this one replaces is deleted now (this run's step 2 is saved in {out})" in text + err
+    assert f"--overwrite: the replaced run is deleted now; step 2 is saved in {out}" in text + err
     assert checkpoint.load(out / "ckpt_last.safetensors")["iter"] == 4 and not (out / ".replaced").exists()
 
 
@@ -256,7 +256,7 @@ def test_every_folder_state_has_a_way_forward(corpus, finished, tmp_path, capsys
     code, text, _ = cli(capsys, *argv(corpus, logs_only, "--max_iters", "2"))
     assert code == 0 and checkpoint.load(logs_only / "ckpt_last.safetensors")["iter"] == 2
     kept = [path for path in logs_only.iterdir() if path.name.startswith("events_before_")]
-    assert len(kept) == 1 and f"they are kept in {kept[0]}" in text
+    assert len(kept) == 1 and f"moved to {kept[0]}" in text
     assert {path.name: path.read_bytes() for path in kept[0].iterdir()} == events
 
     code, _, err = cli(capsys, *argv(corpus, tmp_path / "nothing", "--resume"))
@@ -523,8 +523,8 @@ def test_the_default_folder_is_named_after_preset_and_the_corpus_really_used(cor
     assert run_cli(sample.main, ["--out_dir", "out/debug-shakespeare"]) == 2
     assert capsys.readouterr().err == (
         "error: out/debug-shakespeare: no such folder; runs with a model beside it: out/debug-my_corpus, "
-        "out/debug-my_notes, out/debug-pystdlib; give one of them as --out_dir (or train: "
-        f"python {ROOT / 'train.py'} --out_dir out/debug-shakespeare)\n")
+        "out/debug-my_notes, out/debug-pystdlib; give one as --out_dir, or train: "
+        f"python {ROOT / 'train.py'} --out_dir out/debug-shakespeare\n")
 
 
 @pytest.mark.parametrize("named", [("--data", "shakespeare"), ("--cache_dir", "CACHE"), ("--resume",)])

@@ -215,7 +215,7 @@ def test_characters_are_drawn_by_an_installed_font_or_labelled_by_code_point_wit
     note = missing_note(text)
     assert (note is None) == (not missing) and (note is None or "fonts-noto-cjk" in note)
     assert missing_note("a\u0380b\u0381\u0380") == (  # two code points Unicode leaves unassigned: no font has them
-        "note: no installed font draws 2 of the characters, so the attention pictures label them by code point: "
+        "note: no installed font draws 2 of the characters; the pictures show their code points: "
         "\u0380 U+0380, \u0381 U+0381. Fix: install a font that has them (Debian/Ubuntu: sudo apt-get install "
         "fonts-noto-cjk), and run again.")
     unassigned = "\u0378\u0379\u0380\u0381\u0382\u0383\u038b\u038d\u03a2\u0530\u0557\u0558\u058b"  # 13, none drawn

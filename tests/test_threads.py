@@ -420,8 +420,7 @@ def test_the_scripts_read_the_newest_run_that_no_process_trains_in_and_say_which
     try:
         said = []
         assert run_folder.find("", "", say=said.append) == Path("out") / "finished" / "ckpt_best.safetensors"
-        assert said[0].startswith("no --out_dir given: out/finished, the newest run in out/ that has finished (its "
-                                  "model saved ")
+        assert said[0].startswith("no --out_dir given: out/finished, the newest run in out/ that has finished (saved ")
         assert f"; passed over out/training, which process {os.getpid()} (" in said[0]
         assert "is still training" in said[0]
         (tmp_path / "out" / "finished" / "summary.json").unlink()

@@ -18,7 +18,7 @@ from common.run_folder import BEST, LAST, resume_command
 from configs import TrainConfig
 from errors import UserError, disk_error, in_one_line, shown
 
-# Time Series unsmoothed (a few evaluations smoothed mislead), in SVG (for browsers without WebGL).
+# Time Series unsmoothed (a few points smoothed mislead), in SVG (for browsers without WebGL).
 TENSORBOARD_URL = "http://localhost:6006/?smoothing=0&forceSVG=true#timeseries"
 # The largest model scripts/attention_html.py puts into its page.
 PAGE_MAX_PARAMETERS = 4_000_000
@@ -48,7 +48,7 @@ class Log:
         try:
             self.wandb = wandb.init(project=cfg.wandb_project, name=name, group=name, dir=str(self.out_dir),
                                      config=cfg.to_dict(), settings=wandb.Settings(silent=True))
-        except Exception as err:  # no login, no network: the run goes on with TensorBoard
+        except Exception as err:
             self.say(f"warning: Weights & Biases did not start ({in_one_line(err)}); this run logs to TensorBoard "
                      f"only. Try wandb login, or WANDB_MODE=offline")
 
@@ -57,7 +57,7 @@ class Log:
             self._say(shown(message))  # a file's text, never terminal codes
 
     def line(self, message: str) -> None:
-        """A line for a log file only."""
+        """A line for a log file, not a terminal."""
         if self.lines is not None:
             self.lines(message)
 
@@ -76,15 +76,14 @@ class Log:
         self._write("add_text", "config", f"```\n{settings}\n```", 0)  # wandb has the config already
 
     def layout(self) -> None:
-        """TensorBoard's Custom Scalars: both losses on one chart, then the speed."""
         self._write("add_custom_scalars", {
             "loss": {"train and validation loss (nats per character)": ["Multiline", ["^loss/train$", "^loss/val$"]]},
             "speed": {"tokens per second": ["Multiline", ["^perf/tokens_per_sec$"]],
-                      "model FLOPs utilisation (%), against the peak measured at the start":
+                      "model FLOPs utilisation (%) of the peak measured at the start":
                           ["Multiline", ["^perf/mfu$"]]}})
 
     def writer(self):
-        """The SummaryWriter for StepLog, or None off rank 0."""
+        """StepLog's SummaryWriter, or None off rank 0."""
         self._with_writer(lambda writer: None)
         return self._writer
 
@@ -107,7 +106,7 @@ class Log:
             self.wandb.log({tag: wandb.Image(picture)}, step=it)
 
     def picture_seconds(self, picture) -> float:
-        """The seconds TensorBoard takes to encode picture."""
+        """Seconds TensorBoard takes to encode picture."""
         if not self.active:
             return 0.0
         from torch.utils.tensorboard.summary import image
@@ -118,6 +117,7 @@ class Log:
 
     def final(self, cfg: TrainConfig, summary: dict, step: int) -> None:
         """The settings and final figures, for the HParams tab and as scalars."""
+
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         figures = {"summary/full_val_loss": summary.get("full_val_loss"),
@@ -150,14 +150,14 @@ class Log:
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
                 _quiet_writer_threads()
-                # an unguessable name: a link planted at a guessable one would be followed
+                # unguessable: a link planted at a guessable name would be followed
                 self._writer = SummaryWriter(log_dir=str(self.out_dir), filename_suffix=f".{secrets.token_hex(8)}")
             write(self._writer)
         except (OSError, RuntimeError) as err:
             self.failed(err)
 
     def failed(self, err: BaseException):
-        self._writer = None  # its file is broken; close() must not try again
+        self._writer = None  # broken: close() must not try again
         raise UserError(f"could not write TensorBoard events in {self.out_dir} ({disk_error(err)}); the "
                         f"checkpoints are intact. Free some disk space, then --resume") from None
 
@@ -226,7 +226,7 @@ def compile_seconds() -> float:
     """Seconds torch.compile has spent in this process."""
     try:
         return float(sys.modules["torch._dynamo.utils"].calculate_time_spent().get("total_wall_time", 0.0))
-    except Exception:  # not imported yet, or a private account changed by a torch release
+    except Exception:  # not imported yet, or a torch release changed this private API
         return 0.0
 
 
@@ -255,7 +255,7 @@ class Phases:
             self.seconds[phase] += time.perf_counter() - start - compiling
 
     def opened(self) -> None:
-        """The run is open: the time since `started`, but the data's, was the opening's."""
+        """The time since `started`, but the data's, was the opening's."""
         self.seconds["opening"] += time.perf_counter() - self.started - self.seconds["data"]
 
     def report(self) -> dict[str, float]:
@@ -275,7 +275,7 @@ class Phases:
 
 
 class TrainClock:
-    """The clock of training steps alone (for tokens/s and MFU)."""
+    """The clock of training steps alone, for tokens/s and MFU."""
 
     def __init__(self, it: int, train_seconds: float, device: torch.device, phases: Phases):
         self.device, self.phases = device, phases
@@ -312,7 +312,7 @@ class TrainClock:
 
 def mfu_basis(peak_flops: float) -> str:
     return (f"mfu below: the model's FLOPs per second over {peak_flops / 1e12:.3g} TFLOP/s, the peak this device "
-            f"measured just now (an estimate, which moves with the machine's load)")
+            f"measured just now (an estimate: it moves with the load)")
 
 
 def too_many_nonfinite(it: int, cfg: TrainConfig, last: Path) -> str:
@@ -322,7 +322,7 @@ def too_many_nonfinite(it: int, cfg: TrainConfig, last: Path) -> str:
 
 # ---- the lines a run ends with
 def out_of_memory(cfg: TrainConfig, saved: str, figures: str = "") -> str:
-    """The line for a run out of memory (or that would be: figures say by how much)."""
+    """The line for a run out of memory; figures say by how much."""
     return (f"out of memory{figures} for a model of n_layer {cfg.n_layer} x n_embd {cfg.n_embd} with batch_size "
             f"{cfg.batch_size} x block_size {cfg.block_size}; lower --batch_size (or --block_size, --n_embd, "
             f"--n_layer); {saved}")
@@ -353,7 +353,7 @@ def done_lines(summary: dict, cfg: TrainConfig, evals_since_best: int) -> list[s
     full = (f", full validation {summary['full_val_loss']:.4f} ({summary['full_val_bits_per_char']:.3f} bits/char)"
             if "full_val_loss" in summary else "")
     last = summary["val_loss"]
-    if summary["model_checkpoint"] == LAST:  # no readable best checkpoint
+    if summary["model_checkpoint"] == LAST:
         val = f"val {last:.4f}" if last is not None else "no val"
         return [*lines, f"the run's model: step {step}, its last ({LAST}; no readable {BEST}): {val}{full}"]
     best = f"val {summary['best_val_loss']:.4f}" if math.isfinite(summary["best_val_loss"]) else "no finite val"
