@@ -33,7 +33,7 @@ from bench_sample import bench_sampling, dtype_name, timed  # noqa: E402
 
 
 class CountOperations(TorchDispatchMode):
-    """ops.count: the operations that compute or copy inside the block (on a GPU, about a launch each)."""
+    """ops.count: the operations that compute or copy inside the block (about a GPU launch each)."""
 
     LAUNCH_NOTHING = frozenset({"_unsafe_view", "_record_function_enter_new", "_record_function_exit"})
 
@@ -62,8 +62,8 @@ def build_training(cfg, rt, say=print) -> dict:
 
 
 class HostWaits(contextlib.ExitStack):
-    """The host's waits for the device inside the block, by place: on CUDA those torch's sync debug mode warns of;
-    elsewhere each value read from a tensor into Python."""
+    """The host's waits for the device inside the block, by place: on CUDA, torch's sync debug warnings;
+    elsewhere, each tensor value read into Python."""
 
     def __init__(self, device: torch.device):
         super().__init__()
@@ -74,7 +74,7 @@ class HostWaits(contextlib.ExitStack):
         return sum(self.places.values())
 
     def seen(self) -> None:
-        """One wait, at the project's innermost line on the stack."""
+        """Count one wait at the project's innermost line on the stack."""
         ours = [(path, f) for f in traceback.extract_stack() if (path := Path(f.filename).resolve()) != HERE
                 and path.is_relative_to(ROOT) and "site-packages" not in f.filename]
         self.places[f"{ours[-1][0].relative_to(ROOT)}:{ours[-1][1].lineno} ({ours[-1][1].name})" if ours
@@ -133,7 +133,7 @@ def repeat(step, times: int) -> None:
 
 
 def speed(run: dict, seconds: float, peak_flops: float) -> dict:
-    """ms/iter, tokens/s, achieved FLOP/s and MFU of a step that took this many seconds."""
+    """ms/iter, tokens/s, achieved FLOP/s and MFU of a step of these seconds."""
     tokens_per_sec = run["tokens_per_iter"] / seconds
     achieved = run["flops_per_token"] * tokens_per_sec
     peak_flops = max(peak_flops, achieved)  # a step faster than the measured ceiling is the ceiling
@@ -141,7 +141,7 @@ def speed(run: dict, seconds: float, peak_flops: float) -> dict:
             "peak_flops": peak_flops, "mfu": achieved / peak_flops}
 
 
-COMPARABLE = (set(FIELDS) - {"config_name"}) | {"config"}  # every train.py option, --config included
+COMPARABLE = (set(FIELDS) - {"config_name"}) | {"config"}  # every train.py option
 
 
 def parse_compare(specs: list[str]) -> list[dict[str, str]]:
@@ -159,7 +159,6 @@ def parse_compare(specs: list[str]) -> list[dict[str, str]]:
 
 
 def options(variant: dict[str, str]) -> list[str]:
-    """{"dtype": "bfloat16"} -> ["--dtype", "bfloat16"]"""
     return [part for field, value in variant.items() for part in (f"--{field}", value)]
 
 
@@ -168,7 +167,7 @@ def variant_name(variant: dict[str, str]) -> str:
 
 
 def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters: int, warmup: int) -> list[dict]:
-    """Each variant's step timed in turn, rounds times: medians and ratios to the first."""
+    """Time each variant's step in turn, rounds times: medians and ratios to the first."""
     default_threads = torch.get_num_threads()
     runs, peaks = [], {}
     for variant in variants:
