@@ -26,7 +26,7 @@ from data.tokenizer import CharTokenizer, codepoints
 from errors import UserError, space_or_place
 
 
-FORMAT = 2  # an entry of another format (1: no checksum of its vocabulary) is prepared again
+FORMAT = 2  # an entry of another format is prepared again
 META_MAX_BYTES = 16 << 20  # meta.json: every character of Unicode fits in a few MB
 BOMS = {"UTF-32": (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE), "UTF-16": (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)}
 
@@ -129,7 +129,7 @@ def check_splits(name: str, n_train: int, n_val: int, val_fraction: float) -> No
         n_chars = n_train + n_val
         raise ShortSplit(f"--data {name}: too short: --val_fraction {val_fraction:g} splits its {n_chars:,} "
                          f"character{'s' * (n_chars != 1)} into {n_train:,} for training and {n_val:,} for "
-                         f"validation, and a model needs 2 or more in each; give a longer text"
+                         f"validation, and each needs 2 or more; give a longer text"
                          f"{short.other_fraction}", short)
 
 
@@ -146,7 +146,7 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
         except UnicodeDecodeError as err:
             bom = next((name for name, marks in BOMS.items() if err.object.startswith(marks)), "")
             if offset == 0 and bom and bom.lower() not in codecs.lookup(encoding).name:
-                raise UserError(f"{path} is {bom} text (it begins with a byte-order mark), not {encoding}; pass "
+                raise UserError(f"{path} is {bom} text (it has a byte-order mark), not {encoding}; pass "
                                 f"--encoding {bom.lower()}") from None
             if b"\0" in err.object and codecs.decode(b"\0", encoding, "ignore") == "\0":  # binary
                 raise binary(path) from None
@@ -199,8 +199,8 @@ def remove_stale(folder: Path) -> None:
 def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             encoding: str = "utf-8", errors: str = "strict", say=print, base_vocab: str = "",
             check: Callable[[str, str | None], None] | None = None) -> Prepared:
-    """Write (or reuse) a corpus's token files; base_vocab (fine-tuning): the vocabulary's first characters.
-    check(sha256, vocabulary) may refuse the text, called first with vocabulary None."""
+    """Write (or reuse) a corpus's token files; base_vocab (fine-tuning) starts the vocabulary.
+    check(sha256, vocabulary) may refuse the text; it is called first with vocabulary None."""
     check_encoding(encoding, errors)
     check = check or (lambda sha256, vocabulary: None)
     start = time.perf_counter()
@@ -238,14 +238,14 @@ def discard(entry: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def text_changed(corpus_name: str, when: str) -> UserError:  # a file changed while it was read twice
-    return UserError(f"--data {corpus_name} changed while it was prepared (what was read {when} is not the text first "
-                     f"read), so no token files were kept; run the command again once nothing is writing to it")
+def text_changed(corpus_name: str) -> UserError:
+    return UserError(f"--data {corpus_name} changed while it was prepared, so no token files were kept; run the "
+                     f"command again once nothing is writing to it")
 
 
 def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_fraction: float, encoding: str,
           errors: str, start: float, base_vocab: str, check: Callable[[str, str | None], None]) -> Prepared:
-    """Two more passes, each checked against sha256: a file changed meanwhile leaves no entry."""
+    """Two more passes, each checked against sha256: a changed file leaves no entry."""
     # Pass 1: which characters occur, and how many
     seen = np.zeros(0x110000, dtype=bool)
     n_chars = 0
@@ -254,7 +254,7 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
         seen[codepoints(text)] = True
         n_chars += len(text)
     if digest.hexdigest() != sha256:
-        raise text_changed(corpus.name, "while its characters were counted")
+        raise text_changed(corpus.name)
     if n_chars == 0:
         raise UserError(f"--data {corpus.name}: the corpus is empty; give it some text")
     known = set(base_vocab)
@@ -282,10 +282,10 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
                     if cut < len(text):
                         val.write(tokenizer.encode_array(text[cut:]).tobytes())
                 except ValueError:  # the text changed in between
-                    raise text_changed(corpus.name, "while it was written as tokens") from None
+                    raise text_changed(corpus.name) from None
                 written += len(text)
         if digest.hexdigest() != sha256 or written != n_chars:
-            raise text_changed(corpus.name, "while it was written as tokens")
+            raise text_changed(corpus.name)
         meta = {
             "format": FORMAT, "source": corpus.name, "files": len(corpus.files), "sha256": sha256, "bytes": n_bytes,
             "encoding": encoding, "encoding_errors": errors, "vocab": tokenizer.chars,

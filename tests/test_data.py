@@ -321,7 +321,7 @@ def bad_inputs(tmp_path):
         "latin1.txt": "byte 3 cannot be decoded",
         "nul.txt": "NUL",
         "random.dat": "looks like a binary file (it contains NUL bytes); --data needs text",
-        "notepad.txt": "is UTF-16 text (it begins with a byte-order mark), not utf-8; pass --encoding utf-16",
+        "notepad.txt": "is UTF-16 text (it has a byte-order mark), not utf-8; pass --encoding utf-16",
         "binaries": "no text files",
         "pipe": "not a regular file or folder",
     }
@@ -436,8 +436,7 @@ def test_a_text_too_short_for_any_model_is_refused_when_prepared_and_nothing_is_
     result = run_prepare("--data", str(one), cache=cache)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (f"error: --data {one}: too short: --val_fraction 0.1 splits its 1 character into 0 for "
-                             f"training and 1 for validation, and a model needs 2 or more in each; give a longer "
-                             f"text\n")
+                             f"training and 1 for validation, and each needs 2 or more; give a longer text\n")
     assert not [p for p in cache.rglob("*") if p.is_file()]
     for text, fraction, said in (("abcdefghi", 0.1, "its 9 characters into 8 for training and 1 for validation, and "
                                   "a model needs 2 or more in each; give a longer text or a larger --val_fraction"),
@@ -453,8 +452,8 @@ def test_a_text_too_short_for_any_model_is_refused_when_prepared_and_nothing_is_
         patch.setattr(sys.modules["data.prepare"], "check_splits", lambda *args: None)  # (data.prepare: prepare())
         entry = prepared_from("abc", tmp_path, name="short.txt").dir
     before = {p: p.read_bytes() for p in entry.iterdir()}
-    with pytest.raises(UserError, match="splits its 3 characters into 2 for training and 1 for validation, and a model "
-                       "needs 2 or more in each; give a longer text$"):
+    with pytest.raises(UserError, match="splits its 3 characters into 2 for training and 1 for validation, and each "
+                       "needs 2 or more; give a longer text$"):
         prepared_from("abc", tmp_path, name="short.txt")
     assert {p: p.read_bytes() for p in entry.iterdir()} == before
 
