@@ -40,42 +40,42 @@ def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
     reading = "meta.json"
     try:
         if not stat.S_ISREG(os.lstat(entry / "meta.json").st_mode):
-            return None, "are damaged (meta.json is not a file)"
+            return None, "meta.json is not a file"
         meta = json.loads(read_small(entry / "meta.json", "the cache entry's", META_MAX_BYTES).decode("utf-8"))
         if not isinstance(meta, dict):
-            return None, "are damaged (meta.json is not a JSON object)"
+            return None, "meta.json is not a JSON object"
         if type(meta.get("format")) is int and meta["format"] != FORMAT:
-            return None, f"were written in cache format {meta['format']}, not this version's {FORMAT}"
+            return None, f"cache format {meta['format']}, not this version's {FORMAT}"
         vocab, base = meta["vocab"], meta["base_vocab_size"]
         if meta["format"] != FORMAT or not isinstance(vocab, str) or type(base) is not int \
                 or not 0 <= base <= len(vocab):
-            return None, "are damaged (its format, vocab or base_vocab_size is malformed)"
+            return None, "its format, vocab or base_vocab_size is malformed"
         if len(set(vocab)) != len(vocab) or vocab[base:] != "".join(sorted(vocab[base:])):
-            return None, "are damaged (its vocabulary repeats a character or is out of order)"
+            return None, "its vocabulary repeats a character or is out of order"
         if meta["vocab_sha256"] != vocab_sha256(vocab):
-            return None, "are damaged (its vocabulary does not match its checksum)"
+            return None, "its vocabulary does not match its checksum"
         tokenizer, reading = CharTokenizer(vocab), "a token file"
         if meta["dtype"] != tokenizer.dtype.name or meta["vocab_size"] != tokenizer.vocab_size:
-            return None, "are damaged (its dtype or vocab_size does not match its vocabulary)"
+            return None, "its dtype or vocab_size does not match its vocabulary"
         for split in ("train", "val"):
             n, path = meta[f"n_{split}"], entry / f"{split}.bin"
             if type(n) is not int or n < 0:
-                return None, f"are damaged (n_{split} is not a count)"
+                return None, f"n_{split} is not a count"
             if not stat.S_ISREG((info := os.lstat(path)).st_mode) or info.st_size != n * tokenizer.dtype.itemsize:
-                return None, f"are damaged ({split}.bin is not a file of n_{split} tokens)"
+                return None, f"{split}.bin is not a file of n_{split} tokens"
             if n and int(np.memmap(path, dtype=tokenizer.dtype, mode="r").max()) >= tokenizer.vocab_size:
-                return None, f"are damaged ({split}.bin holds ids beyond the vocabulary)"
+                return None, f"{split}.bin holds ids beyond the vocabulary"
         if meta["n_chars"] != meta["n_train"] + meta["n_val"]:
-            return None, "are damaged (n_chars is not n_train + n_val)"
+            return None, "n_chars is not n_train + n_val"
     except KeyError as err:
-        return None, f"are damaged (meta.json has no {err.args[0]})"
+        return None, f"meta.json has no {err.args[0]}"
     except FileNotFoundError as err:
-        return None, f"are damaged ({Path(err.filename).name} is missing)"
+        return None, f"{Path(err.filename).name} is missing"
     except (OSError, UserError) as err:  # unreadable, too large, or written to while it was read
         name = Path(err.filename).name if getattr(err, "filename", None) else reading
-        return None, f"are damaged ({name} cannot be read)"
+        return None, f"{name} cannot be read"
     except (ValueError, RecursionError):  # (JSON nested too deep)
-        return None, "are damaged (meta.json is not UTF-8 JSON)"
+        return None, "meta.json is not UTF-8 JSON"
     return meta, None
 
 
@@ -217,7 +217,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             check(sha256, meta["vocab"])
             meta.update(source=corpus.name, bytes=n_bytes)
             return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
-        say(f"note: the cached token files in {final} {why}; preparing them again")
+        say(f"note: the cached token files in {final} cannot be used ({why}); preparing them again")
         discard(final)
     try:
         return build(corpus, final, key, sha256, n_bytes, val_fraction, encoding, errors, start, base_vocab, check)
