@@ -30,14 +30,14 @@ DATASETS = {"shakespeare_char": "shakespeare", "shakespeare": "shakespeare"}  # 
 
 
 def init_from(value: str) -> tuple[str, str]:
-    """nanoGPT's --init_from: (ours, a note where it means --resume); scratch is taken too, gpt2* refused."""
+    """nanoGPT's --init_from: (ours, a note where it means --resume); gpt2* is refused."""
     if Path(value).exists():
         return value, ""
     if value == "resume":
         return "", "note: --init_from resume is --resume here: continuing the run in --out_dir"
     if value.startswith("gpt2"):
-        raise UserError(f"--init_from {value}: GPT-2's weights belong to its 50,257 BPE tokens; fine-tune a run of "
-                        f"ours instead (--init_from out/RUN)")
+        raise UserError(f"--init_from {value}: GPT-2's weights belong to its 50,257 BPE tokens; fine-tune one of our "
+                        f"runs: --init_from out/RUN")
     return "" if value == "scratch" else value, ""
 
 

@@ -1,5 +1,5 @@
-"""python scripts/bench.py [train.py options] [--compare FIELD=A,B] [--json FILE]: training, sampling and data speed,
-with MFU; --compare times training under each value in turn, round after round, in one process."""
+"""python scripts/bench.py [train.py options]: training, sampling and data speed, with MFU; --compare times
+training under each value in turn, round after round, in one process."""
 from __future__ import annotations
 
 import collections

@@ -1,6 +1,6 @@
 """python scripts/bench_prepare.py [--mb 200]: data preparation's MB/s and peak memory on a generated corpus.
 
-Also what the benchmarks share: their parser with --json, and the writer of their figures."""
+Also the benchmarks' shared parser (with --json) and figures writer."""
 from __future__ import annotations
 
 import argparse
@@ -46,7 +46,7 @@ def figures_file(path: str) -> str:
 
 
 def count(text: str) -> int:
-    """An option's whole number of at least 1."""
+    """An option's whole number, at least 1."""
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
     return int(text)

@@ -1,5 +1,5 @@
-"""python scripts/bench_run.py [train.py options] [--compare FIELD=A,B] [--seeds 1,2,3] [--nanogpt DIR] [--repeat N]
-[--busy N]: whole train.py commands timed from outside, with their loss and where their time went."""
+"""python scripts/bench_run.py [train.py options]: whole train.py commands timed from outside, with their loss and
+where their time went."""
 from __future__ import annotations
 
 import contextlib

@@ -52,7 +52,7 @@ RUNGS = [
     ("unscaled", "the default without the 1/sqrt(head_size) scale", {"attention_score": "dot"}),
     ("additive", "the default with additive scores, w·tanh(q + k)", {"attention_score": "additive"}),
     ("shared_qk", "the default with queries and keys from one projection (Q = K)", {"shared_qk": "true"}),
-    ("no_values", "the default with keys and queries only (no value projection)", {"attention_values": "false"}),
+    ("no_values", "the default without a value projection", {"attention_values": "false"}),
     ("no_positions", "the default without any position information", {"position": "none"}),
 ]
 NAMES = [name for name, _, _ in RUNGS]
@@ -134,7 +134,7 @@ def summary_of(folder: Path) -> dict | None:
     if summary is None or any(type(summary.get(key)) not in (int, float)
                               for key in ("full_val_loss", "train_seconds", "iterations")):
         return None
-    return summary  # a NaN loss is a result: "no loss"
+    return summary  # a NaN loss is a result
 
 
 TABLE = "ladder.json"
