@@ -126,7 +126,7 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     notes = [f"config: {name}{why}"]
     if "init_from" in overrides:  # nanoGPT's resume | scratch | gpt2*
         overrides["init_from"], said = nanogpt.init_from(overrides["init_from"])
-        if said:  # resume
+        if said:
             overrides["resume"] = True
             notes.append(said)
     explicit = set(overrides) | (set(values) if given else set())
@@ -200,7 +200,7 @@ def same_model(given: str, saved: str | None) -> bool:
     return one == other or one.parent == other or other.parent == one
 
 
-def saved_model_config(state: dict) -> dict:  # with the defaults of settings it predates
+def saved_model_config(state: dict) -> dict:  # defaults fill settings it predates
     return {**ModelConfig().to_dict(), **state["model_config"]}
 
 

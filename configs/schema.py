@@ -14,7 +14,7 @@ SEED_MAX = 2**62  # torch.manual_seed takes 64 bits, and the rank is added under
 MAX_THREADS = 1024
 CONFIG_MAX_BYTES = 1 << 20
 MAX_STEPS = 10**12  # a step count past this is a slip
-# Each count's lowest and highest value (an evaluation draws all its windows at once).
+# Each count's lowest and highest value (an evaluation draws all its windows at once)
 COUNTS = {**dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "patience"), (0, MAX_STEPS)),
           **dict.fromkeys(("eval_interval", "log_interval", "max_nonfinite_steps"), (1, MAX_STEPS)),
           **dict.fromkeys(("batch_size", "grad_accum_steps"), (1, MAX_SIZE)),
@@ -29,7 +29,7 @@ def check_num_threads(value: int) -> None:
 
 @dataclass
 class TrainConfig(Architecture):  # the model's fields first
-    data: str = setting("shakespeare", "text file, folder of text files, or a named corpus: shakespeare | pystdlib")
+    data: str = setting("shakespeare", "text file, folder of them, or a named corpus: shakespeare | pystdlib")
     cache_dir: str = setting("", "downloads and token files (empty: ~/.cache/chargpt)")
     val_fraction: float = setting(0.1, "the last fraction of the text used for validation")
     encoding: str = setting("utf-8", "the corpus files' text encoding")
@@ -57,7 +57,7 @@ class TrainConfig(Architecture):  # the model's fields first
     sample_chars: int = setting(200, "characters sampled at each evaluation (0: none)")
     log_attention: bool = setting(True, "log each layer's attention heatmap at each evaluation")
     wandb: bool = setting(False, "also log the run to Weights & Biases (needs the wandb package)")
-    wandb_project: str = setting("chargpt", "wandb: the project the run is logged in")
+    wandb_project: str = setting("chargpt", "the wandb project to log to")
     full_val: bool = setting(True, "at the end, the exact loss over every validation window")
     patience: int = setting(5, "stop after this many evaluations in a row without a new best (0: never)")
     out_dir: str = setting("", "output folder for checkpoints and logs (empty: out/<config>)")

@@ -93,7 +93,7 @@ class Prepared:
 
 @dataclass
 class Shortfall:
-    """The first split too short for one window of block_size + 1 characters, and each split's size."""
+    """The first split shorter than one window of block_size + 1 characters, and each split's size."""
     split: str
     sizes: dict[str, int]
     block_size: int
@@ -148,7 +148,7 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
             if offset == 0 and bom and bom.lower() not in codecs.lookup(encoding).name:
                 raise UserError(f"{path} is {bom} text (it has a byte-order mark), not {encoding}; pass "
                                 f"--encoding {bom.lower()}") from None
-            if b"\0" in err.object and codecs.decode(b"\0", encoding, "ignore") == "\0":  # binary
+            if b"\0" in err.object and codecs.decode(b"\0", encoding, "ignore") == "\0":
                 raise binary(path) from None
             pending = len(err.object) - len(block)  # bytes the decoder held back
             raise UserError(f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
