@@ -58,8 +58,8 @@ def unknown_option(option: str) -> UserError:
 def build_parser(preset: str, values: dict, why: str) -> ArgumentParser:
     """The command line; --help shows each field's value under the preset."""
     parser = ArgumentParser(prog="train.py", allow_abbrev=False, epilog=f"presets: {', '.join(presets())}",
-                            description=f"Train a character-level GPT. Settings come from --config, then from --field "
-                                        f"value overrides. The defaults below are preset {preset}'s{why}.")
+                            description=f"Train a character-level GPT. --config picks a preset; --field value overrides "
+                                        f"it. The defaults below are preset {preset}'s{why}.")
     parser.add_argument("--config", default=argparse.SUPPRESS,
                         help="a preset's name or a .toml file (default: shakespeare_char_gpu with CUDA, else "
                              "shakespeare_char_cpu)")

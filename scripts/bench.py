@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rt = setup(cfg.device, cfg.dtype, cfg.num_threads)
     run = build_training(cfg, rt)
-    repeat(run["step"], args.warmup)  # compilation, allocator, caches
+    repeat(run["step"], args.warmup)
     if args.host_syncs is not None:
         with HostWaits(rt.device) as waits:
             repeat(run["step"], args.iters)
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"block {cfg.block_size}, batch {cfg.batch_size}, {cfg.optimizer}"),
             ("train step", f"{f['ms_per_iter']:.1f} ms/iter, {f['tokens_per_sec']:,.0f} tokens/s"),
             ("its halves", f"{f['ms_forward_backward']:.1f} ms forward and backward, {f['ms_update']:.1f} ms update "
-                           f"(clipping included; {f['update_operations']} operations), each timed alone"),
+                           f"(with clipping; {f['update_operations']} operations), each timed alone"),
             ("model FLOPs", f"{f['flops_per_token'] / 1e6:.2f} MFLOP/token, {f['achieved_flops'] / 1e9:.1f} GFLOP/s"),
             ("peak (matmul)", f"{f['peak_flops'] / 1e9:.1f} GFLOP/s in {dtype_name(rt.dtype)}"),
             ("MFU", f"{f['mfu'] * 100:.1f}%"),

@@ -49,7 +49,7 @@ def logged_run(log: Path, argv: list[str], what: str, **how) -> float:
 def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
     """`python train.py argv --out_dir folder --overwrite`, timed whole: its summary's figures."""
     env = dict(os.environ)
-    if cold_cache:  # an empty compiler cache for this run alone
+    if cold_cache:
         cache = folder.with_name(folder.name + ".compile_cache")
         shutil.rmtree(cache, ignore_errors=True)
         env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"))

@@ -58,8 +58,7 @@ RUNGS = [
 NAMES = [name for name, _, _ in RUNGS]
 FIXED = {"sample_chars": "0", "log_attention": "false", "patience": "0"}  # each rung trains all its steps
 NOT_THE_RUN = {"out_dir", "resume", "overwrite", "data"}  # the text is compared by its sha256
-POSITIONS = {"rope": "rotary positions instead of a position table", "learned": "a learned position table",
-             "none": "no position information"}
+POSITIONS = {"rope": "rotary positions", "learned": "a learned position table", "none": "no positions"}
 DEFAULT = 7  # the variants after the default rung are compared with it
 SEEDS = 3  # seeds of each of two rungs whose losses are CLOSE
 CLOSE = 0.03  # a relative loss difference one seed cannot settle
