@@ -163,7 +163,7 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
 
 
 def binary(path: Path) -> UserError:
-    return UserError(f"{path} looks like a binary file (it contains NUL bytes); --data needs text")
+    return UserError(f"{path} is binary (it contains NUL bytes); --data needs text")
 
 
 def corpus_key(corpus: Corpus, encoding: str, errors: str, val_fraction: float) -> tuple[str, str, int]:
@@ -256,7 +256,7 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
     if digest.hexdigest() != sha256:
         raise text_changed(corpus.name)
     if n_chars == 0:
-        raise UserError(f"--data {corpus.name}: the corpus is empty; give it some text")
+        raise UserError(f"--data {corpus.name} is empty; give it some text")
     known = set(base_vocab)
     new = "".join(ch for ch in map(chr, np.flatnonzero(seen)) if ch not in known)
     tokenizer = CharTokenizer(base_vocab + new)

@@ -320,7 +320,7 @@ def bad_inputs(tmp_path):
         "empty.txt": "empty",
         "latin1.txt": "byte 3 cannot be decoded",
         "nul.txt": "NUL",
-        "random.dat": "looks like a binary file (it contains NUL bytes); --data needs text",
+        "random.dat": "is binary (it contains NUL bytes); --data needs text",
         "notepad.txt": "is UTF-16 text (it has a byte-order mark), not utf-8; pass --encoding utf-16",
         "binaries": "no text files",
         "pipe": "not a regular file or folder",
