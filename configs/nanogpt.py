@@ -18,7 +18,7 @@ TRAIN_SETTINGS = {
     **{name: f"here it is --{ours}" for name, ours in RENAMED.items()},
     "gradient_accumulation_steps": "here it is --grad_accum_steps, per process",
     "wandb_run_name": "here it is the --out_dir folder's name",
-    "eval_only": "evaluating a trained model is python scripts/evaluate.py --out_dir RUN",
+    "eval_only": "here it is python scripts/evaluate.py --out_dir RUN",
     "always_save_checkpoint": "every evaluation saves ckpt_last, and ckpt_best at a new best: nothing to set",
     "decay_lr": "the rate always falls to --min_lr; give --min_lr equal to --learning_rate to keep it",
     "beta1": f"AdamW's beta1 is fixed at {FIXED['beta1']} here",

@@ -338,7 +338,7 @@ def test_the_loops_next_evaluation_is_the_first_step_from_here_that_evaluation_d
     (["--config", "shakespear"], "did you mean shakespeare_char"),
     (["--config", "debug", "--n_embd", "33"], "n_embd (33) must be divisible by n_head (2)"),
     (["--dtype", "fp8"], "--dtype 'fp8': must be one of auto, float32"),
-    (["--eval_only"], "unknown option --eval_only: evaluating a trained model is python scripts/evaluate.py --out_dir"),
+    (["--eval_only"], "unknown option --eval_only: here it is python scripts/evaluate.py --out_dir"),
     (["--n_embd", str(2**70)], "n_embd must be at most 2,147,483,647, got 1,180,591,620,717,411,303,424"),
     (["mine.toml"], "mine.toml: a config file is given with --config: "),
 ])
