@@ -58,8 +58,8 @@ def unknown_option(option: str) -> UserError:
 def build_parser(preset: str, values: dict, why: str) -> ArgumentParser:
     """The command line; --help shows each field's value under the preset."""
     parser = ArgumentParser(prog="train.py", allow_abbrev=False, epilog=f"presets: {', '.join(presets())}",
-                            description=f"Train a character-level GPT. Settings come from --config, then from --field "
-                                        f"value overrides. The defaults below are preset {preset}'s{why}.")
+                            description=f"Train a character-level GPT. --config picks a preset; --field value overrides "
+                                        f"it. The defaults below are preset {preset}'s{why}.")
     parser.add_argument("--config", default=argparse.SUPPRESS,
                         help="a preset's name or a .toml file (default: shakespeare_char_gpu with CUDA, else "
                              "shakespeare_char_cpu)")
@@ -75,14 +75,14 @@ def build_parser(preset: str, values: dict, why: str) -> ArgumentParser:
 
 
 def read_preset(spec: str) -> tuple[Path, dict]:
-    """The --config file (a preset name or a path) and its settings."""
+    """The --config file (a preset or a path) and its settings."""
     path = Path(spec)
     if path.suffix == ".py":  # nanoGPT's Python configs: never run
         raise nanogpt.python_config(spec)
     if not path.suffix and not path.is_file() and (PRESET_DIR / f"{spec}.toml").is_file():
         path = PRESET_DIR / f"{spec}.toml"
     if path.is_dir():
-        raise UserError(f"--config {spec}: that is a folder; give a .toml file or a preset: {', '.join(presets())}")
+        raise UserError(f"--config {spec}: a folder; give a .toml file or a preset: {', '.join(presets())}")
     if not path.exists():
         raise UserError(f"--config {spec}: no such preset or file{suggest(spec, presets())}; "
                         f"presets: {', '.join(presets())}")
@@ -97,8 +97,7 @@ def read_preset(spec: str) -> tuple[Path, dict]:
                         f"; give a TOML file of settings") from None
     for key in [key for key in values if key not in FIELDS]:
         if isinstance(values[key], dict):  # a [table], or a dotted key
-            raise UserError(f"{path}: [{key}] is a table, but a config holds only name = value lines; move its "
-                            f"settings to the top level")
+            raise UserError(f"{path}: [{key}] is a table; move its settings to the top level as name = value lines")
         raise UserError(f"{path}: unknown field {key}{suggest(key, FIELDS)}")
     return path, checked_types(values, str(path))
 
@@ -127,7 +126,7 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
     notes = [f"config: {name}{why}"]
     if "init_from" in overrides:  # nanoGPT's resume | scratch | gpt2*
         overrides["init_from"], said = nanogpt.init_from(overrides["init_from"])
-        if said:  # resume
+        if said:
             overrides["resume"] = True
             notes.append(said)
     explicit = set(overrides) | (set(values) if given else set())
@@ -144,7 +143,7 @@ def load_config(argv: list[str] | None, cuda_available: bool) -> tuple[TrainConf
 
 
 def where_from(problem: str, typed: set[str], path: Path | None) -> str:
-    """A setting's problem, said where the user set it: a --config file's key or a flag."""
+    """A setting's problem, named where the user set it: a --config key or a flag."""
     name = problem.split(" ", 1)[0].removeprefix("--")
     if name not in FIELDS or sum(re.search(rf"\b{field}\b", problem) is not None for field in FIELDS) > 1:
         return problem
@@ -158,7 +157,7 @@ def where_from(problem: str, typed: set[str], path: Path | None) -> str:
 
 
 def follow_learning_rate(base: dict, values: dict, given: set[str], name: str) -> str:
-    """min_lr in values keeps its ratio to base's learning rate where only the rate is given."""
+    """Scale min_lr with learning_rate when only the rate is given; the note saying so, or ""."""
     if "learning_rate" not in given or "min_lr" in given:
         return ""
     rate, floor = (base.get(field, FIELDS[field].default) for field in ("learning_rate", "min_lr"))
@@ -170,7 +169,7 @@ def follow_learning_rate(base: dict, values: dict, given: set[str], name: str) -
 
 
 def config_from_dict(values: dict, where: str, say) -> TrainConfig:
-    """A config saved in a checkpoint, unknown fields ignored and said."""
+    """A checkpoint's saved config; unknown fields are ignored and said."""
     ignored = sorted(k for k, v in values.items() if k not in FIELDS and (k, v) not in FIXED.items())
     if ignored:
         say(f"note: {where} has settings this version does not know, ignored: {', '.join(ignored)}")
@@ -201,12 +200,12 @@ def same_model(given: str, saved: str | None) -> bool:
     return one == other or one.parent == other or other.parent == one
 
 
-def saved_model_config(state: dict) -> dict:  # with the defaults of settings it predates
+def saved_model_config(state: dict) -> dict:  # defaults fill settings it predates
     return {**ModelConfig().to_dict(), **state["model_config"]}
 
 
 def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, say) -> TrainConfig:
-    """A fine-tuning run's config: the model's architecture and its run's settings, under the command's."""
+    """A fine-tuning config: the model's shape and its run's settings, under the command's."""
     saved = saved_model_config(state)
     base = config_from_dict(state["run_config"], str(where), say).to_dict()
     values = cfg.to_dict()
@@ -227,7 +226,7 @@ def init_config(cfg: TrainConfig, explicit: set[str], state: dict, where: Path, 
 
 def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where: Path, world_size: int = 1
                   ) -> tuple[TrainConfig, TrainConfig]:
-    """(the run's saved config, the one it resumes with): only the fields the user set change."""
+    """(the saved config, the resumed one): only the fields the user set change."""
     old = config_from_dict(state["run_config"], str(where), say)
     values = {**old.to_dict(), "out_dir": cfg.out_dir, "cache_dir": cfg.cache_dir, "ddp": cfg.ddp}
     for name in sorted(explicit - {"resume", "overwrite"}):
@@ -256,7 +255,7 @@ def resume_config(cfg: TrainConfig, explicit: set[str], state: dict, say, where:
 
 
 def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
-    """The model the run's config builds must be the checkpoint's."""
+    """Refuse a run config that does not build the checkpoint's model."""
     built, saved = cfg.model_config(len(state["vocab"])).to_dict(), saved_model_config(state)
     if name := next((name for name in SHAPE_FIELDS if built[name] != saved[name]), None):
         raise UserError(f"{where} is damaged: its run config and its model config disagree on {name} "
@@ -264,7 +263,7 @@ def check_same_model(cfg: TrainConfig, state: dict, where: Path) -> None:
 
 
 def keep_global_batch(cfg: TrainConfig, explicit: set[str], state: dict, world_size: int, say) -> TrainConfig:
-    """A resume under another number of processes keeps the tokens per step."""
+    """Keep the tokens per step when resuming under another process count."""
     saved = state.get("tokens_per_iter")
     micro = cfg.batch_size * cfg.block_size
     now = micro * cfg.grad_accum_steps * world_size
@@ -273,9 +272,9 @@ def keep_global_batch(cfg: TrainConfig, explicit: set[str], state: dict, world_s
     per_step = saved // micro
     processes = f"{world_size} process{'es' if world_size > 1 else ''}"
     if per_step % world_size:
-        raise UserError(f"--resume: {processes} cannot share {per_step} micro-batches evenly; resume with a number "
-                        f"of processes that divides {per_step}, or give --grad_accum_steps")
+        raise UserError(f"--resume: {processes} cannot share {per_step} micro-batches evenly; use a process count "
+                        f"that divides {per_step}, or give --grad_accum_steps")
     accum = per_step // world_size
-    say(f"resume: {processes} now, so grad_accum_steps goes from {cfg.grad_accum_steps} to {accum}, keeping the "
-        f"run's {saved:,} tokens per step")
+    say(f"resume: {processes} now, so grad_accum_steps {cfg.grad_accum_steps} -> {accum}, keeping {saved:,} "
+        f"tokens per step")
     return TrainConfig(**{**cfg.to_dict(), "grad_accum_steps": accum})

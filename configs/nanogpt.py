@@ -18,7 +18,7 @@ TRAIN_SETTINGS = {
     **{name: f"here it is --{ours}" for name, ours in RENAMED.items()},
     "gradient_accumulation_steps": "here it is --grad_accum_steps, per process",
     "wandb_run_name": "here it is the --out_dir folder's name",
-    "eval_only": "evaluating a trained model is python scripts/evaluate.py --out_dir RUN",
+    "eval_only": "here it is python scripts/evaluate.py --out_dir RUN",
     "always_save_checkpoint": "every evaluation saves ckpt_last, and ckpt_best at a new best: nothing to set",
     "decay_lr": "the rate always falls to --min_lr; give --min_lr equal to --learning_rate to keep it",
     "beta1": f"AdamW's beta1 is fixed at {FIXED['beta1']} here",
@@ -30,14 +30,14 @@ DATASETS = {"shakespeare_char": "shakespeare", "shakespeare": "shakespeare"}  # 
 
 
 def init_from(value: str) -> tuple[str, str]:
-    """nanoGPT's --init_from: (ours, a note where it means --resume); scratch is taken too, gpt2* refused."""
+    """nanoGPT's --init_from: (ours, a note where it means --resume); gpt2* is refused."""
     if Path(value).exists():
         return value, ""
     if value == "resume":
         return "", "note: --init_from resume is --resume here: continuing the run in --out_dir"
     if value.startswith("gpt2"):
-        raise UserError(f"--init_from {value}: GPT-2's weights belong to its 50,257 BPE tokens; fine-tune a run of "
-                        f"ours instead (--init_from out/RUN)")
+        raise UserError(f"--init_from {value}: GPT-2's weights belong to its 50,257 BPE tokens; fine-tune one of our "
+                        f"runs: --init_from out/RUN")
     return "" if value == "scratch" else value, ""
 
 
@@ -66,7 +66,7 @@ def plain_value(node: ast.AST, top: bool = True):
 
 
 def toml_value(value: bool | int | float | str) -> str | None:
-    """A setting's value as TOML, spelled as JSON spells it; None for a NaN or a lone surrogate, which TOML lacks."""
+    """A setting's value as TOML, spelled as JSON; None for a NaN or a lone surrogate, which TOML lacks."""
     surrogate = isinstance(value, str) and re.search("[\ud800-\udfff]", value)
     if surrogate or isinstance(value, float) and not math.isfinite(value):
         return None
@@ -98,7 +98,7 @@ def translate(name: str, value) -> tuple[str | None, str]:
         return None, f"{shown}: {field} here takes {TYPES[field].__name__}; set it by hand"
     note = "" if field == name else f"nanoGPT's {name}"
     if name == "gradient_accumulation_steps":
-        note += ", here per process (nanoGPT's is for all processes)"
+        note += ", here per process"
     return f"{field} = {text}", note
 
 
@@ -107,7 +107,7 @@ def as_toml(path: Path) -> str:
     text = utf8_text(read_small(path, "--config", CONFIG_MAX_BYTES, "give a config file"), f"--config {path}")
     try:
         tree = ast.parse(text, filename=str(path))
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:  # (the last two: deep nesting)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
         raise UserError(f"--config {path}: cannot be read as a Python config ({type(err).__name__}); write it "
                         f"as TOML") from None
     lines = [f"# {path.stem}.toml: the settings of {path}, nanoGPT's Python config"]
@@ -131,10 +131,10 @@ def as_toml(path: Path) -> str:
 
 
 def python_config(spec: str) -> UserError:
-    """--config FILE.py, never run: its settings are printed as TOML, and the error says where to save them."""
+    """--config FILE.py, never run: print its settings as TOML; the error says where to save them."""
     path = Path(spec)
     if not path.exists():
         return UserError(f"--config {spec}: no such file; presets are TOML files (see --help)")
     print(shown(as_toml(path).rstrip("\n")))
-    return UserError(f"{spec} is a Python config, and this trainer runs no config; save the TOML printed above as "
-                     f"{path.stem}.toml and pass --config {path.stem}.toml")
+    return UserError(f"{spec} is a Python config, which is never run; save the TOML above as {path.stem}.toml "
+                     f"and pass --config {path.stem}.toml")

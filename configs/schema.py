@@ -9,12 +9,12 @@ from configs.choices import CHOICES, CUDA_GRAPH_MODES, valid_device
 from errors import UserError
 from model.config import MAX_SIZE, Architecture, ModelConfig, setting
 
-FIXED = {"beta1": 0.9}  # not a setting: the value every run uses (a saved config may hold it)
+FIXED = {"beta1": 0.9}  # not a setting: every run uses it (a saved config may hold it)
 SEED_MAX = 2**62  # torch.manual_seed takes 64 bits, and the rank is added under torchrun
 MAX_THREADS = 1024
 CONFIG_MAX_BYTES = 1 << 20
 MAX_STEPS = 10**12  # a step count past this is a slip
-# Each count's lowest and highest value (an evaluation draws all its windows at once).
+# Each count's lowest and highest value (an evaluation draws all its windows at once)
 COUNTS = {**dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "patience"), (0, MAX_STEPS)),
           **dict.fromkeys(("eval_interval", "log_interval", "max_nonfinite_steps"), (1, MAX_STEPS)),
           **dict.fromkeys(("batch_size", "grad_accum_steps"), (1, MAX_SIZE)),
@@ -22,15 +22,15 @@ COUNTS = {**dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "patie
 
 
 def check_num_threads(value: int) -> None:
-    """A script's --num_threads, checked as a run's is."""
+    """Check a script's --num_threads as a run's is."""
     if not 0 <= value <= MAX_THREADS:
         raise UserError(f"--num_threads {value}: must be from 0 (the faster count, measured) to {MAX_THREADS}")
 
 
 @dataclass
 class TrainConfig(Architecture):  # the model's fields first
-    data: str = setting("shakespeare", "text file, folder of text files, or a named corpus: shakespeare | pystdlib")
-    cache_dir: str = setting("", "the cache of downloads and token files (empty: ~/.cache/chargpt)")
+    data: str = setting("shakespeare", "text file, folder of them, or a named corpus: shakespeare | pystdlib")
+    cache_dir: str = setting("", "downloads and token files (empty: ~/.cache/chargpt)")
     val_fraction: float = setting(0.1, "the last fraction of the text used for validation")
     encoding: str = setting("utf-8", "the corpus files' text encoding")
     encoding_errors: str = setting("strict", "undecodable bytes: strict (stop) | replace | ignore")
@@ -43,9 +43,9 @@ class TrainConfig(Architecture):  # the model's fields first
     learning_rate: float = setting(1e-3, "peak learning rate")
     min_lr: float = setting(1e-4, "learning rate at the end of the decay")
     warmup_iters: int = setting(100, "steps of linear warm-up from 0 to learning_rate")
-    lr_schedule: str = setting("cosine", "after the warm-up: cosine (a cosine decay to min_lr) | wsd (hold, then "
-                                         "fall in a straight line to min_lr)")
-    warmdown_fraction: float = setting(0.3, "wsd: the share of the steps after the warm-up spent decaying")
+    lr_schedule: str = setting("cosine", "after the warm-up: cosine (decay to min_lr) | wsd (hold, then fall "
+                                         "linearly to min_lr)")
+    warmdown_fraction: float = setting(0.3, "wsd: the share of the post-warm-up steps spent decaying")
     lr_decay_iters: int = setting(0, "step at which the decay reaches min_lr (0: max_iters)")
     weight_decay: float = setting(0.1, "decoupled weight decay on weight matrices only, Muon's too")
     beta2: float = setting(0.99, "AdamW beta2")
@@ -53,11 +53,11 @@ class TrainConfig(Architecture):  # the model's fields first
     max_nonfinite_steps: int = setting(5, "stop after this many steps in a row with a NaN/inf loss or gradient")
     eval_interval: int = setting(250, "evaluate (and checkpoint) every this many steps")
     eval_iters: int = setting(200, "random batches per split in each evaluation")
-    log_interval: int = setting(10, "update the progress bar and logged scalars every this many steps")
-    sample_chars: int = setting(200, "characters of generated text logged at each evaluation (0: none)")
+    log_interval: int = setting(10, "update the progress bar and logs every this many steps")
+    sample_chars: int = setting(200, "characters sampled at each evaluation (0: none)")
     log_attention: bool = setting(True, "log each layer's attention heatmap at each evaluation")
     wandb: bool = setting(False, "also log the run to Weights & Biases (needs the wandb package)")
-    wandb_project: str = setting("chargpt", "wandb: the project the run is logged in")
+    wandb_project: str = setting("chargpt", "the wandb project to log to")
     full_val: bool = setting(True, "at the end, the exact loss over every validation window")
     patience: int = setting(5, "stop after this many evaluations in a row without a new best (0: never)")
     out_dir: str = setting("", "output folder for checkpoints and logs (empty: out/<config>)")
@@ -71,8 +71,8 @@ class TrainConfig(Architecture):  # the model's fields first
     compile_mode: str = setting("default", "torch.compile mode: default | max-autotune-no-cudagraphs")
     compile_scope: str = setting("blocks", "blocks (one compiled graph serves every block) | model")
     compile_eval: bool = setting(True, "with compile on: evaluate with the compiled model too")
-    num_threads: int = setting(0, "CPU threads for PyTorch (0: the faster count, measured; N: N threads, the same "
-                                  "last digits on any load)")
+    num_threads: int = setting(0, "CPU threads for PyTorch (0: measure the faster count; N: the same losses "
+                                  "on any load)")
     ddp: str = setting("auto", "data-parallel under torchrun: auto (with 2 or more processes) | always")
     seed: int = setting(1337, "random seed for initialisation and batches")
     config_name: str = setting("custom", "the preset this run started from (set by --config)")
@@ -96,7 +96,7 @@ class TrainConfig(Architecture):  # the model's fields first
               f"must be between 0 and learning_rate ({self.learning_rate:g})")
         check(0 < self.warmdown_fraction <= 1, "warmdown_fraction", "must be in (0, 1], e.g. 0.3")
         check(0 <= self.beta2 < 1, "beta2", "must be in [0, 1)")
-        check(self.grad_clip >= 0, "grad_clip", "must not be negative (0 turns clipping off)")
+        check(self.grad_clip >= 0, "grad_clip", "must not be negative")
         check(self.weight_decay >= 0, "weight_decay", "must not be negative")
         check(self.compile_mode not in CUDA_GRAPH_MODES, "compile_mode",
               "replays CUDA graphs, which training does not offer; use default")
@@ -116,7 +116,7 @@ ARCHITECTURE_FIELDS = tuple(f.name for f in fields(Architecture))
 # fixed by the weights
 SHAPE_FIELDS = tuple(name for name in ARCHITECTURE_FIELDS if name not in ("dropout", "attention", "zero_proj"))
 FIELDS = {f.name: f for f in fields(TrainConfig)}
-# train.py --help's groups; every setting is in exactly one (checked below)
+# train.py --help's groups; every setting is in exactly one
 HELP_GROUPS = {
     "everyday settings": ("data", "out_dir", "resume", "overwrite", "init_from", "max_iters", "batch_size",
                           "block_size", "n_layer", "n_head", "n_embd", "dropout", "learning_rate", "eval_interval",

@@ -97,7 +97,7 @@ def resolve(spec: str, cache_dir: Path, say=print, fallback: bool = False) -> Co
 
 @contextmanager
 def replacing(target: Path) -> Iterator[Path]:
-    """A new file beside target, named so that no planted link redirects the write; it replaces target on success."""
+    """A new file beside target, safe from planted links, that replaces target on success."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=target.parent, prefix=f"{target.name}.part-")
     os.close(fd)
@@ -110,7 +110,7 @@ def replacing(target: Path) -> Iterator[Path]:
 
 
 def copy_differs(target: Path) -> str:
-    """How the file at target differs from Tiny Shakespeare; '' where it does not or cannot be read."""
+    """How target differs from Tiny Shakespeare; '' where it does not or cannot be read."""
     try:
         f, size = open_regular(target, "the cached")
         f.close()

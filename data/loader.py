@@ -44,8 +44,8 @@ class Batches:
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
         self._steps = np.arange(block_size + 1)
-        # On CUDA a corpus that fits is copied to the GPU once; elsewhere batches come from the memory-mapped files.
-        if resident is None:  # (held as int64)
+        # On CUDA a corpus that fits is copied to the GPU once, as int64; elsewhere batches read the mapped files.
+        if resident is None:
             resident = self.device.type == "cuda" and sum(sizes.values()) * 8 <= RESIDENT_MAX_BYTES
         self.resident = None
         if resident:
@@ -121,7 +121,7 @@ class Batches:
 
 
 def check_stride(stride: object, block_size: int) -> None:
-    """A stride (evaluate.py's, TrainedRun.score's): a whole number from 1 to block_size."""
+    """Check a stride is a whole number from 1 to block_size."""
     check_type("stride", stride, numbers.Integral, "a whole number")
     if not 1 <= stride <= block_size:
         raise ValueError(f"stride {stride}: must be between 1 and the model's block_size, {block_size}")

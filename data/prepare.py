@@ -26,7 +26,7 @@ from data.tokenizer import CharTokenizer, codepoints
 from errors import UserError, space_or_place
 
 
-FORMAT = 2  # an entry of another format (1: no checksum of its vocabulary) is prepared again
+FORMAT = 2  # an entry of another format is prepared again
 META_MAX_BYTES = 16 << 20  # meta.json: every character of Unicode fits in a few MB
 BOMS = {"UTF-32": (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE), "UTF-16": (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)}
 
@@ -40,42 +40,42 @@ def cache_entry(entry: Path) -> tuple[dict, None] | tuple[None, str]:
     reading = "meta.json"
     try:
         if not stat.S_ISREG(os.lstat(entry / "meta.json").st_mode):
-            return None, "are damaged (meta.json is not a file)"
+            return None, "meta.json is not a file"
         meta = json.loads(read_small(entry / "meta.json", "the cache entry's", META_MAX_BYTES).decode("utf-8"))
         if not isinstance(meta, dict):
-            return None, "are damaged (meta.json is not a JSON object)"
+            return None, "meta.json is not a JSON object"
         if type(meta.get("format")) is int and meta["format"] != FORMAT:
-            return None, f"were written in cache format {meta['format']}, not this version's {FORMAT}"
+            return None, f"cache format {meta['format']}, not this version's {FORMAT}"
         vocab, base = meta["vocab"], meta["base_vocab_size"]
         if meta["format"] != FORMAT or not isinstance(vocab, str) or type(base) is not int \
                 or not 0 <= base <= len(vocab):
-            return None, "are damaged (its format, vocab or base_vocab_size is malformed)"
+            return None, "its format, vocab or base_vocab_size is malformed"
         if len(set(vocab)) != len(vocab) or vocab[base:] != "".join(sorted(vocab[base:])):
-            return None, "are damaged (its vocabulary repeats a character or is out of order)"
+            return None, "its vocabulary repeats a character or is out of order"
         if meta["vocab_sha256"] != vocab_sha256(vocab):
-            return None, "are damaged (its vocabulary does not match its checksum)"
+            return None, "its vocabulary does not match its checksum"
         tokenizer, reading = CharTokenizer(vocab), "a token file"
         if meta["dtype"] != tokenizer.dtype.name or meta["vocab_size"] != tokenizer.vocab_size:
-            return None, "are damaged (its dtype or vocab_size does not match its vocabulary)"
+            return None, "its dtype or vocab_size does not match its vocabulary"
         for split in ("train", "val"):
             n, path = meta[f"n_{split}"], entry / f"{split}.bin"
             if type(n) is not int or n < 0:
-                return None, f"are damaged (n_{split} is not a count)"
+                return None, f"n_{split} is not a count"
             if not stat.S_ISREG((info := os.lstat(path)).st_mode) or info.st_size != n * tokenizer.dtype.itemsize:
-                return None, f"are damaged ({split}.bin is not a file of n_{split} tokens)"
+                return None, f"{split}.bin is not a file of n_{split} tokens"
             if n and int(np.memmap(path, dtype=tokenizer.dtype, mode="r").max()) >= tokenizer.vocab_size:
-                return None, f"are damaged ({split}.bin holds ids beyond the vocabulary)"
+                return None, f"{split}.bin holds ids beyond the vocabulary"
         if meta["n_chars"] != meta["n_train"] + meta["n_val"]:
-            return None, "are damaged (n_chars is not n_train + n_val)"
+            return None, "n_chars is not n_train + n_val"
     except KeyError as err:
-        return None, f"are damaged (meta.json has no {err.args[0]})"
+        return None, f"meta.json has no {err.args[0]}"
     except FileNotFoundError as err:
-        return None, f"are damaged ({Path(err.filename).name} is missing)"
+        return None, f"{Path(err.filename).name} is missing"
     except (OSError, UserError) as err:  # unreadable, too large, or written to while it was read
         name = Path(err.filename).name if getattr(err, "filename", None) else reading
-        return None, f"are damaged ({name} cannot be read)"
+        return None, f"{name} cannot be read"
     except (ValueError, RecursionError):  # (JSON nested too deep)
-        return None, "are damaged (meta.json is not UTF-8 JSON)"
+        return None, "meta.json is not UTF-8 JSON"
     return meta, None
 
 
@@ -93,7 +93,7 @@ class Prepared:
 
 @dataclass
 class Shortfall:
-    """The first split too short for one window of block_size + 1 characters, and each split's size."""
+    """The first split shorter than one window of block_size + 1 characters, and each split's size."""
     split: str
     sizes: dict[str, int]
     block_size: int
@@ -129,7 +129,7 @@ def check_splits(name: str, n_train: int, n_val: int, val_fraction: float) -> No
         n_chars = n_train + n_val
         raise ShortSplit(f"--data {name}: too short: --val_fraction {val_fraction:g} splits its {n_chars:,} "
                          f"character{'s' * (n_chars != 1)} into {n_train:,} for training and {n_val:,} for "
-                         f"validation, and a model needs 2 or more in each; give a longer text"
+                         f"validation, and each needs 2 or more; give a longer text"
                          f"{short.other_fraction}", short)
 
 
@@ -146,9 +146,9 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
         except UnicodeDecodeError as err:
             bom = next((name for name, marks in BOMS.items() if err.object.startswith(marks)), "")
             if offset == 0 and bom and bom.lower() not in codecs.lookup(encoding).name:
-                raise UserError(f"{path} is {bom} text (it begins with a byte-order mark), not {encoding}; pass "
+                raise UserError(f"{path} is {bom} text (it has a byte-order mark), not {encoding}; pass "
                                 f"--encoding {bom.lower()}") from None
-            if b"\0" in err.object and codecs.decode(b"\0", encoding, "ignore") == "\0":  # binary
+            if b"\0" in err.object and codecs.decode(b"\0", encoding, "ignore") == "\0":
                 raise binary(path) from None
             pending = len(err.object) - len(block)  # bytes the decoder held back
             raise UserError(f"{path} is not valid {encoding}: byte {offset - pending + err.start} cannot be decoded; "
@@ -163,7 +163,7 @@ def read_text(corpus: Corpus, encoding: str, errors: str, digest=None) -> Iterat
 
 
 def binary(path: Path) -> UserError:
-    return UserError(f"{path} looks like a binary file (it contains NUL bytes); --data needs text")
+    return UserError(f"{path} is binary (it contains NUL bytes); --data needs text")
 
 
 def corpus_key(corpus: Corpus, encoding: str, errors: str, val_fraction: float) -> tuple[str, str, int]:
@@ -199,8 +199,8 @@ def remove_stale(folder: Path) -> None:
 def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             encoding: str = "utf-8", errors: str = "strict", say=print, base_vocab: str = "",
             check: Callable[[str, str | None], None] | None = None) -> Prepared:
-    """Write (or reuse) a corpus's token files; base_vocab (fine-tuning): the vocabulary's first characters.
-    check(sha256, vocabulary) may refuse the text, called first with vocabulary None."""
+    """Write (or reuse) a corpus's token files; base_vocab (fine-tuning) starts the vocabulary.
+    check(sha256, vocabulary) may refuse the text; it is called first with vocabulary None."""
     check_encoding(encoding, errors)
     check = check or (lambda sha256, vocabulary: None)
     start = time.perf_counter()
@@ -217,7 +217,7 @@ def prepare(corpus: Corpus, cache_dir: Path, val_fraction: float = 0.1,
             check(sha256, meta["vocab"])
             meta.update(source=corpus.name, bytes=n_bytes)
             return Prepared(final, meta, CharTokenizer(meta["vocab"]), reused=True, seconds=time.perf_counter() - start)
-        say(f"note: the cached token files in {final} {why}; preparing them again")
+        say(f"note: the cached token files in {final} cannot be used ({why}); preparing them again")
         discard(final)
     try:
         return build(corpus, final, key, sha256, n_bytes, val_fraction, encoding, errors, start, base_vocab, check)
@@ -238,14 +238,14 @@ def discard(entry: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def text_changed(corpus_name: str, when: str) -> UserError:  # a file changed while it was read twice
-    return UserError(f"--data {corpus_name} changed while it was prepared (what was read {when} is not the text first "
-                     f"read), so no token files were kept; run the command again once nothing is writing to it")
+def text_changed(corpus_name: str) -> UserError:
+    return UserError(f"--data {corpus_name} changed while it was prepared, so no token files were kept; run the "
+                     f"command again once nothing is writing to it")
 
 
 def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_fraction: float, encoding: str,
           errors: str, start: float, base_vocab: str, check: Callable[[str, str | None], None]) -> Prepared:
-    """Two more passes, each checked against sha256: a file changed meanwhile leaves no entry."""
+    """Two more passes, each checked against sha256: a changed file leaves no entry."""
     # Pass 1: which characters occur, and how many
     seen = np.zeros(0x110000, dtype=bool)
     n_chars = 0
@@ -254,9 +254,9 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
         seen[codepoints(text)] = True
         n_chars += len(text)
     if digest.hexdigest() != sha256:
-        raise text_changed(corpus.name, "while its characters were counted")
+        raise text_changed(corpus.name)
     if n_chars == 0:
-        raise UserError(f"--data {corpus.name}: the corpus is empty; give it some text")
+        raise UserError(f"--data {corpus.name} is empty; give it some text")
     known = set(base_vocab)
     new = "".join(ch for ch in map(chr, np.flatnonzero(seen)) if ch not in known)
     tokenizer = CharTokenizer(base_vocab + new)
@@ -282,10 +282,10 @@ def build(corpus: Corpus, final: Path, key: str, sha256: str, n_bytes: int, val_
                     if cut < len(text):
                         val.write(tokenizer.encode_array(text[cut:]).tobytes())
                 except ValueError:  # the text changed in between
-                    raise text_changed(corpus.name, "while it was written as tokens") from None
+                    raise text_changed(corpus.name) from None
                 written += len(text)
         if digest.hexdigest() != sha256 or written != n_chars:
-            raise text_changed(corpus.name, "while it was written as tokens")
+            raise text_changed(corpus.name)
         meta = {
             "format": FORMAT, "source": corpus.name, "files": len(corpus.files), "sha256": sha256, "bytes": n_bytes,
             "encoding": encoding, "encoding_errors": errors, "vocab": tokenizer.chars,

@@ -1,5 +1,5 @@
-"""python scripts/bench.py [train.py options] [--compare FIELD=A,B] [--json FILE]: training, sampling and data speed,
-with MFU; --compare times training under each value in turn, round after round, in one process."""
+"""python scripts/bench.py [train.py options]: training, sampling and data speed, with MFU; --compare times
+training under each value in turn, round after round, in one process."""
 from __future__ import annotations
 
 import collections
@@ -33,7 +33,7 @@ from bench_sample import bench_sampling, dtype_name, timed  # noqa: E402
 
 
 class CountOperations(TorchDispatchMode):
-    """ops.count: the operations that compute or copy inside the block (on a GPU, about a launch each)."""
+    """ops.count: the operations that compute or copy inside the block (about a GPU launch each)."""
 
     LAUNCH_NOTHING = frozenset({"_unsafe_view", "_record_function_enter_new", "_record_function_exit"})
 
@@ -62,8 +62,8 @@ def build_training(cfg, rt, say=print) -> dict:
 
 
 class HostWaits(contextlib.ExitStack):
-    """The host's waits for the device inside the block, by place: on CUDA those torch's sync debug mode warns of;
-    elsewhere each value read from a tensor into Python."""
+    """The host's waits for the device inside the block, by place: on CUDA, torch's sync debug warnings;
+    elsewhere, each tensor value read into Python."""
 
     def __init__(self, device: torch.device):
         super().__init__()
@@ -74,7 +74,7 @@ class HostWaits(contextlib.ExitStack):
         return sum(self.places.values())
 
     def seen(self) -> None:
-        """One wait, at the project's innermost line on the stack."""
+        """Count one wait at the project's innermost line on the stack."""
         ours = [(path, f) for f in traceback.extract_stack() if (path := Path(f.filename).resolve()) != HERE
                 and path.is_relative_to(ROOT) and "site-packages" not in f.filename]
         self.places[f"{ours[-1][0].relative_to(ROOT)}:{ours[-1][1].lineno} ({ours[-1][1].name})" if ours
@@ -133,7 +133,7 @@ def repeat(step, times: int) -> None:
 
 
 def speed(run: dict, seconds: float, peak_flops: float) -> dict:
-    """ms/iter, tokens/s, achieved FLOP/s and MFU of a step that took this many seconds."""
+    """ms/iter, tokens/s, achieved FLOP/s and MFU of a step of these seconds."""
     tokens_per_sec = run["tokens_per_iter"] / seconds
     achieved = run["flops_per_token"] * tokens_per_sec
     peak_flops = max(peak_flops, achieved)  # a step faster than the measured ceiling is the ceiling
@@ -141,7 +141,7 @@ def speed(run: dict, seconds: float, peak_flops: float) -> dict:
             "peak_flops": peak_flops, "mfu": achieved / peak_flops}
 
 
-COMPARABLE = (set(FIELDS) - {"config_name"}) | {"config"}  # every train.py option, --config included
+COMPARABLE = (set(FIELDS) - {"config_name"}) | {"config"}  # every train.py option
 
 
 def parse_compare(specs: list[str]) -> list[dict[str, str]]:
@@ -159,7 +159,6 @@ def parse_compare(specs: list[str]) -> list[dict[str, str]]:
 
 
 def options(variant: dict[str, str]) -> list[str]:
-    """{"dtype": "bfloat16"} -> ["--dtype", "bfloat16"]"""
     return [part for field, value in variant.items() for part in (f"--{field}", value)]
 
 
@@ -168,7 +167,7 @@ def variant_name(variant: dict[str, str]) -> str:
 
 
 def compare(rest: list[str], variants: list[dict[str, str]], rounds: int, iters: int, warmup: int) -> list[dict]:
-    """Each variant's step timed in turn, rounds times: medians and ratios to the first."""
+    """Time each variant's step in turn, rounds times: medians and ratios to the first."""
     default_threads = torch.get_num_threads()
     runs, peaks = [], {}
     for variant in variants:
@@ -224,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rt = setup(cfg.device, cfg.dtype, cfg.num_threads)
     run = build_training(cfg, rt)
-    repeat(run["step"], args.warmup)  # compilation, allocator, caches
+    repeat(run["step"], args.warmup)
     if args.host_syncs is not None:
         with HostWaits(rt.device) as waits:
             repeat(run["step"], args.iters)
@@ -261,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"block {cfg.block_size}, batch {cfg.batch_size}, {cfg.optimizer}"),
             ("train step", f"{f['ms_per_iter']:.1f} ms/iter, {f['tokens_per_sec']:,.0f} tokens/s"),
             ("its halves", f"{f['ms_forward_backward']:.1f} ms forward and backward, {f['ms_update']:.1f} ms update "
-                           f"(clipping included; {f['update_operations']} operations), each timed alone"),
+                           f"(with clipping; {f['update_operations']} operations), each timed alone"),
             ("model FLOPs", f"{f['flops_per_token'] / 1e6:.2f} MFLOP/token, {f['achieved_flops'] / 1e9:.1f} GFLOP/s"),
             ("peak (matmul)", f"{f['peak_flops'] / 1e9:.1f} GFLOP/s in {dtype_name(rt.dtype)}"),
             ("MFU", f"{f['mfu'] * 100:.1f}%"),

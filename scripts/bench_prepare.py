@@ -1,6 +1,6 @@
 """python scripts/bench_prepare.py [--mb 200]: data preparation's MB/s and peak memory on a generated corpus.
 
-Also what the benchmarks share: their parser with --json, and the writer of their figures."""
+Also the benchmarks' shared parser (with --json) and figures writer."""
 from __future__ import annotations
 
 import argparse
@@ -34,7 +34,7 @@ print(json.dumps({{"seconds": seconds, "rss_after_imports_mb": base / 1024,
 
 
 def figures_parser(doc: str, **kwargs) -> ArgumentParser:
-    """A benchmark's parser: the first paragraph of doc after its colon, and --json, checked as it is read."""
+    """A benchmark's parser: doc's first paragraph after its colon, and a checked --json."""
     parser = ArgumentParser(description=doc.split(":", 1)[1].split("\n\n")[0].strip(), **kwargs)
     parser.add_argument("--json", default="", type=figures_file, help="also write the figures to this JSON file")
     return parser
@@ -46,33 +46,33 @@ def figures_file(path: str) -> str:
 
 
 def count(text: str) -> int:
-    """An option's whole number of at least 1."""
+    """An option's whole number, at least 1."""
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
     return int(text)
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:
-    """Columns as wide as their widest cell; the first and the last to the left, the others to the right."""
+    """Columns as wide as their widest cell; the first and last left-aligned, the others right-aligned."""
     widths = [max(map(len, column)) for column in zip(header, *rows)]
     for row in [header, *rows]:
         print(row[0].ljust(widths[0]), *map(str.rjust, row[1:-1], widths[1:-1]), row[-1], sep="  ")
 
 
 def write_figures(path: str, figures: dict) -> None:
-    """The figures as JSON in path, where --json named one."""
+    """Write the figures as JSON where --json named a file."""
     if path:
         write_text_atomic(Path(path), json.dumps(figures, indent=1) + "\n", "the figures file", "--json")
 
 
 def measure(megabytes: int) -> dict:
-    """A generated corpus of this size (ASCII, accents, CJK) prepared in a process of its own: its figures."""
+    """Figures of preparing a generated corpus of this size (ASCII, accents, CJK) in its own process."""
     words = ["the", "king", "hath", "spoken", "naïve", "café", "東京", "言葉", "ROMEO:", "thou", "art", "\n"]
     block = " ".join(random.Random(0).choices(words, k=200_000))
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
         with open(corpus, "w", encoding="utf-8") as f:
-            for _ in range(-(-megabytes * 1_000_000 // len(block.encode()))):  # whole blocks, up to the size
+            for _ in range(-(-megabytes * 1_000_000 // len(block.encode()))):
                 f.write(block)
         size_mb = corpus.stat().st_size / 1e6
         code = CHILD.format(root=str(ROOT), corpus=str(corpus), cache=str(Path(tmp) / "cache"))
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     f = measure(args.mb)
     print(f"corpus {f['corpus_mb']:.0f} MB, {f['n_chars']:,} characters, vocabulary {f['vocab_size']}")
     print(f"prepare {f['seconds']:.2f} s = {f['mb_per_s']:.1f} MB/s; peak RSS {f['peak_rss_mb']:.0f} MB "
-          f"({f['rss_after_imports_mb']:.0f} MB of it before preparing: Python, numpy, torch)")
+          f"({f['rss_after_imports_mb']:.0f} MB of it imports)")
     write_figures(args.json, f)
     return 0
 

@@ -1,5 +1,5 @@
-"""python scripts/bench_run.py [train.py options] [--compare FIELD=A,B] [--seeds 1,2,3] [--nanogpt DIR] [--repeat N]
-[--busy N]: whole train.py commands timed from outside, with their loss and where their time went."""
+"""python scripts/bench_run.py [train.py options]: whole train.py commands timed from outside, with their loss and
+where their time went."""
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +33,7 @@ NANOGPT_CPU_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--com
 
 
 def logged_run(log: Path, argv: list[str], what: str, **how) -> float:
-    """run_train(argv, **how), its output in log (never through a link): its seconds."""
+    """run_train(argv, **how) with its output in log (never through a link): its seconds."""
     started = time.perf_counter()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with open(fd, "w", encoding="utf-8") as out:
@@ -49,7 +49,7 @@ def logged_run(log: Path, argv: list[str], what: str, **how) -> float:
 def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
     """`python train.py argv --out_dir folder --overwrite`, timed whole: its summary's figures."""
     env = dict(os.environ)
-    if cold_cache:  # an empty compiler cache for this run alone
+    if cold_cache:
         cache = folder.with_name(folder.name + ".compile_cache")
         shutil.rmtree(cache, ignore_errors=True)
         env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"))
@@ -58,7 +58,7 @@ def run_once(argv: list[str], folder: Path, cold_cache: bool) -> dict:
                        env=env)
     summary = read_summary(folder)
     if summary is None:
-        raise UserError(f"{folder / SUMMARY} cannot be read after the run. See its output: {log}")
+        raise UserError(f"{folder / SUMMARY} cannot be read. See the run's output: {log}")
     return {"full_val_loss": None, **summary, "whole_seconds": whole, "phases": summary.get("seconds", {}),
             "log": str(log)}
 
@@ -94,14 +94,14 @@ def prepare_nanogpt(checkout: Path, corpus: Path, work: Path) -> Path:
     if not (checkout / "train.py").is_file() or not (checkout / prepare).is_file():
         raise UserError(f"--nanogpt {checkout}: not a checkout of karpathy/nanoGPT. Clone it and name its folder")
     code = work / "nanogpt-code"
-    shutil.rmtree(code, ignore_errors=True)  # an earlier bench_run's copy
+    shutil.rmtree(code, ignore_errors=True)
     (code / prepare.parent).mkdir(parents=True)
     for source in checkout.glob("*.py"):
         shutil.copyfile(source, code / source.name)
     shutil.copytree(checkout / "config", code / "config")
     shutil.copyfile(checkout / prepare, code / prepare)
     shutil.copyfile(corpus, code / prepare.parent / "input.txt")
-    # prepare.py imports requests to download, which it does not do here: a stand-in where it is missing
+    # prepare.py imports requests but downloads nothing here: a stand-in where it is missing
     stand_in = ("import importlib.util, runpy, sys, types\n"
                 "if importlib.util.find_spec('requests') is None:\n"
                 "    sys.modules['requests'] = types.ModuleType('requests')\n"
@@ -126,7 +126,7 @@ def run_nanogpt(code: Path, folder: Path, dtype: str) -> dict:
 
 def run_all(rest: list[str], variants: list[dict[str, str]], seeds: list[str], out: Path, repeat: int,
             cold_cache: bool, nanogpt: Path | None, dtype: str) -> tuple[dict, list[dict]]:
-    """Every variant once per seed and round, nanoGPT's recipe first: ({variant: its runs}, nanoGPT's runs)."""
+    """Each variant once per seed and round, nanoGPT first: ({variant: its runs}, nanoGPT's runs)."""
     runs, yardstick = {variant_name(v): [] for v in variants}, []
     say = functools.partial(print, file=sys.stderr, flush=True)
     for round_ in range(1, repeat + 1):
@@ -155,7 +155,7 @@ def row_of(name: str, done: list[dict], nanogpt_seconds: float | None) -> dict:
     wholes = [r["whole_seconds"] for r in done]
     mean_whole = statistics.fmean(wholes)
     return {"variant": name, "whole_seconds": statistics.median(wholes),
-            "train_seconds": statistics.median(r.get("train_seconds", 0) for r in done),  # (nanoGPT's: none)
+            "train_seconds": statistics.median(r.get("train_seconds", 0) for r in done),
             "full_val_loss": statistics.median(losses) if losses else None, "mean_whole_seconds": mean_whole,
             "mean_full_val_loss": statistics.fmean(losses) if losses else None,
             "loss_spread": max(losses) - min(losses) if losses else None,
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--seeds {args.seeds}: not whole numbers. Give e.g. --seeds 1,2,3")
     cfg = load_config(rest, torch.cuda.is_available())[0]
     if args.nanogpt is not None and not Path(cfg.data).is_file():
-        raise UserError("--nanogpt trains nanoGPT on the same text, which is no file here. Name it with --data FILE")
+        raise UserError("--nanogpt needs the text as a file. Name it with --data FILE")
     variants = parse_compare(args.compare) if args.compare else [{}]
     out = Path(args.out_dir).absolute()  # absolute: nanoGPT's train.py runs in its copy's folder
     owner = RunDir(out).claim(say=lambda message: None)  # one bench_run per folder
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                    if phase != "total" and seconds >= 0.05) + threads_and_estimate(row["runs"][-1], "; ")]
         for row in rows])
     if any(len(row["runs"]) > 1 for row in rows):
-        print("(whole s, train s and full-val: the medians of each variant's runs; where the time went: its last run)")
+        print("(whole s, train s, full-val: medians of each variant's runs; where the time went: its last run)")
     if seeds or yardstick:
         print()
         header = ["variant", "mean full-val", "spread", "mean whole s", "x nanoGPT", "each run (full-val, whole s)"]

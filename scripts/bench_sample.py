@@ -1,5 +1,5 @@
 """python scripts/bench_sample.py: characters/s of generation, one row and a batch, with and without the KV cache,
-eager and compiled, in one or more dtypes, timed in turn.
+eager and compiled, in one or more dtypes.
 
 Also the benchmarks' shared timer."""
 from __future__ import annotations
@@ -24,7 +24,7 @@ from model.generate import compiled_step, generate, one_token_step  # noqa: E402
 
 
 def timed(work, device: torch.device) -> float:
-    """Seconds that work() took, the device's queue drained before and after."""
+    """Seconds work() took, the device's queue drained before and after."""
     sync(device)
     start = time.perf_counter()
     work()
@@ -59,19 +59,19 @@ def variants_of(batch: int, compile: bool, dtypes: list[torch.dtype]) -> list[Va
 
 def bench_sampling(model: GPT, device_type: str, dtypes: list[torch.dtype], new_tokens: int, batch: int = 8,
                    compile: bool = False, rounds: int = 1, say=lambda message: None) -> dict:
-    """sample_chars_per_sec_<variant> (the median of the rounds), the cache's speed-up, and whether every variant of
-    a dtype drew the same greedy tokens."""
+    """sample_chars_per_sec_<variant> (median of the rounds), the cache's speed-up, and whether each dtype's
+    variants drew the same greedy tokens."""
     model.eval()
     device = model.wte.weight.device
     models = {dtype: model if dtype == model.wte.weight.dtype else copy.deepcopy(model).to(dtype) for dtype in dtypes}
     views = {(dtype, rows): copy.copy(models[dtype]) for dtype in dtypes for rows in (1, batch)}
-    for view in views.values():  # caches of its own per shape, made once, in the warm-up (a CUDA graph reads them)
+    for view in views.values():  # caches of its own per shape, made in the warm-up (a CUDA graph reads them)
         view.decode_caches = None
     steps = {(dtype, compiled): compiled_step(device_type) if compiled else one_token_step
              for dtype in dtypes for compiled in {False, compile}}
     variants = variants_of(batch, compile, dtypes)
     seconds = {v.name: [] for v in variants}
-    texts = collections.defaultdict(set)  # the greedy texts of each dtype's variants
+    texts = collections.defaultdict(set)
 
     def run(v: Variant, n: int) -> None:
         texts[v.dtype].add(tuple(generate(views[v.dtype, v.rows], [[0]] * v.rows, n, temperature=0,
@@ -81,7 +81,7 @@ def bench_sampling(model: GPT, device_type: str, dtypes: list[torch.dtype], new_
         took = timed(lambda: run(v, 8), device)
         if v.compiled:
             say(f"  compiled the decoding step for {v.rows} row(s), {dtype_name(v.dtype)}, in {took:.1f} s")
-    texts.clear()  # the warm-up's shorter texts
+    texts.clear()
     for _ in range(rounds):
         for v in variants:
             seconds[v.name].append(timed(lambda: run(v, new_tokens), device))
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                           n_embd=args.n_embd)
     except ValueError as err:
         raise UserError(str(err)) from None
-    device = setup(args.device, "float32", sampling=True).device  # as sample.py sets it up
+    device = setup(args.device, "float32", sampling=True).device
     model = GPT(cfg).to(device)  # random weights: the speed is the same
     params = model.num_params(non_embedding=False)
     dtypes = list(dict.fromkeys(pick_dtype(spec, device, sampling=True, params=params)

@@ -1,5 +1,5 @@
 """python scripts/ladder.py --data FILE --out_dir DIR: what each part of attention buys, measured. Trains models
-with one budget, from a bigram table to the full model and its variants; close rungs get more seeds. Writes a table,
+from a bigram table to the full model and its variants, one budget each; close rungs get more seeds. Writes
 DIR/ladder.json and DIR/ladder.png."""
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ TAKEN_APART = {"n_layer": "1", "position": "learned", "mlp": "false", "residual"
 RUNGS = [
     ("bigram", "each character predicts the next from itself alone: a table of odds",
      {"n_layer": "0", "position": "none", "tie_weights": "false"}),
-    ("average", "+ the past, as a plain average of every earlier character (no learned attention)",
+    ("average", "+ the past, as a plain average of every earlier character",
      {**TAKEN_APART, "attention_score": "uniform", "n_head": "1"}),
     ("one_head", "+ learned attention: one head's queries and keys choose whom to average",
      {**TAKEN_APART, "n_head": "1"}),
@@ -52,17 +52,16 @@ RUNGS = [
     ("unscaled", "the default without the 1/sqrt(head_size) scale", {"attention_score": "dot"}),
     ("additive", "the default with additive scores, w·tanh(q + k)", {"attention_score": "additive"}),
     ("shared_qk", "the default with queries and keys from one projection (Q = K)", {"shared_qk": "true"}),
-    ("no_values", "the default with keys and queries only (no value projection)", {"attention_values": "false"}),
+    ("no_values", "the default without a value projection", {"attention_values": "false"}),
     ("no_positions", "the default without any position information", {"position": "none"}),
 ]
 NAMES = [name for name, _, _ in RUNGS]
-FIXED = {"sample_chars": "0", "log_attention": "false", "patience": "0"}  # losses only; each rung trains all its steps
-NOT_THE_RUN = {"out_dir", "resume", "overwrite", "data"}  # not compared (the text is, by its sha256)
-POSITIONS = {"rope": "rotary positions instead of a position table", "learned": "a learned position table",
-             "none": "no position information"}
-DEFAULT = 7  # the default rung: the variants after it are compared with it
-SEEDS = 3  # seeds of each of two compared rungs whose losses are CLOSE
-CLOSE = 0.03  # a relative difference of loss that one seed cannot settle
+FIXED = {"sample_chars": "0", "log_attention": "false", "patience": "0"}  # each rung trains all its steps
+NOT_THE_RUN = {"out_dir", "resume", "overwrite", "data"}  # the text is compared by its sha256
+POSITIONS = {"rope": "rotary positions", "learned": "a learned position table", "none": "no positions"}
+DEFAULT = 7  # the variants after the default rung are compared with it
+SEEDS = 3  # seeds of each of two rungs whose losses are CLOSE
+CLOSE = 0.03  # a relative loss difference one seed cannot settle
 
 
 def reference(number: int) -> int | None:
@@ -72,7 +71,7 @@ def reference(number: int) -> int | None:
 
 def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = (), seed: int | None = None
               ) -> list[str]:
-    """The rung's train.py arguments: the ladder's, those passed through, then the rung's own."""
+    """The rung's train.py arguments: the ladder's, the passed ones, then the rung's own."""
     folder = f"{index:02d}-{name}" + (f"-seed{seed}" if seed is not None else "")
     argv = ["--config", args.config, "--data", args.data, "--out_dir", str(Path(args.out_dir) / folder)]
     if args.cache_dir:
@@ -95,7 +94,7 @@ def notes_and_warnings(line: str) -> None:
 
 
 def state_of(cfg, text_sha256: str) -> tuple[str, str]:
-    """(new | finished | unfinished | different | damaged, why); the last two are trained again."""
+    """(new | finished | unfinished | different | damaged, why); the last two train again."""
     folder = Path(cfg.out_dir)
     ckpt = folder / LAST
     if not ckpt.exists():
@@ -130,12 +129,11 @@ def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:
 
 
 def summary_of(folder: Path) -> dict | None:
-    """A finished rung's summary.json, or None."""
     summary = read_summary(folder)
     if summary is None or any(type(summary.get(key)) not in (int, float)
                               for key in ("full_val_loss", "train_seconds", "iterations")):
         return None
-    return summary  # a NaN loss is a result: "no loss"
+    return summary  # a NaN loss is a result
 
 
 TABLE = "ladder.json"
@@ -143,7 +141,7 @@ ROW_KEYS = {"rung", "name", "full_val_loss", "out_dir"}
 
 
 def check_table(path: Path) -> None:
-    """Refuse a ladder.json this script did not write, before anything is trained."""
+    """Refuse a ladder.json this script did not write."""
     if path.is_symlink() or path.is_dir():
         why = "a link" if path.is_symlink() else "a folder"
     elif not path.exists():
@@ -159,12 +157,11 @@ def check_table(path: Path) -> None:
             rungs = isinstance(table, list) and all(isinstance(row, dict) and ROW_KEYS <= row.keys() for row in table)
             why = "" if rungs else "JSON, but not a list of rungs"
     if why:
-        raise UserError(f"{path} is not a ladder table this script wrote ({why}). Move it away, or choose another "
-                        f"--out_dir")
+        raise UserError(f"{path} is not a ladder table ({why}). Move it away, or choose another --out_dir")
 
 
 def finite_or_none(value: float) -> float | None:
-    """A figure for ladder.json, where strict JSON has no NaN: null."""
+    """NaN as null: strict JSON has no NaN."""
     return value if math.isfinite(value) else None
 
 
@@ -177,7 +174,7 @@ def draw(rows: list[dict], path: Path) -> None:
     ax.barh([f"{row['rung']}. {row['name']}" for row in rows], drawn,
             color=["C0" if row["rung"] <= DEFAULT else "C1" for row in rows])  # blue: the rungs that build the model
     for y, loss in enumerate(losses):
-        ax.text(drawn[y], y, " no loss (not a number: the run diverged)" if loss is None else f" {loss:.3f}",
+        ax.text(drawn[y], y, " no loss (the run diverged)" if loss is None else f" {loss:.3f}",
                 va="center", fontsize=9)
     ax.invert_yaxis()
     ax.set_xlim(0, max(max(drawn), 1.0) * 1.12)  # from 0: bars compare by eye
@@ -189,7 +186,6 @@ def draw(rows: list[dict], path: Path) -> None:
 
 
 def train_rung(name: str, argv: list[str], state: str, why: str, program: list[str]) -> None:
-    """Train a rung, its command printed first."""
     if why:
         say(f"  {why}: training this rung again")
     how = {"unfinished": ["--resume"], "new": []}.get(state, ["--overwrite"])
@@ -207,8 +203,8 @@ def train_rung(name: str, argv: list[str], state: str, why: str, program: list[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.split(":", 1)[1].strip(),
-                            epilog="Any other train.py option (--encoding latin-1, --device cpu, --seed 2, ...) is "
-                                   "passed to every rung; a rung's own settings win over it.")
+                            epilog="Any other train.py option (--device cpu, --seed 2, ...) goes to every rung; "
+                                   "a rung's own settings win.")
     parser.add_argument("--data", default="shakespeare", help="text file, folder, or named corpus (as train.py)")
     parser.add_argument("--out_dir", default="out/ladder", help="the ladder's folder: one run folder per rung")
     parser.add_argument("--config", default="shakespeare_char_cpu", help="the preset every rung starts from")
@@ -217,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rungs", help=f"a comma-separated subset of: {', '.join(NAMES)}")
     args, passed = parser.parse_known_args(argv)
     if any(word.split("=")[0] in ("--resume", "--overwrite") for word in passed):
-        raise UserError("the ladder resumes and retrains its rungs by itself: leave out --resume and --overwrite")
+        raise UserError("the ladder resumes and retrains rungs itself: leave out --resume and --overwrite")
     chosen = set(NAMES) if args.rungs is None else {n.strip() for n in args.rungs.split(",") if n.strip()}
     if not chosen or (unknown := sorted(chosen - set(NAMES))):
         raise UserError(f"--rungs: {f'no rung {unknown[0]}' if chosen else 'names no rung'}; choose from "
@@ -225,14 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out_dir)
     if held := [path.name for path in (*RunDir(out).checkpoints(), *RunDir(out).logs())]:
         raise UserError(f"--out_dir {out} holds a training run ({', '.join(sorted(held)[:3])}); choose another "
-                        f"--out_dir (default out/ladder)")
+                        f"--out_dir")
     check_table(out / TABLE)
     with output_folder(out, "--out_dir"):
         return climb(args, out, chosen, passed)
 
 
 def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
-    """Train or reuse each chosen rung, more seeds where rungs are close; write the table and picture."""
+    """Train or reuse each chosen rung, with more seeds where rungs are close; write the results."""
     args.data, text_sha256 = decide_corpus(args, say=say)
     program = shlex.split(python_command("train.py"))
     rows, left_out, done = {}, [], 0
@@ -244,7 +240,7 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
         argv = rung_argv(args, number, name, overrides, passed, seed)
         cfg = load_config(argv, torch.cuda.is_available())[0]
         if not cfg.full_val:
-            raise UserError("the ladder compares the rungs' full-validation losses: leave out --full_val false")
+            raise UserError("the ladder compares full-validation losses: leave out --full_val false")
         state, why = state_of(cfg, text_sha256)
         if name in chosen:
             done += seed is None
@@ -283,10 +279,10 @@ def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
     write_text_atomic(out / TABLE, json.dumps(table, indent=1, allow_nan=False) + "\n", "the ladder table")
     draw(table, out / "ladder.png")
     measured_before = len(rows) - len(chosen)
-    before = f" ({measured_before} of its rungs measured before, with the same settings)" if measured_before else ""
+    before = f" ({measured_before} of its rungs measured before)" if measured_before else ""
     say(f"\nwrote {out / TABLE}{before} and {out / 'ladder.png'}; curves: tensorboard --logdir {out}")
     if left_out:
-        say(f"note: the table leaves out rungs whose folders hold no finished run of these settings: "
+        say(f"note: the table leaves out rungs with no finished run of these settings: "
             f"{', '.join(f'{name} ({why})' for name, why in left_out)}; --rungs "
             f"{','.join(name for name, _ in left_out)} trains them with these")
     return 0

@@ -25,12 +25,11 @@ def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
         raise UserError(f"{folder} has no model.py; give the folder of a nanoGPT checkout")
     if not ckpt.is_file():
         raise UserError(f"no checkpoint at {ckpt}; give its train.py's ckpt.pt")
-    spec = importlib.util.spec_from_file_location("nanogpt_model", folder / "model.py")  # not our model package
+    spec = importlib.util.spec_from_file_location("nanogpt_model", folder / "model.py")
     nanogpt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nanogpt)
     try:
         state = torch.load(ckpt, map_location=device, weights_only=True)
-        # a compiled model's state dict names its weights _orig_mod.<name>
         weights = {k.removeprefix("_orig_mod."): v for k, v in state["model"].items()}
         check_shapes(nanogpt, state["model_args"], weights, ckpt)
         model = nanogpt.GPT(nanogpt.GPTConfig(**state["model_args"]))
@@ -47,11 +46,11 @@ def load_nanogpt(folder: Path, ckpt: Path, device: torch.device):
 
 
 def check_shapes(nanogpt, model_args: dict, weights: dict, ckpt: Path) -> None:
-    """model_args, laid out on the meta device (no memory), must give the saved weights' names and shapes."""
+    """Refuse model_args that do not give the saved weights' names and shapes (built on the meta device)."""
     n_layer = model_args.get("n_layer")
     if not isinstance(n_layer, int) or not 0 <= n_layer <= len(weights):
         raise UserError(f"{ckpt}: its model_args (n_layer {n_layer!r}) do not fit its {len(weights)} weights")
-    with torch.device("meta"), contextlib.redirect_stdout(io.StringIO()):  # (nanoGPT prints the parameter count)
+    with torch.device("meta"), contextlib.redirect_stdout(io.StringIO()):  # nanoGPT prints a count
         wanted = {name: tuple(t.shape) for name, t in nanogpt.GPT(nanogpt.GPTConfig(**model_args)).state_dict().items()}
     saved = {name: tuple(t.shape) for name, t in weights.items()}
     if wanted != saved:
@@ -68,7 +67,7 @@ def full_validation(model, val: np.ndarray, block_size: int, batch_size: int, rt
     for i in range(0, len(starts), batch_size):
         rows = torch.from_numpy(val[starts[i:i + batch_size, None] + steps].astype(np.int64)).to(rt.device)
         with rt.autocast():
-            _, loss = model(rows[:, :-1].contiguous(), rows[:, 1:].contiguous())  # the mean over a window's targets
+            _, loss = model(rows[:, :-1].contiguous(), rows[:, 1:].contiguous())
         total += loss.double().item() * len(rows)
     return total / len(starts)
 

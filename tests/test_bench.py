@@ -219,8 +219,8 @@ def test_bench_run_seeds_and_nanogpt_give_the_mean_spread_and_ratio_of_the_runs_
     seeded = script("bench_run.py", "--config", "debug", "--seed", "2", "--seeds", "1,2", "--out_dir", str(out))
     assert seeded.returncode == 2 and seeded.stderr == "error: --seeds chooses each run's seed. Leave --seed out\n"
     nameless = script("bench_run.py", "--config", "debug", "--nanogpt", str(checkout), "--out_dir", str(out))
-    assert nameless.returncode == 2 and nameless.stderr == ("error: --nanogpt trains nanoGPT on the same text, which is "
-                                                            "no file here. Name it with --data FILE\n")
+    assert nameless.returncode == 2 and nameless.stderr == ("error: --nanogpt needs the text as a file. "
+                                                            "Name it with --data FILE\n")
     elsewhere = script("bench_run.py", "--config", "debug", "--data", str(corpus), "--nanogpt", str(tmp_path),
                        "--out_dir", str(out))
     assert elsewhere.returncode == 2 and elsewhere.stderr == (f"error: --nanogpt {tmp_path}: not a checkout of "

@@ -320,8 +320,8 @@ def bad_inputs(tmp_path):
         "empty.txt": "empty",
         "latin1.txt": "byte 3 cannot be decoded",
         "nul.txt": "NUL",
-        "random.dat": "looks like a binary file (it contains NUL bytes); --data needs text",
-        "notepad.txt": "is UTF-16 text (it begins with a byte-order mark), not utf-8; pass --encoding utf-16",
+        "random.dat": "is binary (it contains NUL bytes); --data needs text",
+        "notepad.txt": "is UTF-16 text (it has a byte-order mark), not utf-8; pass --encoding utf-16",
         "binaries": "no text files",
         "pipe": "not a regular file or folder",
     }
@@ -376,7 +376,7 @@ def test_a_cache_entry_whose_character_count_is_not_its_splits_is_prepared_again
     notes = []
     again = prepare(resolve(str(tmp_path / "corpus.txt"), tmp_path / "cache"), tmp_path / "cache", say=notes.append)
     assert not again.reused and (again.meta["n_train"], again.meta["n_val"]) == (90, 10)
-    assert notes == [f"note: the cached token files in {first.dir} are damaged (n_chars is not n_train + n_val); "
+    assert notes == [f"note: the cached token files in {first.dir} cannot be used (n_chars is not n_train + n_val); "
                      f"preparing them again"]
 
 
@@ -401,19 +401,19 @@ def test_a_cache_entry_whose_vocabulary_was_altered_is_prepared_again(tmp_path, 
         notes = []
         again = prepare(resolve(str(tmp_path / "corpus.txt"), tmp_path / "cache"), tmp_path / "cache",
                         say=notes.append, base_vocab=base_vocab)
-        assert notes == [f"note: the cached token files in {first.dir} are damaged ({why}); preparing them again"], what
+        assert notes == [f"note: the cached token files in {first.dir} cannot be used ({why}); preparing them again"], what
         assert not again.reused and again.tokenizer.chars == vocab, what
         assert {name: (first.dir / name).read_bytes() for name in files} == files, what
 
 
 @pytest.mark.parametrize("damage, why", [
-    (lambda d: (d / "meta.json").unlink(), "are damaged (meta.json is missing)"),
-    (lambda d: ((d / "meta.json").unlink(), (d / "meta.json").mkdir()), "are damaged (meta.json is not a file)"),
-    (lambda d: (d / "meta.json").write_text("[]"), "are damaged (meta.json is not a JSON object)"),
-    (lambda d: (d / "meta.json").write_text("[" * 100_000), "are damaged (meta.json is not UTF-8 JSON)"),  # too deep
-    (lambda d: (d / "val.bin").unlink(), "are damaged (val.bin is missing)"),
+    (lambda d: (d / "meta.json").unlink(), "meta.json is missing"),
+    (lambda d: ((d / "meta.json").unlink(), (d / "meta.json").mkdir()), "meta.json is not a file"),
+    (lambda d: (d / "meta.json").write_text("[]"), "meta.json is not a JSON object"),
+    (lambda d: (d / "meta.json").write_text("[" * 100_000), "meta.json is not UTF-8 JSON"),  # too deep
+    (lambda d: (d / "val.bin").unlink(), "val.bin is missing"),
     (lambda d: (d / "meta.json").write_text(json.dumps({**json.loads((d / "meta.json").read_text()), "format": 1})),
-     "were written in cache format 1, not this version's 2")])
+     "cache format 1, not this version's 2")])
 def test_a_cache_entry_that_cannot_be_used_is_named_in_a_few_words(tmp_path, damage, why):
     """The note on a cache entry prepared again says what is wrong in a few words (no exception's name, no cut path);
     an entry of the earlier cache format, which recorded no checksum of its vocabulary, is prepared again once."""
@@ -421,7 +421,7 @@ def test_a_cache_entry_that_cannot_be_used_is_named_in_a_few_words(tmp_path, dam
     damage(first.dir)
     notes = []
     again = prepare(resolve(str(tmp_path / "corpus.txt"), tmp_path / "cache"), tmp_path / "cache", say=notes.append)
-    assert notes == [f"note: the cached token files in {first.dir} {why}; preparing them again"]
+    assert notes == [f"note: the cached token files in {first.dir} cannot be used ({why}); preparing them again"]
     assert not again.reused and prepare(resolve(str(tmp_path / "corpus.txt"), tmp_path / "cache"),
                                         tmp_path / "cache").reused
 
@@ -436,14 +436,13 @@ def test_a_text_too_short_for_any_model_is_refused_when_prepared_and_nothing_is_
     result = run_prepare("--data", str(one), cache=cache)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (f"error: --data {one}: too short: --val_fraction 0.1 splits its 1 character into 0 for "
-                             f"training and 1 for validation, and a model needs 2 or more in each; give a longer "
-                             f"text\n")
+                             f"training and 1 for validation, and each needs 2 or more; give a longer text\n")
     assert not [p for p in cache.rglob("*") if p.is_file()]
     for text, fraction, said in (("abcdefghi", 0.1, "its 9 characters into 8 for training and 1 for validation, and "
-                                  "a model needs 2 or more in each; give a longer text or a larger --val_fraction"),
+                                  "each needs 2 or more; give a longer text or a larger --val_fraction"),
                                  ("x" * 200, 1e-17, "its 200 characters into 200 for training and 0 for validation"),
-                                 ("abcd", 0.9, "its 4 characters into 0 for training and 4 for validation, and a "
-                                  "model needs 2 or more in each; give a longer text or a smaller --val_fraction")):
+                                 ("abcd", 0.9, "its 4 characters into 0 for training and 4 for validation, and "
+                                  "each needs 2 or more; give a longer text or a smaller --val_fraction")):
         with pytest.raises(UserError) as refused:
             prepared_from(text, tmp_path, name="short.txt", val_fraction=fraction)
         assert f"--data {tmp_path / 'short.txt'}: too short: --val_fraction {fraction:g} splits {said}" in str(
@@ -453,8 +452,8 @@ def test_a_text_too_short_for_any_model_is_refused_when_prepared_and_nothing_is_
         patch.setattr(sys.modules["data.prepare"], "check_splits", lambda *args: None)  # (data.prepare: prepare())
         entry = prepared_from("abc", tmp_path, name="short.txt").dir
     before = {p: p.read_bytes() for p in entry.iterdir()}
-    with pytest.raises(UserError, match="splits its 3 characters into 2 for training and 1 for validation, and a model "
-                       "needs 2 or more in each; give a longer text$"):
+    with pytest.raises(UserError, match="splits its 3 characters into 2 for training and 1 for validation, and each "
+                       "needs 2 or more; give a longer text$"):
         prepared_from("abc", tmp_path, name="short.txt")
     assert {p: p.read_bytes() for p in entry.iterdir()} == before
 

@@ -96,7 +96,7 @@ def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path, ca
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert checkpoint.load(tmp_path / "ddp" / "ckpt_last.safetensors")["iter"] == 10
     # the same tokens per step with one process: the accumulation steps took up the difference, said in one line
-    assert "resume: 1 process now, so grad_accum_steps goes from 2 to 4, keeping the run's 512 tokens per step" in \
+    assert "resume: 1 process now, so grad_accum_steps 2 -> 4, keeping 512 tokens per step" in \
         resumed.stdout
     assert "global batch: 4 sequences x 4 accumulation steps x 1 process = 512 tokens per step" in resumed.stdout
     assert "FutureWarning" not in ddp.stderr  # DDP's buffer switch under its current name

@@ -106,8 +106,8 @@ def test_a_python_config_is_never_run_and_its_settings_come_back_as_toml_that_lo
     with pytest.raises(UserError) as refused:
         load_config(argv, False)
     assert not marker.exists()  # nothing of the file ran
-    assert str(refused.value) == (f"{config} is a Python config, and this trainer runs no config; save the TOML "
-                                  f"printed above as train_small.toml and pass --config train_small.toml")
+    assert str(refused.value) == (f"{config} is a Python config, which is never run; save the TOML "
+                                  f"above as train_small.toml and pass --config train_small.toml")
     toml = capsys.readouterr().out
     assert "# open(" in toml and "# seed = len('run me'): not a plain value" in toml
     assert "# always_save_checkpoint = False: every evaluation saves ckpt_last" in toml

@@ -338,7 +338,7 @@ def test_the_loops_next_evaluation_is_the_first_step_from_here_that_evaluation_d
     (["--config", "shakespear"], "did you mean shakespeare_char"),
     (["--config", "debug", "--n_embd", "33"], "n_embd (33) must be divisible by n_head (2)"),
     (["--dtype", "fp8"], "--dtype 'fp8': must be one of auto, float32"),
-    (["--eval_only"], "unknown option --eval_only: evaluating a trained model is python scripts/evaluate.py --out_dir"),
+    (["--eval_only"], "unknown option --eval_only: here it is python scripts/evaluate.py --out_dir"),
     (["--n_embd", str(2**70)], "n_embd must be at most 2,147,483,647, got 1,180,591,620,717,411,303,424"),
     (["mine.toml"], "mine.toml: a config file is given with --config: "),
 ])
@@ -416,7 +416,7 @@ def test_a_config_that_is_a_folder_or_not_utf8_text_says_so_and_how_to_fix_it(tm
     os.mkfifo(fifo)
     deep.write_text("max_iters = " + "[" * 5000 + "]" * 5000 + "\n")
     deep_py.write_text("max_iters = " + "1+" * 100_000 + "1\n")
-    for spec, message in ((tmp_path, f"--config {tmp_path}: that is a folder; give a .toml file"),
+    for spec, message in ((tmp_path, f"--config {tmp_path}: a folder; give a .toml file"),
                           (fifo, f"--config {fifo}: not a regular file (a device, pipe or socket); save it to a file"),
                           ("/dev/zero", "--config /dev/zero: not a regular file (a device, pipe or socket)"),
                           (deep, f"--config {deep}: not valid TOML (nested too deep); give a TOML file of settings"),
@@ -487,8 +487,8 @@ def test_bad_preset_file_names_the_field(tmp_path):
         bad.write_text("max_iters = 5\n" + table)
         with pytest.raises(UserError) as refused:
             load_config(["--config", str(bad)], False)
-        assert str(refused.value) == (f"{bad}: [model] is a table, but a config holds only name = value lines; "
-                                      f"move its settings to the top level")
+        assert str(refused.value) == (f"{bad}: [model] is a table; move its settings to the top level as "
+                                      f"name = value lines")
     bad.write_text("n_layer = {x = 1}\n")  # a setting's name with a table for its value: the wrong type
     with pytest.raises(UserError, match="n_layer"):
         load_config(["--config", str(bad)], False)
@@ -966,10 +966,10 @@ def test_resume_under_another_number_of_processes_keeps_the_tokens_per_step_or_r
     said = []
     kept = keep_global_batch(cfg, set(), state, 1, said.append)
     assert kept.grad_accum_steps == 4 and kept.batch_size * kept.block_size * 4 == state["tokens_per_iter"]
-    assert said == [f"resume: 1 process now, so grad_accum_steps goes from 2 to 4, keeping the run's "
+    assert said == [f"resume: 1 process now, so grad_accum_steps 2 -> 4, keeping "
                     f"{state['tokens_per_iter']:,} tokens per step"]
-    with pytest.raises(UserError, match="^--resume: 3 processes cannot share 4 micro-batches evenly; resume with a "
-                                        "number of processes that divides 4, or give --grad_accum_steps$"):
+    with pytest.raises(UserError, match="^--resume: 3 processes cannot share 4 micro-batches evenly; use a process "
+                                        "count that divides 4, or give --grad_accum_steps$"):
         keep_global_batch(cfg, set(), state, 3, said.append)
     assert keep_global_batch(cfg, {"grad_accum_steps"}, state, 1, said.append) is cfg
     assert keep_global_batch(cfg, set(), {}, 1, said.append) is cfg  # a checkpoint that does not record it
