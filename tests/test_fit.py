@@ -5,19 +5,23 @@ from configs.fit import fit, fitted_line
 from training import checkpoint
 
 SMALL_TEXT = {"n_embd": 96, "dropout": 0.3, "block_size": 32}
+SMALL_ENGLISH = {"dropout": 0.2, "weight_decay": 0.3, "max_iters": 600}
 
 
-def test_the_rule_keeps_the_preset_where_each_letter_is_seen_often_and_fits_the_rest():
-    """Sizes in, settings out: Tiny Shakespeare, a small English text and a text of 100,000 characters or more keep the
-    preset; a smaller one whose letters are seen fewer than 100 times each gets a narrower model, dropout and a shorter
-    context."""
-    assert fit(1_003_854, 65) == {}  # Tiny Shakespeare's training split
-    assert fit(36_029, 79) == {} and fit(251_436, 3_414) == {}  # a small English text; a mid-size Chinese-English one
+def test_the_rule_keeps_the_preset_for_100_000_characters_or_more_and_fits_a_smaller_text():
+    """Sizes in, settings out: Tiny Shakespeare and any text of 100,000 training characters or more keep the preset; a
+    smaller one whose letters are seen fewer than 100 times each gets a narrower model, dropout and a shorter context;
+    any other smaller one gets dropout, weight decay and twice the steps."""
+    assert fit(1_003_854, 65) == {} and fit(251_436, 3_414) == {}  # Tiny Shakespeare; a mid-size Chinese-English text
     assert fit(26_619, 2_579) == SMALL_TEXT  # Tang poems
-    assert fit(99_999, 1_000) == SMALL_TEXT and fit(99_999, 999) == {} and fit(100_000, 5_000) == {}
+    assert fit(36_029, 79) == SMALL_ENGLISH  # a small English text
+    assert fit(99_999, 1_000) == SMALL_TEXT and fit(99_999, 999) == SMALL_ENGLISH and fit(100_000, 5_000) == {}
     assert fitted_line(26_619, 2_579, SMALL_TEXT) == (
         "fitted to 26,619 training characters in 2,579 letters (few of each): n_embd 96, dropout 0.3, block_size 32; "
         "give --config shakespeare_char_cpu to train as on Tiny Shakespeare")
+    assert fitted_line(36_029, 79, SMALL_ENGLISH) == (
+        "fitted to 36,029 training characters in 79 letters (a small text): dropout 0.2, weight_decay 0.3, max_iters "
+        "600; give --config shakespeare_char_cpu to train as on Tiny Shakespeare")
 
 
 def run(tmp_path, *args, said=None):
@@ -48,3 +52,17 @@ def test_a_default_run_on_a_small_text_is_fitted_says_so_and_a_flag_or_preset_wi
     state = run(tmp_path, "--data", str(text), "--config", "shakespeare_char_cpu", "--overwrite", said=said)
     assert not [line for line in said if line.startswith("fitted")]
     assert (state["run_config"]["n_embd"], state["run_config"]["block_size"]) == (160, 64)
+
+
+def test_a_small_text_in_a_small_alphabet_takes_dropout_and_weight_decay_and_a_flag_still_wins(tmp_path):
+    """A default run on a small text whose letters are seen often takes the fit's dropout and weight decay, said in one
+    line; the --max_iters given wins over the fit's."""
+    text = tmp_path / "notes.txt"
+    text.write_text("the cat sat on the mat. " * 200, encoding="utf-8")
+    said = []
+    state = run(tmp_path, "--data", str(text), said=said)
+    n_train, letters = state["data"]["n_train"], state["data"]["vocab_size"]
+    fitted = [line for line in said if line.startswith("fitted")]
+    assert fitted == [fitted_line(n_train, letters, {"dropout": 0.2, "weight_decay": 0.3})]
+    saved = state["run_config"]
+    assert (saved["dropout"], saved["weight_decay"], saved["max_iters"]) == (0.2, 0.3, 2)
