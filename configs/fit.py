@@ -7,7 +7,7 @@ SEEN = 100  # a large alphabet: its letters are seen fewer times than this each
 
 
 def fit(n_train: int, vocab_size: int) -> dict:
-    """The settings that replace the preset's for this text."""
+    """The settings that replace the preset's for this text: only keys its file sets, so naming it keeps them."""
     if n_train >= SMALL:  # the preset fits
         return {}
     if n_train < SEEN * vocab_size:  # few of each letter: a narrower model, a shorter context, more dropout

@@ -24,6 +24,14 @@ def test_the_rule_keeps_the_preset_for_100_000_characters_or_more_and_fits_a_sma
         "900; give --config shakespeare_char_cpu to train as on Tiny Shakespeare")
 
 
+def test_the_fit_changes_only_what_the_preset_file_sets_so_naming_the_preset_keeps_it_whole():
+    """--config shakespeare_char_cpu makes each key of the preset's file the user's own; every key the fit can choose is
+    one of them, so naming the preset trains as it says on any text."""
+    _, _, explicit = load_config(["--config", "shakespeare_char_cpu"], False)
+    for n_train, letters in ((26_619, 2_579), (36_029, 79), (99_999, 999)):
+        assert fit(n_train, letters) and set(fit(n_train, letters)) <= explicit
+
+
 def run(tmp_path, *args, said=None):
     cfg, _, explicit = load_config(["--cache_dir", str(tmp_path / "cache"), "--out_dir", str(tmp_path / "run"),
                                     "--max_iters", "2", "--eval_iters", "1", "--sample_chars", "0", "--num_threads", "1",
@@ -66,3 +74,7 @@ def test_a_small_text_in_a_small_alphabet_takes_dropout_and_weight_decay_and_a_f
     assert fitted == [fitted_line(n_train, letters, {"dropout": 0.2, "weight_decay": 0.3})]
     saved = state["run_config"]
     assert (saved["dropout"], saved["weight_decay"], saved["max_iters"]) == (0.2, 0.3, 2)
+    said.clear()
+    state = run(tmp_path, "--data", str(text), "--config", "shakespeare_char_cpu", "--overwrite", said=said)
+    assert not [line for line in said if line.startswith("fitted")]
+    assert (state["run_config"]["dropout"], state["run_config"]["weight_decay"]) == (0.0, 0.1)
