@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 PRESET = "shakespeare_char_cpu"  # the default without CUDA, made for Tiny Shakespeare
-SMALL = 100_000  # fewer training characters in a large alphabet are soon learned by heart
+SMALL = 100_000  # fewer training characters are soon learned by heart
 SEEN = 100  # a large alphabet: its letters are seen fewer times than this each
 
 

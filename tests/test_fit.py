@@ -32,6 +32,10 @@ def test_the_fit_changes_only_what_the_preset_file_sets_so_naming_the_preset_kee
         assert fit(n_train, letters) and set(fit(n_train, letters)) <= explicit
 
 
+def fitted_lines(said: list[str]) -> list[str]:
+    return [line for line in said if line.startswith("fitted")]
+
+
 def run(tmp_path, *args, said=None):
     cfg, _, explicit = load_config(["--cache_dir", str(tmp_path / "cache"), "--out_dir", str(tmp_path / "run"),
                                     "--max_iters", "2", "--eval_iters", "1", "--sample_chars", "0", "--num_threads", "1",
@@ -48,17 +52,17 @@ def test_a_default_run_on_a_small_text_is_fitted_says_so_and_a_flag_or_preset_wi
     said = []
     state = run(tmp_path, "--data", str(text), "--dropout", "0.25", said=said)
     n_train, letters = state["data"]["n_train"], state["data"]["vocab_size"]
-    fitted = [line for line in said if line.startswith("fitted")]
+    fitted = fitted_lines(said)
     assert fitted == [fitted_line(n_train, letters, {"n_embd": 96, "block_size": 32})]
     saved = state["run_config"]
     assert (saved["n_embd"], saved["block_size"], saved["dropout"]) == (96, 32, 0.25)
     said.clear()
     state = run(tmp_path, "--resume", "--max_iters", "3", said=said)
-    assert not [line for line in said if line.startswith("fitted")] and state["iter"] == 3
+    assert not fitted_lines(said) and state["iter"] == 3
     assert state["run_config"]["dropout"] == 0.25  # a refit would make it 0.3
     said.clear()
     state = run(tmp_path, "--data", str(text), "--config", "shakespeare_char_cpu", "--overwrite", said=said)
-    assert not [line for line in said if line.startswith("fitted")]
+    assert not fitted_lines(said)
     assert (state["run_config"]["n_embd"], state["run_config"]["block_size"]) == (160, 64)
 
 
@@ -70,11 +74,11 @@ def test_a_small_text_in_a_small_alphabet_takes_dropout_and_weight_decay_and_a_f
     said = []
     state = run(tmp_path, "--data", str(text), said=said)
     n_train, letters = state["data"]["n_train"], state["data"]["vocab_size"]
-    fitted = [line for line in said if line.startswith("fitted")]
+    fitted = fitted_lines(said)
     assert fitted == [fitted_line(n_train, letters, {"dropout": 0.2, "weight_decay": 0.3})]
     saved = state["run_config"]
     assert (saved["dropout"], saved["weight_decay"], saved["max_iters"]) == (0.2, 0.3, 2)
     said.clear()
     state = run(tmp_path, "--data", str(text), "--config", "shakespeare_char_cpu", "--overwrite", said=said)
-    assert not [line for line in said if line.startswith("fitted")]
+    assert not fitted_lines(said)
     assert (state["run_config"]["dropout"], state["run_config"]["weight_decay"]) == (0.0, 0.1)
