@@ -5,13 +5,13 @@ from configs.fit import fit, fitted_line
 from training import checkpoint
 
 SMALL_TEXT = {"n_embd": 96, "dropout": 0.3, "block_size": 32}
-SMALL_ENGLISH = {"dropout": 0.2, "weight_decay": 0.3, "max_iters": 900}
+SMALL_ENGLISH = {"n_embd": 128, "n_layer": 3, "dropout": 0.2, "weight_decay": 0.3, "max_iters": 1200}
 
 
 def test_the_rule_keeps_the_preset_for_100_000_characters_or_more_and_fits_a_smaller_text():
     """Sizes in, settings out: Tiny Shakespeare and any text of 100,000 training characters or more keep the preset; a
     smaller one whose letters are seen fewer than 100 times each gets a narrower model, dropout and a shorter context;
-    any other smaller one gets dropout, weight decay and three times the steps."""
+    any other smaller one gets a narrower, deeper model, dropout, weight decay and four times the steps."""
     assert fit(1_003_854, 65) == {} and fit(251_436, 3_414) == {}  # Tiny Shakespeare; a mid-size Chinese-English text
     assert fit(26_619, 2_579) == SMALL_TEXT  # Tang poems
     assert fit(36_029, 79) == SMALL_ENGLISH  # a small English text
@@ -20,8 +20,8 @@ def test_the_rule_keeps_the_preset_for_100_000_characters_or_more_and_fits_a_sma
         "fitted to 26,619 training characters in 2,579 letters (few of each): n_embd 96, dropout 0.3, block_size 32; "
         "give --config shakespeare_char_cpu to train as on Tiny Shakespeare")
     assert fitted_line(36_029, 79, SMALL_ENGLISH) == (
-        "fitted to 36,029 training characters in 79 letters (a small text): dropout 0.2, weight_decay 0.3, max_iters "
-        "900; give --config shakespeare_char_cpu to train as on Tiny Shakespeare")
+        "fitted to 36,029 training characters in 79 letters (a small text): n_embd 128, n_layer 3, dropout 0.2, "
+        "weight_decay 0.3, max_iters 1200; give --config shakespeare_char_cpu to train as on Tiny Shakespeare")
 
 
 def test_the_fit_changes_only_what_the_preset_file_sets_so_naming_the_preset_keeps_it_whole():
@@ -66,19 +66,21 @@ def test_a_default_run_on_a_small_text_is_fitted_says_so_and_a_flag_or_preset_wi
     assert (state["run_config"]["n_embd"], state["run_config"]["block_size"]) == (160, 64)
 
 
-def test_a_small_text_in_a_small_alphabet_takes_dropout_and_weight_decay_and_a_flag_still_wins(tmp_path):
-    """A default run on a small text whose letters are seen often takes the fit's dropout and weight decay, said in one
-    line; the --max_iters given wins over the fit's."""
+def test_a_small_text_in_a_small_alphabet_takes_the_fit_and_a_flag_still_wins(tmp_path):
+    """A default run on a small text whose letters are seen often takes the fit's model, dropout and weight decay, said
+    in one line; the --max_iters given wins over the fit's."""
     text = tmp_path / "notes.txt"
     text.write_text("the cat sat on the mat. " * 200, encoding="utf-8")
     said = []
     state = run(tmp_path, "--data", str(text), said=said)
     n_train, letters = state["data"]["n_train"], state["data"]["vocab_size"]
     fitted = fitted_lines(said)
-    assert fitted == [fitted_line(n_train, letters, {"dropout": 0.2, "weight_decay": 0.3})]
+    chosen = {name: value for name, value in SMALL_ENGLISH.items() if name != "max_iters"}
+    assert fitted == [fitted_line(n_train, letters, chosen)]
     saved = state["run_config"]
-    assert (saved["dropout"], saved["weight_decay"], saved["max_iters"]) == (0.2, 0.3, 2)
+    assert {name: saved[name] for name in SMALL_ENGLISH} == {**chosen, "max_iters": 2}
     said.clear()
     state = run(tmp_path, "--data", str(text), "--config", "shakespeare_char_cpu", "--overwrite", said=said)
     assert not fitted_lines(said)
-    assert (state["run_config"]["dropout"], state["run_config"]["weight_decay"]) == (0.0, 0.1)
+    saved = state["run_config"]
+    assert (saved["n_embd"], saved["n_layer"], saved["dropout"], saved["weight_decay"]) == (160, 2, 0.0, 0.1)
