@@ -4,21 +4,22 @@ from configs import load_config
 from configs.fit import fit, fitted_line
 from training import checkpoint
 
-SMALL_TEXT = {"n_embd": 96, "dropout": 0.3, "block_size": 32}
+SMALL_TEXT = {"n_embd": 96, "n_layer": 3, "dropout": 0.3, "weight_decay": 2.0, "block_size": 32}
 SMALL_ENGLISH = {"n_embd": 128, "n_layer": 3, "dropout": 0.2, "weight_decay": 0.3, "max_iters": 1200}
 
 
 def test_the_rule_keeps_the_preset_for_100_000_characters_or_more_and_fits_a_smaller_text():
     """Sizes in, settings out: Tiny Shakespeare and any text of 100,000 training characters or more keep the preset; a
-    smaller one whose letters are seen fewer than 100 times each gets a narrower model, dropout and a shorter context;
-    any other smaller one gets a narrower, deeper model, dropout, weight decay and four times the steps."""
+    smaller one whose letters are seen fewer than 100 times each gets a narrower, deeper model, strong dropout and weight
+    decay and a shorter context; any other smaller one gets a narrower, deeper model, dropout, weight decay and four
+    times the steps."""
     assert fit(1_003_854, 65) == {} and fit(251_436, 3_414) == {}  # Tiny Shakespeare; a mid-size Chinese-English text
     assert fit(26_619, 2_579) == SMALL_TEXT  # Tang poems
     assert fit(36_029, 79) == SMALL_ENGLISH  # a small English text
     assert fit(99_999, 1_000) == SMALL_TEXT and fit(99_999, 999) == SMALL_ENGLISH and fit(100_000, 5_000) == {}
     assert fitted_line(26_619, 2_579, SMALL_TEXT) == (
-        "fitted to 26,619 training characters in 2,579 letters (few of each): n_embd 96, dropout 0.3, block_size 32; "
-        "give --config shakespeare_char_cpu to train as on Tiny Shakespeare")
+        "fitted to 26,619 training characters in 2,579 letters (few of each): n_embd 96, n_layer 3, dropout 0.3, "
+        "weight_decay 2.0, block_size 32; give --config shakespeare_char_cpu to train as on Tiny Shakespeare")
     assert fitted_line(36_029, 79, SMALL_ENGLISH) == (
         "fitted to 36,029 training characters in 79 letters (a small text): n_embd 128, n_layer 3, dropout 0.2, "
         "weight_decay 0.3, max_iters 1200; give --config shakespeare_char_cpu to train as on Tiny Shakespeare")
@@ -53,9 +54,10 @@ def test_a_default_run_on_a_small_text_is_fitted_says_so_and_a_flag_or_preset_wi
     state = run(tmp_path, "--data", str(text), "--dropout", "0.25", said=said)
     n_train, letters = state["data"]["n_train"], state["data"]["vocab_size"]
     fitted = fitted_lines(said)
-    assert fitted == [fitted_line(n_train, letters, {"n_embd": 96, "block_size": 32})]
+    chosen = {name: value for name, value in SMALL_TEXT.items() if name != "dropout"}
+    assert fitted == [fitted_line(n_train, letters, chosen)]
     saved = state["run_config"]
-    assert (saved["n_embd"], saved["block_size"], saved["dropout"]) == (96, 32, 0.25)
+    assert {name: saved[name] for name in SMALL_TEXT} == {**chosen, "dropout": 0.25}
     said.clear()
     state = run(tmp_path, "--resume", "--max_iters", "3", said=said)
     assert not fitted_lines(said) and state["iter"] == 3
