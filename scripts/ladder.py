@@ -20,10 +20,11 @@ import torch  # noqa: E402
 
 from common.run_folder import LAST, SUMMARY, RunDir, read_summary, write_text_atomic  # noqa: E402
 from configs import load_config  # noqa: E402
+from configs.fit import PRESET, fit, fitted_line  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.gate import read_small  # noqa: E402
-from data.prepare import corpus_key  # noqa: E402
+from data.prepare import corpus_key, prepare  # noqa: E402
 from errors import ArgumentParser, Interrupted, QuietExit, UserError, disk_error, python_command  # noqa: E402
 from errors import output_folder, run_cli  # noqa: E402
 from model import GPT, ModelConfig  # noqa: E402
@@ -71,13 +72,15 @@ def reference(number: int) -> int | None:
 
 def rung_argv(args, index: int, name: str, overrides: dict, passed: list[str] = (), seed: int | None = None
               ) -> list[str]:
-    """The rung's train.py arguments: the ladder's, the passed ones, then the rung's own."""
+    """The rung's train.py arguments: the ladder's, the fit's, the passed ones, then the rung's own."""
     folder = f"{index:02d}-{name}" + (f"-seed{seed}" if seed is not None else "")
     argv = ["--config", args.config, "--data", args.data, "--out_dir", str(Path(args.out_dir) / folder)]
     if args.cache_dir:
         argv += ["--cache_dir", args.cache_dir]
     if args.max_iters is not None:
         argv += ["--max_iters", str(args.max_iters)]
+    fitted = getattr(args, "fitted", {})  # configs.fit's settings, where the rung has none of its own
+    argv += [word for key, value in fitted.items() if key not in overrides for word in (f"--{key}", str(value))]
     argv += passed
     for key, value in {**FIXED, **overrides}.items():
         argv += [f"--{key}", value]
@@ -117,6 +120,24 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
 
 
 LEFT_OUT = {"different": "other settings or another text", "unfinished": "unfinished", "damaged": "damaged"}
+
+
+def fit_to_text(args, passed: list[str]) -> None:
+    """Every rung starts from the default preset fitted to the text, as train.py fits a default run; a flag passed to
+    every rung wins over the fit's."""
+    cfg = load_config([*rung_argv(args, 7, "default", {}), *passed], torch.cuda.is_available())[0]
+    budget = [] if args.max_iters is None else ["--max_iters", str(args.max_iters)]
+    given = load_config([*passed, *budget], False)[2]
+    cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
+    quiet = lambda message: None  # noqa: E731 (decide_corpus said where the text is from)
+    meta = prepare(resolve(cfg.data, cache_dir, say=quiet), cache_dir, cfg.val_fraction, cfg.encoding,
+                   cfg.encoding_errors, say=quiet).meta
+    chosen = {key: value for key, value in fit(meta["n_train"], meta["vocab_size"]).items() if key not in given}
+    if chosen.get("n_embd", 0) % cfg.n_head:
+        del chosen["n_embd"]
+    args.fitted = chosen
+    if chosen:
+        say(fitted_line(meta["n_train"], meta["vocab_size"], chosen))
 
 
 def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:
@@ -207,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "a rung's own settings win.")
     parser.add_argument("--data", default="shakespeare", help="text file, folder, or named corpus (as train.py)")
     parser.add_argument("--out_dir", default="out/ladder", help="the ladder's folder: one run folder per rung")
-    parser.add_argument("--config", default="shakespeare_char_cpu", help="the preset every rung starts from")
+    parser.add_argument("--config", help=f"the preset every rung starts from (default: {PRESET}, fitted to a small "
+                                          "text as train.py fits it)")
     parser.add_argument("--max_iters", type=int, help="training steps per rung (default: the preset's)")
     parser.add_argument("--cache_dir", default="", help="as train.py --cache_dir")
     parser.add_argument("--rungs", help=f"a comma-separated subset of: {', '.join(NAMES)}")
@@ -229,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def climb(args, out: Path, chosen: set[str], passed: list[str]) -> int:
     """Train or reuse each chosen rung, with more seeds where rungs are close; write the results."""
+    fitted, args.config = args.config is None, args.config or PRESET
     args.data, text_sha256 = decide_corpus(args, say=say)
+    if fitted:
+        fit_to_text(args, passed)
     program = shlex.split(python_command("train.py"))
     rows, left_out, done = {}, [], 0
 
@@ -308,14 +333,14 @@ def finish_row(row: dict, rows: dict) -> dict:
 
 
 def print_table(table: list[dict]) -> None:
-    print(f"\n{'rung':<14}{'parameters':>11}{'full-val loss':>15}{'seeds (min-max)':>22}{'step':>7}  compared")
+    print(f"\n{'rung':<14}{'parameters':>11}{'full-val loss':>15}{'seeds (min-max)':>22}{'model steps':>16}  compared")
     for row in table:
         loss = row["full_val_loss"]
         known = [x for x in row["seed_losses"] if x is not None]
         spread = f"{len(known)}: {min(known):.4f}-{max(known):.4f}" if len(row["seeds"]) > 1 and known else ""
         steps = ",".join(str(step) for step in row["model_steps"])
         print(f"{row['name']:<14}{row['parameters']:>11,}{'no loss' if loss is None else f'{loss:.4f}':>15}"
-              f"{spread:>22}{steps:>7}  {row['compared']}")
+              f"{spread:>22}{steps:>16}  {row['compared']}")
 
 
 if __name__ == "__main__":

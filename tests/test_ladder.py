@@ -291,3 +291,36 @@ def test_a_difference_inside_the_seeds_spread_is_said_to_be_one():
         mean = sum(losses) / len(losses)
         assert table[1]["compared"] == f"{mean - 5.45:+.3f} vs default{said}"
         assert table[1]["model_steps"] == [30 * (i + 1) for i in range(len(losses))]
+
+
+def test_without_config_the_rungs_start_from_the_default_run_fitted_to_the_text(tmp_path, capfd):
+    """Without --config the ladder's default rung trains with the settings train.py's default run takes on the text
+    (configs/fit.py's, said in one line); each rung's own settings and a flag passed to every rung win over the fit."""
+    import ladder as script
+    import train
+    text = tmp_path / "poems.txt"
+    text.write_text("".join(chr(0x4E00 + (i * 7919) % 300) for i in range(3000)), encoding="utf-8")
+    common = ["--cache_dir", str(tmp_path / "cache"), "--max_iters", "2", "--eval_iters", "1", "--num_threads", "1"]
+    cfg, _, explicit = load_config([*common, "--data", str(text), "--out_dir", str(tmp_path / "run")], False)
+    said = []
+    train.train(cfg, explicit, say=said.append)
+    default_run = checkpoint.load(tmp_path / "run" / "ckpt_last.safetensors")["run_config"]
+    assert [line for line in said if line.startswith("fitted")]  # train.py fitted this text
+
+    def rung(number: int, passed: list[str]) -> dict:
+        args = SimpleNamespace(config=None, data=str(text), out_dir=str(tmp_path / "ladder"), max_iters=2,
+                               cache_dir=str(tmp_path / "cache"))
+        args.config = script.PRESET  # as climb() sets it
+        capfd.readouterr()
+        script.fit_to_text(args, passed)
+        assert capfd.readouterr().err.startswith("fitted to 2,700 training characters in 300 letters (few of each)")
+        name, _, overrides = script.RUNGS[number - 1]
+        return load_config(script.rung_argv(args, number, name, overrides, passed), False)[0].to_dict()
+
+    passed = ["--eval_iters", "1", "--num_threads", "1"]
+    default = rung(script.DEFAULT, passed)
+    rung_only = {"out_dir", "sample_chars", "log_attention", "patience", "resume", "overwrite"}
+    assert {k: v for k, v in default.items() if k not in rung_only} == \
+        {k: v for k, v in default_run.items() if k not in rung_only}
+    assert default["n_layer"] == 3 and rung(3, passed)["n_layer"] == 1  # one_head's own setting wins
+    assert rung(script.DEFAULT, [*passed, "--n_embd", "64"])["n_embd"] == 64  # a passed flag wins

@@ -396,7 +396,8 @@ def test_a_reader_that_goes_away_saves_the_run_first(corpus, tmp_path):
     proc.stdout.close()  # the reader goes
     assert proc.wait(timeout=patient(60)) == 130
     saved = checkpoint.load(out / "ckpt_last.safetensors")["iter"]
-    assert saved > 10 and saved % 5 == 0  # the step of the first line that found the pipe closed
+    # the step at which a write first found the pipe closed: 15, or 10 if a note came sooner (steps slowed by load)
+    assert saved >= 10 and saved % 5 == 0
     assert not list(out.glob("*.tmp-*"))
 
 
