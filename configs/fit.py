@@ -16,6 +16,14 @@ def fit(n_train: int, vocab_size: int) -> dict:
     return {"n_embd": 128, "n_layer": 3, "dropout": 0.2, "weight_decay": 0.3, "max_iters": 1200}
 
 
+def chosen(n_train: int, vocab_size: int, given: set[str], n_head: int) -> dict:
+    """fit()'s settings less those the user gave; a width the heads do not divide stays the preset's."""
+    settings = {name: value for name, value in fit(n_train, vocab_size).items() if name not in given}
+    if settings.get("n_embd", 0) % n_head:
+        del settings["n_embd"]
+    return settings
+
+
 def fitted_line(n_train: int, vocab_size: int, chosen: dict) -> str:
     """The line that says what fit() chose and why."""
     settings = ", ".join(f"{name} {value}" for name, value in chosen.items())

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from common.run_folder import LAST, SUMMARY, RunDir, read_summary, write_text_atomic  # noqa: E402
 from configs import load_config  # noqa: E402
-from configs.fit import PRESET, fit, fitted_line  # noqa: E402
+from configs.fit import PRESET, chosen as fit_settings, fitted_line  # noqa: E402
 from data import resolve  # noqa: E402
 from data.corpus import NAMED, default_cache_dir  # noqa: E402
 from data.gate import read_small  # noqa: E402
@@ -132,12 +132,9 @@ def fit_to_text(args, passed: list[str]) -> None:
     quiet = lambda message: None  # noqa: E731 (decide_corpus said where the text is from)
     meta = prepare(resolve(cfg.data, cache_dir, say=quiet), cache_dir, cfg.val_fraction, cfg.encoding,
                    cfg.encoding_errors, say=quiet).meta
-    chosen = {key: value for key, value in fit(meta["n_train"], meta["vocab_size"]).items() if key not in given}
-    if chosen.get("n_embd", 0) % cfg.n_head:
-        del chosen["n_embd"]
-    args.fitted = chosen
-    if chosen:
-        say(fitted_line(meta["n_train"], meta["vocab_size"], chosen))
+    args.fitted = fit_settings(meta["n_train"], meta["vocab_size"], given, cfg.n_head)
+    if args.fitted:
+        say(fitted_line(meta["n_train"], meta["vocab_size"], args.fitted))
 
 
 def decide_corpus(args, say=lambda message: None) -> tuple[str, str]:

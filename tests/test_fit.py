@@ -1,7 +1,7 @@
 """configs/fit.py: the default run fitted to its text's size and alphabet, said in one line; what the user sets wins."""
 import train
 from configs import load_config
-from configs.fit import fit, fitted_line
+from configs.fit import chosen, fit, fitted_line
 from training import checkpoint
 
 SMALL_TEXT = {"n_embd": 96, "n_layer": 3, "dropout": 0.3, "weight_decay": 2.0, "block_size": 32}
@@ -12,11 +12,13 @@ def test_the_rule_keeps_the_preset_for_100_000_characters_or_more_and_fits_a_sma
     """Sizes in, settings out: Tiny Shakespeare and any text of 100,000 training characters or more keep the preset; a
     smaller one whose letters are seen fewer than 100 times each gets a narrower, deeper model, strong dropout and weight
     decay and a shorter context; any other smaller one gets a narrower, deeper model, dropout, weight decay and four
-    times the steps."""
+    times the steps. A setting the user gave stays, and so does a width the heads do not divide."""
     assert fit(1_003_854, 65) == {} and fit(251_436, 3_414) == {}  # Tiny Shakespeare; a mid-size Chinese-English text
     assert fit(26_619, 2_579) == SMALL_TEXT  # Tang poems
     assert fit(36_029, 79) == SMALL_ENGLISH  # a small English text
     assert fit(99_999, 1_000) == SMALL_TEXT and fit(99_999, 999) == SMALL_ENGLISH and fit(100_000, 5_000) == {}
+    assert chosen(26_619, 2_579, {"dropout"}, 4) == {k: v for k, v in SMALL_TEXT.items() if k != "dropout"}
+    assert "n_embd" not in chosen(26_619, 2_579, set(), 5)  # 5 heads do not divide 96: the preset's width stays
     assert fitted_line(26_619, 2_579, SMALL_TEXT) == (
         "fitted to 26,619 training characters in 2,579 letters (few of each): n_embd 96, n_layer 3, dropout 0.3, "
         "weight_decay 2.0, block_size 32; give --config shakespeare_char_cpu to train as on Tiny Shakespeare")
@@ -45,20 +47,23 @@ def run(tmp_path, *args, said=None):
     return checkpoint.load(tmp_path / "run" / "ckpt_last.safetensors")
 
 
+def fitted_run(tmp_path, text, rule: dict, flag: str, value) -> None:
+    """A default run on the text with --flag value says the rule's other settings in one line and trains with them,
+    the flag's value in place of the rule's."""
+    said = []
+    state = run(tmp_path, "--data", str(text), f"--{flag}", str(value), said=said)
+    chosen = {name: setting for name, setting in rule.items() if name != flag}
+    assert fitted_lines(said) == [fitted_line(state["data"]["n_train"], state["data"]["vocab_size"], chosen)]
+    assert {name: state["run_config"][name] for name in rule} == {**chosen, flag: value}
+
+
 def test_a_default_run_on_a_small_text_is_fitted_says_so_and_a_flag_or_preset_wins(tmp_path):
     """Without --config a small text in a large alphabet trains as fitted, said in one line; a flag wins over its
     field; a resume keeps its settings (no refit); --config shakespeare_char_cpu trains as the preset says."""
     text = tmp_path / "poems.txt"
     text.write_text("".join(chr(0x4E00 + (i * 7919) % 300) for i in range(3000)), encoding="utf-8")
+    fitted_run(tmp_path, text, SMALL_TEXT, "dropout", 0.25)
     said = []
-    state = run(tmp_path, "--data", str(text), "--dropout", "0.25", said=said)
-    n_train, letters = state["data"]["n_train"], state["data"]["vocab_size"]
-    fitted = fitted_lines(said)
-    chosen = {name: value for name, value in SMALL_TEXT.items() if name != "dropout"}
-    assert fitted == [fitted_line(n_train, letters, chosen)]
-    saved = state["run_config"]
-    assert {name: saved[name] for name in SMALL_TEXT} == {**chosen, "dropout": 0.25}
-    said.clear()
     state = run(tmp_path, "--resume", "--max_iters", "3", said=said)
     assert not fitted_lines(said) and state["iter"] == 3
     assert state["run_config"]["dropout"] == 0.25  # a refit would make it 0.3
@@ -73,15 +78,8 @@ def test_a_small_text_in_a_small_alphabet_takes_the_fit_and_a_flag_still_wins(tm
     in one line; the --max_iters given wins over the fit's."""
     text = tmp_path / "notes.txt"
     text.write_text("the cat sat on the mat. " * 200, encoding="utf-8")
+    fitted_run(tmp_path, text, SMALL_ENGLISH, "max_iters", 2)
     said = []
-    state = run(tmp_path, "--data", str(text), said=said)
-    n_train, letters = state["data"]["n_train"], state["data"]["vocab_size"]
-    fitted = fitted_lines(said)
-    chosen = {name: value for name, value in SMALL_ENGLISH.items() if name != "max_iters"}
-    assert fitted == [fitted_line(n_train, letters, chosen)]
-    saved = state["run_config"]
-    assert {name: saved[name] for name in SMALL_ENGLISH} == {**chosen, "max_iters": 2}
-    said.clear()
     state = run(tmp_path, "--data", str(text), "--config", "shakespeare_char_cpu", "--overwrite", said=said)
     assert not fitted_lines(said)
     saved = state["run_config"]

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.machine import Runtime, Threads, check_free_memory, choose_threads, is_out_of_memory, setup, span, sync
 from common.run_folder import BEST, RunDir, find, read_summary
 from configs import TrainConfig
-from configs.fit import PRESET, fit, fitted_line
+from configs.fit import PRESET, chosen as fit_settings, fitted_line
 from configs.loader import check_same_model, init_config, resume_config
 from configs.schema import FIXED
 from data import Batches, CharTokenizer, Corpus, Prepared, default_cache_dir, prepare, resolve
@@ -178,9 +178,7 @@ def fit_to_text(cfg: TrainConfig, explicit: set[str], meta: dict, say) -> None:
     """A new run of the default preset takes configs.fit's settings, below the user's."""
     if cfg.config_name != PRESET:
         return
-    chosen = {name: value for name, value in fit(meta["n_train"], meta["vocab_size"]).items() if name not in explicit}
-    if chosen.get("n_embd", 0) % cfg.n_head:
-        del chosen["n_embd"]
+    chosen = fit_settings(meta["n_train"], meta["vocab_size"], explicit, cfg.n_head)
     for name, value in chosen.items():
         setattr(cfg, name, value)
     if chosen:
