@@ -107,6 +107,8 @@ def state_of(cfg, text_sha256: str) -> tuple[str, str]:
     except UserError as err:
         return "damaged", str(err)
     saved, wanted = state["run_config"], cfg.to_dict()
+    if not wanted["num_threads"]:  # 0: the rung measures its count, and its run keeps the count it chose
+        wanted["num_threads"] = saved.get("num_threads")
     if any(saved.get(key) != wanted[key] for key in wanted if key not in NOT_THE_RUN):
         return "different", f"{cfg.out_dir} holds a run with other settings"
     trained_on = state.get("data") if isinstance(state.get("data"), dict) else {}

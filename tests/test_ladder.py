@@ -324,3 +324,24 @@ def test_without_config_the_rungs_start_from_the_default_run_fitted_to_the_text(
         {k: v for k, v in default_run.items() if k not in rung_only}
     assert default["n_layer"] == 3 and rung(3, passed)["n_layer"] == 1  # one_head's own setting wins
     assert rung(script.DEFAULT, [*passed, "--n_embd", "64"])["n_embd"] == 64  # a passed flag wins
+
+
+def test_a_finished_rung_that_chose_its_thread_count_is_reused(tmp_path):
+    """--num_threads 0 (the CPU preset's) lets a rung measure its count, and its run saves the count it chose; run
+    again, the ladder reuses that rung, and a rung given another count explicitly trains again."""
+    import ladder as script
+    import train
+    text = tmp_path / "notes.txt"
+    text.write_text("the cat sat on the mat. " * 400, encoding="utf-8")
+    args = SimpleNamespace(config="debug", data=str(text), out_dir=str(tmp_path / "ladder"), max_iters=2,
+                           cache_dir=str(tmp_path / "cache"))
+    name, _, overrides = script.RUNGS[0]
+    argv = script.rung_argv(args, 1, name, overrides, ["--num_threads", "0"])
+    cfg, _, explicit = load_config(argv, False)
+    train.train(cfg, explicit, say=lambda line: None)
+    chose = checkpoint.load(Path(cfg.out_dir) / "ckpt_last.safetensors")["run_config"]["num_threads"]
+    assert chose >= 1
+    sha256 = script.decide_corpus(args)[1]
+    assert script.state_of(load_config(argv, False)[0], sha256) == ("finished", "")
+    other = script.rung_argv(args, 1, name, overrides, ["--num_threads", str(chose + 1)])
+    assert script.state_of(load_config(other, False)[0], sha256)[0] == "different"
